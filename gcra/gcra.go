@@ -1,0 +1,229 @@
+package gcra
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// MaxLimits is the most limits one key may carry (a per-second, per-minute, per-hour and
+// per-day limit, as real APIs stack them). A fixed bound keeps tickets free of allocation.
+const MaxLimits = 4
+
+// MaxTau bounds a limit's burst tolerance (Burst*T) so that now+Tau never overflows an
+// int64 of Unix nanoseconds: about 36 years.
+const MaxTau = int64(1) << 60
+
+// Errors returned by the core. The sluice package re-exports them.
+var (
+	// ErrCostExceedsBurst: a request for more permits than the smallest burst of its limits
+	// can never be granted, so it is refused rather than left to wait for ever.
+	ErrCostExceedsBurst = errors.New("sluice: cost exceeds burst")
+	// ErrInvalidCost: a negative cost.
+	ErrInvalidCost = errors.New("sluice: negative cost")
+	// ErrInvalidLimits: no limits, more than MaxLimits, or a limit with T <= 0 or Tau < T.
+	ErrInvalidLimits = errors.New("sluice: invalid limits")
+)
+
+// Limit is one rate limit in core units: an emission interval T (nanoseconds per permit)
+// and a burst tolerance Tau = Burst*T. The zero value is invalid.
+type Limit struct {
+	T   int64 // emission interval in nanoseconds, > 0
+	Tau int64 // burst tolerance in nanoseconds, a multiple of T in [T, MaxTau]
+}
+
+// Burst is the number of permits the limit grants at once after an idle spell.
+func (l Limit) Burst() int64 { return l.Tau / l.T }
+
+// Validate reports whether l can be used by Decide.
+func (l Limit) Validate() error {
+	if l.T <= 0 || l.Tau < l.T || l.Tau > MaxTau {
+		return fmt.Errorf("%w: T=%d Tau=%d", ErrInvalidLimits, l.T, l.Tau)
+	}
+	return nil
+}
+
+// ValidateLimits checks a set of limits for one key.
+func ValidateLimits(ls []Limit) error {
+	if len(ls) == 0 || len(ls) > MaxLimits {
+		return fmt.Errorf("%w: %d limits, want 1 to %d", ErrInvalidLimits, len(ls), MaxLimits)
+	}
+	for _, l := range ls {
+		if err := l.Validate(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// MaxCost is the largest cost the limits can ever grant: the smallest burst among them.
+func MaxCost(ls []Limit) int64 {
+	m := int64(math.MaxInt64)
+	for _, l := range ls {
+		m = min(m, l.Burst())
+	}
+	return m
+}
+
+// Result is one decision. Durations are nanoseconds relative to the decision's now.
+type Result struct {
+	// Allowed reports whether the permits were granted (possibly for later use, see Delay).
+	Allowed bool
+	// Delay is how long the caller must wait before using granted permits (a reservation);
+	// 0 when they may be used at once. Zero when denied.
+	Delay int64
+	// RetryAfter is, when denied, how long until the same request would be granted at once;
+	// 0 when allowed.
+	RetryAfter int64
+	// ResetAfter is how long until the key is back to its full burst.
+	ResetAfter int64
+	// Remaining is how many permits could still be granted at once after this decision,
+	// the smallest over the key's limits.
+	Remaining int64
+}
+
+// Ticket records a grant so that it can later be cancelled or settled. It is a value:
+// copying it is cheap and it holds no reference to the key's state.
+type Ticket struct {
+	N        int64            // permits granted (and charged)
+	At       int64            // when they may be used: now + Delay
+	TatAfter [MaxLimits]int64 // each limit's TAT right after the grant
+}
+
+// Decide decides n permits at time now for a key whose state is tats (one TAT per limit,
+// the zero value meaning a fresh key). maxDelay bounds how far ahead permits may be
+// reserved: 0 is pessimistic (deny rather than reserve), a positive value grants
+// reservations whose Delay is at most maxDelay (seed 000's bounded optimism).
+//
+// On a grant, tats is updated in place; on a denial it is left untouched, so a denial by
+// one limit consumes nothing from the others. n = 0 is a query: it is always allowed and
+// changes nothing. The caller owns tats and must serialize calls on the same key.
+// len(tats) must equal len(limits); the limits must be valid (see ValidateLimits).
+func Decide(tats []int64, limits []Limit, now, n, maxDelay int64) (Result, Ticket, error) {
+	if n < 0 {
+		return Result{}, Ticket{}, ErrInvalidCost
+	}
+	var delay int64
+	for i, l := range limits {
+		if n > l.Tau/l.T {
+			return Result{}, Ticket{}, ErrCostExceedsBurst
+		}
+		if d := max(tats[i], now) + n*l.T - l.Tau - now; d > delay {
+			delay = d
+		}
+	}
+	if n == 0 {
+		delay = 0
+	}
+	if delay > maxDelay {
+		res := Result{RetryAfter: delay, Remaining: math.MaxInt64}
+		for i, l := range limits {
+			t := max(tats[i], now)
+			res.Remaining = min(res.Remaining, max(0, (now+l.Tau-t)/l.T))
+			res.ResetAfter = max(res.ResetAfter, t-now)
+		}
+		return res, Ticket{}, nil
+	}
+	res := Result{Allowed: true, Delay: delay, Remaining: math.MaxInt64}
+	tk := Ticket{N: n, At: now + delay}
+	for i, l := range limits {
+		if n > 0 {
+			tats[i] = max(tats[i], tk.At) + n*l.T
+		}
+		tk.TatAfter[i] = tats[i]
+		res.Remaining = min(res.Remaining, max(0, (now+l.Tau-max(tats[i], now))/l.T))
+		res.ResetAfter = max(res.ResetAfter, max(tats[i], now)-now)
+	}
+	return res, tk, nil
+}
+
+// DecideOne is Decide for a key with a single limit, without slices: it returns the new TAT
+// (equal to tat when denied). It is the hot path of the in-process limiter.
+func DecideOne(tat int64, l Limit, now, n, maxDelay int64) (int64, Result, error) {
+	if n < 0 {
+		return tat, Result{}, ErrInvalidCost
+	}
+	if n > l.Tau/l.T {
+		return tat, Result{}, ErrCostExceedsBurst
+	}
+	t := max(tat, now)
+	delay := max(0, t+n*l.T-l.Tau-now)
+	if n == 0 {
+		return tat, Result{Allowed: true, ResetAfter: t - now, Remaining: max(0, (now+l.Tau-t)/l.T)}, nil
+	}
+	if delay > maxDelay {
+		return tat, Result{RetryAfter: delay, ResetAfter: t - now, Remaining: max(0, (now+l.Tau-t)/l.T)}, nil
+	}
+	t = max(tat, now+delay) + n*l.T
+	return t, Result{Allowed: true, Delay: delay, ResetAfter: t - now, Remaining: max(0, (now+l.Tau-t)/l.T)}, nil
+}
+
+// Adjust settles a grant to its real cost newN at time now: newN = 0 cancels it (the
+// permits were never used), newN < t.N refunds the difference, newN > t.N charges the
+// difference at once (the API has already counted it). It returns the updated ticket.
+//
+// A refund gives back only what cannot have been promised to anybody since: the part of
+// the grant not covered by grants made after it (as x/time/rate's CancelAt does), and
+// nothing once the grant's slot has fully elapsed (now >= TatAfter), because idle time
+// may already have absorbed it. Refunds are therefore safe but may be partial. holdUntil
+// is the end of the key's latest penalty (0 if none): a refund never reopens a key before
+// it (see Penalize).
+func Adjust(tats []int64, limits []Limit, now int64, t Ticket, newN, holdUntil int64) (Ticket, error) {
+	if newN < 0 {
+		return t, ErrInvalidCost
+	}
+	for i, l := range limits {
+		switch {
+		case newN > t.N:
+			extra := (newN - t.N) * l.T
+			tats[i] = max(tats[i], now) + extra
+			t.TatAfter[i] = tats[i]
+		case newN < t.N:
+			if now >= t.TatAfter[i] {
+				continue
+			}
+			refund := (t.N - newN) * l.T
+			later := tats[i] - t.TatAfter[i] // charged by grants made after this one
+			r := min(refund, refund-later)
+			if r <= 0 {
+				continue
+			}
+			tats[i] -= r
+			t.TatAfter[i] -= r
+		}
+	}
+	Penalize(tats, limits, now, holdUntil)
+	t.N = newN
+	return t, nil
+}
+
+// Penalize holds the key back until `until`: no request is granted before it. It drains the
+// limit with the smallest tolerance so that at `until` one permit is available and the key
+// goes on at that limit's rate, as a strict API whose Retry-After names its next permit
+// would. The other limits keep their state. It is a no-op when until <= now. The caller
+// keeps `until` while it is in the future and passes it to Adjust, so that a refund
+// cannot reopen the key early.
+func Penalize(tats []int64, limits []Limit, now, until int64) {
+	if until <= now || len(limits) == 0 {
+		return
+	}
+	k := 0
+	for i, l := range limits {
+		if l.Tau < limits[k].Tau {
+			k = i
+		}
+	}
+	l := limits[k]
+	tats[k] = max(tats[k], until+l.Tau-l.T)
+}
+
+// Idle reports whether the state is indistinguishable from a fresh key at now (every TAT in
+// the past), so it may be forgotten without changing any later decision.
+func Idle(tats []int64, now int64) bool {
+	for _, t := range tats {
+		if t > now {
+			return false
+		}
+	}
+	return true
+}
