@@ -1,0 +1,56 @@
+// Package backend is the contract between the public Limiter of package sluice and the
+// places where decisions are made: in process (package local), in Redis, on leased
+// capacity, or among gossiping peers. A backend decides GCRA requests for string keys;
+// the limits come with each request, so one backend serves keys with different limits.
+//
+// Package backendtest holds the conformance suite that every backend runs.
+package backend
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/sluicehq/sluice/gcra"
+)
+
+// Errors a backend may return. The sluice package re-exports them.
+var (
+	// ErrClosed: the backend (or limiter) has been closed.
+	ErrClosed = errors.New("sluice: closed")
+	// ErrTooManyKeys: the backend holds its maximum number of keys, none of them idle, so a
+	// new key cannot be tracked. The limiter's fail mode decides the answer.
+	ErrTooManyKeys = errors.New("sluice: too many keys")
+)
+
+// Request asks for N permits under Limits (already tightened by any safety margin).
+type Request struct {
+	Limits   []gcra.Limit  // 1 to gcra.MaxLimits limits; owned by the caller, read only
+	N        int64         // permits wanted; 0 is a query
+	MaxDelay time.Duration // how far ahead permits may be reserved; 0 is pessimistic
+}
+
+// Grant is a decision with the ticket that cancels or settles it. Ticket times are in the
+// backend's own time base; callers use only the relative durations of the Result.
+type Grant struct {
+	gcra.Result
+	Ticket gcra.Ticket
+}
+
+// Backend decides permits. Every method is safe for concurrent use, may block for I/O and
+// honours ctx. Errors are either the caller's (gcra.ErrCostExceedsBurst,
+// gcra.ErrInvalidCost, gcra.ErrInvalidLimits), ErrClosed, ErrTooManyKeys, or failures to
+// reach shared state; the limiter applies its fail mode to the last kind.
+type Backend interface {
+	// Decide decides req for key and returns the grant or denial.
+	Decide(ctx context.Context, key string, req Request) (Grant, error)
+	// Adjust settles a grant to its real cost newN: 0 cancels it (the permits were not
+	// used), less refunds what it safely can, more charges the difference at once.
+	Adjust(ctx context.Context, key string, limits []gcra.Limit, t gcra.Ticket, newN int64) error
+	// Penalize holds key back for d: nothing is granted before then, for any caller that
+	// shares the backend's state (a 429 with Retry-After is news for the whole pool).
+	Penalize(ctx context.Context, key string, limits []gcra.Limit, d time.Duration) error
+	// Close releases the backend's resources and stops its goroutines. Later calls return
+	// ErrClosed.
+	Close() error
+}

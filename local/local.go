@@ -1,0 +1,397 @@
+// Package local is the in-process backend, the embedded default of Sluice: exact GCRA
+// decisions for many keys in one process, with no coordination.
+//
+// Keys with one limit are decided lock-free: the key's state is one atomic int64 (its TAT)
+// updated by compare-and-swap, so parallel callers never share a lock, not even on the
+// same key. Keys with several limits take a per-key mutex. Keys live in a sync.Map, whose
+// reads do not write shared memory.
+//
+// A key whose TAT is in the past is indistinguishable from a new key, so idle keys are
+// forgotten without changing any decision: a sweep runs at most once per SweepEvery, from
+// a caller that inserts a key (no goroutine), and at once when the key cap is reached. When
+// the cap is reached and no key is idle, new keys get backend.ErrTooManyKeys and the
+// limiter's fail mode answers them (deny, by default); existing keys are unaffected.
+package local
+
+import (
+	"context"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/gcra"
+)
+
+// Defaults.
+const (
+	DefaultMaxKeys    = 1 << 20          // keys held at once (about 100 MB at worst)
+	DefaultSweepEvery = 10 * time.Second // how often idle keys are forgotten
+	minSweepGap       = 50 * time.Millisecond
+)
+
+// dead marks a single-limit entry that a sweep removed; a caller that sees it retries on
+// a fresh entry.
+const dead = math.MinInt64
+
+// Backend is the in-process backend. Use New; it is safe for concurrent use.
+type Backend struct {
+	clock      clock.Clock
+	maxKeys    int64
+	sweepEvery int64
+
+	keys      sync.Map // string -> *single | *multi
+	count     atomic.Int64
+	lastSweep atomic.Int64
+	sweeping  atomic.Bool
+	evicted   atomic.Int64
+	holds     sync.Map // string -> int64: end of the key's latest penalty
+	closed    atomic.Bool
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+type single struct{ tat atomic.Int64 }
+
+type multi struct {
+	mu   sync.Mutex
+	tats []int64 // nil once swept
+}
+
+// Option configures a Backend.
+type Option interface{ apply(*Backend) }
+
+type optionFunc func(*Backend)
+
+func (f optionFunc) apply(b *Backend) { f(b) }
+
+// WithClock sets the clock (default clock.Default).
+func WithClock(c clock.Clock) Option { return optionFunc(func(b *Backend) { b.clock = c }) }
+
+// WithMaxKeys caps the keys held at once (default DefaultMaxKeys). n <= 0 means no cap.
+func WithMaxKeys(n int) Option {
+	return optionFunc(func(b *Backend) {
+		if n <= 0 {
+			b.maxKeys = math.MaxInt64
+		} else {
+			b.maxKeys = int64(n)
+		}
+	})
+}
+
+// WithSweepEvery sets how often idle keys are forgotten (default DefaultSweepEvery).
+func WithSweepEvery(d time.Duration) Option {
+	return optionFunc(func(b *Backend) { b.sweepEvery = int64(max(d, minSweepGap)) })
+}
+
+// New returns an in-process backend.
+func New(opts ...Option) *Backend {
+	b := &Backend{clock: clock.Default, maxKeys: DefaultMaxKeys, sweepEvery: int64(DefaultSweepEvery)}
+	for _, o := range opts {
+		o.apply(b)
+	}
+	b.lastSweep.Store(b.clock.Nanotime())
+	return b
+}
+
+// Len returns the number of keys held.
+func (b *Backend) Len() int { return int(b.count.Load()) }
+
+// Evicted returns the number of idle keys forgotten so far.
+func (b *Backend) Evicted() int64 { return b.evicted.Load() }
+
+// Decide decides req for key at the backend clock's now.
+func (b *Backend) Decide(_ context.Context, key string, req backend.Request) (backend.Grant, error) {
+	if b.closed.Load() {
+		return backend.Grant{}, backend.ErrClosed
+	}
+	now := b.clock.Nanotime()
+	md := int64(max(req.MaxDelay, 0))
+	if len(req.Limits) == 1 {
+		l := req.Limits[0]
+		for {
+			e, err := b.singleFor(key, now)
+			if err != nil {
+				return backend.Grant{}, err
+			}
+			for {
+				old := e.tat.Load()
+				if old == dead {
+					b.drop(key, e)
+					break
+				}
+				tat, res, err := gcra.DecideOne(old, l, now, req.N, md)
+				if err != nil || !res.Allowed || req.N == 0 {
+					return backend.Grant{Result: res}, err
+				}
+				if e.tat.CompareAndSwap(old, tat) {
+					g := backend.Grant{Result: res}
+					g.Ticket.N = req.N
+					g.Ticket.At = now + res.Delay
+					g.Ticket.TatAfter[0] = tat
+					return g, nil
+				}
+			}
+		}
+	}
+	if err := gcra.ValidateLimits(req.Limits); err != nil {
+		return backend.Grant{}, err
+	}
+	for {
+		e, err := b.multiFor(key, len(req.Limits), now)
+		if err != nil {
+			return backend.Grant{}, err
+		}
+		e.mu.Lock()
+		if e.tats == nil {
+			e.mu.Unlock()
+			b.drop(key, e)
+			continue
+		}
+		res, tk, err := gcra.Decide(e.tats, req.Limits, now, req.N, md)
+		e.mu.Unlock()
+		return backend.Grant{Result: res, Ticket: tk}, err
+	}
+}
+
+// Adjust settles a grant (see backend.Backend).
+func (b *Backend) Adjust(_ context.Context, key string, limits []gcra.Limit, t gcra.Ticket, newN int64) error {
+	if b.closed.Load() {
+		return backend.ErrClosed
+	}
+	now := b.clock.Nanotime()
+	hold := b.hold(key, now)
+	return b.update(key, len(limits), now, func(tats []int64) error {
+		_, err := gcra.Adjust(tats, limits, now, t, newN, hold)
+		return err
+	})
+}
+
+// Penalize holds key back for d (see backend.Backend).
+func (b *Backend) Penalize(_ context.Context, key string, limits []gcra.Limit, d time.Duration) error {
+	if b.closed.Load() {
+		return backend.ErrClosed
+	}
+	if d <= 0 {
+		return nil
+	}
+	now := b.clock.Nanotime()
+	until := now + int64(d)
+	for {
+		v, loaded := b.holds.LoadOrStore(key, until)
+		if !loaded {
+			break
+		}
+		if old := v.(int64); old >= until || b.holds.CompareAndSwap(key, old, until) {
+			break
+		}
+	}
+	return b.update(key, len(limits), now, func(tats []int64) error {
+		gcra.Penalize(tats, limits, now, until)
+		return nil
+	})
+}
+
+// Close makes later calls return backend.ErrClosed. It starts no goroutine, so there is
+// nothing to stop.
+func (b *Backend) Close() error {
+	b.closed.Store(true)
+	return nil
+}
+
+// hold returns the end of key's penalty if it is still in force, and forgets it otherwise.
+func (b *Backend) hold(key string, now int64) int64 {
+	v, ok := b.holds.Load(key)
+	if !ok {
+		return 0
+	}
+	if until := v.(int64); until > now {
+		return until
+	}
+	b.holds.CompareAndDelete(key, v)
+	return 0
+}
+
+// update applies f to key's state (one TAT per limit) atomically.
+func (b *Backend) update(key string, nlimits int, now int64, f func(tats []int64) error) error {
+	if nlimits == 1 {
+		for {
+			e, err := b.singleFor(key, now)
+			if err != nil {
+				return err
+			}
+			for {
+				old := e.tat.Load()
+				if old == dead {
+					b.drop(key, e)
+					break
+				}
+				tats := [1]int64{old}
+				if err := f(tats[:]); err != nil {
+					return err
+				}
+				if e.tat.CompareAndSwap(old, tats[0]) {
+					return nil
+				}
+			}
+		}
+	}
+	for {
+		e, err := b.multiFor(key, nlimits, now)
+		if err != nil {
+			return err
+		}
+		e.mu.Lock()
+		if e.tats == nil {
+			e.mu.Unlock()
+			b.drop(key, e)
+			continue
+		}
+		err = f(e.tats)
+		e.mu.Unlock()
+		return err
+	}
+}
+
+// singleFor returns key's single-limit entry, creating it (or converting a multi-limit one)
+// as needed.
+func (b *Backend) singleFor(key string, now int64) (*single, error) {
+	for {
+		v, ok := b.keys.Load(key)
+		if !ok {
+			e := &single{}
+			v2, err := b.insert(key, e, now)
+			if err != nil {
+				return nil, err
+			}
+			v = v2
+		}
+		if e, ok := v.(*single); ok {
+			return e, nil
+		}
+		// The key's limits changed from several to one: carry the first TAT over.
+		m := v.(*multi)
+		m.mu.Lock()
+		tats := m.tats
+		m.tats = nil
+		m.mu.Unlock()
+		if tats != nil {
+			e := &single{}
+			e.tat.Store(tats[0])
+			if b.keys.CompareAndSwap(key, m, e) {
+				return e, nil
+			}
+		} else {
+			b.drop(key, m)
+		}
+	}
+}
+
+// multiFor returns key's multi-limit entry with n limits, creating or converting as needed.
+// A key whose number of limits changed keeps the TATs it had for the limits that remain.
+func (b *Backend) multiFor(key string, n int, now int64) (*multi, error) {
+	for {
+		v, ok := b.keys.Load(key)
+		if !ok {
+			v2, err := b.insert(key, &multi{tats: make([]int64, n)}, now)
+			if err != nil {
+				return nil, err
+			}
+			v = v2
+		}
+		switch e := v.(type) {
+		case *multi:
+			e.mu.Lock()
+			if e.tats != nil && len(e.tats) != n {
+				tats := make([]int64, n)
+				copy(tats, e.tats)
+				e.tats = tats
+			}
+			e.mu.Unlock()
+			return e, nil
+		case *single:
+			// The key's limits changed from one to several: carry the TAT over.
+			old := e.tat.Load()
+			if old == dead {
+				b.drop(key, e)
+				continue
+			}
+			if !e.tat.CompareAndSwap(old, dead) {
+				continue
+			}
+			m := &multi{tats: make([]int64, n)}
+			m.tats[0] = old
+			b.keys.CompareAndSwap(key, e, m)
+		}
+	}
+}
+
+// insert stores a new entry for key unless one appeared meanwhile, enforcing the cap.
+func (b *Backend) insert(key string, e any, now int64) (any, error) {
+	if now-b.lastSweep.Load() >= b.sweepEvery {
+		b.Sweep()
+	}
+	if b.count.Load() >= b.maxKeys {
+		if now-b.lastSweep.Load() >= int64(minSweepGap) {
+			b.Sweep()
+		}
+		if b.count.Load() >= b.maxKeys {
+			return nil, backend.ErrTooManyKeys
+		}
+	}
+	v, loaded := b.keys.LoadOrStore(key, e)
+	if !loaded {
+		b.count.Add(1)
+	}
+	return v, nil
+}
+
+// Sweep forgets every idle key (one whose state is in the past) and every expired
+// penalty. It is called by inserts; calling it directly is safe at any time. One sweep
+// runs at a time; a call while another runs returns at once.
+func (b *Backend) Sweep() {
+	if !b.sweeping.CompareAndSwap(false, true) {
+		return
+	}
+	defer b.sweeping.Store(false)
+	now := b.clock.Nanotime()
+	b.lastSweep.Store(now)
+	b.keys.Range(func(k, v any) bool {
+		switch e := v.(type) {
+		case *single:
+			old := e.tat.Load()
+			if old != dead && old <= now && e.tat.CompareAndSwap(old, dead) {
+				b.evicted.Add(1)
+				b.drop(k, v)
+			}
+		case *multi:
+			e.mu.Lock()
+			idle := e.tats != nil && gcra.Idle(e.tats, now)
+			if idle {
+				e.tats = nil
+			}
+			e.mu.Unlock()
+			if idle {
+				b.evicted.Add(1)
+				b.drop(k, v)
+			}
+		}
+		return true
+	})
+	b.holds.Range(func(k, v any) bool {
+		if v.(int64) <= now {
+			b.holds.CompareAndDelete(k, v)
+		}
+		return true
+	})
+}
+
+// drop deletes a dead entry from the map. Whoever deletes it counts it: a caller that
+// found it dead may have deleted it before the sweep that killed it.
+func (b *Backend) drop(k, v any) {
+	if b.keys.CompareAndDelete(k, v) {
+		b.count.Add(-1)
+	}
+}

@@ -1,0 +1,63 @@
+package sluice
+
+import "time"
+
+// EventKind says what an Event reports.
+type EventKind int
+
+const (
+	// EventDecision: a request was decided (Decision, Latency, Err set).
+	EventDecision EventKind = iota
+	// EventWait: a caller starts waiting for a reserved permit (Wait set), or gave up the
+	// wait (Err set to the context's error).
+	EventWait
+	// EventError: the backend failed and the fail mode answered (Err, FailMode set).
+	EventError
+	// EventPenalty: Penalize held the key back for Wait.
+	EventPenalty
+	// EventSettle: a reservation was cancelled (N = 0) or settled to N.
+	EventSettle
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case EventDecision:
+		return "decision"
+	case EventWait:
+		return "wait"
+	case EventError:
+		return "error"
+	case EventPenalty:
+		return "penalty"
+	case EventSettle:
+		return "settle"
+	}
+	return "unknown"
+}
+
+// Event is what an Observer is told. It is passed by value and holds no reference the
+// observer must release.
+type Event struct {
+	Kind     EventKind
+	Key      string
+	N        int64
+	Decision Decision
+	Latency  time.Duration // time the backend took to decide
+	Wait     time.Duration // the wait or penalty length
+	Err      error
+	FailMode FailMode
+}
+
+// Observer is told of a limiter's decisions, waits, penalties, settlements and backend
+// errors, so library users get metrics without the daemon. Observe is called synchronously
+// on the caller's goroutine, possibly from many goroutines at once: it must be safe for
+// concurrent use and fast (count, do not block).
+type Observer interface {
+	Observe(e Event)
+}
+
+// ObserverFunc adapts a function to an Observer.
+type ObserverFunc func(e Event)
+
+// Observe calls f(e).
+func (f ObserverFunc) Observe(e Event) { f(e) }

@@ -1,0 +1,86 @@
+package sluice
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/gcra"
+)
+
+// Reservation is a grant of permits, possibly for later. Its Decision says whether it was
+// granted and when the permits may be used. It can be cancelled (the permits were not
+// used) or settled to the real cost once known (an LLM API reports its token count in
+// the response). Its methods are safe for concurrent use; Cancel and Settle act once.
+type Reservation struct {
+	Decision
+
+	l      *Limiter
+	key    string
+	at     int64 // limiter clock's Nanotime when the reservation was asked for
+	mu     sync.Mutex
+	ticket gcra.Ticket
+	done   bool
+}
+
+// Key returns the key the reservation is for.
+func (r *Reservation) Key() string { return r.key }
+
+// N returns the permits the reservation holds (its cost, after any settlement).
+func (r *Reservation) N() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ticket.N
+}
+
+// OK reports whether the permits were granted.
+func (r *Reservation) OK() bool { return r.Allowed }
+
+// TimeToAct returns when the permits may be used, on the limiter's clock.
+func (r *Reservation) TimeToAct() time.Time {
+	return r.l.clock.Now().Add(time.Duration(r.at+int64(r.Delay)-r.l.clock.Nanotime()))
+}
+
+// Wait blocks until the permits may be used. If ctx ends first it cancels the reservation
+// (giving the permits back) and returns ctx's error. A denied reservation returns a
+// *ThrottledError at once.
+func (r *Reservation) Wait(ctx context.Context) error {
+	if !r.Allowed {
+		return &ThrottledError{Key: r.key, RetryAfter: r.RetryAfter}
+	}
+	left := time.Duration(r.at + int64(r.Delay) - r.l.clock.Nanotime())
+	if left <= 0 {
+		return nil
+	}
+	r.l.observe(Event{Kind: EventWait, Key: r.key, N: r.ticket.N, Wait: left})
+	if err := r.l.clock.Sleep(ctx, left); err != nil {
+		_ = r.Cancel(context.WithoutCancel(ctx))
+		r.l.observe(Event{Kind: EventWait, Key: r.key, N: r.ticket.N, Wait: left, Err: err})
+		return err
+	}
+	return nil
+}
+
+// Cancel gives the permits back: they were not used. What it can give back depends on the
+// grants made since (see gcra.Adjust). It is a no-op on a denied, cancelled or settled
+// reservation.
+func (r *Reservation) Cancel(ctx context.Context) error { return r.Settle(ctx, 0) }
+
+// Settle adjusts the reservation to its real cost n: less refunds the difference (what
+// can be refunded safely), more charges the difference at once. Only the first Cancel or
+// Settle acts.
+func (r *Reservation) Settle(ctx context.Context, n int) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.done || int64(n) == r.ticket.N {
+		r.done = true
+		return nil
+	}
+	r.done = true
+	err := r.l.be.Adjust(ctx, r.key, r.l.core, r.ticket, int64(n))
+	if err == nil {
+		r.ticket.N = int64(n)
+	}
+	r.l.observe(Event{Kind: EventSettle, Key: r.key, N: int64(n), Err: err})
+	return err
+}

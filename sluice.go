@@ -1,0 +1,345 @@
+package sluice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/local"
+)
+
+// Errors callers can branch on.
+var (
+	// ErrThrottled: the request was not granted within the bound the caller set (a
+	// pessimistic call, or a wait longer than allowed). Errors wrapping it are
+	// *ThrottledError values carrying RetryAfter.
+	ErrThrottled = errors.New("sluice: throttled")
+	// ErrCostExceedsBurst: more permits than the smallest burst can ever grant at once.
+	ErrCostExceedsBurst = gcra.ErrCostExceedsBurst
+	// ErrClosed: the limiter has been closed.
+	ErrClosed = backend.ErrClosed
+	// ErrTooManyKeys: the backend holds its maximum number of keys.
+	ErrTooManyKeys = backend.ErrTooManyKeys
+	// ErrUnavailable wraps a backend failure that the fail mode answered with a denial.
+	ErrUnavailable = errors.New("sluice: backend unavailable")
+)
+
+// ThrottledError is a denial reported as an error (Wait, Do, Wrap). It matches
+// ErrThrottled with errors.Is.
+type ThrottledError struct {
+	Key        string
+	RetryAfter time.Duration // when the same request could be granted at once
+}
+
+func (e *ThrottledError) Error() string {
+	return fmt.Sprintf("sluice: throttled: key %q: retry after %v", e.Key, e.RetryAfter)
+}
+
+// Is reports whether target is ErrThrottled.
+func (e *ThrottledError) Is(target error) bool { return target == ErrThrottled }
+
+// FailMode says what a limiter answers when its backend cannot decide (a store or peers
+// unreachable, a key cap reached).
+type FailMode int
+
+const (
+	// FailClosed denies: no over-admission. The default.
+	FailClosed FailMode = iota
+	// FailOpen allows: unbounded over-admission while the failure lasts, for callers who
+	// prefer availability.
+	FailOpen
+)
+
+func (m FailMode) String() string {
+	switch m {
+	case FailClosed:
+		return "closed"
+	case FailOpen:
+		return "open"
+	}
+	return fmt.Sprintf("FailMode(%d)", int(m))
+}
+
+// ParseFailMode reads "closed" or "open".
+func ParseFailMode(s string) (FailMode, error) {
+	switch s {
+	case "closed":
+		return FailClosed, nil
+	case "open":
+		return FailOpen, nil
+	}
+	return 0, fmt.Errorf("sluice: bad fail mode %q (want closed or open)", s)
+}
+
+// Decision is the answer to a request for permits. Being throttled is a normal result,
+// not an error.
+type Decision struct {
+	// Allowed reports whether the permits were granted.
+	Allowed bool
+	// Delay is how long to wait before using granted permits (a reservation); 0 when they
+	// may be used at once.
+	Delay time.Duration
+	// Remaining is how many permits could still be granted at once.
+	Remaining int64
+	// RetryAfter is, when denied, how long until the same request would be granted.
+	RetryAfter time.Duration
+	// ResetAfter is how long until the key is back to its full burst.
+	ResetAfter time.Duration
+}
+
+func decisionOf(r gcra.Result) Decision {
+	return Decision{
+		Allowed:    r.Allowed,
+		Delay:      time.Duration(r.Delay),
+		Remaining:  r.Remaining,
+		RetryAfter: time.Duration(r.RetryAfter),
+		ResetAfter: time.Duration(r.ResetAfter),
+	}
+}
+
+// DefaultMargin is the jitter tolerance a limiter uses unless WithMargin says otherwise:
+// zero, so decisions conform to the limit exactly as given. A pool that calls a strict API
+// over a network should set a margin at least as large as the spread of the delay between
+// a decision and the API seeing the request (see WithMargin).
+const DefaultMargin = 0
+
+// Limiter throttles keys to a set of limits, deciding in its backend (in process by
+// default). Its methods are safe for concurrent use. Make one with New; the zero value is
+// not usable.
+type Limiter struct {
+	limits   Limits
+	core     []gcra.Limit
+	maxCost  int64
+	be       backend.Backend
+	ownsBE   bool
+	clock    clock.Clock
+	margin   time.Duration
+	maxWait  time.Duration
+	failMode FailMode
+	observer Observer
+	localOpt []local.Option
+}
+
+// Option configures a Limiter.
+type Option interface{ apply(*Limiter) }
+
+type optionFunc func(*Limiter)
+
+func (f optionFunc) apply(l *Limiter) { f(l) }
+
+// WithBackend makes the limiter decide in b instead of in process. The limiter does not
+// close b: its owner does.
+func WithBackend(b backend.Backend) Option {
+	return optionFunc(func(l *Limiter) { l.be = b })
+}
+
+// WithClock sets the clock used for waits and, for the default backend, for decisions
+// (default clock.Default).
+func WithClock(c clock.Clock) Option { return optionFunc(func(l *Limiter) { l.clock = c }) }
+
+// WithMargin sets the jitter tolerance J, the safety margin of DESIGN.md §1 (default
+// DefaultMargin, zero). The API sees each request later than the limiter decided it, by a
+// varying delay; decisions then conform to a tightened limit: with Burst > 1, ceil(J/T)
+// permits of the burst are kept in reserve (nearly free); with Burst = 1, permits are
+// spaced T + J apart (costing J/T of the rate). A permit must then be used within J of
+// its time.
+func WithMargin(j time.Duration) Option {
+	return optionFunc(func(l *Limiter) { l.margin = j })
+}
+
+// WithMaxWait bounds how far ahead Reserve reserves and how long Wait and Do wait (seed
+// 000's bound on reserved permits: back pressure instead of an unbounded queue). Zero or
+// less means no bound beyond the context's deadline (the default).
+func WithMaxWait(d time.Duration) Option {
+	return optionFunc(func(l *Limiter) { l.maxWait = d })
+}
+
+// WithFailMode sets what the limiter answers when its backend fails (default FailClosed).
+func WithFailMode(m FailMode) Option { return optionFunc(func(l *Limiter) { l.failMode = m }) }
+
+// WithObserver sets a hook told of every decision, wait, penalty and backend error.
+func WithObserver(o Observer) Option { return optionFunc(func(l *Limiter) { l.observer = o }) }
+
+// WithMaxKeys caps the keys the default in-process backend holds (default
+// local.DefaultMaxKeys); new keys past the cap, when none is idle, follow the fail mode.
+func WithMaxKeys(n int) Option {
+	return optionFunc(func(l *Limiter) { l.localOpt = append(l.localOpt, local.WithMaxKeys(n)) })
+}
+
+// New returns a limiter that applies limits to every key.
+func New(limits Limits, opts ...Option) (*Limiter, error) {
+	if err := limits.Validate(); err != nil {
+		return nil, err
+	}
+	l := &Limiter{limits: limits, clock: clock.Default, margin: DefaultMargin}
+	for _, o := range opts {
+		o.apply(l)
+	}
+	l.core = limits.Core(l.margin)
+	l.maxCost = gcra.MaxCost(l.core)
+	if l.be == nil {
+		l.be = local.New(append([]local.Option{local.WithClock(l.clock)}, l.localOpt...)...)
+		l.ownsBE = true
+	}
+	return l, nil
+}
+
+// MustNew is New that panics on error, for limits fixed in code.
+func MustNew(limits Limits, opts ...Option) *Limiter {
+	l, err := New(limits, opts...)
+	if err != nil {
+		panic(err)
+	}
+	return l
+}
+
+// Limits returns the limits as given (before any margin).
+func (l *Limiter) Limits() Limits { return l.limits }
+
+// Backend returns the backend the limiter decides in.
+func (l *Limiter) Backend() backend.Backend { return l.be }
+
+// Clock returns the limiter's clock.
+func (l *Limiter) Clock() clock.Clock { return l.clock }
+
+// MaxCost returns the most permits one request can be granted (the smallest burst, after
+// the margin).
+func (l *Limiter) MaxCost() int64 { return l.maxCost }
+
+// Close closes the backend if the limiter made it. Later calls return ErrClosed.
+func (l *Limiter) Close() error {
+	if l.ownsBE {
+		return l.be.Close()
+	}
+	return nil
+}
+
+// Allow reports whether one permit for key is available now, and takes it if so.
+func (l *Limiter) Allow(ctx context.Context, key string) bool {
+	d, _ := l.AllowN(ctx, key, 1)
+	return d.Allowed
+}
+
+// AllowN takes n permits for key if they are available now. The error is non-nil for a
+// bad request (ErrCostExceedsBurst), a closed limiter, or a backend failure answered by
+// FailClosed (wrapping ErrUnavailable, with a denial); FailOpen answers failures with an
+// allowance and no error.
+func (l *Limiter) AllowN(ctx context.Context, key string, n int) (Decision, error) {
+	g, err := l.decide(ctx, key, int64(n), 0)
+	return decisionOf(g.Result), err
+}
+
+// Reserve reserves n permits for key, for now or for later within the limiter's maximum
+// wait. The returned reservation says when the permits may be used (Delay); the caller
+// must wait that long (Reservation.Wait does), and may Cancel or Settle it. A denial (the
+// permits are further ahead than the bound) is a reservation with Allowed false and a nil
+// error.
+func (l *Limiter) Reserve(ctx context.Context, key string, n int) (*Reservation, error) {
+	md := time.Duration(math.MaxInt64)
+	if l.maxWait > 0 {
+		md = l.maxWait
+	}
+	return l.reserve(ctx, key, int64(n), md)
+}
+
+func (l *Limiter) reserve(ctx context.Context, key string, n int64, maxDelay time.Duration) (*Reservation, error) {
+	start := l.clock.Nanotime()
+	g, err := l.decide(ctx, key, n, maxDelay)
+	r := &Reservation{l: l, key: key, Decision: decisionOf(g.Result), ticket: g.Ticket, at: start}
+	if err != nil || !g.Allowed || g.Ticket.N == 0 {
+		r.done = true
+	}
+	return r, err
+}
+
+// Wait blocks until one permit for key is available and takes it, or returns an error:
+// ctx's error if it ends first (the permit is then given back), or a *ThrottledError if
+// the permit lies beyond ctx's deadline or the limiter's maximum wait (nothing is taken).
+func (l *Limiter) Wait(ctx context.Context, key string) error {
+	_, err := l.WaitN(ctx, key, 1)
+	return err
+}
+
+// WaitN is Wait for n permits. It returns the reservation, which may be settled once the
+// real cost is known.
+func (l *Limiter) WaitN(ctx context.Context, key string, n int) (*Reservation, error) {
+	md := l.waitBound(ctx)
+	r, err := l.reserve(ctx, key, int64(n), md)
+	if err != nil {
+		return r, err
+	}
+	if !r.Allowed {
+		return r, &ThrottledError{Key: key, RetryAfter: r.RetryAfter}
+	}
+	return r, r.Wait(ctx)
+}
+
+// waitBound is how long a wait may last: the limiter's maximum, cut to the context's
+// deadline.
+func (l *Limiter) waitBound(ctx context.Context) time.Duration {
+	md := time.Duration(math.MaxInt64)
+	if l.maxWait > 0 {
+		md = l.maxWait
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		// Context deadlines are real time, whatever the limiter's clock.
+		md = min(md, max(time.Until(dl), 0))
+	}
+	return md
+}
+
+// Penalize holds every caller of key back until `until`: nothing is granted before then.
+// A worker that got a 429 with Retry-After calls it, and the whole pool that shares the
+// backend's state holds back. With several limits, the shortest is drained so that one
+// permit is available at `until`.
+func (l *Limiter) Penalize(ctx context.Context, key string, until time.Time) error {
+	d := until.Sub(l.clock.Now())
+	if d <= 0 {
+		return nil
+	}
+	err := l.be.Penalize(ctx, key, l.core, d)
+	l.observe(Event{Kind: EventPenalty, Key: key, Wait: d, Err: err})
+	return err
+}
+
+// decide asks the backend and applies the fail mode.
+func (l *Limiter) decide(ctx context.Context, key string, n int64, maxDelay time.Duration) (backend.Grant, error) {
+	var start int64
+	if l.observer != nil {
+		start = l.clock.Nanotime()
+	}
+	g, err := l.be.Decide(ctx, key, backend.Request{Limits: l.core, N: n, MaxDelay: maxDelay})
+	if err != nil {
+		g, err = l.failed(key, n, err)
+	}
+	if l.observer != nil {
+		l.observer.Observe(Event{Kind: EventDecision, Key: key, N: n, Decision: decisionOf(g.Result),
+			Latency: time.Duration(l.clock.Nanotime() - start), Err: err})
+	}
+	return g, err
+}
+
+// failed turns a backend error into the fail mode's answer.
+func (l *Limiter) failed(key string, n int64, err error) (backend.Grant, error) {
+	switch {
+	case errors.Is(err, gcra.ErrCostExceedsBurst), errors.Is(err, gcra.ErrInvalidCost),
+		errors.Is(err, gcra.ErrInvalidLimits), errors.Is(err, ErrClosed):
+		return backend.Grant{}, fmt.Errorf("sluice: key %q, cost %d: %w", key, n, err)
+	}
+	l.observe(Event{Kind: EventError, Key: key, N: n, Err: err, FailMode: l.failMode})
+	if l.failMode == FailOpen {
+		return backend.Grant{Result: gcra.Result{Allowed: true}}, nil
+	}
+	return backend.Grant{}, fmt.Errorf("%w: key %q: %w", ErrUnavailable, key, err)
+}
+
+func (l *Limiter) observe(e Event) {
+	if l.observer != nil {
+		l.observer.Observe(e)
+	}
+}

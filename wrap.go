@@ -1,0 +1,148 @@
+package sluice
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"time"
+
+	"github.com/sluicehq/sluice/clock"
+)
+
+// CallOption configures Do and Wrap.
+type CallOption interface{ applyCall(*callConfig) }
+
+type callConfig struct {
+	pessimistic bool
+	maxWait     time.Duration
+	cost        int
+}
+
+type callOptionFunc func(*callConfig)
+
+func (f callOptionFunc) applyCall(c *callConfig) { f(c) }
+
+// Pessimistic makes the call run only if a permit is available now, and fail with a
+// *ThrottledError (ErrThrottled) otherwise: seed 000's pessimistic throttle, which drops
+// the call instead of waiting. Pair it with Retry for jittered back-off.
+func Pessimistic() CallOption { return callOptionFunc(func(c *callConfig) { c.pessimistic = true }) }
+
+// MaxWait makes the call wait for its permit at most d (the optimistic throttle with a
+// bound); a permit further ahead fails with ErrThrottled at once, taking nothing. It
+// narrows the limiter's own maximum wait and the context's deadline.
+func MaxWait(d time.Duration) CallOption {
+	return callOptionFunc(func(c *callConfig) { c.maxWait = d })
+}
+
+// Cost makes each call take n permits (default 1). When the real cost is known only after
+// the call, take an estimate here and settle it inside the call with
+// ReservationFromContext(ctx).Settle.
+func Cost(n int) CallOption { return callOptionFunc(func(c *callConfig) { c.cost = n }) }
+
+type reservationKey struct{}
+
+// ReservationFromContext returns the reservation Do or Wrap took for the call running with
+// ctx, or nil.
+func ReservationFromContext(ctx context.Context) *Reservation {
+	r, _ := ctx.Value(reservationKey{}).(*Reservation)
+	return r
+}
+
+// Do runs f once key's permit is granted: the seed's decorator as a call. By default it
+// waits for the permit (optimistic, bounded by the limiter's maximum wait, MaxWait and
+// ctx); with Pessimistic it fails with ErrThrottled unless a permit is free now. f's
+// context carries the reservation (ReservationFromContext), so f can settle its real
+// cost. If waiting fails, f is not called and the permits are given back.
+func (l *Limiter) Do(ctx context.Context, key string, f func(context.Context) error, opts ...CallOption) error {
+	c := callConfig{cost: 1}
+	for _, o := range opts {
+		o.applyCall(&c)
+	}
+	var md time.Duration
+	if !c.pessimistic {
+		md = l.waitBound(ctx)
+		if c.maxWait > 0 {
+			md = min(md, c.maxWait)
+		}
+	}
+	r, err := l.reserve(ctx, key, int64(c.cost), md)
+	if err != nil {
+		return err
+	}
+	if err := r.Wait(ctx); err != nil {
+		return err
+	}
+	return f(context.WithValue(ctx, reservationKey{}, r))
+}
+
+// Wrap turns f into a throttled function with the same signature: every call takes key's
+// permit first, as Do does (the seed's decorator: a function in, a throttled function
+// out). A call that is throttled returns the zero R and an error matching ErrThrottled.
+func Wrap[A, R any](l *Limiter, key string, f func(context.Context, A) (R, error), opts ...CallOption) func(context.Context, A) (R, error) {
+	return func(ctx context.Context, a A) (R, error) {
+		var out R
+		err := l.Do(ctx, key, func(ctx context.Context) error {
+			var err error
+			out, err = f(ctx, a)
+			return err
+		}, opts...)
+		return out, err
+	}
+}
+
+// Backoff retries calls that were throttled, with capped exponential back-off and random
+// jitter (seed 000: jitter breaks the spontaneous order in which unlucky pessimistic
+// callers never win). The zero value uses the defaults given per field.
+type Backoff struct {
+	Base     time.Duration  // first back-off; default 50ms
+	Max      time.Duration  // cap on one back-off; default 30s
+	Jitter   float64        // extra random fraction of each back-off, in [0, 1]; default 0.2
+	Attempts int            // calls in all, first included; default 10
+	Clock    clock.Clock    // default clock.Default
+	Rand     func() float64 // uniform in [0,1); default math/rand/v2
+}
+
+// Retry calls f until it returns an error that is not ErrThrottled (nil included), the
+// attempts run out (the last error is returned), or ctx ends. Between attempts it sleeps
+// the larger of the back-off and the error's RetryAfter, plus jitter.
+func (b Backoff) Retry(ctx context.Context, f func(context.Context) error) error {
+	base, maxB, jitter, attempts := b.Base, b.Max, b.Jitter, b.Attempts
+	if base <= 0 {
+		base = 50 * time.Millisecond
+	}
+	if maxB <= 0 {
+		maxB = 30 * time.Second
+	}
+	if jitter <= 0 {
+		jitter = 0.2
+	}
+	jitter = min(jitter, 1)
+	if attempts <= 0 {
+		attempts = 10
+	}
+	c := b.Clock
+	if c == nil {
+		c = clock.Default
+	}
+	rnd := b.Rand
+	if rnd == nil {
+		rnd = rand.Float64
+	}
+	back := base
+	for i := 1; ; i++ {
+		err := f(ctx)
+		if err == nil || !errors.Is(err, ErrThrottled) || i >= attempts {
+			return err
+		}
+		d := back
+		var te *ThrottledError
+		if errors.As(err, &te) && te.RetryAfter > d {
+			d = te.RetryAfter
+		}
+		d += time.Duration(float64(d) * jitter * rnd())
+		if err := c.Sleep(ctx, d); err != nil {
+			return err
+		}
+		back = min(back*2, maxB)
+	}
+}
