@@ -1,0 +1,256 @@
+// Package backendtest is the conformance suite that every backend runs: the same steps at
+// the same virtual times must give the same decisions, whether they are made in process,
+// in Redis or elsewhere.
+package backendtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/gcra"
+)
+
+// Factory makes a fresh backend whose decisions read time from clk. The backend is closed
+// by the suite. Keys are unique per test, so a factory may share a store across calls.
+type Factory func(t *testing.T, clk *clock.Virtual) backend.Backend
+
+const sec = int64(time.Second)
+
+func lim(rate, period, burst int64) gcra.Limit {
+	t := (period + rate - 1) / rate
+	return gcra.Limit{T: t, Tau: burst * t}
+}
+
+// step is one request at a virtual time and the decision expected.
+type step struct {
+	at        int64 // virtual nanoseconds
+	n         int64
+	maxDelay  time.Duration
+	allowed   bool
+	delay     int64
+	remaining int64
+}
+
+// Run runs the suite against the backends that f makes.
+func Run(t *testing.T, f Factory) {
+	var seq atomic.Int64
+	key := func(name string) string { return fmt.Sprintf("suite-%s-%d-%d", name, time.Now().UnixNano(), seq.Add(1)) }
+	ctx := context.Background()
+
+	setup := func(t *testing.T) (backend.Backend, *clock.Virtual) {
+		clk := clock.NewVirtual()
+		clk.Set(1000 * sec) // away from zero: a zero TAT must mean "fresh"
+		b := f(t, clk)
+		t.Cleanup(func() { b.Close() })
+		return b, clk
+	}
+	runSteps := func(t *testing.T, b backend.Backend, clk *clock.Virtual, k string, ls []gcra.Limit, base int64, steps []step) {
+		t.Helper()
+		for i, s := range steps {
+			clk.Set(base + s.at)
+			g, err := b.Decide(ctx, k, backend.Request{Limits: ls, N: s.n, MaxDelay: s.maxDelay})
+			if err != nil {
+				t.Fatalf("step %d: %v", i, err)
+			}
+			if g.Allowed != s.allowed || g.Delay != s.delay || g.Remaining != s.remaining {
+				t.Errorf("step %d (t=%v n=%d): got allowed=%v delay=%v remaining=%d, want %v %v %d", i,
+					time.Duration(s.at), s.n, g.Allowed, time.Duration(g.Delay), g.Remaining, s.allowed, time.Duration(s.delay), s.remaining)
+			}
+		}
+	}
+
+	t.Run("Seed000Timeline", func(t *testing.T) {
+		b, clk := setup(t)
+		base := clk.Nanotime()
+		runSteps(t, b, clk, key("seed"), []gcra.Limit{lim(1, 6*sec, 1)}, base, []step{
+			{at: 2 * sec, n: 1, allowed: true},
+			{at: 8 * sec, n: 1, allowed: true},
+			{at: 13 * sec, n: 1, allowed: false},
+			{at: 14 * sec, n: 1, allowed: true},
+		})
+	})
+
+	t.Run("BurstAndWeights", func(t *testing.T) {
+		b, clk := setup(t)
+		base := clk.Nanotime()
+		ms := int64(time.Millisecond)
+		runSteps(t, b, clk, key("burst"), []gcra.Limit{lim(10, sec, 5)}, base, []step{
+			{at: 0, n: 1, allowed: true, remaining: 4},
+			{at: 0, n: 3, allowed: true, remaining: 1},
+			{at: 0, n: 2, allowed: false, remaining: 1},
+			{at: 50 * ms, n: 1, allowed: true, remaining: 0},
+			{at: 100 * ms, n: 1, allowed: true, remaining: 0},
+			{at: 100 * ms, n: 0, allowed: true, remaining: 0},
+			{at: 700 * ms, n: 5, allowed: true, remaining: 0},
+		})
+	})
+
+	t.Run("BoundedReservations", func(t *testing.T) {
+		b, clk := setup(t)
+		base := clk.Nanotime()
+		runSteps(t, b, clk, key("resv"), []gcra.Limit{lim(1, 6*sec, 1)}, base, []step{
+			{at: 2 * sec, n: 1, maxDelay: 6 * time.Second, allowed: true},
+			{at: 3 * sec, n: 1, maxDelay: 6 * time.Second, allowed: true, delay: 5 * sec},
+			{at: 3 * sec, n: 1, maxDelay: 6 * time.Second, allowed: false},
+			{at: 3 * sec, n: 1, maxDelay: 11 * time.Second, allowed: true, delay: 11 * sec},
+		})
+	})
+
+	t.Run("SeveralLimits", func(t *testing.T) {
+		b, clk := setup(t)
+		ls := []gcra.Limit{lim(100, sec, 20), lim(2, sec, 2), lim(4500, 3600*sec, 4500)}
+		k := key("multi")
+		base := clk.Nanotime()
+		runSteps(t, b, clk, k, ls, base, []step{
+			{at: 0, n: 1, allowed: true, remaining: 1},
+			{at: 0, n: 1, allowed: true, remaining: 0},
+			{at: 0, n: 1, allowed: false, remaining: 0},
+			{at: 0, n: 1, allowed: false, remaining: 0},
+			// Denials took nothing from the 100/s and hourly limits: at 500ms the 2/s limit
+			// has one permit again, and the others still have theirs.
+			{at: sec / 2, n: 1, allowed: true, remaining: 0},
+			{at: 10 * sec, n: 2, allowed: true, remaining: 0},
+		})
+		if _, err := b.Decide(ctx, k, backend.Request{Limits: ls, N: 3}); !errors.Is(err, gcra.ErrCostExceedsBurst) {
+			t.Errorf("cost 3 over the burst 2: got %v", err)
+		}
+	})
+
+	t.Run("CancelAndSettle", func(t *testing.T) {
+		b, clk := setup(t)
+		ls := []gcra.Limit{lim(10, sec, 10)}
+		k := key("settle")
+		g, err := b.Decide(ctx, k, backend.Request{Limits: ls, N: 8})
+		if err != nil || !g.Allowed {
+			t.Fatalf("first grant: %+v %v", g, err)
+		}
+		if err := b.Adjust(ctx, k, ls, g.Ticket, 3); err != nil {
+			t.Fatal(err)
+		}
+		g2, _ := b.Decide(ctx, k, backend.Request{Limits: ls, N: 7})
+		if !g2.Allowed {
+			t.Fatalf("after settling 8 down to 3, 7 more were denied")
+		}
+		if err := b.Adjust(ctx, k, ls, g2.Ticket, 0); err != nil {
+			t.Fatal(err)
+		}
+		g3, _ := b.Decide(ctx, k, backend.Request{Limits: ls, N: 7})
+		if !g3.Allowed {
+			t.Fatalf("after cancelling 7, 7 more were denied")
+		}
+		if g4, _ := b.Decide(ctx, k, backend.Request{Limits: ls, N: 1}); g4.Allowed {
+			t.Fatalf("an 11th permit was granted")
+		}
+		// Settling up charges at once.
+		clk.Advance(2 * time.Second) // full again
+		g5, _ := b.Decide(ctx, k, backend.Request{Limits: ls, N: 2})
+		if err := b.Adjust(ctx, k, ls, g5.Ticket, 10); err != nil {
+			t.Fatal(err)
+		}
+		if g6, _ := b.Decide(ctx, k, backend.Request{Limits: ls, N: 1}); g6.Allowed {
+			t.Fatalf("after settling 2 up to 10, a permit was granted")
+		}
+	})
+
+	t.Run("Penalize", func(t *testing.T) {
+		b, clk := setup(t)
+		ls := []gcra.Limit{lim(10, sec, 10)}
+		k := key("pen")
+		g0, err := b.Decide(ctx, k, backend.Request{Limits: ls, N: 5})
+		if err != nil || !g0.Allowed {
+			t.Fatalf("grant before the penalty: %+v %v", g0, err)
+		}
+		if err := b.Penalize(ctx, k, ls, 3*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		// Cancelling a grant made before the penalty cannot reopen the key.
+		if err := b.Adjust(ctx, k, ls, g0.Ticket, 0); err != nil {
+			t.Fatal(err)
+		}
+		g, _ := b.Decide(ctx, k, backend.Request{Limits: ls, N: 1})
+		if g.Allowed || g.RetryAfter != 3*sec {
+			t.Fatalf("during the penalty: %+v, want denied with RetryAfter 3s", g.Result)
+		}
+		clk.Advance(time.Second)
+		clk.Advance(2*time.Second - 1)
+		if g, _ := b.Decide(ctx, k, backend.Request{Limits: ls, N: 1}); g.Allowed {
+			t.Fatalf("granted 1ns before the penalty's end")
+		}
+		clk.Advance(1)
+		if g, _ := b.Decide(ctx, k, backend.Request{Limits: ls, N: 1}); !g.Allowed {
+			t.Fatalf("denied at the penalty's end")
+		}
+	})
+
+	t.Run("KeysAreIndependent", func(t *testing.T) {
+		b, _ := setup(t)
+		ls := []gcra.Limit{lim(1, sec, 1)}
+		for i := 0; i < 50; i++ {
+			if g, err := b.Decide(ctx, key(fmt.Sprint("k", i)), backend.Request{Limits: ls, N: 1}); err != nil || !g.Allowed {
+				t.Fatalf("key %d: %+v %v", i, g, err)
+			}
+		}
+	})
+
+	t.Run("ConcurrentCallersGetExactlyTheBurst", func(t *testing.T) {
+		b, _ := setup(t)
+		for _, ls := range [][]gcra.Limit{{lim(50, sec, 50)}, {lim(50, sec, 50), lim(100, 60*sec, 100)}} {
+			k := key("conc")
+			var granted atomic.Int64
+			var wg sync.WaitGroup
+			for g := 0; g < 8; g++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := 0; i < 40; i++ {
+						gr, err := b.Decide(ctx, k, backend.Request{Limits: ls, N: 1})
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if gr.Allowed {
+							granted.Add(1)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			if granted.Load() != 50 {
+				t.Errorf("%d limits: %d grants at one instant, want exactly the burst 50", len(ls), granted.Load())
+			}
+		}
+	})
+
+	t.Run("LimitsChangeOnAKey", func(t *testing.T) {
+		b, _ := setup(t)
+		k := key("change")
+		one := []gcra.Limit{lim(3, sec, 3)}
+		two := []gcra.Limit{lim(3, sec, 3), lim(10, 60*sec, 10)}
+		for _, ls := range [][]gcra.Limit{one, two, one} {
+			g, err := b.Decide(ctx, k, backend.Request{Limits: ls, N: 1})
+			if err != nil || !g.Allowed {
+				t.Fatalf("%d limits: %+v %v", len(ls), g, err)
+			}
+		}
+		// Three permits went on the 3/s limit across the changes: the state carried over.
+		if g, _ := b.Decide(ctx, k, backend.Request{Limits: one, N: 1}); g.Allowed {
+			t.Errorf("state was lost when the key's limits changed")
+		}
+	})
+
+	t.Run("Closed", func(t *testing.T) {
+		clk := clock.NewVirtual()
+		b := f(t, clk)
+		b.Close()
+		if _, err := b.Decide(ctx, key("closed"), backend.Request{Limits: []gcra.Limit{lim(1, sec, 1)}, N: 1}); !errors.Is(err, backend.ErrClosed) {
+			t.Errorf("Decide after Close: got %v, want ErrClosed", err)
+		}
+	})
+}

@@ -1,0 +1,183 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/backend/backendtest"
+	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/gcra"
+)
+
+func TestConformance(t *testing.T) {
+	backendtest.Run(t, func(t *testing.T, clk *clock.Virtual) backend.Backend {
+		return New(WithClock(clk))
+	})
+}
+
+var ctx = context.Background()
+
+func one(rate int64, period time.Duration, burst int64) []gcra.Limit {
+	t := (int64(period) + rate - 1) / rate
+	return []gcra.Limit{{T: t, Tau: burst * t}}
+}
+
+func TestIdleKeysExpire(t *testing.T) {
+	clk := clock.NewVirtual()
+	b := New(WithClock(clk), WithSweepEvery(time.Second))
+	ls := one(1, time.Second, 1)
+	for i := 0; i < 100; i++ {
+		b.Decide(ctx, fmt.Sprint("k", i), backend.Request{Limits: ls, N: 1})
+	}
+	multi := append(one(1, time.Second, 1), one(1, time.Minute, 1)...)
+	b.Decide(ctx, "multi", backend.Request{Limits: multi, N: 1})
+	if b.Len() != 101 {
+		t.Fatalf("Len = %d, want 101", b.Len())
+	}
+	clk.Advance(2 * time.Second)
+	b.Decide(ctx, "new", backend.Request{Limits: ls, N: 1}) // an insert past SweepEvery sweeps
+	if b.Len() != 2 || b.Evicted() != 100 {
+		t.Fatalf("after the sweep: Len %d Evicted %d, want 2 (new, multi) and 100", b.Len(), b.Evicted())
+	}
+	clk.Advance(time.Minute)
+	b.Sweep()
+	if b.Len() != 0 {
+		t.Fatalf("after a minute: Len %d, want 0", b.Len())
+	}
+}
+
+func TestKeyCap(t *testing.T) {
+	clk := clock.NewVirtual()
+	b := New(WithClock(clk), WithMaxKeys(10))
+	ls := one(1, time.Hour, 1)
+	for i := 0; i < 10; i++ {
+		if g, err := b.Decide(ctx, fmt.Sprint("k", i), backend.Request{Limits: ls, N: 1}); err != nil || !g.Allowed {
+			t.Fatalf("key %d: %v", i, err)
+		}
+	}
+	if _, err := b.Decide(ctx, "k10", backend.Request{Limits: ls, N: 1}); !errors.Is(err, backend.ErrTooManyKeys) {
+		t.Fatalf("11th key: got %v, want ErrTooManyKeys", err)
+	}
+	// Existing keys are still decided.
+	if g, err := b.Decide(ctx, "k3", backend.Request{Limits: ls, N: 1}); err != nil || g.Allowed {
+		t.Fatalf("existing key at the cap: %+v %v, want a plain denial", g, err)
+	}
+	// Once keys go idle, the cap makes room by sweeping.
+	clk.Advance(time.Hour)
+	if g, err := b.Decide(ctx, "k10", backend.Request{Limits: ls, N: 1}); err != nil || !g.Allowed {
+		t.Fatalf("11th key after the others went idle: %+v %v", g, err)
+	}
+	if b.Len() != 1 {
+		t.Errorf("Len = %d, want 1", b.Len())
+	}
+}
+
+// TestSweepRacesDecisions sweeps continuously while callers decide on a few keys at one
+// virtual instant: no key may grant more than its burst, whatever the interleaving of
+// sweeps (which kill idle entries) and decisions.
+func TestSweepRacesDecisions(t *testing.T) {
+	clk := clock.NewVirtual()
+	b := New(WithClock(clk))
+	ls := one(5, time.Second, 5)
+	for round := 0; round < 20; round++ {
+		clk.Advance(time.Hour) // every key idle again
+		var granted [4]atomic.Int64
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		go func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					b.Sweep()
+				}
+			}
+		}()
+		for g := 0; g < 4; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; i < 200; i++ {
+					k := i % 4
+					if gr, _ := b.Decide(ctx, fmt.Sprint("k", k), backend.Request{Limits: ls, N: 1}); gr.Allowed {
+						granted[k].Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(stop)
+		for k := range granted {
+			if n := granted[k].Load(); n != 5 {
+				t.Fatalf("round %d key %d: %d grants, want 5", round, k, n)
+			}
+		}
+	}
+}
+
+// TestMemoryPerKey measures the heap held per key and keeps it under a bound, so a
+// regression shows. The figure is in docs/local.md.
+func TestMemoryPerKey(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocates 100k keys")
+	}
+	const n = 100_000
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("key-%010d", i) // 14 bytes
+	}
+	clk := clock.NewVirtual()
+	b := New(WithClock(clk), WithMaxKeys(0))
+	ls := one(1, time.Hour, 1)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for _, k := range keys {
+		b.Decide(ctx, k, backend.Request{Limits: ls, N: 1})
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	per := float64(after.HeapAlloc-before.HeapAlloc) / n
+	t.Logf("heap per single-limit key (14-byte key, string owned by the caller): %.0f bytes", per)
+	if per > 160 {
+		t.Errorf("heap per key %.0f bytes, want at most 160", per)
+	}
+	runtime.KeepAlive(keys)
+	runtime.KeepAlive(b)
+}
+
+func TestClosed(t *testing.T) {
+	b := New()
+	b.Close()
+	ls := one(1, time.Second, 1)
+	if err := b.Adjust(ctx, "k", ls, gcra.Ticket{N: 1}, 0); !errors.Is(err, backend.ErrClosed) {
+		t.Errorf("Adjust: %v", err)
+	}
+	if err := b.Penalize(ctx, "k", ls, time.Second); !errors.Is(err, backend.ErrClosed) {
+		t.Errorf("Penalize: %v", err)
+	}
+}
+
+func TestZeroAllocs(t *testing.T) {
+	b := New()
+	ls := one(1_000_000, time.Second, 1000)
+	req := backend.Request{Limits: ls, N: 1}
+	b.Decide(ctx, "hot", req)
+	if a := testing.AllocsPerRun(1000, func() { b.Decide(ctx, "hot", req) }); a != 0 {
+		t.Errorf("Decide on an existing single-limit key allocates %v times", a)
+	}
+	multi := append(one(1_000_000, time.Second, 1000), one(1_000_000, time.Minute, 1000)...)
+	mreq := backend.Request{Limits: multi, N: 1}
+	b.Decide(ctx, "hotm", mreq)
+	if a := testing.AllocsPerRun(1000, func() { b.Decide(ctx, "hotm", mreq) }); a != 0 {
+		t.Errorf("Decide on an existing multi-limit key allocates %v times", a)
+	}
+}
