@@ -17,7 +17,7 @@ type Reservation struct {
 
 	l      *Limiter
 	key    string
-	at     int64 // limiter clock's Nanotime when the reservation was asked for
+	at     int64 // limiter clock's Nanotime when the decision arrived; Delay counts from it
 	mu     sync.Mutex
 	ticket gcra.Ticket
 	done   bool

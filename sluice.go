@@ -116,6 +116,7 @@ type Limiter struct {
 	core     []gcra.Limit
 	maxCost  int64
 	be       backend.Backend
+	allower  backend.Allower // be's fast path, when it has one and it applies
 	ownsBE   bool
 	clock    clock.Clock
 	margin   time.Duration
@@ -186,6 +187,9 @@ func New(limits Limits, opts ...Option) (*Limiter, error) {
 		l.be = local.New(append([]local.Option{local.WithClock(l.clock)}, l.localOpt...)...)
 		l.ownsBE = true
 	}
+	if a, ok := l.be.(backend.Allower); ok && len(l.core) == 1 {
+		l.allower = a
+	}
 	return l, nil
 }
 
@@ -221,6 +225,14 @@ func (l *Limiter) Close() error {
 
 // Allow reports whether one permit for key is available now, and takes it if so.
 func (l *Limiter) Allow(ctx context.Context, key string) bool {
+	if l.allower != nil && l.observer == nil {
+		ok, err := l.allower.AllowOne(ctx, key, l.core[0])
+		if err != nil {
+			g, _ := l.failed(key, 1, err)
+			return g.Allowed
+		}
+		return ok
+	}
 	d, _ := l.AllowN(ctx, key, 1)
 	return d.Allowed
 }
@@ -248,9 +260,10 @@ func (l *Limiter) Reserve(ctx context.Context, key string, n int) (*Reservation,
 }
 
 func (l *Limiter) reserve(ctx context.Context, key string, n int64, maxDelay time.Duration) (*Reservation, error) {
-	start := l.clock.Nanotime()
 	g, err := l.decide(ctx, key, n, maxDelay)
-	r := &Reservation{l: l, key: key, Decision: decisionOf(g.Result), ticket: g.Ticket, at: start}
+	// The delay counts from the backend's now, which is no later than the answer's arrival:
+	// counting it from the arrival puts the permit at or after its slot, never before.
+	r := &Reservation{l: l, key: key, Decision: decisionOf(g.Result), ticket: g.Ticket, at: l.clock.Nanotime()}
 	if err != nil || !g.Allowed || g.Ticket.N == 0 {
 		r.done = true
 	}

@@ -54,3 +54,11 @@ type Backend interface {
 	// ErrClosed.
 	Close() error
 }
+
+// Allower is an optional fast path a backend may offer: one permit under one limit, taken
+// now or not at all, with no details of the decision. The limiter uses it for Allow when
+// the key has one limit and no observer is set. Its answers must equal Decide's with
+// N = 1 and MaxDelay = 0.
+type Allower interface {
+	AllowOne(ctx context.Context, key string, l gcra.Limit) (bool, error)
+}

@@ -143,7 +143,7 @@ func DecideOne(tat int64, l Limit, now, n, maxDelay int64) (int64, Result, error
 	if n < 0 {
 		return tat, Result{}, ErrInvalidCost
 	}
-	if n > l.Tau/l.T {
+	if n > 1 && n > l.Tau/l.T {
 		return tat, Result{}, ErrCostExceedsBurst
 	}
 	t := max(tat, now)
@@ -156,6 +156,17 @@ func DecideOne(tat int64, l Limit, now, n, maxDelay int64) (int64, Result, error
 	}
 	t = max(tat, now+delay) + n*l.T
 	return t, Result{Allowed: true, Delay: delay, ResetAfter: t - now, Remaining: max(0, (now+l.Tau-t)/l.T)}, nil
+}
+
+// AllowOne is DecideOne for one permit taken now or not at all, without the decision's
+// details: the in-process limiter's fastest path (no division). It returns the new TAT
+// and whether the permit was granted.
+func AllowOne(tat int64, l Limit, now int64) (int64, bool) {
+	t := max(tat, now)
+	if t+l.T-l.Tau > now {
+		return tat, false
+	}
+	return t + l.T, true
 }
 
 // Adjust settles a grant to its real cost newN at time now: newN = 0 cancels it (the

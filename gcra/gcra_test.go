@@ -457,3 +457,22 @@ func TestIdle(t *testing.T) {
 		t.Error("Idle wrong")
 	}
 }
+
+func TestAllowOneMatchesDecideOne(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for trial := 0; trial < 100; trial++ {
+		l := lim(1+rng.Int64N(50), (1+rng.Int64N(5))*sec, 1+rng.Int64N(10))
+		a, b := int64(0), int64(0)
+		now := int64(0)
+		for step := 0; step < 300; step++ {
+			now += rng.Int64N(l.T)
+			var ok bool
+			a, ok = AllowOne(a, l, now)
+			var r Result
+			b, r, _ = DecideOne(b, l, now, 1, 0)
+			if ok != r.Allowed || a != b {
+				t.Fatalf("trial %d step %d: AllowOne %v %d, DecideOne %v %d", trial, step, ok, a, r.Allowed, b)
+			}
+		}
+	}
+}

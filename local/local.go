@@ -51,7 +51,10 @@ type Backend struct {
 	closed    atomic.Bool
 }
 
-var _ backend.Backend = (*Backend)(nil)
+var (
+	_ backend.Backend = (*Backend)(nil)
+	_ backend.Allower = (*Backend)(nil)
+)
 
 type single struct{ tat atomic.Int64 }
 
@@ -153,6 +156,34 @@ func (b *Backend) Decide(_ context.Context, key string, req backend.Request) (ba
 		res, tk, err := gcra.Decide(e.tats, req.Limits, now, req.N, md)
 		e.mu.Unlock()
 		return backend.Grant{Result: res, Ticket: tk}, err
+	}
+}
+
+// AllowOne takes one permit for key under l if one is free now (backend.Allower).
+func (b *Backend) AllowOne(_ context.Context, key string, l gcra.Limit) (bool, error) {
+	if b.closed.Load() {
+		return false, backend.ErrClosed
+	}
+	now := b.clock.Nanotime()
+	for {
+		e, err := b.singleFor(key, now)
+		if err != nil {
+			return false, err
+		}
+		for {
+			old := e.tat.Load()
+			if old == dead {
+				b.drop(key, e)
+				break
+			}
+			tat, ok := gcra.AllowOne(old, l, now)
+			if !ok {
+				return false, nil
+			}
+			if e.tat.CompareAndSwap(old, tat) {
+				return true, nil
+			}
+		}
 	}
 }
 

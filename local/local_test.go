@@ -181,3 +181,7 @@ func TestZeroAllocs(t *testing.T) {
 		t.Errorf("Decide on an existing multi-limit key allocates %v times", a)
 	}
 }
+
+func TestAllowerMatchesDecide(t *testing.T) {
+	backendtest.RunAllower(t, func(t *testing.T, clk *clock.Virtual) backend.Backend { return New(WithClock(clk)) })
+}

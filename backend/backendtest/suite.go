@@ -254,3 +254,31 @@ func Run(t *testing.T, f Factory) {
 		}
 	})
 }
+
+// RunAllower checks a backend's Allower fast path against its Decide on random steps.
+func RunAllower(t *testing.T, f Factory) {
+	clk := clock.NewVirtual()
+	b := f(t, clk)
+	defer b.Close()
+	a, ok := b.(backend.Allower)
+	if !ok {
+		t.Skip("the backend has no Allower fast path")
+	}
+	ctx := context.Background()
+	ls := []gcra.Limit{lim(3, sec, 2)}
+	k1, k2 := fmt.Sprint("allower-a-", time.Now().UnixNano()), fmt.Sprint("allower-b-", time.Now().UnixNano())
+	for i := 0; i < 500; i++ {
+		clk.Advance(time.Duration(i%7) * 37 * time.Millisecond)
+		got, err := a.AllowOne(ctx, k1, ls[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := b.Decide(ctx, k2, backend.Request{Limits: ls, N: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != g.Allowed {
+			t.Fatalf("step %d: AllowOne %v, Decide %v", i, got, g.Allowed)
+		}
+	}
+}

@@ -1,0 +1,54 @@
+# Sluice: the two commands of the README are `go run ./cmd/sluice demo` and `make test`.
+GO            ?= go
+STATICCHECK   ?= honnef.co/go/tools/cmd/staticcheck@2026.2.2
+BENCHCOUNT    ?= 6
+BENCHTIME     ?= 1s
+FUZZTIME      ?= 1m
+SOAKTIME      ?= 60s
+PKGS          := ./...
+
+.PHONY: all test test-short bench fuzz soak lint vet fmt tidy clean
+
+all: lint test
+
+## test: every test with the race detector (needs redis-server once the redis mode lands).
+test:
+	$(GO) test -race -timeout 15m $(PKGS)
+	cd bench && $(GO) test -race -timeout 5m -run . ./...
+
+## test-short: the quick subset, for the edit loop.
+test-short:
+	$(GO) test -short -timeout 5m $(PKGS)
+
+## bench: comparative benchmarks in bench/, interleaved, reported as ratios by benchstat.
+bench:
+	mkdir -p bench/results
+	cd bench && $(GO) test -run '^$$' -bench . -benchmem -count $(BENCHCOUNT) -benchtime $(BENCHTIME) . | tee results/local.txt
+	cd bench && $(GO) tool benchstat -col /impl results/local.txt
+
+## fuzz: each fuzz target for FUZZTIME (the seed corpora also run in `make test`).
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) .
+
+## soak: long real-time runs that judge real decisions exactly (SOAKTIME each).
+soak:
+	SLUICE_SOAK=$(SOAKTIME) $(GO) test -race -tags soak -run Soak -timeout 60m -v $(PKGS)
+
+## lint: go vet and staticcheck (installed through the Go toolchain), and gofmt.
+lint: vet
+	$(GO) run $(STATICCHECK) $(PKGS)
+	cd bench && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet $(PKGS)
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+tidy:
+	$(GO) mod tidy
+	cd bench && $(GO) mod tidy
+
+clean:
+	rm -rf bench/results/*.prof
