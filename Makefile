@@ -5,6 +5,7 @@ BENCHCOUNT    ?= 6
 BENCHTIME     ?= 1s
 FUZZTIME      ?= 1m
 SOAKTIME      ?= 60s
+BENCH         ?= .
 PKGS          := ./...
 
 .PHONY: all test test-short bench fuzz soak lint vet fmt tidy clean
@@ -21,9 +22,14 @@ test-short:
 	$(GO) test -short -timeout 5m $(PKGS)
 
 ## bench: comparative benchmarks in bench/, interleaved, reported as ratios by benchstat.
+## The libraries are interleaved: one run of every benchmark, BENCHCOUNT times over, so a
+## machine that slows down mid-run slows every library alike.
 bench:
 	mkdir -p bench/results
-	cd bench && $(GO) test -run '^$$' -bench . -benchmem -count $(BENCHCOUNT) -benchtime $(BENCHTIME) . | tee results/local.txt
+	cd bench && $(GO) test -c -o results/bench.test . && rm -f results/local.txt && \
+	  for i in $$(seq $(BENCHCOUNT)); do \
+	    ./results/bench.test -test.run '^$$' -test.bench '$(BENCH)' -test.benchmem -test.benchtime $(BENCHTIME) | tee -a results/local.txt; \
+	  done
 	cd bench && $(GO) tool benchstat -col /impl results/local.txt
 
 ## fuzz: each fuzz target for FUZZTIME (the seed corpora also run in `make test`).
@@ -51,4 +57,4 @@ tidy:
 	cd bench && $(GO) mod tidy
 
 clean:
-	rm -rf bench/results/*.prof
+	rm -f bench/results/bench.test bench/results/*.prof

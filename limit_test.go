@@ -132,11 +132,11 @@ func TestMargin(t *testing.T) {
 		margin time.Duration
 		t, tau int64
 	}{
-		{PerSecond(20).WithBurst(10), 10 * ms, 50e6, 9 * 50e6},      // one permit of the burst held back
-		{PerSecond(20).WithBurst(10), 120 * ms, 50e6, 7 * 50e6},     // ceil(120/50) = 3
-		{Every(6 * time.Second), 10 * ms, 6010e6, 6010e6},           // burst 1: spaced T + J
-		{PerSecond(100).WithBurst(2), 25 * ms, 10e6 + 15e6, 25e6},   // the reserve would take the burst
-		{PerSecond(20).WithBurst(10), 0, 50e6, 10 * 50e6},           // exact
+		{PerSecond(20).WithBurst(10), 10 * ms, 50e6, 9 * 50e6},       // one permit of the burst held back
+		{PerSecond(20).WithBurst(10), 120 * ms, 50e6, 7 * 50e6},      // ceil(120/50) = 3
+		{Every(6 * time.Second), 10 * ms, 6010e6, 6010e6},            // burst 1: spaced T + J
+		{PerSecond(100).WithBurst(2), 25 * ms, 10e6 + 15e6, 25e6},    // the reserve would take the burst
+		{PerSecond(20).WithBurst(10), 0, 50e6, 10 * 50e6},            // exact
 		{PerSecond(20).WithBurst(10), -time.Second, 50e6, 10 * 50e6}, // negative is zero
 	}
 	for i, c := range cases {

@@ -38,7 +38,7 @@ func (r *Reservation) OK() bool { return r.Allowed }
 
 // TimeToAct returns when the permits may be used, on the limiter's clock.
 func (r *Reservation) TimeToAct() time.Time {
-	return r.l.clock.Now().Add(time.Duration(r.at+int64(r.Delay)-r.l.clock.Nanotime()))
+	return r.l.clock.Now().Add(time.Duration(r.at + int64(r.Delay) - r.l.clock.Nanotime()))
 }
 
 // Wait blocks until the permits may be used. If ctx ends first it cancels the reservation

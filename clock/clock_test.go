@@ -109,7 +109,7 @@ func TestVirtualSleepCancelled(t *testing.T) {
 func TestVirtualTimerResetAndChannel(t *testing.T) {
 	v := NewVirtual()
 	tm := v.NewTimer(time.Second)
-	if tm.Reset(3 * time.Second) != true {
+	if tm.Reset(3*time.Second) != true {
 		t.Error("Reset of an active timer reported false")
 	}
 	v.Advance(2 * time.Second)

@@ -32,6 +32,7 @@ func one(rate int64, period time.Duration, burst int64) []gcra.Limit {
 func TestIdleKeysExpire(t *testing.T) {
 	clk := clock.NewVirtual()
 	b := New(WithClock(clk), WithSweepEvery(time.Second))
+	defer b.Close()
 	ls := one(1, time.Second, 1)
 	for i := 0; i < 100; i++ {
 		b.Decide(ctx, fmt.Sprint("k", i), backend.Request{Limits: ls, N: 1})
@@ -43,6 +44,7 @@ func TestIdleKeysExpire(t *testing.T) {
 	}
 	clk.Advance(2 * time.Second)
 	b.Decide(ctx, "new", backend.Request{Limits: ls, N: 1}) // an insert past SweepEvery sweeps
+	b.wg.Wait()                                             // in the background
 	if b.Len() != 2 || b.Evicted() != 100 {
 		t.Fatalf("after the sweep: Len %d Evicted %d, want 2 (new, multi) and 100", b.Len(), b.Evicted())
 	}
@@ -56,6 +58,7 @@ func TestIdleKeysExpire(t *testing.T) {
 func TestKeyCap(t *testing.T) {
 	clk := clock.NewVirtual()
 	b := New(WithClock(clk), WithMaxKeys(10))
+	defer b.Close()
 	ls := one(1, time.Hour, 1)
 	for i := 0; i < 10; i++ {
 		if g, err := b.Decide(ctx, fmt.Sprint("k", i), backend.Request{Limits: ls, N: 1}); err != nil || !g.Allowed {
@@ -85,6 +88,7 @@ func TestKeyCap(t *testing.T) {
 func TestSweepRacesDecisions(t *testing.T) {
 	clk := clock.NewVirtual()
 	b := New(WithClock(clk))
+	defer b.Close()
 	ls := one(5, time.Second, 5)
 	for round := 0; round < 20; round++ {
 		clk.Advance(time.Hour) // every key idle again
@@ -136,6 +140,7 @@ func TestMemoryPerKey(t *testing.T) {
 	}
 	clk := clock.NewVirtual()
 	b := New(WithClock(clk), WithMaxKeys(0))
+	defer b.Close()
 	ls := one(1, time.Hour, 1)
 	var before, after runtime.MemStats
 	runtime.GC()
@@ -143,12 +148,14 @@ func TestMemoryPerKey(t *testing.T) {
 	for _, k := range keys {
 		b.Decide(ctx, k, backend.Request{Limits: ls, N: 1})
 	}
+	b.wg.Wait() // the read-only copy is part of the cost
+	b.rebuild()
 	runtime.GC()
 	runtime.ReadMemStats(&after)
 	per := float64(after.HeapAlloc-before.HeapAlloc) / n
 	t.Logf("heap per single-limit key (14-byte key, string owned by the caller): %.0f bytes", per)
-	if per > 160 {
-		t.Errorf("heap per key %.0f bytes, want at most 160", per)
+	if per > 200 {
+		t.Errorf("heap per key %.0f bytes, want at most 200", per)
 	}
 	runtime.KeepAlive(keys)
 	runtime.KeepAlive(b)
@@ -156,6 +163,7 @@ func TestMemoryPerKey(t *testing.T) {
 
 func TestClosed(t *testing.T) {
 	b := New()
+	defer b.Close()
 	b.Close()
 	ls := one(1, time.Second, 1)
 	if err := b.Adjust(ctx, "k", ls, gcra.Ticket{N: 1}, 0); !errors.Is(err, backend.ErrClosed) {
@@ -168,6 +176,7 @@ func TestClosed(t *testing.T) {
 
 func TestZeroAllocs(t *testing.T) {
 	b := New()
+	defer b.Close()
 	ls := one(1_000_000, time.Second, 1000)
 	req := backend.Request{Limits: ls, N: 1}
 	b.Decide(ctx, "hot", req)

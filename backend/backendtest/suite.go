@@ -41,7 +41,9 @@ type step struct {
 // Run runs the suite against the backends that f makes.
 func Run(t *testing.T, f Factory) {
 	var seq atomic.Int64
-	key := func(name string) string { return fmt.Sprintf("suite-%s-%d-%d", name, time.Now().UnixNano(), seq.Add(1)) }
+	key := func(name string) string {
+		return fmt.Sprintf("suite-%s-%d-%d", name, time.Now().UnixNano(), seq.Add(1))
+	}
 	ctx := context.Background()
 
 	setup := func(t *testing.T) (backend.Backend, *clock.Virtual) {
