@@ -1,6 +1,6 @@
 # Sluice: the two commands of the README are `go run ./cmd/sluice demo` and `make test`.
 GO            ?= go
-STATICCHECK   ?= honnef.co/go/tools/cmd/staticcheck@2026.2.2
+STATICCHECK   ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCHCOUNT    ?= 6
 BENCHTIME     ?= 1s
 FUZZTIME      ?= 1m

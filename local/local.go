@@ -42,26 +42,26 @@ type Backend struct {
 	maxKeys    int64
 	sweepEvery int64
 
-	keys      sync.Map // string -> *single | *multi: the authority
-	count     atomic.Int64
+	keys  sync.Map // string -> *single | *multi: the authority
+	count atomic.Int64
 
 	// snap is a read-only copy of the single-limit entries of keys, rebuilt in the
 	// background once misses pass snapLimit. A plain Go map is read in about half the time
 	// of sync.Map's trie on many keys; it holds the same *single values, so a decision made
 	// through it updates the same state. Entries may be stale (dead): callers then fall back
 	// to keys.
-	snap       atomic.Pointer[map[string]*single]
-	misses     atomic.Int64
-	snapLimit  atomic.Int64
-	rebuilding atomic.Bool
-	wg         sync.WaitGroup // background sweeps and rebuilds
+	snap         atomic.Pointer[map[string]*single]
+	misses       atomic.Int64
+	snapLimit    atomic.Int64
+	rebuilding   atomic.Bool
+	wg           sync.WaitGroup // background sweeps and rebuilds
 	lastSweep    atomic.Int64
 	lastCapSweep atomic.Int64
 	sweepMu      sync.Mutex
 	bgSweep      atomic.Bool
-	evicted   atomic.Int64
-	holds     sync.Map // string -> int64: end of the key's latest penalty
-	closed    atomic.Bool
+	evicted      atomic.Int64
+	holds        sync.Map // string -> int64: end of the key's latest penalty
+	closed       atomic.Bool
 }
 
 var (
