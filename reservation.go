@@ -44,19 +44,57 @@ func (r *Reservation) TimeToAct() time.Time {
 // Wait blocks until the permits may be used. If ctx ends first it cancels the reservation
 // (giving the permits back) and returns ctx's error. A denied reservation returns a
 // *ThrottledError at once.
+//
+// If the key is penalized through the same limiter after the reservation was made (a
+// worker got a 429), the reservation is given back and taken anew behind the penalty, so
+// permits promised before the 429 do not all land at the API when it ends. The new
+// reservation is bounded as the first was; if it cannot be had, Wait returns a
+// *ThrottledError.
 func (r *Reservation) Wait(ctx context.Context) error {
 	if !r.Allowed {
 		return &ThrottledError{Key: r.key, RetryAfter: r.RetryAfter}
 	}
-	left := time.Duration(r.at + int64(r.Delay) - r.l.clock.Nanotime())
-	if left <= 0 {
-		return nil
+	for {
+		left := time.Duration(r.at + int64(r.Delay) - r.l.clock.Nanotime())
+		if left > 0 {
+			r.l.observe(Event{Kind: EventWait, Key: r.key, N: r.N(), Wait: left})
+			if err := r.l.clock.Sleep(ctx, left); err != nil {
+				_ = r.Cancel(context.WithoutCancel(ctx))
+				r.l.observe(Event{Kind: EventWait, Key: r.key, N: r.N(), Wait: left, Err: err})
+				return err
+			}
+		}
+		if !r.l.penalizedSince(r.key, r.at, r.l.clock.Nanotime()) {
+			return nil
+		}
+		if err := r.requeue(ctx); err != nil {
+			return err
+		}
 	}
-	r.l.observe(Event{Kind: EventWait, Key: r.key, N: r.ticket.N, Wait: left})
-	if err := r.l.clock.Sleep(ctx, left); err != nil {
-		_ = r.Cancel(context.WithoutCancel(ctx))
-		r.l.observe(Event{Kind: EventWait, Key: r.key, N: r.ticket.N, Wait: left, Err: err})
+}
+
+// requeue gives the reservation back and takes a new one for the same cost.
+func (r *Reservation) requeue(ctx context.Context) error {
+	r.mu.Lock()
+	n, ticket, done := r.ticket.N, r.ticket, r.done
+	r.mu.Unlock()
+	if done {
+		return nil // settled or cancelled meanwhile: the caller owns what happens next
+	}
+	_ = r.l.be.Adjust(context.WithoutCancel(ctx), r.key, r.l.core, ticket, 0)
+	g, err := r.l.decide(ctx, r.key, n, r.l.waitBound(ctx))
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.Decision = decisionOf(g.Result)
+	r.ticket = g.Ticket
+	r.at = r.l.clock.Nanotime()
+	if err != nil {
+		r.done = true
 		return err
+	}
+	if !g.Allowed {
+		r.done = true
+		return &ThrottledError{Key: r.key, RetryAfter: r.RetryAfter}
 	}
 	return nil
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/backend"
@@ -124,7 +126,15 @@ type Limiter struct {
 	failMode FailMode
 	observer Observer
 	localOpt []local.Option
+
+	// penalties remembers the penalties issued through this limiter (key -> penalty), so
+	// that callers already holding a reservation made before one re-queue behind it.
+	penalties sync.Map
+	npen      atomic.Int64 // entries in penalties: Wait skips the lookup when zero
 }
+
+// penalty is a hold issued at `issued` until `until` (limiter clock Nanotime).
+type penalty struct{ issued, until int64 }
 
 // Option configures a Limiter.
 type Option interface{ apply(*Limiter) }
@@ -316,8 +326,40 @@ func (l *Limiter) Penalize(ctx context.Context, key string, until time.Time) err
 		return nil
 	}
 	err := l.be.Penalize(ctx, key, l.core, d)
+	now := l.clock.Nanotime()
+	p := penalty{issued: now, until: now + int64(d)}
+	for {
+		v, loaded := l.penalties.LoadOrStore(key, p)
+		if !loaded {
+			l.npen.Add(1)
+			break
+		}
+		if old := v.(penalty); old.until >= p.until || l.penalties.CompareAndSwap(key, old, p) {
+			break
+		}
+	}
 	l.observe(Event{Kind: EventPenalty, Key: key, Wait: d, Err: err})
 	return err
+}
+
+// penalizedSince reports whether a penalty on key was issued after `since` and is still
+// in force at now.
+func (l *Limiter) penalizedSince(key string, since, now int64) bool {
+	if l.npen.Load() == 0 {
+		return false
+	}
+	v, ok := l.penalties.Load(key)
+	if !ok {
+		return false
+	}
+	p := v.(penalty)
+	if p.until <= now {
+		if l.penalties.CompareAndDelete(key, v) {
+			l.npen.Add(-1)
+		}
+		return false
+	}
+	return p.issued > since
 }
 
 // decide asks the backend and applies the fail mode.

@@ -1,0 +1,96 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/demo"
+)
+
+func init() {
+	register(command{
+		name:    "demo",
+		summary: "run a pool of workers against a local referee through one shared limiter, and report",
+		run:     runDemo,
+	})
+}
+
+func runDemo(ctx context.Context, env Env, args []string) error {
+	fs := newFlags(env, "demo", "demo [--mode local] [--limit '20/s burst=10'] [--workers 8] [--duration 10s] [--json]")
+	limits := sluice.MustParse("20/s burst=10")
+	fs.TextVar(&limits, "limit", limits, "the API's `limit`, enforced by the referee and obeyed by the pool (e.g. '1/6s', '100/s burst=20; 4500/h')")
+	mode := fs.String("mode", "local", "where decisions are made: `local` (the other modes are listed in the README)")
+	workers := fs.Int("workers", 8, "workers in the pool (half start at once, the rest join during the first half; two leave early)")
+	dur := fs.Duration("duration", 10*time.Second, "how long the run lasts")
+	margin := fs.Duration("margin", 10*time.Millisecond, "the limiter's jitter tolerance (safety margin): 0 decides the limit exactly")
+	seed := fs.Uint64("seed", 1, "seed of the schedule of joins, leaves and bursts")
+	asJSON := fs.Bool("json", false, "print the summary as one JSON object")
+	if err := parseFlags(env, fs, args); err != nil {
+		return err
+	}
+	switch {
+	case *workers < 1 || *workers > 10000:
+		return usagef("--workers %d: want 1 to 10000", *workers)
+	case *dur <= 0 || *dur > 24*time.Hour:
+		return usagef("--duration %v: want more than 0 and at most 24h", *dur)
+	case *margin < 0:
+		return usagef("--margin %v: want 0 or more", *margin)
+	}
+	cfg := demo.Config{Mode: *mode, Limits: limits, Workers: *workers, Duration: *dur, Margin: *margin, Seed: *seed}
+	if *mode != "local" {
+		return usagef("--mode %q: not built yet (modes: local)", *mode)
+	}
+	if isTerminal(env.Stderr) {
+		cfg.Progress = func(p demo.Progress) {
+			rate := float64(p.Accepted) / max(p.Elapsed.Seconds(), 1e-9)
+			fmt.Fprintf(env.Stderr, "\r\033[K  %5.1fs  accepted %d  %.1f/s  429s %d", p.Elapsed.Seconds(), p.Accepted, rate, p.Rejected)
+		}
+	}
+	sum, err := demo.Run(ctx, cfg)
+	if cfg.Progress != nil {
+		fmt.Fprint(env.Stderr, "\r\033[K")
+	}
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(env.Stdout)
+		return enc.Encode(sum)
+	}
+	printSummary(env.Stdout, sum)
+	return nil
+}
+
+func printSummary(w io.Writer, s demo.Summary) {
+	fmt.Fprintf(w, "sluice demo: mode %s, limit %s, %d workers, %gs, margin %gms\n\n", s.Mode, s.Limit, s.Workers, s.DurationS, s.MarginMs)
+	fmt.Fprintf(w, "  accepted     %d requests (%.2f/s)\n", s.Accepted, s.Rate)
+	fmt.Fprintf(w, "  violations   %d (429s from the referee)\n", s.Violations)
+	fmt.Fprintf(w, "  utilization  %.3f (of burst + rate × duration = %.0f)\n", s.Utilization, s.Capacity)
+	fmt.Fprintf(w, "  fairness     %.3f (Jain's index over each worker's granted / fair share)\n\n", s.Jain)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  worker\tjoined\tleft\tgranted\t429s\tfair share\tratio")
+	for _, r := range s.PerWorker {
+		left := "-"
+		if r.LeftS > 0 {
+			left = fmt.Sprintf("%.1fs", r.LeftS)
+		}
+		fmt.Fprintf(tw, "  %s\t%.1fs\t%s\t%d\t%d\t%.1f\t%.2f\n", r.ID, r.JoinedS, left, r.Granted, r.Rejected, r.FairShare, r.Ratio)
+	}
+	tw.Flush()
+}
+
+// isTerminal reports whether w is a terminal (a character device).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

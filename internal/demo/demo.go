@@ -1,0 +1,353 @@
+// Package demo runs `sluice demo`: in one process, a referee (the rate-limited API) on a
+// free loopback port, and a pool of workers that call it through one shared limiter and
+// the HTTP transport, joining and leaving during the run with bursty demand well above
+// the limit. It reports what the referee accepted and rejected, the utilization of the
+// limit and how fairly the workers shared it.
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/measure"
+	"github.com/sluicehq/sluice/referee"
+)
+
+// Config is one demo run.
+type Config struct {
+	Mode     string        // "local"
+	Limits   sluice.Limits // the API's limit, enforced by the referee and obeyed by the pool
+	Workers  int           // pool size (default 8)
+	Duration time.Duration // run length (default 10s)
+	Margin   time.Duration // the limiter's jitter tolerance (default 10ms)
+	Seed     uint64        // the schedule of joins, leaves and bursts
+	// Progress, if set, is called about every 250ms while the run lasts.
+	Progress func(Progress)
+	// NewLimiter, if set, makes the pool's limiter for modes other than local (each later
+	// mode plugs in here). It gets the limits and the margin.
+	NewLimiter func(ctx context.Context, limits sluice.Limits, margin time.Duration) (*sluice.Limiter, func(), error)
+}
+
+// Progress is a snapshot during the run.
+type Progress struct {
+	Elapsed  time.Duration
+	Accepted int64
+	Rejected int64
+}
+
+// WorkerReport is one worker's part of a run.
+type WorkerReport struct {
+	ID        string  `json:"id"`
+	JoinedS   float64 `json:"joined_s"`
+	LeftS     float64 `json:"left_s,omitempty"` // 0: stayed to the end
+	Granted   int64   `json:"granted"`          // 200s from the referee
+	Rejected  int64   `json:"rejected"`         // 429s from the referee
+	FairShare float64 `json:"fair_share"`       // max-min fair share over its demand, in permits
+	Ratio     float64 `json:"ratio"`            // granted / fair share
+}
+
+// Summary is the outcome of a run, as printed by `sluice demo` (and as its --json).
+type Summary struct {
+	Mode        string         `json:"mode"`
+	Limit       string         `json:"limit"`
+	Workers     int            `json:"workers"`
+	MarginMs    float64        `json:"margin_ms"`
+	DurationS   float64        `json:"duration_s"`
+	Accepted    int64          `json:"accepted"`    // requests the referee accepted
+	Violations  int64          `json:"violations"`  // requests the referee rejected (429)
+	Rate        float64        `json:"rate"`        // accepted per second
+	Capacity    float64        `json:"capacity"`    // burst + rate × duration: what the limit allowed
+	Utilization float64        `json:"utilization"` // accepted / capacity
+	Jain        float64        `json:"jain"`        // over granted / fair share
+	PerWorker   []WorkerReport `json:"per_worker"`
+}
+
+// plan is one worker's schedule, in seconds from the start.
+type plan struct {
+	join, leave float64 // leave = duration for workers that stay
+	steady      bool    // never pauses: demand never drops below the limit
+}
+
+func schedule(workers int, dur float64, seed uint64) []plan {
+	rng := rand.New(rand.NewPCG(seed, 0x5eed))
+	ps := make([]plan, workers)
+	for i := range ps {
+		ps[i] = plan{join: 0, leave: dur}
+		if i == 0 {
+			ps[i].steady = true
+			continue
+		}
+		if i >= (workers+1)/2 {
+			ps[i].join = dur * (0.1 + 0.4*rng.Float64())
+		}
+	}
+	// Two workers (not the steady one) leave before the end.
+	for k, i := 0, workers-1; k < 2 && i >= 1; k, i = k+1, i-2 {
+		ps[i].leave = math.Max(ps[i].join+0.1*dur, dur*(0.6+0.3*rng.Float64()))
+		if ps[i].leave >= dur {
+			ps[i].leave = dur
+		}
+	}
+	return ps
+}
+
+// worker is one member of the pool at run time.
+type worker struct {
+	id       string
+	plan     plan
+	rng      *rand.Rand
+	granted  atomic.Int64
+	rejected atomic.Int64
+	mu       sync.Mutex
+	spans    []measure.Span // demand spans, in seconds from the start
+}
+
+// Run runs the demo and returns its summary.
+func Run(ctx context.Context, cfg Config) (Summary, error) {
+	if cfg.Workers <= 0 {
+		cfg.Workers = 8
+	}
+	if cfg.Duration <= 0 {
+		cfg.Duration = 10 * time.Second
+	}
+	if err := cfg.Limits.Validate(); err != nil {
+		return Summary{}, err
+	}
+	if cfg.Mode == "" {
+		cfg.Mode = "local"
+	}
+
+	ref, err := referee.New(cfg.Limits)
+	if err != nil {
+		return Summary{}, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return Summary{}, fmt.Errorf("demo: listen for the referee: %w", err)
+	}
+	srv := &http.Server{Handler: ref, ReadHeaderTimeout: 5 * time.Second}
+	srvDone := make(chan struct{})
+	go func() { defer close(srvDone); _ = srv.Serve(ln) }()
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		<-srvDone
+	}()
+
+	var lim *sluice.Limiter
+	closeLim := func() {}
+	switch {
+	case cfg.NewLimiter != nil:
+		lim, closeLim, err = cfg.NewLimiter(ctx, cfg.Limits, cfg.Margin)
+	case cfg.Mode == "local":
+		lim, err = sluice.New(cfg.Limits, sluice.WithMargin(cfg.Margin))
+		closeLim = func() { lim.Close() }
+	default:
+		err = fmt.Errorf("demo: mode %q is not built yet (see the README's modes table)", cfg.Mode)
+	}
+	if err != nil {
+		return Summary{}, err
+	}
+	defer closeLim()
+
+	base := &http.Transport{MaxIdleConnsPerHost: 2 * cfg.Workers, IdleConnTimeout: 30 * time.Second}
+	defer base.CloseIdleConnections()
+	client := &http.Client{Transport: &sluice.Transport{Limiter: lim, Base: base, Key: sluice.KeyByToken}}
+	url := "http://" + ln.Addr().String() + "/v1/work"
+
+	dur := cfg.Duration.Seconds()
+	plans := schedule(cfg.Workers, dur, cfg.Seed)
+	workers := make([]*worker, cfg.Workers)
+	start := time.Now()
+	runCtx, cancel := context.WithDeadline(ctx, start.Add(cfg.Duration))
+	defer cancel()
+	var wg sync.WaitGroup
+	for i := range workers {
+		w := &worker{id: fmt.Sprintf("w%d", i+1), plan: plans[i], rng: rand.New(rand.NewPCG(cfg.Seed, uint64(i)+1))}
+		workers[i] = w
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.run(runCtx, client, url, start)
+		}()
+	}
+	if cfg.Progress != nil {
+		tick := time.NewTicker(250 * time.Millisecond)
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+	loop:
+		for {
+			select {
+			case <-done:
+				break loop
+			case <-tick.C:
+				st := ref.Stats()
+				cfg.Progress(Progress{Elapsed: time.Since(start), Accepted: st.Accepted, Rejected: st.Rejected})
+			}
+		}
+		tick.Stop()
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return Summary{}, fmt.Errorf("demo: interrupted: %w", err)
+	}
+	st := ref.Stats()
+	reports := make([]WorkerReport, len(workers))
+	var spans []measure.Span
+	for i, w := range workers {
+		reports[i] = WorkerReport{ID: w.id, JoinedS: w.plan.join, Granted: w.granted.Load(), Rejected: w.rejected.Load()}
+		if w.plan.leave < dur {
+			reports[i].LeftS = w.plan.leave
+		}
+		for _, s := range w.spans {
+			s.Member = i
+			spans = append(spans, s)
+		}
+	}
+	sum := Summarize(cfg.Mode, cfg.Limits, cfg.Margin, cfg.Duration, st.Accepted, st.Rejected, reports, spans)
+	return sum, nil
+}
+
+// run is one worker's life: wait for its join time, then alternate spells of calling the
+// API as fast as the pool's limiter lets it and pauses, until it leaves.
+func (w *worker) run(ctx context.Context, client *http.Client, url string, start time.Time) {
+	at := func(s float64) time.Time { return start.Add(time.Duration(s * float64(time.Second))) }
+	if !sleepUntil(ctx, at(w.plan.join)) {
+		return
+	}
+	leave := at(w.plan.leave)
+	lctx, cancel := context.WithDeadline(ctx, leave)
+	defer cancel()
+	for lctx.Err() == nil {
+		on := 0.5 + 1.5*w.rng.Float64()
+		if w.plan.steady {
+			on = math.Inf(1)
+		}
+		spellStart := time.Now()
+		spellEnd := leave
+		if !math.IsInf(on, 1) {
+			spellEnd = minTime(leave, spellStart.Add(time.Duration(on*float64(time.Second))))
+		}
+		sctx, scancel := context.WithDeadline(lctx, spellEnd)
+		for sctx.Err() == nil {
+			w.call(sctx, client, url)
+		}
+		scancel()
+		end := minTime(time.Now(), spellEnd)
+		w.mu.Lock()
+		w.spans = append(w.spans, measure.Span{Start: spellStart.Sub(start).Seconds(), End: end.Sub(start).Seconds(), Demand: math.Inf(1)})
+		w.mu.Unlock()
+		off := 0.1 + 0.5*w.rng.Float64()
+		if !sleepUntil(lctx, time.Now().Add(time.Duration(off*float64(time.Second)))) {
+			return
+		}
+	}
+}
+
+func (w *worker) call(ctx context.Context, client *http.Client, url string) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return
+	}
+	req.Header.Set("Authorization", "Bearer demo-token")
+	resp, err := client.Do(req)
+	if err != nil {
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) && !errors.Is(err, sluice.ErrThrottled) {
+			time.Sleep(10 * time.Millisecond) // a transport error: do not spin
+		}
+		return
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusOK:
+		w.granted.Add(1)
+	case http.StatusTooManyRequests:
+		w.rejected.Add(1)
+	}
+}
+
+func sleepUntil(ctx context.Context, t time.Time) bool {
+	d := time.Until(t)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+// burstWindow is how soon after the start a worker must want permits to share the
+// initial burst.
+const burstWindow = 0.05
+
+// Summarize computes the summary's figures as DESIGN.md §1 defines them: utilization is
+// accepted over burst + rate × duration (the tightest of the limits), and Jain's index is
+// over each worker's granted / max-min fair share of the rate during its demand spans
+// (plus an equal part of the initial burst for those who wanted permits at the start).
+func Summarize(mode string, limits sluice.Limits, margin, dur time.Duration, accepted, rejected int64, workers []WorkerReport, spans []measure.Span) Summary {
+	d := dur.Seconds()
+	capacity, rate := measure.Capacity(limits, d)
+	fair := measure.FairShares(rate, len(workers), spans)
+	// The burst is there at the start: it is the fair share of those who wanted it then.
+	var first []int
+	for _, sp := range spans {
+		if sp.Start <= burstWindow && !slices.Contains(first, sp.Member) {
+			first = append(first, sp.Member)
+		}
+	}
+	if burst := capacity - rate*d; len(first) > 0 && burst > 0 {
+		for _, i := range first {
+			fair[i] += burst / float64(len(first))
+		}
+	}
+	granted := make([]float64, len(workers))
+	for i := range workers {
+		granted[i] = float64(workers[i].Granted)
+		workers[i].FairShare = fair[i]
+		if fair[i] > 0 {
+			workers[i].Ratio = granted[i] / fair[i]
+		}
+	}
+	s := Summary{
+		Mode:        mode,
+		Limit:       limits.String(),
+		Workers:     len(workers),
+		MarginMs:    float64(margin) / float64(time.Millisecond),
+		DurationS:   d,
+		Accepted:    accepted,
+		Violations:  rejected,
+		Capacity:    capacity,
+		Utilization: measure.Utilization(float64(accepted), capacity),
+		Jain:        measure.JainOfShares(granted, fair),
+		PerWorker:   workers,
+	}
+	if d > 0 {
+		s.Rate = float64(accepted) / d
+	}
+	return s
+}

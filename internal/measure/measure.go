@@ -1,0 +1,122 @@
+// Package measure holds the arithmetic of DESIGN.md §1 that the demo, the simulator and the
+// tests judge Sluice by: utilization, max-min fair shares integrated over time, and Jain's
+// fairness index.
+package measure
+
+import (
+	"math"
+	"slices"
+	"sort"
+
+	"github.com/sluicehq/sluice"
+)
+
+// Jain returns Jain's fairness index (Σx)² / (n·Σx²) of x: 1 when all are equal, 1/n when
+// one has everything. It returns 1 for an empty or all-zero x (nothing to be unfair about).
+func Jain(x []float64) float64 {
+	var s, s2 float64
+	for _, v := range x {
+		s += v
+		s2 += v * v
+	}
+	if len(x) == 0 || s2 == 0 {
+		return 1
+	}
+	return s * s / (float64(len(x)) * s2)
+}
+
+// MaxMin splits capacity among demands by water-filling: nobody gets more than it asks,
+// and what is left is shared equally among those who want more. Demands may be +Inf.
+func MaxMin(capacity float64, demands []float64) []float64 {
+	out := make([]float64, len(demands))
+	idx := make([]int, 0, len(demands))
+	for i, d := range demands {
+		if d > 0 {
+			idx = append(idx, i)
+		}
+	}
+	sort.Slice(idx, func(a, b int) bool { return demands[idx[a]] < demands[idx[b]] })
+	left := capacity
+	for k, i := range idx {
+		fair := left / float64(len(idx)-k)
+		give := math.Min(demands[i], fair)
+		out[i] = give
+		left -= give
+	}
+	return out
+}
+
+// Span says that member Member wanted Demand permits per second from Start to End
+// (seconds). A member with several spans has the sum of those that cover an instant.
+type Span struct {
+	Member     int
+	Start, End float64
+	Demand     float64 // permits per second; math.Inf(1) for "as many as it can get"
+}
+
+// FairShares integrates each member's max-min fair share of a capacity (permits per
+// second) over time, from the spans of demand: the fair share of DESIGN.md §1, under which
+// a member that joined late or asked for little is not judged unfair.
+func FairShares(capacity float64, members int, spans []Span) []float64 {
+	var cuts []float64
+	for _, s := range spans {
+		if s.End > s.Start {
+			cuts = append(cuts, s.Start, s.End)
+		}
+	}
+	slices.Sort(cuts)
+	cuts = slices.Compact(cuts)
+	shares := make([]float64, members)
+	demand := make([]float64, members)
+	for k := 0; k+1 < len(cuts); k++ {
+		a, b := cuts[k], cuts[k+1]
+		clear(demand)
+		for _, s := range spans {
+			if s.Start <= a && s.End >= b {
+				demand[s.Member] += s.Demand
+			}
+		}
+		for i, v := range MaxMin(capacity, demand) {
+			shares[i] += v * (b - a)
+		}
+	}
+	return shares
+}
+
+// JainOfShares is Jain's index over granted[i] / fair[i], leaving out members whose fair
+// share is zero (they wanted nothing).
+func JainOfShares(granted, fair []float64) float64 {
+	var x []float64
+	for i := range granted {
+		if fair[i] > 0 {
+			x = append(x, granted[i]/fair[i])
+		}
+	}
+	return Jain(x)
+}
+
+// Capacity is what limits allowed over a window of windowSec seconds in which demand
+// exceeded them: Burst + Rate × window for the tightest limit. It also returns the
+// tightest rate in permits per second.
+func Capacity(limits sluice.Limits, windowSec float64) (capacity, rate float64) {
+	capacity, rate = math.Inf(1), math.Inf(1)
+	for _, l := range limits {
+		r := float64(l.Rate) / l.Period.Seconds()
+		b := float64(l.Burst)
+		if l.Burst == 0 {
+			b = float64(l.Rate)
+		}
+		capacity = math.Min(capacity, b+r*windowSec)
+		rate = math.Min(rate, r)
+	}
+	return capacity, rate
+}
+
+// Utilization is accepted / capacity (see Capacity): the share of what the limit allowed
+// that was used. It is 0 when the capacity is not positive and finite.
+func Utilization(accepted, capacity float64) float64 {
+	if capacity <= 0 || math.IsInf(capacity, 1) {
+		return 0
+	}
+	return accepted / capacity
+}
