@@ -29,7 +29,9 @@ func KeyByToken(r *http.Request) string {
 }
 
 // KeyByHeader throttles by the value of a header.
-func KeyByHeader(name string) KeyFunc { return func(r *http.Request) string { return r.Header.Get(name) } }
+func KeyByHeader(name string) KeyFunc {
+	return func(r *http.Request) string { return r.Header.Get(name) }
+}
 
 // Transport is an http.RoundTripper that throttles outbound calls to a shared API: each
 // request waits for its key's permit (bounded by its context and the limiter's maximum

@@ -121,7 +121,7 @@ func parseFlags(env Env, fs *flag.FlagSet, args []string) error {
 			return flag.ErrHelp
 		}
 	}
-	fs.Usage = func() {}      // the error message is enough; --help shows the flags
+	fs.Usage = func() {}     // the error message is enough; --help shows the flags
 	fs.SetOutput(io.Discard) // Main prints the error once
 	if err := fs.Parse(args); err != nil {
 		return usageError{err}
