@@ -141,6 +141,25 @@ func (r *Referee) Judge(tok string, n int64, at int64) (sluice.Decision, error) 
 	return d, nil
 }
 
+// SetLimits changes the limits enforced from now on (an API that changed its limit). Each
+// token keeps its state for the limits that remain at the same place in the list.
+func (r *Referee) SetLimits(limits sluice.Limits) error {
+	if err := limits.Validate(); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.limits, r.core = limits, limits.Core(0)
+	for _, t := range r.tokens {
+		if len(t.tats) != len(r.core) {
+			tats := make([]int64, len(r.core))
+			copy(tats, t.tats)
+			t.tats = tats
+		}
+	}
+	return nil
+}
+
 // Stats returns a copy of the counts.
 func (r *Referee) Stats() Stats {
 	r.mu.Lock()

@@ -113,7 +113,19 @@ func newFlags(env Env, name, usage string) *flag.FlagSet {
 }
 
 // parseFlags parses args, sending --help to stdout and turning errors into usage errors.
+// Arguments that are not flags are refused.
 func parseFlags(env Env, fs *flag.FlagSet, args []string) error {
+	if err := parseFlagsWithArgs(env, fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q", strings.Join(fs.Args(), " "))
+	}
+	return nil
+}
+
+// parseFlagsWithArgs is parseFlags that leaves other arguments in fs.Args().
+func parseFlagsWithArgs(env Env, fs *flag.FlagSet, args []string) error {
 	for _, a := range args {
 		if a == "-h" || a == "--help" || a == "-help" {
 			fs.SetOutput(env.Stdout)
@@ -125,9 +137,6 @@ func parseFlags(env Env, fs *flag.FlagSet, args []string) error {
 	fs.SetOutput(io.Discard) // Main prints the error once
 	if err := fs.Parse(args); err != nil {
 		return usageError{err}
-	}
-	if fs.NArg() > 0 {
-		return usagef("unexpected argument %q", strings.Join(fs.Args(), " "))
 	}
 	return nil
 }

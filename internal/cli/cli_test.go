@@ -72,3 +72,39 @@ func TestDemoJSON(t *testing.T) {
 		t.Errorf("mode %v limit %v", j["mode"], j["limit"])
 	}
 }
+
+func TestSimCommand(t *testing.T) {
+	code, out, errs := run(t, "sim", "../../scenarios/seed000-timeline.yaml", "--json", "--modes", "central")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var j struct {
+		Modes []map[string]any `json:"modes"`
+	}
+	if err := json.Unmarshal([]byte(out), &j); err != nil || len(j.Modes) != 1 {
+		t.Fatalf("report %q: %v", out, err)
+	}
+	for _, k := range []string{"accepted", "violations", "utilization", "jain"} {
+		if _, ok := j.Modes[0][k]; !ok {
+			t.Errorf("the report lacks %q", k)
+		}
+	}
+	code, out, _ = run(t, "sim", "--modes", "local", "../../scenarios/seed000-timeline.yaml")
+	if code != 0 || !strings.Contains(out, "local") {
+		t.Errorf("flags before the file: %d %q", code, out)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"sim"}, "no scenario file"},
+		{[]string{"sim", "nope.yaml"}, "nope.yaml"},
+		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--modes", "quantum"}, "quantum"},
+		{[]string{"sim", "a.yaml", "b.yaml"}, "one scenario file"},
+	} {
+		code, _, errs := run(t, c.args...)
+		if code != 2 || !strings.Contains(errs, c.want) {
+			t.Errorf("%v: exit %d stderr %q, want 2 and %q", c.args, code, errs, c.want)
+		}
+	}
+}

@@ -14,7 +14,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -313,18 +312,7 @@ func Summarize(mode string, limits sluice.Limits, margin, dur time.Duration, acc
 	d := dur.Seconds()
 	capacity, rate := measure.Capacity(limits, d)
 	fair := measure.FairShares(rate, len(workers), spans)
-	// The burst is there at the start: it is the fair share of those who wanted it then.
-	var first []int
-	for _, sp := range spans {
-		if sp.Start <= burstWindow && !slices.Contains(first, sp.Member) {
-			first = append(first, sp.Member)
-		}
-	}
-	if burst := capacity - rate*d; len(first) > 0 && burst > 0 {
-		for _, i := range first {
-			fair[i] += burst / float64(len(first))
-		}
-	}
+	measure.ShareBurst(fair, spans, capacity-rate*d, burstWindow)
 	granted := make([]float64, len(workers))
 	for i := range workers {
 		granted[i] = float64(workers[i].Granted)

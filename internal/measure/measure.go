@@ -56,31 +56,83 @@ type Span struct {
 
 // FairShares integrates each member's max-min fair share of a capacity (permits per
 // second) over time, from the spans of demand: the fair share of DESIGN.md §1, under which
-// a member that joined late or asked for little is not judged unfair.
+// a member that joined late or asked for little is not judged unfair. It sweeps the span
+// boundaries in time order, so it costs O(S log S + C·M log M) for S spans, C distinct
+// boundaries and M members.
 func FairShares(capacity float64, members int, spans []Span) []float64 {
-	var cuts []float64
+	type edge struct {
+		t      float64
+		member int
+		delta  float64
+	}
+	edges := make([]edge, 0, 2*len(spans))
 	for _, s := range spans {
-		if s.End > s.Start {
-			cuts = append(cuts, s.Start, s.End)
+		if s.End > s.Start && s.Demand > 0 {
+			edges = append(edges, edge{s.Start, s.Member, s.Demand}, edge{s.End, s.Member, -s.Demand})
 		}
 	}
-	slices.Sort(cuts)
-	cuts = slices.Compact(cuts)
+	slices.SortStableFunc(edges, func(a, b edge) int {
+		switch {
+		case a.t < b.t:
+			return -1
+		case a.t > b.t:
+			return 1
+		}
+		return 0
+	})
 	shares := make([]float64, members)
 	demand := make([]float64, members)
-	for k := 0; k+1 < len(cuts); k++ {
-		a, b := cuts[k], cuts[k+1]
-		clear(demand)
-		for _, s := range spans {
-			if s.Start <= a && s.End >= b {
-				demand[s.Member] += s.Demand
+	inf := make([]int, members) // open spans of infinite demand: Inf - Inf is not 0
+	for k := 0; k < len(edges); {
+		t := edges[k].t
+		for ; k < len(edges) && edges[k].t == t; k++ {
+			e := edges[k]
+			switch {
+			case math.IsInf(e.delta, 1):
+				inf[e.member]++
+			case math.IsInf(e.delta, -1):
+				inf[e.member]--
+			default:
+				demand[e.member] = math.Max(0, demand[e.member]+e.delta)
 			}
 		}
-		for i, v := range MaxMin(capacity, demand) {
-			shares[i] += v * (b - a)
+		if k == len(edges) {
+			break
+		}
+		next := edges[k].t
+		cur := make([]float64, members)
+		for i := range cur {
+			cur[i] = demand[i]
+			if inf[i] > 0 {
+				cur[i] = math.Inf(1)
+			}
+		}
+		for i, v := range MaxMin(capacity, cur) {
+			shares[i] += v * (next - t)
 		}
 	}
 	return shares
+}
+
+// ShareBurst adds a burst to fair shares: it is there at the start, so it is the equal
+// share of the members whose demand began within `within` seconds of the first span.
+func ShareBurst(fair []float64, spans []Span, burst, within float64) {
+	if burst <= 0 || len(spans) == 0 {
+		return
+	}
+	first := math.Inf(1)
+	for _, s := range spans {
+		first = math.Min(first, s.Start)
+	}
+	var early []int
+	for _, s := range spans {
+		if s.Start <= first+within && !slices.Contains(early, s.Member) {
+			early = append(early, s.Member)
+		}
+	}
+	for _, i := range early {
+		fair[i] += burst / float64(len(early))
+	}
 }
 
 // JainOfShares is Jain's index over granted[i] / fair[i], leaving out members whose fair

@@ -1,0 +1,121 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/sim"
+)
+
+func init() {
+	register(command{
+		name:    "sim",
+		summary: "simulate a scenario (a YAML file) in virtual time under one or more modes, and report",
+		run:     runSim,
+	})
+}
+
+func runSim(ctx context.Context, env Env, args []string) error {
+	fs := newFlags(env, "sim", "sim SCENARIO.yaml [--modes local,central] [--json] [--csv FILE]")
+	modes := fs.String("modes", "", "comma-separated `modes` to run side by side (default: the scenario's; known: "+strings.Join(sim.ModeNames(), ", ")+")")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	csvPath := fs.String("csv", "", "write the time series of every mode to `FILE` as CSV")
+	seed := fs.Uint64("seed", 0, "override the scenario's seed")
+	// The scenario may come before or after the flags.
+	var file string
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		file, args = args[0], args[1:]
+	}
+	if err := parseFlagsWithArgs(env, fs, args); err != nil {
+		return err
+	}
+	if rest := fs.Args(); len(rest) > 0 {
+		if file != "" || len(rest) > 1 {
+			return usagef("want one scenario file, got %q", strings.Join(append([]string{file}, rest...), " "))
+		}
+		file = rest[0]
+	}
+	if file == "" {
+		return usagef("no scenario file given (e.g. sluice sim scenarios/store-outage.yaml)")
+	}
+	sc, err := sim.Load(file)
+	if err != nil {
+		return usageError{err}
+	}
+	if *seed != 0 {
+		sc.Seed = *seed
+	}
+	var opts sim.Options
+	if *modes != "" {
+		for _, m := range strings.Split(*modes, ",") {
+			if m = strings.TrimSpace(m); m != "" {
+				opts.Modes = append(opts.Modes, m)
+			}
+		}
+	}
+	for _, m := range opts.Modes {
+		if !contains(sim.ModeNames(), m) {
+			return usagef("--modes: unknown mode %q (known: %s)", m, strings.Join(sim.ModeNames(), ", "))
+		}
+	}
+	if isTerminal(env.Stderr) {
+		opts.Progress = progressBar(env, time.Now())
+	}
+	rep, err := sim.Run(sc, opts)
+	if opts.Progress != nil {
+		fmt.Fprint(env.Stderr, "\r\033[K")
+	}
+	if err != nil {
+		return err
+	}
+	if *csvPath != "" {
+		f, err := os.Create(*csvPath)
+		if err != nil {
+			return err
+		}
+		if err := rep.WriteCSV(f); err != nil {
+			f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+	}
+	if *asJSON {
+		return rep.WriteJSON(env.Stdout)
+	}
+	rep.WriteText(env.Stdout)
+	return nil
+}
+
+// progressBar draws a bar on stderr once a run has lasted a second, at most ten times a
+// second.
+func progressBar(env Env, start time.Time) func(string, float64) {
+	var mu sync.Mutex
+	var last time.Time
+	return func(mode string, done float64) {
+		mu.Lock()
+		defer mu.Unlock()
+		now := time.Now()
+		if now.Sub(start) < time.Second || now.Sub(last) < 100*time.Millisecond {
+			return
+		}
+		last = now
+		const width = 30
+		n := int(done * width)
+		fmt.Fprintf(env.Stderr, "\r\033[K  %-8s [%s%s] %3.0f%%", mode, strings.Repeat("=", n), strings.Repeat(" ", width-n), done*100)
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,206 @@
+package sim
+
+import (
+	"github.com/sluicehq/sluice/gcra"
+)
+
+// mode is how members get permits. The engine owns demand, goroutines, the network, the
+// API and the metrics; a mode decides, calling the real cores (package gcra today; the
+// lease allocation, the gossip merge and the adaptive controller as they land).
+type mode interface {
+	name() string
+	// acquire starts getting a permit for goroutine g of member m; it ends, maybe after
+	// events of the mode's own, in e.permit or e.denied.
+	acquire(e *engine, m, g int32)
+	// handle runs the mode's own events.
+	handle(e *engine, ev *event)
+	// penalize reports a 429 that asks to wait until `until`.
+	penalize(e *engine, m int32, until int64)
+	// left is told that member m leaves, gracefully or not, before it is taken out.
+	left(e *engine, m int32, graceful bool)
+}
+
+// ModeNames lists the modes the simulator knows.
+func ModeNames() []string { return []string{"local", "central"} }
+
+func newMode(name string) mode {
+	switch name {
+	case "local":
+		return localMode{}
+	case "central":
+		return centralMode{}
+	}
+	return nil
+}
+
+// localMode: each member decides alone with its own limiter, on a share of the limit
+// (local.share, default the whole limit): what happens without coordination.
+type localMode struct{}
+
+func (localMode) name() string { return "local" }
+
+func (localMode) acquire(e *engine, mi, g int32) {
+	m := e.members[mi]
+	res, _, err := gcra.Decide(m.tats, e.local, e.now, 1, e.maxWait)
+	switch {
+	case err != nil:
+		e.denied(mi, g, 0)
+	case res.Allowed:
+		e.permit(mi, g, e.now+res.Delay)
+	default:
+		e.denied(mi, g, res.RetryAfter)
+	}
+}
+
+func (localMode) handle(*engine, *event) {}
+
+func (localMode) penalize(e *engine, mi int32, until int64) {
+	m := e.members[mi]
+	gcra.Penalize(m.tats, e.local, e.now, until)
+	m.hold = max(m.hold, until)
+}
+
+func (localMode) left(*engine, int32, bool) {}
+
+// centralMode: every decision is made at the simulated store, one round trip away: the
+// redis mode's model, with its time-outs and fail modes.
+type centralMode struct{}
+
+func (centralMode) name() string { return "central" }
+
+func (centralMode) acquire(e *engine, mi, g int32) {
+	m := e.members[mi]
+	s := &m.gs[g]
+	ev := event{kind: evStoreReq, m: mi, g: g, op: s.op}
+	if m.fcharged > 0 {
+		// Piggy-back the charge-back: per limit, the permits the fallback used that its
+		// bucket has not earned back yet.
+		ev.val = 1
+		for i, l := range e.fallback {
+			ev.tk.TatAfter[i] = (max(0, m.ftats[i]-e.now) + l.T - 1) / l.T
+		}
+	}
+	ev.val2 = e.now // sent at: the member gives up at val2 + timeout
+	if !e.toStore(ev) {
+		e.giveUp(&ev)
+	}
+}
+
+// giveUp schedules the member's time-out for a request that will get no answer in time.
+// (Only requests that get none schedule one: the simulator knows, and saves an event per
+// request.)
+func (e *engine) giveUp(req *event) {
+	e.schedule(event{at: req.val2 + int64(e.sc.Store.Timeout), kind: evStoreTimeout, m: req.m, g: req.g, op: req.op})
+}
+
+func (centralMode) handle(e *engine, ev *event) {
+	switch ev.kind {
+	case evStoreReq:
+		if !e.storeUp() || e.partitioned[ev.m] {
+			e.giveUp(ev) // no answer: the member times out
+			return
+		}
+		e.storeOps++
+		e.bucket().storeOps++
+		if ev.val > 0 {
+			e.storeCharge(&ev.tk)
+		}
+		res, tk, err := gcra.Decide(e.storeTats, e.core, e.now, 1, e.maxWait)
+		if err != nil {
+			res = gcra.Result{}
+		}
+		reply := *ev
+		reply.kind = evStoreReply
+		reply.res = res
+		reply.tk = tk
+		if !e.fromStore(reply, ev.val2+int64(e.sc.Store.Timeout)) {
+			// The answer is lost, or comes after the member gave up: the grant, if any,
+			// is never used (as a crashed member's is).
+			e.giveUp(ev)
+		}
+	case evStoreReply:
+		if e.stale(ev) {
+			return
+		}
+		m := e.members[ev.m]
+		if ev.val > 0 {
+			m.fcharged = 0 // the store has it now
+		}
+		s := &m.gs[ev.g]
+		if ev.res.Allowed {
+			s.ticket, s.hasTk = ev.tk, true
+			// The delay counts from the answer's arrival, as sluice.Reservation does.
+			e.permit(ev.m, ev.g, e.now+ev.res.Delay)
+		} else {
+			e.denied(ev.m, ev.g, ev.res.RetryAfter)
+		}
+	case evStoreTimeout:
+		if e.stale(ev) {
+			return
+		}
+		e.timeouts++
+		m := e.members[ev.m]
+		m.gs[ev.g].op++ // a late answer no longer applies
+		switch e.sc.Store.FailMode {
+		case "open":
+			e.failOpen++
+			e.permit(ev.m, ev.g, e.now)
+		case "local":
+			res, _, err := gcra.Decide(m.ftats, e.fallback, e.now, 1, e.maxWait)
+			if err == nil && res.Allowed {
+				m.fcharged++
+				e.permit(ev.m, ev.g, e.now+res.Delay)
+			} else {
+				e.denied(ev.m, ev.g, res.RetryAfter)
+			}
+		default:
+			e.denied(ev.m, ev.g, 0)
+		}
+	case evStorePenalty:
+		if e.storeUp() {
+			e.storeOps++
+			gcra.Penalize(e.storeTats, e.core, e.now, ev.val)
+			e.storeHold = max(e.storeHold, ev.val)
+		}
+	}
+}
+
+// storeCharge counts against the shared state what a member admitted on its fallback
+// while cut off: per limit, the permits its fallback bucket has not earned back yet
+// (carried in the ticket's slots). An hourly quota keeps most of that debt; a per-second
+// limit has forgotten nearly all of it, as the API has (DESIGN.md §2: the charge-back
+// protects windowed quotas).
+func (e *engine) storeCharge(owed *gcra.Ticket) {
+	for i, l := range e.core {
+		if n := owed.TatAfter[i]; n > 0 {
+			e.storeTats[i] = max(e.storeTats[i], e.now) + n*l.T
+		}
+	}
+}
+
+func (centralMode) penalize(e *engine, mi int32, until int64) {
+	e.toStore(event{kind: evStorePenalty, m: mi, val: until})
+}
+
+func (centralMode) left(e *engine, mi int32, graceful bool) {
+	if !graceful {
+		return
+	}
+	// A graceful leave gives back the reservations not yet used.
+	m := e.members[mi]
+	for g := range m.gs {
+		s := &m.gs[g]
+		if s.hasTk && e.storeUp() && !e.partitioned[mi] {
+			hold := int64(0)
+			if e.storeHold > e.now {
+				hold = e.storeHold
+			}
+			// The cancel travels to the store; the simulator applies it on arrival order
+			// only approximately (at once), which can only refund earlier, never later.
+			gcra.Adjust(e.storeTats, e.core, e.now, s.ticket, 0, hold)
+			e.storeOps++
+			e.messages++
+			s.hasTk = false
+		}
+	}
+}

@@ -1,0 +1,266 @@
+package sim
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/measure"
+)
+
+// Options changes how a scenario runs.
+type Options struct {
+	// Modes, if set, replaces the scenario's list of modes.
+	Modes []string
+	// Progress, if set, is told how far each mode's run is (0 to 1), often.
+	Progress func(mode string, done float64)
+}
+
+// Report is the outcome of a scenario under each of its modes.
+type Report struct {
+	Scenario  string       `json:"scenario"`
+	Seed      uint64       `json:"seed"`
+	DurationS float64      `json:"duration_s"`
+	Limit     string       `json:"limit"`
+	Members   int          `json:"members"`
+	Modes     []ModeReport `json:"modes"`
+}
+
+// ModeReport is what one mode did, as DESIGN.md §1 defines the figures.
+type ModeReport struct {
+	Mode string `json:"mode"`
+	// Accepted and Violations are counted by the referee where the API would be: a
+	// violation is a request it rejected (a 429).
+	Accepted   int64 `json:"accepted"`
+	Violations int64 `json:"violations"`
+	// PeakOverAdmission is the most violations within one sample of the time series.
+	PeakOverAdmission int64 `json:"peak_over_admission"`
+	// Utilization is accepted / what a perfect throttle (the same limit, no latency, an
+	// unbounded queue) would have admitted from the same arrivals by the end: Burst +
+	// Rate × w over a window w in which demand exceeded the limit throughout.
+	Utilization float64 `json:"utilization"`
+	// Jain is Jain's index over each member's accepted / max-min fair share of its demand.
+	Jain float64 `json:"jain"`
+	// Ratio429 is violations / (accepted + violations).
+	Ratio429 float64 `json:"ratio_429"`
+	// WaitP50Ms and WaitP99Ms are the times from a request's arrival at its member to its
+	// departure for the API.
+	WaitP50Ms float64 `json:"wait_p50_ms"`
+	WaitP99Ms float64 `json:"wait_p99_ms"`
+	Arrivals  int64   `json:"arrivals"` // requests that arrived at members (open-loop demand)
+	Sent      int64   `json:"sent"`     // requests sent to the API
+	Dropped   int64   `json:"dropped"`  // requests given up (on_deny: drop, or abandoned by a leave or crash)
+	StoreOps  int64   `json:"store_ops"`
+	Messages  int64   `json:"messages"`
+	Timeouts  int64   `json:"timeouts"`  // store answers given up on
+	FailOpen  int64   `json:"fail_open"` // requests sent without a permit (fail_mode open)
+	// Events are the scenario's events with the time the pool took to converge after
+	// each ended (an outage's end; a crash's instant): until the first window of 20
+	// emission intervals (at least one sample) with no violation and, where demand
+	// exceeded the limit, at least 90% of it used. -1: never within the run.
+	Events    []EventReport  `json:"events"`
+	PerMember []MemberReport `json:"per_member"`
+
+	series []bucket
+	sample time.Duration
+}
+
+// EventReport is one scenario event and the convergence after it.
+type EventReport struct {
+	AtS          float64 `json:"at_s"`
+	Event        string  `json:"event"`
+	ConvergenceS float64 `json:"convergence_s"`
+}
+
+// MemberReport is one member's part.
+type MemberReport struct {
+	Name      string  `json:"name"`
+	Granted   int64   `json:"granted"`
+	Rejected  int64   `json:"rejected"`
+	Dropped   int64   `json:"dropped"`
+	FairShare float64 `json:"fair_share"`
+	Ratio     float64 `json:"ratio"`
+}
+
+// Run runs a scenario under each of its modes, one after the other, each from the same
+// seed. The same scenario and options give the same report, to the byte.
+func Run(sc *Scenario, opts Options) (*Report, error) {
+	modes := sc.Modes
+	if len(opts.Modes) > 0 {
+		modes = opts.Modes
+	}
+	r := &Report{Scenario: sc.Name, Seed: sc.Seed, DurationS: sc.Duration.D().Seconds(), Limit: sc.Limit.String()}
+	if r.Scenario == "" {
+		r.Scenario = sc.file
+	}
+	for _, g := range sc.Members {
+		r.Members += g.Count
+	}
+	for _, name := range modes {
+		m := newMode(name)
+		if m == nil {
+			return nil, fmt.Errorf("sim: unknown mode %q (known: %v)", name, ModeNames())
+		}
+		e := newEngine(sc, m)
+		if opts.Progress != nil {
+			e.progress = func(f float64) { opts.Progress(name, f) }
+		}
+		e.run()
+		if opts.Progress != nil {
+			opts.Progress(name, 1)
+		}
+		r.Modes = append(r.Modes, e.report())
+	}
+	return r, nil
+}
+
+// round keeps reports stable to compare: four decimals.
+func round(v float64) float64 {
+	if math.IsInf(v, 0) || math.IsNaN(v) {
+		return 0
+	}
+	return math.Round(v*1e4) / 1e4
+}
+
+func (e *engine) report() ModeReport {
+	r := ModeReport{
+		Mode: e.mode.name(), Accepted: e.accepted, Violations: e.rejected,
+		Arrivals: e.arrivals, Sent: e.sent, Dropped: e.dropped,
+		StoreOps: e.storeOps, Messages: e.messages, Timeouts: e.timeouts, FailOpen: e.failOpen,
+		WaitP50Ms: round(float64(e.waits.quantile(0.5)) / 1e6),
+		WaitP99Ms: round(float64(e.waits.quantile(0.99)) / 1e6),
+		series:    e.series,
+		sample:    time.Duration(e.sample),
+	}
+	if total := e.accepted + e.rejected; total > 0 {
+		r.Ratio429 = round(float64(e.rejected) / float64(total))
+	}
+	// Utilization: accepted over what a perfect throttle would have admitted from the
+	// same arrivals (Burst + Rate × w where demand exceeded the limit throughout).
+	for _, b := range e.series {
+		r.PeakOverAdmission = max(r.PeakOverAdmission, b.rejected)
+	}
+	if e.idealN > 0 {
+		r.Utilization = round(float64(e.accepted) / float64(e.idealN))
+	}
+	// Fairness over each member's demand spans.
+	var spans []measure.Span
+	for i, m := range e.members {
+		e.closeSpan(m)
+		for _, s := range m.spans {
+			s.Member = i
+			spans = append(spans, s)
+		}
+	}
+	_, rate0 := measure.Capacity(e.sc.Limit.Limits, 0)
+	fair := measure.FairShares(rate0, len(e.members), spans)
+	burst, _ := measure.Capacity(e.sc.Limit.Limits, 0)
+	measure.ShareBurst(fair, spans, burst, 0)
+	granted := make([]float64, len(e.members))
+	for i, m := range e.members {
+		granted[i] = float64(m.granted)
+		mr := MemberReport{Name: m.name, Granted: m.granted, Rejected: m.rejected, Dropped: m.dropped, FairShare: round(fair[i])}
+		if fair[i] > 0 {
+			mr.Ratio = round(granted[i] / fair[i])
+		}
+		r.PerMember = append(r.PerMember, mr)
+	}
+	r.Jain = round(measure.JainOfShares(granted, fair))
+	// Convergence after each event.
+	window := 1
+	if t := tightestInterval(e); t > 0 {
+		window = max(1, int(math.Ceil(20*float64(t)/float64(e.sample))))
+	}
+	for _, ev := range e.eventLog {
+		r.Events = append(r.Events, EventReport{AtS: round(float64(ev.at) / 1e9), Event: ev.what, ConvergenceS: e.convergence(ev.end, window)})
+	}
+	if r.Events == nil {
+		r.Events = []EventReport{}
+	}
+	return r
+}
+
+func tightestInterval(e *engine) int64 {
+	var t int64
+	for _, l := range e.core {
+		t = max(t, l.T)
+	}
+	return t
+}
+
+// convergence is the time from `at` to the start of the first window of good samples.
+func (e *engine) convergence(at int64, window int) float64 {
+	first := int(at / e.sample)
+	rate := e.rateNow() * float64(e.sample) / 1e9
+	for k := first; k+window <= len(e.series); k++ {
+		var acc, rej float64
+		sat := true
+		for _, b := range e.series[k : k+window] {
+			acc += float64(b.accepted)
+			rej += float64(b.rejected)
+			sat = sat && b.saturated
+		}
+		if rej == 0 && (!sat || acc >= 0.9*rate*float64(window)) {
+			return round(math.Max(0, float64(int64(k)*e.sample-at)/1e9))
+		}
+	}
+	return -1
+}
+
+// WriteJSON writes the report as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// WriteText writes the report as a table per mode.
+func (r *Report) WriteText(w io.Writer) {
+	fmt.Fprintf(w, "scenario %s: %d members, limit %s, %v of virtual time, seed %d\n\n", r.Scenario, r.Members, r.Limit,
+		time.Duration(r.DurationS*1e9), r.Seed)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprint(tw, "mode\taccepted\tviolations\tpeak\tutilization\tjain\t429 ratio\twait p50\twait p99\tdropped\tstore ops\tmessages\t\n")
+	for _, m := range r.Modes {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.4f\t%.4f\t%.4f\t%.1fms\t%.1fms\t%d\t%d\t%d\t\n", m.Mode, m.Accepted, m.Violations,
+			m.PeakOverAdmission, m.Utilization, m.Jain, m.Ratio429, m.WaitP50Ms, m.WaitP99Ms, m.Dropped, m.StoreOps, m.Messages)
+	}
+	tw.Flush()
+	for _, m := range r.Modes {
+		if len(m.Events) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\n%s: events\n", m.Mode)
+		for _, ev := range m.Events {
+			conv := "did not converge before the end"
+			if ev.ConvergenceS >= 0 {
+				conv = fmt.Sprintf("converged %gs after it ended", ev.ConvergenceS)
+			}
+			fmt.Fprintf(w, "  %8.1fs  %-36s %s\n", ev.AtS, ev.Event, conv)
+		}
+	}
+}
+
+// WriteCSV writes the time series of every mode: one row per mode and sample.
+func (r *Report) WriteCSV(w io.Writer) error {
+	cw := csv.NewWriter(w)
+	_ = cw.Write([]string{"mode", "t_s", "accepted", "rejected", "arrivals", "sent", "queued", "live_members", "store_ops", "messages", "saturated"})
+	for _, m := range r.Modes {
+		for i, b := range m.series {
+			t := time.Duration(i) * m.sample
+			if t.Seconds() > r.DurationS {
+				break
+			}
+			_ = cw.Write([]string{m.Mode, strconv.FormatFloat(t.Seconds(), 'f', -1, 64),
+				strconv.FormatInt(b.accepted, 10), strconv.FormatInt(b.rejected, 10), strconv.FormatInt(b.arrivals, 10),
+				strconv.FormatInt(b.sent, 10), strconv.FormatInt(b.queued, 10), strconv.FormatInt(b.live, 10),
+				strconv.FormatInt(b.storeOps, 10), strconv.FormatInt(b.messages, 10), strconv.FormatBool(b.saturated)})
+		}
+	}
+	cw.Flush()
+	return cw.Error()
+}

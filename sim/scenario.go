@@ -1,0 +1,586 @@
+package sim
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/sluicehq/sluice"
+)
+
+// Scenario is one simulated situation, read from a YAML file (see docs/simulator.md).
+type Scenario struct {
+	Name        string   `yaml:"name"`
+	Description string   `yaml:"description"`
+	Duration    Duration `yaml:"duration"`
+	Seed        uint64   `yaml:"seed"`
+	Limit       Limits   `yaml:"limit"`
+	Modes       []string `yaml:"modes"`
+	Sample      Duration `yaml:"sample"` // time-series bucket
+	Network     Network  `yaml:"network"`
+	Store       Store    `yaml:"store"`
+	Client      Client   `yaml:"client"`
+	Local       Local    `yaml:"local"`
+	Members     []Group  `yaml:"members"`
+	Events      []Event  `yaml:"events"`
+
+	file string
+}
+
+// Network is the simulated network: the links from members to the store and to the API.
+type Network struct {
+	Store Link `yaml:"store"`
+	API   Link `yaml:"api"`
+}
+
+// Link is one direction-agnostic link: each message takes a latency drawn from Latency,
+// and is lost with probability Loss.
+type Link struct {
+	Latency Dist    `yaml:"latency"`
+	Loss    float64 `yaml:"loss"`
+	line    int
+}
+
+// Dist is a latency distribution: fixed (value), uniform (min, max), exp (mean, shifted by
+// min) or normal (mean, sd, never below min).
+type Dist struct {
+	Kind  string   `yaml:"dist"`
+	Value Duration `yaml:"value"`
+	Min   Duration `yaml:"min"`
+	Max   Duration `yaml:"max"`
+	Mean  Duration `yaml:"mean"`
+	SD    Duration `yaml:"sd"`
+	line  int
+}
+
+// Store is the simulated central store (the redis mode's model).
+type Store struct {
+	Timeout       Duration `yaml:"timeout"`        // a member gives up on an answer after this
+	FailMode      string   `yaml:"fail_mode"`      // closed, open or local
+	FallbackShare float64  `yaml:"fallback_share"` // local: the share of the limit a cut-off member uses
+	line          int
+}
+
+// Client is how members ask for permits: the limiter's settings.
+type Client struct {
+	MaxWait Duration `yaml:"max_wait"` // bound on reservations; 0 is pessimistic
+	Margin  Duration `yaml:"margin"`   // jitter tolerance
+	OnDeny  string   `yaml:"on_deny"`  // retry (with back-off) or drop
+	Backoff Backoff  `yaml:"backoff"`
+	line    int
+}
+
+// Backoff is the jittered back-off of a denied request.
+type Backoff struct {
+	Base   Duration `yaml:"base"`
+	Max    Duration `yaml:"max"`
+	Jitter float64  `yaml:"jitter"`
+}
+
+// Local are the local mode's settings: each member decides alone on Share of the limit.
+type Local struct {
+	Share float64 `yaml:"share"`
+}
+
+// Group is a set of identical members, named NAME1..NAMEn.
+type Group struct {
+	Name       string   `yaml:"name"`
+	Count      int      `yaml:"count"`
+	Goroutines int      `yaml:"goroutines"`
+	Demand     Demand   `yaml:"demand"`
+	Join       Duration `yaml:"join"`
+	Leave      Duration `yaml:"leave"` // 0: stays
+	line       int
+}
+
+// Demand is a member's pattern of requests.
+type Demand struct {
+	Pattern string     `yaml:"pattern"` // constant, poisson, onoff, diurnal, backlog, times
+	Rate    float64    `yaml:"rate"`    // requests per second (onoff: while on; diurnal: the mean)
+	N       int64      `yaml:"n"`       // backlog: requests waiting at join
+	On      Duration   `yaml:"on"`      // onoff: mean length of an on spell
+	Off     Duration   `yaml:"off"`     // onoff: mean length of an off spell
+	Swing   float64    `yaml:"swing"`   // diurnal: relative amplitude in [0, 1]
+	Period  Duration   `yaml:"period"`  // diurnal: default 24h
+	Times   []Duration `yaml:"times"`   // times: one request at each time after join
+	line    int
+}
+
+// Event is something that happens at a time. Exactly one of its kinds is set.
+type Event struct {
+	At          Duration  `yaml:"at"`
+	Crash       Targets   `yaml:"crash"`        // members stop at once, giving nothing back
+	Leave       Targets   `yaml:"leave"`        // members leave gracefully
+	Join        Targets   `yaml:"join"`         // members join (again)
+	Pause       Targets   `yaml:"pause"`        // members freeze for For
+	StoreOutage *Duration `yaml:"store_outage"` // the store is down for this long
+	Partition   Targets   `yaml:"partition"`    // members are cut from the store for For
+	Heal        bool      `yaml:"heal"`         // every partition heals
+	Limit       *Limits   `yaml:"limit"`        // the API's limit (and the members') changes
+	For         Duration  `yaml:"for"`
+	line        int
+}
+
+// Targets names members: a member (w3), a group (w: all its members), or "all".
+type Targets []string
+
+// UnmarshalYAML accepts one name or a list.
+func (t *Targets) UnmarshalYAML(n *yaml.Node) error {
+	switch n.Kind {
+	case yaml.ScalarNode:
+		*t = Targets{n.Value}
+		return nil
+	case yaml.SequenceNode:
+		var s []string
+		if err := n.Decode(&s); err != nil {
+			return lineErr(n, "want a member name or a list of them")
+		}
+		*t = s
+		return nil
+	}
+	return lineErr(n, "want a member name or a list of them")
+}
+
+// Duration is a time.Duration read from "10s", "1h30m" or "2d".
+type Duration time.Duration
+
+// D returns d as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+var daysRe = regexp.MustCompile(`^(\d+)d(.*)$`)
+
+// UnmarshalYAML reads a duration.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return lineErr(n, "want a duration such as 10s, 1h30m or 2d")
+	}
+	v, err := parseDuration(n.Value)
+	if err != nil {
+		return lineErr(n, "bad duration %q: want a duration such as 10s, 1h30m or 2d", n.Value)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+func parseDuration(s string) (time.Duration, error) {
+	s = strings.TrimSpace(s)
+	if s == "0" {
+		return 0, nil
+	}
+	var days time.Duration
+	if m := daysRe.FindStringSubmatch(s); m != nil {
+		n, err := strconv.ParseInt(m[1], 10, 64)
+		if err != nil || n > 10000 {
+			return 0, errors.New("bad days")
+		}
+		days = time.Duration(n) * 24 * time.Hour
+		s = m[2]
+		if s == "" {
+			return days, nil
+		}
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil || v < 0 {
+		return 0, errors.New("bad duration")
+	}
+	return days + v, nil
+}
+
+// Limits is sluice.Limits read from its text form.
+type Limits struct{ sluice.Limits }
+
+// UnmarshalYAML reads limits in the text form ("100/s burst=20; 4500/h").
+func (l *Limits) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return lineErr(n, "want a limit such as '100/s burst=20'")
+	}
+	v, err := sluice.Parse(n.Value)
+	if err != nil {
+		return lineErr(n, "%v", err)
+	}
+	l.Limits = v
+	return nil
+}
+
+// Line-keeping decoders: each struct remembers the line it started on, for errors found
+// after decoding.
+
+func (x *Link) UnmarshalYAML(n *yaml.Node) error {
+	type plain Link
+	return decodeAt(n, (*plain)(x), &x.line)
+}
+func (x *Dist) UnmarshalYAML(n *yaml.Node) error {
+	type plain Dist
+	return decodeAt(n, (*plain)(x), &x.line)
+}
+func (x *Store) UnmarshalYAML(n *yaml.Node) error {
+	type plain Store
+	return decodeAt(n, (*plain)(x), &x.line)
+}
+func (x *Client) UnmarshalYAML(n *yaml.Node) error {
+	type plain Client
+	return decodeAt(n, (*plain)(x), &x.line)
+}
+func (x *Group) UnmarshalYAML(n *yaml.Node) error {
+	type plain Group
+	return decodeAt(n, (*plain)(x), &x.line)
+}
+func (x *Demand) UnmarshalYAML(n *yaml.Node) error {
+	type plain Demand
+	return decodeAt(n, (*plain)(x), &x.line)
+}
+func (x *Event) UnmarshalYAML(n *yaml.Node) error {
+	type plain Event
+	return decodeAt(n, (*plain)(x), &x.line)
+}
+
+// decodeAt decodes a mapping node strictly (unknown fields are errors) and records its line.
+func decodeAt(n *yaml.Node, v any, line *int) error {
+	if n.Kind != yaml.MappingNode {
+		return lineErr(n, "want a mapping")
+	}
+	*line = n.Line
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if !knownField(v, n.Content[i].Value) {
+			return lineErr(n.Content[i], "unknown field %q", n.Content[i].Value)
+		}
+	}
+	return n.Decode(v)
+}
+
+// knownField reports whether v (a pointer to a struct) has a field with yaml tag name.
+func knownField(v any, name string) bool {
+	return slices.Contains(yamlFields(v), name)
+}
+
+type lineError struct {
+	line int
+	msg  string
+}
+
+func (e *lineError) Error() string { return fmt.Sprintf("line %d: %s", e.line, e.msg) }
+
+func lineErr(n *yaml.Node, format string, a ...any) error {
+	return &lineError{line: n.Line, msg: fmt.Sprintf(format, a...)}
+}
+
+// ScenarioError is a problem in a scenario file, naming the file and line.
+type ScenarioError struct {
+	File string
+	Line int // 0 when the problem is not at one line
+	Msg  string
+}
+
+func (e *ScenarioError) Error() string {
+	if e.Line > 0 {
+		return fmt.Sprintf("%s:%d: %s", e.File, e.Line, e.Msg)
+	}
+	return fmt.Sprintf("%s: %s", e.File, e.Msg)
+}
+
+// Load reads and checks a scenario file.
+func Load(path string) (*Scenario, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(path, b)
+}
+
+// maxScenarioBytes bounds a scenario file.
+const maxScenarioBytes = 1 << 20
+
+// Parse reads and checks a scenario; file names it in errors.
+func Parse(file string, b []byte) (*Scenario, error) {
+	if len(b) > maxScenarioBytes {
+		return nil, &ScenarioError{File: file, Msg: "larger than 1 MiB"}
+	}
+	var s Scenario
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&s); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, &ScenarioError{File: file, Msg: "empty scenario"}
+		}
+		return nil, toScenarioError(file, err)
+	}
+	s.file = file
+	if err := s.check(); err != nil {
+		return nil, toScenarioError(file, err)
+	}
+	return &s, nil
+}
+
+var yamlLineRe = regexp.MustCompile(`line (\d+): (.*)`)
+
+func toScenarioError(file string, err error) error {
+	var le *lineError
+	if errors.As(err, &le) {
+		return &ScenarioError{File: file, Line: le.line, Msg: le.msg}
+	}
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	msg = strings.TrimPrefix(msg, "unmarshal errors:\n  ")
+	if m := yamlLineRe.FindStringSubmatch(msg); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		return &ScenarioError{File: file, Line: line, Msg: m[2]}
+	}
+	return &ScenarioError{File: file, Msg: msg}
+}
+
+// Limits of the simulator, so that a scenario cannot exhaust the machine.
+const (
+	maxMembers    = 100_000
+	maxGoroutines = 10_000
+	maxDuration   = 366 * 24 * time.Hour
+)
+
+// check fills defaults and validates, with the line of each problem.
+func (s *Scenario) check() error {
+	bad := func(line int, format string, a ...any) error {
+		return &lineError{line: line, msg: fmt.Sprintf(format, a...)}
+	}
+	if s.Duration <= 0 || s.Duration.D() > maxDuration {
+		return bad(0, "duration: want more than 0 and at most 366d")
+	}
+	if len(s.Limit.Limits) == 0 {
+		return bad(0, "limit: missing (e.g. limit: '100/s burst=20')")
+	}
+	if len(s.Modes) == 0 {
+		s.Modes = []string{"central"}
+	}
+	for _, m := range s.Modes {
+		if !slices.Contains(ModeNames(), m) {
+			return bad(0, "modes: unknown mode %q (known: %s)", m, strings.Join(ModeNames(), ", "))
+		}
+	}
+	if s.Sample <= 0 {
+		s.Sample = Duration(max(time.Second, s.Duration.D()/1000).Round(time.Second))
+	}
+	if s.Duration.D()/s.Sample.D() > 1_000_000 {
+		return bad(0, "sample: %v makes more than a million buckets", s.Sample.D())
+	}
+	for _, l := range []*Link{&s.Network.Store, &s.Network.API} {
+		if l.Loss < 0 || l.Loss >= 1 {
+			return bad(l.line, "loss: want a probability in [0, 1)")
+		}
+		if err := l.Latency.check(); err != nil {
+			return err
+		}
+	}
+	if s.Store.Timeout <= 0 {
+		s.Store.Timeout = Duration(100 * time.Millisecond)
+	}
+	switch s.Store.FailMode {
+	case "":
+		s.Store.FailMode = "closed"
+	case "closed", "open":
+	case "local":
+		if s.Store.FallbackShare <= 0 || s.Store.FallbackShare > 1 {
+			return bad(s.Store.line, "fallback_share: want a share of the limit in (0, 1] for fail_mode local")
+		}
+	default:
+		return bad(s.Store.line, "fail_mode: want closed, open or local, not %q", s.Store.FailMode)
+	}
+	switch s.Client.OnDeny {
+	case "":
+		s.Client.OnDeny = "retry"
+	case "retry", "drop":
+	default:
+		return bad(s.Client.line, "on_deny: want retry or drop, not %q", s.Client.OnDeny)
+	}
+	if s.Client.MaxWait < 0 || s.Client.Margin < 0 {
+		return bad(s.Client.line, "max_wait and margin: want 0 or more")
+	}
+	b := &s.Client.Backoff
+	if b.Base <= 0 {
+		b.Base = Duration(50 * time.Millisecond)
+	}
+	if b.Max <= 0 {
+		b.Max = Duration(30 * time.Second)
+	}
+	if b.Jitter == 0 {
+		b.Jitter = 0.2
+	}
+	if b.Jitter < 0 || b.Jitter > 1 {
+		return bad(s.Client.line, "backoff.jitter: want a fraction in [0, 1]")
+	}
+	if s.Local.Share == 0 {
+		s.Local.Share = 1
+	}
+	if s.Local.Share < 0 || s.Local.Share > 1 {
+		return bad(0, "local.share: want a fraction in (0, 1]")
+	}
+	if len(s.Members) == 0 {
+		return bad(0, "members: none")
+	}
+	total := 0
+	names := map[string]bool{"all": true}
+	for i := range s.Members {
+		g := &s.Members[i]
+		if g.Name == "" || strings.ContainsAny(g.Name, " ,:") {
+			return bad(g.line, "members[%d].name: want a name without spaces", i)
+		}
+		if names[g.Name] {
+			return bad(g.line, "members[%d].name: %q used twice", i, g.Name)
+		}
+		names[g.Name] = true
+		if g.Count == 0 {
+			g.Count = 1
+		}
+		if g.Goroutines == 0 {
+			g.Goroutines = 1
+		}
+		if g.Count < 0 || g.Goroutines < 0 || g.Goroutines > maxGoroutines {
+			return bad(g.line, "members[%d]: count and goroutines must be positive (goroutines at most %d)", i, maxGoroutines)
+		}
+		total += g.Count
+		if g.Join < 0 || (g.Leave != 0 && g.Leave <= g.Join) {
+			return bad(g.line, "members[%d]: leave must come after join", i)
+		}
+		if err := g.Demand.check(); err != nil {
+			return err
+		}
+	}
+	if total > maxMembers {
+		return bad(0, "members: %d in all, more than %d", total, maxMembers)
+	}
+	for i := range s.Events {
+		e := &s.Events[i]
+		kinds := 0
+		for _, set := range []bool{len(e.Crash) > 0, len(e.Leave) > 0, len(e.Join) > 0, len(e.Pause) > 0,
+			e.StoreOutage != nil, len(e.Partition) > 0, e.Heal, e.Limit != nil} {
+			if set {
+				kinds++
+			}
+		}
+		if kinds != 1 {
+			return bad(e.line, "events[%d]: want exactly one of crash, leave, join, pause, store_outage, partition, heal, limit", i)
+		}
+		if e.At < 0 || e.At.D() > s.Duration.D() {
+			return bad(e.line, "events[%d].at: outside the run (0 to %v)", i, s.Duration.D())
+		}
+		if (len(e.Pause) > 0) && e.For <= 0 {
+			return bad(e.line, "events[%d]: pause needs for: DURATION", i)
+		}
+		if e.StoreOutage != nil && *e.StoreOutage <= 0 {
+			return bad(e.line, "events[%d].store_outage: want a positive duration", i)
+		}
+		for _, ts := range []Targets{e.Crash, e.Leave, e.Join, e.Pause, e.Partition} {
+			for _, name := range ts {
+				if !s.knownTarget(name) {
+					return bad(e.line, "events[%d]: no member or group named %q", i, name)
+				}
+			}
+		}
+	}
+	slices.SortStableFunc(s.Events, func(a, b Event) int { return int(a.At.D() - b.At.D()) })
+	return nil
+}
+
+func (s *Scenario) knownTarget(name string) bool {
+	if name == "all" {
+		return true
+	}
+	for _, g := range s.Members {
+		if name == g.Name {
+			return true
+		}
+		if rest, ok := strings.CutPrefix(name, g.Name); ok {
+			if n, err := strconv.Atoi(rest); err == nil && n >= 1 && n <= g.Count {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (d *Dist) check() error {
+	bad := func(format string, a ...any) error { return &lineError{line: d.line, msg: fmt.Sprintf(format, a...)} }
+	switch d.Kind {
+	case "":
+		if d.Value == 0 && d.Min == 0 && d.Max == 0 && d.Mean == 0 {
+			d.Kind = "fixed"
+			return nil
+		}
+		return bad("dist: want fixed, uniform, exp or normal")
+	case "fixed":
+	case "uniform":
+		if d.Max < d.Min {
+			return bad("uniform: max below min")
+		}
+	case "exp":
+		if d.Mean <= 0 {
+			return bad("exp: want mean > 0")
+		}
+	case "normal":
+		if d.Mean <= 0 || d.SD < 0 {
+			return bad("normal: want mean > 0 and sd >= 0")
+		}
+	default:
+		return bad("dist: want fixed, uniform, exp or normal, not %q", d.Kind)
+	}
+	if d.Value < 0 || d.Min < 0 {
+		return bad("latencies cannot be negative")
+	}
+	return nil
+}
+
+func (d *Demand) check() error {
+	bad := func(format string, a ...any) error { return &lineError{line: d.line, msg: fmt.Sprintf(format, a...)} }
+	switch d.Pattern {
+	case "constant", "poisson":
+		if d.Rate <= 0 || d.Rate > 1e7 {
+			return bad("%s: want rate in (0, 1e7] requests per second", d.Pattern)
+		}
+	case "onoff":
+		if d.Rate <= 0 || d.Rate > 1e7 || d.On <= 0 || d.Off <= 0 {
+			return bad("onoff: want rate > 0, on > 0 and off > 0")
+		}
+	case "diurnal":
+		if d.Rate <= 0 || d.Rate > 1e7 || d.Swing < 0 || d.Swing > 1 {
+			return bad("diurnal: want rate > 0 and swing in [0, 1]")
+		}
+		if d.Period == 0 {
+			d.Period = Duration(24 * time.Hour)
+		}
+	case "backlog":
+		if d.N <= 0 {
+			return bad("backlog: want n > 0")
+		}
+	case "times":
+		if len(d.Times) == 0 {
+			return bad("times: want a list of times")
+		}
+		if !slices.IsSorted(d.Times) {
+			return bad("times: want the times in order")
+		}
+	case "":
+		return bad("pattern: missing (constant, poisson, onoff, diurnal, backlog or times)")
+	default:
+		return bad("pattern: want constant, poisson, onoff, diurnal, backlog or times, not %q", d.Pattern)
+	}
+	return nil
+}
+
+// yamlFields lists the yaml names of the fields of the struct v points to.
+func yamlFields(v any) []string {
+	t := reflect.TypeOf(v).Elem()
+	var out []string
+	for i := 0; i < t.NumField(); i++ {
+		tag := t.Field(i).Tag.Get("yaml")
+		if name, _, _ := strings.Cut(tag, ","); name != "" && name != "-" {
+			out = append(out, name)
+		}
+	}
+	return out
+}

@@ -1,0 +1,311 @@
+package sim
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden reports in testdata/golden")
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func parse(t *testing.T, y string) *Scenario {
+	t.Helper()
+	sc, err := Parse("test.yaml", []byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sc
+}
+
+func run1(t *testing.T, sc *Scenario, mode string) ModeReport {
+	t.Helper()
+	r, err := Run(sc, Options{Modes: []string{mode}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.Modes[0]
+}
+
+func TestScenarioErrorsNameFileAndLine(t *testing.T) {
+	cases := []struct{ yaml, want string }{
+		{"duration: 10s\nlimit: 1/s\nmembers:\n  - name: w\n    demand: {pattern: constant, rate: 1}\nbogus: 3\n", "test.yaml:6: field bogus not found"},
+		{"duration: 10s\nlimit: ten per sec\nmembers: []\n", "test.yaml:2: sluice: bad limit"},
+		{"duration: ten\nlimit: 1/s\n", "test.yaml:1: bad duration"},
+		{"duration: 10s\nlimit: 1/s\nmembers:\n  - name: w\n    demand: {pattern: sometimes}\n", "test.yaml:5: pattern: want constant"},
+		{"duration: 10s\nlimit: 1/s\nmembers:\n  - name: w\n    demand: {pattern: constant, rate: 1}\n    colour: red\n", "test.yaml:6: unknown field \"colour\""},
+		{"duration: 10s\nlimit: 1/s\nmembers:\n  - name: w\n    demand: {pattern: constant, rate: 1}\nevents:\n  - {at: 5s, crash: nobody}\n", "test.yaml:7: events[0]: no member or group named \"nobody\""},
+		{"duration: 10s\nlimit: 1/s\nmembers:\n  - name: w\n    demand: {pattern: constant, rate: 1}\nevents:\n  - {at: 5s, crash: w1, leave: w1}\n", "test.yaml:7: events[0]: want exactly one"},
+		{"duration: 10s\nlimit: 1/s\nmembers:\n  - name: w\n    demand: {pattern: constant, rate: 1}\nevents:\n  - {at: 50s, heal: true}\n", "test.yaml:7: events[0].at: outside the run"},
+		{"duration: 10s\nlimit: 1/s\nstore: {fail_mode: sideways}\nmembers:\n  - name: w\n    demand: {pattern: constant, rate: 1}\n", "test.yaml:3: fail_mode"},
+		{"duration: 10s\nlimit: 1/s\nnetwork:\n  api: {latency: {dist: gamma}}\nmembers:\n  - name: w\n    demand: {pattern: constant, rate: 1}\n", "test.yaml:4: dist: want fixed"},
+		{"duration: 10s\nlimit: 1/s\nmodes: [quantum]\nmembers:\n  - name: w\n    demand: {pattern: constant, rate: 1}\n", "test.yaml: modes: unknown mode \"quantum\""},
+		{"duration: 10s\nlimit: 1/s\n", "test.yaml: members: none"},
+		{"", "test.yaml: empty scenario"},
+		{"duration: 10s\nlimit: 1/s\nmembers: [\n", "test.yaml:3:"},
+	}
+	for i, c := range cases {
+		_, err := Parse("test.yaml", []byte(c.yaml))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("case %d: got %v, want an error containing %q", i, err, c.want)
+		}
+	}
+}
+
+func TestDurationsWithDays(t *testing.T) {
+	for in, want := range map[string]time.Duration{"2d": 48 * time.Hour, "1d12h": 36 * time.Hour, "90s": 90 * time.Second, "0": 0} {
+		got, err := parseDuration(in)
+		if err != nil || got != want {
+			t.Errorf("%q: got %v %v, want %v", in, got, err, want)
+		}
+	}
+}
+
+// TestSeed000Timeline: the seed's four requests at t=2, 8, 13, 14 s under 1/6s: the third
+// is denied (and dropped by the pessimistic client), the others are permitted.
+func TestSeed000Timeline(t *testing.T) {
+	sc, err := Load("../scenarios/seed000-timeline.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []string{"central", "local"} {
+		r := run1(t, sc, mode)
+		if r.Accepted != 3 || r.Dropped != 1 || r.Violations != 0 {
+			t.Errorf("%s: accepted %d dropped %d violations %d, want 3 1 0", mode, r.Accepted, r.Dropped, r.Violations)
+		}
+	}
+}
+
+const pool = `
+duration: 2m
+seed: 7
+limit: 10/s burst=5
+sample: 1s
+network:
+  store: {latency: {dist: fixed, value: 2ms}}
+  api: {latency: {dist: fixed, value: 10ms}}
+client: {max_wait: 2s}
+members:
+  - name: w
+    count: 8
+    goroutines: 3
+    demand: {pattern: backlog, n: 1000000}
+`
+
+// TestCentralIsExactWithFixedLatency: with fixed latencies every permit reaches the API
+// shifted by the same delay, so central decisions with no margin are exact: no
+// violation, and the limit fully used.
+func TestCentralIsExactWithFixedLatency(t *testing.T) {
+	r := run1(t, parse(t, pool), "central")
+	if r.Violations != 0 {
+		t.Errorf("violations %d, want 0", r.Violations)
+	}
+	if r.Utilization < 0.99 || r.Jain < 0.99 {
+		t.Errorf("utilization %v jain %v, want at least 0.99", r.Utilization, r.Jain)
+	}
+}
+
+// TestCentralNeedsAMarginUnderJitter: with varying latency the same pool breaks a strict
+// limit, and a margin as wide as the spread restores it.
+func TestCentralNeedsAMarginUnderJitter(t *testing.T) {
+	jitter := strings.Replace(pool, "api: {latency: {dist: fixed, value: 10ms}}", "api: {latency: {dist: uniform, min: 5ms, max: 25ms}}", 1)
+	if r := run1(t, parse(t, jitter), "central"); r.Violations == 0 {
+		t.Errorf("no violation under 20 ms of jitter with no margin: the test no longer tests")
+	}
+	withMargin := strings.Replace(jitter, "client: {max_wait: 2s}", "client: {max_wait: 2s, margin: 20ms}", 1)
+	r := run1(t, parse(t, withMargin), "central")
+	if r.Violations != 0 || r.Utilization < 0.95 {
+		t.Errorf("with a 20 ms margin: violations %d utilization %v, want 0 and at least 0.95", r.Violations, r.Utilization)
+	}
+}
+
+// TestLocalModeWithoutCoordination: members that each think they own the limit flood the
+// API; members on an equal share keep it.
+func TestLocalModeWithoutCoordination(t *testing.T) {
+	if r := run1(t, parse(t, pool), "local"); r.Violations == 0 || r.Ratio429 < 0.5 {
+		t.Errorf("8 uncoordinated members: violations %d ratio %v, want most rejected", r.Violations, r.Ratio429)
+	}
+	// An eighth of 10/s burst 16 each: rates and bursts sum to the limit's.
+	share := parse(t, strings.Replace(pool, "limit: 10/s burst=5", "limit: 10/s burst=16", 1)+"local: {share: 0.125}\n")
+	if r := run1(t, share, "local"); r.Violations != 0 {
+		t.Errorf("8 members on an eighth each: violations %d, want 0", r.Violations)
+	}
+}
+
+const outage = `
+duration: 2m
+seed: 3
+limit: 50/s burst=10
+sample: 1s
+network:
+  store: {latency: {dist: fixed, value: 1ms}}
+  api: {latency: {dist: fixed, value: 5ms}}
+store: {timeout: 20ms, fail_mode: FAILMODE, fallback_share: 0.25}
+client: {max_wait: 500ms}
+members:
+  - name: m
+    count: 4
+    goroutines: 4
+    demand: {pattern: poisson, rate: 20}
+events:
+  - {at: 30s, store_outage: 30s}
+`
+
+func TestStoreOutageFailModes(t *testing.T) {
+	get := func(mode string) ModeReport {
+		return run1(t, parse(t, strings.Replace(outage, "FAILMODE", mode, 1)), "central")
+	}
+	closed, open, local := get("closed"), get("open"), get("local")
+	if closed.Violations != 0 || closed.Timeouts == 0 {
+		t.Errorf("closed: violations %d timeouts %d, want 0 and some", closed.Violations, closed.Timeouts)
+	}
+	if open.Violations == 0 || open.FailOpen == 0 {
+		t.Errorf("open: violations %d fail-open %d: 80/s sent unthrottled past 50/s must show", open.Violations, open.FailOpen)
+	}
+	// Degrading to a local share can over-admit at the two edges of the outage (DESIGN.md
+	// §2): permits the store had reserved land beside the fallbacks' (at most max_wait ×
+	// rate = 25), the fallbacks start with their bursts (4 × 2), and the store, back,
+	// grants its burst (10) to an API the fallbacks kept busy.
+	if local.Violations > 25+8+10 {
+		t.Errorf("local at a quarter each: violations %d, want at most 43", local.Violations)
+	}
+	if local.Accepted <= closed.Accepted {
+		t.Errorf("degrading to a local share admitted %d, no more than failing closed (%d)", local.Accepted, closed.Accepted)
+	}
+	if len(closed.Events) != 1 || closed.Events[0].ConvergenceS < 0 {
+		t.Errorf("closed: events %+v", closed.Events)
+	}
+}
+
+// TestPartitionAndPause: a partitioned member (fail closed) gets nothing from the store
+// while cut off; a paused member sends nothing while frozen.
+func TestPartitionAndPause(t *testing.T) {
+	y := pool + `events:
+  - {at: 10s, partition: [w1, w2], for: 30s}
+  - {at: 50s, pause: w3, for: 20s}
+`
+	r := run1(t, parse(t, y), "central")
+	if r.Violations != 0 {
+		t.Errorf("violations %d", r.Violations)
+	}
+	var w1, w4 int64
+	for _, m := range r.PerMember {
+		switch m.Name {
+		case "w1":
+			w1 = m.Granted
+		case "w4":
+			w4 = m.Granted
+		}
+	}
+	if w1 >= w4 {
+		t.Errorf("w1, cut off for 30 s, got %d; w4 got %d", w1, w4)
+	}
+	if len(r.Events) != 2 || r.Events[0].Event != "partition w1,w2 for 30s" {
+		t.Errorf("events %+v", r.Events)
+	}
+}
+
+func TestCrashAndRejoin(t *testing.T) {
+	y := pool + `events:
+  - {at: 30s, crash: [w1, w2, w3]}
+  - {at: 60s, join: w1}
+  - {at: 90s, leave: w4}
+`
+	r := run1(t, parse(t, y), "central")
+	if r.Violations != 0 || r.Utilization < 0.98 {
+		t.Errorf("violations %d utilization %v", r.Violations, r.Utilization)
+	}
+	if r.Jain < 0.95 {
+		t.Errorf("jain %v: members present for less time must not count as unfair", r.Jain)
+	}
+}
+
+func TestLimitChange(t *testing.T) {
+	y := pool + `events:
+  - {at: 60s, limit: 5/s burst=5}
+`
+	r := run1(t, parse(t, y), "central")
+	// 10/s for 60 s then 5/s for 60 s: about 5 + 600 + 300.
+	if r.Accepted < 880 || r.Accepted > 920 {
+		t.Errorf("accepted %d, want about 905", r.Accepted)
+	}
+	// Permits reserved before the decrease (up to max_wait × the old rate) may land too
+	// close under the new limit; nothing else may.
+	if r.Violations > 20 {
+		t.Errorf("violations %d after a decrease both sides know of, want at most 20", r.Violations)
+	}
+}
+
+// TestShippedScenariosAreDeterministicAndGolden runs every shipped scenario twice (the
+// same bytes) and compares it with its golden report (refresh with -update).
+func TestShippedScenariosAreDeterministicAndGolden(t *testing.T) {
+	files, _ := filepath.Glob("../scenarios/*.yaml")
+	if len(files) < 3 {
+		t.Fatalf("%d scenarios ship, want at least 3", len(files))
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			sc, err := Load(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var a, b bytes.Buffer
+			for _, buf := range []*bytes.Buffer{&a, &b} {
+				r, err := Run(sc, Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := r.WriteJSON(buf); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !bytes.Equal(a.Bytes(), b.Bytes()) {
+				t.Fatalf("two runs differ")
+			}
+			golden := filepath.Join("testdata", "golden", strings.TrimSuffix(filepath.Base(f), ".yaml")+".json")
+			if *update {
+				if err := os.WriteFile(golden, a.Bytes(), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (run with -update to create it)", err)
+			}
+			if !bytes.Equal(a.Bytes(), want) {
+				t.Errorf("the report differs from %s (run go test ./sim -run Golden -update if the change is intended)", golden)
+			}
+		})
+	}
+}
+
+// TestHotLoopDoesNotAllocatePerRequest: a run's allocations do not grow with its requests.
+func TestHotLoopDoesNotAllocatePerRequest(t *testing.T) {
+	short := parse(t, strings.Replace(pool, "duration: 2m", "duration: 1m", 1))
+	long := parse(t, strings.Replace(pool, "duration: 2m", "duration: 20m", 1))
+	allocs := func(sc *Scenario) uint64 {
+		var a, b runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&a)
+		if _, err := Run(sc, Options{Modes: []string{"central"}}); err != nil {
+			t.Fatal(err)
+		}
+		runtime.ReadMemStats(&b)
+		return b.Mallocs - a.Mallocs
+	}
+	s, l := allocs(short), allocs(long)
+	// 20 times the requests (about 11,400 more); allow for the per-sample series and the
+	// report, which grow with time, not requests.
+	if l > s+3000 {
+		t.Errorf("allocations: %d for 1 minute, %d for 20 minutes: the hot loop allocates per request", s, l)
+	}
+}
