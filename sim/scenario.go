@@ -1,13 +1,7 @@
 package sim
 
 import (
-	"bytes"
-	"errors"
-	"fmt"
-	"io"
 	"os"
-	"reflect"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +10,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/yamlx"
 )
 
 // Scenario is one simulated situation, read from a YAML file (see docs/simulator.md).
@@ -143,58 +138,18 @@ func (t *Targets) UnmarshalYAML(n *yaml.Node) error {
 	case yaml.SequenceNode:
 		var s []string
 		if err := n.Decode(&s); err != nil {
-			return lineErr(n, "want a member name or a list of them")
+			return yamlx.At(n, "want a member name or a list of them")
 		}
 		*t = s
 		return nil
 	}
-	return lineErr(n, "want a member name or a list of them")
+	return yamlx.At(n, "want a member name or a list of them")
 }
 
 // Duration is a time.Duration read from "10s", "1h30m" or "2d".
-type Duration time.Duration
+type Duration = yamlx.Duration
 
-// D returns d as a time.Duration.
-func (d Duration) D() time.Duration { return time.Duration(d) }
-
-var daysRe = regexp.MustCompile(`^(\d+)d(.*)$`)
-
-// UnmarshalYAML reads a duration.
-func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
-	if n.Kind != yaml.ScalarNode {
-		return lineErr(n, "want a duration such as 10s, 1h30m or 2d")
-	}
-	v, err := parseDuration(n.Value)
-	if err != nil {
-		return lineErr(n, "bad duration %q: want a duration such as 10s, 1h30m or 2d", n.Value)
-	}
-	*d = Duration(v)
-	return nil
-}
-
-func parseDuration(s string) (time.Duration, error) {
-	s = strings.TrimSpace(s)
-	if s == "0" {
-		return 0, nil
-	}
-	var days time.Duration
-	if m := daysRe.FindStringSubmatch(s); m != nil {
-		n, err := strconv.ParseInt(m[1], 10, 64)
-		if err != nil || n > 10000 {
-			return 0, errors.New("bad days")
-		}
-		days = time.Duration(n) * 24 * time.Hour
-		s = m[2]
-		if s == "" {
-			return days, nil
-		}
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil || v < 0 {
-		return 0, errors.New("bad duration")
-	}
-	return days + v, nil
-}
+func parseDuration(s string) (time.Duration, error) { return yamlx.ParseDuration(s) }
 
 // Limits is sluice.Limits read from its text form.
 type Limits struct{ sluice.Limits }
@@ -202,11 +157,11 @@ type Limits struct{ sluice.Limits }
 // UnmarshalYAML reads limits in the text form ("100/s burst=20; 4500/h").
 func (l *Limits) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind != yaml.ScalarNode {
-		return lineErr(n, "want a limit such as '100/s burst=20'")
+		return yamlx.At(n, "want a limit such as '100/s burst=20'")
 	}
 	v, err := sluice.Parse(n.Value)
 	if err != nil {
-		return lineErr(n, "%v", err)
+		return yamlx.At(n, "%v", err)
 	}
 	l.Limits = v
 	return nil
@@ -217,75 +172,31 @@ func (l *Limits) UnmarshalYAML(n *yaml.Node) error {
 
 func (x *Link) UnmarshalYAML(n *yaml.Node) error {
 	type plain Link
-	return decodeAt(n, (*plain)(x), &x.line)
+	return yamlx.DecodeMapping(n, (*plain)(x), &x.line)
 }
 func (x *Dist) UnmarshalYAML(n *yaml.Node) error {
 	type plain Dist
-	return decodeAt(n, (*plain)(x), &x.line)
+	return yamlx.DecodeMapping(n, (*plain)(x), &x.line)
 }
 func (x *Store) UnmarshalYAML(n *yaml.Node) error {
 	type plain Store
-	return decodeAt(n, (*plain)(x), &x.line)
+	return yamlx.DecodeMapping(n, (*plain)(x), &x.line)
 }
 func (x *Client) UnmarshalYAML(n *yaml.Node) error {
 	type plain Client
-	return decodeAt(n, (*plain)(x), &x.line)
+	return yamlx.DecodeMapping(n, (*plain)(x), &x.line)
 }
 func (x *Group) UnmarshalYAML(n *yaml.Node) error {
 	type plain Group
-	return decodeAt(n, (*plain)(x), &x.line)
+	return yamlx.DecodeMapping(n, (*plain)(x), &x.line)
 }
 func (x *Demand) UnmarshalYAML(n *yaml.Node) error {
 	type plain Demand
-	return decodeAt(n, (*plain)(x), &x.line)
+	return yamlx.DecodeMapping(n, (*plain)(x), &x.line)
 }
 func (x *Event) UnmarshalYAML(n *yaml.Node) error {
 	type plain Event
-	return decodeAt(n, (*plain)(x), &x.line)
-}
-
-// decodeAt decodes a mapping node strictly (unknown fields are errors) and records its line.
-func decodeAt(n *yaml.Node, v any, line *int) error {
-	if n.Kind != yaml.MappingNode {
-		return lineErr(n, "want a mapping")
-	}
-	*line = n.Line
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		if !knownField(v, n.Content[i].Value) {
-			return lineErr(n.Content[i], "unknown field %q", n.Content[i].Value)
-		}
-	}
-	return n.Decode(v)
-}
-
-// knownField reports whether v (a pointer to a struct) has a field with yaml tag name.
-func knownField(v any, name string) bool {
-	return slices.Contains(yamlFields(v), name)
-}
-
-type lineError struct {
-	line int
-	msg  string
-}
-
-func (e *lineError) Error() string { return fmt.Sprintf("line %d: %s", e.line, e.msg) }
-
-func lineErr(n *yaml.Node, format string, a ...any) error {
-	return &lineError{line: n.Line, msg: fmt.Sprintf(format, a...)}
-}
-
-// ScenarioError is a problem in a scenario file, naming the file and line.
-type ScenarioError struct {
-	File string
-	Line int // 0 when the problem is not at one line
-	Msg  string
-}
-
-func (e *ScenarioError) Error() string {
-	if e.Line > 0 {
-		return fmt.Sprintf("%s:%d: %s", e.File, e.Line, e.Msg)
-	}
-	return fmt.Sprintf("%s: %s", e.File, e.Msg)
+	return yamlx.DecodeMapping(n, (*plain)(x), &x.line)
 }
 
 // Load reads and checks a scenario file.
@@ -303,38 +214,17 @@ const maxScenarioBytes = 1 << 20
 // Parse reads and checks a scenario; file names it in errors.
 func Parse(file string, b []byte) (*Scenario, error) {
 	if len(b) > maxScenarioBytes {
-		return nil, &ScenarioError{File: file, Msg: "larger than 1 MiB"}
+		return nil, &yamlx.Error{File: file, Msg: "larger than 1 MiB"}
 	}
 	var s Scenario
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&s); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, &ScenarioError{File: file, Msg: "empty scenario"}
-		}
-		return nil, toScenarioError(file, err)
+	if err := yamlx.Decode(file, b, &s); err != nil {
+		return nil, err
 	}
 	s.file = file
 	if err := s.check(); err != nil {
-		return nil, toScenarioError(file, err)
+		return nil, yamlx.Wrap(file, err)
 	}
 	return &s, nil
-}
-
-var yamlLineRe = regexp.MustCompile(`line (\d+): (.*)`)
-
-func toScenarioError(file string, err error) error {
-	var le *lineError
-	if errors.As(err, &le) {
-		return &ScenarioError{File: file, Line: le.line, Msg: le.msg}
-	}
-	msg := strings.TrimPrefix(err.Error(), "yaml: ")
-	msg = strings.TrimPrefix(msg, "unmarshal errors:\n  ")
-	if m := yamlLineRe.FindStringSubmatch(msg); m != nil {
-		line, _ := strconv.Atoi(m[1])
-		return &ScenarioError{File: file, Line: line, Msg: m[2]}
-	}
-	return &ScenarioError{File: file, Msg: msg}
 }
 
 // Limits of the simulator, so that a scenario cannot exhaust the machine.
@@ -347,7 +237,7 @@ const (
 // check fills defaults and validates, with the line of each problem.
 func (s *Scenario) check() error {
 	bad := func(line int, format string, a ...any) error {
-		return &lineError{line: line, msg: fmt.Sprintf(format, a...)}
+		return yamlx.AtLine(line, format, a...)
 	}
 	if s.Duration <= 0 || s.Duration.D() > maxDuration {
 		return bad(0, "duration: want more than 0 and at most 366d")
@@ -505,7 +395,7 @@ func (s *Scenario) knownTarget(name string) bool {
 }
 
 func (d *Dist) check() error {
-	bad := func(format string, a ...any) error { return &lineError{line: d.line, msg: fmt.Sprintf(format, a...)} }
+	bad := func(format string, a ...any) error { return yamlx.AtLine(d.line, format, a...) }
 	switch d.Kind {
 	case "":
 		if d.Value == 0 && d.Min == 0 && d.Max == 0 && d.Mean == 0 {
@@ -536,7 +426,7 @@ func (d *Dist) check() error {
 }
 
 func (d *Demand) check() error {
-	bad := func(format string, a ...any) error { return &lineError{line: d.line, msg: fmt.Sprintf(format, a...)} }
+	bad := func(format string, a ...any) error { return yamlx.AtLine(d.line, format, a...) }
 	switch d.Pattern {
 	case "constant", "poisson":
 		if d.Rate <= 0 || d.Rate > 1e7 {
@@ -570,17 +460,4 @@ func (d *Demand) check() error {
 		return bad("pattern: want constant, poisson, onoff, diurnal, backlog or times, not %q", d.Pattern)
 	}
 	return nil
-}
-
-// yamlFields lists the yaml names of the fields of the struct v points to.
-func yamlFields(v any) []string {
-	t := reflect.TypeOf(v).Elem()
-	var out []string
-	for i := 0; i < t.NumField(); i++ {
-		tag := t.Field(i).Tag.Get("yaml")
-		if name, _, _ := strings.Cut(tag, ","); name != "" && name != "-" {
-			out = append(out, name)
-		}
-	}
-	return out
 }

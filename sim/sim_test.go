@@ -49,7 +49,7 @@ func TestScenarioErrorsNameFileAndLine(t *testing.T) {
 		{"duration: 10s\nlimit: 1/s\nnetwork:\n  api: {latency: {dist: gamma}}\nmembers:\n  - name: w\n    demand: {pattern: constant, rate: 1}\n", "test.yaml:4: dist: want fixed"},
 		{"duration: 10s\nlimit: 1/s\nmodes: [quantum]\nmembers:\n  - name: w\n    demand: {pattern: constant, rate: 1}\n", "test.yaml: modes: unknown mode \"quantum\""},
 		{"duration: 10s\nlimit: 1/s\n", "test.yaml: members: none"},
-		{"", "test.yaml: empty scenario"},
+		{"", "test.yaml: empty file"},
 		{"duration: 10s\nlimit: 1/s\nmembers: [\n", "test.yaml:3:"},
 	}
 	for i, c := range cases {

@@ -1,0 +1,170 @@
+// Package yamlx reads YAML files strictly and reports every problem with its file and
+// line: unknown fields are errors, and types that check their own values (a limit, a
+// duration) or that are checked after decoding remember the line they came from.
+package yamlx
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Error is a problem in a YAML file, naming the file and the line.
+type Error struct {
+	File string
+	Line int // 0 when the problem is not at one line
+	Msg  string
+}
+
+func (e *Error) Error() string {
+	if e.Line > 0 {
+		return fmt.Sprintf("%s:%d: %s", e.File, e.Line, e.Msg)
+	}
+	return fmt.Sprintf("%s: %s", e.File, e.Msg)
+}
+
+// LineError is a problem at a line, before the file is known.
+type LineError struct {
+	Line int
+	Msg  string
+}
+
+func (e *LineError) Error() string { return fmt.Sprintf("line %d: %s", e.Line, e.Msg) }
+
+// At returns a LineError at node n.
+func At(n *yaml.Node, format string, a ...any) error {
+	return &LineError{Line: n.Line, Msg: fmt.Sprintf(format, a...)}
+}
+
+// AtLine returns a LineError at a line (0: not at one line).
+func AtLine(line int, format string, a ...any) error {
+	return &LineError{Line: line, Msg: fmt.Sprintf(format, a...)}
+}
+
+// Decode reads b into v strictly; errors name file and line.
+func Decode(file string, b []byte, v any) error {
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return &Error{File: file, Msg: "empty file"}
+		}
+		return Wrap(file, err)
+	}
+	return nil
+}
+
+var yamlLineRe = regexp.MustCompile(`line (\d+): (.*)`)
+
+// Wrap turns an error from decoding or checking into an *Error naming file (and the line,
+// where the error knows it).
+func Wrap(file string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var le *LineError
+	if errors.As(err, &le) {
+		return &Error{File: file, Line: le.Line, Msg: le.Msg}
+	}
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	msg = strings.TrimPrefix(msg, "unmarshal errors:\n  ")
+	if m := yamlLineRe.FindStringSubmatch(msg); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		return &Error{File: file, Line: line, Msg: m[2]}
+	}
+	return &Error{File: file, Msg: msg}
+}
+
+// DecodeMapping decodes a mapping node into v (a pointer to a struct without its own
+// UnmarshalYAML), refusing unknown fields, and records the node's line in *line. Types
+// call it from their UnmarshalYAML through a plain alias:
+//
+//	func (x *T) UnmarshalYAML(n *yaml.Node) error {
+//		type plain T
+//		return yamlx.DecodeMapping(n, (*plain)(x), &x.line)
+//	}
+func DecodeMapping(n *yaml.Node, v any, line *int) error {
+	if n.Kind != yaml.MappingNode {
+		return At(n, "want a mapping")
+	}
+	*line = n.Line
+	fields := fieldNames(v)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if !slices.Contains(fields, n.Content[i].Value) {
+			return At(n.Content[i], "unknown field %q", n.Content[i].Value)
+		}
+	}
+	return n.Decode(v)
+}
+
+// fieldNames lists the yaml names of the fields of the struct v points to.
+func fieldNames(v any) []string {
+	t := reflect.TypeOf(v).Elem()
+	var out []string
+	for i := 0; i < t.NumField(); i++ {
+		tag := t.Field(i).Tag.Get("yaml")
+		if name, _, _ := strings.Cut(tag, ","); name != "" && name != "-" {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// Duration is a time.Duration read from "10s", "1h30m" or "2d".
+type Duration time.Duration
+
+// D returns d as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// MarshalYAML writes d as text.
+func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
+
+// UnmarshalYAML reads a duration.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return At(n, "want a duration such as 10s, 1h30m or 2d")
+	}
+	v, err := ParseDuration(n.Value)
+	if err != nil {
+		return At(n, "bad duration %q: want a duration such as 10s, 1h30m or 2d", n.Value)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+var daysRe = regexp.MustCompile(`^(\d+)d(.*)$`)
+
+// ParseDuration is time.ParseDuration that also reads whole days ("2d", "1d12h") and
+// refuses negative durations.
+func ParseDuration(s string) (time.Duration, error) {
+	s = strings.TrimSpace(s)
+	if s == "0" {
+		return 0, nil
+	}
+	var days time.Duration
+	if m := daysRe.FindStringSubmatch(s); m != nil {
+		n, err := strconv.ParseInt(m[1], 10, 64)
+		if err != nil || n > 10000 {
+			return 0, errors.New("bad days")
+		}
+		days = time.Duration(n) * 24 * time.Hour
+		s = m[2]
+		if s == "" {
+			return days, nil
+		}
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil || v < 0 {
+		return 0, errors.New("bad duration")
+	}
+	return days + v, nil
+}

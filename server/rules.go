@@ -1,0 +1,248 @@
+package server
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/sluicehq/sluice"
+)
+
+// Rule maps tags to a limit. Match is an exact tag, or a glob where '*' matches any run of
+// characters (none included) and '?' any one character; '\' makes the next character
+// literal. The first rule that matches a tag wins. A pattern gives each matching tag its
+// own bucket, unless Shared: then all its tags draw from one.
+type Rule struct {
+	Name   string        `yaml:"name"`   // how metrics and the API name it; default: Match
+	Match  string        `yaml:"match"`  // exact tag or glob
+	Limit  sluice.Limits `yaml:"limit"`  // in the shared text form
+	Shared bool          `yaml:"shared"` // one bucket for every tag the rule matches
+	line   int
+}
+
+// isPattern reports whether m has an unescaped wildcard.
+func isPattern(m string) bool {
+	for i := 0; i < len(m); i++ {
+		switch m[i] {
+		case '\\':
+			i++
+		case '*', '?':
+			return true
+		}
+	}
+	return false
+}
+
+// literalPrefix returns the characters of a glob before its first wildcard, unescaped.
+func literalPrefix(m string) string {
+	var b strings.Builder
+	for i := 0; i < len(m); i++ {
+		switch c := m[i]; c {
+		case '\\':
+			if i+1 < len(m) {
+				i++
+				b.WriteByte(m[i])
+			}
+		case '*', '?':
+			return b.String()
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+// unescape removes the escapes of an exact match.
+func unescape(m string) string { return literalPrefix(m) }
+
+// globMatch matches s against pattern p ('*', '?', '\' escapes), iteratively with one
+// backtrack point: linear for the patterns rules use.
+func globMatch(p, s string) bool {
+	pi, si := 0, 0
+	star, mark := -1, 0
+	for si < len(s) {
+		if pi < len(p) {
+			switch c := p[pi]; c {
+			case '*':
+				star, mark = pi, si
+				pi++
+				continue
+			case '?':
+				pi++
+				si++
+				continue
+			case '\\':
+				if pi+1 < len(p) && p[pi+1] == s[si] {
+					pi += 2
+					si++
+					continue
+				}
+			default:
+				if c == s[si] {
+					pi++
+					si++
+					continue
+				}
+			}
+		}
+		if star < 0 {
+			return false
+		}
+		pi = star + 1
+		mark++
+		si = mark
+	}
+	for pi < len(p) && p[pi] == '*' {
+		pi++
+	}
+	return pi == len(p)
+}
+
+// ruleSet finds the first rule that matches a tag. Exact rules are a map; patterns are
+// indexed by their literal prefix in a trie, so a lookup walks the tag once and tests only
+// the patterns whose prefix it has, plus those with no prefix at all. It is immutable once
+// built and safe for concurrent use.
+type ruleSet struct {
+	rules   []*compiled
+	exact   map[string]int // tag -> index of the first exact rule for it
+	root    *trieNode
+	noPre   []int // patterns with an empty literal prefix, in order
+	deflt   int   // index of the default rule, or -1
+	maxName int
+}
+
+type compiled struct {
+	Rule
+	index    int
+	pattern  bool
+	prefix   bool // a literal prefix followed by a single trailing '*': no glob test needed
+	limiter  *sluice.Limiter
+	keyBase  string // bucket key, or its prefix for per-tag rules
+	prefixOf string
+}
+
+type trieNode struct {
+	next     map[byte]*trieNode
+	patterns []int // patterns whose literal prefix ends here, in order
+}
+
+func newRuleSet(rules []Rule, deflt *Rule) (*ruleSet, error) {
+	rs := &ruleSet{exact: map[string]int{}, root: &trieNode{}, deflt: -1}
+	all := rules
+	if deflt != nil {
+		all = append(append([]Rule(nil), rules...), *deflt)
+	}
+	names := map[string]bool{}
+	for i, r := range all {
+		if r.Name == "" {
+			r.Name = r.Match
+		}
+		if names[r.Name] {
+			return nil, fmt.Errorf("rule %q: the name is used twice", r.Name)
+		}
+		names[r.Name] = true
+		c := &compiled{Rule: r, index: i, pattern: isPattern(r.Match)}
+		c.keyBase = r.Name + "\x1f" // a separator tags are unlikely to carry
+		rs.rules = append(rs.rules, c)
+		if deflt != nil && i == len(all)-1 {
+			rs.deflt = i
+			c.pattern = true
+			continue
+		}
+		if !c.pattern {
+			tag := unescape(r.Match)
+			if _, dup := rs.exact[tag]; !dup {
+				rs.exact[tag] = i
+			}
+			continue
+		}
+		pre := literalPrefix(r.Match)
+		c.prefixOf = pre
+		c.prefix = r.Match == escapeGlob(pre)+"*"
+		if pre == "" {
+			rs.noPre = append(rs.noPre, i)
+			continue
+		}
+		n := rs.root
+		for j := 0; j < len(pre); j++ {
+			if n.next == nil {
+				n.next = map[byte]*trieNode{}
+			}
+			nn := n.next[pre[j]]
+			if nn == nil {
+				nn = &trieNode{}
+				n.next[pre[j]] = nn
+			}
+			n = nn
+		}
+		n.patterns = append(n.patterns, i)
+	}
+	return rs, nil
+}
+
+// escapeGlob escapes the wildcards of a literal.
+func escapeGlob(s string) string {
+	if !strings.ContainsAny(s, `*?\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c == '*' || c == '?' || c == '\\' {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// lookup returns the first rule matching tag, or nil.
+func (rs *ruleSet) lookup(tag string) *compiled {
+	best := len(rs.rules)
+	if i, ok := rs.exact[tag]; ok {
+		best = i
+	}
+	test := func(i int) {
+		if i >= best {
+			return
+		}
+		c := rs.rules[i]
+		if c.prefix || globMatch(c.Match, tag) {
+			best = i
+		}
+	}
+	for _, i := range rs.noPre {
+		if i >= best {
+			break
+		}
+		test(i)
+	}
+	n := rs.root
+	for j := 0; j < len(tag) && n != nil; j++ {
+		n = n.next[tag[j]]
+		if n == nil {
+			break
+		}
+		for _, i := range n.patterns {
+			if i >= best {
+				break
+			}
+			test(i)
+		}
+	}
+	if best < len(rs.rules) {
+		return rs.rules[best]
+	}
+	if rs.deflt >= 0 {
+		return rs.rules[rs.deflt]
+	}
+	return nil
+}
+
+// key is the bucket a tag draws from under rule c: the rule's own for a shared rule or
+// an exact one, the rule's and the tag's otherwise. Keys depend on rule names, not
+// positions, so a reload keeps every bucket whose rule keeps its name.
+func (c *compiled) key(tag string) string {
+	if c.Shared || !c.pattern {
+		return c.keyBase
+	}
+	return c.keyBase + tag
+}
