@@ -269,6 +269,17 @@ func (l *Limiter) Reserve(ctx context.Context, key string, n int) (*Reservation,
 	return l.reserve(ctx, key, int64(n), md)
 }
 
+// ReserveWithin is Reserve with its own bound: permits further ahead than maxWait are
+// denied (0 is pessimistic: now or not at all). The limiter's own maximum wait, if set,
+// still applies.
+func (l *Limiter) ReserveWithin(ctx context.Context, key string, n int, maxWait time.Duration) (*Reservation, error) {
+	md := max(maxWait, 0)
+	if l.maxWait > 0 {
+		md = min(md, l.maxWait)
+	}
+	return l.reserve(ctx, key, int64(n), md)
+}
+
 func (l *Limiter) reserve(ctx context.Context, key string, n int64, maxDelay time.Duration) (*Reservation, error) {
 	g, err := l.decide(ctx, key, n, maxDelay)
 	// The delay counts from the backend's now, which is no later than the answer's arrival:

@@ -388,3 +388,15 @@ func TestAllowZeroAllocs(t *testing.T) {
 		t.Errorf("Allow allocates %v times per call", a)
 	}
 }
+
+func TestReserveWithin(t *testing.T) {
+	l, _ := newVirtual(t, "1/s burst=1")
+	l.Allow(bg, "k")
+	if r, err := l.ReserveWithin(bg, "k", 1, 500*time.Millisecond); err != nil || r.OK() {
+		t.Fatalf("a permit 1s away within 500ms: %+v %v, want a denial", r, err)
+	}
+	r, err := l.ReserveWithin(bg, "k", 1, time.Second)
+	if err != nil || !r.OK() || r.Delay != time.Second {
+		t.Fatalf("within 1s: %+v %v", r, err)
+	}
+}

@@ -62,3 +62,9 @@ type Backend interface {
 type Allower interface {
 	AllowOne(ctx context.Context, key string, l gcra.Limit) (bool, error)
 }
+
+// Pinger is an optional interface of back ends that depend on something remote: Ping
+// reports whether it answers now. The daemon's /readyz uses it.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}

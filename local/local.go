@@ -60,7 +60,9 @@ type Backend struct {
 	sweepMu      sync.Mutex
 	bgSweep      atomic.Bool
 	evicted      atomic.Int64
-	holds        sync.Map // string -> int64: end of the key's latest penalty
+	evictLive    bool         // at the cap, evict a live key instead of refusing new ones
+	liveEvict    atomic.Int64 // live keys evicted
+	holds        sync.Map     // string -> int64: end of the key's latest penalty
 	closed       atomic.Bool
 }
 
@@ -97,6 +99,13 @@ func WithMaxKeys(n int) Option {
 	})
 }
 
+// WithEvictLive makes a full backend evict a live key to make room for a new one, instead
+// of refusing the new key with backend.ErrTooManyKeys (the default). The victim is, among
+// a sample of keys, the one closest to idle (the earliest TAT): the least state is lost.
+// An evicted key starts again with its full burst: over-admission of at most one burst per
+// eviction, the price of accepting every new key under a flood. The daemon uses it.
+func WithEvictLive() Option { return optionFunc(func(b *Backend) { b.evictLive = true }) }
+
 // WithSweepEvery sets how often idle keys are forgotten (default DefaultSweepEvery).
 func WithSweepEvery(d time.Duration) Option {
 	return optionFunc(func(b *Backend) { b.sweepEvery = int64(max(d, minSweepGap)) })
@@ -119,8 +128,70 @@ const minSnapMisses = 256
 // Len returns the number of keys held.
 func (b *Backend) Len() int { return int(b.count.Load()) }
 
+// Keys returns up to n of the keys held, in no particular order.
+func (b *Backend) Keys(n int) []string {
+	out := []string{}
+	b.keys.Range(func(k, _ any) bool {
+		if len(out) >= n {
+			return false
+		}
+		out = append(out, k.(string))
+		return true
+	})
+	return out
+}
+
 // Evicted returns the number of idle keys forgotten so far.
 func (b *Backend) Evicted() int64 { return b.evicted.Load() }
+
+// EvictedLive returns the number of live keys evicted to make room (WithEvictLive).
+func (b *Backend) EvictedLive() int64 { return b.liveEvict.Load() }
+
+// evictSample is how many keys an eviction looks at.
+const evictSample = 32
+
+// evictOne evicts the key closest to idle among a sample, and reports whether it made
+// room. The sample is the first keys of the map's iteration, which follows hashes, not
+// insertion or use.
+func (b *Backend) evictOne(now int64) bool {
+	var victimKey, victim any
+	best := int64(math.MaxInt64)
+	seen := 0
+	b.keys.Range(func(k, v any) bool {
+		var t int64
+		switch e := v.(type) {
+		case *single:
+			t = e.tat.Load()
+		case *multi:
+			e.mu.Lock()
+			for _, x := range e.tats {
+				t = max(t, x)
+			}
+			e.mu.Unlock()
+		}
+		if t != dead && t < best {
+			best, victimKey, victim = t, k, v
+		}
+		seen++
+		return seen < evictSample
+	})
+	if victim == nil {
+		return false
+	}
+	switch e := victim.(type) {
+	case *single:
+		if !e.tat.CompareAndSwap(best, dead) {
+			return false
+		}
+	case *multi:
+		e.mu.Lock()
+		e.tats = nil
+		e.mu.Unlock()
+	}
+	b.liveEvict.Add(1)
+	b.drop(victimKey, victim)
+	return true
+}
 
 // Decide decides req for key at the backend clock's now.
 func (b *Backend) Decide(_ context.Context, key string, req backend.Request) (backend.Grant, error) {
@@ -422,7 +493,7 @@ func (b *Backend) insert(key string, e any, now int64) (any, error) {
 		if last := b.lastCapSweep.Load(); now-last >= int64(minSweepGap) && b.lastCapSweep.CompareAndSwap(last, now) {
 			b.Sweep()
 		}
-		if b.count.Load() >= b.maxKeys {
+		if b.count.Load() >= b.maxKeys && !(b.evictLive && b.evictOne(now)) {
 			return nil, backend.ErrTooManyKeys
 		}
 	} else if last := b.lastSweep.Load(); now-last >= b.sweepEvery && b.lastSweep.CompareAndSwap(last, now) {

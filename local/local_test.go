@@ -194,3 +194,26 @@ func TestZeroAllocs(t *testing.T) {
 func TestAllowerMatchesDecide(t *testing.T) {
 	backendtest.RunAllower(t, func(t *testing.T, clk *clock.Virtual) backend.Backend { return New(WithClock(clk)) })
 }
+
+func TestEvictLive(t *testing.T) {
+	clk := clock.NewVirtual()
+	b := New(WithClock(clk), WithMaxKeys(10), WithEvictLive())
+	defer b.Close()
+	ls := one(1, time.Hour, 1)
+	for i := 0; i < 10; i++ {
+		clk.Advance(time.Second) // k0 has the earliest TAT: the one closest to idle
+		b.Decide(ctx, fmt.Sprint("k", i), backend.Request{Limits: ls, N: 1})
+	}
+	for i := 10; i < 15; i++ {
+		if g, err := b.Decide(ctx, fmt.Sprint("k", i), backend.Request{Limits: ls, N: 1}); err != nil || !g.Allowed {
+			t.Fatalf("new key %d at the cap: %+v %v", i, g, err)
+		}
+	}
+	if b.Len() != 10 || b.EvictedLive() != 5 {
+		t.Fatalf("Len %d EvictedLive %d, want 10 and 5", b.Len(), b.EvictedLive())
+	}
+	// Evicted keys start again with their burst: the price of the eviction.
+	if g, _ := b.Decide(ctx, "k0", backend.Request{Limits: ls, N: 1}); !g.Allowed {
+		t.Fatalf("k0 was not the victim: the earliest TAT should go first")
+	}
+}

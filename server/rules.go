@@ -116,6 +116,7 @@ type compiled struct {
 	pattern  bool
 	prefix   bool // a literal prefix followed by a single trailing '*': no glob test needed
 	limiter  *sluice.Limiter
+	counters ruleCounters
 	keyBase  string // bucket key, or its prefix for per-tag rules
 	prefixOf string
 }

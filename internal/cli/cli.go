@@ -42,9 +42,15 @@ func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format
 func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	env := Env{Stdin: stdin, Stdout: stdout, Stderr: stderr}
 	err := Run(ctx, env, args)
+	var ec interface{ ExitCode() int }
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
+	case errors.As(err, &ec):
+		if msg := err.Error(); msg != "" {
+			fmt.Fprintln(stderr, "sluice:", msg)
+		}
+		return ec.ExitCode()
 	case errors.As(err, new(usageError)):
 		fmt.Fprintln(stderr, "sluice:", err)
 		return 2

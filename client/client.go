@@ -1,0 +1,410 @@
+// Package client talks to a Sluice daemon (`sluice serve`) over its line protocol: a small
+// pool of connections, each pipelined (many goroutines share it; answers come back in
+// order), with a short time-out.
+//
+// Seed 004's advice is built in: if the daemon does not answer right away something is
+// wrong, so a call that fails or times out is answered by the client's fail mode (open,
+// allowing the request, by default), and the client stops asking for a while (a back-off
+// that doubles up to a maximum), then probes with one query. The Backend method adapts a
+// Client to sluice.Limiter, so code moves between in-process and daemon use by changing
+// one option.
+package client
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/gcra"
+)
+
+// Errors.
+var (
+	// ErrUnavailable: the daemon did not answer in time, or the client is backing off
+	// after a failure. Calls that return a decision answered it by the fail mode.
+	ErrUnavailable = errors.New("sluice client: daemon unavailable")
+	// ErrClosed: the client was closed.
+	ErrClosed = errors.New("sluice client: closed")
+	// ErrUnsupported: the protocol cannot carry the operation (settling a reservation).
+	ErrUnsupported = errors.New("sluice client: not supported by the daemon protocol")
+)
+
+// Client is a connection pool to one daemon. It is safe for concurrent use.
+type Client struct {
+	network, addr string
+	timeout       time.Duration
+	failOpen      bool
+	minBackoff    time.Duration
+	maxBackoff    time.Duration
+
+	conns []*pconn
+	next  atomic.Uint32
+
+	downUntil atomic.Int64 // Unix nanoseconds: answer by the fail mode until then
+	backoff   atomic.Int64
+	probing   atomic.Bool
+	failures  atomic.Int64
+	closed    atomic.Bool
+}
+
+// Option configures a Client.
+type Option interface{ apply(*Client) }
+
+type optionFunc func(*Client)
+
+func (f optionFunc) apply(c *Client) { f(c) }
+
+// WithTimeout bounds each call, dial included (default 50ms: a local daemon answers in
+// microseconds).
+func WithTimeout(d time.Duration) Option { return optionFunc(func(c *Client) { c.timeout = d }) }
+
+// WithFailClosed makes an unavailable daemon's answer "throttled" instead of the default
+// "allowed".
+func WithFailClosed() Option { return optionFunc(func(c *Client) { c.failOpen = false }) }
+
+// WithConns sets the number of pooled connections (default 2).
+func WithConns(n int) Option {
+	return optionFunc(func(c *Client) {
+		if n > 0 {
+			c.conns = make([]*pconn, n)
+		}
+	})
+}
+
+// WithBackoff sets the back-off after a failure: from min, doubling, up to max (default
+// 100ms to 5s).
+func WithBackoff(min, max time.Duration) Option {
+	return optionFunc(func(c *Client) { c.minBackoff, c.maxBackoff = min, max })
+}
+
+// New returns a client for the daemon at addr: host:port, or a Unix socket path. It
+// connects lazily.
+func New(addr string, opts ...Option) *Client {
+	c := &Client{network: "tcp", addr: addr, timeout: 50 * time.Millisecond, failOpen: true,
+		minBackoff: 100 * time.Millisecond, maxBackoff: 5 * time.Second, conns: make([]*pconn, 2)}
+	if strings.Contains(addr, "/") {
+		c.network = "unix"
+	}
+	for _, o := range opts {
+		o.apply(c)
+	}
+	for i := range c.conns {
+		c.conns[i] = &pconn{cl: c}
+	}
+	return c
+}
+
+// Failures returns the number of calls the daemon failed (answered by the fail mode).
+func (c *Client) Failures() int64 { return c.failures.Load() }
+
+// Close closes the connections; later calls return ErrClosed.
+func (c *Client) Close() error {
+	c.closed.Store(true)
+	for _, p := range c.conns {
+		p.close(ErrClosed)
+	}
+	return nil
+}
+
+// Answer is a daemon's answer to one query.
+type Answer struct {
+	Allowed    bool
+	Delay      time.Duration // for a reservation: wait this long, then use the permits
+	Remaining  int64
+	RetryAfter time.Duration
+	ResetAfter time.Duration
+	// Failed reports that the daemon did not answer: Allowed is the fail mode's answer.
+	Failed bool
+}
+
+// Allow asks the seed's question, "serve or throttle?", for tag: one permit, now, in the
+// plain protocol. When the daemon fails it answers by the fail mode.
+func (c *Client) Allow(ctx context.Context, tag string) bool {
+	resp, err := c.roundTrip(ctx, escapeTag(tag))
+	if err != nil {
+		return c.failOpen
+	}
+	return bytes.Equal(resp, []byte("OK"))
+}
+
+// Query asks for n permits for tag, now or (maxWait > 0) reserved up to maxWait ahead,
+// with the details of the decision. When the daemon fails, the answer is the fail mode's
+// (Failed set) and the error wraps ErrUnavailable.
+func (c *Client) Query(ctx context.Context, tag string, n int64, maxWait time.Duration) (Answer, error) {
+	var line []byte
+	line = append(line, "~v"...)
+	if n != 1 {
+		line = append(line, ",n="...)
+		line = strconv.AppendInt(line, n, 10)
+	}
+	if maxWait > 0 {
+		line = append(line, ",w="...)
+		line = strconv.AppendInt(line, int64((maxWait+time.Millisecond-1)/time.Millisecond), 10)
+	}
+	line = append(line, ' ')
+	line = append(line, tag...)
+	line = append(line, '\n')
+	resp, err := c.roundTrip(ctx, line)
+	if err != nil {
+		return Answer{Allowed: c.failOpen, Failed: true}, err
+	}
+	return parseAnswer(resp)
+}
+
+// Penalize holds tag back for d at the daemon (a worker's 429 with Retry-After).
+func (c *Client) Penalize(ctx context.Context, tag string, d time.Duration) error {
+	ms := int64((d + time.Millisecond - 1) / time.Millisecond)
+	if ms <= 0 {
+		return nil
+	}
+	resp, err := c.roundTrip(ctx, []byte("~p="+strconv.FormatInt(ms, 10)+" "+tag+"\n"))
+	if err != nil {
+		return err
+	}
+	if !bytes.HasPrefix(resp, []byte("OK")) {
+		return fmt.Errorf("sluice client: penalize: %s", resp)
+	}
+	return nil
+}
+
+// parseAnswer reads "OK d=.. r=.. t=.." / "NO a=.. r=.. t=.." / "ER ...".
+func parseAnswer(b []byte) (Answer, error) {
+	var a Answer
+	switch {
+	case bytes.HasPrefix(b, []byte("OK")):
+		a.Allowed = true
+	case bytes.HasPrefix(b, []byte("NO")):
+	case bytes.HasPrefix(b, []byte("ER")):
+		return a, fmt.Errorf("sluice client: the daemon refused the query: %s", bytes.TrimSpace(b[2:]))
+	default:
+		return a, fmt.Errorf("sluice client: unreadable answer %q", b)
+	}
+	for _, f := range bytes.Fields(b[2:]) {
+		k, v, ok := bytes.Cut(f, []byte("="))
+		if !ok || len(k) != 1 {
+			continue
+		}
+		x, err := strconv.ParseInt(string(v), 10, 64)
+		if err != nil {
+			continue
+		}
+		ms := time.Duration(x) * time.Millisecond
+		switch k[0] {
+		case 'd':
+			a.Delay = ms
+		case 'a':
+			a.RetryAfter = ms
+		case 'r':
+			a.Remaining = x
+		case 't':
+			a.ResetAfter = ms
+		}
+	}
+	return a, nil
+}
+
+// escapeTag writes a plain query line for tag, escaping a leading '~'.
+func escapeTag(tag string) []byte {
+	b := make([]byte, 0, len(tag)+2)
+	if strings.HasPrefix(tag, "~") {
+		b = append(b, '~')
+	}
+	b = append(b, tag...)
+	return append(b, '\n')
+}
+
+// roundTrip sends one query line and returns its answer line (without '\n'), applying the
+// time-out and the back-off.
+func (c *Client) roundTrip(ctx context.Context, line []byte) ([]byte, error) {
+	if c.closed.Load() {
+		return nil, ErrClosed
+	}
+	if until := c.downUntil.Load(); until != 0 && time.Now().UnixNano() < until {
+		return nil, ErrUnavailable
+	} else if until != 0 && !c.probing.CompareAndSwap(false, true) {
+		return nil, ErrUnavailable // another call is probing
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	p := c.conns[int(c.next.Add(1))%len(c.conns)]
+	resp, err := p.do(ctx, line)
+	if err != nil {
+		c.failures.Add(1)
+		b := min(max(2*c.backoff.Load(), int64(c.minBackoff)), int64(c.maxBackoff))
+		c.backoff.Store(b)
+		c.downUntil.Store(time.Now().UnixNano() + b)
+		c.probing.Store(false)
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	if c.downUntil.Load() != 0 {
+		c.downUntil.Store(0)
+		c.backoff.Store(0)
+		c.probing.Store(false)
+	}
+	return resp, nil
+}
+
+// pconn is one pipelined connection: writers append their query and join the queue of
+// pending calls under mu; one reader goroutine hands the answers out in order.
+type pconn struct {
+	cl      *Client
+	mu      sync.Mutex
+	c       net.Conn
+	w       *bufio.Writer
+	pending []*call
+	gen     int
+	wg      sync.WaitGroup
+}
+
+type call struct {
+	done chan struct{}
+	resp []byte
+	err  error
+}
+
+func (p *pconn) do(ctx context.Context, line []byte) ([]byte, error) {
+	cl := &call{done: make(chan struct{})}
+	p.mu.Lock()
+	if p.c == nil {
+		if err := p.dial(ctx); err != nil {
+			p.mu.Unlock()
+			return nil, err
+		}
+	}
+	p.pending = append(p.pending, cl)
+	if dl, ok := ctx.Deadline(); ok {
+		p.c.SetWriteDeadline(dl)
+	}
+	_, err := p.w.Write(line)
+	if err == nil {
+		err = p.w.Flush()
+	}
+	if err != nil {
+		p.failLocked(err)
+		p.mu.Unlock()
+		return nil, err
+	}
+	p.mu.Unlock()
+	select {
+	case <-cl.done:
+		return cl.resp, cl.err
+	case <-ctx.Done():
+		// The answer will come, late, to a call nobody waits for; but a daemon this slow
+		// is not trusted with the next queries: start over on a fresh connection.
+		p.close(ctx.Err())
+		return nil, ctx.Err()
+	}
+}
+
+// dial connects; p.mu is held.
+func (p *pconn) dial(ctx context.Context) error {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, p.cl.network, p.cl.addr)
+	if err != nil {
+		return err
+	}
+	p.c = c
+	p.w = bufio.NewWriter(c)
+	p.gen++
+	gen := p.gen
+	p.wg.Add(1)
+	go p.read(c, gen)
+	return nil
+}
+
+// read hands answers to the pending calls in order until the connection fails.
+func (p *pconn) read(c net.Conn, gen int) {
+	defer p.wg.Done()
+	r := bufio.NewReaderSize(c, 4096)
+	for {
+		line, err := r.ReadSlice('\n')
+		p.mu.Lock()
+		if p.gen != gen {
+			p.mu.Unlock()
+			return
+		}
+		if err != nil {
+			p.failLocked(err)
+			p.mu.Unlock()
+			return
+		}
+		if len(p.pending) == 0 {
+			p.failLocked(errors.New("an answer to no query"))
+			p.mu.Unlock()
+			return
+		}
+		cl := p.pending[0]
+		p.pending[0] = nil
+		p.pending = p.pending[1:]
+		p.mu.Unlock()
+		cl.resp = append([]byte(nil), line[:len(line)-1]...)
+		close(cl.done)
+	}
+}
+
+// failLocked fails every pending call and drops the connection; p.mu is held.
+func (p *pconn) failLocked(err error) {
+	for _, cl := range p.pending {
+		cl.err = err
+		close(cl.done)
+	}
+	p.pending = nil
+	if p.c != nil {
+		p.c.Close()
+		p.c = nil
+		p.gen++
+	}
+}
+
+func (p *pconn) close(err error) {
+	p.mu.Lock()
+	p.failLocked(err)
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+// --- the sluice.Limiter adapter ---
+
+// Backend adapts the client to sluice.WithBackend. The daemon's rules decide, whatever
+// limits the limiter was built with (those only bound the cost of one request): the key is
+// sent as the tag. Reservations travel as the protocol's w= option; Penalize as p=;
+// settling or cancelling a reservation is not carried (ErrUnsupported: the permits stay
+// taken). When the daemon fails, decisions are the client's fail mode's, with no error.
+func (c *Client) Backend() backend.Backend { return clientBackend{c} }
+
+type clientBackend struct{ c *Client }
+
+func (b clientBackend) Decide(ctx context.Context, key string, req backend.Request) (backend.Grant, error) {
+	a, err := b.c.Query(ctx, key, req.N, req.MaxDelay)
+	if err != nil && !a.Failed {
+		return backend.Grant{}, err
+	}
+	g := backend.Grant{Result: gcra.Result{
+		Allowed:    a.Allowed,
+		Delay:      int64(a.Delay),
+		Remaining:  a.Remaining,
+		RetryAfter: int64(a.RetryAfter),
+		ResetAfter: int64(a.ResetAfter),
+	}}
+	g.Ticket.N = req.N
+	return g, nil
+}
+
+func (b clientBackend) Adjust(context.Context, string, []gcra.Limit, gcra.Ticket, int64) error {
+	return ErrUnsupported
+}
+
+func (b clientBackend) Penalize(ctx context.Context, key string, _ []gcra.Limit, d time.Duration) error {
+	return b.c.Penalize(ctx, key, d)
+}
+
+func (b clientBackend) Close() error { return nil }

@@ -1,0 +1,248 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/client"
+	"github.com/sluicehq/sluice/internal/yamlx"
+	"github.com/sluicehq/sluice/server"
+)
+
+func init() {
+	register(command{
+		name:    "serve",
+		summary: "run the daemon: the line protocol (seed 004's TAG -> OK/NO), the HTTP API and /metrics",
+		run:     runServe,
+	})
+}
+
+// ruleFlags collects repeated --limit / --shared-limit flags, in order.
+type ruleFlags struct {
+	rules  *[]server.Rule
+	shared bool
+}
+
+func (f ruleFlags) String() string { return "" }
+
+func (f ruleFlags) Set(s string) error {
+	r, err := server.ParseRuleFlag(s, f.shared)
+	if err != nil {
+		return err
+	}
+	*f.rules = append(*f.rules, r)
+	return nil
+}
+
+type serveFlags struct {
+	fs       *flag.FlagSet
+	config   string
+	rules    []server.Rule
+	dflt     string
+	defShare bool
+}
+
+func newServeFlags(env Env) *serveFlags {
+	sf := &serveFlags{}
+	d := server.DefaultConfig()
+	fs := newFlags(env, "serve", "serve [--config FILE] [--listen-line ADDR] [--listen-http ADDR] [--limit 'TAG=LIMIT' ...]")
+	fs.StringVar(&sf.config, "config", "", "YAML config `file` (docs/daemon.md); flags override it; SIGHUP reloads it")
+	fs.String("listen-line", d.ListenLine, "line protocol `address`: host:port, or a Unix socket path; empty disables it")
+	fs.String("listen-http", d.ListenHTTP, "HTTP API and /metrics `address`; empty disables it")
+	fs.Var(ruleFlags{rules: &sf.rules}, "limit", "a rule `TAG=LIMIT`, repeatable, first match wins: an exact tag (api=10/s) or a pattern with * and ? ('user-*=5/s burst=10') giving each tag its own bucket")
+	fs.Var(ruleFlags{rules: &sf.rules, shared: true}, "shared-limit", "a pattern rule `PATTERN=LIMIT` whose tags all share one bucket")
+	fs.StringVar(&sf.dflt, "default-limit", "", "`limit` for tags no rule matches (each its own bucket); none: such tags are allowed")
+	fs.BoolVar(&sf.defShare, "default-shared", false, "tags no rule matches share one bucket")
+	fs.String("backend", d.Backend, "where decisions are made: local, or redis")
+	fs.String("redis-url", d.RedisURL, "Redis `URL` for --backend redis (redis://host:port/db)")
+	fs.String("fail-mode", d.FailMode, "answer when the back end cannot decide: closed (NO) or open (OK)")
+	fs.Duration("margin", d.Margin.D(), "jitter tolerance applied to every limit (0: exact)")
+	fs.String("http-token-file", d.HTTPTokenFile, "`file` holding a bearer token the HTTP API requires (all but /healthz)")
+	fs.Int("max-connections", d.MaxConnections, "line-protocol connections at once; more are closed at once")
+	fs.Int("max-keys", d.MaxKeys, "buckets held at once; past it the one closest to idle is evicted")
+	fs.Int("max-line", d.MaxLine, "bytes in one query line; a longer one is answered NO and its connection closed")
+	fs.Duration("idle-timeout", d.IdleTimeout.D(), "close a connection idle this long")
+	fs.Duration("write-timeout", d.WriteTimeout.D(), "drop a client that does not take its answers for this long")
+	fs.Duration("shutdown-grace", d.ShutdownGrace.D(), "on SIGTERM, time to answer the queries already read")
+	fs.String("log-format", d.LogFormat, "log format: text or json")
+	fs.String("log-level", d.LogLevel, "log level: debug, info, warn or error")
+	sf.fs = fs
+	return sf
+}
+
+// build makes the config: the file (if any) over the defaults, then the flags that were
+// set. It is called at start and on every SIGHUP.
+func (sf *serveFlags) build() (server.Config, error) {
+	cfg := server.DefaultConfig()
+	if sf.config != "" {
+		var err error
+		if cfg, err = server.LoadConfig(sf.config); err != nil {
+			return cfg, err
+		}
+	}
+	var err error
+	sf.fs.Visit(func(f *flag.Flag) {
+		v := f.Value.String()
+		switch f.Name {
+		case "listen-line":
+			cfg.ListenLine = v
+		case "listen-http":
+			cfg.ListenHTTP = v
+		case "backend":
+			cfg.Backend = v
+		case "redis-url":
+			cfg.RedisURL = v
+		case "fail-mode":
+			cfg.FailMode = v
+		case "http-token-file":
+			cfg.HTTPTokenFile = v
+		case "log-format":
+			cfg.LogFormat = v
+		case "log-level":
+			cfg.LogLevel = v
+		case "margin", "idle-timeout", "write-timeout", "shutdown-grace":
+			d := f.Value.(flag.Getter).Get().(interface{ Nanoseconds() int64 })
+			dur := yamlx.Duration(d.Nanoseconds())
+			switch f.Name {
+			case "margin":
+				cfg.Margin = dur
+			case "idle-timeout":
+				cfg.IdleTimeout = dur
+			case "write-timeout":
+				cfg.WriteTimeout = dur
+			case "shutdown-grace":
+				cfg.ShutdownGrace = dur
+			}
+		case "max-connections", "max-keys", "max-line":
+			n := f.Value.(flag.Getter).Get().(int)
+			switch f.Name {
+			case "max-connections":
+				cfg.MaxConnections = n
+			case "max-keys":
+				cfg.MaxKeys = n
+			case "max-line":
+				cfg.MaxLine = n
+			}
+		}
+	})
+	// Flag rules come first: the first match wins, so they override the file's.
+	cfg.Rules = append(append([]server.Rule(nil), sf.rules...), cfg.Rules...)
+	if sf.dflt != "" {
+		ls, perr := sluice.Parse(sf.dflt)
+		if perr != nil {
+			return cfg, fmt.Errorf("--default-limit: %w", perr)
+		}
+		cfg.Default = &server.DefaultRule{Limit: ls, Shared: sf.defShare}
+	}
+	if err != nil {
+		return cfg, err
+	}
+	return cfg, cfg.Validate()
+}
+
+func runServe(ctx context.Context, env Env, args []string) error {
+	sf := newServeFlags(env)
+	if err := parseFlags(env, sf.fs, args); err != nil {
+		return err
+	}
+	cfg, err := sf.build()
+	if err != nil {
+		return usageError{err}
+	}
+	log := server.NewLogger(cfg, env.Stderr)
+	srv, err := server.New(cfg, server.WithLogger(log))
+	if err != nil {
+		return err
+	}
+	if err := srv.Start(); err != nil {
+		_ = srv.Shutdown(context.Background())
+		return err
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-hup:
+			next, err := sf.build()
+			if err == nil {
+				err = srv.Reload(next)
+			}
+			if err != nil {
+				log.Error("reload refused; the old config stays", "err", err)
+			}
+		case <-ctx.Done():
+			log.Info("stopping: answering the queries already read")
+			if err := srv.Shutdown(context.Background()); err != nil && !errors.Is(err, context.Canceled) {
+				return err
+			}
+			return nil
+		}
+	}
+}
+
+// check asks a running daemon from the shell.
+func init() {
+	register(command{
+		name:    "check",
+		summary: "ask a running daemon about a tag: prints OK or NO (exit 0 allowed, 1 throttled, 2 no answer)",
+		run:     runCheck,
+	})
+}
+
+// exitError ends a command with a given exit code (and a message, if any).
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e exitError) Error() string { return e.msg }
+func (e exitError) ExitCode() int { return e.code }
+
+func runCheck(ctx context.Context, env Env, args []string) error {
+	fs := newFlags(env, "check", "check TAG [--addr 127.0.0.1:7070] [--n 1] [--quiet]")
+	addr := fs.String("addr", server.DefaultConfig().ListenLine, "the daemon's line protocol `address` (host:port or a Unix socket path)")
+	n := fs.Int64("n", 1, "permits to take (0 asks without taking)")
+	quiet := fs.Bool("quiet", false, "print nothing; the exit code says it")
+	var tag string
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		tag, args = args[0], args[1:]
+	}
+	if err := parseFlagsWithArgs(env, fs, args); err != nil {
+		return err
+	}
+	if rest := fs.Args(); len(rest) > 0 {
+		if tag != "" || len(rest) > 1 {
+			return usagef("want one tag")
+		}
+		tag = rest[0]
+	}
+	if tag == "" {
+		return usagef("no tag given (e.g. sluice check api)")
+	}
+	c := client.New(*addr, client.WithTimeout(2*time.Second), client.WithConns(1))
+	defer c.Close()
+	a, err := c.Query(ctx, tag, *n, 0)
+	if err != nil {
+		return exitError{code: 2, msg: fmt.Sprintf("check %q at %s: %v", tag, *addr, err)}
+	}
+	if !*quiet {
+		if a.Allowed {
+			fmt.Fprintf(env.Stdout, "OK remaining=%d reset_after=%v\n", a.Remaining, a.ResetAfter)
+		} else {
+			fmt.Fprintf(env.Stdout, "NO retry_after=%v remaining=%d reset_after=%v\n", a.RetryAfter, a.Remaining, a.ResetAfter)
+		}
+	}
+	if !a.Allowed {
+		return exitError{code: 1}
+	}
+	return nil
+}

@@ -1,0 +1,230 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/yamlx"
+)
+
+// Config is the daemon's configuration: a YAML file (see docs/daemon.md), flags, or both
+// (flags win). Make one with DefaultConfig; check it with Validate.
+type Config struct {
+	ListenLine     string         `yaml:"listen_line"`     // TCP address or Unix socket path of the line protocol; "" disables it
+	ListenHTTP     string         `yaml:"listen_http"`     // TCP address of the HTTP API and /metrics; "" disables it
+	Backend        string         `yaml:"backend"`         // local, or redis (when built)
+	RedisURL       string         `yaml:"redis_url"`       // redis://host:port/db, for backend redis
+	FailMode       string         `yaml:"fail_mode"`       // closed or open: the answer when the back end fails
+	Margin         yamlx.Duration  `yaml:"margin"`          // jitter tolerance applied to every rule's limit
+	HTTPTokenFile  string         `yaml:"http_token_file"` // file holding the bearer token the HTTP API requires; "" means no auth
+	MaxConnections int            `yaml:"max_connections"` // line-protocol connections at once
+	MaxKeys        int            `yaml:"max_keys"`        // buckets held at once
+	MaxLine        int            `yaml:"max_line"`        // bytes in one query line, newline included
+	MaxPending     int            `yaml:"max_pending"`     // answers buffered for a client that does not read
+	IdleTimeout    yamlx.Duration `yaml:"idle_timeout"`    // a connection that sends nothing for this long is closed
+	WriteTimeout   yamlx.Duration `yaml:"write_timeout"`   // a client that does not take its answers for this long is dropped
+	ShutdownGrace  yamlx.Duration `yaml:"shutdown_grace"`  // SIGTERM: time to answer the queries already read
+	LogFormat      string         `yaml:"log_format"`      // text or json
+	LogLevel       string         `yaml:"log_level"`       // debug, info, warn or error
+	Rules          []Rule         `yaml:"rules"`           // first match wins
+	Default        *DefaultRule   `yaml:"default"`         // for tags no rule matches; none: such tags are allowed
+
+	file string
+}
+
+// DefaultRule is the rule for tags that no other rule matches. Each tag gets its own
+// bucket unless Shared.
+type DefaultRule struct {
+	Limit  sluice.Limits `yaml:"limit"`
+	Shared bool          `yaml:"shared"`
+	line   int
+}
+
+// DefaultConfig returns the defaults, each commented.
+func DefaultConfig() Config {
+	return Config{
+		ListenLine:     "127.0.0.1:7070",                       // loopback: other hosts must be allowed explicitly
+		ListenHTTP:     "127.0.0.1:7071",                       // loopback, as above
+		Backend:        "local",                                // in process: the embedded default
+		FailMode:       "closed",                               // deny when the back end cannot decide
+		MaxConnections: 4096,                                   // forked workers on one host, with room
+		MaxKeys:        1 << 20,                                // about 200 MB of buckets at worst
+		MaxLine:        1024,                                   // a tag is an IP, a token, a name: 1 KiB is plenty
+		MaxPending:     64 << 10,                               // 64 KiB of unread answers (about 21,000) per client
+		IdleTimeout:    yamlx.Duration(5 * time.Minute),        // idle clients give their connection back
+		WriteTimeout:   yamlx.Duration(5 * time.Second),        // a client that stops reading is dropped after this
+		ShutdownGrace:  yamlx.Duration(5 * time.Second),        // SIGTERM answers what it has read within this
+		LogFormat:      "text",                                 // log/slog's text handler
+		LogLevel:       "info",                                 // startup, reloads, shutdown, errors
+		Margin:         yamlx.Duration(0),                      // decide the limits exactly as written
+		Default:        nil,                                    // tags no rule matches are allowed
+		Rules:          nil,                                    // no rule: every tag is allowed
+		HTTPTokenFile:  "",                                     // the HTTP API requires no token
+		RedisURL:       "",                                     // needed only for backend redis
+		file:           "",                                     // set by LoadConfig
+	}
+}
+
+// Validate reports the first problem in c, naming the field (and, for a loaded file, the
+// file and line).
+func (c *Config) Validate() error {
+	err := c.validate()
+	if err != nil && c.file != "" {
+		return yamlx.Wrap(c.file, err)
+	}
+	return err
+}
+
+func (c *Config) validate() error {
+	bad := yamlx.AtLine
+	switch c.Backend {
+	case "local":
+	case "redis":
+		if c.RedisURL == "" {
+			return bad(0, "backend redis needs redis_url (--redis-url)")
+		}
+	default:
+		return bad(0, "backend: want local or redis, not %q", c.Backend)
+	}
+	if _, err := sluice.ParseFailMode(c.FailMode); err != nil {
+		return bad(0, "fail_mode: want closed or open, not %q", c.FailMode)
+	}
+	if c.ListenLine == "" && c.ListenHTTP == "" {
+		return bad(0, "listen_line and listen_http are both empty: nothing to serve")
+	}
+	switch {
+	case c.MaxConnections < 1:
+		return bad(0, "max_connections: want at least 1")
+	case c.MaxKeys < 1:
+		return bad(0, "max_keys: want at least 1")
+	case c.MaxLine < 16 || c.MaxLine > 1<<20:
+		return bad(0, "max_line: want 16 bytes to 1 MiB")
+	case c.MaxPending < 64:
+		return bad(0, "max_pending: want at least 64 bytes")
+	case c.IdleTimeout <= 0, c.WriteTimeout <= 0, c.ShutdownGrace <= 0:
+		return bad(0, "idle_timeout, write_timeout and shutdown_grace must be positive")
+	case c.Margin < 0:
+		return bad(0, "margin: want 0 or more")
+	}
+	switch c.LogFormat {
+	case "text", "json":
+	default:
+		return bad(0, "log_format: want text or json, not %q", c.LogFormat)
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return bad(0, "log_level: want debug, info, warn or error, not %q", c.LogLevel)
+	}
+	for i := range c.Rules {
+		r := &c.Rules[i]
+		if r.Match == "" {
+			return bad(r.line, "rules[%d].match: empty", i)
+		}
+		if len(r.Limit) == 0 {
+			return bad(r.line, "rules[%d].limit: missing", i)
+		}
+		if err := r.Limit.Validate(); err != nil {
+			return bad(r.line, "rules[%d].limit: %v", i, err)
+		}
+		if r.Shared && !isPattern(r.Match) {
+			return bad(r.line, "rules[%d]: shared only means something for a pattern (%q has no * or ?)", i, r.Match)
+		}
+	}
+	if c.Default != nil {
+		if err := c.Default.Limit.Validate(); err != nil {
+			return bad(c.Default.line, "default.limit: %v", err)
+		}
+	}
+	if _, err := c.ruleSet(); err != nil {
+		return bad(0, "rules: %v", err)
+	}
+	return nil
+}
+
+// ruleSet compiles the rules.
+func (c *Config) ruleSet() (*ruleSet, error) {
+	var d *Rule
+	if c.Default != nil {
+		d = &Rule{Name: "default", Match: "*", Limit: c.Default.Limit, Shared: c.Default.Shared}
+	}
+	return newRuleSet(c.Rules, d)
+}
+
+// LoadConfig reads a config file over the defaults. Errors name the file and line.
+func LoadConfig(path string) (Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, err
+	}
+	return ParseConfig(path, b)
+}
+
+// ParseConfig reads config text over the defaults; file names it in errors.
+func ParseConfig(file string, b []byte) (Config, error) {
+	c := DefaultConfig()
+	if len(b) > 16<<20 {
+		return c, &yamlx.Error{File: file, Msg: "larger than 16 MiB"}
+	}
+	if err := yamlx.Decode(file, b, &c); err != nil {
+		return c, err
+	}
+	c.file = file
+	return c, c.Validate()
+}
+
+// UnmarshalYAML reads a rule, keeping its line.
+func (r *Rule) UnmarshalYAML(n *yaml.Node) error {
+	type plain Rule
+	return yamlx.DecodeMapping(n, (*plain)(r), &r.line)
+}
+
+// UnmarshalYAML reads the default rule, keeping its line.
+func (d *DefaultRule) UnmarshalYAML(n *yaml.Node) error {
+	type plain DefaultRule
+	return yamlx.DecodeMapping(n, (*plain)(d), &d.line)
+}
+
+// ParseRuleFlag reads the --limit flag's form, TAG=LIMIT: an exact tag or a pattern, then
+// a limit in the shared text form.
+func ParseRuleFlag(s string, shared bool) (Rule, error) {
+	match, limit, ok := strings.Cut(s, "=")
+	// A limit has no '=' before its '/', a tag may: split at the last '=' before the
+	// limit's rate ("a=b=10/s" is the tag "a=b"), but "burst=" belongs to the limit.
+	if i := strings.LastIndex(s[:max(0, strings.Index(s, "/"))], "="); i > 0 {
+		match, limit, ok = s[:i], s[i+1:], true
+	}
+	if !ok || match == "" {
+		return Rule{}, fmt.Errorf("--limit %q: want TAG=LIMIT, e.g. api=10/s or 'user-*=5/s burst=10'", s)
+	}
+	ls, err := sluice.Parse(limit)
+	if err != nil {
+		return Rule{}, fmt.Errorf("--limit %q: %w", s, err)
+	}
+	if shared && !isPattern(match) {
+		return Rule{}, fmt.Errorf("--shared-limit %q: %q is not a pattern (no * or ?)", s, match)
+	}
+	return Rule{Match: match, Limit: ls, Shared: shared}, nil
+}
+
+// ErrNoToken is returned when the HTTP token file is empty.
+var ErrNoToken = errors.New("sluice serve: the HTTP token file is empty")
+
+// readToken reads the bearer token from a file (trailing whitespace trimmed).
+func readToken(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("sluice serve: http_token_file: %w", err)
+	}
+	t := strings.TrimSpace(string(b))
+	if t == "" {
+		return "", ErrNoToken
+	}
+	return t, nil
+}

@@ -1,0 +1,515 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/local"
+)
+
+// Server is the daemon: the line protocol, the HTTP API and the metrics, over one back
+// end. Make one with New, start it with Start, stop it with Shutdown (or Serve, which does
+// both around a context). Its methods are safe for concurrent use.
+type Server struct {
+	log   *slog.Logger
+	clock clock.Clock
+	be    backend.Backend
+	ownBE bool
+	local *local.Backend // when the back end is the local one: for key counts
+
+	mu    sync.Mutex // guards cfg and reloads
+	cfg   Config
+	rules atomic.Pointer[ruleSet]
+	token atomic.Pointer[string]
+
+	m *metrics
+
+	lineLn   net.Listener
+	httpLn   net.Listener
+	httpSrv  *httpServer
+	conns    sync.Map // *conn -> struct{}
+	nconns   atomic.Int64
+	closing  atomic.Bool
+	wg       sync.WaitGroup // accept loops and connections
+	stopOnce sync.Once
+}
+
+// Option configures a Server.
+type Option interface{ apply(*Server) }
+
+type optionFunc func(*Server)
+
+func (f optionFunc) apply(s *Server) { f(s) }
+
+// WithLogger sets the logger (default: per the config's log_format and log_level, to
+// stderr).
+func WithLogger(l *slog.Logger) Option { return optionFunc(func(s *Server) { s.log = l }) }
+
+// WithClock sets the clock of the local back end and of decisions (tests use a virtual one).
+func WithClock(c clock.Clock) Option { return optionFunc(func(s *Server) { s.clock = c }) }
+
+// WithBackend makes the server decide in b (the caller keeps ownership: Shutdown does not
+// close it). Without it the server builds the back end its config names.
+func WithBackend(b backend.Backend) Option { return optionFunc(func(s *Server) { s.be = b }) }
+
+// BackendFactory builds the back end a config names, for back ends other than local. The
+// redis mode registers one; see RegisterBackend.
+type BackendFactory func(cfg Config, clk clock.Clock) (backend.Backend, error)
+
+var (
+	factoriesMu sync.Mutex
+	factories   = map[string]BackendFactory{}
+)
+
+// RegisterBackend makes a back end available to configs by name.
+func RegisterBackend(name string, f BackendFactory) {
+	factoriesMu.Lock()
+	defer factoriesMu.Unlock()
+	factories[name] = f
+}
+
+// NewLogger returns the logger a config asks for, writing to w.
+func NewLogger(cfg Config, w io.Writer) *slog.Logger {
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(cfg.LogLevel))
+	opts := &slog.HandlerOptions{Level: lvl}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// New checks cfg and builds a server; it listens only on Start.
+func New(cfg Config, opts ...Option) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Server{clock: clock.Default, cfg: cfg}
+	for _, o := range opts {
+		o.apply(s)
+	}
+	if s.log == nil {
+		s.log = NewLogger(cfg, os.Stderr)
+	}
+	if s.be == nil {
+		switch cfg.Backend {
+		case "local":
+			s.local = local.New(local.WithClock(s.clock), local.WithMaxKeys(cfg.MaxKeys), local.WithEvictLive())
+			s.be = s.local
+		default:
+			factoriesMu.Lock()
+			f := factories[cfg.Backend]
+			factoriesMu.Unlock()
+			if f == nil {
+				return nil, fmt.Errorf("sluice serve: backend %q is not available in this build", cfg.Backend)
+			}
+			be, err := f(cfg, s.clock)
+			if err != nil {
+				return nil, fmt.Errorf("sluice serve: backend %s: %w", cfg.Backend, err)
+			}
+			s.be = be
+		}
+		s.ownBE = true
+	} else if lb, ok := s.be.(*local.Backend); ok {
+		s.local = lb
+	}
+	s.m = newMetrics(
+		func() float64 {
+			if s.local != nil {
+				return float64(s.local.Len())
+			}
+			return 0
+		},
+		func() float64 {
+			if s.local != nil {
+				return float64(s.local.Evicted())
+			}
+			return 0
+		},
+		func() float64 {
+			if s.local != nil {
+				return float64(s.local.EvictedLive())
+			}
+			return 0
+		},
+	)
+	if err := s.apply(cfg); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// apply installs a config's rules and token.
+// It is called with s.mu held, or before the server is shared.
+func (s *Server) apply(cfg Config) error {
+	rs, err := cfg.ruleSet()
+	if err != nil {
+		return err
+	}
+	fm, _ := sluice.ParseFailMode(cfg.FailMode)
+	for _, c := range rs.rules {
+		lim, err := sluice.New(c.Limit, sluice.WithBackend(s.be), sluice.WithClock(s.clock), sluice.WithFailMode(fm),
+			sluice.WithMargin(cfg.Margin.D()), sluice.WithObserver(s.m.observer()))
+		if err != nil {
+			return fmt.Errorf("rule %q: %w", c.Name, err)
+		}
+		c.limiter = lim
+		c.counters = s.m.forRule(c.Name)
+	}
+	var tok string
+	if cfg.HTTPTokenFile != "" {
+		if tok, err = readToken(cfg.HTTPTokenFile); err != nil {
+			return err
+		}
+	}
+	s.rules.Store(rs)
+	s.token.Store(&tok)
+	s.cfg = cfg
+	return nil
+}
+
+// Reload replaces the rules, limits and token with cfg's, keeping every connection and
+// every bucket whose rule keeps its name. Listen addresses, the back end and the resource
+// limits are read at start only.
+func (s *Server) Reload(cfg Config) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	err := cfg.Validate()
+	if err == nil {
+		err = s.apply(cfg)
+	}
+	if err != nil {
+		s.m.reloads.WithLabelValues("error").Inc()
+		return err
+	}
+	s.m.reloads.WithLabelValues("ok").Inc()
+	s.log.Info("reloaded", "rules", len(cfg.Rules), "default", cfg.Default != nil)
+	return nil
+}
+
+// Config returns the config in force.
+func (s *Server) Config() Config {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cfg
+}
+
+// Decision is the daemon's answer to one query.
+type Decision struct {
+	sluice.Decision
+	Rule string // the rule that decided; "" if none matched (allowed)
+}
+
+// Decide decides n permits for tag (n = 0 is a query of the state), now or, with maxWait
+// > 0, as a reservation up to maxWait ahead (the decision's Delay says when).
+func (s *Server) Decide(ctx context.Context, tag string, n int64, maxWait time.Duration) (Decision, error) {
+	c := s.rules.Load().lookup(tag)
+	if c == nil {
+		return Decision{Decision: sluice.Decision{Allowed: true}}, nil
+	}
+	start := s.clock.Nanotime()
+	var d sluice.Decision
+	var err error
+	if maxWait > 0 {
+		var r *sluice.Reservation
+		r, err = c.limiter.ReserveWithin(ctx, c.key(tag), int(n), maxWait)
+		d = r.Decision
+	} else {
+		d, err = c.limiter.AllowN(ctx, c.key(tag), int(n))
+	}
+	s.m.latency.Observe(float64(s.clock.Nanotime()-start) / 1e9)
+	switch {
+	case err != nil:
+		c.counters.failed.Inc()
+	case d.Allowed:
+		c.counters.allowed.Inc()
+	default:
+		c.counters.denied.Inc()
+	}
+	return Decision{Decision: d, Rule: c.Name}, err
+}
+
+// Penalize holds tag back for d (a worker's 429 with Retry-After).
+func (s *Server) Penalize(ctx context.Context, tag string, d time.Duration) error {
+	c := s.rules.Load().lookup(tag)
+	if c == nil {
+		return nil
+	}
+	return c.limiter.Penalize(ctx, c.key(tag), s.clock.Now().Add(d))
+}
+
+// Start listens on the configured addresses and serves in the background.
+func (s *Server) Start() error {
+	cfg := s.Config()
+	if cfg.ListenLine != "" {
+		ln, err := listen(cfg.ListenLine)
+		if err != nil {
+			return fmt.Errorf("sluice serve: listen_line: %w", err)
+		}
+		s.lineLn = ln
+		s.wg.Add(1)
+		go s.acceptLoop(ln)
+	}
+	if cfg.ListenHTTP != "" {
+		ln, err := net.Listen("tcp", cfg.ListenHTTP)
+		if err != nil {
+			if s.lineLn != nil {
+				s.lineLn.Close()
+			}
+			return fmt.Errorf("sluice serve: listen_http: %w", err)
+		}
+		s.httpLn = ln
+		s.httpSrv = s.newHTTPServer()
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			if err := s.httpSrv.srv.Serve(ln); err != nil && !errors.Is(err, errHTTPClosed) {
+				s.log.Error("http server", "err", err)
+			}
+		}()
+	}
+	s.log.Info("serving", "line", addrString(s.lineLn), "http", addrString(s.httpLn), "backend", cfg.Backend,
+		"rules", len(cfg.Rules), "fail_mode", cfg.FailMode)
+	return nil
+}
+
+// listen opens a TCP address, or a Unix socket for a path (one with a '/').
+func listen(addr string) (net.Listener, error) {
+	if strings.Contains(addr, "/") {
+		_ = os.Remove(addr) // a stale socket from a previous run
+		return net.Listen("unix", addr)
+	}
+	return net.Listen("tcp", addr)
+}
+
+func addrString(ln net.Listener) string {
+	if ln == nil {
+		return ""
+	}
+	return ln.Addr().String()
+}
+
+// LineAddr is the line protocol's address (nil if not listening).
+func (s *Server) LineAddr() net.Addr {
+	if s.lineLn == nil {
+		return nil
+	}
+	return s.lineLn.Addr()
+}
+
+// HTTPAddr is the HTTP API's address (nil if not listening).
+func (s *Server) HTTPAddr() net.Addr {
+	if s.httpLn == nil {
+		return nil
+	}
+	return s.httpLn.Addr()
+}
+
+// Serve starts the server and runs it until ctx ends, then shuts it down gracefully.
+func (s *Server) Serve(ctx context.Context) error {
+	if err := s.Start(); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	return s.Shutdown(context.Background())
+}
+
+// Shutdown stops accepting, answers every query already read on every connection, closes
+// them, and releases the back end it built. It waits at most the config's shutdown grace
+// (or until ctx ends), then closes what is left.
+func (s *Server) Shutdown(ctx context.Context) error {
+	var err error
+	s.stopOnce.Do(func() {
+		cfg := s.Config()
+		s.closing.Store(true)
+		if s.lineLn != nil {
+			s.lineLn.Close()
+		}
+		ctx, cancel := context.WithTimeout(ctx, cfg.ShutdownGrace.D())
+		defer cancel()
+		if s.httpSrv != nil {
+			_ = s.httpSrv.srv.Shutdown(ctx)
+		}
+		// Wake every connection blocked in a read: it answers what it has buffered and
+		// closes.
+		s.conns.Range(func(k, _ any) bool {
+			k.(*conn).c.SetReadDeadline(time.Now())
+			return true
+		})
+		done := make(chan struct{})
+		go func() { s.wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			s.conns.Range(func(k, _ any) bool { k.(*conn).c.Close(); return true })
+			<-done
+			err = fmt.Errorf("sluice serve: shutdown: %w", ctx.Err())
+		}
+		if s.ownBE {
+			if cerr := s.be.Close(); cerr != nil && err == nil {
+				err = cerr
+			}
+		}
+		if s.lineLn != nil && s.lineLn.Addr().Network() == "unix" {
+			_ = os.Remove(s.lineLn.Addr().String())
+		}
+		s.log.Info("stopped")
+	})
+	return err
+}
+
+// --- the line protocol ---
+
+type conn struct {
+	s *Server
+	c net.Conn
+}
+
+func (s *Server) acceptLoop(ln net.Listener) {
+	defer s.wg.Done()
+	var backoff time.Duration
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if s.closing.Load() {
+				return
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				s.log.Warn("accept", "err", err, "retry_in", backoff)
+				time.Sleep(backoff)
+				continue
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			s.log.Error("accept", "err", err)
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			time.Sleep(backoff) // e.g. out of file descriptors: do not spin
+			continue
+		}
+		backoff = 0
+		if s.nconns.Add(1) > int64(s.Config().MaxConnections) {
+			s.nconns.Add(-1)
+			s.m.connsRefused.Inc()
+			c.Close()
+			continue
+		}
+		cn := &conn{s: s, c: c}
+		s.conns.Store(cn, struct{}{})
+		s.m.conns.Inc()
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			defer func() {
+				c.Close()
+				s.conns.Delete(cn)
+				s.nconns.Add(-1)
+				s.m.conns.Dec()
+			}()
+			cn.serve()
+		}()
+	}
+}
+
+// serve answers queries in order until the client closes, breaks a rule of the protocol,
+// stops reading, idles too long, or the server shuts down.
+func (cn *conn) serve() {
+	s := cn.s
+	cfg := s.Config()
+	r := bufio.NewReaderSize(cn.c, cfg.MaxLine)
+	w := bufio.NewWriterSize(&deadlineWriter{c: cn.c, timeout: cfg.WriteTimeout.D()}, cfg.MaxPending)
+	ctx := context.Background()
+	var out []byte
+	for {
+		if r.Buffered() == 0 {
+			// Nothing left to answer from what was read: send the answers, then wait.
+			if w.Buffered() > 0 {
+				if err := w.Flush(); err != nil {
+					s.m.connsDropped.WithLabelValues("not_reading").Inc()
+					return
+				}
+			}
+			if s.closing.Load() {
+				return
+			}
+			cn.c.SetReadDeadline(time.Now().Add(cfg.IdleTimeout.D()))
+		}
+		line, err := r.ReadSlice('\n')
+		if err != nil {
+			switch {
+			case errors.Is(err, bufio.ErrBufferFull):
+				// Over-long: answer NO and close, never buffer without bound.
+				s.m.badInput.WithLabelValues("too_long").Inc()
+				w.WriteString("NO\n")
+				w.Flush()
+				s.m.connsDropped.WithLabelValues("line_too_long").Inc()
+			case errors.Is(err, os.ErrDeadlineExceeded):
+				if !s.closing.Load() {
+					s.m.connsDropped.WithLabelValues("idle").Inc()
+				}
+				w.Flush()
+			default:
+				// EOF or a reset: a final line without '\n' is not a query.
+				if len(line) > 0 {
+					s.m.badInput.WithLabelValues("no_newline").Inc()
+				}
+				w.Flush()
+			}
+			return
+		}
+		q, ok, perr := parseLine(line[:len(line)-1])
+		out = out[:0]
+		switch {
+		case perr != nil:
+			s.m.badInput.WithLabelValues("bad_extension").Inc()
+			out = append(append(append(out, "ER "...), perr.Error()...), '\n')
+		case !ok:
+			s.m.badInput.WithLabelValues("bad_tag").Inc()
+			out = append(out, "NO\n"...)
+		case q.penalize > 0:
+			_ = s.Penalize(ctx, string(q.tag), time.Duration(q.penalize)*time.Millisecond)
+			out = append(out, "OK\n"...)
+		default:
+			d, err := s.Decide(ctx, string(q.tag), q.n, time.Duration(q.wait)*time.Millisecond)
+			allowed := d.Allowed && err == nil
+			delay := int64(-1)
+			if q.wait > 0 {
+				delay = ceilMs(d.Delay)
+			}
+			out = appendAnswer(out, allowed, q.verbose, delay, d.Remaining, ceilMs(d.RetryAfter), ceilMs(d.ResetAfter))
+		}
+		if _, err := w.Write(out); err != nil {
+			s.m.connsDropped.WithLabelValues("not_reading").Inc()
+			return
+		}
+	}
+}
+
+func ceilMs(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
+
+// deadlineWriter gives every write a deadline, so a client that stops reading is dropped
+// once its answers have filled the buffer and the socket.
+type deadlineWriter struct {
+	c       net.Conn
+	timeout time.Duration
+}
+
+func (d *deadlineWriter) Write(p []byte) (int, error) {
+	d.c.SetWriteDeadline(time.Now().Add(d.timeout))
+	return d.c.Write(p)
+}
