@@ -21,7 +21,7 @@ type Config struct {
 	Backend        string         `yaml:"backend"`         // local, or redis (when built)
 	RedisURL       string         `yaml:"redis_url"`       // redis://host:port/db, for backend redis
 	FailMode       string         `yaml:"fail_mode"`       // closed or open: the answer when the back end fails
-	Margin         yamlx.Duration  `yaml:"margin"`          // jitter tolerance applied to every rule's limit
+	Margin         yamlx.Duration `yaml:"margin"`          // jitter tolerance applied to every rule's limit
 	HTTPTokenFile  string         `yaml:"http_token_file"` // file holding the bearer token the HTTP API requires; "" means no auth
 	MaxConnections int            `yaml:"max_connections"` // line-protocol connections at once
 	MaxKeys        int            `yaml:"max_keys"`        // buckets held at once
@@ -49,25 +49,25 @@ type DefaultRule struct {
 // DefaultConfig returns the defaults, each commented.
 func DefaultConfig() Config {
 	return Config{
-		ListenLine:     "127.0.0.1:7070",                       // loopback: other hosts must be allowed explicitly
-		ListenHTTP:     "127.0.0.1:7071",                       // loopback, as above
-		Backend:        "local",                                // in process: the embedded default
-		FailMode:       "closed",                               // deny when the back end cannot decide
-		MaxConnections: 4096,                                   // forked workers on one host, with room
-		MaxKeys:        1 << 20,                                // about 200 MB of buckets at worst
-		MaxLine:        1024,                                   // a tag is an IP, a token, a name: 1 KiB is plenty
-		MaxPending:     64 << 10,                               // 64 KiB of unread answers (about 21,000) per client
-		IdleTimeout:    yamlx.Duration(5 * time.Minute),        // idle clients give their connection back
-		WriteTimeout:   yamlx.Duration(5 * time.Second),        // a client that stops reading is dropped after this
-		ShutdownGrace:  yamlx.Duration(5 * time.Second),        // SIGTERM answers what it has read within this
-		LogFormat:      "text",                                 // log/slog's text handler
-		LogLevel:       "info",                                 // startup, reloads, shutdown, errors
-		Margin:         yamlx.Duration(0),                      // decide the limits exactly as written
-		Default:        nil,                                    // tags no rule matches are allowed
-		Rules:          nil,                                    // no rule: every tag is allowed
-		HTTPTokenFile:  "",                                     // the HTTP API requires no token
-		RedisURL:       "",                                     // needed only for backend redis
-		file:           "",                                     // set by LoadConfig
+		ListenLine:     "127.0.0.1:7070",                // loopback: other hosts must be allowed explicitly
+		ListenHTTP:     "127.0.0.1:7071",                // loopback, as above
+		Backend:        "local",                         // in process: the embedded default
+		FailMode:       "closed",                        // deny when the back end cannot decide
+		MaxConnections: 4096,                            // forked workers on one host, with room
+		MaxKeys:        1 << 20,                         // about 200 MB of buckets at worst
+		MaxLine:        1024,                            // a tag is an IP, a token, a name: 1 KiB is plenty
+		MaxPending:     64 << 10,                        // 64 KiB of unread answers (about 21,000) per client
+		IdleTimeout:    yamlx.Duration(5 * time.Minute), // idle clients give their connection back
+		WriteTimeout:   yamlx.Duration(5 * time.Second), // a client that stops reading is dropped after this
+		ShutdownGrace:  yamlx.Duration(5 * time.Second), // SIGTERM answers what it has read within this
+		LogFormat:      "text",                          // log/slog's text handler
+		LogLevel:       "info",                          // startup, reloads, shutdown, errors
+		Margin:         yamlx.Duration(0),               // decide the limits exactly as written
+		Default:        nil,                             // tags no rule matches are allowed
+		Rules:          nil,                             // no rule: every tag is allowed
+		HTTPTokenFile:  "",                              // the HTTP API requires no token
+		RedisURL:       "",                              // needed only for backend redis
+		file:           "",                              // set by LoadConfig
 	}
 }
 
@@ -179,16 +179,32 @@ func ParseConfig(file string, b []byte) (Config, error) {
 	return c, c.Validate()
 }
 
-// UnmarshalYAML reads a rule, keeping its line.
+// UnmarshalYAML reads a rule, keeping its line (and the limit's, for errors).
 func (r *Rule) UnmarshalYAML(n *yaml.Node) error {
-	type plain Rule
-	return yamlx.DecodeMapping(n, (*plain)(r), &r.line)
+	var y struct {
+		Name   string       `yaml:"name"`
+		Match  string       `yaml:"match"`
+		Limit  yamlx.Limits `yaml:"limit"`
+		Shared bool         `yaml:"shared"`
+	}
+	if err := yamlx.DecodeMapping(n, &y, &r.line); err != nil {
+		return err
+	}
+	r.Name, r.Match, r.Limit, r.Shared = y.Name, y.Match, y.Limit.Limits, y.Shared
+	return nil
 }
 
 // UnmarshalYAML reads the default rule, keeping its line.
 func (d *DefaultRule) UnmarshalYAML(n *yaml.Node) error {
-	type plain DefaultRule
-	return yamlx.DecodeMapping(n, (*plain)(d), &d.line)
+	var y struct {
+		Limit  yamlx.Limits `yaml:"limit"`
+		Shared bool         `yaml:"shared"`
+	}
+	if err := yamlx.DecodeMapping(n, &y, &d.line); err != nil {
+		return err
+	}
+	d.Limit, d.Shared = y.Limit.Limits, y.Shared
+	return nil
 }
 
 // ParseRuleFlag reads the --limit flag's form, TAG=LIMIT: an exact tag or a pattern, then

@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/sluicehq/sluice"
@@ -51,6 +52,21 @@ func literalPrefix(m string) string {
 	return b.String()
 }
 
+// literalSuffix returns the characters of a glob after its last wildcard, unescaped ("" if
+// the last character is a wildcard).
+func literalSuffix(m string) string {
+	last := -1
+	for i := 0; i < len(m); i++ {
+		switch m[i] {
+		case '\\':
+			i++
+		case '*', '?':
+			last = i
+		}
+	}
+	return unescape(m[last+1:])
+}
+
 // unescape removes the escapes of an exact match.
 func unescape(m string) string { return literalPrefix(m) }
 
@@ -98,16 +114,19 @@ func globMatch(p, s string) bool {
 }
 
 // ruleSet finds the first rule that matches a tag. Exact rules are a map; patterns are
-// indexed by their literal prefix in a trie, so a lookup walks the tag once and tests only
-// the patterns whose prefix it has, plus those with no prefix at all. It is immutable once
-// built and safe for concurrent use.
+// indexed by their literal prefix (the characters before the first wildcard) in a map, and
+// a lookup tries only the prefix lengths that occur, so it tests only the patterns whose
+// prefix the tag has, plus those with no prefix at all. It is immutable once built and
+// safe for concurrent use.
 type ruleSet struct {
-	rules   []*compiled
-	exact   map[string]int // tag -> index of the first exact rule for it
-	root    *trieNode
-	noPre   []int // patterns with an empty literal prefix, in order
-	deflt   int   // index of the default rule, or -1
-	maxName int
+	rules      []*compiled
+	exact      map[string]int   // tag -> index of the first exact rule for it
+	byPrefix   map[string][]int // literal prefix -> patterns with it, in order
+	prefixLens []int            // the prefix lengths that occur, ascending
+	bySuffix   map[string][]int // for patterns with no literal prefix: literal suffix -> patterns
+	suffixLens []int            // the suffix lengths that occur, ascending
+	noPre      []int            // patterns with neither a literal prefix nor suffix, in order
+	deflt      int              // index of the default rule, or -1
 }
 
 type compiled struct {
@@ -121,13 +140,8 @@ type compiled struct {
 	prefixOf string
 }
 
-type trieNode struct {
-	next     map[byte]*trieNode
-	patterns []int // patterns whose literal prefix ends here, in order
-}
-
 func newRuleSet(rules []Rule, deflt *Rule) (*ruleSet, error) {
-	rs := &ruleSet{exact: map[string]int{}, root: &trieNode{}, deflt: -1}
+	rs := &ruleSet{exact: map[string]int{}, byPrefix: map[string][]int{}, bySuffix: map[string][]int{}, deflt: -1}
 	all := rules
 	if deflt != nil {
 		all = append(append([]Rule(nil), rules...), *deflt)
@@ -160,23 +174,23 @@ func newRuleSet(rules []Rule, deflt *Rule) (*ruleSet, error) {
 		c.prefixOf = pre
 		c.prefix = r.Match == escapeGlob(pre)+"*"
 		if pre == "" {
-			rs.noPre = append(rs.noPre, i)
+			if suf := literalSuffix(r.Match); suf != "" {
+				if !slices.Contains(rs.suffixLens, len(suf)) {
+					rs.suffixLens = append(rs.suffixLens, len(suf))
+				}
+				rs.bySuffix[suf] = append(rs.bySuffix[suf], i)
+			} else {
+				rs.noPre = append(rs.noPre, i)
+			}
 			continue
 		}
-		n := rs.root
-		for j := 0; j < len(pre); j++ {
-			if n.next == nil {
-				n.next = map[byte]*trieNode{}
-			}
-			nn := n.next[pre[j]]
-			if nn == nil {
-				nn = &trieNode{}
-				n.next[pre[j]] = nn
-			}
-			n = nn
+		if _, seen := rs.byPrefix[pre]; !seen && !slices.Contains(rs.prefixLens, len(pre)) {
+			rs.prefixLens = append(rs.prefixLens, len(pre))
 		}
-		n.patterns = append(n.patterns, i)
+		rs.byPrefix[pre] = append(rs.byPrefix[pre], i)
 	}
+	slices.Sort(rs.prefixLens)
+	slices.Sort(rs.suffixLens)
 	return rs, nil
 }
 
@@ -216,13 +230,22 @@ func (rs *ruleSet) lookup(tag string) *compiled {
 		}
 		test(i)
 	}
-	n := rs.root
-	for j := 0; j < len(tag) && n != nil; j++ {
-		n = n.next[tag[j]]
-		if n == nil {
+	for _, l := range rs.prefixLens {
+		if l > len(tag) {
 			break
 		}
-		for _, i := range n.patterns {
+		for _, i := range rs.byPrefix[tag[:l]] {
+			if i >= best {
+				break
+			}
+			test(i)
+		}
+	}
+	for _, l := range rs.suffixLens {
+		if l > len(tag) {
+			break
+		}
+		for _, i := range rs.bySuffix[tag[len(tag)-l:]] {
 			if i >= best {
 				break
 			}

@@ -232,6 +232,7 @@ func (s *Server) Decide(ctx context.Context, tag string, n int64, maxWait time.D
 	}
 	s.m.latency.Observe(float64(s.clock.Nanotime()-start) / 1e9)
 	switch {
+	case n == 0: // a look at the state, not a decision
 	case err != nil:
 		c.counters.failed.Inc()
 	case d.Allowed:
@@ -486,6 +487,11 @@ func (cn *conn) serve() {
 			out = append(out, "OK\n"...)
 		default:
 			d, err := s.Decide(ctx, string(q.tag), q.n, time.Duration(q.wait)*time.Millisecond)
+			if errors.Is(err, sluice.ErrCostExceedsBurst) {
+				s.m.badInput.WithLabelValues("cost_over_burst").Inc()
+				out = append(out, "ER cost exceeds the burst: it can never be granted\n"...)
+				break
+			}
 			allowed := d.Allowed && err == nil
 			delay := int64(-1)
 			if q.wait > 0 {

@@ -9,7 +9,6 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/yamlx"
 )
 
@@ -152,20 +151,7 @@ type Duration = yamlx.Duration
 func parseDuration(s string) (time.Duration, error) { return yamlx.ParseDuration(s) }
 
 // Limits is sluice.Limits read from its text form.
-type Limits struct{ sluice.Limits }
-
-// UnmarshalYAML reads limits in the text form ("100/s burst=20; 4500/h").
-func (l *Limits) UnmarshalYAML(n *yaml.Node) error {
-	if n.Kind != yaml.ScalarNode {
-		return yamlx.At(n, "want a limit such as '100/s burst=20'")
-	}
-	v, err := sluice.Parse(n.Value)
-	if err != nil {
-		return yamlx.At(n, "%v", err)
-	}
-	l.Limits = v
-	return nil
-}
+type Limits = yamlx.Limits
 
 // Line-keeping decoders: each struct remembers the line it started on, for errors found
 // after decoding.

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/sluicehq/sluice"
 )
 
 // Error is a problem in a YAML file, naming the file and the line.
@@ -167,4 +169,20 @@ func ParseDuration(s string) (time.Duration, error) {
 		return 0, errors.New("bad duration")
 	}
 	return days + v, nil
+}
+
+// Limits is sluice.Limits read from its text form, with the line in its errors.
+type Limits struct{ sluice.Limits }
+
+// UnmarshalYAML reads limits in the text form ("100/s burst=20; 4500/h").
+func (l *Limits) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return At(n, "want a limit such as '100/s burst=20'")
+	}
+	v, err := sluice.Parse(n.Value)
+	if err != nil {
+		return At(n, "%v", err)
+	}
+	l.Limits = v
+	return nil
 }

@@ -1,0 +1,100 @@
+package server
+
+import (
+	"strings"
+	"testing"
+)
+
+const goodConfig = `
+listen_line: 127.0.0.1:7070
+listen_http: 127.0.0.1:7071
+fail_mode: open
+margin: 5ms
+idle_timeout: 1m
+rules:
+  - match: api
+    limit: 10/s
+  - name: users
+    match: "user-*"
+    limit: 5/s burst=10
+  - match: "team-*"
+    limit: "100/s; 4500/h"
+    shared: true
+default:
+  limit: 50/s
+`
+
+func TestLoadConfig(t *testing.T) {
+	cfg, err := ParseConfig("sluice.yaml", []byte(goodConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.FailMode != "open" || cfg.Margin.D().Milliseconds() != 5 || len(cfg.Rules) != 3 || cfg.Rules[1].Name != "users" ||
+		!cfg.Rules[2].Shared || len(cfg.Rules[2].Limit) != 2 || cfg.Default == nil || cfg.MaxLine != 1024 {
+		t.Errorf("config %+v", cfg)
+	}
+}
+
+func TestConfigErrorsNameFileAndLine(t *testing.T) {
+	cases := []struct{ yaml, want string }{
+		{"listen_line: x\nbogus: 1\n", "c.yaml:2: field bogus not found"},
+		{"rules:\n  - match: api\n    limit: ten per sec\n", "c.yaml:3: sluice: bad limit"},
+		{"rules:\n  - match: api\n", "c.yaml:2: rules[0].limit: missing"},
+		{"rules:\n  - match: api\n    limit: 1/s\n    colour: red\n", `c.yaml:4: unknown field "colour"`},
+		{"rules:\n  - match: api\n    limit: 1/s\n    shared: true\n", "c.yaml:2: rules[0]: shared only means something for a pattern"},
+		{"fail_mode: sideways\n", "c.yaml: fail_mode: want closed or open"},
+		{"backend: redis\n", "c.yaml: backend redis needs redis_url"},
+		{"idle_timeout: soon\n", "c.yaml:1: bad duration"},
+		{"max_line: 5\n", "c.yaml: max_line"},
+		{"rules:\n  - {match: a, limit: 1/s}\n  - {name: a, match: b, limit: 1/s}\n", "c.yaml: rules: rule \"a\": the name is used twice"},
+		{"", "c.yaml: empty file"},
+	}
+	for i, c := range cases {
+		_, err := ParseConfig("c.yaml", []byte(c.yaml))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("case %d: got %v, want %q", i, err, c.want)
+		}
+	}
+}
+
+func TestParseRuleFlag(t *testing.T) {
+	cases := []struct {
+		in, match, limit string
+		bad              bool
+	}{
+		{in: "api=10/s", match: "api", limit: "10/s"},
+		{in: "user-*=5/s burst=10", match: "user-*", limit: "5/s burst=10"},
+		{in: "a=b=1/s", match: "a=b", limit: "1/s"},
+		{in: "x=1/s; 100/h", match: "x", limit: "1/s; 100/h"},
+		{in: "=1/s", bad: true},
+		{in: "api", bad: true},
+		{in: "api=ten", bad: true},
+	}
+	for i, c := range cases {
+		r, err := ParseRuleFlag(c.in, false)
+		if (err != nil) != c.bad || (!c.bad && (r.Match != c.match || r.Limit.String() != c.limit)) {
+			t.Errorf("case %d %q: got %+v %v", i, c.in, r, err)
+		}
+	}
+	if _, err := ParseRuleFlag("api=1/s", true); err == nil {
+		t.Errorf("a shared exact rule was accepted")
+	}
+}
+
+func FuzzParseConfig(f *testing.F) {
+	f.Add([]byte(goodConfig))
+	f.Add([]byte("rules: [{match: '*', limit: 1/s}]"))
+	f.Add([]byte("default: {limit: 1/s, shared: true}"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		cfg, err := ParseConfig("f.yaml", b)
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "f.yaml") {
+				t.Fatalf("error %q does not name the file", err)
+			}
+			return
+		}
+		if err := cfg.Validate(); err != nil {
+			t.Fatalf("a parsed config does not validate: %v", err)
+		}
+	})
+}

@@ -1,0 +1,418 @@
+package server
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/goleak"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/clock"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func testConfig(rules ...string) Config {
+	cfg := DefaultConfig()
+	cfg.ListenLine = "127.0.0.1:0"
+	cfg.ListenHTTP = "127.0.0.1:0"
+	for _, r := range rules {
+		rule, err := ParseRuleFlag(r, false)
+		if err != nil {
+			panic(err)
+		}
+		cfg.Rules = append(cfg.Rules, rule)
+	}
+	return cfg
+}
+
+func start(t *testing.T, cfg Config, opts ...Option) *Server {
+	t.Helper()
+	opts = append([]Option{WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}, opts...)
+	s, err := New(cfg, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	return s
+}
+
+func dial(t *testing.T, s *Server) net.Conn {
+	t.Helper()
+	c, err := net.Dial(s.LineAddr().Network(), s.LineAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// exchange writes in one write and reads exactly want bytes.
+func exchange(t *testing.T, c net.Conn, in string, n int) string {
+	t.Helper()
+	if _, err := c.Write([]byte(in)); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, n)
+	if _, err := io.ReadFull(c, buf); err != nil {
+		t.Fatalf("reading %d bytes: %v (got %q)", n, err, buf)
+	}
+	return string(buf)
+}
+
+// TestSeedProtocolByteExact speaks seed 004's protocol on a raw socket.
+func TestSeedProtocolByteExact(t *testing.T) {
+	s := start(t, testConfig("api=10/s", "slow=1/6s"), WithClock(clock.NewVirtual()))
+	c := dial(t, s)
+	if got := exchange(t, c, "slow\nslow\n", 6); got != "OK\nNO\n" {
+		t.Fatalf("slow twice: %q, want \"OK\\nNO\\n\"", got)
+	}
+	// 100 pipelined queries in one write: the burst of 10, then 90 refusals, in order.
+	want := strings.Repeat("OK\n", 10) + strings.Repeat("NO\n", 90)
+	if got := exchange(t, c, strings.Repeat("api\n", 100), 300); got != want {
+		t.Fatalf("100 pipelined queries: got %q", got)
+	}
+	// A tag no rule matches is allowed; answers stay exactly three bytes.
+	if got := exchange(t, c, "other\n", 3); got != "OK\n" {
+		t.Fatalf("unmatched tag: %q", got)
+	}
+}
+
+func TestBadInputHasDefinedAnswers(t *testing.T) {
+	clk := clock.NewVirtual()
+	s := start(t, testConfig("api=10/s", "~x=1/h"), WithClock(clk))
+	c := dial(t, s)
+	steps := []struct{ in, want string }{
+		{"\n", "NO\n"},                 // empty tag
+		{"\xff\xfe\n", "NO\n"},         // not UTF-8
+		{"a\x00b\n", "NO\n"},           // a control character
+		{"api\r\n", "OK\n"},            // CRLF: the \r is dropped
+		{"~~x\n", "OK\n"},              // an escaped tag that begins with ~ ...
+		{"~~x\n", "NO\n"},              // ... has its own rule (1/h)
+		{"~n=3 api\n", "OK\n"},         // a weight
+		{"~v api\n", "OK r=5 t=500\n"}, // details
+		{"~n=20,v api\n", "ER cost exceeds the burst: it can never be granted\n"},
+		{"~w=1000,v api\n", "OK d=0 r=4 t=600\n"},
+		{"~n=x api\n", "ER bad options: want ~OPTS TAG with OPTS such as n=5,v or w=500 or p=1000\n"},
+		{"~v\n", "ER no tag after the options\n"},
+		{"~v \n", "ER bad tag: empty, not UTF-8, or with control characters\n"},
+		{"~ api\n", "ER bad options: want ~OPTS TAG with OPTS such as n=5,v or w=500 or p=1000\n"},
+		{"~p=2000 api\n", "OK\n"},
+		{"api\n", "NO\n"}, // penalized for 2 s
+	}
+	for i, st := range steps {
+		if got := exchange(t, c, st.in, len(st.want)); got != st.want {
+			t.Errorf("step %d %q: got %q, want %q", i, st.in, got, st.want)
+		}
+	}
+	// An over-long line is answered NO and the connection closed.
+	c2 := dial(t, s)
+	c2.Write([]byte(strings.Repeat("x", 5000) + "\n"))
+	c2.SetReadDeadline(time.Now().Add(5 * time.Second))
+	all, _ := io.ReadAll(c2)
+	if string(all) != "NO\n" {
+		t.Errorf("over-long line: got %q, want \"NO\\n\" then close", all)
+	}
+	// A last line with no newline is not a query: nothing is answered, the connection ends.
+	c3 := dial(t, s)
+	c3.Write([]byte("api\napi"))
+	c3.(*net.TCPConn).CloseWrite()
+	c3.SetReadDeadline(time.Now().Add(5 * time.Second))
+	all, _ = io.ReadAll(c3)
+	if len(all) != 3 {
+		t.Errorf("a final line without newline: got %q, want one answer", all)
+	}
+	bad := testutil.ToFloat64(s.m.badInput.WithLabelValues("bad_tag")) + testutil.ToFloat64(s.m.badInput.WithLabelValues("too_long"))
+	if bad != 4 {
+		t.Errorf("bad input counted %v, want 4", bad)
+	}
+}
+
+// TestClientThatNeverReads: a client that sends and never reads is dropped once its
+// answers fill the buffer; other clients are unaffected.
+func TestClientThatNeverReads(t *testing.T) {
+	cfg := testConfig("api=1000000/s")
+	cfg.MaxPending = 4096
+	cfg.WriteTimeout = 200 * 1e6
+	s := start(t, cfg)
+	// A small receive window, so the answers back up quickly.
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		rc.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+		return serr
+	}}
+	hog, err := d.Dial("tcp", s.LineAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hog.Close()
+	done := make(chan error, 1)
+	go func() {
+		chunk := []byte(strings.Repeat("api\n", 4096))
+		for {
+			hog.SetWriteDeadline(time.Now().Add(60 * time.Second))
+			if _, err := hog.Write(chunk); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	good := dial(t, s)
+	if got := exchange(t, good, "api\n", 3); got != "OK\n" {
+		t.Errorf("another client: %q", got)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for testutil.ToFloat64(s.m.connsDropped.WithLabelValues("not_reading")) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("a client that never reads was never dropped")
+		}
+		time.Sleep(10 * time.Millisecond) // wait for the condition
+	}
+	select {
+	case <-done: // the hog's writes fail once it is dropped
+	case <-time.After(30 * time.Second):
+		t.Fatal("the dropped client can still write")
+	}
+	if got := exchange(t, good, "api\n", 3); got != "OK\n" {
+		t.Errorf("another client after the drop: %q", got)
+	}
+}
+
+func TestMaxConnectionsAndIdleTimeout(t *testing.T) {
+	cfg := testConfig("api=10/s")
+	cfg.MaxConnections = 2
+	cfg.IdleTimeout = 300 * 1e6
+	s := start(t, cfg)
+	a, b := dial(t, s), dial(t, s)
+	exchange(t, a, "api\n", 3)
+	exchange(t, b, "api\n", 3)
+	c := dial(t, s)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := c.Read(make([]byte, 1)); err == nil {
+		t.Errorf("a third connection past max_connections 2 was served (%d bytes)", n)
+	}
+	// Idle connections are closed.
+	a.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := a.Read(make([]byte, 1)); err == nil {
+		t.Errorf("an idle connection was not closed")
+	}
+}
+
+func TestReloadKeepsStateAndConnections(t *testing.T) {
+	clk := clock.NewVirtual()
+	s := start(t, testConfig("api=2/s", "other=1/s"), WithClock(clk))
+	c := dial(t, s)
+	if got := exchange(t, c, "api\napi\napi\n", 9); got != "OK\nOK\nNO\n" {
+		t.Fatalf("before: %q", got)
+	}
+	// Change "other", keep "api": api's bucket (drained) survives, the connection too.
+	if err := s.Reload(testConfig("api=2/s", "other=5/s", "new-*=1/s")); err != nil {
+		t.Fatal(err)
+	}
+	if got := exchange(t, c, "api\nnew-1\nnew-1\nnew-2\n", 12); got != "NO\nOK\nNO\nOK\n" {
+		t.Fatalf("after reload: %q", got)
+	}
+	bad := testConfig("api=2/s")
+	bad.Rules[0].Match = ""
+	if err := s.Reload(bad); err == nil {
+		t.Fatal("a bad config was accepted")
+	}
+	if got := exchange(t, c, "new-3\n", 3); got != "OK\n" {
+		t.Fatalf("after a refused reload the old rules must stay: %q", got)
+	}
+	if testutil.ToFloat64(s.m.reloads.WithLabelValues("ok")) != 1 || testutil.ToFloat64(s.m.reloads.WithLabelValues("error")) != 1 {
+		t.Errorf("reload counts wrong")
+	}
+}
+
+// TestShutdownAnswersEveryQueryRead: under a pipelined load, Shutdown answers every query
+// it has read before it closes: the client gets as many answers as the server decided.
+func TestShutdownAnswersEveryQueryRead(t *testing.T) {
+	s, err := New(testConfig("api=1000000/s"), WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", s.LineAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		chunk := []byte(strings.Repeat("api\n", 64))
+		for {
+			if _, err := c.Write(chunk); err != nil {
+				return
+			}
+		}
+	}()
+	answers := make(chan int)
+	go func() {
+		r := bufio.NewReader(c)
+		n := 0
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				answers <- n
+				return
+			}
+			if line != "OK\n" {
+				t.Errorf("answer %q", line)
+			}
+			n++
+		}
+	}()
+	// Let some load through, then stop.
+	for testutil.ToFloat64(s.m.decisions.WithLabelValues("api", "allowed")) < 1000 {
+		time.Sleep(time.Millisecond)
+	}
+	if err := s.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got := <-answers
+	c.Close()
+	wg.Wait()
+	decided := int(testutil.ToFloat64(s.m.decisions.WithLabelValues("api", "allowed")))
+	if got != decided {
+		t.Errorf("the client got %d answers, the server decided %d queries", got, decided)
+	}
+}
+
+func TestHTTPAPI(t *testing.T) {
+	dir := t.TempDir()
+	tokFile := filepath.Join(dir, "token")
+	os.WriteFile(tokFile, []byte("s3cr3t\n"), 0o600)
+	cfg := testConfig("api=2/s", "user-*=1/s")
+	cfg.HTTPTokenFile = tokFile
+	cfg.Default = &DefaultRule{Limit: sluice.MustParse("5/s")}
+	s := start(t, cfg, WithClock(clock.NewVirtual()))
+	base := "http://" + s.HTTPAddr().String()
+	do := func(method, path, body string, auth bool) (int, string, http.Header) {
+		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+		if auth {
+			req.Header.Set("Authorization", "Bearer s3cr3t")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), resp.Header
+	}
+	if code, _, _ := do("GET", "/healthz", "", false); code != 200 {
+		t.Errorf("/healthz without a token: %d", code)
+	}
+	for _, p := range []string{"/readyz", "/metrics", "/v1/rules"} {
+		if code, _, _ := do("GET", p, "", false); code != 401 {
+			t.Errorf("%s without a token: %d, want 401", p, code)
+		}
+	}
+	steps := []struct {
+		body    string
+		code    int
+		allowed bool
+		rule    string
+	}{
+		{`{"key":"api"}`, 200, true, "api"},
+		{`{"key":"api","n":1}`, 200, true, "api"},
+		{`{"key":"api"}`, 200, false, "api"},
+		{`{"key":"user-7"}`, 200, true, "user-*"},
+		{`{"key":"zed"}`, 200, true, "default"},
+		{`{"key":"api","n":5}`, 400, false, "api"},
+		{`{"key":""}`, 400, false, ""},
+		{`{"nope":1}`, 400, false, ""},
+		{`not json`, 400, false, ""},
+	}
+	for i, st := range steps {
+		code, body, h := do("POST", "/v1/decide", st.body, true)
+		var resp DecideResponse
+		json.Unmarshal([]byte(body), &resp)
+		if code != st.code || resp.Allowed != st.allowed || resp.Rule != st.rule {
+			t.Errorf("step %d %s: got %d %s, want %d allowed=%v rule=%q", i, st.body, code, body, st.code, st.allowed, st.rule)
+		}
+		if code == 200 && h.Get("RateLimit-Policy") == "" {
+			t.Errorf("step %d: no RateLimit-Policy header", i)
+		}
+	}
+	code, body, _ := do("GET", "/v1/rules", "", true)
+	if code != 200 || !strings.Contains(body, `"match":"user-*"`) || !strings.Contains(body, `"default":{"name":"default"`) {
+		t.Errorf("/v1/rules: %d %s", code, body)
+	}
+	code, body, _ = do("GET", "/v1/keys?tag=api", "", true)
+	if code != 200 || !strings.Contains(body, `"remaining":0`) {
+		t.Errorf("/v1/keys?tag=api: %d %s", code, body)
+	}
+	code, body, _ = do("GET", "/v1/keys", "", true)
+	if code != 200 || !strings.Contains(body, `"held":3`) || !strings.Contains(body, `user-*:user-7`) {
+		t.Errorf("/v1/keys: %d %s", code, body)
+	}
+	code, body, _ = do("GET", "/metrics", "", true)
+	if code != 200 || !strings.Contains(body, `sluice_decisions_total{result="allowed",rule="api"} 2`) ||
+		!strings.Contains(body, "sluice_keys 3") {
+		t.Errorf("/metrics: %d, missing counts:\n%s", code, body)
+	}
+	if code, _, _ := do("GET", "/readyz", "", true); code != 200 {
+		t.Errorf("/readyz: %d", code)
+	}
+}
+
+func TestUnixSocket(t *testing.T) {
+	cfg := testConfig("api=1/s")
+	cfg.ListenLine = filepath.Join(t.TempDir(), "sluice.sock")
+	cfg.ListenHTTP = ""
+	s := start(t, cfg, WithClock(clock.NewVirtual()))
+	c := dial(t, s)
+	if got := exchange(t, c, "api\napi\n", 6); got != "OK\nNO\n" {
+		t.Fatalf("over a Unix socket: %q", got)
+	}
+}
+
+// TestKeyFloodIsBounded: a flood of random tags under a per-tag rule never holds more than
+// max_keys buckets; every query is still answered.
+func TestKeyFloodIsBounded(t *testing.T) {
+	cfg := testConfig("t-*=1/h")
+	cfg.MaxKeys = 1000
+	s := start(t, cfg, WithClock(clock.NewVirtual()))
+	c := dial(t, s)
+	var in bytes.Buffer
+	for i := 0; i < 20000; i++ {
+		in.WriteString("t-")
+		in.WriteString(strings.Repeat("x", i%7))
+		in.WriteString(time.Duration(i).String())
+		in.WriteByte('\n')
+	}
+	out := exchange(t, c, in.String(), 3*20000)
+	if strings.Count(out, "OK\n") != 20000 {
+		t.Errorf("new tags under the flood were not all allowed: %d", strings.Count(out, "OK\n"))
+	}
+	if s.local.Len() > 1000 {
+		t.Errorf("%d buckets held, over max_keys 1000", s.local.Len())
+	}
+	if s.local.EvictedLive() < 19000 {
+		t.Errorf("evictions %d", s.local.EvictedLive())
+	}
+}
