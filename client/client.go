@@ -147,6 +147,7 @@ func (c *Client) Query(ctx context.Context, tag string, n int64, maxWait time.Du
 		line = strconv.AppendInt(line, n, 10)
 	}
 	if maxWait > 0 {
+		maxWait = min(maxWait, 24*time.Hour) // the protocol's bound
 		line = append(line, ",w="...)
 		line = strconv.AppendInt(line, int64((maxWait+time.Millisecond-1)/time.Millisecond), 10)
 	}

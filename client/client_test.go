@@ -1,0 +1,174 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/client"
+	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/server"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var bg = context.Background()
+
+func daemon(t *testing.T, clk clock.Clock, rules ...string) *server.Server {
+	t.Helper()
+	cfg := server.DefaultConfig()
+	cfg.ListenLine, cfg.ListenHTTP = "127.0.0.1:0", ""
+	for _, r := range rules {
+		rule, err := server.ParseRuleFlag(r, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Rules = append(cfg.Rules, rule)
+	}
+	s, err := server.New(cfg, server.WithClock(clk), server.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(bg) })
+	return s
+}
+
+// TestPipelinedConcurrentUse: many goroutines share two pipelined connections; every
+// answer reaches its own caller: exactly the burst is allowed.
+func TestPipelinedConcurrentUse(t *testing.T) {
+	s := daemon(t, clock.NewVirtual(), "api=100/s")
+	c := client.New(s.LineAddr().String(), client.WithTimeout(5*time.Second))
+	defer c.Close()
+	var allowed atomic.Int64
+	var wg sync.WaitGroup
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 50; i++ {
+				if c.Allow(bg, "api") {
+					allowed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if allowed.Load() != 100 || c.Failures() != 0 {
+		t.Fatalf("allowed %d (failures %d), want exactly the burst 100", allowed.Load(), c.Failures())
+	}
+	a, err := c.Query(bg, "~odd tag", 1, 0) // a tag that needs escaping
+	if err != nil || !a.Allowed {
+		t.Fatalf("escaped tag: %+v %v", a, err)
+	}
+	a, err = c.Query(bg, "api", 3, 0)
+	if err != nil || a.Allowed || a.RetryAfter != 30*time.Millisecond {
+		t.Fatalf("details: %+v %v", a, err)
+	}
+}
+
+// TestFailOpenAndBackOff: with no daemon, calls are answered by the fail mode within the
+// time-out, and during the back-off without touching the network; once the daemon is
+// back, a probe finds it.
+func TestFailOpenAndBackOff(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nobody listens there now
+	c := client.New(addr, client.WithTimeout(50*time.Millisecond), client.WithBackoff(200*time.Millisecond, time.Second))
+	defer c.Close()
+	start := time.Now()
+	if !c.Allow(bg, "api") {
+		t.Fatal("fail open answered NO")
+	}
+	for i := 0; i < 100; i++ {
+		if _, err := c.Query(bg, "api", 1, 0); !errors.Is(err, client.ErrUnavailable) {
+			t.Fatalf("during the back-off: %v", err)
+		}
+	}
+	if c.Failures() != 1 {
+		t.Errorf("failures %d: calls during the back-off must not touch the network", c.Failures())
+	}
+	if time.Since(start) > 2*time.Second {
+		t.Errorf("101 calls took %v with the daemon down", time.Since(start))
+	}
+	closed := client.New(addr, client.WithFailClosed(), client.WithTimeout(50*time.Millisecond))
+	defer closed.Close()
+	if closed.Allow(bg, "api") {
+		t.Fatal("fail closed answered OK")
+	}
+	// The daemon comes up on that address: after the back-off a probe reaches it.
+	cfg := server.DefaultConfig()
+	cfg.ListenLine, cfg.ListenHTTP = addr, ""
+	r, _ := server.ParseRuleFlag("api=1/h", false)
+	cfg.Rules = []server.Rule{r}
+	s, err := server.New(cfg, server.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Skipf("the port was taken meanwhile: %v", err)
+	}
+	defer s.Shutdown(bg)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		a, err := c.Query(bg, "api", 1, 0)
+		if err == nil {
+			if !a.Allowed || a.Failed {
+				t.Fatalf("first answer from the daemon: %+v", a)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the client never found the daemon again")
+		}
+		time.Sleep(20 * time.Millisecond) // wait for the back-off to end
+	}
+	if c.Allow(bg, "api") {
+		t.Fatal("1/h allowed twice")
+	}
+}
+
+// TestLimiterThroughTheDaemon: the same sluice.Limiter code, deciding at the daemon.
+func TestLimiterThroughTheDaemon(t *testing.T) {
+	s := daemon(t, clock.Default, "api=20/s burst=1")
+	c := client.New(s.LineAddr().String(), client.WithTimeout(2*time.Second))
+	defer c.Close()
+	l, err := sluice.New(sluice.MustParse("20/s burst=1"), sluice.WithBackend(c.Backend()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if !l.Allow(bg, "api") || l.Allow(bg, "api") {
+		t.Fatal("Allow through the daemon: want one permit then none")
+	}
+	// Wait reserves at the daemon (w=) and sleeps: five permits take about 200 ms.
+	start := time.Now()
+	for i := 0; i < 5; i++ {
+		if err := l.Wait(bg, "api"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if el := time.Since(start); el < 190*time.Millisecond {
+		t.Errorf("five waits at 20/s took %v: the daemon's reservations were not honoured", el)
+	}
+	if err := l.Penalize(bg, "api", time.Now().Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := l.AllowN(bg, "api", 1); d.Allowed || d.RetryAfter < 900*time.Millisecond {
+		t.Fatalf("after a penalty of 1s: %+v", d)
+	}
+}

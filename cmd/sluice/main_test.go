@@ -1,0 +1,253 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// These tests run the real binary as separate OS processes and talk to it over real
+// sockets and signals.
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "sluice-bin")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "sluice")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+type daemon struct {
+	cmd        *exec.Cmd
+	line, http string
+	log        *bytes.Buffer
+	logMu      *sync.Mutex
+	done       chan error
+}
+
+type syncWriter struct {
+	mu *sync.Mutex
+	b  *bytes.Buffer
+}
+
+func (w syncWriter) Write(p []byte) (int, error) { w.mu.Lock(); defer w.mu.Unlock(); return w.b.Write(p) }
+
+func startDaemon(t *testing.T, args ...string) *daemon {
+	t.Helper()
+	d := &daemon{line: freePort(t), http: freePort(t), log: &bytes.Buffer{}, logMu: &sync.Mutex{}, done: make(chan error, 1)}
+	d.cmd = exec.Command(binary, append([]string{"serve", "--listen-line", d.line, "--listen-http", d.http}, args...)...)
+	d.cmd.Stderr = syncWriter{d.logMu, d.log}
+	d.cmd.Stdout = d.cmd.Stderr
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { d.done <- d.cmd.Wait() }()
+	t.Cleanup(func() {
+		d.cmd.Process.Kill()
+		<-d.done
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if resp, err := http.Get("http://" + d.http + "/healthz"); err == nil {
+			resp.Body.Close()
+			return d
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the daemon did not start: %s", d.logs())
+		}
+		time.Sleep(20 * time.Millisecond) // wait for the condition: the daemon listens
+	}
+}
+
+func (d *daemon) logs() string { d.logMu.Lock(); defer d.logMu.Unlock(); return d.log.String() }
+
+// worker queries tag over one connection, one query at a time, until stop; it counts
+// answers and fails on anything but OK or NO.
+func worker(t *testing.T, addr, tag string, stop <-chan struct{}, answered *atomic.Int64, errs chan<- error) {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		errs <- err
+		return
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	for {
+		select {
+		case <-stop:
+			errs <- nil
+			return
+		default:
+		}
+		if _, err := c.Write([]byte(tag + "\n")); err != nil {
+			errs <- fmt.Errorf("write: %w", err)
+			return
+		}
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		line, err := r.ReadString('\n')
+		if err != nil {
+			errs <- fmt.Errorf("read after %d answers: %w", answered.Load(), err)
+			return
+		}
+		if line != "OK\n" && line != "NO\n" {
+			errs <- fmt.Errorf("malformed answer %q", line)
+			return
+		}
+		answered.Add(1)
+	}
+}
+
+func query(t *testing.T, addr, in string) string {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write([]byte(in))
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 3*strings.Count(in, "\n"))
+	if _, err := io.ReadFull(c, buf); err != nil {
+		t.Fatalf("query %q: %v", in, err)
+	}
+	return string(buf)
+}
+
+// TestServeReloadUnderLoad: SIGHUP swaps the rules while clients keep querying: no
+// connection is lost, no query unanswered, and buckets of rules that stay keep their state.
+func TestServeReloadUnderLoad(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
+	os.WriteFile(cfg, []byte("rules:\n  - {match: kept, limit: 1/h}\n  - {match: load, limit: 1000/s}\n"), 0o644)
+	d := startDaemon(t, "--config", cfg)
+	if got := query(t, d.line, "kept\nkept\n"); got != "OK\nNO\n" {
+		t.Fatalf("before: %q", got)
+	}
+	stop := make(chan struct{})
+	errs := make(chan error, 8)
+	var answered atomic.Int64
+	for i := 0; i < 8; i++ {
+		go worker(t, d.line, "load", stop, &answered, errs)
+	}
+	for answered.Load() < 200 {
+		time.Sleep(time.Millisecond)
+	}
+	os.WriteFile(cfg, []byte("rules:\n  - {match: kept, limit: 1/h}\n  - {match: load, limit: 5/s}\n  - {match: fresh, limit: 1/h}\n"), 0o644)
+	d.cmd.Process.Signal(syscall.SIGHUP)
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(d.logs(), "reloaded") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no reload logged: %s", d.logs())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	before := answered.Load()
+	for answered.Load() < before+200 {
+		time.Sleep(time.Millisecond)
+	}
+	close(stop)
+	for i := 0; i < 8; i++ {
+		if err := <-errs; err != nil {
+			t.Errorf("a client during the reload: %v", err)
+		}
+	}
+	if got := query(t, d.line, "kept\nfresh\nfresh\n"); got != "NO\nOK\nNO\n" {
+		t.Errorf("after the reload: %q: the kept bucket must stay drained, the new rule must apply", got)
+	}
+	// A broken config is refused and the old one stays.
+	os.WriteFile(cfg, []byte("rules: [{match: x, limit: ten}]\n"), 0o644)
+	d.cmd.Process.Signal(syscall.SIGHUP)
+	for !strings.Contains(d.logs(), "reload refused") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no refusal logged: %s", d.logs())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !strings.Contains(d.logs(), "sluice.yaml:1:") {
+		t.Errorf("the refusal does not name the file and line: %s", d.logs())
+	}
+	if got := query(t, d.line, "fresh\n"); got != "NO\n" {
+		t.Errorf("after a refused reload: %q", got)
+	}
+}
+
+// TestServeSIGTERMUnderLoad: SIGTERM under load: every client gets well-formed answers up
+// to an orderly close, and the daemon exits 0 within a few seconds.
+func TestServeSIGTERMUnderLoad(t *testing.T) {
+	d := startDaemon(t, "--limit", "load=100000/s")
+	stop := make(chan struct{})
+	errs := make(chan error, 8)
+	var answered atomic.Int64
+	for i := 0; i < 8; i++ {
+		go worker(t, d.line, "load", stop, &answered, errs)
+	}
+	for answered.Load() < 500 {
+		time.Sleep(time.Millisecond)
+	}
+	start := time.Now()
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-d.done:
+		if err != nil {
+			t.Fatalf("the daemon exited with %v: %s", err, d.logs())
+		}
+		d.done <- nil // for the cleanup
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the daemon did not exit within 10s of SIGTERM: %s", d.logs())
+	}
+	if el := time.Since(start); el > 6*time.Second {
+		t.Errorf("exit took %v", el)
+	}
+	close(stop)
+	for i := 0; i < 8; i++ {
+		// Each client ends on a read or write error once the daemon closes: what matters is
+		// that no answer was malformed (worker reports that as an "answer" error).
+		if err := <-errs; err != nil && strings.Contains(err.Error(), "malformed") {
+			t.Errorf("a client: %v", err)
+		}
+	}
+	if !strings.Contains(d.logs(), "stopped") {
+		t.Errorf("no orderly stop logged: %s", d.logs())
+	}
+}
+
+func TestServeRefusesBadConfig(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "bad.yaml")
+	os.WriteFile(cfg, []byte("rules:\n  - match: api\n    limit: 10 per second\n"), 0o644)
+	out, err := exec.Command(binary, "serve", "--config", cfg).CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 {
+		t.Fatalf("exit %v, want 2", err)
+	}
+	if !strings.Contains(string(out), "bad.yaml:3:") {
+		t.Errorf("the error does not name file and line: %s", out)
+	}
+}
