@@ -61,7 +61,11 @@ type syncWriter struct {
 	b  *bytes.Buffer
 }
 
-func (w syncWriter) Write(p []byte) (int, error) { w.mu.Lock(); defer w.mu.Unlock(); return w.b.Write(p) }
+func (w syncWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
 
 func startDaemon(t *testing.T, args ...string) *daemon {
 	t.Helper()
