@@ -12,10 +12,11 @@ PKGS          := ./...
 
 all: lint test
 
-## test: every test with the race detector (needs redis-server once the redis mode lands).
+## test: every test with the race detector, then a short run of each fuzz target.
 test:
 	$(GO) test -race -timeout 15m $(PKGS)
 	cd bench && $(GO) test -race -timeout 5m -run . ./...
+	$(MAKE) fuzz FUZZTIME=3s
 
 ## test-short: the quick subset, for the edit loop.
 test-short:
@@ -32,9 +33,15 @@ bench:
 	  done
 	cd bench && $(GO) tool benchstat -col /impl results/local.txt
 
-## fuzz: each fuzz target for FUZZTIME (the seed corpora also run in `make test`).
+## fuzz: each fuzz target for FUZZTIME (make test runs each for 3s; their seed corpora run
+## with the other tests).
+FUZZ_TARGETS := .:FuzzParse ./server:FuzzParseLine ./server:FuzzParseConfig ./server:FuzzGlobMatch
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) .
+	@for t in $(FUZZ_TARGETS); do \
+	  pkg=$${t%%:*}; name=$${t##*:}; \
+	  echo "fuzz $$pkg $$name for $(FUZZTIME)"; \
+	  $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	done
 
 ## soak: long real-time runs that judge real decisions exactly (SOAKTIME each).
 soak:
