@@ -58,9 +58,9 @@ type Backend struct {
 	maxBatch   int
 	probeEvery time.Duration
 	clock      clock.Clock
-	share      float64          // fallback share; 0: no local fallback
-	now        func() int64     // tests only: virtual time passed to the script
-	fallback   *local.Backend   // the local GCRA of fail mode "local"
+	share      float64        // fallback share; 0: no local fallback
+	now        func() int64   // tests only: virtual time passed to the script
+	fallback   *local.Backend // the local GCRA of fail mode "local"
 	p          *pipeliner
 	ctx        context.Context
 	cancel     context.CancelFunc
