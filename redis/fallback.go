@@ -72,9 +72,8 @@ func (b *Backend) probeOnce() error {
 	ctx, cancel := context.WithTimeout(b.ctx, b.timeout)
 	defer cancel()
 	pipe := b.client.Pipeline()
-	ping := pipe.Ping(ctx)
-	_, _ = pipe.Exec(ctx)
-	if err := ping.Err(); err != nil {
+	pipe.Ping(ctx)
+	if _, err := pipe.Exec(ctx); err != nil {
 		return err
 	}
 	return b.flushLedger(ctx)

@@ -148,10 +148,10 @@ func (p *pipeliner) exec(batch []*call, cmds []*goredis.Cmd) []*goredis.Cmd {
 	for _, c := range batch {
 		cmds = append(cmds, p.script.EvalSha(ctx, pipe, c.keys[:], c.args...))
 	}
-	_, _ = pipe.Exec(ctx)
+	_, execErr := pipe.Exec(ctx)
 	var again []*call
 	for i, c := range batch {
-		err := cmds[i].Err()
+		err := replyErr(cmds[i], execErr)
 		if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
 			again = append(again, c)
 			continue
@@ -166,14 +166,31 @@ func (p *pipeliner) exec(batch []*call, cmds []*goredis.Cmd) []*goredis.Cmd {
 		for i, c := range again {
 			retry[i] = p.script.Eval(ctx, pipe, c.keys[:], c.args...)
 		}
-		_, _ = pipe.Exec(ctx)
+		_, execErr := pipe.Exec(ctx)
 		for i, c := range again {
-			c.reply, c.err = retry[i].Val(), retry[i].Err()
+			c.reply, c.err = retry[i].Val(), replyErr(retry[i], execErr)
 			c.done <- struct{}{}
 		}
 	}
 	clear(cmds)
 	return cmds
+}
+
+// replyErr is a pipelined command's error. A pipeline that could not get a connection
+// (go-redis v9) reports the failure only from Exec and leaves its commands without error
+// and without reply: such a command gets Exec's error. Every reply of the script is
+// non-nil, so a command with neither did not run.
+func replyErr(cmd *goredis.Cmd, execErr error) error {
+	if err := cmd.Err(); err != nil {
+		return err
+	}
+	if cmd.Val() == nil {
+		if execErr == nil {
+			execErr = errors.New("sluice redis: no reply")
+		}
+		return execErr
+	}
+	return nil
 }
 
 // timers reuses the timers that bound each call's wait (Go 1.23 timers: after Stop, no

@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -175,9 +176,25 @@ func (s *Server) Kill() {
 	if s.cmd == nil {
 		return
 	}
+	s.cmd.Process.Signal(syscall.SIGCONT) // a paused process dies on SIGKILL too, but be plain
 	s.cmd.Process.Kill()
 	<-s.done
 	s.cmd, s.done = nil, nil
+}
+
+// Pause stops the server with SIGSTOP: connections stay open and nothing answers, as a
+// hung or partitioned server. Resume continues it.
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused server with SIGCONT.
+func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig os.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		s.cmd.Process.Signal(sig)
+	}
 }
 
 // Close kills the server and removes its directory.
