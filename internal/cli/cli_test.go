@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/sluicehq/sluice/internal/redistest"
 	"strings"
 	"testing"
 )
@@ -39,6 +40,8 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"demo", "--duration", "-1s"}, "--duration"},
 		{[]string{"demo", "--mode", "quantum"}, "quantum"},
 		{[]string{"demo", "stray"}, "stray"},
+		{[]string{"demo", "--mode", "redis", "--fail-mode", "maybe"}, "--fail-mode"},
+		{[]string{"demo", "--mode", "redis", "--fail-mode", "local", "--fallback-share", "2"}, "--fallback-share"},
 		{[]string{"referee", "--limit", "0/s"}, "limit"},
 		{[]string{"nonesuch"}, "nonesuch"},
 		{nil, "no command"},
@@ -70,5 +73,33 @@ func TestDemoJSON(t *testing.T) {
 	}
 	if j["mode"] != "local" || j["limit"] != "20/s burst=10" {
 		t.Errorf("mode %v limit %v", j["mode"], j["limit"])
+	}
+}
+
+// TestDemoRedis runs the demo in redis mode against a real redis-server: it keeps the
+// limit, and says so as "mode":"redis".
+func TestDemoRedis(t *testing.T) {
+	srv := redistest.New(t)
+	code, out, errs := run(t, "demo", "--mode", "redis", "--redis-url", srv.URL(), "--duration", "1s", "--workers", "3", "--margin", "20ms", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var j map[string]any
+	if err := json.Unmarshal([]byte(out), &j); err != nil {
+		t.Fatalf("not JSON: %v: %q", err, out)
+	}
+	if j["mode"] != "redis" || j["violations"] != 0.0 {
+		t.Errorf("mode %v, violations %v: %s", j["mode"], j["violations"], out)
+	}
+}
+
+// TestDemoRedisUnreachable: a Redis that does not answer is a clear error, not a run
+// that denies everything.
+func TestDemoRedisUnreachable(t *testing.T) {
+	srv := redistest.New(t)
+	srv.Kill()
+	code, _, errs := run(t, "demo", "--mode", "redis", "--redis-url", srv.URL(), "--duration", "1s")
+	if code != 1 || !strings.Contains(errs, "redis unavailable") {
+		t.Errorf("exit %d, stderr %q; want 1 and a clear error", code, errs)
 	}
 }
