@@ -4,9 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"github.com/sluicehq/sluice/internal/redistest"
 	"strings"
 	"testing"
+
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 func run(t *testing.T, args ...string) (int, string, string) {
