@@ -6,13 +6,14 @@ BENCHTIME     ?= 1s
 FUZZTIME      ?= 1m
 SOAKTIME      ?= 60s
 BENCH         ?= .
+RESULTS       ?= results/local.txt
 PKGS          := ./...
 
 .PHONY: all test test-short bench fuzz soak lint vet fmt tidy clean
 
 all: lint test
 
-## test: every test with the race detector (needs redis-server once the redis mode lands).
+## test: every test with the race detector (needs redis-server and redis-cli: .ci/run installs them).
 test:
 	$(GO) test -race -timeout 15m $(PKGS)
 	cd bench && $(GO) test -race -timeout 5m -run . ./...
@@ -21,16 +22,17 @@ test:
 test-short:
 	$(GO) test -short -timeout 5m $(PKGS)
 
-## bench: comparative benchmarks in bench/, interleaved, reported as ratios by benchstat.
+## bench: comparative benchmarks in bench/, interleaved, reported as ratios by benchstat
+## (the redis ones: make bench BENCH=Redis BENCHCOUNT=5 RESULTS=results/redis.txt).
 ## The libraries are interleaved: one run of every benchmark, BENCHCOUNT times over, so a
 ## machine that slows down mid-run slows every library alike.
 bench:
 	mkdir -p bench/results
-	cd bench && $(GO) test -c -o results/bench.test . && rm -f results/local.txt && \
+	cd bench && $(GO) test -c -o results/bench.test . && rm -f $(RESULTS) && \
 	  for i in $$(seq $(BENCHCOUNT)); do \
-	    ./results/bench.test -test.run '^$$' -test.bench '$(BENCH)' -test.benchmem -test.benchtime $(BENCHTIME) | tee -a results/local.txt; \
+	    ./results/bench.test -test.run '^$$' -test.bench '$(BENCH)' -test.benchmem -test.benchtime $(BENCHTIME) | tee -a $(RESULTS); \
 	  done
-	cd bench && $(GO) tool benchstat -col /impl results/local.txt
+	cd bench && $(GO) tool benchstat -col /impl $(RESULTS)
 
 ## fuzz: each fuzz target for FUZZTIME (the seed corpora also run in `make test`).
 fuzz:

@@ -246,15 +246,20 @@ func runSequence(b *Backend, client *goredis.Client, now *atomic.Int64, seq int6
 		return steps, err
 	}
 	f := strings.Fields(v)
-	if len(f) != 2+len(ls) || f[0] != "1" {
+	if len(f) != 3+2*len(ls) || f[0] != "1" {
 		return steps, fmt.Errorf("stored state %q", v)
 	}
-	hold, _ := strconv.ParseInt(f[1], 10, 64)
+	field := func(i int) int64 {
+		s, _ := strconv.ParseInt(f[1+2*i], 10, 64)
+		ns, _ := strconv.ParseInt(f[2+2*i], 10, 64)
+		return s*1e9 + ns
+	}
+	hold := field(0)
 	if (m.hold > at) != (hold > at) || (hold > at && hold != m.hold) {
 		return steps, fmt.Errorf("stored hold %d, core %d, at %d", hold, m.hold, at)
 	}
 	for i := range ls {
-		tat, _ := strconv.ParseInt(f[2+i], 10, 64)
+		tat := field(1 + i)
 		if max(tat, at) != max(m.tats[i], at) {
 			return steps, fmt.Errorf("stored TAT %d = %d, core %d, at %d", i, tat, m.tats[i], at)
 		}

@@ -95,21 +95,18 @@ func (b *Backend) flushLedger(ctx context.Context) error {
 	}
 	var ps []pending
 	for key, d := range entries {
-		k := len(d.limits)
-		p, off := penaltyLimit(d.limits)
 		// What is still owed: each limit's debt beyond now, charged at Redis' now.
-		args := []any{"s", b.nowArg(), "+", k, p, off}
 		owed := false
+		deltas := make([]int64, len(d.limits))
 		for i := range d.limits {
-			x := max(0, d.tats[i]-now)
-			owed = owed || x > 0
-			args = append(args, x, 0)
+			deltas[i] = max(0, d.tats[i]-now)
+			owed = owed || deltas[i] > 0
 		}
 		if owed {
-			ps = append(ps, pending{key: key, d: d, args: args})
+			ps = append(ps, pending{key: key, d: d, args: b.settleArgs(1, d.limits, deltas, nil)})
 		}
 		if d.until > now {
-			ps = append(ps, pending{key: key, d: d, args: []any{"p", b.nowArg(), d.until - now, k, p, off}})
+			ps = append(ps, pending{key: key, d: d, args: b.penalizeArgs(d.limits, d.until-now)})
 		}
 	}
 	for i := range ps {

@@ -174,7 +174,9 @@ func TestFaultFallback(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := strings.Fields(v)
-	hourly, _ := strconv.ParseInt(f[3], 10, 64)
+	hs, _ := strconv.ParseInt(f[5], 10, 64)
+	hns, _ := strconv.ParseInt(f[6], 10, 64)
+	hourly := hs*1e9 + hns
 	now := time.Now().UnixNano()
 	owed := time.Duration(hourly - now)
 	down := c.allowed[phaseDown].Load()

@@ -57,11 +57,18 @@ type pipeliner struct {
 	maxBatch int
 	ctx      context.Context // cancelled by close
 
-	mu     sync.Mutex
-	cond   *sync.Cond
-	queue  []*call
-	closed bool
-	wg     sync.WaitGroup
+	// direct lets a caller that finds nothing queued and nothing in flight send its own
+	// call, with no hand-off to a flusher (the common case at low concurrency). It is on
+	// only for clients that honour context deadlines, so that the caller still returns
+	// within the time-out.
+	direct bool
+
+	mu       sync.Mutex
+	cond     *sync.Cond
+	queue    []*call
+	inflight int // pipelines being sent, by flushers or direct callers
+	closed   bool
+	wg       sync.WaitGroup
 }
 
 func newPipeliner(ctx context.Context, client Client, script *goredis.Script, timeout time.Duration, flushers, maxBatch int) *pipeliner {
@@ -74,12 +81,29 @@ func newPipeliner(ctx context.Context, client Client, script *goredis.Script, ti
 	return p
 }
 
-// submit queues c. It reports false once the pipeliner is closed.
+// submit queues c, or sends it at once from the caller's goroutine when the direct path
+// applies; either way c.done is signalled when it is answered. It reports false once the
+// pipeliner is closed.
 func (p *pipeliner) submit(c *call) bool {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
 		return false
+	}
+	if p.direct && p.inflight == 0 && len(p.queue) == 0 {
+		p.inflight++
+		p.mu.Unlock()
+		c.state.Store(callSent)
+		batch := [1]*call{c}
+		var cmds [1]*goredis.Cmd
+		p.exec(batch[:], cmds[:0])
+		p.mu.Lock()
+		p.inflight--
+		if len(p.queue) > 0 {
+			p.cond.Signal()
+		}
+		p.mu.Unlock()
+		return true
 	}
 	p.queue = append(p.queue, c)
 	p.cond.Signal()
@@ -131,10 +155,14 @@ func (p *pipeliner) flusher() {
 		if rest > 0 {
 			p.cond.Signal()
 		}
+		p.inflight++
 		p.mu.Unlock()
 		if len(batch) > 0 {
 			cmds = p.exec(batch, cmds[:0])
 		}
+		p.mu.Lock()
+		p.inflight--
+		p.mu.Unlock()
 	}
 }
 

@@ -172,7 +172,22 @@ func New(client Client, opts ...Option) *Backend {
 	b.ledger.m = make(map[string]*debt)
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.p = newPipeliner(b.ctx, client, script, b.timeout, b.pipelines, b.maxBatch)
+	b.p.direct = honoursDeadlines(client)
 	return b
+}
+
+// honoursDeadlines reports whether client is known to return by a context's deadline:
+// go-redis clients with ContextTimeoutEnabled and no retries.
+func honoursDeadlines(client Client) bool {
+	switch c := client.(type) {
+	case *goredis.Client:
+		o := c.Options()
+		return o.ContextTimeoutEnabled && o.MaxRetries <= 0
+	case *goredis.ClusterClient:
+		o := c.Options()
+		return o.ContextTimeoutEnabled && o.MaxRetries <= 0
+	}
+	return false
 }
 
 // ClientOptions returns go-redis options for url (redis://[user:pass@]host:port[/db],
@@ -262,12 +277,33 @@ func (b *Backend) Stats() Stats {
 	return Stats{Failures: b.stats.failures.Load(), Fallbacks: b.stats.fallbacks.Load(), Probes: b.stats.probes.Load(), Down: b.down.Load()}
 }
 
-// nowArg is the script's now argument: "" for Redis TIME, virtual time in tests.
-func (b *Backend) nowArg() string {
+// appendNow appends the script's now argument: "" "" for Redis TIME, virtual time in
+// tests.
+func (b *Backend) appendNow(args []any) []any {
 	if b.now == nil {
-		return ""
+		return append(args, "", "")
 	}
-	return strconv.FormatInt(b.now(), 10)
+	return appendPair(args, b.now())
+}
+
+// appendPair appends x as the script reads times: whole seconds and nanoseconds, the
+// latter in [0, 1e9) (see sluice.lua on why).
+func appendPair(args []any, x int64) []any {
+	s, ns := x/1e9, x%1e9
+	if ns < 0 {
+		s, ns = s-1, ns+1e9
+	}
+	return append(args, s, ns)
+}
+
+// pairAt reads the pair at arr[i], arr[i+1] of a reply.
+func pairAt(arr []any, i int) (int64, bool) {
+	s, ok1 := arr[i].(int64)
+	ns, ok2 := arr[i+1].(int64)
+	if !ok1 || !ok2 || ns < 0 || ns >= 1e9 {
+		return 0, false
+	}
+	return s*1e9 + ns, true
 }
 
 func checkRequest(limits []gcra.Limit, n int64) error {
@@ -290,10 +326,15 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 	}
 	md := int64(max(req.MaxDelay, 0))
 	k := len(req.Limits)
-	args := make([]any, 0, 5+2*k)
-	args = append(args, "d", b.nowArg(), req.N, md, k)
+	args := make([]any, 0, 7+4*k)
+	args = append(args, "d")
+	args = b.appendNow(args)
+	args = append(args, req.N)
+	args = appendPair(args, md)
+	args = append(args, k)
 	for _, l := range req.Limits {
-		args = append(args, l.Tau, req.N*l.T)
+		args = appendPair(args, l.Tau)
+		args = appendPair(args, req.N*l.T)
 	}
 	reply, err := b.run(ctx, key, args)
 	if err != nil {
@@ -309,23 +350,24 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 	return g, nil
 }
 
-// decodeDecision reads the script's reply {allowed, now, delay, TAT...} into a grant. The
-// reply carries the decision and the key's TATs after it; Remaining and ResetAfter are
-// derived from them by the Go core itself (a query, n = 0), exactly as gcra.Decide does.
+// decodeDecision reads the script's reply {allowed, now, delay, TAT...} (times as pairs)
+// into a grant. The reply carries the decision and the key's TATs after it; Remaining
+// and ResetAfter are derived from them by the Go core itself (a query, n = 0), exactly as
+// gcra.Decide derives them.
 func decodeDecision(reply any, limits []gcra.Limit, n int64) (backend.Grant, bool) {
 	arr, ok := reply.([]any)
-	if !ok || len(arr) != 3+len(limits) {
+	if !ok || len(arr) != 5+2*len(limits) {
 		return backend.Grant{}, false
 	}
 	allowed, ok1 := arr[0].(int64)
-	now, ok2 := parseInt(arr[1])
-	delay, ok3 := parseInt(arr[2])
+	now, ok2 := pairAt(arr, 1)
+	delay, ok3 := pairAt(arr, 3)
 	if !ok1 || !ok2 || !ok3 || (allowed != 0 && allowed != 1) {
 		return backend.Grant{}, false
 	}
 	var tats [gcra.MaxLimits]int64
 	for i := range limits {
-		t, ok := parseInt(arr[3+i])
+		t, ok := pairAt(arr, 5+2*i)
 		if !ok {
 			return backend.Grant{}, false
 		}
@@ -345,14 +387,16 @@ func decodeDecision(reply any, limits []gcra.Limit, n int64) (backend.Grant, boo
 	return g, true
 }
 
-func parseInt(v any) (int64, bool) {
-	s, ok := v.(string)
-	if !ok {
-		return 0, false
+// nowReply reads the {now} reply of settle and penalize.
+func nowReply(reply any) bool {
+	arr, ok := reply.([]any)
+	if !ok || len(arr) != 2 {
+		return false
 	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	return n, err == nil
+	_, ok = pairAt(arr, 0)
+	return ok
 }
+
 
 // AllowOne takes one permit for key under l if one is free now (backend.Allower): the
 // script's brief form, whose reply is one integer.
@@ -361,7 +405,12 @@ func (b *Backend) AllowOne(ctx context.Context, key string, l gcra.Limit) (bool,
 	if err := checkRequest(ls[:], 1); err != nil {
 		return false, err
 	}
-	reply, err := b.run(ctx, key, []any{"a", b.nowArg(), 1, 0, 1, l.Tau, l.T})
+	args := make([]any, 0, 7)
+	args = append(args, "a")
+	args = b.appendNow(args)
+	args = appendPair(args, l.Tau)
+	args = appendPair(args, l.T)
+	reply, err := b.run(ctx, key, args)
 	if err != nil {
 		if b.fallback != nil && errors.Is(err, ErrUnavailable) {
 			g, err := b.fallbackDecide(ctx, key, backend.Request{Limits: ls[:], N: 1})
@@ -401,19 +450,18 @@ func (b *Backend) Adjust(ctx context.Context, key string, limits []gcra.Limit, t
 	if b.down.Load() {
 		return b.degradedAdjust(key, limits, t, newN)
 	}
-	sign, d := "=", int64(0)
+	sign, d := 0, int64(0)
 	switch {
 	case newN > t.N:
-		sign, d = "+", newN-t.N
+		sign, d = 1, newN-t.N
 	case newN < t.N:
-		sign, d = "-", t.N-newN
+		sign, d = -1, t.N-newN
 	}
-	p, off := penaltyLimit(limits)
-	args := make([]any, 0, 6+2*len(limits))
-	args = append(args, "s", b.nowArg(), sign, len(limits), p, off)
+	deltas := make([]int64, len(limits))
 	for i, l := range limits {
-		args = append(args, d*l.T, t.TatAfter[i])
+		deltas[i] = d * l.T
 	}
+	args := b.settleArgs(sign, limits, deltas, &t)
 	reply, err := b.run(ctx, key, args)
 	if err != nil {
 		if errors.Is(err, ErrUnavailable) {
@@ -421,7 +469,7 @@ func (b *Backend) Adjust(ctx context.Context, key string, limits []gcra.Limit, t
 		}
 		return err
 	}
-	if _, ok := parseInt(reply); !ok {
+	if !nowReply(reply) {
 		return &ReplyError{Op: "settle", Key: key, Reply: reply}
 	}
 	return nil
@@ -440,18 +488,47 @@ func (b *Backend) Penalize(ctx context.Context, key string, limits []gcra.Limit,
 	if b.down.Load() {
 		return b.degradedPenalize(ctx, key, limits, d)
 	}
-	p, off := penaltyLimit(limits)
-	reply, err := b.run(ctx, key, []any{"p", b.nowArg(), int64(d), len(limits), p, off})
+	reply, err := b.run(ctx, key, b.penalizeArgs(limits, int64(d)))
 	if err != nil {
 		if errors.Is(err, ErrUnavailable) {
 			return b.degradedPenalize(ctx, key, limits, d)
 		}
 		return err
 	}
-	if _, ok := parseInt(reply); !ok {
+	if !nowReply(reply) {
 		return &ReplyError{Op: "penalize", Key: key, Reply: reply}
 	}
 	return nil
+}
+
+// settleArgs are the arguments of a settlement: sign 1 charges deltas, -1 refunds them
+// (against the ticket's TATs), 0 only re-applies a penalty in force.
+func (b *Backend) settleArgs(sign int, limits []gcra.Limit, deltas []int64, t *gcra.Ticket) []any {
+	p, off := penaltyLimit(limits)
+	args := make([]any, 0, 9+4*len(limits))
+	args = append(args, "s")
+	args = b.appendNow(args)
+	args = append(args, sign, len(limits), p)
+	for i := range limits {
+		args = appendPair(args, deltas[i])
+		var after int64
+		if t != nil {
+			after = t.TatAfter[i]
+		}
+		args = appendPair(args, after)
+	}
+	return appendPair(args, off)
+}
+
+// penalizeArgs are the arguments of a penalty of d nanoseconds.
+func (b *Backend) penalizeArgs(limits []gcra.Limit, d int64) []any {
+	p, off := penaltyLimit(limits)
+	args := make([]any, 0, 9)
+	args = append(args, "p")
+	args = b.appendNow(args)
+	args = appendPair(args, d)
+	args = append(args, len(limits), p)
+	return appendPair(args, off)
 }
 
 // run sends one script call through the pipeliner and waits for its reply, at most the

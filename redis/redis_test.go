@@ -100,7 +100,7 @@ func TestWrongFormat(t *testing.T) {
 	c := newClient(t, shared.URL())
 	b := New(c, WithPrefix(prefix(t)), WithTimeout(5*time.Second))
 	defer b.Close()
-	c.Set(ctx, b.KeyName("k"), "2 0 5", 0)
+	c.Set(ctx, b.KeyName("k"), "2 0 0 5 0", 0)
 	_, err := b.Decide(ctx, "k", backend.Request{Limits: []gcra.Limit{{T: 1, Tau: 1}}, N: 1})
 	var re *ReplyError
 	if !errors.As(err, &re) || !strings.Contains(err.Error(), "format 2") {
