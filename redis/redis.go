@@ -397,7 +397,6 @@ func nowReply(reply any) bool {
 	return ok
 }
 
-
 // AllowOne takes one permit for key under l if one is free now (backend.Allower): the
 // script's brief form, whose reply is one integer.
 func (b *Backend) AllowOne(ctx context.Context, key string, l gcra.Limit) (bool, error) {
