@@ -208,7 +208,7 @@ func ClientOptions(url string, timeout time.Duration) (*goredis.Options, error) 
 	o.WriteTimeout = timeout
 	o.PoolTimeout = timeout
 	o.ContextTimeoutEnabled = true
-	o.DisableIndentity = true
+	o.DisableIdentity = true
 	return o, nil
 }
 

@@ -276,7 +276,6 @@ func ioReadFull(r *bufio.Reader, b []byte) (int, error) {
 // `redis-cli --cluster create`.
 type Cluster struct {
 	Nodes []*Server
-	dir   string
 }
 
 // Addrs returns the nodes' host:port.
