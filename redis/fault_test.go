@@ -20,11 +20,12 @@ import (
 const (
 	phaseUp = iota
 	phaseDown
+	phaseRestarting // Redis is starting again: answers may come from either side
 	phaseBack
 )
 
 type faultCounts struct {
-	calls, allowed, errs [3]atomic.Int64
+	calls, allowed, errs [4]atomic.Int64
 	maxLatency           atomic.Int64
 	down                 time.Duration // from the kill to the restart
 }
@@ -90,6 +91,7 @@ func faultRun(t *testing.T, limit string, failMode sluice.FailMode, opts ...Opti
 	downCalls := c.calls[phaseDown].Load()
 	waitFor(t, "calls during the outage", func() bool { return c.calls[phaseDown].Load() > downCalls+200 })
 	time.Sleep(300 * time.Millisecond) // an outage of some length, for the fallback's share to show
+	phase.Store(phaseRestarting)
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
 	}
@@ -100,8 +102,9 @@ func faultRun(t *testing.T, limit string, failMode sluice.FailMode, opts ...Opti
 	wg.Wait()
 	st := b.Stats()
 	t.Logf("calls up/down/back %d/%d/%d, allowed %d/%d/%d, errors %d/%d/%d; max latency %v; stats %+v",
-		c.calls[0].Load(), c.calls[1].Load(), c.calls[2].Load(), c.allowed[0].Load(), c.allowed[1].Load(), c.allowed[2].Load(),
-		c.errs[0].Load(), c.errs[1].Load(), c.errs[2].Load(), time.Duration(c.maxLatency.Load()), st)
+		c.calls[phaseUp].Load(), c.calls[phaseDown].Load(), c.calls[phaseBack].Load(),
+		c.allowed[phaseUp].Load(), c.allowed[phaseDown].Load(), c.allowed[phaseBack].Load(),
+		c.errs[phaseUp].Load(), c.errs[phaseDown].Load(), c.errs[phaseBack].Load(), time.Duration(c.maxLatency.Load()), st)
 	if lat := time.Duration(c.maxLatency.Load()); lat > timeout+150*time.Millisecond {
 		t.Errorf("a call took %v, over the time-out %v", lat, timeout)
 	}
