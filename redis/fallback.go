@@ -18,7 +18,8 @@ import (
 // checks Redis every probeEvery. When Redis answers, the prober charges the ledger to it
 // and closes the breaker. There are no retries: one probe at a time, whatever the load.
 
-// trip opens the breaker after a failure and starts the prober.
+// trip opens the breaker after a failure and starts the prober. The prober closes it once
+// Redis answers and has been charged the ledger.
 func (b *Backend) trip() {
 	b.stats.failures.Add(1)
 	if !b.down.CompareAndSwap(false, true) {
@@ -52,16 +53,12 @@ func (b *Backend) probe() {
 		}
 		b.stats.probes.Add(1)
 		if b.probeOnce() == nil {
-			// Close the breaker only with the ledger empty, under its lock: a charge made
-			// after this sees the breaker closed and flushes itself (ledger.charge).
-			b.ledger.mu.Lock()
-			if len(b.ledger.m) == 0 {
-				b.down.Store(false)
-				b.ledger.mu.Unlock()
-				return
-			}
-			b.ledger.mu.Unlock()
-			continue // more debts arrived meanwhile: flush them at once
+			// Close the breaker, then flush once more: debts recorded while the first
+			// flush ran (the fallback still answered) go now, and a charge made after
+			// this sees the breaker closed and flushes itself (see charge).
+			b.down.Store(false)
+			b.flushNow()
+			return
 		}
 		t.Reset(b.probeEvery)
 	}
@@ -196,12 +193,12 @@ func (b *Backend) charge(key string, limits []gcra.Limit, at, n int64) {
 	up := !b.down.Load()
 	b.ledger.mu.Unlock()
 	if up && b.flushing.CompareAndSwap(false, true) {
-		b.background(b.flushNow)
+		b.background(func() { defer b.flushing.Store(false); b.flushNow() })
 	}
 }
 
+// flushNow charges the ledger to Redis, bounded by the time-out.
 func (b *Backend) flushNow() {
-	defer b.flushing.Store(false)
 	ctx, cancel := context.WithTimeout(b.ctx, b.timeout)
 	defer cancel()
 	_ = b.flushLedger(ctx)
