@@ -6,6 +6,7 @@ BENCHTIME     ?= 1s
 FUZZTIME      ?= 1m
 SOAKTIME      ?= 60s
 BENCH         ?= .
+RESULTS       ?= results/local.txt
 PKGS          := ./...
 
 .PHONY: all test test-short bench fuzz soak lint vet fmt tidy clean
@@ -22,16 +23,17 @@ test:
 test-short:
 	$(GO) test -short -timeout 5m $(PKGS)
 
-## bench: comparative benchmarks in bench/, interleaved, reported as ratios by benchstat.
+## bench: comparative benchmarks in bench/, interleaved, reported as ratios by benchstat
+## (the redis ones: make bench BENCH=Redis BENCHCOUNT=5 RESULTS=results/redis.txt).
 ## The libraries are interleaved: one run of every benchmark, BENCHCOUNT times over, so a
 ## machine that slows down mid-run slows every library alike.
 bench:
 	mkdir -p bench/results
-	cd bench && $(GO) test -c -o results/bench.test . && rm -f results/local.txt && \
+	cd bench && $(GO) test -c -o results/bench.test . && rm -f $(RESULTS) && \
 	  for i in $$(seq $(BENCHCOUNT)); do \
-	    ./results/bench.test -test.run '^$$' -test.bench '$(BENCH)' -test.benchmem -test.benchtime $(BENCHTIME) | tee -a results/local.txt; \
+	    ./results/bench.test -test.run '^$$' -test.bench '$(BENCH)' -test.benchmem -test.benchtime $(BENCHTIME) | tee -a $(RESULTS); \
 	  done
-	cd bench && $(GO) tool benchstat -col /impl results/local.txt
+	cd bench && $(GO) tool benchstat -col /impl $(RESULTS)
 
 ## fuzz: each fuzz target for FUZZTIME (make test runs each for 3s; their seed corpora run
 ## with the other tests).

@@ -3,7 +3,9 @@ module github.com/sluicehq/sluice/bench
 go 1.26.0
 
 require (
+	github.com/go-redis/redis_rate/v10 v10.0.1
 	github.com/mailgun/gubernator/v2 v2.4.0
+	github.com/redis/go-redis/v9 v9.7.3
 	github.com/sirupsen/logrus v1.9.2
 	github.com/sluicehq/sluice v0.0.0
 	go.uber.org/ratelimit v0.3.1
@@ -21,6 +23,7 @@ require (
 	github.com/coreos/go-semver v0.3.0 // indirect
 	github.com/coreos/go-systemd/v22 v22.3.2 // indirect
 	github.com/davecgh/go-spew v1.1.1 // indirect
+	github.com/dgryski/go-rendezvous v0.0.0-20200823014737-9f7001d12a5f // indirect
 	github.com/felixge/httpsnoop v1.0.4 // indirect
 	github.com/go-logr/logr v1.4.1 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 func run(t *testing.T, args ...string) (int, string, string) {
@@ -39,6 +41,8 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"demo", "--duration", "-1s"}, "--duration"},
 		{[]string{"demo", "--mode", "quantum"}, "quantum"},
 		{[]string{"demo", "stray"}, "stray"},
+		{[]string{"demo", "--mode", "redis", "--fail-mode", "maybe"}, "--fail-mode"},
+		{[]string{"demo", "--mode", "redis", "--fail-mode", "local", "--fallback-share", "2"}, "--fallback-share"},
 		{[]string{"referee", "--limit", "0/s"}, "limit"},
 		{[]string{"nonesuch"}, "nonesuch"},
 		{nil, "no command"},
@@ -106,5 +110,33 @@ func TestSimCommand(t *testing.T) {
 		if code != 2 || !strings.Contains(errs, c.want) {
 			t.Errorf("%v: exit %d stderr %q, want 2 and %q", c.args, code, errs, c.want)
 		}
+	}
+}
+
+// TestDemoRedis runs the demo in redis mode against a real redis-server: it keeps the
+// limit, and says so as "mode":"redis".
+func TestDemoRedis(t *testing.T) {
+	srv := redistest.New(t)
+	code, out, errs := run(t, "demo", "--mode", "redis", "--redis-url", srv.URL(), "--duration", "1s", "--workers", "3", "--margin", "20ms", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var j map[string]any
+	if err := json.Unmarshal([]byte(out), &j); err != nil {
+		t.Fatalf("not JSON: %v: %q", err, out)
+	}
+	if j["mode"] != "redis" || j["violations"] != 0.0 {
+		t.Errorf("mode %v, violations %v: %s", j["mode"], j["violations"], out)
+	}
+}
+
+// TestDemoRedisUnreachable: a Redis that does not answer is a clear error, not a run
+// that denies everything.
+func TestDemoRedisUnreachable(t *testing.T) {
+	srv := redistest.New(t)
+	srv.Kill()
+	code, _, errs := run(t, "demo", "--mode", "redis", "--redis-url", srv.URL(), "--duration", "1s")
+	if code != 1 || !strings.Contains(errs, "redis unavailable") {
+		t.Errorf("exit %d, stderr %q; want 1 and a clear error", code, errs)
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/demo"
+	sredis "github.com/sluicehq/sluice/redis"
 )
 
 func init() {
@@ -22,10 +23,14 @@ func init() {
 }
 
 func runDemo(ctx context.Context, env Env, args []string) error {
-	fs := newFlags(env, "demo", "demo [--mode local] [--limit '20/s burst=10'] [--workers 8] [--duration 10s] [--json]")
+	fs := newFlags(env, "demo", "demo [--mode local|redis] [--redis-url redis://HOST:PORT] [--limit '20/s burst=10'] [--workers 8] [--duration 10s] [--json]")
 	limits := sluice.MustParse("20/s burst=10")
 	fs.TextVar(&limits, "limit", limits, "the API's `limit`, enforced by the referee and obeyed by the pool (e.g. '1/6s', '100/s burst=20; 4500/h')")
-	mode := fs.String("mode", "local", "where decisions are made: `local` (the other modes are listed in the README)")
+	mode := fs.String("mode", "local", "where decisions are made: `local` (in process) or redis (in the Redis at --redis-url)")
+	redisURL := fs.String("redis-url", "redis://127.0.0.1:6379", "redis mode: the `url` of the Redis that decides (redis://[user:pass@]host:port[/db])")
+	redisTimeout := fs.Duration("redis-timeout", sredis.DefaultTimeout, "redis mode: the longest wait for Redis before the fail mode answers")
+	failMode := fs.String("fail-mode", "closed", "redis mode: what answers while Redis is unreachable: `closed` (deny), open (allow) or local (a local limiter at --fallback-share of the limit)")
+	share := fs.Float64("fallback-share", 1, "redis mode with --fail-mode local: this process' `share` of the limit while Redis is unreachable (0 to 1)")
 	workers := fs.Int("workers", 8, "workers in the pool (half start at once, the rest join during the first half; two leave early)")
 	dur := fs.Duration("duration", 10*time.Second, "how long the run lasts")
 	margin := fs.Duration("margin", 10*time.Millisecond, "the limiter's jitter tolerance (safety margin): 0 decides the limit exactly")
@@ -43,8 +48,16 @@ func runDemo(ctx context.Context, env Env, args []string) error {
 		return usagef("--margin %v: want 0 or more", *margin)
 	}
 	cfg := demo.Config{Mode: *mode, Limits: limits, Workers: *workers, Duration: *dur, Margin: *margin, Seed: *seed}
-	if *mode != "local" {
-		return usagef("--mode %q: not built yet (modes: local)", *mode)
+	switch *mode {
+	case "local":
+	case "redis":
+		nl, err := redisLimiter(*redisURL, *redisTimeout, *failMode, *share)
+		if err != nil {
+			return err
+		}
+		cfg.NewLimiter = nl
+	default:
+		return usagef("--mode %q: not built yet (modes: local, redis)", *mode)
 	}
 	if isTerminal(env.Stderr) {
 		cfg.Progress = func(p demo.Progress) {
@@ -65,6 +78,40 @@ func runDemo(ctx context.Context, env Env, args []string) error {
 	}
 	printSummary(env.Stdout, sum)
 	return nil
+}
+
+// redisLimiter makes the demo's limiter for the redis mode: its keys under a prefix of
+// their own, so that a run never meets the state of an earlier one.
+func redisLimiter(url string, timeout time.Duration, failMode string, share float64) (func(context.Context, sluice.Limits, time.Duration) (*sluice.Limiter, func(), error), error) {
+	opts := []sredis.Option{sredis.WithTimeout(timeout), sredis.WithPrefix(fmt.Sprintf("sluice:demo:%d:", time.Now().UnixNano()))}
+	fm := sluice.FailClosed
+	switch failMode {
+	case "closed":
+	case "open":
+		fm = sluice.FailOpen
+	case "local":
+		if share <= 0 || share > 1 {
+			return nil, usagef("--fallback-share %g: want more than 0 and at most 1", share)
+		}
+		opts = append(opts, sredis.WithFallback(share))
+	default:
+		return nil, usagef("--fail-mode %q: want closed, open or local", failMode)
+	}
+	if timeout <= 0 {
+		return nil, usagef("--redis-timeout %v: want more than 0", timeout)
+	}
+	return func(ctx context.Context, limits sluice.Limits, margin time.Duration) (*sluice.Limiter, func(), error) {
+		b, err := sredis.Dial(ctx, url, opts...)
+		if err != nil {
+			return nil, nil, fmt.Errorf("demo: redis mode: %w", err)
+		}
+		l, err := sluice.New(limits, sluice.WithBackend(b), sluice.WithMargin(margin), sluice.WithFailMode(fm))
+		if err != nil {
+			b.Close()
+			return nil, nil, err
+		}
+		return l, func() { l.Close(); b.Close() }, nil
+	}, nil
 }
 
 func printSummary(w io.Writer, s demo.Summary) {

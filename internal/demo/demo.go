@@ -25,7 +25,7 @@ import (
 
 // Config is one demo run.
 type Config struct {
-	Mode     string        // "local"
+	Mode     string        // "local" or "redis" (the latter through NewLimiter)
 	Limits   sluice.Limits // the API's limit, enforced by the referee and obeyed by the pool
 	Workers  int           // pool size (default 8)
 	Duration time.Duration // run length (default 10s)

@@ -1,0 +1,199 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	sredis "github.com/sluicehq/sluice/redis"
+)
+
+// startRedis starts a redis-server on a free loopback port for one benchmark or test and
+// kills it at the end. The main module's internal/redistest cannot be imported from here
+// (it is internal, and it is test machinery, not API), and one plain server is all a
+// benchmark needs.
+func startRedis(tb testing.TB) string {
+	tb.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		tb.Fatal("the redis benchmarks need redis-server on the PATH (Debian: apt-get install redis-server; .ci/run installs it)")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	ln.Close()
+	dir := tb.TempDir()
+	cmd := exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir)
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	addr := "127.0.0.1:" + port
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Ping(context.Background()).Err() != nil {
+		if time.Now().After(deadline) {
+			tb.Fatal("redis-server did not answer")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return addr
+}
+
+// redisCPU reads the server's CPU time (user + system) from INFO cpu.
+func redisCPU(c *goredis.Client) time.Duration {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		return 0
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+			f, _ := strconv.ParseFloat(v, 64)
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
+}
+
+// processCPU is this process' CPU time (user + system).
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// runDecisions makes b.N decisions from g goroutines over keys and reports decisions/s,
+// p50 and p99 latency, and CPU per decision of this process (the client) and of Redis.
+func runDecisions(b *testing.B, g int, keys []string, info *goredis.Client, decide func(key string) bool) {
+	lat := make([]int64, b.N)
+	var next, denied atomic.Int64
+	var wg sync.WaitGroup
+	cpu0, rcpu0 := processCPU(), redisCPU(info)
+	b.ResetTimer()
+	start := time.Now()
+	for w := 0; w < g; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(b.N) {
+					return
+				}
+				t0 := time.Now()
+				if !decide(keys[int(i)%len(keys)]) {
+					denied.Add(1)
+				}
+				lat[i] = int64(time.Since(t0))
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	cpu, rcpu := processCPU()-cpu0, redisCPU(info)-rcpu0
+	slices.Sort(lat)
+	n := float64(b.N)
+	b.ReportMetric(n/elapsed.Seconds(), "decisions/s")
+	b.ReportMetric(float64(lat[len(lat)/2])/1e3, "p50-us")
+	b.ReportMetric(float64(lat[len(lat)*99/100])/1e3, "p99-us")
+	b.ReportMetric(float64(cpu.Microseconds())/n, "client-cpu-us/op")
+	b.ReportMetric(float64(rcpu.Microseconds())/n, "redis-cpu-us/op")
+	b.ReportMetric(float64(denied.Load())/n, "denied/op")
+}
+
+// The limit both libraries get: so high that every decision grants, so that the
+// benchmark measures deciding, not waiting (as the local benchmarks do).
+var redisLimit = redis_rate.Limit{Rate: 1_000_000_000, Burst: 1000, Period: time.Second}
+
+// BenchmarkRedis: decisions on one Redis shared by client and server on this machine, at
+// 1, 8 and 64 goroutines, on one key and on 10,000 keys. impl=sluice is Limiter.Allow
+// (the backend's Allower: one permit, now or never), impl=sluice_decide is
+// Limiter.AllowN (the full decision: remaining, reset, retry-after), impl=redis_rate is
+// redis_rate's Allow (a full decision) through a go-redis client at its defaults.
+func BenchmarkRedis(b *testing.B) {
+	addr := startRedis(b)
+	info := goredis.NewClient(&goredis.Options{Addr: addr})
+	defer info.Close()
+	ctx := context.Background()
+	lim := sluice.Limits{sluice.PerSecond(int64(redisLimit.Rate)).WithBurst(int64(redisLimit.Burst))}
+	for _, nkeys := range []int{1, 10_000} {
+		ks := keys(nkeys)
+		for _, g := range []int{1, 8, 64} {
+			name := fmt.Sprintf("keys=%d/g=%d", nkeys, g)
+			b.Run(name+"/impl=sluice", func(b *testing.B) {
+				be, err := sredis.Dial(ctx, "redis://"+addr)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer be.Close()
+				l := sluice.MustNew(lim, sluice.WithBackend(be))
+				runDecisions(b, g, ks, info, func(k string) bool { return l.Allow(ctx, k) })
+			})
+			b.Run(name+"/impl=sluice_decide", func(b *testing.B) {
+				be, err := sredis.Dial(ctx, "redis://"+addr)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer be.Close()
+				l := sluice.MustNew(lim, sluice.WithBackend(be))
+				runDecisions(b, g, ks, info, func(k string) bool { d, _ := l.AllowN(ctx, k, 1); return d.Allowed })
+			})
+			b.Run(name+"/impl=redis_rate", func(b *testing.B) {
+				c := goredis.NewClient(&goredis.Options{Addr: addr})
+				defer c.Close()
+				rl := redis_rate.NewLimiter(c)
+				runDecisions(b, g, ks, info, func(k string) bool {
+					r, err := rl.Allow(ctx, k, redisLimit)
+					return err == nil && r.Allowed > 0
+				})
+			})
+		}
+	}
+}
+
+// TestRedisLibrariesAgree checks what the benchmark assumes of both libraries on a real
+// Redis: a fresh key gets its burst and is then throttled, so neither is measured
+// short-circuiting.
+func TestRedisLibrariesAgree(t *testing.T) {
+	addr := startRedis(t)
+	ctx := context.Background()
+	be, err := sredis.Dial(ctx, "redis://"+addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	l := sluice.MustNew(sluice.Limits{sluice.PerSecond(1).WithBurst(3)}, sluice.WithBackend(be))
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	defer c.Close()
+	rl := redis_rate.NewLimiter(c)
+	var sn, rn int
+	for i := 0; i < 10; i++ {
+		if l.Allow(ctx, "k") {
+			sn++
+		}
+		if r, err := rl.Allow(ctx, "k", redis_rate.Limit{Rate: 1, Burst: 3, Period: time.Second}); err == nil && r.Allowed > 0 {
+			rn++
+		}
+	}
+	if sn != 3 || rn != 3 {
+		t.Fatalf("grants of a fresh key with burst 3: sluice %d, redis_rate %d", sn, rn)
+	}
+}

@@ -1,0 +1,258 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// phase of a fault run, as seen by the callers.
+const (
+	phaseUp = iota
+	phaseDown
+	phaseRestarting // Redis is starting again: answers may come from either side
+	phaseBack
+)
+
+type faultCounts struct {
+	calls, allowed, errs [4]atomic.Int64
+	maxLatency           atomic.Int64
+	down                 time.Duration // from the kill to the restart
+}
+
+// faultRun runs goroutines that call Allow on a limiter over a Redis that is killed with
+// SIGKILL after a while and restarted later, and reports what the callers saw in each
+// phase. It checks that no call took longer than the time-out (plus scheduling slack)
+// and that decisions come back from Redis after the restart.
+func faultRun(t *testing.T, limit string, failMode sluice.FailMode, opts ...Option) (*faultCounts, *Backend, *goredis.Client, *redistest.Server) {
+	srv := redistest.New(t)
+	const timeout = 200 * time.Millisecond
+	o, err := ClientOptions(srv.URL(), timeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := goredis.NewClient(o)
+	t.Cleanup(func() { client.Close() })
+	opts = append([]Option{WithTimeout(timeout), WithProbeEvery(50 * time.Millisecond), WithPrefix(prefix(t))}, opts...)
+	b := New(client, opts...)
+	t.Cleanup(func() { b.Close() })
+	lim := sluice.MustNew(sluice.MustParse(limit), sluice.WithBackend(b), sluice.WithFailMode(failMode))
+	defer lim.Close()
+
+	var phase atomic.Int32
+	var dumped atomic.Bool
+	bound := latencyBound(timeout)
+	var c faultCounts
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				p := phase.Load()
+				start := time.Now()
+				d, err := lim.AllowN(ctx, "api", 1)
+				lat := time.Since(start)
+				if lat > bound && dumped.CompareAndSwap(false, true) {
+					buf := make([]byte, 1<<20)
+					t.Logf("a call took %v; goroutines:\n%s", lat, buf[:runtime.Stack(buf, true)])
+				}
+				for {
+					m := c.maxLatency.Load()
+					if int64(lat) <= m || c.maxLatency.CompareAndSwap(m, int64(lat)) {
+						break
+					}
+				}
+				c.calls[p].Add(1)
+				if d.Allowed {
+					c.allowed[p].Add(1)
+				}
+				// The work between two decisions (the API call, or the next task): callers
+				// that never pause (16 of them on 2 cores under the race detector) starve
+				// the scheduler, and a caller whose time-out fired is then run late.
+				time.Sleep(100 * time.Microsecond)
+				if err != nil {
+					c.errs[p].Add(1)
+					if !errors.Is(err, sluice.ErrUnavailable) && ctx.Err() == nil {
+						t.Errorf("phase %d: unexpected error %v", p, err)
+					}
+					time.Sleep(time.Millisecond) // a caller backing off, as the demo's workers do
+				}
+			}
+		}()
+	}
+	waitFor(t, "grants before the fault", func() bool { return c.allowed[phaseUp].Load() > 20 })
+	srv.Kill()
+	killed := time.Now()
+	phase.Store(phaseDown)
+	waitFor(t, "the breaker to open", func() bool { return b.Stats().Down })
+	downCalls := c.calls[phaseDown].Load()
+	waitFor(t, "calls during the outage", func() bool { return c.calls[phaseDown].Load() > downCalls+200 })
+	time.Sleep(300 * time.Millisecond) // an outage of some length, for the fallback's share to show
+	phase.Store(phaseRestarting)
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	phase.Store(phaseBack)
+	c.down = time.Since(killed)
+	waitFor(t, "recovery after Redis returns", func() bool { return !b.Stats().Down && c.allowed[phaseBack].Load() > 20 })
+	cancel()
+	wg.Wait()
+	st := b.Stats()
+	t.Logf("calls up/down/back %d/%d/%d, allowed %d/%d/%d, errors %d/%d/%d; max latency %v; stats %+v",
+		c.calls[phaseUp].Load(), c.calls[phaseDown].Load(), c.calls[phaseBack].Load(),
+		c.allowed[phaseUp].Load(), c.allowed[phaseDown].Load(), c.allowed[phaseBack].Load(),
+		c.errs[phaseUp].Load(), c.errs[phaseDown].Load(), c.errs[phaseBack].Load(), time.Duration(c.maxLatency.Load()), st)
+	if lat := time.Duration(c.maxLatency.Load()); lat > bound {
+		t.Errorf("a call took %v, over the time-out %v (bound with scheduling slack %v)", lat, timeout, bound)
+	}
+	if st.Failures == 0 || st.Probes == 0 {
+		t.Errorf("the outage was not seen: %+v", st)
+	}
+	return &c, b, client, srv
+}
+
+// latencyBound is the time-out plus the scheduling slack of this build: goroutines stall
+// in allocation for hundreds of milliseconds under the race detector on 2 cores.
+func latencyBound(timeout time.Duration) time.Duration {
+	if raceEnabled {
+		return timeout + time.Second
+	}
+	return timeout + 150*time.Millisecond
+}
+
+// waitFor polls cond until it holds or 20 seconds pass.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestFaultFailClosed: while Redis is down every call is denied with ErrUnavailable,
+// within the time-out; decisions resume from Redis after it returns.
+func TestFaultFailClosed(t *testing.T) {
+	c, _, _, _ := faultRun(t, "1000/s burst=50", sluice.FailClosed)
+	if n := c.allowed[phaseDown].Load(); n != 0 {
+		t.Errorf("%d calls allowed while Redis was down, failing closed", n)
+	}
+	if c.errs[phaseDown].Load() == 0 {
+		t.Error("no call failed while Redis was down")
+	}
+}
+
+// TestFaultFailOpen: while Redis is down every call is allowed.
+func TestFaultFailOpen(t *testing.T) {
+	c, _, _, _ := faultRun(t, "1000/s burst=50", sluice.FailOpen)
+	if c.errs[phaseDown].Load() != 0 {
+		t.Errorf("%d errors while failing open", c.errs[phaseDown].Load())
+	}
+	// The calls made in the instant of the kill may have been answered by Redis (and
+	// denied); all the rest were allowed.
+	if down, allowed := c.calls[phaseDown].Load(), c.allowed[phaseDown].Load(); allowed < down*9/10 {
+		t.Errorf("%d of %d calls allowed while failing open", allowed, down)
+	}
+}
+
+// TestFaultFallback: with the local fallback at half the limit, calls go on being
+// decided while Redis is down, at most at that share, and what was admitted is charged
+// back to Redis when it returns: the hourly limit's TAT in Redis carries it.
+func TestFaultFallback(t *testing.T) {
+	const share = 0.5
+	c, b, client, _ := faultRun(t, "100/s burst=10; 100000/h", sluice.FailClosed, WithFallback(share))
+	st := b.Stats()
+	if st.Fallbacks == 0 || c.allowed[phaseDown].Load() == 0 {
+		t.Fatalf("the fallback decided nothing: %+v", st)
+	}
+	if c.errs[phaseDown].Load() > 16 {
+		// Only the calls in flight at the kill (one per goroutine) may fail.
+		t.Errorf("%d errors while the fallback answered", c.errs[phaseDown].Load())
+	}
+	// At most the share: half the burst and half the rate over the outage, plus the calls
+	// Redis answered in the instant of the kill (one per goroutine).
+	if max := 5 + int64(50*c.down.Seconds()) + 16; c.allowed[phaseDown].Load() > max {
+		t.Errorf("%d grants during a %v outage, over the fallback's share (%d)", c.allowed[phaseDown].Load(), c.down, max)
+	}
+	// The hourly limit (T = 36ms) must carry every permit granted while down: its TAT in
+	// Redis is at least (grants up + grants down) × T ahead of the first grant.
+	v, err := client.Get(context.Background(), b.KeyName("api")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(v)
+	hs, _ := strconv.ParseInt(f[5], 10, 64)
+	hns, _ := strconv.ParseInt(f[6], 10, 64)
+	hourly := hs*1e9 + hns
+	now := time.Now().UnixNano()
+	owed := time.Duration(hourly - now)
+	down := c.allowed[phaseDown].Load()
+	if min := time.Duration(down) * 36 * time.Millisecond / 2; owed < min {
+		t.Errorf("hourly TAT %v ahead of now after %d fallback grants, want at least %v", owed, down, min)
+	}
+	t.Logf("fallback grants %d; the hourly limit's TAT is %v ahead", down, owed)
+}
+
+// TestFaultTimeout: a Redis that hangs (SIGSTOP: connections open, no answer) behind a
+// go-redis client left at its defaults (3 retries, 3s read time-out). Every call still
+// returns within the backend's time-out, later calls fail at once while the breaker is
+// open, and decisions resume when Redis does.
+func TestFaultTimeout(t *testing.T) {
+	srv := redistest.New(t)
+	client := goredis.NewClient(&goredis.Options{Addr: srv.Addr()})
+	defer client.Close()
+	const timeout = 150 * time.Millisecond
+	b := New(client, WithTimeout(timeout), WithProbeEvery(50*time.Millisecond), WithPrefix(prefix(t)))
+	defer b.Close()
+	lim := sluice.MustNew(sluice.MustParse("1000/s"), sluice.WithBackend(b))
+	defer lim.Close()
+	if !lim.Allow(ctx, "k") {
+		t.Fatal("no grant before the fault")
+	}
+	srv.Pause()
+	var wg sync.WaitGroup
+	var slowest atomic.Int64
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 20; i++ {
+				start := time.Now()
+				d, err := lim.AllowN(ctx, "k", 1)
+				lat := time.Since(start)
+				if d.Allowed || !errors.Is(err, sluice.ErrUnavailable) {
+					t.Errorf("hung Redis: %+v %v", d, err)
+				}
+				if int64(lat) > slowest.Load() {
+					slowest.Store(int64(lat))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if lat := time.Duration(slowest.Load()); lat > latencyBound(timeout) {
+		t.Errorf("a call took %v with a time-out of %v", lat, timeout)
+	}
+	if !b.Stats().Down {
+		t.Error("the breaker did not open")
+	}
+	srv.Resume()
+	waitFor(t, "recovery", func() bool { return lim.Allow(ctx, "k") })
+	t.Logf("slowest call %v; %+v", time.Duration(slowest.Load()), b.Stats())
+}

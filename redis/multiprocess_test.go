@@ -1,0 +1,339 @@
+package redis
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// workerEnv, when set, makes the test binary a worker process of the multi-process tests
+// (see TestMain): its value is the worker's JSON config.
+const workerEnv = "SLUICE_REDIS_WORKER"
+
+type workerConfig struct {
+	Addrs      []string      `json:"addrs"`
+	Cluster    bool          `json:"cluster"`
+	Prefix     string        `json:"prefix"`
+	Keys       []string      `json:"keys"`
+	Limits     string        `json:"limits"`
+	Goroutines int           `json:"goroutines"`
+	Duration   time.Duration `json:"duration"`
+	Skew       time.Duration `json:"skew"` // offset of this process' clock
+	Seed       uint64        `json:"seed"`
+}
+
+// grantRecord is one grant as the backend saw it: its Redis time (the ticket's At) and
+// cost; cancelled grants are reported with n = 0.
+type grantRecord struct {
+	key string
+	at  int64
+	n   int64
+}
+
+// recorder is a backend that records every grant of the backend it wraps, and marks
+// grants cancelled through it.
+type recorder struct {
+	backend.Backend
+	mu     sync.Mutex
+	grants []grantRecord
+	index  map[gcra.Ticket]int
+}
+
+func (r *recorder) Decide(ctx context.Context, key string, req backend.Request) (backend.Grant, error) {
+	g, err := r.Backend.Decide(ctx, key, req)
+	if err == nil && g.Allowed && g.Ticket.N > 0 {
+		r.mu.Lock()
+		r.index[g.Ticket] = len(r.grants)
+		r.grants = append(r.grants, grantRecord{key, g.Ticket.At, g.Ticket.N})
+		r.mu.Unlock()
+	}
+	return g, err
+}
+
+func (r *recorder) Adjust(ctx context.Context, key string, ls []gcra.Limit, t gcra.Ticket, newN int64) error {
+	err := r.Backend.Adjust(ctx, key, ls, t, newN)
+	if err == nil && newN == 0 {
+		r.mu.Lock()
+		if i, ok := r.index[t]; ok {
+			r.grants[i].n = 0
+		}
+		r.mu.Unlock()
+	}
+	return err
+}
+
+// skewed is a clock offset from the real one by a constant: a machine whose clock is
+// wrong by seconds.
+type skewed struct {
+	clock.Clock
+	off time.Duration
+}
+
+func (s skewed) Now() time.Time  { return s.Clock.Now().Add(s.off) }
+func (s skewed) Nanotime() int64 { return s.Clock.Nanotime() + int64(s.off) }
+
+// workerMain is one worker process: goroutines that share one limiter (Redis backend,
+// this process' possibly skewed clock) wait for permits, reserve and cancel, with random
+// weights, on random keys, and print every grant as "key at n".
+func workerMain() int {
+	var cfg workerConfig
+	if err := json.Unmarshal([]byte(os.Getenv(workerEnv)), &cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 2
+	}
+	var client Client
+	if cfg.Cluster {
+		c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cfg.Addrs, MaxRetries: -1, ReadTimeout: 2 * time.Second})
+		defer c.Close()
+		client = c
+	} else {
+		o, _ := ClientOptions("redis://"+cfg.Addrs[0], 2*time.Second)
+		c := goredis.NewClient(o)
+		defer c.Close()
+		client = c
+	}
+	clk := skewed{clock.NewReal(), cfg.Skew}
+	rb := New(client, WithPrefix(cfg.Prefix), WithTimeout(2*time.Second), WithClock(clk))
+	defer rb.Close()
+	rec := &recorder{Backend: rb, index: map[gcra.Ticket]int{}}
+	lim, err := sluice.New(sluice.MustParse(cfg.Limits), sluice.WithBackend(rec), sluice.WithClock(clk),
+		sluice.WithMaxWait(300*time.Millisecond))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 2
+	}
+	defer lim.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration)
+	defer cancel()
+	maxN := int(lim.MaxCost())
+	var wg sync.WaitGroup
+	var failures sync.Map
+	for g := 0; g < cfg.Goroutines; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(cfg.Seed, uint64(g)))
+			for ctx.Err() == nil {
+				key := cfg.Keys[rng.IntN(len(cfg.Keys))]
+				n := 1 + rng.IntN(min(maxN, 3))
+				switch op := rng.IntN(10); {
+				case op < 2: // pessimistic
+					if _, err := lim.AllowN(ctx, key, n); err != nil && ctx.Err() == nil {
+						failures.Store(err.Error(), true)
+					}
+				case op < 4: // reserve, and give back the far ones at once
+					r, err := lim.Reserve(ctx, key, n)
+					if err != nil {
+						if ctx.Err() == nil {
+							failures.Store(err.Error(), true)
+						}
+						continue
+					}
+					if r.OK() && r.Delay >= 100*time.Millisecond {
+						_ = r.Cancel(ctx)
+					} else {
+						_ = r.Wait(ctx)
+					}
+				default: // wait for the permits, as a worker before its API call
+					_, _ = lim.WaitN(ctx, key, n)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	failures.Range(func(k, _ any) bool { fmt.Fprintln(os.Stderr, "worker: error:", k); return true })
+	w := bufio.NewWriter(os.Stdout)
+	for _, g := range rec.grants {
+		fmt.Fprintf(w, "%s %d %d\n", g.key, g.at, g.n)
+	}
+	w.Flush()
+	return 0
+}
+
+// runWorkers runs procs worker processes (re-executions of this test binary) at once and
+// returns their grants.
+func runWorkers(t *testing.T, procs int, cfg workerConfig, skews []time.Duration) []grantRecord {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		out, errOut []byte
+		err         error
+	}
+	results := make([]result, procs)
+	var wg sync.WaitGroup
+	for p := 0; p < procs; p++ {
+		c := cfg
+		c.Seed = uint64(p + 1)
+		if skews != nil {
+			c.Skew = skews[p]
+		}
+		js, _ := json.Marshal(c)
+		cmd := exec.Command(exe, "-test.run", "^$")
+		cmd.Env = append(os.Environ(), workerEnv+"="+string(js))
+		var out, errOut bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := cmd.Run()
+			results[p] = result{out.Bytes(), errOut.Bytes(), err}
+		}()
+	}
+	wg.Wait()
+	var grants []grantRecord
+	for p, r := range results {
+		if r.err != nil {
+			t.Fatalf("worker %d: %v: %s", p, r.err, r.errOut)
+		}
+		if len(r.errOut) > 0 {
+			t.Logf("worker %d: %s", p, r.errOut)
+		}
+		n := 0
+		for _, line := range strings.Split(strings.TrimSpace(string(r.out)), "\n") {
+			f := strings.Fields(line)
+			if len(f) != 3 {
+				continue
+			}
+			at, _ := strconv.ParseInt(f[1], 10, 64)
+			cost, _ := strconv.ParseInt(f[2], 10, 64)
+			grants = append(grants, grantRecord{f[0], at, cost})
+			n++
+		}
+		if n == 0 {
+			t.Fatalf("worker %d made no grant", p)
+		}
+	}
+	return grants
+}
+
+// judge checks the grants of each key exactly: fed in Redis-time order to a strict GCRA
+// that never reserves, every grant must be accepted. It returns the utilization of each
+// key over the span of its grants.
+func judge(t *testing.T, grants []grantRecord, limits sluice.Limits) map[string]float64 {
+	t.Helper()
+	core := limits.Core(0)
+	byKey := map[string][]grantRecord{}
+	for _, g := range grants {
+		if g.n > 0 {
+			byKey[g.key] = append(byKey[g.key], g)
+		}
+	}
+	util := map[string]float64{}
+	for key, gs := range byKey {
+		sort.SliceStable(gs, func(i, j int) bool { return gs[i].at < gs[j].at })
+		tats := make([]int64, len(core))
+		var used int64
+		for i, g := range gs {
+			r, _, err := gcra.Decide(tats, core, g.at, g.n, 0)
+			if err != nil || !r.Allowed {
+				t.Fatalf("key %s: grant %d of %d (n=%d at +%v) breaks %s", key, i, len(gs), g.n, time.Duration(g.at-gs[0].at), limits)
+			}
+			used += g.n
+		}
+		w := float64(gs[len(gs)-1].at-gs[0].at) / float64(time.Second)
+		// The tightest limit's capacity over the span: burst + rate × w.
+		capacity := 0.0
+		for i, l := range core {
+			c := float64(l.Burst()) + w*float64(time.Second)/float64(l.T)
+			if i == 0 || c < capacity {
+				capacity = c
+			}
+		}
+		util[key] = float64(used) / capacity
+	}
+	return util
+}
+
+func multiConfig(t *testing.T, addrs []string, keys int) workerConfig {
+	ks := make([]string, keys)
+	for i := range ks {
+		ks[i] = fmt.Sprintf("tenant-%d", i)
+	}
+	return workerConfig{
+		Addrs: addrs, Prefix: prefix(t), Keys: ks, Limits: "400/s burst=10", Goroutines: 16, Duration: 2 * time.Second,
+	}
+}
+
+func checkUtilization(t *testing.T, util map[string]float64, keys int) {
+	t.Helper()
+	if len(util) != keys {
+		t.Fatalf("grants on %d keys, want %d", len(util), keys)
+	}
+	for k, u := range util {
+		t.Logf("key %s: utilization %.3f", k, u)
+		// Loose: cancelled reservations may leave slots unused (refunds are partial), and
+		// the race detector slows the workers. Tight figures belong to benchmarks and soak.
+		if u < 0.5 {
+			t.Errorf("key %s: utilization %.3f, want at least 0.5", k, u)
+		}
+	}
+}
+
+// TestMultiProcess: 3 OS processes of 16 goroutines share one limit through one real
+// Redis; every grant, judged by its Redis time, conforms exactly.
+func TestMultiProcess(t *testing.T) {
+	cfg := multiConfig(t, []string{shared.Addr()}, 1)
+	grants := runWorkers(t, 3, cfg, nil)
+	util := judge(t, grants, sluice.MustParse(cfg.Limits))
+	t.Logf("%d grants from 3 processes", len(grants))
+	checkUtilization(t, util, 1)
+}
+
+// TestMultiProcessClockSkew: the same with the processes' clocks seconds apart (-3s, 0,
+// +5s, through the clock interface): decisions use Redis' clock, so the grants still
+// conform exactly.
+func TestMultiProcessClockSkew(t *testing.T) {
+	cfg := multiConfig(t, []string{shared.Addr()}, 1)
+	grants := runWorkers(t, 3, cfg, []time.Duration{-3 * time.Second, 0, 5 * time.Second})
+	util := judge(t, grants, sluice.MustParse(cfg.Limits))
+	checkUtilization(t, util, 1)
+}
+
+// TestMultiProcessCluster: 3 processes share 12 keys spread over the slots of a
+// 3-master Redis Cluster; each key's grants conform exactly.
+func TestMultiProcessCluster(t *testing.T) {
+	cl := redistest.NewCluster(t)
+	cfg := multiConfig(t, cl.Addrs(), 12)
+	cfg.Cluster = true
+	cfg.Limits = "100/s burst=5; 1000/m"
+	grants := runWorkers(t, 3, cfg, nil)
+	// Every master holds some of the keys.
+	for _, n := range cl.Nodes {
+		if size, err := n.Do("DBSIZE"); err != nil || size == ":0" {
+			t.Errorf("node %s holds no key (%s %v): keys not spread over slots", n.Addr(), size, err)
+		}
+	}
+	util := judge(t, grants, sluice.MustParse(cfg.Limits))
+	checkUtilization(t, util, 12)
+	keys := slices.Sorted(func(yield func(string) bool) {
+		for k := range util {
+			if !yield(k) {
+				return
+			}
+		}
+	})
+	t.Logf("%d grants on keys %v", len(grants), keys)
+}

@@ -1,0 +1,632 @@
+package redis
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/local"
+)
+
+// FormatVersion is the version of the state format, carried by every key name and by the
+// script. A release that changes the format changes it, so that processes of two releases
+// never read each other's state (see docs/redis.md on rolling upgrades).
+const FormatVersion = 1
+
+//go:embed sluice.lua
+var scriptSource string
+
+// script is the decision script, loaded once per process; EVALSHA with EVAL after NOSCRIPT.
+var script = goredis.NewScript(scriptSource)
+
+// Defaults.
+const (
+	DefaultPrefix     = "sluice:"
+	DefaultTimeout    = 100 * time.Millisecond // longest wait for an answer from Redis
+	DefaultPipelines  = 4                      // pipelines in flight at once
+	DefaultMaxBatch   = 256                    // most calls in one pipeline
+	DefaultProbeEvery = 100 * time.Millisecond // how often a down Redis is probed
+)
+
+// Client is what the backend needs of a go-redis client: pipelines. *goredis.Client,
+// *goredis.ClusterClient, *goredis.Ring and goredis.UniversalClient (single, Sentinel,
+// Cluster) satisfy it.
+type Client interface {
+	Pipeline() goredis.Pipeliner
+}
+
+// Backend decides permits in Redis, atomically per key, with Redis' clock. It implements
+// backend.Backend and backend.Allower. It is safe for concurrent use; make one with New or
+// Dial and Close it when done.
+type Backend struct {
+	client     Client
+	owned      interface{ Close() error } // closed by Close when Dial made the client
+	prefix     string
+	timeout    time.Duration
+	pipelines  int
+	maxBatch   int
+	probeEvery time.Duration
+	clock      clock.Clock
+	share      float64        // fallback share; 0: no local fallback
+	now        func() int64   // tests only: virtual time passed to the script
+	fallback   *local.Backend // the local GCRA of fail mode "local"
+	p          *pipeliner
+	ctx        context.Context
+	cancel     context.CancelFunc
+	down       atomic.Bool // the breaker: Redis failed and has not answered a probe since
+	flushing   atomic.Bool // a flush of the ledger runs in the background
+	ledger     ledger      // what was admitted or charged while Redis was down
+
+	mu     sync.Mutex // guards closed and wg.Add
+	closed bool
+	wg     sync.WaitGroup
+
+	stats struct {
+		failures, fallbacks, probes atomic.Int64
+	}
+}
+
+var (
+	_ backend.Backend = (*Backend)(nil)
+	_ backend.Allower = (*Backend)(nil)
+)
+
+// Option configures a Backend.
+type Option interface{ apply(*Backend) }
+
+type optionFunc func(*Backend)
+
+func (f optionFunc) apply(b *Backend) { f(b) }
+
+// WithPrefix sets the prefix of every key name (default DefaultPrefix). A key's state
+// lives at PREFIX + "v1:{" + key + "}" (see KeyName).
+func WithPrefix(p string) Option { return optionFunc(func(b *Backend) { b.prefix = p }) }
+
+// WithTimeout bounds how long a call waits for Redis (default DefaultTimeout). A call with
+// no answer by then fails with ErrUnavailable, and the fail mode answers it.
+func WithTimeout(d time.Duration) Option {
+	return optionFunc(func(b *Backend) {
+		if d > 0 {
+			b.timeout = d
+		}
+	})
+}
+
+// WithPipelines sets how many pipelines may be in flight at once (default
+// DefaultPipelines) and how many calls one pipeline carries at most (default
+// DefaultMaxBatch). Values <= 0 keep the default.
+func WithPipelines(inFlight, maxBatch int) Option {
+	return optionFunc(func(b *Backend) {
+		if inFlight > 0 {
+			b.pipelines = inFlight
+		}
+		if maxBatch > 0 {
+			b.maxBatch = maxBatch
+		}
+	})
+}
+
+// WithProbeEvery sets how often a Redis that failed is probed for its return (default
+// DefaultProbeEvery). While it is down, calls are answered at once without waiting for it.
+func WithProbeEvery(d time.Duration) Option {
+	return optionFunc(func(b *Backend) {
+		if d > 0 {
+			b.probeEvery = d
+		}
+	})
+}
+
+// WithClock sets the clock of the local fallback and of the charge-back ledger (default
+// clock.Default). Decisions in Redis never read it: they use Redis' clock.
+func WithClock(c clock.Clock) Option { return optionFunc(func(b *Backend) { b.clock = c }) }
+
+// WithFallback selects the fail mode "local": while Redis is unavailable, this process
+// decides on its own with a local GCRA at share (0 < share <= 1) of each limit's rate and
+// burst (at least one permit of burst), instead of returning ErrUnavailable. What it
+// admitted is charged back to Redis when Redis returns. With P processes that each run
+// at share s while all are cut off, the pool admits up to P*s of the limit: s = 1/P keeps
+// it within the limit (see docs/redis.md).
+func WithFallback(share float64) Option {
+	return optionFunc(func(b *Backend) {
+		if share > 0 && share <= 1 {
+			b.share = share
+		}
+	})
+}
+
+// withNow makes the script use virtual time read from now instead of Redis TIME: the
+// test-only entry point of the differential test and the conformance suite.
+func withNow(now func() int64) Option { return optionFunc(func(b *Backend) { b.now = now }) }
+
+// New returns a backend deciding in Redis through client. The caller keeps ownership of
+// the client; it should not retry commands itself (go-redis does by default: set
+// MaxRetries to -1, see docs/redis.md), but the backend bounds every call by its time-out
+// whatever the client's settings.
+func New(client Client, opts ...Option) *Backend {
+	b := &Backend{
+		client:     client,
+		prefix:     DefaultPrefix,
+		timeout:    DefaultTimeout,
+		pipelines:  DefaultPipelines,
+		maxBatch:   DefaultMaxBatch,
+		probeEvery: DefaultProbeEvery,
+		clock:      clock.Default,
+	}
+	for _, o := range opts {
+		o.apply(b)
+	}
+	if b.share > 0 {
+		b.fallback = local.New(local.WithClock(b.clock))
+	}
+	b.ledger.m = make(map[string]*debt)
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	b.p = newPipeliner(b.ctx, client, script, b.timeout, b.pipelines, b.maxBatch)
+	b.p.direct = honoursDeadlines(client)
+	return b
+}
+
+// honoursDeadlines reports whether client is known to return by a context's deadline:
+// go-redis clients with ContextTimeoutEnabled and no retries.
+func honoursDeadlines(client Client) bool {
+	switch c := client.(type) {
+	case *goredis.Client:
+		o := c.Options()
+		return o.ContextTimeoutEnabled && o.MaxRetries <= 0
+	case *goredis.ClusterClient:
+		o := c.Options()
+		return o.ContextTimeoutEnabled && o.MaxRetries <= 0
+	}
+	return false
+}
+
+// ClientOptions returns go-redis options for url (redis://[user:pass@]host:port[/db],
+// or rediss://) set as the backend wants them: no retries (a retried script may be
+// charged twice, and retries pile up while Redis is down), dial, read and write
+// time-outs of timeout, and context deadlines honoured.
+func ClientOptions(url string, timeout time.Duration) (*goredis.Options, error) {
+	o, err := goredis.ParseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("sluice redis: bad url: %w", err)
+	}
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	o.MaxRetries = -1
+	o.DialTimeout = timeout
+	o.ReadTimeout = timeout
+	o.WriteTimeout = timeout
+	o.PoolTimeout = timeout
+	o.ContextTimeoutEnabled = true
+	o.DisableIdentity = true
+	return o, nil
+}
+
+// Dial connects to the Redis at url with ClientOptions, checks that it answers, and
+// returns a backend that owns the client (Close closes it).
+func Dial(ctx context.Context, url string, opts ...Option) (*Backend, error) {
+	probe := &Backend{timeout: DefaultTimeout}
+	for _, o := range opts {
+		o.apply(probe)
+	}
+	o, err := ClientOptions(url, probe.timeout)
+	if err != nil {
+		return nil, err
+	}
+	c := goredis.NewClient(o)
+	pctx, cancel := context.WithTimeout(ctx, max(probe.timeout, time.Second))
+	defer cancel()
+	if err := c.Ping(pctx).Err(); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, o.Addr, err)
+	}
+	b := New(c, opts...)
+	b.owned = c
+	return b, nil
+}
+
+// KeyName returns the Redis key that holds key's state: prefix, the format version, and
+// the key as a hash tag, so that all of one key's Redis keys share a cluster slot and keys
+// spread over slots. '\' and '}' in the key are escaped (as \\ and \]) and an empty key is
+// written \0, so the tag is never empty nor cut short, and distinct keys never share a name.
+func (b *Backend) KeyName(key string) string {
+	return b.prefix + "v" + strconv.Itoa(FormatVersion) + ":{" + escapeKey(key) + "}"
+}
+
+func escapeKey(k string) string {
+	if k == "" {
+		return `\0`
+	}
+	if !strings.ContainsAny(k, `\}`) {
+		return k
+	}
+	var sb strings.Builder
+	for i := 0; i < len(k); i++ {
+		switch k[i] {
+		case '\\':
+			sb.WriteString(`\\`)
+		case '}':
+			sb.WriteString(`\]`)
+		default:
+			sb.WriteByte(k[i])
+		}
+	}
+	return sb.String()
+}
+
+// Stats counts the backend's troubles.
+type Stats struct {
+	Failures  int64 // calls that could not get an answer from Redis
+	Fallbacks int64 // decisions made by the local fallback
+	Probes    int64 // probes of a down Redis
+	Down      bool  // whether the breaker is open now
+}
+
+// Stats returns the counts so far.
+func (b *Backend) Stats() Stats {
+	return Stats{Failures: b.stats.failures.Load(), Fallbacks: b.stats.fallbacks.Load(), Probes: b.stats.probes.Load(), Down: b.down.Load()}
+}
+
+// appendNow appends the script's now argument: "" "" for Redis TIME, virtual time in
+// tests.
+func (b *Backend) appendNow(args []any) []any {
+	if b.now == nil {
+		return append(args, "", "")
+	}
+	return appendPair(args, b.now())
+}
+
+// appendPair appends x as the script reads times: whole seconds and nanoseconds, the
+// latter in [0, 1e9) (see sluice.lua on why).
+func appendPair(args []any, x int64) []any {
+	s, ns := x/1e9, x%1e9
+	if ns < 0 {
+		s, ns = s-1, ns+1e9
+	}
+	return append(args, s, ns)
+}
+
+// pairAt reads the pair at arr[i], arr[i+1] of a reply.
+func pairAt(arr []any, i int) (int64, bool) {
+	s, ok1 := arr[i].(int64)
+	ns, ok2 := arr[i+1].(int64)
+	if !ok1 || !ok2 || ns < 0 || ns >= 1e9 {
+		return 0, false
+	}
+	return s*1e9 + ns, true
+}
+
+func checkRequest(limits []gcra.Limit, n int64) error {
+	if n < 0 {
+		return gcra.ErrInvalidCost
+	}
+	if err := gcra.ValidateLimits(limits); err != nil {
+		return err
+	}
+	if n > gcra.MaxCost(limits) {
+		return gcra.ErrCostExceedsBurst
+	}
+	return nil
+}
+
+// Decide decides req for key in Redis, at Redis' time.
+func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (backend.Grant, error) {
+	if err := checkRequest(req.Limits, req.N); err != nil {
+		return backend.Grant{}, err
+	}
+	md := int64(max(req.MaxDelay, 0))
+	k := len(req.Limits)
+	args := make([]any, 0, 7+4*k)
+	args = append(args, "d")
+	args = b.appendNow(args)
+	args = append(args, req.N)
+	args = appendPair(args, md)
+	args = append(args, k)
+	for _, l := range req.Limits {
+		args = appendPair(args, l.Tau)
+		args = appendPair(args, req.N*l.T)
+	}
+	reply, err := b.run(ctx, key, args)
+	if err != nil {
+		if b.fallback != nil && errors.Is(err, ErrUnavailable) {
+			return b.fallbackDecide(ctx, key, req)
+		}
+		return backend.Grant{}, err
+	}
+	g, ok := decodeDecision(reply, req.Limits, req.N)
+	if !ok {
+		return backend.Grant{}, &ReplyError{Op: "decide", Key: key, Reply: reply}
+	}
+	return g, nil
+}
+
+// decodeDecision reads the script's reply {allowed, now, delay, TAT...} (times as pairs)
+// into a grant. The reply carries the decision and the key's TATs after it; Remaining
+// and ResetAfter are derived from them by the Go core itself (a query, n = 0), exactly as
+// gcra.Decide derives them.
+func decodeDecision(reply any, limits []gcra.Limit, n int64) (backend.Grant, bool) {
+	arr, ok := reply.([]any)
+	if !ok || len(arr) != 5+2*len(limits) {
+		return backend.Grant{}, false
+	}
+	allowed, ok1 := arr[0].(int64)
+	now, ok2 := pairAt(arr, 1)
+	delay, ok3 := pairAt(arr, 3)
+	if !ok1 || !ok2 || !ok3 || (allowed != 0 && allowed != 1) {
+		return backend.Grant{}, false
+	}
+	var tats [gcra.MaxLimits]int64
+	for i := range limits {
+		t, ok := pairAt(arr, 5+2*i)
+		if !ok {
+			return backend.Grant{}, false
+		}
+		tats[i] = t
+	}
+	q, _, err := gcra.Decide(tats[:len(limits)], limits, now, 0, 0)
+	if err != nil {
+		return backend.Grant{}, false
+	}
+	g := backend.Grant{Result: gcra.Result{Allowed: allowed == 1, Remaining: q.Remaining, ResetAfter: q.ResetAfter}}
+	if !g.Allowed {
+		g.RetryAfter = delay
+		return g, true
+	}
+	g.Delay = delay
+	g.Ticket = gcra.Ticket{N: n, At: now + delay, TatAfter: tats}
+	return g, true
+}
+
+// nowReply reads the {now} reply of settle and penalize.
+func nowReply(reply any) bool {
+	arr, ok := reply.([]any)
+	if !ok || len(arr) != 2 {
+		return false
+	}
+	_, ok = pairAt(arr, 0)
+	return ok
+}
+
+// AllowOne takes one permit for key under l if one is free now (backend.Allower): the
+// script's brief form, whose reply is one integer.
+func (b *Backend) AllowOne(ctx context.Context, key string, l gcra.Limit) (bool, error) {
+	ls := [1]gcra.Limit{l}
+	if err := checkRequest(ls[:], 1); err != nil {
+		return false, err
+	}
+	args := make([]any, 0, 7)
+	args = append(args, "a")
+	args = b.appendNow(args)
+	args = appendPair(args, l.Tau)
+	args = appendPair(args, l.T)
+	reply, err := b.run(ctx, key, args)
+	if err != nil {
+		if b.fallback != nil && errors.Is(err, ErrUnavailable) {
+			g, err := b.fallbackDecide(ctx, key, backend.Request{Limits: ls[:], N: 1})
+			return g.Allowed, err
+		}
+		return false, err
+	}
+	v, ok := reply.(int64)
+	if !ok || (v != 0 && v != 1) {
+		return false, &ReplyError{Op: "allow", Key: key, Reply: reply}
+	}
+	return v == 1, nil
+}
+
+// penaltyLimit is the limit a penalty drains (gcra.Penalize: the first with the smallest
+// Tau), as a 1-based index for the script, and its Tau - T.
+func penaltyLimit(limits []gcra.Limit) (int, int64) {
+	k := 0
+	for i, l := range limits {
+		if l.Tau < limits[k].Tau {
+			k = i
+		}
+	}
+	return k + 1, limits[k].Tau - limits[k].T
+}
+
+// Adjust settles a grant to its real cost newN (see backend.Backend and gcra.Adjust).
+// While Redis is unavailable a charge (newN above the grant) is kept and charged when it
+// returns; a refund is given up (safe: refunds may be partial).
+func (b *Backend) Adjust(ctx context.Context, key string, limits []gcra.Limit, t gcra.Ticket, newN int64) error {
+	if newN < 0 {
+		return gcra.ErrInvalidCost
+	}
+	if err := gcra.ValidateLimits(limits); err != nil {
+		return err
+	}
+	if b.down.Load() {
+		return b.degradedAdjust(key, limits, t, newN)
+	}
+	sign, d := 0, int64(0)
+	switch {
+	case newN > t.N:
+		sign, d = 1, newN-t.N
+	case newN < t.N:
+		sign, d = -1, t.N-newN
+	}
+	deltas := make([]int64, len(limits))
+	for i, l := range limits {
+		deltas[i] = d * l.T
+	}
+	args := b.settleArgs(sign, limits, deltas, &t)
+	reply, err := b.run(ctx, key, args)
+	if err != nil {
+		if errors.Is(err, ErrUnavailable) {
+			return b.degradedAdjust(key, limits, t, newN)
+		}
+		return err
+	}
+	if !nowReply(reply) {
+		return &ReplyError{Op: "settle", Key: key, Reply: reply}
+	}
+	return nil
+}
+
+// Penalize holds key back for d in Redis, for every process that shares it. While Redis
+// is unavailable the penalty is applied to the local fallback (if any) and sent to Redis,
+// for what is left of it, when Redis returns.
+func (b *Backend) Penalize(ctx context.Context, key string, limits []gcra.Limit, d time.Duration) error {
+	if err := gcra.ValidateLimits(limits); err != nil {
+		return err
+	}
+	if d <= 0 {
+		return nil
+	}
+	if b.down.Load() {
+		return b.degradedPenalize(ctx, key, limits, d)
+	}
+	reply, err := b.run(ctx, key, b.penalizeArgs(limits, int64(d)))
+	if err != nil {
+		if errors.Is(err, ErrUnavailable) {
+			return b.degradedPenalize(ctx, key, limits, d)
+		}
+		return err
+	}
+	if !nowReply(reply) {
+		return &ReplyError{Op: "penalize", Key: key, Reply: reply}
+	}
+	return nil
+}
+
+// settleArgs are the arguments of a settlement: sign 1 charges deltas, -1 refunds them
+// (against the ticket's TATs), 0 only re-applies a penalty in force.
+func (b *Backend) settleArgs(sign int, limits []gcra.Limit, deltas []int64, t *gcra.Ticket) []any {
+	p, off := penaltyLimit(limits)
+	args := make([]any, 0, 9+4*len(limits))
+	args = append(args, "s")
+	args = b.appendNow(args)
+	args = append(args, sign, len(limits), p)
+	for i := range limits {
+		args = appendPair(args, deltas[i])
+		var after int64
+		if t != nil {
+			after = t.TatAfter[i]
+		}
+		args = appendPair(args, after)
+	}
+	return appendPair(args, off)
+}
+
+// penalizeArgs are the arguments of a penalty of d nanoseconds.
+func (b *Backend) penalizeArgs(limits []gcra.Limit, d int64) []any {
+	p, off := penaltyLimit(limits)
+	args := make([]any, 0, 9)
+	args = append(args, "p")
+	args = b.appendNow(args)
+	args = appendPair(args, d)
+	args = append(args, len(limits), p)
+	return appendPair(args, off)
+}
+
+// run sends one script call through the pipeliner and waits for its reply, at most the
+// time-out. While the breaker is open it fails at once; a failure to reach Redis opens it.
+func (b *Backend) run(ctx context.Context, key string, args []any) (any, error) {
+	if b.down.Load() {
+		if b.isClosed() {
+			return nil, backend.ErrClosed
+		}
+		return nil, fmt.Errorf("%w: down since a failure, probing every %v", ErrUnavailable, b.probeEvery)
+	}
+	reply, err := b.send(ctx, key, args)
+	if errors.Is(err, ErrUnavailable) {
+		b.trip()
+	}
+	return reply, err
+}
+
+// send submits one call and waits for it (see await).
+func (b *Backend) send(ctx context.Context, key string, args []any) (any, error) {
+	c := newCall(b.KeyName(key), args)
+	if !b.p.submit(c) {
+		return nil, backend.ErrClosed
+	}
+	return b.await(ctx, key, args, c)
+}
+
+// await waits for c's reply, at most the time-out, and classifies its error: ErrClosed,
+// ErrUnavailable (Redis could not decide) or a *ReplyError.
+func (b *Backend) await(ctx context.Context, key string, args []any, c *call) (any, error) {
+	t := timers.Get().(*time.Timer)
+	t.Reset(b.timeout)
+	select {
+	case <-c.done:
+		t.Stop()
+		timers.Put(t)
+		reply, err := c.reply, c.err
+		c.release()
+		switch {
+		case err == nil:
+			return reply, nil
+		case errors.Is(err, backend.ErrClosed):
+			return nil, err
+		case unavailable(err):
+			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		return nil, &ReplyError{Op: opName(args), Key: key, Err: err}
+	case <-t.C:
+		timers.Put(t)
+		c.state.CompareAndSwap(callQueued, callAbandoned)
+		return nil, fmt.Errorf("%w: no answer within %v", ErrUnavailable, b.timeout)
+	case <-ctx.Done():
+		t.Stop()
+		timers.Put(t)
+		c.state.CompareAndSwap(callQueued, callAbandoned)
+		return nil, ctx.Err()
+	}
+}
+
+func opName(args []any) string {
+	switch args[0] {
+	case "d":
+		return "decide"
+	case "a":
+		return "allow"
+	case "s":
+		return "settle"
+	case "p":
+		return "penalize"
+	}
+	return "call"
+}
+
+func (b *Backend) isClosed() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.closed
+}
+
+// Close stops the pipelines and the prober, waiting for those in flight (at most the
+// time-out, when the client honours context deadlines), and closes the client if Dial
+// made it. Later calls return backend.ErrClosed.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	b.mu.Unlock()
+	b.down.Store(true) // fail fast from now on
+	b.cancel()
+	b.p.close(backend.ErrClosed)
+	b.wg.Wait()
+	if b.fallback != nil {
+		b.fallback.Close()
+	}
+	if b.owned != nil {
+		return b.owned.Close()
+	}
+	return nil
+}
