@@ -33,6 +33,20 @@ func (r *Reservation) N() int64 {
 	return r.ticket.N
 }
 
+// Slot returns when the permits may be used, as the backend decided it: nanoseconds in
+// the backend's own time base (Redis TIME for the redis mode, the process's monotonic
+// clock for the local one). Decisions of one backend can be audited against each other
+// with it: the slots of all grants of a key conform to its limits exactly. Zero for a
+// denial.
+func (r *Reservation) Slot() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.Allowed {
+		return 0
+	}
+	return r.ticket.At
+}
+
 // OK reports whether the permits were granted.
 func (r *Reservation) OK() bool { return r.Allowed }
 

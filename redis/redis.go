@@ -80,6 +80,7 @@ type Backend struct {
 var (
 	_ backend.Backend = (*Backend)(nil)
 	_ backend.Allower = (*Backend)(nil)
+	_ backend.Pinger  = (*Backend)(nil)
 )
 
 // Option configures a Backend.
@@ -215,6 +216,23 @@ func ClientOptions(url string, timeout time.Duration) (*goredis.Options, error) 
 // Dial connects to the Redis at url with ClientOptions, checks that it answers, and
 // returns a backend that owns the client (Close closes it).
 func Dial(ctx context.Context, url string, opts ...Option) (*Backend, error) {
+	b, err := Open(url, opts...)
+	if err != nil {
+		return nil, err
+	}
+	pctx, cancel := context.WithTimeout(ctx, max(b.timeout, time.Second))
+	defer cancel()
+	if err := b.Ping(pctx); err != nil {
+		b.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// Open is Dial without the first PING: the backend starts even while Redis is down, and
+// answers by its fail mode until Redis returns (the daemon's choice: it serves, and reports
+// not ready). It fails only on a bad URL.
+func Open(url string, opts ...Option) (*Backend, error) {
 	probe := &Backend{timeout: DefaultTimeout}
 	for _, o := range opts {
 		o.apply(probe)
@@ -224,12 +242,6 @@ func Dial(ctx context.Context, url string, opts ...Option) (*Backend, error) {
 		return nil, err
 	}
 	c := goredis.NewClient(o)
-	pctx, cancel := context.WithTimeout(ctx, max(probe.timeout, time.Second))
-	defer cancel()
-	if err := c.Ping(pctx).Err(); err != nil {
-		c.Close()
-		return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, o.Addr, err)
-	}
 	b := New(c, opts...)
 	b.owned = c
 	return b, nil
@@ -627,6 +639,19 @@ func (b *Backend) Close() error {
 	}
 	if b.owned != nil {
 		return b.owned.Close()
+	}
+	return nil
+}
+
+// Ping reports whether Redis answers a PING now, within the backend's time-out
+// (backend.Pinger: the daemon's /readyz).
+func (b *Backend) Ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	p := b.client.Pipeline()
+	p.Ping(ctx)
+	if _, err := p.Exec(ctx); err != nil {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	return nil
 }

@@ -20,7 +20,9 @@ type Config struct {
 	ListenHTTP     string         `yaml:"listen_http"`     // TCP address of the HTTP API and /metrics; "" disables it
 	Backend        string         `yaml:"backend"`         // local, or redis (when built)
 	RedisURL       string         `yaml:"redis_url"`       // redis://host:port/db, for backend redis
-	FailMode       string         `yaml:"fail_mode"`       // closed or open: the answer when the back end fails
+	FailMode       string         `yaml:"fail_mode"`       // closed, open, or (backend redis) local: the answer when the back end fails
+	FallbackShare  float64        `yaml:"fallback_share"`  // fail_mode local: the share of each limit this daemon uses while Redis is down
+	RedisTimeout   yamlx.Duration `yaml:"redis_timeout"`   // backend redis: how long a decision waits for Redis
 	Margin         yamlx.Duration `yaml:"margin"`          // jitter tolerance applied to every rule's limit
 	HTTPTokenFile  string         `yaml:"http_token_file"` // file holding the bearer token the HTTP API requires; "" means no auth
 	MaxConnections int            `yaml:"max_connections"` // line-protocol connections at once
@@ -49,25 +51,27 @@ type DefaultRule struct {
 // DefaultConfig returns the defaults, each commented.
 func DefaultConfig() Config {
 	return Config{
-		ListenLine:     "127.0.0.1:7070",                // loopback: other hosts must be allowed explicitly
-		ListenHTTP:     "127.0.0.1:7071",                // loopback, as above
-		Backend:        "local",                         // in process: the embedded default
-		FailMode:       "closed",                        // deny when the back end cannot decide
-		MaxConnections: 4096,                            // forked workers on one host, with room
-		MaxKeys:        1 << 20,                         // about 200 MB of buckets at worst
-		MaxLine:        1024,                            // a tag is an IP, a token, a name: 1 KiB is plenty
-		MaxPending:     64 << 10,                        // 64 KiB of unread answers (about 21,000) per client
-		IdleTimeout:    yamlx.Duration(5 * time.Minute), // idle clients give their connection back
-		WriteTimeout:   yamlx.Duration(5 * time.Second), // a client that stops reading is dropped after this
-		ShutdownGrace:  yamlx.Duration(5 * time.Second), // SIGTERM answers what it has read within this
-		LogFormat:      "text",                          // log/slog's text handler
-		LogLevel:       "info",                          // startup, reloads, shutdown, errors
-		Margin:         yamlx.Duration(0),               // decide the limits exactly as written
-		Default:        nil,                             // tags no rule matches are allowed
-		Rules:          nil,                             // no rule: every tag is allowed
-		HTTPTokenFile:  "",                              // the HTTP API requires no token
-		RedisURL:       "",                              // needed only for backend redis
-		file:           "",                              // set by LoadConfig
+		ListenLine:     "127.0.0.1:7070",                       // loopback: other hosts must be allowed explicitly
+		ListenHTTP:     "127.0.0.1:7071",                       // loopback, as above
+		Backend:        "local",                                // in process: the embedded default
+		FailMode:       "closed",                               // deny when the back end cannot decide
+		FallbackShare:  0,                                      // set it with fail_mode local
+		RedisTimeout:   yamlx.Duration(100 * time.Millisecond), // a decision is a round trip on a LAN
+		MaxConnections: 4096,                                   // forked workers on one host, with room
+		MaxKeys:        1 << 20,                                // about 200 MB of buckets at worst
+		MaxLine:        1024,                                   // a tag is an IP, a token, a name: 1 KiB is plenty
+		MaxPending:     64 << 10,                               // 64 KiB of unread answers (about 21,000) per client
+		IdleTimeout:    yamlx.Duration(5 * time.Minute),        // idle clients give their connection back
+		WriteTimeout:   yamlx.Duration(5 * time.Second),        // a client that stops reading is dropped after this
+		ShutdownGrace:  yamlx.Duration(5 * time.Second),        // SIGTERM answers what it has read within this
+		LogFormat:      "text",                                 // log/slog's text handler
+		LogLevel:       "info",                                 // startup, reloads, shutdown, errors
+		Margin:         yamlx.Duration(0),                      // decide the limits exactly as written
+		Default:        nil,                                    // tags no rule matches are allowed
+		Rules:          nil,                                    // no rule: every tag is allowed
+		HTTPTokenFile:  "",                                     // the HTTP API requires no token
+		RedisURL:       "",                                     // needed only for backend redis
+		file:           "",                                     // set by LoadConfig
 	}
 }
 
@@ -92,8 +96,20 @@ func (c *Config) validate() error {
 	default:
 		return bad(0, "backend: want local or redis, not %q", c.Backend)
 	}
-	if _, err := sluice.ParseFailMode(c.FailMode); err != nil {
-		return bad(0, "fail_mode: want closed or open, not %q", c.FailMode)
+	switch c.FailMode {
+	case "closed", "open":
+	case "local":
+		if c.Backend != "redis" {
+			return bad(0, "fail_mode local degrades the redis back end to a local share: it needs backend redis")
+		}
+		if c.FallbackShare <= 0 || c.FallbackShare > 1 {
+			return bad(0, "fail_mode local needs fallback_share in (0, 1] (--fallback-share)")
+		}
+	default:
+		return bad(0, "fail_mode: want closed, open or local, not %q", c.FailMode)
+	}
+	if c.RedisTimeout <= 0 {
+		return bad(0, "redis_timeout: want a positive duration")
 	}
 	if c.ListenLine == "" && c.ListenHTTP == "" {
 		return bad(0, "listen_line and listen_http are both empty: nothing to serve")

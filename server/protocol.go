@@ -18,6 +18,8 @@ import (
 //	                 w=MS  reserve: the permits may lie up to MS milliseconds ahead; the
 //	                       answer is "OK d=DELAY_MS" (wait that long, then use them), with
 //	                       r= and t= too if v is given
+//	                 T     add the decision's time: "at=NS", the permit's slot in the back
+//	                       end's time base (Redis TIME for the redis back end), for audits
 //	                 p=MS  penalize: hold the tag back for MS milliseconds (a 429 with
 //	                       Retry-After seen by a worker); answered "OK"
 //
@@ -33,6 +35,7 @@ type query struct {
 	tag      []byte // aliases the line: valid until the next read
 	n        int64
 	verbose  bool
+	stamp    bool  // answer with the decision's time
 	wait     int64 // milliseconds a reservation may lie ahead; 0: now or not at all
 	penalize int64 // milliseconds; 0: a decision
 }
@@ -81,6 +84,8 @@ func parseLine(line []byte) (q query, ok bool, err error) {
 		switch {
 		case len(opt) == 1 && opt[0] == 'v':
 			q.verbose = true
+		case len(opt) == 1 && opt[0] == 'T':
+			q.stamp = true
 		case len(opt) > 2 && opt[0] == 'n' && opt[1] == '=':
 			n, perr := strconv.ParseInt(string(opt[2:]), 10, 64)
 			if perr != nil || n < 0 || n > 1<<40 {
@@ -132,8 +137,9 @@ func validTag(t []byte) bool {
 	return utf8.Valid(t)
 }
 
-// appendAnswer writes a decision's answer. delayMs < 0 means no reservation was asked.
-func appendAnswer(dst []byte, allowed, verbose bool, delayMs, remaining, retryMs, resetMs int64) []byte {
+// appendAnswer writes a decision's answer. delayMs < 0 means no reservation was asked;
+// at < 0 no time stamp.
+func appendAnswer(dst []byte, allowed, verbose bool, delayMs, remaining, retryMs, resetMs, at int64) []byte {
 	if allowed {
 		dst = append(dst, "OK"...)
 		if delayMs >= 0 {
@@ -152,6 +158,10 @@ func appendAnswer(dst []byte, allowed, verbose bool, delayMs, remaining, retryMs
 		dst = strconv.AppendInt(dst, remaining, 10)
 		dst = append(dst, " t="...)
 		dst = strconv.AppendInt(dst, resetMs, 10)
+	}
+	if at >= 0 && allowed {
+		dst = append(dst, " at="...)
+		dst = strconv.AppendInt(dst, at, 10)
 	}
 	return append(dst, '\n')
 }

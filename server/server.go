@@ -159,7 +159,7 @@ func (s *Server) apply(cfg Config) error {
 	if err != nil {
 		return err
 	}
-	fm, _ := sluice.ParseFailMode(cfg.FailMode)
+	fm, _ := sluice.ParseFailMode(cfg.FailMode) // local: the back end answers failures itself
 	for _, c := range rs.rules {
 		lim, err := sluice.New(c.Limit, sluice.WithBackend(s.be), sluice.WithClock(s.clock), sluice.WithFailMode(fm),
 			sluice.WithMargin(cfg.Margin.D()), sluice.WithObserver(s.m.observer()))
@@ -211,22 +211,31 @@ func (s *Server) Config() Config {
 type Decision struct {
 	sluice.Decision
 	Rule string // the rule that decided; "" if none matched (allowed)
+	Slot int64  // for a grant asked with a stamp: its slot in the back end's time base
 }
 
 // Decide decides n permits for tag (n = 0 is a query of the state), now or, with maxWait
 // > 0, as a reservation up to maxWait ahead (the decision's Delay says when).
 func (s *Server) Decide(ctx context.Context, tag string, n int64, maxWait time.Duration) (Decision, error) {
+	return s.decide(ctx, tag, n, maxWait, false)
+}
+
+func (s *Server) decide(ctx context.Context, tag string, n int64, maxWait time.Duration, stamp bool) (Decision, error) {
 	c := s.rules.Load().lookup(tag)
 	if c == nil {
-		return Decision{Decision: sluice.Decision{Allowed: true}}, nil
+		return Decision{Decision: sluice.Decision{Allowed: true}, Slot: -1}, nil
 	}
 	start := s.clock.Nanotime()
 	var d sluice.Decision
 	var err error
-	if maxWait > 0 {
+	slot := int64(-1)
+	if maxWait > 0 || stamp {
 		var r *sluice.Reservation
 		r, err = c.limiter.ReserveWithin(ctx, c.key(tag), int(n), maxWait)
 		d = r.Decision
+		if stamp && err == nil && d.Allowed {
+			slot = r.Slot()
+		}
 	} else {
 		d, err = c.limiter.AllowN(ctx, c.key(tag), int(n))
 	}
@@ -240,7 +249,7 @@ func (s *Server) Decide(ctx context.Context, tag string, n int64, maxWait time.D
 	default:
 		c.counters.denied.Inc()
 	}
-	return Decision{Decision: d, Rule: c.Name}, err
+	return Decision{Decision: d, Rule: c.Name, Slot: slot}, err
 }
 
 // Penalize holds tag back for d (a worker's 429 with Retry-After).
@@ -417,7 +426,7 @@ func (s *Server) acceptLoop(ln net.Listener) {
 		go func() {
 			defer s.wg.Done()
 			defer func() {
-				c.Close()
+				lingeringClose(c)
 				s.conns.Delete(cn)
 				s.nconns.Add(-1)
 				s.m.conns.Dec()
@@ -486,7 +495,7 @@ func (cn *conn) serve() {
 			_ = s.Penalize(ctx, string(q.tag), time.Duration(q.penalize)*time.Millisecond)
 			out = append(out, "OK\n"...)
 		default:
-			d, err := s.Decide(ctx, string(q.tag), q.n, time.Duration(q.wait)*time.Millisecond)
+			d, err := s.decide(ctx, string(q.tag), q.n, time.Duration(q.wait)*time.Millisecond, q.stamp)
 			if errors.Is(err, sluice.ErrCostExceedsBurst) {
 				s.m.badInput.WithLabelValues("cost_over_burst").Inc()
 				out = append(out, "ER cost exceeds the burst: it can never be granted\n"...)
@@ -497,13 +506,36 @@ func (cn *conn) serve() {
 			if q.wait > 0 {
 				delay = ceilMs(d.Delay)
 			}
-			out = appendAnswer(out, allowed, q.verbose, delay, d.Remaining, ceilMs(d.RetryAfter), ceilMs(d.ResetAfter))
+			out = appendAnswer(out, allowed, q.verbose, delay, d.Remaining, ceilMs(d.RetryAfter), ceilMs(d.ResetAfter), d.Slot)
 		}
 		if _, err := w.Write(out); err != nil {
 			s.m.connsDropped.WithLabelValues("not_reading").Inc()
 			return
 		}
 	}
+}
+
+// lingerTime is how long a closing connection keeps reading (and discarding) what its
+// client still sends.
+const lingerTime = time.Second
+
+// lingeringClose closes a connection so that the client reads every answer sent: it
+// sends FIN first, then reads and discards what the client still sends until the client
+// closes too or lingerTime passes, and only then closes. Closing a socket with unread
+// input makes the kernel send RST, and the client's stack may then drop answers it had
+// received but not yet read. The drain is bounded in time, and reads into a small buffer.
+func lingeringClose(c net.Conn) {
+	type closeWriter interface{ CloseWrite() error }
+	if cw, ok := c.(closeWriter); ok && cw.CloseWrite() == nil {
+		c.SetReadDeadline(time.Now().Add(lingerTime))
+		var buf [4096]byte
+		for {
+			if _, err := c.Read(buf[:]); err != nil {
+				break
+			}
+		}
+	}
+	c.Close()
 }
 
 func ceilMs(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }

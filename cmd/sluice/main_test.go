@@ -10,12 +10,17 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // These tests run the real binary as separate OS processes and talk to it over real
@@ -253,5 +258,117 @@ func TestServeRefusesBadConfig(t *testing.T) {
 	}
 	if !strings.Contains(string(out), "bad.yaml:3:") {
 		t.Errorf("the error does not name file and line: %s", out)
+	}
+}
+
+// TestServeSeveralDaemonsShareOneRedis: three daemons, separate processes, one real Redis.
+// Clients load all three with stamped queries; every grant's slot (Redis' time of the
+// decision) is recorded, and together they conform to the limit exactly.
+func TestServeSeveralDaemonsShareOneRedis(t *testing.T) {
+	srv := redistest.New(t)
+	const limit = "50/s burst=5"
+	var daemons []*daemon
+	for i := 0; i < 3; i++ {
+		daemons = append(daemons, startDaemon(t, "--backend", "redis", "--redis-url", srv.URL(), "--limit", "api="+limit))
+	}
+	var mu sync.Mutex
+	var slots []int64
+	var wg sync.WaitGroup
+	stop := time.Now().Add(2 * time.Second)
+	for _, d := range daemons {
+		for w := 0; w < 3; w++ {
+			wg.Add(1)
+			go func(addr string) {
+				defer wg.Done()
+				c, err := net.Dial("tcp", addr)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for time.Now().Before(stop) {
+					c.Write([]byte("~T api\n"))
+					c.SetReadDeadline(time.Now().Add(5 * time.Second))
+					line, err := r.ReadString('\n')
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if at, ok := strings.CutPrefix(strings.TrimSpace(line), "OK at="); ok {
+						var ns int64
+						fmt.Sscan(at, &ns)
+						mu.Lock()
+						slots = append(slots, ns)
+						mu.Unlock()
+					} else if line != "NO\n" {
+						t.Errorf("answer %q", line)
+						return
+					}
+				}
+			}(d.line)
+		}
+	}
+	wg.Wait()
+	slices.Sort(slots)
+	ls := sluice.MustParse(limit)
+	tats := make([]int64, len(ls))
+	for i, at := range slots {
+		if r, _, _ := gcra.Decide(tats, ls.Core(0), at, 1, 0); !r.Allowed {
+			t.Fatalf("grant %d of %d, at %d, breaks %s", i, len(slots), at, limit)
+		}
+	}
+	// Liveness, loosely: over about 2 s, 5 + 50×2 = 105 could be granted.
+	if len(slots) < 60 {
+		t.Errorf("%d grants in 2 s across three daemons, want most of 105", len(slots))
+	}
+	t.Logf("%d grants across 3 daemons, all conforming to %s", len(slots), limit)
+}
+
+// TestServeRedisDown: a daemon whose Redis is down still starts and answers by its fail
+// mode, and says it is not ready; once Redis is back it is ready and decides there.
+func TestServeRedisDown(t *testing.T) {
+	srv := redistest.New(t)
+	srv.Kill()
+	d := startDaemon(t, "--backend", "redis", "--redis-url", srv.URL(), "--limit", "api=1/h", "--fail-mode", "closed")
+	resp, err := http.Get("http://" + d.http + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("/readyz with Redis down: %d, want 503", resp.StatusCode)
+	}
+	if got := query(t, d.line, "api\n"); got != "NO\n" {
+		t.Errorf("fail closed with Redis down: %q", got)
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get("http://" + d.http + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never ready after Redis came back: %s", d.logs())
+		}
+		time.Sleep(50 * time.Millisecond) // wait for the condition
+	}
+	for {
+		if got := query(t, d.line, "api\n"); got == "OK\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never decided in Redis after it came back: %s", d.logs())
+		}
+		time.Sleep(50 * time.Millisecond) // the breaker's probe runs on its own period
+	}
+	if got := query(t, d.line, "api\n"); got != "NO\n" {
+		t.Errorf("1/h twice: %q", got)
 	}
 }

@@ -12,12 +12,24 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/client"
+	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/internal/yamlx"
+	"github.com/sluicehq/sluice/redis"
 	"github.com/sluicehq/sluice/server"
 )
 
 func init() {
+	server.RegisterBackend("redis", func(cfg server.Config, clk clock.Clock) (backend.Backend, error) {
+		opts := []redis.Option{redis.WithTimeout(cfg.RedisTimeout.D()), redis.WithClock(clk)}
+		if cfg.FailMode == "local" {
+			opts = append(opts, redis.WithFallback(cfg.FallbackShare))
+		}
+		// Open, not Dial: the daemon starts while Redis is down, answers by its fail mode,
+		// and reports not ready (/readyz) until Redis answers.
+		return redis.Open(cfg.RedisURL, opts...)
+	})
 	register(command{
 		name:    "serve",
 		summary: "run the daemon: the line protocol (seed 004's TAG -> OK/NO), the HTTP API and /metrics",
@@ -63,7 +75,9 @@ func newServeFlags(env Env) *serveFlags {
 	fs.BoolVar(&sf.defShare, "default-shared", false, "tags no rule matches share one bucket")
 	fs.String("backend", d.Backend, "where decisions are made: local, or redis")
 	fs.String("redis-url", d.RedisURL, "Redis `URL` for --backend redis (redis://host:port/db)")
-	fs.String("fail-mode", d.FailMode, "answer when the back end cannot decide: closed (NO) or open (OK)")
+	fs.String("fail-mode", d.FailMode, "answer when the back end cannot decide: closed (NO), open (OK), or local (backend redis: a local share, see --fallback-share)")
+	fs.Float64("fallback-share", d.FallbackShare, "with --fail-mode local: the share of each limit this daemon uses while Redis is down")
+	fs.Duration("redis-timeout", d.RedisTimeout.D(), "with --backend redis: how long a decision waits for Redis")
 	fs.Duration("margin", d.Margin.D(), "jitter tolerance applied to every limit (0: exact)")
 	fs.String("http-token-file", d.HTTPTokenFile, "`file` holding a bearer token the HTTP API requires (all but /healthz)")
 	fs.Int("max-connections", d.MaxConnections, "line-protocol connections at once; more are closed at once")
@@ -108,7 +122,9 @@ func (sf *serveFlags) build() (server.Config, error) {
 			cfg.LogFormat = v
 		case "log-level":
 			cfg.LogLevel = v
-		case "margin", "idle-timeout", "write-timeout", "shutdown-grace":
+		case "fallback-share":
+			cfg.FallbackShare = f.Value.(flag.Getter).Get().(float64)
+		case "margin", "idle-timeout", "write-timeout", "shutdown-grace", "redis-timeout":
 			d := f.Value.(flag.Getter).Get().(interface{ Nanoseconds() int64 })
 			dur := yamlx.Duration(d.Nanoseconds())
 			switch f.Name {
@@ -120,6 +136,8 @@ func (sf *serveFlags) build() (server.Config, error) {
 				cfg.WriteTimeout = dur
 			case "shutdown-grace":
 				cfg.ShutdownGrace = dur
+			case "redis-timeout":
+				cfg.RedisTimeout = dur
 			}
 		case "max-connections", "max-keys", "max-line":
 			n := f.Value.(flag.Getter).Get().(int)

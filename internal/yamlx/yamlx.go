@@ -40,7 +40,12 @@ type LineError struct {
 	Msg  string
 }
 
-func (e *LineError) Error() string { return fmt.Sprintf("line %d: %s", e.Line, e.Msg) }
+func (e *LineError) Error() string {
+	if e.Line <= 0 {
+		return e.Msg
+	}
+	return fmt.Sprintf("line %d: %s", e.Line, e.Msg)
+}
 
 // At returns a LineError at node n.
 func At(n *yaml.Node, format string, a ...any) error {
