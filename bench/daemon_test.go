@@ -216,4 +216,3 @@ func BenchmarkDaemonBatch100(b *testing.B) {
 		})
 	}
 }
-
