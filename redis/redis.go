@@ -327,14 +327,7 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 	if err := checkRequest(req.Limits, req.N); err != nil {
 		return backend.Grant{}, err
 	}
-	c := b.newCall(key, 'd')
-	c.field(req.N)
-	c.pair(int64(max(req.MaxDelay, 0)))
-	c.field(int64(len(req.Limits)))
-	for _, l := range req.Limits {
-		c.pair(l.Tau)
-		c.pair(req.N * l.T)
-	}
+	c := b.decideCall(key, req)
 	if err := b.run(ctx, key, c); err != nil {
 		if b.fallback != nil && errors.Is(err, ErrUnavailable) {
 			return b.fallbackDecide(ctx, key, req)
@@ -348,6 +341,19 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 	}
 	c.release()
 	return g, err
+}
+
+// decideCall is a decision of req (checked).
+func (b *Backend) decideCall(key string, req backend.Request) *call {
+	c := b.newCall(key, 'd')
+	c.field(req.N)
+	c.pair(int64(max(req.MaxDelay, 0)))
+	c.field(int64(len(req.Limits)))
+	for _, l := range req.Limits {
+		c.pair(l.Tau)
+		c.pair(req.N * l.T)
+	}
+	return c
 }
 
 // decodeDecision reads the script's result {allowed, delay, TAT...} (times as pairs) at
@@ -401,9 +407,7 @@ func (b *Backend) AllowOne(ctx context.Context, key string, l gcra.Limit) (bool,
 	if err := checkRequest(ls[:], 1); err != nil {
 		return false, err
 	}
-	c := b.newCall(key, 'a')
-	c.pair(l.Tau)
-	c.pair(l.T)
+	c := b.allowCall(key, l)
 	if err := b.run(ctx, key, c); err != nil {
 		if b.fallback != nil && errors.Is(err, ErrUnavailable) {
 			g, err := b.fallbackDecide(ctx, key, backend.Request{Limits: ls[:], N: 1})
@@ -411,18 +415,30 @@ func (b *Backend) AllowOne(ctx context.Context, key string, l gcra.Limit) (bool,
 		}
 		return false, err
 	}
-	var v int64 = -1
-	if len(c.res) == 1 {
-		if x, ok := c.res[0].(int64); ok {
-			v = x
-		}
-	}
+	allowed, ok := decodeAllow(c.res)
 	var err error
-	if v != 0 && v != 1 {
+	if !ok {
 		err = &ReplyError{Op: "allow", Key: key, Reply: c.reply}
 	}
 	c.release()
-	return v == 1, err
+	return allowed, err
+}
+
+// allowCall is one permit now or never under l (checked).
+func (b *Backend) allowCall(key string, l gcra.Limit) *call {
+	c := b.newCall(key, 'a')
+	c.pair(l.Tau)
+	c.pair(l.T)
+	return c
+}
+
+// decodeAllow reads the result {1} or {0} of an allowance.
+func decodeAllow(arr []any) (allowed, ok bool) {
+	if len(arr) != 1 {
+		return false, false
+	}
+	v, ok := arr[0].(int64)
+	return v == 1, ok && (v == 0 || v == 1)
 }
 
 // penaltyLimit is the limit a penalty drains (gcra.Penalize: the first with the smallest
