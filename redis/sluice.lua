@@ -40,46 +40,81 @@
 --
 -- A key expires when it is idle (every TAT and the hold in the past): a missing key is
 -- exactly a fresh one, so expiry changes no decision. Denials and queries write nothing,
--- and every write happens after every record is decided, so an error leaves no trace.
+-- and every write happens after every record is decided, so an error (which only bad
+-- arguments can raise) leaves no trace.
 
 local B = 1000000000
 local tonumber, argv, keys = tonumber, ARGV, KEYS
 local match, format = string.match, string.format
 
-local nh, nl
+-- Tables are made with their common size: growing one costs more than the decision.
+local nh, nl, out, no
 local virtual = false
-local out, no = {}, 0
 local mode = argv[1]
 if mode == '' or mode == '+' then
   local t = redis.call('TIME')
   nh, nl = tonumber(t[1]), tonumber(t[2]) * 1000
-  if mode == '+' then out[1], out[2], no = nh, nl, 2 end
+  if mode == '+' then
+    out, no = { nh, nl, 0 }, 2
+  else
+    out, no = { 0 }, 0
+  end
 else
   local a, b = match(mode, '^(%-?%d+) (%d+)$')
   nh, nl = tonumber(a), tonumber(b)
-  out[1], out[2], no = nh, nl, 2
+  out, no = { nh, nl, 0 }, 2
   virtual = true
 end
 
 local i = 2
--- The operation in force ('=' repeats it): op, k, and its fields in f.
+local nkeys = #keys
+-- The operation in force ('=' repeats it): op, k, and its fields: Tau and T of 'a' in
+-- locals, the others' in f.
 local op, k = nil, 1
-local f = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+local a1, a2, a3, a4
+local f
 -- A key's TATs (pairs); those beyond the key's n are fresh (0 0).
 local th, tl = { 0, 0, 0, 0 }, { 0, 0, 0, 0 }
--- Writes, made once every record is decided: the key's new value (false: delete) and TTL.
-local wv, wt = {}, {}
+-- With several keys, the writes wait until every record is decided: each key's new value
+-- (false: delete) and TTL.
+local wv, wt
+-- With several keys, their states are read with MGET, in chunks (unpack's limit). MGET
+-- gives nil for a key that holds another type, as for a missing one: if EXISTS finds
+-- any of the nil ones, those are read again with GET for their error.
+local vals
+if nkeys > 1 then
+  wv, wt, vals = {}, {}, {}
+  for c = 1, nkeys, 1000 do
+    local e = math.min(c + 999, nkeys)
+    local got = redis.call('MGET', unpack(keys, c, e))
+    local missing, nm = {}, 0
+    for j = c, e do
+      local v = got[j - c + 1]
+      vals[j] = v
+      if not v then
+        nm = nm + 1
+        missing[nm] = keys[j]
+      end
+    end
+    if nm > 0 and redis.call('EXISTS', unpack(missing)) > 0 then
+      for j = c, e do
+        if not vals[j] then vals[j] = redis.pcall('GET', keys[j]) end
+      end
+    end
+  end
+end
 
-for ki = 1, #keys do
+for ki = 1, nkeys do
   local key = keys[ki]
   local cnt = tonumber(argv[i])
   i = i + 1
 
   -- Read the state: hold, and n TATs.
   local hh, hl, n = 0, 0, 0
-  th[1], tl[1], th[2], tl[2], th[3], tl[3], th[4], tl[4] = 0, 0, 0, 0, 0, 0, 0, 0
+  if ki > 1 then th[1], tl[1], th[2], tl[2], th[3], tl[3], th[4], tl[4] = 0, 0, 0, 0, 0, 0, 0, 0 end
   local err
-  local v = redis.pcall('GET', key)
+  local v
+  if nkeys == 1 then v = redis.pcall('GET', key) else v = vals[ki] end
   local existed = v
   if v then
     if type(v) == 'table' then
@@ -120,23 +155,26 @@ for ki = 1, #keys do
     if o ~= '=' then
       op = o
       if o == 'a' then
-        f[1], f[2], f[3], f[4] = tonumber(argv[i]), tonumber(argv[i + 1]), tonumber(argv[i + 2]), tonumber(argv[i + 3])
+        a1, a2, a3, a4 = tonumber(argv[i]), tonumber(argv[i + 1]), tonumber(argv[i + 2]), tonumber(argv[i + 3])
         i = i + 4
         k = 1
-      elseif o == 'd' then
-        k = tonumber(argv[i + 3])
-        for j = 1, 4 + 4 * k do f[j] = tonumber(argv[i + j - 1]) end
-        i = i + 4 + 4 * k
-      elseif o == 's' then
-        k = tonumber(argv[i + 1])
-        for j = 1, 5 + 4 * k do f[j] = tonumber(argv[i + j - 1]) end
-        i = i + 5 + 4 * k
-      elseif o == 'p' then
-        for j = 1, 6 do f[j] = tonumber(argv[i + j - 1]) end
-        i = i + 6
-        k = f[3]
       else
-        return redis.error_reply('sluice: unknown operation ' .. tostring(o))
+        f = f or { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+        if o == 'd' then
+          k = tonumber(argv[i + 3])
+          for j = 1, 4 + 4 * k do f[j] = tonumber(argv[i + j - 1]) end
+          i = i + 4 + 4 * k
+        elseif o == 's' then
+          k = tonumber(argv[i + 1])
+          for j = 1, 5 + 4 * k do f[j] = tonumber(argv[i + j - 1]) end
+          i = i + 5 + 4 * k
+        elseif o == 'p' then
+          for j = 1, 6 do f[j] = tonumber(argv[i + j - 1]) end
+          i = i + 6
+          k = f[3]
+        else
+          return redis.error_reply('sluice: unknown operation ' .. tostring(o))
+        end
       end
     end
 
@@ -148,9 +186,9 @@ for ki = 1, #keys do
       -- One permit now or never: granted if max(tat, now) + T - Tau <= now.
       local xh, xl = th[1], tl[1]
       if xh < nh or (xh == nh and xl < nl) then xh, xl = nh, nl end
-      xh, xl = xh + f[3], xl + f[4]
+      xh, xl = xh + a3, xl + a4
       if xl >= B then xh, xl = xh + 1, xl - B end
-      local zh, zl = xh - f[1], xl - f[2]
+      local zh, zl = xh - a1, xl - a2
       if zl < 0 then zh, zl = zh - 1, zl + B end
       if nh < zh or (nh == zh and nl < zl) then
         out[no] = 0
@@ -282,19 +320,29 @@ for ki = 1, #keys do
       if dl < 0 then dh, dl = dh - 1, dl + B end
       local ms = dh * 1000 + math.ceil(dl / 1000000)
       if virtual then ms = ms + 3600000 end
-      wv[ki], wt[ki] = s, format('%d', ms)
+      if nkeys == 1 then
+        redis.call('SET', key, s, 'PX', format('%d', ms))
+      else
+        wv[ki], wt[ki] = s, format('%d', ms)
+      end
     elseif existed then
-      wv[ki] = false
+      if nkeys == 1 then
+        redis.call('DEL', key)
+      else
+        wv[ki] = false
+      end
     end
   end
 end
 
-for ki = 1, #keys do
-  local v = wv[ki]
-  if v then
-    redis.call('SET', keys[ki], v, 'PX', wt[ki])
-  elseif v == false then
-    redis.call('DEL', keys[ki])
+if nkeys > 1 then
+  for ki = 1, nkeys do
+    local v = wv[ki]
+    if v then
+      redis.call('SET', keys[ki], v, 'PX', wt[ki])
+    elseif v == false then
+      redis.call('DEL', keys[ki])
+    end
   end
 end
 if no == 1 then return out[1] end
