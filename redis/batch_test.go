@@ -514,10 +514,15 @@ func TestBatchKeyErrors(t *testing.T) {
 	if typ := c.Type(ctx, b.KeyName("hash")).Val(); typ != "hash" {
 		t.Errorf("the hash became a %s", typ)
 	}
-	// Through the API: a ReplyError, and the breaker stays closed.
-	_, err := b.Decide(ctx, "hash", backend.Request{Limits: ls, N: 1})
-	var re *ReplyError
-	if !errors.As(err, &re) || errors.Is(err, ErrUnavailable) || b.Stats().Down {
-		t.Fatalf("got %v (down %v), want a ReplyError", err, b.Stats().Down)
+	// Through the API, alone: a ReplyError, and the breaker stays closed.
+	for key, want := range map[string]string{"hash": "WRONGTYPE", "v2": "format 2"} {
+		_, err := b.Decide(ctx, key, backend.Request{Limits: ls, N: 1})
+		_, err2 := b.AllowOne(ctx, key, ls[0])
+		for _, err := range []error{err, err2} {
+			var re *ReplyError
+			if !errors.As(err, &re) || !strings.Contains(err.Error(), want) || errors.Is(err, ErrUnavailable) || b.Stats().Down {
+				t.Fatalf("%s: got %v (down %v), want a ReplyError naming %s", key, err, b.Stats().Down, want)
+			}
+		}
 	}
 }
