@@ -122,8 +122,7 @@ func groupingOf(client Client) grouping {
 // the throughput.
 type pipeliner struct {
 	client   Client
-	script   *goredis.Script
-	source   string // the script's text, for EVAL after NOSCRIPT
+	sha, src any // the script's SHA1 and text (for EVAL after NOSCRIPT), boxed once
 	timeout  time.Duration
 	maxBatch int
 	grouping grouping
@@ -139,6 +138,9 @@ type pipeliner struct {
 	directBB batchBuilder
 	one      [1]*call
 
+	// dl is the context of the batches sent lately (see deadline).
+	dl atomic.Pointer[deadlineCtx]
+
 	mu       sync.Mutex
 	cond     *sync.Cond
 	queue    []*call
@@ -148,7 +150,7 @@ type pipeliner struct {
 }
 
 func newPipeliner(ctx context.Context, client Client, source string, timeout time.Duration, flushers, maxBatch int) *pipeliner {
-	p := &pipeliner{client: client, script: goredis.NewScript(source), source: source, timeout: timeout,
+	p := &pipeliner{client: client, sha: goredis.NewScript(source).Hash(), src: source, timeout: timeout,
 		maxBatch: maxBatch, grouping: groupingOf(client), ctx: ctx}
 	p.cond = sync.NewCond(&p.mu)
 	p.wg.Add(flushers)
@@ -187,6 +189,33 @@ func (p *pipeliner) submit(c *call) bool {
 	p.mu.Unlock()
 	return true
 }
+
+// deadlineCtx is a context that ends at a deadline, or when the backend closes.
+type deadlineCtx struct {
+	ctx    context.Context
+	cancel context.CancelFunc // released by the timer at the deadline
+	reuse  int64              // until when (Nanotime) new batches may share it
+}
+
+// deadline returns the context of a batch sent now: one that ends within the time-out,
+// or at once when the backend closes. Batches sent within 1/100 of the time-out of each
+// other share one (each thus has at least 99% of the time-out), which spares a timer per
+// batch.
+func (p *pipeliner) deadline() context.Context {
+	now := nanotime()
+	if d := p.dl.Load(); d != nil && now < d.reuse {
+		return d.ctx
+	}
+	ctx, cancel := context.WithTimeout(p.ctx, p.timeout)
+	d := &deadlineCtx{ctx: ctx, cancel: cancel, reuse: now + int64(p.timeout)/100}
+	p.dl.Store(d)
+	return ctx
+}
+
+// nanotime is a monotonic clock reading in nanoseconds.
+func nanotime() int64 { return int64(time.Since(epoch)) }
+
+var epoch = time.Now()
 
 // close stops the flushers after the batches in flight and fails the calls still queued
 // with err.
@@ -293,16 +322,13 @@ const manyIndex = 8
 // FLUSH; EVAL loads it). A NOSCRIPT reply means the script did not run, so sending it
 // again is safe. Every call of the batch is answered.
 func (bb *batchBuilder) exec(p *pipeliner, batch []*call) {
-	ctx, cancel := context.WithTimeout(p.ctx, p.timeout)
-	defer cancel()
+	ctx := p.deadline()
 	bb.group(p.grouping, batch)
-	pipe := p.client.Pipeline()
 	for i := range bb.groups {
 		g := &bb.groups[i]
-		g.cmd = g.command(ctx, "evalsha", p.script.Hash())
-		_ = pipe.Process(ctx, g.cmd)
+		g.cmd = g.command(ctx, "evalsha", p.sha)
 	}
-	_, execErr := pipe.Exec(ctx)
+	execErr := bb.send(ctx, p.client, bb.groups)
 	bb.again = bb.again[:0]
 	for i := range bb.groups {
 		g := &bb.groups[i]
@@ -317,7 +343,7 @@ func (bb *batchBuilder) exec(p *pipeliner, batch []*call) {
 		pipe := p.client.Pipeline()
 		for _, i := range bb.again {
 			g := &bb.groups[i]
-			g.cmd = g.command(ctx, "eval", p.source)
+			g.cmd = g.command(ctx, "eval", p.src)
 			_ = pipe.Process(ctx, g.cmd)
 		}
 		_, execErr := pipe.Exec(ctx)
@@ -332,6 +358,28 @@ func (bb *batchBuilder) exec(p *pipeliner, batch []*call) {
 		g.keys, g.calls, g.cmd = g.keys[:0], g.calls[:0], nil
 	}
 	bb.groups = bb.groups[:0]
+}
+
+// processor is a client that sends one command by itself (go-redis clients do): cheaper
+// than a pipeline of one.
+type processor interface {
+	Process(ctx context.Context, cmd goredis.Cmder) error
+}
+
+// send sends the groups' commands, in one pipeline or, for a lone one, by itself. The
+// error is the pipeline's (see replyErr); each command carries its own.
+func (bb *batchBuilder) send(ctx context.Context, client Client, groups []group) error {
+	if len(groups) == 1 {
+		if pr, ok := client.(processor); ok {
+			return pr.Process(ctx, groups[0].cmd)
+		}
+	}
+	pipe := client.Pipeline()
+	for i := range groups {
+		_ = pipe.Process(ctx, groups[i].cmd)
+	}
+	_, err := pipe.Exec(ctx)
+	return err
 }
 
 // group splits batch into bb.groups, each with its keys and its calls ordered by key.
@@ -441,7 +489,7 @@ func (bb *batchBuilder) keyIndex(g *group, name string) int {
 // command builds g's script call (see sluice.lua for the arguments): the keys, the time
 // mode, and for each key the number of its records and its records, an operation that
 // repeats the previous record's being sent as '='.
-func (g *group) command(ctx context.Context, name, script string) *goredis.Cmd {
+func (g *group) command(ctx context.Context, name string, script any) *goredis.Cmd {
 	n := 3 + 2*len(g.keys) + 1
 	for _, c := range g.calls {
 		n += 1 + c.nf

@@ -578,25 +578,18 @@ func (b *Backend) run(ctx context.Context, key string, c *call) error {
 // the caller reads c's results and releases it. On failure c is released, or abandoned to
 // the batch that may still answer it.
 func (b *Backend) await(ctx context.Context, key string, c *call) error {
+	select {
+	case <-c.done: // answered already (the caller sent it itself)
+		return b.answered(key, c)
+	default:
+	}
 	t := timers.Get().(*time.Timer)
 	t.Reset(b.timeout)
 	select {
 	case <-c.done:
 		t.Stop()
 		timers.Put(t)
-		err := c.err
-		if err == nil {
-			return nil
-		}
-		op := opName(c.op)
-		c.release()
-		switch {
-		case errors.Is(err, backend.ErrClosed):
-			return err
-		case unavailable(err):
-			return fmt.Errorf("%w: %w", ErrUnavailable, err)
-		}
-		return &ReplyError{Op: op, Key: key, Err: err}
+		return b.answered(key, c)
 	case <-t.C:
 		timers.Put(t)
 		c.state.CompareAndSwap(callQueued, callAbandoned)
@@ -607,6 +600,23 @@ func (b *Backend) await(ctx context.Context, key string, c *call) error {
 		c.state.CompareAndSwap(callQueued, callAbandoned)
 		return ctx.Err()
 	}
+}
+
+// answered classifies the error of an answered call; on failure it releases c.
+func (b *Backend) answered(key string, c *call) error {
+	err := c.err
+	if err == nil {
+		return nil
+	}
+	op := opName(c.op)
+	c.release()
+	switch {
+	case errors.Is(err, backend.ErrClosed):
+		return err
+	case unavailable(err):
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return &ReplyError{Op: op, Key: key, Err: err}
 }
 
 func opName(op byte) string {
