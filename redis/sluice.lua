@@ -45,7 +45,7 @@
 
 local B = 1000000000
 local tonumber, argv, keys = tonumber, ARGV, KEYS
-local match, format = string.match, string.format
+local match, format, ceil = string.match, string.format, math.ceil
 
 -- Tables are made with their common size: growing one costs more than the decision.
 local nh, nl, out, no
@@ -93,7 +93,7 @@ if nkeys == 1 and #argv == 7 and argv[3] == 'a' then
       -- Granted: the TAT is now + T or later, so the key is not idle.
       local dh, dl = xh - nh, xl - nl
       if dl < 0 then dh, dl = dh - 1, dl + B end
-      local ms = dh * 1000 + math.ceil(dl / 1000000)
+      local ms = dh * 1000 + ceil(dl / 1000000)
       if virtual then ms = ms + 3600000 end
       redis.call('SET', key, format('1 0 0 %d %d', xh, xl), 'PX', format('%d', ms))
       r = 1
@@ -117,33 +117,34 @@ local th, tl = { 0, 0, 0, 0 }, { 0, 0, 0, 0 }
 local wv, wt
 -- With several keys, their states are read with MGET, in chunks (unpack's limit). MGET
 -- gives nil for a key that holds another type, as for a missing one: if EXISTS finds
--- any of the nil ones, those are read again with GET for their error.
+-- more keys than MGET values, the nil ones are read again with GET for their error.
 local vals
 if nkeys > 1 then
-  wv, wt, vals = {}, {}, {}
+  wv, wt = {}, {}
   for c = 1, nkeys, 1000 do
     local e = math.min(c + 999, nkeys)
     local got = redis.call('MGET', unpack(keys, c, e))
-    local missing, nm = {}, 0
-    for j = c, e do
-      local v = got[j - c + 1]
-      vals[j] = v
-      if not v then
-        nm = nm + 1
-        missing[nm] = keys[j]
+    local found = 0
+    for j = 1, e - c + 1 do
+      if got[j] then found = found + 1 end
+    end
+    if found <= e - c and redis.call('EXISTS', unpack(keys, c, e)) > found then
+      for j = 1, e - c + 1 do
+        if not got[j] then got[j] = redis.pcall('GET', keys[c + j - 1]) end
       end
     end
-    if nm > 0 and redis.call('EXISTS', unpack(missing)) > 0 then
-      for j = c, e do
-        if not vals[j] then vals[j] = redis.pcall('GET', keys[j]) end
-      end
+    if c == 1 then
+      vals = got
+    else
+      for j = 1, e - c + 1 do vals[c + j - 1] = got[j] end
     end
   end
 end
 
 for ki = 1, nkeys do
   local key = keys[ki]
-  local cnt = tonumber(argv[i])
+  local cnt = argv[i]
+  if cnt == '1' then cnt = 1 else cnt = tonumber(cnt) end
   i = i + 1
 
   -- Read the state: hold, and n TATs.
@@ -330,23 +331,21 @@ for ki = 1, nkeys do
     end
 
     if write then
-      -- The state is now the hold and k TATs, or nothing if it is idle.
+      -- The state is now the hold and k TATs. If it is idle, it is deleted below; until
+      -- then it decides exactly as the fresh state that replaces it would.
       dirty = true
       for j = k + 1, n do th[j], tl[j] = 0, 0 end
       n = k
-      local mh, ml = hh, hl
-      for j = 1, k do
-        if mh < th[j] or (mh == th[j] and ml < tl[j]) then mh, ml = th[j], tl[j] end
-      end
-      if mh < nh or (mh == nh and ml <= nl) then
-        for j = 1, k do th[j], tl[j] = 0, 0 end
-        hh, hl, n = 0, 0, 0
-      end
     end
   end
 
   if dirty then
-    if n > 0 then
+    -- The latest of the hold and the TATs: the key is idle once it has passed.
+    local mh, ml = hh, hl
+    for j = 1, n do
+      if mh < th[j] or (mh == th[j] and ml < tl[j]) then mh, ml = th[j], tl[j] end
+    end
+    if nh < mh or (nh == mh and nl < ml) then
       local s
       if n == 1 then
         s = format('1 %d %d %d %d', hh, hl, th[1], tl[1])
@@ -354,14 +353,10 @@ for ki = 1, nkeys do
         s = format('1 %d %d', hh, hl)
         for j = 1, n do s = s .. format(' %d %d', th[j], tl[j]) end
       end
-      -- The TTL in milliseconds, rounded up, to the latest of the hold and the TATs.
-      local mh, ml = hh, hl
-      for j = 1, n do
-        if mh < th[j] or (mh == th[j] and ml < tl[j]) then mh, ml = th[j], tl[j] end
-      end
+      -- The TTL in milliseconds, rounded up.
       local dh, dl = mh - nh, ml - nl
       if dl < 0 then dh, dl = dh - 1, dl + B end
-      local ms = dh * 1000 + math.ceil(dl / 1000000)
+      local ms = dh * 1000 + ceil(dl / 1000000)
       if virtual then ms = ms + 3600000 end
       if nkeys == 1 then
         redis.call('SET', key, s, 'PX', format('%d', ms))
