@@ -33,7 +33,7 @@ var scriptSource string
 const (
 	DefaultPrefix     = "sluice:"
 	DefaultTimeout    = 100 * time.Millisecond // longest wait for an answer from Redis
-	DefaultPipelines  = 4                      // pipelines in flight at once
+	DefaultPipelines  = 2                      // batches in flight at once: one at Redis, one forming
 	DefaultMaxBatch   = 256                    // most calls in one batch (one pipeline)
 	DefaultProbeEvery = 100 * time.Millisecond // how often a down Redis is probed
 )
