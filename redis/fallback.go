@@ -85,37 +85,42 @@ func (b *Backend) flushLedger(ctx context.Context) error {
 	}
 	now := b.clock.Nanotime()
 	type pending struct {
-		key  string
-		d    *debt
-		args []any
-		c    *call
+		key string
+		c   *call
 	}
 	var ps []pending
 	for key, d := range entries {
 		// What is still owed: each limit's debt beyond now, charged at Redis' now.
 		owed := false
-		deltas := make([]int64, len(d.limits))
+		var deltas [gcra.MaxLimits]int64
 		for i := range d.limits {
 			deltas[i] = max(0, d.tats[i]-now)
 			owed = owed || deltas[i] > 0
 		}
 		if owed {
-			ps = append(ps, pending{key: key, d: d, args: b.settleArgs(1, d.limits, deltas, nil)})
+			ps = append(ps, pending{key: key, c: b.settleCall(key, 1, d.limits, deltas[:], nil)})
 		}
 		if d.until > now {
-			ps = append(ps, pending{key: key, d: d, args: b.penalizeArgs(d.limits, d.until-now)})
+			ps = append(ps, pending{key: key, c: b.penalizeCall(key, d.limits, d.until-now)})
 		}
 	}
-	for i := range ps {
-		ps[i].c = newCall(b.KeyName(ps[i].key), ps[i].args)
-		if !b.p.submit(ps[i].c) {
+	// Submitted together, they leave in one batch.
+	for i, p := range ps {
+		if !b.p.submit(p.c) {
+			for _, p := range ps[i:] {
+				p.c.release()
+			}
 			return backend.ErrClosed
 		}
 	}
 	var first error
 	failed := map[string]bool{}
 	for _, p := range ps {
-		if _, err := b.await(ctx, p.key, p.args, p.c); err != nil {
+		err := b.await(ctx, p.key, p.c)
+		if err == nil {
+			err = b.finish(p.c, opName(p.c.op), p.key)
+		}
+		if err != nil {
 			first = cmpOr(first, err)
 			failed[p.key] = true
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,14 +13,33 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 )
 
-// call is one script invocation waiting for its pipeline.
+// maxFields is the most numeric fields one operation carries: a settlement under
+// gcra.MaxLimits limits (sign, k, p, a pair, and two pairs per limit).
+const maxFields = 5 + 4*4
+
+// call is one operation (one record of a batch, see sluice.lua) waiting for its answer.
 type call struct {
-	keys  [1]string
-	args  []any
+	name    string // the key's Redis key (KeyName)
+	op      byte   // 'a', 'd', 's' or 'p'
+	nf      int    // fields used in f
+	f       [maxFields]int64
+	virtual bool  // now is a virtual time (tests), not Redis TIME
+	vnow    int64 // the virtual now
+
 	state atomic.Int32 // callQueued, callSent or callAbandoned
 	done  chan struct{}
+
+	// The answer, valid after done: the call's results (its part of the reply), Redis'
+	// now when the reply carries it, and the whole reply for error messages; or err.
+	res   []any
+	now   int64
 	reply any
 	err   error
+	one   [1]any // holds a bare reply (a batch of one result), so res needs no allocation
+
+	// Batch building, owned by the flusher sending the call.
+	group int // index of the call's group (script call) in the batch
+	ki    int // index of the call's key in its group
 }
 
 const (
@@ -30,31 +50,82 @@ const (
 
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
-func newCall(key string, args []any) *call {
+func newCall(name string, op byte) *call {
 	c := callPool.Get().(*call)
-	c.keys[0] = key
-	c.args = args
+	c.name, c.op, c.nf = name, op, 0
 	c.state.Store(callQueued)
 	return c
+}
+
+// field appends x to c's fields.
+func (c *call) field(x int64) { c.f[c.nf] = x; c.nf++ }
+
+// pair appends x as the script reads times: whole seconds and nanoseconds, the latter in
+// [0, 1e9) (see sluice.lua on why).
+func (c *call) pair(x int64) {
+	s, ns := x/1e9, x%1e9
+	if ns < 0 {
+		s, ns = s-1, ns+1e9
+	}
+	c.f[c.nf], c.f[c.nf+1] = s, ns
+	c.nf += 2
+}
+
+// sameOp reports whether c repeats d's operation and fields (sent as '=').
+func (c *call) sameOp(d *call) bool {
+	return c.op == d.op && slices.Equal(c.f[:c.nf], d.f[:d.nf])
+}
+
+// results is how many elements c's answer has in a reply (see sluice.lua).
+func (c *call) results() int {
+	if c.op == 'd' {
+		return 3 + 2*int(c.f[3])
+	}
+	return 1
 }
 
 // release recycles a call whose answer was received (never an abandoned one: its
 // pipeline may still write to it).
 func (c *call) release() {
-	c.args, c.reply, c.err = nil, nil, nil
+	c.name, c.res, c.reply, c.err, c.one[0] = "", nil, nil, nil, nil
 	callPool.Put(c)
 }
 
-// pipeliner coalesces the calls of concurrent goroutines into pipelines. A fixed set of
+// grouping says which calls may share one script call. One script call may only touch
+// keys that live on one server (in Redis Cluster, in one hash slot).
+type grouping int
+
+const (
+	groupAll     grouping = iota // one Redis (or a Sentinel's master): every key together
+	groupSlot                    // Redis Cluster: the keys of one hash slot together
+	groupEachKey                 // a client that shards otherwise (Ring, unknown): one key per call
+)
+
+// groupingOf returns how calls through client may be grouped.
+func groupingOf(client Client) grouping {
+	switch client.(type) {
+	case *goredis.Client:
+		return groupAll
+	case *goredis.ClusterClient:
+		return groupSlot
+	}
+	return groupEachKey
+}
+
+// pipeliner coalesces the calls of concurrent goroutines into batches. A fixed set of
 // flusher goroutines (owned by the backend, stopped by Close) each take every call queued
-// (up to maxBatch) and send them as one pipeline. A lone caller is sent at once, alone;
-// while pipelines are in flight, new calls queue and leave together with the next one, so
-// the number of goroutines, not the round trip, sets the throughput.
+// (up to maxBatch) and send them as one pipeline holding one script call per group of
+// keys that may share one (every key for one Redis, one hash slot for Redis Cluster): the
+// script decides each group's calls in arrival order, reading and writing each key once.
+// A lone caller is sent at once, alone; while batches are in flight, new calls queue and
+// leave together with the next one, so the number of goroutines, not the round trip, sets
+// the throughput.
 type pipeliner struct {
 	client   Client
-	script   *goredis.Script
+	sha, src any // the script's SHA1 and text (for EVAL after NOSCRIPT), boxed once
 	timeout  time.Duration
 	maxBatch int
+	grouping grouping
 	ctx      context.Context // cancelled by close
 
 	// direct lets a caller that finds nothing queued and nothing in flight send its own
@@ -62,17 +133,25 @@ type pipeliner struct {
 	// only for clients that honour context deadlines, so that the caller still returns
 	// within the time-out.
 	direct bool
+	// The direct caller's buffers: there is one direct caller at a time (it sends only
+	// when nothing else is in flight, and counts itself in flight meanwhile).
+	directBB batchBuilder
+	one      [1]*call
+
+	// dl is the context of the batches sent lately (see deadline).
+	dl atomic.Pointer[deadlineCtx]
 
 	mu       sync.Mutex
 	cond     *sync.Cond
 	queue    []*call
-	inflight int // pipelines being sent, by flushers or direct callers
+	inflight int // batches being sent, by flushers or direct callers
 	closed   bool
 	wg       sync.WaitGroup
 }
 
-func newPipeliner(ctx context.Context, client Client, script *goredis.Script, timeout time.Duration, flushers, maxBatch int) *pipeliner {
-	p := &pipeliner{client: client, script: script, timeout: timeout, maxBatch: maxBatch, ctx: ctx}
+func newPipeliner(ctx context.Context, client Client, source string, timeout time.Duration, flushers, maxBatch int) *pipeliner {
+	p := &pipeliner{client: client, sha: goredis.NewScript(source).Hash(), src: source, timeout: timeout,
+		maxBatch: maxBatch, grouping: groupingOf(client), ctx: ctx}
 	p.cond = sync.NewCond(&p.mu)
 	p.wg.Add(flushers)
 	for i := 0; i < flushers; i++ {
@@ -94,9 +173,9 @@ func (p *pipeliner) submit(c *call) bool {
 		p.inflight++
 		p.mu.Unlock()
 		c.state.Store(callSent)
-		batch := [1]*call{c}
-		var cmds [1]*goredis.Cmd
-		p.exec(batch[:], cmds[:0])
+		p.one[0] = c
+		p.directBB.exec(p, p.one[:])
+		p.one[0] = nil
 		p.mu.Lock()
 		p.inflight--
 		if len(p.queue) > 0 {
@@ -111,8 +190,35 @@ func (p *pipeliner) submit(c *call) bool {
 	return true
 }
 
-// close stops the flushers after the pipelines in flight and fails the calls still
-// queued with ErrClosed-like errors (the caller maps them).
+// deadlineCtx is a context that ends at a deadline, or when the backend closes.
+type deadlineCtx struct {
+	ctx    context.Context
+	cancel context.CancelFunc // released by the timer at the deadline
+	reuse  int64              // until when (Nanotime) new batches may share it
+}
+
+// deadline returns the context of a batch sent now: one that ends within the time-out,
+// or at once when the backend closes. Batches sent within 1/100 of the time-out of each
+// other share one (each thus has at least 99% of the time-out), which spares a timer per
+// batch.
+func (p *pipeliner) deadline() context.Context {
+	now := nanotime()
+	if d := p.dl.Load(); d != nil && now < d.reuse {
+		return d.ctx
+	}
+	ctx, cancel := context.WithTimeout(p.ctx, p.timeout)
+	d := &deadlineCtx{ctx: ctx, cancel: cancel, reuse: now + int64(p.timeout)/100}
+	p.dl.Store(d)
+	return ctx
+}
+
+// nanotime is a monotonic clock reading in nanoseconds.
+func nanotime() int64 { return int64(time.Since(epoch)) }
+
+var epoch = time.Now()
+
+// close stops the flushers after the batches in flight and fails the calls still queued
+// with err.
 func (p *pipeliner) close(err error) {
 	p.mu.Lock()
 	p.closed = true
@@ -132,7 +238,7 @@ func (p *pipeliner) close(err error) {
 func (p *pipeliner) flusher() {
 	defer p.wg.Done()
 	batch := make([]*call, 0, p.maxBatch)
-	cmds := make([]*goredis.Cmd, 0, p.maxBatch)
+	var bb batchBuilder
 	for {
 		p.mu.Lock()
 		for len(p.queue) == 0 && !p.closed {
@@ -158,51 +264,363 @@ func (p *pipeliner) flusher() {
 		p.inflight++
 		p.mu.Unlock()
 		if len(batch) > 0 {
-			cmds = p.exec(batch, cmds[:0])
+			bb.exec(p, batch)
 		}
+		clear(batch)
 		p.mu.Lock()
 		p.inflight--
 		p.mu.Unlock()
 	}
 }
 
-// exec sends batch as one pipeline of EVALSHA, and again with EVAL those that met
-// NOSCRIPT (the script cache is empty after a Redis restart or SCRIPT FLUSH; EVAL loads
-// it). A NOSCRIPT reply means the script did not run, so sending it again is safe.
-func (p *pipeliner) exec(batch []*call, cmds []*goredis.Cmd) []*goredis.Cmd {
-	ctx, cancel := context.WithTimeout(p.ctx, p.timeout)
-	defer cancel()
-	pipe := p.client.Pipeline()
-	for _, c := range batch {
-		cmds = append(cmds, p.script.EvalSha(ctx, pipe, c.keys[:], c.args...))
+// groupKey identifies the calls that may share one script call.
+type groupKey struct {
+	name    string // groupEachKey: the key
+	slot    int    // groupSlot: the hash slot
+	virtual bool
+	vnow    int64
+}
+
+func groupKeyOf(how grouping, c *call) groupKey {
+	gk := groupKey{virtual: c.virtual, vnow: c.vnow}
+	switch how {
+	case groupSlot:
+		gk.slot = hashSlot(c.name)
+	case groupEachKey:
+		gk.name = c.name
 	}
-	_, execErr := pipe.Exec(ctx)
-	var again []*call
-	for i, c := range batch {
-		err := replyErr(cmds[i], execErr)
+	return gk
+}
+
+// group is one script call of a batch: its keys in order of first arrival, and its calls
+// ordered by key, each key's calls in arrival order (the order of the script's records and
+// of its reply).
+type group struct {
+	gk    groupKey
+	keys  []string
+	calls []*call
+	other bool // a call other than 'a', or a virtual now: the reply carries now
+	cmd   *goredis.Cmd
+}
+
+// batchBuilder turns a batch of calls into script calls, and their replies into answers.
+// It keeps its buffers from one batch to the next; it is not safe for concurrent use.
+type batchBuilder struct {
+	groups []group
+	gidx   map[groupKey]int // the groups, once there are many
+	kidx   map[string]int   // a group's keys, once there are many
+	counts []int
+	sorted []*call
+	again  []int
+}
+
+// manyIndex is how many groups or keys are searched one by one before a map is used.
+const manyIndex = 8
+
+// exec sends batch as one pipeline of EVALSHA, one per group, and again with EVAL the
+// groups that met NOSCRIPT (the script cache is empty after a Redis restart or SCRIPT
+// FLUSH; EVAL loads it). A NOSCRIPT reply means the script did not run, so sending it
+// again is safe. Every call of the batch is answered.
+func (bb *batchBuilder) exec(p *pipeliner, batch []*call) {
+	ctx := p.deadline()
+	bb.group(p.grouping, batch)
+	for i := range bb.groups {
+		g := &bb.groups[i]
+		g.cmd = g.command(ctx, "evalsha", p.sha)
+	}
+	execErr := bb.send(ctx, p.client, bb.groups)
+	bb.again = bb.again[:0]
+	for i := range bb.groups {
+		g := &bb.groups[i]
+		err := replyErr(g.cmd, execErr)
 		if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
-			again = append(again, c)
+			bb.again = append(bb.again, i)
 			continue
 		}
-		c.reply, c.err = cmds[i].Val(), err
-		c.done <- struct{}{}
-		cmds[i] = nil
+		g.answer(err)
 	}
-	if len(again) > 0 {
+	if len(bb.again) > 0 {
 		pipe := p.client.Pipeline()
-		retry := make([]*goredis.Cmd, len(again))
-		for i, c := range again {
-			retry[i] = p.script.Eval(ctx, pipe, c.keys[:], c.args...)
+		for _, i := range bb.again {
+			g := &bb.groups[i]
+			g.cmd = g.command(ctx, "eval", p.src)
+			_ = pipe.Process(ctx, g.cmd)
 		}
 		_, execErr := pipe.Exec(ctx)
-		for i, c := range again {
-			c.reply, c.err = retry[i].Val(), replyErr(retry[i], execErr)
-			c.done <- struct{}{}
+		for _, i := range bb.again {
+			bb.groups[i].answer(replyErr(bb.groups[i].cmd, execErr))
 		}
 	}
-	clear(cmds)
-	return cmds
+	for i := range bb.groups {
+		g := &bb.groups[i]
+		clear(g.keys)
+		clear(g.calls)
+		g.keys, g.calls, g.cmd = g.keys[:0], g.calls[:0], nil
+	}
+	bb.groups = bb.groups[:0]
 }
+
+// processor is a client that sends one command by itself (go-redis clients do): cheaper
+// than a pipeline of one.
+type processor interface {
+	Process(ctx context.Context, cmd goredis.Cmder) error
+}
+
+// send sends the groups' commands, in one pipeline or, for a lone one, by itself. The
+// error is the pipeline's (see replyErr); each command carries its own.
+func (bb *batchBuilder) send(ctx context.Context, client Client, groups []group) error {
+	if len(groups) == 1 {
+		if pr, ok := client.(processor); ok {
+			return pr.Process(ctx, groups[0].cmd)
+		}
+	}
+	pipe := client.Pipeline()
+	for i := range groups {
+		_ = pipe.Process(ctx, groups[i].cmd)
+	}
+	_, err := pipe.Exec(ctx)
+	return err
+}
+
+// group splits batch into bb.groups, each with its keys and its calls ordered by key.
+func (bb *batchBuilder) group(how grouping, batch []*call) {
+	last := -1
+	for _, c := range batch {
+		gk := groupKeyOf(how, c)
+		if last < 0 || bb.groups[last].gk != gk {
+			last = bb.groupIndex(gk)
+		}
+		bb.groups[last].calls = append(bb.groups[last].calls, c)
+	}
+	clear(bb.gidx)
+	// Within each group: the keys in order of first arrival, and the calls ordered by key
+	// (a stable counting sort, so that each key's calls stay in arrival order).
+	for i := range bb.groups {
+		g := &bb.groups[i]
+		g.other = false
+		for _, c := range g.calls {
+			c.ki = bb.keyIndex(g, c.name)
+			g.other = g.other || c.op != 'a' || c.virtual
+		}
+		clear(bb.kidx)
+		if len(g.keys) == 1 {
+			continue
+		}
+		bb.counts = slices.Grow(bb.counts[:0], len(g.keys)+1)[:len(g.keys)+1]
+		clear(bb.counts)
+		for _, c := range g.calls {
+			bb.counts[c.ki+1]++
+		}
+		for k := 1; k < len(bb.counts); k++ {
+			bb.counts[k] += bb.counts[k-1]
+		}
+		bb.sorted = slices.Grow(bb.sorted[:0], len(g.calls))[:len(g.calls)]
+		for _, c := range g.calls {
+			bb.sorted[bb.counts[c.ki]] = c
+			bb.counts[c.ki]++
+		}
+		copy(g.calls, bb.sorted)
+		clear(bb.sorted)
+	}
+}
+
+// groupIndex returns the index of the group gk, adding it if new.
+func (bb *batchBuilder) groupIndex(gk groupKey) int {
+	n := len(bb.groups)
+	if n <= manyIndex {
+		for i := range bb.groups {
+			if bb.groups[i].gk == gk {
+				return i
+			}
+		}
+	} else {
+		if len(bb.gidx) == 0 {
+			if bb.gidx == nil {
+				bb.gidx = make(map[groupKey]int)
+			}
+			for i := range bb.groups {
+				bb.gidx[bb.groups[i].gk] = i
+			}
+		}
+		if i, ok := bb.gidx[gk]; ok {
+			return i
+		}
+		bb.gidx[gk] = n
+	}
+	if n < cap(bb.groups) {
+		bb.groups = bb.groups[:n+1]
+	} else {
+		bb.groups = append(bb.groups, group{})
+	}
+	bb.groups[n].gk = gk
+	return n
+}
+
+// keyIndex returns the index of name among g's keys, adding it if new.
+func (bb *batchBuilder) keyIndex(g *group, name string) int {
+	n := len(g.keys)
+	if n > 0 && g.keys[n-1] == name {
+		return n - 1
+	}
+	if n <= manyIndex {
+		for i, k := range g.keys {
+			if k == name {
+				return i
+			}
+		}
+	} else {
+		if len(bb.kidx) == 0 {
+			if bb.kidx == nil {
+				bb.kidx = make(map[string]int)
+			}
+			for i, k := range g.keys {
+				bb.kidx[k] = i
+			}
+		}
+		if i, ok := bb.kidx[name]; ok {
+			return i
+		}
+		bb.kidx[name] = n
+	}
+	g.keys = append(g.keys, name)
+	return n
+}
+
+// command builds g's script call (see sluice.lua for the arguments): the keys, the time
+// mode, and for each key the number of its records and its records, an operation that
+// repeats the previous record's being sent as '='.
+func (g *group) command(ctx context.Context, name string, script any) *goredis.Cmd {
+	n := 3 + 2*len(g.keys) + 1
+	for _, c := range g.calls {
+		n += 1 + c.nf
+	}
+	args := make([]any, 0, n)
+	args = append(args, name, script, len(g.keys))
+	for _, k := range g.keys {
+		args = append(args, k)
+	}
+	c0 := g.calls[0]
+	switch {
+	case c0.virtual:
+		s, ns := c0.vnow/1e9, c0.vnow%1e9
+		if ns < 0 {
+			s, ns = s-1, ns+1e9
+		}
+		args = append(args, fmt.Sprintf("%d %d", s, ns))
+	case g.other:
+		args = append(args, "+")
+	default:
+		args = append(args, "")
+	}
+	var prev *call
+	for i := 0; i < len(g.calls); {
+		ki := g.calls[i].ki
+		j := i
+		for j < len(g.calls) && g.calls[j].ki == ki {
+			j++
+		}
+		args = append(args, j-i)
+		for _, c := range g.calls[i:j] {
+			if prev != nil && c.sameOp(prev) {
+				args = append(args, "=")
+			} else {
+				args = append(args, opString(c.op))
+				for _, x := range c.f[:c.nf] {
+					args = append(args, x)
+				}
+			}
+			prev = c
+		}
+		i = j
+	}
+	cmd := goredis.NewCmd(ctx, args...)
+	cmd.SetFirstKeyPos(3)
+	return cmd
+}
+
+func opString(op byte) string {
+	switch op {
+	case 'a':
+		return "a"
+	case 'd':
+		return "d"
+	case 's':
+		return "s"
+	}
+	return "p"
+}
+
+// answer splits g's reply among its calls and signals each: an error for all, or each
+// call's results (a record's error text becomes its error).
+func (g *group) answer(err error) {
+	if err != nil {
+		for _, c := range g.calls {
+			c.err = err
+			c.done <- struct{}{}
+		}
+		return
+	}
+	reply := g.cmd.Val()
+	arr, isArr := reply.([]any)
+	var now int64
+	i, ok := 0, true
+	if g.other {
+		if ok = isArr && len(arr) >= 2; ok {
+			now, ok = pairAt(arr, 0)
+			i = 2
+		}
+	}
+	if !g.other && len(g.calls) == 1 {
+		// A reply of one element is sent bare.
+		c := g.calls[0]
+		c.one[0] = reply
+		arr = c.one[:]
+	} else if !isArr {
+		ok = false
+	}
+	for _, c := range g.calls {
+		c.reply, c.now, c.res = reply, now, nil
+		if !ok {
+			continue
+		}
+		if i >= len(arr) {
+			ok = false
+			continue
+		}
+		if s, isErr := arr[i].(string); isErr {
+			c.err = scriptError(s)
+			i++
+			continue
+		}
+		n := c.results()
+		if i+n > len(arr) {
+			ok = false
+			continue
+		}
+		c.res = arr[i : i+n : i+n]
+		i += n
+	}
+	if ok && i != len(arr) {
+		ok = false
+	}
+	for _, c := range g.calls {
+		if !ok {
+			// A reply of the wrong shape: every call reports it (res nil).
+			c.res = nil
+		}
+		c.done <- struct{}{}
+	}
+}
+
+// scriptError is an error the script reported for one record: a key holding another state
+// format, or a value that is not a string. It is Redis' answer, not a sign that Redis is
+// down.
+type scriptError string
+
+func (e scriptError) Error() string { return string(e) }
+
+// RedisError marks it as an error from Redis (goredis.Error).
+func (scriptError) RedisError() {}
 
 // replyErr is a pipelined command's error. A pipeline that could not get a connection
 // (go-redis v9) reports the failure only from Exec and leaves its commands without error

@@ -24,18 +24,17 @@ import (
 // never read each other's state (see docs/redis.md on rolling upgrades).
 const FormatVersion = 1
 
+// scriptSource is the decision script, sent with EVALSHA, and with EVAL after NOSCRIPT.
+//
 //go:embed sluice.lua
 var scriptSource string
-
-// script is the decision script, loaded once per process; EVALSHA with EVAL after NOSCRIPT.
-var script = goredis.NewScript(scriptSource)
 
 // Defaults.
 const (
 	DefaultPrefix     = "sluice:"
 	DefaultTimeout    = 100 * time.Millisecond // longest wait for an answer from Redis
-	DefaultPipelines  = 4                      // pipelines in flight at once
-	DefaultMaxBatch   = 256                    // most calls in one pipeline
+	DefaultPipelines  = 2                      // batches in flight at once: one at Redis, one forming
+	DefaultMaxBatch   = 256                    // most calls in one batch (one pipeline)
 	DefaultProbeEvery = 100 * time.Millisecond // how often a down Redis is probed
 )
 
@@ -104,9 +103,10 @@ func WithTimeout(d time.Duration) Option {
 	})
 }
 
-// WithPipelines sets how many pipelines may be in flight at once (default
-// DefaultPipelines) and how many calls one pipeline carries at most (default
-// DefaultMaxBatch). Values <= 0 keep the default.
+// WithPipelines sets how many batches may be in flight at once (default DefaultPipelines)
+// and how many calls one batch carries at most (default DefaultMaxBatch). A batch is one
+// pipeline holding one script call per group of keys that may share one (see
+// docs/redis.md). Values <= 0 keep the default.
 func WithPipelines(inFlight, maxBatch int) Option {
 	return optionFunc(func(b *Backend) {
 		if inFlight > 0 {
@@ -172,7 +172,7 @@ func New(client Client, opts ...Option) *Backend {
 	}
 	b.ledger.m = make(map[string]*debt)
 	b.ctx, b.cancel = context.WithCancel(context.Background())
-	b.p = newPipeliner(b.ctx, client, script, b.timeout, b.pipelines, b.maxBatch)
+	b.p = newPipeliner(b.ctx, client, scriptSource, b.timeout, b.pipelines, b.maxBatch)
 	b.p.direct = honoursDeadlines(client)
 	return b
 }
@@ -289,23 +289,14 @@ func (b *Backend) Stats() Stats {
 	return Stats{Failures: b.stats.failures.Load(), Fallbacks: b.stats.fallbacks.Load(), Probes: b.stats.probes.Load(), Down: b.down.Load()}
 }
 
-// appendNow appends the script's now argument: "" "" for Redis TIME, virtual time in
-// tests.
-func (b *Backend) appendNow(args []any) []any {
-	if b.now == nil {
-		return append(args, "", "")
+// newCall returns a call of op on key, at Redis' time or, in tests, at the virtual time.
+func (b *Backend) newCall(key string, op byte) *call {
+	c := newCall(b.KeyName(key), op)
+	c.virtual, c.vnow = b.now != nil, 0
+	if c.virtual {
+		c.vnow = b.now()
 	}
-	return appendPair(args, b.now())
-}
-
-// appendPair appends x as the script reads times: whole seconds and nanoseconds, the
-// latter in [0, 1e9) (see sluice.lua on why).
-func appendPair(args []any, x int64) []any {
-	s, ns := x/1e9, x%1e9
-	if ns < 0 {
-		s, ns = s-1, ns+1e9
-	}
-	return append(args, s, ns)
+	return c
 }
 
 // pairAt reads the pair at arr[i], arr[i+1] of a reply.
@@ -336,50 +327,51 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 	if err := checkRequest(req.Limits, req.N); err != nil {
 		return backend.Grant{}, err
 	}
-	md := int64(max(req.MaxDelay, 0))
-	k := len(req.Limits)
-	args := make([]any, 0, 7+4*k)
-	args = append(args, "d")
-	args = b.appendNow(args)
-	args = append(args, req.N)
-	args = appendPair(args, md)
-	args = append(args, k)
-	for _, l := range req.Limits {
-		args = appendPair(args, l.Tau)
-		args = appendPair(args, req.N*l.T)
-	}
-	reply, err := b.run(ctx, key, args)
-	if err != nil {
+	c := b.decideCall(key, req)
+	if err := b.run(ctx, key, c); err != nil {
 		if b.fallback != nil && errors.Is(err, ErrUnavailable) {
 			return b.fallbackDecide(ctx, key, req)
 		}
 		return backend.Grant{}, err
 	}
-	g, ok := decodeDecision(reply, req.Limits, req.N)
+	g, ok := decodeDecision(c.res, c.now, req.Limits, req.N)
+	var err error
 	if !ok {
-		return backend.Grant{}, &ReplyError{Op: "decide", Key: key, Reply: reply}
+		err = &ReplyError{Op: "decide", Key: key, Reply: c.reply}
 	}
-	return g, nil
+	c.release()
+	return g, err
 }
 
-// decodeDecision reads the script's reply {allowed, now, delay, TAT...} (times as pairs)
-// into a grant. The reply carries the decision and the key's TATs after it; Remaining
-// and ResetAfter are derived from them by the Go core itself (a query, n = 0), exactly as
-// gcra.Decide derives them.
-func decodeDecision(reply any, limits []gcra.Limit, n int64) (backend.Grant, bool) {
-	arr, ok := reply.([]any)
-	if !ok || len(arr) != 5+2*len(limits) {
+// decideCall is a decision of req (checked).
+func (b *Backend) decideCall(key string, req backend.Request) *call {
+	c := b.newCall(key, 'd')
+	c.field(req.N)
+	c.pair(int64(max(req.MaxDelay, 0)))
+	c.field(int64(len(req.Limits)))
+	for _, l := range req.Limits {
+		c.pair(l.Tau)
+		c.pair(req.N * l.T)
+	}
+	return c
+}
+
+// decodeDecision reads the script's result {allowed, delay, TAT...} (times as pairs) at
+// Redis' now into a grant. The result carries the decision and the key's TATs after it;
+// Remaining and ResetAfter are derived from them by the Go core itself (a query, n = 0),
+// exactly as gcra.Decide derives them.
+func decodeDecision(arr []any, now int64, limits []gcra.Limit, n int64) (backend.Grant, bool) {
+	if len(arr) != 3+2*len(limits) {
 		return backend.Grant{}, false
 	}
 	allowed, ok1 := arr[0].(int64)
-	now, ok2 := pairAt(arr, 1)
-	delay, ok3 := pairAt(arr, 3)
-	if !ok1 || !ok2 || !ok3 || (allowed != 0 && allowed != 1) {
+	delay, ok2 := pairAt(arr, 1)
+	if !ok1 || !ok2 || (allowed != 0 && allowed != 1) {
 		return backend.Grant{}, false
 	}
 	var tats [gcra.MaxLimits]int64
 	for i := range limits {
-		t, ok := pairAt(arr, 5+2*i)
+		t, ok := pairAt(arr, 3+2*i)
 		if !ok {
 			return backend.Grant{}, false
 		}
@@ -399,14 +391,13 @@ func decodeDecision(reply any, limits []gcra.Limit, n int64) (backend.Grant, boo
 	return g, true
 }
 
-// nowReply reads the {now} reply of settle and penalize.
-func nowReply(reply any) bool {
-	arr, ok := reply.([]any)
-	if !ok || len(arr) != 2 {
+// done reads the result {1} of settle and penalize.
+func done(arr []any) bool {
+	if len(arr) != 1 {
 		return false
 	}
-	_, ok = pairAt(arr, 0)
-	return ok
+	v, ok := arr[0].(int64)
+	return ok && v == 1
 }
 
 // AllowOne takes one permit for key under l if one is free now (backend.Allower): the
@@ -416,24 +407,38 @@ func (b *Backend) AllowOne(ctx context.Context, key string, l gcra.Limit) (bool,
 	if err := checkRequest(ls[:], 1); err != nil {
 		return false, err
 	}
-	args := make([]any, 0, 7)
-	args = append(args, "a")
-	args = b.appendNow(args)
-	args = appendPair(args, l.Tau)
-	args = appendPair(args, l.T)
-	reply, err := b.run(ctx, key, args)
-	if err != nil {
+	c := b.allowCall(key, l)
+	if err := b.run(ctx, key, c); err != nil {
 		if b.fallback != nil && errors.Is(err, ErrUnavailable) {
 			g, err := b.fallbackDecide(ctx, key, backend.Request{Limits: ls[:], N: 1})
 			return g.Allowed, err
 		}
 		return false, err
 	}
-	v, ok := reply.(int64)
-	if !ok || (v != 0 && v != 1) {
-		return false, &ReplyError{Op: "allow", Key: key, Reply: reply}
+	allowed, ok := decodeAllow(c.res)
+	var err error
+	if !ok {
+		err = &ReplyError{Op: "allow", Key: key, Reply: c.reply}
 	}
-	return v == 1, nil
+	c.release()
+	return allowed, err
+}
+
+// allowCall is one permit now or never under l (checked).
+func (b *Backend) allowCall(key string, l gcra.Limit) *call {
+	c := b.newCall(key, 'a')
+	c.pair(l.Tau)
+	c.pair(l.T)
+	return c
+}
+
+// decodeAllow reads the result {1} or {0} of an allowance.
+func decodeAllow(arr []any) (allowed, ok bool) {
+	if len(arr) != 1 {
+		return false, false
+	}
+	v, ok := arr[0].(int64)
+	return v == 1, ok && (v == 0 || v == 1)
 }
 
 // penaltyLimit is the limit a penalty drains (gcra.Penalize: the first with the smallest
@@ -468,22 +473,28 @@ func (b *Backend) Adjust(ctx context.Context, key string, limits []gcra.Limit, t
 	case newN < t.N:
 		sign, d = -1, t.N-newN
 	}
-	deltas := make([]int64, len(limits))
+	var deltas [gcra.MaxLimits]int64
 	for i, l := range limits {
 		deltas[i] = d * l.T
 	}
-	args := b.settleArgs(sign, limits, deltas, &t)
-	reply, err := b.run(ctx, key, args)
-	if err != nil {
+	c := b.settleCall(key, sign, limits, deltas[:], &t)
+	if err := b.run(ctx, key, c); err != nil {
 		if errors.Is(err, ErrUnavailable) {
 			return b.degradedAdjust(key, limits, t, newN)
 		}
 		return err
 	}
-	if !nowReply(reply) {
-		return &ReplyError{Op: "settle", Key: key, Reply: reply}
+	return b.finish(c, "settle", key)
+}
+
+// finish checks the result of a settlement or penalty and releases c.
+func (b *Backend) finish(c *call, op, key string) error {
+	var err error
+	if !done(c.res) {
+		err = &ReplyError{Op: op, Key: key, Reply: c.reply}
 	}
-	return nil
+	c.release()
+	return err
 }
 
 // Penalize holds key back for d in Redis, for every process that shares it. While Redis
@@ -499,115 +510,124 @@ func (b *Backend) Penalize(ctx context.Context, key string, limits []gcra.Limit,
 	if b.down.Load() {
 		return b.degradedPenalize(ctx, key, limits, d)
 	}
-	reply, err := b.run(ctx, key, b.penalizeArgs(limits, int64(d)))
-	if err != nil {
+	c := b.penalizeCall(key, limits, int64(d))
+	if err := b.run(ctx, key, c); err != nil {
 		if errors.Is(err, ErrUnavailable) {
 			return b.degradedPenalize(ctx, key, limits, d)
 		}
 		return err
 	}
-	if !nowReply(reply) {
-		return &ReplyError{Op: "penalize", Key: key, Reply: reply}
-	}
-	return nil
+	return b.finish(c, "penalize", key)
 }
 
-// settleArgs are the arguments of a settlement: sign 1 charges deltas, -1 refunds them
-// (against the ticket's TATs), 0 only re-applies a penalty in force.
-func (b *Backend) settleArgs(sign int, limits []gcra.Limit, deltas []int64, t *gcra.Ticket) []any {
+// settleCall is a settlement: sign 1 charges deltas, -1 refunds them (against the
+// ticket's TATs), 0 only re-applies a penalty in force.
+func (b *Backend) settleCall(key string, sign int, limits []gcra.Limit, deltas []int64, t *gcra.Ticket) *call {
 	p, off := penaltyLimit(limits)
-	args := make([]any, 0, 9+4*len(limits))
-	args = append(args, "s")
-	args = b.appendNow(args)
-	args = append(args, sign, len(limits), p)
+	c := b.newCall(key, 's')
+	c.field(int64(sign))
+	c.field(int64(len(limits)))
+	c.field(int64(p))
+	c.pair(off)
 	for i := range limits {
-		args = appendPair(args, deltas[i])
+		c.pair(deltas[i])
 		var after int64
 		if t != nil {
 			after = t.TatAfter[i]
 		}
-		args = appendPair(args, after)
+		c.pair(after)
 	}
-	return appendPair(args, off)
+	return c
 }
 
-// penalizeArgs are the arguments of a penalty of d nanoseconds.
-func (b *Backend) penalizeArgs(limits []gcra.Limit, d int64) []any {
+// penalizeCall is a penalty of d nanoseconds.
+func (b *Backend) penalizeCall(key string, limits []gcra.Limit, d int64) *call {
 	p, off := penaltyLimit(limits)
-	args := make([]any, 0, 9)
-	args = append(args, "p")
-	args = b.appendNow(args)
-	args = appendPair(args, d)
-	args = append(args, len(limits), p)
-	return appendPair(args, off)
+	c := b.newCall(key, 'p')
+	c.pair(d)
+	c.field(int64(len(limits)))
+	c.field(int64(p))
+	c.pair(off)
+	return c
 }
 
-// run sends one script call through the pipeliner and waits for its reply, at most the
-// time-out. While the breaker is open it fails at once; a failure to reach Redis opens it.
-func (b *Backend) run(ctx context.Context, key string, args []any) (any, error) {
+// run sends c through the pipeliner and waits for its answer, at most the time-out. While
+// the breaker is open it fails at once; a failure to reach Redis opens it. On success the
+// caller reads c's results and releases it; on failure c is no longer the caller's.
+func (b *Backend) run(ctx context.Context, key string, c *call) error {
 	if b.down.Load() {
+		c.release()
 		if b.isClosed() {
-			return nil, backend.ErrClosed
+			return backend.ErrClosed
 		}
-		return nil, fmt.Errorf("%w: down since a failure, probing every %v", ErrUnavailable, b.probeEvery)
+		return fmt.Errorf("%w: down since a failure, probing every %v", ErrUnavailable, b.probeEvery)
 	}
-	reply, err := b.send(ctx, key, args)
+	if !b.p.submit(c) {
+		c.release()
+		return backend.ErrClosed
+	}
+	err := b.await(ctx, key, c)
 	if errors.Is(err, ErrUnavailable) {
 		b.trip()
 	}
-	return reply, err
+	return err
 }
 
-// send submits one call and waits for it (see await).
-func (b *Backend) send(ctx context.Context, key string, args []any) (any, error) {
-	c := newCall(b.KeyName(key), args)
-	if !b.p.submit(c) {
-		return nil, backend.ErrClosed
+// await waits for the answer of c (submitted), at most the time-out, and classifies its
+// error: ErrClosed, ErrUnavailable (Redis could not decide) or a *ReplyError. On success
+// the caller reads c's results and releases it. On failure c is released, or abandoned to
+// the batch that may still answer it.
+func (b *Backend) await(ctx context.Context, key string, c *call) error {
+	select {
+	case <-c.done: // answered already (the caller sent it itself)
+		return b.answered(key, c)
+	default:
 	}
-	return b.await(ctx, key, args, c)
-}
-
-// await waits for c's reply, at most the time-out, and classifies its error: ErrClosed,
-// ErrUnavailable (Redis could not decide) or a *ReplyError.
-func (b *Backend) await(ctx context.Context, key string, args []any, c *call) (any, error) {
 	t := timers.Get().(*time.Timer)
 	t.Reset(b.timeout)
 	select {
 	case <-c.done:
 		t.Stop()
 		timers.Put(t)
-		reply, err := c.reply, c.err
-		c.release()
-		switch {
-		case err == nil:
-			return reply, nil
-		case errors.Is(err, backend.ErrClosed):
-			return nil, err
-		case unavailable(err):
-			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
-		}
-		return nil, &ReplyError{Op: opName(args), Key: key, Err: err}
+		return b.answered(key, c)
 	case <-t.C:
 		timers.Put(t)
 		c.state.CompareAndSwap(callQueued, callAbandoned)
-		return nil, fmt.Errorf("%w: no answer within %v", ErrUnavailable, b.timeout)
+		return fmt.Errorf("%w: no answer within %v", ErrUnavailable, b.timeout)
 	case <-ctx.Done():
 		t.Stop()
 		timers.Put(t)
 		c.state.CompareAndSwap(callQueued, callAbandoned)
-		return nil, ctx.Err()
+		return ctx.Err()
 	}
 }
 
-func opName(args []any) string {
-	switch args[0] {
-	case "d":
+// answered classifies the error of an answered call; on failure it releases c.
+func (b *Backend) answered(key string, c *call) error {
+	err := c.err
+	if err == nil {
+		return nil
+	}
+	op := opName(c.op)
+	c.release()
+	switch {
+	case errors.Is(err, backend.ErrClosed):
+		return err
+	case unavailable(err):
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return &ReplyError{Op: op, Key: key, Err: err}
+}
+
+func opName(op byte) string {
+	switch op {
+	case 'd':
 		return "decide"
-	case "a":
+	case 'a':
 		return "allow"
-	case "s":
+	case 's':
 		return "settle"
-	case "p":
+	case 'p':
 		return "penalize"
 	}
 	return "call"

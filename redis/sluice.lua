@@ -1,6 +1,13 @@
--- Sluice, Redis mode, state format 1: GCRA decisions for one key, atomically, with the
--- arithmetic of the Go core (package gcra: Decide, Adjust, Penalize) in integer
--- nanoseconds. Keep in step with gcra.go; the differential test compares the two.
+-- Sluice, Redis mode, state format 1: GCRA decisions, atomically, with the arithmetic of
+-- the Go core (package gcra: Decide, Adjust, Penalize) in integer nanoseconds. Keep in
+-- step with gcra.go; the differential test compares the two.
+--
+-- Batches. One call decides a batch: any number of operations ("records") on one or more
+-- keys, all at one `now`. Each key's state is read once and written at most once, and its
+-- records are applied in the order given (the order the calls arrived in); records on
+-- different keys do not interact, so the batch is the same as running the calls one by one
+-- in that order at that instant. In Redis Cluster the caller puts only keys of one slot in a
+-- batch.
 --
 -- Numbers. Lua numbers are doubles, exact for integers below 2^53, and Unix nanoseconds
 -- (about 1.8e18) are far above that. Every time and duration is therefore a pair (s, ns)
@@ -9,207 +16,372 @@
 -- Sums, differences, comparisons and maxima of pairs are exact over the whole int64 range
 -- (s stays below 2^34). The script never multiplies or divides: the caller passes n*T per
 -- limit, and derives Remaining and ResetAfter from the TATs returned. It is written for
--- speed (it runs once per decision, on Redis' one thread): no string formatting, no
--- closures beyond two helpers, one pattern match to read the state.
+-- speed (it runs on Redis' one thread): no closures, no number formatting but one
+-- string.format per key written, one pattern match per key read.
 --
--- KEYS[1]  the key's state, "1 HOLD TAT1 [TAT2 ...]" with each time as "s ns": the format,
---          the end of the key's latest penalty (0 0 if none), one TAT per limit.
--- ARGV[1]  the operation:
---   d  decide:   ARGV[4] n, [5,6] maxDelay, [7] k, then per limit Tau, n*T (pairs).
---                Reply {allowed, now, delay (RetryAfter when denied), TAT1..TATk} (pairs
---                but allowed).
---   a  allow:    one permit now or never under one limit: ARGV[4,5] Tau, [6,7] T.
---                Reply 1 (granted) or 0.
---   s  settle:   ARGV[4] 1 (charge), -1 (refund) or 0, [5] k, [6] p, [7,8] Tau_p - T_p,
---                then per limit the charge or refund, and the ticket's TAT after the grant
---                (pairs). p is the limit a penalty drains (the smallest Tau). Reply: now.
---   p  penalize: ARGV[4,5] d, [6] k, [7] p, [8,9] Tau_p - T_p. Reply: now.
--- ARGV[2,3] now, or "" "" to read Redis TIME. Only tests pass it (virtual time); real time
---          may then run ahead of it, so such keys get an hour's extra TTL.
+-- KEYS     the batch's keys, each holding a key's state "1 HOLD TAT1 [TAT2 ...]" with each
+--          time as "s ns": the format, the end of the key's latest penalty (0 0 if none),
+--          one TAT per limit.
+-- ARGV[1]  '' to read Redis TIME and reply without now; '+' to read Redis TIME and reply
+--          with now; or "s ns", a virtual now (tests only), replying with it. Real time
+--          may run ahead of a virtual now, so keys written with one get an hour's extra TTL.
+-- Then for each key, in KEYS order: the number of its records, and its records. A record
+-- is an operation and its fields, or '=': the previous record's operation and fields again.
+--   a  allow:    one permit now or never under one limit: Tau, T (pairs). Result: 1 or 0.
+--   d  decide:   n, maxDelay (pair), k, then per limit Tau, n*T (pairs). Result: allowed,
+--                delay (RetryAfter when denied) and TAT1..TATk (pairs).
+--   s  settle:   1 (charge), -1 (refund) or 0, k, p, Tau_p - T_p (pair), then per limit the
+--                charge or refund and the ticket's TAT after the grant (pairs). p is the
+--                limit a penalty drains (the smallest Tau). Result: 1.
+--   p  penalize: d (pair), k, p, Tau_p - T_p (pair). Result: 1.
+-- The reply: now (a pair) if asked for, then each record's result in the order given; a
+-- record on a key holding something else than format-1 state gets the error's text
+-- instead of its result. A reply of one element is sent bare, not as a list.
 --
--- The key expires when it is idle (every TAT and the hold in the past): a missing key is
--- exactly a fresh one, so expiry changes no decision.
+-- A key expires when it is idle (every TAT and the hold in the past): a missing key is
+-- exactly a fresh one, so expiry changes no decision. Denials and queries write nothing,
+-- and every write happens after every record is decided, so an error (which only bad
+-- arguments can raise) leaves no trace.
 
 local B = 1000000000
+local tonumber, argv, keys = tonumber, ARGV, KEYS
+local match, format, ceil = string.match, string.format, math.ceil
 
--- add returns the pair a + b.
-local function add(ah, al, bh, bl)
-  local h, l = ah + bh, al + bl
-  if l >= B then return h + 1, l - B end
-  return h, l
-end
-
--- max returns the larger pair.
-local function max(ah, al, bh, bl)
-  if ah < bh or (ah == bh and al < bl) then return bh, bl end
-  return ah, al
-end
-
-local key = KEYS[1]
-local op = ARGV[1]
-local virtual = ARGV[2] ~= ''
-local nh, nl
-if virtual then
-  nh, nl = tonumber(ARGV[2]), tonumber(ARGV[3])
-else
+-- Tables are made with their common size: growing one costs more than the decision.
+local nh, nl, out, no
+local virtual = false
+local mode = argv[1]
+if mode == '' or mode == '+' then
   local t = redis.call('TIME')
   nh, nl = tonumber(t[1]), tonumber(t[2]) * 1000
+  if mode == '+' then
+    out, no = { nh, nl, 0 }, 2
+  else
+    out, no = { 0 }, 0
+  end
+else
+  local a, b = match(mode, '^(%-?%d+) (%d+)$')
+  nh, nl = tonumber(a), tonumber(b)
+  out, no = { nh, nl, 0 }, 2
+  virtual = true
 end
-local k = 1
-if op == 'd' then k = tonumber(ARGV[7])
-elseif op == 's' then k = tonumber(ARGV[5])
-elseif op == 'p' then k = tonumber(ARGV[6]) end
 
--- The state: hold and one TAT per limit. A key with fewer TATs than limits (new, or its
--- limits grew) starts the others fresh; one with more keeps the first k.
-local hh, hl = 0, 0
+local nkeys = #keys
+
+-- The commonest call alone: one allowance, on one key in the common state (no penalty,
+-- one limit) or none. The general path below gives the same answer, more slowly; any
+-- other state goes on to it.
+local first -- the key's value, once read here
+if nkeys == 1 and #argv == 7 and argv[3] == 'a' then
+  local key = keys[1]
+  first = redis.pcall('GET', key)
+  local xh, xl = 0, 0
+  if type(first) == 'string' then
+    local c, d = match(first, '^1 0 0 (%-?%d+) (%d+)$')
+    if c then xh, xl = tonumber(c), tonumber(d) else xh = nil end
+  elseif first then
+    xh = nil
+  end
+  if xh then
+    if xh < nh or (xh == nh and xl < nl) then xh, xl = nh, nl end
+    xh, xl = xh + tonumber(argv[6]), xl + tonumber(argv[7])
+    if xl >= B then xh, xl = xh + 1, xl - B end
+    local zh, zl = xh - tonumber(argv[4]), xl - tonumber(argv[5])
+    if zl < 0 then zh, zl = zh - 1, zl + B end
+    local r = 0
+    if not (nh < zh or (nh == zh and nl < zl)) then
+      -- Granted: the TAT is now + T or later, so the key is not idle.
+      local dh, dl = xh - nh, xl - nl
+      if dl < 0 then dh, dl = dh - 1, dl + B end
+      local ms = dh * 1000 + ceil(dl / 1000000)
+      if virtual then ms = ms + 3600000 end
+      redis.call('SET', key, format('1 0 0 %d %d', xh, xl), 'PX', format('%d', ms))
+      r = 1
+    end
+    if no == 0 then return r end
+    out[3] = r
+    return out
+  end
+end
+
+local i = 2
+-- The operation in force ('=' repeats it): op, k, and its fields: Tau and T of 'a' in
+-- locals, the others' in f.
+local op, k = nil, 1
+local a1, a2, a3, a4
+local f
+-- A key's TATs (pairs); those beyond the key's n are fresh (0 0).
 local th, tl = { 0, 0, 0, 0 }, { 0, 0, 0, 0 }
-local v = redis.call('GET', key)
--- The common state: no penalty, one limit.
-local c1, d1 = nil, nil
-if v and k == 1 then c1, d1 = string.match(v, '^1 0 0 (%-?%d+) (%d+)') end
-if c1 then
-  th[1], tl[1] = tonumber(c1), tonumber(d1)
-elseif v then
-  local f, a, b, c, d = string.match(v, '^(%d+) (%-?%d+) (%d+) (%-?%d+) (%d+)')
-  if f ~= '1' then
-    local got = string.match(v, '^%S*')
-    if got == '1' then return redis.error_reply('sluice: key ' .. key .. ' holds malformed state') end
-    return redis.error_reply('sluice: key ' .. key .. ' holds state format ' .. got .. ', this script reads format 1')
-  end
-  hh, hl, th[1], tl[1] = tonumber(a), tonumber(b), tonumber(c), tonumber(d)
-  if k > 1 then
-    local j = 2
-    for x, y in string.gmatch(string.sub(v, #f + #a + #b + #c + #d + 5), ' (%-?%d+) (%d+)') do
-      if j > k then break end
-      th[j], tl[j] = tonumber(x), tonumber(y)
-      j = j + 1
+-- With several keys, the writes wait until every record is decided: each key's new value
+-- (false: delete) and TTL.
+local wv, wt
+-- With several keys, their states are read with MGET, in chunks (unpack's limit). MGET
+-- gives nil for a key that holds another type, as for a missing one: if EXISTS finds
+-- more keys than MGET values, the nil ones are read again with GET for their error.
+local vals
+if nkeys > 1 then
+  wv, wt = {}, {}
+  for c = 1, nkeys, 1000 do
+    local e = math.min(c + 999, nkeys)
+    local got = redis.call('MGET', unpack(keys, c, e))
+    local found = 0
+    for j = 1, e - c + 1 do
+      if got[j] then found = found + 1 end
     end
-  end
-end
--- A penalty no longer in force is forgotten.
-if hh < nh or (hh == nh and hl <= nl) then hh, hl = 0, 0 end
-
--- save stores the state with a TTL that ends when the key is idle, or deletes it if it
--- already is.
-local function save()
-  local mh, ml = hh, hl
-  local s = '1 0 0'
-  if hh ~= 0 or hl ~= 0 then s = '1 ' .. hh .. ' ' .. hl end
-  for j = 1, k do
-    mh, ml = max(mh, ml, th[j], tl[j])
-    s = s .. ' ' .. th[j] .. ' ' .. tl[j]
-  end
-  if mh < nh or (mh == nh and ml <= nl) then
-    redis.call('DEL', key)
-    return
-  end
-  -- The TTL in milliseconds, rounded up: (m - now) = dh s + dl ns.
-  local dh, dl = mh - nh, ml - nl
-  if dl < 0 then dh, dl = dh - 1, dl + B end
-  local ms = dh * 1000 + math.ceil(dl / 1000000)
-  if virtual then ms = ms + 3600000 end
-  redis.call('SET', key, s, 'PX', tostring(ms))
-end
-
-if op == 'a' then
-  -- One permit now or never, under one limit: ARGV[4,5] Tau, [6,7] T. A grant needs
-  -- max(tat, now) + T - Tau <= now.
-  local xh, xl = max(th[1], tl[1], nh, nl)
-  local ch, cl = tonumber(ARGV[6]), tonumber(ARGV[7])
-  local yh, yl = add(xh, xl, ch, cl)
-  local zh, zl = yh - tonumber(ARGV[4]), yl - tonumber(ARGV[5])
-  if zl < 0 then zh, zl = zh - 1, zl + B end
-  if nh < zh or (nh == zh and nl < zl) then return 0 end
-  th[1], tl[1] = yh, yl
-  save()
-  return 1
-end
-
-if op == 'd' then
-  local n = tonumber(ARGV[4])
-  -- delay = max(0, max over limits of max(tat, now) + n*T - Tau - now)
-  local dh, dl = 0, 0
-  if n > 0 then
-    for j = 1, k do
-      local i = 6 + 4 * j
-      local xh, xl = max(th[j], tl[j], nh, nl)
-      xh, xl = add(xh, xl, tonumber(ARGV[i]), tonumber(ARGV[i + 1]))
-      -- minus Tau and now
-      xh, xl = xh - tonumber(ARGV[i - 2]) - nh, xl - tonumber(ARGV[i - 1]) - nl
-      if xl < 0 then
-        xh, xl = xh - 1, xl + B
-        if xl < 0 then xh, xl = xh - 1, xl + B end
+    if found <= e - c and redis.call('EXISTS', unpack(keys, c, e)) > found then
+      for j = 1, e - c + 1 do
+        if not got[j] then got[j] = redis.pcall('GET', keys[c + j - 1]) end
       end
-      dh, dl = max(dh, dl, xh, xl)
+    end
+    if c == 1 then
+      vals = got
+    else
+      for j = 1, e - c + 1 do vals[c + j - 1] = got[j] end
     end
   end
-  local mdh, mdl = tonumber(ARGV[5]), tonumber(ARGV[6])
-  local allowed = not (mdh < dh or (mdh == dh and mdl < dl))
-  if allowed and n > 0 then
-    local ah, al = add(nh, nl, dh, dl)
-    for j = 1, k do
-      local i = 6 + 4 * j
-      local xh, xl = max(th[j], tl[j], ah, al)
-      th[j], tl[j] = add(xh, xl, tonumber(ARGV[i]), tonumber(ARGV[i + 1]))
-    end
-    save()
-  end
-  local out = { 0, nh, nl, dh, dl }
-  if allowed then out[1] = 1 end
-  for j = 1, k do
-    out[4 + 2 * j], out[5 + 2 * j] = th[j], tl[j]
-  end
-  return out
 end
 
--- penalize is gcra.Penalize for the limit p: nothing is granted before u.
-local function penalize(p, uh, ul)
-  if uh < nh or (uh == nh and ul <= nl) then return end
-  local xh, xl = add(uh, ul, tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV]))
-  th[p], tl[p] = max(th[p], tl[p], xh, xl)
-end
+for ki = 1, nkeys do
+  local key = keys[ki]
+  local cnt = argv[i]
+  if cnt == '1' then cnt = 1 else cnt = tonumber(cnt) end
+  i = i + 1
 
-if op == 's' then
-  -- Arguments: [4] sign, [5] k, [6] p, then per limit j: change at 7+4(j-1), TAT after
-  -- at 9+4(j-1), and Tau_p - T_p last.
-  local sign = tonumber(ARGV[4])
-  for j = 1, k do
-    local i = 3 + 4 * j
-    local ch, cl = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
-    if sign > 0 then
-      -- A charge: tat = max(tat, now) + extra.
-      local xh, xl = max(th[j], tl[j], nh, nl)
-      th[j], tl[j] = add(xh, xl, ch, cl)
-    elseif sign < 0 then
-      -- A refund of what no later grant relies on, and nothing once the grant's slot
-      -- has passed: r = refund - max(0, tat - tatAfter).
-      local ah, al = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
-      if nh < ah or (nh == ah and nl < al) then
-        local lh, ll = th[j] - ah, tl[j] - al
-        if ll < 0 then lh, ll = lh - 1, ll + B end
-        if lh < 0 then lh, ll = 0, 0 end
-        local rh, rl = ch - lh, cl - ll
-        if rl < 0 then rh, rl = rh - 1, rl + B end
-        if rh > 0 or (rh == 0 and rl > 0) then
-          local yh, yl = th[j] - rh, tl[j] - rl
-          if yl < 0 then yh, yl = yh - 1, yl + B end
-          th[j], tl[j] = yh, yl
+  -- Read the state: hold, and n TATs.
+  local hh, hl, n = 0, 0, 0
+  if ki > 1 then th[1], tl[1], th[2], tl[2], th[3], tl[3], th[4], tl[4] = 0, 0, 0, 0, 0, 0, 0, 0 end
+  local err
+  local v
+  if nkeys > 1 then
+    v = vals[ki]
+  elseif first ~= nil then
+    v = first
+  else
+    v = redis.pcall('GET', key)
+  end
+  local existed = v
+  if v then
+    if type(v) == 'table' then
+      err = v.err
+    else
+      -- The common state first: no penalty, one limit.
+      local c, d = match(v, '^1 0 0 (%-?%d+) (%d+)$')
+      if c then
+        th[1], tl[1], n = tonumber(c), tonumber(d), 1
+      else
+        local f0, a, b
+        f0, a, b, c, d = match(v, '^(%d+) (%-?%d+) (%d+) (%-?%d+) (%d+)')
+        if f0 == '1' then
+          hh, hl, th[1], tl[1], n = tonumber(a), tonumber(b), tonumber(c), tonumber(d), 1
+          for x, y in string.gmatch(string.sub(v, #f0 + #a + #b + #c + #d + 5), ' (%-?%d+) (%d+)') do
+            if n == 4 then break end
+            n = n + 1
+            th[n], tl[n] = tonumber(x), tonumber(y)
+          end
+          -- A penalty no longer in force is forgotten.
+          if hh < nh or (hh == nh and hl <= nl) then hh, hl = 0, 0 end
+        else
+          local got = match(v, '^%S*')
+          if got == '1' then
+            err = 'sluice: key ' .. key .. ' holds malformed state'
+          else
+            err = 'sluice: key ' .. key .. ' holds state format ' .. got .. ', this script reads format 1'
+          end
         end
       end
     end
   end
-  penalize(tonumber(ARGV[6]), hh, hl)
-  save()
-  return { nh, nl }
+
+  local dirty = false
+  for _ = 1, cnt do
+    local o = argv[i]
+    i = i + 1
+    if o ~= '=' then
+      op = o
+      if o == 'a' then
+        a1, a2, a3, a4 = tonumber(argv[i]), tonumber(argv[i + 1]), tonumber(argv[i + 2]), tonumber(argv[i + 3])
+        i = i + 4
+        k = 1
+      else
+        f = f or { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+        if o == 'd' then
+          k = tonumber(argv[i + 3])
+          for j = 1, 4 + 4 * k do f[j] = tonumber(argv[i + j - 1]) end
+          i = i + 4 + 4 * k
+        elseif o == 's' then
+          k = tonumber(argv[i + 1])
+          for j = 1, 5 + 4 * k do f[j] = tonumber(argv[i + j - 1]) end
+          i = i + 5 + 4 * k
+        elseif o == 'p' then
+          for j = 1, 6 do f[j] = tonumber(argv[i + j - 1]) end
+          i = i + 6
+          k = f[3]
+        else
+          return redis.error_reply('sluice: unknown operation ' .. tostring(o))
+        end
+      end
+    end
+
+    local write = false
+    no = no + 1
+    if err then
+      out[no] = err
+    elseif op == 'a' then
+      -- One permit now or never: granted if max(tat, now) + T - Tau <= now.
+      local xh, xl = th[1], tl[1]
+      if xh < nh or (xh == nh and xl < nl) then xh, xl = nh, nl end
+      xh, xl = xh + a3, xl + a4
+      if xl >= B then xh, xl = xh + 1, xl - B end
+      local zh, zl = xh - a1, xl - a2
+      if zl < 0 then zh, zl = zh - 1, zl + B end
+      if nh < zh or (nh == zh and nl < zl) then
+        out[no] = 0
+      else
+        th[1], tl[1] = xh, xl
+        out[no] = 1
+        write = true
+      end
+    elseif op == 'd' then
+      -- delay = max(0, max over limits of max(tat, now) + n*T - Tau - now); limit j's
+      -- Tau is f[4j+1, 4j+2], its n*T f[4j+3, 4j+4].
+      local dh, dl = 0, 0
+      if f[1] > 0 then
+        for j = 1, k do
+          local xh, xl = th[j], tl[j]
+          if xh < nh or (xh == nh and xl < nl) then xh, xl = nh, nl end
+          xh, xl = xh + f[4 * j + 3] - f[4 * j + 1] - nh, xl + f[4 * j + 4] - f[4 * j + 2] - nl
+          -- xl is in (-2e9, 2e9): bring it into [0, 1e9).
+          if xl < 0 then
+            xh, xl = xh - 1, xl + B
+            if xl < 0 then xh, xl = xh - 1, xl + B end
+          elseif xl >= B then
+            xh, xl = xh + 1, xl - B
+          end
+          if dh < xh or (dh == xh and dl < xl) then dh, dl = xh, xl end
+        end
+      end
+      local allowed = not (f[2] < dh or (f[2] == dh and f[3] < dl))
+      if allowed and f[1] > 0 then
+        local ah, al = nh + dh, nl + dl
+        if al >= B then ah, al = ah + 1, al - B end
+        for j = 1, k do
+          local xh, xl = th[j], tl[j]
+          if xh < ah or (xh == ah and xl < al) then xh, xl = ah, al end
+          xh, xl = xh + f[4 * j + 3], xl + f[4 * j + 4]
+          if xl >= B then xh, xl = xh + 1, xl - B end
+          th[j], tl[j] = xh, xl
+        end
+        write = true
+      end
+      if allowed then out[no] = 1 else out[no] = 0 end
+      out[no + 1], out[no + 2] = dh, dl
+      no = no + 2
+      for j = 1, k do
+        out[no + 1], out[no + 2] = th[j], tl[j]
+        no = no + 2
+      end
+    else
+      -- settle or penalize: the end of a penalty u in force drains limit p to
+      -- u + Tau_p - T_p (gcra.Penalize); s reapplies the key's, p adds one.
+      local uh, ul, p, oh, ol
+      if op == 's' then
+        -- Per limit j: the change at f[4j+2, 4j+3], the TAT after at f[4j+4, 4j+5].
+        local sign = f[1]
+        for j = 1, k do
+          local ch, cl = f[4 * j + 2], f[4 * j + 3]
+          if sign > 0 then
+            -- A charge: tat = max(tat, now) + extra.
+            local xh, xl = th[j], tl[j]
+            if xh < nh or (xh == nh and xl < nl) then xh, xl = nh, nl end
+            xh, xl = xh + ch, xl + cl
+            if xl >= B then xh, xl = xh + 1, xl - B end
+            th[j], tl[j] = xh, xl
+          elseif sign < 0 then
+            -- A refund of what no later grant relies on, and nothing once the grant's
+            -- slot has passed: r = refund - max(0, tat - tatAfter).
+            local ah, al = f[4 * j + 4], f[4 * j + 5]
+            if nh < ah or (nh == ah and nl < al) then
+              local lh, ll = th[j] - ah, tl[j] - al
+              if ll < 0 then lh, ll = lh - 1, ll + B end
+              if lh < 0 then lh, ll = 0, 0 end
+              local rh, rl = ch - lh, cl - ll
+              if rl < 0 then rh, rl = rh - 1, rl + B end
+              if rh > 0 or (rh == 0 and rl > 0) then
+                local yh, yl = th[j] - rh, tl[j] - rl
+                if yl < 0 then yh, yl = yh - 1, yl + B end
+                th[j], tl[j] = yh, yl
+              end
+            end
+          end
+        end
+        uh, ul, p, oh, ol = hh, hl, f[3], f[4], f[5]
+      else
+        uh, ul = nh + f[1], nl + f[2]
+        if ul >= B then uh, ul = uh + 1, ul - B end
+        if hh < uh or (hh == uh and hl < ul) then hh, hl = uh, ul end
+        p, oh, ol = f[4], f[5], f[6]
+      end
+      if nh < uh or (nh == uh and nl < ul) then
+        local xh, xl = uh + oh, ul + ol
+        if xl >= B then xh, xl = xh + 1, xl - B end
+        if th[p] < xh or (th[p] == xh and tl[p] < xl) then th[p], tl[p] = xh, xl end
+      end
+      out[no] = 1
+      write = true
+    end
+
+    if write then
+      -- The state is now the hold and k TATs. If it is idle, it is deleted below; until
+      -- then it decides exactly as the fresh state that replaces it would.
+      dirty = true
+      for j = k + 1, n do th[j], tl[j] = 0, 0 end
+      n = k
+    end
+  end
+
+  if dirty then
+    -- The latest of the hold and the TATs: the key is idle once it has passed.
+    local mh, ml = hh, hl
+    for j = 1, n do
+      if mh < th[j] or (mh == th[j] and ml < tl[j]) then mh, ml = th[j], tl[j] end
+    end
+    if nh < mh or (nh == mh and nl < ml) then
+      local s
+      if n == 1 then
+        s = format('1 %d %d %d %d', hh, hl, th[1], tl[1])
+      else
+        s = format('1 %d %d', hh, hl)
+        for j = 1, n do s = s .. format(' %d %d', th[j], tl[j]) end
+      end
+      -- The TTL in milliseconds, rounded up.
+      local dh, dl = mh - nh, ml - nl
+      if dl < 0 then dh, dl = dh - 1, dl + B end
+      local ms = dh * 1000 + ceil(dl / 1000000)
+      if virtual then ms = ms + 3600000 end
+      if nkeys == 1 then
+        redis.call('SET', key, s, 'PX', format('%d', ms))
+      else
+        wv[ki], wt[ki] = s, format('%d', ms)
+      end
+    elseif existed then
+      if nkeys == 1 then
+        redis.call('DEL', key)
+      else
+        wv[ki] = false
+      end
+    end
+  end
 end
 
-if op == 'p' then
-  local uh, ul = add(nh, nl, tonumber(ARGV[4]), tonumber(ARGV[5]))
-  hh, hl = max(hh, hl, uh, ul)
-  penalize(tonumber(ARGV[7]), uh, ul)
-  save()
-  return { nh, nl }
+if nkeys > 1 then
+  for ki = 1, nkeys do
+    local v = wv[ki]
+    if v then
+      redis.call('SET', keys[ki], v, 'PX', wt[ki])
+    elseif v == false then
+      redis.call('DEL', keys[ki])
+    end
+  end
 end
-
-return redis.error_reply('sluice: unknown operation ' .. tostring(op))
+if no == 1 then return out[1] end
+return out

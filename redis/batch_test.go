@@ -1,0 +1,528 @@
+package redis
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/gcra"
+)
+
+// TestHashSlot: the slots of Redis Cluster's specification (CRC16 of the hash tag, or of
+// the whole name when the tag is missing or empty).
+func TestHashSlot(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		want int
+	}{
+		{"123456789", 0x31c3},
+		{"foo", 12182},
+		{"bar", 5061},
+		{"{foo}bar", 12182},
+		{"x{foo}y{bar}", 12182},
+		{"foo{}{bar}", hashSlot("foo{}{bar}")}, // an empty tag: the whole name
+		{"{}", hashSlot("{}")},
+		{"sluice:v1:{bar}", 5061},
+		{"a{bar", hashSlot("a{bar")},
+	} {
+		if got := hashSlot(c.name); got != c.want {
+			t.Errorf("hashSlot(%q) = %d, want %d", c.name, got, c.want)
+		}
+	}
+	if hashSlot("foo{}{bar}") == hashSlot("bar") || hashSlot("a{bar") == hashSlot("bar") {
+		t.Error("a name without a proper tag was hashed by a part of it")
+	}
+}
+
+// testCall is a call on key name with op, for the grouping tests.
+func testCall(name string, op byte, vnow int64) *call {
+	return &call{name: name, op: op, virtual: vnow != 0, vnow: vnow, done: make(chan struct{}, 1)}
+}
+
+// TestGrouping: a batch is split into script calls by what may share one (every key for
+// one Redis, a hash slot for a cluster, a key for other clients; and the virtual now of
+// tests), each with its keys in order of first arrival and its calls ordered by key, each
+// key's calls in arrival order.
+func TestGrouping(t *testing.T) {
+	batch := []*call{
+		testCall("{a}", 'a', 0), testCall("{b}", 'd', 0), testCall("{a}", 'd', 0),
+		testCall("x{foo}", 'a', 0), testCall("{b}", 'a', 0), testCall("y{foo}", 'a', 0),
+		testCall("{a}", 'a', 7),
+	}
+	type want struct {
+		keys  string
+		calls []int
+		other bool
+	}
+	for _, c := range []struct {
+		how  grouping
+		want []want
+	}{
+		{groupAll, []want{
+			{"{a} {b} x{foo} y{foo}", []int{0, 2, 1, 4, 3, 5}, true},
+			{"{a}", []int{6}, true},
+		}},
+		{groupSlot, []want{
+			{"{a}", []int{0, 2}, true},
+			{"{b}", []int{1, 4}, true},
+			{"x{foo} y{foo}", []int{3, 5}, false},
+			{"{a}", []int{6}, true},
+		}},
+		{groupEachKey, []want{
+			{"{a}", []int{0, 2}, true},
+			{"{b}", []int{1, 4}, true},
+			{"x{foo}", []int{3}, false},
+			{"y{foo}", []int{5}, false},
+			{"{a}", []int{6}, true},
+		}},
+	} {
+		var bb batchBuilder
+		for round := 0; round < 2; round++ { // the buffers are reused
+			bb.group(c.how, batch)
+			if len(bb.groups) != len(c.want) {
+				t.Fatalf("grouping %d: %d groups, want %d", c.how, len(bb.groups), len(c.want))
+			}
+			for i, w := range c.want {
+				g := &bb.groups[i]
+				var calls []int
+				for _, gc := range g.calls {
+					for j, bc := range batch {
+						if gc == bc {
+							calls = append(calls, j)
+						}
+					}
+				}
+				if got := strings.Join(g.keys, " "); got != w.keys || fmt.Sprint(calls) != fmt.Sprint(w.calls) || g.other != w.other {
+					t.Errorf("grouping %d, group %d: keys %q calls %v other %v, want %q %v %v", c.how, i, got, calls, g.other, w.keys, w.calls, w.other)
+				}
+				g.keys, g.calls = g.keys[:0], g.calls[:0]
+			}
+			bb.groups = bb.groups[:0]
+		}
+	}
+}
+
+// TestGroupingMany: batches of many keys and groups (past the linear searches) keep every
+// call, each key's calls in order.
+func TestGroupingMany(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var bb batchBuilder
+	for round := 0; round < 20; round++ {
+		batch := make([]*call, 1+rng.IntN(256))
+		arrival := map[*call]int{}
+		for i := range batch {
+			batch[i] = testCall(fmt.Sprintf("k{%d}", rng.IntN(1+round*5)), 'a', 0)
+			arrival[batch[i]] = i
+		}
+		for _, how := range []grouping{groupAll, groupSlot, groupEachKey} {
+			bb.group(how, batch)
+			seen := 0
+			for i := range bb.groups {
+				g := &bb.groups[i]
+				last := map[string]int{}
+				for _, c := range g.calls {
+					if g.keys[c.ki] != c.name {
+						t.Fatalf("call on %s indexed as key %s", c.name, g.keys[c.ki])
+					}
+					if l, ok := last[c.name]; ok && l > arrival[c] {
+						t.Fatalf("calls on %s out of arrival order", c.name)
+					}
+					last[c.name] = arrival[c]
+					seen++
+				}
+				g.keys, g.calls = g.keys[:0], g.calls[:0]
+			}
+			if how == groupAll && len(bb.groups) != 1 {
+				t.Fatalf("groupAll made %d groups", len(bb.groups))
+			}
+			bb.groups = bb.groups[:0]
+			if seen != len(batch) {
+				t.Fatalf("grouping %d kept %d calls of %d", how, seen, len(batch))
+			}
+		}
+	}
+}
+
+// batchKey is one key of a batched differential sequence: its limits (sometimes two sets,
+// as when two limiters with different limits share a key), and the Go core's state of it.
+type batchKey struct {
+	name   string
+	limits [][]gcra.Limit
+	m      model
+	open   []openTicket
+}
+
+type openTicket struct {
+	tk gcra.Ticket
+	ls []gcra.Limit
+}
+
+// view is the key's state as an operation under k limits sees it: the first k TATs of
+// the state, fresh ones beyond it.
+func (m *model) view(k int) []int64 {
+	v := make([]int64, k)
+	copy(v, m.tats)
+	return v
+}
+
+// TestDifferentialBatches runs random batches through the script, each batch in one
+// script call at one virtual now, and through the Go core applied to the batch's
+// operations in order: decisions on one key or on several keys with their own limits,
+// repeated operations (sent as '='), settlements of earlier grants, penalties, queries,
+// cost errors. Decisions, tickets and the final states must be identical.
+func TestDifferentialBatches(t *testing.T) {
+	sequences := 2_000
+	if testing.Short() {
+		sequences = 200
+	}
+	const workers = 16
+	client := newClient(t, shared.URL())
+	pfx := prefix(t)
+	var next, ops, batches atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var now atomic.Int64
+			b := New(client, withNow(now.Load), WithPrefix(pfx), WithTimeout(30*time.Second), WithPipelines(1, 8))
+			defer b.Close()
+			var bb batchBuilder
+			for {
+				seq := next.Add(1) - 1
+				if seq >= int64(sequences) {
+					return
+				}
+				n, nb, err := runBatches(b, &bb, client, &now, seq)
+				ops.Add(int64(n))
+				batches.Add(int64(nb))
+				if err != nil {
+					errs <- fmt.Errorf("sequence %d: %w", seq, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	t.Logf("%d sequences, %d batches, %d operations, identical", sequences, batches.Load(), ops.Load())
+}
+
+// pending is an operation of a batch with what the core says of it.
+type pending struct {
+	c    *call
+	k    *batchKey
+	what string
+	ls   []gcra.Limit
+	// The core's answer: a decision (and its ticket), an allowance, or an error.
+	want    gcra.Result
+	wantTk  gcra.Ticket
+	wantErr error
+	allow   bool
+	n, md   int64
+}
+
+func runBatches(b *Backend, bb *batchBuilder, client *goredis.Client, now *atomic.Int64, seq int64) (ops, batches int, err error) {
+	rng := rand.New(rand.NewPCG(uint64(seq), 0xba7c4))
+	now.Store(randomBase(rng))
+	keys := make([]*batchKey, 1+rng.IntN(5))
+	for i := range keys {
+		k := &batchKey{name: fmt.Sprintf("%d.%d", seq, i), limits: [][]gcra.Limit{randomLimits(rng)}}
+		if i > 0 && rng.IntN(3) == 0 {
+			k.limits[0] = keys[0].limits[0] // keys sharing limits: their operations repeat as '='
+		}
+		if rng.IntN(4) == 0 {
+			// A second set, on the same scale: the stored TATs grow and shrink with the
+			// number of limits of the operation that writes them.
+			alt := randomLimits(rng)
+			for j := range alt {
+				alt[j] = k.limits[0][min(j, len(k.limits[0])-1)]
+				if j > 0 && rng.IntN(2) == 0 {
+					alt[j].Tau = alt[j].T * (1 + rng.Int64N(8))
+				}
+			}
+			k.limits = append(k.limits, alt)
+		}
+		keys[i] = k
+	}
+	T := keys[0].limits[0][0].T
+	steps := 2 + rng.IntN(12)
+	for step := 0; step < steps; step++ {
+		switch rng.IntN(4) {
+		case 0:
+		case 1:
+			now.Add(rng.Int64N(2 * T))
+		case 2:
+			now.Add(max(0, T*rng.Int64N(3)+rng.Int64N(3)-1))
+		default:
+			k := keys[rng.IntN(len(keys))]
+			ls := k.limits[0]
+			now.Add(rng.Int64N(3 * max(ls[rng.IntN(len(ls))].Tau, 1)))
+		}
+		at := now.Load()
+		// The batch, applied to the core in order as it is built.
+		size := 1 + rng.IntN(24)
+		ps := make([]pending, 0, size)
+		var last *pending
+		for len(ps) < size {
+			k := keys[rng.IntN(len(keys))]
+			if last != nil && rng.IntN(4) == 0 {
+				k = last.k // the same key again
+			}
+			ls := k.limits[rng.IntN(len(k.limits))]
+			v := k.m.view(len(ls))
+			p := pending{k: k, ls: ls}
+			switch op := rng.IntN(10); {
+			case op < 6: // decide
+				if last != nil && last.what == "decide" && rng.IntN(3) == 0 && sameLimits(last.ls, ls) {
+					p.n, p.md, p.allow = last.n, last.md, last.allow // the same operation: '='
+				} else {
+					maxCost := gcra.MaxCost(ls)
+					p.n = rng.Int64N(min(maxCost, 6) + 1)
+					if rng.IntN(40) == 0 && maxCost < math.MaxInt64 {
+						p.n = maxCost + 1 // a cost error (checked before sending)
+					}
+					switch rng.IntN(4) {
+					case 1:
+						p.md = rng.Int64N(4 * T)
+					case 2:
+						p.md = rng.Int64N(4 * ls[len(ls)-1].Tau)
+					case 3:
+						p.md = math.MaxInt64
+					}
+					p.allow = len(ls) == 1 && p.n == 1 && p.md == 0 && rng.IntN(2) == 0
+				}
+				p.what = "decide"
+				p.want, p.wantTk, p.wantErr = gcra.Decide(v, ls, at, p.n, p.md)
+				if p.wantErr != nil {
+					if err := checkRequest(ls, p.n); !errors.Is(err, p.wantErr) {
+						return ops, batches, fmt.Errorf("step %d: checkRequest %v, core %v", step, err, p.wantErr)
+					}
+					continue // never sent
+				}
+				req := backend.Request{Limits: ls, N: p.n, MaxDelay: time.Duration(p.md)}
+				if p.allow {
+					p.c = b.allowCall(k.name, ls[0])
+				} else {
+					p.c = b.decideCall(k.name, req)
+				}
+				if p.want.Allowed && p.n > 0 {
+					k.m.tats = v // a grant writes; a denial or a query does not
+				}
+			case op < 8 && len(k.open) > 0: // cancel or settle a grant of an earlier batch
+				i := rng.IntN(len(k.open))
+				tk, ls := k.open[i].tk, k.open[i].ls
+				k.open = append(k.open[:i], k.open[i+1:]...)
+				v = k.m.view(len(ls))
+				p.ls = ls
+				newN := rng.Int64N(2*tk.N + 2)
+				if rng.IntN(3) == 0 {
+					newN = 0
+				}
+				hold := k.m.hold
+				if hold <= at {
+					hold = 0
+				}
+				if _, err := gcra.Adjust(v, ls, at, tk, newN, hold); err != nil {
+					return ops, batches, fmt.Errorf("step %d: core Adjust: %v", step, err)
+				}
+				sign, d := 0, int64(0)
+				switch {
+				case newN > tk.N:
+					sign, d = 1, newN-tk.N
+				case newN < tk.N:
+					sign, d = -1, tk.N-newN
+				}
+				var deltas [gcra.MaxLimits]int64
+				for i, l := range ls {
+					deltas[i] = d * l.T
+				}
+				p.what = fmt.Sprintf("settle %d to %d", tk.N, newN)
+				p.c = b.settleCall(k.name, sign, ls, deltas[:len(ls)], &tk)
+				k.m.tats = v // a settlement writes
+			case op < 9: // penalize
+				d := 1 + rng.Int64N(3*T)
+				k.m.hold = max(k.m.hold, at+d)
+				gcra.Penalize(v, ls, at, at+d)
+				k.m.tats = v // a penalty writes
+				p.what = fmt.Sprintf("penalize %d", d)
+				p.c = b.penalizeCall(k.name, ls, d)
+			default: // a query
+				p.what, p.n = "decide", 0
+				p.want, p.wantTk, _ = gcra.Decide(v, ls, at, 0, 0)
+				p.c = b.decideCall(k.name, backend.Request{Limits: ls})
+			}
+			ps = append(ps, p)
+			last = &ps[len(ps)-1]
+		}
+		if len(ps) == 0 {
+			continue
+		}
+		calls := make([]*call, len(ps))
+		for i := range ps {
+			calls[i] = ps[i].c
+			calls[i].state.Store(callSent)
+		}
+		bb.exec(b.p, calls) // one script call: one Redis, one virtual now
+		batches++
+		for i := range ps {
+			p := &ps[i]
+			<-p.c.done
+			ops++
+			fail := func(format string, a ...any) error {
+				return fmt.Errorf("step %d, operation %d of %d on key %s (limits %v, now %d), %s: %s",
+					step, i, len(ps), p.k.name, p.ls, at, p.what, fmt.Sprintf(format, a...))
+			}
+			if p.c.err != nil {
+				return ops, batches, fail("error %v", p.c.err)
+			}
+			switch {
+			case p.what != "decide":
+				if !done(p.c.res) {
+					return ops, batches, fail("result %v", p.c.res)
+				}
+			case p.allow:
+				got, ok := decodeAllow(p.c.res)
+				if !ok || got != p.want.Allowed {
+					return ops, batches, fail("allow = %v (%v), core %v", got, p.c.res, p.want.Allowed)
+				}
+			default:
+				g, ok := decodeDecision(p.c.res, p.c.now, p.ls, p.n)
+				if !ok || p.c.now != at {
+					return ops, batches, fail("reply %v at %d", p.c.res, p.c.now)
+				}
+				if g.Result != p.want || idleSame(g.Ticket, at) != idleSame(p.wantTk, at) {
+					return ops, batches, fail("n=%d md=%d:\n script %+v %+v\n core   %+v %+v", p.n, p.md, g.Result, g.Ticket, p.want, p.wantTk)
+				}
+				if p.want.Allowed && p.n > 0 {
+					p.k.open = append(p.k.open, openTicket{p.wantTk, p.ls})
+				}
+			}
+			p.c.release()
+		}
+	}
+	for _, k := range keys {
+		if err := checkState(client, b, k.name, k.m, now.Load()); err != nil {
+			return ops, batches, fmt.Errorf("key %s: %w", k.name, err)
+		}
+	}
+	return ops, batches, nil
+}
+
+func sameLimits(a, b []gcra.Limit) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// checkState compares the state left in Redis with the core's: the same TATs (a TAT in the
+// past is the same as none) and the same penalty in force, or no key at all if the
+// core's is idle.
+func checkState(client *goredis.Client, b *Backend, key string, m model, at int64) error {
+	v, err := client.Get(ctx, b.KeyName(key)).Result()
+	if errors.Is(err, goredis.Nil) {
+		if !gcra.Idle(m.tats, at) || m.hold > at {
+			return fmt.Errorf("key gone, core state %v hold %d at %d", m.tats, m.hold, at)
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	f := strings.Fields(v)
+	if len(f) != 3+2*len(m.tats) || f[0] != "1" {
+		return fmt.Errorf("stored state %q", v)
+	}
+	field := func(i int) int64 {
+		s, _ := strconv.ParseInt(f[1+2*i], 10, 64)
+		ns, _ := strconv.ParseInt(f[2+2*i], 10, 64)
+		return s*1e9 + ns
+	}
+	hold := field(0)
+	if (m.hold > at) != (hold > at) || (hold > at && hold != m.hold) {
+		return fmt.Errorf("stored hold %d, core %d, at %d", hold, m.hold, at)
+	}
+	for i := range m.tats {
+		tat := field(1 + i)
+		if max(tat, at) != max(m.tats[i], at) {
+			return fmt.Errorf("stored TAT %d = %d, core %d, at %d", i, tat, m.tats[i], at)
+		}
+	}
+	return nil
+}
+
+// TestBatchKeyErrors: in one batch, a key holding state of another format and a key
+// holding another type fail their own calls (a ReplyError, not Redis down) and are left
+// as they were; the other keys' calls are decided.
+func TestBatchKeyErrors(t *testing.T) {
+	c := newClient(t, shared.URL())
+	b := New(c, WithPrefix(prefix(t)), WithTimeout(5*time.Second))
+	defer b.Close()
+	c.Set(ctx, b.KeyName("v2"), "2 0 0 5 0", 0)
+	c.HSet(ctx, b.KeyName("hash"), "f", "v")
+	ls := []gcra.Limit{{T: int64(time.Second), Tau: int64(2 * time.Second)}}
+	keys := []string{"ok", "v2", "hash", "ok", "v2", "ok", "ok2"}
+	calls := make([]*call, len(keys))
+	for i, k := range keys {
+		calls[i] = b.decideCall(k, backend.Request{Limits: ls, N: 1})
+		calls[i].state.Store(callSent)
+	}
+	var bb batchBuilder
+	bb.exec(b.p, calls)
+	for i, cl := range calls {
+		<-cl.done
+		switch keys[i] {
+		case "v2", "hash":
+			want := "format 2"
+			if keys[i] == "hash" {
+				want = "WRONGTYPE"
+			}
+			if cl.err == nil || !strings.Contains(cl.err.Error(), want) || unavailable(cl.err) {
+				t.Errorf("call %d on %s: error %v, want a Redis error naming %s", i, keys[i], cl.err, want)
+			}
+		default:
+			g, ok := decodeDecision(cl.res, cl.now, ls, 1)
+			wantAllowed := keys[i] == "ok2" || i < 5 // "ok": a burst of 2
+			if cl.err != nil || !ok || g.Allowed != wantAllowed {
+				t.Errorf("call %d on %s: %+v %v %v, want allowed %v", i, keys[i], g, ok, cl.err, wantAllowed)
+			}
+		}
+	}
+	if v := c.Get(ctx, b.KeyName("v2")).Val(); v != "2 0 0 5 0" {
+		t.Errorf("the key of format 2 was changed to %q", v)
+	}
+	if typ := c.Type(ctx, b.KeyName("hash")).Val(); typ != "hash" {
+		t.Errorf("the hash became a %s", typ)
+	}
+	// Through the API, alone: a ReplyError, and the breaker stays closed.
+	for key, want := range map[string]string{"hash": "WRONGTYPE", "v2": "format 2"} {
+		_, err := b.Decide(ctx, key, backend.Request{Limits: ls, N: 1})
+		_, err2 := b.AllowOne(ctx, key, ls[0])
+		for _, err := range []error{err, err2} {
+			var re *ReplyError
+			if !errors.As(err, &re) || !strings.Contains(err.Error(), want) || errors.Is(err, ErrUnavailable) || b.Stats().Down {
+				t.Fatalf("%s: got %v (down %v), want a ReplyError naming %s", key, err, b.Stats().Down, want)
+			}
+		}
+	}
+}
