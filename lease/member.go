@@ -92,6 +92,7 @@ type Member struct {
 	lastAt int64 // the latest permit time granted
 
 	noRefundBefore int64 // tickets for permits at or before it predate the share: no refund
+	had            bool  // it has held a share (and may have granted tickets under it)
 	ackSeq         uint64
 	ackUntil       int64 // reservations under lease ackSeq are pending until then
 	ackNow         bool  // a smaller share awaits acknowledgement: renew soon
@@ -133,7 +134,8 @@ func NewMember(id string, l gcra.Limit, cfg MemberConfig, now int64) *Member {
 	}
 	return &Member{
 		id: id, limit: l, renew: max(int64(cfg.RenewEvery), 1), margin: int64(cfg.Margin), idleGap: gap,
-		failLocal: !cfg.FailClosed, winStart: now, lastCall: now, lastSent: math.MinInt64 / 2,
+		failLocal: !cfg.FailClosed, winStart: now, lastCall: now, lastSent: math.MinInt64 / 4,
+		lastAt: math.MinInt64 / 4, noRefundBefore: math.MinInt64 / 4,
 	}
 }
 
@@ -385,7 +387,7 @@ func (m *Member) Due(now int64) int64 {
 	if m.throttled && m.has {
 		d = min(d, m.quietAt()+1) // gone idle after being held back: give the share back
 	}
-	if m.has && m.target.Rate > m.share.Rate && m.level(now) < prefetchLevel {
+	if m.has && m.target.Rate > m.share.Rate+max(RateScale/1000, m.share.Rate/20) && m.level(now) < prefetchLevel {
 		d = min(d, m.lastSent+m.renew/4) // seed 001's prefetch
 	}
 	return max(d, m.lastSent+m.renew/20)
@@ -426,7 +428,8 @@ func (m *Member) inUse(now int64) uint64 {
 }
 
 // measure closes the demand window at now and returns the demand to report, in parts of
-// RateScale: as much as it can get while its share holds it back and it keeps asking;
+// RateScale: as much as it can get when it joins, and while its share holds it back and
+// it keeps asking;
 // nothing once it went quiet after being held back (an on/off caller whose spell ended);
 // otherwise its smoothed asked rate with some headroom.
 func (m *Member) measure(now int64) int64 {
@@ -438,7 +441,9 @@ func (m *Member) measure(now int64) int64 {
 	}
 	var d int64
 	switch {
-	case m.throttled && m.active(now), !m.has && m.asked > 0:
+	case !m.joined, m.throttled && m.active(now), !m.has && m.asked > 0:
+		// A member joins because it was asked for permits: as much as it can get, until
+		// it has measured its demand.
 		d = RateScale
 	case m.throttled:
 		m.rate = 0
@@ -526,7 +531,9 @@ func (m *Member) change(now int64, rep Reply, newEpoch bool, expire int64) {
 		// empty after the last of them, so that nothing is granted on it before they are
 		// done (the store keeps counting the old lease until the member says it switched,
 		// which it says only then).
-		m.tat = max(m.tat, m.lastAt+nl.Tau)
+		if m.lastAt > now {
+			m.tat = max(m.tat, m.lastAt+nl.Tau)
+		}
 		if m.drain && m.hold > now {
 			tats := [1]int64{m.tat}
 			gcra.Penalize(tats[:], []gcra.Limit{nl}, now, m.hold)
@@ -553,7 +560,10 @@ func (m *Member) change(now int64, rep Reply, newEpoch bool, expire int64) {
 	if !newEpoch && !m.share.Fits(rep.Lease.Share) {
 		m.ackNow = true // the store holds the difference until it hears the member switched
 	}
-	m.noRefundBefore = max(now, m.lastAt)
+	if m.had {
+		m.noRefundBefore = max(now, m.lastAt) // tickets of the old share are in its units
+	}
+	m.had = m.had || ok
 	m.seq = rep.Lease.Seq
 	m.share = rep.Lease.Share
 	m.local, m.has = nl, ok
