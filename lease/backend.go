@@ -226,7 +226,7 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 	start := b.clock.Nanotime()
 	var ms [gcra.MaxLimits]*Member
 	var buf [gcra.MaxLimits]*rec
-	for {
+	for pass := 0; ; pass++ {
 		rs := b.records(key, req.Limits, &buf)
 		if !lock(rs) {
 			b.forget(key, req.Limits)
@@ -237,10 +237,10 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 		for i, r := range rs {
 			ms[i] = r.m
 		}
-		res, tk, out, err := Decide(ms[:len(rs)], now, req.N, left)
+		res, tk, out, err := decide(ms[:len(rs)], now, req.N, left, pass == 0)
 		var ch <-chan struct{}
 		joining := false
-		if out == NoLease || out == LeaseEnds {
+		if out == NoLease || out == LeaseEnds || out == TooFar {
 			ch = rs[0].changed
 			for _, r := range rs {
 				if !r.m.joined && !r.m.failed {
@@ -261,18 +261,38 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 		if out == Granted || out == Throttled {
 			return backend.Grant{Result: res, Ticket: tk}, nil
 		}
-		b.nudge()
 		wait := time.Duration(left)
-		if joining {
+		switch {
+		case out == TooFar:
+			wait = time.Duration(max(res.RetryAfter, 1)) // then book it, within the horizon
+		case joining:
+			b.nudge()
 			wait = b.timeout
-		} else if wait <= 0 {
-			return backend.Grant{Result: res}, nil
+		case wait <= 0:
+			b.nudge()
+			return backend.Grant{Result: gcra.Result{RetryAfter: res.RetryAfter, ResetAfter: res.ResetAfter}}, nil
+		default:
+			b.nudge()
 		}
-		if err := b.waitChange(ctx, ch, wait); err != nil {
+		b.waiting(rs, 1)
+		err = b.waitChange(ctx, ch, wait)
+		b.waiting(rs, -1)
+		if err != nil {
 			return backend.Grant{}, err
 		}
 		if joining {
 			start = b.clock.Nanotime() // the caller's bound counts from the join
+		}
+	}
+}
+
+// waiting tells rs's members that a caller starts or stops waiting for a share.
+func (b *Backend) waiting(rs []*rec, delta int) {
+	for i, r := range rs {
+		if !slices.Contains(rs[:i], r) {
+			r.mu.Lock()
+			r.m.Wait(delta)
+			r.mu.Unlock()
 		}
 	}
 }

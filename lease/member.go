@@ -30,6 +30,11 @@ type MemberConfig struct {
 	// and no call for this long is idle, and renews at once so that its share can go where
 	// it is needed. Zero means max(20ms, RenewEvery/4).
 	IdleGap time.Duration
+	// Horizon: while other members want all the capacity they can get, permits are booked
+	// at most this far ahead; a caller whose permit lies further waits (in Decide) until it
+	// is within it. A share that shrinks can then be handed over at once, rather than after
+	// the permits booked on it. Zero means RenewEvery/4.
+	Horizon time.Duration
 }
 
 // DefaultMemberConfig returns the default member settings.
@@ -39,6 +44,7 @@ func DefaultMemberConfig() MemberConfig {
 		Margin:     50 * time.Millisecond,  // 3% of TTL + Grace: far above clock-rate error, covers scheduling
 		FailClosed: false,                  // fail mode local: run on an expired lease for Grace
 		IdleGap:    0,                      // max(20ms, RenewEvery/4)
+		Horizon:    0,                      // RenewEvery/4
 	}
 }
 
@@ -51,6 +57,8 @@ func (c MemberConfig) Validate() error {
 		return fmt.Errorf("%w: Margin %v must not be negative", ErrInvalidConfig, c.Margin)
 	case c.IdleGap < 0:
 		return fmt.Errorf("%w: IdleGap %v must not be negative", ErrInvalidConfig, c.IdleGap)
+	case c.Horizon < 0:
+		return fmt.Errorf("%w: Horizon %v must not be negative", ErrInvalidConfig, c.Horizon)
 	}
 	return nil
 }
@@ -76,6 +84,7 @@ type Member struct {
 	renew     int64
 	margin    int64
 	idleGap   int64
+	horizon   int64
 	failLocal bool
 
 	joined bool
@@ -90,6 +99,16 @@ type Member struct {
 	hold   int64 // a penalty's end: no refund reopens the member before it
 	drain  bool  // this limit carries the penalty's drain
 	lastAt int64 // the latest permit time granted
+	busyAt int64 // lastAt, unless the grant for it was cancelled (for idleness only)
+	// pend lists the permits granted for later (At > now) that are still to be used, in
+	// time order, while pendExact says the list is complete and booked at the current
+	// share; otherwise lastAt bounds them.
+	pend       []pendingPermit
+	pendExact  bool
+	returnable int64 // permits given up unspent, in nanoseconds of the limit (see Request.Return)
+	returnBy   int64 // ... to be handed back before then (the old lease's end): later, the store has freed it
+
+	contended bool // the last reply said others want as much as they can get
 
 	noRefundBefore int64 // tickets for permits at or before it predate the share: no refund
 	had            bool  // it has held a share (and may have granted tickets under it)
@@ -103,7 +122,9 @@ type Member struct {
 	winStart  int64
 	asked     int64
 	used      int64
-	throttled bool
+	throttled bool // held back by its share in this window
+	saturated bool // held back, and active ever since
+	waiting   int  // callers waiting for a share (see Wait)
 	lastCall  int64
 	lastRetry int64
 	rate      float64 // smoothed asked rate, permits per nanosecond
@@ -125,6 +146,58 @@ type Member struct {
 	lastErr   error
 }
 
+// maxPending is how many permits granted for later a member lists exactly; beyond, it
+// falls back to the latest one's time.
+const maxPending = 8
+
+type pendingPermit struct{ at, n int64 }
+
+// pendingUntil returns the time of the last permit granted for later and still to be
+// used, or now if there is none.
+func (m *Member) pendingUntil(now int64) int64 {
+	k := 0
+	for k < len(m.pend) && m.pend[k].at <= now {
+		k++
+	}
+	if k > 0 {
+		m.pend = append(m.pend[:0], m.pend[k:]...)
+	}
+	if !m.pendExact {
+		if m.lastAt > now {
+			return m.lastAt
+		}
+		m.pendExact, m.pend = true, m.pend[:0] // everything granted is due: exact again
+	}
+	if len(m.pend) == 0 {
+		return now
+	}
+	return max(now, m.pend[len(m.pend)-1].at)
+}
+
+// addPending records n permits granted for use at `at`, later than now.
+func (m *Member) addPending(at, n int64) {
+	if m.pendExact && len(m.pend) < maxPending {
+		m.pend = append(m.pend, pendingPermit{at, n})
+		return
+	}
+	m.pendExact = false
+}
+
+// settlePending records that the n permits granted for `at` were settled to newN.
+func (m *Member) settlePending(at, n, newN int64) {
+	for k := len(m.pend) - 1; k >= 0; k-- {
+		if m.pend[k] == (pendingPermit{at, n}) {
+			switch {
+			case newN == 0:
+				m.pend = append(m.pend[:k], m.pend[k+1:]...)
+			case newN < n:
+				m.pend[k].n = newN
+			}
+			return
+		}
+	}
+}
+
 // NewMember returns member id's side of limit l, made at now. It holds nothing until it
 // joins (its first request).
 func NewMember(id string, l gcra.Limit, cfg MemberConfig, now int64) *Member {
@@ -132,10 +205,15 @@ func NewMember(id string, l gcra.Limit, cfg MemberConfig, now int64) *Member {
 	if gap == 0 {
 		gap = max(int64(20*time.Millisecond), int64(cfg.RenewEvery)/4)
 	}
+	horizon := int64(cfg.Horizon)
+	if horizon == 0 {
+		horizon = int64(cfg.RenewEvery) / 4
+	}
 	return &Member{
-		id: id, limit: l, renew: max(int64(cfg.RenewEvery), 1), margin: int64(cfg.Margin), idleGap: gap,
+		id: id, limit: l, renew: max(int64(cfg.RenewEvery), 1), margin: int64(cfg.Margin), idleGap: gap, horizon: horizon,
 		failLocal: !cfg.FailClosed, winStart: now, lastCall: now, lastSent: math.MinInt64 / 4,
-		lastAt: math.MinInt64 / 4, noRefundBefore: math.MinInt64 / 4,
+		lastAt: math.MinInt64 / 4, busyAt: math.MinInt64 / 4, noRefundBefore: math.MinInt64 / 4,
+		pendExact: true,
 	}
 }
 
@@ -147,6 +225,9 @@ func (m *Member) Limit() gcra.Limit { return m.limit }
 
 // Released reports whether the member has released its share (it is done).
 func (m *Member) Released() bool { return m.released }
+
+// rated reports whether the member holds a share with a rate (not nothing, not parked).
+func (m *Member) rated() bool { return m.has && m.share.Rate > 0 }
 
 // usable reports whether the member may use its share at now.
 func (m *Member) usable(now int64) bool { return m.has && now < m.end }
@@ -160,7 +241,7 @@ func (m *Member) Usable(now int64) (gcra.Limit, bool) { return m.local, m.usable
 // instant (the store's invariant seen from the members' side).
 func (m *Member) InUse(now int64) Share {
 	var c Share
-	if m.has && (now < m.end || now < m.lastAt) {
+	if m.has && (now < m.end || now < m.pendingUntil(now)) {
 		c = m.share
 	}
 	if now < m.prevUntil {
@@ -183,6 +264,9 @@ const (
 	// LeaseEnds: the permits would fall after a lease's end: a caller that may wait
 	// should wait for the next renewal.
 	LeaseEnds
+	// TooFar: the permits lie beyond the member's booking horizon (while the pool is
+	// contended): a caller that may wait should wait RetryAfter and ask again.
+	TooFar
 )
 
 // Decide decides n permits at now for a key under the limits the members hold shares of
@@ -190,6 +274,12 @@ const (
 // never past a lease's end. On a grant the members' states change; on a denial only their
 // demand does.
 func Decide(ms []*Member, now, n, maxDelay int64) (gcra.Result, gcra.Ticket, Outcome, error) {
+	return decide(ms, now, n, maxDelay, true)
+}
+
+// decide is Decide; count is false when the same request is decided again after a wait
+// (its permits were already counted in the members' demand).
+func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra.Ticket, Outcome, error) {
 	if n < 0 {
 		return gcra.Result{}, gcra.Ticket{}, Throttled, gcra.ErrInvalidCost
 	}
@@ -206,7 +296,9 @@ func Decide(ms []*Member, now, n, maxDelay int64) (gcra.Result, gcra.Ticket, Out
 		}
 		if n > 0 {
 			m.lastCall = now
-			m.asked += n
+			if count {
+				m.asked += n
+			}
 		}
 		if !m.usable(now) || n > m.local.Burst() {
 			lease = false
@@ -224,12 +316,24 @@ func Decide(ms []*Member, now, n, maxDelay int64) (gcra.Result, gcra.Ticket, Out
 		return res, gcra.Ticket{}, Granted, err
 	}
 	if !lease {
+		hint := ms[0].waitHint(now)
 		for _, m := range ms {
 			m.throttled = true
+			m.lastRetry = hint // a caller told to come back then is still at it until then
 		}
-		return gcra.Result{RetryAfter: ms[0].waitHint(now)}, gcra.Ticket{}, NoLease, nil
+		return gcra.Result{RetryAfter: hint}, gcra.Ticket{}, NoLease, nil
 	}
-	md := min(max(maxDelay, 0), end-1-now)
+	bound := min(max(maxDelay, 0), end-1-now)
+	md := bound
+	horizon := int64(-1)
+	for _, m := range ms {
+		if m.contended {
+			horizon = max(horizon, m.horizon)
+		}
+	}
+	if horizon >= 0 {
+		md = min(md, horizon)
+	}
 	res, tk, err := gcra.Decide(tats[:k], ls[:k], now, n, md)
 	if err != nil {
 		return res, tk, Throttled, err
@@ -237,20 +341,41 @@ func Decide(ms []*Member, now, n, maxDelay int64) (gcra.Result, gcra.Ticket, Out
 	if !res.Allowed || res.Delay > 0 {
 		for _, m := range ms {
 			m.throttled = true
-			if !res.Allowed {
-				m.lastRetry = res.RetryAfter
+			if !res.Allowed && res.RetryAfter > bound {
+				// A caller that may not wait is expected back after RetryAfter; one that
+				// may wait, refused because the permit lies beyond its bound, gave up.
+				m.lastRetry = 0
+				if maxDelay == 0 {
+					m.lastRetry = res.RetryAfter
+				}
 			}
 		}
 	}
-	if !res.Allowed {
-		if res.RetryAfter <= maxDelay {
-			return res, tk, LeaseEnds, nil
-		}
+	parked := false
+	for _, m := range ms {
+		parked = parked || m.share.Parked()
+	}
+	switch {
+	case res.Allowed:
+	case parked:
+		// A parked share has spent its permit: wait for a rate.
+		res.RetryAfter = ms[0].waitHint(now)
+		return res, tk, NoLease, nil
+	case res.RetryAfter <= bound:
+		res.RetryAfter -= horizon // when it will be within the horizon
+		return res, tk, TooFar, nil
+	case res.RetryAfter <= maxDelay:
+		return res, tk, LeaseEnds, nil
+	default:
 		return res, tk, Throttled, nil
 	}
 	for i, m := range ms {
 		m.tat = tats[i]
+		if tk.At > now {
+			m.addPending(tk.At, n)
+		}
 		m.lastAt = max(m.lastAt, tk.At)
+		m.busyAt = max(m.busyAt, tk.At)
 		m.used += n
 	}
 	return res, tk, Granted, nil
@@ -266,6 +391,9 @@ func (m *Member) AllowOne(now int64) (allowed, ok bool) {
 	m.lastCall = now
 	m.asked++
 	tat, allowed := gcra.AllowOne(m.tat, m.local, now)
+	if !allowed && m.share.Parked() {
+		return false, false // no rate yet: the caller goes the long way (NoLease)
+	}
 	if !allowed {
 		m.throttled = true
 		m.lastRetry = max(m.tat, now) + m.local.T - m.local.Tau - now
@@ -273,6 +401,7 @@ func (m *Member) AllowOne(now int64) (allowed, ok bool) {
 	}
 	m.tat = tat
 	m.lastAt = max(m.lastAt, now)
+	m.busyAt = max(m.busyAt, now)
 	m.used++
 	return true, true
 }
@@ -290,6 +419,12 @@ func Adjust(ms []*Member, now int64, t gcra.Ticket, newN int64) error {
 		return gcra.ErrInvalidCost
 	}
 	for i, m := range ms {
+		if t.At > now {
+			if newN == 0 && t.At == m.busyAt {
+				m.busyAt = now // the latest reservation was given back: nothing pending
+			}
+			m.settlePending(t.At, t.N, newN)
+		}
 		if !m.has || (newN < t.N && t.At <= m.noRefundBefore) {
 			continue
 		}
@@ -340,13 +475,27 @@ func (m *Member) applyPenalty(now, until int64) {
 	}
 }
 
-// active reports whether the member's callers are still at it: a permit pending, or a
-// call recent enough (allowing for the wait a denial asked for).
-func (m *Member) active(now int64) bool { return now <= m.quietAt() }
+// active reports whether the member's callers are still at it: one waiting for a share,
+// a permit pending, or a call recent enough (allowing for the wait a denial asked for).
+func (m *Member) active(now int64) bool { return m.waiting > 0 || now <= m.quietAt() }
+
+// Wait tells the member that a caller starts (+1) or stops (-1) waiting for a share (after
+// NoLease or LeaseEnds): while one waits, the member wants as much as it can get.
+func (m *Member) Wait(delta int) { m.waiting = max(0, m.waiting+delta) }
 
 // quietAt is the instant after which the member counts as idle.
 func (m *Member) quietAt() int64 {
-	return max(m.lastAt, m.lastCall+m.lastRetry+m.lastRetry/2) + m.idleGap
+	return max(m.busyAt, m.lastCall+m.lastRetry+m.lastRetry/2) + m.idleGap
+}
+
+// tokens returns the permits the member could take now, in nanoseconds of the limit
+// (permits × the limit's T), for handing them back.
+func (m *Member) tokens(now int64) int64 {
+	if !m.usable(now) {
+		return 0
+	}
+	v, _ := mulDiv(max(0, m.local.Tau-(max(m.tat, now)-now)), m.limit.T, m.local.T)
+	return v
 }
 
 // level returns the permits (as a fraction of the share's burst) the member could take now.
@@ -378,13 +527,13 @@ func (m *Member) Due(now int64) int64 {
 	if m.ackNow {
 		d = min(d, max(m.ackUntil, m.lastSent+m.renew/20))
 	}
-	if !m.has && (m.asked > 0 || m.throttled) {
+	if !m.rated() && (m.asked > 0 || m.throttled) {
 		d = min(d, m.lastSent+m.renew/4)
 	}
 	if m.retryAt > 0 {
 		d = min(d, m.retryAt)
 	}
-	if m.throttled && m.has {
+	if (m.throttled || m.saturated) && m.rated() && m.waiting == 0 {
 		d = min(d, m.quietAt()+1) // gone idle after being held back: give the share back
 	}
 	if m.has && m.target.Rate > m.share.Rate+max(RateScale/1000, m.share.Rate/20) && m.level(now) < prefetchLevel {
@@ -393,11 +542,15 @@ func (m *Member) Due(now int64) int64 {
 	return max(d, m.lastSent+m.renew/20)
 }
 
-// Request returns the request the member must send now, if one is due by now + early
-// (renewing a little early lets a process batch its renewals) and none is in flight. The
+// Request returns the request the member must send now, if one is due and none is in
+// flight; or, when the member is at least half way through its renewal interval, if one
+// is due by now + early (renewing a little early lets a process batch its renewals). The
 // member counts it as in flight until Receive.
 func (m *Member) Request(now, early int64) (Request, bool) {
-	if m.inflight || m.released || m.Due(now) > now+early {
+	if m.inflight || m.released {
+		return Request{}, false
+	}
+	if due := m.Due(now); due > now && (due > now+early || now-m.lastSent < m.renew/2) {
 		return Request{}, false
 	}
 	m.nonce++
@@ -411,6 +564,34 @@ func (m *Member) Request(now, early int64) (Request, bool) {
 		req.InUse = m.inUse(now)
 		if req.InUse == m.seq {
 			m.ackNow = false
+		}
+		// Seed 001's relinquish: a member that went quiet after being held back, while
+		// others want all they can get, gives its share back in this very request, with
+		// the permits it saved (nothing of it is pending).
+		if m.rated() && m.contended && (m.throttled || m.saturated) && !m.active(now) && m.pendingUntil(now) <= now {
+			if now >= m.returnBy {
+				m.returnable = 0
+			}
+			tok := m.tokens(now)
+			m.has, m.share, m.prevUntil = false, Share{}, 0
+			if tok >= m.limit.T {
+				// Keep one whole permit, parked (see Share.Parked), for the next request.
+				tok -= m.limit.T
+				m.share = Share{Burst: 1}
+				m.local, _ = m.share.Limit(m.limit)
+				m.tat = now // a full bucket of one permit
+				m.has = true
+				req.Keep = 1
+			}
+			m.returnable += tok
+			m.returnBy = m.expire
+			req.Relinquish = true
+		}
+		if now >= m.returnBy {
+			m.returnable = 0
+		}
+		if req.Relinquish || req.InUse == m.seq {
+			req.Return, m.returnable = m.returnable, 0
 		}
 	}
 	req.Demand = m.measure(now)
@@ -434,6 +615,13 @@ func (m *Member) inUse(now int64) uint64 {
 // otherwise its smoothed asked rate with some headroom.
 func (m *Member) measure(now int64) int64 {
 	dt := now - m.winStart
+	quiet := !m.active(now)
+	held := m.throttled || m.saturated
+	if m.joined && dt < m.renew/2 && !(held && quiet) && !(m.throttled && m.demand < RateScale) {
+		// A request soon after the last (an acknowledgement, a prefetch): too short a
+		// window to measure; the demand stands and the window goes on.
+		return m.demand
+	}
 	if dt > 0 {
 		r := float64(m.asked) / float64(dt)
 		w := float64(dt) / float64(dt+2*m.renew) // smoothing over about two renewals
@@ -441,18 +629,20 @@ func (m *Member) measure(now int64) int64 {
 	}
 	var d int64
 	switch {
-	case !m.joined, m.throttled && m.active(now), !m.has && m.asked > 0:
+	case !m.joined, held && !quiet, !m.rated() && m.asked > 0:
 		// A member joins because it was asked for permits: as much as it can get, until
-		// it has measured its demand.
+		// it has measured its demand; and as much as it can get while held back.
 		d = RateScale
-	case m.throttled:
-		m.rate = 0
+	case held:
+		m.rate = 0 // quiet after being held back: an on/off caller whose spell ended
 	default:
 		d = int64(math.Min(float64(RateScale), m.rate*float64(m.limit.T)*float64(RateScale)*headroom))
 		if d == 0 && m.asked > 0 {
 			d = 1
 		}
 	}
+	// Still saturated while active, unless it asked this window without being held back.
+	m.saturated = held && !quiet && (m.throttled || m.asked == 0)
 	m.demand = d
 	m.lastUsed, m.lastWin = m.used, dt
 	m.winStart, m.asked, m.used, m.throttled = now, 0, 0, false
@@ -488,7 +678,7 @@ func (m *Member) Receive(now int64, nonce uint64, rep Reply, err error) {
 	switch {
 	case !newEpoch && rep.Lease.Seq < m.seq:
 		return
-	case !newEpoch && rep.Lease.Seq == m.seq:
+	case !newEpoch && rep.Lease.Seq == m.seq && rep.Lease.Share == m.share:
 		if expire > m.expire {
 			m.expire = expire
 			m.end = expire
@@ -502,7 +692,7 @@ func (m *Member) Receive(now int64, nonce uint64, rep Reply, err error) {
 	if rep.Penalty > 0 {
 		m.applyPenalty(now, now+rep.Penalty)
 	}
-	m.target, m.live = rep.Target, rep.Live
+	m.target, m.live, m.contended = rep.Target, rep.Live, rep.Contended
 	m.retryAt = 0
 	if rep.RetryIn > 0 {
 		m.retryAt = now + rep.RetryIn
@@ -512,47 +702,90 @@ func (m *Member) Receive(now int64, nonce uint64, rep Reply, err error) {
 // change moves the member to the lease in rep. Its bucket keeps its level in permits (a
 // larger share does not make permits appear), plus what the store handed over full
 // (Fill); the rest of a new share starts drained. Permits already reserved under the old
-// lease keep it in use (and unacknowledged) until they are due, and the new share is
-// used only after them.
+// lease are booked again on the new share when they fit it; otherwise they keep the old
+// lease in use (and unacknowledged) until they are due, and the new share is used only
+// after them. Permits the old bucket held beyond what the new one keeps are handed back
+// to the store with the acknowledgement.
 func (m *Member) change(now int64, rep Reply, newEpoch bool, expire int64) {
 	nl, ok := rep.Lease.Share.Limit(m.limit)
+	pu := m.pendingUntil(now)
+	pending := pu > now
+	oldUsable := m.usable(now)
+	var oldLevel int64 // in the old share's nanoseconds; negative for a debt
+	if oldUsable {
+		oldLevel = m.local.Tau - (max(m.tat, now) - now)
+	}
+	var fill int64
+	if ok && rep.Fill > 0 {
+		fill, _ = mulDiv(rep.Fill, nl.T, m.limit.T)
+	}
+	rebooked := false
+	var kept int64 // what the new bucket keeps of the old one's level, in its nanoseconds
 	if ok {
-		var level int64
-		if m.usable(now) {
-			level = convertLevel(m.local.Tau-(max(m.tat, now)-now), m.local.T, nl.T)
+		if oldUsable {
+			kept = min(convertLevel(oldLevel, m.local.T, nl.T), nl.Tau)
 		}
-		level = min(level, nl.Tau)
-		if rep.Fill > 0 {
-			f, _ := mulDiv(rep.Fill, nl.T, m.limit.T)
-			level = min(level+f, nl.Tau)
+		tat := now + nl.Tau - min(kept+fill, nl.Tau)
+		if pending && m.pendExact && oldUsable && !newEpoch {
+			// Book the pending permits again on the new share, at their times.
+			excl := oldLevel
+			for _, p := range m.pend {
+				excl += p.n * m.local.T
+			}
+			excl = min(excl, m.local.Tau)
+			t2 := now + nl.Tau - min(min(convertLevel(excl, m.local.T, nl.T), nl.Tau)+fill, nl.Tau)
+			rebooked = true
+			for _, p := range m.pend {
+				if p.n > nl.Burst() || t2+p.n*nl.T-nl.Tau > p.at {
+					rebooked = false
+					break
+				}
+				t2 = max(t2, p.at) + p.n*nl.T
+			}
+			if rebooked {
+				tat = t2
+			}
 		}
-		m.tat = now + nl.Tau - level
-		// Permits reserved under the old lease are still to be used: the new share starts
-		// empty after the last of them, so that nothing is granted on it before they are
-		// done (the store keeps counting the old lease until the member says it switched,
-		// which it says only then).
-		if m.lastAt > now {
-			m.tat = max(m.tat, m.lastAt+nl.Tau)
+		if pending && !rebooked {
+			// The new share starts empty after the last pending permit, so that nothing
+			// is granted on it before they are done (the store keeps counting the old
+			// lease until the member says it switched, which it says only then).
+			tat = max(tat, pu+nl.Tau)
 		}
+		m.tat = tat
 		if m.drain && m.hold > now {
 			tats := [1]int64{m.tat}
 			gcra.Penalize(tats[:], []gcra.Limit{nl}, now, m.hold)
 			m.tat = tats[0]
 		}
 	}
-	if m.has && m.lastAt > now {
+	switch {
+	case m.has && pending && !rebooked:
 		if now < m.prevUntil {
 			m.prevShare = maxShare(m.prevShare, m.share)
 		} else {
 			m.prevShare = m.share
 		}
-		m.prevUntil = max(m.prevUntil, m.lastAt)
+		m.prevUntil = max(m.prevUntil, pu)
 		if !newEpoch {
 			if now >= m.ackUntil {
 				m.ackSeq = m.seq
 			}
-			m.ackUntil = max(m.ackUntil, m.lastAt)
+			m.ackUntil = max(m.ackUntil, pu)
 		}
+		m.pendExact = false // the pending permits stay booked in the old share's units
+	case !newEpoch && oldUsable && oldLevel > 0 && !pending:
+		// Hand back what the new bucket does not keep (a smaller burst, or no share).
+		old, _ := mulDiv(oldLevel, m.limit.T, m.local.T)
+		var keep int64
+		if ok && kept > 0 {
+			keep, _ = mulDivUp(kept, m.limit.T, nl.T)
+		}
+		if now >= m.returnBy {
+			m.returnable = 0
+		}
+		m.returnable += max(0, old-keep)
+		m.returnBy = m.expire
 	}
 	if newEpoch {
 		m.ackUntil = 0
@@ -577,7 +810,7 @@ func (m *Member) change(now int64, rep Reply, newEpoch bool, expire int64) {
 // Idle reports whether the member has had no call for `after` and nothing pending: it may
 // release its share and be forgotten.
 func (m *Member) Idle(now, after int64) bool {
-	return !m.inflight && now-m.lastCall >= after && m.lastAt <= now
+	return !m.inflight && now-m.lastCall >= after && m.pendingUntil(now) <= now
 }
 
 // Release returns the request that hands the member's share back, and ends the member: it
@@ -592,8 +825,15 @@ func (m *Member) Release(now int64) (Request, bool) {
 		return Request{}, false
 	}
 	m.nonce++
-	return Request{Op: OpRelease, Member: m.id, Epoch: m.epoch, InUse: m.inUse(now),
-		BusyFor: max(0, m.lastAt-now), Sent: now, Nonce: m.nonce}, true
+	req := Request{Op: OpRelease, Member: m.id, Epoch: m.epoch, InUse: m.inUse(now),
+		BusyFor: max(0, m.pendingUntil(now)-now), Sent: now, Nonce: m.nonce}
+	if req.BusyFor == 0 {
+		if now < m.returnBy {
+			req.Return = m.returnable
+		}
+		req.Return += m.tokens(now)
+	}
+	return req, true
 }
 
 // PenalizeRequest returns the request that reports a penalty until `until` to the store,

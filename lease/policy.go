@@ -128,7 +128,19 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 		tg[i].Burst = 1
 		rates += tg[i].Rate
 	}
-	if rest := burst - int64(len(with)); rest > 0 && rates > 0 {
+	rest := burst - int64(len(with))
+	// An idle member keeps the one permit it parked (a share without rate), while the
+	// burst left after every holder's first permit covers it: its next request is then
+	// served at once while it asks for a rate again.
+	if !rotating {
+		for _, i := range alive {
+			if e := &s.Members[i]; rest > 0 && tg[i].Rate == 0 && e.Demand == 0 && e.Lease.Share.Parked() {
+				tg[i].Burst = 1
+				rest--
+			}
+		}
+	}
+	if rest > 0 && rates > 0 {
 		// Largest remainders: floors first, then one more permit each to the largest
 		// fractional parts (ties to the earlier name), so the whole burst is handed out.
 		rem := make([]int64, len(with))
@@ -159,7 +171,7 @@ func (s *State) rotate(now int64, cfg Config, wanting []int, burst int64) []int 
 	for _, i := range wanting {
 		e := &s.Members[i]
 		switch {
-		case e.Lease.Share.Burst == 0:
+		case e.Lease.Share.Rate == 0:
 			wait = append(wait, i)
 		case now-e.Since < turn:
 			keep = append(keep, i)

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -24,17 +25,25 @@ type world struct {
 	inc     uint64
 	members []*simMember
 	msgs    []msg
-	permits []int64 // the time of every permit granted, to judge conformance at the end
+	permits map[ticketKey]int64 // every grant: its time and cost, to judge conformance at the end
 	fenceAt int64
 	maxRate int64 // the most rate in use at once, seen from the members
 }
 
 type simMember struct {
-	name   string
-	m      *Member
-	up     bool
-	paused int64 // paused until
-	gen    int   // bumped on a crash: messages for an older generation are lost
+	name    string
+	m       *Member
+	paused  int64 // paused until
+	gen     int   // bumped on a crash: messages for an older generation are lost
+	tickets []gcra.Ticket
+	seq     int
+}
+
+type ticketKey struct {
+	member string
+	gen    int
+	seq    int
+	at     int64
 }
 
 type msg struct {
@@ -52,6 +61,7 @@ func newWorld(t *testing.T, seed uint64, l gcra.Limit, policy Policy, n int) *wo
 		cfg:  Config{TTL: 800 * time.Millisecond, Grace: 300 * time.Millisecond, Policy: policy},
 		mcfg: MemberConfig{RenewEvery: 200 * time.Millisecond, Margin: 5 * time.Millisecond}, inc: 1}
 	w.state, _ = NewState(l, w.inc, 0, 0, w.cfg)
+	w.permits = map[ticketKey]int64{}
 	for i := range n {
 		w.members = append(w.members, &simMember{name: fmt.Sprint("m", i)})
 	}
@@ -115,6 +125,7 @@ func (w *world) step() {
 		case sm.m == nil && r < 50:
 			sm.m = NewMember(sm.name, w.limit, w.mcfg, w.now)
 			sm.gen++
+			sm.tickets = nil
 		case sm.m == nil:
 			continue
 		case r < 3: // crash: nothing handed back
@@ -138,20 +149,68 @@ func (w *world) step() {
 		} else if m.inflight && w.now-m.lastSent > 100*int64(time.Millisecond) {
 			m.Receive(w.now, m.nonce, Reply{}, ErrUnavailable) // time-out
 		}
-		// Demand: member i asks often if i is even, rarely if odd.
+		// Demand: member i asks often if i is even, rarely if odd; some callers wait for
+		// a share, some cancel or settle their reservations, some get a 429.
 		if i%2 == 0 || w.rng.IntN(8) == 0 {
 			for range 1 + w.rng.IntN(3) {
-				res, tk, out, err := Decide([]*Member{m}, w.now, 1, int64(w.rng.IntN(1500))*int64(time.Millisecond))
-				if err != nil {
+				if w.rng.IntN(4) == 0 {
+					if ok, _ := m.AllowOne(w.now); ok {
+						sm.seq++
+						w.permits[ticketKey{sm.name, sm.gen, sm.seq, w.now}] = 1
+					}
+					continue
+				}
+				n := int64(1 + w.rng.IntN(2))
+				res, tk, out, err := Decide([]*Member{m}, w.now, n, int64(w.rng.IntN(1500))*int64(time.Millisecond))
+				if err != nil && !errors.Is(err, gcra.ErrCostExceedsBurst) {
 					w.t.Fatal(err)
 				}
-				if out == Granted {
-					w.permits = append(w.permits, tk.At)
+				switch out {
+				case Granted:
 					if res.Delay != tk.At-w.now {
 						w.t.Fatalf("delay %d, ticket at %d", res.Delay, tk.At-w.now)
 					}
+					sm.seq++
+					w.permits[ticketKey{sm.name, sm.gen, sm.seq, tk.At}] = tk.N
+					if tk.At > w.now {
+						sm.tickets = append(sm.tickets, tk)
+					}
+				case NoLease, LeaseEnds, TooFar:
+					if w.rng.IntN(2) == 0 {
+						m.Wait(1) // a caller waits a while for the share
+					}
 				}
 			}
+		}
+		if m.waiting > 0 && w.rng.IntN(4) == 0 {
+			m.Wait(-1)
+		}
+		if len(sm.tickets) > 0 && w.rng.IntN(6) == 0 {
+			// Cancel or settle down a pending reservation: the API sees less (or nothing).
+			k := w.rng.IntN(len(sm.tickets))
+			tk := sm.tickets[k]
+			sm.tickets = append(sm.tickets[:k], sm.tickets[k+1:]...)
+			if tk.At > w.now {
+				newN := int64(w.rng.IntN(int(tk.N)))
+				if err := Adjust([]*Member{m}, w.now, tk, newN); err != nil {
+					w.t.Fatal(err)
+				}
+				for key := range w.permits {
+					if key.member == sm.name && key.gen == sm.gen && key.at == tk.At && w.permits[key] == tk.N {
+						if newN == 0 {
+							delete(w.permits, key)
+						} else {
+							w.permits[key] = newN
+						}
+						break
+					}
+				}
+			}
+		}
+		if w.rng.IntN(400) == 0 { // a 429: the pool holds back for a while
+			until := w.now + int64(w.rng.IntN(500))*int64(time.Millisecond)
+			Penalize([]*Member{m}, w.now, until)
+			w.send(msg{to: -1, gen: i << 16, call: m.PenalizeRequest(w.now, until)}, true)
 		}
 		w.check("decide")
 	}
@@ -162,18 +221,26 @@ func (w *world) step() {
 	}
 }
 
-// conform judges every permit granted with a strict GCRA at the limit: none may be early.
-func (w *world) conform() int {
-	slices.Sort(w.permits)
-	var tat int64
-	bad := 0
-	for _, at := range w.permits {
-		var ok bool
-		if tat, ok = gcra.AllowOne(tat, w.limit, at); !ok {
-			bad++
-		}
+// conform judges every permit granted (and not given back) with a strict GCRA at the
+// limit: none may be early.
+func (w *world) conform() (bad, total int) {
+	type grant struct{ at, n int64 }
+	var gs []grant
+	for k, n := range w.permits {
+		gs = append(gs, grant{k.at, n})
+		total++
 	}
-	return bad
+	slices.SortFunc(gs, func(a, b grant) int { return cmpInt(a.at, b.at) })
+	var tat int64
+	for _, g := range gs {
+		t2, res, _ := gcra.DecideOne(tat, w.limit, g.at, g.n, 0)
+		if !res.Allowed {
+			bad++
+			continue
+		}
+		tat = t2
+	}
+	return bad, total
 }
 
 // TestPropertyNeverOversubscribed: over random joins, leaves, crashes, pauses longer than a
@@ -203,8 +270,8 @@ func TestPropertyNeverOversubscribed(t *testing.T) {
 				for range steps {
 					w.step()
 				}
-				if bad := w.conform(); bad > 0 {
-					t.Errorf("%d of %d permits broke the limit", bad, len(w.permits))
+				if bad, total := w.conform(); bad > 0 {
+					t.Errorf("%d of %d grants broke the limit", bad, total)
 				}
 				if len(w.permits) == 0 || w.maxRate == 0 {
 					t.Errorf("nothing was granted: the test no longer tests")

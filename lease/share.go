@@ -37,11 +37,17 @@ func (s Share) sub(o Share) Share {
 
 // Limit returns the share of l as a member's own GCRA limit: the interval
 // ceil(l.T × RateScale / Rate), so the member's rate is at most its part of the limit's,
-// and a tolerance of Burst such intervals. ok is false for a share that can grant nothing
-// (no rate, no whole permit of burst, or an interval too long to represent).
+// and a tolerance of Burst such intervals. A parked share (no rate, some burst: the
+// permits an idle member kept) never refills: its interval is as long as can be. ok is
+// false for a share that can grant nothing (no whole permit of burst, or an interval too
+// long to represent).
 func (s Share) Limit(l gcra.Limit) (gcra.Limit, bool) {
-	if s.Rate <= 0 || s.Burst < 1 {
+	if s.Burst < 1 || s.Rate < 0 {
 		return gcra.Limit{}, false
+	}
+	if s.Rate == 0 {
+		t := gcra.MaxTau / s.Burst
+		return gcra.Limit{T: t, Tau: t * s.Burst}, true
 	}
 	t, ok := mulDivUp(l.T, RateScale, min(s.Rate, RateScale))
 	if !ok || t > gcra.MaxTau/s.Burst {
@@ -50,9 +56,12 @@ func (s Share) Limit(l gcra.Limit) (gcra.Limit, bool) {
 	return gcra.Limit{T: t, Tau: t * s.Burst}, true
 }
 
+// Parked reports whether s is a parked share: burst without rate.
+func (s Share) Parked() bool { return s.Rate == 0 && s.Burst > 0 }
+
 // normalize returns s if it can grant something, and the zero share otherwise: a rate
-// without a whole permit of burst, or a burst without a rate, is no use to a member and
-// would only hold capacity back from others.
+// without a whole permit of burst is no use to a member and would only hold capacity
+// back from others.
 func (s Share) normalize(l gcra.Limit) Share {
 	if _, ok := s.Limit(l); !ok {
 		return Share{}

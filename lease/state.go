@@ -278,7 +278,17 @@ type Request struct {
 	// BusyFor (release): how long after sending the member may still use its lease (its
 	// last reserved permit); the share is free after that.
 	BusyFor int64 `json:"busy_for"`
-	Hold    int64 `json:"hold"` // penalize: nanoseconds
+	// Relinquish (renew): the member gave up its share before sending (seed 001's
+	// relinquish), all of it but Keep permits of burst (a parked share, without rate); the
+	// store frees the rest at once.
+	Relinquish bool  `json:"relinquish"`
+	Keep       int64 `json:"keep"`
+	// Return: permits the member saved and gave up unspent with the capacity this request
+	// frees (a relinquished share, older leases it says it no longer uses, a release), in
+	// nanoseconds of the limit's tolerance (permits × Limit.T). The store adds them to
+	// what the free capacity saved up; they are ignored if the request frees nothing.
+	Return int64 `json:"return"`
+	Hold   int64 `json:"hold"` // penalize: nanoseconds
 	// Sent and Nonce are the member's own: the store echoes them in the reply.
 	Sent  int64  `json:"sent"`
 	Nonce uint64 `json:"nonce"`
@@ -310,9 +320,12 @@ type Reply struct {
 	Penalty int64 `json:"penalty"`
 	// RetryIn is, when the member holds less than its target, how long until capacity
 	// that others hold frees (a quarantine or a fence ends); 0 if that is not known.
-	RetryIn int64  `json:"retry_in"`
-	Sent    int64  `json:"sent"`
-	Nonce   uint64 `json:"nonce"`
+	RetryIn int64 `json:"retry_in"`
+	// Contended says another live member wants as much as it can get (fair policy): a
+	// member that goes idle should give its share back at once (Request.Relinquish).
+	Contended bool   `json:"contended"`
+	Sent      int64  `json:"sent"`
+	Nonce     uint64 `json:"nonce"`
 }
 
 // Apply applies one request at now (the store's clock, nanoseconds) with the store's
@@ -355,12 +368,25 @@ func (s *State) Apply(now int64, cfg Config, req Request) (Reply, error) {
 			return Reply{}, fmt.Errorf("%w: member %q epoch %d/%d", ErrStaleEpoch, req.Member, req.Epoch.Incarnation, req.Epoch.N)
 		}
 		e := &s.Members[i]
-		if req.InUse >= e.Lease.Seq {
-			e.Held, e.HeldUntil = Share{}, 0 // it uses the newest lease: the older ones are done
+		freed := false
+		switch {
+		case req.Relinquish:
+			freed = !e.own(now).IsZero()
+			e.Held, e.HeldUntil = Share{}, 0
+			e.Lease.Share = Share{Burst: min(max(req.Keep, 0), e.Lease.Share.Burst)}
+		case req.InUse >= e.Lease.Seq:
+			// It uses the newest lease: the older ones are done.
+			freed = now < e.HeldUntil && !e.Held.IsZero()
+			e.Held, e.HeldUntil = Share{}, 0
+		}
+		if freed {
+			s.giveBack(now, req.Return)
 		}
 	case OpRelease:
 		if found && s.Members[i].Epoch == req.Epoch {
-			s.release(i, now, max(0, req.BusyFor))
+			if s.release(i, now, max(0, req.BusyFor)) {
+				s.giveBack(now, req.Return)
+			}
 		}
 		return rep, nil
 	}
@@ -389,21 +415,35 @@ func (s *State) retire(i int, now int64) {
 	e.Held, e.HeldUntil = Share{}, 0
 }
 
+// giveBack adds permits a member gave up unspent to what the free capacity saved up, as
+// far as the free burst goes.
+func (s *State) giveBack(now, ret int64) {
+	if ret <= 0 {
+		return
+	}
+	free := s.capacity().sub(s.Committed(now))
+	s.Pool = min(s.Pool+min(ret, gcra.MaxTau), free.Burst*s.Limit.T)
+}
+
 // release frees entry i's share once its pending reservations are done (busy), and
-// removes it when nothing of it counts any more.
-func (s *State) release(i int, now, busy int64) {
+// removes it when nothing of it counts any more. It reports whether the share was freed
+// at once.
+func (s *State) release(i int, now, busy int64) bool {
 	e := &s.Members[i]
 	end := min(now+busy, max(e.Lease.Until, e.HeldUntil))
-	if c := e.own(now); !c.IsZero() && end > now {
+	c := e.own(now)
+	if !c.IsZero() && end > now {
 		e.Held, e.HeldUntil = c, end
 	} else {
 		e.Held, e.HeldUntil = Share{}, 0
 	}
 	e.Epoch = Epoch{}
 	e.Lease = Lease{Seq: e.Lease.Seq, Expires: now, Until: now}
-	if e.HeldUntil <= now && e.RetiredUntil <= now {
+	freed := !c.IsZero() && e.HeldUntil <= now
+	if freed && e.RetiredUntil <= now {
 		s.Members = slices.Delete(s.Members, i, i+1)
 	}
+	return freed
 }
 
 // capacity is the whole limit as a share.
@@ -517,7 +557,7 @@ func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
 	avail := s.capacity().sub(others)
 	before := e.own(now)
 	n := minShare(target, avail).normalize(s.Limit)
-	holding := e.Lease.Share.Burst > 0
+	holding := e.Lease.Share.Rate > 0
 	if n != e.Lease.Share || e.Lease.Seq == 0 {
 		if e.Lease.Until > now && !e.Lease.Share.IsZero() {
 			e.Held = maxShare(e.Held, e.Lease.Share)
@@ -528,7 +568,7 @@ func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
 		e.Lease.Share = n
 	}
 	wanting := cfg.Policy == Equal || e.Demand > 0
-	if holding != (n.Burst > 0) || (!wanting && n.Burst == 0) {
+	if holding != (n.Rate > 0) || (!wanting && n.Rate == 0) {
 		e.Since = now
 	}
 	e.Lease.Expires = now + int64(cfg.TTL)
@@ -546,6 +586,14 @@ func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
 	rep.Target = target
 	rep.Live, rep.Size = live, size
 	rep.Penalty = max(0, s.Penalty-now)
+	if cfg.Policy == Fair {
+		for j := range s.Members {
+			if o := &s.Members[j]; j != i && o.live(now) && o.Demand >= RateScale {
+				rep.Contended = true
+				break
+			}
+		}
+	}
 	if !target.Fits(n) {
 		rep.RetryIn = s.nextFree(i, now)
 	}
