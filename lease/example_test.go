@@ -15,7 +15,9 @@ import (
 // The first member of a fresh store gets the whole limit, burst included.
 func ExampleNew() {
 	clk := clock.NewVirtual()
-	store, _ := lease.NewMemStore(lease.DefaultConfig(), clk)
+	cfg := lease.DefaultConfig()
+	cfg.JoinWindow = 0 // one member here: nobody to share the first burst with
+	store, _ := lease.NewMemStore(cfg, clk)
 	member, _ := lease.New(store, lease.WithClock(clk), lease.WithID("worker-1"))
 	defer member.Close()
 	l, _ := sluice.New(sluice.MustParse("10/s burst=4"), sluice.WithBackend(member), sluice.WithClock(clk))
@@ -37,6 +39,7 @@ func ExampleNew() {
 // share shrinks at its next renewal; the freed half is B's once A says it switched.
 func ExampleState_Apply() {
 	cfg := lease.DefaultConfig()
+	cfg.JoinWindow = 0
 	ms := int64(time.Millisecond)
 	s, _ := lease.NewState(gcra.Limit{T: 100 * ms, Tau: 400 * ms}, 1, 0, 0, cfg) // 10/s burst 4
 	ask := func(at int64, op lease.Op, member string, e lease.Epoch, inUse uint64) lease.Reply {

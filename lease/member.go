@@ -226,6 +226,12 @@ func (m *Member) Limit() gcra.Limit { return m.limit }
 // Released reports whether the member has released its share (it is done).
 func (m *Member) Released() bool { return m.released }
 
+// growing reports whether the policy means to give the member a larger rate than it holds
+// (it gets it from what others free, at its next renewals).
+func (m *Member) growing() bool {
+	return m.target.Rate > m.share.Rate+max(RateScale/1000, m.share.Rate/20)
+}
+
 // rated reports whether the member holds a share with a rate (not nothing, not parked).
 func (m *Member) rated() bool { return m.has && m.share.Rate > 0 }
 
@@ -351,9 +357,10 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 			}
 		}
 	}
-	parked := false
+	parked, growing := false, false
 	for _, m := range ms {
 		parked = parked || m.share.Parked()
+		growing = growing || m.growing()
 	}
 	switch {
 	case res.Allowed:
@@ -365,6 +372,10 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 		res.RetryAfter -= horizon // when it will be within the horizon
 		return res, tk, TooFar, nil
 	case res.RetryAfter <= maxDelay:
+		return res, tk, LeaseEnds, nil
+	case growing && maxDelay > 0:
+		// Beyond the caller's bound on the share held now, but the policy means to give
+		// the member more at its next renewal: a caller that may wait waits for it.
 		return res, tk, LeaseEnds, nil
 	default:
 		return res, tk, Throttled, nil
@@ -518,6 +529,11 @@ func (m *Member) Due(now int64) int64 {
 		return math.MinInt64
 	}
 	d := m.lastSent + m.renew
+	if m.rated() && m.contended && (m.throttled || m.saturated) {
+		// Held back while others want all they can get too: capacity that idle members
+		// give back is picked up at renewals, so renew twice as often.
+		d = m.lastSent + m.renew/2
+	}
 	if m.failed {
 		d = min(d, m.lastSent+m.renew/4)
 	}
@@ -536,7 +552,7 @@ func (m *Member) Due(now int64) int64 {
 	if (m.throttled || m.saturated) && m.rated() && m.waiting == 0 {
 		d = min(d, m.quietAt()+1) // gone idle after being held back: give the share back
 	}
-	if m.has && m.target.Rate > m.share.Rate+max(RateScale/1000, m.share.Rate/20) && m.level(now) < prefetchLevel {
+	if m.has && m.growing() && m.level(now) < prefetchLevel {
 		d = min(d, m.lastSent+m.renew/4) // seed 001's prefetch
 	}
 	return max(d, m.lastSent+m.renew/20)

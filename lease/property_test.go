@@ -58,7 +58,7 @@ type msg struct {
 
 func newWorld(t *testing.T, seed uint64, l gcra.Limit, policy Policy, n int) *world {
 	w := &world{t: t, rng: rand.New(rand.NewPCG(seed, 1)), limit: l,
-		cfg:  Config{TTL: 800 * time.Millisecond, Grace: 300 * time.Millisecond, Policy: policy},
+		cfg:  Config{TTL: 800 * time.Millisecond, Grace: 300 * time.Millisecond, Policy: policy, JoinWindow: 50 * time.Millisecond},
 		mcfg: MemberConfig{RenewEvery: 200 * time.Millisecond, Margin: 5 * time.Millisecond}, inc: 1}
 	w.state, _ = NewState(l, w.inc, 0, 0, w.cfg)
 	w.permits = map[ticketKey]int64{}

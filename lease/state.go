@@ -74,6 +74,11 @@ type Config struct {
 	// when the burst is smaller than the number of members that want capacity (each
 	// holder needs at least one permit of burst). Zero means max(2×TTL, 8 × Burst × T).
 	Turn time.Duration
+	// JoinWindow: a fresh record (a limit nobody held before) grants nothing for this long
+	// after it is made, so that members starting together share its saved burst instead
+	// of the first to ask taking it all. Members joining in the window are told when to
+	// come back. Zero turns it off.
+	JoinWindow time.Duration
 }
 
 // DefaultConfig returns the default store settings.
@@ -83,6 +88,8 @@ func DefaultConfig() Config {
 		Grace:  500 * time.Millisecond, // two renewal intervals of fail-mode-local running
 		Policy: Fair,                   // idle members do not hold capacity busy ones need
 		Turn:   0,                      // automatic: max(2×TTL, 8 emission intervals per burst permit)
+		// members that start together (a deploy, a demo) share the first burst
+		JoinWindow: 50 * time.Millisecond,
 	}
 }
 
@@ -95,6 +102,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: Grace %v must not be negative", ErrInvalidConfig, c.Grace)
 	case c.Turn < 0:
 		return fmt.Errorf("%w: Turn %v must not be negative", ErrInvalidConfig, c.Turn)
+	case c.JoinWindow < 0:
+		return fmt.Errorf("%w: JoinWindow %v must not be negative", ErrInvalidConfig, c.JoinWindow)
 	case c.Policy > Equal:
 		return fmt.Errorf("%w: unknown policy %d", ErrInvalidConfig, c.Policy)
 	}
@@ -206,6 +215,8 @@ type State struct {
 	PoolAt int64 `json:"pool_at"`
 	// Penalty: a 429 asked the whole pool to hold back until then.
 	Penalty int64 `json:"penalty"`
+	// Open: a fresh record grants nothing before then (Config.JoinWindow).
+	Open int64 `json:"open"`
 	// Members, sorted by ID.
 	Members []Entry `json:"members"`
 }
@@ -226,6 +237,7 @@ func NewState(l gcra.Limit, incarnation uint64, now, fence int64, cfg Config) (*
 	s := &State{Limit: l, Incarnation: incarnation, PoolAt: now}
 	if fence == 0 {
 		s.Pool = l.Tau
+		s.Open = now + int64(cfg.JoinWindow)
 	} else {
 		s.Fence = fence
 		s.PoolAt = min(now, fence)
@@ -555,6 +567,9 @@ func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
 		}
 	}
 	avail := s.capacity().sub(others)
+	if now < s.Open {
+		avail = Share{} // the join window: members starting together share the first burst
+	}
 	before := e.own(now)
 	n := minShare(target, avail).normalize(s.Limit)
 	holding := e.Lease.Share.Rate > 0
@@ -609,6 +624,7 @@ func (s *State) nextFree(i int, now int64) int64 {
 		}
 	}
 	consider(s.Fence)
+	consider(s.Open)
 	consider(s.Members[i].RetiredUntil)
 	for j := range s.Members {
 		if j == i {
