@@ -22,10 +22,10 @@ func init() {
 }
 
 func runDemo(ctx context.Context, env Env, args []string) error {
-	fs := newFlags(env, "demo", "demo [--mode local] [--limit '20/s burst=10'] [--workers 8] [--duration 10s] [--json]")
+	fs := newFlags(env, "demo", "demo [--mode local|lease] [--limit '20/s burst=10'] [--workers 8] [--duration 10s] [--json]")
 	limits := sluice.MustParse("20/s burst=10")
 	fs.TextVar(&limits, "limit", limits, "the API's `limit`, enforced by the referee and obeyed by the pool (e.g. '1/6s', '100/s burst=20; 4500/h')")
-	mode := fs.String("mode", "local", "where decisions are made: `local` (the other modes are listed in the README)")
+	mode := fs.String("mode", "local", "where decisions are made: `local` (one limiter for the pool) or lease (each worker a member deciding on its share, leased from an in-memory store); the other modes are listed in the README")
 	workers := fs.Int("workers", 8, "workers in the pool (half start at once, the rest join during the first half; two leave early)")
 	dur := fs.Duration("duration", 10*time.Second, "how long the run lasts")
 	margin := fs.Duration("margin", 10*time.Millisecond, "the limiter's jitter tolerance (safety margin): 0 decides the limit exactly")
@@ -43,8 +43,8 @@ func runDemo(ctx context.Context, env Env, args []string) error {
 		return usagef("--margin %v: want 0 or more", *margin)
 	}
 	cfg := demo.Config{Mode: *mode, Limits: limits, Workers: *workers, Duration: *dur, Margin: *margin, Seed: *seed}
-	if *mode != "local" {
-		return usagef("--mode %q: not built yet (modes: local)", *mode)
+	if *mode != "local" && *mode != "lease" {
+		return usagef("--mode %q: not built yet (modes: local, lease)", *mode)
 	}
 	if isTerminal(env.Stderr) {
 		cfg.Progress = func(p demo.Progress) {
