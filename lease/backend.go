@@ -226,6 +226,7 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 	start := b.clock.Nanotime()
 	var ms [gcra.MaxLimits]*Member
 	var buf [gcra.MaxLimits]*rec
+	joins := 0
 	for pass := 0; ; pass++ {
 		rs := b.records(key, req.Limits, &buf)
 		if !lock(rs) {
@@ -243,9 +244,10 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 		if out == NoLease || out == LeaseEnds || out == TooFar {
 			ch = rs[0].changed
 			for _, r := range rs {
-				if !r.m.joined && !r.m.failed {
+				if r.m.Joining() {
 					// A key seen for the first time: its first decision waits for the
-					// joins (or their failure), whatever the caller's bound.
+					// joins and the first share (or their failure), whatever the
+					// caller's bound.
 					ch, joining = r.changed, true
 					break
 				}
@@ -268,6 +270,9 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 		case joining:
 			b.nudge()
 			wait = b.timeout
+			if joins++; joins > 8 {
+				return backend.Grant{Result: gcra.Result{RetryAfter: res.RetryAfter}}, nil
+			}
 		case wait <= 0:
 			b.nudge()
 			return backend.Grant{Result: gcra.Result{RetryAfter: res.RetryAfter, ResetAfter: res.ResetAfter}}, nil

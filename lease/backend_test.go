@@ -75,6 +75,9 @@ func (c *cutStore) Apply(ctx context.Context, calls []Call) ([]Result, error) {
 func newCluster(t *testing.T, l gcra.Limit, n int, cfg Config) *cluster {
 	clk := clock.NewVirtual()
 	clk.Set(int64(time.Hour))
+	// The test's goroutine both decides and moves the clock: a first decision that waited
+	// for a join window would wait for ever.
+	cfg.JoinWindow = 0
 	st, err := NewMemStore(cfg, clk)
 	if err != nil {
 		t.Fatal(err)

@@ -128,6 +128,7 @@ type Member struct {
 	lastCall  int64
 	lastRetry int64
 	rate      float64 // smoothed asked rate, permits per nanosecond
+	measured  bool    // rate holds a measurement
 	demand    int64
 	lastUsed  int64 // the last window's figures, for Status
 	lastWin   int64
@@ -137,6 +138,7 @@ type Member struct {
 	live    int64
 	retryAt int64
 
+	settled   bool // it has had a share, or an answer that promises none soon
 	inflight  bool
 	nonce     uint64
 	joinNonce uint64
@@ -222,6 +224,9 @@ func (m *Member) ID() string { return m.id }
 
 // Limit returns the limit the member holds a share of.
 func (m *Member) Limit() gcra.Limit { return m.limit }
+
+// Inflight reports whether a request is out (Receive has not been called for it).
+func (m *Member) Inflight() bool { return m.inflight }
 
 // Released reports whether the member has released its share (it is done).
 func (m *Member) Released() bool { return m.released }
@@ -325,7 +330,9 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 		hint := ms[0].waitHint(now)
 		for _, m := range ms {
 			m.throttled = true
-			m.lastRetry = hint // a caller told to come back then is still at it until then
+			// A caller told to come back is still at it until then, and a caller without a
+			// share at all for at least a renewal (it may back off longer than told).
+			m.lastRetry = max(hint, m.renew)
 		}
 		return gcra.Result{RetryAfter: hint}, gcra.Ticket{}, NoLease, nil
 	}
@@ -487,7 +494,8 @@ func (m *Member) applyPenalty(now, until int64) {
 }
 
 // active reports whether the member's callers are still at it: one waiting for a share,
-// a permit pending, or a call recent enough (allowing for the wait a denial asked for).
+// a permit pending, or a call recent enough (allowing twice the wait a denial asked for:
+// callers back off with jitter).
 func (m *Member) active(now int64) bool { return m.waiting > 0 || now <= m.quietAt() }
 
 // Wait tells the member that a caller starts (+1) or stops (-1) waiting for a share (after
@@ -496,7 +504,7 @@ func (m *Member) Wait(delta int) { m.waiting = max(0, m.waiting+delta) }
 
 // quietAt is the instant after which the member counts as idle.
 func (m *Member) quietAt() int64 {
-	return max(m.busyAt, m.lastCall+m.lastRetry+m.lastRetry/2) + m.idleGap
+	return max(m.busyAt, m.lastCall+2*m.lastRetry) + m.idleGap
 }
 
 // tokens returns the permits the member could take now, in nanoseconds of the limit
@@ -543,11 +551,11 @@ func (m *Member) Due(now int64) int64 {
 	if m.ackNow {
 		d = min(d, max(m.ackUntil, m.lastSent+m.renew/20))
 	}
-	if !m.rated() && (m.asked > 0 || m.throttled) {
-		d = min(d, m.lastSent+m.renew/4)
-	}
-	if m.retryAt > 0 {
-		d = min(d, m.retryAt)
+	switch {
+	case m.retryAt > 0:
+		d = min(d, m.retryAt) // the store said when capacity frees
+	case !m.rated() && (m.asked > 0 || m.throttled):
+		d = min(d, m.lastSent+m.renew/4) // waiting for others to shrink at their renewals
 	}
 	if (m.throttled || m.saturated) && m.rated() && m.waiting == 0 {
 		d = min(d, m.quietAt()+1) // gone idle after being held back: give the share back
@@ -638,10 +646,14 @@ func (m *Member) measure(now int64) int64 {
 		// window to measure; the demand stands and the window goes on.
 		return m.demand
 	}
-	if dt > 0 {
+	if dt > 0 && m.joined {
 		r := float64(m.asked) / float64(dt)
-		w := float64(dt) / float64(dt+2*m.renew) // smoothing over about two renewals
-		m.rate += w * (r - m.rate)
+		if m.measured {
+			w := float64(dt) / float64(dt+2*m.renew) // smoothing over about two renewals
+			m.rate += w * (r - m.rate)
+		} else {
+			m.rate, m.measured = r, true
+		}
 	}
 	var d int64
 	switch {
@@ -669,7 +681,7 @@ func (m *Member) measure(now int64) int64 {
 // store unreachable, or ErrStaleEpoch, after which the member joins again). Answers to any
 // but the latest request are ignored.
 func (m *Member) Receive(now int64, nonce uint64, rep Reply, err error) {
-	if m.released || nonce != m.nonce {
+	if m.released || nonce != m.nonce || !m.inflight {
 		return
 	}
 	m.inflight = false
@@ -713,7 +725,13 @@ func (m *Member) Receive(now int64, nonce uint64, rep Reply, err error) {
 	if rep.RetryIn > 0 {
 		m.retryAt = now + rep.RetryIn
 	}
+	m.settled = m.settled || m.has || rep.RetryIn == 0 || rep.RetryIn > m.renew
 }
+
+// Joining reports whether the member is still joining: it has no share yet, but the
+// store has said (or will say, in its first answer) that one comes soon (a fresh limit's
+// join window). A caller's first decision on a key waits for it.
+func (m *Member) Joining() bool { return !m.settled && !m.failed }
 
 // change moves the member to the lease in rep. Its bucket keeps its level in permits (a
 // larger share does not make permits appear), plus what the store handed over full

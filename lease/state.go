@@ -74,10 +74,10 @@ type Config struct {
 	// when the burst is smaller than the number of members that want capacity (each
 	// holder needs at least one permit of burst). Zero means max(2×TTL, 8 × Burst × T).
 	Turn time.Duration
-	// JoinWindow: a fresh record (a limit nobody held before) grants nothing for this long
-	// after it is made, so that members starting together share its saved burst instead
-	// of the first to ask taking it all. Members joining in the window are told when to
-	// come back. Zero turns it off.
+	// JoinWindow: a fresh record (a limit nobody held before) with a burst above one grants
+	// nothing for this long after it is made, so that members starting together share its
+	// saved burst instead of the first to ask taking it all. Members joining in the window
+	// are told when to come back. Zero turns it off.
 	JoinWindow time.Duration
 }
 
@@ -146,6 +146,8 @@ type Entry struct {
 	Size int64 `json:"size"`
 	// Since is when the member last started holding a share, or waiting for one.
 	Since int64 `json:"since"`
+	// Wanted is when the member last reported wanting capacity.
+	Wanted int64 `json:"wanted"`
 	Lease Lease `json:"lease"`
 	// Held is the largest of the older leases the member may still be using (it has not
 	// yet said it switched to Lease), counted until HeldUntil.
@@ -237,7 +239,9 @@ func NewState(l gcra.Limit, incarnation uint64, now, fence int64, cfg Config) (*
 	s := &State{Limit: l, Incarnation: incarnation, PoolAt: now}
 	if fence == 0 {
 		s.Pool = l.Tau
-		s.Open = now + int64(cfg.JoinWindow)
+		if l.Burst() > 1 { // a burst of one permit cannot be shared
+			s.Open = now + int64(cfg.JoinWindow)
+		}
 	} else {
 		s.Fence = fence
 		s.PoolAt = min(now, fence)
@@ -405,6 +409,12 @@ func (s *State) Apply(now int64, cfg Config, req Request) (Reply, error) {
 	e := &s.Members[i]
 	e.Demand = min(max(req.Demand, 0), RateScale)
 	e.Size = max(req.Size, 0)
+	if cfg.Policy == Equal || e.Demand > 0 {
+		if e.Lease.Share.Rate == 0 && now-e.Wanted > int64(cfg.TTL) {
+			e.Since = now // a new wait: it wanted nothing for a while (short gaps keep its place)
+		}
+		e.Wanted = now
+	}
 	e.Lease.Expires = now + int64(cfg.TTL) // alive: it just spoke (grant sets Until to match)
 	s.grant(i, now, cfg, &rep)
 	return rep, nil
@@ -582,8 +592,7 @@ func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
 		e.Lease.Seq = s.Seq
 		e.Lease.Share = n
 	}
-	wanting := cfg.Policy == Equal || e.Demand > 0
-	if holding != (n.Rate > 0) || (!wanting && n.Rate == 0) {
+	if holding != (n.Rate > 0) {
 		e.Since = now
 	}
 	e.Lease.Expires = now + int64(cfg.TTL)
@@ -609,9 +618,26 @@ func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
 			}
 		}
 	}
-	if !target.Fits(n) {
+	switch {
+	case !target.Fits(n):
 		rep.RetryIn = s.nextFree(i, now)
+	case n.Rate == 0 && (cfg.Policy == Equal || e.Demand > 0):
+		rep.RetryIn = s.nextTurn(now, cfg) // waiting for a place in the rotation
 	}
+}
+
+// nextTurn returns how long until a holder's turn ends (rotation), or 0.
+func (s *State) nextTurn(now int64, cfg Config) int64 {
+	next := int64(0)
+	turn := s.turn(cfg)
+	for j := range s.Members {
+		if e := &s.Members[j]; e.live(now) && e.Lease.Share.Rate > 0 {
+			if t := e.Since + turn - now; t > 0 && (next == 0 || t < next) {
+				next = t
+			}
+		}
+	}
+	return next
 }
 
 // nextFree returns how long until capacity held by a member other than i (a quarantine,

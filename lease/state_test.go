@@ -372,3 +372,26 @@ func TestShareLimitRoundsDown(t *testing.T) {
 		t.Error("a share without burst must grant nothing")
 	}
 }
+
+// TestJoinWindowSharesTheFirstBurst: members that join a fresh limit together share its
+// saved burst, rather than the first to ask taking it all; they are told when to come back.
+func TestJoinWindowSharesTheFirstBurst(t *testing.T) {
+	c := cfg(Fair)
+	c.JoinWindow = 50 * time.Millisecond
+	p := newPool(t, lim(10, time.Second, 6), c, 0)
+	p.run([]step{
+		{at: 0, op: OpJoin, member: "a", demand: all, want: Share{}},
+		{at: 10 * ms, op: OpJoin, member: "b", demand: all, want: Share{}},
+		{at: 50 * ms, op: OpRenew, member: "a", demand: all, want: Share{all / 2, 3}, fill: 3},
+		{at: 51 * ms, op: OpRenew, member: "b", demand: all, want: Share{all / 2, 3}, fill: 3},
+	})
+	rep, _ := p.s.Apply(60*ms, c, Request{Op: OpJoin, Member: "c", Demand: all})
+	if rep.RetryIn != 0 {
+		t.Errorf("after the window: RetryIn %v, want 0 (the capacity is held, not fenced)", time.Duration(rep.RetryIn))
+	}
+	s, _ := NewState(lim(10, time.Second, 6), 1, 0, 0, c)
+	rep, _ = s.Apply(20*ms, c, Request{Op: OpJoin, Member: "a", Demand: all})
+	if rep.RetryIn != 30*ms {
+		t.Errorf("in the window: RetryIn %v, want 30ms", time.Duration(rep.RetryIn))
+	}
+}
