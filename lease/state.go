@@ -148,7 +148,7 @@ type Entry struct {
 	Since int64 `json:"since"`
 	// Wanted is when the member last reported wanting capacity.
 	Wanted int64 `json:"wanted"`
-	Lease Lease `json:"lease"`
+	Lease  Lease `json:"lease"`
 	// Held is the largest of the older leases the member may still be using (it has not
 	// yet said it switched to Lease), counted until HeldUntil.
 	Held      Share `json:"held"`
