@@ -31,6 +31,10 @@ const (
 	evScenario                 // scenario event number val
 	evResume                   // a paused member resumes
 	evHeal                     // member m's partition heals (val: the partition's generation)
+	evLeaseTick                // lease mode: member m's renewal timer (op: incarnation)
+	evLeaseReq                 // lease mode: the store receives a request (val: message slot)
+	evLeaseReply               // lease mode: member m receives the store's answer (val: message slot)
+	evLeaseTimeout             // lease mode: member m gives up on a request (g: limit, val2: nonce)
 )
 
 // event is one thing that happens at a time. Events are values in a slice heap: the hot
@@ -390,7 +394,7 @@ func (e *engine) handle(ev *event) {
 		e.scenarioEvent(ev)
 		return
 	}
-	if ev.m >= 0 && ev.kind != evStoreReq && ev.kind != evStoreCharge && ev.kind != evStorePenalty && ev.kind != evAPIArrive && ev.kind != evHeal {
+	if ev.m >= 0 && ev.kind != evStoreReq && ev.kind != evStoreCharge && ev.kind != evStorePenalty && ev.kind != evAPIArrive && ev.kind != evHeal && ev.kind != evLeaseReq {
 		m := e.members[ev.m]
 		if m.paused > e.now && ev.kind != evArrival {
 			// A paused process runs nothing: its events wait for it.
@@ -415,7 +419,11 @@ func (e *engine) handle(ev *event) {
 		}
 	case evPermit:
 		if !e.stale(ev) {
-			e.sendToAPI(ev.m, ev.g)
+			if pc, ok := e.mode.(permitChecker); ok && !pc.permitOK(e, ev) {
+				e.mode.acquire(e, ev.m, ev.g) // the permit expired (a pause): ask again
+			} else {
+				e.sendToAPI(ev.m, ev.g)
+			}
 		}
 	case evAPIArrive:
 		e.apiArrive(ev)
@@ -522,7 +530,7 @@ func (e *engine) nextArrival(mi int32) {
 		t := float64(e.now) / 1e9
 		for {
 			t += m.rng.ExpFloat64() / peak
-			r := d.Rate * (1 + d.Swing*math.Sin(2*math.Pi*t/d.Period.D().Seconds()))
+			r := d.Rate * (1 + d.Swing*math.Sin(2*math.Pi*(t+d.Phase.D().Seconds())/d.Period.D().Seconds()))
 			if m.rng.Float64()*peak <= r {
 				break
 			}
@@ -633,7 +641,7 @@ func (e *engine) startNext(mi, g int32) {
 // permit makes goroutine g send its request to the API at time at.
 func (e *engine) permit(mi, g int32, at int64) {
 	m := e.members[mi]
-	e.schedule(event{at: max(at, e.now), kind: evPermit, m: mi, g: g, op: m.gs[g].op})
+	e.schedule(event{at: max(at, e.now), kind: evPermit, m: mi, g: g, op: m.gs[g].op, val: at})
 }
 
 // denied handles a request that got no permit: retry after a jittered back-off (at least
@@ -817,6 +825,11 @@ func (e *engine) scenarioEvent(ev *event) {
 	case se.Heal:
 		what = "heal"
 		clear(e.partitioned)
+	case se.StoreRestart:
+		what = "store restart"
+		if r, ok := e.mode.(storeRestarter); ok {
+			r.storeRestart(e)
+		}
 	case se.Limit != nil:
 		what = "limit " + se.Limit.String()
 		e.setLimits(se.Limit.Limits)

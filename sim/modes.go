@@ -20,15 +20,33 @@ type mode interface {
 	left(e *engine, m int32, graceful bool)
 }
 
-// ModeNames lists the modes the simulator knows.
-func ModeNames() []string { return []string{"local", "central"} }
+// permitChecker is a mode that judges, when a goroutine's permit falls due (perhaps late,
+// after a pause), whether it may still be used; if not, the goroutine acquires again.
+type permitChecker interface {
+	permitOK(e *engine, ev *event) bool
+}
 
-func newMode(name string) mode {
+// storeRestarter is a mode whose store can restart empty (the store_restart event).
+type storeRestarter interface {
+	storeRestart(e *engine)
+}
+
+// leaseReporter is a mode that adds figures of its own to the report.
+type leaseReporter interface {
+	leaseReport(e *engine) *LeaseReport
+}
+
+// ModeNames lists the modes the simulator knows.
+func ModeNames() []string { return []string{"local", "central", "lease"} }
+
+func newMode(name string, sc *Scenario) mode {
 	switch name {
 	case "local":
 		return localMode{}
 	case "central":
 		return centralMode{}
+	case "lease":
+		return newLeaseMode(sc)
 	}
 	return nil
 }
@@ -176,6 +194,12 @@ func (e *engine) storeCharge(owed *gcra.Ticket) {
 			e.storeTats[i] = max(e.storeTats[i], e.now) + n*l.T
 		}
 	}
+}
+
+// storeRestart: the store lost its state (Redis restarted empty): every key is fresh.
+func (centralMode) storeRestart(e *engine) {
+	clear(e.storeTats)
+	e.storeHold = 0
 }
 
 func (centralMode) penalize(e *engine, mi int32, until int64) {

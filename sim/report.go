@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"text/tabwriter"
 	"time"
@@ -65,6 +66,8 @@ type ModeReport struct {
 	// exceeded the limit, at least 90% of it used. -1: never within the run.
 	Events    []EventReport  `json:"events"`
 	PerMember []MemberReport `json:"per_member"`
+	// Lease holds the lease mode's own figures (absent for the other modes).
+	Lease *LeaseReport `json:"lease,omitempty"`
 
 	series []bucket
 	sample time.Duration
@@ -102,9 +105,12 @@ func Run(sc *Scenario, opts Options) (*Report, error) {
 		r.Members += g.Count
 	}
 	for _, name := range modes {
-		m := newMode(name)
+		m := newMode(name, sc)
 		if m == nil {
 			return nil, fmt.Errorf("sim: unknown mode %q (known: %v)", name, ModeNames())
+		}
+		if name == "lease" && slices.ContainsFunc(sc.Events, func(ev Event) bool { return ev.Limit != nil }) {
+			return nil, fmt.Errorf("sim: the lease mode does not model limit changes (yet): drop the limit event or the mode")
 		}
 		e := newEngine(sc, m)
 		if opts.Progress != nil {
@@ -171,6 +177,9 @@ func (e *engine) report() ModeReport {
 		r.PerMember = append(r.PerMember, mr)
 	}
 	r.Jain = round(measure.JainOfShares(granted, fair))
+	if lr, ok := e.mode.(leaseReporter); ok {
+		r.Lease = lr.leaseReport(e)
+	}
 	// Convergence after each event.
 	window := 1
 	if t := tightestInterval(e); t > 0 {

@@ -25,6 +25,7 @@ type Scenario struct {
 	Store       Store    `yaml:"store"`
 	Client      Client   `yaml:"client"`
 	Local       Local    `yaml:"local"`
+	Lease       Lease    `yaml:"lease"`
 	Members     []Group  `yaml:"members"`
 	Events      []Event  `yaml:"events"`
 
@@ -86,6 +87,21 @@ type Local struct {
 	Share float64 `yaml:"share"`
 }
 
+// Lease are the lease mode's settings: the store's (ttl, grace, policy, turn, join_window)
+// and the members' (renew, margin, fail_mode). Zero values take the lease package's
+// defaults.
+type Lease struct {
+	TTL        Duration `yaml:"ttl"`
+	Grace      Duration `yaml:"grace"`
+	Policy     string   `yaml:"policy"` // fair (default) or equal
+	Turn       Duration `yaml:"turn"`
+	JoinWindow Duration `yaml:"join_window"`
+	Renew      Duration `yaml:"renew"`
+	Margin     Duration `yaml:"margin"`
+	FailMode   string   `yaml:"fail_mode"` // local (default) or closed
+	line       int
+}
+
 // Group is a set of identical members, named NAME1..NAMEn.
 type Group struct {
 	Name       string   `yaml:"name"`
@@ -106,23 +122,25 @@ type Demand struct {
 	Off     Duration   `yaml:"off"`     // onoff: mean length of an off spell
 	Swing   float64    `yaml:"swing"`   // diurnal: relative amplitude in [0, 1]
 	Period  Duration   `yaml:"period"`  // diurnal: default 24h
+	Phase   Duration   `yaml:"phase"`   // diurnal: shifts the cycle (half a period: opposite)
 	Times   []Duration `yaml:"times"`   // times: one request at each time after join
 	line    int
 }
 
 // Event is something that happens at a time. Exactly one of its kinds is set.
 type Event struct {
-	At          Duration  `yaml:"at"`
-	Crash       Targets   `yaml:"crash"`        // members stop at once, giving nothing back
-	Leave       Targets   `yaml:"leave"`        // members leave gracefully
-	Join        Targets   `yaml:"join"`         // members join (again)
-	Pause       Targets   `yaml:"pause"`        // members freeze for For
-	StoreOutage *Duration `yaml:"store_outage"` // the store is down for this long
-	Partition   Targets   `yaml:"partition"`    // members are cut from the store for For
-	Heal        bool      `yaml:"heal"`         // every partition heals
-	Limit       *Limits   `yaml:"limit"`        // the API's limit (and the members') changes
-	For         Duration  `yaml:"for"`
-	line        int
+	At           Duration  `yaml:"at"`
+	Crash        Targets   `yaml:"crash"`         // members stop at once, giving nothing back
+	Leave        Targets   `yaml:"leave"`         // members leave gracefully
+	Join         Targets   `yaml:"join"`          // members join (again)
+	Pause        Targets   `yaml:"pause"`         // members freeze for For
+	StoreOutage  *Duration `yaml:"store_outage"`  // the store is down for this long
+	Partition    Targets   `yaml:"partition"`     // members are cut from the store for For
+	Heal         bool      `yaml:"heal"`          // every partition heals
+	Limit        *Limits   `yaml:"limit"`         // the API's limit (and the members') changes
+	StoreRestart bool      `yaml:"store_restart"` // the store restarts empty
+	For          Duration  `yaml:"for"`
+	line         int
 }
 
 // Targets names members: a member (w3), a group (w: all its members), or "all".
@@ -170,6 +188,10 @@ func (x *Store) UnmarshalYAML(n *yaml.Node) error {
 }
 func (x *Client) UnmarshalYAML(n *yaml.Node) error {
 	type plain Client
+	return yamlx.DecodeMapping(n, (*plain)(x), &x.line)
+}
+func (x *Lease) UnmarshalYAML(n *yaml.Node) error {
+	type plain Lease
 	return yamlx.DecodeMapping(n, (*plain)(x), &x.line)
 }
 func (x *Group) UnmarshalYAML(n *yaml.Node) error {
@@ -296,6 +318,9 @@ func (s *Scenario) check() error {
 	if s.Local.Share < 0 || s.Local.Share > 1 {
 		return bad(0, "local.share: want a fraction in (0, 1]")
 	}
+	if err := s.Lease.check(); err != nil {
+		return err
+	}
 	if len(s.Members) == 0 {
 		return bad(0, "members: none")
 	}
@@ -334,13 +359,13 @@ func (s *Scenario) check() error {
 		e := &s.Events[i]
 		kinds := 0
 		for _, set := range []bool{len(e.Crash) > 0, len(e.Leave) > 0, len(e.Join) > 0, len(e.Pause) > 0,
-			e.StoreOutage != nil, len(e.Partition) > 0, e.Heal, e.Limit != nil} {
+			e.StoreOutage != nil, len(e.Partition) > 0, e.Heal, e.Limit != nil, e.StoreRestart} {
 			if set {
 				kinds++
 			}
 		}
 		if kinds != 1 {
-			return bad(e.line, "events[%d]: want exactly one of crash, leave, join, pause, store_outage, partition, heal, limit", i)
+			return bad(e.line, "events[%d]: want exactly one of crash, leave, join, pause, store_outage, store_restart, partition, heal, limit", i)
 		}
 		if e.At < 0 || e.At.D() > s.Duration.D() {
 			return bad(e.line, "events[%d].at: outside the run (0 to %v)", i, s.Duration.D())
@@ -378,6 +403,24 @@ func (s *Scenario) knownTarget(name string) bool {
 		}
 	}
 	return false
+}
+
+func (l *Lease) check() error {
+	bad := func(format string, a ...any) error { return yamlx.AtLine(l.line, format, a...) }
+	switch l.Policy {
+	case "", "fair", "equal":
+	default:
+		return bad("lease.policy: want fair or equal, not %q", l.Policy)
+	}
+	switch l.FailMode {
+	case "", "local", "closed":
+	default:
+		return bad("lease.fail_mode: want local or closed, not %q", l.FailMode)
+	}
+	if l.TTL < 0 || l.Grace < 0 || l.Turn < 0 || l.JoinWindow < 0 || l.Renew < 0 || l.Margin < 0 {
+		return bad("lease: durations must not be negative")
+	}
+	return nil
 }
 
 func (d *Dist) check() error {

@@ -75,6 +75,13 @@ func TestDemoJSON(t *testing.T) {
 	if j["mode"] != "local" || j["limit"] != "20/s burst=10" {
 		t.Errorf("mode %v limit %v", j["mode"], j["limit"])
 	}
+	code, out, errs = run(t, "demo", "--mode", "lease", "--duration", "1s", "--workers", "3", "--json")
+	if code != 0 {
+		t.Fatalf("lease: exit %d: %s", code, errs)
+	}
+	if err := json.Unmarshal([]byte(out), &j); err != nil || j["mode"] != "lease" || j["violations"] != 0.0 {
+		t.Errorf("lease: %v %v", err, out)
+	}
 }
 
 func TestSimCommand(t *testing.T) {

@@ -23,10 +23,10 @@ func init() {
 }
 
 func runDemo(ctx context.Context, env Env, args []string) error {
-	fs := newFlags(env, "demo", "demo [--mode local|redis] [--redis-url redis://HOST:PORT] [--limit '20/s burst=10'] [--workers 8] [--duration 10s] [--json]")
+	fs := newFlags(env, "demo", "demo [--mode local|redis|lease] [--redis-url redis://HOST:PORT] [--limit '20/s burst=10'] [--workers 8] [--duration 10s] [--json]")
 	limits := sluice.MustParse("20/s burst=10")
 	fs.TextVar(&limits, "limit", limits, "the API's `limit`, enforced by the referee and obeyed by the pool (e.g. '1/6s', '100/s burst=20; 4500/h')")
-	mode := fs.String("mode", "local", "where decisions are made: `local` (in process) or redis (in the Redis at --redis-url)")
+	mode := fs.String("mode", "local", "where decisions are made: `local` (one limiter for the pool), redis (in the Redis at --redis-url) or lease (each worker a member deciding on its share, leased from an in-memory store)")
 	redisURL := fs.String("redis-url", "redis://127.0.0.1:6379", "redis mode: the `url` of the Redis that decides (redis://[user:pass@]host:port[/db])")
 	redisTimeout := fs.Duration("redis-timeout", sredis.DefaultTimeout, "redis mode: the longest wait for Redis before the fail mode answers")
 	failMode := fs.String("fail-mode", "closed", "redis mode: what answers while Redis is unreachable: `closed` (deny), open (allow) or local (a local limiter at --fallback-share of the limit)")
@@ -49,7 +49,7 @@ func runDemo(ctx context.Context, env Env, args []string) error {
 	}
 	cfg := demo.Config{Mode: *mode, Limits: limits, Workers: *workers, Duration: *dur, Margin: *margin, Seed: *seed}
 	switch *mode {
-	case "local":
+	case "local", "lease":
 	case "redis":
 		nl, err := redisLimiter(*redisURL, *redisTimeout, *failMode, *share)
 		if err != nil {
@@ -57,7 +57,7 @@ func runDemo(ctx context.Context, env Env, args []string) error {
 		}
 		cfg.NewLimiter = nl
 	default:
-		return usagef("--mode %q: not built yet (modes: local, redis)", *mode)
+		return usagef("--mode %q: not built yet (modes: local, redis, lease)", *mode)
 	}
 	if isTerminal(env.Stderr) {
 		cfg.Progress = func(p demo.Progress) {

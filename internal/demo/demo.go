@@ -1,8 +1,10 @@
 // Package demo runs `sluice demo`: in one process, a referee (the rate-limited API) on a
-// free loopback port, and a pool of workers that call it through one shared limiter and
-// the HTTP transport, joining and leaving during the run with bursty demand well above
-// the limit. It reports what the referee accepted and rejected, the utilization of the
-// limit and how fairly the workers shared it.
+// free loopback port, and a pool of workers that call it through the HTTP transport,
+// joining and leaving during the run with bursty demand well above the limit: through one
+// shared limiter (local mode), or each through its own limiter as separate processes would
+// (lease mode: each worker a member of the limit's pool on an in-memory store). It reports
+// what the referee accepted and rejected, the utilization of the limit and how fairly the
+// workers shared it.
 package demo
 
 import (
@@ -20,12 +22,13 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/measure"
+	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/referee"
 )
 
 // Config is one demo run.
 type Config struct {
-	Mode     string        // "local" or "redis" (the latter through NewLimiter)
+	Mode     string        // "local", "lease" (through NewWorkerLimiter) or "redis" (through NewLimiter)
 	Limits   sluice.Limits // the API's limit, enforced by the referee and obeyed by the pool
 	Workers  int           // pool size (default 8)
 	Duration time.Duration // run length (default 10s)
@@ -36,6 +39,16 @@ type Config struct {
 	// NewLimiter, if set, makes the pool's limiter for modes other than local (each later
 	// mode plugs in here). It gets the limits and the margin.
 	NewLimiter func(ctx context.Context, limits sluice.Limits, margin time.Duration) (*sluice.Limiter, func(), error)
+	// NewWorkerLimiter, if set, makes each worker its own limiter, as separate processes
+	// would have (worker counts from 0). The returned func closes it; a worker calls it
+	// when it leaves. Lease mode sets it when it is nil: each worker a member of the
+	// limit's pool on one in-memory store.
+	NewWorkerLimiter func(ctx context.Context, worker int, limits sluice.Limits, margin time.Duration) (*sluice.Limiter, func(), error)
+	// Lease, for lease mode, are the store's settings (zero: lease.DefaultConfig()).
+	Lease lease.Config
+	// LeaseMember, for lease mode, are the members' settings (zero:
+	// lease.DefaultMemberConfig()).
+	LeaseMember lease.MemberConfig
 }
 
 // Progress is a snapshot during the run.
@@ -145,25 +158,57 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 		<-srvDone
 	}()
 
-	var lim *sluice.Limiter
-	closeLim := func() {}
-	switch {
-	case cfg.NewLimiter != nil:
-		lim, closeLim, err = cfg.NewLimiter(ctx, cfg.Limits, cfg.Margin)
-	case cfg.Mode == "local":
-		lim, err = sluice.New(cfg.Limits, sluice.WithMargin(cfg.Margin))
-		closeLim = func() { lim.Close() }
-	default:
-		err = fmt.Errorf("demo: mode %q is not built yet (see the README's modes table)", cfg.Mode)
+	if cfg.Mode == "lease" && cfg.NewWorkerLimiter == nil {
+		f, err := leaseWorkers(cfg)
+		if err != nil {
+			return Summary{}, err
+		}
+		cfg.NewWorkerLimiter = f
 	}
-	if err != nil {
-		return Summary{}, err
-	}
-	defer closeLim()
-
 	base := &http.Transport{MaxIdleConnsPerHost: 2 * cfg.Workers, IdleConnTimeout: 30 * time.Second}
 	defer base.CloseIdleConnections()
-	client := &http.Client{Transport: &sluice.Transport{Limiter: lim, Base: base, Key: sluice.KeyByToken}}
+	client := func(l *sluice.Limiter) *http.Client {
+		return &http.Client{Transport: &sluice.Transport{Limiter: l, Base: base, Key: sluice.KeyByToken}}
+	}
+	// One shared limiter (local mode, or NewLimiter), or one per worker.
+	clients := make([]*http.Client, cfg.Workers)
+	closers := make([]func(), cfg.Workers)
+	if cfg.NewWorkerLimiter != nil {
+		defer func() {
+			for _, c := range closers {
+				if c != nil {
+					c()
+				}
+			}
+		}()
+		for i := range clients {
+			l, closeL, err := cfg.NewWorkerLimiter(ctx, i, cfg.Limits, cfg.Margin)
+			if err != nil {
+				return Summary{}, err
+			}
+			var once sync.Once
+			clients[i], closers[i] = client(l), func() { once.Do(closeL) }
+		}
+	} else {
+		var lim *sluice.Limiter
+		closeLim := func() {}
+		switch {
+		case cfg.NewLimiter != nil:
+			lim, closeLim, err = cfg.NewLimiter(ctx, cfg.Limits, cfg.Margin)
+		case cfg.Mode == "local":
+			lim, err = sluice.New(cfg.Limits, sluice.WithMargin(cfg.Margin))
+			closeLim = func() { lim.Close() }
+		default:
+			err = fmt.Errorf("demo: mode %q is not built yet (see the README's modes table)", cfg.Mode)
+		}
+		if err != nil {
+			return Summary{}, err
+		}
+		defer closeLim()
+		for i := range clients {
+			clients[i] = client(lim)
+		}
+	}
 	url := "http://" + ln.Addr().String() + "/v1/work"
 
 	dur := cfg.Duration.Seconds()
@@ -179,7 +224,10 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w.run(runCtx, client, url, start)
+			w.run(runCtx, clients[i], url, start)
+			if closers[i] != nil {
+				closers[i]() // a worker that leaves hands its share back at once
+			}
 		}()
 	}
 	if cfg.Progress != nil {
@@ -263,7 +311,13 @@ func (w *worker) call(ctx context.Context, client *http.Client, url string) {
 	req.Header.Set("Authorization", "Bearer demo-token")
 	resp, err := client.Do(req)
 	if err != nil {
-		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) && !errors.Is(err, sluice.ErrThrottled) {
+		var te *sluice.ThrottledError
+		switch {
+		case errors.As(err, &te):
+			// The permit lies beyond the spell (or the wait bound): honour RetryAfter,
+			// within the spell, rather than ask again at once.
+			sleepUntil(ctx, time.Now().Add(max(te.RetryAfter, time.Millisecond)))
+		case !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled):
 			time.Sleep(10 * time.Millisecond) // a transport error: do not spin
 		}
 		return
@@ -291,6 +345,36 @@ func sleepUntil(ctx context.Context, t time.Time) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// leaseWorkers returns lease mode's per-worker limiters: one in-memory store, and each
+// worker a member of the limit's pool (named w1, w2, ...), deciding in its own process's
+// stead on its leased share.
+func leaseWorkers(cfg Config) (func(context.Context, int, sluice.Limits, time.Duration) (*sluice.Limiter, func(), error), error) {
+	lc := cfg.Lease
+	if lc == (lease.Config{}) {
+		lc = lease.DefaultConfig()
+	}
+	mc := cfg.LeaseMember
+	if mc == (lease.MemberConfig{}) {
+		mc = lease.DefaultMemberConfig()
+	}
+	store, err := lease.NewMemStore(lc, nil)
+	if err != nil {
+		return nil, err
+	}
+	return func(_ context.Context, i int, limits sluice.Limits, margin time.Duration) (*sluice.Limiter, func(), error) {
+		b, err := lease.New(store, lease.WithID(fmt.Sprintf("w%d", i+1)), lease.WithMemberConfig(mc))
+		if err != nil {
+			return nil, nil, err
+		}
+		l, err := sluice.New(limits, sluice.WithMargin(margin), sluice.WithBackend(b))
+		if err != nil {
+			b.Close()
+			return nil, nil, err
+		}
+		return l, func() { l.Close(); b.Close() }, nil
+	}, nil
 }
 
 func minTime(a, b time.Time) time.Time {

@@ -1,0 +1,578 @@
+package lease
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/gcra"
+)
+
+// Defaults of the backend beyond MemberConfig.
+const (
+	DefaultIdleAfter    = time.Minute            // a key with no decision for this long is released and forgotten
+	DefaultStoreTimeout = 500 * time.Millisecond // a store round trip that takes longer has failed
+)
+
+// Backend is the lease mode's backend (a backend.Backend for sluice.WithBackend): one
+// member of every limit it decides, deciding in process at memory speed on the share it
+// leases from a Store. One goroutine renews the leases (batched into one store round trip
+// per renewal for all keys), and Close stops it and hands every share back.
+//
+// It is safe for concurrent use. Make one with New; the zero value is not usable.
+type Backend struct {
+	store     Store
+	clock     clock.Clock
+	id        string
+	mcfg      MemberConfig
+	idleAfter int64
+	timeout   time.Duration
+	observer  Observer
+
+	recs       sync.Map // recordKey -> *rec
+	wake       chan struct{}
+	quit       chan struct{}
+	done       chan struct{}
+	closed     atomic.Bool
+	roundTrips atomic.Int64
+	closeOnce  sync.Once
+}
+
+var (
+	_ backend.Backend = (*Backend)(nil)
+	_ backend.Allower = (*Backend)(nil)
+)
+
+// rec is the member's side of one key's limit.
+type rec struct {
+	key     string
+	mu      sync.Mutex
+	m       *Member
+	changed chan struct{} // closed (and replaced) whenever an answer from the store arrives
+}
+
+// Observer is told, after every answer from the store, what a member holds of one limit
+// (its share, epoch, lease expiry, demand, used against granted). ObserveLease is called
+// from the renewal goroutine: it must be fast and must not call the backend.
+type Observer interface {
+	ObserveLease(Status)
+}
+
+// ObserverFunc adapts a function to an Observer.
+type ObserverFunc func(Status)
+
+// ObserveLease calls f(s).
+func (f ObserverFunc) ObserveLease(s Status) { f(s) }
+
+// Option configures a Backend.
+type Option interface{ apply(*Backend) }
+
+type optionFunc func(*Backend)
+
+func (f optionFunc) apply(b *Backend) { f(b) }
+
+// WithClock sets the clock (default clock.Default).
+func WithClock(c clock.Clock) Option { return optionFunc(func(b *Backend) { b.clock = c }) }
+
+// WithID names the member (default: host name, process id and a random suffix). Members
+// of one limit need distinct names; two backends with the same name count as one member
+// that restarted.
+func WithID(id string) Option { return optionFunc(func(b *Backend) { b.id = id }) }
+
+// WithMemberConfig sets the member's settings (default DefaultMemberConfig()).
+func WithMemberConfig(c MemberConfig) Option { return optionFunc(func(b *Backend) { b.mcfg = c }) }
+
+// WithRenewEvery sets how often leases are renewed (MemberConfig.RenewEvery).
+func WithRenewEvery(d time.Duration) Option {
+	return optionFunc(func(b *Backend) { b.mcfg.RenewEvery = d })
+}
+
+// WithIdleAfter sets how long a key may go without a decision before its share is handed
+// back and the key forgotten (default DefaultIdleAfter).
+func WithIdleAfter(d time.Duration) Option {
+	return optionFunc(func(b *Backend) { b.idleAfter = int64(d) })
+}
+
+// WithStoreTimeout bounds each store round trip (default DefaultStoreTimeout).
+func WithStoreTimeout(d time.Duration) Option {
+	return optionFunc(func(b *Backend) { b.timeout = d })
+}
+
+// WithObserver sets a hook told what the member holds after every answer from the store.
+func WithObserver(o Observer) Option { return optionFunc(func(b *Backend) { b.observer = o }) }
+
+// New returns a member of the limits it will be asked to decide, sharing them through
+// store, and starts its renewal goroutine. Close it to hand its shares back.
+func New(store Store, opts ...Option) (*Backend, error) {
+	if store == nil {
+		return nil, fmt.Errorf("%w: no store", ErrInvalidConfig)
+	}
+	b := &Backend{store: store, clock: clock.Default, mcfg: DefaultMemberConfig(), idleAfter: int64(DefaultIdleAfter),
+		timeout: DefaultStoreTimeout, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
+	for _, o := range opts {
+		o.apply(b)
+	}
+	if err := b.mcfg.Validate(); err != nil {
+		return nil, err
+	}
+	if b.timeout <= 0 || b.idleAfter <= 0 {
+		return nil, fmt.Errorf("%w: store timeout and idle time must be positive", ErrInvalidConfig)
+	}
+	if b.id == "" {
+		host, _ := os.Hostname()
+		b.id = fmt.Sprintf("%s-%d-%08x", host, os.Getpid(), rand.Uint32())
+	}
+	go b.run()
+	return b, nil
+}
+
+// ID returns the member's name.
+func (b *Backend) ID() string { return b.id }
+
+// RoundTrips returns how many round trips to the store the backend has made.
+func (b *Backend) RoundTrips() int64 { return b.roundTrips.Load() }
+
+// rec returns the record of key under l, creating it.
+func (b *Backend) rec(key string, l gcra.Limit) *rec {
+	k := recordKey{key, l}
+	if v, ok := b.recs.Load(k); ok {
+		return v.(*rec)
+	}
+	r := &rec{key: key, m: NewMember(b.id, l, b.mcfg, b.clock.Nanotime()), changed: make(chan struct{})}
+	v, loaded := b.recs.LoadOrStore(k, r)
+	if !loaded {
+		b.nudge()
+	}
+	return v.(*rec)
+}
+
+// records returns key's records for limits, in the order of limits, using out's storage.
+func (b *Backend) records(key string, limits []gcra.Limit, out *[gcra.MaxLimits]*rec) []*rec {
+	rs := out[:len(limits)]
+	for i, l := range limits {
+		rs[i] = b.rec(key, l)
+	}
+	return rs
+}
+
+// lock locks rs (once each: two equal limits are one record) in a fixed order, and
+// reports false (unlocking) if one was released (an idle key forgotten meanwhile): the
+// caller then takes fresh records.
+func lock(rs []*rec) bool {
+	order := rs
+	if len(rs) > 1 {
+		order = slices.Clone(rs)
+		slices.SortFunc(order, func(a, b *rec) int {
+			if c := cmp.Compare(a.m.limit.T, b.m.limit.T); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.m.limit.Tau, b.m.limit.Tau)
+		})
+		order = slices.Compact(order)
+	}
+	for i, r := range order {
+		r.mu.Lock()
+		if r.m.Released() {
+			for _, u := range order[:i+1] {
+				u.mu.Unlock()
+			}
+			return false
+		}
+	}
+	return true
+}
+
+func unlock(rs []*rec) {
+	for i, r := range rs {
+		if !slices.Contains(rs[:i], r) {
+			r.mu.Unlock()
+		}
+	}
+}
+
+func (b *Backend) nudge() {
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Decide decides req for key on the member's shares (see backend.Backend). A key seen for
+// the first time joins its limits' pools first (one store round trip). When the member
+// holds no usable share, or the permits would fall after its lease's end, Decide waits
+// for the next renewal within req.MaxDelay (a caller that may wait), and otherwise
+// answers with a denial whose RetryAfter says when to ask again.
+func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (backend.Grant, error) {
+	if b.closed.Load() {
+		return backend.Grant{}, backend.ErrClosed
+	}
+	if err := gcra.ValidateLimits(req.Limits); err != nil {
+		return backend.Grant{}, err
+	}
+	if req.N > gcra.MaxCost(req.Limits) {
+		return backend.Grant{}, gcra.ErrCostExceedsBurst
+	}
+	md := int64(max(req.MaxDelay, 0))
+	start := b.clock.Nanotime()
+	var ms [gcra.MaxLimits]*Member
+	var buf [gcra.MaxLimits]*rec
+	joins := 0
+	for pass := 0; ; pass++ {
+		rs := b.records(key, req.Limits, &buf)
+		if !lock(rs) {
+			b.forget(key, req.Limits)
+			continue
+		}
+		now := b.clock.Nanotime()
+		left := max(md-(now-start), 0)
+		for i, r := range rs {
+			ms[i] = r.m
+		}
+		res, tk, out, err := decide(ms[:len(rs)], now, req.N, left, pass == 0)
+		var ch <-chan struct{}
+		joining := false
+		if out == NoLease || out == LeaseEnds || out == TooFar {
+			ch = rs[0].changed
+			for _, r := range rs {
+				if r.m.Joining() {
+					// A key seen for the first time: its first decision waits for the
+					// joins and the first share (or their failure), whatever the
+					// caller's bound.
+					ch, joining = r.changed, true
+					break
+				}
+				if !r.m.usable(now) {
+					ch = r.changed
+				}
+			}
+		}
+		unlock(rs)
+		if err != nil {
+			return backend.Grant{}, err
+		}
+		if out == Granted || out == Throttled {
+			return backend.Grant{Result: res, Ticket: tk}, nil
+		}
+		wait := time.Duration(left)
+		switch {
+		case out == TooFar:
+			wait = time.Duration(max(res.RetryAfter, 1)) // then book it, within the horizon
+		case joining:
+			b.nudge()
+			wait = b.timeout
+			if joins++; joins > 8 {
+				return backend.Grant{Result: gcra.Result{RetryAfter: res.RetryAfter}}, nil
+			}
+		case wait <= 0:
+			b.nudge()
+			return backend.Grant{Result: gcra.Result{RetryAfter: res.RetryAfter, ResetAfter: res.ResetAfter}}, nil
+		default:
+			b.nudge()
+		}
+		b.waiting(rs, 1)
+		err = b.waitChange(ctx, ch, wait)
+		b.waiting(rs, -1)
+		if err != nil {
+			return backend.Grant{}, err
+		}
+		if joining {
+			start = b.clock.Nanotime() // the caller's bound counts from the join
+		}
+	}
+}
+
+// waiting tells rs's members that a caller starts or stops waiting for a share.
+func (b *Backend) waiting(rs []*rec, delta int) {
+	for i, r := range rs {
+		if !slices.Contains(rs[:i], r) {
+			r.mu.Lock()
+			r.m.Wait(delta)
+			r.mu.Unlock()
+		}
+	}
+}
+
+// waitChange waits until ch is closed, d has passed, ctx is done or the backend closes.
+func (b *Backend) waitChange(ctx context.Context, ch <-chan struct{}, d time.Duration) error {
+	t := b.clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return nil
+	case <-t.C():
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-b.quit:
+		return backend.ErrClosed
+	}
+}
+
+// forget drops released records of key so that fresh ones are made.
+func (b *Backend) forget(key string, limits []gcra.Limit) {
+	for _, l := range limits {
+		k := recordKey{key, l}
+		if v, ok := b.recs.Load(k); ok {
+			r := v.(*rec)
+			r.mu.Lock()
+			rel := r.m.Released()
+			r.mu.Unlock()
+			if rel {
+				b.recs.CompareAndDelete(k, r)
+			}
+		}
+	}
+}
+
+// AllowOne takes one permit for key under l if one is free now (backend.Allower).
+func (b *Backend) AllowOne(ctx context.Context, key string, l gcra.Limit) (bool, error) {
+	if b.closed.Load() {
+		return false, backend.ErrClosed
+	}
+	if v, ok := b.recs.Load(recordKey{key, l}); ok {
+		r := v.(*rec)
+		r.mu.Lock()
+		if !r.m.Released() {
+			if allowed, ok := r.m.AllowOne(b.clock.Nanotime()); ok {
+				r.mu.Unlock()
+				return allowed, nil
+			}
+		}
+		r.mu.Unlock()
+	}
+	g, err := b.Decide(ctx, key, backend.Request{Limits: []gcra.Limit{l}, N: 1})
+	return g.Allowed, err
+}
+
+// Adjust settles a grant (see backend.Backend and lease.Adjust).
+func (b *Backend) Adjust(_ context.Context, key string, limits []gcra.Limit, t gcra.Ticket, newN int64) error {
+	if b.closed.Load() {
+		return backend.ErrClosed
+	}
+	if err := gcra.ValidateLimits(limits); err != nil {
+		return err
+	}
+	var buf [gcra.MaxLimits]*rec
+	rs := b.records(key, limits, &buf)
+	if !lock(rs) {
+		return nil // the key was forgotten: nothing left to settle
+	}
+	defer unlock(rs)
+	var ms [gcra.MaxLimits]*Member
+	for i, r := range rs {
+		ms[i] = r.m
+	}
+	return Adjust(ms[:len(rs)], b.clock.Nanotime(), t, newN)
+}
+
+// Penalize holds key back for d: at once in this member, and in the whole pool as soon
+// as the others renew (within one renewal interval), through the store.
+func (b *Backend) Penalize(ctx context.Context, key string, limits []gcra.Limit, d time.Duration) error {
+	if b.closed.Load() {
+		return backend.ErrClosed
+	}
+	if err := gcra.ValidateLimits(limits); err != nil {
+		return err
+	}
+	if d <= 0 {
+		return nil
+	}
+	var buf [gcra.MaxLimits]*rec
+	rs := b.records(key, limits, &buf)
+	if !lock(rs) {
+		b.forget(key, limits)
+		if rs = b.records(key, limits, &buf); !lock(rs) {
+			return nil
+		}
+	}
+	var ms [gcra.MaxLimits]*Member
+	for i, r := range rs {
+		ms[i] = r.m
+	}
+	now := b.clock.Nanotime()
+	k := Penalize(ms[:len(rs)], now, now+int64(d))
+	req := ms[k].PenalizeRequest(now, now+int64(d))
+	unlock(rs)
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	b.roundTrips.Add(1)
+	res, err := b.store.Apply(ctx, []Call{{Key: key, Limit: limits[k], Req: req}})
+	if err == nil {
+		err = res[0].Err
+	}
+	if err != nil {
+		return fmt.Errorf("sluice lease: report the penalty on %q: %w", key, err)
+	}
+	return nil
+}
+
+// Leases returns what the member holds of every limit it decides, now.
+func (b *Backend) Leases() []Status {
+	now := b.clock.Nanotime()
+	var out []Status
+	b.recs.Range(func(_, v any) bool {
+		r := v.(*rec)
+		r.mu.Lock()
+		st := r.m.Status(now)
+		r.mu.Unlock()
+		st.Key = r.key
+		out = append(out, st)
+		return true
+	})
+	slices.SortFunc(out, func(a, b Status) int {
+		if c := cmp.Compare(a.Key, b.Key); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Limit.T, b.Limit.T)
+	})
+	return out
+}
+
+// Close stops the renewal goroutine and hands every share back to the store at once (one
+// round trip). Later calls return backend.ErrClosed. It returns the store's error, if the
+// release could not be delivered (the shares then end with their leases).
+func (b *Backend) Close() error {
+	var err error
+	b.closeOnce.Do(func() {
+		b.closed.Store(true)
+		close(b.quit)
+		<-b.done
+		now := b.clock.Nanotime()
+		var calls []Call
+		b.recs.Range(func(k, v any) bool {
+			r := v.(*rec)
+			r.mu.Lock()
+			if req, ok := r.m.Release(now); ok {
+				calls = append(calls, Call{Key: r.key, Limit: r.m.limit, Req: req})
+			}
+			r.mu.Unlock()
+			b.recs.Delete(k)
+			return true
+		})
+		if len(calls) > 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+			defer cancel()
+			b.roundTrips.Add(1)
+			if _, e := b.store.Apply(ctx, calls); e != nil {
+				err = fmt.Errorf("sluice lease: release on close: %w", e)
+			}
+		}
+	})
+	return err
+}
+
+// run is the renewal goroutine: it sends what is due (in one round trip), applies the
+// answers, and sleeps until the next due time or a nudge.
+func (b *Backend) run() {
+	defer close(b.done)
+	t := b.clock.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		next := b.round()
+		select {
+		case <-b.quit:
+			return
+		default:
+		}
+		t.Reset(time.Duration(max(next-b.clock.Nanotime(), 0)))
+		select {
+		case <-t.C():
+		case <-b.wake:
+		case <-b.quit:
+			return
+		}
+	}
+}
+
+type pending struct {
+	r     *rec
+	nonce uint64
+}
+
+// round sends every request due within a quarter of a renewal interval in one round trip,
+// applies the answers, and returns when the next is due.
+func (b *Backend) round() int64 {
+	now := b.clock.Nanotime()
+	early := int64(b.mcfg.RenewEvery) / 4
+	var calls []Call
+	var owners []pending
+	b.recs.Range(func(k, v any) bool {
+		r := v.(*rec)
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.m.Released() {
+			return true
+		}
+		if r.m.Idle(now, b.idleAfter) {
+			if req, ok := r.m.Release(now); ok {
+				calls = append(calls, Call{Key: r.key, Limit: r.m.limit, Req: req})
+				owners = append(owners, pending{})
+			}
+			b.recs.CompareAndDelete(k, r)
+			return true
+		}
+		if req, ok := r.m.Request(now, early); ok {
+			calls = append(calls, Call{Key: r.key, Limit: r.m.limit, Req: req})
+			owners = append(owners, pending{r, req.Nonce})
+		}
+		return true
+	})
+	if len(calls) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+		b.roundTrips.Add(1)
+		res, err := b.store.Apply(ctx, calls)
+		cancel()
+		if err == nil && len(res) != len(calls) {
+			err = fmt.Errorf("%w: %d answers to %d requests", ErrUnavailable, len(res), len(calls))
+		}
+		if err != nil && !errors.Is(err, ErrUnavailable) {
+			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		now = b.clock.Nanotime()
+		for i, p := range owners {
+			if p.r == nil {
+				continue
+			}
+			var rep Reply
+			e := err
+			if e == nil {
+				rep, e = res[i].Reply, res[i].Err
+			}
+			p.r.mu.Lock()
+			p.r.m.Receive(now, p.nonce, rep, e)
+			close(p.r.changed)
+			p.r.changed = make(chan struct{})
+			var st Status
+			if b.observer != nil {
+				st = p.r.m.Status(now)
+				st.Key = p.r.key
+			}
+			p.r.mu.Unlock()
+			if b.observer != nil {
+				b.observer.ObserveLease(st)
+			}
+		}
+	}
+	next := int64(math.MaxInt64)
+	b.recs.Range(func(_, v any) bool {
+		r := v.(*rec)
+		r.mu.Lock()
+		next = min(next, r.m.Due(now), r.m.lastCall+b.idleAfter)
+		r.mu.Unlock()
+		return true
+	})
+	if next == math.MaxInt64 {
+		next = now + int64(time.Hour)
+	}
+	return next
+}

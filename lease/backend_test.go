@@ -1,0 +1,350 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/backend/backendtest"
+	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/gcra"
+)
+
+// TestMain fails the package if a test leaves a goroutine behind: the renewal goroutine
+// must end with Close.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var bg = context.Background()
+
+// TestConformance: a single member holding the whole limit decides exactly as the local
+// backend does. Leases outlast the suite's virtual time, so renewals (which could shrink
+// an idle member's share) never come into it.
+func TestConformance(t *testing.T) {
+	factory := func(t *testing.T, clk *clock.Virtual) backend.Backend {
+		c := DefaultConfig()
+		c.TTL = time.Hour
+		c.JoinWindow = 0 // a single member: nobody to share the first burst with
+		st, err := NewMemStore(c, clk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := New(st, WithClock(clk), WithRenewEvery(10*time.Minute), WithIdleAfter(time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	backendtest.Run(t, factory)
+	t.Run("Allower", func(t *testing.T) { backendtest.RunAllower(t, factory) })
+}
+
+// cluster is several members (backends) sharing one in-memory store in virtual time.
+type cluster struct {
+	t       *testing.T
+	clk     *clock.Virtual
+	store   *MemStore
+	cut     []*cutStore
+	members []*Backend
+	limit   gcra.Limit
+	mu      sync.Mutex
+	permits []int64
+	granted []int64
+}
+
+// cutStore is a member's link to the store, which a test can cut (a crash or partition).
+type cutStore struct {
+	Store
+	cut atomic.Bool
+}
+
+func (c *cutStore) Apply(ctx context.Context, calls []Call) ([]Result, error) {
+	if c.cut.Load() {
+		return nil, ErrUnavailable
+	}
+	return c.Store.Apply(ctx, calls)
+}
+
+func newCluster(t *testing.T, l gcra.Limit, n int, cfg Config) *cluster {
+	clk := clock.NewVirtual()
+	clk.Set(int64(time.Hour))
+	// The test's goroutine both decides and moves the clock: a first decision that waited
+	// for a join window would wait for ever.
+	cfg.JoinWindow = 0
+	st, err := NewMemStore(cfg, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cluster{t: t, clk: clk, store: st, limit: l}
+	for range n {
+		c.add()
+	}
+	t.Cleanup(func() {
+		for _, m := range c.members {
+			m.Close()
+		}
+	})
+	return c
+}
+
+func (c *cluster) add() int {
+	i := len(c.members)
+	cs := &cutStore{Store: c.store}
+	b, err := New(cs, WithClock(c.clk), WithID(fmt.Sprint("m", i)), WithRenewEvery(100*time.Millisecond),
+		WithMemberConfig(MemberConfig{RenewEvery: 100 * time.Millisecond, Margin: 5 * time.Millisecond}))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.cut = append(c.cut, cs)
+	c.members = append(c.members, b)
+	c.granted = append(c.granted, 0)
+	return i
+}
+
+// settle waits until every live member's renewal goroutine is parked on the clock.
+func (c *cluster) settle(live int) {
+	ctx, cancel := context.WithTimeout(bg, 10*time.Second)
+	defer cancel()
+	if err := c.clk.BlockUntil(ctx, live); err != nil {
+		c.t.Fatalf("members did not settle: %v", err)
+	}
+}
+
+// run advances virtual time by d in steps of 1 ms; at each step, every member in busy
+// tries to take permits until it is denied (saturated demand).
+func (c *cluster) run(d time.Duration, busy []int, live int) {
+	for end := c.clk.Nanotime() + int64(d); c.clk.Nanotime() < end; {
+		c.clk.Advance(time.Millisecond)
+		c.settle(live)
+		for _, i := range busy {
+			for range 50 {
+				ok, err := c.members[i].AllowOne(bg, "api", c.limit)
+				if err != nil {
+					c.t.Fatal(err)
+				}
+				if !ok {
+					break
+				}
+				c.permits = append(c.permits, c.clk.Nanotime())
+				c.granted[i]++
+			}
+		}
+	}
+}
+
+// conform checks every permit granted against the limit, strictly.
+func (c *cluster) conform() {
+	c.t.Helper()
+	ps := slices.Clone(c.permits)
+	slices.Sort(ps)
+	var tat int64
+	for i, at := range ps {
+		var ok bool
+		if tat, ok = gcra.AllowOne(tat, c.limit, at); !ok {
+			c.t.Fatalf("permit %d of %d at %v broke the limit", i, len(ps), time.Duration(at))
+		}
+	}
+}
+
+func (c *cluster) share(i int) Share {
+	for _, st := range c.members[i].Leases() {
+		return st.Share
+	}
+	return Share{}
+}
+
+// TestMembersShareALimit: three members with saturated demand on 100/s burst 9 end up
+// with a third each, use the limit (no more), and never break it.
+func TestMembersShareALimit(t *testing.T) {
+	l := lim(100, time.Second, 9)
+	c := newCluster(t, l, 3, DefaultConfig())
+	c.run(3*time.Second, []int{0, 1, 2}, 3)
+	for i := range 3 {
+		if got := c.share(i); got.Burst != 3 || got.Rate < RateScale/3 || got.Rate > RateScale/3+1 {
+			t.Errorf("member %d: share %+v, want a third", i, got)
+		}
+		t.Logf("member %d granted %d", i, c.granted[i])
+	}
+	c.conform()
+	before := slices.Clone(c.granted)
+	c.run(2*time.Second, []int{0, 1, 2}, 3)
+	var total int64
+	for i := range 3 {
+		total += c.granted[i] - before[i]
+	}
+	// 2 s at 100/s: 200 permits (201 in a closed window); a third each, give or take the
+	// rounding of shares.
+	if total < 196 || total > 201 {
+		t.Errorf("%d permits in 2 s at steady state, want about 200", total)
+	}
+	c.conform()
+	t.Logf("%d store round trips for 3 members over 5 s", c.store.RoundTrips())
+	// Renewals every 100 ms, every 50 ms while held back in a contended pool: about 20 a
+	// second each, whatever the request rate.
+	if ops := c.store.RoundTrips(); ops > 3*5*24 {
+		t.Errorf("%d store round trips for 3 members over 5 s: more than a handful a second each", ops)
+	}
+}
+
+// TestCloseHandsTheShareBack: when a member closes, the others get its share at their next
+// renewal, not after its lease would have ended.
+func TestCloseHandsTheShareBack(t *testing.T) {
+	l := lim(100, time.Second, 10)
+	c := newCluster(t, l, 2, DefaultConfig())
+	c.run(time.Second, []int{0, 1}, 2)
+	if got := c.share(1); got.Rate != RateScale/2 {
+		t.Fatalf("member 1 share %+v, want half", got)
+	}
+	if err := c.members[0].Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.members[0].Decide(bg, "api", backend.Request{Limits: []gcra.Limit{l}, N: 1}); !errors.Is(err, backend.ErrClosed) {
+		t.Errorf("Decide after Close: %v", err)
+	}
+	c.run(250*time.Millisecond, []int{1}, 1)
+	if got := c.share(1); got != (Share{RateScale, 10}) {
+		t.Errorf("250 ms after the other closed: share %+v, want the whole limit", got)
+	}
+	c.conform()
+}
+
+// TestCrashedMemberReclaimed: a member cut off from the store (as a crashed one is) keeps
+// deciding on its lease for TTL + Grace at most; its share goes to the other within TTL +
+// Grace + a renewal interval, and the limit holds throughout.
+func TestCrashedMemberReclaimed(t *testing.T) {
+	l := lim(100, time.Second, 10)
+	cfg := DefaultConfig() // TTL 1 s, Grace 500 ms
+	c := newCluster(t, l, 2, cfg)
+	c.run(time.Second, []int{0, 1}, 2)
+	c.cut[0].cut.Store(true)
+	cutAt := c.clk.Nanotime()
+	var whole int64
+	for range 2000 {
+		c.run(time.Millisecond, []int{0, 1}, 2)
+		if c.share(1).Rate == RateScale && whole == 0 {
+			whole = c.clk.Nanotime() - cutAt
+		}
+	}
+	t.Logf("the survivor had the whole limit %v after the cut", time.Duration(whole))
+	if whole == 0 || whole > int64(cfg.TTL+cfg.Grace+100*time.Millisecond) {
+		t.Errorf("the survivor had the whole limit %v after the cut, want within TTL + Grace + a renewal", time.Duration(whole))
+	}
+	if st := c.members[0].Leases()[0]; st.Expires != 0 || st.Err == nil {
+		t.Errorf("the cut member still uses its lease: %+v", st)
+	}
+	c.conform()
+}
+
+// TestStoreRestart: the store restarts empty; members find their epochs stale, join again,
+// and get nothing until every lease granted before has ended; the limit holds.
+func TestStoreRestart(t *testing.T) {
+	l := lim(100, time.Second, 10)
+	c := newCluster(t, l, 2, DefaultConfig())
+	c.run(time.Second, []int{0, 1}, 2)
+	c.store.Restart()
+	c.run(3*time.Second, []int{0, 1}, 2)
+	for i := range 2 {
+		if st := c.members[i].Leases()[0]; st.Share.Rate != RateScale/2 || st.Epoch.Incarnation == 0 {
+			t.Errorf("member %d after the restart: %+v", i, st)
+		}
+	}
+	c.conform()
+}
+
+// TestOutageFailLocal: a store outage shorter than the lease plus its grace goes
+// unnoticed; a longer one stops the members (fail mode local), which resume afterwards.
+func TestOutageFailLocal(t *testing.T) {
+	l := lim(100, time.Second, 10)
+	c := newCluster(t, l, 1, DefaultConfig())
+	c.run(time.Second, []int{0}, 1)
+	c.store.SetDown(true)
+	before := c.granted[0]
+	c.run(time.Second, []int{0}, 1)
+	if got := c.granted[0] - before; got < 95 {
+		t.Errorf("%d permits in the first second of the outage, want the full rate on the lease", got)
+	}
+	c.run(2*time.Second, []int{0}, 1)
+	before = c.granted[0]
+	c.run(time.Second, []int{0}, 1)
+	if got := c.granted[0] - before; got != 0 {
+		t.Errorf("%d permits 3 s into the outage, after the lease and its grace ended", got)
+	}
+	c.store.SetDown(false)
+	c.run(time.Second, []int{0}, 1)
+	if got := c.granted[0] - before; got < 50 {
+		t.Errorf("%d permits in the second after the outage, want the member back", got)
+	}
+	c.conform()
+}
+
+// TestWaitForCapacity: a caller that may wait is served when the share arrives, rather
+// than told to retry.
+func TestWaitForCapacity(t *testing.T) {
+	l := lim(10, time.Second, 2)
+	cfg := DefaultConfig()
+	cfg.JoinWindow = 0
+	c := newCluster(t, l, 1, cfg)
+	g, err := c.members[0].Decide(bg, "api", backend.Request{Limits: []gcra.Limit{l}, N: 2})
+	if err != nil || !g.Allowed {
+		t.Fatalf("first decision: %+v %v", g, err)
+	}
+	// A reservation within the lease is granted at once with a delay.
+	g, err = c.members[0].Decide(bg, "api", backend.Request{Limits: []gcra.Limit{l}, N: 1, MaxDelay: time.Second})
+	if err != nil || !g.Allowed || g.Delay != int64(100*time.Millisecond) {
+		t.Fatalf("reservation: %+v %v", g, err)
+	}
+	if err := c.members[0].Penalize(bg, "api", []gcra.Limit{l}, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if g, _ := c.members[0].Decide(bg, "api", backend.Request{Limits: []gcra.Limit{l}, N: 1}); g.Allowed || g.RetryAfter < int64(900*time.Millisecond) {
+		t.Errorf("during the penalty: %+v", g.Result)
+	}
+}
+
+// TestObserver: the hook sees the member's share after each answer from the store.
+func TestObserver(t *testing.T) {
+	clk := clock.NewVirtual()
+	cfg := DefaultConfig()
+	cfg.JoinWindow = 0
+	st, _ := NewMemStore(cfg, clk)
+	var mu sync.Mutex
+	var seen []Status
+	b, err := New(st, WithClock(clk), WithID("obs"), WithObserver(ObserverFunc(func(s Status) {
+		mu.Lock()
+		seen = append(seen, s)
+		mu.Unlock()
+	})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	l := lim(10, time.Second, 5)
+	if ok, err := b.AllowOne(bg, "k", l); !ok || err != nil {
+		t.Fatalf("first permit: %v %v", ok, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) == 0 || seen[0].Key != "k" || seen[0].Member != "obs" || seen[0].Share != (Share{RateScale, 5}) || seen[0].Expires <= 0 || seen[0].Rate != 10 {
+		t.Errorf("observed %+v", seen)
+	}
+}
+
+func TestNewRejectsBadSettings(t *testing.T) {
+	if _, err := New(nil); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("no store: %v", err)
+	}
+	st, _ := NewMemStore(DefaultConfig(), nil)
+	if _, err := New(st, WithRenewEvery(0)); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("zero renewal: %v", err)
+	}
+	if _, err := NewMemStore(Config{}, nil); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("zero store config: %v", err)
+	}
+}

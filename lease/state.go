@@ -1,0 +1,695 @@
+package lease
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/gcra"
+)
+
+// Errors of the allocation core and the stores.
+var (
+	// ErrStaleEpoch: the member's registration is unknown to the store (it expired, was
+	// replaced, or the store restarted empty); the member must join again.
+	ErrStaleEpoch = errors.New("sluice lease: stale epoch")
+	// ErrBadRequest: a request the core cannot apply (an unknown operation, no member name).
+	ErrBadRequest = errors.New("sluice lease: bad request")
+	// ErrInvalidConfig: a Config or MemberConfig that Validate refuses.
+	ErrInvalidConfig = errors.New("sluice lease: invalid config")
+	// ErrUnavailable: the store could not be reached (or, for MemStore, was set down).
+	ErrUnavailable = errors.New("sluice lease: store unavailable")
+)
+
+// Policy says how the allocation divides a limit among its live members.
+type Policy uint8
+
+const (
+	// Fair gives max-min fair shares of the members' reported demands: a member gets what
+	// it asks for up to an equal split, and what others leave goes to those who want
+	// more, so an idle member does not hold capacity a busy one needs. The default.
+	Fair Policy = iota
+	// Equal gives each of N live members limit/N, whatever their demand: seed 002's
+	// pool-size agreement, with its conservative rule while members disagree on N.
+	Equal
+)
+
+func (p Policy) String() string {
+	switch p {
+	case Fair:
+		return "fair"
+	case Equal:
+		return "equal"
+	}
+	return fmt.Sprintf("Policy(%d)", int(p))
+}
+
+// ParsePolicy reads "fair" or "equal".
+func ParsePolicy(s string) (Policy, error) {
+	switch s {
+	case "fair":
+		return Fair, nil
+	case "equal":
+		return Equal, nil
+	}
+	return 0, fmt.Errorf("%w: policy %q (want fair or equal)", ErrInvalidConfig, s)
+}
+
+// Config is the store side's settings for every limit it allocates. Use DefaultConfig
+// and change fields; Validate checks them.
+type Config struct {
+	// TTL is how long a lease lasts after the store receives the request that obtained
+	// it; a member that stops renewing is judged dead after it (on the store's clock).
+	TTL time.Duration
+	// Grace is how long an expired lease stays quarantined (counted against the limit)
+	// before its capacity is anyone else's: a member cut off from the store may run on its
+	// expired lease that long (fail mode local, DESIGN.md §2).
+	Grace time.Duration
+	// Policy divides the limit among live members.
+	Policy Policy
+	// Turn is how long a member holds a share before it must give way to a waiting one,
+	// when the burst is smaller than the number of members that want capacity (each
+	// holder needs at least one permit of burst). Zero means max(2×TTL, 8 × Burst × T).
+	Turn time.Duration
+	// JoinWindow: a fresh record (a limit nobody held before) with a burst above one grants
+	// nothing for this long after it is made, so that members starting together share its
+	// saved burst instead of the first to ask taking it all. Members joining in the window
+	// are told when to come back. Zero turns it off.
+	JoinWindow time.Duration
+}
+
+// DefaultConfig returns the default store settings.
+func DefaultConfig() Config {
+	return Config{
+		TTL:    time.Second,            // four renewals at the members' default interval
+		Grace:  500 * time.Millisecond, // two renewal intervals of fail-mode-local running
+		Policy: Fair,                   // idle members do not hold capacity busy ones need
+		Turn:   0,                      // automatic: max(2×TTL, 8 emission intervals per burst permit)
+		// members that start together (a deploy, a demo) share the first burst
+		JoinWindow: 50 * time.Millisecond,
+	}
+}
+
+// Validate reports whether c can be used.
+func (c Config) Validate() error {
+	switch {
+	case c.TTL <= 0:
+		return fmt.Errorf("%w: TTL %v must be positive", ErrInvalidConfig, c.TTL)
+	case c.Grace < 0:
+		return fmt.Errorf("%w: Grace %v must not be negative", ErrInvalidConfig, c.Grace)
+	case c.Turn < 0:
+		return fmt.Errorf("%w: Turn %v must not be negative", ErrInvalidConfig, c.Turn)
+	case c.JoinWindow < 0:
+		return fmt.Errorf("%w: JoinWindow %v must not be negative", ErrInvalidConfig, c.JoinWindow)
+	case c.Policy > Equal:
+		return fmt.Errorf("%w: unknown policy %d", ErrInvalidConfig, c.Policy)
+	}
+	return nil
+}
+
+// Epoch names one registration of a member: the store's incarnation, which a store that
+// restarts empty changes, and a sequence number within it. A renewal must carry its
+// member's current epoch, so a store that lost its state can never mistake an old
+// registration for a live one.
+type Epoch struct {
+	Incarnation uint64 `json:"i"`
+	N           uint64 `json:"n"`
+}
+
+// IsZero reports whether e names no registration.
+func (e Epoch) IsZero() bool { return e == Epoch{} }
+
+// Lease is the share a member holds, as the store records it.
+type Lease struct {
+	// Seq numbers the lease: it changes whenever the share does (a renewal that keeps the
+	// share only extends it).
+	Seq   uint64 `json:"seq"`
+	Share Share  `json:"share"`
+	// Expires is when the lease ends on the store's clock: TTL after the request that
+	// obtained it arrived. A member whose lease expired is dead.
+	Expires int64 `json:"exp"`
+	// Until is when the lease stops counting against the limit: Expires + Grace.
+	Until int64 `json:"until"`
+}
+
+// Entry is one member in a limit's State.
+type Entry struct {
+	ID    string `json:"id"`
+	Epoch Epoch  `json:"epoch"`
+	// Demand is the rate the member last reported wanting, in parts of RateScale (fair
+	// policy); 0 wants nothing, RateScale wants as much as it can get.
+	Demand int64 `json:"demand"`
+	// Size is the pool size the member last reported using (equal policy's agreement).
+	Size int64 `json:"size"`
+	// Since is when the member last started holding a share, or waiting for one.
+	Since int64 `json:"since"`
+	// Wanted is when the member last reported wanting capacity.
+	Wanted int64 `json:"wanted"`
+	Lease  Lease `json:"lease"`
+	// Held is the largest of the older leases the member may still be using (it has not
+	// yet said it switched to Lease), counted until HeldUntil.
+	Held      Share `json:"held"`
+	HeldUntil int64 `json:"held_until"`
+	// Retired is the share of an earlier registration under the same name (a restarted
+	// process, or another one misconfigured with the same name), counted in addition until
+	// RetiredUntil: whoever holds it may still be using it.
+	Retired      Share `json:"retired"`
+	RetiredUntil int64 `json:"retired_until"`
+}
+
+// own is what the member's current registration holds against the limit at now: it uses
+// one lease at a time, so the largest of its current lease and the older ones it may
+// still use.
+func (e *Entry) own(now int64) Share {
+	var c Share
+	if now < e.Lease.Until {
+		c = e.Lease.Share
+	}
+	if now < e.HeldUntil {
+		c = maxShare(c, e.Held)
+	}
+	return c
+}
+
+// retired is what an earlier registration under the same name holds at now.
+func (e *Entry) retired(now int64) Share {
+	if now < e.RetiredUntil {
+		return e.Retired
+	}
+	return Share{}
+}
+
+// counted is what the entry holds against the limit at now.
+func (e *Entry) counted(now int64) Share { return e.own(now).add(e.retired(now)) }
+
+// live reports whether the member is alive at now: registered, and its lease not expired.
+func (e *Entry) live(now int64) bool { return !e.Epoch.IsZero() && now < e.Lease.Expires }
+
+// State is the allocation of one limit: a small record, serializable as JSON, that a store
+// keeps per limit and changes only through Apply, so that any store (in memory here, Redis
+// in part two) runs the same decision atomically. Its methods are not safe for concurrent
+// use: the store serializes them.
+//
+// Invariant: at every instant, the shares counted against the limit (every member's
+// lease until its quarantine ends, older leases a member may still use, and the whole
+// limit while a restarted store's fence stands) sum to at most RateScale in rate and to
+// at most the limit's burst in burst. Check verifies it.
+type State struct {
+	// Limit is the limit shared, in the GCRA core's units (after any margin).
+	Limit gcra.Limit `json:"limit"`
+	// Incarnation changes each time the store starts this record afresh.
+	Incarnation uint64 `json:"inc"`
+	// Seq is the last epoch or lease number issued.
+	Seq uint64 `json:"seq"`
+	// Fence: the whole limit counts as held until then. A store that restarted empty
+	// cannot know the leases it granted before, so it grants nothing until they have all
+	// expired and passed quarantine (TTL + Grace).
+	Fence int64 `json:"fence"`
+	// Pool is the burst the unallocated capacity has saved up, in nanoseconds of the
+	// limit's tolerance (permits × Limit.T), as of PoolAt. A fresh record starts with the
+	// whole burst, as any new limiter does; freed capacity starts empty (its last holder
+	// may have spent its burst at the API) and refills at the free rate. A member whose
+	// share grows gets what the pool saved for the burst it gains (Reply.Fill).
+	Pool   int64 `json:"pool"`
+	PoolAt int64 `json:"pool_at"`
+	// Penalty: a 429 asked the whole pool to hold back until then.
+	Penalty int64 `json:"penalty"`
+	// Open: a fresh record grants nothing before then (Config.JoinWindow).
+	Open int64 `json:"open"`
+	// Members, sorted by ID.
+	Members []Entry `json:"members"`
+}
+
+// NewState returns the record of limit l made at now by a store of the given incarnation.
+// fence is zero for a store that knows no lease of l was ever granted before (a new
+// in-memory store): the record starts with the whole burst saved up, as any new limiter
+// does. Otherwise (a store that restarted empty, a Redis key that vanished) fence is when
+// every lease granted before has ended and passed quarantine (the restart + TTL +
+// Grace): the whole limit counts as held until then, and its burst refills from then on.
+func NewState(l gcra.Limit, incarnation uint64, now, fence int64, cfg Config) (*State, error) {
+	if err := l.Validate(); err != nil {
+		return nil, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &State{Limit: l, Incarnation: incarnation, PoolAt: now}
+	if fence == 0 {
+		s.Pool = l.Tau
+		if l.Burst() > 1 { // a burst of one permit cannot be shared
+			s.Open = now + int64(cfg.JoinWindow)
+		}
+	} else {
+		s.Fence = fence
+		s.PoolAt = min(now, fence)
+	}
+	return s, nil
+}
+
+// Op is what a request asks of the store.
+type Op uint8
+
+const (
+	// OpJoin registers the member (again): it gets a new epoch and a share from what is
+	// free. A registration it had before is retired: its lease stays quarantined.
+	OpJoin Op = iota + 1
+	// OpRenew renews the member's lease: it heartbeats, reports its demand and which lease
+	// it uses, and gets its share as the policy has it now, grown only from what is free.
+	OpRenew
+	// OpRelease hands the share back: it is free once the member's pending
+	// reservations (BusyFor) are done.
+	OpRelease
+	// OpPenalize holds the whole pool back for Hold (a 429 with Retry-After).
+	OpPenalize
+)
+
+func (o Op) String() string {
+	switch o {
+	case OpJoin:
+		return "join"
+	case OpRenew:
+		return "renew"
+	case OpRelease:
+		return "release"
+	case OpPenalize:
+		return "penalize"
+	}
+	return fmt.Sprintf("Op(%d)", int(o))
+}
+
+// Request is a member's message to the store about one limit.
+type Request struct {
+	Op     Op     `json:"op"`
+	Member string `json:"member"`
+	Epoch  Epoch  `json:"epoch"` // renew, release: the registration
+	// InUse is the number of the oldest lease the member may still use: every older one is
+	// done with. It lags the member's newest lease while permits it reserved under an
+	// older one are still to be used.
+	InUse  uint64 `json:"in_use"`
+	Demand int64  `json:"demand"` // parts of RateScale wanted; RateScale: as much as it can get
+	Size   int64  `json:"size"`   // equal policy: the pool size its share is based on
+	// BusyFor (release): how long after sending the member may still use its lease (its
+	// last reserved permit); the share is free after that.
+	BusyFor int64 `json:"busy_for"`
+	// Relinquish (renew): the member gave up its share before sending (seed 001's
+	// relinquish), all of it but Keep permits of burst (a parked share, without rate); the
+	// store frees the rest at once.
+	Relinquish bool  `json:"relinquish"`
+	Keep       int64 `json:"keep"`
+	// Return: permits the member saved and gave up unspent with the capacity this request
+	// frees (a relinquished share, older leases it says it no longer uses, a release), in
+	// nanoseconds of the limit's tolerance (permits × Limit.T). The store adds them to
+	// what the free capacity saved up; they are ignored if the request frees nothing.
+	Return int64 `json:"return"`
+	Hold   int64 `json:"hold"` // penalize: nanoseconds
+	// Sent and Nonce are the member's own: the store echoes them in the reply.
+	Sent  int64  `json:"sent"`
+	Nonce uint64 `json:"nonce"`
+}
+
+// Reply is the store's answer to a request.
+type Reply struct {
+	Epoch Epoch `json:"epoch"`
+	Lease struct {
+		Seq   uint64 `json:"seq"`
+		Share Share  `json:"share"`
+	} `json:"lease"`
+	// TTL and Grace are the store's: the member uses the lease until Sent + TTL - its
+	// margin on its own clock, plus Grace if it cannot renew (fail mode local).
+	TTL   int64 `json:"ttl"`
+	Grace int64 `json:"grace"`
+	// Fill is the burst the member's share gains full, in nanoseconds of the limit's
+	// tolerance (permits × Limit.T), from what the free capacity saved up. The rest of a
+	// new share starts drained.
+	Fill int64 `json:"fill"`
+	// Target is the share the policy wants the member to hold; it holds less while the
+	// capacity is still held by others.
+	Target Share `json:"target"`
+	// Live is the number of live members; Size the pool size the share is based on (equal
+	// policy: the member reports Live next time, so that members come to agree).
+	Live int64 `json:"live"`
+	Size int64 `json:"size"`
+	// Penalty is how long the pool must still hold back (0: not at all).
+	Penalty int64 `json:"penalty"`
+	// RetryIn is, when the member holds less than its target, how long until capacity
+	// that others hold frees (a quarantine or a fence ends); 0 if that is not known.
+	RetryIn int64 `json:"retry_in"`
+	// Contended says another live member wants as much as it can get (fair policy): a
+	// member that goes idle should give its share back at once (Request.Relinquish).
+	Contended bool   `json:"contended"`
+	Sent      int64  `json:"sent"`
+	Nonce     uint64 `json:"nonce"`
+}
+
+// Apply applies one request at now (the store's clock, nanoseconds) with the store's
+// settings, and returns the reply. It is the only way the record changes, and it is
+// deterministic: the same record, now, settings and request give the same result. A
+// clock that steps back is treated as standing still.
+func (s *State) Apply(now int64, cfg Config, req Request) (Reply, error) {
+	now = max(now, s.PoolAt)
+	s.advance(now)
+	rep := Reply{Sent: req.Sent, Nonce: req.Nonce, TTL: int64(cfg.TTL), Grace: int64(cfg.Grace)}
+	switch req.Op {
+	case OpPenalize:
+		if req.Hold > 0 {
+			s.Penalty = max(s.Penalty, now+req.Hold)
+		}
+		rep.Penalty = max(0, s.Penalty-now)
+		return rep, nil
+	case OpJoin, OpRenew, OpRelease:
+	default:
+		return Reply{}, fmt.Errorf("%w: operation %d", ErrBadRequest, req.Op)
+	}
+	if req.Member == "" {
+		return Reply{}, fmt.Errorf("%w: no member name", ErrBadRequest)
+	}
+	i, found := s.find(req.Member)
+	switch req.Op {
+	case OpJoin:
+		if found {
+			s.retire(i, now)
+		} else {
+			s.Members = slices.Insert(s.Members, i, Entry{ID: req.Member})
+		}
+		e := &s.Members[i]
+		s.Seq++
+		e.Epoch = Epoch{Incarnation: s.Incarnation, N: s.Seq}
+		e.Lease = Lease{}
+		e.Since = now
+	case OpRenew:
+		if !found || s.Members[i].Epoch != req.Epoch {
+			return Reply{}, fmt.Errorf("%w: member %q epoch %d/%d", ErrStaleEpoch, req.Member, req.Epoch.Incarnation, req.Epoch.N)
+		}
+		e := &s.Members[i]
+		freed := false
+		switch {
+		case req.Relinquish:
+			freed = !e.own(now).IsZero()
+			e.Held, e.HeldUntil = Share{}, 0
+			e.Lease.Share = Share{Burst: min(max(req.Keep, 0), e.Lease.Share.Burst)}
+		case req.InUse >= e.Lease.Seq:
+			// It uses the newest lease: the older ones are done.
+			freed = now < e.HeldUntil && !e.Held.IsZero()
+			e.Held, e.HeldUntil = Share{}, 0
+		}
+		if freed {
+			s.giveBack(now, req.Return)
+		}
+	case OpRelease:
+		if found && s.Members[i].Epoch == req.Epoch {
+			if s.release(i, now, max(0, req.BusyFor)) {
+				s.giveBack(now, req.Return)
+			}
+		}
+		return rep, nil
+	}
+	e := &s.Members[i]
+	e.Demand = min(max(req.Demand, 0), RateScale)
+	e.Size = max(req.Size, 0)
+	if cfg.Policy == Equal || e.Demand > 0 {
+		if e.Lease.Share.Rate == 0 && now-e.Wanted > int64(cfg.TTL) {
+			e.Since = now // a new wait: it wanted nothing for a while (short gaps keep its place)
+		}
+		e.Wanted = now
+	}
+	e.Lease.Expires = now + int64(cfg.TTL) // alive: it just spoke (grant sets Until to match)
+	s.grant(i, now, cfg, &rep)
+	return rep, nil
+}
+
+// find returns the index of member id, or where it would be inserted.
+func (s *State) find(id string) (int, bool) {
+	return slices.BinarySearchFunc(s.Members, id, func(e Entry, id string) int { return strings.Compare(e.ID, id) })
+}
+
+// retire ends entry i's registration before a new one under the same name: what it holds
+// stays counted, beside whatever the new registration gets, until its quarantine ends
+// (whoever holds it may still be using it).
+func (s *State) retire(i int, now int64) {
+	e := &s.Members[i]
+	if c := e.counted(now); !c.IsZero() {
+		e.Retired = c
+		e.RetiredUntil = max(e.Lease.Until, e.HeldUntil, e.RetiredUntil)
+	}
+	e.Held, e.HeldUntil = Share{}, 0
+}
+
+// giveBack adds permits a member gave up unspent to what the free capacity saved up, as
+// far as the free burst goes.
+func (s *State) giveBack(now, ret int64) {
+	if ret <= 0 {
+		return
+	}
+	free := s.capacity().sub(s.Committed(now))
+	s.Pool = min(s.Pool+min(ret, gcra.MaxTau), free.Burst*s.Limit.T)
+}
+
+// release frees entry i's share once its pending reservations are done (busy), and
+// removes it when nothing of it counts any more. It reports whether the share was freed
+// at once.
+func (s *State) release(i int, now, busy int64) bool {
+	e := &s.Members[i]
+	end := min(now+busy, max(e.Lease.Until, e.HeldUntil))
+	c := e.own(now)
+	if !c.IsZero() && end > now {
+		e.Held, e.HeldUntil = c, end
+	} else {
+		e.Held, e.HeldUntil = Share{}, 0
+	}
+	e.Epoch = Epoch{}
+	e.Lease = Lease{Seq: e.Lease.Seq, Expires: now, Until: now}
+	freed := !c.IsZero() && e.HeldUntil <= now
+	if freed && e.RetiredUntil <= now {
+		s.Members = slices.Delete(s.Members, i, i+1)
+	}
+	return freed
+}
+
+// capacity is the whole limit as a share.
+func (s *State) capacity() Share { return Share{Rate: RateScale, Burst: s.Limit.Burst()} }
+
+// Committed returns the sum of the shares counted against the limit at now (the whole
+// limit while a fence stands).
+func (s *State) Committed(now int64) Share {
+	if now < s.Fence {
+		return s.capacity()
+	}
+	var c Share
+	for i := range s.Members {
+		c = c.add(s.Members[i].counted(now))
+	}
+	return c
+}
+
+// Check verifies the invariant at now: the counted shares sum to at most the limit in rate
+// and in burst, and the pool holds no more than the free burst.
+func (s *State) Check(now int64) error {
+	capa := s.capacity()
+	var c Share
+	for i := range s.Members {
+		c = c.add(s.Members[i].counted(now))
+	}
+	if !c.Fits(capa) {
+		return fmt.Errorf("sluice lease: leases sum to rate %d/%d burst %d/%d", c.Rate, RateScale, c.Burst, capa.Burst)
+	}
+	if now >= s.PoolAt {
+		free := capa.sub(s.Committed(now))
+		if s.Pool > free.Burst*s.Limit.T {
+			return fmt.Errorf("sluice lease: pool %d above the free burst %d", s.Pool, free.Burst*s.Limit.T)
+		}
+	}
+	return nil
+}
+
+// advance brings the pool up to now: the free capacity refills it, piece by piece between
+// the instants at which held capacity is freed (a quarantine ends, an older lease stops
+// counting, a fence falls), and entries with nothing left counting are removed.
+func (s *State) advance(now int64) {
+	for {
+		next := int64(-1)
+		consider := func(t int64) {
+			if t > s.PoolAt && t <= now && (next < 0 || t < next) {
+				next = t
+			}
+		}
+		consider(s.Fence)
+		for i := range s.Members {
+			consider(s.Members[i].Lease.Until)
+			consider(s.Members[i].HeldUntil)
+			consider(s.Members[i].RetiredUntil)
+		}
+		if next < 0 {
+			break
+		}
+		s.refill(next)
+	}
+	s.refill(now)
+	for i := range s.Members {
+		e := &s.Members[i]
+		if e.HeldUntil <= now {
+			e.Held, e.HeldUntil = Share{}, 0 // ended: a later merge must not revive it
+		}
+		if e.RetiredUntil <= now {
+			e.Retired, e.RetiredUntil = Share{}, 0
+		}
+	}
+	s.Members = slices.DeleteFunc(s.Members, func(e Entry) bool {
+		return e.Lease.Until <= now && e.HeldUntil <= now && e.RetiredUntil <= now
+	})
+	if s.Penalty <= now {
+		s.Penalty = 0
+	}
+}
+
+// refill moves PoolAt to t, adding what the free capacity (as counted at PoolAt) saved up.
+func (s *State) refill(t int64) {
+	if t <= s.PoolAt {
+		return
+	}
+	free := s.capacity().sub(s.Committed(s.PoolAt))
+	dt := min(t-s.PoolAt, 1<<42) // about 73 minutes: more can only fill the pool
+	if free.Rate > 0 {
+		gain, _ := mulDiv(dt, free.Rate, RateScale)
+		s.Pool = min(s.Pool+gain, gcra.MaxTau)
+	}
+	s.Pool = min(s.Pool, free.Burst*s.Limit.T)
+	s.PoolAt = t
+}
+
+// grant gives entry i its share for now: the policy's target, grown only from what is
+// free. The lease it had before keeps counting until the member says it switched (or it
+// ends), so a share that shrinks frees nothing before the member has stopped using it.
+func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
+	targets, live, size := s.targets(now, cfg)
+	e := &s.Members[i]
+	target := targets[i]
+	others := e.retired(now)
+	if now < s.Fence {
+		others = s.capacity()
+	} else {
+		for j := range s.Members {
+			if j != i {
+				others = others.add(s.Members[j].counted(now))
+			}
+		}
+	}
+	avail := s.capacity().sub(others)
+	if now < s.Open {
+		avail = Share{} // the join window: members starting together share the first burst
+	}
+	before := e.own(now)
+	n := minShare(target, avail).normalize(s.Limit)
+	holding := e.Lease.Share.Rate > 0
+	if n != e.Lease.Share || e.Lease.Seq == 0 {
+		if e.Lease.Until > now && !e.Lease.Share.IsZero() {
+			e.Held = maxShare(e.Held, e.Lease.Share)
+			e.HeldUntil = max(e.HeldUntil, e.Lease.Until)
+		}
+		s.Seq++
+		e.Lease.Seq = s.Seq
+		e.Lease.Share = n
+	}
+	if holding != (n.Rate > 0) {
+		e.Since = now
+	}
+	e.Lease.Expires = now + int64(cfg.TTL)
+	e.Lease.Until = e.Lease.Expires + int64(cfg.Grace)
+	after := e.own(now)
+	if gained := after.Burst - before.Burst; gained > 0 {
+		rep.Fill = min(s.Pool, gained*s.Limit.T)
+		s.Pool -= rep.Fill
+	}
+	s.Pool = min(s.Pool, s.capacity().sub(others.add(after)).Burst*s.Limit.T)
+
+	rep.Epoch = e.Epoch
+	rep.Lease.Seq = e.Lease.Seq
+	rep.Lease.Share = n
+	rep.Target = target
+	rep.Live, rep.Size = live, size
+	rep.Penalty = max(0, s.Penalty-now)
+	if cfg.Policy == Fair {
+		for j := range s.Members {
+			if o := &s.Members[j]; j != i && o.live(now) && o.Demand >= RateScale {
+				rep.Contended = true
+				break
+			}
+		}
+	}
+	switch {
+	case !target.Fits(n):
+		rep.RetryIn = s.nextFree(i, now)
+	case n.Rate == 0 && (cfg.Policy == Equal || e.Demand > 0):
+		rep.RetryIn = s.nextTurn(now, cfg) // waiting for a place in the rotation
+	}
+}
+
+// nextTurn returns how long until a holder's turn ends (rotation), or 0.
+func (s *State) nextTurn(now int64, cfg Config) int64 {
+	next := int64(0)
+	turn := s.turn(cfg)
+	for j := range s.Members {
+		if e := &s.Members[j]; e.live(now) && e.Lease.Share.Rate > 0 {
+			if t := e.Since + turn - now; t > 0 && (next == 0 || t < next) {
+				next = t
+			}
+		}
+	}
+	return next
+}
+
+// nextFree returns how long until capacity held by a member other than i (a quarantine,
+// an older lease) or by the fence frees, or 0 if none will by itself.
+func (s *State) nextFree(i int, now int64) int64 {
+	next := int64(0)
+	consider := func(t int64) {
+		if t > now && (next == 0 || t < next) {
+			next = t
+		}
+	}
+	consider(s.Fence)
+	consider(s.Open)
+	consider(s.Members[i].RetiredUntil)
+	for j := range s.Members {
+		if j == i {
+			continue
+		}
+		e := &s.Members[j]
+		consider(e.HeldUntil)
+		consider(e.RetiredUntil)
+		if !e.live(now) {
+			consider(e.Lease.Until)
+		}
+	}
+	if next == 0 {
+		return 0
+	}
+	return next - now
+}
+
+// Clone returns a deep copy of s.
+func (s *State) Clone() *State {
+	c := *s
+	c.Members = slices.Clone(s.Members)
+	return &c
+}
+
+// MarshalState encodes s as JSON: the record a store keeps.
+func MarshalState(s *State) ([]byte, error) { return json.Marshal(s) }
+
+// UnmarshalState decodes a record written by MarshalState.
+func UnmarshalState(b []byte) (*State, error) {
+	var s State
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("sluice lease: decode state: %w", err)
+	}
+	if err := s.Limit.Validate(); err != nil {
+		return nil, fmt.Errorf("sluice lease: decode state: %w", err)
+	}
+	if !slices.IsSortedFunc(s.Members, func(a, b Entry) int { return strings.Compare(a.ID, b.ID) }) {
+		return nil, fmt.Errorf("sluice lease: decode state: members out of order")
+	}
+	return &s, nil
+}

@@ -1,0 +1,397 @@
+package lease
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/gcra"
+)
+
+const (
+	ms  = int64(time.Millisecond)
+	sec = int64(time.Second)
+	all = RateScale
+)
+
+func lim(rate int64, period time.Duration, burst int64) gcra.Limit {
+	t := (int64(period) + rate - 1) / rate
+	return gcra.Limit{T: t, Tau: burst * t}
+}
+
+// pool drives one State with requests at fixed times, remembering each member's epoch and
+// newest lease as a member would.
+type pool struct {
+	t     *testing.T
+	s     *State
+	cfg   Config
+	epoch map[string]Epoch
+	seq   map[string]uint64
+}
+
+func newPool(t *testing.T, l gcra.Limit, cfg Config, fence int64) *pool {
+	s, err := NewState(l, 7, 0, fence, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &pool{t: t, s: s, cfg: cfg, epoch: map[string]Epoch{}, seq: map[string]uint64{}}
+}
+
+// step is one request at a virtual time and what must come of it.
+type step struct {
+	at     int64
+	op     Op
+	member string
+	demand int64
+	stale  bool  // InUse: the member has not switched to its newest lease
+	want   Share // the share granted
+	fill   int64 // the burst handed over full, in permits
+	err    error
+}
+
+func (p *pool) run(steps []step) {
+	p.t.Helper()
+	for i, st := range steps {
+		req := Request{Op: st.op, Member: st.member, Epoch: p.epoch[st.member], Demand: st.demand}
+		if !st.stale {
+			req.InUse = p.seq[st.member]
+		}
+		rep, err := p.s.Apply(st.at, p.cfg, req)
+		if !errors.Is(err, st.err) {
+			p.t.Fatalf("step %d (t=%v %v %s): got error %v, want %v", i, time.Duration(st.at), st.op, st.member, err, st.err)
+		}
+		if cerr := p.s.Check(st.at); cerr != nil {
+			p.t.Fatalf("step %d: %v", i, cerr)
+		}
+		if err != nil || st.op == OpRelease || st.op == OpPenalize {
+			continue
+		}
+		p.epoch[st.member] = rep.Epoch
+		p.seq[st.member] = rep.Lease.Seq
+		if rep.Lease.Share != st.want {
+			p.t.Errorf("step %d (t=%v %v %s): got share %+v, want %+v", i, time.Duration(st.at), st.op, st.member, rep.Lease.Share, st.want)
+		}
+		if got := rep.Fill / p.s.Limit.T; got != st.fill {
+			p.t.Errorf("step %d (t=%v %v %s): got fill %d permits, want %d", i, time.Duration(st.at), st.op, st.member, got, st.fill)
+		}
+	}
+}
+
+func cfg(policy Policy) Config {
+	return Config{TTL: time.Second, Grace: 500 * time.Millisecond, Policy: policy}
+}
+
+// TestNewcomerGetsOnlyWhatIsFree: 10/s burst 6. A holds everything; B joins and gets
+// nothing until A has switched to its smaller share (its next renewal shrinks it, the one
+// after says it uses the smaller lease). B's share then starts with what the freed
+// capacity saved up since A let it go.
+func TestNewcomerGetsOnlyWhatIsFree(t *testing.T) {
+	p := newPool(t, lim(10, time.Second, 6), cfg(Fair), 0)
+	half := Share{all / 2, 3}
+	p.run([]step{
+		{at: 0, op: OpJoin, member: "a", demand: all, want: Share{all, 6}, fill: 6},
+		{at: 100 * ms, op: OpJoin, member: "b", demand: all, want: Share{}},
+		{at: 200 * ms, op: OpRenew, member: "b", demand: all, want: Share{}},
+		// A shrinks to half; its old lease (the whole limit) is still counted.
+		{at: 250 * ms, op: OpRenew, member: "a", demand: all, want: half},
+		{at: 300 * ms, op: OpRenew, member: "b", demand: all, want: Share{}},
+		// A says it uses the half lease: the other half is free from 500 ms.
+		{at: 500 * ms, op: OpRenew, member: "a", demand: all, want: half},
+		// 200 ms at half of 10/s saved one permit for B.
+		{at: 700 * ms, op: OpRenew, member: "b", demand: all, want: half, fill: 1},
+		{at: 950 * ms, op: OpRenew, member: "b", demand: all, want: half},
+	})
+}
+
+// TestShrinkWaitsForTheOldLease: the freed half stays counted while A has not said it
+// switched (its reply was lost); it frees when A's old lease passes quarantine.
+func TestShrinkWaitsForTheOldLease(t *testing.T) {
+	p := newPool(t, lim(10, time.Second, 6), cfg(Fair), 0)
+	half := Share{all / 2, 3}
+	p.run([]step{
+		{at: 0, op: OpJoin, member: "a", demand: all, want: Share{all, 6}, fill: 6},
+		{at: 100 * ms, op: OpJoin, member: "b", demand: all, want: Share{}},
+		{at: 250 * ms, op: OpRenew, member: "a", demand: all, want: half},
+		// A never got the half lease: it still reports the whole one.
+		{at: 500 * ms, op: OpRenew, member: "a", demand: all, stale: true, want: half},
+		{at: 750 * ms, op: OpRenew, member: "a", demand: all, stale: true, want: half},
+		{at: 1000 * ms, op: OpRenew, member: "b", demand: all, want: Share{}},
+		// The whole-limit lease granted at 0 expires at 1 s and is quarantined to 1.5 s.
+		{at: 1499 * ms, op: OpRenew, member: "b", demand: all, want: Share{}},
+		{at: 1500 * ms, op: OpRenew, member: "b", demand: all, want: half},
+	})
+}
+
+// TestCrashedMemberIsQuarantined: A crashes at 0 (it never renews). B sees A's share only
+// after A's lease expired (TTL) and passed quarantine (Grace), and gets it whole: the
+// capacity saved nothing while it counted as A's.
+func TestCrashedMemberIsQuarantined(t *testing.T) {
+	p := newPool(t, lim(10, time.Second, 6), cfg(Fair), 0)
+	half := Share{all / 2, 3}
+	p.run([]step{
+		{at: 0, op: OpJoin, member: "a", demand: all, want: Share{all, 6}, fill: 6},
+		{at: 0, op: OpJoin, member: "b", demand: all, want: Share{}},
+		{at: 1 * ms, op: OpRenew, member: "a", demand: all, want: half},
+		{at: 2 * ms, op: OpRenew, member: "a", demand: all, want: half},
+		{at: 3 * ms, op: OpRenew, member: "b", demand: all, want: half},
+		// A crashed after 2 ms: its lease expires at 1.002 s, quarantined until 1.502 s.
+		{at: 1200 * ms, op: OpRenew, member: "b", demand: all, want: half},
+		{at: 1501 * ms, op: OpRenew, member: "b", demand: all, want: half},
+		{at: 1502 * ms, op: OpRenew, member: "b", demand: all, want: Share{all, 6}},
+		// A comes back too late: its registration is gone.
+		{at: 1600 * ms, op: OpRenew, member: "a", demand: all, err: ErrStaleEpoch},
+		{at: 1600 * ms, op: OpJoin, member: "a", demand: all, want: Share{}},
+	})
+}
+
+// TestIdleMemberKeepsItsShareUntilNeeded: with the fair policy an idle member keeps what
+// nobody else wants, and gives it up at its next renewal once someone does.
+func TestIdleMemberKeepsItsShareUntilNeeded(t *testing.T) {
+	p := newPool(t, lim(10, time.Second, 6), cfg(Fair), 0)
+	p.run([]step{
+		{at: 0, op: OpJoin, member: "a", demand: all, want: Share{all, 6}, fill: 6},
+		{at: 250 * ms, op: OpRenew, member: "a", demand: 0, want: Share{all, 6}},
+		{at: 300 * ms, op: OpJoin, member: "b", demand: all, want: Share{}},
+		{at: 500 * ms, op: OpRenew, member: "a", demand: 0, want: Share{}},
+		{at: 501 * ms, op: OpRenew, member: "a", demand: 0, want: Share{}},
+		{at: 550 * ms, op: OpRenew, member: "b", demand: all, want: Share{all, 6}},
+	})
+}
+
+// TestUnequalDemand: a member that asks for a tenth of its fair share gets it; the other
+// gets the rest.
+func TestUnequalDemand(t *testing.T) {
+	p := newPool(t, lim(100, time.Second, 10), cfg(Fair), 0)
+	p.run([]step{
+		{at: 0, op: OpJoin, member: "a", demand: all / 20, want: Share{all / 20, 10}, fill: 10},
+		{at: 0, op: OpJoin, member: "b", demand: all, want: Share{all - all/20, 0}.normalize(lim(100, time.Second, 10))},
+		{at: 1 * ms, op: OpRenew, member: "a", demand: all / 20, want: Share{all / 20, 1}},
+		{at: 2 * ms, op: OpRenew, member: "a", demand: all / 20, want: Share{all / 20, 1}},
+		{at: 3 * ms, op: OpRenew, member: "b", demand: all, want: Share{all - all/20, 9}},
+	})
+}
+
+// TestFenceAfterRestart: a record made by a store that restarted empty grants nothing
+// until TTL + Grace after the restart; the burst then starts empty and refills.
+func TestFenceAfterRestart(t *testing.T) {
+	p := newPool(t, lim(10, time.Second, 6), cfg(Fair), 1500*ms)
+	p.run([]step{
+		{at: 0, op: OpJoin, member: "a", demand: all, want: Share{}},
+		{at: 1499 * ms, op: OpRenew, member: "a", demand: all, want: Share{}},
+		{at: 1500 * ms, op: OpRenew, member: "a", demand: all, want: Share{all, 6}},
+	})
+	// A second record made after the fence: its burst refilled from the fence on.
+	s, _ := NewState(lim(10, time.Second, 6), 8, 1800*ms, 1500*ms, cfg(Fair))
+	rep, err := s.Apply(1800*ms, cfg(Fair), Request{Op: OpJoin, Member: "a", Demand: all})
+	if err != nil || rep.Lease.Share != (Share{all, 6}) || rep.Fill/s.Limit.T != 3 {
+		t.Errorf("after the fence: %+v fill %d permits, %v; want the whole limit and 3 permits", rep.Lease, rep.Fill/s.Limit.T, err)
+	}
+}
+
+// TestRotationWhenBurstIsSmall: 1/6s with three members that all want it: one holds at a
+// time, for a turn, then the one that waited longest.
+func TestRotationWhenBurstIsSmall(t *testing.T) {
+	c := cfg(Fair)
+	c.Turn = 30 * time.Second
+	p := newPool(t, lim(1, 6*time.Second, 1), c, 0)
+	one := Share{all, 1}
+	var steps []step
+	steps = append(steps,
+		step{at: 0, op: OpJoin, member: "a", demand: all, want: one, fill: 1},
+		step{at: 0, op: OpJoin, member: "b", demand: all, want: Share{}},
+		step{at: 1 * ms, op: OpJoin, member: "c", demand: all, want: Share{}},
+	)
+	// Everyone renews every 250 ms; a holds for its 30 s turn.
+	for at := 250 * ms; at < 30*sec; at += 250 * ms {
+		steps = append(steps,
+			step{at: at, op: OpRenew, member: "a", demand: all, want: one},
+			step{at: at + 1, op: OpRenew, member: "b", demand: all, want: Share{}},
+			step{at: at + 2, op: OpRenew, member: "c", demand: all, want: Share{}})
+	}
+	steps = append(steps,
+		step{at: 30 * sec, op: OpRenew, member: "a", demand: all, want: Share{}},
+		step{at: 30*sec + 1, op: OpRenew, member: "a", demand: all, want: Share{}},
+		// b waited longest (since 0; c since 1 ms).
+		step{at: 30*sec + 2, op: OpRenew, member: "c", demand: all, want: Share{}},
+		step{at: 30*sec + 3, op: OpRenew, member: "b", demand: all, want: one},
+		step{at: 60*sec + 3, op: OpRenew, member: "a", demand: all, want: Share{}},
+		step{at: 60*sec + 4, op: OpRenew, member: "b", demand: all, want: Share{}},
+		step{at: 60*sec + 5, op: OpRenew, member: "b", demand: all, want: Share{}},
+		step{at: 60*sec + 6, op: OpRenew, member: "c", demand: all, want: one},
+	)
+	// Keep a and b alive in the gap.
+	p.cfg.TTL = time.Minute
+	p.run(steps)
+}
+
+// TestEqualPolicyAgreement: seed 002's rule. Three members report the pool size they were
+// told; while they disagree, the largest size reported wins (everyone gets less).
+func TestEqualPolicyAgreement(t *testing.T) {
+	s, _ := NewState(lim(30, time.Second, 30), 1, 0, 0, cfg(Equal))
+	c := cfg(Equal)
+	epochs := map[string]Epoch{}
+	seqs := map[string]uint64{}
+	ask := func(at int64, op Op, m string, size int64) Reply {
+		t.Helper()
+		rep, err := s.Apply(at, c, Request{Op: op, Member: m, Epoch: epochs[m], InUse: seqs[m], Size: size})
+		if err != nil {
+			t.Fatal(err)
+		}
+		epochs[m], seqs[m] = rep.Epoch, rep.Lease.Seq
+		return rep
+	}
+	for i, st := range []struct {
+		at        int64
+		op        Op
+		m         string
+		size      int64
+		wantSize  int64
+		wantShare Share
+	}{
+		{0, OpJoin, "a", 0, 1, Share{all, 30}},
+		{0, OpJoin, "b", 0, 2, Share{}}, // disagreement (a said 0): max(2, 0)
+		{0, OpJoin, "c", 0, 3, Share{}},
+		{10 * ms, OpRenew, "a", 1, 3, Share{all / 3, 10}},
+		{20 * ms, OpRenew, "a", 3, 3, Share{all / 3, 10}},
+		{30 * ms, OpRenew, "b", 3, 3, Share{all / 3, 10}},
+		{40 * ms, OpRenew, "c", 3, 3, Share{all / 3, 10}},
+		// c leaves; a and b still say 3: they keep a third each until they agree on 2.
+		{50 * ms, OpRelease, "c", 3, 0, Share{}},
+		{60 * ms, OpRenew, "a", 3, 3, Share{all / 3, 10}},
+		{70 * ms, OpRenew, "b", 2, 3, Share{all / 3, 10}},
+		{80 * ms, OpRenew, "a", 2, 2, Share{all / 2, 15}},
+	} {
+		rep := ask(st.at, st.op, st.m, st.size)
+		if st.op == OpRelease {
+			continue
+		}
+		if rep.Size != st.wantSize || rep.Lease.Share != st.wantShare {
+			t.Errorf("step %d: got size %d share %+v, want %d %+v", i, rep.Size, rep.Lease.Share, st.wantSize, st.wantShare)
+		}
+	}
+}
+
+// TestReleaseFreesAtOnceOrAfterReservations: a release frees the share at once, or when
+// the member's last reserved permit is due.
+func TestReleaseFreesAtOnceOrAfterReservations(t *testing.T) {
+	p := newPool(t, lim(10, time.Second, 6), cfg(Fair), 0)
+	p.run([]step{
+		{at: 0, op: OpJoin, member: "a", demand: all, want: Share{all, 6}, fill: 6},
+		{at: 0, op: OpJoin, member: "b", demand: all, want: Share{}},
+	})
+	if _, err := p.s.Apply(10*ms, p.cfg, Request{Op: OpRelease, Member: "a", Epoch: p.epoch["a"], InUse: p.seq["a"], BusyFor: 200 * ms}); err != nil {
+		t.Fatal(err)
+	}
+	p.run([]step{
+		{at: 209 * ms, op: OpRenew, member: "b", demand: all, want: Share{}},
+		{at: 210 * ms, op: OpRenew, member: "b", demand: all, want: Share{all, 6}},
+	})
+	if len(p.s.Members) != 1 {
+		t.Errorf("members %+v: the released one should be gone", p.s.Members)
+	}
+}
+
+// TestRejoinUnderTheSameName: a second registration under a name counts the first one's
+// share beside its own until the first one's quarantine ends (it may be another process).
+func TestRejoinUnderTheSameName(t *testing.T) {
+	p := newPool(t, lim(10, time.Second, 6), cfg(Fair), 0)
+	p.run([]step{
+		{at: 0, op: OpJoin, member: "a", demand: all, want: Share{all, 6}, fill: 6},
+		{at: 100 * ms, op: OpJoin, member: "a", demand: all, want: Share{}},
+		{at: 200 * ms, op: OpRenew, member: "a", demand: all, want: Share{}},
+		{at: 1500 * ms, op: OpRenew, member: "a", demand: all, want: Share{all, 6}},
+	})
+}
+
+func TestPenaltyReachesEveryMember(t *testing.T) {
+	p := newPool(t, lim(10, time.Second, 6), cfg(Fair), 0)
+	p.run([]step{{at: 0, op: OpJoin, member: "a", demand: all, want: Share{all, 6}, fill: 6}})
+	if rep, err := p.s.Apply(10*ms, p.cfg, Request{Op: OpPenalize, Member: "b", Hold: 2 * sec}); err != nil || rep.Penalty != 2*sec {
+		t.Fatalf("penalize: %+v %v", rep, err)
+	}
+	rep, err := p.s.Apply(510*ms, p.cfg, Request{Op: OpRenew, Member: "a", Epoch: p.epoch["a"], InUse: p.seq["a"], Demand: all})
+	if err != nil || rep.Penalty != 1500*ms {
+		t.Fatalf("renew during the penalty: penalty %v %v, want 1.5s", time.Duration(rep.Penalty), err)
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	s, _ := NewState(lim(10, time.Second, 6), 1, 0, 0, cfg(Fair))
+	if _, err := s.Apply(0, cfg(Fair), Request{Op: 99, Member: "a"}); !errors.Is(err, ErrBadRequest) {
+		t.Errorf("unknown op: %v", err)
+	}
+	if _, err := s.Apply(0, cfg(Fair), Request{Op: OpJoin}); !errors.Is(err, ErrBadRequest) {
+		t.Errorf("no member: %v", err)
+	}
+	if _, err := s.Apply(0, cfg(Fair), Request{Op: OpRenew, Member: "x", Epoch: Epoch{1, 1}}); !errors.Is(err, ErrStaleEpoch) {
+		t.Errorf("unknown member: %v", err)
+	}
+	if err := (Config{}).Validate(); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("zero config: %v", err)
+	}
+	if _, err := ParsePolicy("greedy"); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("policy: %v", err)
+	}
+}
+
+func TestStateRoundTrip(t *testing.T) {
+	p := newPool(t, lim(10, time.Second, 6), cfg(Fair), 0)
+	p.run([]step{
+		{at: 0, op: OpJoin, member: "a", demand: all, want: Share{all, 6}, fill: 6},
+		{at: 0, op: OpJoin, member: "b", demand: all, want: Share{}},
+		{at: 1 * ms, op: OpRenew, member: "a", demand: all, want: Share{all / 2, 3}},
+	})
+	b, err := MarshalState(p.s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := UnmarshalState(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b2, _ := MarshalState(got)
+	if string(b) != string(b2) {
+		t.Errorf("round trip changed the record:\n%s\n%s", b, b2)
+	}
+	t.Logf("a record of two members is %d bytes of JSON", len(b))
+}
+
+func TestShareLimitRoundsDown(t *testing.T) {
+	l := lim(3, time.Second, 3) // T = 333,333,334 ns
+	for _, r := range []int64{1, 7, 333_333, 500_000, 999_999, all} {
+		sl, ok := Share{r, 1}.Limit(l)
+		if !ok {
+			t.Fatalf("rate %d: no limit", r)
+		}
+		// rate(share) = 1/sl.T must not exceed r/all × 1/l.T.
+		if float64(all)*float64(l.T) > float64(r)*float64(sl.T)*(1+1e-15) {
+			t.Errorf("rate %d: interval %d is too short", r, sl.T)
+		}
+	}
+	if _, ok := (Share{all, 0}).Limit(l); ok {
+		t.Error("a share without burst must grant nothing")
+	}
+}
+
+// TestJoinWindowSharesTheFirstBurst: members that join a fresh limit together share its
+// saved burst, rather than the first to ask taking it all; they are told when to come back.
+func TestJoinWindowSharesTheFirstBurst(t *testing.T) {
+	c := cfg(Fair)
+	c.JoinWindow = 50 * time.Millisecond
+	p := newPool(t, lim(10, time.Second, 6), c, 0)
+	p.run([]step{
+		{at: 0, op: OpJoin, member: "a", demand: all, want: Share{}},
+		{at: 10 * ms, op: OpJoin, member: "b", demand: all, want: Share{}},
+		{at: 50 * ms, op: OpRenew, member: "a", demand: all, want: Share{all / 2, 3}, fill: 3},
+		{at: 51 * ms, op: OpRenew, member: "b", demand: all, want: Share{all / 2, 3}, fill: 3},
+	})
+	rep, _ := p.s.Apply(60*ms, c, Request{Op: OpJoin, Member: "c", Demand: all})
+	if rep.RetryIn != 0 {
+		t.Errorf("after the window: RetryIn %v, want 0 (the capacity is held, not fenced)", time.Duration(rep.RetryIn))
+	}
+	s, _ := NewState(lim(10, time.Second, 6), 1, 0, 0, c)
+	rep, _ = s.Apply(20*ms, c, Request{Op: OpJoin, Member: "a", Demand: all})
+	if rep.RetryIn != 30*ms {
+		t.Errorf("in the window: RetryIn %v, want 30ms", time.Duration(rep.RetryIn))
+	}
+}

@@ -1,0 +1,462 @@
+package sim
+
+import (
+	"math"
+	"slices"
+
+	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/lease"
+)
+
+// LeaseReport is the lease mode's own part of a report.
+type LeaseReport struct {
+	// MaxRatePPM and MaxBurst are the most the members had in use at once (their shares,
+	// and older ones with permits still pending), checked after every change: rate in
+	// parts per million of the limit, burst in permits (of Burst). The first limit's.
+	MaxRatePPM int64 `json:"max_rate_ppm"`
+	MaxBurst   int64 `json:"max_burst"`
+	Burst      int64 `json:"burst"`
+	// Breaches counts the checks at which the shares in use (member side) or counted
+	// (store side) summed past the limit, in rate or in burst. It must be 0.
+	Breaches int64 `json:"breaches"`
+	// StoreOpsPerMemberS is store operations per member per second of membership.
+	StoreOpsPerMemberS float64 `json:"store_ops_per_member_s"`
+	// ReclaimS is, for each crash, how long until the members in use held as much rate
+	// as before it (-1: not within the run).
+	ReclaimS []float64 `json:"reclaim_s"`
+	// ExpiredPermits counts permits given up because their process used them too late
+	// (after a pause): they would have broken the limit's spacing.
+	ExpiredPermits int64 `json:"expired_permits"`
+}
+
+// leaseMode: members decide in process on shares leased from the simulated store (package
+// lease: the same State and Member cores as the real backend), renewing over the
+// simulated network.
+type leaseMode struct {
+	cfg    lease.Config
+	mcfg   lease.MemberConfig
+	states []*lease.State // the store's records, one per limit
+	inc    uint64
+	limits []gcra.Limit
+
+	members [][]*lease.Member // per simulated member: one per limit; nil when it has none
+	minc    []uint32          // the member's incarnation they were made for
+	parked  [][]int32         // goroutines waiting for a share
+	waiting [][]bool          // goroutines counted as waiting (lease.Member.Wait)
+	tickAt  []int64           // when the member's renewal timer is set (0: not set)
+	tickSeq []int64
+	since   []int64 // when the member's lease members were made
+
+	msgs []leaseMsg
+	free []int32
+
+	memberSeconds float64
+	crashes       []pendingCrash
+	rep           LeaseReport
+}
+
+type leaseMsg struct {
+	limit int32
+	req   lease.Request
+	rep   lease.Reply
+	err   error
+}
+
+type pendingCrash struct {
+	at     int64
+	target int64 // the rate in use before the crash
+	idx    int
+}
+
+func newLeaseMode(sc *Scenario) *leaseMode {
+	l := &leaseMode{cfg: lease.DefaultConfig(), mcfg: lease.DefaultMemberConfig(), inc: 1}
+	s := &sc.Lease
+	if s.TTL > 0 {
+		l.cfg.TTL = s.TTL.D()
+	}
+	if s.Grace > 0 {
+		l.cfg.Grace = s.Grace.D()
+	}
+	if s.Policy == "equal" {
+		l.cfg.Policy = lease.Equal
+	}
+	l.cfg.Turn = s.Turn.D()
+	if s.JoinWindow > 0 {
+		l.cfg.JoinWindow = s.JoinWindow.D()
+	}
+	if s.Renew > 0 {
+		l.mcfg.RenewEvery = s.Renew.D()
+	}
+	if s.Margin > 0 {
+		l.mcfg.Margin = s.Margin.D()
+	}
+	l.mcfg.FailClosed = s.FailMode == "closed"
+	return l
+}
+
+func (*leaseMode) name() string { return "lease" }
+
+// setup makes the store's records the first time, and sizes the per-member tables.
+func (l *leaseMode) setup(e *engine) {
+	if l.states != nil {
+		return
+	}
+	l.limits = slices.Clone(e.core)
+	l.states = make([]*lease.State, len(l.limits))
+	for i, lim := range l.limits {
+		st, err := lease.NewState(lim, l.inc, e.now, 0, l.cfg)
+		if err != nil {
+			panic(err) // the scenario's limits were validated
+		}
+		l.states[i] = st
+	}
+	n := len(e.members)
+	l.members = make([][]*lease.Member, n)
+	l.minc = make([]uint32, n)
+	l.parked = make([][]int32, n)
+	l.waiting = make([][]bool, n)
+	l.tickAt = make([]int64, n)
+	l.tickSeq = make([]int64, n)
+	l.since = make([]int64, n)
+	l.rep.Burst = l.limits[0].Burst()
+}
+
+// ensure returns member mi's lease members, making them when it (re)joined.
+func (l *leaseMode) ensure(e *engine, mi int32) []*lease.Member {
+	l.setup(e)
+	m := e.members[mi]
+	if l.members[mi] == nil || l.minc[mi] != m.inc {
+		ms := make([]*lease.Member, len(l.limits))
+		for i, lim := range l.limits {
+			ms[i] = lease.NewMember(m.name, lim, l.mcfg, e.now)
+		}
+		l.members[mi], l.minc[mi], l.since[mi] = ms, m.inc, e.now
+		l.parked[mi] = l.parked[mi][:0]
+		l.waiting[mi] = make([]bool, len(m.gs))
+		l.tickAt[mi] = 0
+	}
+	return l.members[mi]
+}
+
+// current reports whether a member-side event still applies to member mi.
+func (l *leaseMode) current(e *engine, ev *event) bool {
+	m := e.members[ev.m]
+	return m.present && ev.op == m.inc && l.members != nil && l.members[ev.m] != nil && l.minc[ev.m] == m.inc
+}
+
+func (l *leaseMode) wait(mi, g int32) {
+	if !l.waiting[mi][g] {
+		l.waiting[mi][g] = true
+		for _, m := range l.members[mi] {
+			m.Wait(1)
+		}
+	}
+}
+
+func (l *leaseMode) unwait(mi, g int32) {
+	if l.waiting[mi][g] {
+		l.waiting[mi][g] = false
+		for _, m := range l.members[mi] {
+			m.Wait(-1)
+		}
+	}
+}
+
+func (l *leaseMode) acquire(e *engine, mi, g int32) {
+	ms := l.ensure(e, mi)
+	s := &e.members[mi].gs[g]
+	l.unwait(mi, g)
+	res, tk, out, err := lease.Decide(ms, e.now, 1, e.maxWait)
+	switch {
+	case err != nil:
+		e.denied(mi, g, 0)
+	case out == lease.Granted:
+		s.ticket, s.hasTk = tk, true
+		e.permit(mi, g, e.now+res.Delay)
+	case out == lease.Throttled:
+		e.denied(mi, g, res.RetryAfter)
+	case out == lease.TooFar:
+		// The permit lies beyond the booking horizon: wait, then book it.
+		l.wait(mi, g)
+		e.schedule(event{at: e.now + max(res.RetryAfter, 1), kind: evRetry, m: mi, g: g, op: s.op})
+	case e.maxWait == 0 && !joining(ms):
+		e.denied(mi, g, res.RetryAfter) // no share (yet): a pessimistic client backs off
+	default:
+		// No share (yet), or the permit falls after the lease's end: wait for an answer
+		// from the store, then ask again.
+		l.wait(mi, g)
+		l.parked[mi] = append(l.parked[mi], g)
+	}
+	l.reschedule(e, mi)
+}
+
+// wake makes the goroutines waiting for a share ask again.
+func (l *leaseMode) wake(e *engine, mi int32) {
+	if len(l.parked[mi]) == 0 {
+		return
+	}
+	gs := slices.Clone(l.parked[mi])
+	l.parked[mi] = l.parked[mi][:0]
+	m := e.members[mi]
+	for _, g := range gs {
+		if m.gs[g].busy && l.waiting[mi][g] {
+			l.acquire(e, mi, g)
+		}
+	}
+}
+
+// reschedule sets member mi's renewal timer to its earliest due request.
+func (l *leaseMode) reschedule(e *engine, mi int32) {
+	ms := l.members[mi]
+	if ms == nil {
+		return
+	}
+	next := int64(math.MaxInt64)
+	for _, m := range ms {
+		if !m.Inflight() {
+			next = min(next, m.Due(e.now))
+		}
+	}
+	if next == math.MaxInt64 {
+		return
+	}
+	next = max(next, e.now)
+	if l.tickAt[mi] != 0 && l.tickAt[mi] <= next {
+		return
+	}
+	l.tickAt[mi] = next
+	l.tickSeq[mi]++
+	e.schedule(event{at: next, kind: evLeaseTick, m: mi, op: e.members[mi].inc, val: l.tickSeq[mi]})
+}
+
+// send sends a request about limit k to the store; reply says whether one is expected.
+func (l *leaseMode) send(e *engine, mi int32, k int, req lease.Request, reply bool) {
+	var slot int32
+	if n := len(l.free); n > 0 {
+		slot = l.free[n-1]
+		l.free = l.free[:n-1]
+	} else {
+		slot = int32(len(l.msgs))
+		l.msgs = append(l.msgs, leaseMsg{})
+	}
+	l.msgs[slot] = leaseMsg{limit: int32(k), req: req}
+	ev := event{kind: evLeaseReq, m: mi, g: int32(k), op: e.members[mi].inc, val: int64(slot), val2: req.Sent}
+	if !e.toStore(ev) {
+		l.free = append(l.free, slot)
+		if reply {
+			l.timeout(e, mi, k, req.Sent, req.Nonce)
+		}
+	}
+}
+
+// timeout schedules the member's time-out for a request that will get no answer in time.
+func (l *leaseMode) timeout(e *engine, mi int32, k int, sent int64, nonce uint64) {
+	e.schedule(event{at: sent + int64(e.sc.Store.Timeout), kind: evLeaseTimeout, m: mi, g: int32(k), op: e.members[mi].inc, val2: int64(nonce)})
+}
+
+func (l *leaseMode) handle(e *engine, ev *event) {
+	switch ev.kind {
+	case evLeaseTick:
+		if !l.current(e, ev) || ev.val != l.tickSeq[ev.m] {
+			return
+		}
+		l.tickAt[ev.m] = 0
+		for k, m := range l.members[ev.m] {
+			if req, ok := m.Request(e.now, 0); ok {
+				l.send(e, ev.m, k, req, true)
+			}
+		}
+		l.reschedule(e, ev.m)
+	case evLeaseReq:
+		l.store(e, ev)
+	case evLeaseReply:
+		slot := int32(ev.val)
+		msg := l.msgs[slot]
+		l.free = append(l.free, slot)
+		if !l.current(e, ev) {
+			return
+		}
+		l.members[ev.m][ev.g].Receive(e.now, msg.req.Nonce, msg.rep, msg.err)
+		l.checkMembers(e)
+		l.wake(e, ev.m)
+		l.reschedule(e, ev.m)
+	case evLeaseTimeout:
+		if !l.current(e, ev) {
+			return
+		}
+		e.timeouts++
+		l.members[ev.m][ev.g].Receive(e.now, uint64(ev.val2), lease.Reply{}, lease.ErrUnavailable)
+		l.reschedule(e, ev.m)
+	}
+}
+
+// store applies a request at the store, and answers it.
+func (l *leaseMode) store(e *engine, ev *event) {
+	slot := int32(ev.val)
+	msg := &l.msgs[slot]
+	reply := msg.req.Op == lease.OpJoin || msg.req.Op == lease.OpRenew
+	if !e.storeUp() || e.partitioned[ev.m] {
+		l.free = append(l.free, slot)
+		if reply {
+			l.timeout(e, ev.m, int(ev.g), ev.val2, msg.req.Nonce)
+		}
+		return
+	}
+	e.storeOps++
+	e.bucket().storeOps++
+	st := l.states[msg.limit]
+	msg.rep, msg.err = st.Apply(e.now, l.cfg, msg.req)
+	if st.Check(e.now) != nil {
+		l.rep.Breaches++
+	}
+	if !reply {
+		l.free = append(l.free, slot)
+		return
+	}
+	out := event{kind: evLeaseReply, m: ev.m, g: ev.g, op: ev.op, val: ev.val}
+	if !e.fromStore(out, ev.val2+int64(e.sc.Store.Timeout)) {
+		l.free = append(l.free, slot)
+		l.timeout(e, ev.m, int(ev.g), ev.val2, msg.req.Nonce)
+	}
+}
+
+// checkMembers checks, for every limit, that the shares the members have in use sum to
+// at most the limit, and follows the reclaim of crashed members' shares.
+func (l *leaseMode) checkMembers(e *engine) {
+	for k, lim := range l.limits {
+		var sum lease.Share
+		for mi, ms := range l.members {
+			if ms != nil && e.members[mi].present && l.minc[mi] == e.members[mi].inc {
+				in := ms[k].InUse(e.now)
+				sum.Rate += in.Rate
+				sum.Burst += in.Burst
+			}
+		}
+		if !sum.Fits(lease.Share{Rate: lease.RateScale, Burst: lim.Burst()}) {
+			l.rep.Breaches++
+		}
+		if k != 0 {
+			continue
+		}
+		l.rep.MaxRatePPM = max(l.rep.MaxRatePPM, sum.Rate)
+		l.rep.MaxBurst = max(l.rep.MaxBurst, sum.Burst)
+		l.crashes = slices.DeleteFunc(l.crashes, func(c pendingCrash) bool {
+			if sum.Rate >= c.target {
+				l.rep.ReclaimS[c.idx] = round(float64(e.now-c.at) / 1e9)
+				return true
+			}
+			return false
+		})
+	}
+}
+
+// inUse returns the rate the live members have in use of the first limit.
+func (l *leaseMode) inUse(e *engine) int64 {
+	var r int64
+	for mi, ms := range l.members {
+		if ms != nil && e.members[mi].present && l.minc[mi] == e.members[mi].inc {
+			r += ms[0].InUse(e.now).Rate
+		}
+	}
+	return r
+}
+
+// permitOK: a permit used later than its time plus the client's margin (its process was
+// paused) is given up (DESIGN.md §1: a reserved permit is used within J of its time or
+// given up), and the goroutine asks again.
+func (l *leaseMode) permitOK(e *engine, ev *event) bool {
+	if e.now <= ev.val+e.margin {
+		return true
+	}
+	s := &e.members[ev.m].gs[ev.g]
+	if s.hasTk && l.members[ev.m] != nil && l.minc[ev.m] == e.members[ev.m].inc {
+		_ = lease.Adjust(l.members[ev.m], e.now, s.ticket, 0)
+	}
+	s.hasTk = false
+	l.rep.ExpiredPermits++
+	return false
+}
+
+func (l *leaseMode) penalize(e *engine, mi int32, until int64) {
+	ms := l.ensure(e, mi)
+	if k := lease.Penalize(ms, e.now, until); k >= 0 {
+		l.send(e, mi, k, ms[k].PenalizeRequest(e.now, until), false)
+	}
+}
+
+func (l *leaseMode) left(e *engine, mi int32, graceful bool) {
+	if l.members == nil || l.members[mi] == nil || l.minc[mi] != e.members[mi].inc {
+		return
+	}
+	ms := l.members[mi]
+	m := e.members[mi]
+	if graceful {
+		// A graceful leave gives up the reservations its goroutines hold, then hands the
+		// shares back (with what they saved).
+		for g := range m.gs {
+			if s := &m.gs[g]; s.hasTk {
+				_ = lease.Adjust(ms, e.now, s.ticket, 0)
+				s.hasTk = false
+			}
+		}
+		for k, lm := range ms {
+			if req, ok := lm.Release(e.now); ok {
+				l.send(e, mi, k, req, false)
+			}
+		}
+	} else {
+		// A crash hands nothing back: its share is quarantined at the store until its
+		// lease ends and the grace passes. Follow how long the others take to use it.
+		l.rep.ReclaimS = append(l.rep.ReclaimS, -1)
+		l.crashes = append(l.crashes, pendingCrash{at: e.now, target: l.inUse(e) - RateSlack, idx: len(l.rep.ReclaimS) - 1})
+	}
+	l.memberSeconds += float64(e.now-l.since[mi]) / 1e9
+	l.members[mi] = nil
+	l.parked[mi] = l.parked[mi][:0]
+}
+
+// RateSlack is how much less rate than before a crash counts as reclaimed: shares are
+// rounded down to whole parts per million, and the water-filling leaves a few parts.
+const RateSlack = lease.RateScale / 1000
+
+// storeRestart: the store restarts empty, with a new incarnation: every member's epoch is
+// stale, and each limit is fenced off until every lease granted before has ended.
+func (l *leaseMode) storeRestart(e *engine) {
+	l.setup(e)
+	l.inc++
+	fence := e.now + int64(l.cfg.TTL) + int64(l.cfg.Grace)
+	for i, lim := range l.limits {
+		l.states[i], _ = lease.NewState(lim, l.inc, e.now, fence, l.cfg)
+	}
+}
+
+func (l *leaseMode) leaseReport(e *engine) *LeaseReport {
+	r := l.rep
+	if l.members != nil {
+		seconds := l.memberSeconds
+		for mi, ms := range l.members {
+			if ms != nil && e.members[mi].present && l.minc[mi] == e.members[mi].inc {
+				seconds += float64(e.now-l.since[mi]) / 1e9
+			}
+		}
+		if seconds > 0 {
+			r.StoreOpsPerMemberS = round(float64(e.storeOps) / seconds)
+		}
+	}
+	if r.ReclaimS == nil {
+		r.ReclaimS = []float64{}
+	}
+	r.ReclaimS = slices.Clone(r.ReclaimS)
+	return &r
+}
+
+// joining reports whether a member is still joining some limit: its first decision on a
+// key waits for its first share, whatever the client's bound (as the backend's does).
+func joining(ms []*lease.Member) bool {
+	for _, m := range ms {
+		if m.Joining() {
+			return true
+		}
+	}
+	return false
+}
