@@ -83,7 +83,9 @@ func TestRunShort(t *testing.T) {
 	for _, w := range s.PerWorker {
 		granted += w.Granted
 	}
-	if granted != s.Accepted {
+	// A request in flight when the run ends may be accepted by the referee while its
+	// worker, whose context ended, never reads the answer: at most one per worker.
+	if granted > s.Accepted || s.Accepted-granted > int64(len(s.PerWorker)) {
 		t.Errorf("workers counted %d grants, the referee %d", granted, s.Accepted)
 	}
 }
