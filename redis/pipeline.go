@@ -490,7 +490,7 @@ func (bb *batchBuilder) keyIndex(g *group, name string) int {
 // mode, and for each key the number of its records and its records, an operation that
 // repeats the previous record's being sent as '='.
 func (g *group) command(ctx context.Context, name string, script any) *goredis.Cmd {
-	n := 3 + 2*len(g.keys) + 1
+	n := 4 + 2*len(g.keys)
 	for _, c := range g.calls {
 		n += 1 + c.nf
 	}
@@ -518,6 +518,13 @@ func (g *group) command(ctx context.Context, name string, script any) *goredis.C
 		j := i
 		for j < len(g.calls) && g.calls[j].ki == ki {
 			j++
+		}
+		if j-i == 1 && prev != nil && g.calls[i].sameOp(prev) {
+			// A key's one call repeating the previous operation: '=' stands for 1 '='.
+			args = append(args, "=")
+			prev = g.calls[i]
+			i = j
+			continue
 		}
 		args = append(args, j-i)
 		for _, c := range g.calls[i:j] {
