@@ -16,8 +16,10 @@
 -- Sums, differences, comparisons and maxima of pairs are exact over the whole int64 range
 -- (s stays below 2^34). The script never multiplies or divides: the caller passes n*T per
 -- limit, and derives Remaining and ResetAfter from the TATs returned. It is written for
--- speed (it runs on Redis' one thread): no closures, no number formatting but one
--- string.format per key written, one pattern match per key read.
+-- speed (it runs on Redis' one thread): no closures, no number formatting but two
+-- string.format per key written, one pattern match per key read, tables made at their
+-- usual size (growing one costs more than a decision), and a shortcut for the commonest
+-- call alone.
 --
 -- KEYS     the batch's keys, each holding a key's state "1 HOLD TAT1 [TAT2 ...]" with each
 --          time as "s ns": the format, the end of the key's latest penalty (0 0 if none),
@@ -48,7 +50,6 @@ local B = 1000000000
 local tonumber, argv, keys = tonumber, ARGV, KEYS
 local match, format, ceil = string.match, string.format, math.ceil
 
--- Tables are made with their common size: growing one costs more than the decision.
 local nh, nl
 local virtual = false
 local mode = argv[1]
@@ -111,16 +112,15 @@ local i = 2
 local op, k = nil, 1
 local a1, a2, a3, a4
 local f
--- A key's TATs (pairs); those beyond the key's n are fresh (0 0).
+-- The key in hand's TATs (pairs): n of them, those beyond fresh (0 0).
 local th, tl = { 0, 0, 0, 0 }, { 0, 0, 0, 0 }
+local n = 0
 -- With several keys, the writes wait until every record is decided: each key's new value
--- (false: delete) and TTL.
-local wv, wt
-local n = 0 -- TATs held by the key in hand
--- With several keys, their states are read with MGET, in chunks (unpack's limit). MGET
--- gives nil for a key that holds another type, as for a missing one: if EXISTS finds
--- more keys than MGET values, the nil ones are read again with GET for their error.
-local vals
+-- (false: delete) and TTL; a lone key is written once its records are decided. The
+-- states are read with MGET, in chunks (unpack's limit). MGET gives nil for a key that
+-- holds another type, as for a missing one: if EXISTS finds more keys than MGET values,
+-- the nil ones are read again with GET for their error.
+local wv, wt, vals
 if nkeys > 1 then
   wv, wt = {}, {}
   for c = 1, nkeys, 1000 do
