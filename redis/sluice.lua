@@ -6,8 +6,8 @@
 -- keys, all at one `now`. Each key's state is read once and written at most once, and its
 -- records are applied in the order given (the order the calls arrived in); records on
 -- different keys do not interact, so the batch is the same as running the calls one by one
--- in that order at that instant. In Redis Cluster the caller puts only keys of one slot in a
--- batch.
+-- in that order at that instant. The caller puts only keys of one server in a call: in
+-- Redis Cluster, one key (see groupingOf in pipeline.go).
 --
 -- Numbers. Lua numbers are doubles, exact for integers below 2^53, and Unix nanoseconds
 -- (about 1.8e18) are far above that. Every time and duration is therefore a pair (s, ns)
