@@ -18,41 +18,15 @@ import (
 	"github.com/sluicehq/sluice/gcra"
 )
 
-// TestHashSlot: the slots of Redis Cluster's specification (CRC16 of the hash tag, or of
-// the whole name when the tag is missing or empty).
-func TestHashSlot(t *testing.T) {
-	for _, c := range []struct {
-		name string
-		want int
-	}{
-		{"123456789", 0x31c3},
-		{"foo", 12182},
-		{"bar", 5061},
-		{"{foo}bar", 12182},
-		{"x{foo}y{bar}", 12182},
-		{"foo{}{bar}", hashSlot("foo{}{bar}")}, // an empty tag: the whole name
-		{"{}", hashSlot("{}")},
-		{"sluice:v1:{bar}", 5061},
-		{"a{bar", hashSlot("a{bar")},
-	} {
-		if got := hashSlot(c.name); got != c.want {
-			t.Errorf("hashSlot(%q) = %d, want %d", c.name, got, c.want)
-		}
-	}
-	if hashSlot("foo{}{bar}") == hashSlot("bar") || hashSlot("a{bar") == hashSlot("bar") {
-		t.Error("a name without a proper tag was hashed by a part of it")
-	}
-}
-
 // testCall is a call on key name with op, for the grouping tests.
 func testCall(name string, op byte, vnow int64) *call {
 	return &call{name: name, op: op, virtual: vnow != 0, vnow: vnow, done: make(chan struct{}, 1)}
 }
 
 // TestGrouping: a batch is split into script calls by what may share one (every key for
-// one Redis, a hash slot for a cluster, a key for other clients; and the virtual now of
-// tests), each with its keys in order of first arrival and its calls ordered by key, each
-// key's calls in arrival order.
+// one Redis, a key for other clients; and the virtual now of tests), each with its keys
+// in order of first arrival and its calls ordered by key, each key's calls in arrival
+// order.
 func TestGrouping(t *testing.T) {
 	batch := []*call{
 		testCall("{a}", 'a', 0), testCall("{b}", 'd', 0), testCall("{a}", 'd', 0),
@@ -70,12 +44,6 @@ func TestGrouping(t *testing.T) {
 	}{
 		{groupAll, []want{
 			{"{a} {b} x{foo} y{foo}", []int{0, 2, 1, 4, 3, 5}, true},
-			{"{a}", []int{6}, true},
-		}},
-		{groupSlot, []want{
-			{"{a}", []int{0, 2}, true},
-			{"{b}", []int{1, 4}, true},
-			{"x{foo} y{foo}", []int{3, 5}, false},
 			{"{a}", []int{6}, true},
 		}},
 		{groupEachKey, []want{
@@ -124,7 +92,7 @@ func TestGroupingMany(t *testing.T) {
 			batch[i] = testCall(fmt.Sprintf("k{%d}", rng.IntN(1+round*5)), 'a', 0)
 			arrival[batch[i]] = i
 		}
-		for _, how := range []grouping{groupAll, groupSlot, groupEachKey} {
+		for _, how := range []grouping{groupAll, groupEachKey} {
 			bb.group(how, batch)
 			seen := 0
 			for i := range bb.groups {

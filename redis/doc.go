@@ -22,7 +22,10 @@
 //     sequences through the script and the Go core and demands identical decisions.
 //   - A key's state is one Redis string at PREFIX + "v1:{KEY}", versioned and hash-tagged
 //     for Redis Cluster, with a TTL that ends when the key is idle.
-//   - Concurrent calls from one process are coalesced into pipelines.
+//   - Concurrent calls from one process are coalesced into batches: one script call
+//     decides a batch's calls on every key (one Redis) or on one key (Redis Cluster and
+//     other sharding clients), reading and writing each key once, each key's calls in
+//     arrival order.
 //   - Every call returns within the time-out (WithTimeout, 100ms by default), even while
 //     Redis is down. A failure opens a breaker: calls are then answered at once with
 //     ErrUnavailable (the limiter's fail mode, closed or open, decides) or, with

@@ -328,20 +328,6 @@ func TestMultiProcessCluster(t *testing.T) {
 	}
 	util := judge(t, grants, sluice.MustParse(cfg.Limits))
 	checkUtilization(t, util, 12)
-	// Batches are grouped by the slot the backend computes: Redis' own.
-	cc := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs()})
-	defer cc.Close()
-	b := New(cc, WithPrefix(cfg.Prefix))
-	defer b.Close()
-	for _, key := range append(cfg.Keys, "", "a}b", `\`, "{x}", "é") {
-		name := b.KeyName(key)
-		for _, s := range []string{name, "{}" + name, "x{" + key, key} {
-			want, err := cl.Nodes[0].Do("CLUSTER", "KEYSLOT", s)
-			if got := ":" + strconv.Itoa(hashSlot(s)); err != nil || got != want {
-				t.Errorf("slot of %q: %s, Redis says %s %v", s, got, want, err)
-			}
-		}
-	}
 	keys := slices.Sorted(func(yield func(string) bool) {
 		for k := range util {
 			if !yield(k) {

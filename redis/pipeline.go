@@ -37,9 +37,7 @@ type call struct {
 	err   error
 	one   [1]any // holds a bare reply (a batch of one result), so res needs no allocation
 
-	// Batch building, owned by the flusher sending the call.
-	group int // index of the call's group (script call) in the batch
-	ki    int // index of the call's key in its group
+	ki int // index of the call's key in its group (batch building, by the sender)
 }
 
 const (
@@ -92,22 +90,25 @@ func (c *call) release() {
 }
 
 // grouping says which calls may share one script call. One script call may only touch
-// keys that live on one server (in Redis Cluster, in one hash slot).
+// keys that live on one server.
 type grouping int
 
 const (
 	groupAll     grouping = iota // one Redis (or a Sentinel's master): every key together
-	groupSlot                    // Redis Cluster: the keys of one hash slot together
-	groupEachKey                 // a client that shards otherwise (Ring, unknown): one key per call
+	groupEachKey                 // any other client: one key per script call
 )
 
-// groupingOf returns how calls through client may be grouped.
+// groupingOf returns how calls through client may be grouped: every key together on one
+// Redis; one key per script call for anything else. In Redis Cluster, a script call may
+// touch several keys only if they share a hash slot, and even then Redis answers
+// TRYAGAIN while that slot migrates if any of them is missing (idle keys always are),
+// where a single key is redirected (ASK); go-redis retries TRYAGAIN with back-off, so a
+// resharding would run calls into their time-out. With one key per call, a cluster batch
+// is one pipeline of script calls, each deciding all the batch's calls on its key. A
+// Ring shards by its own hash of the key, so it too gets one key per call.
 func groupingOf(client Client) grouping {
-	switch client.(type) {
-	case *goredis.Client:
+	if _, ok := client.(*goredis.Client); ok {
 		return groupAll
-	case *goredis.ClusterClient:
-		return groupSlot
 	}
 	return groupEachKey
 }
@@ -115,8 +116,9 @@ func groupingOf(client Client) grouping {
 // pipeliner coalesces the calls of concurrent goroutines into batches. A fixed set of
 // flusher goroutines (owned by the backend, stopped by Close) each take every call queued
 // (up to maxBatch) and send them as one pipeline holding one script call per group of
-// keys that may share one (every key for one Redis, one hash slot for Redis Cluster): the
-// script decides each group's calls in arrival order, reading and writing each key once.
+// keys that may share one (every key for one Redis, one key otherwise, see groupingOf):
+// the script decides each group's calls in arrival order, reading and writing each key
+// once.
 // A lone caller is sent at once, alone; while batches are in flight, new calls queue and
 // leave together with the next one, so the number of goroutines, not the round trip, sets
 // the throughput.
@@ -276,17 +278,13 @@ func (p *pipeliner) flusher() {
 // groupKey identifies the calls that may share one script call.
 type groupKey struct {
 	name    string // groupEachKey: the key
-	slot    int    // groupSlot: the hash slot
 	virtual bool
 	vnow    int64
 }
 
 func groupKeyOf(how grouping, c *call) groupKey {
 	gk := groupKey{virtual: c.virtual, vnow: c.vnow}
-	switch how {
-	case groupSlot:
-		gk.slot = hashSlot(c.name)
-	case groupEachKey:
+	if how == groupEachKey {
 		gk.name = c.name
 	}
 	return gk
@@ -490,7 +488,7 @@ func (bb *batchBuilder) keyIndex(g *group, name string) int {
 // mode, and for each key the number of its records and its records, an operation that
 // repeats the previous record's being sent as '='.
 func (g *group) command(ctx context.Context, name string, script any) *goredis.Cmd {
-	n := 3 + 2*len(g.keys) + 1
+	n := 4 + 2*len(g.keys)
 	for _, c := range g.calls {
 		n += 1 + c.nf
 	}
@@ -518,6 +516,13 @@ func (g *group) command(ctx context.Context, name string, script any) *goredis.C
 		j := i
 		for j < len(g.calls) && g.calls[j].ki == ki {
 			j++
+		}
+		if j-i == 1 && prev != nil && g.calls[i].sameOp(prev) {
+			// A key's one call repeating the previous operation: '=' stands for 1 '='.
+			args = append(args, "=")
+			prev = g.calls[i]
+			i = j
+			continue
 		}
 		args = append(args, j-i)
 		for _, c := range g.calls[i:j] {

@@ -6,8 +6,8 @@
 -- keys, all at one `now`. Each key's state is read once and written at most once, and its
 -- records are applied in the order given (the order the calls arrived in); records on
 -- different keys do not interact, so the batch is the same as running the calls one by one
--- in that order at that instant. In Redis Cluster the caller puts only keys of one slot in a
--- batch.
+-- in that order at that instant. The caller puts only keys of one server in a call: in
+-- Redis Cluster, one key (see groupingOf in pipeline.go).
 --
 -- Numbers. Lua numbers are doubles, exact for integers below 2^53, and Unix nanoseconds
 -- (about 1.8e18) are far above that. Every time and duration is therefore a pair (s, ns)
@@ -16,8 +16,10 @@
 -- Sums, differences, comparisons and maxima of pairs are exact over the whole int64 range
 -- (s stays below 2^34). The script never multiplies or divides: the caller passes n*T per
 -- limit, and derives Remaining and ResetAfter from the TATs returned. It is written for
--- speed (it runs on Redis' one thread): no closures, no number formatting but one
--- string.format per key written, one pattern match per key read.
+-- speed (it runs on Redis' one thread): no closures, no number formatting but two
+-- string.format per key written, one pattern match per key read, tables made at their
+-- usual size (growing one costs more than a decision), and a shortcut for the commonest
+-- call alone.
 --
 -- KEYS     the batch's keys, each holding a key's state "1 HOLD TAT1 [TAT2 ...]" with each
 --          time as "s ns": the format, the end of the key's latest penalty (0 0 if none),
@@ -25,8 +27,9 @@
 -- ARGV[1]  '' to read Redis TIME and reply without now; '+' to read Redis TIME and reply
 --          with now; or "s ns", a virtual now (tests only), replying with it. Real time
 --          may run ahead of a virtual now, so keys written with one get an hour's extra TTL.
--- Then for each key, in KEYS order: the number of its records, and its records. A record
--- is an operation and its fields, or '=': the previous record's operation and fields again.
+-- Then for each key, in KEYS order: the number of its records, and its records; or '=',
+-- short for 1 record: '='. A record is an operation and its fields, or '=': the previous
+-- record's operation and fields again.
 --   a  allow:    one permit now or never under one limit: Tau, T (pairs). Result: 1 or 0.
 --   d  decide:   n, maxDelay (pair), k, then per limit Tau, n*T (pairs). Result: allowed,
 --                delay (RetryAfter when denied) and TAT1..TATk (pairs).
@@ -47,22 +50,15 @@ local B = 1000000000
 local tonumber, argv, keys = tonumber, ARGV, KEYS
 local match, format, ceil = string.match, string.format, math.ceil
 
--- Tables are made with their common size: growing one costs more than the decision.
-local nh, nl, out, no
+local nh, nl
 local virtual = false
 local mode = argv[1]
 if mode == '' or mode == '+' then
   local t = redis.call('TIME')
   nh, nl = tonumber(t[1]), tonumber(t[2]) * 1000
-  if mode == '+' then
-    out, no = { nh, nl, 0 }, 2
-  else
-    out, no = { 0 }, 0
-  end
 else
   local a, b = match(mode, '^(%-?%d+) (%d+)$')
   nh, nl = tonumber(a), tonumber(b)
-  out, no = { nh, nl, 0 }, 2
   virtual = true
 end
 
@@ -98,10 +94,16 @@ if nkeys == 1 and #argv == 7 and argv[3] == 'a' then
       redis.call('SET', key, format('1 0 0 %d %d', xh, xl), 'PX', format('%d', ms))
       r = 1
     end
-    if no == 0 then return r end
-    out[3] = r
-    return out
+    if mode == '' then return r end
+    return { nh, nl, r }
   end
+end
+
+local out, no
+if mode == '' then
+  out, no = { 0 }, 0
+else
+  out, no = { nh, nl, 0 }, 2
 end
 
 local i = 2
@@ -110,15 +112,15 @@ local i = 2
 local op, k = nil, 1
 local a1, a2, a3, a4
 local f
--- A key's TATs (pairs); those beyond the key's n are fresh (0 0).
+-- The key in hand's TATs (pairs): n of them, those beyond fresh (0 0).
 local th, tl = { 0, 0, 0, 0 }, { 0, 0, 0, 0 }
+local n = 0
 -- With several keys, the writes wait until every record is decided: each key's new value
--- (false: delete) and TTL.
-local wv, wt
--- With several keys, their states are read with MGET, in chunks (unpack's limit). MGET
--- gives nil for a key that holds another type, as for a missing one: if EXISTS finds
--- more keys than MGET values, the nil ones are read again with GET for their error.
-local vals
+-- (false: delete) and TTL; a lone key is written once its records are decided. The
+-- states are read with MGET, in chunks (unpack's limit). MGET gives nil for a key that
+-- holds another type, as for a missing one: if EXISTS finds more keys than MGET values,
+-- the nil ones are read again with GET for their error.
+local wv, wt, vals
 if nkeys > 1 then
   wv, wt = {}, {}
   for c = 1, nkeys, 1000 do
@@ -143,13 +145,20 @@ end
 
 for ki = 1, nkeys do
   local key = keys[ki]
-  local cnt = argv[i]
-  if cnt == '1' then cnt = 1 else cnt = tonumber(cnt) end
+  local cnt, again = argv[i], false
+  if cnt == '=' then
+    cnt, again = 1, true
+  elseif cnt == '1' then
+    cnt = 1
+  else
+    cnt = tonumber(cnt)
+  end
   i = i + 1
 
-  -- Read the state: hold, and n TATs.
-  local hh, hl, n = 0, 0, 0
-  if ki > 1 then th[1], tl[1], th[2], tl[2], th[3], tl[3], th[4], tl[4] = 0, 0, 0, 0, 0, 0, 0, 0 end
+  -- Read the state: hold, and n TATs (the previous key's are cleared).
+  for j = 1, n do th[j], tl[j] = 0, 0 end
+  local hh, hl
+  hh, hl, n = 0, 0, 0
   local err
   local v
   if nkeys > 1 then
@@ -194,8 +203,11 @@ for ki = 1, nkeys do
 
   local dirty = false
   for _ = 1, cnt do
-    local o = argv[i]
-    i = i + 1
+    local o = '='
+    if not again then
+      o = argv[i]
+      i = i + 1
+    end
     if o ~= '=' then
       op = o
       if o == 'a' then
