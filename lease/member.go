@@ -65,7 +65,11 @@ func (c MemberConfig) Validate() error {
 
 // headroom is how much more than its measured rate an unthrottled member asks for, so
 // that it can grow before it is held back.
-const headroom = 1.25
+const headroom = 1.5
+
+// saturation is the fraction of its share's rate a held-back member must ask for to count
+// as saturated (wanting more), rather than bursty.
+const saturation = 0.8
 
 // prefetchLevel: with less than this fraction of its share's burst left while the policy
 // means to give it more, a member renews early (seed 001's 20%).
@@ -122,9 +126,11 @@ type Member struct {
 	winStart  int64
 	asked     int64
 	used      int64
-	throttled bool // held back by its share in this window
-	saturated bool // held back, and active ever since
-	waiting   int  // callers waiting for a share (see Wait)
+	throttled bool  // held back by its share in this window
+	saturated bool  // held back, and active ever since
+	heldRuns  int   // windows in a row in which it asked and was held back
+	think     int64 // smoothed time from a permit falling due to the next call (the API's service time)
+	waiting   int   // callers waiting for a share (see Wait)
 	lastCall  int64
 	lastRetry int64
 	rate      float64 // smoothed asked rate, permits per nanosecond
@@ -288,6 +294,12 @@ func Decide(ms []*Member, now, n, maxDelay int64) (gcra.Result, gcra.Ticket, Out
 	return decide(ms, now, n, maxDelay, true)
 }
 
+// DecideAgain is Decide for a request decided again after a wait (NoLease, LeaseEnds,
+// TooFar): its permits were already counted in the members' demand.
+func DecideAgain(ms []*Member, now, n, maxDelay int64) (gcra.Result, gcra.Ticket, Outcome, error) {
+	return decide(ms, now, n, maxDelay, false)
+}
+
 // decide is Decide; count is false when the same request is decided again after a wait
 // (its permits were already counted in the members' demand).
 func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra.Ticket, Outcome, error) {
@@ -306,10 +318,11 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 			return gcra.Result{}, gcra.Ticket{}, Throttled, gcra.ErrCostExceedsBurst
 		}
 		if n > 0 {
-			m.lastCall = now
 			if count {
 				m.asked += n
+				m.learnThink(now)
 			}
+			m.lastCall = now
 		}
 		if !m.usable(now) || n > m.local.Burst() {
 			lease = false
@@ -406,6 +419,7 @@ func (m *Member) AllowOne(now int64) (allowed, ok bool) {
 	if !m.usable(now) {
 		return false, false
 	}
+	m.learnThink(now)
 	m.lastCall = now
 	m.asked++
 	tat, allowed := gcra.AllowOne(m.tat, m.local, now)
@@ -494,7 +508,7 @@ func (m *Member) applyPenalty(now, until int64) {
 }
 
 // active reports whether the member's callers are still at it: one waiting for a share,
-// a permit pending, or a call recent enough (allowing twice the wait a denial asked for:
+// a permit pending, or a call recent enough (allowing thrice the wait a denial asked for:
 // callers back off with jitter).
 func (m *Member) active(now int64) bool { return m.waiting > 0 || now <= m.quietAt() }
 
@@ -504,7 +518,16 @@ func (m *Member) Wait(delta int) { m.waiting = max(0, m.waiting+delta) }
 
 // quietAt is the instant after which the member counts as idle.
 func (m *Member) quietAt() int64 {
-	return max(m.busyAt, m.lastCall+2*m.lastRetry) + m.idleGap
+	return max(m.busyAt, m.lastCall+3*m.lastRetry) + m.idleGap + 2*m.think
+}
+
+// learnThink learns, from a call at now, how long its callers take between a permit
+// falling due and their next call (the API's service time, scheduling): a caller is
+// judged idle only well after that.
+func (m *Member) learnThink(now int64) {
+	if gap := now - m.busyAt; m.busyAt >= m.lastCall && gap >= 0 && gap < 2*m.renew {
+		m.think += (gap - m.think) / 4
+	}
 }
 
 // tokens returns the permits the member could take now, in nanoseconds of the limit
@@ -557,7 +580,7 @@ func (m *Member) Due(now int64) int64 {
 	case !m.rated() && (m.asked > 0 || m.throttled):
 		d = min(d, m.lastSent+m.renew/4) // waiting for others to shrink at their renewals
 	}
-	if (m.throttled || m.saturated) && m.rated() && m.waiting == 0 {
+	if m.saturated && m.rated() && m.waiting == 0 {
 		d = min(d, m.quietAt()+1) // gone idle after being held back: give the share back
 	}
 	if m.has && m.growing() && m.level(now) < prefetchLevel {
@@ -592,7 +615,7 @@ func (m *Member) Request(now, early int64) (Request, bool) {
 		// Seed 001's relinquish: a member that went quiet after being held back, while
 		// others want all they can get, gives its share back in this very request, with
 		// the permits it saved (nothing of it is pending).
-		if m.rated() && m.contended && (m.throttled || m.saturated) && !m.active(now) && m.pendingUntil(now) <= now {
+		if m.rated() && m.contended && m.saturated && !m.active(now) && m.pendingUntil(now) <= now {
 			if now >= m.returnBy {
 				m.returnable = 0
 			}
@@ -633,15 +656,14 @@ func (m *Member) inUse(now int64) uint64 {
 }
 
 // measure closes the demand window at now and returns the demand to report, in parts of
-// RateScale: as much as it can get when it joins, and while its share holds it back and
-// it keeps asking;
-// nothing once it went quiet after being held back (an on/off caller whose spell ended);
-// otherwise its smoothed asked rate with some headroom.
+// RateScale: as much as it can get when it joins, has no rate, or is saturated (held back
+// by its share while asking for most of it) and still at it; nothing once it went quiet
+// after being saturated (an on/off caller whose spell ended); otherwise its smoothed
+// asked rate with some headroom.
 func (m *Member) measure(now int64) int64 {
 	dt := now - m.winStart
 	quiet := !m.active(now)
-	held := m.throttled || m.saturated
-	if m.joined && dt < m.renew/2 && !(held && quiet) && !(m.throttled && m.demand < RateScale) {
+	if m.joined && dt < m.renew/2 && !(m.saturated && quiet) && !(!m.rated() && m.asked > 0) {
 		// A request soon after the last (an acknowledgement, a prefetch): too short a
 		// window to measure; the demand stands and the window goes on.
 		return m.demand
@@ -649,28 +671,42 @@ func (m *Member) measure(now int64) int64 {
 	if dt > 0 && m.joined {
 		r := float64(m.asked) / float64(dt)
 		if m.measured {
-			w := float64(dt) / float64(dt+2*m.renew) // smoothing over about two renewals
+			w := float64(dt) / float64(dt+4*m.renew) // smoothing over about four renewals
 			m.rate += w * (r - m.rate)
 		} else {
 			m.rate, m.measured = r, true
 		}
 	}
+	measured := int64(math.Min(float64(RateScale), m.rate*float64(m.limit.T)*float64(RateScale)*headroom))
+	// Saturated: held back in two asking windows running, and asking (on average) at least most
+	// of what its share gives (a caller that waits asks no faster than it is served). A
+	// member held back now and then by a burst of requests under its share is not: it
+	// reports its rate.
+	switch {
+	case m.throttled:
+		m.heldRuns++
+	case m.asked > 0:
+		m.heldRuns = 0 // asked, and was never held back
+	}
+	sat := m.throttled && (!m.rated() || m.heldRuns >= 2 && m.rate*float64(m.local.T) >= saturation)
 	var d int64
 	switch {
-	case !m.joined, held && !quiet, !m.rated() && m.asked > 0:
-		// A member joins because it was asked for permits: as much as it can get, until
-		// it has measured its demand; and as much as it can get while held back.
+	case !m.joined, !m.rated() && m.asked > 0, (sat || m.saturated) && !quiet:
+		// A member joins because it was asked for permits, one without a rate is asked
+		// for them, and a saturated one wants more: as much as it can get (the policy
+		// gives it at most an equal part of what the others leave).
 		d = RateScale
-	case held:
-		m.rate = 0 // quiet after being held back: an on/off caller whose spell ended
+	case m.saturated || sat:
+		m.rate = 0 // quiet after being saturated: an on/off caller whose spell ended
 	default:
-		d = int64(math.Min(float64(RateScale), m.rate*float64(m.limit.T)*float64(RateScale)*headroom))
+		d = measured
 		if d == 0 && m.asked > 0 {
 			d = 1
 		}
 	}
-	// Still saturated while active, unless it asked this window without being held back.
-	m.saturated = held && !quiet && (m.throttled || m.asked == 0)
+	// Still saturated while active and held back whenever it asks (one that asked with no
+	// rate at all is, by definition).
+	m.saturated = (sat || m.saturated) && !quiet && (m.throttled || m.asked == 0)
 	m.demand = d
 	m.lastUsed, m.lastWin = m.used, dt
 	m.winStart, m.asked, m.used, m.throttled = now, 0, 0, false

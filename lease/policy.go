@@ -84,6 +84,15 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 		tg[i].Rate = give
 		left -= give
 	}
+	// In a rotation only the holders can use rate (the others have no burst): what their
+	// demands leave goes to them, equally.
+	if left > 0 && rotating {
+		for k, i := range holders {
+			give := left / int64(len(holders)-k)
+			tg[i].Rate += give
+			left -= give
+		}
+	}
 	// What nobody wanting more needs stays with whoever holds it (an idle member keeps
 	// its share, and its saved burst, until someone needs the capacity): nobody gives up
 	// capacity that no one else wants. Only when no rotation is going on.

@@ -165,8 +165,12 @@ func (l *leaseMode) unwait(mi, g int32) {
 func (l *leaseMode) acquire(e *engine, mi, g int32) {
 	ms := l.ensure(e, mi)
 	s := &e.members[mi].gs[g]
+	decide := lease.Decide
+	if l.waiting[mi][g] {
+		decide = lease.DecideAgain // the same request, after a wait: counted once
+	}
 	l.unwait(mi, g)
-	res, tk, out, err := lease.Decide(ms, e.now, 1, e.maxWait)
+	res, tk, out, err := decide(ms, e.now, 1, e.maxWait)
 	switch {
 	case err != nil:
 		e.denied(mi, g, 0)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -307,5 +308,116 @@ func TestHotLoopDoesNotAllocatePerRequest(t *testing.T) {
 	// report, which grow with time, not requests.
 	if l > s+3000 {
 		t.Errorf("allocations: %d for 1 minute, %d for 20 minutes: the hot loop allocates per request", s, l)
+	}
+}
+
+// --- lease mode ---
+
+// TestLeaseKeepsTheLimitEverywhere: in every shipped scenario that runs the lease mode,
+// and in the others run under it, the referee sees no violation and the shares in use
+// (member side) and counted (store side) never sum past the limit at any check — through
+// joins, graceful leaves, crashes, pauses longer than a lease, partitions, store outages
+// and store restarts.
+func TestLeaseKeepsTheLimitEverywhere(t *testing.T) {
+	files, _ := filepath.Glob("../scenarios/*.yaml")
+	for _, f := range files {
+		if testing.Short() && !strings.Contains(f, "lease") && !strings.Contains(f, "seed00") {
+			continue
+		}
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			sc, err := Load(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Five minutes of each (the hour- and day-long ones are slow under -race).
+			sc.Duration = min(sc.Duration, Duration(5*time.Minute))
+			sc.Events = slices.DeleteFunc(sc.Events, func(e Event) bool { return e.At > sc.Duration })
+			r := run1(t, sc, "lease")
+			if r.Violations != 0 || r.Lease == nil || r.Lease.Breaches != 0 {
+				t.Errorf("violations %d, lease %+v", r.Violations, r.Lease)
+			}
+			if r.Lease.MaxRatePPM > 1_000_000 || r.Lease.MaxBurst > r.Lease.Burst {
+				t.Errorf("in use at most %d ppm and %d of %d burst", r.Lease.MaxRatePPM, r.Lease.MaxBurst, r.Lease.Burst)
+			}
+			t.Logf("accepted %d utilization %.4f jain %.4f store ops/member/s %.2f", r.Accepted, r.Utilization, r.Jain, r.Lease.StoreOpsPerMemberS)
+		})
+	}
+}
+
+const leasePool = `
+duration: 3m
+seed: 5
+limit: 100/s burst=20
+modes: [lease]
+sample: 1s
+network:
+  store: {latency: {dist: uniform, min: 500us, max: 2ms}}
+  api: {latency: {dist: uniform, min: 5ms, max: 15ms}}
+store: {timeout: 50ms}
+client: {max_wait: 1s, margin: 12ms, backoff: {base: 20ms, max: 1s, jitter: 0.5}}
+lease: {ttl: 1s, grace: 500ms, renew: 250ms}
+members:
+  - name: m
+    count: 8
+    goroutines: 4
+    demand: {pattern: backlog, n: 1000000}
+`
+
+// TestLeaseEqualDemand: equal demand above the limit: at least 95% of the limit used and
+// Jain's index at least 0.99; a crashed member's share is back in use within TTL + grace
+// + one renewal interval.
+func TestLeaseEqualDemand(t *testing.T) {
+	r := run1(t, parse(t, leasePool), "lease")
+	t.Logf("utilization %.4f jain %.4f store ops/member/s %.2f", r.Utilization, r.Jain, r.Lease.StoreOpsPerMemberS)
+	if r.Violations != 0 || r.Utilization < 0.95 || r.Jain < 0.99 {
+		t.Errorf("violations %d utilization %.4f jain %.4f, want 0, at least 0.95 and 0.99", r.Violations, r.Utilization, r.Jain)
+	}
+	if ops := r.Lease.StoreOpsPerMemberS; ops > 10 {
+		t.Errorf("%.1f store operations per member per second, want a handful", ops)
+	}
+	crash := parse(t, leasePool+"events:\n  - {at: 60s, crash: m3}\n  - {at: 120s, crash: [m5, m6]}\n")
+	r = run1(t, crash, "lease")
+	bound := (time.Second + 500*time.Millisecond + 250*time.Millisecond).Seconds()
+	if len(r.Lease.ReclaimS) != 3 {
+		t.Fatalf("reclaims %v, want one per crash", r.Lease.ReclaimS)
+	}
+	for i, s := range r.Lease.ReclaimS {
+		if s < 0 || s > bound {
+			t.Errorf("crash %d: the share was back in use after %.3fs, want within TTL + grace + a renewal (%.2fs)", i, s, bound)
+		}
+	}
+	if r.Violations != 0 || r.Lease.Breaches != 0 || r.Utilization < 0.95 {
+		t.Errorf("with crashes: violations %d breaches %d utilization %.4f", r.Violations, r.Lease.Breaches, r.Utilization)
+	}
+	t.Logf("reclaims %v (bound %.2fs)", r.Lease.ReclaimS, bound)
+}
+
+// TestLeasePauseLongerThanALease: a member frozen for longer than its lease finds, when
+// it wakes, that its permits came due too late: it gives them up (they would break the
+// limit's spacing) and asks again; its lease ended meanwhile, so it joins again.
+func TestLeasePauseLongerThanALease(t *testing.T) {
+	r := run1(t, parse(t, leasePool+"events:\n  - {at: 30s, pause: [m1, m2], for: 3s}\n"), "lease")
+	if r.Violations != 0 || r.Lease.Breaches != 0 || r.Lease.ExpiredPermits == 0 {
+		t.Errorf("violations %d breaches %d expired permits %d, want 0, 0 and some", r.Violations, r.Lease.Breaches, r.Lease.ExpiredPermits)
+	}
+}
+
+// TestLeaseStoreRestartFences: after the store restarts empty, nothing is granted until
+// every lease granted before has ended (TTL + grace); the limit holds throughout.
+func TestLeaseStoreRestartFences(t *testing.T) {
+	r := run1(t, parse(t, leasePool+"events:\n  - {at: 60s, store_restart: true}\n"), "lease")
+	if r.Violations != 0 || r.Lease.Breaches != 0 || r.Utilization < 0.95 {
+		t.Errorf("violations %d breaches %d utilization %.4f", r.Violations, r.Lease.Breaches, r.Utilization)
+	}
+	if len(r.Events) != 1 || r.Events[0].Event != "store restart" || r.Events[0].ConvergenceS < 0 || r.Events[0].ConvergenceS > 5 {
+		t.Errorf("events %+v", r.Events)
+	}
+}
+
+// TestLeaseRefusesLimitChanges: the lease mode does not model a limit that changes.
+func TestLeaseRefusesLimitChanges(t *testing.T) {
+	_, err := Run(parse(t, leasePool+"events:\n  - {at: 60s, limit: 50/s}\n"), Options{Modes: []string{"lease"}})
+	if err == nil || !strings.Contains(err.Error(), "limit changes") {
+		t.Errorf("got %v", err)
 	}
 }
