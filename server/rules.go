@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/sluicehq/sluice"
 )
@@ -71,7 +72,8 @@ func literalSuffix(m string) string {
 func unescape(m string) string { return literalPrefix(m) }
 
 // globMatch matches s against pattern p ('*', '?', '\' escapes), iteratively with one
-// backtrack point: linear for the patterns rules use.
+// backtrack point: linear for the patterns rules use. '?' matches one character (a UTF-8
+// rune, as path.Match does), and '*' any run of whole characters.
 func globMatch(p, s string) bool {
 	pi, si := 0, 0
 	star, mark := -1, 0
@@ -83,8 +85,9 @@ func globMatch(p, s string) bool {
 				pi++
 				continue
 			case '?':
+				_, n := utf8.DecodeRuneInString(s[si:])
 				pi++
-				si++
+				si += n
 				continue
 			case '\\':
 				if pi+1 < len(p) && p[pi+1] == s[si] {
@@ -104,7 +107,8 @@ func globMatch(p, s string) bool {
 			return false
 		}
 		pi = star + 1
-		mark++
+		_, n := utf8.DecodeRuneInString(s[mark:])
+		mark += n
 		si = mark
 	}
 	for pi < len(p) && p[pi] == '*' {
