@@ -36,8 +36,12 @@ func newLeaseMember(b *testing.B, store lease.Store, id string, limits sluice.Li
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { l.Close(); be.Close() })
-	for i := 0; i < 100 && !l.Allow(ctx, "api"); i++ { // join, past the join window
-		time.Sleep(10 * time.Millisecond)
+	// Wait for the join (and a fresh limit's join window) and a share: a later member's
+	// comes when the others shrink at their next renewal.
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := l.Wait(wctx, "api"); err != nil {
+		b.Fatalf("member %s got no share: %v", id, err)
 	}
 	return l
 }
