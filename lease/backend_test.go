@@ -54,7 +54,6 @@ type cluster struct {
 	cut     []*cutStore
 	members []*Backend
 	limit   gcra.Limit
-	mu      sync.Mutex
 	permits []int64
 	granted []int64
 }

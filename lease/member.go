@@ -75,9 +75,6 @@ const saturation = 0.8
 // means to give it more, a member renews early (seed 001's 20%).
 const prefetchLevel = 0.2
 
-// ErrNoLease is the error a member reports when it holds no usable share.
-var ErrNoLease = errors.New("sluice lease: no share of the limit held")
-
 // Member is one member's side of one limit: the lease it holds, its GCRA state at its
 // share, its demand, and when it must talk to the store. Like State it is a pure core:
 // its methods take now (the member's monotonic clock, nanoseconds) and return decisions

@@ -26,8 +26,7 @@ type world struct {
 	members []*simMember
 	msgs    []msg
 	permits map[ticketKey]int64 // every grant: its time and cost, to judge conformance at the end
-	fenceAt int64
-	maxRate int64 // the most rate in use at once, seen from the members
+	maxRate int64               // the most rate in use at once, seen from the members
 }
 
 type simMember struct {

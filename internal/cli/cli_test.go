@@ -75,7 +75,7 @@ func TestDemoJSON(t *testing.T) {
 	if j["mode"] != "local" || j["limit"] != "20/s burst=10" {
 		t.Errorf("mode %v limit %v", j["mode"], j["limit"])
 	}
-	code, out, errs = run(t, "demo", "--mode", "lease", "--duration", "1s", "--workers", "3", "--json")
+	code, out, errs = run(t, "demo", "--mode", "lease", "--duration", "1s", "--workers", "3", "--margin", "100ms", "--json")
 	if code != 0 {
 		t.Fatalf("lease: exit %d: %s", code, errs)
 	}

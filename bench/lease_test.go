@@ -1,0 +1,190 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/lease"
+	"golang.org/x/time/rate"
+)
+
+// countingStore counts the round trips members make to the store.
+type countingStore struct {
+	lease.Store
+	trips atomic.Int64
+}
+
+func (c *countingStore) Apply(ctx context.Context, calls []lease.Call) ([]lease.Result, error) {
+	c.trips.Add(1)
+	return c.Store.Apply(ctx, calls)
+}
+
+// newLeaseMember returns a limiter deciding on its lease of the limit from store, as a
+// process in lease mode would, and waits until it holds its share.
+func newLeaseMember(b *testing.B, store lease.Store, id string, limits sluice.Limits) *sluice.Limiter {
+	be, err := lease.New(store, lease.WithID(id))
+	if err != nil {
+		b.Fatal(err)
+	}
+	l, err := sluice.New(limits, sluice.WithBackend(be))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { l.Close(); be.Close() })
+	// Wait for the join (and a fresh limit's join window) and a share: a later member's
+	// comes when the others shrink at their next renewal.
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := l.Wait(wctx, "api"); err != nil {
+		b.Fatalf("member %s got no share: %v", id, err)
+	}
+	return l
+}
+
+func newMemStore(b *testing.B) *lease.MemStore {
+	st, err := lease.NewMemStore(lease.DefaultConfig(), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return st
+}
+
+// BenchmarkLeaseAllowOneKey: Allow on one key from one goroutine, in lease mode (one member
+// holding the whole limit) against x/time/rate.
+func BenchmarkLeaseAllowOneKey(b *testing.B) {
+	limits := sluice.Limits{sluice.PerSecond(ratePerSec).WithBurst(burst)}
+	b.Run("impl=sluice-lease", func(b *testing.B) {
+		l := newLeaseMember(b, newMemStore(b), "m1", limits)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for b.Loop() {
+			l.Allow(ctx, "api")
+		}
+	})
+	b.Run("impl=xrate", func(b *testing.B) {
+		l := rate.NewLimiter(rate.Limit(ratePerSec), burst)
+		b.ReportAllocs()
+		for b.Loop() {
+			l.Allow()
+		}
+	})
+}
+
+// BenchmarkLeaseAllowParallel: Allow on one key from GOMAXPROCS goroutines of one member.
+func BenchmarkLeaseAllowParallel(b *testing.B) {
+	limits := sluice.Limits{sluice.PerSecond(ratePerSec).WithBurst(burst)}
+	b.Run("impl=sluice-lease", func(b *testing.B) {
+		l := newLeaseMember(b, newMemStore(b), "m1", limits)
+		b.ReportAllocs()
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				l.Allow(ctx, "api")
+			}
+		})
+	})
+	b.Run("impl=xrate", func(b *testing.B) {
+		l := rate.NewLimiter(rate.Limit(ratePerSec), burst)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				l.Allow()
+			}
+		})
+	})
+}
+
+// BenchmarkLeaseStoreOps: how often two members that share a limit touch the store while
+// they decide about 1,000, or as many as they can (over 1,000,000), decisions a second
+// between them, for two seconds of real time per iteration (run it with -benchtime 1x).
+// It reports decisions per second and store round trips per member per second: the same
+// handful at both rates.
+func BenchmarkLeaseStoreOps(b *testing.B) {
+	for _, tc := range []struct {
+		name   string
+		paced  bool
+		limits sluice.Limits
+	}{
+		{"decisions=1k", true, sluice.Limits{sluice.PerSecond(2000).WithBurst(200)}},
+		{"decisions=1M", false, sluice.Limits{sluice.PerSecond(ratePerSec).WithBurst(burst)}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			var decisions, trips, seconds float64
+			for range b.N {
+				store := &countingStore{Store: newMemStore(b)}
+				ms := []*sluice.Limiter{newLeaseMember(b, store, "m1", tc.limits), newLeaseMember(b, store, "m2", tc.limits)}
+				before := store.trips.Load()
+				var n atomic.Int64
+				var wg sync.WaitGroup
+				start := time.Now()
+				end := start.Add(2 * time.Second)
+				for _, l := range ms {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						next := time.Now()
+						for time.Now().Before(end) {
+							if tc.paced { // 500 a second per member
+								next = next.Add(2 * time.Millisecond)
+								time.Sleep(time.Until(next))
+							}
+							for range 64 {
+								l.Allow(ctx, "api")
+								n.Add(1)
+								if tc.paced {
+									break
+								}
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				el := time.Since(start).Seconds()
+				decisions += float64(n.Load())
+				trips += float64(store.trips.Load() - before)
+				seconds += el
+			}
+			b.ReportMetric(decisions/seconds, "decisions/s")
+			b.ReportMetric(trips/seconds/2, "storeops/s/member")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
+
+// TestLeaseMemberDecidesAlone checks what the lease benchmarks assume: a member alone
+// holds the whole limit and decides it exactly as x/time/rate does.
+func TestLeaseMemberDecidesAlone(t *testing.T) {
+	st, err := lease.NewMemStore(lease.DefaultConfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	be, err := lease.New(st, lease.WithID("alone"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	l, err := sluice.New(sluice.Limits{sluice.PerSecond(1).WithBurst(3)}, sluice.WithBackend(be))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var got int
+	for i := 0; i < 10; i++ {
+		if l.Allow(ctx, "k") {
+			got++
+		}
+	}
+	// The first decision of a fresh limit waits out its join window (50 ms) and gets the
+	// whole burst.
+	if got != 3 {
+		t.Fatalf("grants of a fresh key with burst 3: %d", got)
+	}
+	if s := be.Leases(); len(s) != 1 || s[0].Share.Rate != lease.RateScale {
+		t.Fatalf("leases %s", fmt.Sprint(s))
+	}
+}
