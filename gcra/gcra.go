@@ -174,11 +174,13 @@ func AllowOne(tat int64, l Limit, now int64) (int64, bool) {
 // difference at once (the API has already counted it). It returns the updated ticket.
 //
 // A refund gives back only what cannot have been promised to anybody since: the part of
-// the grant not covered by grants made after it (as x/time/rate's CancelAt does), and
-// nothing once the grant's slot has fully elapsed (now >= TatAfter), because idle time
-// may already have absorbed it. Refunds are therefore safe but may be partial. holdUntil
-// is the end of the key's latest penalty (0 if none): a refund never reopens a key before
-// it (see Penalize).
+// the grant not covered by grants made after it (as x/time/rate's CancelAt does), never
+// taking the TAT below now plus the charges of those grants (once the grant's slot has
+// begun, the grants made since may sit on top of it with idle time before them: lowering
+// the TAT under now would forget them), and nothing once the grant's slot has fully
+// elapsed (now >= TatAfter), because idle time may already have absorbed it. Refunds are
+// therefore safe but may be partial. holdUntil is the end of the key's latest penalty (0
+// if none): a refund never reopens a key before it (see Penalize).
 func Adjust(tats []int64, limits []Limit, now int64, t Ticket, newN, holdUntil int64) (Ticket, error) {
 	if newN < 0 {
 		return t, ErrInvalidCost
@@ -194,13 +196,17 @@ func Adjust(tats []int64, limits []Limit, now int64, t Ticket, newN, holdUntil i
 				continue
 			}
 			refund := (t.N - newN) * l.T
-			later := tats[i] - t.TatAfter[i] // charged by grants made after this one
-			r := min(refund, refund-later)
+			later := max(0, tats[i]-t.TatAfter[i]) // charged by grants made after this one
+			r := refund - later
 			if r <= 0 {
 				continue
 			}
-			tats[i] -= r
-			t.TatAfter[i] -= r
+			tat := max(tats[i]-r, now+later)
+			if tat >= tats[i] {
+				continue
+			}
+			t.TatAfter[i] -= tats[i] - tat
+			tats[i] = tat
 		}
 	}
 	Penalize(tats, limits, now, holdUntil)

@@ -282,9 +282,10 @@ type outstanding struct {
 }
 
 // TestPropertyConformance runs random sequences of requests (weights, reservations),
-// cancellations, settlements up and down, and penalties through the core, and checks that
-// the permits actually used conform to every limit, that nothing is used before a penalty's
-// end, and that every grant respects its reservation bound.
+// cancellations (some reaching the core after the grant's slot, as a distributed caller's
+// may), settlements up and down, penalties and idle spells through the core, and checks
+// that the permits actually used conform to every limit, that nothing is used before a
+// penalty's end, and that every grant respects its reservation bound.
 func TestPropertyConformance(t *testing.T) {
 	trials := 400
 	if testing.Short() {
@@ -305,6 +306,9 @@ func TestPropertyConformance(t *testing.T) {
 		now := int64(rng.Int64N(sec))
 		for step := 0; step < 300; step++ {
 			now += rng.Int64N(ls[0].T)
+			if rng.IntN(10) == 0 {
+				now += rng.Int64N(ls[0].Tau) // an idle spell, partial or whole
+			}
 			switch op := rng.IntN(10); {
 			case op < 6: // request
 				n := 1 + rng.Int64N(maxN)
@@ -329,9 +333,11 @@ func TestPropertyConformance(t *testing.T) {
 				open = slices.Delete(open, k, k+1)
 				var newN int64
 				if rng.IntN(2) == 0 {
-					if now >= o.tk.At {
+					if now >= o.tk.At && rng.IntN(2) == 0 {
 						continue // already used: cannot be cancelled
 					}
+					// Cancelled before use; the cancellation may reach the core after the
+					// slot (a process' clock and the decider's differ by a round trip).
 				} else {
 					newN = rng.Int64N(2*o.tk.N + 1)
 					if newN > o.tk.N && slices.ContainsFunc(uses, func(u use) bool { return u.at > now && u.n > 0 }) {
@@ -449,6 +455,43 @@ func TestAdjust(t *testing.T) {
 	}
 	if _, err := Adjust(tats, ls, 0, c, -1, 0); !errors.Is(err, ErrInvalidCost) {
 		t.Errorf("negative settle: %v", err)
+	}
+}
+
+// TestAdjustKeepsLaterGrants: a grant settled after its slot began (settled down to what
+// was used, or cancelled by a caller whose cancellation reached the decider late) gives
+// back only what keeps the charges of the grants made since, counted from now: the
+// permits of the grant made since are never granted twice. T=10, burst 5.
+func TestAdjustKeepsLaterGrants(t *testing.T) {
+	ls := []Limit{{T: 10, Tau: 50}}
+	for _, c := range []struct {
+		name  string
+		newN  int64 // what the first grant settles to (0: cancelled, never used)
+		wantT int64 // the TAT after the settlement
+		wantA int64 // when 5 more permits are granted
+	}{
+		{"cancelled", 0, 35, 35},
+		{"settled down to 1", 1, 35, 35},
+	} {
+		tats := []int64{0}
+		_, first, _ := Decide(tats, ls, 0, 3, 0) // 3 at 0: TAT 30
+		if _, _, _ = Decide(tats, ls, 25, 1, 0); tats[0] != 40 {
+			t.Fatalf("%s: step 1: TAT %d, want 40", c.name, tats[0]) // 1 at 25, on top
+		}
+		if _, err := Adjust(tats, ls, 25, first, c.newN, 0); err != nil || tats[0] != c.wantT {
+			t.Fatalf("%s: step 2: TAT %d (%v), want %d", c.name, tats[0], err, c.wantT)
+		}
+		r, tk, _ := Decide(tats, ls, 25, 5, 100)
+		if !r.Allowed || tk.At != c.wantA {
+			t.Fatalf("%s: step 3: 5 permits %+v at %d, want at %d", c.name, r, tk.At, c.wantA)
+		}
+		uses := []use{{at: 25, n: 1}, {at: tk.At, n: 5}}
+		if c.newN > 0 {
+			uses = append(uses, use{at: 0, n: c.newN})
+		}
+		if k, ok := referee(uses, ls); !ok {
+			t.Fatalf("%s: use %d breaks the limit: %v", c.name, k, uses)
+		}
 	}
 }
 

@@ -43,7 +43,7 @@ type workerConfig struct {
 }
 
 // grantRecord is one grant as the backend saw it: its Redis time (the ticket's At) and
-// cost; cancelled grants are reported with n = 0.
+// cost; grants the worker gave back (cancelled, so never used) are reported with n = 0.
 type grantRecord struct {
 	key string
 	at  int64
@@ -51,7 +51,9 @@ type grantRecord struct {
 }
 
 // recorder is a backend that records every grant of the backend it wraps, and marks
-// grants cancelled through it.
+// grants cancelled through it: the worker never uses those, whether the cancellation
+// reached Redis or failed (its context may end with the call in flight, after Redis
+// refunded).
 type recorder struct {
 	backend.Backend
 	mu     sync.Mutex
@@ -72,7 +74,7 @@ func (r *recorder) Decide(ctx context.Context, key string, req backend.Request) 
 
 func (r *recorder) Adjust(ctx context.Context, key string, ls []gcra.Limit, t gcra.Ticket, newN int64) error {
 	err := r.Backend.Adjust(ctx, key, ls, t, newN)
-	if err == nil && newN == 0 {
+	if newN == 0 {
 		r.mu.Lock()
 		if i, ok := r.index[t]; ok {
 			r.grants[i].n = 0

@@ -310,7 +310,8 @@ for ki = 1, nkeys do
             th[j], tl[j] = xh, xl
           elseif sign < 0 then
             -- A refund of what no later grant relies on, and nothing once the grant's
-            -- slot has passed: r = refund - max(0, tat - tatAfter).
+            -- slot has passed: with later = max(0, tat - tatAfter) and
+            -- r = refund - later, tat becomes max(tat - r, now + later) if lower.
             local ah, al = f[4 * j + 4], f[4 * j + 5]
             if nh < ah or (nh == ah and nl < al) then
               local lh, ll = th[j] - ah, tl[j] - al
@@ -321,7 +322,10 @@ for ki = 1, nkeys do
               if rh > 0 or (rh == 0 and rl > 0) then
                 local yh, yl = th[j] - rh, tl[j] - rl
                 if yl < 0 then yh, yl = yh - 1, yl + B end
-                th[j], tl[j] = yh, yl
+                local bh, bl = nh + lh, nl + ll
+                if bl >= B then bh, bl = bh + 1, bl - B end
+                if yh < bh or (yh == bh and yl < bl) then yh, yl = bh, bl end
+                if yh < th[j] or (yh == th[j] and yl < tl[j]) then th[j], tl[j] = yh, yl end
               end
             end
           end
