@@ -113,13 +113,14 @@ func (r *Reservation) requeue(ctx context.Context) error {
 	return nil
 }
 
-// Cancel gives the permits back: they were not used. What it can give back depends on the
-// grants made since (see gcra.Adjust). It is a no-op on a denied, cancelled or settled
-// reservation.
+// Cancel gives the permits back: they were not used. Only the key's newest grant gives
+// anything back (nothing granted or penalized on the key since, see gcra.Adjust): a
+// reservation others were stacked on keeps its place, so that their permits are never
+// granted twice. It is a no-op on a denied, cancelled or settled reservation.
 func (r *Reservation) Cancel(ctx context.Context) error { return r.Settle(ctx, 0) }
 
-// Settle adjusts the reservation to its real cost n: less refunds the difference (what
-// can be refunded safely), more charges the difference at once. Only the first Cancel or
+// Settle adjusts the reservation to its real cost n: less refunds the difference when it
+// is the key's newest grant (as Cancel), more charges the difference at once. Only the first Cancel or
 // Settle acts.
 func (r *Reservation) Settle(ctx context.Context, n int) error {
 	r.mu.Lock()

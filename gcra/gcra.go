@@ -173,13 +173,16 @@ func AllowOne(tat int64, l Limit, now int64) (int64, bool) {
 // permits were never used), newN < t.N refunds the difference, newN > t.N charges the
 // difference at once (the API has already counted it). It returns the updated ticket.
 //
-// A refund gives back only what cannot have been promised to anybody since: the part of
-// the grant not covered by grants made after it (as x/time/rate's CancelAt does), never
-// taking the TAT below now plus the charges of those grants (once the grant's slot has
-// begun, the grants made since may sit on top of it with idle time before them: lowering
-// the TAT under now would forget them), and nothing once the grant's slot has fully
-// elapsed (now >= TatAfter), because idle time may already have absorbed it. Refunds are
-// therefore safe but may be partial. holdUntil is the end of the key's latest penalty (0
+// A refund is given only by the newest grant on the key, before its slot has passed:
+// when every limit's TAT still equals the ticket's TatAfter (nothing was granted, charged
+// or penalized on the key since) and now < TatAfter, the TAT goes back by the refund, as
+// if the grant had been for newN; otherwise nothing is given back. A grant that others
+// were stacked on cannot give its place back: they were promised slots on top of it, and
+// when refunds interleave (one lowers the TAT under another open grant's, later grants
+// raise it back) no rule that looks only at the TAT and the ticket can tell what those
+// grants rely on (x/time/rate's CancelAt rule, "the part not covered by later grants",
+// gives back too much then; the property test finds such sequences). Refunds are
+// therefore safe but may be nothing. holdUntil is the end of the key's latest penalty (0
 // if none): a refund never reopens a key before it (see Penalize).
 func Adjust(tats []int64, limits []Limit, now int64, t Ticket, newN, holdUntil int64) (Ticket, error) {
 	if newN < 0 {
@@ -188,25 +191,17 @@ func Adjust(tats []int64, limits []Limit, now int64, t Ticket, newN, holdUntil i
 	for i, l := range limits {
 		switch {
 		case newN > t.N:
-			extra := (newN - t.N) * l.T
-			tats[i] = max(tats[i], now) + extra
-			t.TatAfter[i] = tats[i]
+			top := tats[i] == t.TatAfter[i]
+			tats[i] = max(tats[i], now) + (newN-t.N)*l.T
+			if top {
+				t.TatAfter[i] = tats[i] // still the newest: a later refund may come off the top
+			}
 		case newN < t.N:
-			if now >= t.TatAfter[i] {
+			if tats[i] != t.TatAfter[i] || now >= t.TatAfter[i] {
 				continue
 			}
-			refund := (t.N - newN) * l.T
-			later := max(0, tats[i]-t.TatAfter[i]) // charged by grants made after this one
-			r := refund - later
-			if r <= 0 {
-				continue
-			}
-			tat := max(tats[i]-r, now+later)
-			if tat >= tats[i] {
-				continue
-			}
-			t.TatAfter[i] -= tats[i] - tat
-			tats[i] = tat
+			tats[i] -= (t.N - newN) * l.T
+			t.TatAfter[i] = tats[i]
 		}
 	}
 	Penalize(tats, limits, now, holdUntil)

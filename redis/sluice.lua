@@ -309,24 +309,14 @@ for ki = 1, nkeys do
             if xl >= B then xh, xl = xh + 1, xl - B end
             th[j], tl[j] = xh, xl
           elseif sign < 0 then
-            -- A refund of what no later grant relies on, and nothing once the grant's
-            -- slot has passed: with later = max(0, tat - tatAfter) and
-            -- r = refund - later, tat becomes max(tat - r, now + later) if lower.
+            -- A refund, only by the newest grant on the key (tat = tatAfter: nothing
+            -- granted, charged or penalized since) and only before its slot has passed
+            -- (now < tatAfter): tat = tat - refund (gcra.Adjust says why).
             local ah, al = f[4 * j + 4], f[4 * j + 5]
-            if nh < ah or (nh == ah and nl < al) then
-              local lh, ll = th[j] - ah, tl[j] - al
-              if ll < 0 then lh, ll = lh - 1, ll + B end
-              if lh < 0 then lh, ll = 0, 0 end
-              local rh, rl = ch - lh, cl - ll
-              if rl < 0 then rh, rl = rh - 1, rl + B end
-              if rh > 0 or (rh == 0 and rl > 0) then
-                local yh, yl = th[j] - rh, tl[j] - rl
-                if yl < 0 then yh, yl = yh - 1, yl + B end
-                local bh, bl = nh + lh, nl + ll
-                if bl >= B then bh, bl = bh + 1, bl - B end
-                if yh < bh or (yh == bh and yl < bl) then yh, yl = bh, bl end
-                if yh < th[j] or (yh == th[j] and yl < tl[j]) then th[j], tl[j] = yh, yl end
-              end
+            if th[j] == ah and tl[j] == al and (nh < ah or (nh == ah and nl < al)) then
+              local yh, yl = ah - ch, al - cl
+              if yl < 0 then yh, yl = yh - 1, yl + B end
+              th[j], tl[j] = yh, yl
             end
           end
         end
