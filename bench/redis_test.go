@@ -72,6 +72,29 @@ func redisCPU(c *goredis.Client) time.Duration {
 	return time.Duration(total * float64(time.Second))
 }
 
+// redisCommandTime is the time Redis spent executing commands (INFO commandstats, usec),
+// other than the benchmark's own INFO and CONFIG: the scripts' cost without the network's.
+func redisCommandTime(c *goredis.Client) time.Duration {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		return 0
+	}
+	var total int64
+	for _, line := range strings.Split(info, "\n") {
+		name, stats, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") || name == "cmdstat_info" || strings.HasPrefix(name, "cmdstat_config") {
+			continue
+		}
+		for _, kv := range strings.Split(stats, ",") {
+			if v, ok := strings.CutPrefix(kv, "usec="); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				total += n
+			}
+		}
+	}
+	return time.Duration(total) * time.Microsecond
+}
+
 // processCPU is this process' CPU time (user + system).
 func processCPU() time.Duration {
 	var ru syscall.Rusage
@@ -85,7 +108,7 @@ func runDecisions(b *testing.B, g int, keys []string, info *goredis.Client, deci
 	lat := make([]int64, b.N)
 	var next, denied atomic.Int64
 	var wg sync.WaitGroup
-	cpu0, rcpu0 := processCPU(), redisCPU(info)
+	cpu0, rcpu0, cmd0 := processCPU(), redisCPU(info), redisCommandTime(info)
 	b.ResetTimer()
 	start := time.Now()
 	for w := 0; w < g; w++ {
@@ -108,7 +131,7 @@ func runDecisions(b *testing.B, g int, keys []string, info *goredis.Client, deci
 	wg.Wait()
 	elapsed := time.Since(start)
 	b.StopTimer()
-	cpu, rcpu := processCPU()-cpu0, redisCPU(info)-rcpu0
+	cpu, rcpu, cmd := processCPU()-cpu0, redisCPU(info)-rcpu0, redisCommandTime(info)-cmd0
 	slices.Sort(lat)
 	n := float64(b.N)
 	b.ReportMetric(n/elapsed.Seconds(), "decisions/s")
@@ -116,12 +139,16 @@ func runDecisions(b *testing.B, g int, keys []string, info *goredis.Client, deci
 	b.ReportMetric(float64(lat[len(lat)*99/100])/1e3, "p99-us")
 	b.ReportMetric(float64(cpu.Microseconds())/n, "client-cpu-us/op")
 	b.ReportMetric(float64(rcpu.Microseconds())/n, "redis-cpu-us/op")
+	b.ReportMetric(float64(cmd.Nanoseconds())/1e3/n, "redis-exec-us/op")
 	b.ReportMetric(float64(denied.Load())/n, "denied/op")
 }
 
 // The limit both libraries get: so high that every decision grants, so that the
-// benchmark measures deciding, not waiting (as the local benchmarks do).
-var redisLimit = redis_rate.Limit{Rate: 1_000_000_000, Burst: 1000, Period: time.Second}
+// benchmark measures deciding, not waiting (as the local benchmarks do), and low enough
+// that both write every grant: at 1e9/s redis_rate's float seconds lose the 1 ns
+// increment (new TAT = now), so it never wrote its key and was measured running a
+// read-only script (TestRedisLibrariesAgree checks that both write).
+var redisLimit = redis_rate.Limit{Rate: 1_000_000, Burst: 1000, Period: time.Second}
 
 // BenchmarkRedis: decisions on one Redis shared by client and server on this machine, at
 // 1, 8 and 64 goroutines, on one key and on 10,000 keys. impl=sluice is Limiter.Allow
@@ -170,8 +197,8 @@ func BenchmarkRedis(b *testing.B) {
 }
 
 // TestRedisLibrariesAgree checks what the benchmark assumes of both libraries on a real
-// Redis: a fresh key gets its burst and is then throttled, so neither is measured
-// short-circuiting.
+// Redis: a fresh key gets its burst and is then throttled, and at the benchmark's limit
+// both grant and write their key, so neither is measured short-circuiting.
 func TestRedisLibrariesAgree(t *testing.T) {
 	addr := startRedis(t)
 	ctx := context.Background()
@@ -195,5 +222,17 @@ func TestRedisLibrariesAgree(t *testing.T) {
 	}
 	if sn != 3 || rn != 3 {
 		t.Fatalf("grants of a fresh key with burst 3: sluice %d, redis_rate %d", sn, rn)
+	}
+	lim := sluice.MustNew(sluice.Limits{sluice.PerSecond(int64(redisLimit.Rate)).WithBurst(int64(redisLimit.Burst))}, sluice.WithBackend(be))
+	if !lim.Allow(ctx, "fast") {
+		t.Fatal("sluice denied at the benchmark's limit")
+	}
+	if r, err := rl.Allow(ctx, "fast", redisLimit); err != nil || r.Allowed != 1 {
+		t.Fatalf("redis_rate at the benchmark's limit: %+v %v", r, err)
+	}
+	for _, k := range []string{be.KeyName("fast"), "rate:fast"} {
+		if n, err := c.Exists(ctx, k).Result(); err != nil || n != 1 {
+			t.Errorf("at the benchmark's limit, key %q was not written (%d, %v)", k, n, err)
+		}
 	}
 }

@@ -42,7 +42,8 @@ func TestKeyName(t *testing.T) {
 }
 
 // TestRealTimeAndTTL: with Redis TIME, a grant's ticket is in Redis' time base (Unix
-// nanoseconds), the key carries a TTL that ends when it is idle, and it vanishes then.
+// nanoseconds), the key carries a TTL that ends when it is idle, but not before a second
+// (the script's MINTTL), and it vanishes then.
 func TestRealTimeAndTTL(t *testing.T) {
 	c := newClient(t, shared.URL())
 	b := New(c, WithPrefix(prefix(t)), WithTimeout(5*time.Second))
@@ -59,8 +60,15 @@ func TestRealTimeAndTTL(t *testing.T) {
 	}
 	name := b.KeyName("k")
 	ttl, err := c.PTTL(ctx, name).Result()
-	if err != nil || ttl <= 0 || ttl > 101*time.Millisecond {
-		t.Fatalf("PTTL = %v %v, want within (0, 101ms]", ttl, err)
+	if err != nil || ttl <= 500*time.Millisecond || ttl > time.Second {
+		t.Fatalf("PTTL = %v %v, want within (500ms, 1s]: idle within 100ms, kept a second", ttl, err)
+	}
+	slow := []gcra.Limit{{T: int64(1500 * time.Millisecond), Tau: int64(3 * time.Second)}}
+	if g, err := b.Decide(ctx, "slow", backend.Request{Limits: slow, N: 2}); err != nil || !g.Allowed {
+		t.Fatalf("%+v %v", g, err)
+	}
+	if ttl, err := c.PTTL(ctx, b.KeyName("slow")).Result(); err != nil || ttl <= 2*time.Second || ttl > 3001*time.Millisecond {
+		t.Fatalf("PTTL = %v %v, want within (2s, 3.001s]: idle in 3s", ttl, err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for c.Exists(ctx, name).Val() == 1 {
