@@ -5,6 +5,7 @@ BENCHCOUNT    ?= 6
 BENCHTIME     ?= 1s
 FUZZTIME      ?= 1m
 SOAKTIME      ?= 60s
+PROPERTY_TRIALS ?= 200000
 BENCH         ?= .
 RESULTS       ?= results/local.txt
 PKGS          := ./...
@@ -17,7 +18,7 @@ all: lint test
 test:
 	$(GO) test -race -timeout 15m $(PKGS)
 	cd bench && $(GO) test -race -timeout 5m -run . ./...
-	$(MAKE) fuzz FUZZTIME=3s
+	$(MAKE) fuzz FUZZTIME=3s PROPERTY_TRIALS=0
 
 ## test-short: the quick subset, for the edit loop.
 test-short:
@@ -36,7 +37,8 @@ bench:
 	cd bench && $(GO) tool benchstat -col /impl $(RESULTS)
 
 ## fuzz: each fuzz target for FUZZTIME (make test runs each for 3s; their seed corpora run
-## with the other tests).
+## with the other tests), then the core's property test for PROPERTY_TRIALS random
+## sequences (make test runs its default 2,000; 0 skips the long run).
 FUZZ_TARGETS := .:FuzzParse ./server:FuzzParseLine ./server:FuzzParseConfig ./server:FuzzGlobMatch
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
@@ -44,6 +46,10 @@ fuzz:
 	  echo "fuzz $$pkg $$name for $(FUZZTIME)"; \
 	  $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
 	done
+	@if [ "$(PROPERTY_TRIALS)" != 0 ]; then \
+	  echo "property test of ./gcra, $(PROPERTY_TRIALS) trials"; \
+	  SLUICE_PROPERTY_TRIALS=$(PROPERTY_TRIALS) $(GO) test -count=1 -run '^TestPropertyConformance$$' ./gcra || exit 1; \
+	fi
 
 ## soak: long real-time runs that judge real decisions exactly (SOAKTIME each).
 soak:
