@@ -18,8 +18,8 @@
 -- limit, and derives Remaining and ResetAfter from the TATs returned. It is written for
 -- speed (it runs on Redis' one thread): no closures, no number formatting but two
 -- string.format per key written, one pattern match per key read, tables made at their
--- usual size (growing one costs more than a decision), and a shortcut for the commonest
--- call alone.
+-- usual size (growing one costs more than a decision), and shortcuts for the two
+-- commonest calls alone (an allowance, a decision under one limit).
 --
 -- KEYS     the batch's keys, each holding a key's state "1 HOLD TAT1 [TAT2 ...]" with each
 --          time as "s ns": the format, the end of the key's latest penalty (0 0 if none),
@@ -102,6 +102,57 @@ if nkeys == 1 and #argv == 7 and argv[3] == 'a' then
     end
     if mode == '' then return r end
     return { nh, nl, r }
+  end
+end
+
+-- The next commonest: one decision under one limit, alone, on a key in the common state
+-- or none (argv: mode, 1, 'd', n, maxDelay, 1, Tau, n*T). Same answer as the general path.
+if nkeys == 1 and #argv == 11 and argv[3] == 'd' and argv[7] == '1' then
+  local key = keys[1]
+  first = first or redis.pcall('GET', key)
+  local th1, tl1 = 0, 0
+  if type(first) == 'string' then
+    local c, d = match(first, '^1 0 0 (%-?%d+) (%d+)$')
+    if c then th1, tl1 = tonumber(c), tonumber(d) else th1 = nil end
+  elseif first then
+    th1 = nil
+  end
+  if th1 then
+    local n = tonumber(argv[4])
+    local ch, cl = tonumber(argv[10]), tonumber(argv[11])
+    local dh, dl = 0, 0
+    if n > 0 then
+      local xh, xl = th1, tl1
+      if xh < nh or (xh == nh and xl < nl) then xh, xl = nh, nl end
+      xh, xl = xh + ch - tonumber(argv[8]) - nh, xl + cl - tonumber(argv[9]) - nl
+      if xl < 0 then
+        xh, xl = xh - 1, xl + B
+        if xl < 0 then xh, xl = xh - 1, xl + B end
+      elseif xl >= B then
+        xh, xl = xh + 1, xl - B
+      end
+      if dh < xh or (dh == xh and dl < xl) then dh, dl = xh, xl end
+    end
+    local mh, ml = tonumber(argv[5]), tonumber(argv[6])
+    local r = 1
+    if mh < dh or (mh == dh and ml < dl) then
+      r = 0
+    elseif n > 0 then
+      local ah, al = nh + dh, nl + dl
+      if al >= B then ah, al = ah + 1, al - B end
+      if th1 < ah or (th1 == ah and tl1 < al) then th1, tl1 = ah, al end
+      th1, tl1 = th1 + ch, tl1 + cl
+      if tl1 >= B then th1, tl1 = th1 + 1, tl1 - B end
+      -- Granted: the TAT is after now, so the key is not idle.
+      local eh, el = th1 - nh, tl1 - nl
+      if el < 0 then eh, el = eh - 1, el + B end
+      local ms = eh * 1000 + ceil(el / 1000000)
+      if ms < MINTTL then ms = MINTTL end
+      if virtual then ms = ms + 3600000 end
+      redis.call('SET', key, format('1 0 0 %d %d', th1, tl1), 'PX', format('%d', ms))
+    end
+    if mode == '' then return { r, dh, dl, th1, tl1 } end
+    return { nh, nl, r, dh, dl, th1, tl1 }
   end
 end
 
