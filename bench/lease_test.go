@@ -10,7 +10,6 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/lease"
-	"golang.org/x/time/rate"
 )
 
 // countingStore counts the round trips members make to the store.
@@ -66,13 +65,7 @@ func BenchmarkLeaseAllowOneKey(b *testing.B) {
 			l.Allow(ctx, "api")
 		}
 	})
-	b.Run("impl=xrate", func(b *testing.B) {
-		l := rate.NewLimiter(rate.Limit(ratePerSec), burst)
-		b.ReportAllocs()
-		for b.Loop() {
-			l.Allow()
-		}
-	})
+	b.Run("impl=xrate", benchXrateAllow)
 }
 
 // BenchmarkLeaseAllowParallel: Allow on one key from GOMAXPROCS goroutines of one member.
@@ -88,15 +81,7 @@ func BenchmarkLeaseAllowParallel(b *testing.B) {
 			}
 		})
 	})
-	b.Run("impl=xrate", func(b *testing.B) {
-		l := rate.NewLimiter(rate.Limit(ratePerSec), burst)
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				l.Allow()
-			}
-		})
-	})
+	b.Run("impl=xrate", benchXrateAllowParallel)
 }
 
 // BenchmarkLeaseStoreOps: how often two members that share a limit touch the store while

@@ -71,13 +71,7 @@ func BenchmarkAllowOneKey(b *testing.B) {
 			l.Allow(ctx, "api")
 		}
 	})
-	b.Run("impl=xrate", func(b *testing.B) {
-		l := rate.NewLimiter(rate.Limit(ratePerSec), burst)
-		b.ReportAllocs()
-		for b.Loop() {
-			l.Allow()
-		}
-	})
+	b.Run("impl=xrate", benchXrateAllow)
 	b.Run("impl=uber", func(b *testing.B) {
 		l := uber.New(ratePerSec)
 		b.ReportAllocs()
@@ -98,15 +92,7 @@ func BenchmarkAllowOneKeyParallel(b *testing.B) {
 			}
 		})
 	})
-	b.Run("impl=xrate", func(b *testing.B) {
-		l := rate.NewLimiter(rate.Limit(ratePerSec), burst)
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				l.Allow()
-			}
-		})
-	})
+	b.Run("impl=xrate", benchXrateAllowParallel)
 	b.Run("impl=uber", func(b *testing.B) {
 		l := uber.New(ratePerSec)
 		b.ReportAllocs()
@@ -192,4 +178,25 @@ func TestLibrariesAgree(t *testing.T) {
 	if time.Since(start) < 30*time.Millisecond {
 		t.Fatalf("uber ratelimit did not pace Take")
 	}
+}
+
+// benchXrateAllow is the x/time/rate baseline the one-key benchmarks (local and lease
+// mode) compare with: Allow on one limiter from one goroutine.
+func benchXrateAllow(b *testing.B) {
+	l := rate.NewLimiter(rate.Limit(ratePerSec), burst)
+	b.ReportAllocs()
+	for b.Loop() {
+		l.Allow()
+	}
+}
+
+// benchXrateAllowParallel is benchXrateAllow from GOMAXPROCS goroutines.
+func benchXrateAllowParallel(b *testing.B) {
+	l := rate.NewLimiter(rate.Limit(ratePerSec), burst)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			l.Allow()
+		}
+	})
 }

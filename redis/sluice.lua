@@ -16,7 +16,7 @@
 -- Sums, differences, comparisons and maxima of pairs are exact over the whole int64 range
 -- (s stays below 2^34). The script never multiplies or divides: the caller passes n*T per
 -- limit, and derives Remaining and ResetAfter from the TATs returned. It is written for
--- speed (it runs on Redis' one thread): no closures, no number formatting but two
+-- speed (it runs on Redis' one thread): one closure (ttl), no number formatting but two
 -- string.format per key written, one pattern match per key read, tables made at their
 -- usual size (growing one costs more than a decision), and shortcuts for the two
 -- commonest calls alone (an allowance, a decision under one limit).
@@ -69,91 +69,83 @@ end
 
 local nkeys = #keys
 
--- The commonest call alone: one allowance, on one key in the common state (no penalty,
--- one limit) or none. The general path below gives the same answer, more slowly; any
--- other state goes on to it.
-local first -- the key's value, once read here
-if nkeys == 1 and #argv == 7 and argv[3] == 'a' then
-  local key = keys[1]
-  first = redis.pcall('GET', key)
-  local xh, xl = 0, 0
-  if type(first) == 'string' then
+-- ttl is a key's TTL in milliseconds (as text for PX) when its latest time is (h, l) > now:
+-- until then, rounded up, and at least MINTTL; an hour more under a virtual now.
+local function ttl(h, l)
+  local dh, dl = h - nh, l - nl
+  if dl < 0 then dh, dl = dh - 1, dl + B end
+  local ms = dh * 1000 + ceil(dl / 1000000)
+  if ms < MINTTL then ms = MINTTL end
+  if virtual then ms = ms + 3600000 end
+  return format('%d', ms)
+end
+
+-- Shortcuts for the two commonest calls alone, on one key in the common state (no
+-- penalty, one limit) or none: an allowance (argv: mode, 1, 'a', Tau, T) and a decision
+-- under one limit (argv: mode, 1, 'd', n, maxDelay, 1, Tau, n*T). The general path below
+-- gives the same answers, more slowly; any other state goes on to it with the value read.
+local first -- the lone key's value, once read here
+local fh, fl -- its TAT, in the common state or none
+local short = nkeys == 1 and ((#argv == 7 and argv[3] == 'a') or (#argv == 11 and argv[3] == 'd' and argv[7] == '1'))
+if short then
+  first = redis.pcall('GET', keys[1])
+  if not first then
+    fh, fl = 0, 0
+  elseif type(first) == 'string' then
     local c, d = match(first, '^1 0 0 (%-?%d+) (%d+)$')
-    if c then xh, xl = tonumber(c), tonumber(d) else xh = nil end
-  elseif first then
-    xh = nil
-  end
-  if xh then
-    if xh < nh or (xh == nh and xl < nl) then xh, xl = nh, nl end
-    xh, xl = xh + tonumber(argv[6]), xl + tonumber(argv[7])
-    if xl >= B then xh, xl = xh + 1, xl - B end
-    local zh, zl = xh - tonumber(argv[4]), xl - tonumber(argv[5])
-    if zl < 0 then zh, zl = zh - 1, zl + B end
-    local r = 0
-    if not (nh < zh or (nh == zh and nl < zl)) then
-      -- Granted: the TAT is now + T or later, so the key is not idle.
-      local dh, dl = xh - nh, xl - nl
-      if dl < 0 then dh, dl = dh - 1, dl + B end
-      local ms = dh * 1000 + ceil(dl / 1000000)
-      if ms < MINTTL then ms = MINTTL end
-      if virtual then ms = ms + 3600000 end
-      redis.call('SET', key, format('1 0 0 %d %d', xh, xl), 'PX', format('%d', ms))
-      r = 1
-    end
-    if mode == '' then return r end
-    return { nh, nl, r }
+    if c then fh, fl = tonumber(c), tonumber(d) end
   end
 end
 
--- The next commonest: one decision under one limit, alone, on a key in the common state
--- or none (argv: mode, 1, 'd', n, maxDelay, 1, Tau, n*T). Same answer as the general path.
-if nkeys == 1 and #argv == 11 and argv[3] == 'd' and argv[7] == '1' then
-  local key = keys[1]
-  first = first or redis.pcall('GET', key)
-  local th1, tl1 = 0, 0
-  if type(first) == 'string' then
-    local c, d = match(first, '^1 0 0 (%-?%d+) (%d+)$')
-    if c then th1, tl1 = tonumber(c), tonumber(d) else th1 = nil end
-  elseif first then
-    th1 = nil
+if fh and argv[3] == 'a' then
+  local xh, xl = fh, fl
+  if xh < nh or (xh == nh and xl < nl) then xh, xl = nh, nl end
+  xh, xl = xh + tonumber(argv[6]), xl + tonumber(argv[7])
+  if xl >= B then xh, xl = xh + 1, xl - B end
+  local zh, zl = xh - tonumber(argv[4]), xl - tonumber(argv[5])
+  if zl < 0 then zh, zl = zh - 1, zl + B end
+  local r = 0
+  if not (nh < zh or (nh == zh and nl < zl)) then
+    -- Granted: the TAT is now + T or later, so the key is not idle.
+    redis.call('SET', keys[1], format('1 0 0 %d %d', xh, xl), 'PX', ttl(xh, xl))
+    r = 1
   end
-  if th1 then
-    local n = tonumber(argv[4])
-    local ch, cl = tonumber(argv[10]), tonumber(argv[11])
-    local dh, dl = 0, 0
-    if n > 0 then
-      local xh, xl = th1, tl1
-      if xh < nh or (xh == nh and xl < nl) then xh, xl = nh, nl end
-      xh, xl = xh + ch - tonumber(argv[8]) - nh, xl + cl - tonumber(argv[9]) - nl
-      if xl < 0 then
-        xh, xl = xh - 1, xl + B
-        if xl < 0 then xh, xl = xh - 1, xl + B end
-      elseif xl >= B then
-        xh, xl = xh + 1, xl - B
-      end
-      if dh < xh or (dh == xh and dl < xl) then dh, dl = xh, xl end
+  if mode == '' then return r end
+  return { nh, nl, r }
+end
+
+if fh then -- a decision under one limit
+  local th1, tl1 = fh, fl
+  local n = tonumber(argv[4])
+  local ch, cl = tonumber(argv[10]), tonumber(argv[11])
+  local dh, dl = 0, 0
+  if n > 0 then
+    local xh, xl = th1, tl1
+    if xh < nh or (xh == nh and xl < nl) then xh, xl = nh, nl end
+    xh, xl = xh + ch - tonumber(argv[8]) - nh, xl + cl - tonumber(argv[9]) - nl
+    if xl < 0 then
+      xh, xl = xh - 1, xl + B
+      if xl < 0 then xh, xl = xh - 1, xl + B end
+    elseif xl >= B then
+      xh, xl = xh + 1, xl - B
     end
-    local mh, ml = tonumber(argv[5]), tonumber(argv[6])
-    local r = 1
-    if mh < dh or (mh == dh and ml < dl) then
-      r = 0
-    elseif n > 0 then
-      local ah, al = nh + dh, nl + dl
-      if al >= B then ah, al = ah + 1, al - B end
-      if th1 < ah or (th1 == ah and tl1 < al) then th1, tl1 = ah, al end
-      th1, tl1 = th1 + ch, tl1 + cl
-      if tl1 >= B then th1, tl1 = th1 + 1, tl1 - B end
-      -- Granted: the TAT is after now, so the key is not idle.
-      local eh, el = th1 - nh, tl1 - nl
-      if el < 0 then eh, el = eh - 1, el + B end
-      local ms = eh * 1000 + ceil(el / 1000000)
-      if ms < MINTTL then ms = MINTTL end
-      if virtual then ms = ms + 3600000 end
-      redis.call('SET', key, format('1 0 0 %d %d', th1, tl1), 'PX', format('%d', ms))
-    end
-    if mode == '' then return { r, dh, dl, th1, tl1 } end
-    return { nh, nl, r, dh, dl, th1, tl1 }
+    if dh < xh or (dh == xh and dl < xl) then dh, dl = xh, xl end
   end
+  local mh, ml = tonumber(argv[5]), tonumber(argv[6])
+  local r = 1
+  if mh < dh or (mh == dh and ml < dl) then
+    r = 0
+  elseif n > 0 then
+    local ah, al = nh + dh, nl + dl
+    if al >= B then ah, al = ah + 1, al - B end
+    if th1 < ah or (th1 == ah and tl1 < al) then th1, tl1 = ah, al end
+    th1, tl1 = th1 + ch, tl1 + cl
+    if tl1 >= B then th1, tl1 = th1 + 1, tl1 - B end
+    -- Granted: the TAT is after now, so the key is not idle.
+    redis.call('SET', keys[1], format('1 0 0 %d %d', th1, tl1), 'PX', ttl(th1, tl1))
+  end
+  if mode == '' then return { r, dh, dl, th1, tl1 } end
+  return { nh, nl, r, dh, dl, th1, tl1 }
 end
 
 local out, no
@@ -416,16 +408,10 @@ for ki = 1, nkeys do
         s = format('1 %d %d', hh, hl)
         for j = 1, n do s = s .. format(' %d %d', th[j], tl[j]) end
       end
-      -- The TTL in milliseconds, rounded up.
-      local dh, dl = mh - nh, ml - nl
-      if dl < 0 then dh, dl = dh - 1, dl + B end
-      local ms = dh * 1000 + ceil(dl / 1000000)
-      if ms < MINTTL then ms = MINTTL end
-      if virtual then ms = ms + 3600000 end
       if nkeys == 1 then
-        redis.call('SET', key, s, 'PX', format('%d', ms))
+        redis.call('SET', key, s, 'PX', ttl(mh, ml))
       else
-        wv[ki], wt[ki] = s, format('%d', ms)
+        wv[ki], wt[ki] = s, ttl(mh, ml)
       end
     elseif existed then
       if nkeys == 1 then
