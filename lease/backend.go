@@ -109,6 +109,8 @@ func WithStoreTimeout(d time.Duration) Option {
 }
 
 // WithObserver sets a hook told what the member holds after every answer from the store.
+// It is called from the renewal goroutine, before the calls waiting for that answer go
+// on, so it should be quick.
 func WithObserver(o Observer) Option { return optionFunc(func(b *Backend) { b.observer = o }) }
 
 // New returns a member of the limits it will be asked to decide, sharing them through
@@ -550,7 +552,7 @@ func (b *Backend) round() int64 {
 			}
 			p.r.mu.Lock()
 			p.r.m.Receive(now, p.nonce, rep, e)
-			close(p.r.changed)
+			changed := p.r.changed
 			p.r.changed = make(chan struct{})
 			var st Status
 			if b.observer != nil {
@@ -559,8 +561,9 @@ func (b *Backend) round() int64 {
 			}
 			p.r.mu.Unlock()
 			if b.observer != nil {
-				b.observer.ObserveLease(st)
+				b.observer.ObserveLease(st) // before the waiters wake: they see it observed
 			}
+			close(changed)
 		}
 	}
 	next := int64(math.MaxInt64)
