@@ -38,6 +38,7 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"demo", "--limit", "ten per sec"}, "limit"},
 		{[]string{"demo", "--limit", "5/fortnight"}, "fortnight"},
 		{[]string{"demo", "--workers", "0"}, "--workers"},
+		{[]string{"demo", "--mode", "lease", "--lease-renew", "0s"}, "--lease-renew"},
 		{[]string{"demo", "--duration", "-1s"}, "--duration"},
 		{[]string{"demo", "--mode", "quantum"}, "quantum"},
 		{[]string{"demo", "stray"}, "stray"},
