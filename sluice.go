@@ -292,8 +292,9 @@ func (l *Limiter) reserve(ctx context.Context, key string, n int64, maxDelay tim
 }
 
 // Wait blocks until one permit for key is available and takes it, or returns an error:
-// ctx's error if it ends first (the permit is then given back), or a *ThrottledError if
-// the permit lies beyond ctx's deadline or the limiter's maximum wait (nothing is taken).
+// ctx's error if it ends first (the permit is then cancelled: given back if no grant was
+// made on the key since, see Reservation.Cancel), or a *ThrottledError if the permit lies
+// beyond ctx's deadline or the limiter's maximum wait (nothing is taken).
 func (l *Limiter) Wait(ctx context.Context, key string) error {
 	_, err := l.WaitN(ctx, key, 1)
 	return err

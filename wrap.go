@@ -52,7 +52,8 @@ func ReservationFromContext(ctx context.Context) *Reservation {
 // waits for the permit (optimistic, bounded by the limiter's maximum wait, MaxWait and
 // ctx); with Pessimistic it fails with ErrThrottled unless a permit is free now. f's
 // context carries the reservation (ReservationFromContext), so f can settle its real
-// cost. If waiting fails, f is not called and the permits are given back.
+// cost. If waiting fails, f is not called and the reservation is cancelled (see
+// Reservation.Cancel for what that gives back).
 func (l *Limiter) Do(ctx context.Context, key string, f func(context.Context) error, opts ...CallOption) error {
 	c := callConfig{cost: 1}
 	for _, o := range opts {
