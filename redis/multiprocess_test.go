@@ -48,6 +48,12 @@ type grantRecord struct {
 	key string
 	at  int64
 	n   int64
+	// For failure reports: the worker, the grant's TAT after (first limit), its cost as
+	// granted, and what its cancellation returned ("-": not cancelled).
+	proc   int
+	tat    int64
+	orig   int64
+	cancel string
 }
 
 // recorder is a backend that records every grant of the backend it wraps, and marks
@@ -58,15 +64,26 @@ type recorder struct {
 	backend.Backend
 	mu     sync.Mutex
 	grants []grantRecord
-	index  map[gcra.Ticket]int
+	index  map[grantID][]int // the grants with each key and ticket
+}
+
+// grantID identifies a grant by value. Several grants of a key can share one: a grant
+// cancelled while it is the newest gives its slot back, and the next grant of the same
+// cost takes the very same slot (same At, same TATs after). They are alike to the judge,
+// so a cancellation marks any one of them not yet marked: the count is what matters (a
+// map to the latest alone marked one twice and left another counted as used).
+type grantID struct {
+	key string
+	t   gcra.Ticket
 }
 
 func (r *recorder) Decide(ctx context.Context, key string, req backend.Request) (backend.Grant, error) {
 	g, err := r.Backend.Decide(ctx, key, req)
 	if err == nil && g.Allowed && g.Ticket.N > 0 {
 		r.mu.Lock()
-		r.index[g.Ticket] = len(r.grants)
-		r.grants = append(r.grants, grantRecord{key, g.Ticket.At, g.Ticket.N})
+		id := grantID{key, g.Ticket}
+		r.index[id] = append(r.index[id], len(r.grants))
+		r.grants = append(r.grants, grantRecord{key: key, at: g.Ticket.At, n: g.Ticket.N, tat: g.Ticket.TatAfter[0], orig: g.Ticket.N, cancel: "-"})
 		r.mu.Unlock()
 	}
 	return g, err
@@ -76,8 +93,12 @@ func (r *recorder) Adjust(ctx context.Context, key string, ls []gcra.Limit, t gc
 	err := r.Backend.Adjust(ctx, key, ls, t, newN)
 	if newN == 0 {
 		r.mu.Lock()
-		if i, ok := r.index[t]; ok {
-			r.grants[i].n = 0
+		for _, i := range r.index[grantID{key, t}] {
+			if r.grants[i].n > 0 {
+				r.grants[i].n = 0
+				r.grants[i].cancel = fmt.Sprint(err == nil)
+				break
+			}
 		}
 		r.mu.Unlock()
 	}
@@ -117,7 +138,7 @@ func workerMain() int {
 	clk := skewed{clock.NewReal(), cfg.Skew}
 	rb := New(client, WithPrefix(cfg.Prefix), WithTimeout(2*time.Second), WithClock(clk))
 	defer rb.Close()
-	rec := &recorder{Backend: rb, index: map[gcra.Ticket]int{}}
+	rec := &recorder{Backend: rb, index: map[grantID][]int{}}
 	lim, err := sluice.New(sluice.MustParse(cfg.Limits), sluice.WithBackend(rec), sluice.WithClock(clk),
 		sluice.WithMaxWait(300*time.Millisecond))
 	if err != nil {
@@ -166,7 +187,7 @@ func workerMain() int {
 	failures.Range(func(k, _ any) bool { fmt.Fprintln(os.Stderr, "worker: error:", k); return true })
 	w := bufio.NewWriter(os.Stdout)
 	for _, g := range rec.grants {
-		fmt.Fprintf(w, "%s %d %d\n", g.key, g.at, g.n)
+		fmt.Fprintf(w, "%s %d %d %d %d %s\n", g.key, g.at, g.n, g.tat, g.orig, g.cancel)
 	}
 	w.Flush()
 	return 0
@@ -216,12 +237,14 @@ func runWorkers(t *testing.T, procs int, cfg workerConfig, skews []time.Duration
 		n := 0
 		for _, line := range strings.Split(strings.TrimSpace(string(r.out)), "\n") {
 			f := strings.Fields(line)
-			if len(f) != 3 {
+			if len(f) != 6 {
 				continue
 			}
 			at, _ := strconv.ParseInt(f[1], 10, 64)
 			cost, _ := strconv.ParseInt(f[2], 10, 64)
-			grants = append(grants, grantRecord{f[0], at, cost})
+			tat, _ := strconv.ParseInt(f[3], 10, 64)
+			orig, _ := strconv.ParseInt(f[4], 10, 64)
+			grants = append(grants, grantRecord{key: f[0], at: at, n: cost, proc: p, tat: tat, orig: orig, cancel: f[5]})
 			n++
 		}
 		if n == 0 {
@@ -237,8 +260,9 @@ func runWorkers(t *testing.T, procs int, cfg workerConfig, skews []time.Duration
 func judge(t *testing.T, grants []grantRecord, limits sluice.Limits) map[string]float64 {
 	t.Helper()
 	core := limits.Core(0)
-	byKey := map[string][]grantRecord{}
+	byKey, all := map[string][]grantRecord{}, map[string][]grantRecord{}
 	for _, g := range grants {
+		all[g.key] = append(all[g.key], g)
 		if g.n > 0 {
 			byKey[g.key] = append(byKey[g.key], g)
 		}
@@ -251,7 +275,16 @@ func judge(t *testing.T, grants []grantRecord, limits sluice.Limits) map[string]
 		for i, g := range gs {
 			r, _, err := gcra.Decide(tats, core, g.at, g.n, 0)
 			if err != nil || !r.Allowed {
-				t.Fatalf("key %s: grant %d of %d (n=%d at +%v) breaks %s", key, i, len(gs), g.n, time.Duration(g.at-gs[0].at), limits)
+				// Every grant of the key near it, cancelled ones too, in order of TAT after.
+				near := all[key]
+				sort.SliceStable(near, func(i, j int) bool { return near[i].tat < near[j].tat })
+				var b strings.Builder
+				for _, h := range near {
+					if d := h.at - g.at; d > -int64(200*time.Millisecond) && d < int64(200*time.Millisecond) {
+						fmt.Fprintf(&b, "\n  proc %d at %+v n %d (of %d) tatAfter %+v cancelled %s", h.proc, time.Duration(h.at-g.at), h.n, h.orig, time.Duration(h.tat-g.at), h.cancel)
+					}
+				}
+				t.Fatalf("key %s: grant %d of %d (n=%d at +%v) breaks %s; grants near it:%s", key, i, len(gs), g.n, time.Duration(g.at-gs[0].at), limits, b.String())
 			}
 			used += g.n
 		}
