@@ -173,10 +173,10 @@ func AllowOne(tat int64, l Limit, now int64) (int64, bool) {
 // permits were never used), newN < t.N refunds the difference, newN > t.N charges the
 // difference at once (the API has already counted it). It returns the updated ticket.
 //
-// A refund is given only by the newest grant on the key, before its slot has passed:
-// when every limit's TAT still equals the ticket's TatAfter (nothing was granted, charged
-// or penalized on the key since) and now < TatAfter, the TAT goes back by the refund, as
-// if the grant had been for newN; otherwise nothing is given back. A grant that others
+// A refund is given only by the newest grant on the key, before its slot has passed: for
+// each limit whose TAT still equals the ticket's TatAfter (nothing was granted, charged or
+// penalized on it since) while now < TatAfter, the TAT goes back by the refund, as if the
+// grant had been for newN; otherwise that limit gives nothing back. A grant that others
 // were stacked on cannot give its place back: they were promised slots on top of it, and
 // when refunds interleave (one lowers the TAT under another open grant's, later grants
 // raise it back) no rule that looks only at the TAT and the ticket can tell what those
