@@ -313,19 +313,8 @@ func runBatches(b *Backend, bb *batchBuilder, client *goredis.Client, now *atomi
 				if _, err := gcra.Adjust(v, ls, at, tk, newN, hold); err != nil {
 					return ops, batches, fmt.Errorf("step %d: core Adjust: %v", step, err)
 				}
-				sign, d := 0, int64(0)
-				switch {
-				case newN > tk.N:
-					sign, d = 1, newN-tk.N
-				case newN < tk.N:
-					sign, d = -1, tk.N-newN
-				}
-				var deltas [gcra.MaxLimits]int64
-				for i, l := range ls {
-					deltas[i] = d * l.T
-				}
 				p.what = fmt.Sprintf("settle %d to %d", tk.N, newN)
-				p.c = b.settleCall(k.name, sign, ls, deltas[:len(ls)], &tk)
+				p.c = b.adjustCall(k.name, ls, tk, newN)
 				k.m.tats = v // a settlement writes
 			case op < 9: // penalize
 				d := 1 + rng.Int64N(3*T)

@@ -466,18 +466,7 @@ func (b *Backend) Adjust(ctx context.Context, key string, limits []gcra.Limit, t
 	if b.down.Load() {
 		return b.degradedAdjust(key, limits, t, newN)
 	}
-	sign, d := 0, int64(0)
-	switch {
-	case newN > t.N:
-		sign, d = 1, newN-t.N
-	case newN < t.N:
-		sign, d = -1, t.N-newN
-	}
-	var deltas [gcra.MaxLimits]int64
-	for i, l := range limits {
-		deltas[i] = d * l.T
-	}
-	c := b.settleCall(key, sign, limits, deltas[:], &t)
+	c := b.adjustCall(key, limits, t, newN)
 	if err := b.run(ctx, key, c); err != nil {
 		if errors.Is(err, ErrUnavailable) {
 			return b.degradedAdjust(key, limits, t, newN)
@@ -518,6 +507,22 @@ func (b *Backend) Penalize(ctx context.Context, key string, limits []gcra.Limit,
 		return err
 	}
 	return b.finish(c, "penalize", key)
+}
+
+// adjustCall is the settlement of grant t to newN permits (see gcra.Adjust).
+func (b *Backend) adjustCall(key string, limits []gcra.Limit, t gcra.Ticket, newN int64) *call {
+	sign, d := 0, int64(0)
+	switch {
+	case newN > t.N:
+		sign, d = 1, newN-t.N
+	case newN < t.N:
+		sign, d = -1, t.N-newN
+	}
+	var deltas [gcra.MaxLimits]int64
+	for i, l := range limits {
+		deltas[i] = d * l.T
+	}
+	return b.settleCall(key, sign, limits, deltas[:len(limits)], &t)
 }
 
 // settleCall is a settlement: sign 1 charges deltas, -1 refunds them (against the
