@@ -16,10 +16,11 @@
 -- Sums, differences, comparisons and maxima of pairs are exact over the whole int64 range
 -- (s stays below 2^34). The script never multiplies or divides: the caller passes n*T per
 -- limit, and derives Remaining and ResetAfter from the TATs returned. It is written for
--- speed (it runs on Redis' one thread): one closure (ttl), no number formatting but two
--- string.format per key written, one pattern match per key read, tables made at their
--- usual size (growing one costs more than a decision), and shortcuts for the two
--- commonest calls alone (an allowance, a decision under one limit).
+-- speed (it runs on Redis' one thread): three small helpers (ttl, late, charge) and no
+-- other closures, no number formatting but two string.format per key written, one
+-- pattern match per key read, tables made at their usual size (growing one costs more
+-- than a decision), and shortcuts for the two commonest calls alone (an allowance, a
+-- decision under one limit).
 --
 -- KEYS     the batch's keys, each holding a key's state "1 HOLD TAT1 [TAT2 ...]" with each
 --          time as "s ns": the format, the end of the key's latest penalty (0 0 if none),
@@ -80,6 +81,30 @@ local function ttl(h, l)
   return format('%d', ms)
 end
 
+-- late is how far past now a decision of cost c (n*T) under one limit would have to wait
+-- with the limit's TAT t and tolerance u: max(t, now) + c - u - now, a pair (negative when
+-- it need not wait: its seconds may be negative, its nanoseconds are in [0, 1e9)).
+local function late(th, tl, uh, ul, ch, cl)
+  if th < nh or (th == nh and tl < nl) then th, tl = nh, nl end
+  local xh, xl = th + ch - uh - nh, tl + cl - ul - nl
+  -- xl is in (-2e9, 2e9): bring it into [0, 1e9).
+  if xl < 0 then
+    xh, xl = xh - 1, xl + B
+    if xl < 0 then xh, xl = xh - 1, xl + B end
+  elseif xl >= B then
+    xh, xl = xh + 1, xl - B
+  end
+  return xh, xl
+end
+
+-- charge is a limit's TAT after a grant of cost c used at a: max(t, a) + c.
+local function charge(th, tl, ah, al, ch, cl)
+  if th < ah or (th == ah and tl < al) then th, tl = ah, al end
+  th, tl = th + ch, tl + cl
+  if tl >= B then th, tl = th + 1, tl - B end
+  return th, tl
+end
+
 -- Shortcuts for the two commonest calls alone, on one key in the common state (no
 -- penalty, one limit) or none: an allowance (argv: mode, 1, 'a', Tau, T) and a decision
 -- under one limit (argv: mode, 1, 'd', n, maxDelay, 1, Tau, n*T). The general path below
@@ -98,10 +123,7 @@ if short then
 end
 
 if fh and argv[3] == 'a' then
-  local xh, xl = fh, fl
-  if xh < nh or (xh == nh and xl < nl) then xh, xl = nh, nl end
-  xh, xl = xh + tonumber(argv[6]), xl + tonumber(argv[7])
-  if xl >= B then xh, xl = xh + 1, xl - B end
+  local xh, xl = charge(fh, fl, nh, nl, tonumber(argv[6]), tonumber(argv[7]))
   local zh, zl = xh - tonumber(argv[4]), xl - tonumber(argv[5])
   if zl < 0 then zh, zl = zh - 1, zl + B end
   local r = 0
@@ -120,15 +142,7 @@ if fh then -- a decision under one limit
   local ch, cl = tonumber(argv[10]), tonumber(argv[11])
   local dh, dl = 0, 0
   if n > 0 then
-    local xh, xl = th1, tl1
-    if xh < nh or (xh == nh and xl < nl) then xh, xl = nh, nl end
-    xh, xl = xh + ch - tonumber(argv[8]) - nh, xl + cl - tonumber(argv[9]) - nl
-    if xl < 0 then
-      xh, xl = xh - 1, xl + B
-      if xl < 0 then xh, xl = xh - 1, xl + B end
-    elseif xl >= B then
-      xh, xl = xh + 1, xl - B
-    end
+    local xh, xl = late(th1, tl1, tonumber(argv[8]), tonumber(argv[9]), ch, cl)
     if dh < xh or (dh == xh and dl < xl) then dh, dl = xh, xl end
   end
   local mh, ml = tonumber(argv[5]), tonumber(argv[6])
@@ -138,9 +152,7 @@ if fh then -- a decision under one limit
   elseif n > 0 then
     local ah, al = nh + dh, nl + dl
     if al >= B then ah, al = ah + 1, al - B end
-    if th1 < ah or (th1 == ah and tl1 < al) then th1, tl1 = ah, al end
-    th1, tl1 = th1 + ch, tl1 + cl
-    if tl1 >= B then th1, tl1 = th1 + 1, tl1 - B end
+    th1, tl1 = charge(th1, tl1, ah, al, ch, cl)
     -- Granted: the TAT is after now, so the key is not idle.
     redis.call('SET', keys[1], format('1 0 0 %d %d', th1, tl1), 'PX', ttl(th1, tl1))
   end
@@ -289,10 +301,7 @@ for ki = 1, nkeys do
       out[no] = err
     elseif op == 'a' then
       -- One permit now or never: granted if max(tat, now) + T - Tau <= now.
-      local xh, xl = th[1], tl[1]
-      if xh < nh or (xh == nh and xl < nl) then xh, xl = nh, nl end
-      xh, xl = xh + a3, xl + a4
-      if xl >= B then xh, xl = xh + 1, xl - B end
+      local xh, xl = charge(th[1], tl[1], nh, nl, a3, a4)
       local zh, zl = xh - a1, xl - a2
       if zl < 0 then zh, zl = zh - 1, zl + B end
       if nh < zh or (nh == zh and nl < zl) then
@@ -308,16 +317,7 @@ for ki = 1, nkeys do
       local dh, dl = 0, 0
       if f[1] > 0 then
         for j = 1, k do
-          local xh, xl = th[j], tl[j]
-          if xh < nh or (xh == nh and xl < nl) then xh, xl = nh, nl end
-          xh, xl = xh + f[4 * j + 3] - f[4 * j + 1] - nh, xl + f[4 * j + 4] - f[4 * j + 2] - nl
-          -- xl is in (-2e9, 2e9): bring it into [0, 1e9).
-          if xl < 0 then
-            xh, xl = xh - 1, xl + B
-            if xl < 0 then xh, xl = xh - 1, xl + B end
-          elseif xl >= B then
-            xh, xl = xh + 1, xl - B
-          end
+          local xh, xl = late(th[j], tl[j], f[4 * j + 1], f[4 * j + 2], f[4 * j + 3], f[4 * j + 4])
           if dh < xh or (dh == xh and dl < xl) then dh, dl = xh, xl end
         end
       end
@@ -326,11 +326,7 @@ for ki = 1, nkeys do
         local ah, al = nh + dh, nl + dl
         if al >= B then ah, al = ah + 1, al - B end
         for j = 1, k do
-          local xh, xl = th[j], tl[j]
-          if xh < ah or (xh == ah and xl < al) then xh, xl = ah, al end
-          xh, xl = xh + f[4 * j + 3], xl + f[4 * j + 4]
-          if xl >= B then xh, xl = xh + 1, xl - B end
-          th[j], tl[j] = xh, xl
+          th[j], tl[j] = charge(th[j], tl[j], ah, al, f[4 * j + 3], f[4 * j + 4])
         end
         write = true
       end
@@ -352,11 +348,7 @@ for ki = 1, nkeys do
           local ch, cl = f[4 * j + 2], f[4 * j + 3]
           if sign > 0 then
             -- A charge: tat = max(tat, now) + extra.
-            local xh, xl = th[j], tl[j]
-            if xh < nh or (xh == nh and xl < nl) then xh, xl = nh, nl end
-            xh, xl = xh + ch, xl + cl
-            if xl >= B then xh, xl = xh + 1, xl - B end
-            th[j], tl[j] = xh, xl
+            th[j], tl[j] = charge(th[j], tl[j], nh, nl, ch, cl)
           elseif sign < 0 then
             -- A refund, only by the newest grant on the key (tat = tatAfter: nothing
             -- granted, charged or penalized since) and only before its slot has passed
