@@ -101,6 +101,29 @@ func startDaemon(t *testing.T, args ...string) *daemon {
 
 func (d *daemon) logs() string { d.logMu.Lock(); defer d.logMu.Unlock(); return d.log.String() }
 
+// load is workers querying one tag on the daemon, each on its own connection (see worker).
+type load struct {
+	stop     chan struct{}
+	errs     chan error // one error (nil: stopped cleanly) per worker when it ends
+	answered atomic.Int64
+}
+
+// startLoad starts n workers querying tag at addr.
+func startLoad(t *testing.T, addr, tag string, n int) *load {
+	l := &load{stop: make(chan struct{}), errs: make(chan error, n)}
+	for i := 0; i < n; i++ {
+		go worker(t, addr, tag, l.stop, &l.answered, l.errs)
+	}
+	return l
+}
+
+// await waits until n more queries have been answered.
+func (l *load) await(n int64) {
+	for target := l.answered.Load() + n; l.answered.Load() < target; {
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // worker queries tag over one connection, one query at a time, until stop; it counts
 // answers and fails on anything but OK or NO.
 func worker(t *testing.T, addr, tag string, stop <-chan struct{}, answered *atomic.Int64, errs chan<- error) {
@@ -161,15 +184,8 @@ func TestServeReloadUnderLoad(t *testing.T) {
 	if got := query(t, d.line, "kept\nkept\n"); got != "OK\nNO\n" {
 		t.Fatalf("before: %q", got)
 	}
-	stop := make(chan struct{})
-	errs := make(chan error, 8)
-	var answered atomic.Int64
-	for i := 0; i < 8; i++ {
-		go worker(t, d.line, "load", stop, &answered, errs)
-	}
-	for answered.Load() < 200 {
-		time.Sleep(time.Millisecond)
-	}
+	ld := startLoad(t, d.line, "load", 8)
+	ld.await(200)
 	os.WriteFile(cfg, []byte("rules:\n  - {match: kept, limit: 1/h}\n  - {match: load, limit: 5/s}\n  - {match: fresh, limit: 1/h}\n"), 0o644)
 	d.cmd.Process.Signal(syscall.SIGHUP)
 	deadline := time.Now().Add(10 * time.Second)
@@ -179,13 +195,10 @@ func TestServeReloadUnderLoad(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	before := answered.Load()
-	for answered.Load() < before+200 {
-		time.Sleep(time.Millisecond)
-	}
-	close(stop)
+	ld.await(200)
+	close(ld.stop)
 	for i := 0; i < 8; i++ {
-		if err := <-errs; err != nil {
+		if err := <-ld.errs; err != nil {
 			t.Errorf("a client during the reload: %v", err)
 		}
 	}
@@ -213,15 +226,8 @@ func TestServeReloadUnderLoad(t *testing.T) {
 // to an orderly close, and the daemon exits 0 within a few seconds.
 func TestServeSIGTERMUnderLoad(t *testing.T) {
 	d := startDaemon(t, "--limit", "load=100000/s")
-	stop := make(chan struct{})
-	errs := make(chan error, 8)
-	var answered atomic.Int64
-	for i := 0; i < 8; i++ {
-		go worker(t, d.line, "load", stop, &answered, errs)
-	}
-	for answered.Load() < 500 {
-		time.Sleep(time.Millisecond)
-	}
+	ld := startLoad(t, d.line, "load", 8)
+	ld.await(500)
 	start := time.Now()
 	d.cmd.Process.Signal(syscall.SIGTERM)
 	select {
@@ -236,11 +242,11 @@ func TestServeSIGTERMUnderLoad(t *testing.T) {
 	if el := time.Since(start); el > 6*time.Second {
 		t.Errorf("exit took %v", el)
 	}
-	close(stop)
+	close(ld.stop)
 	for i := 0; i < 8; i++ {
 		// Each client ends on a read or write error once the daemon closes: what matters is
 		// that no answer was malformed (worker reports that as an "answer" error).
-		if err := <-errs; err != nil && strings.Contains(err.Error(), "malformed") {
+		if err := <-ld.errs; err != nil && strings.Contains(err.Error(), "malformed") {
 			t.Errorf("a client: %v", err)
 		}
 	}
