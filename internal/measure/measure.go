@@ -83,6 +83,7 @@ func FairShares(capacity float64, members int, spans []Span) []float64 {
 	shares := make([]float64, members)
 	demand := make([]float64, members)
 	inf := make([]int, members) // open spans of infinite demand: Inf - Inf is not 0
+	cur := make([]float64, members)
 	for k := 0; k < len(edges); {
 		t := edges[k].t
 		for ; k < len(edges) && edges[k].t == t; k++ {
@@ -100,7 +101,6 @@ func FairShares(capacity float64, members int, spans []Span) []float64 {
 			break
 		}
 		next := edges[k].t
-		cur := make([]float64, members)
 		for i := range cur {
 			cur[i] = demand[i]
 			if inf[i] > 0 {
