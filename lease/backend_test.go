@@ -347,3 +347,28 @@ func TestNewRejectsBadSettings(t *testing.T) {
 		t.Errorf("zero store config: %v", err)
 	}
 }
+
+// TestPenaltyDrainsOnlyTheShortestLimit: with two limits, a settlement during a penalty
+// leaves the longer limit's share as it was (gcra.Adjust's rule: a penalty drains only the
+// limit with the smallest tolerance), so when the penalty ends the key goes on at the
+// shorter limit's rate with the longer one's burst intact.
+func TestPenaltyDrainsOnlyTheShortestLimit(t *testing.T) {
+	short, long := lim(100, time.Second, 10), lim(4500, time.Hour, 100)
+	ls := []gcra.Limit{short, long}
+	c := newCluster(t, short, 1, DefaultConfig())
+	m := c.members[0]
+	g, err := m.Decide(bg, "api", backend.Request{Limits: ls, N: 1})
+	if err != nil || !g.Allowed {
+		t.Fatalf("first decision: %+v %v", g, err)
+	}
+	if err := m.Penalize(bg, "api", ls, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Adjust(bg, "api", ls, g.Ticket, 0); err != nil { // cancelled during the penalty
+		t.Fatal(err)
+	}
+	c.run(1100*time.Millisecond, nil, 1)
+	if g, err := m.Decide(bg, "api", backend.Request{Limits: ls, N: 5}); err != nil || !g.Allowed {
+		t.Errorf("100ms after the penalty, 5 permits: %+v %v (the hourly share was drained too)", g.Result, err)
+	}
+}

@@ -460,8 +460,8 @@ func Adjust(ms []*Member, now int64, t gcra.Ticket, newN int64) error {
 		one := gcra.Ticket{N: t.N, At: t.At}
 		one.TatAfter[0] = t.TatAfter[i]
 		hold := int64(0)
-		if m.hold > now {
-			hold = m.hold
+		if m.drain {
+			hold = m.hold // the penalty drains only its member's limit, as gcra.Adjust does
 		}
 		tats := [1]int64{m.tat}
 		if _, err := gcra.Adjust(tats[:], []gcra.Limit{m.local}, now, one, newN, hold); err != nil {
