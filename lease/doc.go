@@ -17,7 +17,8 @@
 //     demand, the default) and Equal (seed 002's limit / N with its pool-size agreement).
 //   - Member is one member's side of one limit: the lease it holds, the GCRA state at its
 //     share (package gcra), its demand, and when it must renew. It stops using a lease at
-//     (the time it sent the request that obtained it + TTL - a margin) on its own clock.
+//     (the time it sent the request that obtained it + TTL - a margin, + Grace in fail
+//     mode local) on its own clock.
 //
 // Store is the interface a store implements (MemStore in memory here; Redis in part two),
 // and Backend is the shell a process uses: a backend.Backend for sluice.WithBackend, with

@@ -18,7 +18,8 @@ type MemberConfig struct {
 	// a smaller share, or has gone idle after being held back.
 	RenewEvery time.Duration
 	// Margin is taken off the store's TTL: the member stops using a lease at (the time it
-	// sent the request that obtained it + TTL - Margin) on its own monotonic clock. It
+	// sent the request that obtained it + TTL - Margin, + Grace in fail mode local, while
+	// the store still counts it) on its own monotonic clock. It
 	// covers the difference between the member's and the store's clock rates over TTL +
 	// Grace.
 	Margin time.Duration
