@@ -464,6 +464,9 @@ func (b *Backend) Adjust(ctx context.Context, key string, limits []gcra.Limit, t
 		return err
 	}
 	if b.down.Load() {
+		if b.isClosed() {
+			return backend.ErrClosed
+		}
 		return b.degradedAdjust(key, limits, t, newN)
 	}
 	c := b.adjustCall(key, limits, t, newN)
@@ -497,6 +500,9 @@ func (b *Backend) Penalize(ctx context.Context, key string, limits []gcra.Limit,
 		return nil
 	}
 	if b.down.Load() {
+		if b.isClosed() {
+			return backend.ErrClosed
+		}
 		return b.degradedPenalize(ctx, key, limits, d)
 	}
 	c := b.penalizeCall(key, limits, int64(d))

@@ -251,8 +251,15 @@ func Run(t *testing.T, f Factory) {
 		clk := clock.NewVirtual()
 		b := f(t, clk)
 		b.Close()
-		if _, err := b.Decide(ctx, key("closed"), backend.Request{Limits: []gcra.Limit{lim(1, sec, 1)}, N: 1}); !errors.Is(err, backend.ErrClosed) {
+		ls := []gcra.Limit{lim(1, sec, 1)}
+		if _, err := b.Decide(ctx, key("closed"), backend.Request{Limits: ls, N: 1}); !errors.Is(err, backend.ErrClosed) {
 			t.Errorf("Decide after Close: got %v, want ErrClosed", err)
+		}
+		if err := b.Adjust(ctx, key("closed"), ls, gcra.Ticket{N: 1}, 0); !errors.Is(err, backend.ErrClosed) {
+			t.Errorf("Adjust after Close: got %v, want ErrClosed", err)
+		}
+		if err := b.Penalize(ctx, key("closed"), ls, time.Second); !errors.Is(err, backend.ErrClosed) {
+			t.Errorf("Penalize after Close: got %v, want ErrClosed", err)
 		}
 	})
 }
