@@ -21,7 +21,8 @@
 //     doubles cannot hold Unix nanoseconds; a differential test runs 10,000 random
 //     sequences through the script and the Go core and demands identical decisions.
 //   - A key's state is one Redis string at PREFIX + "v1:{KEY}", versioned and hash-tagged
-//     for Redis Cluster, with a TTL that ends when the key is idle.
+//     for Redis Cluster, with a TTL that ends when the key is idle, but not before a
+//     second after its last write.
 //   - Concurrent calls from one process are coalesced into batches: one script call
 //     decides a batch's calls on every key (one Redis) or on one key (Redis Cluster and
 //     other sharding clients), reading and writing each key once, each key's calls in

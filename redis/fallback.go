@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -77,7 +78,10 @@ func (b *Backend) probeOnce() error {
 }
 
 // flushLedger charges Redis what was admitted, settled up or penalized while it was down.
-// Entries that fail stay in the ledger for the next attempt.
+// Entries that Redis could not take stay in the ledger for the next attempt, and the
+// error keeps the breaker open; an entry that Redis refused (a *ReplyError: the key holds
+// something else than Sluice state) can never be charged, so it is dropped and counted
+// (Stats.Unpaid) rather than holding every key on the fallback for good.
 func (b *Backend) flushLedger(ctx context.Context) error {
 	entries := b.ledger.take()
 	if len(entries) == 0 {
@@ -120,8 +124,12 @@ func (b *Backend) flushLedger(ctx context.Context) error {
 		if err == nil {
 			err = b.finish(p.c, opName(p.c.op), p.key)
 		}
-		if err != nil {
-			first = cmpOr(first, err)
+		var rerr *ReplyError
+		switch {
+		case errors.As(err, &rerr):
+			b.stats.unpaid.Add(1)
+		case err != nil:
+			first = cmp.Or(first, err)
 			failed[p.key] = true
 		}
 	}
@@ -129,13 +137,6 @@ func (b *Backend) flushLedger(ctx context.Context) error {
 		b.ledger.merge(key, entries[key], now)
 	}
 	return first
-}
-
-func cmpOr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
 }
 
 // ledger keeps, per key, what this process admitted or charged while Redis was down: a

@@ -14,6 +14,8 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -255,4 +257,32 @@ func TestFaultTimeout(t *testing.T) {
 	srv.Resume()
 	waitFor(t, "recovery", func() bool { return lim.Allow(ctx, "k") })
 	t.Logf("slowest call %v; %+v", time.Duration(slowest.Load()), b.Stats())
+}
+
+// TestFaultUnpayableDebt: a debt the fallback ran up on a key that Redis refuses (the key
+// holds something other than Sluice state) is dropped and counted when Redis returns; it
+// does not keep the breaker open, and every key on the fallback, for good.
+func TestFaultUnpayableDebt(t *testing.T) {
+	srv := redistest.New(t)
+	const timeout = 200 * time.Millisecond
+	client := newClient(t, srv.URL())
+	b := New(client, WithTimeout(timeout), WithProbeEvery(50*time.Millisecond), WithPrefix(prefix(t)), WithFallback(1))
+	defer b.Close()
+	if _, err := srv.Do("SET", b.KeyName("junk"), "not sluice state"); err != nil {
+		t.Fatal(err)
+	}
+	ls := []gcra.Limit{{T: int64(time.Minute), Tau: int64(time.Minute)}} // still owed when Redis returns
+	srv.Pause()
+	g, err := b.Decide(ctx, "junk", backend.Request{Limits: ls, N: 1})
+	srv.Resume()
+	if err != nil || !g.Allowed || !b.Stats().Down {
+		t.Fatalf("while Redis was paused: %+v %v %+v, want a grant of the fallback", g, err, b.Stats())
+	}
+	waitFor(t, "the breaker to close", func() bool { return !b.Stats().Down })
+	if st := b.Stats(); st.Unpaid != 1 {
+		t.Errorf("stats %+v, want one unpaid debt", st)
+	}
+	if g, err := b.Decide(ctx, "other", backend.Request{Limits: ls, N: 1}); err != nil || !g.Allowed {
+		t.Errorf("after recovery: %+v %v", g, err)
+	}
 }

@@ -72,7 +72,7 @@ type Backend struct {
 	wg     sync.WaitGroup
 
 	stats struct {
-		failures, fallbacks, probes atomic.Int64
+		failures, fallbacks, probes, unpaid atomic.Int64
 	}
 }
 
@@ -281,12 +281,14 @@ type Stats struct {
 	Failures  int64 // calls that could not get an answer from Redis
 	Fallbacks int64 // decisions made by the local fallback
 	Probes    int64 // probes of a down Redis
+	Unpaid    int64 // debts of the local fallback dropped because Redis refused them (see flushLedger)
 	Down      bool  // whether the breaker is open now
 }
 
 // Stats returns the counts so far.
 func (b *Backend) Stats() Stats {
-	return Stats{Failures: b.stats.failures.Load(), Fallbacks: b.stats.fallbacks.Load(), Probes: b.stats.probes.Load(), Down: b.down.Load()}
+	return Stats{Failures: b.stats.failures.Load(), Fallbacks: b.stats.fallbacks.Load(), Probes: b.stats.probes.Load(),
+		Unpaid: b.stats.unpaid.Load(), Down: b.down.Load()}
 }
 
 // newCall returns a call of op on key, at Redis' time or, in tests, at the virtual time.
