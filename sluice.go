@@ -131,7 +131,13 @@ type Limiter struct {
 	// that callers already holding a reservation made before one re-queue behind it.
 	penalties sync.Map
 	npen      atomic.Int64 // entries in penalties: Wait skips the lookup when zero
+	penSweep  atomic.Int64 // entries past which Penalize forgets the ended penalties
+	penMu     sync.Mutex   // one such sweep at a time
 }
+
+// minPenaltySweep is the fewest remembered penalties that make Penalize sweep the ended
+// ones.
+const minPenaltySweep = 1024
 
 // penalty is a hold issued at `issued` until `until` (limiter clock Nanotime).
 type penalty struct{ issued, until int64 }
@@ -343,7 +349,9 @@ func (l *Limiter) Penalize(ctx context.Context, key string, until time.Time) err
 	for {
 		v, loaded := l.penalties.LoadOrStore(key, p)
 		if !loaded {
-			l.npen.Add(1)
+			if l.npen.Add(1) >= max(minPenaltySweep, l.penSweep.Load()) {
+				l.sweepPenalties(now)
+			}
 			break
 		}
 		if old := v.(penalty); old.until >= p.until || l.penalties.CompareAndSwap(key, old, p) {
@@ -352,6 +360,24 @@ func (l *Limiter) Penalize(ctx context.Context, key string, until time.Time) err
 	}
 	l.observe(Event{Kind: EventPenalty, Key: key, Wait: d, Err: err})
 	return err
+}
+
+// sweepPenalties forgets the penalties that have ended. Only a waiter on the key forgets
+// one otherwise, so without this a flood of penalties on ever new keys (a daemon's
+// clients) would grow the map for good; sweeping when it has doubled since the last sweep
+// keeps it within about twice the penalties in force, at a constant cost per penalty.
+func (l *Limiter) sweepPenalties(now int64) {
+	if !l.penMu.TryLock() {
+		return // another goroutine sweeps
+	}
+	defer l.penMu.Unlock()
+	l.penalties.Range(func(k, v any) bool {
+		if v.(penalty).until <= now && l.penalties.CompareAndDelete(k, v) {
+			l.npen.Add(-1)
+		}
+		return true
+	})
+	l.penSweep.Store(2 * l.npen.Load())
 }
 
 // penalizedSince reports whether a penalty on key was issued after `since` and is still

@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"fmt"
 	"context"
 	"errors"
 	"sync"
@@ -398,5 +399,33 @@ func TestReserveWithin(t *testing.T) {
 	r, err := l.ReserveWithin(bg, "k", 1, time.Second)
 	if err != nil || !r.OK() || r.Delay != time.Second {
 		t.Fatalf("within 1s: %+v %v", r, err)
+	}
+}
+
+// TestPenaltiesOnManyKeysStayBounded: penalties on ever new keys (a daemon's clients
+// sending 429s for random tags) are forgotten once they end, not kept for good.
+func TestPenaltiesOnManyKeysStayBounded(t *testing.T) {
+	l, clk := newVirtual(t, "100/s")
+	for i := 0; i < 20_000; i++ {
+		if err := l.Penalize(bg, fmt.Sprint("tag-", i), clk.Now().Add(time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(2 * time.Millisecond)
+	}
+	n := 0
+	l.penalties.Range(func(_, _ any) bool { n++; return true })
+	if n > minPenaltySweep || l.npen.Load() != int64(n) {
+		t.Errorf("%d penalties remembered (count %d), want at most %d: ended ones are forgotten", n, l.npen.Load(), minPenaltySweep)
+	}
+	// One in force is kept through the sweeps.
+	if err := l.Penalize(bg, "held", clk.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 5000; i++ {
+		l.Penalize(bg, fmt.Sprint("more-", i), clk.Now().Add(time.Millisecond))
+		clk.Advance(2 * time.Millisecond)
+	}
+	if !l.penalizedSince("held", 0, clk.Nanotime()) {
+		t.Error("a penalty in force was forgotten")
 	}
 }

@@ -298,19 +298,27 @@ func (b *Backend) Penalize(_ context.Context, key string, limits []gcra.Limit, d
 	}
 	now := b.clock.Nanotime()
 	until := now + int64(d)
+	fresh := false
 	for {
 		v, loaded := b.holds.LoadOrStore(key, until)
 		if !loaded {
+			fresh = true
 			break
 		}
 		if old := v.(int64); old >= until || b.holds.CompareAndSwap(key, old, until) {
 			break
 		}
 	}
-	return b.update(key, len(limits), now, func(tats []int64) error {
+	err := b.update(key, len(limits), now, func(tats []int64) error {
 		gcra.Penalize(tats, limits, now, until)
 		return nil
 	})
+	if err != nil && fresh {
+		// The key could not be held (the backend is full): no hold without its key, so
+		// that a flood of penalties on new keys stays within the key cap.
+		b.holds.CompareAndDelete(key, until)
+	}
+	return err
 }
 
 // Close makes later calls return backend.ErrClosed and waits for a background sweep or

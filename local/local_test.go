@@ -72,6 +72,17 @@ func TestKeyCap(t *testing.T) {
 	if g, err := b.Decide(ctx, "k3", backend.Request{Limits: ls, N: 1}); err != nil || g.Allowed {
 		t.Fatalf("existing key at the cap: %+v %v, want a plain denial", g, err)
 	}
+	// A penalty on a new key is refused as its decision is, and leaves no hold behind.
+	for i := 0; i < 100; i++ {
+		if err := b.Penalize(ctx, fmt.Sprint("p", i), ls, time.Hour); !errors.Is(err, backend.ErrTooManyKeys) {
+			t.Fatalf("penalty on a new key at the cap: got %v, want ErrTooManyKeys", err)
+		}
+	}
+	holds := 0
+	b.holds.Range(func(_, _ any) bool { holds++; return true })
+	if holds != 0 {
+		t.Errorf("%d holds kept for keys the backend refused", holds)
+	}
 	// Once keys go idle, the cap makes room by sweeping.
 	clk.Advance(time.Hour)
 	if g, err := b.Decide(ctx, "k10", backend.Request{Limits: ls, N: 1}); err != nil || !g.Allowed {
