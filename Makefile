@@ -39,7 +39,7 @@ bench:
 ## fuzz: each fuzz target for FUZZTIME (make test runs each for 3s; their seed corpora run
 ## with the other tests), then the core's property test for PROPERTY_TRIALS random
 ## sequences (make test runs its default 2,000; 0 skips the long run).
-FUZZ_TARGETS := .:FuzzParse ./server:FuzzParseLine ./server:FuzzParseConfig ./server:FuzzGlobMatch
+FUZZ_TARGETS := .:FuzzParse ./server:FuzzParseLine ./server:FuzzParseConfig ./server:FuzzGlobMatch ./internal/wire:FuzzValidTag
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; name=$${t##*:}; \

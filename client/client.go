@@ -25,6 +25,7 @@ import (
 
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/wire"
 )
 
 // Errors.
@@ -36,6 +37,9 @@ var (
 	ErrClosed = errors.New("sluice client: closed")
 	// ErrUnsupported: the protocol cannot carry the operation (settling a reservation).
 	ErrUnsupported = errors.New("sluice client: not supported by the daemon protocol")
+	// ErrInvalidTag: the tag is empty, not UTF-8, or holds a control character (a line
+	// break would split the query in two); nothing is sent.
+	ErrInvalidTag = errors.New("sluice client: invalid tag")
 )
 
 // Client is a connection pool to one daemon. It is safe for concurrent use.
@@ -129,6 +133,9 @@ type Answer struct {
 // Allow asks the seed's question, "serve or throttle?", for tag: one permit, now, in the
 // plain protocol. When the daemon fails it answers by the fail mode.
 func (c *Client) Allow(ctx context.Context, tag string) bool {
+	if !wire.ValidTag(tag) {
+		return false // the daemon refuses such a tag
+	}
 	resp, err := c.roundTrip(ctx, escapeTag(tag))
 	if err != nil {
 		return c.failOpen
@@ -140,6 +147,9 @@ func (c *Client) Allow(ctx context.Context, tag string) bool {
 // with the details of the decision. When the daemon fails, the answer is the fail mode's
 // (Failed set) and the error wraps ErrUnavailable.
 func (c *Client) Query(ctx context.Context, tag string, n int64, maxWait time.Duration) (Answer, error) {
+	if !wire.ValidTag(tag) {
+		return Answer{}, fmt.Errorf("%w: %q", ErrInvalidTag, tag)
+	}
 	var line []byte
 	line = append(line, "~v"...)
 	if n != 1 {
@@ -163,6 +173,9 @@ func (c *Client) Query(ctx context.Context, tag string, n int64, maxWait time.Du
 
 // Penalize holds tag back for d at the daemon (a worker's 429 with Retry-After).
 func (c *Client) Penalize(ctx context.Context, tag string, d time.Duration) error {
+	if !wire.ValidTag(tag) {
+		return fmt.Errorf("%w: %q", ErrInvalidTag, tag)
+	}
 	ms := int64((d + time.Millisecond - 1) / time.Millisecond)
 	if ms <= 0 {
 		return nil

@@ -78,6 +78,29 @@ func TestPipelinedConcurrentUse(t *testing.T) {
 	}
 }
 
+// TestInvalidTagIsNotSent: a tag with a line break (or another control character) would
+// be two queries and shift every later answer on the pooled connection; the client
+// refuses it before sending, and the answers that follow stay in step.
+func TestInvalidTagIsNotSent(t *testing.T) {
+	s := daemon(t, clock.NewVirtual(), "api=100/s burst=2", "x=1/h")
+	c := client.New(s.LineAddr().String(), client.WithTimeout(5*time.Second), client.WithConns(1))
+	defer c.Close()
+	for _, tag := range []string{"x\napi", "", "a\x00b", "\xff"} {
+		if _, err := c.Query(bg, tag, 1, 0); !errors.Is(err, client.ErrInvalidTag) {
+			t.Errorf("Query(%q): %v, want ErrInvalidTag", tag, err)
+		}
+		if err := c.Penalize(bg, tag, time.Second); !errors.Is(err, client.ErrInvalidTag) {
+			t.Errorf("Penalize(%q): %v, want ErrInvalidTag", tag, err)
+		}
+		if c.Allow(bg, tag) {
+			t.Errorf("Allow(%q) = true", tag)
+		}
+	}
+	if !c.Allow(bg, "x") || c.Allow(bg, "x") || !c.Allow(bg, "api") || !c.Allow(bg, "api") || c.Allow(bg, "api") {
+		t.Error("the answers after the invalid tags are out of step (or a tag reached the daemon)")
+	}
+}
+
 // TestFailOpenAndBackOff: with no daemon, calls are answered by the fail mode within the
 // time-out, and during the back-off without touching the network; once the daemon is
 // back, a probe finds it.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/internal/wire"
 )
 
 var errHTTPClosed = http.ErrServerClosed
@@ -92,7 +93,7 @@ func (s *Server) handleDecide(w http.ResponseWriter, r *http.Request) {
 	if req.N != nil {
 		n = *req.N
 	}
-	if !validTag([]byte(req.Key)) || n < 0 || len(req.Key) > s.Config().MaxLine {
+	if !wire.ValidTag([]byte(req.Key)) || n < 0 || len(req.Key) > s.Config().MaxLine {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "sluice: want a non-empty UTF-8 key without control characters, and n >= 0"})
 		return
 	}
@@ -143,7 +144,7 @@ func (s *Server) handleRules(w http.ResponseWriter, r *http.Request) {
 // tag the number of buckets held and up to ?limit= of their keys (local back end only).
 func (s *Server) handleKeys(w http.ResponseWriter, r *http.Request) {
 	if tag := r.URL.Query().Get("tag"); tag != "" {
-		if !validTag([]byte(tag)) {
+		if !wire.ValidTag([]byte(tag)) {
 			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "sluice: bad tag"})
 			return
 		}

@@ -3,7 +3,8 @@ package server
 import (
 	"errors"
 	"strconv"
-	"unicode/utf8"
+
+	"github.com/sluicehq/sluice/internal/wire"
 )
 
 // The line protocol (docs/protocol.md), byte-compatible with seed 004's DThrottle: a
@@ -57,11 +58,11 @@ func parseLine(line []byte) (q query, ok bool, err error) {
 	q.n = 1
 	if len(line) == 0 || line[0] != EscapeChar {
 		q.tag = line
-		return q, validTag(line), nil
+		return q, wire.ValidTag(line), nil
 	}
 	if len(line) > 1 && line[1] == EscapeChar {
 		q.tag = line[1:]
-		return q, validTag(q.tag), nil
+		return q, wire.ValidTag(q.tag), nil
 	}
 	// ~OPTS TAG
 	sp := -1
@@ -108,7 +109,7 @@ func parseLine(line []byte) (q query, ok bool, err error) {
 			return q, false, errBadOptions
 		}
 	}
-	if !validTag(tag) {
+	if !wire.ValidTag(tag) {
 		return q, false, errBadTag
 	}
 	q.tag = tag
@@ -122,19 +123,6 @@ func cutByte(b []byte, sep byte) (before, after []byte) {
 		}
 	}
 	return b, nil
-}
-
-// validTag reports whether a tag is usable: not empty, UTF-8, no control characters.
-func validTag(t []byte) bool {
-	if len(t) == 0 {
-		return false
-	}
-	for _, c := range t {
-		if c < 0x20 || c == 0x7f {
-			return false
-		}
-	}
-	return utf8.Valid(t)
 }
 
 // appendAnswer writes a decision's answer. delayMs < 0 means no reservation was asked;

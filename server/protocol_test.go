@@ -3,6 +3,8 @@ package server
 import (
 	"bytes"
 	"testing"
+
+	"github.com/sluicehq/sluice/internal/wire"
 )
 
 func TestParseLine(t *testing.T) {
@@ -53,7 +55,7 @@ func FuzzParseLine(f *testing.F) {
 			t.Fatalf("%q: ok with an error", line)
 		}
 		if ok {
-			if !validTag(q.tag) || q.n < 0 {
+			if !wire.ValidTag(q.tag) || q.n < 0 {
 				t.Fatalf("%q: accepted tag %q n=%d", line, q.tag, q.n)
 			}
 			// What a client writes for a tag, the daemon reads back as that tag.
