@@ -145,7 +145,8 @@ func (c *Client) Allow(ctx context.Context, tag string) bool {
 
 // Query asks for n permits for tag, now or (maxWait > 0) reserved up to maxWait ahead,
 // with the details of the decision. When the daemon fails, the answer is the fail mode's
-// (Failed set) and the error wraps ErrUnavailable.
+// (Failed set) and the error wraps ErrUnavailable; when ctx ends first, the error is
+// ctx's (the daemon is not held to have failed).
 func (c *Client) Query(ctx context.Context, tag string, n int64, maxWait time.Duration) (Answer, error) {
 	if !wire.ValidTag(tag) {
 		return Answer{}, fmt.Errorf("%w: %q", ErrInvalidTag, tag)
@@ -247,10 +248,17 @@ func (c *Client) roundTrip(ctx context.Context, line []byte) ([]byte, error) {
 	} else if until != 0 && !c.probing.CompareAndSwap(false, true) {
 		return nil, ErrUnavailable // another call is probing
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	ctx, cancel := context.WithTimeoutCause(ctx, c.timeout, errSlow)
 	defer cancel()
 	p := c.conns[int(c.next.Add(1))%len(c.conns)]
 	resp, err := p.do(ctx, line)
+	if err != nil && ctx.Err() != nil && context.Cause(ctx) != errSlow {
+		// The caller gave up (its context ended): not the daemon's failure.
+		if until := c.downUntil.Load(); until != 0 {
+			c.probing.Store(false)
+		}
+		return nil, err
+	}
 	if err != nil {
 		c.failures.Add(1)
 		b := min(max(2*c.backoff.Load(), int64(c.minBackoff)), int64(c.maxBackoff))
@@ -266,6 +274,9 @@ func (c *Client) roundTrip(ctx context.Context, line []byte) ([]byte, error) {
 	}
 	return resp, nil
 }
+
+// errSlow is the cause of a call's context ending at the client's time-out.
+var errSlow = errors.New("no answer within the time-out")
 
 // pconn is one pipelined connection: writers append their query and join the queue of
 // pending calls under mu; one reader goroutine hands the answers out in order.
@@ -312,9 +323,12 @@ func (p *pconn) do(ctx context.Context, line []byte) ([]byte, error) {
 	case <-cl.done:
 		return cl.resp, cl.err
 	case <-ctx.Done():
-		// The answer will come, late, to a call nobody waits for; but a daemon this slow
-		// is not trusted with the next queries: start over on a fresh connection.
-		p.close(ctx.Err())
+		// The answer will come, late, to a call nobody waits for. A daemon slower than
+		// the time-out is not trusted with the next queries: start over on a fresh
+		// connection. A caller that gave up leaves the connection to the others.
+		if context.Cause(ctx) == errSlow {
+			p.close(errSlow)
+		}
 		return nil, ctx.Err()
 	}
 }

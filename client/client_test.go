@@ -101,6 +101,27 @@ func TestInvalidTagIsNotSent(t *testing.T) {
 	}
 }
 
+// TestCallerCancellationIsNotAFailure: a caller whose context ends (a handler whose
+// request was cancelled) gets its context's error; the connection others share stays, and
+// the client does not back off as if the daemon had failed.
+func TestCallerCancellationIsNotAFailure(t *testing.T) {
+	s := daemon(t, clock.NewVirtual(), "x=1/h")
+	c := client.New(s.LineAddr().String(), client.WithTimeout(5*time.Second), client.WithConns(1))
+	defer c.Close()
+	ctx, cancel := context.WithCancel(bg)
+	cancel()
+	if _, err := c.Query(ctx, "other", 1, 0); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled call: %v, want context.Canceled", err)
+	}
+	if c.Failures() != 0 {
+		t.Errorf("%d failures counted for a caller's cancellation", c.Failures())
+	}
+	// Decided by the daemon, not by the fail mode (which would allow both).
+	if !c.Allow(bg, "x") || c.Allow(bg, "x") {
+		t.Error("after a caller's cancellation, answers came from the fail mode")
+	}
+}
+
 // TestFailOpenAndBackOff: with no daemon, calls are answered by the fail mode within the
 // time-out, and during the back-off without touching the network; once the daemon is
 // back, a probe finds it.
