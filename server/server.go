@@ -181,14 +181,20 @@ func (s *Server) apply(cfg Config) error {
 	return nil
 }
 
-// Reload replaces the rules, limits and token with cfg's, keeping every connection and
-// every bucket whose rule keeps its name. Listen addresses, the back end and the resource
-// limits are read at start only.
+// Reload replaces the rules, limits, margin and token with cfg's, keeping every connection
+// and every bucket whose rule keeps its name; the bounds on connections, lines, pending
+// answers and time-outs apply from then on to new connections (and shutdown_grace to the
+// next shutdown). What is set up at start stays as it was, with a warning if cfg changes
+// it: the listen addresses, the back end and its Redis settings, the fail mode and
+// fallback share, max_keys and logging.
 func (s *Server) Reload(cfg Config) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	err := cfg.Validate()
 	if err == nil {
+		if ignored := keepStartOnly(&cfg, s.cfg); len(ignored) > 0 {
+			s.log.Warn("reload: settings read at start only are kept until a restart", "settings", ignored)
+		}
 		err = s.apply(cfg)
 	}
 	if err != nil {
@@ -198,6 +204,31 @@ func (s *Server) Reload(cfg Config) error {
 	s.m.reloads.WithLabelValues("ok").Inc()
 	s.log.Info("reloaded", "rules", len(cfg.Rules), "default", cfg.Default != nil)
 	return nil
+}
+
+// keepStartOnly sets cfg's start-only settings to those of the running config, and
+// returns the names of those cfg would have changed.
+func keepStartOnly(cfg *Config, running Config) []string {
+	var ignored []string
+	keep := func(name string, changed bool) {
+		if changed {
+			ignored = append(ignored, name)
+		}
+	}
+	keep("listen_line", cfg.ListenLine != running.ListenLine)
+	keep("listen_http", cfg.ListenHTTP != running.ListenHTTP)
+	keep("backend", cfg.Backend != running.Backend)
+	keep("redis_url", cfg.RedisURL != running.RedisURL)
+	keep("redis_timeout", cfg.RedisTimeout != running.RedisTimeout)
+	keep("fail_mode", cfg.FailMode != running.FailMode)
+	keep("fallback_share", cfg.FallbackShare != running.FallbackShare)
+	keep("max_keys", cfg.MaxKeys != running.MaxKeys)
+	keep("log_format", cfg.LogFormat != running.LogFormat)
+	keep("log_level", cfg.LogLevel != running.LogLevel)
+	cfg.ListenLine, cfg.ListenHTTP, cfg.Backend, cfg.RedisURL = running.ListenLine, running.ListenHTTP, running.Backend, running.RedisURL
+	cfg.RedisTimeout, cfg.FailMode, cfg.FallbackShare, cfg.MaxKeys = running.RedisTimeout, running.FailMode, running.FallbackShare, running.MaxKeys
+	cfg.LogFormat, cfg.LogLevel = running.LogFormat, running.LogLevel
+	return ignored
 }
 
 // Config returns the config in force.

@@ -241,6 +241,21 @@ func TestReloadKeepsStateAndConnections(t *testing.T) {
 	if testutil.ToFloat64(s.m.reloads.WithLabelValues("ok")) != 1 || testutil.ToFloat64(s.m.reloads.WithLabelValues("error")) != 1 {
 		t.Errorf("reload counts wrong")
 	}
+	// Start-only settings stay as they were; the others take effect.
+	before := s.Config()
+	next := testConfig("api=2/s")
+	next.ListenLine, next.MaxKeys, next.FailMode = "127.0.0.1:1", before.MaxKeys+1, "open"
+	next.MaxConnections = before.MaxConnections + 1
+	if err := s.Reload(next); err != nil {
+		t.Fatal(err)
+	}
+	after := s.Config()
+	if after.ListenLine != before.ListenLine || after.MaxKeys != before.MaxKeys || after.FailMode != before.FailMode {
+		t.Errorf("start-only settings changed by a reload: %+v", after)
+	}
+	if after.MaxConnections != next.MaxConnections {
+		t.Errorf("max_connections %d after reload, want %d", after.MaxConnections, next.MaxConnections)
+	}
 }
 
 // TestShutdownAnswersEveryQueryRead: under a pipelined load, Shutdown answers every query
