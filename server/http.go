@@ -109,8 +109,8 @@ func (s *Server) handleDecide(w http.ResponseWriter, r *http.Request) {
 			status = http.StatusServiceUnavailable
 		}
 	}
-	if c := s.rules.Load().lookup(req.Key); c != nil {
-		sluice.SetRateLimitHeaders(w.Header(), c.Limit, d.Decision)
+	if d.Rule != "" {
+		sluice.SetRateLimitHeaders(w.Header(), d.Limits, d.Decision)
 	}
 	writeJSON(w, status, resp)
 }

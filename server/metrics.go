@@ -74,11 +74,14 @@ func (m *metrics) forRule(name string) ruleCounters {
 }
 
 // observer feeds back-end errors from the limiters to the metrics.
-func (m *metrics) observer() sluice.Observer {
-	return sluice.ObserverFunc(func(e sluice.Event) {
-		if e.Kind == sluice.EventError {
-			m.backendErrs.Inc()
-			m.failActs.WithLabelValues(e.FailMode.String()).Inc()
-		}
-	})
+// observe is every rule's limiter's observer: the decisions' latency (the limiter times
+// each call to the back end) and the back end's failures.
+func (m *metrics) observe(e sluice.Event) {
+	switch e.Kind {
+	case sluice.EventDecision:
+		m.latency.Observe(e.Latency.Seconds())
+	case sluice.EventError:
+		m.backendErrs.Inc()
+		m.failActs.WithLabelValues(e.FailMode.String()).Inc()
+	}
 }

@@ -162,7 +162,7 @@ func (s *Server) apply(cfg Config) error {
 	fm, _ := sluice.ParseFailMode(cfg.FailMode) // local: the back end answers failures itself
 	for _, c := range rs.rules {
 		lim, err := sluice.New(c.Limit, sluice.WithBackend(s.be), sluice.WithClock(s.clock), sluice.WithFailMode(fm),
-			sluice.WithMargin(cfg.Margin.D()), sluice.WithObserver(s.m.observer()))
+			sluice.WithMargin(cfg.Margin.D()), sluice.WithObserver(sluice.ObserverFunc(s.m.observe)))
 		if err != nil {
 			return fmt.Errorf("rule %q: %w", c.Name, err)
 		}
@@ -241,8 +241,9 @@ func (s *Server) Config() Config {
 // Decision is the daemon's answer to one query.
 type Decision struct {
 	sluice.Decision
-	Rule string // the rule that decided; "" if none matched (allowed)
-	Slot int64  // for a grant asked with a stamp: its slot in the back end's time base
+	Rule   string        // the rule that decided; "" if none matched (allowed)
+	Limits sluice.Limits // that rule's limits
+	Slot   int64         // for a grant asked with a stamp: its slot in the back end's time base
 }
 
 // Decide decides n permits for tag (n = 0 is a query of the state), now or, with maxWait
@@ -256,7 +257,6 @@ func (s *Server) decide(ctx context.Context, tag string, n int64, maxWait time.D
 	if c == nil {
 		return Decision{Decision: sluice.Decision{Allowed: true}, Slot: -1}, nil
 	}
-	start := s.clock.Nanotime()
 	var d sluice.Decision
 	var err error
 	slot := int64(-1)
@@ -270,7 +270,6 @@ func (s *Server) decide(ctx context.Context, tag string, n int64, maxWait time.D
 	} else {
 		d, err = c.limiter.AllowN(ctx, c.key(tag), int(n))
 	}
-	s.m.latency.Observe(float64(s.clock.Nanotime()-start) / 1e9)
 	switch {
 	case n == 0: // a look at the state, not a decision
 	case err != nil:
@@ -280,7 +279,7 @@ func (s *Server) decide(ctx context.Context, tag string, n int64, maxWait time.D
 	default:
 		c.counters.denied.Inc()
 	}
-	return Decision{Decision: d, Rule: c.Name, Slot: slot}, err
+	return Decision{Decision: d, Rule: c.Name, Limits: c.Limit, Slot: slot}, err
 }
 
 // Penalize holds tag back for d (a worker's 429 with Retry-After).

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 
 	"github.com/sluicehq/sluice"
@@ -222,6 +223,12 @@ func TestReloadKeepsStateAndConnections(t *testing.T) {
 	c := dial(t, s)
 	if got := exchange(t, c, "api\napi\napi\n", 9); got != "OK\nOK\nNO\n" {
 		t.Fatalf("before: %q", got)
+	}
+	if n := testutil.CollectAndCount(s.m.latency); n != 1 {
+		t.Fatalf("latency histogram: %d series", n)
+	}
+	if got := histogramCount(t, s); got != 3 {
+		t.Errorf("latency histogram counted %d decisions, want 3", got)
 	}
 	// Change "other", keep "api": api's bucket (drained) survives, the connection too.
 	if err := s.Reload(testConfig("api=2/s", "other=5/s", "new-*=1/s")); err != nil {
@@ -430,4 +437,14 @@ func TestKeyFloodIsBounded(t *testing.T) {
 	if s.local.EvictedLive() < 19000 {
 		t.Errorf("evictions %d", s.local.EvictedLive())
 	}
+}
+
+// histogramCount is how many decisions the latency histogram has observed.
+func histogramCount(t *testing.T, s *Server) uint64 {
+	t.Helper()
+	var m dto.Metric
+	if err := s.m.latency.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetHistogram().GetSampleCount()
 }
