@@ -35,6 +35,16 @@ type Limit struct {
 // Burst is the number of permits the limit grants at once after an idle spell.
 func (l Limit) Burst() int64 { return l.Tau / l.T }
 
+// Share is the limit scaled to a share (0 < share <= 1) of its rate and burst: T / share,
+// rounded up, and the burst times share, rounded down but at least one permit (a share of
+// a limit never exceeds it, and can always grant one permit).
+func (l Limit) Share(share float64) Limit {
+	t := int64(math.Ceil(float64(l.T) / share))
+	burst := max(1, int64(math.Floor(float64(l.Burst())*share)))
+	t = min(t, MaxTau/burst)
+	return Limit{T: t, Tau: burst * t}
+}
+
 // Validate reports whether l can be used by Decide.
 func (l Limit) Validate() error {
 	if l.T <= 0 || l.Tau < l.T || l.Tau > MaxTau {

@@ -538,3 +538,23 @@ func TestAllowOneMatchesDecideOne(t *testing.T) {
 		}
 	}
 }
+
+func TestShare(t *testing.T) {
+	for _, c := range []struct {
+		l         Limit
+		share     float64
+		wantT     int64
+		wantBurst int64
+	}{
+		{Limit{T: 10, Tau: 100}, 0.5, 20, 5},            // half the rate, half the burst
+		{Limit{T: 10, Tau: 30}, 1.0 / 3, 30, 1},         // 3 × 1/3 = 0.999…: one permit, not 0
+		{Limit{T: 10, Tau: 10}, 0.25, 40, 1},            // at least one permit
+		{Limit{T: 3, Tau: 30}, 0.5, 6, 5},               // T rounded up: the share never exceeds
+		{Limit{T: MaxTau, Tau: MaxTau}, 0.5, MaxTau, 1}, // within MaxTau
+	} {
+		got := c.l.Share(c.share)
+		if got.T != c.wantT || got.Burst() != c.wantBurst || got.Validate() != nil {
+			t.Errorf("%+v.Share(%g) = %+v (burst %d), want T %d burst %d", c.l, c.share, got, got.Burst(), c.wantT, c.wantBurst)
+		}
+	}
+}

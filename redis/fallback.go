@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"sync"
 	"time"
 
@@ -210,17 +209,11 @@ func (b *Backend) flushNow() {
 	_ = b.flushLedger(ctx)
 }
 
-// scale is the fallback's share of limits: the rate times share (T / share, rounded up)
-// and the burst times share, rounded down but at least one permit.
+// scale is the fallback's share of limits (gcra.Limit.Share).
 func scale(limits []gcra.Limit, share float64) []gcra.Limit {
 	out := make([]gcra.Limit, len(limits))
 	for i, l := range limits {
-		t := int64(math.Ceil(float64(l.T) / share))
-		burst := max(1, int64(math.Floor(float64(l.Burst())*share)))
-		if t > gcra.MaxTau/burst {
-			t = gcra.MaxTau / burst
-		}
-		out[i] = gcra.Limit{T: t, Tau: burst * t}
+		out[i] = l.Share(share)
 	}
 	return out
 }

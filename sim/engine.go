@@ -293,16 +293,15 @@ func (e *engine) setLimits(ls sluice.Limits) {
 	e.fallback = shareOf(e.core, e.sc.Store.FallbackShare)
 }
 
-// shareOf scales limits to a share of their rate and burst.
+// shareOf scales limits to a share of their rate and burst (gcra.Limit.Share; 0 is the
+// whole limit).
 func shareOf(ls []gcra.Limit, share float64) []gcra.Limit {
 	if share <= 0 {
 		share = 1
 	}
 	out := make([]gcra.Limit, len(ls))
 	for i, l := range ls {
-		t := int64(math.Ceil(float64(l.T) / share))
-		b := max(1, int64(float64(l.Burst())*share))
-		out[i] = gcra.Limit{T: t, Tau: b * t}
+		out[i] = l.Share(share)
 	}
 	return out
 }
