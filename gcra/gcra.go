@@ -229,14 +229,21 @@ func Penalize(tats []int64, limits []Limit, now, until int64) {
 	if until <= now || len(limits) == 0 {
 		return
 	}
+	k := PenaltyLimit(limits)
+	l := limits[k]
+	tats[k] = max(tats[k], until+l.Tau-l.T)
+}
+
+// PenaltyLimit is the index of the limit a penalty drains: the first with the smallest
+// tolerance. limits must not be empty.
+func PenaltyLimit(limits []Limit) int {
 	k := 0
 	for i, l := range limits {
 		if l.Tau < limits[k].Tau {
 			k = i
 		}
 	}
-	l := limits[k]
-	tats[k] = max(tats[k], until+l.Tau-l.T)
+	return k
 }
 
 // Idle reports whether the state is indistinguishable from a fresh key at now (every TAT in

@@ -478,19 +478,16 @@ func Adjust(ms []*Member, now int64, t gcra.Ticket, newN int64) error {
 // reopens any of them before it. It returns the index of the member that carries the
 // drain (whose limit's record the penalty should be reported to), or -1.
 func Penalize(ms []*Member, now, until int64) int {
-	if until <= now {
+	if until <= now || len(ms) == 0 || len(ms) > gcra.MaxLimits {
 		return -1
 	}
-	k := -1
+	var ls [gcra.MaxLimits]gcra.Limit
 	for i, m := range ms {
 		m.hold = max(m.hold, until)
-		if k < 0 || m.limit.Tau < ms[k].limit.Tau {
-			k = i
-		}
+		ls[i] = m.limit
 	}
-	if k >= 0 {
-		ms[k].applyPenalty(now, until)
-	}
+	k := gcra.PenaltyLimit(ls[:len(ms)])
+	ms[k].applyPenalty(now, until)
 	return k
 }
 

@@ -443,15 +443,10 @@ func decodeAllow(arr []any) (allowed, ok bool) {
 	return v == 1, ok && (v == 0 || v == 1)
 }
 
-// penaltyLimit is the limit a penalty drains (gcra.Penalize: the first with the smallest
-// Tau), as a 1-based index for the script, and its Tau - T.
+// penaltyLimit is the limit a penalty drains (gcra.PenaltyLimit), as a 1-based index for
+// the script, and its Tau - T.
 func penaltyLimit(limits []gcra.Limit) (int, int64) {
-	k := 0
-	for i, l := range limits {
-		if l.Tau < limits[k].Tau {
-			k = i
-		}
-	}
+	k := gcra.PenaltyLimit(limits)
 	return k + 1, limits[k].Tau - limits[k].T
 }
 
