@@ -66,13 +66,11 @@ func (b *Backend) probe() {
 
 // probeOnce pings Redis and charges it the ledger.
 func (b *Backend) probeOnce() error {
-	ctx, cancel := context.WithTimeout(b.ctx, b.timeout)
-	defer cancel()
-	pipe := b.client.Pipeline()
-	pipe.Ping(ctx)
-	if _, err := pipe.Exec(ctx); err != nil {
+	if err := b.Ping(b.ctx); err != nil {
 		return err
 	}
+	ctx, cancel := context.WithTimeout(b.ctx, b.timeout)
+	defer cancel()
 	return b.flushLedger(ctx)
 }
 

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/clock"
 )
 
 // maxFields is the most numeric fields one operation carries: a settlement under
@@ -204,7 +206,7 @@ type deadlineCtx struct {
 // other share one (each thus has at least 99% of the time-out), which spares a timer per
 // batch.
 func (p *pipeliner) deadline() context.Context {
-	now := nanotime()
+	now := clock.Default.Nanotime()
 	if d := p.dl.Load(); d != nil && now < d.reuse {
 		return d.ctx
 	}
@@ -213,11 +215,6 @@ func (p *pipeliner) deadline() context.Context {
 	p.dl.Store(d)
 	return ctx
 }
-
-// nanotime is a monotonic clock reading in nanoseconds.
-func nanotime() int64 { return int64(time.Since(epoch)) }
-
-var epoch = time.Now()
 
 // close stops the flushers after the batches in flight and fails the calls still queued
 // with err.

@@ -11,6 +11,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -249,7 +250,7 @@ func do(addr string, args ...string) (string, error) {
 			return "", nil
 		}
 		buf := make([]byte, n+2)
-		if _, err := ioReadFull(rd, buf); err != nil {
+		if _, err := io.ReadFull(rd, buf); err != nil {
 			return "", err
 		}
 		return string(buf[:n]), nil
@@ -258,18 +259,6 @@ func do(addr string, args ...string) (string, error) {
 		return line, fmt.Errorf("redistest: %s", line[1:])
 	}
 	return line, nil
-}
-
-func ioReadFull(r *bufio.Reader, b []byte) (int, error) {
-	n := 0
-	for n < len(b) {
-		m, err := r.Read(b[n:])
-		n += m
-		if err != nil {
-			return n, err
-		}
-	}
-	return n, nil
 }
 
 // Cluster is a Redis Cluster of 3 masters and no replicas, made with
