@@ -321,7 +321,7 @@ func (bb *batchBuilder) exec(p *pipeliner, batch []*call) {
 	bb.group(p.grouping, batch)
 	for i := range bb.groups {
 		g := &bb.groups[i]
-		g.cmd = g.command(ctx, "evalsha", p.sha)
+		g.cmd = g.command(ctx, argEvalsha, p.sha)
 	}
 	execErr := bb.send(ctx, p.client, bb.groups)
 	bb.again = bb.again[:0]
@@ -338,7 +338,7 @@ func (bb *batchBuilder) exec(p *pipeliner, batch []*call) {
 		pipe := p.client.Pipeline()
 		for _, i := range bb.again {
 			g := &bb.groups[i]
-			g.cmd = g.command(ctx, "eval", p.src)
+			g.cmd = g.command(ctx, argEval, p.src)
 			_ = pipe.Process(ctx, g.cmd)
 		}
 		_, execErr := pipe.Exec(ctx)
@@ -484,7 +484,7 @@ func (bb *batchBuilder) keyIndex(g *group, name string) int {
 // command builds g's script call (see sluice.lua for the arguments): the keys, the time
 // mode, and for each key the number of its records and its records, an operation that
 // repeats the previous record's being sent as '='.
-func (g *group) command(ctx context.Context, name string, script any) *goredis.Cmd {
+func (g *group) command(ctx context.Context, name, script any) *goredis.Cmd {
 	n := 4 + 2*len(g.keys)
 	for _, c := range g.calls {
 		n += 1 + c.nf
@@ -526,7 +526,7 @@ func (g *group) command(ctx context.Context, name string, script any) *goredis.C
 			if prev != nil && c.sameOp(prev) {
 				args = append(args, "=")
 			} else {
-				args = append(args, opString(c.op))
+				args = append(args, opArg(c.op))
 				for _, x := range c.f[:c.nf] {
 					args = append(args, x)
 				}
@@ -540,16 +540,25 @@ func (g *group) command(ctx context.Context, name string, script any) *goredis.C
 	return cmd
 }
 
-func opString(op byte) string {
+// The script call's constant arguments, boxed once: a string converted to an interface
+// where it is appended would be allocated for every record.
+var (
+	argEvalsha, argEval         any = "evalsha", "eval"
+	opAllow, opDecide, opSettle any = "a", "d", "s"
+	opPenalize                  any = "p"
+)
+
+// opArg is op's argument in a script call.
+func opArg(op byte) any {
 	switch op {
 	case 'a':
-		return "a"
+		return opAllow
 	case 'd':
-		return "d"
+		return opDecide
 	case 's':
-		return "s"
+		return opSettle
 	}
-	return "p"
+	return opPenalize
 }
 
 // answer splits g's reply among its calls and signals each: an error for all, or each
