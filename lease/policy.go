@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"cmp"
 	"slices"
 	"time"
 )
@@ -68,16 +69,7 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 	}
 	// Fair: water-fill the rate among holders by demand.
 	order := slices.Clone(holders)
-	slices.SortStableFunc(order, func(a, b int) int {
-		da, db := s.Members[a].Demand, s.Members[b].Demand
-		switch {
-		case da < db:
-			return -1
-		case da > db:
-			return 1
-		}
-		return 0
-	})
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(s.Members[a].Demand, s.Members[b].Demand) })
 	left := RateScale
 	for k, i := range order {
 		give := min(s.Members[i].Demand, left/int64(len(order)-k))
@@ -165,7 +157,7 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 		for k := range idx {
 			idx[k] = k
 		}
-		slices.SortStableFunc(idx, func(a, b int) int { return cmpInt(rem[b], rem[a]) })
+		slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(rem[b], rem[a]) })
 		for _, k := range idx[:rest-given] {
 			tg[with[k]].Burst++
 		}
@@ -192,9 +184,9 @@ func (s *State) rotate(now int64, cfg Config, wanting []int, burst int64) []int 
 		ea, eb := &s.Members[a], &s.Members[b]
 		switch {
 		case ea.Since != eb.Since:
-			return cmpInt(ea.Since, eb.Since)
+			return cmp.Compare(ea.Since, eb.Since)
 		case ea.Demand != eb.Demand:
-			return cmpInt(eb.Demand, ea.Demand)
+			return cmp.Compare(eb.Demand, ea.Demand)
 		}
 		return 0 // members are sorted by name: the stable sort keeps that order
 	}
@@ -203,14 +195,4 @@ func (s *State) rotate(now int64, cfg Config, wanting []int, burst int64) []int 
 	slices.SortStableFunc(over, bySince)
 	out := append(append(keep, wait...), over...)
 	return out[:burst]
-}
-
-func cmpInt(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -95,7 +96,7 @@ func (w *world) send(m msg, lossy bool) {
 
 // deliver handles every message due by now, in time order.
 func (w *world) deliver() {
-	slices.SortStableFunc(w.msgs, func(a, b msg) int { return cmpInt(a.at, b.at) })
+	slices.SortStableFunc(w.msgs, func(a, b msg) int { return cmp.Compare(a.at, b.at) })
 	for len(w.msgs) > 0 && w.msgs[0].at <= w.now {
 		m := w.msgs[0]
 		w.msgs = w.msgs[1:]
@@ -229,7 +230,7 @@ func (w *world) conform() (bad, total int) {
 		gs = append(gs, grant{k.at, n})
 		total++
 	}
-	slices.SortFunc(gs, func(a, b grant) int { return cmpInt(a.at, b.at) })
+	slices.SortFunc(gs, func(a, b grant) int { return cmp.Compare(a.at, b.at) })
 	var tat int64
 	for _, g := range gs {
 		t2, res, _ := gcra.DecideOne(tat, w.limit, g.at, g.n, 0)

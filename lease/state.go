@@ -58,6 +58,13 @@ func ParsePolicy(s string) (Policy, error) {
 	return 0, fmt.Errorf("%w: policy %q (want fair or equal)", ErrInvalidConfig, s)
 }
 
+// FenceAfterRestart is the end of the fence a store that restarted empty at restartedAt
+// puts on every limit: until every lease it may have granted before has ended (TTL) and
+// left quarantine (Grace).
+func (c Config) FenceAfterRestart(restartedAt int64) int64 {
+	return restartedAt + int64(c.TTL) + int64(c.Grace)
+}
+
 // Config is the store side's settings for every limit it allocates. Use DefaultConfig
 // and change fields; Validate checks them.
 type Config struct {
@@ -477,6 +484,11 @@ func (s *State) Committed(now int64) Share {
 	if now < s.Fence {
 		return s.capacity()
 	}
+	return s.counted(now)
+}
+
+// counted is the sum of the members' shares counted against the limit at now.
+func (s *State) counted(now int64) Share {
 	var c Share
 	for i := range s.Members {
 		c = c.add(s.Members[i].counted(now))
@@ -488,15 +500,16 @@ func (s *State) Committed(now int64) Share {
 // and in burst, and the pool holds no more than the free burst.
 func (s *State) Check(now int64) error {
 	capa := s.capacity()
-	var c Share
-	for i := range s.Members {
-		c = c.add(s.Members[i].counted(now))
-	}
+	c := s.counted(now)
 	if !c.Fits(capa) {
 		return fmt.Errorf("sluice lease: leases sum to rate %d/%d burst %d/%d", c.Rate, RateScale, c.Burst, capa.Burst)
 	}
 	if now >= s.PoolAt {
-		free := capa.sub(s.Committed(now))
+		committed := c
+		if now < s.Fence {
+			committed = capa
+		}
+		free := capa.sub(committed)
 		if s.Pool > free.Burst*s.Limit.T {
 			return fmt.Errorf("sluice lease: pool %d above the free burst %d", s.Pool, free.Burst*s.Limit.T)
 		}
