@@ -105,7 +105,7 @@ func (s *MemStore) Apply(ctx context.Context, calls []Call) ([]Result, error) {
 		if st == nil {
 			fence := int64(0)
 			if !s.fresh {
-				fence = s.restarted + int64(s.cfg.TTL) + int64(s.cfg.Grace)
+				fence = s.cfg.FenceAfterRestart(s.restarted)
 			}
 			var err error
 			if st, err = NewState(c.Limit, s.inc, now, fence, s.cfg); err != nil {

@@ -77,8 +77,8 @@ func newLeaseMode(sc *Scenario) *leaseMode {
 	if s.Grace > 0 {
 		l.cfg.Grace = s.Grace.D()
 	}
-	if s.Policy == "equal" {
-		l.cfg.Policy = lease.Equal
+	if s.Policy != "" {
+		l.cfg.Policy, _ = lease.ParsePolicy(s.Policy) // checked when the scenario was read
 	}
 	l.cfg.Turn = s.Turn.D()
 	if s.JoinWindow > 0 {
@@ -428,7 +428,7 @@ const RateSlack = lease.RateScale / 1000
 func (l *leaseMode) storeRestart(e *engine) {
 	l.setup(e)
 	l.inc++
-	fence := e.now + int64(l.cfg.TTL) + int64(l.cfg.Grace)
+	fence := l.cfg.FenceAfterRestart(e.now)
 	for i, lim := range l.limits {
 		l.states[i], _ = lease.NewState(lim, l.inc, e.now, fence, l.cfg)
 	}

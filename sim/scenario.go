@@ -10,6 +10,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/sluicehq/sluice/internal/yamlx"
+	"github.com/sluicehq/sluice/lease"
 )
 
 // Scenario is one simulated situation, read from a YAML file (see docs/simulator.md).
@@ -407,9 +408,7 @@ func (s *Scenario) knownTarget(name string) bool {
 
 func (l *Lease) check() error {
 	bad := func(format string, a ...any) error { return yamlx.AtLine(l.line, format, a...) }
-	switch l.Policy {
-	case "", "fair", "equal":
-	default:
+	if _, err := lease.ParsePolicy(l.Policy); l.Policy != "" && err != nil {
 		return bad("lease.policy: want fair or equal, not %q", l.Policy)
 	}
 	switch l.FailMode {
