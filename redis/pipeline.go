@@ -307,6 +307,7 @@ type batchBuilder struct {
 	counts []int
 	sorted []*call
 	again  []int
+	cmds   []goredis.Cmder // the commands being sent
 }
 
 // manyIndex is how many groups or keys are searched one by one before a map is used.
@@ -319,11 +320,13 @@ const manyIndex = 8
 func (bb *batchBuilder) exec(p *pipeliner, batch []*call) {
 	ctx := p.deadline()
 	bb.group(p.grouping, batch)
+	bb.cmds = bb.cmds[:0]
 	for i := range bb.groups {
 		g := &bb.groups[i]
 		g.cmd = g.command(ctx, argEvalsha, p.sha)
+		bb.cmds = append(bb.cmds, g.cmd)
 	}
-	execErr := bb.send(ctx, p.client, bb.groups)
+	execErr := send(ctx, p.client, bb.cmds)
 	bb.again = bb.again[:0]
 	for i := range bb.groups {
 		g := &bb.groups[i]
@@ -335,13 +338,13 @@ func (bb *batchBuilder) exec(p *pipeliner, batch []*call) {
 		g.answer(err)
 	}
 	if len(bb.again) > 0 {
-		pipe := p.client.Pipeline()
+		bb.cmds = bb.cmds[:0]
 		for _, i := range bb.again {
 			g := &bb.groups[i]
 			g.cmd = g.command(ctx, argEval, p.src)
-			_ = pipe.Process(ctx, g.cmd)
+			bb.cmds = append(bb.cmds, g.cmd)
 		}
-		_, execErr := pipe.Exec(ctx)
+		execErr := send(ctx, p.client, bb.cmds)
 		for _, i := range bb.again {
 			bb.groups[i].answer(replyErr(bb.groups[i].cmd, execErr))
 		}
@@ -352,6 +355,7 @@ func (bb *batchBuilder) exec(p *pipeliner, batch []*call) {
 		clear(g.calls)
 		g.keys, g.calls, g.cmd = g.keys[:0], g.calls[:0], nil
 	}
+	clear(bb.cmds)
 	bb.groups = bb.groups[:0]
 }
 
@@ -361,17 +365,17 @@ type processor interface {
 	Process(ctx context.Context, cmd goredis.Cmder) error
 }
 
-// send sends the groups' commands, in one pipeline or, for a lone one, by itself. The
-// error is the pipeline's (see replyErr); each command carries its own.
-func (bb *batchBuilder) send(ctx context.Context, client Client, groups []group) error {
-	if len(groups) == 1 {
+// send sends cmds, in one pipeline or, for a lone one, by itself. The error is the
+// pipeline's (see replyErr); each command carries its own.
+func send(ctx context.Context, client Client, cmds []goredis.Cmder) error {
+	if len(cmds) == 1 {
 		if pr, ok := client.(processor); ok {
-			return pr.Process(ctx, groups[0].cmd)
+			return pr.Process(ctx, cmds[0])
 		}
 	}
 	pipe := client.Pipeline()
-	for i := range groups {
-		_ = pipe.Process(ctx, groups[i].cmd)
+	for _, c := range cmds {
+		_ = pipe.Process(ctx, c)
 	}
 	_, err := pipe.Exec(ctx)
 	return err
