@@ -41,6 +41,7 @@ type Backend struct {
 
 	recs       sync.Map // recordKey -> *rec
 	wake       chan struct{}
+	sleepUntil atomic.Int64 // when the renewal goroutine wakes by itself (MaxInt64 while awake)
 	quit       chan struct{}
 	done       chan struct{}
 	closed     atomic.Bool
@@ -209,6 +210,14 @@ func (b *Backend) nudge() {
 	}
 }
 
+// nudgeFor wakes the renewal goroutine if a member's request is due (at due) before it
+// would wake by itself: a denied caller must not make it walk every record for nothing.
+func (b *Backend) nudgeFor(due int64) {
+	if due < b.sleepUntil.Load() {
+		b.nudge()
+	}
+}
+
 // Decide decides req for key on the member's shares (see backend.Backend). A key seen for
 // the first time joins its limits' pools first (one store round trip). When the member
 // holds no usable share, or the permits would fall after its lease's end, Decide waits
@@ -243,8 +252,12 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 		res, tk, out, err := decide(ms[:len(rs)], now, req.N, left, pass == 0)
 		var ch <-chan struct{}
 		joining := false
+		due := int64(math.MaxInt64)
 		if out == NoLease || out == LeaseEnds || out == TooFar {
 			ch = rs[0].changed
+			for _, r := range rs {
+				due = min(due, r.m.Due(now))
+			}
 			for _, r := range rs {
 				if r.m.Joining() {
 					// A key seen for the first time: its first decision waits for the
@@ -270,16 +283,16 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 		case out == TooFar:
 			wait = time.Duration(max(res.RetryAfter, 1)) // then book it, within the horizon
 		case joining:
-			b.nudge()
+			b.nudgeFor(due)
 			wait = b.timeout
 			if joins++; joins > 8 {
 				return backend.Grant{Result: gcra.Result{RetryAfter: res.RetryAfter}}, nil
 			}
 		case wait <= 0:
-			b.nudge()
+			b.nudgeFor(due)
 			return backend.Grant{Result: gcra.Result{RetryAfter: res.RetryAfter, ResetAfter: res.ResetAfter}}, nil
 		default:
-			b.nudge()
+			b.nudgeFor(due)
 		}
 		b.waiting(rs, 1)
 		err = b.waitChange(ctx, ch, wait)
@@ -480,7 +493,9 @@ func (b *Backend) run() {
 	t := b.clock.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
+		b.sleepUntil.Store(math.MaxInt64) // awake: a nudge now is kept for after this round
 		next := b.round()
+		b.sleepUntil.Store(next)
 		select {
 		case <-b.quit:
 			return
