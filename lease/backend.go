@@ -59,7 +59,15 @@ type rec struct {
 	key     string
 	mu      sync.Mutex
 	m       *Member
-	changed chan struct{} // closed (and replaced) whenever an answer from the store arrives
+	changed chan struct{} // made by the first waiter (watch), closed when an answer from the store arrives
+}
+
+// watch returns the channel closed at the next answer from the store; r.mu is held.
+func (r *rec) watch() <-chan struct{} {
+	if r.changed == nil {
+		r.changed = make(chan struct{})
+	}
+	return r.changed
 }
 
 // Observer is told, after every answer from the store, what a member holds of one limit
@@ -151,7 +159,7 @@ func (b *Backend) rec(key string, l gcra.Limit) *rec {
 	if v, ok := b.recs.Load(k); ok {
 		return v.(*rec)
 	}
-	r := &rec{key: key, m: NewMember(b.id, l, b.mcfg, b.clock.Nanotime()), changed: make(chan struct{})}
+	r := &rec{key: key, m: NewMember(b.id, l, b.mcfg, b.clock.Nanotime())}
 	v, loaded := b.recs.LoadOrStore(k, r)
 	if !loaded {
 		b.nudge()
@@ -254,7 +262,7 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 		joining := false
 		due := int64(math.MaxInt64)
 		if out == NoLease || out == LeaseEnds || out == TooFar {
-			ch = rs[0].changed
+			w := rs[0]
 			for _, r := range rs {
 				due = min(due, r.m.Due(now))
 			}
@@ -263,13 +271,14 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 					// A key seen for the first time: its first decision waits for the
 					// joins and the first share (or their failure), whatever the
 					// caller's bound.
-					ch, joining = r.changed, true
+					w, joining = r, true
 					break
 				}
 				if !r.m.usable(now) {
-					ch = r.changed
+					w = r
 				}
 			}
+			ch = w.watch()
 		}
 		unlock(rs)
 		if err != nil {
@@ -567,8 +576,8 @@ func (b *Backend) round() int64 {
 			}
 			p.r.mu.Lock()
 			p.r.m.Receive(now, p.nonce, rep, e)
-			changed := p.r.changed
-			p.r.changed = make(chan struct{})
+			changed := p.r.changed // nil if nobody waits
+			p.r.changed = nil
 			var st Status
 			if b.observer != nil {
 				st = p.r.m.Status(now)
@@ -578,7 +587,9 @@ func (b *Backend) round() int64 {
 			if b.observer != nil {
 				b.observer.ObserveLease(st) // before the waiters wake: they see it observed
 			}
-			close(changed)
+			if changed != nil {
+				close(changed)
+			}
 		}
 	}
 	next := int64(math.MaxInt64)
