@@ -246,18 +246,22 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 	var ms [gcra.MaxLimits]*Member
 	var buf [gcra.MaxLimits]*rec
 	joins := 0
-	for pass := 0; ; pass++ {
+	for counted := false; ; counted = true {
 		rs := b.records(key, req.Limits, &buf)
-		if !lock(rs) {
-			b.forget(key, req.Limits)
-			continue
+		for !lock(rs) {
+			// A record released meanwhile (idle, or the backend closing): it is gone from
+			// the map, so asking again makes a fresh one.
+			if b.closed.Load() {
+				return backend.Grant{}, backend.ErrClosed
+			}
+			rs = b.records(key, req.Limits, &buf)
 		}
 		now := b.clock.Nanotime()
 		left := max(md-(now-start), 0)
 		for i, r := range rs {
 			ms[i] = r.m
 		}
-		res, tk, out, err := decide(ms[:len(rs)], now, req.N, left, pass == 0)
+		res, tk, out, err := decide(ms[:len(rs)], now, req.N, left, !counted)
 		var ch <-chan struct{}
 		joining := false
 		due := int64(math.MaxInt64)
@@ -342,22 +346,6 @@ func (b *Backend) waitChange(ctx context.Context, ch <-chan struct{}, d time.Dur
 	}
 }
 
-// forget drops released records of key so that fresh ones are made.
-func (b *Backend) forget(key string, limits []gcra.Limit) {
-	for _, l := range limits {
-		k := recordKey{key, l}
-		if v, ok := b.recs.Load(k); ok {
-			r := v.(*rec)
-			r.mu.Lock()
-			rel := r.m.Released()
-			r.mu.Unlock()
-			if rel {
-				b.recs.CompareAndDelete(k, r)
-			}
-		}
-	}
-}
-
 // AllowOne takes one permit for key under l if one is free now (backend.Allower).
 func (b *Backend) AllowOne(ctx context.Context, key string, l gcra.Limit) (bool, error) {
 	if b.closed.Load() {
@@ -413,11 +401,11 @@ func (b *Backend) Penalize(ctx context.Context, key string, limits []gcra.Limit,
 	}
 	var buf [gcra.MaxLimits]*rec
 	rs := b.records(key, limits, &buf)
-	if !lock(rs) {
-		b.forget(key, limits)
-		if rs = b.records(key, limits, &buf); !lock(rs) {
-			return nil
+	for !lock(rs) { // released meanwhile: see Decide
+		if b.closed.Load() {
+			return backend.ErrClosed
 		}
+		rs = b.records(key, limits, &buf)
 	}
 	var ms [gcra.MaxLimits]*Member
 	for i, r := range rs {
@@ -479,8 +467,8 @@ func (b *Backend) Close() error {
 			if req, ok := r.m.Release(now); ok {
 				calls = append(calls, Call{Key: r.key, Limit: r.m.limit, Req: req})
 			}
+			b.recs.Delete(k) // under the lock, as round does: a released record is never found
 			r.mu.Unlock()
-			b.recs.Delete(k)
 			return true
 		})
 		if len(calls) > 0 {
