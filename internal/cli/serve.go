@@ -102,7 +102,6 @@ func (sf *serveFlags) build() (server.Config, error) {
 			return cfg, err
 		}
 	}
-	var err error
 	sf.fs.Visit(func(f *flag.Flag) {
 		v := f.Value.String()
 		switch f.Name {
@@ -159,9 +158,6 @@ func (sf *serveFlags) build() (server.Config, error) {
 			return cfg, fmt.Errorf("--default-limit: %w", perr)
 		}
 		cfg.Default = &server.DefaultRule{Limit: ls, Shared: sf.defShare}
-	}
-	if err != nil {
-		return cfg, err
 	}
 	return cfg, cfg.Validate()
 }
