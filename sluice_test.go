@@ -429,3 +429,18 @@ func TestPenaltiesOnManyKeysStayBounded(t *testing.T) {
 		t.Error("a penalty in force was forgotten")
 	}
 }
+
+func TestBackoffDelay(t *testing.T) {
+	b := Backoff{Base: 10 * time.Millisecond, Max: 50 * time.Millisecond, Jitter: 0.5}
+	for i, want := range []time.Duration{10, 20, 40, 50, 50} {
+		if got := b.Delay(i+1, 0, 0); got != want*time.Millisecond {
+			t.Errorf("attempt %d: %v, want %v", i+1, got, want*time.Millisecond)
+		}
+	}
+	if got := b.Delay(1, 100*time.Millisecond, 0); got != 100*time.Millisecond {
+		t.Errorf("a longer Retry-After: %v, want 100ms", got)
+	}
+	if got := b.Delay(2, 0, 0.5); got != 25*time.Millisecond {
+		t.Errorf("jitter: %v, want 20ms + 0.5 × 0.5 × 20ms", got)
+	}
+}

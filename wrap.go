@@ -107,17 +107,7 @@ type Backoff struct {
 // attempts run out (the last error is returned), or ctx ends. Between attempts it sleeps
 // the larger of the back-off and the error's RetryAfter, plus jitter.
 func (b Backoff) Retry(ctx context.Context, f func(context.Context) error) error {
-	base, maxB, jitter, attempts := b.Base, b.Max, b.Jitter, b.Attempts
-	if base <= 0 {
-		base = 50 * time.Millisecond
-	}
-	if maxB <= 0 {
-		maxB = 30 * time.Second
-	}
-	if jitter <= 0 {
-		jitter = 0.2
-	}
-	jitter = min(jitter, 1)
+	attempts := b.Attempts
 	if attempts <= 0 {
 		attempts = 10
 	}
@@ -129,21 +119,42 @@ func (b Backoff) Retry(ctx context.Context, f func(context.Context) error) error
 	if rnd == nil {
 		rnd = rand.Float64
 	}
-	back := base
 	for i := 1; ; i++ {
 		err := f(ctx)
 		if err == nil || !errors.Is(err, ErrThrottled) || i >= attempts {
 			return err
 		}
-		d := back
+		var retryAfter time.Duration
 		var te *ThrottledError
-		if errors.As(err, &te) && te.RetryAfter > d {
-			d = te.RetryAfter
+		if errors.As(err, &te) {
+			retryAfter = te.RetryAfter
 		}
-		d += time.Duration(float64(d) * jitter * rnd())
-		if err := c.Sleep(ctx, d); err != nil {
+		if err := c.Sleep(ctx, b.Delay(i, retryAfter, rnd())); err != nil {
 			return err
 		}
+	}
+}
+
+// Delay is the sleep after the attempt-th throttled attempt (1 for the first): the
+// back-off, Base doubled for each attempt before and capped at Max, or retryAfter if
+// longer, plus Jitter times u (uniform in [0, 1)) of it. Retry sleeps it; the simulator's
+// clients do too.
+func (b Backoff) Delay(attempt int, retryAfter time.Duration, u float64) time.Duration {
+	base, maxB, jitter := b.Base, b.Max, b.Jitter
+	if base <= 0 {
+		base = 50 * time.Millisecond
+	}
+	if maxB <= 0 {
+		maxB = 30 * time.Second
+	}
+	if jitter <= 0 {
+		jitter = 0.2
+	}
+	jitter = min(jitter, 1)
+	back := min(base, maxB)
+	for i := 1; i < attempt && back < maxB; i++ {
 		back = min(back*2, maxB)
 	}
+	d := max(back, retryAfter)
+	return d + time.Duration(float64(d)*jitter*u)
 }
