@@ -224,6 +224,7 @@ type bucket struct {
 	accepted, rejected, arrivals, sent, storeOps, messages int64
 	queued, live                                           int64
 	saturated                                              bool
+	capacity                                               float64 // permits the limit in force allowed in the bucket (at its rate)
 }
 
 type eventRecord struct {
@@ -361,17 +362,9 @@ func (e *engine) closeBucket(b int) {
 	s.queued, s.live = q, live
 	// Demand exceeded the limit in the bucket if requests were still waiting at its end
 	// beyond the goroutines' own, or if more arrived than the limit allows.
-	capacity := e.rateNow() * float64(e.sample) / 1e9
-	s.saturated = q > live || float64(s.arrivals) >= capacity
-}
-
-// rateNow is the tightest rate of the API's limit, in permits per second.
-func (e *engine) rateNow() float64 {
-	r := math.Inf(1)
-	for _, l := range e.limits {
-		r = math.Min(r, float64(l.Rate)/l.Period.Seconds())
-	}
-	return r
+	_, rate := measure.Capacity(e.limits, 0)
+	s.capacity = rate * float64(e.sample) / 1e9
+	s.saturated = q > live || float64(s.arrivals) >= s.capacity
 }
 
 func (e *engine) bucket() *bucket {

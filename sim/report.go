@@ -163,9 +163,8 @@ func (e *engine) report() ModeReport {
 			spans = append(spans, s)
 		}
 	}
-	_, rate0 := measure.Capacity(e.sc.Limit.Limits, 0)
+	burst, rate0 := measure.Capacity(e.sc.Limit.Limits, 0)
 	fair := measure.FairShares(rate0, len(e.members), spans)
-	burst, _ := measure.Capacity(e.sc.Limit.Limits, 0)
 	measure.ShareBurst(fair, spans, burst, 0)
 	granted := make([]float64, len(e.members))
 	for i, m := range e.members {
@@ -205,16 +204,16 @@ func tightestInterval(e *engine) int64 {
 // convergence is the time from `at` to the start of the first window of good samples.
 func (e *engine) convergence(at int64, window int) float64 {
 	first := int(at / e.sample)
-	rate := e.rateNow() * float64(e.sample) / 1e9
 	for k := first; k+window <= len(e.series); k++ {
-		var acc, rej float64
+		var acc, rej, capa float64
 		sat := true
 		for _, b := range e.series[k : k+window] {
 			acc += float64(b.accepted)
 			rej += float64(b.rejected)
+			capa += b.capacity // the limit in force then, which an event may have changed
 			sat = sat && b.saturated
 		}
-		if rej == 0 && (!sat || acc >= 0.9*rate*float64(window)) {
+		if rej == 0 && (!sat || acc >= 0.9*capa) {
 			return round(math.Max(0, float64(int64(k)*e.sample-at)/1e9))
 		}
 	}
