@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/gcra"
@@ -775,22 +776,22 @@ func (e *engine) scenarioEvent(ev *event) {
 	}
 	switch {
 	case len(se.Crash) > 0:
-		what = "crash " + join(se.Crash)
+		what = "crash " + strings.Join(se.Crash, ",")
 		for _, mi := range targets(se.Crash) {
 			e.leave(mi, false)
 		}
 	case len(se.Leave) > 0:
-		what = "leave " + join(se.Leave)
+		what = "leave " + strings.Join(se.Leave, ",")
 		for _, mi := range targets(se.Leave) {
 			e.leave(mi, true)
 		}
 	case len(se.Join) > 0:
-		what = "join " + join(se.Join)
+		what = "join " + strings.Join(se.Join, ",")
 		for _, mi := range targets(se.Join) {
 			e.join(mi)
 		}
 	case len(se.Pause) > 0:
-		what = "pause " + join(se.Pause) + " for " + se.For.D().String()
+		what = "pause " + strings.Join(se.Pause, ",") + " for " + se.For.D().String()
 		for _, mi := range targets(se.Pause) {
 			m := e.members[mi]
 			if m.present {
@@ -803,7 +804,7 @@ func (e *engine) scenarioEvent(ev *event) {
 		e.storeDown = e.now + int64(*se.StoreOutage)
 		end = e.storeDown
 	case len(se.Partition) > 0:
-		what = "partition " + join(se.Partition)
+		what = "partition " + strings.Join(se.Partition, ",")
 		if se.For > 0 {
 			what += " for " + se.For.D().String()
 		}
@@ -840,17 +841,6 @@ func (e *engine) scenarioEvent(ev *event) {
 func resize(s []int64, n int) []int64 {
 	out := make([]int64, n)
 	copy(out, s)
-	return out
-}
-
-func join(ts Targets) string {
-	out := ""
-	for i, t := range ts {
-		if i > 0 {
-			out += ","
-		}
-		out += t
-	}
 	return out
 }
 

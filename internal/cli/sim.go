@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -58,7 +59,7 @@ func runSim(ctx context.Context, env Env, args []string) error {
 		}
 	}
 	for _, m := range opts.Modes {
-		if !contains(sim.ModeNames(), m) {
+		if !slices.Contains(sim.ModeNames(), m) {
 			return usagef("--modes: unknown mode %q (known: %s)", m, strings.Join(sim.ModeNames(), ", "))
 		}
 	}
@@ -109,13 +110,4 @@ func progressBar(env Env, start time.Time) func(string, float64) {
 		n := int(done * width)
 		fmt.Fprintf(env.Stderr, "\r\033[K  %-8s [%s%s] %3.0f%%", mode, strings.Repeat("=", n), strings.Repeat(" ", width-n), done*100)
 	}
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
