@@ -32,7 +32,7 @@ func (b *Backend) trip() {
 func (b *Backend) background(f func()) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.closed {
+	if b.closed.Load() {
 		return
 	}
 	b.wg.Add(1)

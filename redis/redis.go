@@ -67,8 +67,8 @@ type Backend struct {
 	flushing   atomic.Bool // a flush of the ledger runs in the background
 	ledger     ledger      // what was admitted or charged while Redis was down
 
-	mu     sync.Mutex // guards closed and wg.Add
-	closed bool
+	mu     sync.Mutex  // orders closing and wg.Add
+	closed atomic.Bool // set under mu
 	wg     sync.WaitGroup
 
 	stats struct {
@@ -641,22 +641,18 @@ func opName(op byte) string {
 	return "call"
 }
 
-func (b *Backend) isClosed() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.closed
-}
+func (b *Backend) isClosed() bool { return b.closed.Load() }
 
 // Close stops the pipelines and the prober, waiting for those in flight (at most the
 // time-out, when the client honours context deadlines), and closes the client if Dial
 // made it. Later calls return backend.ErrClosed.
 func (b *Backend) Close() error {
 	b.mu.Lock()
-	if b.closed {
+	if b.closed.Load() {
 		b.mu.Unlock()
 		return nil
 	}
-	b.closed = true
+	b.closed.Store(true)
 	b.mu.Unlock()
 	b.down.Store(true) // fail fast from now on
 	b.cancel()
