@@ -16,8 +16,8 @@
 -- Sums, differences, comparisons and maxima of pairs are exact over the whole int64 range
 -- (s stays below 2^34). The script never multiplies or divides: the caller passes n*T per
 -- limit, and derives Remaining and ResetAfter from the TATs returned. It is written for
--- speed (it runs on Redis' one thread): three small helpers (ttl, late, charge) and no
--- other closures, no number formatting but two string.format per key written, one
+-- speed (it runs on Redis' one thread): four small helpers (ttl, late, charge, allowed)
+-- and no other closures, no number formatting but two string.format per key written, one
 -- pattern match per key read, tables made at their usual size (growing one costs more
 -- than a decision), and shortcuts for the two commonest calls alone (an allowance, a
 -- decision under one limit).
@@ -97,6 +97,14 @@ local function late(th, tl, uh, ul, ch, cl)
   return xh, xl
 end
 
+-- allowed reports whether one permit may be taken now under a limit of tolerance u whose
+-- TAT after the grant would be x: x - u <= now.
+local function allowed(xh, xl, uh, ul)
+  local zh, zl = xh - uh, xl - ul
+  if zl < 0 then zh, zl = zh - 1, zl + B end
+  return not (nh < zh or (nh == zh and nl < zl))
+end
+
 -- charge is a limit's TAT after a grant of cost c used at a: max(t, a) + c.
 local function charge(th, tl, ah, al, ch, cl)
   if th < ah or (th == ah and tl < al) then th, tl = ah, al end
@@ -124,10 +132,8 @@ end
 
 if fh and argv[3] == 'a' then
   local xh, xl = charge(fh, fl, nh, nl, tonumber(argv[6]), tonumber(argv[7]))
-  local zh, zl = xh - tonumber(argv[4]), xl - tonumber(argv[5])
-  if zl < 0 then zh, zl = zh - 1, zl + B end
   local r = 0
-  if not (nh < zh or (nh == zh and nl < zl)) then
+  if allowed(xh, xl, tonumber(argv[4]), tonumber(argv[5])) then
     -- Granted: the TAT is now + T or later, so the key is not idle.
     redis.call('SET', keys[1], format('1 0 0 %d %d', xh, xl), 'PX', ttl(xh, xl))
     r = 1
@@ -302,9 +308,7 @@ for ki = 1, nkeys do
     elseif op == 'a' then
       -- One permit now or never: granted if max(tat, now) + T - Tau <= now.
       local xh, xl = charge(th[1], tl[1], nh, nl, a3, a4)
-      local zh, zl = xh - a1, xl - a2
-      if zl < 0 then zh, zl = zh - 1, zl + B end
-      if nh < zh or (nh == zh and nl < zl) then
+      if not allowed(xh, xl, a1, a2) then
         out[no] = 0
       else
         th[1], tl[1] = xh, xl
@@ -321,8 +325,8 @@ for ki = 1, nkeys do
           if dh < xh or (dh == xh and dl < xl) then dh, dl = xh, xl end
         end
       end
-      local allowed = not (f[2] < dh or (f[2] == dh and f[3] < dl))
-      if allowed and f[1] > 0 then
+      local granted = not (f[2] < dh or (f[2] == dh and f[3] < dl))
+      if granted and f[1] > 0 then
         local ah, al = nh + dh, nl + dl
         if al >= B then ah, al = ah + 1, al - B end
         for j = 1, k do
@@ -330,7 +334,7 @@ for ki = 1, nkeys do
         end
         write = true
       end
-      if allowed then out[no] = 1 else out[no] = 0 end
+      if granted then out[no] = 1 else out[no] = 0 end
       out[no + 1], out[no + 2] = dh, dl
       no = no + 2
       for j = 1, k do
