@@ -1,9 +1,9 @@
 package sluice
 
 import (
-	"fmt"
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
