@@ -88,10 +88,10 @@ func runDemo(ctx context.Context, env Env, args []string) error {
 }
 
 // demoLeaseRenew is the demo's lease renewal interval: shares follow demand at renewals,
-// and the demo's workers switch on and off every second or so. Measured over 12 seeds of
-// the 8 s demo (`--lease-renew`): at 250ms (the library's default) utilization 0.888 to
-// 0.935 and Jain 0.966 to 0.993, with Jain below 0.95 in some runs on a loaded machine; at
-// 100ms utilization 0.912 to 0.947 and Jain 0.978 to 0.998, loaded or not; 50ms raised
+// and the demo's workers switch on and off every second or so. Measured on the 8 s demo
+// (`--lease-renew`): at 250ms (the library's default, 16 runs) utilization 0.888 to 0.935
+// and Jain 0.966 to 0.993, with Jain below 0.95 in some runs on a loaded machine; at 100ms
+// (46 runs, loaded or not) utilization 0.894 to 0.947 and Jain 0.957 to 0.998; 50ms raised
 // utilization (0.95 to 0.97) but let Jain fall to 0.94 under load. 10 store operations a
 // second per member, which the in-memory store does not feel.
 const demoLeaseRenew = 100 * time.Millisecond
