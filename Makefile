@@ -18,7 +18,7 @@ all: lint test
 test:
 	$(GO) test -race -timeout 15m $(PKGS)
 	cd bench && $(GO) test -race -timeout 5m -run . ./...
-	$(MAKE) fuzz FUZZTIME=3s PROPERTY_TRIALS=0
+	$(MAKE) fuzz FUZZTIME=10000x PROPERTY_TRIALS=0
 
 ## test-short: the quick subset, for the edit loop.
 test-short:
@@ -36,15 +36,24 @@ bench:
 	  done
 	cd bench && $(GO) tool benchstat -col /impl $(RESULTS)
 
-## fuzz: each fuzz target for FUZZTIME (make test runs each for 3s; their seed corpora run
-## with the other tests), then the core's property test for PROPERTY_TRIALS random
-## sequences (make test runs its default 2,000; 0 skips the long run).
+## fuzz: each fuzz target for FUZZTIME (make test runs each for 10,000 inputs; their seed
+## corpora run with the other tests), then the core's property test for PROPERTY_TRIALS
+## random sequences (make test runs its default 2,000; 0 skips the long run).
+## Go 1.26's fuzz coordinator can fail a run whose -fuzztime is a duration with a bare
+## "context deadline exceeded" as the time runs out (go.dev/issue/75804, fixed in Go 1.27):
+## make test counts inputs instead, and a run that fails that way without writing a
+## failing input is reported and not counted as a failure; any other failure is.
 FUZZ_TARGETS := .:FuzzParse ./server:FuzzParseLine ./server:FuzzParseConfig ./server:FuzzGlobMatch ./internal/wire:FuzzValidTag
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; name=$${t##*:}; \
 	  echo "fuzz $$pkg $$name for $(FUZZTIME)"; \
-	  $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	  out=$$($(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg 2>&1); rc=$$?; echo "$$out"; \
+	  if [ $$rc != 0 ]; then \
+	    if echo "$$out" | grep -q 'context deadline exceeded' && ! echo "$$out" | grep -q 'Failing input written'; then \
+	      echo "fuzz $$name: the fuzz coordinator's deadline race (go.dev/issue/75804), no failing input: not a failure"; \
+	    else exit 1; fi; \
+	  fi; \
 	done
 	@if [ "$(PROPERTY_TRIALS)" != 0 ]; then \
 	  echo "property test of ./gcra, $(PROPERTY_TRIALS) trials"; \
