@@ -117,10 +117,11 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Epoch names one registration of a member: the store's incarnation, which a store that
-// restarts empty changes, and a sequence number within it. A renewal must carry its
-// member's current epoch, so a store that lost its state can never mistake an old
-// registration for a live one.
+// Epoch names one registration of a member: the incarnation of the record (drawn anew
+// each time a store makes the record, NewIncarnation), and a sequence number within it.
+// A renewal must carry its member's current epoch, so a store that lost or forgot a
+// record can never mistake an old registration for a live one: epochs never repeat for
+// a key.
 type Epoch struct {
 	Incarnation uint64 `json:"i"`
 	N           uint64 `json:"n"`
@@ -207,7 +208,7 @@ func (e *Entry) live(now int64) bool { return !e.Epoch.IsZero() && now < e.Lease
 type State struct {
 	// Limit is the limit shared, in the GCRA core's units (after any margin).
 	Limit gcra.Limit `json:"limit"`
-	// Incarnation changes each time the store starts this record afresh.
+	// Incarnation is drawn anew each time a store makes this record (NewIncarnation).
 	Incarnation uint64 `json:"inc"`
 	// Seq is the last epoch or lease number issued.
 	Seq uint64 `json:"seq"`

@@ -50,7 +50,6 @@ type MemStore struct {
 
 	mu        sync.Mutex
 	records   map[recordKey]*State
-	inc       uint64
 	fresh     bool  // no lease was ever granted before this incarnation
 	restarted int64 // when the current incarnation began (store clock)
 	down      bool
@@ -70,13 +69,17 @@ func NewMemStore(cfg Config, clk clock.Clock) (*MemStore, error) {
 	if clk == nil {
 		clk = clock.Default
 	}
-	return &MemStore{cfg: cfg, clock: clk, records: map[recordKey]*State{}, inc: newIncarnation(0), fresh: true}, nil
+	return &MemStore{cfg: cfg, clock: clk, records: map[recordKey]*State{}, fresh: true}, nil
 }
 
-// newIncarnation draws an incarnation different from old (and from zero).
-func newIncarnation(old uint64) uint64 {
+// NewIncarnation draws the incarnation of a record being made: a random non-zero number,
+// so that the epochs of a record made again after the store forgot or lost it (an idle
+// record deleted, a restart, an eviction) never repeat those of an earlier one, and a
+// member from an earlier registration cannot renew under a later member's epoch. Two
+// records of one key share an incarnation with probability 2⁻⁶⁴.
+func NewIncarnation() uint64 {
 	for {
-		if v := rand.Uint64(); v != 0 && v != old {
+		if v := rand.Uint64(); v != 0 {
 			return v
 		}
 	}
@@ -108,7 +111,7 @@ func (s *MemStore) Apply(ctx context.Context, calls []Call) ([]Result, error) {
 				fence = s.cfg.FenceAfterRestart(s.restarted)
 			}
 			var err error
-			if st, err = NewState(c.Limit, s.inc, now, fence, s.cfg); err != nil {
+			if st, err = NewState(c.Limit, NewIncarnation(), now, fence, s.cfg); err != nil {
 				out[i].Err = err
 				continue
 			}
@@ -125,13 +128,12 @@ func (s *MemStore) Apply(ctx context.Context, calls []Call) ([]Result, error) {
 }
 
 // Restart loses every record, as a store process that restarts empty does, and starts a
-// new incarnation: every registration is stale, and each limit is fenced off until the
-// leases granted before have ended (TTL + Grace).
+// fence: every registration is stale (each record is made again with a new incarnation),
+// and each limit is fenced off until the leases granted before have ended (TTL + Grace).
 func (s *MemStore) Restart() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.records = map[recordKey]*State{}
-	s.inc = newIncarnation(s.inc)
 	s.fresh = false
 	s.restarted = s.clock.Nanotime()
 }
