@@ -102,7 +102,7 @@ func New(addr string, opts ...Option) *Client {
 		o.apply(c)
 	}
 	for i := range c.conns {
-		c.conns[i] = &pconn{cl: c}
+		c.conns[i] = newPconn(c)
 	}
 	return c
 }
@@ -278,47 +278,44 @@ func (c *Client) roundTrip(ctx context.Context, line []byte) ([]byte, error) {
 // errSlow is the cause of a call's context ending at the client's time-out.
 var errSlow = errors.New("no answer within the time-out")
 
-// pconn is one pipelined connection: writers append their query and join the queue of
-// pending calls under mu; one reader goroutine hands the answers out in order.
+// pconn is one pipelined connection. Writers take the write token (a channel, so that a
+// caller waiting for it gives up at its own deadline), join the queue of pending calls
+// under mu and write their query; one reader goroutine per connection hands the answers
+// out in order. No I/O happens under mu, and no call waits for a reader to exit: a
+// connection that failed or timed out is closed and left to its reader, which returns at
+// once; Client.Close waits for every reader.
 type pconn struct {
 	cl      *Client
+	wtok    chan struct{} // the write token: held while dialling and writing
 	mu      sync.Mutex
 	c       net.Conn
 	w       *bufio.Writer
 	pending []*call
 	gen     int
-	wg      sync.WaitGroup
+	closed  bool
+	readers sync.WaitGroup // Add under mu and only while !closed; Wait after closed is set
 }
 
 type call struct {
 	done chan struct{}
+	gen  int // the connection it was sent on
 	resp []byte
 	err  error
 }
 
+func newPconn(cl *Client) *pconn { return &pconn{cl: cl, wtok: make(chan struct{}, 1)} }
+
 func (p *pconn) do(ctx context.Context, line []byte) ([]byte, error) {
-	cl := &call{done: make(chan struct{})}
-	p.mu.Lock()
-	if p.c == nil {
-		if err := p.dial(ctx); err != nil {
-			p.mu.Unlock()
-			return nil, err
-		}
+	select {
+	case p.wtok <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
-	p.pending = append(p.pending, cl)
-	if dl, ok := ctx.Deadline(); ok {
-		p.c.SetWriteDeadline(dl)
-	}
-	_, err := p.w.Write(line)
-	if err == nil {
-		err = p.w.Flush()
-	}
+	cl, err := p.send(ctx, line)
+	<-p.wtok
 	if err != nil {
-		p.failLocked(err)
-		p.mu.Unlock()
 		return nil, err
 	}
-	p.mu.Unlock()
 	select {
 	case <-cl.done:
 		return cl.resp, cl.err
@@ -327,31 +324,64 @@ func (p *pconn) do(ctx context.Context, line []byte) ([]byte, error) {
 		// the time-out is not trusted with the next queries: start over on a fresh
 		// connection. A caller that gave up leaves the connection to the others.
 		if context.Cause(ctx) == errSlow {
-			p.close(errSlow)
+			p.fail(cl.gen, errSlow)
 		}
 		return nil, ctx.Err()
 	}
 }
 
-// dial connects; p.mu is held.
-func (p *pconn) dial(ctx context.Context) error {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, p.cl.network, p.cl.addr)
-	if err != nil {
-		return err
+// send queues and writes one query; the write token is held.
+func (p *pconn) send(ctx context.Context, line []byte) (*call, error) {
+	p.mu.Lock()
+	c, w, gen, closed := p.c, p.w, p.gen, p.closed
+	p.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
 	}
-	p.c = c
-	p.w = bufio.NewWriter(c)
-	p.gen++
-	gen := p.gen
-	p.wg.Add(1)
-	go p.read(c, gen)
-	return nil
+	if c == nil {
+		var d net.Dialer
+		nc, err := d.DialContext(ctx, p.cl.network, p.cl.addr)
+		if err != nil {
+			return nil, err
+		}
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			nc.Close()
+			return nil, ErrClosed
+		}
+		p.gen++
+		p.c, p.w, gen = nc, bufio.NewWriter(nc), p.gen
+		c, w = p.c, p.w
+		p.readers.Add(1)
+		go p.read(nc, gen)
+		p.mu.Unlock()
+	}
+	cl := &call{done: make(chan struct{}), gen: gen}
+	p.mu.Lock()
+	if p.gen != gen { // the connection failed meanwhile
+		p.mu.Unlock()
+		return nil, errors.New("connection lost")
+	}
+	p.pending = append(p.pending, cl)
+	p.mu.Unlock()
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetWriteDeadline(dl)
+	}
+	_, err := w.Write(line)
+	if err == nil {
+		err = w.Flush()
+	}
+	if err != nil {
+		p.fail(gen, err)
+		return nil, err
+	}
+	return cl, nil
 }
 
 // read hands answers to the pending calls in order until the connection fails.
 func (p *pconn) read(c net.Conn, gen int) {
-	defer p.wg.Done()
+	defer p.readers.Done()
 	r := bufio.NewReaderSize(c, 4096)
 	for {
 		line, err := r.ReadSlice('\n')
@@ -379,6 +409,15 @@ func (p *pconn) read(c net.Conn, gen int) {
 	}
 }
 
+// fail drops connection gen (if it is still the current one) and fails its pending calls.
+func (p *pconn) fail(gen int, err error) {
+	p.mu.Lock()
+	if p.gen == gen {
+		p.failLocked(err)
+	}
+	p.mu.Unlock()
+}
+
 // failLocked fails every pending call and drops the connection; p.mu is held.
 func (p *pconn) failLocked(err error) {
 	for _, cl := range p.pending {
@@ -388,16 +427,19 @@ func (p *pconn) failLocked(err error) {
 	p.pending = nil
 	if p.c != nil {
 		p.c.Close()
-		p.c = nil
+		p.c, p.w = nil, nil
 		p.gen++
 	}
 }
 
+// close fails every pending call, closes the connection for good and waits for its
+// reader to return.
 func (p *pconn) close(err error) {
 	p.mu.Lock()
+	p.closed = true
 	p.failLocked(err)
 	p.mu.Unlock()
-	p.wg.Wait()
+	p.readers.Wait()
 }
 
 // --- the sluice.Limiter adapter ---
