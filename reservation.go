@@ -87,18 +87,18 @@ func (r *Reservation) Wait(ctx context.Context) error {
 	}
 }
 
-// requeue gives the reservation back and takes a new one for the same cost.
+// requeue gives the reservation back and takes a new one for the same cost. It holds the
+// reservation's lock throughout, as Settle does, so that a concurrent Cancel or Settle acts
+// on the old ticket before or on the new one after, never on the old one a second time (a
+// second refund of a ticket can take back the permits of the grant that replaced it).
 func (r *Reservation) requeue(ctx context.Context) error {
 	r.mu.Lock()
-	n, ticket, done := r.ticket.N, r.ticket, r.done
-	r.mu.Unlock()
-	if done {
+	defer r.mu.Unlock()
+	if r.done {
 		return nil // settled or cancelled meanwhile: the caller owns what happens next
 	}
-	_ = r.l.be.Adjust(context.WithoutCancel(ctx), r.key, r.l.core, ticket, 0)
-	g, err := r.l.decide(ctx, r.key, n, r.l.waitBound(ctx))
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	_ = r.l.be.Adjust(context.WithoutCancel(ctx), r.key, r.l.core, r.ticket, 0)
+	g, err := r.l.decide(ctx, r.key, r.ticket.N, r.l.waitBound(ctx))
 	r.Decision = decisionOf(g.Result)
 	r.ticket = g.Ticket
 	r.at = r.l.clock.Nanotime()

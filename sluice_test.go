@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/local"
 )
 
 var bg = context.Background()
@@ -442,5 +444,81 @@ func TestBackoffDelay(t *testing.T) {
 	}
 	if got := b.Delay(2, 0, 0.5); got != 25*time.Millisecond {
 		t.Errorf("jitter: %v, want 20ms + 0.5 × 0.5 × 20ms", got)
+	}
+}
+
+// gatedBackend records the tickets its Adjust is called with, and holds the first
+// Adjust until release is closed.
+type gatedBackend struct {
+	*local.Backend
+	mu       sync.Mutex
+	adjusted []gcra.Ticket
+	entered  chan struct{}
+	release  chan struct{}
+}
+
+func (g *gatedBackend) Adjust(ctx context.Context, key string, ls []gcra.Limit, t gcra.Ticket, n int64) error {
+	g.mu.Lock()
+	first := len(g.adjusted) == 0
+	g.adjusted = append(g.adjusted, t)
+	g.mu.Unlock()
+	if first {
+		close(g.entered)
+		<-g.release
+	}
+	return g.Backend.Adjust(ctx, key, ls, t, n)
+}
+
+// TestRequeueAndCancelRefundOnce: a reservation re-queued behind a penalty while its
+// owner cancels it gives its old ticket back once, never twice (a second refund of the same
+// ticket can take back the permits of the grant that replaced it).
+func TestRequeueAndCancelRefundOnce(t *testing.T) {
+	clk := clock.NewVirtual()
+	gb := &gatedBackend{Backend: local.New(local.WithClock(clk)), entered: make(chan struct{}), release: make(chan struct{})}
+	l, err := New(MustParse("1/h burst=5"), WithClock(clk), WithBackend(gb))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	defer gb.Backend.Close()
+	r, err := l.Reserve(bg, "api", 1)
+	if err != nil || !r.Allowed {
+		t.Fatalf("reserve: %+v %v", r, err)
+	}
+	clk.Advance(time.Millisecond)
+	if err := l.Penalize(bg, "api", clk.Now().Add(time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- r.Wait(bg) }() // sees the penalty: re-queues
+	<-gb.entered
+	cancelled := make(chan error, 1)
+	go func() { cancelled <- r.Cancel(bg) }()
+	early := false
+	select {
+	case <-cancelled: // Cancel did not wait for the re-queue
+		early = true
+	case <-time.After(100 * time.Millisecond): // Cancel waits for the re-queue to finish
+	}
+	close(gb.release)
+	if !early {
+		<-cancelled
+	}
+	for done := false; !done; { // the re-queued reservation sleeps on the virtual clock
+		select {
+		case <-waited:
+			done = true
+		case <-time.After(time.Millisecond):
+			clk.Advance(time.Hour)
+		}
+	}
+	gb.mu.Lock()
+	defer gb.mu.Unlock()
+	seen := map[gcra.Ticket]bool{}
+	for _, tk := range gb.adjusted {
+		if seen[tk] {
+			t.Fatalf("ticket %+v adjusted twice (all: %+v)", tk, gb.adjusted)
+		}
+		seen[tk] = true
 	}
 }

@@ -7,10 +7,12 @@
 // reads do not write shared memory.
 //
 // A key whose TAT is in the past is indistinguishable from a new key, so idle keys are
-// forgotten without changing any decision: a sweep runs at most once per SweepEvery, from
-// a caller that inserts a key (no goroutine), and at once when the key cap is reached. When
-// the cap is reached and no key is idle, new keys get backend.ErrTooManyKeys and the
-// limiter's fail mode answers them (deny, by default); existing keys are unaffected.
+// forgotten without changing any decision: a background sweep runs at most once per
+// SweepEvery, started by a caller that inserts a key. At the key cap a new key takes the
+// place of an idle key found in a small random sample, at a cost independent of the
+// number of keys; when the sample holds none, the new key gets backend.ErrTooManyKeys and
+// the limiter's fail mode answers it (deny, by default), or, with WithEvictLive, evicts
+// the sampled key closest to idle. Existing keys are unaffected.
 package local
 
 import (
@@ -56,8 +58,8 @@ type Backend struct {
 	rebuilding   atomic.Bool
 	wg           sync.WaitGroup // background sweeps and rebuilds
 	lastSweep    atomic.Int64
-	lastCapSweep atomic.Int64
 	sweepMu      sync.Mutex
+	swept        int64 // entries sweeps have looked at (under sweepMu): their cost
 	bgSweep      atomic.Bool
 	evicted      atomic.Int64
 	evictLive    bool         // at the cap, evict a live key instead of refusing new ones
@@ -150,47 +152,92 @@ func (b *Backend) EvictedLive() int64 { return b.liveEvict.Load() }
 // evictSample is how many keys an eviction looks at.
 const evictSample = 32
 
-// evictOne evicts the key closest to idle among a sample, and reports whether it made
-// room. The sample is the first keys of the map's iteration, which follows hashes, not
-// insertion or use.
-func (b *Backend) evictOne(now int64) bool {
-	var victimKey, victim any
-	best := int64(math.MaxInt64)
-	seen := 0
-	b.keys.Range(func(k, v any) bool {
-		var t int64
-		switch e := v.(type) {
+// makeRoom frees one place at the key cap without scanning the map, and reports whether it
+// did. It looks at a sample of evictSample keys taken from a random place (the read-only
+// copy of the single-limit keys, whose iteration starts at random; the map's first keys
+// when there is no copy yet) and evicts an idle one if the sample holds one (an idle key
+// decides as a new one: nothing is lost), else, with WithEvictLive, the one closest to
+// idle (the earliest TAT). Its cost is the sample's, whatever the number of keys: a flood
+// of new keys at the cap never waits for a sweep.
+func (b *Backend) makeRoom(now int64) bool {
+	for try := 0; try < 2; try++ {
+		var victimKey, victim any
+		best := int64(math.MaxInt64)
+		consider := func(k, v any) {
+			t := entryTAT(v)
+			if t != dead && t < best {
+				best, victimKey, victim = t, k, v
+			}
+		}
+		if try == 0 {
+			m := b.snap.Load()
+			if m == nil {
+				continue
+			}
+			seen := 0
+			for k, e := range *m { // Go starts a map's iteration at a random place
+				consider(k, e)
+				if seen++; seen >= evictSample {
+					break
+				}
+			}
+		} else {
+			seen := 0
+			b.keys.Range(func(k, v any) bool {
+				consider(k, v)
+				seen++
+				return seen < evictSample
+			})
+		}
+		if victim == nil || (best > now && !b.evictLive) {
+			continue
+		}
+		switch e := victim.(type) {
 		case *single:
-			t = e.tat.Load()
+			if !e.tat.CompareAndSwap(best, dead) {
+				continue
+			}
 		case *multi:
 			e.mu.Lock()
-			for _, x := range e.tats {
-				t = max(t, x)
+			if e.tats == nil {
+				e.mu.Unlock()
+				continue
 			}
+			e.tats = nil
 			e.mu.Unlock()
 		}
-		if t != dead && t < best {
-			best, victimKey, victim = t, k, v
+		b.holds.Delete(victimKey) // a penalty goes with its key
+		if !b.drop(victimKey, victim) {
+			continue // a stale copy's entry: it was not in the map any more
 		}
-		seen++
-		return seen < evictSample
-	})
-	if victim == nil {
-		return false
+		if best <= now {
+			b.evicted.Add(1)
+		} else {
+			b.liveEvict.Add(1)
+		}
+		return true
 	}
-	switch e := victim.(type) {
+	return false
+}
+
+// entryTAT returns the latest TAT of an entry (dead if it was removed).
+func entryTAT(v any) int64 {
+	switch e := v.(type) {
 	case *single:
-		if !e.tat.CompareAndSwap(best, dead) {
-			return false
-		}
+		return e.tat.Load()
 	case *multi:
 		e.mu.Lock()
-		e.tats = nil
-		e.mu.Unlock()
+		defer e.mu.Unlock()
+		if e.tats == nil {
+			return dead
+		}
+		t := int64(math.MinInt64 + 1)
+		for _, x := range e.tats {
+			t = max(t, x)
+		}
+		return t
 	}
-	b.liveEvict.Add(1)
-	b.drop(victimKey, victim)
-	return true
+	return dead
 }
 
 // Decide decides req for key at the backend clock's now.
@@ -493,19 +540,15 @@ func (b *Backend) multiFor(key string, n int, now int64) (*multi, error) {
 	}
 }
 
-// insert stores a new entry for key unless one appeared meanwhile, enforcing the cap.
+// insert stores a new entry for key unless one appeared meanwhile, enforcing the cap. It
+// starts a background sweep every SweepEvery; at the cap it makes room by sampling
+// (makeRoom), never by sweeping on the caller's goroutine.
 func (b *Backend) insert(key string, e any, now int64) (any, error) {
-	if b.count.Load() >= b.maxKeys {
-		// The caller needs the room: sweep on its goroutine, at most once per minSweepGap
-		// so that a flood of new keys at the cap does not sweep on every call.
-		if last := b.lastCapSweep.Load(); now-last >= int64(minSweepGap) && b.lastCapSweep.CompareAndSwap(last, now) {
-			b.Sweep()
-		}
-		if b.count.Load() >= b.maxKeys && !(b.evictLive && b.evictOne(now)) {
-			return nil, backend.ErrTooManyKeys
-		}
-	} else if last := b.lastSweep.Load(); now-last >= b.sweepEvery && b.lastSweep.CompareAndSwap(last, now) {
+	if last := b.lastSweep.Load(); now-last >= b.sweepEvery && b.lastSweep.CompareAndSwap(last, now) {
 		b.background(&b.bgSweep, func() { b.sweepMu.Lock(); defer b.sweepMu.Unlock(); b.sweep() })
+	}
+	if b.count.Load() >= b.maxKeys && !b.makeRoom(now) {
+		return nil, backend.ErrTooManyKeys
 	}
 	v, loaded := b.keys.LoadOrStore(key, e)
 	if !loaded {
@@ -515,9 +558,8 @@ func (b *Backend) insert(key string, e any, now int64) (any, error) {
 }
 
 // Sweep forgets every idle key (one whose state is in the past) and every expired
-// penalty. Inserts start one in the background every SweepEvery, and run one themselves
-// when the key cap is reached; calling it directly is safe at any time. Sweeps run one at
-// a time.
+// penalty. Inserts start one in the background every SweepEvery; calling it directly is
+// safe at any time. Sweeps run one at a time.
 func (b *Backend) Sweep() {
 	b.sweepMu.Lock()
 	defer b.sweepMu.Unlock()
@@ -526,9 +568,9 @@ func (b *Backend) Sweep() {
 
 func (b *Backend) sweep() {
 	now := b.clock.Nanotime()
-	b.lastSweep.Store(now)
 	b.lastSweep.Store(max(b.lastSweep.Load(), now))
 	b.keys.Range(func(k, v any) bool {
+		b.swept++
 		switch e := v.(type) {
 		case *single:
 			old := e.tat.Load()
@@ -558,10 +600,13 @@ func (b *Backend) sweep() {
 	})
 }
 
-// drop deletes a dead entry from the map. Whoever deletes it counts it: a caller that
-// found it dead may have deleted it before the sweep that killed it.
-func (b *Backend) drop(k, v any) {
+// drop deletes a dead entry from the map and reports whether it did. Whoever deletes it
+// counts it: a caller that found it dead may have deleted it before the sweep that killed
+// it.
+func (b *Backend) drop(k, v any) bool {
 	if b.keys.CompareAndDelete(k, v) {
 		b.count.Add(-1)
+		return true
 	}
+	return false
 }

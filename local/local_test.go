@@ -83,13 +83,13 @@ func TestKeyCap(t *testing.T) {
 	if holds != 0 {
 		t.Errorf("%d holds kept for keys the backend refused", holds)
 	}
-	// Once keys go idle, the cap makes room by sweeping.
+	// Once keys go idle, a new key at the cap takes the place of one of them.
 	clk.Advance(time.Hour)
 	if g, err := b.Decide(ctx, "k10", backend.Request{Limits: ls, N: 1}); err != nil || !g.Allowed {
 		t.Fatalf("11th key after the others went idle: %+v %v", g, err)
 	}
-	if b.Len() != 1 {
-		t.Errorf("Len = %d, want 1", b.Len())
+	if b.Len() != 10 || b.Evicted() != 1 {
+		t.Errorf("Len = %d, Evicted = %d, want 10 and 1", b.Len(), b.Evicted())
 	}
 }
 
@@ -226,5 +226,52 @@ func TestEvictLive(t *testing.T) {
 	// Evicted keys start again with their burst: the price of the eviction.
 	if g, _ := b.Decide(ctx, "k0", backend.Request{Limits: ls, N: 1}); !g.Allowed {
 		t.Fatalf("k0 was not the victim: the earliest TAT should go first")
+	}
+}
+
+// TestFloodAtTheCapNeverSweeps: new keys arriving at the key cap make room by sampling,
+// at a cost independent of the number of keys; the only sweeps are the periodic ones in
+// the background. (At the cap every insert used to sweep the whole map on the caller's
+// goroutine, at most once per 50 ms, and a sweep of a million keys takes longer than that:
+// a daemon flooded with new tags stalled for tens of seconds.)
+func TestFloodAtTheCapNeverSweeps(t *testing.T) {
+	for _, evictLive := range []bool{false, true} {
+		t.Run(fmt.Sprint("evictLive=", evictLive), func(t *testing.T) {
+			clk := clock.NewVirtual()
+			const maxKeys, flood = 2000, 10_000
+			opts := []Option{WithClock(clk), WithMaxKeys(maxKeys)}
+			if evictLive {
+				opts = append(opts, WithEvictLive())
+			}
+			b := New(opts...)
+			defer b.Close()
+			ls := one(1, 100*time.Millisecond, 1) // idle 100 ms after a grant
+			if evictLive {
+				ls = one(1, time.Hour, 1) // never idle during the flood
+			}
+			refused := 0
+			for i := 0; i < flood; i++ {
+				clk.Advance(50 * time.Millisecond)
+				if _, err := b.Decide(ctx, fmt.Sprint("k", i), backend.Request{Limits: ls, N: 1}); err != nil {
+					refused++
+				}
+			}
+			b.wg.Wait()
+			b.sweepMu.Lock()
+			swept := b.swept
+			b.sweepMu.Unlock()
+			// Periodic sweeps: one per SweepEvery (10 s) of the 500 s flood, each over at
+			// most maxKeys keys.
+			if limit := int64(50 * maxKeys); swept > limit {
+				t.Errorf("sweeps looked at %d entries for %d new keys, want at most %d", swept, flood, limit)
+			}
+			if refused != 0 {
+				t.Errorf("%d new keys refused: the sample should find an idle key (or evict a live one)", refused)
+			}
+			if b.Len() > maxKeys {
+				t.Errorf("Len %d over the cap %d", b.Len(), maxKeys)
+			}
+			t.Logf("swept %d entries, evicted %d idle and %d live keys", swept, b.Evicted(), b.EvictedLive())
+		})
 	}
 }
