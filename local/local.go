@@ -52,20 +52,20 @@ type Backend struct {
 	// of sync.Map's trie on many keys; it holds the same *single values, so a decision made
 	// through it updates the same state. Entries may be stale (dead): callers then fall back
 	// to keys.
-	snap         atomic.Pointer[map[string]*single]
-	misses       atomic.Int64
-	snapLimit    atomic.Int64
-	rebuilding   atomic.Bool
-	wg           sync.WaitGroup // background sweeps and rebuilds
-	lastSweep    atomic.Int64
-	sweepMu      sync.Mutex
-	swept        int64 // entries sweeps have looked at (under sweepMu): their cost
-	bgSweep      atomic.Bool
-	evicted      atomic.Int64
-	evictLive    bool         // at the cap, evict a live key instead of refusing new ones
-	liveEvict    atomic.Int64 // live keys evicted
-	holds        sync.Map     // string -> int64: end of the key's latest penalty
-	closed       atomic.Bool
+	snap       atomic.Pointer[map[string]*single]
+	misses     atomic.Int64
+	snapLimit  atomic.Int64
+	rebuilding atomic.Bool
+	wg         sync.WaitGroup // background sweeps and rebuilds
+	lastSweep  atomic.Int64
+	sweepMu    sync.Mutex
+	swept      int64 // entries sweeps have looked at (under sweepMu): their cost
+	bgSweep    atomic.Bool
+	evicted    atomic.Int64
+	evictLive  bool         // at the cap, evict a live key instead of refusing new ones
+	liveEvict  atomic.Int64 // live keys evicted
+	holds      sync.Map     // string -> int64: end of the key's latest penalty
+	closed     atomic.Bool
 }
 
 var (
