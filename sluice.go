@@ -133,6 +133,7 @@ type Limiter struct {
 	npen      atomic.Int64 // entries in penalties: Wait skips the lookup when zero
 	penSweep  atomic.Int64 // entries past which Penalize forgets the ended penalties
 	penMu     sync.Mutex   // one such sweep at a time
+	maxPen    int64        // most entries in penalties (WithMaxKeys)
 }
 
 // minPenaltySweep is the fewest remembered penalties that make Penalize sweep the ended
@@ -184,8 +185,18 @@ func WithObserver(o Observer) Option { return optionFunc(func(l *Limiter) { l.ob
 
 // WithMaxKeys caps the keys the default in-process backend holds (default
 // local.DefaultMaxKeys); new keys past the cap, when none is idle, follow the fail mode.
+// It also caps the penalties the limiter remembers to re-queue reservations behind (see
+// Reservation.Wait), whatever the backend: past it the oldest are forgotten (the backend
+// still holds every key back; only a reservation made before a forgotten penalty is not
+// re-queued). n <= 0 means no cap.
 func WithMaxKeys(n int) Option {
-	return optionFunc(func(l *Limiter) { l.localOpt = append(l.localOpt, local.WithMaxKeys(n)) })
+	return optionFunc(func(l *Limiter) {
+		l.localOpt = append(l.localOpt, local.WithMaxKeys(n))
+		l.maxPen = int64(n)
+		if n <= 0 {
+			l.maxPen = math.MaxInt64
+		}
+	})
 }
 
 // New returns a limiter that applies limits to every key.
@@ -193,7 +204,7 @@ func New(limits Limits, opts ...Option) (*Limiter, error) {
 	if err := limits.Validate(); err != nil {
 		return nil, err
 	}
-	l := &Limiter{limits: limits, clock: clock.Default, margin: DefaultMargin}
+	l := &Limiter{limits: limits, clock: clock.Default, margin: DefaultMargin, maxPen: local.DefaultMaxKeys}
 	for _, o := range opts {
 		o.apply(l)
 	}
@@ -344,35 +355,44 @@ func (l *Limiter) Penalize(ctx context.Context, key string, until time.Time) err
 		return nil
 	}
 	err := l.be.Penalize(ctx, key, l.core, d)
-	now := l.clock.Nanotime()
-	p := penalty{issued: now, until: now + int64(d)}
-	for {
-		v, loaded := l.penalties.LoadOrStore(key, p)
-		if !loaded {
-			if l.npen.Add(1) >= max(minPenaltySweep, l.penSweep.Load()) {
-				l.sweepPenalties(now)
-			}
-			break
-		}
-		if old := v.(penalty); old.until >= p.until || l.penalties.CompareAndSwap(key, old, p) {
-			break
-		}
+	if err == nil { // a penalty the backend refused (at its key cap) holds nothing back
+		l.remember(key, l.clock.Nanotime(), d)
 	}
 	l.observe(Event{Kind: EventPenalty, Key: key, Wait: d, Err: err})
 	return err
 }
 
-// sweepPenalties forgets the penalties that have ended. Only a waiter on the key forgets
-// one otherwise, so without this a flood of penalties on ever new keys (a daemon's
-// clients) would grow the map for good; sweeping when it has doubled since the last sweep
-// keeps it within about twice the penalties in force, at a constant cost per penalty.
+// remember records a penalty issued at now for d, for the reservations made before it.
+func (l *Limiter) remember(key string, now int64, d time.Duration) {
+	p := penalty{issued: now, until: gcra.AddSat(now, int64(d))}
+	for {
+		v, loaded := l.penalties.LoadOrStore(key, p)
+		if !loaded {
+			if n := l.npen.Add(1); n >= max(minPenaltySweep, l.penSweep.Load()) || n > l.maxPen {
+				l.sweepPenalties(now)
+			}
+			return
+		}
+		if old := v.(penalty); old.until >= p.until || l.penalties.CompareAndSwap(key, old, p) {
+			return
+		}
+	}
+}
+
+// sweepPenalties forgets the penalties that have ended and, past the cap, the first ones
+// met until a tenth of the cap is free. Only a waiter on the key forgets one otherwise, so
+// without this a flood of penalties on ever new keys (a daemon's clients) would grow the
+// map for good; sweeping when it has doubled since the last sweep or passed the cap keeps
+// it within about twice the penalties in force, and within the cap, at a constant cost
+// per penalty.
 func (l *Limiter) sweepPenalties(now int64) {
 	if !l.penMu.TryLock() {
 		return // another goroutine sweeps
 	}
 	defer l.penMu.Unlock()
+	keep := l.maxPen - l.maxPen/10
 	l.penalties.Range(func(k, v any) bool {
-		if v.(penalty).until <= now && l.penalties.CompareAndDelete(k, v) {
+		if (v.(penalty).until <= now || l.npen.Load() > keep) && l.penalties.CompareAndDelete(k, v) {
 			l.npen.Add(-1)
 		}
 		return true

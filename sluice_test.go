@@ -522,3 +522,51 @@ func TestRequeueAndCancelRefundOnce(t *testing.T) {
 		seen[tk] = true
 	}
 }
+
+// TestFarRetryAfterHoldsBack: a penalty until a date centuries away (a Retry-After past
+// what a time.Duration holds) holds the key back; it never overflows into the past and
+// drops the penalty.
+func TestFarRetryAfterHoldsBack(t *testing.T) {
+	l, clk := newVirtual(t, "10/s burst=10")
+	clk.Advance(time.Minute) // a clock past its origin: now + 300 years overflows an int64
+	if err := l.Penalize(bg, "api", clk.Now().AddDate(300, 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Hour)
+	if l.Allow(bg, "api") {
+		t.Fatal("allowed during a penalty that ends in 300 years")
+	}
+}
+
+// TestPenaltiesOnNewKeysStayBounded: penalties on ever new keys never grow the limiter past
+// its key cap, whether the backend refuses the keys (the default at its cap) or makes room
+// for them (a daemon's evicting backend).
+func TestPenaltiesOnNewKeysStayBounded(t *testing.T) {
+	for _, evict := range []bool{false, true} {
+		t.Run(fmt.Sprint("evictLive=", evict), func(t *testing.T) {
+			clk := clock.NewVirtual()
+			opts := []Option{WithClock(clk), WithMaxKeys(1000)}
+			if evict {
+				b := local.New(local.WithClock(clk), local.WithMaxKeys(1000), local.WithEvictLive())
+				defer b.Close()
+				opts = append(opts, WithBackend(b))
+			}
+			l, err := New(MustParse("1/h"), opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			for i := 0; i < 20_000; i++ {
+				l.Penalize(bg, fmt.Sprint("tag-", i), clk.Now().Add(7*24*time.Hour))
+			}
+			if n := l.npen.Load(); n > 1000 {
+				t.Fatalf("%d penalties remembered with a key cap of 1000", n)
+			}
+			held := 0
+			l.penalties.Range(func(_, _ any) bool { held++; return true })
+			if int64(held) != l.npen.Load() {
+				t.Fatalf("count %d, map %d", l.npen.Load(), held)
+			}
+		})
+	}
+}

@@ -14,6 +14,37 @@ const MaxLimits = 4
 // int64 of Unix nanoseconds: about 36 years.
 const MaxTau = int64(1) << 60
 
+// MaxTAT bounds every time the core computes (a TAT, the end of a penalty): about the
+// year 2189 in Unix nanoseconds. A key held back until then is held back for good.
+// Saturating there, rather than at math.MaxInt64, leaves room for every sum a decision
+// makes (t + n×T <= MaxTAT + MaxTau).
+const MaxTAT = math.MaxInt64 - 2*MaxTau
+
+// AddSat returns a + b, saturated to the range of int64 instead of wrapping around.
+func AddSat(a, b int64) int64 {
+	s := a + b
+	switch {
+	case a > 0 && b > 0 && s < 0:
+		return math.MaxInt64
+	case a < 0 && b < 0 && s >= 0:
+		return math.MinInt64
+	}
+	return s
+}
+
+// MulSat returns a × b for a, b >= 0, saturated at math.MaxInt64.
+func MulSat(a, b int64) int64 {
+	if a != 0 && b > math.MaxInt64/a {
+		return math.MaxInt64
+	}
+	return a * b
+}
+
+// After returns the time d after now (a penalty's end, a charge's TAT), saturated at
+// MaxTAT: a duration too long for an int64 of nanoseconds holds back for good rather than
+// wrapping into the past.
+func After(now, d int64) int64 { return min(AddSat(now, d), MaxTAT) }
+
 // Errors returned by the core. The sluice package re-exports them.
 var (
 	// ErrCostExceedsBurst: a request for more permits than the smallest burst of its limits
@@ -181,7 +212,8 @@ func AllowOne(tat int64, l Limit, now int64) (int64, bool) {
 
 // Adjust settles a grant to its real cost newN at time now: newN = 0 cancels it (the
 // permits were never used), newN < t.N refunds the difference, newN > t.N charges the
-// difference at once (the API has already counted it). It returns the updated ticket.
+// difference at once (the API has already counted it), saturating at MaxTAT: a count too
+// large to represent holds the key back for good. It returns the updated ticket.
 //
 // A refund is given only by the newest grant on the key, before its slot has passed: for
 // each limit whose TAT still equals the ticket's TatAfter (nothing was granted, charged or
@@ -202,15 +234,15 @@ func Adjust(tats []int64, limits []Limit, now int64, t Ticket, newN, holdUntil i
 		switch {
 		case newN > t.N:
 			top := tats[i] == t.TatAfter[i]
-			tats[i] = max(tats[i], now) + (newN-t.N)*l.T
+			tats[i] = max(tats[i], After(max(tats[i], now), MulSat(newN-t.N, l.T)))
 			if top {
 				t.TatAfter[i] = tats[i] // still the newest: a later refund may come off the top
 			}
 		case newN < t.N:
-			if tats[i] != t.TatAfter[i] || now >= t.TatAfter[i] {
-				continue
+			if tats[i] != t.TatAfter[i] || now >= t.TatAfter[i] || t.TatAfter[i] >= MaxTAT {
+				continue // not the newest grant, its slot has passed, or its size was lost to saturation
 			}
-			tats[i] -= (t.N - newN) * l.T
+			tats[i] -= MulSat(t.N-newN, l.T)
 			t.TatAfter[i] = tats[i]
 		}
 	}
@@ -229,6 +261,7 @@ func Penalize(tats []int64, limits []Limit, now, until int64) {
 	if until <= now || len(limits) == 0 {
 		return
 	}
+	until = min(until, MaxTAT)
 	k := PenaltyLimit(limits)
 	l := limits[k]
 	tats[k] = max(tats[k], until+l.Tau-l.T)

@@ -2,6 +2,7 @@ package gcra
 
 import (
 	"errors"
+	"math"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -556,5 +557,62 @@ func TestShare(t *testing.T) {
 		if got.T != c.wantT || got.Burst() != c.wantBurst || got.Validate() != nil {
 			t.Errorf("%+v.Share(%g) = %+v (burst %d), want T %d burst %d", c.l, c.share, got, got.Burst(), c.wantT, c.wantBurst)
 		}
+	}
+}
+
+// TestHugeSettlementSaturates: settling a grant to a count whose cost does not fit in an
+// int64 of nanoseconds holds the key back for good; it never wraps around and reopens it.
+func TestHugeSettlementSaturates(t *testing.T) {
+	const hour = 3600 * sec
+	now := int64(1_700_000_000) * sec // a real Unix time
+	for _, n := range []int64{3_000_000, 1 << 40, math.MaxInt64} {
+		ls := []Limit{lim(1, hour, 1)}
+		tats := []int64{0}
+		_, tk, err := Decide(tats, ls, now, 1, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Adjust(tats, ls, now, tk, n, 0); err != nil {
+			t.Fatal(err)
+		}
+		if res, _, _ := Decide(tats, ls, now+sec, 1, 0); res.Allowed {
+			t.Errorf("settled to %d: the next permit was allowed (TAT %d)", n, tats[0])
+		}
+		if tats[0] > MaxTAT || tats[0] < now {
+			t.Errorf("settled to %d: TAT %d outside [now, MaxTAT]", n, tats[0])
+		}
+		// Cancelling a saturated charge gives nothing back: its exact size is lost.
+		tk2 := tk
+		tk2.N, tk2.TatAfter[0] = n, tats[0]
+		if _, err := Adjust(tats, ls, now+sec, tk2, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		if res, _, _ := Decide(tats, ls, now+2*sec, 1, 0); res.Allowed && n > 1<<30 {
+			t.Errorf("settled to %d then cancelled: reopened (TAT %d)", n, tats[0])
+		}
+	}
+}
+
+// TestFarPenaltySaturates: a penalty far in the future (a Retry-After centuries away)
+// holds the key back; its end never overflows into the past.
+func TestFarPenaltySaturates(t *testing.T) {
+	now := int64(1_700_000_000) * sec
+	ls := []Limit{lim(10, sec, 10)}
+	tats := []int64{0}
+	Penalize(tats, ls, now, After(now, math.MaxInt64))
+	if res, _, _ := Decide(tats, ls, now+sec, 1, 0); res.Allowed {
+		t.Fatalf("a penalty to the end of time was not held (TAT %d)", tats[0])
+	}
+	if got := After(now, math.MaxInt64); got != MaxTAT {
+		t.Errorf("After(now, MaxInt64) = %d, want MaxTAT", got)
+	}
+	if got := AddSat(math.MaxInt64-1, 5); got != math.MaxInt64 {
+		t.Errorf("AddSat overflow = %d", got)
+	}
+	if got := AddSat(math.MinInt64+1, -5); got != math.MinInt64 {
+		t.Errorf("AddSat underflow = %d", got)
+	}
+	if got := MulSat(1<<40, 1<<40); got != math.MaxInt64 {
+		t.Errorf("MulSat = %d", got)
 	}
 }

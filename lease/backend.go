@@ -412,8 +412,9 @@ func (b *Backend) Penalize(ctx context.Context, key string, limits []gcra.Limit,
 		ms[i] = r.m
 	}
 	now := b.clock.Nanotime()
-	k := Penalize(ms[:len(rs)], now, now+int64(d))
-	req := ms[k].PenalizeRequest(now, now+int64(d))
+	until := gcra.After(now, int64(d))
+	k := Penalize(ms[:len(rs)], now, until)
+	req := ms[k].PenalizeRequest(now, until)
 	unlock(rs)
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()

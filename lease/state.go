@@ -363,7 +363,7 @@ func (s *State) Apply(now int64, cfg Config, req Request) (Reply, error) {
 	switch req.Op {
 	case OpPenalize:
 		if req.Hold > 0 {
-			s.Penalty = max(s.Penalty, now+req.Hold)
+			s.Penalty = max(s.Penalty, gcra.After(now, req.Hold))
 		}
 		rep.Penalty = max(0, s.Penalty-now)
 		return rep, nil

@@ -344,7 +344,7 @@ func (b *Backend) Penalize(_ context.Context, key string, limits []gcra.Limit, d
 		return nil
 	}
 	now := b.clock.Nanotime()
-	until := now + int64(d)
+	until := gcra.After(now, int64(d))
 	fresh := false
 	for {
 		v, loaded := b.holds.LoadOrStore(key, until)

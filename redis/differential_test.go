@@ -203,8 +203,11 @@ func runSequence(b *Backend, client *goredis.Client, now *atomic.Int64, seq int6
 			tk := open[i]
 			open = append(open[:i], open[i+1:]...)
 			newN := rng.Int64N(2*tk.N + 2)
-			if rng.IntN(3) == 0 {
+			switch rng.IntN(30) {
+			case 0, 1, 2, 3, 4, 5, 6, 7, 8, 9:
 				newN = 0
+			case 10: // a count whose cost overflows: both sides saturate
+				newN = []int64{3_000_000, 1 << 40, math.MaxInt64}[rng.IntN(3)]
 			}
 			hold := m.hold
 			if hold <= at {
@@ -218,7 +221,10 @@ func runSequence(b *Backend, client *goredis.Client, now *atomic.Int64, seq int6
 			}
 		case op < 9: // penalize
 			d := 1 + rng.Int64N(3*T)
-			until := at + d
+			if rng.IntN(20) == 0 { // a Retry-After centuries away: both sides saturate
+				d = math.MaxInt64
+			}
+			until := gcra.After(at, d)
 			m.hold = max(m.hold, until)
 			gcra.Penalize(m.tats, ls, at, until)
 			if err := b.Penalize(ctx, key, ls, time.Duration(d)); err != nil {

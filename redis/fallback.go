@@ -256,7 +256,7 @@ func (b *Backend) degradedPenalize(ctx context.Context, key string, limits []gcr
 	now := b.clock.Nanotime()
 	b.ledger.mu.Lock()
 	e := b.ledger.entry(key, limits)
-	e.until = max(e.until, now+int64(d))
+	e.until = max(e.until, gcra.After(now, int64(d)))
 	b.ledger.mu.Unlock()
 	if b.fallback != nil {
 		return b.fallback.Penalize(ctx, key, scale(limits, b.share), d)

@@ -523,7 +523,10 @@ func (b *Backend) adjustCall(key string, limits []gcra.Limit, t gcra.Ticket, new
 	}
 	var deltas [gcra.MaxLimits]int64
 	for i, l := range limits {
-		deltas[i] = d * l.T
+		deltas[i] = gcra.MulSat(d, l.T) // the script saturates the TAT at gcra.MaxTAT
+		if sign < 0 && t.TatAfter[i] >= gcra.MaxTAT {
+			deltas[i] = 0 // a saturated charge's size is lost: nothing to give back (gcra.Adjust)
+		}
 	}
 	return b.settleCall(key, sign, limits, deltas[:len(limits)], &t)
 }

@@ -105,6 +105,10 @@ local function allowed(xh, xl, uh, ul)
   return not (nh < zh or (nh == zh and nl < zl))
 end
 
+-- MAXH, MAXL is gcra.MaxTAT (2^63 - 1 - 2^61): a settlement's charge and a penalty's end
+-- saturate there, as in gcra.Adjust and gcra.Penalize.
+local MAXH, MAXL = 6917529027, 641081855
+
 -- charge is a limit's TAT after a grant of cost c used at a: max(t, a) + c.
 local function charge(th, tl, ah, al, ch, cl)
   if th < ah or (th == ah and tl < al) then th, tl = ah, al end
@@ -351,8 +355,10 @@ for ki = 1, nkeys do
         for j = 1, k do
           local ch, cl = f[4 * j + 2], f[4 * j + 3]
           if sign > 0 then
-            -- A charge: tat = max(tat, now) + extra.
-            th[j], tl[j] = charge(th[j], tl[j], nh, nl, ch, cl)
+            -- A charge: tat = max(tat, now) + extra, saturated at MaxTAT (never lowered).
+            local xh, xl = charge(th[j], tl[j], nh, nl, ch, cl)
+            if xh > MAXH or (xh == MAXH and xl > MAXL) then xh, xl = MAXH, MAXL end
+            if th[j] < xh or (th[j] == xh and tl[j] < xl) then th[j], tl[j] = xh, xl end
           elseif sign < 0 then
             -- A refund, only by the newest grant on the key (tat = tatAfter: nothing
             -- granted, charged or penalized since) and only before its slot has passed
@@ -369,6 +375,7 @@ for ki = 1, nkeys do
       else
         uh, ul = nh + f[1], nl + f[2]
         if ul >= B then uh, ul = uh + 1, ul - B end
+        if uh > MAXH or (uh == MAXH and ul > MAXL) then uh, ul = MAXH, MAXL end
         if hh < uh or (hh == uh and hl < ul) then hh, hl = uh, ul end
         p, oh, ol = f[4], f[5], f[6]
       end

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -188,6 +189,34 @@ func Run(t *testing.T, f Factory) {
 		clk.Advance(1)
 		if g, _ := b.Decide(ctx, k, backend.Request{Limits: ls, N: 1}); !g.Allowed {
 			t.Fatalf("denied at the penalty's end")
+		}
+	})
+
+	t.Run("HugeCountsAndTimesSaturate", func(t *testing.T) {
+		// A settlement whose cost overflows an int64 of nanoseconds, and a penalty past
+		// what a time.Duration holds, hold the key back; neither wraps around and reopens it.
+		b, clk := setup(t)
+		ls := []gcra.Limit{lim(1, 3600*sec, 1)}
+		k := key("huge")
+		g, err := b.Decide(ctx, k, backend.Request{Limits: ls, N: 1, MaxDelay: time.Hour})
+		if err != nil || !g.Allowed {
+			t.Fatalf("grant: %+v %v", g, err)
+		}
+		if err := b.Adjust(ctx, k, ls, g.Ticket, 3_000_000); err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(2 * time.Hour)
+		if g, err := b.Decide(ctx, k, backend.Request{Limits: ls, N: 1}); err != nil || g.Allowed {
+			t.Fatalf("after settling 1 up to 3,000,000 permits of 1/h: %+v %v, want denied", g.Result, err)
+		}
+		k2 := key("far")
+		ls2 := []gcra.Limit{lim(10, sec, 10)}
+		if err := b.Penalize(ctx, k2, ls2, time.Duration(math.MaxInt64)); err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(time.Hour)
+		if g, err := b.Decide(ctx, k2, backend.Request{Limits: ls2, N: 1}); err != nil || g.Allowed {
+			t.Fatalf("during a penalty of 292 years: %+v %v, want denied", g.Result, err)
 		}
 	})
 
