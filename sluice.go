@@ -28,7 +28,9 @@ var (
 	// ErrTooManyKeys: the backend holds its maximum number of keys.
 	ErrTooManyKeys = backend.ErrTooManyKeys
 	// ErrUnavailable wraps a backend failure that the fail mode answered with a denial.
-	ErrUnavailable = errors.New("sluice: backend unavailable")
+	ErrUnavailable = backend.ErrUnavailable
+	// ErrUnsupported: the backend cannot do what was asked (see Limiter.Reset).
+	ErrUnsupported = backend.ErrUnsupported
 )
 
 // ThrottledError is a denial reported as an error (Wait, Do, Wrap). It matches
@@ -360,6 +362,20 @@ func (l *Limiter) Penalize(ctx context.Context, key string, until time.Time) err
 	}
 	l.observe(Event{Kind: EventPenalty, Key: key, Wait: d, Err: err})
 	return err
+}
+
+// Reset forgets key: any penalty on it is lifted and its next request is decided as a new
+// key's, with its whole burst, for every caller that shares the backend's state. It returns
+// ErrUnsupported if the backend cannot forget a key (see backend.Resetter).
+func (l *Limiter) Reset(ctx context.Context, key string) error {
+	if v, ok := l.penalties.LoadAndDelete(key); ok && v != nil {
+		l.npen.Add(-1)
+	}
+	r, ok := l.be.(backend.Resetter)
+	if !ok {
+		return fmt.Errorf("%w: the backend cannot forget a key", ErrUnsupported)
+	}
+	return r.Reset(ctx, key)
 }
 
 // remember records a penalty issued at now for d, for the reservations made before it.

@@ -21,6 +21,13 @@ var (
 	// ErrTooManyKeys: the backend holds its maximum number of keys, none of them idle, so a
 	// new key cannot be tracked. The limiter's fail mode decides the answer.
 	ErrTooManyKeys = errors.New("sluice: too many keys")
+	// ErrUnavailable: the shared state the backend decides on (Redis, a lease store, the
+	// daemon, the peers) could not be reached or did not answer in time. Backends wrap it
+	// with what failed; the limiter answers it by its fail mode.
+	ErrUnavailable = errors.New("sluice: unavailable")
+	// ErrUnsupported: the backend cannot do what was asked (the daemon's protocol cannot
+	// settle a reservation; a backend without Reset cannot forget a key).
+	ErrUnsupported = errors.New("sluice: not supported by the backend")
 )
 
 // Request asks for N permits under Limits (already tightened by any safety margin).
@@ -61,6 +68,14 @@ type Backend interface {
 // N = 1 and MaxDelay = 0.
 type Allower interface {
 	AllowOne(ctx context.Context, key string, l gcra.Limit) (bool, error)
+}
+
+// Resetter is an optional interface of back ends that can forget a key: its next request is
+// decided as a new key's (its whole burst free) and any penalty on it is lifted, for every
+// caller that shares the backend's state. An operator uses it to lift a penalty a client
+// set by mistake or malice.
+type Resetter interface {
+	Reset(ctx context.Context, key string) error
 }
 
 // Pinger is an optional interface of back ends that depend on something remote: Ping

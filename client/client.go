@@ -30,13 +30,15 @@ import (
 
 // Errors.
 var (
-	// ErrUnavailable: the daemon did not answer in time, or the client is backing off
-	// after a failure. Calls that return a decision answered it by the fail mode.
-	ErrUnavailable = errors.New("sluice client: daemon unavailable")
-	// ErrClosed: the client was closed.
-	ErrClosed = errors.New("sluice client: closed")
-	// ErrUnsupported: the protocol cannot carry the operation (settling a reservation).
-	ErrUnsupported = errors.New("sluice client: not supported by the daemon protocol")
+	// ErrUnavailable (backend.ErrUnavailable): the daemon did not answer in time, or the
+	// client is backing off after a failure. Calls that return a decision answered it by
+	// the fail mode.
+	ErrUnavailable = backend.ErrUnavailable
+	// ErrClosed (backend.ErrClosed): the client was closed.
+	ErrClosed = backend.ErrClosed
+	// ErrUnsupported (backend.ErrUnsupported): the protocol cannot carry the operation
+	// (settling a reservation).
+	ErrUnsupported = backend.ErrUnsupported
 	// ErrInvalidTag: the tag is empty, not UTF-8, or holds a control character (a line
 	// break would split the query in two); nothing is sent.
 	ErrInvalidTag = errors.New("sluice client: invalid tag")
@@ -166,6 +168,9 @@ func (c *Client) Query(ctx context.Context, tag string, n int64, maxWait time.Du
 	line = append(line, tag...)
 	line = append(line, '\n')
 	resp, err := c.roundTrip(ctx, line)
+	if errors.Is(err, ErrClosed) {
+		return Answer{}, err
+	}
 	if err != nil {
 		return Answer{Allowed: c.failOpen, Failed: true}, err
 	}
@@ -265,7 +270,7 @@ func (c *Client) roundTrip(ctx context.Context, line []byte) ([]byte, error) {
 		c.backoff.Store(b)
 		c.downUntil.Store(time.Now().UnixNano() + b)
 		c.probing.Store(false)
-		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: daemon: %v", ErrUnavailable, err)
 	}
 	if c.downUntil.Load() != 0 {
 		c.downUntil.Store(0)
@@ -449,6 +454,7 @@ func (p *pconn) close(err error) {
 // sent as the tag. Reservations travel as the protocol's w= option; Penalize as p=;
 // settling or cancelling a reservation is not carried (ErrUnsupported: the permits stay
 // taken). When the daemon fails, decisions are the client's fail mode's, with no error.
+// Closing the backend closes the client; later calls return ErrClosed.
 func (c *Client) Backend() backend.Backend { return clientBackend{c} }
 
 type clientBackend struct{ c *Client }
@@ -470,6 +476,9 @@ func (b clientBackend) Decide(ctx context.Context, key string, req backend.Reque
 }
 
 func (b clientBackend) Adjust(context.Context, string, []gcra.Limit, gcra.Ticket, int64) error {
+	if b.c.closed.Load() {
+		return ErrClosed
+	}
 	return ErrUnsupported
 }
 
@@ -477,4 +486,5 @@ func (b clientBackend) Penalize(ctx context.Context, key string, _ []gcra.Limit,
 	return b.c.Penalize(ctx, key, d)
 }
 
-func (b clientBackend) Close() error { return nil }
+// Close closes the client: later calls return ErrClosed.
+func (b clientBackend) Close() error { return b.c.Close() }

@@ -15,6 +15,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/backend/backendtest"
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/server"
@@ -311,4 +313,12 @@ func TestCallsReturnWithinTheTimeOut(t *testing.T) {
 	if c.Failures() == 0 {
 		t.Fatal("no call timed out: the daemon never stalled")
 	}
+}
+
+// TestBackendClosed: the client's backend keeps the contract of every backend after Close.
+func TestBackendClosed(t *testing.T) {
+	backendtest.RunClosed(t, func(t *testing.T, clk *clock.Virtual) backend.Backend {
+		s := daemon(t, clk, "*=1/s")
+		return client.New(s.LineAddr().String()).Backend()
+	})
 }

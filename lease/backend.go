@@ -548,10 +548,10 @@ func (b *Backend) round() int64 {
 		res, err := b.store.Apply(ctx, calls)
 		cancel()
 		if err == nil && len(res) != len(calls) {
-			err = fmt.Errorf("%w: %d answers to %d requests", ErrUnavailable, len(res), len(calls))
+			err = fmt.Errorf("%w: lease store: %d answers to %d requests", ErrUnavailable, len(res), len(calls))
 		}
 		if err != nil && !errors.Is(err, ErrUnavailable) {
-			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+			err = fmt.Errorf("%w: lease store: %w", ErrUnavailable, err)
 		}
 		now = b.clock.Nanotime()
 		for i, p := range owners {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/gcra"
 )
 
@@ -20,8 +21,9 @@ var (
 	ErrBadRequest = errors.New("sluice lease: bad request")
 	// ErrInvalidConfig: a Config or MemberConfig that Validate refuses.
 	ErrInvalidConfig = errors.New("sluice lease: invalid config")
-	// ErrUnavailable: the store could not be reached (or, for MemStore, was set down).
-	ErrUnavailable = errors.New("sluice lease: store unavailable")
+	// ErrUnavailable (backend.ErrUnavailable): the store could not be reached (or, for
+	// MemStore, was set down).
+	ErrUnavailable = backend.ErrUnavailable
 )
 
 // Policy says how the allocation divides a limit among its live members.

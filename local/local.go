@@ -69,8 +69,9 @@ type Backend struct {
 }
 
 var (
-	_ backend.Backend = (*Backend)(nil)
-	_ backend.Allower = (*Backend)(nil)
+	_ backend.Backend  = (*Backend)(nil)
+	_ backend.Allower  = (*Backend)(nil)
+	_ backend.Resetter = (*Backend)(nil)
 )
 
 type single struct{ tat atomic.Int64 }
@@ -366,6 +367,35 @@ func (b *Backend) Penalize(_ context.Context, key string, limits []gcra.Limit, d
 		b.holds.CompareAndDelete(key, until)
 	}
 	return err
+}
+
+// Reset forgets key: its next request is decided as a new key's, and its penalty is lifted
+// (backend.Resetter).
+func (b *Backend) Reset(_ context.Context, key string) error {
+	if b.closed.Load() {
+		return backend.ErrClosed
+	}
+	b.holds.Delete(key)
+	for {
+		v, ok := b.keys.Load(key)
+		if !ok {
+			return nil
+		}
+		switch e := v.(type) {
+		case *single:
+			old := e.tat.Load()
+			if old != dead && !e.tat.CompareAndSwap(old, dead) {
+				continue
+			}
+		case *multi:
+			e.mu.Lock()
+			e.tats = nil
+			e.mu.Unlock()
+		}
+		b.drop(key, v)
+		b.holds.Delete(key) // a penalty set meanwhile goes too
+		return nil
+	}
 }
 
 // Close makes later calls return backend.ErrClosed and waits for a background sweep or

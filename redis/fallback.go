@@ -221,14 +221,14 @@ func (b *Backend) fallbackDecide(ctx context.Context, key string, req backend.Re
 	b.stats.fallbacks.Add(1)
 	scaled := scale(req.Limits, b.share)
 	if req.N > gcra.MaxCost(scaled) {
-		return backend.Grant{}, fmt.Errorf("%w: cost %d is above the local fallback's burst %d", ErrUnavailable, req.N, gcra.MaxCost(scaled))
+		return backend.Grant{}, fmt.Errorf("%w: redis: cost %d is above the local fallback's burst %d", ErrUnavailable, req.N, gcra.MaxCost(scaled))
 	}
 	g, err := b.fallback.Decide(ctx, key, backend.Request{Limits: scaled, N: req.N, MaxDelay: req.MaxDelay})
 	if err != nil {
 		if errors.Is(err, backend.ErrClosed) {
 			return g, err
 		}
-		return g, fmt.Errorf("%w: local fallback: %w", ErrUnavailable, err)
+		return g, fmt.Errorf("%w: redis: local fallback: %w", ErrUnavailable, err)
 	}
 	if g.Allowed && req.N > 0 {
 		b.charge(key, req.Limits, g.Ticket.At, req.N)

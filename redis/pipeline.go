@@ -12,6 +12,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 )
 
@@ -662,10 +663,11 @@ var timers = sync.Pool{New: func() any {
 	return t
 }}
 
-// ErrUnavailable wraps every failure to get an answer from Redis in time: a connection
-// error, no answer within the time-out, a Redis that is loading or without a master, or
-// the circuit breaker open after such a failure. The limiter's fail mode answers it.
-var ErrUnavailable = errors.New("sluice redis: redis unavailable")
+// ErrUnavailable (backend.ErrUnavailable) wraps every failure to get an answer from Redis in
+// time: a connection error, no answer within the time-out, a Redis that is loading or
+// without a master, or the circuit breaker open after such a failure. The limiter's fail
+// mode answers it.
+var ErrUnavailable = backend.ErrUnavailable
 
 // ReplyError is an answer from Redis that the backend cannot use: an error raised by the
 // script (bad arguments, a key holding another state format) or a reply of the wrong

@@ -77,9 +77,10 @@ type Backend struct {
 }
 
 var (
-	_ backend.Backend = (*Backend)(nil)
-	_ backend.Allower = (*Backend)(nil)
-	_ backend.Pinger  = (*Backend)(nil)
+	_ backend.Backend  = (*Backend)(nil)
+	_ backend.Allower  = (*Backend)(nil)
+	_ backend.Pinger   = (*Backend)(nil)
+	_ backend.Resetter = (*Backend)(nil)
 )
 
 // Option configures a Backend.
@@ -571,7 +572,7 @@ func (b *Backend) run(ctx context.Context, key string, c *call) error {
 		if b.isClosed() {
 			return backend.ErrClosed
 		}
-		return fmt.Errorf("%w: down since a failure, probing every %v", ErrUnavailable, b.probeEvery)
+		return fmt.Errorf("%w: redis: down since a failure, probing every %v", ErrUnavailable, b.probeEvery)
 	}
 	if !b.p.submit(c) {
 		c.release()
@@ -604,7 +605,7 @@ func (b *Backend) await(ctx context.Context, key string, c *call) error {
 	case <-t.C:
 		timers.Put(t)
 		c.state.CompareAndSwap(callQueued, callAbandoned)
-		return fmt.Errorf("%w: no answer within %v", ErrUnavailable, b.timeout)
+		return fmt.Errorf("%w: redis: no answer within %v", ErrUnavailable, b.timeout)
 	case <-ctx.Done():
 		t.Stop()
 		timers.Put(t)
@@ -625,7 +626,7 @@ func (b *Backend) answered(key string, c *call) error {
 	case errors.Is(err, backend.ErrClosed):
 		return err
 	case unavailable(err):
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		return fmt.Errorf("%w: redis: %w", ErrUnavailable, err)
 	}
 	return &ReplyError{Op: op, Key: key, Err: err}
 }
@@ -670,6 +671,28 @@ func (b *Backend) Close() error {
 	return nil
 }
 
+// Reset forgets key in Redis (and in the fallback and its ledger): its next request is
+// decided as a new key's, and its penalty is lifted, for every process (backend.Resetter).
+func (b *Backend) Reset(ctx context.Context, key string) error {
+	if b.isClosed() {
+		return backend.ErrClosed
+	}
+	b.ledger.mu.Lock()
+	delete(b.ledger.m, key)
+	b.ledger.mu.Unlock()
+	if b.fallback != nil {
+		b.fallback.Reset(ctx, key)
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	p := b.client.Pipeline()
+	p.Del(ctx, b.KeyName(key))
+	if _, err := p.Exec(ctx); err != nil {
+		return fmt.Errorf("%w: redis: %w", ErrUnavailable, err)
+	}
+	return nil
+}
+
 // Ping reports whether Redis answers a PING now, within the backend's time-out
 // (backend.Pinger: the daemon's /readyz).
 func (b *Backend) Ping(ctx context.Context) error {
@@ -678,7 +701,7 @@ func (b *Backend) Ping(ctx context.Context) error {
 	p := b.client.Pipeline()
 	p.Ping(ctx)
 	if _, err := p.Exec(ctx); err != nil {
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		return fmt.Errorf("%w: redis: %w", ErrUnavailable, err)
 	}
 	return nil
 }

@@ -220,6 +220,31 @@ func Run(t *testing.T, f Factory) {
 		}
 	})
 
+	t.Run("ResetLiftsAPenalty", func(t *testing.T) {
+		b, _ := setup(t)
+		r, ok := b.(backend.Resetter)
+		if !ok {
+			t.Skip("the backend cannot forget a key (no backend.Resetter)")
+		}
+		ls := []gcra.Limit{lim(10, sec, 10)}
+		k := key("reset")
+		if g, err := b.Decide(ctx, k, backend.Request{Limits: ls, N: 10}); err != nil || !g.Allowed {
+			t.Fatalf("the burst: %+v %v", g, err)
+		}
+		if err := b.Penalize(ctx, k, ls, 24*time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Reset(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+		if g, err := b.Decide(ctx, k, backend.Request{Limits: ls, N: 10}); err != nil || !g.Allowed {
+			t.Fatalf("after Reset: %+v %v, want the whole burst again", g.Result, err)
+		}
+		if err := r.Reset(ctx, key("never-seen")); err != nil {
+			t.Fatalf("Reset of an unknown key: %v", err)
+		}
+	})
+
 	t.Run("KeysAreIndependent", func(t *testing.T) {
 		b, _ := setup(t)
 		ls := []gcra.Limit{lim(1, sec, 1)}
@@ -276,21 +301,32 @@ func Run(t *testing.T, f Factory) {
 		}
 	})
 
-	t.Run("Closed", func(t *testing.T) {
-		clk := clock.NewVirtual()
-		b := f(t, clk)
-		b.Close()
-		ls := []gcra.Limit{lim(1, sec, 1)}
-		if _, err := b.Decide(ctx, key("closed"), backend.Request{Limits: ls, N: 1}); !errors.Is(err, backend.ErrClosed) {
-			t.Errorf("Decide after Close: got %v, want ErrClosed", err)
+	t.Run("Closed", func(t *testing.T) { RunClosed(t, f) })
+}
+
+// RunClosed checks the part of the contract every backend keeps, whatever decides for it
+// (a daemon's rules, say): after Close, every call returns ErrClosed, never a decision.
+func RunClosed(t *testing.T, f Factory) {
+	ctx := context.Background()
+	key := func(name string) string { return fmt.Sprintf("suite-%s-%d", name, time.Now().UnixNano()) }
+	clk := clock.NewVirtual()
+	b := f(t, clk)
+	b.Close()
+	ls := []gcra.Limit{lim(1, sec, 1)}
+	if _, err := b.Decide(ctx, key("closed"), backend.Request{Limits: ls, N: 1}); !errors.Is(err, backend.ErrClosed) {
+		t.Errorf("Decide after Close: got %v, want ErrClosed", err)
+	}
+	if err := b.Adjust(ctx, key("closed"), ls, gcra.Ticket{N: 1}, 0); !errors.Is(err, backend.ErrClosed) {
+		t.Errorf("Adjust after Close: got %v, want ErrClosed", err)
+	}
+	if err := b.Penalize(ctx, key("closed"), ls, time.Second); !errors.Is(err, backend.ErrClosed) {
+		t.Errorf("Penalize after Close: got %v, want ErrClosed", err)
+	}
+	if r, ok := b.(backend.Resetter); ok {
+		if err := r.Reset(ctx, key("closed")); !errors.Is(err, backend.ErrClosed) {
+			t.Errorf("Reset after Close: got %v, want ErrClosed", err)
 		}
-		if err := b.Adjust(ctx, key("closed"), ls, gcra.Ticket{N: 1}, 0); !errors.Is(err, backend.ErrClosed) {
-			t.Errorf("Adjust after Close: got %v, want ErrClosed", err)
-		}
-		if err := b.Penalize(ctx, key("closed"), ls, time.Second); !errors.Is(err, backend.ErrClosed) {
-			t.Errorf("Penalize after Close: got %v, want ErrClosed", err)
-		}
-	})
+	}
 }
 
 // RunAllower checks a backend's Allower fast path against its Decide on random steps.

@@ -144,7 +144,7 @@ func TestDemoRedisUnreachable(t *testing.T) {
 	srv := redistest.New(t)
 	srv.Kill()
 	code, _, errs := run(t, "demo", "--mode", "redis", "--redis-url", srv.URL(), "--duration", "1s")
-	if code != 1 || !strings.Contains(errs, "redis unavailable") {
+	if code != 1 || !strings.Contains(errs, "unavailable: redis") {
 		t.Errorf("exit %d, stderr %q; want 1 and a clear error", code, errs)
 	}
 }
