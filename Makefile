@@ -10,15 +10,20 @@ BENCH         ?= .
 RESULTS       ?= results/local.txt
 PKGS          := ./...
 
-.PHONY: all test test-short bench fuzz soak lint vet fmt tidy clean
+.PHONY: all test test-deps test-short bench fuzz soak lint vet fmt tidy clean
 
 all: lint test
 
-## test: every test with the race detector, then a short run of each fuzz target.
-test:
+## test: install the servers the tests start if they are missing (scripts/test-deps: apt-get
+## as root, else it says what to install), then every test with the race detector, then a
+## short run of each fuzz target.
+test: test-deps
 	$(GO) test -race -timeout 15m $(PKGS)
 	cd bench && $(GO) test -race -timeout 5m -run . ./...
 	$(MAKE) fuzz FUZZTIME=10000x PROPERTY_TRIALS=0
+
+test-deps:
+	@scripts/test-deps
 
 ## test-short: the quick subset, for the edit loop.
 test-short:

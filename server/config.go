@@ -34,6 +34,7 @@ type Config struct {
 	ShutdownGrace  yamlx.Duration `yaml:"shutdown_grace"`  // SIGTERM: time to answer the queries already read
 	LogFormat      string         `yaml:"log_format"`      // text or json
 	LogLevel       string         `yaml:"log_level"`       // debug, info, warn or error
+	MaxPenalty     PenaltyCap     `yaml:"max_penalty"`     // the longest hold a client may put on a tag (p=): off, period or a duration; a rule may set its own
 	Rules          []Rule         `yaml:"rules"`           // first match wins
 	Default        *DefaultRule   `yaml:"default"`         // for tags no rule matches; none: such tags are allowed
 
@@ -43,9 +44,10 @@ type Config struct {
 // DefaultRule is the rule for tags that no other rule matches. Each tag gets its own
 // bucket unless Shared.
 type DefaultRule struct {
-	Limit  sluice.Limits `yaml:"limit"`
-	Shared bool          `yaml:"shared"`
-	line   int
+	Limit      sluice.Limits `yaml:"limit"`
+	Shared     bool          `yaml:"shared"`
+	MaxPenalty PenaltyCap    `yaml:"max_penalty"` // unset: the server's
+	line       int
 }
 
 // DefaultConfig returns the defaults, each commented.
@@ -66,6 +68,7 @@ func DefaultConfig() Config {
 		ShutdownGrace:  yamlx.Duration(5 * time.Second),        // SIGTERM answers what it has read within this
 		LogFormat:      "text",                                 // log/slog's text handler
 		LogLevel:       "info",                                 // startup, reloads, shutdown, errors
+		MaxPenalty:     PenaltiesPeriod,                        // a client holds a tag back for at most its rule's longest period
 		Margin:         yamlx.Duration(0),                      // decide the limits exactly as written
 		Default:        nil,                                    // tags no rule matches are allowed
 		Rules:          nil,                                    // no rule: every tag is allowed
@@ -168,7 +171,7 @@ func (c *Config) validate() error {
 func (c *Config) ruleSet() (*ruleSet, error) {
 	var d *Rule
 	if c.Default != nil {
-		d = &Rule{Name: "default", Match: "*", Limit: c.Default.Limit, Shared: c.Default.Shared}
+		d = &Rule{Name: "default", Match: "*", Limit: c.Default.Limit, Shared: c.Default.Shared, MaxPenalty: c.Default.MaxPenalty}
 	}
 	return newRuleSet(c.Rules, d)
 }
@@ -198,28 +201,30 @@ func ParseConfig(file string, b []byte) (Config, error) {
 // UnmarshalYAML reads a rule, keeping its line (and the limit's, for errors).
 func (r *Rule) UnmarshalYAML(n *yaml.Node) error {
 	var y struct {
-		Name   string       `yaml:"name"`
-		Match  string       `yaml:"match"`
-		Limit  yamlx.Limits `yaml:"limit"`
-		Shared bool         `yaml:"shared"`
+		Name       string       `yaml:"name"`
+		Match      string       `yaml:"match"`
+		Limit      yamlx.Limits `yaml:"limit"`
+		Shared     bool         `yaml:"shared"`
+		MaxPenalty PenaltyCap   `yaml:"max_penalty"`
 	}
 	if err := yamlx.DecodeMapping(n, &y, &r.line); err != nil {
 		return err
 	}
-	r.Name, r.Match, r.Limit, r.Shared = y.Name, y.Match, y.Limit.Limits, y.Shared
+	r.Name, r.Match, r.Limit, r.Shared, r.MaxPenalty = y.Name, y.Match, y.Limit.Limits, y.Shared, y.MaxPenalty
 	return nil
 }
 
 // UnmarshalYAML reads the default rule, keeping its line.
 func (d *DefaultRule) UnmarshalYAML(n *yaml.Node) error {
 	var y struct {
-		Limit  yamlx.Limits `yaml:"limit"`
-		Shared bool         `yaml:"shared"`
+		Limit      yamlx.Limits `yaml:"limit"`
+		Shared     bool         `yaml:"shared"`
+		MaxPenalty PenaltyCap   `yaml:"max_penalty"`
 	}
 	if err := yamlx.DecodeMapping(n, &y, &d.line); err != nil {
 		return err
 	}
-	d.Limit, d.Shared = y.Limit.Limits, y.Shared
+	d.Limit, d.Shared, d.MaxPenalty = y.Limit.Limits, y.Shared, y.MaxPenalty
 	return nil
 }
 

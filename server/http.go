@@ -28,6 +28,7 @@ func (s *Server) newHTTPServer() *httpServer {
 	mux.HandleFunc("POST /v1/decide", s.handleDecide)
 	mux.HandleFunc("GET /v1/rules", s.handleRules)
 	mux.HandleFunc("GET /v1/keys", s.handleKeys)
+	mux.HandleFunc("DELETE /v1/penalties/{tag...}", s.handleLift)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", s.handleReady)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
@@ -189,4 +190,26 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	w.Write([]byte("ready\n"))
+}
+
+// handleLift lifts any penalty on a tag and resets its bucket (DELETE /v1/penalties/TAG,
+// the tag URL-escaped): 204 when done, 404 if no rule matches the tag, 501 if the back
+// end cannot forget a key, 503 if it failed.
+func (s *Server) handleLift(w http.ResponseWriter, r *http.Request) {
+	tag := r.PathValue("tag")
+	if !wire.ValidTag(tag) {
+		http.Error(w, "sluice: invalid tag", http.StatusBadRequest)
+		return
+	}
+	found, err := s.Lift(r.Context(), tag)
+	switch {
+	case !found:
+		http.Error(w, "sluice: no rule matches the tag", http.StatusNotFound)
+	case errors.Is(err, backend.ErrUnsupported):
+		http.Error(w, "sluice: "+err.Error(), http.StatusNotImplemented)
+	case err != nil:
+		http.Error(w, "sluice: "+err.Error(), http.StatusServiceUnavailable)
+	default:
+		w.WriteHeader(http.StatusNoContent)
+	}
 }

@@ -18,6 +18,8 @@ type metrics struct {
 	connsRefused prometheus.Counter
 	connsDropped *prometheus.CounterVec // reason
 	reloads      *prometheus.CounterVec // result
+	penalties    *prometheus.CounterVec // rule, result
+	lifts        *prometheus.CounterVec // rule, result
 }
 
 func newMetrics(keys, evictedIdle, evictedLive func() float64) *metrics {
@@ -51,9 +53,15 @@ func newMetrics(keys, evictedIdle, evictedLive func() float64) *metrics {
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_reloads_total", Help: "Configuration reloads, by result.",
 		}, []string{"result"}),
+		penalties: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_penalties_total", Help: "Penalties clients asked for (p=), by rule and result (applied, capped at max_penalty, refused, error).",
+		}, []string{"rule", "result"}),
+		lifts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_penalty_lifts_total", Help: "Penalties lifted through the HTTP API, by rule and result.",
+		}, []string{"rule", "result"}),
 	}
 	m.reg.MustRegister(m.decisions, m.latency, m.backendErrs, m.failActs, m.badInput, m.conns, m.connsRefused,
-		m.connsDropped, m.reloads,
+		m.connsDropped, m.reloads, m.penalties, m.lifts,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_keys", Help: "Buckets held by the back end."}, keys),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_key_evictions_total", Help: "Idle buckets forgotten."}, evictedIdle),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_key_evictions_live_total", Help: "Live buckets evicted to make room (max_keys)."}, evictedLive),

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/sluicehq/sluice"
@@ -18,7 +19,10 @@ type Rule struct {
 	Match  string        `yaml:"match"`  // exact tag or glob
 	Limit  sluice.Limits `yaml:"limit"`  // in the shared text form
 	Shared bool          `yaml:"shared"` // one bucket for every tag the rule matches
-	line   int
+	// MaxPenalty caps the holds clients put on the rule's tags (p=); unset: the server's
+	// max_penalty.
+	MaxPenalty PenaltyCap `yaml:"max_penalty"`
+	line       int
 }
 
 // isPattern reports whether m has an unescaped wildcard.
@@ -142,6 +146,8 @@ type compiled struct {
 	counters ruleCounters
 	keyBase  string // bucket key, or its prefix for per-tag rules
 	prefixOf string
+	penMax   time.Duration // the longest client penalty, if penOK
+	penOK    bool          // clients may set penalties on the rule's tags
 }
 
 func newRuleSet(rules []Rule, deflt *Rule) (*ruleSet, error) {

@@ -35,7 +35,8 @@ type Server struct {
 	rules atomic.Pointer[ruleSet]
 	token atomic.Pointer[string]
 
-	m *metrics
+	m      *metrics
+	penLog logSampler // penalties are logged, but not every one of a flood
 
 	lineLn   net.Listener
 	httpLn   net.Listener
@@ -162,12 +163,18 @@ func (s *Server) apply(cfg Config) error {
 	fm, _ := sluice.ParseFailMode(cfg.FailMode) // local: the back end answers failures itself
 	for _, c := range rs.rules {
 		lim, err := sluice.New(c.Limit, sluice.WithBackend(s.be), sluice.WithClock(s.clock), sluice.WithFailMode(fm),
-			sluice.WithMargin(cfg.Margin.D()), sluice.WithObserver(sluice.ObserverFunc(s.m.observe)))
+			sluice.WithMargin(cfg.Margin.D()), sluice.WithObserver(sluice.ObserverFunc(s.m.observe)),
+			sluice.WithMaxKeys(cfg.MaxKeys)) // bounds the penalties each limiter remembers
 		if err != nil {
 			return fmt.Errorf("rule %q: %w", c.Name, err)
 		}
 		c.limiter = lim
 		c.counters = s.m.forRule(c.Name)
+		pc := c.MaxPenalty
+		if pc.IsZero() {
+			pc = cfg.MaxPenalty
+		}
+		c.penMax, c.penOK = pc.limit(c.Limit)
 	}
 	var tok string
 	if cfg.HTTPTokenFile != "" {
@@ -280,15 +287,6 @@ func (s *Server) decide(ctx context.Context, tag string, n int64, maxWait time.D
 		c.counters.denied.Inc()
 	}
 	return Decision{Decision: d, Rule: c.Name, Limits: c.Limit, Slot: slot}, err
-}
-
-// Penalize holds tag back for d (a worker's 429 with Retry-After).
-func (s *Server) Penalize(ctx context.Context, tag string, d time.Duration) error {
-	c := s.rules.Load().lookup(tag)
-	if c == nil {
-		return nil
-	}
-	return c.limiter.Penalize(ctx, c.key(tag), s.clock.Now().Add(d))
 }
 
 // Start listens on the configured addresses and serves in the background.
@@ -456,8 +454,11 @@ func (s *Server) acceptLoop(ln net.Listener) {
 		go func() {
 			defer s.wg.Done()
 			defer func() {
-				lingeringClose(c)
+				// Out of conns first: Shutdown wakes the connections in conns with a read
+				// deadline, which would cut this one's linger short (and reset it under
+				// answers its client has not read yet).
 				s.conns.Delete(cn)
+				lingeringClose(c)
 				s.nconns.Add(-1)
 				s.m.conns.Dec()
 			}()
@@ -522,8 +523,11 @@ func (cn *conn) serve() {
 			s.m.badInput.WithLabelValues("bad_tag").Inc()
 			out = append(out, "NO\n"...)
 		case q.penalize > 0:
-			_ = s.Penalize(ctx, string(q.tag), time.Duration(q.penalize)*time.Millisecond)
-			out = append(out, "OK\n"...)
+			if _, err := s.Penalize(ctx, string(q.tag), time.Duration(q.penalize)*time.Millisecond); errors.Is(err, ErrPenaltyRefused) {
+				out = append(out, "ER penalties are off for this tag's rule\n"...)
+			} else {
+				out = append(out, "OK\n"...)
+			}
 		default:
 			d, err := s.decide(ctx, string(q.tag), q.n, time.Duration(q.wait)*time.Millisecond, q.stamp)
 			if errors.Is(err, sluice.ErrCostExceedsBurst) {

@@ -83,6 +83,8 @@ func newServeFlags(env Env) *serveFlags {
 	fs.Int("max-connections", d.MaxConnections, "line-protocol connections at once; more are closed at once")
 	fs.Int("max-keys", d.MaxKeys, "buckets held at once; past it the one closest to idle is evicted")
 	fs.Int("max-line", d.MaxLine, "bytes in one query line; a longer one is answered NO and its connection closed")
+	mp := d.MaxPenalty
+	fs.Var(&mp, "max-penalty", "the longest hold a client may put on a tag (p=): off, period (the rule's longest period) or a duration")
 	fs.Duration("idle-timeout", d.IdleTimeout.D(), "close a connection idle this long")
 	fs.Duration("write-timeout", d.WriteTimeout.D(), "drop a client that does not take its answers for this long")
 	fs.Duration("shutdown-grace", d.ShutdownGrace.D(), "on SIGTERM, time to answer the queries already read")
@@ -121,6 +123,8 @@ func (sf *serveFlags) build() (server.Config, error) {
 			cfg.LogFormat = v
 		case "log-level":
 			cfg.LogLevel = v
+		case "max-penalty":
+			cfg.MaxPenalty = *f.Value.(*server.PenaltyCap)
 		case "fallback-share":
 			cfg.FallbackShare = f.Value.(flag.Getter).Get().(float64)
 		case "margin", "idle-timeout", "write-timeout", "shutdown-grace", "redis-timeout":
