@@ -63,24 +63,10 @@ func WithLogger(l *slog.Logger) Option { return optionFunc(func(s *Server) { s.l
 func WithClock(c clock.Clock) Option { return optionFunc(func(s *Server) { s.clock = c }) }
 
 // WithBackend makes the server decide in b (the caller keeps ownership: Shutdown does not
-// close it). Without it the server builds the back end its config names.
+// close it). Without it the server builds the local back end; any other back end the
+// config names (redis, ...) must be built by the caller and passed here, as the sluice
+// command does.
 func WithBackend(b backend.Backend) Option { return optionFunc(func(s *Server) { s.be = b }) }
-
-// BackendFactory builds the back end a config names, for back ends other than local. The
-// redis mode registers one; see RegisterBackend.
-type BackendFactory func(cfg Config, clk clock.Clock) (backend.Backend, error)
-
-var (
-	factoriesMu sync.Mutex
-	factories   = map[string]BackendFactory{}
-)
-
-// RegisterBackend makes a back end available to configs by name.
-func RegisterBackend(name string, f BackendFactory) {
-	factoriesMu.Lock()
-	defer factoriesMu.Unlock()
-	factories[name] = f
-}
 
 // NewLogger returns the logger a config asks for, writing to w.
 func NewLogger(cfg Config, w io.Writer) *slog.Logger {
@@ -106,23 +92,11 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 		s.log = NewLogger(cfg, os.Stderr)
 	}
 	if s.be == nil {
-		switch cfg.Backend {
-		case "local":
-			s.local = local.New(local.WithClock(s.clock), local.WithMaxKeys(cfg.MaxKeys), local.WithEvictLive())
-			s.be = s.local
-		default:
-			factoriesMu.Lock()
-			f := factories[cfg.Backend]
-			factoriesMu.Unlock()
-			if f == nil {
-				return nil, fmt.Errorf("sluice serve: backend %q is not available in this build", cfg.Backend)
-			}
-			be, err := f(cfg, s.clock)
-			if err != nil {
-				return nil, fmt.Errorf("sluice serve: backend %s: %w", cfg.Backend, err)
-			}
-			s.be = be
+		if cfg.Backend != "local" {
+			return nil, fmt.Errorf("sluice serve: backend %s: build it and pass it with WithBackend", cfg.Backend)
 		}
+		s.local = local.New(local.WithClock(s.clock), local.WithMaxKeys(cfg.MaxKeys), local.WithEvictLive())
+		s.be = s.local
 		s.ownBE = true
 	} else if lb, ok := s.be.(*local.Backend); ok {
 		s.local = lb

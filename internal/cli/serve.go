@@ -20,8 +20,13 @@ import (
 	"github.com/sluicehq/sluice/server"
 )
 
-func init() {
-	server.RegisterBackend("redis", func(cfg server.Config, clk clock.Clock) (backend.Backend, error) {
+// serveBackend builds the back end a config names, other than local (which the server
+// builds itself): nil for local. The caller closes it after the server's shutdown.
+func serveBackend(cfg server.Config, clk clock.Clock) (backend.Backend, error) {
+	switch cfg.Backend {
+	case "local":
+		return nil, nil
+	case "redis":
 		opts := []redis.Option{redis.WithTimeout(cfg.RedisTimeout.D()), redis.WithClock(clk)}
 		if cfg.FailMode == "local" {
 			opts = append(opts, redis.WithFallback(cfg.FallbackShare))
@@ -29,7 +34,11 @@ func init() {
 		// Open, not Dial: the daemon starts while Redis is down, answers by its fail mode,
 		// and reports not ready (/readyz) until Redis answers.
 		return redis.Open(cfg.RedisURL, opts...)
-	})
+	}
+	return nil, fmt.Errorf("backend %q is not available in this build", cfg.Backend)
+}
+
+func init() {
 	register(command{
 		name:    "serve",
 		summary: "run the daemon: the line protocol (seed 004's TAG -> OK/NO), the HTTP API and /metrics",
@@ -176,7 +185,16 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		return usageError{err}
 	}
 	log := server.NewLogger(cfg, env.Stderr)
-	srv, err := server.New(cfg, server.WithLogger(log))
+	opts := []server.Option{server.WithLogger(log)}
+	be, err := serveBackend(cfg, clock.Default)
+	if err != nil {
+		return fmt.Errorf("serve: backend %s: %w", cfg.Backend, err)
+	}
+	if be != nil {
+		defer be.Close() // after the server's shutdown
+		opts = append(opts, server.WithBackend(be))
+	}
+	srv, err := server.New(cfg, opts...)
 	if err != nil {
 		return err
 	}
