@@ -48,37 +48,22 @@ func (e *ThrottledError) Error() string {
 func (e *ThrottledError) Is(target error) bool { return target == ErrThrottled }
 
 // FailMode says what a limiter answers when its backend cannot decide (a store or peers
-// unreachable, a key cap reached).
-type FailMode int
+// unreachable, a key cap reached): see docs/concepts.md, "Fail modes". The limiter itself
+// answers FailClosed (the default) or FailOpen; FailLocal is a backend's (the lease mode's
+// default, the redis mode's WithFailLocal), and a limiter set to it answers a failure its
+// backend could not absorb as FailClosed.
+type FailMode = backend.FailMode
 
+// Fail modes.
 const (
-	// FailClosed denies: no over-admission. The default.
-	FailClosed FailMode = iota
-	// FailOpen allows: unbounded over-admission while the failure lasts, for callers who
-	// prefer availability.
-	FailOpen
+	FailDefault = backend.FailDefault // FailClosed, for a limiter
+	FailClosed  = backend.FailClosed
+	FailOpen   = backend.FailOpen
+	FailLocal  = backend.FailLocal
 )
 
-func (m FailMode) String() string {
-	switch m {
-	case FailClosed:
-		return "closed"
-	case FailOpen:
-		return "open"
-	}
-	return fmt.Sprintf("FailMode(%d)", int(m))
-}
-
-// ParseFailMode reads "closed" or "open".
-func ParseFailMode(s string) (FailMode, error) {
-	switch s {
-	case "closed":
-		return FailClosed, nil
-	case "open":
-		return FailOpen, nil
-	}
-	return 0, fmt.Errorf("sluice: bad fail mode %q (want closed or open)", s)
-}
+// ParseFailMode reads "closed", "open" or "local".
+func ParseFailMode(s string) (FailMode, error) { return backend.ParseFailMode(s) }
 
 // Decision is the answer to a request for permits. Being throttled is a normal result,
 // not an error.
@@ -209,6 +194,9 @@ func New(limits Limits, opts ...Option) (*Limiter, error) {
 	l := &Limiter{limits: limits, clock: clock.Default, margin: DefaultMargin, maxPen: local.DefaultMaxKeys}
 	for _, o := range opts {
 		o.apply(l)
+	}
+	if l.failMode == FailDefault {
+		l.failMode = FailClosed
 	}
 	l.core = limits.Core(l.margin)
 	l.maxCost = gcra.MaxCost(l.core)

@@ -9,6 +9,7 @@ package backend
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/sluicehq/sluice/gcra"
@@ -82,4 +83,51 @@ type Resetter interface {
 // reports whether it answers now. The daemon's /readyz uses it.
 type Pinger interface {
 	Ping(ctx context.Context) error
+}
+
+// FailMode says what is answered when the shared state a decision needs cannot be reached
+// (docs/concepts.md, "Fail modes"). The same three names serve every mode, flag and file.
+type FailMode int
+
+const (
+	// FailDefault, the zero value, is the default of the place it is set: FailClosed for a
+	// limiter and the daemon, FailLocal for a lease member, FailOpen for the daemon's client.
+	FailDefault FailMode = iota
+	// FailClosed denies: no over-admission.
+	FailClosed
+	// FailOpen allows: unbounded over-admission while the failure lasts, for callers who
+	// prefer availability.
+	FailOpen
+	// FailLocal decides locally on a share of the limit: the lease mode runs on its
+	// expired lease for the store's grace (no over-admission); the redis mode decides on a
+	// configured share and charges it back when Redis returns. A backend offers it or
+	// refuses it; a limiter whose backend still fails answers as FailClosed.
+	FailLocal
+)
+
+func (m FailMode) String() string {
+	switch m {
+	case FailDefault:
+		return "default"
+	case FailClosed:
+		return "closed"
+	case FailOpen:
+		return "open"
+	case FailLocal:
+		return "local"
+	}
+	return fmt.Sprintf("FailMode(%d)", int(m))
+}
+
+// ParseFailMode reads "closed", "open" or "local".
+func ParseFailMode(s string) (FailMode, error) {
+	switch s {
+	case "closed":
+		return FailClosed, nil
+	case "open":
+		return FailOpen, nil
+	case "local":
+		return FailLocal, nil
+	}
+	return 0, fmt.Errorf("sluice: bad fail mode %q (want closed, open or local)", s)
 }

@@ -73,9 +73,13 @@ func (f optionFunc) apply(c *Client) { f(c) }
 // microseconds).
 func WithTimeout(d time.Duration) Option { return optionFunc(func(c *Client) { c.timeout = d }) }
 
-// WithFailClosed makes an unavailable daemon's answer "throttled" instead of the default
-// "allowed".
-func WithFailClosed() Option { return optionFunc(func(c *Client) { c.failOpen = false }) }
+// WithFailMode sets the answer when the daemon does not answer in time: backend.FailOpen
+// (the default: the daemon is a guard, and a worker should not stop because its guard
+// did) allows, backend.FailClosed denies. The client has no local share: FailLocal is
+// answered as FailClosed.
+func WithFailMode(m backend.FailMode) Option {
+	return optionFunc(func(c *Client) { c.failOpen = m == backend.FailOpen || m == backend.FailDefault })
+}
 
 // WithConns sets the number of pooled connections (default 2).
 func WithConns(n int) Option {

@@ -152,7 +152,7 @@ func TestFailOpenAndBackOff(t *testing.T) {
 	if time.Since(start) > 2*time.Second {
 		t.Errorf("101 calls took %v with the daemon down", time.Since(start))
 	}
-	closed := client.New(addr, client.WithFailClosed(), client.WithTimeout(50*time.Millisecond))
+	closed := client.New(addr, client.WithFailMode(backend.FailClosed), client.WithTimeout(50*time.Millisecond))
 	defer closed.Close()
 	if closed.Allow(bg, "api") {
 		t.Fatal("fail closed answered OK")

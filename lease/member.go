@@ -6,6 +6,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/gcra"
 )
 
@@ -23,10 +24,11 @@ type MemberConfig struct {
 	// covers the difference between the member's and the store's clock rates over TTL +
 	// Grace.
 	Margin time.Duration
-	// FailClosed makes a member that cannot renew stop at its lease's end. By default
-	// (fail mode local, DESIGN.md §2) it goes on for the store's Grace, which the store
-	// keeps quarantined.
-	FailClosed bool
+	// FailMode is what a member that cannot renew does at its lease's end: FailLocal (the
+	// default, also for FailDefault) goes on for the store's Grace, which the store keeps
+	// quarantined, so no over-admission; FailClosed stops (docs/concepts.md, "Fail
+	// modes"). FailOpen is not offered: Validate refuses it.
+	FailMode backend.FailMode
 	// IdleGap: a member that was held back by its share and then has no permit pending
 	// and no call for this long is idle, and renews at once so that its share can go where
 	// it is needed. Zero means max(20ms, RenewEvery/4).
@@ -43,7 +45,7 @@ func DefaultMemberConfig() MemberConfig {
 	return MemberConfig{
 		RenewEvery: 250 * time.Millisecond, // four store operations a second per member and limit, at most a few more
 		Margin:     50 * time.Millisecond,  // 3% of TTL + Grace: far above clock-rate error, covers scheduling
-		FailClosed: false,                  // fail mode local: run on an expired lease for Grace
+		FailMode:   backend.FailLocal,      // run on an expired lease for Grace
 		IdleGap:    0,                      // max(20ms, RenewEvery/4)
 		Horizon:    0,                      // RenewEvery/4
 	}
@@ -60,6 +62,8 @@ func (c MemberConfig) Validate() error {
 		return fmt.Errorf("%w: IdleGap %v must not be negative", ErrInvalidConfig, c.IdleGap)
 	case c.Horizon < 0:
 		return fmt.Errorf("%w: Horizon %v must not be negative", ErrInvalidConfig, c.Horizon)
+	case c.FailMode == backend.FailOpen || c.FailMode > backend.FailLocal:
+		return fmt.Errorf("%w: FailMode %v (want local or closed: a lease member never admits past its share)", ErrInvalidConfig, c.FailMode)
 	}
 	return nil
 }
@@ -217,7 +221,7 @@ func NewMember(id string, l gcra.Limit, cfg MemberConfig, now int64) *Member {
 	}
 	return &Member{
 		id: id, limit: l, renew: max(int64(cfg.RenewEvery), 1), margin: int64(cfg.Margin), idleGap: gap, horizon: horizon,
-		failLocal: !cfg.FailClosed, winStart: now, lastCall: now, lastSent: math.MinInt64 / 4,
+		failLocal: cfg.FailMode != backend.FailClosed, winStart: now, lastCall: now, lastSent: math.MinInt64 / 4,
 		lastAt: math.MinInt64 / 4, busyAt: math.MinInt64 / 4, noRefundBefore: math.MinInt64 / 4,
 		pendExact: true,
 	}

@@ -175,12 +175,22 @@ func (b *Backend) makeRoom(now int64) bool {
 			if m == nil {
 				continue
 			}
-			seen := 0
+			seen, visited := 0, 0
 			for k, e := range *m { // Go starts a map's iteration at a random place
+				visited++
+				if e.tat.Load() == dead { // gone since the copy was made
+					if visited >= 4*evictSample {
+						break
+					}
+					continue
+				}
 				consider(k, e)
-				if seen++; seen >= evictSample {
+				if seen++; seen >= evictSample || visited >= 4*evictSample {
 					break
 				}
+			}
+			if visited > 2*seen { // a stale copy: make a fresh one
+				b.background(&b.rebuilding, b.rebuild)
 			}
 		} else {
 			seen := 0

@@ -30,7 +30,7 @@
 //   - Every call returns within the time-out (WithTimeout, 100ms by default), even while
 //     Redis is down. A failure opens a breaker: calls are then answered at once with
 //     ErrUnavailable (the limiter's fail mode, closed or open, decides) or, with
-//     WithFallback, by a local GCRA at a share of the limit whose grants are charged back
+//     WithFailLocal, by a local GCRA at a share of the limit whose grants are charged back
 //     to Redis when it returns. One prober goroutine watches for Redis' return.
 //
 // docs/redis.md describes the design, the clock, failover and the worst-case

@@ -178,7 +178,7 @@ func TestFaultFailOpen(t *testing.T) {
 // back to Redis when it returns: the hourly limit's TAT in Redis carries it.
 func TestFaultFallback(t *testing.T) {
 	const share = 0.5
-	c, b, client, _ := faultRun(t, "100/s burst=10; 100000/h", sluice.FailClosed, WithFallback(share))
+	c, b, client, _ := faultRun(t, "100/s burst=10; 100000/h", sluice.FailClosed, WithFailLocal(share))
 	st := b.Stats()
 	if st.Fallbacks == 0 || c.allowed[phaseDown].Load() == 0 {
 		t.Fatalf("the fallback decided nothing: %+v", st)
@@ -266,7 +266,7 @@ func TestFaultUnpayableDebt(t *testing.T) {
 	srv := redistest.New(t)
 	const timeout = 200 * time.Millisecond
 	client := newClient(t, srv.URL())
-	b := New(client, WithTimeout(timeout), WithProbeEvery(50*time.Millisecond), WithPrefix(prefix(t)), WithFallback(1))
+	b := New(client, WithTimeout(timeout), WithProbeEvery(50*time.Millisecond), WithPrefix(prefix(t)), WithFailLocal(1))
 	defer b.Close()
 	if _, err := srv.Do("SET", b.KeyName("junk"), "not sluice state"); err != nil {
 		t.Fatal(err)

@@ -133,13 +133,13 @@ func WithProbeEvery(d time.Duration) Option {
 // clock.Default). Decisions in Redis never read it: they use Redis' clock.
 func WithClock(c clock.Clock) Option { return optionFunc(func(b *Backend) { b.clock = c }) }
 
-// WithFallback selects the fail mode "local": while Redis is unavailable, this process
+// WithFailLocal selects the fail mode "local": while Redis is unavailable, this process
 // decides on its own with a local GCRA at share (0 < share <= 1) of each limit's rate and
 // burst (at least one permit of burst), instead of returning ErrUnavailable. What it
 // admitted is charged back to Redis when Redis returns. With P processes that each run
 // at share s while all are cut off, the pool admits up to P*s of the limit: s = 1/P keeps
 // it within the limit (see docs/redis.md).
-func WithFallback(share float64) Option {
+func WithFailLocal(share float64) Option {
 	return optionFunc(func(b *Backend) {
 		if share > 0 && share <= 1 {
 			b.share = share

@@ -4,6 +4,7 @@ import (
 	"math"
 	"slices"
 
+	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/lease"
 )
@@ -90,7 +91,9 @@ func newLeaseMode(sc *Scenario) *leaseMode {
 	if s.Margin > 0 {
 		l.mcfg.Margin = s.Margin.D()
 	}
-	l.mcfg.FailClosed = s.FailMode == "closed"
+	if s.FailMode == "closed" {
+		l.mcfg.FailMode = backend.FailClosed
+	}
 	return l
 }
 

@@ -109,7 +109,7 @@ func redisLimiter(url string, timeout time.Duration, failMode string, share floa
 		if share <= 0 || share > 1 {
 			return nil, usagef("--fallback-share %g: want more than 0 and at most 1", share)
 		}
-		opts = append(opts, sredis.WithFallback(share))
+		opts = append(opts, sredis.WithFailLocal(share))
 	default:
 		return nil, usagef("--fail-mode %q: want closed, open or local", failMode)
 	}

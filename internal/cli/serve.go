@@ -29,7 +29,7 @@ func serveBackend(cfg server.Config, clk clock.Clock) (backend.Backend, error) {
 	case "redis":
 		opts := []redis.Option{redis.WithTimeout(cfg.RedisTimeout.D()), redis.WithClock(clk)}
 		if cfg.FailMode == "local" {
-			opts = append(opts, redis.WithFallback(cfg.FallbackShare))
+			opts = append(opts, redis.WithFailLocal(cfg.FallbackShare))
 		}
 		// Open, not Dial: the daemon starts while Redis is down, answers by its fail mode,
 		// and reports not ready (/readyz) until Redis answers.
