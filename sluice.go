@@ -58,8 +58,8 @@ type FailMode = backend.FailMode
 const (
 	FailDefault = backend.FailDefault // FailClosed, for a limiter
 	FailClosed  = backend.FailClosed
-	FailOpen   = backend.FailOpen
-	FailLocal  = backend.FailLocal
+	FailOpen    = backend.FailOpen
+	FailLocal   = backend.FailLocal
 )
 
 // ParseFailMode reads "closed", "open" or "local".
