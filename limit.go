@@ -11,7 +11,7 @@ import (
 )
 
 // Limit is one rate limit: Rate permits per Period, with up to Burst permits at once after
-// an idle spell. Burst = 1 is the strict "at most one every Period/Rate" of seed 000;
+// an idle spell. Burst = 1 is the strict "at most one every Period/Rate";
 // Burst = Rate (the default when a limit is parsed or built without a burst) lets a full
 // period's worth go at once, as Heroku's 4,500 an hour does.
 //
@@ -40,8 +40,7 @@ func PerMinute(rate int64) Limit { return Limit{Rate: rate, Period: time.Minute,
 // PerHour returns rate permits an hour, with a burst of rate.
 func PerHour(rate int64) Limit { return Limit{Rate: rate, Period: time.Hour, Burst: rate} }
 
-// Every returns one permit every d, with a burst of one: seed 000's "at most one request
-// every n seconds".
+// Every returns one permit every d, with a burst of one: "at most one request every d".
 func Every(d time.Duration) Limit { return Limit{Rate: 1, Period: d, Burst: 1} }
 
 // WithBurst returns a copy of l with the given burst.
@@ -84,7 +83,7 @@ func (l Limit) Validate() error {
 }
 
 // Core returns the limit in the GCRA core's units, tightened by a jitter tolerance
-// (DESIGN.md §1): with Burst > 1, ceil(margin/T) permits of the burst are held in reserve;
+// (docs/concepts.md): with Burst > 1, ceil(margin/T) permits of the burst are held in reserve;
 // with Burst = 1 (or once the reserve would take the whole burst), permits are spaced T
 // plus the rest of the margin apart. A zero margin gives the limit exactly.
 func (l Limit) Core(margin time.Duration) gcra.Limit {

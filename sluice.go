@@ -147,7 +147,7 @@ func WithBackend(b backend.Backend) Option {
 // (default clock.Default).
 func WithClock(c clock.Clock) Option { return optionFunc(func(l *Limiter) { l.clock = c }) }
 
-// WithMargin sets the jitter tolerance J, the safety margin of DESIGN.md §1 (default
+// WithMargin sets the jitter tolerance J, the safety margin of docs/concepts.md (default
 // DefaultMargin, zero). The API sees each request later than the limiter decided it, by a
 // varying delay; decisions then conform to a tightened limit: with Burst > 1, ceil(J/T)
 // permits of the burst are kept in reserve (nearly free); with Burst = 1, permits are

@@ -23,8 +23,8 @@ type callOptionFunc func(*callConfig)
 func (f callOptionFunc) applyCall(c *callConfig) { f(c) }
 
 // Pessimistic makes the call run only if a permit is available now, and fail with a
-// *ThrottledError (ErrThrottled) otherwise: seed 000's pessimistic throttle, which drops
-// the call instead of waiting. Pair it with Retry for jittered back-off.
+// *ThrottledError (ErrThrottled) otherwise: a pessimistic throttle, which drops the call
+// instead of waiting. Pair it with Retry for jittered back-off.
 func Pessimistic() CallOption { return callOptionFunc(func(c *callConfig) { c.pessimistic = true }) }
 
 // MaxWait makes the call wait for its permit at most d (the optimistic throttle with a
@@ -48,7 +48,7 @@ func ReservationFromContext(ctx context.Context) *Reservation {
 	return r
 }
 
-// Do runs f once key's permit is granted: the seed's decorator as a call. By default it
+// Do runs f once key's permit is granted: Wrap's throttling as a call. By default it
 // waits for the permit (optimistic, bounded by the limiter's maximum wait, MaxWait and
 // ctx); with Pessimistic it fails with ErrThrottled unless a permit is free now. f's
 // context carries the reservation (ReservationFromContext), so f can settle its real
@@ -77,8 +77,7 @@ func (l *Limiter) Do(ctx context.Context, key string, f func(context.Context) er
 }
 
 // Wrap turns f into a throttled function with the same signature: every call takes key's
-// permit first, as Do does (the seed's decorator: a function in, a throttled function
-// out). A call that is throttled returns the zero R and an error matching ErrThrottled.
+// permit first, as Do does (a decorator: a function in, a throttled function out). A call that is throttled returns the zero R and an error matching ErrThrottled.
 func Wrap[A, R any](l *Limiter, key string, f func(context.Context, A) (R, error), opts ...CallOption) func(context.Context, A) (R, error) {
 	return func(ctx context.Context, a A) (R, error) {
 		var out R
@@ -92,8 +91,8 @@ func Wrap[A, R any](l *Limiter, key string, f func(context.Context, A) (R, error
 }
 
 // Backoff retries calls that were throttled, with capped exponential back-off and random
-// jitter (seed 000: jitter breaks the spontaneous order in which unlucky pessimistic
-// callers never win). The zero value uses the defaults given per field.
+// jitter (jitter breaks the spontaneous order in which unlucky pessimistic callers never
+// win). The zero value uses the defaults given per field.
 type Backoff struct {
 	Base     time.Duration  // first back-off; default 50ms
 	Max      time.Duration  // cap on one back-off; default 30s

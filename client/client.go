@@ -2,8 +2,7 @@
 // pool of connections, each pipelined (many goroutines share it; answers come back in
 // order), with a short time-out.
 //
-// Seed 004's advice is built in: if the daemon does not answer right away something is
-// wrong, so a call that fails or times out is answered by the client's fail mode (open,
+// A daemon that does not answer right away is in trouble, so a call that fails or times out is answered by the client's fail mode (open,
 // allowing the request, by default), and the client stops asking for a while (a back-off
 // that doubles up to a maximum), then probes with one query. The Backend method adapts a
 // Client to sluice.Limiter, so code moves between in-process and daemon use by changing
@@ -136,7 +135,7 @@ type Answer struct {
 	Failed bool
 }
 
-// Allow asks the seed's question, "serve or throttle?", for tag: one permit, now, in the
+// Allow asks the daemon's first question, "serve or throttle?", for tag: one permit, now, in the
 // plain protocol. When the daemon fails it answers by the fail mode.
 func (c *Client) Allow(ctx context.Context, tag string) bool {
 	if !wire.ValidTag(tag) {

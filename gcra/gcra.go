@@ -134,7 +134,7 @@ type Ticket struct {
 // Decide decides n permits at time now for a key whose state is tats (one TAT per limit,
 // the zero value meaning a fresh key). maxDelay bounds how far ahead permits may be
 // reserved: 0 is pessimistic (deny rather than reserve), a positive value grants
-// reservations whose Delay is at most maxDelay (seed 000's bounded optimism).
+// reservations whose Delay is at most maxDelay (bounded optimism).
 //
 // On a grant, tats is updated in place; on a denial it is left untouched, so a denial by
 // one limit consumes nothing from the others. n = 0 is a query: it is always allowed and

@@ -14,13 +14,13 @@
 //     grace time; a share that grows starts drained, except for the burst the free
 //     capacity saved up; a store that restarted empty fences the whole limit until every
 //     lease granted before has ended. Policies: Fair (max-min fair shares of reported
-//     demand, the default) and Equal (seed 002's limit / N with its pool-size agreement).
+//     demand, the default) and Equal (limit / N, with the members agreeing on N).
 //   - Member is one member's side of one limit: the lease it holds, the GCRA state at its
 //     share (package gcra), its demand, and when it must renew. It stops using a lease at
 //     (the time it sent the request that obtained it + TTL - a margin, + Grace in fail
 //     mode local) on its own clock.
 //
-// Store is the interface a store implements (MemStore in memory here; Redis in part two),
+// Store is the interface a store implements (MemStore keeps the records in memory),
 // and Backend is the shell a process uses: a backend.Backend for sluice.WithBackend, with
 // one renewal goroutine owned by Close. The simulator (package sim) drives the same cores
 // over a simulated network.

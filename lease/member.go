@@ -77,7 +77,7 @@ const headroom = 1.5
 const saturation = 0.8
 
 // prefetchLevel: with less than this fraction of its share's burst left while the policy
-// means to give it more, a member renews early (seed 001's 20%).
+// means to give it more, a member renews early (a prefetch, so that it never runs dry).
 const prefetchLevel = 0.2
 
 // Member is one member's side of one limit: the lease it holds, its GCRA state at its
@@ -583,7 +583,7 @@ func (m *Member) Due(now int64) int64 {
 		d = min(d, m.quietAt()+1) // gone idle after being held back: give the share back
 	}
 	if m.has && m.growing() && m.level(now) < prefetchLevel {
-		d = min(d, m.lastSent+m.renew/4) // seed 001's prefetch
+		d = min(d, m.lastSent+m.renew/4) // prefetch
 	}
 	return max(d, m.lastSent+m.renew/20)
 }
@@ -611,7 +611,7 @@ func (m *Member) Request(now, early int64) (Request, bool) {
 		if req.InUse == m.seq {
 			m.ackNow = false
 		}
-		// Seed 001's relinquish: a member that went quiet after being held back, while
+		// Relinquish: a member that went quiet after being held back, while
 		// others want all they can get, gives its share back in this very request, with
 		// the permits it saved (nothing of it is pending).
 		if m.rated() && m.contended && m.saturated && !m.active(now) && m.pendingUntil(now) <= now {

@@ -49,7 +49,7 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 		holders = s.rotate(now, cfg, wanting, burst)
 	}
 	if cfg.Policy == Equal {
-		// Seed 002: members agree when every live one reports the live count; until then
+		// Members agree when every live one reports the live count; until then
 		// the largest size anyone reports wins, which gives everyone less (conservative).
 		agree := true
 		for _, i := range alive {

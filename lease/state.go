@@ -34,8 +34,8 @@ const (
 	// it asks for up to an equal split, and what others leave goes to those who want
 	// more, so an idle member does not hold capacity a busy one needs. The default.
 	Fair Policy = iota
-	// Equal gives each of N live members limit/N, whatever their demand: seed 002's
-	// pool-size agreement, with its conservative rule while members disagree on N.
+	// Equal gives each of N live members limit/N, whatever their demand: the members
+	// agree on N, and while they disagree the largest N anyone reports wins (conservative).
 	Equal
 )
 
@@ -75,7 +75,7 @@ type Config struct {
 	TTL time.Duration
 	// Grace is how long an expired lease stays quarantined (counted against the limit)
 	// before its capacity is anyone else's: a member cut off from the store may run on its
-	// expired lease that long (fail mode local, DESIGN.md §2).
+	// expired lease that long (fail mode local, docs/concepts.md).
 	Grace time.Duration
 	// Policy divides the limit among live members.
 	Policy Policy
@@ -199,8 +199,8 @@ func (e *Entry) counted(now int64) Share { return e.own(now).add(e.retired(now))
 func (e *Entry) live(now int64) bool { return !e.Epoch.IsZero() && now < e.Lease.Expires }
 
 // State is the allocation of one limit: a small record, serializable as JSON, that a store
-// keeps per limit and changes only through Apply, so that any store (in memory here, Redis
-// in part two) runs the same decision atomically. Its methods are not safe for concurrent
+// keeps per limit and changes only through Apply, so that any store runs the same decision
+// atomically. Its methods are not safe for concurrent
 // use: the store serializes them.
 //
 // Invariant: at every instant, the shares counted against the limit (every member's
@@ -304,8 +304,8 @@ type Request struct {
 	// BusyFor (release): how long after sending the member may still use its lease (its
 	// last reserved permit); the share is free after that.
 	BusyFor int64 `json:"busy_for"`
-	// Relinquish (renew): the member gave up its share before sending (seed 001's
-	// relinquish), all of it but Keep permits of burst (a parked share, without rate); the
+	// Relinquish (renew): the member gave up its share before sending, all of it but Keep
+	// permits of burst (a parked share, without rate); the
 	// store frees the rest at once.
 	Relinquish bool  `json:"relinquish"`
 	Keep       int64 `json:"keep"`

@@ -11,8 +11,7 @@ import (
 )
 
 // Store keeps one allocation record (a State) per key and limit, and applies members'
-// requests to them atomically on its own clock. MemStore keeps them in memory; part two
-// keeps them in Redis, running the same State.Apply as a Lua script.
+// requests to them atomically on its own clock. MemStore keeps them in memory.
 type Store interface {
 	// Apply applies each call, in order, to the record of its key and limit (creating it
 	// if needed), and returns one result per call. It is safe for concurrent use and may

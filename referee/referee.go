@@ -4,8 +4,7 @@
 // callers. The demo, the tests and the simulator judge Sluice with it, and users run it as
 // `sluice referee` to test their own clients.
 //
-// It is modelled on the server of seed 003 (a Heroku-style API that follows GCRA), made
-// strict: no slack, no reservation, every request judged at the instant it arrives.
+// It is modelled on a Heroku-style API that follows GCRA, made strict: no slack, no reservation, every request judged at the instant it arrives.
 package referee
 
 import (

@@ -7,7 +7,7 @@ import (
 	"github.com/sluicehq/sluice/internal/wire"
 )
 
-// The line protocol (docs/protocol.md), byte-compatible with seed 004's DThrottle: a
+// The line protocol (docs/protocol.md), byte-compatible with the DThrottle daemon's: a
 // client sends a tag and '\n', the daemon answers exactly "OK\n" or "NO\n", in order;
 // pipelining is allowed. Extensions live behind one reserved first character, '~':
 //

@@ -369,8 +369,8 @@ func (l *leaseMode) inUse(e *engine) int64 {
 }
 
 // permitOK: a permit used later than its time plus the client's margin (its process was
-// paused) is given up (DESIGN.md §1: a reserved permit is used within J of its time or
-// given up), and the goroutine asks again.
+// paused) is given up (a reserved permit is used within the jitter tolerance of its time
+// or given up: docs/concepts.md), and the goroutine asks again.
 func (l *leaseMode) permitOK(e *engine, ev *event) bool {
 	if e.now <= ev.val+e.margin {
 		return true

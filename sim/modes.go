@@ -186,8 +186,8 @@ func (centralMode) handle(e *engine, ev *event) {
 // storeCharge counts against the shared state what a member admitted on its fallback
 // while cut off: per limit, the permits its fallback bucket has not earned back yet
 // (carried in the ticket's slots). An hourly quota keeps most of that debt; a per-second
-// limit has forgotten nearly all of it, as the API has (DESIGN.md §2: the charge-back
-// protects windowed quotas).
+// limit has forgotten nearly all of it, as the API has (the charge-back protects windowed
+// quotas, not a strict API's spacing: docs/redis.md).
 func (e *engine) storeCharge(owed *gcra.Ticket) {
 	for i, l := range e.core {
 		if n := owed.TatAfter[i]; n > 0 {

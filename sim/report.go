@@ -32,7 +32,7 @@ type Report struct {
 	Modes     []ModeReport `json:"modes"`
 }
 
-// ModeReport is what one mode did, as DESIGN.md §1 defines the figures.
+// ModeReport is what one mode did, with the figures docs/concepts.md defines.
 type ModeReport struct {
 	Mode string `json:"mode"`
 	// Accepted and Violations are counted by the referee where the API would be: a

@@ -69,7 +69,7 @@ func Run(t *testing.T, f Factory) {
 		}
 	}
 
-	t.Run("Seed000Timeline", func(t *testing.T) {
+	t.Run("OneEverySixSeconds", func(t *testing.T) {
 		b, clk := setup(t)
 		base := clk.Nanotime()
 		runSteps(t, b, clk, key("seed"), []gcra.Limit{lim(1, 6*sec, 1)}, base, []step{

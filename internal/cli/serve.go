@@ -41,7 +41,7 @@ func serveBackend(cfg server.Config, clk clock.Clock) (backend.Backend, error) {
 func init() {
 	register(command{
 		name:    "serve",
-		summary: "run the daemon: the line protocol (seed 004's TAG -> OK/NO), the HTTP API and /metrics",
+		summary: "run the daemon: the line protocol (TAG -> OK/NO), the HTTP API and /metrics",
 		run:     runServe,
 	})
 }

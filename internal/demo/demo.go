@@ -388,7 +388,7 @@ func minTime(a, b time.Time) time.Time {
 // initial burst.
 const burstWindow = 0.05
 
-// Summarize computes the summary's figures as DESIGN.md §1 defines them: utilization is
+// Summarize computes the summary's figures as docs/concepts.md defines them: utilization is
 // accepted over burst + rate × duration (the tightest of the limits), and Jain's index is
 // over each worker's granted / max-min fair share of the rate during its demand spans
 // (plus an equal part of the initial burst for those who wanted permits at the start).

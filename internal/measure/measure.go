@@ -1,4 +1,4 @@
-// Package measure holds the arithmetic of DESIGN.md §1 that the demo, the simulator and the
+// Package measure holds the arithmetic of docs/concepts.md that the demo, the simulator and the
 // tests judge Sluice by: utilization, max-min fair shares integrated over time, and Jain's
 // fairness index.
 package measure
@@ -55,7 +55,7 @@ type Span struct {
 }
 
 // FairShares integrates each member's max-min fair share of a capacity (permits per
-// second) over time, from the spans of demand: the fair share of DESIGN.md §1, under which
+// second) over time, from the spans of demand: the fair share of docs/concepts.md, under which
 // a member that joined late or asked for little is not judged unfair. It sweeps the span
 // boundaries in time order, so it costs O(S log S + C·M log M) for S spans, C distinct
 // boundaries and M members.
