@@ -1,6 +1,3 @@
-// Command sluice is the Sluice command: the daemon (serve), the demo, the simulator
-// (sim), the referee and a client (check). `sluice help` lists the commands; docs/ has a
-// page for each.
 // Command sluice is the CLI of Sluice: a demo, the referee, the simulator and the daemon.
 // Run `sluice help` for the commands.
 package main
