@@ -16,7 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -141,7 +140,7 @@ func (c *Client) Allow(ctx context.Context, tag string) bool {
 	if !wire.ValidTag(tag) {
 		return false // the daemon refuses such a tag
 	}
-	resp, err := c.roundTrip(ctx, escapeTag(tag))
+	resp, err := c.roundTrip(ctx, wire.AppendQuery(nil, wire.Query{Tag: []byte(tag), N: 1}))
 	if err != nil {
 		return c.failOpen
 	}
@@ -156,20 +155,15 @@ func (c *Client) Query(ctx context.Context, tag string, n int64, maxWait time.Du
 	if !wire.ValidTag(tag) {
 		return Answer{}, fmt.Errorf("%w: %q", ErrInvalidTag, tag)
 	}
-	var line []byte
-	line = append(line, "~v"...)
-	if n != 1 {
-		line = append(line, ",n="...)
-		line = strconv.AppendInt(line, n, 10)
+	if n < 0 || n > wire.MaxN {
+		return Answer{}, fmt.Errorf("sluice client: %d permits: want 0 to %d", n, int64(wire.MaxN))
 	}
+	q := wire.Query{Tag: []byte(tag), N: n, Verbose: true}
 	if maxWait > 0 {
-		maxWait = min(maxWait, 24*time.Hour) // the protocol's bound
-		line = append(line, ",w="...)
-		line = strconv.AppendInt(line, int64((maxWait+time.Millisecond-1)/time.Millisecond), 10)
+		maxWait = min(maxWait, wire.MaxWaitMs*time.Millisecond) // the protocol's bound
+		q.WaitMs = int64((maxWait + time.Millisecond - 1) / time.Millisecond)
 	}
-	line = append(line, ' ')
-	line = append(line, tag...)
-	line = append(line, '\n')
+	line := wire.AppendQuery(nil, q)
 	resp, err := c.roundTrip(ctx, line)
 	if errors.Is(err, ErrClosed) {
 		return Answer{}, err
@@ -177,19 +171,26 @@ func (c *Client) Query(ctx context.Context, tag string, n int64, maxWait time.Du
 	if err != nil {
 		return Answer{Allowed: c.failOpen, Failed: true}, err
 	}
-	return parseAnswer(resp)
+	a, err := wire.ParseAnswer(resp)
+	if err != nil {
+		return Answer{}, fmt.Errorf("sluice client: %w", err)
+	}
+	return Answer{Allowed: a.Allowed, Delay: ms(max(a.DelayMs, 0)), Remaining: a.Remaining,
+		RetryAfter: ms(a.RetryMs), ResetAfter: ms(a.ResetMs)}, nil
 }
+
+func ms(x int64) time.Duration { return time.Duration(x) * time.Millisecond }
 
 // Penalize holds tag back for d at the daemon (a worker's 429 with Retry-After).
 func (c *Client) Penalize(ctx context.Context, tag string, d time.Duration) error {
 	if !wire.ValidTag(tag) {
 		return fmt.Errorf("%w: %q", ErrInvalidTag, tag)
 	}
-	ms := int64((d + time.Millisecond - 1) / time.Millisecond)
-	if ms <= 0 {
+	pms := min(int64((d+time.Millisecond-1)/time.Millisecond), wire.MaxPenaltyMs)
+	if pms <= 0 {
 		return nil
 	}
-	resp, err := c.roundTrip(ctx, []byte("~p="+strconv.FormatInt(ms, 10)+" "+tag+"\n"))
+	resp, err := c.roundTrip(ctx, wire.AppendQuery(nil, wire.Query{Tag: []byte(tag), N: 1, PenaltyMs: pms}))
 	if err != nil {
 		return err
 	}
@@ -197,52 +198,6 @@ func (c *Client) Penalize(ctx context.Context, tag string, d time.Duration) erro
 		return fmt.Errorf("sluice client: penalize: %s", resp)
 	}
 	return nil
-}
-
-// parseAnswer reads "OK d=.. r=.. t=.." / "NO a=.. r=.. t=.." / "ER ...".
-func parseAnswer(b []byte) (Answer, error) {
-	var a Answer
-	switch {
-	case bytes.HasPrefix(b, []byte("OK")):
-		a.Allowed = true
-	case bytes.HasPrefix(b, []byte("NO")):
-	case bytes.HasPrefix(b, []byte("ER")):
-		return a, fmt.Errorf("sluice client: the daemon refused the query: %s", bytes.TrimSpace(b[2:]))
-	default:
-		return a, fmt.Errorf("sluice client: unreadable answer %q", b)
-	}
-	for _, f := range bytes.Fields(b[2:]) {
-		k, v, ok := bytes.Cut(f, []byte("="))
-		if !ok || len(k) != 1 {
-			continue
-		}
-		x, err := strconv.ParseInt(string(v), 10, 64)
-		if err != nil {
-			continue
-		}
-		ms := time.Duration(x) * time.Millisecond
-		switch k[0] {
-		case 'd':
-			a.Delay = ms
-		case 'a':
-			a.RetryAfter = ms
-		case 'r':
-			a.Remaining = x
-		case 't':
-			a.ResetAfter = ms
-		}
-	}
-	return a, nil
-}
-
-// escapeTag writes a plain query line for tag, escaping a leading '~'.
-func escapeTag(tag string) []byte {
-	b := make([]byte, 0, len(tag)+2)
-	if strings.HasPrefix(tag, "~") {
-		b = append(b, '~')
-	}
-	b = append(b, tag...)
-	return append(b, '\n')
 }
 
 // roundTrip sends one query line and returns its answer line (without '\n'), applying the

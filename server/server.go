@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/internal/wire"
 	"github.com/sluicehq/sluice/local"
 )
 
@@ -487,34 +488,34 @@ func (cn *conn) serve() {
 			}
 			return
 		}
-		q, ok, perr := parseLine(line[:len(line)-1])
+		q, ok, perr := wire.ParseQuery(line[:len(line)-1])
 		out = out[:0]
 		switch {
 		case perr != nil:
 			s.m.badInput.WithLabelValues("bad_extension").Inc()
-			out = append(append(append(out, "ER "...), perr.Error()...), '\n')
+			out = wire.AppendRefusal(out, perr.Error())
 		case !ok:
 			s.m.badInput.WithLabelValues("bad_tag").Inc()
 			out = append(out, "NO\n"...)
-		case q.penalize > 0:
-			if _, err := s.Penalize(ctx, string(q.tag), time.Duration(q.penalize)*time.Millisecond); errors.Is(err, ErrPenaltyRefused) {
-				out = append(out, "ER penalties are off for this tag's rule\n"...)
+		case q.PenaltyMs > 0:
+			if _, err := s.Penalize(ctx, string(q.Tag), time.Duration(q.PenaltyMs)*time.Millisecond); errors.Is(err, ErrPenaltyRefused) {
+				out = wire.AppendRefusal(out, "penalties are off for this tag's rule")
 			} else {
 				out = append(out, "OK\n"...)
 			}
 		default:
-			d, err := s.decide(ctx, string(q.tag), q.n, time.Duration(q.wait)*time.Millisecond, q.stamp)
+			d, err := s.decide(ctx, string(q.Tag), q.N, time.Duration(q.WaitMs)*time.Millisecond, q.Stamp)
 			if errors.Is(err, sluice.ErrCostExceedsBurst) {
 				s.m.badInput.WithLabelValues("cost_over_burst").Inc()
-				out = append(out, "ER cost exceeds the burst: it can never be granted\n"...)
+				out = wire.AppendRefusal(out, "cost exceeds the burst: it can never be granted")
 				break
 			}
-			allowed := d.Allowed && err == nil
-			delay := int64(-1)
-			if q.wait > 0 {
-				delay = ceilMs(d.Delay)
+			a := wire.Answer{Allowed: d.Allowed && err == nil, DelayMs: -1, Verbose: q.Verbose, Remaining: d.Remaining,
+				RetryMs: ceilMs(d.RetryAfter), ResetMs: ceilMs(d.ResetAfter), At: d.Slot}
+			if q.WaitMs > 0 {
+				a.DelayMs = ceilMs(d.Delay)
 			}
-			out = appendAnswer(out, allowed, q.verbose, delay, d.Remaining, ceilMs(d.RetryAfter), ceilMs(d.ResetAfter), d.Slot)
+			out = wire.AppendAnswer(out, a)
 		}
 		if _, err := w.Write(out); err != nil {
 			s.m.connsDropped.WithLabelValues("not_reading").Inc()
