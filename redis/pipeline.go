@@ -51,27 +51,6 @@ const (
 
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
-func newCall(name string, op byte) *call {
-	c := callPool.Get().(*call)
-	c.name, c.op, c.nf = name, op, 0
-	c.state.Store(callQueued)
-	return c
-}
-
-// field appends x to c's fields.
-func (c *call) field(x int64) { c.f[c.nf] = x; c.nf++ }
-
-// pair appends x as the script reads times: whole seconds and nanoseconds, the latter in
-// [0, 1e9) (see sluice.lua on why).
-func (c *call) pair(x int64) {
-	s, ns := x/1e9, x%1e9
-	if ns < 0 {
-		s, ns = s-1, ns+1e9
-	}
-	c.f[c.nf], c.f[c.nf+1] = s, ns
-	c.nf += 2
-}
-
 // sameOp reports whether c repeats d's operation and fields (sent as '=').
 func (c *call) sameOp(d *call) bool {
 	return c.op == d.op && slices.Equal(c.f[:c.nf], d.f[:d.nf])
