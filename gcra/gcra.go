@@ -149,9 +149,7 @@ func Decide(tats []int64, limits []Limit, now, n, maxDelay int64) (Result, Ticke
 		if n > l.Tau/l.T {
 			return Result{}, Ticket{}, ErrCostExceedsBurst
 		}
-		if d := max(tats[i], now) + n*l.T - l.Tau - now; d > delay {
-			delay = d
-		}
+		delay = max(delay, Wait(tats[i], l, now, n))
 	}
 	if n == 0 {
 		delay = 0
@@ -188,7 +186,7 @@ func DecideOne(tat int64, l Limit, now, n, maxDelay int64) (int64, Result, error
 		return tat, Result{}, ErrCostExceedsBurst
 	}
 	t := max(tat, now)
-	delay := max(0, t+n*l.T-l.Tau-now)
+	delay := Wait(tat, l, now, n)
 	if n == 0 {
 		return tat, Result{Allowed: true, ResetAfter: t - now, Remaining: max(0, (now+l.Tau-t)/l.T)}, nil
 	}
@@ -288,4 +286,80 @@ func Idle(tats []int64, now int64) bool {
 		}
 	}
 	return true
+}
+
+// Level is how much of the limit's burst tolerance is left at now for a key whose TAT is
+// tat, in nanoseconds (permits × T): Tau when the key is idle, less as permits are taken,
+// negative when permits are booked beyond the burst (reservations ahead).
+func Level(tat int64, l Limit, now int64) int64 { return l.Tau - (max(tat, now) - now) }
+
+// AtLevel is the TAT that leaves level nanoseconds of l's tolerance at now (Level's
+// inverse). A level above Tau is Tau (a bucket holds at most its burst); a negative one, a
+// debt, puts the TAT beyond now + Tau.
+func AtLevel(l Limit, now, level int64) int64 { return now + l.Tau - min(level, l.Tau) }
+
+// Wait is how long a request of n permits must wait at now, for a key whose TAT is tat,
+// before it conforms to l: 0 if it may be granted at once (Decide's Delay, or its
+// RetryAfter when denied).
+func Wait(tat int64, l Limit, now, n int64) int64 { return max(0, max(tat, now)+n*l.T-l.Tau-now) }
+
+// TicketOne is the ticket of a grant of n permits, usable at `at`, under one limit whose
+// TAT became tatAfter.
+func TicketOne(n, at, tatAfter int64) Ticket {
+	t := Ticket{N: n, At: at}
+	t.TatAfter[0] = tatAfter
+	return t
+}
+
+// Debt is what a process admitted without the shared state (a fail mode that decides on a
+// local share while the store is cut off), per limit: a GCRA state under the real limits
+// in which every permit is pushed through at its time, never refused. What a limit is
+// still owed at now is its TAT beyond now: an hourly quota is owed nearly every permit of
+// a short outage, a per-second limit almost none (they are in the past, as they are for
+// the API). The zero value owes nothing.
+type Debt [MaxLimits]int64
+
+// Push records n permits used at `at` under limits.
+func (d *Debt) Push(limits []Limit, at, n int64) {
+	for i, l := range limits {
+		d[i] = After(max(d[i], at), MulSat(n, l.T))
+	}
+}
+
+// Owed returns, for each of the first k limits, what is still owed at now (nanoseconds of
+// the limit's tolerance, to charge to the shared state), and whether anything is.
+func (d *Debt) Owed(now int64, k int) (owed [MaxLimits]int64, any bool) {
+	for i := range k {
+		owed[i] = max(0, d[i]-now)
+		any = any || owed[i] > 0
+	}
+	return owed, any
+}
+
+// Merge adds o, a debt that could not be charged, to d, recorded since: an upper bound of
+// the two (the later one plus what the earlier still owes at now).
+func (d *Debt) Merge(o *Debt, k int, now int64) {
+	for i := range k {
+		d[i] = After(max(d[i], o[i]), max(0, min(d[i], o[i])-now))
+	}
+}
+
+// ChargeOwed charges what a Debt owed (Debt.Owed) to the shared state tats at now: each
+// limit's TAT goes to max(TAT, now) + owed, as a settlement's charge does (see Adjust).
+func ChargeOwed(tats []int64, now int64, owed *[MaxLimits]int64) {
+	for i := range tats {
+		if owed[i] > 0 {
+			tats[i] = max(tats[i], After(max(tats[i], now), owed[i]))
+		}
+	}
+}
+
+// ShareOf is each of limits scaled to share of its rate and burst (Limit.Share), in a new
+// slice: the limits a process decides on alone with a share of the whole.
+func ShareOf(limits []Limit, share float64) []Limit {
+	out := make([]Limit, len(limits))
+	for i, l := range limits {
+		out[i] = l.Share(share)
+	}
+	return out
 }

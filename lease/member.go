@@ -430,7 +430,7 @@ func (m *Member) AllowOne(now int64) (allowed, ok bool) {
 	}
 	if !allowed {
 		m.throttled = true
-		m.lastRetry = max(m.tat, now) + m.local.T - m.local.Tau - now
+		m.lastRetry = gcra.Wait(m.tat, m.local, now, 1)
 		return false, true
 	}
 	m.tat = tat
@@ -535,7 +535,7 @@ func (m *Member) tokens(now int64) int64 {
 	if !m.usable(now) {
 		return 0
 	}
-	v, _ := mulDiv(max(0, m.local.Tau-(max(m.tat, now)-now)), m.limit.T, m.local.T)
+	v, _ := mulDiv(max(0, gcra.Level(m.tat, m.local, now)), m.limit.T, m.local.T)
 	return v
 }
 
@@ -544,7 +544,7 @@ func (m *Member) level(now int64) float64 {
 	if !m.has {
 		return 0
 	}
-	return float64(m.local.Tau-(max(m.tat, now)-now)) / float64(m.local.Tau)
+	return float64(gcra.Level(m.tat, m.local, now)) / float64(m.local.Tau)
 }
 
 // Due returns when the member must next send a request (now or earlier: at once).
@@ -782,7 +782,7 @@ func (m *Member) change(now int64, rep Reply, newEpoch bool, expire int64) {
 	oldUsable := m.usable(now)
 	var oldLevel int64 // in the old share's nanoseconds; negative for a debt
 	if oldUsable {
-		oldLevel = m.local.Tau - (max(m.tat, now) - now)
+		oldLevel = gcra.Level(m.tat, m.local, now)
 	}
 	var fill int64
 	if ok && rep.Fill > 0 {
@@ -794,7 +794,7 @@ func (m *Member) change(now int64, rep Reply, newEpoch bool, expire int64) {
 		if oldUsable {
 			kept = min(convertLevel(oldLevel, m.local.T, nl.T), nl.Tau)
 		}
-		tat := now + nl.Tau - min(kept+fill, nl.Tau)
+		tat := gcra.AtLevel(nl, now, kept+fill)
 		if pending && m.pendExact && oldUsable && !newEpoch {
 			// Book the pending permits again on the new share, at their times.
 			excl := oldLevel
@@ -802,14 +802,15 @@ func (m *Member) change(now int64, rep Reply, newEpoch bool, expire int64) {
 				excl += p.n * m.local.T
 			}
 			excl = min(excl, m.local.Tau)
-			t2 := now + nl.Tau - min(min(convertLevel(excl, m.local.T, nl.T), nl.Tau)+fill, nl.Tau)
+			t2 := gcra.AtLevel(nl, now, min(convertLevel(excl, m.local.T, nl.T), nl.Tau)+fill)
 			rebooked = true
 			for _, p := range m.pend {
-				if p.n > nl.Burst() || t2+p.n*nl.T-nl.Tau > p.at {
+				t3, res, err := gcra.DecideOne(t2, nl, p.at, p.n, 0)
+				if err != nil || !res.Allowed {
 					rebooked = false
 					break
 				}
-				t2 = max(t2, p.at) + p.n*nl.T
+				t2 = t3
 			}
 			if rebooked {
 				tat = t2

@@ -276,11 +276,7 @@ func (b *Backend) Decide(_ context.Context, key string, req backend.Request) (ba
 					return backend.Grant{Result: res}, err
 				}
 				if e.tat.CompareAndSwap(old, tat) {
-					g := backend.Grant{Result: res}
-					g.Ticket.N = req.N
-					g.Ticket.At = now + res.Delay
-					g.Ticket.TatAfter[0] = tat
-					return g, nil
+					return backend.Grant{Result: res, Ticket: gcra.TicketOne(req.N, now+res.Delay, tat)}, nil
 				}
 			}
 		}

@@ -92,14 +92,8 @@ func (b *Backend) flushLedger(ctx context.Context) error {
 	var ps []pending
 	for key, d := range entries {
 		// What is still owed: each limit's debt beyond now, charged at Redis' now.
-		owed := false
-		var deltas [gcra.MaxLimits]int64
-		for i := range d.limits {
-			deltas[i] = max(0, d.tats[i]-now)
-			owed = owed || deltas[i] > 0
-		}
-		if owed {
-			ps = append(ps, pending{key: key, c: b.settleCall(key, 1, d.limits, deltas[:], nil)})
+		if deltas, owed := d.owed.Owed(now, len(d.limits)); owed {
+			ps = append(ps, pending{key: key, c: b.settleCall(key, 1, d.limits, deltas[:len(d.limits)], nil)})
 		}
 		if d.until > now {
 			ps = append(ps, pending{key: key, c: b.penalizeCall(key, d.limits, d.until-now)})
@@ -148,7 +142,7 @@ type ledger struct {
 
 type debt struct {
 	limits []gcra.Limit
-	tats   [gcra.MaxLimits]int64
+	owed   gcra.Debt
 	until  int64 // end of a penalty issued while down, on the local clock
 }
 
@@ -179,9 +173,7 @@ func (l *ledger) merge(key string, old *debt, now int64) {
 		l.m[key] = old
 		return
 	}
-	for i := range cur.limits {
-		cur.tats[i] = max(cur.tats[i], old.tats[i]) + max(0, min(cur.tats[i], old.tats[i])-now)
-	}
+	cur.owed.Merge(&old.owed, len(cur.limits), now)
 	cur.until = max(cur.until, old.until)
 }
 
@@ -190,9 +182,7 @@ func (l *ledger) merge(key string, old *debt, now int64) {
 func (b *Backend) charge(key string, limits []gcra.Limit, at, n int64) {
 	b.ledger.mu.Lock()
 	d := b.ledger.entry(key, limits)
-	for i, l := range limits {
-		d.tats[i] = max(d.tats[i], at) + n*l.T
-	}
+	d.owed.Push(limits, at, n)
 	up := !b.down.Load()
 	b.ledger.mu.Unlock()
 	if up && b.flushing.CompareAndSwap(false, true) {
@@ -207,19 +197,10 @@ func (b *Backend) flushNow() {
 	_ = b.flushLedger(ctx)
 }
 
-// scale is the fallback's share of limits (gcra.Limit.Share).
-func scale(limits []gcra.Limit, share float64) []gcra.Limit {
-	out := make([]gcra.Limit, len(limits))
-	for i, l := range limits {
-		out[i] = l.Share(share)
-	}
-	return out
-}
-
 // fallbackDecide decides req in the local fallback and records what it grants.
 func (b *Backend) fallbackDecide(ctx context.Context, key string, req backend.Request) (backend.Grant, error) {
 	b.stats.fallbacks.Add(1)
-	scaled := scale(req.Limits, b.share)
+	scaled := gcra.ShareOf(req.Limits, b.share)
 	if req.N > gcra.MaxCost(scaled) {
 		return backend.Grant{}, fmt.Errorf("%w: redis: cost %d is above the local fallback's burst %d", ErrUnavailable, req.N, gcra.MaxCost(scaled))
 	}
@@ -245,7 +226,7 @@ func (b *Backend) degradedAdjust(key string, limits []gcra.Limit, t gcra.Ticket,
 	now := b.clock.Nanotime()
 	b.charge(key, limits, now, newN-t.N)
 	if b.fallback != nil {
-		_ = b.fallback.Adjust(context.Background(), key, scale(limits, b.share), gcra.Ticket{N: t.N}, newN)
+		_ = b.fallback.Adjust(context.Background(), key, gcra.ShareOf(limits, b.share), gcra.Ticket{N: t.N}, newN)
 	}
 	return nil
 }
@@ -259,7 +240,7 @@ func (b *Backend) degradedPenalize(ctx context.Context, key string, limits []gcr
 	e.until = max(e.until, gcra.After(now, int64(d)))
 	b.ledger.mu.Unlock()
 	if b.fallback != nil {
-		return b.fallback.Penalize(ctx, key, scale(limits, b.share), d)
+		return b.fallback.Penalize(ctx, key, gcra.ShareOf(limits, b.share), d)
 	}
 	return nil
 }

@@ -165,10 +165,10 @@ type member struct {
 	gs   []gslot
 	free []int32 // idle goroutines
 
-	tats     []int64 // local mode: the member's own GCRA state
-	hold     int64   // local mode: end of its penalty
-	ftats    []int64 // fail_mode local: the fallback GCRA state
-	fcharged int64   // fail_mode local: permits admitted on the fallback, to charge back
+	tats  []int64   // local mode: the member's own GCRA state
+	hold  int64     // local mode: end of its penalty
+	ftats []int64   // fail_mode local: the fallback GCRA state
+	debt  gcra.Debt // fail_mode local: what the fallback admitted, to charge back (as redis.Backend's ledger)
 
 	granted, rejected, dropped int64
 	spanStart                  float64 // start of the open demand span (seconds), -1 if none
@@ -291,21 +291,16 @@ func (e *engine) setLimits(ls sluice.Limits) {
 		e.ideal = resize(e.ideal, len(e.idealCore))
 	}
 	e.core = ls.Core(e.sc.Client.Margin.D())
-	e.local = shareOf(e.core, e.sc.Local.Share)
-	e.fallback = shareOf(e.core, e.sc.Store.FallbackShare)
+	e.local = gcra.ShareOf(e.core, wholeIfZero(e.sc.Local.Share))
+	e.fallback = gcra.ShareOf(e.core, wholeIfZero(e.sc.Store.FallbackShare))
 }
 
-// shareOf scales limits to a share of their rate and burst (gcra.Limit.Share; 0 is the
-// whole limit).
-func shareOf(ls []gcra.Limit, share float64) []gcra.Limit {
+// wholeIfZero reads a scenario's share: 0 (unset) is the whole limit.
+func wholeIfZero(share float64) float64 {
 	if share <= 0 {
-		share = 1
+		return 1
 	}
-	out := make([]gcra.Limit, len(ls))
-	for i, l := range ls {
-		out[i] = l.Share(share)
-	}
-	return out
+	return share
 }
 
 func (e *engine) schedule(ev event) {
@@ -460,7 +455,7 @@ func (e *engine) join(mi int32) {
 	}
 	clear(m.tats)
 	clear(m.ftats)
-	m.hold, m.fcharged = 0, 0
+	m.hold, m.debt = 0, gcra.Debt{}
 	d := m.demand
 	switch d.Pattern {
 	case "backlog":

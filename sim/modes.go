@@ -90,13 +90,11 @@ func (centralMode) acquire(e *engine, mi, g int32) {
 	m := e.members[mi]
 	s := &m.gs[g]
 	ev := event{kind: evStoreReq, m: mi, g: g, op: s.op}
-	if m.fcharged > 0 {
-		// Piggy-back the charge-back: per limit, the permits the fallback used that its
-		// bucket has not earned back yet.
+	if owed, any := m.debt.Owed(e.now, len(e.core)); any {
+		// Piggy-back the charge-back: per limit, what the fallback admitted that the
+		// limit has not earned back yet (gcra.Debt, as the redis mode's ledger).
 		ev.val = 1
-		for i, l := range e.fallback {
-			ev.tk.TatAfter[i] = (max(0, m.ftats[i]-e.now) + l.T - 1) / l.T
-		}
+		ev.tk.TatAfter = owed
 	}
 	ev.val2 = e.now // sent at: the member gives up at val2 + timeout
 	if !e.toStore(ev) {
@@ -142,7 +140,7 @@ func (centralMode) handle(e *engine, ev *event) {
 		}
 		m := e.members[ev.m]
 		if ev.val > 0 {
-			m.fcharged = 0 // the store has it now
+			m.debt = gcra.Debt{} // the store has it now
 		}
 		s := &m.gs[ev.g]
 		if ev.res.Allowed {
@@ -166,7 +164,7 @@ func (centralMode) handle(e *engine, ev *event) {
 		case "local":
 			res, _, err := gcra.Decide(m.ftats, e.fallback, e.now, 1, e.maxWait)
 			if err == nil && res.Allowed {
-				m.fcharged++
+				m.debt.Push(e.core, e.now+res.Delay, 1)
 				e.permit(ev.m, ev.g, e.now+res.Delay)
 			} else {
 				e.denied(ev.m, ev.g, res.RetryAfter)
@@ -184,16 +182,11 @@ func (centralMode) handle(e *engine, ev *event) {
 }
 
 // storeCharge counts against the shared state what a member admitted on its fallback
-// while cut off: per limit, the permits its fallback bucket has not earned back yet
-// (carried in the ticket's slots). An hourly quota keeps most of that debt; a per-second
-// limit has forgotten nearly all of it, as the API has (the charge-back protects windowed
-// quotas, not a strict API's spacing: docs/redis.md).
+// while cut off (gcra.Debt.Owed, carried in the ticket's slots). An hourly quota keeps
+// most of that debt; a per-second limit has forgotten nearly all of it, as the API has (the
+// charge-back protects windowed quotas, not a strict API's spacing: docs/redis.md).
 func (e *engine) storeCharge(owed *gcra.Ticket) {
-	for i, l := range e.core {
-		if n := owed.TatAfter[i]; n > 0 {
-			e.storeTats[i] = max(e.storeTats[i], e.now) + n*l.T
-		}
-	}
+	gcra.ChargeOwed(e.storeTats, e.now, &owed.TatAfter)
 }
 
 // storeRestart: the store lost its state (Redis restarted empty): every key is fresh.
