@@ -1,0 +1,75 @@
+package sim
+
+// The API model: permits granted or denied, requests sent to the referee, its answers.
+
+// permit makes goroutine g send its request to the API at time at.
+func (e *engine) permit(mi, g int32, at int64) {
+	m := e.members[mi]
+	e.schedule(event{at: max(at, e.now), kind: evPermit, m: mi, g: g, op: m.gs[g].op, val: at})
+}
+
+// denied handles a request that got no permit: retry after a jittered back-off (at least
+// retryAfter), or drop it.
+func (e *engine) denied(mi, g int32, retryAfter int64) {
+	m := e.members[mi]
+	s := &m.gs[g]
+	if e.sc.Client.OnDeny == "drop" {
+		m.dropped++
+		e.dropped++
+		e.startNext(mi, g)
+		return
+	}
+	b := e.sc.Client.Backoff
+	d := max(retryAfter, int64(b.Base))
+	d = min(d, max(int64(b.Max), retryAfter))
+	d += int64(float64(d) * b.Jitter * m.rng.Float64())
+	e.schedule(event{at: e.now + d, kind: evRetry, m: mi, g: g, op: s.op})
+}
+
+func (e *engine) sendToAPI(mi, g int32) {
+	m := e.members[mi]
+	s := &m.gs[g]
+	s.hasTk = false
+	e.sent++
+	e.bucket().sent++
+	e.waits.add(e.now - s.arrival)
+	e.messages++
+	e.bucket().messages++
+	if e.lost(&e.sc.Network.API) {
+		// The request never arrives; the goroutine gives up after the store time-out.
+		e.schedule(event{at: e.now + int64(e.sc.Store.Timeout), kind: evStart, m: mi, g: g, op: s.op})
+		return
+	}
+	e.schedule(event{at: e.now + e.latency(&e.sc.Network.API), kind: evAPIArrive, m: mi, g: g, op: s.op})
+}
+
+func (e *engine) apiArrive(ev *event) {
+	d, _ := e.ref.Judge("api", 1, e.now)
+	b := e.bucket()
+	reply := *ev
+	reply.kind = evAPIReply
+	reply.at = e.now + e.latency(&e.sc.Network.API)
+	if d.Allowed {
+		e.accepted++
+		b.accepted++
+		reply.val = 1
+	} else {
+		e.rejected++
+		b.rejected++
+		reply.val2 = int64(d.RetryAfter)
+	}
+	e.schedule(reply)
+}
+
+func (e *engine) apiReply(ev *event) {
+	m := e.members[ev.m]
+	if ev.val == 1 {
+		m.granted++
+	} else {
+		m.rejected++
+		if ev.val2 > 0 {
+			e.mode.penalize(e, ev.m, e.now+ev.val2)
+		}
+	}
+	e.startNext(ev.m, ev.g)
+}
