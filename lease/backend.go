@@ -16,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/allot"
 )
 
 // Defaults of the backend beyond MemberConfig.
@@ -31,7 +32,7 @@ const (
 //
 // It is safe for concurrent use. Make one with New; the zero value is not usable.
 type Backend struct {
-	store     Store
+	apply     applier
 	clock     clock.Clock
 	id        string
 	mcfg      MemberConfig
@@ -54,11 +55,17 @@ var (
 	_ backend.Allower = (*Backend)(nil)
 )
 
+// recordKey names one key's limit.
+type recordKey struct {
+	key   string
+	limit gcra.Limit
+}
+
 // rec is the member's side of one key's limit.
 type rec struct {
 	key     string
 	mu      sync.Mutex
-	m       *Member
+	m       *allot.Member
 	changed chan struct{} // made by the first waiter (watch), closed when an answer from the store arrives
 }
 
@@ -98,6 +105,11 @@ func WithClock(c clock.Clock) Option { return optionFunc(func(b *Backend) { b.cl
 // that restarted.
 func WithID(id string) Option { return optionFunc(func(b *Backend) { b.id = id }) }
 
+// WithConfig sets the allocation's settings for the records this member makes (default
+// DefaultConfig()). A record keeps the settings it was made with, so every member of a
+// limit should use the same.
+func WithConfig(c Config) Option { return optionFunc(func(b *Backend) { b.apply.cfg = c }) }
+
 // WithMemberConfig sets the member's settings (default DefaultMemberConfig()).
 func WithMemberConfig(c MemberConfig) Option { return optionFunc(func(b *Backend) { b.mcfg = c }) }
 
@@ -128,12 +140,15 @@ func New(store Store, opts ...Option) (*Backend, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: no store", ErrInvalidConfig)
 	}
-	b := &Backend{store: store, clock: clock.Default, mcfg: DefaultMemberConfig(), idleAfter: int64(DefaultIdleAfter),
+	b := &Backend{apply: applier{store: store, cfg: DefaultConfig()}, clock: clock.Default, mcfg: DefaultMemberConfig(), idleAfter: int64(DefaultIdleAfter),
 		timeout: DefaultStoreTimeout, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
 	for _, o := range opts {
 		o.apply(b)
 	}
 	if err := b.mcfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := b.apply.cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if b.timeout <= 0 || b.idleAfter <= 0 {
@@ -159,7 +174,7 @@ func (b *Backend) rec(key string, l gcra.Limit) *rec {
 	if v, ok := b.recs.Load(k); ok {
 		return v.(*rec)
 	}
-	r := &rec{key: key, m: NewMember(b.id, l, b.mcfg, b.clock.Nanotime())}
+	r := &rec{key: key, m: allot.NewMember(b.id, l, b.mcfg, b.clock.Nanotime())}
 	v, loaded := b.recs.LoadOrStore(k, r)
 	if !loaded {
 		b.nudge()
@@ -184,10 +199,10 @@ func lock(rs []*rec) bool {
 	if len(rs) > 1 {
 		order = slices.Clone(rs)
 		slices.SortFunc(order, func(a, b *rec) int {
-			if c := cmp.Compare(a.m.limit.T, b.m.limit.T); c != 0 {
+			if c := cmp.Compare(a.m.Limit().T, b.m.Limit().T); c != 0 {
 				return c
 			}
-			return cmp.Compare(a.m.limit.Tau, b.m.limit.Tau)
+			return cmp.Compare(a.m.Limit().Tau, b.m.Limit().Tau)
 		})
 		order = slices.Compact(order)
 	}
@@ -243,7 +258,7 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 	}
 	md := int64(max(req.MaxDelay, 0))
 	start := b.clock.Nanotime()
-	var ms [gcra.MaxLimits]*Member
+	var ms [gcra.MaxLimits]*allot.Member
 	var buf [gcra.MaxLimits]*rec
 	joins := 0
 	for counted := false; ; counted = true {
@@ -261,11 +276,15 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 		for i, r := range rs {
 			ms[i] = r.m
 		}
-		res, tk, out, err := decide(ms[:len(rs)], now, req.N, left, !counted)
+		decide := allot.Decide
+		if counted {
+			decide = allot.DecideAgain // its permits were counted in the demand already
+		}
+		res, tk, out, err := decide(ms[:len(rs)], now, req.N, left)
 		var ch <-chan struct{}
 		joining := false
 		due := int64(math.MaxInt64)
-		if out == NoLease || out == LeaseEnds || out == TooFar {
+		if out == allot.NoLease || out == allot.LeaseEnds || out == allot.TooFar {
 			w := rs[0]
 			for _, r := range rs {
 				due = min(due, r.m.Due(now))
@@ -278,7 +297,7 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 					w, joining = r, true
 					break
 				}
-				if !r.m.usable(now) {
+				if _, ok := r.m.Usable(now); !ok {
 					w = r
 				}
 			}
@@ -288,12 +307,12 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 		if err != nil {
 			return backend.Grant{}, err
 		}
-		if out == Granted || out == Throttled {
+		if out == allot.Granted || out == allot.Throttled {
 			return backend.Grant{Result: res, Ticket: tk}, nil
 		}
 		wait := time.Duration(left)
 		switch {
-		case out == TooFar:
+		case out == allot.TooFar:
 			wait = time.Duration(max(res.RetryAfter, 1)) // then book it, within the horizon
 		case joining:
 			b.nudgeFor(due)
@@ -380,11 +399,11 @@ func (b *Backend) Adjust(_ context.Context, key string, limits []gcra.Limit, t g
 		return nil // the key was forgotten: nothing left to settle
 	}
 	defer unlock(rs)
-	var ms [gcra.MaxLimits]*Member
+	var ms [gcra.MaxLimits]*allot.Member
 	for i, r := range rs {
 		ms[i] = r.m
 	}
-	return Adjust(ms[:len(rs)], b.clock.Nanotime(), t, newN)
+	return allot.Adjust(ms[:len(rs)], b.clock.Nanotime(), t, newN)
 }
 
 // Penalize holds key back for d: at once in this member, and in the whole pool as soon
@@ -407,21 +426,21 @@ func (b *Backend) Penalize(ctx context.Context, key string, limits []gcra.Limit,
 		}
 		rs = b.records(key, limits, &buf)
 	}
-	var ms [gcra.MaxLimits]*Member
+	var ms [gcra.MaxLimits]*allot.Member
 	for i, r := range rs {
 		ms[i] = r.m
 	}
 	now := b.clock.Nanotime()
 	until := gcra.After(now, int64(d))
-	k := Penalize(ms[:len(rs)], now, until)
+	k := allot.Penalize(ms[:len(rs)], now, until)
 	req := ms[k].PenalizeRequest(now, until)
 	unlock(rs)
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
 	b.roundTrips.Add(1)
-	res, err := b.store.Apply(ctx, []Call{{Key: key, Limit: limits[k], Req: req}})
+	res, err := b.apply.apply(ctx, []call{{key: key, limit: limits[k], req: req}})
 	if err == nil {
-		err = res[0].Err
+		err = res[0].err
 	}
 	if err != nil {
 		return fmt.Errorf("sluice lease: report the penalty on %q: %w", key, err)
@@ -461,12 +480,12 @@ func (b *Backend) Close() error {
 		close(b.quit)
 		<-b.done
 		now := b.clock.Nanotime()
-		var calls []Call
+		var calls []call
 		b.recs.Range(func(k, v any) bool {
 			r := v.(*rec)
 			r.mu.Lock()
 			if req, ok := r.m.Release(now); ok {
-				calls = append(calls, Call{Key: r.key, Limit: r.m.limit, Req: req})
+				calls = append(calls, call{key: r.key, limit: r.m.Limit(), req: req})
 			}
 			b.recs.Delete(k) // under the lock, as round does: a released record is never found
 			r.mu.Unlock()
@@ -476,7 +495,7 @@ func (b *Backend) Close() error {
 			ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 			defer cancel()
 			b.roundTrips.Add(1)
-			if _, e := b.store.Apply(ctx, calls); e != nil {
+			if _, e := b.apply.apply(ctx, calls); e != nil {
 				err = fmt.Errorf("sluice lease: release on close: %w", e)
 			}
 		}
@@ -519,7 +538,7 @@ type pending struct {
 func (b *Backend) round() int64 {
 	now := b.clock.Nanotime()
 	early := int64(b.mcfg.RenewEvery) / 4
-	var calls []Call
+	var calls []call
 	var owners []pending
 	b.recs.Range(func(k, v any) bool {
 		r := v.(*rec)
@@ -530,14 +549,14 @@ func (b *Backend) round() int64 {
 		}
 		if r.m.Idle(now, b.idleAfter) {
 			if req, ok := r.m.Release(now); ok {
-				calls = append(calls, Call{Key: r.key, Limit: r.m.limit, Req: req})
+				calls = append(calls, call{key: r.key, limit: r.m.Limit(), req: req})
 				owners = append(owners, pending{})
 			}
 			b.recs.CompareAndDelete(k, r)
 			return true
 		}
 		if req, ok := r.m.Request(now, early); ok {
-			calls = append(calls, Call{Key: r.key, Limit: r.m.limit, Req: req})
+			calls = append(calls, call{key: r.key, limit: r.m.Limit(), req: req})
 			owners = append(owners, pending{r, req.Nonce})
 		}
 		return true
@@ -545,7 +564,7 @@ func (b *Backend) round() int64 {
 	if len(calls) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 		b.roundTrips.Add(1)
-		res, err := b.store.Apply(ctx, calls)
+		res, err := b.apply.apply(ctx, calls)
 		cancel()
 		if err == nil && len(res) != len(calls) {
 			err = fmt.Errorf("%w: lease store: %d answers to %d requests", ErrUnavailable, len(res), len(calls))
@@ -558,10 +577,10 @@ func (b *Backend) round() int64 {
 			if p.r == nil {
 				continue
 			}
-			var rep Reply
+			var rep allot.Reply
 			e := err
 			if e == nil {
-				rep, e = res[i].Reply, res[i].Err
+				rep, e = res[i].rep, res[i].err
 			}
 			p.r.mu.Lock()
 			p.r.m.Receive(now, p.nonce, rep, e)
@@ -585,7 +604,7 @@ func (b *Backend) round() int64 {
 	b.recs.Range(func(_, v any) bool {
 		r := v.(*rec)
 		r.mu.Lock()
-		next = min(next, r.m.Due(now), r.m.lastCall+b.idleAfter)
+		next = min(next, r.m.Due(now), r.m.LastCall()+b.idleAfter)
 		r.mu.Unlock()
 		return true
 	})

@@ -2,93 +2,125 @@ package lease
 
 import (
 	"context"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/sluicehq/sluice/clock"
-	"github.com/sluicehq/sluice/gcra"
 )
 
-// Store keeps one allocation record (a State) per key and limit, and applies members'
-// requests to them atomically on its own clock. MemStore keeps them in memory.
+// Store keeps the allocation records of the limits members share: one record per key and
+// limit, a few hundred bytes, read and written by compare-and-set. The allocation itself
+// runs in Go, in every member's process (it reads the records a batch of requests needs
+// with the store's time, applies the requests, and writes back every record whose version
+// is unchanged, retrying the others), so a store is only this small contract, the same
+// for MemStore (in process) and any store a user writes. docs/lease.md states what each
+// store guarantees.
+//
+// Both methods are safe for concurrent use, may block for a round trip bounded by ctx,
+// and return ErrUnavailable (wrapped) when the store cannot be reached. They must not
+// retain the slices passed.
 type Store interface {
-	// Apply applies each call, in order, to the record of its key and limit (creating it
-	// if needed), and returns one result per call. It is safe for concurrent use and may
-	// block for a round trip, bounded by ctx. A non-nil error means the outcome of every
-	// call is unknown (the store was not reached or did not answer in time); a call's own
-	// failure (such as ErrStaleEpoch) is in its Result. The calls slice is the caller's
-	// and is not retained.
-	Apply(ctx context.Context, calls []Call) ([]Result, error)
+	// Load returns the records named by ids, in the order given (a missing record has
+	// no Data and Version 0), the store's clock, and when the store's current
+	// incarnation began. All of it is read at one instant of the store.
+	Load(ctx context.Context, ids []string) (Snapshot, error)
+	// Swap writes each record whose version is still the one given (0: the record must
+	// not exist), atomically per record, and returns each record's new version, or 0
+	// where the version had changed (a conflict: nothing was written). Writing a record
+	// with no Data deletes it. A record's versions never decrease while the store keeps
+	// its data, even across a deletion and a new record under the same ID.
+	Swap(ctx context.Context, writes []Write) ([]uint64, error)
 }
 
-// Call is one request about the record of Key under Limit.
-type Call struct {
-	Key   string
-	Limit gcra.Limit
-	Req   Request
+// Snapshot is what Load read.
+type Snapshot struct {
+	// Now is the store's clock, Unix nanoseconds: every lease is timed on it.
+	Now int64
+	// Since is when the store's current incarnation began, on its clock: the store lost
+	// every record then (a restart without persistence, a flush), or first began. A record
+	// missing from an incarnation younger than TTL + Grace may have held leases that are
+	// still in use, so it is made fenced. math.MinInt64: the store knows no lease was
+	// ever granted from a record it no longer has (a new MemStore), and a store that
+	// cannot tell (a Redis Cluster) answers Now: every missing record is fenced.
+	Since   int64
+	Records []Record
 }
 
-// Result is the outcome of one Call.
-type Result struct {
-	Reply Reply
-	Err   error
+// Record is one record as read.
+type Record struct {
+	Data    []byte
+	Version uint64 // 0: the record does not exist
 }
 
-type recordKey struct {
-	key   string
-	limit gcra.Limit
+// Write is one compare-and-set.
+type Write struct {
+	ID      string
+	Data    []byte // nil deletes the record
+	Version uint64 // the version read; 0: the record must not exist
+	// Keep is how long the store must keep the record at least, if nothing writes it
+	// again: after it, the record is the same as no record (no lease it granted is still
+	// counted). A store may forget it then (Redis: the key's expiry), or keep it.
+	Keep time.Duration
 }
 
-// MemStore is the in-memory Store: several members in one process share limits through
-// it (the demo, tests), and the simulator models the same. It is safe for concurrent use;
-// its zero value is not usable: call NewMemStore.
+// MemStore is the in-process Store: several members in one process share limits through
+// it (the demo, tests). It is safe for concurrent use; its zero value is not usable: call
+// NewMemStore.
 type MemStore struct {
-	cfg   Config
 	clock clock.Clock
 
-	mu        sync.Mutex
-	records   map[recordKey]*State
-	fresh     bool  // no lease was ever granted before this incarnation
-	restarted int64 // when the current incarnation began (store clock)
-	down      bool
+	mu       sync.Mutex
+	records  map[string]memRecord
+	lastVer  uint64 // versions never repeat, across deletions and restarts
+	since    int64
+	down     bool
+	restarts int
 
-	calls      atomic.Int64
-	roundTrips atomic.Int64
+	loads, swaps atomic.Int64
+}
+
+type memRecord struct {
+	data    []byte
+	version uint64
 }
 
 var _ Store = (*MemStore)(nil)
 
-// NewMemStore returns an empty in-memory store with the given settings, reading time from
-// clk (nil: clock.Default).
-func NewMemStore(cfg Config, clk clock.Clock) (*MemStore, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
+// NewMemStore returns an empty in-memory store reading time from clk (nil: clock.Default).
+func NewMemStore(clk clock.Clock) *MemStore {
 	if clk == nil {
 		clk = clock.Default
 	}
-	return &MemStore{cfg: cfg, clock: clk, records: map[recordKey]*State{}, fresh: true}, nil
+	return &MemStore{clock: clk, records: map[string]memRecord{}, since: minTime}
 }
 
-// NewIncarnation draws the incarnation of a record being made: a random non-zero number,
-// so that the epochs of a record made again after the store forgot or lost it (an idle
-// record deleted, a restart, an eviction) never repeat those of an earlier one, and a
-// member from an earlier registration cannot renew under a later member's epoch. Two
-// records of one key share an incarnation with probability 2⁻⁶⁴.
-func NewIncarnation() uint64 {
-	for {
-		if v := rand.Uint64(); v != 0 {
-			return v
+// minTime marks an incarnation that knows no earlier one.
+const minTime = -1 << 63
+
+// Load reads records (see Store).
+func (s *MemStore) Load(ctx context.Context, ids []string) (Snapshot, error) {
+	if err := ctx.Err(); err != nil {
+		return Snapshot{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.down {
+		return Snapshot{}, ErrUnavailable
+	}
+	s.loads.Add(1)
+	snap := Snapshot{Now: s.now(), Since: s.since, Records: make([]Record, len(ids))}
+	for i, id := range ids {
+		if r, ok := s.records[id]; ok {
+			snap.Records[i] = Record{Data: r.data, Version: r.version}
 		}
 	}
+	return snap, nil
 }
 
-// Config returns the store's settings.
-func (s *MemStore) Config() Config { return s.cfg }
-
-// Apply applies calls (see Store).
-func (s *MemStore) Apply(ctx context.Context, calls []Call) ([]Result, error) {
+// Swap writes records (see Store). MemStore keeps records until they are deleted (Keep
+// is not needed in memory).
+func (s *MemStore) Swap(ctx context.Context, writes []Write) ([]uint64, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -97,67 +129,61 @@ func (s *MemStore) Apply(ctx context.Context, calls []Call) ([]Result, error) {
 	if s.down {
 		return nil, ErrUnavailable
 	}
-	s.roundTrips.Add(1)
-	s.calls.Add(int64(len(calls)))
-	now := s.clock.Nanotime()
-	out := make([]Result, len(calls))
-	for i, c := range calls {
-		k := recordKey{c.Key, c.Limit}
-		st := s.records[k]
-		if st == nil {
-			fence := int64(0)
-			if !s.fresh {
-				fence = s.cfg.FenceAfterRestart(s.restarted)
-			}
-			var err error
-			if st, err = NewState(c.Limit, NewIncarnation(), now, fence, s.cfg); err != nil {
-				out[i].Err = err
-				continue
-			}
-			s.records[k] = st
+	s.swaps.Add(1)
+	out := make([]uint64, len(writes))
+	for i, w := range writes {
+		if s.records[w.ID].version != w.Version {
+			continue
 		}
-		out[i].Reply, out[i].Err = st.Apply(now, s.cfg, c.Req)
-		// A record with no member, no penalty and a full pool is indistinguishable from a
-		// fresh one: forget it.
-		if len(st.Members) == 0 && st.Penalty == 0 && st.Pool >= st.Limit.Tau && now >= st.Fence {
-			delete(s.records, k)
+		s.lastVer++
+		out[i] = s.lastVer
+		if w.Data == nil {
+			delete(s.records, w.ID)
+			continue
 		}
+		s.records[w.ID] = memRecord{data: append([]byte(nil), w.Data...), version: s.lastVer}
 	}
 	return out, nil
 }
 
-// Restart loses every record, as a store process that restarts empty does, and starts a
-// fence: every registration is stale (each record is made again with a new incarnation),
-// and each limit is fenced off until the leases granted before have ended (TTL + Grace).
+func (s *MemStore) now() int64 { return s.clock.Now().UnixNano() }
+
+// Restart loses every record, as a store process that restarts empty does, and begins a
+// new incarnation: every limit is fenced until the leases granted before have ended.
 func (s *MemStore) Restart() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.records = map[recordKey]*State{}
-	s.fresh = false
-	s.restarted = s.clock.Nanotime()
+	s.records = map[string]memRecord{}
+	s.since = s.now()
+	s.restarts++
 }
 
-// SetDown makes the store unreachable (Apply fails with ErrUnavailable) or reachable again,
-// keeping its records: an outage, for tests.
+// Rewind puts back an older copy of a record (Data and Version from an earlier Load), as
+// a failover to a replica that lost recent writes does: for tests.
+func (s *MemStore) Rewind(id string, r Record) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r.Version == 0 {
+		delete(s.records, id)
+		return
+	}
+	s.records[id] = memRecord{data: r.Data, version: r.Version}
+}
+
+// SetDown makes the store unreachable (every call fails with ErrUnavailable) or reachable
+// again, keeping its records: an outage, for tests.
 func (s *MemStore) SetDown(down bool) {
 	s.mu.Lock()
 	s.down = down
 	s.mu.Unlock()
 }
 
-// RoundTrips returns how many Apply calls reached the store; Calls how many requests they
-// carried.
-func (s *MemStore) RoundTrips() int64 { return s.roundTrips.Load() }
+// Ops returns how many Load and Swap calls reached the store.
+func (s *MemStore) Ops() (loads, swaps int64) { return s.loads.Load(), s.swaps.Load() }
 
-// Calls returns how many requests the store applied.
-func (s *MemStore) Calls() int64 { return s.calls.Load() }
-
-// Snapshot returns a copy of the record of key under l, or nil.
-func (s *MemStore) Snapshot(key string, l gcra.Limit) *State {
+// Len returns the number of records held.
+func (s *MemStore) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if st := s.records[recordKey{key, l}]; st != nil {
-		return st.Clone()
-	}
-	return nil
+	return len(s.records)
 }

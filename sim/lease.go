@@ -6,7 +6,7 @@ import (
 
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/gcra"
-	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/internal/allot"
 )
 
 // LeaseReport is the lease mode's own part of a report.
@@ -34,16 +34,16 @@ type LeaseReport struct {
 // lease: the same State and Member cores as the real backend), renewing over the
 // simulated network.
 type leaseMode struct {
-	cfg    lease.Config
-	mcfg   lease.MemberConfig
-	states []*lease.State // the store's records, one per limit
+	cfg    allot.Config
+	mcfg   allot.MemberConfig
+	states []*allot.State // the store's records, one per limit
 	inc    uint64
 	limits []gcra.Limit
 
-	members [][]*lease.Member // per simulated member: one per limit; nil when it has none
+	members [][]*allot.Member // per simulated member: one per limit; nil when it has none
 	minc    []uint32          // the member's incarnation they were made for
 	parked  [][]int32         // goroutines waiting for a share
-	waiting [][]bool          // goroutines counted as waiting (lease.Member.Wait)
+	waiting [][]bool          // goroutines counted as waiting (allot.Member.Wait)
 	tickAt  []int64           // when the member's renewal timer is set (0: not set)
 	tickSeq []int64
 	since   []int64 // when the member's lease members were made
@@ -58,8 +58,8 @@ type leaseMode struct {
 
 type leaseMsg struct {
 	limit int32
-	req   lease.Request
-	rep   lease.Reply
+	req   allot.Request
+	rep   allot.Reply
 	err   error
 }
 
@@ -70,7 +70,7 @@ type pendingCrash struct {
 }
 
 func newLeaseMode(sc *Scenario) *leaseMode {
-	l := &leaseMode{cfg: lease.DefaultConfig(), mcfg: lease.DefaultMemberConfig(), inc: 1}
+	l := &leaseMode{cfg: allot.DefaultConfig(), mcfg: allot.DefaultMemberConfig(), inc: 1}
 	s := &sc.Lease
 	if s.TTL > 0 {
 		l.cfg.TTL = s.TTL.D()
@@ -79,7 +79,7 @@ func newLeaseMode(sc *Scenario) *leaseMode {
 		l.cfg.Grace = s.Grace.D()
 	}
 	if s.Policy != "" {
-		l.cfg.Policy, _ = lease.ParsePolicy(s.Policy) // checked when the scenario was read
+		l.cfg.Policy, _ = allot.ParsePolicy(s.Policy) // checked when the scenario was read
 	}
 	l.cfg.Turn = s.Turn.D()
 	if s.JoinWindow > 0 {
@@ -105,16 +105,16 @@ func (l *leaseMode) setup(e *engine) {
 		return
 	}
 	l.limits = slices.Clone(e.core)
-	l.states = make([]*lease.State, len(l.limits))
+	l.states = make([]*allot.State, len(l.limits))
 	for i, lim := range l.limits {
-		st, err := lease.NewState(lim, l.inc, e.now, 0, l.cfg)
+		st, err := allot.NewState(lim, l.inc, e.now, 0, l.cfg)
 		if err != nil {
 			panic(err) // the scenario's limits were validated
 		}
 		l.states[i] = st
 	}
 	n := len(e.members)
-	l.members = make([][]*lease.Member, n)
+	l.members = make([][]*allot.Member, n)
 	l.minc = make([]uint32, n)
 	l.parked = make([][]int32, n)
 	l.waiting = make([][]bool, n)
@@ -125,13 +125,13 @@ func (l *leaseMode) setup(e *engine) {
 }
 
 // ensure returns member mi's lease members, making them when it (re)joined.
-func (l *leaseMode) ensure(e *engine, mi int32) []*lease.Member {
+func (l *leaseMode) ensure(e *engine, mi int32) []*allot.Member {
 	l.setup(e)
 	m := e.members[mi]
 	if l.members[mi] == nil || l.minc[mi] != m.inc {
-		ms := make([]*lease.Member, len(l.limits))
+		ms := make([]*allot.Member, len(l.limits))
 		for i, lim := range l.limits {
-			ms[i] = lease.NewMember(m.name, lim, l.mcfg, e.now)
+			ms[i] = allot.NewMember(m.name, lim, l.mcfg, e.now)
 		}
 		l.members[mi], l.minc[mi], l.since[mi] = ms, m.inc, e.now
 		l.parked[mi] = l.parked[mi][:0]
@@ -168,21 +168,21 @@ func (l *leaseMode) unwait(mi, g int32) {
 func (l *leaseMode) acquire(e *engine, mi, g int32) {
 	ms := l.ensure(e, mi)
 	s := &e.members[mi].gs[g]
-	decide := lease.Decide
+	decide := allot.Decide
 	if l.waiting[mi][g] {
-		decide = lease.DecideAgain // the same request, after a wait: counted once
+		decide = allot.DecideAgain // the same request, after a wait: counted once
 	}
 	l.unwait(mi, g)
 	res, tk, out, err := decide(ms, e.now, 1, e.maxWait)
 	switch {
 	case err != nil:
 		e.denied(mi, g, 0)
-	case out == lease.Granted:
+	case out == allot.Granted:
 		s.ticket, s.hasTk = tk, true
 		e.permit(mi, g, e.now+res.Delay)
-	case out == lease.Throttled:
+	case out == allot.Throttled:
 		e.denied(mi, g, res.RetryAfter)
-	case out == lease.TooFar:
+	case out == allot.TooFar:
 		// The permit lies beyond the booking horizon: wait, then book it.
 		l.wait(mi, g)
 		e.schedule(event{at: e.now + max(res.RetryAfter, 1), kind: evRetry, m: mi, g: g, op: s.op})
@@ -237,7 +237,7 @@ func (l *leaseMode) reschedule(e *engine, mi int32) {
 }
 
 // send sends a request about limit k to the store; reply says whether one is expected.
-func (l *leaseMode) send(e *engine, mi int32, k int, req lease.Request, reply bool) {
+func (l *leaseMode) send(e *engine, mi int32, k int, req allot.Request, reply bool) {
 	var slot int32
 	if n := len(l.free); n > 0 {
 		slot = l.free[n-1]
@@ -292,7 +292,7 @@ func (l *leaseMode) handle(e *engine, ev *event) {
 			return
 		}
 		e.timeouts++
-		l.members[ev.m][ev.g].Receive(e.now, uint64(ev.val2), lease.Reply{}, lease.ErrUnavailable)
+		l.members[ev.m][ev.g].Receive(e.now, uint64(ev.val2), allot.Reply{}, backend.ErrUnavailable)
 		l.reschedule(e, ev.m)
 	}
 }
@@ -301,7 +301,7 @@ func (l *leaseMode) handle(e *engine, ev *event) {
 func (l *leaseMode) store(e *engine, ev *event) {
 	slot := int32(ev.val)
 	msg := &l.msgs[slot]
-	reply := msg.req.Op == lease.OpJoin || msg.req.Op == lease.OpRenew
+	reply := msg.req.Op == allot.OpJoin || msg.req.Op == allot.OpRenew
 	if !e.storeUp() || e.partitioned[ev.m] {
 		l.free = append(l.free, slot)
 		if reply {
@@ -331,7 +331,7 @@ func (l *leaseMode) store(e *engine, ev *event) {
 // at most the limit, and follows the reclaim of crashed members' shares.
 func (l *leaseMode) checkMembers(e *engine) {
 	for k, lim := range l.limits {
-		var sum lease.Share
+		var sum allot.Share
 		for mi, ms := range l.members {
 			if ms != nil && e.members[mi].present && l.minc[mi] == e.members[mi].inc {
 				in := ms[k].InUse(e.now)
@@ -339,7 +339,7 @@ func (l *leaseMode) checkMembers(e *engine) {
 				sum.Burst += in.Burst
 			}
 		}
-		if !sum.Fits(lease.Share{Rate: lease.RateScale, Burst: lim.Burst()}) {
+		if !sum.Fits(allot.Share{Rate: allot.RateScale, Burst: lim.Burst()}) {
 			l.rep.Breaches++
 		}
 		if k != 0 {
@@ -377,7 +377,7 @@ func (l *leaseMode) permitOK(e *engine, ev *event) bool {
 	}
 	s := &e.members[ev.m].gs[ev.g]
 	if s.hasTk && l.members[ev.m] != nil && l.minc[ev.m] == e.members[ev.m].inc {
-		_ = lease.Adjust(l.members[ev.m], e.now, s.ticket, 0)
+		_ = allot.Adjust(l.members[ev.m], e.now, s.ticket, 0)
 	}
 	s.hasTk = false
 	l.rep.ExpiredPermits++
@@ -386,7 +386,7 @@ func (l *leaseMode) permitOK(e *engine, ev *event) bool {
 
 func (l *leaseMode) penalize(e *engine, mi int32, until int64) {
 	ms := l.ensure(e, mi)
-	if k := lease.Penalize(ms, e.now, until); k >= 0 {
+	if k := allot.Penalize(ms, e.now, until); k >= 0 {
 		l.send(e, mi, k, ms[k].PenalizeRequest(e.now, until), false)
 	}
 }
@@ -402,7 +402,7 @@ func (l *leaseMode) left(e *engine, mi int32, graceful bool) {
 		// shares back (with what they saved).
 		for g := range m.gs {
 			if s := &m.gs[g]; s.hasTk {
-				_ = lease.Adjust(ms, e.now, s.ticket, 0)
+				_ = allot.Adjust(ms, e.now, s.ticket, 0)
 				s.hasTk = false
 			}
 		}
@@ -424,7 +424,7 @@ func (l *leaseMode) left(e *engine, mi int32, graceful bool) {
 
 // RateSlack is how much less rate than before a crash counts as reclaimed: shares are
 // rounded down to whole parts per million, and the water-filling leaves a few parts.
-const RateSlack = lease.RateScale / 1000
+const RateSlack = allot.RateScale / 1000
 
 // storeRestart: the store restarts empty, with a new incarnation: every member's epoch is
 // stale, and each limit is fenced off until every lease granted before has ended.
@@ -433,7 +433,7 @@ func (l *leaseMode) storeRestart(e *engine) {
 	l.inc++
 	fence := l.cfg.FenceAfterRestart(e.now)
 	for i, lim := range l.limits {
-		l.states[i], _ = lease.NewState(lim, l.inc, e.now, fence, l.cfg)
+		l.states[i], _ = allot.NewState(lim, l.inc, e.now, fence, l.cfg)
 	}
 }
 
@@ -459,7 +459,7 @@ func (l *leaseMode) leaseReport(e *engine) *LeaseReport {
 
 // joining reports whether a member is still joining some limit: its first decision on a
 // key waits for its first share, whatever the client's bound (as the backend's does).
-func joining(ms []*lease.Member) bool {
+func joining(ms []*allot.Member) bool {
 	for _, m := range ms {
 		if m.Joining() {
 			return true

@@ -359,12 +359,12 @@ func leaseWorkers(cfg Config) (func(context.Context, int, sluice.Limits, time.Du
 	if mc == (lease.MemberConfig{}) {
 		mc = lease.DefaultMemberConfig()
 	}
-	store, err := lease.NewMemStore(lc, nil)
-	if err != nil {
+	if err := lc.Validate(); err != nil {
 		return nil, err
 	}
+	store := lease.NewMemStore(nil)
 	return func(_ context.Context, i int, limits sluice.Limits, margin time.Duration) (*sluice.Limiter, func(), error) {
-		b, err := lease.New(store, lease.WithID(fmt.Sprintf("w%d", i+1)), lease.WithMemberConfig(mc))
+		b, err := lease.New(store, lease.WithID(fmt.Sprintf("w%d", i+1)), lease.WithConfig(lc), lease.WithMemberConfig(mc))
 		if err != nil {
 			return nil, nil, err
 		}

@@ -1,4 +1,4 @@
-package lease
+package allot
 
 import (
 	"math"

@@ -1,18 +1,17 @@
-package lease
+package allot
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/gcra"
 )
 
-// Errors of the allocation core and the stores.
+// Errors of the allocation core.
 var (
 	// ErrStaleEpoch: the member's registration is unknown to the store (it expired, was
 	// replaced, or the store restarted empty); the member must join again.
@@ -21,9 +20,6 @@ var (
 	ErrBadRequest = errors.New("sluice lease: bad request")
 	// ErrInvalidConfig: a Config or MemberConfig that Validate refuses.
 	ErrInvalidConfig = errors.New("sluice lease: invalid config")
-	// ErrUnavailable (backend.ErrUnavailable): the store could not be reached (or, for
-	// MemStore, was set down).
-	ErrUnavailable = backend.ErrUnavailable
 )
 
 // Policy says how the allocation divides a limit among its live members.
@@ -231,6 +227,10 @@ type State struct {
 	Open int64 `json:"open"`
 	// Members, sorted by ID.
 	Members []Entry `json:"members"`
+	// Cfg holds the settings the record was made with: every member's request is applied
+	// with them, whatever the settings of the process that applies it, so that members
+	// never disagree on TTL, Grace or the policy.
+	Cfg Config `json:"cfg"`
 }
 
 // NewState returns the record of limit l made at now by a store of the given incarnation.
@@ -246,7 +246,7 @@ func NewState(l gcra.Limit, incarnation uint64, now, fence int64, cfg Config) (*
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &State{Limit: l, Incarnation: incarnation, PoolAt: now}
+	s := &State{Limit: l, Incarnation: incarnation, PoolAt: now, Cfg: cfg}
 	if fence == 0 {
 		s.Pool = l.Tau
 		if l.Burst() > 1 { // a burst of one permit cannot be shared
@@ -315,6 +315,11 @@ type Request struct {
 	// what the free capacity saved up; they are ignored if the request frees nothing.
 	Return int64 `json:"return"`
 	Hold   int64 `json:"hold"` // penalize: nanoseconds
+	// Seen is the newest version of the record the member has seen (Reply.Version) while
+	// it may still use a share leased from it, 0 otherwise: a store whose record is older,
+	// or missing, lost what it granted (a failover that lost writes, an old copy restored)
+	// and must fence the limit.
+	Seen uint64 `json:"seen"`
 	// Sent and Nonce are the member's own: the store echoes them in the reply.
 	Sent  int64  `json:"sent"`
 	Nonce uint64 `json:"nonce"`
@@ -349,9 +354,12 @@ type Reply struct {
 	RetryIn int64 `json:"retry_in"`
 	// Contended says another live member wants as much as it can get (fair policy): a
 	// member that goes idle should give its share back at once (Request.Relinquish).
-	Contended bool   `json:"contended"`
-	Sent      int64  `json:"sent"`
-	Nonce     uint64 `json:"nonce"`
+	Contended bool `json:"contended"`
+	// Version is the record's version after this request (the store fills it in), which
+	// the member presents as Request.Seen from then on.
+	Version uint64 `json:"version"`
+	Sent    int64  `json:"sent"`
+	Nonce   uint64 `json:"nonce"`
 }
 
 // Apply applies one request at now (the store's clock, nanoseconds) with the store's
@@ -692,20 +700,34 @@ func (s *State) Clone() *State {
 	return &c
 }
 
-// MarshalState encodes s as JSON: the record a store keeps.
-func MarshalState(s *State) ([]byte, error) { return json.Marshal(s) }
+// Idle reports whether the record, at now, is the same as no record: no member, no
+// penalty or fence in force, and its pool full. A store may then forget it: a record made
+// again starts the same (with a new incarnation, so no old registration is taken for a
+// new one).
+func (s *State) Idle(now int64) bool {
+	return len(s.Members) == 0 && s.Penalty <= now && now >= s.Fence && s.Pool >= s.Limit.Tau && now >= s.Open
+}
 
-// UnmarshalState decodes a record written by MarshalState.
-func UnmarshalState(b []byte) (*State, error) {
-	var s State
-	if err := json.Unmarshal(b, &s); err != nil {
-		return nil, fmt.Errorf("sluice lease: decode state: %w", err)
+// QuietAt is when the record becomes Idle at the latest if no request comes: every lease
+// and quarantine it counts has ended, every penalty and fence too, and its pool has had
+// the time to refill at the whole limit's rate.
+func (s *State) QuietAt() int64 {
+	t := max(s.Fence, s.Penalty, s.Open, s.PoolAt)
+	for _, e := range s.Members {
+		t = max(t, e.Lease.Until, e.Lease.Expires+int64(s.Cfg.Grace), e.HeldUntil, e.RetiredUntil)
 	}
-	if err := s.Limit.Validate(); err != nil {
-		return nil, fmt.Errorf("sluice lease: decode state: %w", err)
+	return gcra.After(t, s.Limit.Tau)
+}
+
+// NewIncarnation draws the incarnation of a record being made: a random non-zero number,
+// so that the epochs of a record made again after the store forgot or lost it (an idle
+// record deleted, a restart, an eviction) never repeat those of an earlier one, and a
+// member from an earlier registration cannot renew under a later member's epoch. Two
+// records of one key share an incarnation with probability 2⁻⁶⁴.
+func NewIncarnation() uint64 {
+	for {
+		if v := rand.Uint64(); v != 0 {
+			return v
+		}
 	}
-	if !slices.IsSortedFunc(s.Members, func(a, b Entry) int { return strings.Compare(a.ID, b.ID) }) {
-		return nil, fmt.Errorf("sluice lease: decode state: members out of order")
-	}
-	return &s, nil
 }

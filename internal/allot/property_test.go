@@ -1,4 +1,4 @@
-package lease
+package allot
 
 import (
 	"cmp"
@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/gcra"
 )
 
@@ -146,8 +147,8 @@ func (w *world) step() {
 		m := sm.m
 		if req, ok := m.Request(w.now, 0); ok {
 			w.send(msg{to: -1, gen: i<<16 | sm.gen, call: req}, true)
-		} else if m.inflight && w.now-m.lastSent > 100*int64(time.Millisecond) {
-			m.Receive(w.now, m.nonce, Reply{}, ErrUnavailable) // time-out
+		} else if m.link.inflight && w.now-m.link.lastSent > 100*int64(time.Millisecond) {
+			m.Receive(w.now, m.link.nonce, Reply{}, backend.ErrUnavailable) // time-out
 		}
 		// Demand: member i asks often if i is even, rarely if odd; some callers wait for
 		// a share, some cancel or settle their reservations, some get a 429.
@@ -182,7 +183,7 @@ func (w *world) step() {
 				}
 			}
 		}
-		if m.waiting > 0 && w.rng.IntN(4) == 0 {
+		if m.demand.waiting > 0 && w.rng.IntN(4) == 0 {
 			m.Wait(-1)
 		}
 		if len(sm.tickets) > 0 && w.rng.IntN(6) == 0 {

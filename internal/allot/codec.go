@@ -1,0 +1,212 @@
+package allot
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/gcra"
+)
+
+// The record a store keeps is a State in a compact binary form: a format byte, then
+// unsigned and zig-zag varints. Times are the store's Unix nanoseconds, written as
+// differences from the record's PoolAt (small numbers, a few bytes each), with 0 kept for
+// "none"; a member's epoch is written as its number when its incarnation is the record's
+// (every live one's), in full otherwise. A record of 20 members takes about 25 bytes a
+// member.
+
+const stateFormat = 1
+
+// ErrBadRecord: a record that does not decode (another program's data, or corruption).
+var ErrBadRecord = errors.New("sluice lease: bad record")
+
+// MarshalState encodes s: the record a store keeps.
+func MarshalState(s *State) []byte {
+	w := writer{b: make([]byte, 0, 64+32*len(s.Members)), base: s.PoolAt}
+	w.b = append(w.b, stateFormat)
+	w.u(uint64(s.Limit.T))
+	w.u(uint64(s.Limit.Tau))
+	w.u(uint64(s.Cfg.TTL))
+	w.u(uint64(s.Cfg.Grace))
+	w.u(uint64(s.Cfg.Policy))
+	w.u(uint64(s.Cfg.Turn))
+	w.u(uint64(s.Cfg.JoinWindow))
+	w.u(s.Incarnation)
+	w.u(s.Seq)
+	w.i(s.PoolAt)
+	w.t(s.Fence)
+	w.i(s.Pool)
+	w.t(s.Penalty)
+	w.t(s.Open)
+	w.u(uint64(len(s.Members)))
+	for _, e := range s.Members {
+		w.u(uint64(len(e.ID)))
+		w.b = append(w.b, e.ID...)
+		switch e.Epoch.Incarnation {
+		case s.Incarnation:
+			w.u(e.Epoch.N << 1)
+		default:
+			w.u(e.Epoch.N<<1 | 1)
+			w.u(e.Epoch.Incarnation)
+		}
+		w.i(e.Demand)
+		w.i(e.Size)
+		w.t(e.Since)
+		w.t(e.Wanted)
+		w.u(e.Lease.Seq)
+		w.share(e.Lease.Share)
+		w.t(e.Lease.Expires)
+		w.t(e.Lease.Until)
+		w.share(e.Held)
+		w.t(e.HeldUntil)
+		w.share(e.Retired)
+		w.t(e.RetiredUntil)
+	}
+	return w.b
+}
+
+// UnmarshalState decodes a record written by MarshalState, checking what it can.
+func UnmarshalState(b []byte) (*State, error) {
+	r := reader{b: b}
+	if len(b) == 0 || b[0] != stateFormat {
+		return nil, fmt.Errorf("%w: format %v", ErrBadRecord, b[:min(len(b), 1)])
+	}
+	r.b = b[1:]
+	s := &State{}
+	s.Limit.T = int64(r.u())
+	s.Limit.Tau = int64(r.u())
+	s.Cfg.TTL = time.Duration(r.u())
+	s.Cfg.Grace = time.Duration(r.u())
+	s.Cfg.Policy = Policy(r.u())
+	s.Cfg.Turn = time.Duration(r.u())
+	s.Cfg.JoinWindow = time.Duration(r.u())
+	s.Incarnation = r.u()
+	s.Seq = r.u()
+	s.PoolAt = r.i()
+	r.base = s.PoolAt
+	s.Fence = r.t()
+	s.Pool = r.i()
+	s.Penalty = r.t()
+	s.Open = r.t()
+	n := r.u()
+	if n > uint64(len(r.b)) { // every member takes bytes
+		return nil, fmt.Errorf("%w: %d members in %d bytes", ErrBadRecord, n, len(r.b))
+	}
+	s.Members = make([]Entry, 0, n)
+	for range n {
+		var e Entry
+		l := r.u()
+		if l > uint64(len(r.b)) {
+			return nil, fmt.Errorf("%w: a member name of %d bytes", ErrBadRecord, l)
+		}
+		e.ID = string(r.b[:l])
+		r.b = r.b[l:]
+		en := r.u()
+		e.Epoch = Epoch{Incarnation: s.Incarnation, N: en >> 1}
+		if en&1 == 1 {
+			e.Epoch.Incarnation = r.u()
+		}
+		e.Demand = r.i()
+		e.Size = r.i()
+		e.Since = r.t()
+		e.Wanted = r.t()
+		e.Lease.Seq = r.u()
+		e.Lease.Share = r.share()
+		e.Lease.Expires = r.t()
+		e.Lease.Until = r.t()
+		e.Held = r.share()
+		e.HeldUntil = r.t()
+		e.Retired = r.share()
+		e.RetiredUntil = r.t()
+		s.Members = append(s.Members, e)
+	}
+	if r.err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadRecord, r.err)
+	}
+	if len(r.b) != 0 {
+		return nil, fmt.Errorf("%w: %d bytes left over", ErrBadRecord, len(r.b))
+	}
+	if err := s.Limit.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadRecord, err)
+	}
+	if err := s.Cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadRecord, err)
+	}
+	if !slices.IsSortedFunc(s.Members, func(a, b Entry) int { return strings.Compare(a.ID, b.ID) }) {
+		return nil, fmt.Errorf("%w: members out of order", ErrBadRecord)
+	}
+	return s, nil
+}
+
+type writer struct {
+	b    []byte
+	base int64
+}
+
+func (w *writer) u(x uint64) { w.b = binary.AppendUvarint(w.b, x) }
+func (w *writer) i(x int64)  { w.b = binary.AppendVarint(w.b, x) }
+
+// t writes a time: 0 for none, else its difference from the base, plus one.
+func (w *writer) t(x int64) {
+	if x == 0 {
+		w.u(0)
+		return
+	}
+	d := uint64(x - w.base)
+	w.u((d<<1 ^ uint64(int64(d)>>63)) + 1) // zig-zag, then + 1
+}
+
+func (w *writer) share(s Share) { w.u(uint64(s.Rate)); w.u(uint64(s.Burst)) }
+
+type reader struct {
+	b    []byte
+	base int64
+	err  error
+}
+
+func (r *reader) u() uint64 {
+	if r.err != nil {
+		return 0
+	}
+	x, n := binary.Uvarint(r.b)
+	if n <= 0 {
+		r.err = errors.New("truncated")
+		return 0
+	}
+	r.b = r.b[n:]
+	return x
+}
+
+func (r *reader) i() int64 {
+	if r.err != nil {
+		return 0
+	}
+	x, n := binary.Varint(r.b)
+	if n <= 0 {
+		r.err = errors.New("truncated")
+		return 0
+	}
+	r.b = r.b[n:]
+	return x
+}
+
+func (r *reader) t() int64 {
+	z := r.u()
+	if z == 0 {
+		return 0
+	}
+	z--
+	d := int64(z>>1) ^ -int64(z&1)
+	return r.base + d
+}
+
+func (r *reader) share() Share {
+	rate, burst := r.u(), r.u()
+	if rate > uint64(RateScale) || burst > uint64(gcra.MaxTau) {
+		r.err = fmt.Errorf("share %d/%d out of range", rate, burst)
+	}
+	return Share{Rate: int64(rate), Burst: int64(burst)}
+}

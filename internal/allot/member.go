@@ -1,0 +1,306 @@
+package allot
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/gcra"
+)
+
+// MemberConfig is a member's settings, the same for every limit it holds a share of. Use
+// DefaultMemberConfig and change fields; Validate checks them.
+type MemberConfig struct {
+	// RenewEvery is how often the member renews each lease it holds (its heartbeat, which
+	// also reports its demand). Renewals come sooner when the member waits for capacity,
+	// prefetches (less than 20% of its share's burst left while more is coming), acknowledges
+	// a smaller share, or has gone idle after being held back.
+	RenewEvery time.Duration
+	// Margin is taken off the store's TTL: the member stops using a lease at (the time it
+	// sent the request that obtained it + TTL - Margin, + Grace in fail mode local, while
+	// the store still counts it) on its own monotonic clock. It
+	// covers the difference between the member's and the store's clock rates over TTL +
+	// Grace.
+	Margin time.Duration
+	// FailMode is what a member that cannot renew does at its lease's end: FailLocal (the
+	// default, also for FailDefault) goes on for the store's Grace, which the store keeps
+	// quarantined, so no over-admission; FailClosed stops (docs/concepts.md, "Fail
+	// modes"). FailOpen is not offered: Validate refuses it.
+	FailMode backend.FailMode
+	// IdleGap: a member that was held back by its share and then has no permit pending
+	// and no call for this long is idle, and renews at once so that its share can go where
+	// it is needed. Zero means max(20ms, RenewEvery/4).
+	IdleGap time.Duration
+	// Horizon: while other members want all the capacity they can get, permits are booked
+	// at most this far ahead; a caller whose permit lies further waits (in Decide) until it
+	// is within it. A share that shrinks can then be handed over at once, rather than after
+	// the permits booked on it. Zero means RenewEvery/4.
+	Horizon time.Duration
+}
+
+// DefaultMemberConfig returns the default member settings.
+func DefaultMemberConfig() MemberConfig {
+	return MemberConfig{
+		RenewEvery: 250 * time.Millisecond, // four store operations a second per member and limit, at most a few more
+		Margin:     50 * time.Millisecond,  // 3% of TTL + Grace: far above clock-rate error, covers scheduling
+		FailMode:   backend.FailLocal,      // run on an expired lease for Grace
+		IdleGap:    0,                      // max(20ms, RenewEvery/4)
+		Horizon:    0,                      // RenewEvery/4
+	}
+}
+
+// Validate reports whether c can be used.
+func (c MemberConfig) Validate() error {
+	switch {
+	case c.RenewEvery <= 0:
+		return fmt.Errorf("%w: RenewEvery %v must be positive", ErrInvalidConfig, c.RenewEvery)
+	case c.Margin < 0:
+		return fmt.Errorf("%w: Margin %v must not be negative", ErrInvalidConfig, c.Margin)
+	case c.IdleGap < 0:
+		return fmt.Errorf("%w: IdleGap %v must not be negative", ErrInvalidConfig, c.IdleGap)
+	case c.Horizon < 0:
+		return fmt.Errorf("%w: Horizon %v must not be negative", ErrInvalidConfig, c.Horizon)
+	case c.FailMode == backend.FailOpen || c.FailMode > backend.FailLocal:
+		return fmt.Errorf("%w: FailMode %v (want local or closed: a lease member never admits past its share)", ErrInvalidConfig, c.FailMode)
+	}
+	return nil
+}
+
+// headroom is how much more than its measured rate an unthrottled member asks for, so
+// that it can grow before it is held back.
+const headroom = 1.5
+
+// saturation is the fraction of its share's rate a held-back member must ask for to count
+// as saturated (wanting more), rather than bursty.
+const saturation = 0.8
+
+// prefetchLevel: with less than this fraction of its share's burst left while the policy
+// means to give it more, a member renews early (a prefetch, so that it never runs dry).
+const prefetchLevel = 0.2
+
+// Member is one member's side of one limit: the lease it holds, its GCRA state at its
+// share, its demand, and when it must talk to the store. Like State it is a pure core:
+// its methods take now (the member's monotonic clock, nanoseconds) and return decisions
+// and messages; the caller sends the messages and serializes calls.
+//
+// Its registration with the store is an explicit phase (unregistered, registered,
+// released), changed only by become*; the rest of its state is grouped by what it is
+// about. The methods live in files by concern: member_decide.go (decisions, settlements,
+// penalties), member_demand.go (measuring what its callers want), member_protocol.go (the
+// renewal protocol: when to send what, and applying the store's answers) and
+// member_lease.go (the lease held, handing a share over to the next).
+type Member struct {
+	id    string
+	limit gcra.Limit
+	cfg   memberSettings
+
+	phase phase
+	epoch Epoch // the registration, while registered
+
+	lease    heldLease
+	bucket   shareBucket
+	pending  pendingPermits
+	handover handover
+	demand   demandWindow
+	view     storeView
+	link     link
+}
+
+// phase is where a member stands with the store.
+type phase uint8
+
+const (
+	// unregistered: no registration (never joined, or the store forgot it): the next
+	// request joins.
+	unregistered phase = iota
+	// registered: it holds an epoch, and its requests renew it.
+	registered
+	// released: it handed its share back and decides nothing more.
+	released
+)
+
+func (p phase) String() string {
+	switch p {
+	case unregistered:
+		return "unregistered"
+	case registered:
+		return "registered"
+	case released:
+		return "released"
+	}
+	return fmt.Sprintf("phase(%d)", uint8(p))
+}
+
+// memberSettings are the member's settings, from MemberConfig.
+type memberSettings struct {
+	renew, margin, idleGap, horizon int64
+	failLocal                       bool // run on an expired lease for the store's grace
+}
+
+// heldLease is the lease the member holds.
+type heldLease struct {
+	seq    uint64
+	share  Share
+	local  gcra.Limit // share as a limit, when has
+	has    bool       // it holds a share
+	had    bool       // it has held a share (and may have granted tickets under it)
+	expire int64      // own clock: sent + TTL - margin
+	end    int64      // own clock: the lease may be used while now < end (expire, + grace failing locally)
+}
+
+// shareBucket is the GCRA state at the share, and the penalty on it.
+type shareBucket struct {
+	tat   int64
+	hold  int64 // a penalty's end: no refund reopens the member before it
+	drain bool  // this limit carries the penalty's drain
+}
+
+// pendingPermits are the permits granted for later (At > now) and still to be used.
+type pendingPermits struct {
+	// list holds them in time order while exact says it is complete and booked at the
+	// current share; otherwise lastAt bounds them.
+	list   []pendingPermit
+	exact  bool
+	lastAt int64 // the latest permit time granted
+	busyAt int64 // lastAt, unless the grant for it was cancelled (for idleness only)
+}
+
+// handover is what moving from one lease to the next leaves to settle.
+type handover struct {
+	returnable     int64 // permits given up unspent, in nanoseconds of the limit (see Request.Return)
+	returnBy       int64 // ... to be handed back before then (the old lease's end): later, the store has freed it
+	noRefundBefore int64 // tickets for permits at or before it predate the share: no refund
+	ackSeq         uint64
+	ackUntil       int64 // reservations under lease ackSeq are pending until then
+	ackNow         bool  // a smaller share awaits acknowledgement: renew soon
+	prevShare      Share // the share of the older lease still in use until prevUntil
+	prevUntil      int64
+}
+
+// demandWindow measures what the member's callers want, over the window since the last
+// request.
+type demandWindow struct {
+	winStart  int64
+	asked     int64
+	used      int64
+	throttled bool  // held back by its share in this window
+	saturated bool  // held back, and active ever since
+	heldRuns  int   // windows in a row in which it asked and was held back
+	think     int64 // smoothed time from a permit falling due to the next call (the API's service time)
+	waiting   int   // callers waiting for a share (see Wait)
+	lastCall  int64
+	lastRetry int64
+	rate      float64 // smoothed asked rate, permits per nanosecond
+	measured  bool    // rate holds a measurement
+	reported  int64   // the demand last reported
+	lastUsed  int64   // the last window's figures, for Status
+	lastWin   int64
+}
+
+// storeView is what the last reply said.
+type storeView struct {
+	target    Share
+	live      int64
+	retryAt   int64
+	contended bool // others want as much as they can get
+	settled   bool // it has had a share, or an answer that promises none soon
+}
+
+// link is the state of the exchange with the store.
+type link struct {
+	inflight  bool
+	nonce     uint64
+	joinNonce uint64
+	lastSent  int64
+	failed    bool // the last request failed
+	lastErr   error
+	seen      uint64 // the newest version of the record seen (Request.Seen)
+}
+
+// NewMember returns member id's side of limit l, made at now. It holds nothing until it
+// joins (its first request).
+func NewMember(id string, l gcra.Limit, cfg MemberConfig, now int64) *Member {
+	gap := int64(cfg.IdleGap)
+	if gap == 0 {
+		gap = max(int64(20*time.Millisecond), int64(cfg.RenewEvery)/4)
+	}
+	horizon := int64(cfg.Horizon)
+	if horizon == 0 {
+		horizon = int64(cfg.RenewEvery) / 4
+	}
+	return &Member{
+		id: id, limit: l,
+		cfg: memberSettings{renew: max(int64(cfg.RenewEvery), 1), margin: int64(cfg.Margin), idleGap: gap, horizon: horizon,
+			failLocal: cfg.FailMode != backend.FailClosed},
+		pending:  pendingPermits{exact: true, lastAt: math.MinInt64 / 4, busyAt: math.MinInt64 / 4},
+		handover: handover{noRefundBefore: math.MinInt64 / 4},
+		demand:   demandWindow{winStart: now, lastCall: now},
+		link:     link{lastSent: math.MinInt64 / 4},
+	}
+}
+
+// ID returns the member's name.
+func (m *Member) ID() string { return m.id }
+
+// LastCall returns when the member was last asked for permits.
+func (m *Member) LastCall() int64 { return m.demand.lastCall }
+
+// Limit returns the limit the member holds a share of.
+func (m *Member) Limit() gcra.Limit { return m.limit }
+
+// Inflight reports whether a request is out (Receive has not been called for it).
+func (m *Member) Inflight() bool { return m.link.inflight }
+
+// Released reports whether the member has released its share (it is done).
+func (m *Member) Released() bool { return m.phase == released }
+
+// becomeUnregistered: the store does not know the member (any more): the next request
+// joins.
+func (m *Member) becomeUnregistered() {
+	m.phase, m.epoch = unregistered, Epoch{}
+	m.link.failed = false
+}
+
+// becomeRegistered: the store registered the member under epoch.
+func (m *Member) becomeRegistered(epoch Epoch) { m.phase, m.epoch = registered, epoch }
+
+// becomeReleased: the member hands its share back; it decides nothing more.
+func (m *Member) becomeReleased() { m.phase = released }
+
+// Status is what a member holds of one limit, for observers and metrics.
+type Status struct {
+	Key    string     // the key, filled by the backend
+	Limit  gcra.Limit // the limit shared
+	Member string
+	Epoch  Epoch
+	Seq    uint64
+	Share  Share   // the share held
+	Target Share   // the share the policy wants it to hold
+	Rate   float64 // the share's rate in permits per second
+	// Expires is how long the lease may still be used (0: it may not).
+	Expires time.Duration
+	// Demand is the demand last reported, in parts of RateScale.
+	Demand int64
+	// Used is what the member granted over the last reporting window, and Granted what its
+	// share allowed over it (its rate × the window).
+	Used    int64
+	Granted float64
+	Window  time.Duration
+	Live    int64 // live members, as the store last said
+	Err     error // the last failure to reach the store, if the last request failed
+}
+
+// Status returns the member's state at now.
+func (m *Member) Status(now int64) Status {
+	st := Status{Limit: m.limit, Member: m.id, Epoch: m.epoch, Seq: m.lease.seq, Share: m.lease.share, Target: m.view.target,
+		Demand: m.demand.reported, Used: m.demand.lastUsed, Window: time.Duration(m.demand.lastWin), Live: m.view.live, Err: m.link.lastErr}
+	if m.lease.has {
+		st.Rate = 1e9 / float64(m.lease.local.T)
+		st.Granted = st.Rate * float64(m.demand.lastWin) / 1e9
+	}
+	if m.usable(now) {
+		st.Expires = time.Duration(m.lease.end - now)
+	}
+	return st
+}

@@ -1,0 +1,246 @@
+package allot
+
+// A member's decisions on its share: grants, settlements, penalties.
+
+import (
+	"math"
+
+	"github.com/sluicehq/sluice/gcra"
+)
+
+// Outcome says why a decision came out as it did.
+type Outcome uint8
+
+const (
+	// Granted: the permits were granted.
+	Granted Outcome = iota
+	// Throttled: the member's share denied them; the answer stands (RetryAfter).
+	Throttled
+	// NoLease: some limit has no usable share (yet), or one too small for the cost: a
+	// caller that may wait should wait for the next renewal.
+	NoLease
+	// LeaseEnds: the permits would fall after a lease's end: a caller that may wait
+	// should wait for the next renewal.
+	LeaseEnds
+	// TooFar: the permits lie beyond the member's booking horizon (while the pool is
+	// contended): a caller that may wait should wait RetryAfter and ask again.
+	TooFar
+)
+
+// Decide decides n permits at now for a key under the limits the members hold shares of
+// (one member per limit, all of the same process), reserving up to maxDelay ahead, but
+// never past a lease's end. On a grant the members' states change; on a denial only their
+// demand does.
+func Decide(ms []*Member, now, n, maxDelay int64) (gcra.Result, gcra.Ticket, Outcome, error) {
+	return decide(ms, now, n, maxDelay, true)
+}
+
+// DecideAgain is Decide for a request decided again after a wait (NoLease, LeaseEnds,
+// TooFar): its permits were already counted in the members' demand.
+func DecideAgain(ms []*Member, now, n, maxDelay int64) (gcra.Result, gcra.Ticket, Outcome, error) {
+	return decide(ms, now, n, maxDelay, false)
+}
+
+// decide is Decide; count is false when the same request is decided again after a wait
+// (its permits were already counted in the members' demand).
+func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra.Ticket, Outcome, error) {
+	if n < 0 {
+		return gcra.Result{}, gcra.Ticket{}, Throttled, gcra.ErrInvalidCost
+	}
+	if len(ms) == 0 || len(ms) > gcra.MaxLimits {
+		return gcra.Result{}, gcra.Ticket{}, Throttled, gcra.ErrInvalidLimits
+	}
+	var tats [gcra.MaxLimits]int64
+	var ls [gcra.MaxLimits]gcra.Limit
+	end := int64(math.MaxInt64)
+	lease := true
+	for i, m := range ms {
+		if n > m.limit.Burst() {
+			return gcra.Result{}, gcra.Ticket{}, Throttled, gcra.ErrCostExceedsBurst
+		}
+		if n > 0 {
+			if count {
+				m.demand.asked += n
+				m.learnThink(now)
+			}
+			m.demand.lastCall = now
+		}
+		if !m.usable(now) || n > m.lease.local.Burst() {
+			lease = false
+			continue
+		}
+		tats[i], ls[i] = m.bucket.tat, m.lease.local
+		end = min(end, m.lease.end)
+	}
+	k := len(ms)
+	if n == 0 {
+		if !lease {
+			return gcra.Result{Allowed: true}, gcra.Ticket{}, Granted, nil
+		}
+		res, _, err := gcra.Decide(tats[:k], ls[:k], now, 0, 0)
+		return res, gcra.Ticket{}, Granted, err
+	}
+	if !lease {
+		hint := ms[0].waitHint(now)
+		for _, m := range ms {
+			m.demand.throttled = true
+			// A caller told to come back is still at it until then, and a caller without a
+			// share at all for at least a renewal (it may back off longer than told).
+			m.demand.lastRetry = max(hint, m.cfg.renew)
+		}
+		return gcra.Result{RetryAfter: hint}, gcra.Ticket{}, NoLease, nil
+	}
+	bound := min(max(maxDelay, 0), end-1-now)
+	md := bound
+	horizon := int64(-1)
+	for _, m := range ms {
+		if m.view.contended {
+			horizon = max(horizon, m.cfg.horizon)
+		}
+	}
+	if horizon >= 0 {
+		md = min(md, horizon)
+	}
+	res, tk, err := gcra.Decide(tats[:k], ls[:k], now, n, md)
+	if err != nil {
+		return res, tk, Throttled, err
+	}
+	if !res.Allowed || res.Delay > 0 {
+		for _, m := range ms {
+			m.demand.throttled = true
+			if !res.Allowed && res.RetryAfter > bound {
+				// A caller that may not wait is expected back after RetryAfter; one that
+				// may wait, refused because the permit lies beyond its bound, gave up.
+				m.demand.lastRetry = 0
+				if maxDelay == 0 {
+					m.demand.lastRetry = res.RetryAfter
+				}
+			}
+		}
+	}
+	parked, growing := false, false
+	for _, m := range ms {
+		parked = parked || m.lease.share.Parked()
+		growing = growing || m.growing()
+	}
+	switch {
+	case res.Allowed:
+	case parked:
+		// A parked share has spent its permit: wait for a rate.
+		res.RetryAfter = ms[0].waitHint(now)
+		return res, tk, NoLease, nil
+	case res.RetryAfter <= bound:
+		res.RetryAfter -= horizon // when it will be within the horizon
+		return res, tk, TooFar, nil
+	case res.RetryAfter <= maxDelay:
+		return res, tk, LeaseEnds, nil
+	case growing && maxDelay > 0:
+		// Beyond the caller's bound on the share held now, but the policy means to give
+		// the member more at its next renewal: a caller that may wait waits for it.
+		return res, tk, LeaseEnds, nil
+	default:
+		return res, tk, Throttled, nil
+	}
+	for i, m := range ms {
+		m.bucket.tat = tats[i]
+		if tk.At > now {
+			m.addPending(tk.At, n)
+		}
+		m.pending.lastAt = max(m.pending.lastAt, tk.At)
+		m.pending.busyAt = max(m.pending.busyAt, tk.At)
+		m.demand.used += n
+	}
+	return res, tk, Granted, nil
+}
+
+// AllowOne takes one permit now, or not at all, from a key with one limit: Decide with
+// n = 1 and no reservation, without the decision's details (the hot path). ok is false
+// when the member holds no usable share.
+func (m *Member) AllowOne(now int64) (allowed, ok bool) {
+	if !m.usable(now) {
+		return false, false
+	}
+	m.learnThink(now)
+	m.demand.lastCall = now
+	m.demand.asked++
+	tat, allowed := gcra.AllowOne(m.bucket.tat, m.lease.local, now)
+	if !allowed && m.lease.share.Parked() {
+		return false, false // no rate yet: the caller goes the long way (NoLease)
+	}
+	if !allowed {
+		m.demand.throttled = true
+		m.demand.lastRetry = gcra.Wait(m.bucket.tat, m.lease.local, now, 1)
+		return false, true
+	}
+	m.bucket.tat = tat
+	m.pending.lastAt = max(m.pending.lastAt, now)
+	m.pending.busyAt = max(m.pending.busyAt, now)
+	m.demand.used++
+	return true, true
+}
+
+// waitHint is how long a member without a usable share expects to wait for one.
+func (m *Member) waitHint(now int64) int64 {
+	return max(m.cfg.renew/4, m.Due(now)-now)
+}
+
+// Adjust settles a grant made by Decide over the same members to its real cost newN (see
+// gcra.Adjust). Refunds are skipped for grants made under a share that has changed since
+// (safe: a refund is only ever a gift); charges always apply.
+func Adjust(ms []*Member, now int64, t gcra.Ticket, newN int64) error {
+	if newN < 0 {
+		return gcra.ErrInvalidCost
+	}
+	for i, m := range ms {
+		if t.At > now {
+			if newN == 0 && t.At == m.pending.busyAt {
+				m.pending.busyAt = now // the latest reservation was given back: nothing pending
+			}
+			m.settlePending(t.At, t.N, newN)
+		}
+		if !m.lease.has || (newN < t.N && t.At <= m.handover.noRefundBefore) {
+			continue
+		}
+		one := gcra.Ticket{N: t.N, At: t.At}
+		one.TatAfter[0] = t.TatAfter[i]
+		hold := int64(0)
+		if m.bucket.drain {
+			hold = m.bucket.hold // the penalty drains only its member's limit, as gcra.Adjust does
+		}
+		tats := [1]int64{m.bucket.tat}
+		if _, err := gcra.Adjust(tats[:], []gcra.Limit{m.lease.local}, now, one, newN, hold); err != nil {
+			return err
+		}
+		m.bucket.tat = tats[0]
+	}
+	return nil
+}
+
+// Penalize holds the members back until `until`: the limit with the smallest tolerance is
+// drained so that one permit is available then (as gcra.Penalize does), and no refund
+// reopens any of them before it. It returns the index of the member that carries the
+// drain (whose limit's record the penalty should be reported to), or -1.
+func Penalize(ms []*Member, now, until int64) int {
+	if until <= now || len(ms) == 0 || len(ms) > gcra.MaxLimits {
+		return -1
+	}
+	var ls [gcra.MaxLimits]gcra.Limit
+	for i, m := range ms {
+		m.bucket.hold = max(m.bucket.hold, until)
+		ls[i] = m.limit
+	}
+	k := gcra.PenaltyLimit(ls[:len(ms)])
+	ms[k].applyPenalty(now, until)
+	return k
+}
+
+// applyPenalty drains this member's share so that nothing is granted before until.
+func (m *Member) applyPenalty(now, until int64) {
+	m.bucket.hold = max(m.bucket.hold, until)
+	m.bucket.drain = true
+	if m.lease.has {
+		tats := [1]int64{m.bucket.tat}
+		gcra.Penalize(tats[:], []gcra.Limit{m.lease.local}, now, until)
+		m.bucket.tat = tats[0]
+	}
+}

@@ -1,0 +1,88 @@
+package allot
+
+// Measuring what a member's callers want, to report it to the store.
+
+import (
+	"math"
+)
+
+// active reports whether the member's callers are still at it: one waiting for a share,
+// a permit pending, or a call recent enough (allowing thrice the wait a denial asked for:
+// callers back off with jitter).
+func (m *Member) active(now int64) bool { return m.demand.waiting > 0 || now <= m.quietAt() }
+
+// Wait tells the member that a caller starts (+1) or stops (-1) waiting for a share (after
+// NoLease or LeaseEnds): while one waits, the member wants as much as it can get.
+func (m *Member) Wait(delta int) { m.demand.waiting = max(0, m.demand.waiting+delta) }
+
+// quietAt is the instant after which the member counts as idle.
+func (m *Member) quietAt() int64 {
+	return max(m.pending.busyAt, m.demand.lastCall+3*m.demand.lastRetry) + m.cfg.idleGap + 2*m.demand.think
+}
+
+// learnThink learns, from a call at now, how long its callers take between a permit
+// falling due and their next call (the API's service time, scheduling): a caller is
+// judged idle only well after that.
+func (m *Member) learnThink(now int64) {
+	if gap := now - m.pending.busyAt; m.pending.busyAt >= m.demand.lastCall && gap >= 0 && gap < 2*m.cfg.renew {
+		m.demand.think += (gap - m.demand.think) / 4
+	}
+}
+
+// measure closes the demand window at now and returns the demand to report, in parts of
+// RateScale: as much as it can get when it joins, has no rate, or is saturated (held back
+// by its share while asking for most of it) and still at it; nothing once it went quiet
+// after being saturated (an on/off caller whose spell ended); otherwise its smoothed
+// asked rate with some headroom.
+func (m *Member) measure(now int64) int64 {
+	dt := now - m.demand.winStart
+	quiet := !m.active(now)
+	if m.phase == registered && dt < m.cfg.renew/2 && !(m.demand.saturated && quiet) && !(!m.rated() && m.demand.asked > 0) {
+		// A request soon after the last (an acknowledgement, a prefetch): too short a
+		// window to measure; the demand stands and the window goes on.
+		return m.demand.reported
+	}
+	if dt > 0 && m.phase == registered {
+		r := float64(m.demand.asked) / float64(dt)
+		if m.demand.measured {
+			w := float64(dt) / float64(dt+4*m.cfg.renew) // smoothing over about four renewals
+			m.demand.rate += w * (r - m.demand.rate)
+		} else {
+			m.demand.rate, m.demand.measured = r, true
+		}
+	}
+	measured := int64(math.Min(float64(RateScale), m.demand.rate*float64(m.limit.T)*float64(RateScale)*headroom))
+	// Saturated: held back in two asking windows running, and asking (on average) at least most
+	// of what its share gives (a caller that waits asks no faster than it is served). A
+	// member held back now and then by a burst of requests under its share is not: it
+	// reports its rate.
+	switch {
+	case m.demand.throttled:
+		m.demand.heldRuns++
+	case m.demand.asked > 0:
+		m.demand.heldRuns = 0 // asked, and was never held back
+	}
+	sat := m.demand.throttled && (!m.rated() || m.demand.heldRuns >= 2 && m.demand.rate*float64(m.lease.local.T) >= saturation)
+	var d int64
+	switch {
+	case m.phase != registered, !m.rated() && m.demand.asked > 0, (sat || m.demand.saturated) && !quiet:
+		// A member joins because it was asked for permits, one without a rate is asked
+		// for them, and a saturated one wants more: as much as it can get (the policy
+		// gives it at most an equal part of what the others leave).
+		d = RateScale
+	case m.demand.saturated || sat:
+		m.demand.rate = 0 // quiet after being saturated: an on/off caller whose spell ended
+	default:
+		d = measured
+		if d == 0 && m.demand.asked > 0 {
+			d = 1
+		}
+	}
+	// Still saturated while active and held back whenever it asks (one that asked with no
+	// rate at all is, by definition).
+	m.demand.saturated = (sat || m.demand.saturated) && !quiet && (m.demand.throttled || m.demand.asked == 0)
+	m.demand.reported = d
+	m.demand.lastUsed, m.demand.lastWin = m.demand.used, dt
+	m.demand.winStart, m.demand.asked, m.demand.used, m.demand.throttled = now, 0, 0, false
+	return d
+}

@@ -1,0 +1,219 @@
+package allot
+
+// The renewal protocol: when a member must talk to the store, what it sends, and how it
+// applies the answers.
+
+import (
+	"errors"
+	"math"
+)
+
+// Due returns when the member must next send a request (now or earlier: at once).
+func (m *Member) Due(now int64) int64 {
+	if m.phase == released {
+		return math.MaxInt64
+	}
+	if m.phase != registered {
+		if m.link.failed {
+			return m.link.lastSent + m.cfg.renew/4
+		}
+		return math.MinInt64
+	}
+	d := m.link.lastSent + m.cfg.renew
+	if m.rated() && m.view.contended && (m.demand.throttled || m.demand.saturated) {
+		// Held back while others want all they can get too: capacity that idle members
+		// give back is picked up at renewals, so renew twice as often.
+		d = m.link.lastSent + m.cfg.renew/2
+	}
+	if m.link.failed {
+		d = min(d, m.link.lastSent+m.cfg.renew/4)
+	}
+	if m.lease.has {
+		d = min(d, m.lease.expire-m.cfg.renew/2) // prefetch before the lease runs out
+	}
+	if m.handover.ackNow {
+		d = min(d, max(m.handover.ackUntil, m.link.lastSent+m.cfg.renew/20))
+	}
+	switch {
+	case m.view.retryAt > 0:
+		d = min(d, m.view.retryAt) // the store said when capacity frees
+	case !m.rated() && (m.demand.asked > 0 || m.demand.throttled):
+		d = min(d, m.link.lastSent+m.cfg.renew/4) // waiting for others to shrink at their renewals
+	}
+	if m.demand.saturated && m.rated() && m.demand.waiting == 0 {
+		d = min(d, m.quietAt()+1) // gone idle after being held back: give the share back
+	}
+	if m.lease.has && m.growing() && m.level(now) < prefetchLevel {
+		d = min(d, m.link.lastSent+m.cfg.renew/4) // prefetch
+	}
+	return max(d, m.link.lastSent+m.cfg.renew/20)
+}
+
+// Request returns the request the member must send now, if one is due and none is in
+// flight; or, when the member is at least half way through its renewal interval, if one
+// is due by now + early (renewing a little early lets a process batch its renewals). The
+// member counts it as in flight until Receive.
+func (m *Member) Request(now, early int64) (Request, bool) {
+	if m.link.inflight || m.phase == released {
+		return Request{}, false
+	}
+	if due := m.Due(now); due > now && (due > now+early || now-m.link.lastSent < m.cfg.renew/2) {
+		return Request{}, false
+	}
+	m.link.nonce++
+	req := Request{Member: m.id, Sent: now, Nonce: m.link.nonce, Size: m.view.live, Seen: m.seenIfHolding(now)}
+	if m.phase != registered {
+		req.Op = OpJoin
+		m.link.joinNonce = m.link.nonce
+	} else {
+		req.Op = OpRenew
+		req.Epoch = m.epoch
+		req.InUse = m.inUse(now)
+		if req.InUse == m.lease.seq {
+			m.handover.ackNow = false
+		}
+		// Relinquish: a member that went quiet after being held back, while
+		// others want all they can get, gives its share back in this very request, with
+		// the permits it saved (nothing of it is pending).
+		if m.rated() && m.view.contended && m.demand.saturated && !m.active(now) && m.pendingUntil(now) <= now {
+			if now >= m.handover.returnBy {
+				m.handover.returnable = 0
+			}
+			tok := m.tokens(now)
+			m.lease.has, m.lease.share, m.handover.prevUntil = false, Share{}, 0
+			if tok >= m.limit.T {
+				// Keep one whole permit, parked (see Share.Parked), for the next request.
+				tok -= m.limit.T
+				m.lease.share = Share{Burst: 1}
+				m.lease.local, _ = m.lease.share.Limit(m.limit)
+				m.bucket.tat = now // a full bucket of one permit
+				m.lease.has = true
+				req.Keep = 1
+			}
+			m.handover.returnable += tok
+			m.handover.returnBy = m.lease.expire
+			req.Relinquish = true
+		}
+		if now >= m.handover.returnBy {
+			m.handover.returnable = 0
+		}
+		if req.Relinquish || req.InUse == m.lease.seq {
+			req.Return, m.handover.returnable = m.handover.returnable, 0
+		}
+	}
+	req.Demand = m.measure(now)
+	m.link.inflight = true
+	m.link.lastSent = now
+	return req, true
+}
+
+// inUse is the oldest lease number the member may still use.
+func (m *Member) inUse(now int64) uint64 {
+	if now < m.handover.ackUntil {
+		return m.handover.ackSeq
+	}
+	return m.lease.seq
+}
+
+// Receive applies the answer to the member's request number nonce (err for a failure: the
+// store unreachable, or ErrStaleEpoch, after which the member joins again). Answers to any
+// but the latest request are ignored.
+func (m *Member) Receive(now int64, nonce uint64, rep Reply, err error) {
+	if m.phase == released || nonce != m.link.nonce || !m.link.inflight {
+		return
+	}
+	m.link.inflight = false
+	if err != nil {
+		m.link.lastErr = err
+		if errors.Is(err, ErrStaleEpoch) {
+			m.becomeUnregistered()
+		} else {
+			m.link.failed = true
+		}
+		return
+	}
+	m.link.failed, m.link.lastErr = false, nil
+	m.link.seen = max(m.link.seen, rep.Version)
+	newEpoch := m.phase != registered || rep.Epoch != m.epoch
+	if newEpoch {
+		if nonce != m.link.joinNonce {
+			return // an answer for a registration this member no longer has
+		}
+		m.becomeRegistered(rep.Epoch)
+	}
+	expire := rep.Sent + rep.TTL - m.cfg.margin
+	switch {
+	case !newEpoch && rep.Lease.Seq < m.lease.seq:
+		return
+	case !newEpoch && rep.Lease.Seq == m.lease.seq && rep.Lease.Share == m.lease.share:
+		if expire > m.lease.expire {
+			m.lease.expire = expire
+			m.lease.end = expire
+			if m.cfg.failLocal {
+				m.lease.end += rep.Grace
+			}
+		}
+	default:
+		m.change(now, rep, newEpoch, expire)
+	}
+	if rep.Penalty > 0 {
+		m.applyPenalty(now, now+rep.Penalty)
+	}
+	m.view.target, m.view.live, m.view.contended = rep.Target, rep.Live, rep.Contended
+	m.view.retryAt = 0
+	if rep.RetryIn > 0 {
+		m.view.retryAt = now + rep.RetryIn
+	}
+	m.view.settled = m.view.settled || m.lease.has || rep.RetryIn == 0 || rep.RetryIn > m.cfg.renew
+}
+
+// Joining reports whether the member is still joining: it has no share yet, but the
+// store has said (or will say, in its first answer) that one comes soon (a fresh limit's
+// join window). A caller's first decision on a key waits for it.
+func (m *Member) Joining() bool { return !m.view.settled && !m.link.failed }
+
+// Idle reports whether the member has had no call for `after` and nothing pending: it may
+// release its share and be forgotten.
+func (m *Member) Idle(now, after int64) bool {
+	return !m.link.inflight && now-m.demand.lastCall >= after && m.pendingUntil(now) <= now
+}
+
+// Release returns the request that hands the member's share back, and ends the member: it
+// decides nothing more. ok is false if it never joined (nothing to hand back).
+func (m *Member) Release(now int64) (Request, bool) {
+	if m.phase == released {
+		return Request{}, false
+	}
+	wasRegistered := m.phase == registered
+	m.becomeReleased()
+	defer func() { m.lease.has = false }()
+	if !wasRegistered {
+		return Request{}, false
+	}
+	m.link.nonce++
+	req := Request{Op: OpRelease, Member: m.id, Epoch: m.epoch, InUse: m.inUse(now), Seen: m.seenIfHolding(now),
+		BusyFor: max(0, m.pendingUntil(now)-now), Sent: now, Nonce: m.link.nonce}
+	if req.BusyFor == 0 {
+		if now < m.handover.returnBy {
+			req.Return = m.handover.returnable
+		}
+		req.Return += m.tokens(now)
+	}
+	return req, true
+}
+
+// PenalizeRequest returns the request that reports a penalty until `until` to the store,
+// so that the whole pool holds back.
+func (m *Member) PenalizeRequest(now, until int64) Request {
+	return Request{Op: OpPenalize, Member: m.id, Hold: until - now, Sent: now, Seen: m.seenIfHolding(now)}
+}
+
+// seenIfHolding is the newest version of the record the member has seen while it may still
+// use a share leased from it (or permits reserved under one), and 0 once all of that has
+// ended: a record that vanished since is then no risk to anyone the member knows of.
+func (m *Member) seenIfHolding(now int64) uint64 {
+	if m.InUse(now).IsZero() {
+		return 0
+	}
+	return m.link.seen
+}

@@ -1,0 +1,128 @@
+package allot
+
+import (
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/backend"
+)
+
+// memberStep is one thing that happens to a member at a virtual time, and what must come
+// of it. Exactly one of the actions is set.
+type memberStep struct {
+	at int64
+
+	send    bool   // ask for the due request: want wantOp (or none if wantOp is 0 and noSend)
+	noSend  bool   // no request is due
+	wantOp  Op     // the request's operation
+	reply   *Share // answer the request in flight with this share (seq+1)
+	failErr error  // answer the request in flight with this error
+	allow   bool   // take one permit now
+	granted bool   // ... and whether it must be granted
+
+	phase phase // the member's phase after the step
+}
+
+// TestMemberPhases walks a member through its phases with the store: unregistered (it
+// joins), registered (it renews, decides on its share, runs on its lease through an outage
+// in fail mode local until the lease and the grace end), unregistered again when the store
+// forgot it, and released.
+func TestMemberPhases(t *testing.T) {
+	l := lim(10, time.Second, 10)
+	cfg := MemberConfig{RenewEvery: 250 * time.Millisecond, Margin: 0, FailMode: backend.FailLocal}
+	m := NewMember("m", l, cfg, 0)
+	full := &Share{Rate: RateScale, Burst: 10}
+	var seq uint64
+	var inflight Request
+	steps := []memberStep{
+		{at: 0, allow: true, granted: false, phase: unregistered}, // no share yet
+		{at: 0, send: true, wantOp: OpJoin, phase: unregistered},
+		{at: 1 * ms, reply: full, phase: registered},
+		{at: 2 * ms, allow: true, granted: true, phase: registered},
+		{at: 3 * ms, noSend: true, phase: registered}, // renewals come a renewal interval later
+		{at: 250 * ms, send: true, wantOp: OpRenew, phase: registered},
+		{at: 251 * ms, failErr: backend.ErrUnavailable, phase: registered}, // the store is down
+		{at: 900 * ms, allow: true, granted: true, phase: registered},       // on the lease (TTL 1 s from the join, sent at 0)
+		{at: 1400 * ms, allow: true, granted: true, phase: registered},      // on the grace (500 ms)
+		{at: 1500 * ms, allow: true, granted: false, phase: registered},     // past both: fail mode local ends
+		{at: 1800 * ms, send: true, wantOp: OpRenew, phase: registered},
+		{at: 1801 * ms, failErr: ErrStaleEpoch, phase: unregistered}, // the store forgot it
+		{at: 1802 * ms, send: true, wantOp: OpJoin, phase: unregistered},
+		{at: 1803 * ms, reply: full, phase: registered},
+		{at: 1804 * ms, allow: true, granted: true, phase: registered},
+	}
+	for i, st := range steps {
+		now := st.at
+		switch {
+		case st.send, st.noSend:
+			req, ok := m.Request(now, 0)
+			if st.noSend {
+				if ok {
+					t.Fatalf("step %d at %v: request %v sent, want none", i, time.Duration(now), req.Op)
+				}
+				break
+			}
+			if !ok || req.Op != st.wantOp {
+				t.Fatalf("step %d at %v: request %v (sent %v), want %v", i, time.Duration(now), req.Op, ok, st.wantOp)
+			}
+			inflight = req
+		case st.reply != nil:
+			seq++
+			rep := Reply{Epoch: Epoch{Incarnation: 1, N: 1}, Sent: inflight.Sent, Nonce: inflight.Nonce,
+				TTL: int64(time.Second), Grace: int64(500 * time.Millisecond), Target: *st.reply, Live: 1, Version: seq}
+			rep.Lease.Seq, rep.Lease.Share = seq, *st.reply
+			rep.Fill = st.reply.Burst * l.T
+			m.Receive(now, inflight.Nonce, rep, nil)
+		case st.failErr != nil:
+			m.Receive(now, inflight.Nonce, Reply{}, st.failErr)
+		case st.allow:
+			got, _ := m.AllowOne(now)
+			if got != st.granted {
+				t.Fatalf("step %d at %v: allowed %v, want %v", i, time.Duration(now), got, st.granted)
+			}
+		}
+		if m.phase != st.phase {
+			t.Fatalf("step %d at %v: phase %v, want %v", i, time.Duration(now), m.phase, st.phase)
+		}
+	}
+	// Released: it hands its share back once, then sends nothing more and decides nothing.
+	if req, ok := m.Release(2 * sec); !ok || req.Op != OpRelease {
+		t.Fatalf("release: %+v %v", req, ok)
+	}
+	if m.phase != released {
+		t.Fatalf("phase %v after release", m.phase)
+	}
+	if _, ok := m.Request(3*sec, 0); ok {
+		t.Fatal("a released member sent a request")
+	}
+	if _, ok := m.Release(3 * sec); ok {
+		t.Fatal("released twice")
+	}
+	if got, _ := m.AllowOne(3 * sec); got {
+		t.Fatal("a released member granted a permit")
+	}
+}
+
+// TestMemberPresentsTheVersionItHolds: a member presents the newest version of the record
+// it has seen while it may still use a share leased from it, and nothing once that has
+// ended (so that a record deleted meanwhile as idle is not taken for one that was lost).
+func TestMemberPresentsTheVersionItHolds(t *testing.T) {
+	l := lim(10, time.Second, 10)
+	m := NewMember("m", l, MemberConfig{RenewEvery: 250 * time.Millisecond, FailMode: backend.FailClosed}, 0)
+	req, _ := m.Request(0, 0)
+	if req.Seen != 0 {
+		t.Fatalf("a new member presents version %d", req.Seen)
+	}
+	rep := Reply{Epoch: Epoch{Incarnation: 1, N: 1}, Sent: 0, Nonce: req.Nonce, TTL: int64(time.Second), Version: 41}
+	rep.Lease.Seq, rep.Lease.Share = 1, Share{Rate: RateScale, Burst: 10}
+	m.Receive(1*ms, req.Nonce, rep, nil)
+	req, _ = m.Request(250*ms, 0)
+	if req.Seen != 41 {
+		t.Fatalf("holding a share: presents %d, want 41", req.Seen)
+	}
+	m.Receive(251*ms, req.Nonce, Reply{}, backend.ErrUnavailable)
+	req, ok := m.Request(2*sec, 0) // the lease ended at 1 s (fail mode closed: no grace)
+	if !ok || req.Seen != 0 {
+		t.Fatalf("after the lease ended: presents %d (sent %v), want 0", req.Seen, ok)
+	}
+}

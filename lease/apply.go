@@ -1,0 +1,244 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/allot"
+)
+
+// ErrConflict: a request kept losing the compare-and-set on its record to other members'
+// writes, MaxAttempts times in a row. The member treats it as a failed request and tries
+// again at its next renewal.
+var ErrConflict = errors.New("sluice lease: too many conflicting writes")
+
+// MaxAttempts is how many times a batch is read, applied and written back before the
+// requests whose records keep changing under them get ErrConflict.
+const MaxAttempts = 8
+
+// call is one member's request about the record of key under limit.
+type call struct {
+	key   string
+	limit gcra.Limit
+	req   allot.Request
+}
+
+// result is the outcome of one call.
+type result struct {
+	rep allot.Reply
+	err error
+}
+
+// RecordID names the record of key under limit l in a store: the key between braces
+// (braces and backslashes in it escaped), so that a Redis Cluster keeps every limit of a
+// key in one slot, then the limit's emission interval and tolerance.
+func RecordID(key string, l gcra.Limit) string {
+	var b strings.Builder
+	b.Grow(len(key) + 32)
+	b.WriteByte('{')
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c == '{' || c == '}' || c == '\\' {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(key[i])
+	}
+	b.WriteString("}:")
+	b.WriteString(strconv.FormatInt(l.T, 10))
+	b.WriteByte(':')
+	b.WriteString(strconv.FormatInt(l.Tau, 10))
+	return b.String()
+}
+
+// applier applies members' requests to a Store: it reads the records a batch needs with
+// the store's time, runs the allocation (allot.State.Apply) on them, and writes back
+// every record whose version is unchanged; the requests on records that changed meanwhile
+// are tried again (read, apply, write), up to MaxAttempts, after a short jittered pause.
+//
+// Reading the time before writing is conservative: a lease granted at the time read
+// expires earlier than one timed at the write, and a lease or quarantine judged ended at
+// the time read has ended by the write.
+type applier struct {
+	store Store
+	cfg   Config // the settings of the records it makes
+
+	conflicts atomic.Int64 // writes that lost their compare-and-set
+	fences    atomic.Int64 // records made or found fenced (a lost or rewound record)
+}
+
+// group is the calls of one batch on one record.
+type group struct {
+	id    string
+	limit gcra.Limit
+	idx   []int // the calls', in order
+	done  bool
+}
+
+// apply applies calls and returns one result per call. A non-nil error means the outcome
+// of every call not yet written is unknown (the store was not reached); a call's own
+// failure (ErrStaleEpoch, ErrConflict, ErrBadRecord) is in its result.
+func (a *applier) apply(ctx context.Context, calls []call) ([]result, error) {
+	out := make([]result, len(calls))
+	var groups []*group
+	byID := map[string]*group{}
+	for i, c := range calls {
+		id := RecordID(c.key, c.limit)
+		g := byID[id]
+		if g == nil {
+			g = &group{id: id, limit: c.limit}
+			byID[id] = g
+			groups = append(groups, g)
+		}
+		g.idx = append(g.idx, i)
+	}
+	pending := groups
+	for attempt := 0; len(pending) > 0; attempt++ {
+		if attempt == MaxAttempts {
+			for _, g := range pending {
+				for _, i := range g.idx {
+					out[i] = result{err: fmt.Errorf("%w (%d attempts)", ErrConflict, MaxAttempts)}
+				}
+			}
+			break
+		}
+		if attempt > 0 {
+			// Jittered, growing: members that collided do not collide again in step.
+			d := time.Duration(rand.Int64N(int64(time.Millisecond) << min(attempt, 4)))
+			t := time.NewTimer(d)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil, ctx.Err()
+			case <-t.C:
+			}
+		}
+		var err error
+		if pending, err = a.attempt(ctx, calls, pending, out); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// attempt reads, applies and writes the pending groups once, and returns those whose
+// write lost its compare-and-set.
+func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, out []result) ([]*group, error) {
+	ids := make([]string, len(pending))
+	for i, g := range pending {
+		ids[i] = g.id
+	}
+	snap, err := a.store.Load(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	if len(snap.Records) != len(ids) {
+		return nil, fmt.Errorf("%w: the store read %d records of %d", ErrUnavailable, len(snap.Records), len(ids))
+	}
+	now := snap.Now
+	var writes []Write
+	var written []*group
+	staged := make([]result, len(calls))
+	for k, g := range pending {
+		rec := snap.Records[k]
+		st, err := a.state(g, rec, snap, calls)
+		if err != nil {
+			for _, i := range g.idx {
+				out[i] = result{err: err}
+			}
+			g.done = true
+			continue
+		}
+		for _, i := range g.idx {
+			rep, err := st.Apply(now, st.Cfg, calls[i].req)
+			staged[i] = result{rep: rep, err: err}
+		}
+		w := Write{ID: g.id, Version: rec.Version}
+		if st.Idle(now) {
+			if rec.Version == 0 {
+				// Nothing to keep: the answers stand as they are.
+				for _, i := range g.idx {
+					out[i] = staged[i]
+				}
+				g.done = true
+				continue
+			}
+		} else {
+			w.Data = allot.MarshalState(st)
+			w.Keep = time.Duration(max(st.QuietAt()-now, int64(time.Second)))
+		}
+		writes = append(writes, w)
+		written = append(written, g)
+	}
+	if len(writes) == 0 {
+		return nil, nil
+	}
+	vers, err := a.store.Swap(ctx, writes)
+	if err != nil {
+		return nil, err
+	}
+	if len(vers) != len(writes) {
+		return nil, fmt.Errorf("%w: the store answered %d writes of %d", ErrUnavailable, len(vers), len(writes))
+	}
+	var again []*group
+	for k, g := range written {
+		if vers[k] == 0 {
+			a.conflicts.Add(1)
+			again = append(again, g)
+			continue
+		}
+		for _, i := range g.idx {
+			out[i] = staged[i]
+			out[i].rep.Version = vers[k]
+		}
+	}
+	return again, nil
+}
+
+// state decodes a group's record, or makes it. A record is made fenced (the whole limit
+// counted as held until every lease granted before has ended: TTL + Grace) when it may
+// have held leases still in use: the store's incarnation is younger than that (it lost
+// its records), or a member has seen a version of the record (it existed). A record older
+// than a version a member has seen went back in time (a failover that lost writes, an old
+// copy restored): it is fenced too, and takes a new incarnation, so that registrations it
+// lost can never be mistaken for the ones it has.
+func (a *applier) state(g *group, rec Record, snap Snapshot, calls []call) (*allot.State, error) {
+	var seen uint64
+	for _, i := range g.idx {
+		seen = max(seen, calls[i].req.Seen)
+	}
+	now := snap.Now
+	if rec.Version == 0 {
+		cfg := a.cfg
+		fence := int64(0)
+		switch {
+		case seen > 0:
+			fence = cfg.FenceAfterRestart(now)
+		case snap.Since != minTime && now < cfg.FenceAfterRestart(snap.Since):
+			fence = cfg.FenceAfterRestart(snap.Since)
+		}
+		if fence != 0 {
+			a.fences.Add(1)
+		}
+		return allot.NewState(g.limit, allot.NewIncarnation(), now, fence, cfg)
+	}
+	st, err := allot.UnmarshalState(rec.Data)
+	if err != nil {
+		return nil, fmt.Errorf("record %s: %w", g.id, err)
+	}
+	if st.Limit != g.limit {
+		return nil, fmt.Errorf("%w: record %s holds limit %+v", ErrBadRecord, g.id, st.Limit)
+	}
+	if rec.Version < seen {
+		a.fences.Add(1)
+		st.Incarnation = allot.NewIncarnation()
+		st.Fence = max(st.Fence, st.Cfg.FenceAfterRestart(now))
+		st.Pool, st.PoolAt = 0, max(st.PoolAt, now) // its burst refills after the fence
+	}
+	return st, nil
+}
