@@ -42,9 +42,9 @@ func TestMemberPhases(t *testing.T) {
 		{at: 3 * ms, noSend: true, phase: registered}, // renewals come a renewal interval later
 		{at: 250 * ms, send: true, wantOp: OpRenew, phase: registered},
 		{at: 251 * ms, failErr: backend.ErrUnavailable, phase: registered}, // the store is down
-		{at: 900 * ms, allow: true, granted: true, phase: registered},       // on the lease (TTL 1 s from the join, sent at 0)
-		{at: 1400 * ms, allow: true, granted: true, phase: registered},      // on the grace (500 ms)
-		{at: 1500 * ms, allow: true, granted: false, phase: registered},     // past both: fail mode local ends
+		{at: 900 * ms, allow: true, granted: true, phase: registered},      // on the lease (TTL 1 s from the join, sent at 0)
+		{at: 1400 * ms, allow: true, granted: true, phase: registered},     // on the grace (500 ms)
+		{at: 1500 * ms, allow: true, granted: false, phase: registered},    // past both: fail mode local ends
 		{at: 1800 * ms, send: true, wantOp: OpRenew, phase: registered},
 		{at: 1801 * ms, failErr: ErrStaleEpoch, phase: unregistered}, // the store forgot it
 		{at: 1802 * ms, send: true, wantOp: OpJoin, phase: unregistered},
