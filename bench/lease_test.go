@@ -12,15 +12,20 @@ import (
 	"github.com/sluicehq/sluice/lease"
 )
 
-// countingStore counts the round trips members make to the store.
+// countingStore counts the store operations (reads and writes) members make.
 type countingStore struct {
 	lease.Store
 	trips atomic.Int64
 }
 
-func (c *countingStore) Apply(ctx context.Context, calls []lease.Call) ([]lease.Result, error) {
+func (c *countingStore) Load(ctx context.Context, ids []string) (lease.Snapshot, error) {
 	c.trips.Add(1)
-	return c.Store.Apply(ctx, calls)
+	return c.Store.Load(ctx, ids)
+}
+
+func (c *countingStore) Swap(ctx context.Context, ws []lease.Write) ([]uint64, error) {
+	c.trips.Add(1)
+	return c.Store.Swap(ctx, ws)
 }
 
 // newLeaseMember returns a limiter deciding on its lease of the limit from store, as a
@@ -45,13 +50,7 @@ func newLeaseMember(b *testing.B, store lease.Store, id string, limits sluice.Li
 	return l
 }
 
-func newMemStore(b *testing.B) *lease.MemStore {
-	st, err := lease.NewMemStore(lease.DefaultConfig(), nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return st
-}
+func newMemStore(b *testing.B) *lease.MemStore { return lease.NewMemStore(nil) }
 
 // BenchmarkLeaseAllowOneKey: Allow on one key from one goroutine, in lease mode (one member
 // holding the whole limit) against x/time/rate.
@@ -144,11 +143,7 @@ func BenchmarkLeaseStoreOps(b *testing.B) {
 // TestLeaseMemberDecidesAlone checks what the lease benchmarks assume: a member alone
 // holds the whole limit and decides it exactly as x/time/rate does.
 func TestLeaseMemberDecidesAlone(t *testing.T) {
-	st, err := lease.NewMemStore(lease.DefaultConfig(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	be, err := lease.New(st, lease.WithID("alone"))
+	be, err := lease.New(lease.NewMemStore(nil), lease.WithID("alone"))
 	if err != nil {
 		t.Fatal(err)
 	}
