@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/allot"
+	"github.com/sluicehq/sluice/internal/rkey"
 )
 
 // ErrConflict: a request kept losing the compare-and-set on its record to other members'
@@ -36,24 +36,11 @@ type result struct {
 	err error
 }
 
-// RecordID names the record of key under limit l in a store: the key between braces
-// (braces and backslashes in it escaped), so that a Redis Cluster keeps every limit of a
-// key in one slot, then the limit's emission interval and tolerance.
+// RecordID names the record of key under limit l in a store: the key as a Redis Cluster
+// hash tag (so that every limit of a key shares a slot), then the limit's emission
+// interval and tolerance.
 func RecordID(key string, l gcra.Limit) string {
-	var b strings.Builder
-	b.Grow(len(key) + 32)
-	b.WriteByte('{')
-	for i := 0; i < len(key); i++ {
-		if c := key[i]; c == '{' || c == '}' || c == '\\' {
-			b.WriteByte('\\')
-		}
-		b.WriteByte(key[i])
-	}
-	b.WriteString("}:")
-	b.WriteString(strconv.FormatInt(l.T, 10))
-	b.WriteByte(':')
-	b.WriteString(strconv.FormatInt(l.Tau, 10))
-	return b.String()
+	return rkey.Tag(key) + ":" + strconv.FormatInt(l.T, 10) + ":" + strconv.FormatInt(l.Tau, 10)
 }
 
 // applier applies members' requests to a Store: it reads the records a batch needs with

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/rkey"
 	"github.com/sluicehq/sluice/local"
 )
 
@@ -251,28 +251,7 @@ func Open(url string, opts ...Option) (*Backend, error) {
 // spread over slots. '\' and '}' in the key are escaped (as \\ and \]) and an empty key is
 // written \0, so the tag is never empty nor cut short, and distinct keys never share a name.
 func (b *Backend) KeyName(key string) string {
-	return b.prefix + "v" + strconv.Itoa(FormatVersion) + ":{" + escapeKey(key) + "}"
-}
-
-func escapeKey(k string) string {
-	if k == "" {
-		return `\0`
-	}
-	if !strings.ContainsAny(k, `\}`) {
-		return k
-	}
-	var sb strings.Builder
-	for i := 0; i < len(k); i++ {
-		switch k[i] {
-		case '\\':
-			sb.WriteString(`\\`)
-		case '}':
-			sb.WriteString(`\]`)
-		default:
-			sb.WriteByte(k[i])
-		}
-	}
-	return sb.String()
+	return b.prefix + "v" + strconv.Itoa(FormatVersion) + ":" + rkey.Tag(key)
 }
 
 // Stats counts the backend's troubles.
