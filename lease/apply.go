@@ -57,6 +57,15 @@ type applier struct {
 
 	conflicts atomic.Int64 // writes that lost their compare-and-set
 	fences    atomic.Int64 // records made or found fenced (a lost or rewound record)
+
+	newInc func() uint64 // tests only: deterministic incarnations (nil: allot.NewIncarnation)
+}
+
+func (a *applier) incarnation() uint64 {
+	if a.newInc != nil {
+		return a.newInc()
+	}
+	return allot.NewIncarnation()
 }
 
 // group is the calls of one batch on one record.
@@ -127,13 +136,16 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 	if len(snap.Records) != len(ids) {
 		return nil, fmt.Errorf("%w: the store read %d records of %d", ErrUnavailable, len(snap.Records), len(ids))
 	}
-	now := snap.Now
 	var writes []Write
 	var written []*group
 	staged := make([]result, len(calls))
 	for k, g := range pending {
 		rec := snap.Records[k]
-		st, err := a.state(g, rec, snap, calls)
+		now := snap.Now
+		if rec.Now != 0 {
+			now = rec.Now
+		}
+		st, err := a.state(g, rec, now, snap.Since, calls)
 		if err != nil {
 			for _, i := range g.idx {
 				out[i] = result{err: err}
@@ -194,25 +206,24 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 // than a version a member has seen went back in time (a failover that lost writes, an old
 // copy restored): it is fenced too, and takes a new incarnation, so that registrations it
 // lost can never be mistaken for the ones it has.
-func (a *applier) state(g *group, rec Record, snap Snapshot, calls []call) (*allot.State, error) {
+func (a *applier) state(g *group, rec Record, now, since int64, calls []call) (*allot.State, error) {
 	var seen uint64
 	for _, i := range g.idx {
 		seen = max(seen, calls[i].req.Seen)
 	}
-	now := snap.Now
 	if rec.Version == 0 {
 		cfg := a.cfg
 		fence := int64(0)
 		switch {
 		case seen > 0:
 			fence = cfg.FenceAfterRestart(now)
-		case snap.Since != minTime && now < cfg.FenceAfterRestart(snap.Since):
-			fence = cfg.FenceAfterRestart(snap.Since)
+		case since != minTime && now < cfg.FenceAfterRestart(since):
+			fence = cfg.FenceAfterRestart(since)
 		}
 		if fence != 0 {
 			a.fences.Add(1)
 		}
-		return allot.NewState(g.limit, allot.NewIncarnation(), now, fence, cfg)
+		return allot.NewState(g.limit, a.incarnation(), now, fence, cfg)
 	}
 	st, err := allot.UnmarshalState(rec.Data)
 	if err != nil {
@@ -223,7 +234,7 @@ func (a *applier) state(g *group, rec Record, snap Snapshot, calls []call) (*all
 	}
 	if rec.Version < seen {
 		a.fences.Add(1)
-		st.Incarnation = allot.NewIncarnation()
+		st.Incarnation = a.incarnation()
 		st.Fence = max(st.Fence, st.Cfg.FenceAfterRestart(now))
 		st.Pool, st.PoolAt = 0, max(st.PoolAt, now) // its burst refills after the fence
 	}

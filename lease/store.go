@@ -51,6 +51,9 @@ type Snapshot struct {
 type Record struct {
 	Data    []byte
 	Version uint64 // 0: the record does not exist
+	// Now, if not 0, is the clock of the server that holds this record, where a store is
+	// several servers (a Redis Cluster): the record's leases are timed on it.
+	Now int64
 }
 
 // Write is one compare-and-set.

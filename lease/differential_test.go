@@ -1,0 +1,193 @@
+package lease
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"reflect"
+	"strconv"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/allot"
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// side is one store with its applier and its copies of the members.
+type side struct {
+	name    string
+	store   Store
+	apply   *applier
+	members []*allot.Member
+	inc     uint64
+}
+
+// TestDifferentialRedisAndMemStore runs the same random sequences of joins, renewals,
+// releases, penalties, crashes, store restarts and rewound records (a failover that lost
+// writes) through the allocation on MemStore and on a real Redis, on the same virtual
+// clock, and demands the same replies, the same records, and the allocation's invariant
+// after every store operation. The Redis store reads the virtual time the test passes to
+// its scripts (microsecond steps).
+func TestDifferentialRedisAndMemStore(t *testing.T) {
+	srv := redistest.New(t)
+	client := goredis.NewClient(&goredis.Options{Addr: srv.Addr(), MaxRetries: -1, DisableIdentity: true})
+	defer client.Close()
+	seqs := 60
+	if s := os.Getenv("SLUICE_LEASE_DIFF_SEQS"); s != "" {
+		seqs, _ = strconv.Atoi(s)
+	}
+	ops := 0
+	for seq := range seqs {
+		ops += differentialSequence(t, client, uint64(seq))
+	}
+	t.Logf("%d sequences, %d store operations, identical", seqs, ops)
+}
+
+func differentialSequence(t *testing.T, client *goredis.Client, seed uint64) int {
+	t.Helper()
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(seed, 7))
+	clk := clock.NewVirtual()
+	clk.Set(int64(rng.IntN(1000)) * int64(time.Second))
+	cfg := DefaultConfig()
+	cfg.JoinWindow = time.Duration(rng.IntN(2)) * 50 * time.Millisecond
+	if rng.IntN(3) == 0 {
+		cfg.Policy = Equal
+	}
+	client.FlushAll(ctx)
+	mem := NewMemStore(clk)
+	mem.since = clk.Now().UnixNano() // as a Redis seen for the first time: its meta key is made now
+	red := NewRedisStore(client, WithRedisPrefix(fmt.Sprintf("diff%d:", seed)), withRedisNow(func() int64 { return clk.Now().UnixNano() }))
+	if _, err := red.Load(ctx, nil); err != nil { // its meta key is made now, when mem's incarnation begins
+		t.Fatal(err)
+	}
+	sides := []*side{{name: "memory", store: mem}, {name: "redis", store: red}}
+	for _, s := range sides {
+		s.apply = &applier{store: s.store, cfg: cfg}
+		s.apply.newInc = func() uint64 { s.inc++; return s.inc }
+	}
+	rate := int64(1 + rng.IntN(200))
+	l := gcra.Limit{T: int64(time.Second) / rate, Tau: int64(1+rng.IntN(20)) * (int64(time.Second) / rate)}
+	mcfg := allot.MemberConfig{RenewEvery: 100 * time.Millisecond, Margin: 5 * time.Millisecond}
+	const members = 4
+	for _, s := range sides {
+		for i := range members {
+			s.members = append(s.members, allot.NewMember(fmt.Sprint("m", i), l, mcfg, clk.Nanotime()))
+		}
+	}
+	id := RecordID("k", l)
+	var saved [2]Record
+	var dump string
+	steps, ops := 20+rng.IntN(60), 0
+	for step := range steps {
+		clk.Advance(time.Duration(rng.IntN(200)) * time.Millisecond / 4) // microsecond-aligned
+		now := clk.Nanotime()
+		fail := func(format string, a ...any) {
+			t.Fatalf("seed %d step %d (limit %+v, %+v): %s", seed, step, l, cfg, fmt.Sprintf(format, a...))
+		}
+		switch r := rng.IntN(20); {
+		case r == 0: // the store restarts empty
+			mem.Restart()
+			client.FlushAll(ctx)
+			red.Load(ctx, nil) // Redis begins its new incarnation at its next read: now
+			continue
+		case r == 1: // remember the record, to put it back later
+			snap, err := mem.Load(ctx, []string{id})
+			if err != nil {
+				fail("%v", err)
+			}
+			saved[0] = snap.Records[0]
+			dump, _ = client.Dump(ctx, red.prefix+id).Result()
+			continue
+		case r == 2 && saved[0].Version != 0 && dump != "": // a failover that lost the writes since
+			mem.Rewind(id, saved[0])
+			if err := client.RestoreReplace(ctx, red.prefix+id, 0, dump).Err(); err != nil {
+				fail("restore: %v", err)
+			}
+			continue
+		case r == 3: // a member crashes: a new one takes its name
+			i := rng.IntN(members)
+			for _, s := range sides {
+				s.members[i] = allot.NewMember(fmt.Sprint("m", i), l, mcfg, now)
+			}
+			continue
+		}
+		i := rng.IntN(members)
+		var reqs [2]allot.Request
+		sent := false
+		for k, s := range sides {
+			m := s.members[i]
+			rs := rand.New(rand.NewPCG(seed, uint64(step)<<8|1)) // the same choices on both sides
+			// Some demand, so that shares move.
+			for range rs.IntN(3) {
+				m.AllowOne(now)
+			}
+			switch r := rs.IntN(10); {
+			case r == 0:
+				reqs[k], sent = m.PenalizeRequest(now, now+int64(rs.IntN(2000))*int64(time.Millisecond)), true
+			case r == 1 && !m.Inflight():
+				var ok bool
+				if reqs[k], ok = m.Release(now); ok {
+					sent = true
+				}
+				s.members[i] = allot.NewMember(fmt.Sprint("m", i), l, mcfg, now)
+			default:
+				var ok bool
+				reqs[k], ok = m.Request(now, int64(50*time.Millisecond))
+				sent = sent || ok
+			}
+		}
+		if !sent {
+			continue
+		}
+		if reqs[0] != withSeen(reqs[1], reqs[0].Seen) {
+			fail("the members asked differently:\n%+v\n%+v", reqs[0], reqs[1])
+		}
+		var reps [2]allot.Reply
+		var errs [2]error
+		for k, s := range sides {
+			res, err := s.apply.apply(ctx, []call{{key: "k", limit: l, req: reqs[k]}})
+			ops++
+			if err != nil {
+				fail("%s: %v", s.name, err)
+			}
+			reps[k], errs[k] = res[0].rep, res[0].err
+			if reqs[k].Op != allot.OpRelease && reqs[k].Op != allot.OpPenalize {
+				s.members[i].Receive(clk.Nanotime(), reqs[k].Nonce, reps[k], errs[k])
+			}
+		}
+		if (errs[0] == nil) != (errs[1] == nil) || withVersion(reps[0], 0) != withVersion(reps[1], 0) {
+			fail("replies differ:\n memory %+v %v\n redis  %+v %v", reps[0], errs[0], reps[1], errs[1])
+		}
+		var states [2]*allot.State
+		for k, s := range sides {
+			snap, err := s.store.Load(ctx, []string{id})
+			if err != nil {
+				fail("%v", err)
+			}
+			if snap.Records[0].Version == 0 {
+				continue
+			}
+			st, err := allot.UnmarshalState(snap.Records[0].Data)
+			if err != nil {
+				fail("%s: %v", s.name, err)
+			}
+			if err := st.Check(snap.Now); err != nil {
+				fail("%s: invariant: %v", s.name, err)
+			}
+			states[k] = st
+		}
+		if !reflect.DeepEqual(states[0], states[1]) {
+			fail("records differ:\n memory %+v\n redis  %+v", states[0], states[1])
+		}
+	}
+	return ops
+}
+
+func withSeen(r allot.Request, seen uint64) allot.Request { r.Seen = seen; return r }
+func withVersion(r allot.Reply, v uint64) allot.Reply     { r.Version = v; return r }

@@ -1,0 +1,165 @@
+// Package leasetest is the conformance suite of lease.Store: every store (MemStore,
+// RedisStore, and any a user writes) must pass it. It checks the contract the allocation
+// relies on: records read with the store's time, compare-and-set per record, deletion,
+// versions that never decrease, and an incarnation that begins when the store loses
+// everything.
+package leasetest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/lease"
+)
+
+// Factory makes an empty store for one test. wipe, if not nil, makes the store lose
+// every record as a restart without persistence does (the suite then checks Since).
+type Factory func(t *testing.T) (s lease.Store, wipe func())
+
+// Run runs the suite.
+func Run(t *testing.T, f Factory) {
+	ctx := context.Background()
+	n := 0
+	id := func(name string) string { n++; return fmt.Sprintf("{suite-%s-%d-%d}:1:1", name, time.Now().UnixNano(), n) }
+	load := func(t *testing.T, s lease.Store, ids ...string) lease.Snapshot {
+		t.Helper()
+		snap, err := s.Load(ctx, ids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(snap.Records) != len(ids) {
+			t.Fatalf("Load of %d records read %d", len(ids), len(snap.Records))
+		}
+		return snap
+	}
+	swap := func(t *testing.T, s lease.Store, ws ...lease.Write) []uint64 {
+		t.Helper()
+		vs, err := s.Swap(ctx, ws)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(vs) != len(ws) {
+			t.Fatalf("Swap of %d writes answered %d versions", len(ws), len(vs))
+		}
+		return vs
+	}
+
+	t.Run("MissingRecordsAndTime", func(t *testing.T) {
+		s, _ := f(t)
+		a, b := id("a"), id("b")
+		snap := load(t, s, a, b)
+		for i, r := range snap.Records {
+			if r.Version != 0 || len(r.Data) != 0 {
+				t.Errorf("record %d of a new store: %+v", i, r)
+			}
+		}
+		if snap.Now <= 0 || snap.Since > snap.Now {
+			t.Errorf("now %d since %d", snap.Now, snap.Since)
+		}
+	})
+
+	t.Run("CompareAndSet", func(t *testing.T) {
+		s, _ := f(t)
+		a := id("cas")
+		v1 := swap(t, s, lease.Write{ID: a, Data: []byte("one"), Keep: time.Minute})[0]
+		if v1 == 0 {
+			t.Fatal("creating a missing record with version 0 failed")
+		}
+		if v := swap(t, s, lease.Write{ID: a, Data: []byte("again"), Keep: time.Minute})[0]; v != 0 {
+			t.Fatal("creating an existing record succeeded")
+		}
+		r := load(t, s, a).Records[0]
+		if r.Version != v1 || string(r.Data) != "one" {
+			t.Fatalf("read %+v, want version %d data one", r, v1)
+		}
+		v2 := swap(t, s, lease.Write{ID: a, Data: []byte("two \x00 bytes"), Version: v1, Keep: time.Minute})[0]
+		if v2 <= v1 {
+			t.Fatalf("an update gave version %d after %d", v2, v1)
+		}
+		if v := swap(t, s, lease.Write{ID: a, Data: []byte("stale"), Version: v1, Keep: time.Minute})[0]; v != 0 {
+			t.Fatal("a write with a stale version succeeded")
+		}
+		if r := load(t, s, a).Records[0]; r.Version != v2 || !bytes.Equal(r.Data, []byte("two \x00 bytes")) {
+			t.Fatalf("read %+v after the update", r)
+		}
+	})
+
+	t.Run("DeleteAndVersionsNeverDecrease", func(t *testing.T) {
+		s, _ := f(t)
+		a := id("del")
+		v1 := swap(t, s, lease.Write{ID: a, Data: []byte("x"), Keep: time.Minute})[0]
+		vd := swap(t, s, lease.Write{ID: a, Version: v1})[0]
+		if vd == 0 {
+			t.Fatal("deleting with the right version failed")
+		}
+		if r := load(t, s, a).Records[0]; r.Version != 0 {
+			t.Fatalf("a deleted record read %+v", r)
+		}
+		v3 := swap(t, s, lease.Write{ID: a, Data: []byte("y"), Keep: time.Minute})[0]
+		if v3 <= v1 {
+			t.Fatalf("a record made again got version %d, not above %d", v3, v1)
+		}
+	})
+
+	t.Run("PerRecordInABatch", func(t *testing.T) {
+		s, _ := f(t)
+		a, b, c := id("ba"), id("bb"), id("bc")
+		v := swap(t, s, lease.Write{ID: a, Data: []byte("a"), Keep: time.Minute}, lease.Write{ID: b, Data: []byte("b"), Keep: time.Minute})
+		vs := swap(t, s,
+			lease.Write{ID: a, Data: []byte("a2"), Version: v[0], Keep: time.Minute},
+			lease.Write{ID: b, Data: []byte("b2"), Version: v[1] + 1000, Keep: time.Minute}, // stale
+			lease.Write{ID: c, Data: []byte("c"), Keep: time.Minute})
+		if vs[0] == 0 || vs[1] != 0 || vs[2] == 0 {
+			t.Fatalf("versions %v: want the first and last written, the middle refused", vs)
+		}
+		snap := load(t, s, a, b, c)
+		if string(snap.Records[0].Data) != "a2" || string(snap.Records[1].Data) != "b" || string(snap.Records[2].Data) != "c" {
+			t.Fatalf("read %q %q %q", snap.Records[0].Data, snap.Records[1].Data, snap.Records[2].Data)
+		}
+	})
+
+	t.Run("OneWinnerPerVersion", func(t *testing.T) {
+		s, _ := f(t)
+		a := id("race")
+		v0 := swap(t, s, lease.Write{ID: a, Data: []byte("0"), Keep: time.Minute})[0]
+		var wg sync.WaitGroup
+		wins := make(chan uint64, 16)
+		for i := range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				vs, err := s.Swap(ctx, []lease.Write{{ID: a, Data: []byte(fmt.Sprint(i)), Version: v0, Keep: time.Minute}})
+				if err == nil && vs[0] != 0 {
+					wins <- vs[0]
+				}
+			}()
+		}
+		wg.Wait()
+		close(wins)
+		if n := len(wins); n != 1 {
+			t.Fatalf("%d writers won the same version", n)
+		}
+	})
+
+	t.Run("IncarnationAfterAWipe", func(t *testing.T) {
+		s, wipe := f(t)
+		if wipe == nil {
+			t.Skip("the factory cannot wipe this store")
+		}
+		a := id("wipe")
+		swap(t, s, lease.Write{ID: a, Data: []byte("x"), Keep: time.Minute})
+		before := load(t, s, a)
+		wipe()
+		after := load(t, s, a)
+		if after.Records[0].Version != 0 {
+			t.Fatalf("a record survived the wipe: %+v", after.Records[0])
+		}
+		if after.Since < before.Now || after.Since > after.Now {
+			t.Fatalf("since %d after a wipe between %d and %d: the store did not begin a new incarnation", after.Since, before.Now, after.Now)
+		}
+	})
+}

@@ -1,0 +1,46 @@
+-- Sluice lease mode: read records with the store's time (lease.RedisStore.Load).
+--
+-- KEYS     the records, then, unless ARGV[2] is 'c', the store's meta key.
+-- ARGV[1]  '' to read Redis TIME, or "s us": a virtual now (tests only).
+-- ARGV[2]  'm': with the meta key (one Redis, or a Sentinel pair); 'c': without (a
+--          Redis Cluster, where one call reaches one node).
+-- Reply    {now_s, now_us, since_s, since_us, version1, data1, version2, data2, ...}: the
+--          store's time; when its current incarnation began (the meta key's creation,
+--          made now if it is missing: a store that lost every key, or is used for the
+--          first time; -1 -1 without a meta key); each record's version (as text, '0'
+--          if missing) and data ('' if missing).
+-- A record's value is "VERSION DATA".
+local s, us
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  s, us = tonumber(t[1]), tonumber(t[2])
+else
+  local a, b = string.match(ARGV[1], '^(%d+) (%d+)$')
+  s, us = tonumber(a), tonumber(b)
+end
+local n = #KEYS
+local out = {s, us, -1, -1}
+if ARGV[2] == 'm' then
+  local meta = KEYS[n]
+  n = n - 1
+  local v = redis.call('GET', meta)
+  if v then
+    local a, b = string.match(v, '^(%d+) (%d+)$')
+    out[3], out[4] = tonumber(a), tonumber(b)
+  else
+    redis.call('SET', meta, string.format('%d %d', s, us))
+    out[3], out[4] = s, us
+  end
+end
+for i = 1, n do
+  local v = redis.call('GET', KEYS[i])
+  if v then
+    local sp = string.find(v, ' ', 1, true)
+    out[#out + 1] = string.sub(v, 1, sp - 1)
+    out[#out + 1] = string.sub(v, sp + 1)
+  else
+    out[#out + 1] = '0'
+    out[#out + 1] = ''
+  end
+end
+return out

@@ -1,0 +1,309 @@
+package lease
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/backend"
+)
+
+//go:embed load.lua
+var loadSource string
+
+//go:embed swap.lua
+var swapSource string
+
+var (
+	loadScript = goredis.NewScript(loadSource)
+	swapScript = goredis.NewScript(swapSource)
+)
+
+// RedisStore keeps the lease records in Redis: each record under its own key (a string
+// "VERSION DATA"), read with Redis' clock (TIME) by one script and written by
+// compare-and-set by another, so that a batch of renewals is two round trips whatever
+// its number of keys. It works with a single Redis, a Sentinel failover client and a
+// Redis Cluster (a record's key carries its limit's key as a hash tag; a batch becomes
+// one script call per record, pipelined, in the same two round trips).
+//
+// With a single Redis (or Sentinel) the store keeps a meta key that it makes at its
+// first use: a Redis that restarted empty or was flushed has lost it, so records made
+// within TTL + Grace of that are fenced (leases granted before may still be in use). A
+// Redis Cluster cannot read one such key atomically with records on other nodes, so there
+// every record made is fenced. Records are kept while they count any lease (Write.Keep),
+// then expire. Redis must not evict them: use maxmemory-policy noeviction (the default)
+// or a volatile-* policy with room to spare (see docs/lease.md).
+//
+// It is safe for concurrent use: the members of a process share one RedisStore (and its
+// client's connection pool).
+type RedisStore struct {
+	client  goredis.UniversalClient
+	prefix  string
+	cluster bool
+	now     func() int64 // tests only: a virtual now, Unix nanoseconds (microsecond steps)
+	// assumeFresh (tests only) answers Since as a store that knows no lease was granted
+	// before, as a new MemStore does.
+	assumeFresh bool
+
+	loads, swaps atomic.Int64
+	bytesIn      atomic.Int64
+	bytesOut     atomic.Int64
+}
+
+var _ Store = (*RedisStore)(nil)
+
+// RedisOption configures a RedisStore.
+type RedisOption interface{ applyRedis(*RedisStore) }
+
+type redisOptionFunc func(*RedisStore)
+
+func (f redisOptionFunc) applyRedis(s *RedisStore) { f(s) }
+
+// WithRedisPrefix sets the prefix of every key the store writes (default "sluice:lease:").
+func WithRedisPrefix(p string) RedisOption {
+	return redisOptionFunc(func(s *RedisStore) { s.prefix = p })
+}
+
+// withRedisNow makes the scripts use a virtual now instead of Redis TIME: tests only.
+func withRedisNow(now func() int64) RedisOption {
+	return redisOptionFunc(func(s *RedisStore) { s.now = now })
+}
+
+// NewRedisStore returns a store on the caller's go-redis client: a *redis.Client, a
+// failover (Sentinel) client or a *redis.ClusterClient. The caller keeps the client and
+// closes it. Bound its commands with time-outs (the member's store time-out bounds each
+// call too).
+func NewRedisStore(client goredis.UniversalClient, opts ...RedisOption) *RedisStore {
+	s := &RedisStore{client: client, prefix: "sluice:lease:"}
+	_, s.cluster = client.(*goredis.ClusterClient)
+	for _, o := range opts {
+		o.applyRedis(s)
+	}
+	return s
+}
+
+// Ops returns how many Load and Swap calls the store made.
+func (s *RedisStore) Ops() (loads, swaps int64) { return s.loads.Load(), s.swaps.Load() }
+
+// Bytes returns how many bytes of records the store read and wrote.
+func (s *RedisStore) Bytes() (read, written int64) { return s.bytesIn.Load(), s.bytesOut.Load() }
+
+// Ping reports whether Redis answers (backend.Pinger, for the daemon's /readyz).
+func (s *RedisStore) Ping(ctx context.Context) error {
+	if err := s.client.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("%w: lease store: %w", ErrUnavailable, err)
+	}
+	return nil
+}
+
+func (s *RedisStore) nowArg() string {
+	if s.now == nil {
+		return ""
+	}
+	us := s.now() / 1000
+	return strconv.FormatInt(us/1e6, 10) + " " + strconv.FormatInt(us%1e6, 10)
+}
+
+// Load reads records (see Store).
+func (s *RedisStore) Load(ctx context.Context, ids []string) (Snapshot, error) {
+	s.loads.Add(1)
+	now := s.nowArg()
+	var cmds []*goredis.Cmd
+	keysOf := func(ids []string, meta bool) []string {
+		keys := make([]string, 0, len(ids)+1)
+		for _, id := range ids {
+			keys = append(keys, s.prefix+id)
+		}
+		if meta {
+			keys = append(keys, s.prefix+"meta")
+		}
+		return keys
+	}
+	err := s.run(ctx, loadScript, func(p goredis.Pipeliner) {
+		cmds = cmds[:0]
+		if !s.cluster {
+			cmds = append(cmds, loadScript.EvalSha(ctx, p, keysOf(ids, true), now, "m"))
+			return
+		}
+		for _, id := range ids {
+			cmds = append(cmds, loadScript.EvalSha(ctx, p, keysOf([]string{id}, false), now, "c"))
+		}
+	})
+	if err != nil {
+		return Snapshot{}, err
+	}
+	snap := Snapshot{Records: make([]Record, 0, len(ids))}
+	for k, c := range cmds {
+		arr, err := c.Slice()
+		if err != nil {
+			return Snapshot{}, s.failed(err)
+		}
+		want := 4 + 2*len(ids)
+		if s.cluster {
+			want = 6
+		}
+		if len(arr) != want {
+			return Snapshot{}, fmt.Errorf("%w: lease store: a read of %d values", ErrUnavailable, len(arr))
+		}
+		recNow, ok1 := usTime(arr[0], arr[1])
+		since, ok2 := usTime(arr[2], arr[3])
+		if !ok1 || !ok2 {
+			return Snapshot{}, fmt.Errorf("%w: lease store: unreadable time %v", ErrUnavailable, arr[:4])
+		}
+		if k == 0 || recNow < snap.Now {
+			snap.Now = recNow // a cluster's nodes: the earliest clock
+		}
+		snap.Since = since
+		for i := 4; i < len(arr); i += 2 {
+			vs, _ := arr[i].(string)
+			data, _ := arr[i+1].(string)
+			v, err := strconv.ParseUint(vs, 10, 64)
+			if err != nil {
+				return Snapshot{}, fmt.Errorf("%w: lease store: version %q", ErrBadRecord, vs)
+			}
+			r := Record{Version: v}
+			if v != 0 {
+				r.Data = []byte(data)
+				s.bytesIn.Add(int64(len(data)))
+			}
+			if s.cluster {
+				r.Now = recNow
+			}
+			snap.Records = append(snap.Records, r)
+		}
+	}
+	if s.cluster {
+		snap.Since = snap.Now
+	}
+	if s.assumeFresh {
+		snap.Since = minTime
+	}
+	return snap, nil
+}
+
+// Swap writes records (see Store).
+func (s *RedisStore) Swap(ctx context.Context, writes []Write) ([]uint64, error) {
+	s.swaps.Add(1)
+	now := s.nowArg()
+	var cmds []*goredis.Cmd
+	args := func(ws []Write) []any {
+		a := make([]any, 0, 1+3*len(ws))
+		a = append(a, now)
+		for _, w := range ws {
+			keep := max(w.Keep.Milliseconds(), 1000)
+			a = append(a, strconv.FormatUint(w.Version, 10), w.Data, keep)
+			s.bytesOut.Add(int64(len(w.Data)))
+		}
+		return a
+	}
+	err := s.run(ctx, swapScript, func(p goredis.Pipeliner) {
+		cmds = cmds[:0]
+		if !s.cluster {
+			keys := make([]string, len(writes))
+			for i, w := range writes {
+				keys[i] = s.prefix + w.ID
+			}
+			cmds = append(cmds, swapScript.EvalSha(ctx, p, keys, args(writes)...))
+			return
+		}
+		for i := range writes {
+			cmds = append(cmds, swapScript.EvalSha(ctx, p, []string{s.prefix + writes[i].ID}, args(writes[i:i+1])...))
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]uint64, 0, len(writes))
+	for _, c := range cmds {
+		arr, err := c.StringSlice()
+		if err != nil {
+			return nil, s.failed(err)
+		}
+		for _, vs := range arr {
+			v, err := strconv.ParseUint(vs, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("%w: lease store: version %q", ErrUnavailable, vs)
+			}
+			out = append(out, v)
+		}
+	}
+	if len(out) != len(writes) {
+		return nil, fmt.Errorf("%w: lease store: %d versions for %d writes", ErrUnavailable, len(out), len(writes))
+	}
+	return out, nil
+}
+
+// run sends the commands fill adds to a pipeline, loading the script first if Redis does
+// not know it (a restarted Redis, a new node) and sending them again.
+func (s *RedisStore) run(ctx context.Context, script *goredis.Script, fill func(goredis.Pipeliner)) error {
+	for attempt := 0; ; attempt++ {
+		p := s.client.Pipeline()
+		fill(p)
+		_, err := p.Exec(ctx)
+		if err == nil {
+			return nil
+		}
+		if attempt == 0 && isNoScript(err) {
+			if lerr := s.loadScripts(ctx); lerr != nil {
+				return s.failed(lerr)
+			}
+			continue
+		}
+		return s.failed(err)
+	}
+}
+
+// loadScripts loads both scripts, on every master of a cluster.
+func (s *RedisStore) loadScripts(ctx context.Context) error {
+	load := func(ctx context.Context, c *goredis.Client) error {
+		for _, sc := range []*goredis.Script{loadScript, swapScript} {
+			if err := sc.Load(ctx, c).Err(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	switch c := s.client.(type) {
+	case *goredis.ClusterClient:
+		return c.ForEachMaster(ctx, load)
+	default:
+		for _, sc := range []*goredis.Script{loadScript, swapScript} {
+			if err := sc.Load(ctx, s.client).Err(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+func isNoScript(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }
+
+// failed wraps a failure to get an answer from Redis (a connection error, a time-out, a
+// Redis loading or without a master, a reply it could not give) in ErrUnavailable: the
+// members answer it by their fail mode. One the caller's context caused stays as it is.
+func (s *RedisStore) failed(err error) error {
+	if errors.Is(err, context.Canceled) {
+		return err
+	}
+	return fmt.Errorf("%w: lease store: %w", backend.ErrUnavailable, err)
+}
+
+// usTime reads a time from Redis' seconds and microseconds, as Unix nanoseconds; -1 -1
+// is the earliest time.
+func usTime(a, b any) (int64, bool) {
+	s, ok1 := a.(int64)
+	us, ok2 := b.(int64)
+	if !ok1 || !ok2 {
+		return 0, false
+	}
+	if s < 0 {
+		return minTime, true
+	}
+	return s*1e9 + us*1e3, true
+}

@@ -1,0 +1,82 @@
+package lease_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/backend/backendtest"
+	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/lease/leasetest"
+)
+
+var prefixes atomic.Int64
+
+// redisClient returns a client of srv for the test, closed after it.
+func redisClient(t testing.TB, srv *redistest.Server) *goredis.Client {
+	t.Helper()
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr(), MaxRetries: -1, DialTimeout: time.Second,
+		ReadTimeout: time.Second, WriteTimeout: time.Second, ContextTimeoutEnabled: true, DisableIdentity: true})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// testPrefix gives each store of a test run its own keys in a shared Redis.
+func testPrefix() lease.RedisOption {
+	return lease.WithRedisPrefix(fmt.Sprintf("test%d:", prefixes.Add(1)))
+}
+
+func TestRedisStoreConformance(t *testing.T) {
+	srv := redistest.New(t)
+	client := redisClient(t, srv)
+	leasetest.Run(t, func(t *testing.T) (lease.Store, func()) {
+		return lease.NewRedisStore(client, testPrefix()), func() { client.FlushAll(context.Background()) }
+	})
+}
+
+func TestRedisClusterStoreConformance(t *testing.T) {
+	cl := redistest.NewCluster(t)
+	client := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs(), DisableIdentity: true})
+	t.Cleanup(func() { client.Close() })
+	leasetest.Run(t, func(t *testing.T) (lease.Store, func()) {
+		return lease.NewRedisStore(client, testPrefix()), func() {
+			client.ForEachMaster(context.Background(), func(ctx context.Context, c *goredis.Client) error { return c.FlushAll(ctx).Err() })
+		}
+	})
+}
+
+func TestMemStoreConformance(t *testing.T) {
+	leasetest.Run(t, func(t *testing.T) (lease.Store, func()) {
+		clk := clock.NewVirtual()
+		s := lease.NewMemStore(clk)
+		return s, s.Restart
+	})
+}
+
+// TestConformanceOnRedis: the lease mode through a real Redis decides as the local
+// backend does for one member holding the whole limit (virtual time, passed to the
+// scripts).
+func TestConformanceOnRedis(t *testing.T) {
+	srv := redistest.New(t)
+	client := redisClient(t, srv)
+	factory := func(t *testing.T, clk *clock.Virtual) backend.Backend {
+		c := lease.DefaultConfig()
+		c.TTL = time.Hour
+		c.JoinWindow = 0
+		st := lease.NewRedisStore(client, testPrefix(), lease.WithRedisNow(func() int64 { return clk.Now().UnixNano() }))
+		lease.AssumeFresh(st)
+		b, err := lease.New(st, lease.WithConfig(c), lease.WithClock(clk), lease.WithRenewEvery(10*time.Minute), lease.WithIdleAfter(time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	backendtest.Run(t, factory)
+}
