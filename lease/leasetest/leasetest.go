@@ -24,7 +24,10 @@ type Factory func(t *testing.T) (s lease.Store, wipe func())
 func Run(t *testing.T, f Factory) {
 	ctx := context.Background()
 	n := 0
-	id := func(name string) string { n++; return fmt.Sprintf("{suite-%s-%d-%d}:1:1", name, time.Now().UnixNano(), n) }
+	id := func(name string) string {
+		n++
+		return fmt.Sprintf("{suite-%s-%d-%d}:1:1", name, time.Now().UnixNano(), n)
+	}
 	load := func(t *testing.T, s lease.Store, ids ...string) lease.Snapshot {
 		t.Helper()
 		snap, err := s.Load(ctx, ids)
