@@ -190,3 +190,33 @@ func (s *MemStore) Len() int {
 	defer s.mu.Unlock()
 	return len(s.records)
 }
+
+// WaitUnfenced waits until records that store makes are no longer fenced for the youth of
+// its incarnation: TTL + Grace (cfg's) after it began, on the store's clock. A store seen
+// for the first time (a Redis that was just started, or flushed) cannot tell that no lease
+// was granted from it before, so it fences every record it makes for that long; a process
+// that starts a workload on a new store can wait here first. It returns at once for a
+// store that knows it is fresh (a new MemStore) or whose incarnation is old enough, and
+// waits at most TTL + Grace otherwise (a Redis Cluster, which fences every record it
+// makes, included).
+func WaitUnfenced(ctx context.Context, store Store, cfg Config) error {
+	snap, err := store.Load(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if snap.Since == minTime {
+		return nil
+	}
+	wait := time.Duration(cfg.FenceAfterRestart(snap.Since) - snap.Now)
+	if wait <= 0 {
+		return nil
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -24,11 +24,12 @@ func init() {
 }
 
 func runDemo(ctx context.Context, env Env, args []string) error {
-	fs := newFlags(env, "demo", "demo [--mode local|redis|lease] [--redis-url redis://HOST:PORT] [--limit '20/s burst=10'] [--workers 8] [--duration 10s] [--json]")
+	fs := newFlags(env, "demo", "demo [--mode local|redis|lease] [--redis-url redis://HOST:PORT] [--store URL] [--limit '20/s burst=10'] [--workers 8] [--duration 10s] [--json]")
 	limits := sluice.MustParse("20/s burst=10")
 	fs.TextVar(&limits, "limit", limits, "the API's `limit`, enforced by the referee and obeyed by the pool (e.g. '1/6s', '100/s burst=20; 4500/h')")
 	mode := fs.String("mode", "local", "where decisions are made: `local` (one limiter for the pool), redis (in the Redis at --redis-url) or lease (each worker a member deciding on its share, leased from an in-memory store)")
-	redisURL := fs.String("redis-url", "redis://127.0.0.1:6379", "redis mode: the `url` of the Redis that decides (redis://[user:pass@]host:port[/db])")
+	redisURL := fs.String("redis-url", "redis://127.0.0.1:6379", "redis mode: the `url` of the Redis that decides (redis://[user:pass@]host:port[/db]); lease mode: the Redis the members lease through, when given")
+	storeURL := fs.String("store", "", "lease mode: the `url` of the store the members lease through: memory:// (the default) or redis://HOST:PORT")
 	redisTimeout := fs.Duration("redis-timeout", sredis.DefaultTimeout, "redis mode: the longest wait for Redis before the fail mode answers")
 	failMode := fs.String("fail-mode", "closed", "redis mode: what answers while Redis is unreachable: `closed` (deny), open (allow) or local (a local limiter at --fallback-share of the limit)")
 	share := fs.Float64("fallback-share", 1, "redis mode with --fail-mode local: this process' `share` of the limit while Redis is unreachable (0 to 1)")
@@ -57,6 +58,17 @@ func runDemo(ctx context.Context, env Env, args []string) error {
 	case "lease":
 		cfg.LeaseMember = lease.DefaultMemberConfig()
 		cfg.LeaseMember.RenewEvery = *leaseRenew
+		url := *storeURL
+		if url == "" && flagSet(fs, "redis-url") {
+			url = *redisURL
+		}
+		st, closeStore, err := openLeaseStore(url, fmt.Sprintf("sluice:demo:%d:", time.Now().UnixNano()))
+		if err != nil {
+			return err
+		}
+		defer closeStore()
+		cfg.LeaseStore = st
+		cfg.Log = func(s string) { fmt.Fprintln(env.Stderr, "sluice demo:", s) }
 	case "redis":
 		nl, err := redisLimiter(*redisURL, *redisTimeout, *failMode, *share)
 		if err != nil {
@@ -88,13 +100,14 @@ func runDemo(ctx context.Context, env Env, args []string) error {
 }
 
 // demoLeaseRenew is the demo's lease renewal interval: shares follow demand at renewals,
-// and the demo's workers switch on and off every second or so. Measured on the 8 s demo
-// (`--lease-renew`): at 250ms (the library's default, 16 runs) utilization 0.888 to 0.935
-// and Jain 0.966 to 0.993, with Jain below 0.95 in some runs on a loaded machine; at 100ms
-// (46 runs, loaded or not) utilization 0.894 to 0.947 and Jain 0.957 to 0.998; 50ms raised
-// utilization (0.95 to 0.97) but let Jain fall to 0.94 under load. 10 store operations a
-// second per member, which the in-memory store does not feel.
-const demoLeaseRenew = 100 * time.Millisecond
+// and the demo's workers switch on and off every second or so, which makes the handover of
+// a quiet member's share the demo's main cost (the share is unused from the member going
+// quiet until a starved member picks it up). Measured on the 8 s demo, 20 seeds, with
+// starved members renewing at a quarter of the interval: at 50ms utilization 0.947 to
+// 0.976 (19 of 20 runs at 0.95 or more), Jain 0.96 to 0.998; at 100ms 0.93 to 0.94. 20
+// renewals a second per member (in memory: nothing; through Redis: 40 commands a second
+// per member).
+const demoLeaseRenew = 50 * time.Millisecond
 
 // redisLimiter makes the demo's limiter for the redis mode: its keys under a prefix of
 // their own, so that a run never meets the state of an earlier one.

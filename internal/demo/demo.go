@@ -49,6 +49,12 @@ type Config struct {
 	// LeaseMember, for lease mode, are the members' settings (zero:
 	// lease.DefaultMemberConfig()).
 	LeaseMember lease.MemberConfig
+	// LeaseStore, for lease mode, is the store the members lease through (nil: one in
+	// memory). A shared store (Redis) fences the records it makes for TTL + Grace after
+	// it is first used; the run waits that out before it starts (see lease.WaitUnfenced).
+	LeaseStore lease.Store
+	// Log, if set, is told what the run does before it starts (a wait for a store).
+	Log func(string)
 }
 
 // Progress is a snapshot during the run.
@@ -362,7 +368,19 @@ func leaseWorkers(cfg Config) (func(context.Context, int, sluice.Limits, time.Du
 	if err := lc.Validate(); err != nil {
 		return nil, err
 	}
-	store := lease.NewMemStore(nil)
+	store := cfg.LeaseStore
+	if store == nil {
+		store = lease.NewMemStore(nil)
+	} else {
+		if cfg.Log != nil {
+			cfg.Log(fmt.Sprintf("lease: waiting up to %v for the store's records to be made unfenced (a store seen for the first time cannot know no lease was granted from it before)", lc.TTL+lc.Grace))
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*(lc.TTL+lc.Grace)+5*time.Second)
+		defer cancel()
+		if err := lease.WaitUnfenced(ctx, store, lc); err != nil {
+			return nil, fmt.Errorf("demo: lease store: %w", err)
+		}
+	}
 	return func(_ context.Context, i int, limits sluice.Limits, margin time.Duration) (*sluice.Limiter, func(), error) {
 		b, err := lease.New(store, lease.WithID(fmt.Sprintf("w%d", i+1)), lease.WithConfig(lc), lease.WithMemberConfig(mc))
 		if err != nil {

@@ -1,0 +1,88 @@
+package cli
+
+import (
+	"flag"
+	"net/url"
+	"strings"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/lease"
+)
+
+// storeTimeout bounds each command a lease store's client sends.
+const storeTimeout = 500 * time.Millisecond
+
+// openLeaseStore opens the lease store a URL names, its keys under prefix:
+//
+//	"" or memory://                       in process (nil: the caller makes a MemStore)
+//	redis://[user:pass@]host:port[/db]    one Redis
+//	redis-cluster://host:port,host:port   a Redis Cluster (any of its nodes)
+//	redis-sentinel://host:port,host:port/MASTER[?db=N]  a master found through Sentinel
+//
+// The returned func closes the client.
+func openLeaseStore(raw, prefix string) (lease.Store, func(), error) {
+	nop := func() {}
+	scheme, rest, _ := strings.Cut(raw, "://")
+	opt := lease.WithRedisPrefix(prefix)
+	switch scheme {
+	case "", "memory":
+		return nil, nop, nil
+	case "redis", "rediss":
+		o, err := goredis.ParseURL(raw)
+		if err != nil {
+			return nil, nil, usagef("store %q: %v", raw, err)
+		}
+		timeouts(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout)
+		o.MaxRetries, o.ContextTimeoutEnabled, o.DisableIdentity = -1, true, true
+		c := goredis.NewClient(o)
+		return lease.NewRedisStore(c, opt), func() { c.Close() }, nil
+	case "redis-cluster":
+		o := &goredis.ClusterOptions{Addrs: strings.Split(hostsOf(rest), ","), MaxRetries: -1,
+			ContextTimeoutEnabled: true, DisableIdentity: true}
+		timeouts(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout)
+		c := goredis.NewClusterClient(o)
+		return lease.NewRedisStore(c, opt), func() { c.Close() }, nil
+	case "redis-sentinel":
+		u, err := url.Parse(raw)
+		if err != nil || strings.Trim(u.Path, "/") == "" {
+			return nil, nil, usagef("store %q: want redis-sentinel://HOST:PORT[,HOST:PORT]/MASTER", raw)
+		}
+		o := &goredis.FailoverOptions{MasterName: strings.Trim(u.Path, "/"), SentinelAddrs: strings.Split(u.Host, ","),
+			MaxRetries: -1, ContextTimeoutEnabled: true, DisableIdentity: true}
+		if u.User != nil {
+			o.Username = u.User.Username()
+			o.Password, _ = u.User.Password()
+		}
+		timeouts(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout)
+		c := goredis.NewFailoverClient(o)
+		return lease.NewRedisStore(c, opt), func() { c.Close() }, nil
+	}
+	return nil, nil, usagef("store %q: want memory://, redis://, redis-cluster:// or redis-sentinel://", raw)
+}
+
+func timeouts(ds ...*time.Duration) {
+	for _, d := range ds {
+		*d = storeTimeout
+	}
+}
+
+// hostsOf is the host list of a URL's rest (before any path or query).
+func hostsOf(rest string) string {
+	if i := strings.IndexAny(rest, "/?"); i >= 0 {
+		rest = rest[:i]
+	}
+	if i := strings.LastIndex(rest, "@"); i >= 0 {
+		rest = rest[i+1:]
+	}
+	return rest
+}
+
+// flagSet reports whether the flag name was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
