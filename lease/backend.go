@@ -613,3 +613,12 @@ func (b *Backend) round() int64 {
 	}
 	return next
 }
+
+// Ping reports whether the store answers, if it can say (backend.Pinger: the daemon's
+// /readyz): a RedisStore can; a MemStore always does.
+func (b *Backend) Ping(ctx context.Context) error {
+	if p, ok := b.apply.store.(backend.Pinger); ok {
+		return p.Ping(ctx)
+	}
+	return nil
+}

@@ -18,8 +18,9 @@ import (
 type Config struct {
 	ListenLine     string         `yaml:"listen_line"`     // TCP address or Unix socket path of the line protocol; "" disables it
 	ListenHTTP     string         `yaml:"listen_http"`     // TCP address of the HTTP API and /metrics; "" disables it
-	Backend        string         `yaml:"backend"`         // local, or redis (when built)
-	RedisURL       string         `yaml:"redis_url"`       // redis://host:port/db, for backend redis
+	Backend        string         `yaml:"backend"`         // local, redis or lease
+	RedisURL       string         `yaml:"redis_url"`       // redis://host:port/db, for backend redis (and lease, when store is empty)
+	Store          string         `yaml:"store"`           // backend lease: the store's URL (redis://, redis-cluster://, redis-sentinel://, memory://)
 	FailMode       string         `yaml:"fail_mode"`       // closed, open, or (backend redis) local: the answer when the back end fails
 	FallbackShare  float64        `yaml:"fallback_share"`  // fail_mode local: the share of each limit this daemon uses while Redis is down
 	RedisTimeout   yamlx.Duration `yaml:"redis_timeout"`   // backend redis: how long a decision waits for Redis
@@ -74,6 +75,7 @@ func DefaultConfig() Config {
 		Rules:          nil,                                    // no rule: every tag is allowed
 		HTTPTokenFile:  "",                                     // the HTTP API requires no token
 		RedisURL:       "",                                     // needed only for backend redis
+		Store:          "",                                     // backend lease: redis_url, if store is empty
 		file:           "",                                     // set by LoadConfig
 	}
 }
@@ -96,8 +98,12 @@ func (c *Config) validate() error {
 		if c.RedisURL == "" {
 			return bad(0, "backend redis needs redis_url (--redis-url)")
 		}
+	case "lease":
+		if c.Store == "" && c.RedisURL == "" {
+			return bad(0, "backend lease needs a store: store (--store) or redis_url (--redis-url)")
+		}
 	default:
-		return bad(0, "backend: want local or redis, not %q", c.Backend)
+		return bad(0, "backend: want local, redis or lease, not %q", c.Backend)
 	}
 	switch c.FailMode {
 	case "closed", "open":

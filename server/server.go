@@ -201,13 +201,14 @@ func keepStartOnly(cfg *Config, running Config) []string {
 	keep("listen_http", cfg.ListenHTTP != running.ListenHTTP)
 	keep("backend", cfg.Backend != running.Backend)
 	keep("redis_url", cfg.RedisURL != running.RedisURL)
+	keep("store", cfg.Store != running.Store)
 	keep("redis_timeout", cfg.RedisTimeout != running.RedisTimeout)
 	keep("fail_mode", cfg.FailMode != running.FailMode)
 	keep("fallback_share", cfg.FallbackShare != running.FallbackShare)
 	keep("max_keys", cfg.MaxKeys != running.MaxKeys)
 	keep("log_format", cfg.LogFormat != running.LogFormat)
 	keep("log_level", cfg.LogLevel != running.LogLevel)
-	cfg.ListenLine, cfg.ListenHTTP, cfg.Backend, cfg.RedisURL = running.ListenLine, running.ListenHTTP, running.Backend, running.RedisURL
+	cfg.ListenLine, cfg.ListenHTTP, cfg.Backend, cfg.RedisURL, cfg.Store = running.ListenLine, running.ListenHTTP, running.Backend, running.RedisURL, running.Store
 	cfg.RedisTimeout, cfg.FailMode, cfg.FallbackShare, cfg.MaxKeys = running.RedisTimeout, running.FailMode, running.FallbackShare, running.MaxKeys
 	cfg.LogFormat, cfg.LogLevel = running.LogFormat, running.LogLevel
 	return ignored

@@ -16,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/internal/yamlx"
+	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/redis"
 	"github.com/sluicehq/sluice/server"
 )
@@ -34,8 +35,38 @@ func serveBackend(cfg server.Config, clk clock.Clock) (backend.Backend, error) {
 		// Open, not Dial: the daemon starts while Redis is down, answers by its fail mode,
 		// and reports not ready (/readyz) until Redis answers.
 		return redis.Open(cfg.RedisURL, opts...)
+	case "lease":
+		url := cfg.Store
+		if url == "" {
+			url = cfg.RedisURL
+		}
+		st, closeStore, err := openLeaseStore(url, "sluice:lease:")
+		if err != nil {
+			return nil, err
+		}
+		if st == nil {
+			st = lease.NewMemStore(clk) // one daemon alone: its rules' limits in memory
+		}
+		b, err := lease.New(st, lease.WithClock(clk))
+		if err != nil {
+			closeStore()
+			return nil, err
+		}
+		return closingBackend{b, closeStore}, nil
 	}
 	return nil, fmt.Errorf("backend %q is not available in this build", cfg.Backend)
+}
+
+// closingBackend closes a lease store's client after its backend.
+type closingBackend struct {
+	*lease.Backend
+	closeStore func()
+}
+
+func (c closingBackend) Close() error {
+	err := c.Backend.Close()
+	c.closeStore()
+	return err
 }
 
 func init() {
@@ -82,8 +113,9 @@ func newServeFlags(env Env) *serveFlags {
 	fs.Var(ruleFlags{rules: &sf.rules, shared: true}, "shared-limit", "a pattern rule `PATTERN=LIMIT` whose tags all share one bucket")
 	fs.StringVar(&sf.dflt, "default-limit", "", "`limit` for tags no rule matches (each its own bucket); none: such tags are allowed")
 	fs.BoolVar(&sf.defShare, "default-shared", false, "tags no rule matches share one bucket")
-	fs.String("backend", d.Backend, "where decisions are made: local, or redis")
-	fs.String("redis-url", d.RedisURL, "Redis `URL` for --backend redis (redis://host:port/db)")
+	fs.String("backend", d.Backend, "where decisions are made: local (in this process), redis (every decision in Redis) or lease (on a share leased from --store; several daemons share each limit)")
+	fs.String("redis-url", d.RedisURL, "Redis `URL` for --backend redis (redis://host:port/db), and for --backend lease when --store is not given")
+	fs.String("store", d.Store, "--backend lease: the `URL` of the store the daemons lease through: redis://HOST:PORT, redis-cluster://HOST:PORT,..., redis-sentinel://HOST:PORT,.../MASTER, memory://")
 	fs.String("fail-mode", d.FailMode, "answer when the back end cannot decide: closed (NO), open (OK), or local (backend redis: a local share, see --fallback-share)")
 	fs.Float64("fallback-share", d.FallbackShare, "with --fail-mode local: the share of each limit this daemon uses while Redis is down")
 	fs.Duration("redis-timeout", d.RedisTimeout.D(), "with --backend redis: how long a decision waits for Redis")
@@ -124,6 +156,8 @@ func (sf *serveFlags) build() (server.Config, error) {
 			cfg.Backend = v
 		case "redis-url":
 			cfg.RedisURL = v
+		case "store":
+			cfg.Store = v
 		case "fail-mode":
 			cfg.FailMode = v
 		case "http-token-file":
