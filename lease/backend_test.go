@@ -10,17 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/backend/backendtest"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
 )
-
-// TestMain fails the package if a test leaves a goroutine behind: the renewal goroutine
-// must end with Close.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 var bg = context.Background()
 

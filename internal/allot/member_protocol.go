@@ -17,7 +17,7 @@ func (m *Member) Due(now int64) int64 {
 		if m.link.failed {
 			return m.link.lastSent + m.cfg.renew/4
 		}
-		return math.MinInt64
+		return now // at once (not math.MinInt64: callers subtract now from it)
 	}
 	d := m.link.lastSent + m.cfg.renew
 	if m.rated() && m.view.contended && (m.demand.throttled || m.demand.saturated) {

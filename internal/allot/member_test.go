@@ -126,3 +126,29 @@ func TestMemberPresentsTheVersionItHolds(t *testing.T) {
 		t.Fatalf("after the lease ended: presents %d (sent %v), want 0", req.Seen, ok)
 	}
 }
+
+// TestMemberForgottenByTheStoreIsDueAtOnce: a member the store forgot (ErrStaleEpoch) is
+// due to join again at once, and its callers' wait hint is short. (Due once answered
+// math.MinInt64 for "at once", and a caller that subtracted now from it, as the renewal
+// goroutine's timer did, slept for an hour: a Redis restarted empty left its members
+// without a lease.)
+func TestMemberForgottenByTheStoreIsDueAtOnce(t *testing.T) {
+	l := lim(10, time.Second, 10)
+	m := NewMember("m", l, MemberConfig{RenewEvery: 100 * time.Millisecond}, 0)
+	req, _ := m.Request(0, 0)
+	rep := Reply{Epoch: Epoch{Incarnation: 1, N: 1}, Nonce: req.Nonce, TTL: int64(time.Second)}
+	rep.Lease.Seq, rep.Lease.Share = 1, Share{Rate: RateScale, Burst: 10}
+	m.Receive(1*ms, req.Nonce, rep, nil)
+	req, _ = m.Request(100*ms, 0)
+	m.Receive(101*ms, req.Nonce, Reply{}, ErrStaleEpoch)
+	now := 102 * ms
+	if d := m.Due(now) - now; d > 0 || d < -int64(time.Second) {
+		t.Fatalf("due in %v after the store forgot it, want now", time.Duration(d))
+	}
+	if h := m.waitHint(now); h > 100*ms {
+		t.Fatalf("wait hint %v", time.Duration(h))
+	}
+	if req, ok := m.Request(now, 0); !ok || req.Op != OpJoin {
+		t.Fatalf("no join at once: %+v %v", req, ok)
+	}
+}
