@@ -281,6 +281,18 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 			decide = allot.DecideAgain // its permits were counted in the demand already
 		}
 		res, tk, out, err := decide(ms[:len(rs)], now, req.N, left)
+		if out == allot.AtStore {
+			g, err := b.decideAtStore(ctx, key, rs, ms[:len(rs)], now, req.N, left) // unlocks rs
+			if err != nil || g.Allowed || g.RetryAfter <= 0 || g.RetryAfter > left-(b.clock.Nanotime()-now) {
+				return g, err
+			}
+			// Told when its turn comes, within the caller's bound: it waits, keeping its
+			// place in the store's line, and asks again.
+			if err := b.waitChange(ctx, nil, time.Duration(g.RetryAfter)); err != nil {
+				return backend.Grant{}, err
+			}
+			continue
+		}
 		var ch <-chan struct{}
 		joining := false
 		due := int64(math.MaxInt64)
@@ -386,7 +398,7 @@ func (b *Backend) AllowOne(ctx context.Context, key string, l gcra.Limit) (bool,
 }
 
 // Adjust settles a grant (see backend.Backend and lease.Adjust).
-func (b *Backend) Adjust(_ context.Context, key string, limits []gcra.Limit, t gcra.Ticket, newN int64) error {
+func (b *Backend) Adjust(ctx context.Context, key string, limits []gcra.Limit, t gcra.Ticket, newN int64) error {
 	if b.closed.Load() {
 		return backend.ErrClosed
 	}
@@ -398,12 +410,28 @@ func (b *Backend) Adjust(_ context.Context, key string, limits []gcra.Limit, t g
 	if !lock(rs) {
 		return nil // the key was forgotten: nothing left to settle
 	}
-	defer unlock(rs)
 	var ms [gcra.MaxLimits]*allot.Member
 	for i, r := range rs {
 		ms[i] = r.m
 	}
-	return allot.Adjust(ms[:len(rs)], b.clock.Nanotime(), t, newN)
+	now := b.clock.Nanotime()
+	err := allot.Adjust(ms[:len(rs)], now, t, newN)
+	// Limits whose permits were taken at the store are settled there.
+	var calls []call
+	for i, r := range rs {
+		if t.TatAfter[i] == allot.TakenAtStore && newN != t.N && !slices.Contains(rs[:i], r) {
+			calls = append(calls, call{key: key, limit: r.m.Limit(), req: r.m.GiveRequest(now, t.N-newN)})
+		}
+	}
+	unlock(rs)
+	if len(calls) > 0 {
+		sctx, cancel := context.WithTimeout(ctx, b.timeout)
+		defer cancel()
+		if _, serr := b.apply.apply(sctx, calls); serr != nil && err == nil && newN > t.N {
+			err = fmt.Errorf("sluice lease: settle %q at the store: %w", key, serr) // a lost charge is an error; a lost refund only wastes permits
+		}
+	}
+	return err
 }
 
 // Penalize holds key back for d: at once in this member, and in the whole pool as soon
@@ -621,4 +649,114 @@ func (b *Backend) Ping(ctx context.Context) error {
 		return p.Ping(ctx)
 	}
 	return nil
+}
+
+// decideAtStore decides n permits for a key some of whose limits are decided at the store
+// (a limit too small to share out): it takes those at the store, in one round trip, and
+// decides the others on the member's shares, at the latest of their times. rs are locked;
+// it unlocks them. If any limit denies, what the others granted is given back.
+func (b *Backend) decideAtStore(ctx context.Context, key string, rs []*rec, ms []*allot.Member, now, n, maxDelay int64) (backend.Grant, error) {
+	var takes []call
+	var at []int // the index in ms of each take
+	var local []*allot.Member
+	var localAt []int
+	for i, m := range ms {
+		if slices.Contains(ms[:i], m) {
+			continue
+		}
+		if m.Central() {
+			if req, ok := m.TakeRequest(now, n, maxDelay); ok {
+				takes = append(takes, call{key: key, limit: m.Limit(), req: req})
+				at = append(at, i)
+				continue
+			}
+		}
+		local, localAt = append(local, m), append(localAt, i)
+	}
+	var lres gcra.Result
+	var ltk gcra.Ticket
+	if len(local) > 0 {
+		var out allot.Outcome
+		var err error
+		lres, ltk, out, err = allot.DecideAgain(local, now, n, maxDelay)
+		if err != nil || out != allot.Granted {
+			unlock(rs)
+			if err != nil {
+				return backend.Grant{}, err
+			}
+			return backend.Grant{Result: gcra.Result{RetryAfter: max(lres.RetryAfter, int64(b.mcfg.RenewEvery)/4)}}, nil
+		}
+	}
+	unlock(rs)
+	sctx, cancel := context.WithTimeout(ctx, b.timeout)
+	b.roundTrips.Add(1)
+	res, err := b.apply.apply(sctx, takes)
+	cancel()
+	var g backend.Grant
+	g.Ticket.N, g.Delay, g.Allowed = n, lres.Delay, err == nil
+	for k, i := range localAt {
+		g.Ticket.TatAfter[i] = ltk.TatAfter[k]
+	}
+	var taken []int
+	for k, i := range at {
+		g.Ticket.TatAfter[i] = allot.TakenAtStore
+		if err != nil {
+			continue
+		}
+		r := res[k]
+		if r.err != nil || !r.rep.Taken {
+			g.Allowed = false
+			g.RetryAfter = max(g.RetryAfter, r.rep.Wait)
+			continue
+		}
+		taken = append(taken, k)
+		g.Delay = max(g.Delay, r.rep.Wait)
+	}
+	if !lock(rs) { // forgotten meanwhile (idle, or closing): what the store said stands
+		if !g.Allowed {
+			b.giveBack(takes, taken)
+		}
+		g.Ticket.At = now + g.Delay
+		return g, nil
+	}
+	for k, i := range at {
+		var rep allot.Reply
+		e := err
+		if e == nil {
+			rep, e = res[k].rep, res[k].err
+		}
+		ms[i].Took(now, n, rep, e)
+	}
+	if !g.Allowed && len(local) > 0 {
+		_ = allot.Adjust(local, now, ltk, 0) // the local part is given back too
+	}
+	unlock(rs)
+	if err != nil {
+		return backend.Grant{}, err
+	}
+	if !g.Allowed {
+		b.giveBack(takes, taken)
+		g.Delay = 0
+		g.RetryAfter = max(g.RetryAfter, 1)
+		return g, nil
+	}
+	g.Ticket.At = now + g.Delay
+	return g, nil
+}
+
+// giveBack gives back, at the store, the permits of the takes that were granted (by index)
+// when another limit of the same decision denied.
+func (b *Backend) giveBack(takes []call, granted []int) {
+	if len(granted) == 0 {
+		return
+	}
+	var gives []call
+	for _, k := range granted {
+		c := takes[k]
+		c.req.Op, c.req.MaxDelay = allot.OpGive, 0
+		gives = append(gives, c)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+	defer cancel()
+	_, _ = b.apply.apply(ctx, gives) // a lost give-back only wastes permits
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -369,4 +370,51 @@ func TestPenaltyDrainsOnlyTheShortestLimit(t *testing.T) {
 	if g, err := m.Decide(bg, "api", backend.Request{Limits: ls, N: 5}); err != nil || !g.Allowed {
 		t.Errorf("100ms after the penalty, 5 permits: %+v %v (the hourly share was drained too)", g.Result, err)
 	}
+}
+
+// TestSmallLimitDecidedAtTheStore: 2/s burst=1 shared by five busy members is too small to
+// share out (one permit of burst, five members): it is decided at the store, one round trip
+// per permit, with no over-admission, nearly all of the limit used, and the members
+// served (whoever asks first after a permit frees: random here); when four leave, the last holds a share again and decides in process.
+func TestSmallLimitDecidedAtTheStore(t *testing.T) {
+	l := lim(2, time.Second, 1)
+	c := newCluster(t, l, 5, DefaultConfig())
+	// The members ask in a random order each millisecond: in a real pool, whoever asks
+	// first after a permit frees gets it.
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 10000 {
+		c.run(time.Millisecond, rng.Perm(5), 5)
+	}
+	c.conform()
+	var total int64
+	served := 0
+	for _, n := range c.granted {
+		total += n
+		if n > 0 {
+			served++
+		}
+	}
+	if served < 3 {
+		t.Errorf("%d of five members served in 10 s (%v)", served, c.granted)
+	}
+	if total < 18 {
+		t.Errorf("%d permits in 10 s at 2/s, want nearly all 20", total)
+	}
+	if s := c.members[0].Leases(); len(s) != 1 || s[0].Share.Rate != 0 {
+		t.Errorf("a member holds %+v of a limit decided at the store", s)
+	}
+	for _, m := range c.members[1:] {
+		m.Close()
+	}
+	before := c.granted[0]
+	c.run(5*time.Second, []int{0}, 1)
+	c.conform()
+	if s := c.members[0].Leases(); len(s) != 1 || s[0].Share.Rate != RateScale {
+		t.Errorf("alone, the member holds %+v, want the whole limit back", s)
+	}
+	// 10 at most; going back to shares costs a renewal and a drained start.
+	if got := c.granted[0] - before; got < 6 {
+		t.Errorf("%d permits in 5 s alone at 2/s", got)
+	}
+	t.Logf("%d permits in 10 s among five members (%v)", total, c.granted)
 }

@@ -9,7 +9,7 @@ import (
 // the simulator drives too) and named here for users of the lease mode.
 type (
 	// Config is the allocation's settings for every limit a store's records hold: TTL,
-	// Grace, Policy, Turn, JoinWindow. Use DefaultConfig; Validate checks it. A record
+	// Grace, Policy, JoinWindow. Use DefaultConfig; Validate checks it. A record
 	// keeps the settings it was made with.
 	Config = allot.Config
 	// MemberConfig is a member's settings (renewal interval, margin, fail mode, ...). Use

@@ -161,7 +161,7 @@ const evictSample = 32
 // idle (the earliest TAT). Its cost is the sample's, whatever the number of keys: a flood
 // of new keys at the cap never waits for a sweep.
 func (b *Backend) makeRoom(now int64) bool {
-	for try := 0; try < 2; try++ {
+	for try := 0; try < 3; try++ {
 		var victimKey, victim any
 		best := int64(math.MaxInt64)
 		consider := func(k, v any) {
@@ -170,7 +170,7 @@ func (b *Backend) makeRoom(now int64) bool {
 				best, victimKey, victim = t, k, v
 			}
 		}
-		if try == 0 {
+		if try < 2 { // two samples from random places in the copy, then the map's first keys
 			m := b.snap.Load()
 			if m == nil {
 				continue
@@ -197,7 +197,7 @@ func (b *Backend) makeRoom(now int64) bool {
 			b.keys.Range(func(k, v any) bool {
 				consider(k, v)
 				seen++
-				return seen < evictSample
+				return seen < 4*evictSample
 			})
 		}
 		if victim == nil || (best > now && !b.evictLive) {
@@ -583,8 +583,8 @@ func (b *Backend) insert(key string, e any, now int64) (any, error) {
 	if last := b.lastSweep.Load(); now-last >= b.sweepEvery && b.lastSweep.CompareAndSwap(last, now) {
 		b.background(&b.bgSweep, func() { b.sweepMu.Lock(); defer b.sweepMu.Unlock(); b.sweep() })
 	}
-	if b.count.Load() >= b.maxKeys && !b.makeRoom(now) {
-		return nil, backend.ErrTooManyKeys
+	if b.count.Load() >= b.maxKeys && !b.makeRoom(now) && b.count.Load() >= b.maxKeys {
+		return nil, backend.ErrTooManyKeys // (unless a sweep running meanwhile made room)
 	}
 	v, loaded := b.keys.LoadOrStore(key, e)
 	if !loaded {

@@ -81,7 +81,6 @@ func newLeaseMode(sc *Scenario) *leaseMode {
 	if s.Policy != "" {
 		l.cfg.Policy, _ = allot.ParsePolicy(s.Policy) // checked when the scenario was read
 	}
-	l.cfg.Turn = s.Turn.D()
 	if s.JoinWindow > 0 {
 		l.cfg.JoinWindow = s.JoinWindow.D()
 	}
@@ -182,6 +181,17 @@ func (l *leaseMode) acquire(e *engine, mi, g int32) {
 		e.permit(mi, g, e.now+res.Delay)
 	case out == allot.Throttled:
 		e.denied(mi, g, res.RetryAfter)
+	case out == allot.AtStore:
+		// The limit is decided at the store: take the permit there, one round trip.
+		// (Keys with several limits, some decided at the store, are not modelled: the
+		// goroutine backs off.)
+		req, ok := ms[0].TakeRequest(e.now, 1, e.maxWait)
+		if len(ms) != 1 || !ok {
+			e.denied(mi, g, 0)
+			break
+		}
+		req.Nonce = takeNonce(g, s.op)
+		l.send(e, mi, 0, req, true)
 	case out == allot.TooFar:
 		// The permit lies beyond the booking horizon: wait, then book it.
 		l.wait(mi, g)
@@ -283,6 +293,10 @@ func (l *leaseMode) handle(e *engine, ev *event) {
 		if !l.current(e, ev) {
 			return
 		}
+		if msg.req.Op == allot.OpTake {
+			l.took(e, ev.m, msg)
+			return
+		}
 		l.members[ev.m][ev.g].Receive(e.now, msg.req.Nonce, msg.rep, msg.err)
 		l.checkMembers(e)
 		l.wake(e, ev.m)
@@ -292,6 +306,12 @@ func (l *leaseMode) handle(e *engine, ev *event) {
 			return
 		}
 		e.timeouts++
+		if g, op, ok := fromTakeNonce(uint64(ev.val2)); ok {
+			if s := &e.members[ev.m].gs[g]; s.busy && s.op == op {
+				e.denied(ev.m, g, 0) // the take got no answer in time
+			}
+			return
+		}
 		l.members[ev.m][ev.g].Receive(e.now, uint64(ev.val2), allot.Reply{}, backend.ErrUnavailable)
 		l.reschedule(e, ev.m)
 	}
@@ -301,7 +321,7 @@ func (l *leaseMode) handle(e *engine, ev *event) {
 func (l *leaseMode) store(e *engine, ev *event) {
 	slot := int32(ev.val)
 	msg := &l.msgs[slot]
-	reply := msg.req.Op == allot.OpJoin || msg.req.Op == allot.OpRenew
+	reply := msg.req.Op == allot.OpJoin || msg.req.Op == allot.OpRenew || msg.req.Op == allot.OpTake
 	if !e.storeUp() || e.partitioned[ev.m] {
 		l.free = append(l.free, slot)
 		if reply {
@@ -466,4 +486,40 @@ func joining(ms []*allot.Member) bool {
 		}
 	}
 	return false
+}
+
+// takeFlag marks a take's nonce: the goroutine and its operation travel in it, so that the
+// answer (or its time-out) finds the goroutine that asked.
+const takeFlag = 1 << 63
+
+func takeNonce(g int32, op uint32) uint64 { return takeFlag | uint64(g)<<32 | uint64(op) }
+
+func fromTakeNonce(n uint64) (int32, uint32, bool) {
+	if n&takeFlag == 0 {
+		return 0, 0, false
+	}
+	return int32(n>>32) & 0x7fffffff, uint32(n), true
+}
+
+// took applies the store's answer to a take: the goroutine uses its permit after the
+// wait, or backs off.
+func (l *leaseMode) took(e *engine, mi int32, msg leaseMsg) {
+	g, op, _ := fromTakeNonce(msg.rep.Nonce)
+	l.members[mi][msg.limit].Took(e.now, 1, msg.rep, msg.err)
+	s := &e.members[mi].gs[g]
+	if !s.busy || s.op != op {
+		return // the goroutine gave up meanwhile
+	}
+	switch {
+	case msg.err == nil && msg.rep.Taken:
+		e.permit(mi, g, e.now+msg.rep.Wait)
+	case msg.err == nil && msg.rep.Wait <= e.maxWait:
+		// A caller that may wait that long keeps its place in the store's line and asks
+		// again when told, as the backend does.
+		l.wait(mi, g)
+		e.schedule(event{at: e.now + max(msg.rep.Wait, 1), kind: evRetry, m: mi, g: g, op: s.op})
+	default:
+		e.denied(mi, g, msg.rep.Wait)
+	}
+	l.reschedule(e, mi)
 }

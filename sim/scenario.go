@@ -88,14 +88,13 @@ type Local struct {
 	Share float64 `yaml:"share"`
 }
 
-// Lease are the lease mode's settings: the store's (ttl, grace, policy, turn, join_window)
+// Lease are the lease mode's settings: the store's (ttl, grace, policy, join_window)
 // and the members' (renew, margin, fail_mode). Zero values take the lease package's
 // defaults.
 type Lease struct {
 	TTL        Duration `yaml:"ttl"`
 	Grace      Duration `yaml:"grace"`
 	Policy     string   `yaml:"policy"` // fair (default) or equal
-	Turn       Duration `yaml:"turn"`
 	JoinWindow Duration `yaml:"join_window"`
 	Renew      Duration `yaml:"renew"`
 	Margin     Duration `yaml:"margin"`
@@ -416,7 +415,7 @@ func (l *Lease) check() error {
 	default:
 		return bad("lease.fail_mode: want local or closed, not %q", l.FailMode)
 	}
-	if l.TTL < 0 || l.Grace < 0 || l.Turn < 0 || l.JoinWindow < 0 || l.Renew < 0 || l.Margin < 0 {
+	if l.TTL < 0 || l.Grace < 0 || l.JoinWindow < 0 || l.Renew < 0 || l.Margin < 0 {
 		return bad("lease: durations must not be negative")
 	}
 	return nil

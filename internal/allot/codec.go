@@ -32,7 +32,6 @@ func MarshalState(s *State) []byte {
 	w.u(uint64(s.Cfg.TTL))
 	w.u(uint64(s.Cfg.Grace))
 	w.u(uint64(s.Cfg.Policy))
-	w.u(uint64(s.Cfg.Turn))
 	w.u(uint64(s.Cfg.JoinWindow))
 	w.u(s.Incarnation)
 	w.u(s.Seq)
@@ -41,6 +40,19 @@ func MarshalState(s *State) []byte {
 	w.i(s.Pool)
 	w.t(s.Penalty)
 	w.t(s.Open)
+	central := uint64(0)
+	if s.Central {
+		central = 1
+	}
+	w.u(central)
+	w.t(s.Booked)
+	w.u(uint64(len(s.Queue)))
+	for _, q := range s.Queue {
+		w.u(uint64(len(q.ID)))
+		w.b = append(w.b, q.ID...)
+		w.t(q.At)
+		w.t(q.Until)
+	}
 	w.u(uint64(len(s.Members)))
 	for _, e := range s.Members {
 		w.u(uint64(len(e.ID)))
@@ -64,6 +76,7 @@ func MarshalState(s *State) []byte {
 		w.t(e.HeldUntil)
 		w.share(e.Retired)
 		w.t(e.RetiredUntil)
+		w.t(e.AliveUntil)
 	}
 	return w.b
 }
@@ -81,7 +94,6 @@ func UnmarshalState(b []byte) (*State, error) {
 	s.Cfg.TTL = time.Duration(r.u())
 	s.Cfg.Grace = time.Duration(r.u())
 	s.Cfg.Policy = Policy(r.u())
-	s.Cfg.Turn = time.Duration(r.u())
 	s.Cfg.JoinWindow = time.Duration(r.u())
 	s.Incarnation = r.u()
 	s.Seq = r.u()
@@ -91,6 +103,29 @@ func UnmarshalState(b []byte) (*State, error) {
 	s.Pool = r.i()
 	s.Penalty = r.t()
 	s.Open = r.t()
+	switch r.u() {
+	case 0:
+	case 1:
+		s.Central = true
+	default:
+		r.err = errors.New("bad central flag")
+	}
+	s.Booked = r.t()
+	nq := r.u()
+	if nq > uint64(len(r.b)) {
+		return nil, fmt.Errorf("%w: %d waiters in %d bytes", ErrBadRecord, nq, len(r.b))
+	}
+	for range nq {
+		l := r.u()
+		if l > uint64(len(r.b)) {
+			return nil, fmt.Errorf("%w: a waiter name of %d bytes", ErrBadRecord, l)
+		}
+		q := Waiter{ID: string(r.b[:l])}
+		r.b = r.b[l:]
+		q.At = r.t()
+		q.Until = r.t()
+		s.Queue = append(s.Queue, q)
+	}
 	n := r.u()
 	if n > uint64(len(r.b)) { // every member takes bytes
 		return nil, fmt.Errorf("%w: %d members in %d bytes", ErrBadRecord, n, len(r.b))
@@ -121,6 +156,7 @@ func UnmarshalState(b []byte) (*State, error) {
 		e.HeldUntil = r.t()
 		e.Retired = r.share()
 		e.RetiredUntil = r.t()
+		e.AliveUntil = r.t()
 		s.Members = append(s.Members, e)
 	}
 	if r.err != nil {

@@ -203,8 +203,10 @@ type storeView struct {
 	target    Share
 	live      int64
 	retryAt   int64
-	contended bool // others want as much as they can get
-	settled   bool // it has had a share, or an answer that promises none soon
+	contended bool  // others want as much as they can get
+	central   bool  // the limit is decided at the store (Reply.Central)
+	takenTill int64 // a take keeps it alive at the store until then (own clock)
+	settled   bool  // it has had a share, or an answer that promises none soon
 }
 
 // link is the state of the exchange with the store.

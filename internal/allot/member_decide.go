@@ -3,6 +3,7 @@ package allot
 // A member's decisions on its share: grants, settlements, penalties.
 
 import (
+	"errors"
 	"math"
 
 	"github.com/sluicehq/sluice/gcra"
@@ -25,7 +26,15 @@ const (
 	// TooFar: the permits lie beyond the member's booking horizon (while the pool is
 	// contended): a caller that may wait should wait RetryAfter and ask again.
 	TooFar
+	// AtStore: some limit is too small to share out and is decided at the store (see
+	// Reply.Central): the caller takes the permits of those limits there (TakeRequest,
+	// then Took), and decides the others with Decide on their members alone.
+	AtStore
 )
+
+// TakenAtStore marks, in a ticket's TatAfter, a limit whose permits were taken at the
+// store: settling them is the store's (OpGive, OpTake), not the member's bucket.
+const TakenAtStore = math.MinInt64
 
 // Decide decides n permits at now for a key under the limits the members hold shares of
 // (one member per limit, all of the same process), reserving up to maxDelay ahead, but
@@ -53,7 +62,7 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 	var tats [gcra.MaxLimits]int64
 	var ls [gcra.MaxLimits]gcra.Limit
 	end := int64(math.MaxInt64)
-	lease := true
+	lease, central := true, false
 	for i, m := range ms {
 		if n > m.limit.Burst() {
 			return gcra.Result{}, gcra.Ticket{}, Throttled, gcra.ErrCostExceedsBurst
@@ -65,6 +74,9 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 			}
 			m.demand.lastCall = now
 		}
+		if m.view.central && m.phase == registered {
+			central = true
+		}
 		if !m.usable(now) || n > m.lease.local.Burst() {
 			lease = false
 			continue
@@ -73,6 +85,9 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 		end = min(end, m.lease.end)
 	}
 	k := len(ms)
+	if central && n > 0 {
+		return gcra.Result{}, gcra.Ticket{}, AtStore, nil
+	}
 	if n == 0 {
 		if !lease {
 			return gcra.Result{Allowed: true}, gcra.Ticket{}, Granted, nil
@@ -198,8 +213,8 @@ func Adjust(ms []*Member, now int64, t gcra.Ticket, newN int64) error {
 			}
 			m.settlePending(t.At, t.N, newN)
 		}
-		if !m.lease.has || (newN < t.N && t.At <= m.handover.noRefundBefore) {
-			continue
+		if t.TatAfter[i] == TakenAtStore || !m.lease.has || (newN < t.N && t.At <= m.handover.noRefundBefore) {
+			continue // a limit taken at the store is the store's to settle
 		}
 		one := gcra.Ticket{N: t.N, At: t.At}
 		one.TatAfter[0] = t.TatAfter[i]
@@ -243,4 +258,50 @@ func (m *Member) applyPenalty(now, until int64) {
 		gcra.Penalize(tats[:], []gcra.Limit{m.lease.local}, now, until)
 		m.bucket.tat = tats[0]
 	}
+}
+
+// Central reports whether the member's limit is decided at the store (Reply.Central).
+func (m *Member) Central() bool { return m.view.central && m.phase == registered }
+
+// TakeRequest returns the request that takes n permits of a store-decided limit at the
+// store, at once or booked up to maxDelay ahead (OpTake); ok is false when the member is
+// not registered (it must join first: the caller waits for its next renewal).
+func (m *Member) TakeRequest(now, n, maxDelay int64) (Request, bool) {
+	if m.phase != registered {
+		return Request{}, false
+	}
+	return Request{Op: OpTake, Member: m.id, Epoch: m.epoch, N: n, MaxDelay: maxDelay, Sent: now, Seen: m.seenIfHolding(now)}, true
+}
+
+// GiveRequest returns the request that settles a take at the store: it gives back n
+// permits taken and not used (OpGive) or, with a negative n, charges -n more at once (a
+// settlement up: an OpTake with a negative MaxDelay, which the store never refuses).
+func (m *Member) GiveRequest(now, n int64) Request {
+	if n < 0 {
+		return Request{Op: OpTake, Member: m.id, Epoch: m.epoch, N: -n, MaxDelay: -1, Sent: now} // a charge
+	}
+	return Request{Op: OpGive, Member: m.id, Epoch: m.epoch, N: n, Sent: now}
+}
+
+// Took applies the store's answer to a take of n permits asked at now: the member learns
+// whether its limit is still decided at the store, and counts the permits in its demand.
+func (m *Member) Took(now, n int64, rep Reply, err error) {
+	if err != nil {
+		if errors.Is(err, ErrStaleEpoch) && m.phase == registered {
+			m.becomeUnregistered()
+		}
+		m.demand.throttled = true
+		return
+	}
+	m.view.central = rep.Central
+	m.view.takenTill = max(m.view.takenTill, rep.Sent+rep.Wait+rep.TTL-m.cfg.margin)
+	m.link.seen = max(m.link.seen, rep.Version)
+	if !rep.Taken {
+		m.demand.throttled = true
+		return
+	}
+	at := now + rep.Wait
+	m.demand.used += n
+	m.pending.lastAt = max(m.pending.lastAt, at)
+	m.pending.busyAt = max(m.pending.busyAt, at)
 }

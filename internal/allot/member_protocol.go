@@ -20,6 +20,11 @@ func (m *Member) Due(now int64) int64 {
 		return now // at once (not math.MinInt64: callers subtract now from it)
 	}
 	d := m.link.lastSent + m.cfg.renew
+	if m.view.central && !m.lease.has && !m.handover.ackNow && !m.link.failed {
+		// Decided at the store: its takes keep it alive (until takenTill), and a renewal
+		// only reports its demand: it renews when its takes no longer keep it alive.
+		return max(d, m.view.takenTill-m.cfg.renew)
+	}
 	if m.rated() && m.view.contended && (m.demand.throttled || m.demand.saturated) {
 		// Held back while others want all they can get too: capacity that idle members
 		// give back is picked up at renewals, so renew twice as often.
@@ -161,7 +166,7 @@ func (m *Member) Receive(now int64, nonce uint64, rep Reply, err error) {
 	if rep.Penalty > 0 {
 		m.applyPenalty(now, now+rep.Penalty)
 	}
-	m.view.target, m.view.live, m.view.contended = rep.Target, rep.Live, rep.Contended
+	m.view.target, m.view.live, m.view.contended, m.view.central = rep.Target, rep.Live, rep.Contended, rep.Central
 	m.view.retryAt = 0
 	if rep.RetryIn > 0 {
 		m.view.retryAt = now + rep.RetryIn

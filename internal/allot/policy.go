@@ -3,27 +3,14 @@ package allot
 import (
 	"cmp"
 	"slices"
-	"time"
 )
-
-// turn is how long a holder keeps its share before giving way, when the burst is smaller
-// than the number of members that want capacity.
-func (s *State) turn(cfg Config) int64 {
-	if cfg.Turn > 0 {
-		return int64(cfg.Turn)
-	}
-	t := 8 * s.Limit.Tau
-	return max(t, 2*int64(cfg.TTL), int64(time.Millisecond))
-}
 
 // targets returns the share the policy wants each member to hold at now (zero for dead
 // members), the number of live members, and the pool size the shares are based on.
 //
-// Every member that holds a share needs at least one permit of burst, so at most Burst
-// members hold at a time. When more want capacity, holders are chosen by rotation: a
-// holder keeps its place for one turn; then places go to the members that have waited
-// longest (ties: the larger demand, then the name), and holders whose turn is over come
-// last.
+// Every member that holds a share needs at least one permit of burst, and a share
+// should grant at least a permit per lease: when more members want the limit than that
+// allows, it is decided at the store instead (centralWanted) and nobody holds a share.
 func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 	tg = make([]Share, len(s.Members))
 	burst := s.Limit.Burst()
@@ -40,14 +27,11 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 	}
 	live = int64(len(alive))
 	size = live
-	if live == 0 {
-		return tg, 0, 0
+	s.Central = s.centralWanted(now, cfg, int64(len(wanting)))
+	if live == 0 || s.Central {
+		return tg, live, size // decided at the store: nobody holds a share
 	}
 	holders := wanting
-	rotating := int64(len(wanting)) > burst
-	if rotating {
-		holders = s.rotate(now, cfg, wanting, burst)
-	}
 	if cfg.Policy == Equal {
 		// Members agree when every live one reports the live count; until then
 		// the largest size anyone reports wins, which gives everyone less (conservative).
@@ -76,19 +60,10 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 		tg[i].Rate = give
 		left -= give
 	}
-	// In a rotation only the holders can use rate (the others have no burst): what their
-	// demands leave goes to them, equally.
-	if left > 0 && rotating {
-		for k, i := range holders {
-			give := left / int64(len(holders)-k)
-			tg[i].Rate += give
-			left -= give
-		}
-	}
 	// What nobody wanting more needs stays with whoever holds it (an idle member keeps
 	// its share, and its saved burst, until someone needs the capacity): nobody gives up
-	// capacity that no one else wants. Only when no rotation is going on.
-	if left > 0 && !rotating {
+	// capacity that no one else wants.
+	if left > 0 {
 		var extra []int
 		var sum int64
 		for _, i := range alive {
@@ -133,12 +108,10 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 	// An idle member keeps the one permit it parked (a share without rate), while the
 	// burst left after every holder's first permit covers it: its next request is then
 	// served at once while it asks for a rate again.
-	if !rotating {
-		for _, i := range alive {
-			if e := &s.Members[i]; rest > 0 && tg[i].Rate == 0 && e.Demand == 0 && e.Lease.Share.Parked() {
-				tg[i].Burst = 1
-				rest--
-			}
+	for _, i := range alive {
+		if e := &s.Members[i]; rest > 0 && tg[i].Rate == 0 && e.Demand == 0 && e.Lease.Share.Parked() {
+			tg[i].Burst = 1
+			rest--
 		}
 	}
 	if rest > 0 && rates > 0 {
@@ -163,36 +136,4 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 		}
 	}
 	return tg, live, size
-}
-
-// rotate chooses at most burst holders among the wanting members.
-func (s *State) rotate(now int64, cfg Config, wanting []int, burst int64) []int {
-	turn := s.turn(cfg)
-	var keep, wait, over []int
-	for _, i := range wanting {
-		e := &s.Members[i]
-		switch {
-		case e.Lease.Share.Rate == 0:
-			wait = append(wait, i)
-		case now-e.Since < turn:
-			keep = append(keep, i)
-		default:
-			over = append(over, i)
-		}
-	}
-	bySince := func(a, b int) int {
-		ea, eb := &s.Members[a], &s.Members[b]
-		switch {
-		case ea.Since != eb.Since:
-			return cmp.Compare(ea.Since, eb.Since)
-		case ea.Demand != eb.Demand:
-			return cmp.Compare(eb.Demand, ea.Demand)
-		}
-		return 0 // members are sorted by name: the stable sort keeps that order
-	}
-	slices.SortStableFunc(keep, bySince)
-	slices.SortStableFunc(wait, bySince)
-	slices.SortStableFunc(over, bySince)
-	out := append(append(keep, wait...), over...)
-	return out[:burst]
 }

@@ -75,10 +75,6 @@ type Config struct {
 	Grace time.Duration
 	// Policy divides the limit among live members.
 	Policy Policy
-	// Turn is how long a member holds a share before it must give way to a waiting one,
-	// when the burst is smaller than the number of members that want capacity (each
-	// holder needs at least one permit of burst). Zero means max(2×TTL, 8 × Burst × T).
-	Turn time.Duration
 	// JoinWindow: a fresh record (a limit nobody held before) with a burst above one grants
 	// nothing for this long after it is made, so that members starting together share its
 	// saved burst instead of the first to ask taking it all. Members joining in the window
@@ -92,7 +88,6 @@ func DefaultConfig() Config {
 		TTL:    time.Second,            // four renewals at the members' default interval
 		Grace:  500 * time.Millisecond, // two renewal intervals of fail-mode-local running
 		Policy: Fair,                   // idle members do not hold capacity busy ones need
-		Turn:   0,                      // automatic: max(2×TTL, 8 emission intervals per burst permit)
 		// members that start together (a deploy, a demo) share the first burst
 		JoinWindow: 50 * time.Millisecond,
 	}
@@ -105,8 +100,6 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: TTL %v must be positive", ErrInvalidConfig, c.TTL)
 	case c.Grace < 0:
 		return fmt.Errorf("%w: Grace %v must not be negative", ErrInvalidConfig, c.Grace)
-	case c.Turn < 0:
-		return fmt.Errorf("%w: Turn %v must not be negative", ErrInvalidConfig, c.Turn)
 	case c.JoinWindow < 0:
 		return fmt.Errorf("%w: JoinWindow %v must not be negative", ErrInvalidConfig, c.JoinWindow)
 	case c.Policy > Equal:
@@ -164,6 +157,9 @@ type Entry struct {
 	// RetiredUntil: whoever holds it may still be using it.
 	Retired      Share `json:"retired"`
 	RetiredUntil int64 `json:"retired_until"`
+	// AliveUntil: its takes (a limit decided at the store) keep the member alive until
+	// then, without a heartbeat; its share, if any, still ends with its lease.
+	AliveUntil int64 `json:"alive_until"`
 }
 
 // own is what the member's current registration holds against the limit at now: it uses
@@ -192,7 +188,9 @@ func (e *Entry) retired(now int64) Share {
 func (e *Entry) counted(now int64) Share { return e.own(now).add(e.retired(now)) }
 
 // live reports whether the member is alive at now: registered, and its lease not expired.
-func (e *Entry) live(now int64) bool { return !e.Epoch.IsZero() && now < e.Lease.Expires }
+func (e *Entry) live(now int64) bool {
+	return !e.Epoch.IsZero() && (now < e.Lease.Expires || now < e.AliveUntil)
+}
 
 // State is the allocation of one limit: a small record, serializable as JSON, that a store
 // keeps per limit and changes only through Apply, so that any store runs the same decision
@@ -225,6 +223,17 @@ type State struct {
 	Penalty int64 `json:"penalty"`
 	// Open: a fresh record grants nothing before then (Config.JoinWindow).
 	Open int64 `json:"open"`
+	// Central: the limit is decided at the store (see Reply.Central). Takes draw on the
+	// free capacity: at once from the Pool, or booked ahead: Booked is then when the free
+	// capacity's rate is spoken for until (the time of the last permit booked), and the
+	// Pool refills only after it.
+	Central bool  `json:"central"`
+	Booked  int64 `json:"booked"`
+	// Queue holds the members denied a take, in the order they first asked: a take is
+	// granted to the first of them only, so that waiting members are served in turn (the
+	// order is the store's, whatever their retries). A member that does not come back
+	// within a TTL of the time it was told loses its place.
+	Queue []Waiter `json:"queue"`
 	// Members, sorted by ID.
 	Members []Entry `json:"members"`
 	// Cfg holds the settings the record was made with: every member's request is applied
@@ -259,6 +268,21 @@ func NewState(l gcra.Limit, incarnation uint64, now, fence int64, cfg Config) (*
 	return s, nil
 }
 
+// Waiter is a member waiting in a State's Queue, told to come back at At; it keeps its
+// place until Until (callers come back late by their back-off's jitter).
+type Waiter struct {
+	ID    string `json:"id"`
+	At    int64  `json:"at"`
+	Until int64  `json:"until"`
+}
+
+// wait returns a waiter told at now to come back at at: it keeps its place a TTL and half
+// its wait longer.
+func wait(id string, now, at, ttl int64) Waiter {
+	at = max(at, now)
+	return Waiter{ID: id, At: at, Until: gcra.After(at, ttl+(at-now)/2)}
+}
+
 // Op is what a request asks of the store.
 type Op uint8
 
@@ -274,6 +298,12 @@ const (
 	OpRelease
 	// OpPenalize holds the whole pool back for Hold (a 429 with Retry-After).
 	OpPenalize
+	// OpTake takes N permits of a store-decided limit (Reply.Central) from the free
+	// capacity, at once or booked up to MaxDelay ahead: one round trip per decision, as
+	// the redis mode's. It renews the member's liveness too.
+	OpTake
+	// OpGive gives back N permits taken and not used (a decision undone).
+	OpGive
 )
 
 func (o Op) String() string {
@@ -286,6 +316,10 @@ func (o Op) String() string {
 		return "release"
 	case OpPenalize:
 		return "penalize"
+	case OpTake:
+		return "take"
+	case OpGive:
+		return "give"
 	}
 	return fmt.Sprintf("Op(%d)", int(o))
 }
@@ -315,6 +349,9 @@ type Request struct {
 	// what the free capacity saved up; they are ignored if the request frees nothing.
 	Return int64 `json:"return"`
 	Hold   int64 `json:"hold"` // penalize: nanoseconds
+	// N and MaxDelay (take, give): the permits, and how far ahead they may be booked.
+	N        int64 `json:"n"`
+	MaxDelay int64 `json:"max_delay"`
 	// Seen is the newest version of the record the member has seen (Reply.Version) while
 	// it may still use a share leased from it, 0 otherwise: a store whose record is older,
 	// or missing, lost what it granted (a failover that lost writes, an old copy restored)
@@ -355,6 +392,14 @@ type Reply struct {
 	// Contended says another live member wants as much as it can get (fair policy): a
 	// member that goes idle should give its share back at once (Request.Relinquish).
 	Contended bool `json:"contended"`
+	// Central says the limit is too small to share out (more members want it than it has
+	// permits of burst, or a share would grant less than a permit per lease): nobody holds
+	// a share, and members take each decision's permits at the store (OpTake).
+	Central bool `json:"central"`
+	// Taken and Wait answer a take: granted (usable after Wait), or not (ask again after
+	// Wait: the same take would be granted then).
+	Taken bool  `json:"taken"`
+	Wait  int64 `json:"wait"`
 	// Version is the record's version after this request (the store fills it in), which
 	// the member presents as Request.Seen from then on.
 	Version uint64 `json:"version"`
@@ -377,7 +422,7 @@ func (s *State) Apply(now int64, cfg Config, req Request) (Reply, error) {
 		}
 		rep.Penalty = max(0, s.Penalty-now)
 		return rep, nil
-	case OpJoin, OpRenew, OpRelease:
+	case OpJoin, OpRenew, OpRelease, OpTake, OpGive:
 	default:
 		return Reply{}, fmt.Errorf("%w: operation %d", ErrBadRequest, req.Op)
 	}
@@ -423,6 +468,35 @@ func (s *State) Apply(now int64, cfg Config, req Request) (Reply, error) {
 			}
 		}
 		return rep, nil
+	case OpTake, OpGive:
+		if !found || s.Members[i].Epoch != req.Epoch {
+			return Reply{}, fmt.Errorf("%w: member %q epoch %d/%d", ErrStaleEpoch, req.Member, req.Epoch.Incarnation, req.Epoch.N)
+		}
+		if req.N < 0 || (req.N > s.Limit.Burst() && req.MaxDelay >= 0) {
+			return Reply{}, fmt.Errorf("%w: %d permits of a burst of %d", ErrBadRequest, req.N, s.Limit.Burst())
+		}
+		e := &s.Members[i]
+		e.Demand, e.Wanted = RateScale, now // it asks: it wants as much as it can get
+		s.targets(now, cfg)                 // is the limit still too small to share out?
+		rep.Central = s.Central
+		if req.Op == OpGive {
+			s.giveBack(now, req.N*s.Limit.T)
+			return rep, nil
+		}
+		// A take is booked at most TTL + Grace ahead, as long as a lease may be used: a
+		// store that loses the record meanwhile fences the limit that long, so the permits
+		// it grants after never crowd one booked before.
+		if req.MaxDelay < 0 {
+			s.charge(now, req.N) // a settlement up: the permits were used already
+			rep.Taken = true
+			return rep, nil
+		}
+		e.AliveUntil = max(e.AliveUntil, now+int64(cfg.TTL))
+		s.take(now, req.Member, req.N, min(req.MaxDelay, int64(cfg.TTL+cfg.Grace)), int64(cfg.TTL), &rep)
+		// A take keeps its member alive until it comes back (after the wait it was told)
+		// and a TTL more: members of a limit decided at the store need no heartbeat.
+		e.AliveUntil = max(e.AliveUntil, gcra.After(now+int64(cfg.TTL), rep.Wait))
+		return rep, nil
 	}
 	e := &s.Members[i]
 	e.Demand = min(max(req.Demand, 0), RateScale)
@@ -457,8 +531,13 @@ func (s *State) retire(i int, now int64) {
 
 // giveBack adds permits a member gave up unspent to what the free capacity saved up, as
 // far as the free burst goes.
+//
+// While takes are booked ahead (Booked is in the future), nothing is given back: permits
+// given back would let the next take in ahead of those booked, crowding them, as a refund
+// by any but the newest grant does in GCRA (see gcra.Adjust). They are lost instead,
+// which is safe.
 func (s *State) giveBack(now, ret int64) {
-	if ret <= 0 {
+	if ret <= 0 || s.Booked > now {
 		return
 	}
 	free := s.capacity().sub(s.Committed(now))
@@ -561,7 +640,7 @@ func (s *State) advance(now int64) {
 		}
 	}
 	s.Members = slices.DeleteFunc(s.Members, func(e Entry) bool {
-		return e.Lease.Until <= now && e.HeldUntil <= now && e.RetiredUntil <= now
+		return e.Lease.Until <= now && e.HeldUntil <= now && e.RetiredUntil <= now && e.AliveUntil <= now
 	})
 	if s.Penalty <= now {
 		s.Penalty = 0
@@ -574,8 +653,8 @@ func (s *State) refill(t int64) {
 		return
 	}
 	free := s.capacity().sub(s.Committed(s.PoolAt))
-	dt := min(t-s.PoolAt, 1<<42) // about 73 minutes: more can only fill the pool
-	if free.Rate > 0 {
+	dt := min(t-max(s.PoolAt, s.Booked), 1<<42) // about 73 minutes: more can only fill the pool
+	if free.Rate > 0 && dt > 0 {                // the rate booked ahead refills nothing until then
 		gain, _ := mulDiv(dt, free.Rate, RateScale)
 		s.Pool = min(s.Pool+gain, gcra.MaxTau)
 	}
@@ -603,6 +682,9 @@ func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
 	avail := s.capacity().sub(others)
 	if now < s.Open {
 		avail = Share{} // the join window: members starting together share the first burst
+	}
+	if now < s.Booked {
+		avail = Share{} // the free capacity's rate is spoken for by takes booked until then
 	}
 	before := e.own(now)
 	n := minShare(target, avail).normalize(s.Limit)
@@ -634,6 +716,7 @@ func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
 	rep.Target = target
 	rep.Live, rep.Size = live, size
 	rep.Penalty = max(0, s.Penalty-now)
+	rep.Central = s.Central
 	if cfg.Policy == Fair {
 		for j := range s.Members {
 			if o := &s.Members[j]; j != i && o.live(now) && o.Demand >= RateScale {
@@ -645,23 +728,7 @@ func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
 	switch {
 	case !target.Fits(n):
 		rep.RetryIn = s.nextFree(i, now)
-	case n.Rate == 0 && (cfg.Policy == Equal || e.Demand > 0):
-		rep.RetryIn = s.nextTurn(now, cfg) // waiting for a place in the rotation
 	}
-}
-
-// nextTurn returns how long until a holder's turn ends (rotation), or 0.
-func (s *State) nextTurn(now int64, cfg Config) int64 {
-	next := int64(0)
-	turn := s.turn(cfg)
-	for j := range s.Members {
-		if e := &s.Members[j]; e.live(now) && e.Lease.Share.Rate > 0 {
-			if t := e.Since + turn - now; t > 0 && (next == 0 || t < next) {
-				next = t
-			}
-		}
-	}
-	return next
 }
 
 // nextFree returns how long until capacity held by a member other than i (a quarantine,
@@ -675,7 +742,9 @@ func (s *State) nextFree(i int, now int64) int64 {
 	}
 	consider(s.Fence)
 	consider(s.Open)
-	consider(s.Members[i].RetiredUntil)
+	if i >= 0 {
+		consider(s.Members[i].RetiredUntil)
+	}
 	for j := range s.Members {
 		if j == i {
 			continue
@@ -705,16 +774,16 @@ func (s *State) Clone() *State {
 // again starts the same (with a new incarnation, so no old registration is taken for a
 // new one).
 func (s *State) Idle(now int64) bool {
-	return len(s.Members) == 0 && s.Penalty <= now && now >= s.Fence && s.Pool >= s.Limit.Tau && now >= s.Open
+	return len(s.Members) == 0 && s.Penalty <= now && now >= s.Fence && s.Pool >= s.Limit.Tau && now >= s.Open && s.Booked <= now && len(s.Queue) == 0
 }
 
 // QuietAt is when the record becomes Idle at the latest if no request comes: every lease
 // and quarantine it counts has ended, every penalty and fence too, and its pool has had
 // the time to refill at the whole limit's rate.
 func (s *State) QuietAt() int64 {
-	t := max(s.Fence, s.Penalty, s.Open, s.PoolAt)
+	t := max(s.Fence, s.Penalty, s.Open, s.PoolAt, s.Booked)
 	for _, e := range s.Members {
-		t = max(t, e.Lease.Until, e.Lease.Expires+int64(s.Cfg.Grace), e.HeldUntil, e.RetiredUntil)
+		t = max(t, e.Lease.Until, e.Lease.Expires+int64(s.Cfg.Grace), e.HeldUntil, e.RetiredUntil, e.AliveUntil)
 	}
 	return gcra.After(t, s.Limit.Tau)
 }
@@ -730,4 +799,125 @@ func NewIncarnation() uint64 {
 			return v
 		}
 	}
+}
+
+// freeBurst is the burst nobody's share counts at now: what takes may draw on.
+func (s *State) freeBurst(now int64) int64 {
+	return s.capacity().sub(s.Committed(now)).Burst
+}
+
+// take takes n permits from the free capacity (a store-decided limit): at once if the pool
+// holds them, else booked for when the free rate will have refilled it, if that is within
+// maxDelay and after any penalty.
+func (s *State) take(now int64, id string, n, maxDelay, ttl int64, rep *Reply) {
+	free := s.capacity().sub(s.Committed(now))
+	need := n * s.Limit.T
+	if n > free.Burst || (need > s.Pool && free.Rate == 0) {
+		// Shares still counted hold the burst or the rate: ask again when they free.
+		rep.Wait = max(s.nextFree(-1, now), int64(time.Millisecond))
+		return
+	}
+	// Waiters that left, or did not come back in time, lose their place.
+	s.Queue = slices.DeleteFunc(s.Queue, func(w Waiter) bool {
+		i, ok := s.find(w.ID)
+		return !ok || !s.Members[i].live(now) || now > w.Until
+	})
+	pos := slices.IndexFunc(s.Queue, func(w Waiter) bool { return w.ID == id })
+	free0 := s.Booked <= now && s.Penalty <= now && s.Pool >= need
+	if len(s.Queue) > 0 && pos != 0 && free0 && now > s.Queue[0].At {
+		// The first waiter is late (its back-off's jitter): the permit free now goes to
+		// whoever asks, rather than waste; the first keeps its place for the next.
+		if pos > 0 {
+			s.Queue = slices.Delete(s.Queue, pos, pos+1)
+		}
+		s.Pool -= need
+		rep.Taken = true
+		return
+	}
+	if len(s.Queue) > 0 && pos != 0 {
+		// Others wait before it: it comes after them, one slot each.
+		if pos < 0 {
+			pos = len(s.Queue)
+			s.Queue = append(s.Queue, Waiter{ID: id})
+		}
+		slot, _ := mulDivUp(need, RateScale, max(free.Rate, 1))
+		at := gcra.After(s.nextSlot(now, need, free), gcra.MulSat(int64(pos), slot))
+		// It is told to come back a little before its turn (callers come back late by their
+		// back-off's jitter, in proportion to the wait), and told again then.
+		back := now + (at-maxDelay-now)*3/4
+		s.Queue[pos] = wait(id, now, back, ttl+(at-back))
+		rep.Wait = max(back-now, int64(time.Millisecond))
+		return
+	}
+	if pos == 0 {
+		s.Queue = s.Queue[1:] // its turn
+	}
+	if s.Booked <= now && s.Penalty <= now && s.Pool >= need {
+		s.Pool -= need
+		rep.Taken = true
+		return
+	}
+	// Booked after the permits booked before (at the free rate of now: a rate that grows
+	// later speeds up only the bookings after), and after any penalty, as gcra.Penalize
+	// holds a bucket back.
+	at := s.nextSlot(now, need, free)
+	if at-now > maxDelay {
+		// Denied: the same take would be granted (booked) from at - maxDelay on. It waits
+		// first in line, and is told to come back then.
+		s.Queue = slices.Insert(s.Queue, 0, wait(id, now, at-maxDelay, ttl))
+		rep.Wait = max(at-now-maxDelay, int64(time.Millisecond))
+		return
+	}
+	if at > now {
+		s.Pool, s.Booked = 0, at
+	} else {
+		s.Pool -= need
+	}
+	rep.Taken, rep.Wait = true, at-now
+}
+
+// centralWanted says whether the limit is too small to share out among the members that
+// want it: more of them than it has permits of burst (each share needs one), or a share
+// that would grant less than one permit per lease. A limit that is decided at the store
+// goes back to shares only when it has room to spare (half as many members), and never
+// while takes are booked ahead of the pool.
+func (s *State) centralWanted(now int64, cfg Config, wanting int64) bool {
+	burst, t, ttl := s.Limit.Burst(), s.Limit.T, int64(cfg.TTL)
+	if !s.Central {
+		return wanting >= 2 && (wanting > burst || wanting*t > ttl)
+	}
+	return s.Booked > now || (wanting >= 2 && !(2*wanting <= burst && 2*wanting*t <= ttl))
+}
+
+// charge counts n permits already used against the free capacity (a settlement up of a
+// take): from the pool, else booked ahead of any later take, at the free rate (the whole
+// limit's, if none is free: conservative either way).
+func (s *State) charge(now, n int64) {
+	need := gcra.MulSat(n, s.Limit.T)
+	if s.Booked <= now && s.Pool >= need {
+		s.Pool -= need
+		return
+	}
+	pool := s.Pool
+	if s.Booked > now {
+		pool = 0
+	}
+	rate := max(s.capacity().sub(s.Committed(now)).Rate, 1)
+	w, _ := mulDivUp(need-pool, RateScale, rate)
+	s.Pool, s.Booked = 0, gcra.After(max(now, s.Booked), w)
+}
+
+// nextSlot is when the free capacity will next hold need, after the takes booked before and
+// any penalty.
+func (s *State) nextSlot(now, need int64, free Share) int64 {
+	start, pool := max(now, s.Booked), s.Pool
+	if s.Booked > now {
+		pool = 0
+	}
+	at := start
+	if d := need - pool; d > 0 {
+		w, _ := mulDivUp(d, RateScale, max(free.Rate, 1))
+		at = gcra.After(start, w)
+	}
+	return max(at, s.Penalty)
 }

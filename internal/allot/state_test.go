@@ -189,40 +189,70 @@ func TestFenceAfterRestart(t *testing.T) {
 	}
 }
 
-// TestRotationWhenBurstIsSmall: 1/6s with three members that all want it: one holds at a
-// time, for a turn, then the one that waited longest.
-func TestRotationWhenBurstIsSmall(t *testing.T) {
+// TestSmallLimitIsDecidedAtTheStore: a limit too small to share out (1/6s: a burst of one
+// permit, and a share would grant less than a permit per lease) is decided at the store as
+// soon as two members want it: nobody holds a share, the first member's share is counted
+// until it says it gave it up, and takes draw on the free capacity one permit every 6 s,
+// booked ahead within TTL + Grace. When one member is left, shares come back.
+func TestSmallLimitIsDecidedAtTheStore(t *testing.T) {
 	c := cfg(Fair)
-	c.Turn = 30 * time.Second
-	p := newPool(t, lim(1, 6*time.Second, 1), c, 0)
-	one := Share{all, 1}
-	var steps []step
-	steps = append(steps,
-		step{at: 0, op: OpJoin, member: "a", demand: all, want: one, fill: 1},
-		step{at: 0, op: OpJoin, member: "b", demand: all, want: Share{}},
-		step{at: 1 * ms, op: OpJoin, member: "c", demand: all, want: Share{}},
-	)
-	// Everyone renews every 250 ms; a holds for its 30 s turn.
-	for at := 250 * ms; at < 30*sec; at += 250 * ms {
-		steps = append(steps,
-			step{at: at, op: OpRenew, member: "a", demand: all, want: one},
-			step{at: at + 1, op: OpRenew, member: "b", demand: all, want: Share{}},
-			step{at: at + 2, op: OpRenew, member: "c", demand: all, want: Share{}})
+	c.JoinWindow = 0
+	c.TTL, c.Grace = 10*time.Second, time.Second // members that need not renew between the steps
+	l := lim(1, 6*time.Second, 1)
+	s, _ := NewState(l, 1, 0, 0, c)
+	apply := func(at int64, req Request) Reply {
+		t.Helper()
+		rep, err := s.Apply(at, c, req)
+		if err != nil {
+			t.Fatalf("at %v %v: %v", time.Duration(at), req.Op, err)
+		}
+		if err := s.Check(at); err != nil {
+			t.Fatalf("at %v: %v", time.Duration(at), err)
+		}
+		return rep
 	}
-	steps = append(steps,
-		step{at: 30 * sec, op: OpRenew, member: "a", demand: all, want: Share{}},
-		step{at: 30*sec + 1, op: OpRenew, member: "a", demand: all, want: Share{}},
-		// b waited longest (since 0; c since 1 ms).
-		step{at: 30*sec + 2, op: OpRenew, member: "c", demand: all, want: Share{}},
-		step{at: 30*sec + 3, op: OpRenew, member: "b", demand: all, want: one},
-		step{at: 60*sec + 3, op: OpRenew, member: "a", demand: all, want: Share{}},
-		step{at: 60*sec + 4, op: OpRenew, member: "b", demand: all, want: Share{}},
-		step{at: 60*sec + 5, op: OpRenew, member: "b", demand: all, want: Share{}},
-		step{at: 60*sec + 6, op: OpRenew, member: "c", demand: all, want: one},
-	)
-	// Keep a and b alive in the gap.
-	p.cfg.TTL = time.Minute
-	p.run(steps)
+	a := apply(0, Request{Op: OpJoin, Member: "a", Demand: all})
+	if a.Lease.Share != (Share{Rate: all, Burst: 1}) || a.Central {
+		t.Fatalf("a alone: %+v", a)
+	}
+	b := apply(1*ms, Request{Op: OpJoin, Member: "b", Demand: all})
+	if !b.Central || !b.Lease.Share.IsZero() {
+		t.Fatalf("b joins: %+v, want the limit decided at the store", b)
+	}
+	// a still holds its share (counted until it says it switched): no take yet.
+	if r := apply(2*ms, Request{Op: OpTake, Member: "b", Epoch: b.Epoch, N: 1, MaxDelay: int64(time.Hour)}); r.Taken {
+		t.Fatalf("a take while a holds the whole limit: %+v", r)
+	}
+	a = apply(250*ms, Request{Op: OpRenew, Member: "a", Epoch: a.Epoch, InUse: a.Lease.Seq, Demand: all})
+	if !a.Central || !a.Lease.Share.IsZero() {
+		t.Fatalf("a renews: %+v, want no share", a)
+	}
+	a = apply(260*ms, Request{Op: OpRenew, Member: "a", Epoch: a.Epoch, InUse: a.Lease.Seq, Demand: all})
+	// The freed capacity starts empty: the first take is booked 6 s on, within TTL+Grace
+	// only if asked for it; then one every 6 s.
+	r := apply(300*ms, Request{Op: OpTake, Member: "b", Epoch: b.Epoch, N: 1})
+	if r.Taken || r.Wait <= 0 {
+		t.Fatalf("a take now: %+v, want a wait", r)
+	}
+	r = apply(6300*ms, Request{Op: OpTake, Member: "b", Epoch: b.Epoch, N: 1})
+	if !r.Taken || r.Wait != 0 {
+		t.Fatalf("a take at 6.3 s: %+v", r)
+	}
+	r = apply(6400*ms, Request{Op: OpTake, Member: "a", Epoch: a.Epoch, N: 1, MaxDelay: int64(time.Hour)})
+	if !r.Taken || r.Wait != int64(6*time.Second)-100*ms {
+		t.Fatalf("a booked take: %+v, want 5.9 s ahead", r)
+	}
+	// b leaves: one member wants the limit, but a take is booked ahead: shares come back
+	// only after it.
+	apply(7*sec, Request{Op: OpRelease, Member: "b", Epoch: b.Epoch})
+	a = apply(7*sec+1, Request{Op: OpRenew, Member: "a", Epoch: a.Epoch, InUse: a.Lease.Seq, Demand: all})
+	if !a.Central {
+		t.Fatalf("shares came back with a take booked ahead: %+v", a)
+	}
+	a = apply(13*sec, Request{Op: OpRenew, Member: "a", Epoch: a.Epoch, InUse: a.Lease.Seq, Demand: all})
+	if a.Central || a.Lease.Share.Rate != all {
+		t.Fatalf("a alone again after the booking: %+v", a)
+	}
 }
 
 // TestEqualPolicyAgreement: seed 002's rule. Three members report the pool size they were
