@@ -41,6 +41,7 @@ type Backend struct {
 	observer  Observer
 
 	recs       sync.Map // recordKey -> *rec
+	keyLimits  sync.Map // key -> []gcra.Limit: the limits it was last decided under
 	wake       chan struct{}
 	sleepUntil atomic.Int64 // when the renewal goroutine wakes by itself (MaxInt64 while awake)
 	quit       chan struct{}
@@ -65,6 +66,7 @@ type recordKey struct {
 type rec struct {
 	key     string
 	mu      sync.Mutex
+	stale   atomic.Bool // the key is decided under other limits now: release at once
 	m       *allot.Member
 	changed chan struct{} // made by the first waiter (watch), closed when an answer from the store arrives
 }
@@ -182,11 +184,38 @@ func (b *Backend) rec(key string, l gcra.Limit) *rec {
 	return v.(*rec)
 }
 
+// supersede marks the records of key under limits it was decided under before, and no
+// longer is, as stale: the key's limits changed (a reload), and the shares of the old ones
+// go back at the next round, not after they idle out.
+func (b *Backend) supersede(key string, limits []gcra.Limit) {
+	ls := slices.Clone(limits)
+	v, loaded := b.keyLimits.Swap(key, ls)
+	if !loaded {
+		return
+	}
+	for _, old := range v.([]gcra.Limit) {
+		if slices.Contains(limits, old) {
+			continue
+		}
+		if r, ok := b.recs.Load(recordKey{key, old}); ok {
+			r.(*rec).stale.Store(true)
+			b.nudge()
+		}
+	}
+}
+
 // records returns key's records for limits, in the order of limits, using out's storage.
 func (b *Backend) records(key string, limits []gcra.Limit, out *[gcra.MaxLimits]*rec) []*rec {
 	rs := out[:len(limits)]
+	fresh := false
 	for i, l := range limits {
+		if _, ok := b.recs.Load(recordKey{key, l}); !ok {
+			fresh = true
+		}
 		rs[i] = b.rec(key, l)
+	}
+	if fresh {
+		b.supersede(key, limits)
 	}
 	return rs
 }
@@ -575,12 +604,14 @@ func (b *Backend) round() int64 {
 		if r.m.Released() {
 			return true
 		}
-		if r.m.Idle(now, b.idleAfter) {
+		if r.m.Idle(now, b.idleAfter) || (r.stale.Load() && r.m.Idle(now, 0)) {
 			if req, ok := r.m.Release(now); ok {
 				calls = append(calls, call{key: r.key, limit: r.m.Limit(), req: req})
 				owners = append(owners, pending{})
 			}
-			b.recs.CompareAndDelete(k, r)
+			if b.recs.CompareAndDelete(k, r) {
+				b.keyLimits.Delete(r.key) // forgotten with its records (bounded memory)
+			}
 			return true
 		}
 		if req, ok := r.m.Request(now, early); ok {

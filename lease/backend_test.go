@@ -15,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/backend/backendtest"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/allot"
 )
 
 var bg = context.Background()
@@ -417,4 +418,30 @@ func TestSmallLimitDecidedAtTheStore(t *testing.T) {
 		t.Errorf("%d permits in 5 s alone at 2/s", got)
 	}
 	t.Logf("%d permits in 10 s among five members (%v)", total, c.granted)
+}
+
+// TestLimitChangeHandsTheOldShareBack: when a key's limit changes (a daemon reloads its
+// rules), the member's share of the old limit goes back at the next round, not after it
+// idles out, and the new limit is decided at once.
+func TestLimitChangeHandsTheOldShareBack(t *testing.T) {
+	old, nw := lim(100, time.Second, 10), lim(50, time.Second, 5)
+	c := newCluster(t, old, 1, DefaultConfig())
+	c.run(500*time.Millisecond, []int{0}, 1)
+	m := c.members[0]
+	if g, err := m.Decide(bg, "api", backend.Request{Limits: []gcra.Limit{nw}, N: 1}); err != nil || !g.Allowed {
+		t.Fatalf("under the new limit: %+v %v", g.Result, err)
+	}
+	c.run(300*time.Millisecond, nil, 1)
+	for _, s := range m.Leases() {
+		if s.Limit == old {
+			t.Fatalf("the old limit's share is still held: %+v", s)
+		}
+	}
+	snap, _ := c.store.Load(bg, []string{RecordID("api", old)})
+	if snap.Records[0].Version != 0 {
+		st, _ := allot.UnmarshalState(snap.Records[0].Data)
+		if c := st.Committed(snap.Now); c.Rate != 0 {
+			t.Fatalf("the old record still counts %+v", c)
+		}
+	}
 }

@@ -384,6 +384,9 @@ func (e *engine) scenarioEvent(ev *event) {
 		what = "limit " + se.Limit.String()
 		e.setLimits(se.Limit.Limits)
 		e.ref.SetLimits(se.Limit.Limits)
+		if lc, ok := e.mode.(limitChanger); ok {
+			lc.limitChanged(e)
+		}
 		if len(e.storeTats) != len(e.core) {
 			e.storeTats = resize(e.storeTats, len(e.core))
 			for _, m := range e.members {

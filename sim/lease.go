@@ -329,6 +329,10 @@ func (l *leaseMode) store(e *engine, ev *event) {
 		}
 		return
 	}
+	if int(msg.limit) >= len(l.states) { // sent under limits since changed
+		l.free = append(l.free, slot)
+		return
+	}
 	e.storeOps++
 	e.bucket().storeOps++
 	st := l.states[msg.limit]
@@ -522,4 +526,37 @@ func (l *leaseMode) took(e *engine, mi int32, msg leaseMsg) {
 		e.denied(mi, g, msg.rep.Wait)
 	}
 	l.reschedule(e, mi)
+}
+
+// limitChanger is a mode that follows a change of the limit itself.
+type limitChanger interface{ limitChanged(e *engine) }
+
+// limitChanged follows a change of the limit (a reload): every member hands its shares of
+// the old limits back at once (as the backend does when a key is decided under new
+// limits) and joins the records of the new ones; the old records' leases end as their
+// members release them.
+func (l *leaseMode) limitChanged(e *engine) {
+	if l.states == nil {
+		return
+	}
+	for mi, ms := range l.members {
+		if ms == nil || l.minc[mi] != e.members[mi].inc {
+			continue
+		}
+		for k, m := range ms {
+			if req, ok := m.Release(e.now); ok {
+				l.send(e, int32(mi), k, req, false)
+			}
+		}
+		l.members[mi] = nil // made again, under the new limits, at the next decision
+		for g := range l.waiting[mi] {
+			l.waiting[mi][g] = false
+		}
+	}
+	l.limits = slices.Clone(e.core)
+	l.states = make([]*allot.State, len(l.limits))
+	for i, lim := range l.limits {
+		l.states[i], _ = allot.NewState(lim, l.inc, e.now, 0, l.cfg)
+	}
+	l.rep.Burst = l.limits[0].Burst()
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"slices"
 	"strconv"
 	"text/tabwriter"
 	"time"
@@ -108,9 +107,6 @@ func Run(sc *Scenario, opts Options) (*Report, error) {
 		m := newMode(name, sc)
 		if m == nil {
 			return nil, fmt.Errorf("sim: unknown mode %q (known: %v)", name, ModeNames())
-		}
-		if name == "lease" && slices.ContainsFunc(sc.Events, func(ev Event) bool { return ev.Limit != nil }) {
-			return nil, fmt.Errorf("sim: the lease mode does not model limit changes (yet): drop the limit event or the mode")
 		}
 		e := newEngine(sc, m)
 		if opts.Progress != nil {
