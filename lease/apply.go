@@ -105,7 +105,7 @@ func (a *applier) apply(ctx context.Context, calls []call) ([]result, error) {
 		}
 		if attempt > 0 {
 			// Jittered, growing: members that collided do not collide again in step.
-			d := time.Duration(rand.Int64N(int64(time.Millisecond) << min(attempt, 4)))
+			d := time.Duration(rand.Int64N(int64(time.Millisecond) << min(attempt, 6)))
 			t := time.NewTimer(d)
 			select {
 			case <-ctx.Done():

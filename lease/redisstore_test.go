@@ -3,6 +3,7 @@ package lease_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/backend/backendtest"
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/lease/leasetest"
@@ -79,4 +81,67 @@ func TestConformanceOnRedis(t *testing.T) {
 		return b
 	}
 	backendtest.Run(t, factory)
+}
+
+// conflicts counts the writes a store refused because the record had changed.
+type conflicts struct {
+	lease.Store
+	writes, lost atomic.Int64
+}
+
+func (c *conflicts) Swap(ctx context.Context, ws []lease.Write) ([]uint64, error) {
+	vs, err := c.Store.Swap(ctx, ws)
+	if err == nil {
+		c.writes.Add(int64(len(ws)))
+		for _, v := range vs {
+			if v == 0 {
+				c.lost.Add(1)
+			}
+		}
+	}
+	return vs, err
+}
+
+// TestMembersStartedTogetherRarelyConflict: two members of one limit started at the same
+// instant, both busy, through a real Redis. They used to renew in step for ever (a
+// renewal is timed from the last one, and the loser of a compare-and-set retries at once),
+// and a third of their writes lost; their phases drift apart now, and a write loses only
+// when two renewals happen to meet.
+func TestMembersStartedTogetherRarelyConflict(t *testing.T) {
+	srv := redistest.New(t)
+	store := &conflicts{Store: lease.NewRedisStore(redisClient(t, srv), testPrefix())}
+	if err := lease.WaitUnfenced(context.Background(), store, lease.DefaultConfig()); err != nil {
+		t.Fatal(err)
+	}
+	l := gcra.Limit{T: int64(5 * time.Millisecond), Tau: 20 * int64(5*time.Millisecond)} // 200/s, burst 20
+	var bs []*lease.Backend
+	for i := range 2 {
+		b, err := lease.New(store, lease.WithID(fmt.Sprint("m", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		bs = append(bs, b)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, b := range bs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tk := time.NewTicker(2 * time.Millisecond)
+			defer tk.Stop()
+			for ctx.Err() == nil {
+				<-tk.C
+				b.AllowOne(ctx, "api", l)
+			}
+		}()
+	}
+	wg.Wait()
+	w, lost := store.writes.Load(), store.lost.Load()
+	t.Logf("%d writes, %d lost their compare-and-set", w, lost)
+	if w < 10 || lost*5 > w {
+		t.Errorf("%d of %d writes lost their compare-and-set: the members renew in step", lost, w)
+	}
 }
