@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -567,20 +566,9 @@ func (b *Backend) run() {
 	defer close(b.done)
 	t := b.clock.NewTimer(time.Hour)
 	defer t.Stop()
-	// Members that start together (a deploy) would renew together for ever: a renewal's
-	// time is set by the last one's, and the loser of a conflict retries at once. Each
-	// regular renewal is put off by a random fraction of a tenth of the interval, so their
-	// phases drift apart and their writes to a shared record stop colliding.
-	h := fnv.New64a()
-	h.Write([]byte(b.id))
-	rng := rand.New(rand.NewPCG(h.Sum64(), uint64(b.clock.Nanotime())))
-	jitter := int64(b.mcfg.RenewEvery) / 10
 	for {
 		b.sleepUntil.Store(math.MaxInt64) // awake: a nudge now is kept for after this round
 		next := b.round()
-		if now := b.clock.Nanotime(); jitter > 0 && next-now >= int64(b.mcfg.RenewEvery)/4 && next < math.MaxInt64-jitter {
-			next += rng.Int64N(jitter)
-		}
 		b.sleepUntil.Store(next)
 		select {
 		case <-b.quit:

@@ -2,6 +2,7 @@ package allot
 
 import (
 	"fmt"
+	"hash/fnv"
 	"math"
 	"time"
 
@@ -91,9 +92,11 @@ const prefetchLevel = 0.2
 // renewal protocol: when to send what, and applying the store's answers) and
 // member_lease.go (the lease held, handing a share over to the next).
 type Member struct {
-	id    string
-	limit gcra.Limit
-	cfg   memberSettings
+	id string
+	// phaseSeed (a hash of id) spreads the member's regular renewals (spread).
+	phaseSeed uint64
+	limit     gcra.Limit
+	cfg       memberSettings
 
 	phase phase
 	epoch Epoch // the registration, while registered
@@ -231,8 +234,10 @@ func NewMember(id string, l gcra.Limit, cfg MemberConfig, now int64) *Member {
 	if horizon == 0 {
 		horizon = int64(cfg.RenewEvery) / 4
 	}
+	h := fnv.New64a()
+	h.Write([]byte(id))
 	return &Member{
-		id: id, limit: l,
+		id: id, limit: l, phaseSeed: h.Sum64(),
 		cfg: memberSettings{renew: max(int64(cfg.RenewEvery), 1), margin: int64(cfg.Margin), idleGap: gap, horizon: horizon,
 			failLocal: cfg.FailMode != backend.FailClosed},
 		pending:  pendingPermits{exact: true, lastAt: math.MinInt64 / 4, busyAt: math.MinInt64 / 4},

@@ -19,7 +19,7 @@ func (m *Member) Due(now int64) int64 {
 		}
 		return now // at once (not math.MinInt64: callers subtract now from it)
 	}
-	d := m.link.lastSent + m.cfg.renew
+	d := m.link.lastSent + m.cfg.renew - m.spread()
 	if m.view.central && !m.lease.has && !m.handover.ackNow && !m.link.failed {
 		// Decided at the store: its takes keep it alive (until takenTill), and a renewal
 		// only reports its demand: it renews when its takes no longer keep it alive.
@@ -28,7 +28,7 @@ func (m *Member) Due(now int64) int64 {
 	if m.rated() && m.view.contended && (m.demand.throttled || m.demand.saturated) {
 		// Held back while others want all they can get too: capacity that idle members
 		// give back is picked up at renewals, so renew twice as often.
-		d = m.link.lastSent + m.cfg.renew/2
+		d = m.link.lastSent + m.cfg.renew/2 - m.spread()/2
 	}
 	if m.link.failed {
 		d = min(d, m.link.lastSent+m.cfg.renew/4)
@@ -54,6 +54,21 @@ func (m *Member) Due(now int64) int64 {
 		d = min(d, m.link.lastSent+m.cfg.renew/4)
 	}
 	return max(d, m.link.lastSent+m.cfg.renew/20)
+}
+
+// spread returns how much earlier than its interval the member's next regular renewal
+// comes: a number in [0, renew/20) drawn from the member's name and request number.
+// Members started together (a deploy) would otherwise renew at the same instants for
+// ever (each renewal is timed from the last), and on a shared record each renewal's write
+// would collide with the others'; the spread makes their phases drift apart, renewing a
+// little early (never late). It is a hash, not a random draw: the core stays
+// deterministic.
+func (m *Member) spread() int64 {
+	x := m.phaseSeed + m.link.nonce*0x9e3779b97f4a7c15 // splitmix64
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	x ^= x >> 31
+	return int64(x % uint64(max(m.cfg.renew/20, 1)))
 }
 
 // Request returns the request the member must send now, if one is due and none is in

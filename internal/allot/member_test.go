@@ -152,3 +152,40 @@ func TestMemberForgottenByTheStoreIsDueAtOnce(t *testing.T) {
 		t.Fatalf("no join at once: %+v %v", req, ok)
 	}
 }
+
+// TestMembersStartedTogetherDrift: two members that join at the same instant and are
+// answered at the same instants renewed at the same instants for ever, so that on a shared
+// record every renewal's write collided with the other's. Their regular renewals are
+// spread by their names: within a few renewals they are apart, never later than the
+// interval.
+func TestMembersStartedTogetherDrift(t *testing.T) {
+	l := lim(10, time.Second, 10)
+	cfg := MemberConfig{RenewEvery: 250 * time.Millisecond}
+	members := []*Member{NewMember("pod-a", l, cfg, 0), NewMember("pod-b", l, cfg, 0)}
+	apart := 0
+	var next [2]int64 // each member's next request: at once, then when due
+	for round := range 8 {
+		var dues [2]int64
+		for i, m := range members {
+			now := next[i]
+			req, ok := m.Request(now, 0)
+			if !ok {
+				t.Fatalf("round %d: member %d sent nothing at %v", round, i, time.Duration(now))
+			}
+			rep := Reply{Epoch: Epoch{Incarnation: 1, N: uint64(i + 1)}, Sent: now, Nonce: req.Nonce, TTL: int64(time.Second)}
+			rep.Lease.Seq, rep.Lease.Share = 1, Share{Rate: RateScale / 2, Burst: 5}
+			m.Receive(now, req.Nonce, rep, nil)
+			dues[i] = m.Due(now)
+			next[i] = dues[i]
+			if d := dues[i] - now; d > 250*ms || d < 250*ms*19/20 {
+				t.Fatalf("round %d: member %d due %v after its renewal, want within the last twentieth of 250ms", round, i, time.Duration(d))
+			}
+		}
+		if dues[0] != dues[1] {
+			apart++
+		}
+	}
+	if apart < 6 {
+		t.Fatalf("the members' renewals were apart in %d of 8 rounds", apart)
+	}
+}
