@@ -1,0 +1,265 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/lease"
+)
+
+// conflictCounter counts the records a store's compare-and-set refused (version 0 in the
+// answer): the writes a member lost to another's and retried.
+type conflictCounter struct {
+	lease.Store
+	writes, conflicts atomic.Int64
+}
+
+func (c *conflictCounter) Swap(ctx context.Context, ws []lease.Write) ([]uint64, error) {
+	vs, err := c.Store.Swap(ctx, ws)
+	if err == nil {
+		c.writes.Add(int64(len(ws)))
+		for _, v := range vs {
+			if v == 0 {
+				c.conflicts.Add(1)
+			}
+		}
+	}
+	return vs, err
+}
+
+// leaseRun is what a lease run through a real Redis cost.
+type leaseRun struct {
+	seconds             float64
+	loads, swaps        int64
+	bytesIn, bytesOut   int64
+	writes, conflicts   int64
+	decisions, admitted int64
+	recordBytes         int
+}
+
+// runLeaseOnRedis runs members lease members of one process (one RedisStore, one
+// connection pool, as sluice.WithBackend(lease.New(...)) per member would share) on the
+// limits, each key in keys asked for by every member at pace decisions a second each, for
+// d after every member holds its shares, and reports the store's costs over that time.
+func runLeaseOnRedis(b *testing.B, addr string, members int, renew time.Duration, cfg lease.Config, limits sluice.Limits, keys []string, pace float64, d time.Duration) leaseRun {
+	client := goredis.NewClient(&goredis.Options{Addr: addr, PoolSize: 64})
+	defer client.Close()
+	client.FlushAll(ctx)
+	rs := lease.NewRedisStore(client)
+	store := &conflictCounter{Store: rs}
+	if err := lease.WaitUnfenced(ctx, store, lease.DefaultConfig()); err != nil {
+		b.Fatal(err)
+	}
+	var ls []*sluice.Limiter
+	var bes []*lease.Backend
+	for i := range members {
+		be, err := lease.New(store, lease.WithID("m"+strconv.Itoa(i)), lease.WithRenewEvery(renew), lease.WithConfig(cfg))
+		if err != nil {
+			b.Fatal(err)
+		}
+		l, err := sluice.New(limits, sluice.WithBackend(be))
+		if err != nil {
+			b.Fatal(err)
+		}
+		ls = append(ls, l)
+		bes = append(bes, be)
+	}
+	defer func() {
+		for i := range ls {
+			ls[i].Close()
+			bes[i].Close()
+		}
+	}()
+	// Every member joins every key's limit, concurrently (a first decision on a fresh limit
+	// waits for its join window, and joins due together go in one round trip).
+	var warm sync.WaitGroup
+	sem := make(chan struct{}, 512)
+	for _, l := range ls {
+		for _, k := range keys {
+			warm.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem; warm.Done() }()
+				wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				l.Wait(wctx, k)
+			}()
+		}
+	}
+	warm.Wait()
+	var decisions, admitted atomic.Int64
+	var measuring atomic.Bool
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, l := range ls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Every 10 ms, the decisions due by then: a ticker drops the ticks a loaded
+			// machine misses, and demand would fall under the pace asked for.
+			t := time.NewTicker(10 * time.Millisecond)
+			defer t.Stop()
+			start, done := time.Now(), 0
+			for {
+				select {
+				case <-stop:
+					return
+				case <-t.C:
+				}
+				due := int(time.Since(start).Seconds() * pace)
+				for ; done < due; done++ {
+					for _, k := range keys {
+						ok := l.Allow(ctx, k)
+						if measuring.Load() {
+							decisions.Add(1)
+							if ok {
+								admitted.Add(1)
+							}
+						}
+					}
+				}
+			}
+		}()
+	}
+	// Every member joins, the shares settle: two TTLs.
+	time.Sleep(2 * time.Second)
+	loads0, swaps0 := rs.Ops()
+	in0, out0 := rs.Bytes()
+	w0, c0 := store.writes.Load(), store.conflicts.Load()
+	measuring.Store(true)
+	start := time.Now()
+	time.Sleep(d)
+	measuring.Store(false)
+	el := time.Since(start).Seconds()
+	loads1, swaps1 := rs.Ops()
+	in1, out1 := rs.Bytes()
+	close(stop)
+	wg.Wait()
+	run := leaseRun{
+		seconds: el, loads: loads1 - loads0, swaps: swaps1 - swaps0,
+		bytesIn: in1 - in0, bytesOut: out1 - out0,
+		writes: store.writes.Load() - w0, conflicts: store.conflicts.Load() - c0,
+		decisions: decisions.Load(), admitted: admitted.Load(),
+	}
+	// The size of one record as it is stored.
+	if ks, err := client.Keys(ctx, "*").Result(); err == nil {
+		for _, k := range ks {
+			if n, err := client.StrLen(ctx, k).Result(); err == nil && int(n) > run.recordBytes {
+				run.recordBytes = int(n)
+			}
+		}
+	}
+	return run
+}
+
+func (r leaseRun) report(b *testing.B, members int) {
+	m := float64(members)
+	b.ReportMetric(float64(r.loads+r.swaps)/r.seconds/m, "storeops/s/member")
+	b.ReportMetric(float64(r.bytesIn+r.bytesOut)/r.seconds/m, "B/s/member")
+	b.ReportMetric(float64(r.swaps)/r.seconds, "swaps/s")
+	if r.writes > 0 {
+		b.ReportMetric(100*float64(r.conflicts)/float64(r.writes), "conflict%")
+	}
+	b.ReportMetric(float64(r.recordBytes), "B/record")
+	b.ReportMetric(float64(r.admitted)/r.seconds, "admitted/s")
+	b.ReportMetric(0, "ns/op")
+}
+
+// BenchmarkLeaseRedisMembers: what 2, 20 and 200 members sharing one limit through one
+// real Redis cost: store operations and bytes per member per second, the compare-and-set
+// conflicts, the size of the record. Demand is 1.5 times the limit, spread evenly (every
+// member busy, every renewal a real change). Run with -benchtime 1x: each iteration is
+// five seconds of real time.
+func BenchmarkLeaseRedisMembers(b *testing.B) {
+	addr := startRedis(b)
+	limits := sluice.Limits{sluice.PerSecond(2000).WithBurst(400)}
+	slow := lease.DefaultConfig()
+	slow.TTL, slow.Grace = 4*time.Second, 2*time.Second
+	for _, tc := range []struct {
+		members int
+		renew   time.Duration
+		cfg     lease.Config
+	}{
+		{2, 0, lease.DefaultConfig()},
+		{20, 0, lease.DefaultConfig()},
+		{200, 0, lease.DefaultConfig()},
+		{200, time.Second, slow}, // renewals and leases four times as long
+	} {
+		members := tc.members
+		name := fmt.Sprintf("members=%d", members)
+		if tc.renew == 0 {
+			tc.renew = lease.DefaultMemberConfig().RenewEvery
+		} else {
+			name += fmt.Sprintf("/renew=%v/ttl=%v", tc.renew, tc.cfg.TTL)
+		}
+		b.Run(name, func(b *testing.B) {
+			var total leaseRun
+			for range b.N {
+				r := runLeaseOnRedis(b, addr, members, tc.renew, tc.cfg, limits, []string{"api"}, 1.5*2000/float64(members), 3*time.Second)
+				total = total.add(r)
+			}
+			total.report(b, members)
+		})
+	}
+}
+
+// BenchmarkLeaseRedisRenewals: how many renewals a second one limit's record takes before
+// conflicts dominate: 20 members renew ever more often (every 250 ms down to every 5 ms).
+// Every renewal of one limit is a compare-and-set on one record, so the members' writes
+// serialise on it; conflict% is the share of writes that lost and were retried.
+func BenchmarkLeaseRedisRenewals(b *testing.B) {
+	addr := startRedis(b)
+	limits := sluice.Limits{sluice.PerSecond(2000).WithBurst(400)}
+	const members = 20
+	for _, renew := range []time.Duration{250 * time.Millisecond, 50 * time.Millisecond, 20 * time.Millisecond, 5 * time.Millisecond} {
+		b.Run(fmt.Sprintf("renew=%v", renew), func(b *testing.B) {
+			var total leaseRun
+			for range b.N {
+				total = total.add(runLeaseOnRedis(b, addr, members, renew, lease.DefaultConfig(), limits, []string{"api"}, 1.5*2000/members, 3*time.Second))
+			}
+			total.report(b, members)
+		})
+	}
+}
+
+// BenchmarkLeaseRedisKeys: one member holding many keys renews them all in one round trip
+// per renewal (one read of every record, one write of those that changed), not one per key.
+func BenchmarkLeaseRedisKeys(b *testing.B) {
+	addr := startRedis(b)
+	limits := sluice.Limits{sluice.PerSecond(100).WithBurst(10)}
+	for _, n := range []int{1, 100, 10000} {
+		keys := make([]string, n)
+		for i := range keys {
+			keys[i] = "key" + strconv.Itoa(i)
+		}
+		b.Run(fmt.Sprintf("keys=%d", n), func(b *testing.B) {
+			var total leaseRun
+			for range b.N {
+				total = total.add(runLeaseOnRedis(b, addr, 1, lease.DefaultMemberConfig().RenewEvery, lease.DefaultConfig(), limits, keys, 2, 3*time.Second))
+			}
+			total.report(b, 1)
+		})
+	}
+}
+
+func (r leaseRun) add(o leaseRun) leaseRun {
+	r.seconds += o.seconds
+	r.loads += o.loads
+	r.swaps += o.swaps
+	r.bytesIn += o.bytesIn
+	r.bytesOut += o.bytesOut
+	r.writes += o.writes
+	r.conflicts += o.conflicts
+	r.decisions += o.decisions
+	r.admitted += o.admitted
+	r.recordBytes = max(r.recordBytes, o.recordBytes)
+	return r
+}
