@@ -13,27 +13,8 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/lease/leasetest"
 )
-
-// conflictCounter counts the records a store's compare-and-set refused (version 0 in the
-// answer): the writes a member lost to another's and retried.
-type conflictCounter struct {
-	lease.Store
-	writes, conflicts atomic.Int64
-}
-
-func (c *conflictCounter) Swap(ctx context.Context, ws []lease.Write) ([]uint64, error) {
-	vs, err := c.Store.Swap(ctx, ws)
-	if err == nil {
-		c.writes.Add(int64(len(ws)))
-		for _, v := range vs {
-			if v == 0 {
-				c.conflicts.Add(1)
-			}
-		}
-	}
-	return vs, err
-}
 
 // leaseRun is what a lease run through a real Redis cost.
 type leaseRun struct {
@@ -54,7 +35,7 @@ func runLeaseOnRedis(b *testing.B, addr string, members int, renew time.Duration
 	defer client.Close()
 	client.FlushAll(ctx)
 	rs := lease.NewRedisStore(client)
-	store := &conflictCounter{Store: rs}
+	store := &leasetest.Conflicts{Store: rs}
 	if err := lease.WaitUnfenced(ctx, store, lease.DefaultConfig()); err != nil {
 		b.Fatal(err)
 	}
@@ -133,7 +114,7 @@ func runLeaseOnRedis(b *testing.B, addr string, members int, renew time.Duration
 	time.Sleep(2 * time.Second)
 	loads0, swaps0 := rs.Ops()
 	in0, out0 := rs.Bytes()
-	w0, c0 := store.writes.Load(), store.conflicts.Load()
+	w0, c0 := store.Counts()
 	measuring.Store(true)
 	start := time.Now()
 	time.Sleep(d)
@@ -141,12 +122,13 @@ func runLeaseOnRedis(b *testing.B, addr string, members int, renew time.Duration
 	el := time.Since(start).Seconds()
 	loads1, swaps1 := rs.Ops()
 	in1, out1 := rs.Bytes()
+	w1, c1 := store.Counts()
 	close(stop)
 	wg.Wait()
 	run := leaseRun{
 		seconds: el, loads: loads1 - loads0, swaps: swaps1 - swaps0,
 		bytesIn: in1 - in0, bytesOut: out1 - out0,
-		writes: store.writes.Load() - w0, conflicts: store.conflicts.Load() - c0,
+		writes: w1 - w0, conflicts: c1 - c0,
 		decisions: decisions.Load(), admitted: admitted.Load(),
 	}
 	// The size of one record as it is stored.

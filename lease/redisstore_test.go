@@ -83,25 +83,6 @@ func TestConformanceOnRedis(t *testing.T) {
 	backendtest.Run(t, factory)
 }
 
-// conflicts counts the writes a store refused because the record had changed.
-type conflicts struct {
-	lease.Store
-	writes, lost atomic.Int64
-}
-
-func (c *conflicts) Swap(ctx context.Context, ws []lease.Write) ([]uint64, error) {
-	vs, err := c.Store.Swap(ctx, ws)
-	if err == nil {
-		c.writes.Add(int64(len(ws)))
-		for _, v := range vs {
-			if v == 0 {
-				c.lost.Add(1)
-			}
-		}
-	}
-	return vs, err
-}
-
 // TestMembersStartedTogetherRarelyConflict: two members of one limit started at the same
 // instant, both busy, through a real Redis. They used to renew in step for ever (a
 // renewal is timed from the last one, and the loser of a compare-and-set retries at once),
@@ -109,7 +90,7 @@ func (c *conflicts) Swap(ctx context.Context, ws []lease.Write) ([]uint64, error
 // when two renewals happen to meet.
 func TestMembersStartedTogetherRarelyConflict(t *testing.T) {
 	srv := redistest.New(t)
-	store := &conflicts{Store: lease.NewRedisStore(redisClient(t, srv), testPrefix())}
+	store := &leasetest.Conflicts{Store: lease.NewRedisStore(redisClient(t, srv), testPrefix())}
 	if err := lease.WaitUnfenced(context.Background(), store, lease.DefaultConfig()); err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +120,7 @@ func TestMembersStartedTogetherRarelyConflict(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	w, lost := store.writes.Load(), store.lost.Load()
+	w, lost := store.Counts()
 	t.Logf("%d writes, %d lost their compare-and-set", w, lost)
 	if w < 10 || lost*5 > w {
 		t.Errorf("%d of %d writes lost their compare-and-set: the members renew in step", lost, w)

@@ -1,0 +1,33 @@
+package leasetest
+
+import (
+	"context"
+	"sync/atomic"
+
+	"github.com/sluicehq/sluice/lease"
+)
+
+// Conflicts wraps a store and counts the records written and the writes that lost their
+// compare-and-set (version 0 in Swap's answer: another member wrote the record first, and
+// the member reads and applies again). Tests and benchmarks use it to measure contention.
+type Conflicts struct {
+	lease.Store
+	writes, lost atomic.Int64
+}
+
+// Swap is the store's Swap, counted.
+func (c *Conflicts) Swap(ctx context.Context, ws []lease.Write) ([]uint64, error) {
+	vs, err := c.Store.Swap(ctx, ws)
+	if err == nil {
+		c.writes.Add(int64(len(ws)))
+		for _, v := range vs {
+			if v == 0 {
+				c.lost.Add(1)
+			}
+		}
+	}
+	return vs, err
+}
+
+// Counts returns how many records were written (or tried) and how many writes lost.
+func (c *Conflicts) Counts() (writes, lost int64) { return c.writes.Load(), c.lost.Load() }
