@@ -133,10 +133,11 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 			}
 		}
 	}
-	parked, growing := false, false
+	parked, growing, sliver := false, false, false
 	for _, m := range ms {
 		parked = parked || m.lease.share.Parked()
 		growing = growing || m.growing()
+		sliver = sliver || m.belowEqualSplit()
 	}
 	switch {
 	case res.Allowed:
@@ -149,10 +150,21 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 		return res, tk, TooFar, nil
 	case res.RetryAfter <= maxDelay:
 		return res, tk, LeaseEnds, nil
-	case growing && maxDelay > 0:
+	case (growing || sliver) && maxDelay > 0:
 		// Beyond the caller's bound on the share held now, but the policy means to give
-		// the member more at its next renewal: a caller that may wait waits for it.
+		// the member more at its next renewal (or will, once it hears the demand): a
+		// caller that may wait waits for it.
+		if sliver {
+			res.RetryAfter = min(res.RetryAfter, ms[0].cfg.renew)
+		}
 		return res, tk, LeaseEnds, nil
+	case sliver:
+		// A share below an equal split followed the member's demand down while its
+		// callers were quiet; it grows once the store hears they are back, at the next
+		// renewal. The wait at this sliver (seconds) is not the wait for a permit: come
+		// back after a renewal interval.
+		res.RetryAfter = min(res.RetryAfter, ms[0].cfg.renew)
+		return res, tk, Throttled, nil
 	default:
 		return res, tk, Throttled, nil
 	}
@@ -192,6 +204,13 @@ func (m *Member) AllowOne(now int64) (allowed, ok bool) {
 	m.pending.busyAt = max(m.pending.busyAt, now)
 	m.demand.used++
 	return true, true
+}
+
+// belowEqualSplit reports whether the member's share is below an equal split of the
+// limit's rate among the live members: a share the fair policy cut to the member's
+// demand, which grows when the demand does.
+func (m *Member) belowEqualSplit() bool {
+	return m.lease.share.Rate*max(m.view.live, 1) < RateScale
 }
 
 // waitHint is how long a member without a usable share expects to wait for one.

@@ -189,3 +189,39 @@ func TestMembersStartedTogetherDrift(t *testing.T) {
 		t.Fatalf("the members' renewals were apart in %d of 8 rounds", apart)
 	}
 }
+
+// TestShrunkShareDoesNotSendCallersAwayForLong: a member whose callers went quiet sees its
+// share follow its falling demand down to a sliver of the rate (11,369 ppm of 20/s: a
+// permit every 4.4 s). When its callers come back, the first is refused at that sliver;
+// it used to be told to come back in 4.3 s, and the demo's worker slept through its whole
+// spell while the member's share grew again at its next renewal. A share below an equal
+// split grows once the store hears the demand, so the caller is told to come back within
+// a renewal interval.
+func TestShrunkShareDoesNotSendCallersAwayForLong(t *testing.T) {
+	l := lim(20, time.Second, 10)
+	renew := 40 * ms
+	m := NewMember("w6", l, MemberConfig{RenewEvery: time.Duration(renew)}, 0)
+	req, _ := m.Request(0, 0)
+	rep := Reply{Epoch: Epoch{Incarnation: 1, N: 1}, Sent: 0, Nonce: req.Nonce, TTL: int64(time.Second), Live: 8}
+	rep.Lease.Seq, rep.Lease.Share = 1, Share{Rate: 11369, Burst: 1}
+	rep.Target = rep.Lease.Share
+	m.Receive(1*ms, req.Nonce, rep, nil)
+	now := 100 * ms // the share started drained at 1 ms: its first permit is 4.4 s away
+	res, _, out, _ := Decide([]*Member{m}, now, 1, int64(100*ms))
+	if res.Allowed {
+		t.Fatalf("a second permit at once on a share of 0.23/s: %+v", res)
+	}
+	if res.RetryAfter > renew {
+		t.Fatalf("told to come back in %v (%v), want within a renewal interval (%v): the share grows at the next renewal", time.Duration(res.RetryAfter), out, time.Duration(renew))
+	}
+	// A member at an equal split of a pool that wants all it can get is told the truth.
+	m2 := NewMember("w7", l, MemberConfig{RenewEvery: time.Duration(renew)}, 0)
+	req, _ = m2.Request(0, 0)
+	rep.Nonce, rep.Epoch.N = req.Nonce, 2
+	rep.Lease.Share = Share{Rate: RateScale / 8, Burst: 1}
+	rep.Target = rep.Lease.Share
+	m2.Receive(1*ms, req.Nonce, rep, nil)
+	if res, _, _, _ := Decide([]*Member{m2}, now, 1, 0); res.Allowed || res.RetryAfter < int64(250*ms) {
+		t.Fatalf("at an equal split (2.5/s), the first permit is 0.4 s after the share began: %+v", res)
+	}
+}
