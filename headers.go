@@ -5,16 +5,17 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/ratehdr"
 )
 
 // Header names Sluice writes and reads.
 const (
-	HeaderRetryAfter       = "Retry-After"         // RFC 9110: delta-seconds or an HTTP-date
-	HeaderRetryAfterMs     = "Retry-After-Ms"      // milliseconds; sent by some APIs, read first
-	HeaderRateLimitPolicy  = "RateLimit-Policy"    // IETF draft-ietf-httpapi-ratelimit-headers
-	HeaderRateLimit        = "RateLimit"           // IETF draft: remaining and reset
-	HeaderRemaining        = "RateLimit-Remaining" // Heroku's form, also read by older clients
-	headerXRateLimitRemain = "X-RateLimit-Remaining"
+	HeaderRetryAfter      = "Retry-After"         // RFC 9110: delta-seconds or an HTTP-date
+	HeaderRetryAfterMs    = "Retry-After-Ms"      // milliseconds; sent by some APIs, read first
+	HeaderRateLimitPolicy = "RateLimit-Policy"    // IETF draft-ietf-httpapi-ratelimit-headers
+	HeaderRateLimit       = "RateLimit"           // IETF draft: remaining and reset
+	HeaderRemaining       = "RateLimit-Remaining" // Heroku's form, also read by older clients
 )
 
 // SetRateLimitHeaders writes the rate-limit fields of a response under limits for decision
@@ -58,48 +59,15 @@ func ceilSeconds(d time.Duration) int64 {
 
 // RetryAfter reads how long a response asks the caller to wait: Retry-After-Ms if present,
 // else Retry-After in either of its forms (delta-seconds, or an HTTP-date compared with
-// now). It reports false when the response names no wait or names it badly.
+// now). It reports false when the response names no wait, or names it badly or beyond a
+// year.
 func RetryAfter(h http.Header, now time.Time) (time.Duration, bool) {
-	if v := strings.TrimSpace(h.Get(HeaderRetryAfterMs)); v != "" {
-		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms >= 0 && ms < 1e12 {
-			return time.Duration(ms * float64(time.Millisecond)), true
-		}
-	}
-	v := strings.TrimSpace(h.Get(HeaderRetryAfter))
-	if v == "" {
-		return 0, false
-	}
-	if s, err := strconv.ParseInt(v, 10, 64); err == nil {
-		if s < 0 || s > 1e9 {
-			return 0, false
-		}
-		return time.Duration(s) * time.Second, true
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		return max(t.Sub(now), 0), true
-	}
-	return 0, false
+	return ratehdr.RetryAfter(h, now)
 }
 
-// Remaining reads how many requests a response says are left: the IETF draft's RateLimit
-// field (its r parameter), else RateLimit-Remaining or X-RateLimit-Remaining. It reports
-// false when none is present and well formed.
-func Remaining(h http.Header) (int64, bool) {
-	if v := h.Get(HeaderRateLimit); v != "" {
-		for _, p := range strings.Split(v, ";") {
-			if k, val, ok := strings.Cut(strings.TrimSpace(p), "="); ok && k == "r" {
-				if n, err := strconv.ParseInt(val, 10, 64); err == nil && n >= 0 {
-					return n, true
-				}
-			}
-		}
-	}
-	for _, name := range []string{HeaderRemaining, headerXRateLimitRemain} {
-		if v := strings.TrimSpace(h.Get(name)); v != "" {
-			if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
-				return n, true
-			}
-		}
-	}
-	return 0, false
-}
+// Remaining reads how many requests a response says are left, in any of the forms APIs
+// use: the IETF draft's RateLimit field, RateLimit-Remaining (Heroku),
+// X-RateLimit-Remaining (GitHub and many others), OpenAI's x-ratelimit-remaining-requests,
+// Anthropic's anthropic-ratelimit-requests-remaining. It reports false when none is
+// present and well formed.
+func Remaining(h http.Header) (int64, bool) { return ratehdr.Remaining(h) }

@@ -1,0 +1,327 @@
+// Package ratehdr reads what an HTTP response says about the rate limits it is under: the
+// wait it asks for (Retry-After, Retry-After-Ms) and the quotas it reports, in every form
+// APIs use: the IETF draft's RateLimit and RateLimit-Policy fields (the structured form
+// and the older dictionary form), the RateLimit-Limit/Remaining/Reset trio (Heroku sends
+// RateLimit-Remaining alone), X-RateLimit-Limit/Remaining/Reset (GitHub's reset is an
+// absolute Unix time), OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens}
+// (reset as a Go-style duration, "6m0s", "12ms") and Anthropic's
+// anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}
+// (reset as an RFC 3339 time).
+//
+// It is deterministic (the caller passes now) and never fails: a field that is missing or
+// malformed is left out, and every number is bounded.
+package ratehdr
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Bounds on what a response may report; larger values are treated as malformed.
+const (
+	maxCount = 1e15                 // limits and remaining counts
+	maxWait  = 366 * 24 * time.Hour // waits and resets
+	// epochAfter: a reset larger than this many seconds is an absolute Unix time
+	// (GitHub's X-RateLimit-Reset), not a delay.
+	epochAfter = 1e9
+)
+
+// Quota is one limit a response reports. Counts are -1 and durations negative when the
+// response does not give them.
+type Quota struct {
+	// Name is the quota's name: the IETF policy's name (e.g. "default"), or what it
+	// counts for the providers' fields ("requests", "tokens", "input-tokens",
+	// "output-tokens"); "" for the unnamed trios.
+	Name      string
+	Limit     int64
+	Remaining int64
+	// Reset is how long until the quota is full again (IETF: t), or until its window
+	// resets (the trios, the providers).
+	Reset time.Duration
+	// Window is the policy's window (IETF RateLimit-Policy w), 0 when not given.
+	Window time.Duration
+}
+
+// Tokens reports whether the quota counts tokens rather than requests.
+func (q Quota) Tokens() bool { return strings.Contains(q.Name, "tokens") }
+
+// Facts is what one response says.
+type Facts struct {
+	Status int
+	// RetryAfter is the wait the response asks for, if HasRetryAfter.
+	RetryAfter    time.Duration
+	HasRetryAfter bool
+	// Quotas are the limits the response reports, the generic fields' first (the IETF
+	// draft's, else the RateLimit-* trio's, else the X-RateLimit-* trio's), then the
+	// providers'.
+	Quotas []Quota
+}
+
+// Throttled reports whether the response refused the request for its rate: a 429, or a
+// 503 that names a wait.
+func (f Facts) Throttled() bool {
+	return f.Status == http.StatusTooManyRequests || (f.Status == http.StatusServiceUnavailable && f.HasRetryAfter)
+}
+
+// Read reads a response's status and header at now (the time it arrived).
+func Read(status int, h http.Header, now time.Time) Facts {
+	f := Facts{Status: status}
+	f.RetryAfter, f.HasRetryAfter = RetryAfter(h, now)
+	switch {
+	case h.Get("RateLimit") != "" || h.Get("RateLimit-Policy") != "":
+		f.Quotas = ietf(h)
+	case h.Get("RateLimit-Remaining") != "" || h.Get("RateLimit-Limit") != "":
+		f.Quotas = trio(h, "RateLimit-", now)
+	case h.Get("X-RateLimit-Remaining") != "" || h.Get("X-RateLimit-Limit") != "":
+		f.Quotas = trio(h, "X-RateLimit-", now)
+	}
+	f.Quotas = append(f.Quotas, openAI(h)...)
+	f.Quotas = append(f.Quotas, anthropic(h, now)...)
+	return f
+}
+
+// RetryAfter reads how long a response asks the caller to wait: Retry-After-Ms if present,
+// else Retry-After in either of its forms (delta-seconds, or an HTTP-date compared with
+// now). It reports false when the response names no wait or names it badly.
+func RetryAfter(h http.Header, now time.Time) (time.Duration, bool) {
+	if v := strings.TrimSpace(h.Get("Retry-After-Ms")); v != "" {
+		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms >= 0 && ms < float64(maxWait/time.Millisecond) {
+			return time.Duration(ms * float64(time.Millisecond)), true
+		}
+	}
+	v := strings.TrimSpace(h.Get("Retry-After"))
+	if v == "" {
+		return 0, false
+	}
+	if s, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if s < 0 || s > int64(maxWait/time.Second) {
+			return 0, false
+		}
+		return time.Duration(s) * time.Second, true
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return clampWait(t.Sub(now)), true
+	}
+	return 0, false
+}
+
+// Remaining reads how many requests a response says are left: its first request quota
+// that gives a remaining count. It reports false when none does.
+func Remaining(h http.Header) (int64, bool) {
+	for _, q := range Read(0, h, time.Time{}).Quotas {
+		if !q.Tokens() && q.Remaining >= 0 {
+			return q.Remaining, true
+		}
+	}
+	return 0, false
+}
+
+func newQuota(name string) Quota { return Quota{Name: name, Limit: -1, Remaining: -1, Reset: -1} }
+
+// ietf reads the draft's RateLimit and RateLimit-Policy fields: the structured form
+// (`"name";r=50;t=30` and `"name";q=100;w=10`, one member per policy) or the older
+// dictionary form (`limit=100, remaining=50, reset=30`).
+func ietf(h http.Header) []Quota {
+	rl := strings.Join(h.Values("RateLimit"), ", ")
+	if isDictionary(rl) {
+		q := newQuota("")
+		for _, kv := range splitTop(rl, ',') {
+			k, v, _ := strings.Cut(strings.TrimSpace(kv), "=")
+			switch strings.ToLower(strings.TrimSpace(k)) {
+			case "limit":
+				q.Limit = count(v)
+			case "remaining":
+				q.Remaining = count(v)
+			case "reset":
+				q.Reset = seconds(v)
+			}
+		}
+		return []Quota{q}
+	}
+	var qs []Quota
+	index := map[string]int{}
+	get := func(name string) *Quota {
+		i, ok := index[name]
+		if !ok {
+			i = len(qs)
+			index[name] = i
+			qs = append(qs, newQuota(name))
+		}
+		return &qs[i]
+	}
+	for _, m := range splitTop(strings.Join(h.Values("RateLimit-Policy"), ", "), ',') {
+		name, params, ok := member(m)
+		if !ok {
+			continue
+		}
+		q := get(name)
+		for k, v := range params {
+			switch k {
+			case "q":
+				q.Limit = count(v)
+			case "w":
+				if w := seconds(v); w > 0 {
+					q.Window = w
+				}
+			}
+		}
+	}
+	for _, m := range splitTop(rl, ',') {
+		name, params, ok := member(m)
+		if !ok {
+			continue
+		}
+		q := get(name)
+		for k, v := range params {
+			switch k {
+			case "r":
+				q.Remaining = count(v)
+			case "t":
+				q.Reset = seconds(v)
+			}
+		}
+	}
+	return qs
+}
+
+// isDictionary reports whether a RateLimit field is the older draft's dictionary form.
+func isDictionary(v string) bool {
+	return !strings.Contains(v, ";") && strings.Contains(strings.ToLower(v), "remaining=")
+}
+
+// member splits one structured-field member, `"name";k=v;k=v` or `name;k=v`.
+func member(m string) (name string, params map[string]string, ok bool) {
+	parts := splitTop(strings.TrimSpace(m), ';')
+	if len(parts) == 0 {
+		return "", nil, false
+	}
+	name = strings.TrimSpace(parts[0])
+	if uq, err := strconv.Unquote(name); err == nil {
+		name = uq // a quoted name may hold anything
+	} else if name == "" || strings.ContainsAny(name, `="`) {
+		return "", nil, false
+	}
+	params = map[string]string{}
+	for _, p := range parts[1:] {
+		k, v, _ := strings.Cut(strings.TrimSpace(p), "=")
+		params[strings.ToLower(strings.TrimSpace(k))] = strings.TrimSpace(v)
+	}
+	return name, params, true
+}
+
+// splitTop splits s at sep outside double quotes.
+func splitTop(s string, sep byte) []string {
+	var out []string
+	start, quoted := 0, false
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '\\':
+			if quoted {
+				i++
+			}
+		case '"':
+			quoted = !quoted
+		case sep:
+			if !quoted {
+				out = append(out, s[start:i])
+				start = i + 1
+			}
+		}
+	}
+	if start < len(s) {
+		out = append(out, s[start:])
+	}
+	return out
+}
+
+// trio reads PREFIX+Limit, Remaining and Reset: seconds from now, or an absolute Unix time
+// when larger than epochAfter (GitHub).
+func trio(h http.Header, prefix string, now time.Time) []Quota {
+	q := newQuota("")
+	q.Limit = count(h.Get(prefix + "Limit"))
+	q.Remaining = count(h.Get(prefix + "Remaining"))
+	if v := strings.TrimSpace(h.Get(prefix + "Reset")); v != "" {
+		if s, err := strconv.ParseFloat(v, 64); err == nil && s >= 0 {
+			if s > epochAfter {
+				if !now.IsZero() {
+					q.Reset = clampWait(time.Unix(int64(s), 0).Sub(now))
+				}
+			} else {
+				q.Reset = seconds(v)
+			}
+		}
+	}
+	if q.Limit < 0 && q.Remaining < 0 {
+		return nil
+	}
+	return []Quota{q}
+}
+
+// openAI reads x-ratelimit-{limit,remaining,reset}-{requests,tokens}.
+func openAI(h http.Header) []Quota {
+	var qs []Quota
+	for _, kind := range []string{"requests", "tokens"} {
+		q := newQuota(kind)
+		q.Limit = count(h.Get("X-Ratelimit-Limit-" + kind))
+		q.Remaining = count(h.Get("X-Ratelimit-Remaining-" + kind))
+		if v := strings.TrimSpace(h.Get("X-Ratelimit-Reset-" + kind)); v != "" {
+			if d, err := time.ParseDuration(v); err == nil && d >= 0 {
+				q.Reset = clampWait(d)
+			} else {
+				q.Reset = seconds(v)
+			}
+		}
+		if q.Limit >= 0 || q.Remaining >= 0 {
+			qs = append(qs, q)
+		}
+	}
+	return qs
+}
+
+// anthropic reads anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-
+// {limit,remaining,reset}, the reset an RFC 3339 time.
+func anthropic(h http.Header, now time.Time) []Quota {
+	var qs []Quota
+	for _, kind := range []string{"requests", "tokens", "input-tokens", "output-tokens"} {
+		p := "Anthropic-Ratelimit-" + kind + "-"
+		q := newQuota(kind)
+		q.Limit = count(h.Get(p + "Limit"))
+		q.Remaining = count(h.Get(p + "Remaining"))
+		if v := strings.TrimSpace(h.Get(p + "Reset")); v != "" && !now.IsZero() {
+			if t, err := time.Parse(time.RFC3339, v); err == nil {
+				q.Reset = clampWait(t.Sub(now))
+			}
+		}
+		if q.Limit >= 0 || q.Remaining >= 0 {
+			qs = append(qs, q)
+		}
+	}
+	return qs
+}
+
+// count parses a non-negative count, -1 if missing or malformed.
+func count(v string) int64 {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return -1
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 || n > maxCount {
+		return -1
+	}
+	return n
+}
+
+// seconds parses a non-negative number of seconds (a fraction allowed), -1 if missing or
+// malformed.
+func seconds(v string) time.Duration {
+	s, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+	if err != nil || !(s >= 0 && s <= maxWait.Seconds()) { // NaN too
+		return -1
+	}
+	return time.Duration(s * float64(time.Second))
+}
+
+func clampWait(d time.Duration) time.Duration { return min(max(d, 0), maxWait) }
