@@ -24,10 +24,10 @@ func init() {
 }
 
 func runDemo(ctx context.Context, env Env, args []string) error {
-	fs := newFlags(env, "demo", "demo [--mode local|redis|lease] [--redis-url redis://HOST:PORT] [--store URL] [--limit '20/s burst=10'] [--workers 8] [--duration 10s] [--json]")
+	fs := newFlags(env, "demo", "demo [--mode local|redis|lease|adaptive] [--redis-url redis://HOST:PORT] [--store URL] [--limit '20/s burst=10'] [--workers 8] [--duration 10s] [--json]")
 	limits := sluice.MustParse("20/s burst=10")
 	fs.TextVar(&limits, "limit", limits, "the API's `limit`, enforced by the referee and obeyed by the pool (e.g. '1/6s', '100/s burst=20; 4500/h')")
-	mode := fs.String("mode", "local", "where decisions are made: `local` (one limiter for the pool), redis (in the Redis at --redis-url) or lease (each worker a member deciding on its share, leased from an in-memory store)")
+	mode := fs.String("mode", "local", "where decisions are made: `local` (one limiter for the pool), redis (in the Redis at --redis-url) or lease (each worker a member deciding on its share, leased from an in-memory store), or adaptive (each worker a client sharing nothing, pacing itself by the API's answers)")
 	redisURL := fs.String("redis-url", "redis://127.0.0.1:6379", "redis mode: the `url` of the Redis that decides (redis://[user:pass@]host:port[/db]); lease mode: the Redis the members lease through, when given")
 	storeURL := fs.String("store", "", "lease mode: the `url` of the store the members lease through: memory:// (the default) or redis://HOST:PORT")
 	redisTimeout := fs.Duration("redis-timeout", sredis.DefaultTimeout, "redis mode: the longest wait for Redis before the fail mode answers")
@@ -69,6 +69,7 @@ func runDemo(ctx context.Context, env Env, args []string) error {
 		defer closeStore()
 		cfg.LeaseStore = st
 		cfg.Log = func(s string) { fmt.Fprintln(env.Stderr, "sluice demo:", s) }
+	case "adaptive":
 	case "redis":
 		nl, err := redisLimiter(*redisURL, *redisTimeout, *failMode, *share)
 		if err != nil {
@@ -76,7 +77,7 @@ func runDemo(ctx context.Context, env Env, args []string) error {
 		}
 		cfg.NewLimiter = nl
 	default:
-		return usagef("--mode %q: not built yet (modes: local, redis, lease)", *mode)
+		return usagef("--mode %q: want local, redis, lease or adaptive", *mode)
 	}
 	if isTerminal(env.Stderr) {
 		cfg.Progress = func(p demo.Progress) {

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/internal/measure"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/referee"
@@ -28,7 +29,7 @@ import (
 
 // Config is one demo run.
 type Config struct {
-	Mode     string        // "local", "lease" (through NewWorkerLimiter) or "redis" (through NewLimiter)
+	Mode     string        // "local", "lease" (through NewWorkerLimiter), "redis" (through NewLimiter) or "adaptive" (each worker paced by its own adaptive.Transport)
 	Limits   sluice.Limits // the API's limit, enforced by the referee and obeyed by the pool
 	Workers  int           // pool size (default 8)
 	Duration time.Duration // run length (default 10s)
@@ -179,7 +180,13 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 	// One shared limiter (local mode, or NewLimiter), or one per worker.
 	clients := make([]*http.Client, cfg.Workers)
 	closers := make([]func(), cfg.Workers)
-	if cfg.NewWorkerLimiter != nil {
+	if cfg.Mode == "adaptive" {
+		// Each worker a client that shares nothing with the others, as separate processes
+		// would be: no limiter, no store, only the API's answers.
+		for i := range clients {
+			clients[i] = &http.Client{Transport: &adaptive.Transport{Base: base}}
+		}
+	} else if cfg.NewWorkerLimiter != nil {
 		defer func() {
 			for _, c := range closers {
 				if c != nil {

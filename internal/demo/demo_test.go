@@ -111,6 +111,26 @@ func TestRunLeaseShort(t *testing.T) {
 	}
 }
 
+// TestRunAdaptiveShort: workers that share nothing, each paced by its own
+// adaptive.Transport, keep the referee's refusals rare and use most of the limit (loose
+// bounds: real time; the tight figures are the acceptance check's and docs/adaptive.md's).
+func TestRunAdaptiveShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real time")
+	}
+	s, err := Run(context.Background(), Config{Mode: "adaptive", Limits: sluice.MustParse("20/s burst=10"), Workers: 6, Duration: 4 * time.Second, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("accepted %d violations %d utilization %.3f jain %.3f", s.Accepted, s.Violations, s.Utilization, s.Jain)
+	if s.Mode != "adaptive" || s.Violations*10 > s.Accepted {
+		t.Errorf("mode %q: %d violations to %d accepted", s.Mode, s.Violations, s.Accepted)
+	}
+	if s.Utilization < 0.6 {
+		t.Errorf("utilization %.3f: far below what the pool should reach", s.Utilization)
+	}
+}
+
 func TestRunRejectsUnknownMode(t *testing.T) {
 	_, err := Run(context.Background(), Config{Mode: "quantum", Limits: sluice.MustParse("1/s"), Duration: time.Second})
 	if err == nil {

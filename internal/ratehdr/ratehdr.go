@@ -42,6 +42,9 @@ type Quota struct {
 	Reset time.Duration
 	// Window is the policy's window (IETF RateLimit-Policy w), 0 when not given.
 	Window time.Duration
+	// Burst is the policy's burst, if it names one (Sluice's RateLimit-Policy burst
+	// parameter); -1 when not given.
+	Burst int64
 }
 
 // Tokens reports whether the quota counts tokens rather than requests.
@@ -118,7 +121,9 @@ func Remaining(h http.Header) (int64, bool) {
 	return 0, false
 }
 
-func newQuota(name string) Quota { return Quota{Name: name, Limit: -1, Remaining: -1, Reset: -1} }
+func newQuota(name string) Quota {
+	return Quota{Name: name, Limit: -1, Remaining: -1, Reset: -1, Burst: -1}
+}
 
 // ietf reads the draft's RateLimit and RateLimit-Policy fields: the structured form
 // (`"name";r=50;t=30` and `"name";q=100;w=10`, one member per policy) or the older
@@ -165,6 +170,8 @@ func ietf(h http.Header) []Quota {
 				if w := seconds(v); w > 0 {
 					q.Window = w
 				}
+			case "burst":
+				q.Burst = count(v)
 			}
 		}
 	}

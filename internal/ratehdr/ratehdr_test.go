@@ -18,8 +18,10 @@ func hdr(kv ...string) http.Header {
 }
 
 func q(name string, limit, remaining int64, reset, window time.Duration) Quota {
-	return Quota{Name: name, Limit: limit, Remaining: remaining, Reset: reset, Window: window}
+	return Quota{Name: name, Limit: limit, Remaining: remaining, Reset: reset, Window: window, Burst: -1}
 }
+
+func withBurst(q Quota, b int64) Quota { q.Burst = b; return q }
 
 func TestRead(t *testing.T) {
 	for _, tc := range []struct {
@@ -38,7 +40,7 @@ func TestRead(t *testing.T) {
 		{"retry-after malformed", 429, hdr("Retry-After", "soon"), Facts{Status: 429}},
 		{"ietf structured, as sluice writes it", 200,
 			hdr("RateLimit-Policy", `"100/s burst=20";q=100;w=1;burst=20`, "RateLimit", `"100/s burst=20";r=17;t=1`, "RateLimit-Remaining", "17"),
-			Facts{Status: 200, Quotas: []Quota{q("100/s burst=20", 100, 17, time.Second, time.Second)}}},
+			Facts{Status: 200, Quotas: []Quota{withBurst(q("100/s burst=20", 100, 17, time.Second, time.Second), 20)}}},
 		{"ietf two policies", 200,
 			hdr("RateLimit-Policy", `"hour";q=4500;w=3600, "burst";q=10;w=1`, "RateLimit", `"hour";r=4000;t=600`),
 			Facts{Status: 200, Quotas: []Quota{q("hour", 4500, 4000, 600*time.Second, time.Hour), q("burst", 10, -1, -1, time.Second)}}},
