@@ -156,37 +156,30 @@ func ietf(h http.Header) []Quota {
 		}
 		return &qs[i]
 	}
-	for _, m := range splitTop(strings.Join(h.Values("RateLimit-Policy"), ", "), ',') {
-		name, params, ok := member(m)
-		if !ok {
-			continue
-		}
-		q := get(name)
-		for k, v := range params {
-			switch k {
-			case "q":
-				q.Limit = count(v)
-			case "w":
-				if w := seconds(v); w > 0 {
-					q.Window = w
-				}
-			case "burst":
-				q.Burst = count(v)
+	// The policies (q, w, burst) first, then what is left of each (r, t): the keys do not
+	// overlap, so one reading serves both fields.
+	for _, field := range []string{strings.Join(h.Values("RateLimit-Policy"), ", "), rl} {
+		for _, m := range splitTop(field, ',') {
+			name, params, ok := member(m)
+			if !ok {
+				continue
 			}
-		}
-	}
-	for _, m := range splitTop(rl, ',') {
-		name, params, ok := member(m)
-		if !ok {
-			continue
-		}
-		q := get(name)
-		for k, v := range params {
-			switch k {
-			case "r":
-				q.Remaining = count(v)
-			case "t":
-				q.Reset = seconds(v)
+			q := get(name)
+			for k, v := range params {
+				switch k {
+				case "q":
+					q.Limit = count(v)
+				case "w":
+					if w := seconds(v); w > 0 {
+						q.Window = w
+					}
+				case "burst":
+					q.Burst = count(v)
+				case "r":
+					q.Remaining = count(v)
+				case "t":
+					q.Reset = seconds(v)
+				}
 			}
 		}
 	}
