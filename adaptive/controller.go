@@ -106,12 +106,14 @@ func (c *Controller) Rate() float64 { return c.rate }
 
 // Next reserves the next request's slot at or after now and returns it.
 func (c *Controller) Next(now int64) int64 {
-	if c.started && now-c.lastObs > int64(c.cfg.Horizon) {
-		// Quiet for a while (RFC 2861's restart after idle): what it knew of the
-		// capacity left is stale, and others have taken up its rate meanwhile. It
-		// starts again gently; the answers raise it again as fast as there is room.
+	if gap := now - c.lastObs; c.started && c.rate > 0 && float64(gap) > 2e9/c.rate {
+		// Quiet for two of its own slots or more (RFC 2861's restart after idle): what
+		// it knew of the capacity left is stale, and others have taken up its rate
+		// meanwhile. Its rate halves for every two Horizons it was quiet, down to a sixteenth
+		// of the limit; the answers raise it again as fast as there is room.
 		c.spare = 0
-		c.rate = min(c.rate, c.limit/16)
+		c.rate = max(c.rate*math.Exp2(-float64(gap)/float64(2*c.cfg.Horizon)), min(c.rate, c.limit/16))
+		c.lastObs = now // decayed once per quiet spell
 	}
 	at := max(now, c.next, c.hold)
 	c.next = at + c.pause()
