@@ -223,6 +223,20 @@ func (r *Report) WriteJSON(w io.Writer) error {
 	return enc.Encode(r)
 }
 
+// waitText formats a wait given in milliseconds for the table: "12.5ms" under a second,
+// "9.7s" under a minute, "52m41s" beyond (not "3161095.9ms").
+func waitText(ms float64) string {
+	d := time.Duration(ms * float64(time.Millisecond))
+	switch {
+	case d < time.Second:
+		return fmt.Sprintf("%.1fms", ms)
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	default:
+		return d.Round(time.Second).String()
+	}
+}
+
 // WriteText writes the report as a table per mode.
 func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "scenario %s: %d members, limit %s, %v of virtual time, seed %d\n\n", r.Scenario, r.Members, r.Limit,
@@ -230,8 +244,8 @@ func (r *Report) WriteText(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprint(tw, "mode\taccepted\tviolations\tpeak\tutilization\tjain\t429 ratio\twait p50\twait p99\tdropped\tstore ops\tmessages\t\n")
 	for _, m := range r.Modes {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.4f\t%.4f\t%.4f\t%.1fms\t%.1fms\t%d\t%d\t%d\t\n", m.Mode, m.Accepted, m.Violations,
-			m.PeakOverAdmission, m.Utilization, m.Jain, m.Ratio429, m.WaitP50Ms, m.WaitP99Ms, m.Dropped, m.StoreOps, m.Messages)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.4f\t%.4f\t%.4f\t%s\t%s\t%d\t%d\t%d\t\n", m.Mode, m.Accepted, m.Violations,
+			m.PeakOverAdmission, m.Utilization, m.Jain, m.Ratio429, waitText(m.WaitP50Ms), waitText(m.WaitP99Ms), m.Dropped, m.StoreOps, m.Messages)
 	}
 	tw.Flush()
 	for _, m := range r.Modes {

@@ -450,3 +450,12 @@ func TestLeaseFollowsLimitChanges(t *testing.T) {
 	}
 	t.Logf("utilization %.3f, jain %.3f", m.Utilization, m.Jain)
 }
+
+// TestWaitText: the table's waits read as durations, not as millions of milliseconds.
+func TestWaitText(t *testing.T) {
+	for ms, want := range map[float64]string{0: "0.0ms", 12.46: "12.5ms", 9712: "9.7s", 3161095.9: "52m41s"} {
+		if got := waitText(ms); got != want {
+			t.Errorf("waitText(%v) = %q, want %q", ms, got, want)
+		}
+	}
+}
