@@ -74,6 +74,9 @@ func Run(ctx context.Context, env Env, args []string) error {
 		}
 		return nil
 	}
+	if args[0] == "--version" || args[0] == "-version" || args[0] == "-v" {
+		args = append([]string{"version"}, args[1:]...) // the flag spellings users try first
+	}
 	c, ok := commands[args[0]]
 	if !ok {
 		printUsage(env.Stderr)

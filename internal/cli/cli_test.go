@@ -148,3 +148,14 @@ func TestDemoRedisUnreachable(t *testing.T) {
 		t.Errorf("exit %d, stderr %q; want 1 and a clear error", code, errs)
 	}
 }
+
+// TestVersionFlags: --version, -version and -v are the version command (a first user
+// tried them before `sluice version`).
+func TestVersionFlags(t *testing.T) {
+	for _, arg := range []string{"version", "--version", "-version", "-v"} {
+		code, out, errs := run(t, arg)
+		if code != 0 || !strings.HasPrefix(out, "sluice ") {
+			t.Errorf("sluice %s: exit %d, out %q, err %q", arg, code, out, errs)
+		}
+	}
+}
