@@ -11,12 +11,14 @@ import (
 // Config tunes a Controller. The zero value of each field means its default.
 type Config struct {
 	// Reserve is the part of the API's burst a client leaves unspent, in time at the
-	// limit's rate (default 100 ms, at least one request): the pool's cushion against the
-	// requests other clients have in flight.
+	// limit's rate (default 250 ms; at most half the burst, if the API names it, and at
+	// least one request): the pool's cushion against the requests other clients have in
+	// flight.
 	Reserve time.Duration
 	// Increase is how fast a client's rate grows while the API reports more than the
-	// reserve left, per second, as a part of the limit's rate (default 0.5: from nothing
-	// to the whole limit in two seconds). Every client grows at the same pace whatever
+	// reserve left, per second, as a part of the limit's rate (default 0.1: from nothing
+	// to the whole limit in ten seconds, on top of the spare capacity it spends). Every
+	// client grows at the same pace whatever
 	// its request rate, which is what makes the pool converge to equal rates.
 	Increase float64
 	// Decrease multiplies a client's rate each time a response shows the reserve dipped
