@@ -134,14 +134,7 @@ func ietf(h http.Header) []Quota {
 		q := newQuota("")
 		for _, kv := range splitTop(rl, ',') {
 			k, v, _ := strings.Cut(strings.TrimSpace(kv), "=")
-			switch strings.ToLower(strings.TrimSpace(k)) {
-			case "limit":
-				q.Limit = count(v)
-			case "remaining":
-				q.Remaining = count(v)
-			case "reset":
-				q.Reset = seconds(v)
-			}
+			q.set(strings.ToLower(strings.TrimSpace(k)), v)
 		}
 		return []Quota{q}
 	}
@@ -166,24 +159,31 @@ func ietf(h http.Header) []Quota {
 			}
 			q := get(name)
 			for k, v := range params {
-				switch k {
-				case "q":
-					q.Limit = count(v)
-				case "w":
-					if w := seconds(v); w > 0 {
-						q.Window = w
-					}
-				case "burst":
-					q.Burst = count(v)
-				case "r":
-					q.Remaining = count(v)
-				case "t":
-					q.Reset = seconds(v)
-				}
+				q.set(k, v)
 			}
 		}
 	}
 	return qs
+}
+
+// set sets the quota's field the draft's key k names: the structured form's keys (q, w,
+// burst in the policy; r, t in RateLimit) and the older dictionary form's (limit,
+// remaining, reset). Unknown keys are ignored.
+func (q *Quota) set(k, v string) {
+	switch k {
+	case "q", "limit":
+		q.Limit = count(v)
+	case "r", "remaining":
+		q.Remaining = count(v)
+	case "t", "reset":
+		q.Reset = seconds(v)
+	case "w":
+		if w := seconds(v); w > 0 {
+			q.Window = w
+		}
+	case "burst":
+		q.Burst = count(v)
+	}
 }
 
 // isDictionary reports whether a RateLimit field is the older draft's dictionary form.
