@@ -150,20 +150,19 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 		return res, tk, TooFar, nil
 	case res.RetryAfter <= maxDelay:
 		return res, tk, LeaseEnds, nil
-	case (growing || sliver) && maxDelay > 0:
+	case growing || sliver:
 		// Beyond the caller's bound on the share held now, but the policy means to give
 		// the member more at its next renewal (or will, once it hears the demand): a
-		// caller that may wait waits for it.
+		// caller that may wait waits for it. A share below an equal split followed the
+		// member's demand down while its callers were quiet, and grows once the store
+		// hears they are back: the wait at that sliver (seconds) is not the wait for a
+		// permit, so a caller is told to come back after a renewal interval.
 		if sliver {
 			res.RetryAfter = min(res.RetryAfter, ms[0].cfg.renew)
 		}
-		return res, tk, LeaseEnds, nil
-	case sliver:
-		// A share below an equal split followed the member's demand down while its
-		// callers were quiet; it grows once the store hears they are back, at the next
-		// renewal. The wait at this sliver (seconds) is not the wait for a permit: come
-		// back after a renewal interval.
-		res.RetryAfter = min(res.RetryAfter, ms[0].cfg.renew)
+		if maxDelay > 0 {
+			return res, tk, LeaseEnds, nil
+		}
 		return res, tk, Throttled, nil
 	default:
 		return res, tk, Throttled, nil
