@@ -18,7 +18,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
-	sredis "github.com/sluicehq/sluice/redis"
+	"github.com/sluicehq/sluice/strict"
 )
 
 // startRedis starts a redis-server on a free loopback port for one benchmark or test and
@@ -166,7 +166,7 @@ func BenchmarkRedis(b *testing.B) {
 		for _, g := range []int{1, 8, 64} {
 			name := fmt.Sprintf("keys=%d/g=%d", nkeys, g)
 			b.Run(name+"/impl=sluice", func(b *testing.B) {
-				be, err := sredis.Dial(ctx, "redis://"+addr)
+				be, err := strict.Dial(ctx, "redis://"+addr)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -175,7 +175,7 @@ func BenchmarkRedis(b *testing.B) {
 				runDecisions(b, g, ks, info, func(k string) bool { return l.Allow(ctx, k) })
 			})
 			b.Run(name+"/impl=sluice_decide", func(b *testing.B) {
-				be, err := sredis.Dial(ctx, "redis://"+addr)
+				be, err := strict.Dial(ctx, "redis://"+addr)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -202,7 +202,7 @@ func BenchmarkRedis(b *testing.B) {
 func TestRedisLibrariesAgree(t *testing.T) {
 	addr := startRedis(t)
 	ctx := context.Background()
-	be, err := sredis.Dial(ctx, "redis://"+addr)
+	be, err := strict.Dial(ctx, "redis://"+addr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,7 +44,7 @@ type member struct {
 	tats  []int64   // local mode: the member's own GCRA state
 	hold  int64     // local mode: end of its penalty
 	ftats []int64   // fail_mode local: the fallback GCRA state
-	debt  gcra.Debt // fail_mode local: what the fallback admitted, to charge back (as redis.Backend's ledger)
+	debt  gcra.Debt // fail_mode local: what the fallback admitted, to charge back (as strict.Backend's ledger)
 
 	granted, rejected, dropped int64
 	spanStart                  float64 // start of the open demand span (seconds), -1 if none

@@ -12,7 +12,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/demo"
 	"github.com/sluicehq/sluice/lease"
-	sredis "github.com/sluicehq/sluice/redis"
+	"github.com/sluicehq/sluice/strict"
 )
 
 func init() {
@@ -30,7 +30,7 @@ func runDemo(ctx context.Context, env Env, args []string) error {
 	mode := fs.String("mode", "local", "where decisions are made: `local` (one limiter for the pool), redis (in the Redis at --redis-url) or lease (each worker a member deciding on its share, leased from an in-memory store), or adaptive (each worker a client sharing nothing, pacing itself by the API's answers)")
 	redisURL := fs.String("redis-url", "redis://127.0.0.1:6379", "redis mode: the `url` of the Redis that decides (redis://[user:pass@]host:port[/db]); lease mode: the Redis the members lease through, when given")
 	storeURL := fs.String("store", "", "lease mode: the `url` of the store the members lease through: memory:// (the default) or redis://HOST:PORT")
-	redisTimeout := fs.Duration("redis-timeout", sredis.DefaultTimeout, "redis mode: the longest wait for Redis before the fail mode answers")
+	redisTimeout := fs.Duration("redis-timeout", strict.DefaultTimeout, "redis mode: the longest wait for Redis before the fail mode answers")
 	failMode := fs.String("fail-mode", "closed", "redis mode: what answers while Redis is unreachable: `closed` (deny), open (allow) or local (a local limiter at --fallback-share of the limit)")
 	share := fs.Float64("fallback-share", 1, "redis mode with --fail-mode local: this process' `share` of the limit while Redis is unreachable (0 to 1)")
 	leaseRenew := fs.Duration("lease-renew", demoLeaseRenew, "lease mode: how often each member renews its share; shares follow demand at renewals, and the demo's workers switch on and off about every second (the library's default is 250ms)")
@@ -116,7 +116,7 @@ const demoLeaseRenew = 40 * time.Millisecond
 // redisLimiter makes the demo's limiter for the redis mode: its keys under a prefix of
 // their own, so that a run never meets the state of an earlier one.
 func redisLimiter(url string, timeout time.Duration, failMode string, share float64) (func(context.Context, sluice.Limits, time.Duration) (*sluice.Limiter, func(), error), error) {
-	opts := []sredis.Option{sredis.WithTimeout(timeout), sredis.WithPrefix(fmt.Sprintf("sluice:demo:%d:", time.Now().UnixNano()))}
+	opts := []strict.Option{strict.WithTimeout(timeout), strict.WithPrefix(fmt.Sprintf("sluice:demo:%d:", time.Now().UnixNano()))}
 	fm := sluice.FailClosed
 	switch failMode {
 	case "closed":
@@ -126,7 +126,7 @@ func redisLimiter(url string, timeout time.Duration, failMode string, share floa
 		if share <= 0 || share > 1 {
 			return nil, usagef("--fallback-share %g: want more than 0 and at most 1", share)
 		}
-		opts = append(opts, sredis.WithFailLocal(share))
+		opts = append(opts, strict.WithFailLocal(share))
 	default:
 		return nil, usagef("--fail-mode %q: want closed, open or local", failMode)
 	}
@@ -134,7 +134,7 @@ func redisLimiter(url string, timeout time.Duration, failMode string, share floa
 		return nil, usagef("--redis-timeout %v: want more than 0", timeout)
 	}
 	return func(ctx context.Context, limits sluice.Limits, margin time.Duration) (*sluice.Limiter, func(), error) {
-		b, err := sredis.Dial(ctx, url, opts...)
+		b, err := strict.Dial(ctx, url, opts...)
 		if err != nil {
 			return nil, nil, fmt.Errorf("demo: redis mode: %w", err)
 		}

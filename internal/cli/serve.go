@@ -17,8 +17,8 @@ import (
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/internal/yamlx"
 	"github.com/sluicehq/sluice/lease"
-	"github.com/sluicehq/sluice/redis"
 	"github.com/sluicehq/sluice/server"
+	"github.com/sluicehq/sluice/strict"
 )
 
 // serveBackend builds the back end a config names, other than local (which the server
@@ -28,13 +28,13 @@ func serveBackend(cfg server.Config, clk clock.Clock) (backend.Backend, error) {
 	case "local":
 		return nil, nil
 	case "redis":
-		opts := []redis.Option{redis.WithTimeout(cfg.RedisTimeout.D()), redis.WithClock(clk)}
+		opts := []strict.Option{strict.WithTimeout(cfg.RedisTimeout.D()), strict.WithClock(clk)}
 		if cfg.FailMode == "local" {
-			opts = append(opts, redis.WithFailLocal(cfg.FallbackShare))
+			opts = append(opts, strict.WithFailLocal(cfg.FallbackShare))
 		}
 		// Open, not Dial: the daemon starts while Redis is down, answers by its fail mode,
 		// and reports not ready (/readyz) until Redis answers.
-		return redis.Open(cfg.RedisURL, opts...)
+		return strict.Open(cfg.RedisURL, opts...)
 	case "lease":
 		url := cfg.Store
 		if url == "" {

@@ -1,5 +1,5 @@
 //go:build !race
 
-package redis
+package strict
 
 const raceEnabled = false

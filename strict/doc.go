@@ -1,17 +1,17 @@
-// Package redis is the strict mode of Sluice: every decision is made in Redis, atomically
+// Package strict is the redis mode, the strict mode of Sluice: every decision is made in Redis, atomically
 // per key, by one Lua script with the arithmetic of package gcra and Redis' own clock
 // (TIME), so a pool of processes on many machines obeys one limit exactly, whatever their
 // clocks say.
 //
 // The backend plugs into a sluice.Limiter:
 //
-//	b, err := redis.Dial(ctx, "redis://127.0.0.1:6379")
+//	b, err := strict.Dial(ctx, "redis://127.0.0.1:6379")
 //	...
 //	defer b.Close()
 //	l, err := sluice.New(sluice.MustParse("100/s burst=20"), sluice.WithBackend(b))
 //
 // or takes a go-redis client the program already has (single, Sentinel or Cluster):
-// redis.New(client, opts...).
+// strict.New(client, opts...).
 //
 // What it does:
 //
@@ -35,4 +35,4 @@
 //
 // docs/redis.md describes the design, the clock, failover and the worst-case
 // over-admission of each fail mode.
-package redis
+package strict

@@ -1,4 +1,4 @@
-package redis_test
+package strict_test
 
 import (
 	"context"
@@ -6,15 +6,15 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/redis"
+	"github.com/sluicehq/sluice/strict"
 )
 
 // A pool of processes shares seed 000's limit, one request every 6 seconds, through one
 // Redis: each process makes the same limiter, and Redis decides for all of them.
 func Example() {
 	ctx := context.Background()
-	url := redis.SharedURL() // "redis://HOST:PORT" of your Redis
-	b, err := redis.Dial(ctx, url, redis.WithPrefix(fmt.Sprintf("example:%d:", time.Now().UnixNano())))
+	url := strict.SharedURL() // "redis://HOST:PORT" of your Redis
+	b, err := strict.Dial(ctx, url, strict.WithPrefix(fmt.Sprintf("example:%d:", time.Now().UnixNano())))
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -1,4 +1,4 @@
-package redis
+package strict
 
 // The script's one codec: for each operation of sluice.lua (see its header for the
 // arguments and replies), the Go side that encodes a call and the one that decodes its

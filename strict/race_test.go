@@ -1,6 +1,6 @@
 //go:build race
 
-package redis
+package strict
 
 // raceEnabled: the race detector slows allocation and garbage collection by up to
 // seconds on 2 cores, so latency bounds allow for it.

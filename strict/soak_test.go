@@ -1,6 +1,6 @@
 //go:build soak
 
-package redis
+package strict
 
 import (
 	"context"

@@ -1,5 +1,5 @@
-package redis
+package strict
 
 // SharedURL is the URL of the test binary's redis-server, for the examples (package
-// redis_test).
+// strict_test).
 func SharedURL() string { return shared.URL() }
