@@ -1,6 +1,10 @@
 package sim
 
 import (
+	"fmt"
+	"slices"
+	"strings"
+
 	"github.com/sluicehq/sluice/gcra"
 )
 
@@ -37,13 +41,24 @@ type leaseReporter interface {
 }
 
 // ModeNames lists the modes the simulator knows.
-func ModeNames() []string { return []string{"local", "central", "lease"} }
+func ModeNames() []string { return []string{"local", "redis", "lease"} }
+
+// CheckMode returns an error naming the known modes when name is not one of them.
+func CheckMode(name string) error {
+	if slices.Contains(ModeNames(), name) {
+		return nil
+	}
+	if name == "central" {
+		return fmt.Errorf("unknown mode %q: it is called redis now, as in sluice demo and serve", name)
+	}
+	return fmt.Errorf("unknown mode %q (known: %s)", name, strings.Join(ModeNames(), ", "))
+}
 
 func newMode(name string, sc *Scenario) mode {
 	switch name {
 	case "local":
 		return localMode{}
-	case "central":
+	case "redis":
 		return centralMode{}
 	case "lease":
 		return newLeaseMode(sc)
@@ -51,8 +66,9 @@ func newMode(name string, sc *Scenario) mode {
 	return nil
 }
 
-// localMode: each member decides alone with its own limiter, on a share of the limit
-// (local.share, default the whole limit): what happens without coordination.
+// localMode: each member (a process of its own) decides alone with its own limiter, on a
+// share of the limit (local.share, default the whole limit): the local mode run by every
+// process of a pool, with no coordination between them.
 type localMode struct{}
 
 func (localMode) name() string { return "local" }
@@ -80,11 +96,11 @@ func (localMode) penalize(e *engine, mi int32, until int64) {
 
 func (localMode) left(*engine, int32, bool) {}
 
-// centralMode: every decision is made at the simulated store, one round trip away: the
-// redis mode's model, with its time-outs and fail modes.
+// centralMode is the redis mode: every decision is made at the simulated store, one round
+// trip away, with its time-outs and fail modes.
 type centralMode struct{}
 
-func (centralMode) name() string { return "central" }
+func (centralMode) name() string { return "redis" }
 
 func (centralMode) acquire(e *engine, mi, g int32) {
 	m := e.members[mi]

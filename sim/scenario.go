@@ -254,11 +254,11 @@ func (s *Scenario) check() error {
 		return bad(0, "limit: missing (e.g. limit: '100/s burst=20')")
 	}
 	if len(s.Modes) == 0 {
-		s.Modes = []string{"central"}
+		s.Modes = []string{"redis"}
 	}
 	for _, m := range s.Modes {
-		if !slices.Contains(ModeNames(), m) {
-			return bad(0, "modes: unknown mode %q (known: %s)", m, strings.Join(ModeNames(), ", "))
+		if err := CheckMode(m); err != nil {
+			return bad(0, "modes: %v", err)
 		}
 	}
 	if s.Sample <= 0 {

@@ -86,7 +86,7 @@ func TestDemoJSON(t *testing.T) {
 }
 
 func TestSimCommand(t *testing.T) {
-	code, out, errs := run(t, "sim", "../../scenarios/seed000-timeline.yaml", "--json", "--modes", "central")
+	code, out, errs := run(t, "sim", "../../scenarios/seed000-timeline.yaml", "--json", "--modes", "redis")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}

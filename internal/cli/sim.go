@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -21,7 +20,7 @@ func init() {
 }
 
 func runSim(ctx context.Context, env Env, args []string) error {
-	fs := newFlags(env, "sim", "sim SCENARIO.yaml [--modes local,central] [--json] [--csv FILE]")
+	fs := newFlags(env, "sim", "sim SCENARIO.yaml [--modes redis,local] [--json] [--csv FILE]")
 	modes := fs.String("modes", "", "comma-separated `modes` to run side by side (default: the scenario's; known: "+strings.Join(sim.ModeNames(), ", ")+")")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	csvPath := fs.String("csv", "", "write the time series of every mode to `FILE` as CSV")
@@ -59,8 +58,8 @@ func runSim(ctx context.Context, env Env, args []string) error {
 		}
 	}
 	for _, m := range opts.Modes {
-		if !slices.Contains(sim.ModeNames(), m) {
-			return usagef("--modes: unknown mode %q (known: %s)", m, strings.Join(sim.ModeNames(), ", "))
+		if err := sim.CheckMode(m); err != nil {
+			return usagef("--modes: %v", err)
 		}
 	}
 	if isTerminal(env.Stderr) {
