@@ -329,8 +329,8 @@ func (n *Node) Decide(key string, limits []gcra.Limit, now, cost, maxDelay int64
 	}
 	delay = max(delay, t.hold-now)
 	own := t.ownWait(cost)
-	if n.cfg.Policy == Whole {
-		own = 0
+	if n.cfg.Policy == Whole || t.share >= 1 {
+		own = 0 // the whole limit: the pool's bucket decides alone
 	}
 	if own < 0 {
 		// The share cannot hold the cost: come back after the next report, when shares
