@@ -41,7 +41,7 @@ type leaseReporter interface {
 }
 
 // ModeNames lists the modes the simulator knows.
-func ModeNames() []string { return []string{"local", "redis", "lease"} }
+func ModeNames() []string { return []string{"local", "redis", "lease", "gossip"} }
 
 // CheckMode returns an error naming the known modes when name is not one of them.
 func CheckMode(name string) error {
@@ -62,6 +62,8 @@ func newMode(name string, sc *Scenario) mode {
 		return centralMode{}
 	case "lease":
 		return newLeaseMode(sc)
+	case "gossip":
+		return newGossipMode(sc)
 	}
 	return nil
 }
