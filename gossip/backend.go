@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"log"
 	"log/slog"
@@ -119,8 +120,8 @@ type Backend struct {
 	clock clock.Clock
 	log   *slog.Logger
 
-	mu   sync.Mutex // guards node
-	node *hits.Node
+	shards [nShards]shard // tags by hash: decisions on different shards do not share a lock
+	seed   maphash.Seed
 
 	ml     *memberlist.Memberlist
 	stop   chan struct{}
@@ -129,12 +130,37 @@ type Backend struct {
 	stats  counters
 }
 
+// nShards is how many cores a member runs, each with the same peers and its own tags,
+// so that parallel decisions rarely wait for one another.
+const nShards = 16
+
+type shard struct {
+	mu   sync.Mutex // guards node
+	node *hits.Node
+	_    [40]byte // one cache line each
+}
+
+func (b *Backend) shard(key string) *shard {
+	return &b.shards[maphash.String(b.seed, key)%nShards]
+}
+
+// each runs f on every shard's node, under its lock.
+func (b *Backend) each(f func(i int, n *hits.Node)) {
+	for i := range b.shards {
+		s := &b.shards[i]
+		s.mu.Lock()
+		f(i, s.node)
+		s.mu.Unlock()
+	}
+}
+
 type counters struct {
 	msgsSent, msgsRecv, bytesSent, bytesRecv, sendErrs, streams atomic.Uint64
 }
 
 var (
 	_ backend.Backend  = (*Backend)(nil)
+	_ backend.Allower  = (*Backend)(nil)
 	_ backend.Resetter = (*Backend)(nil)
 )
 
@@ -182,11 +208,16 @@ func New(cfg Config) (*Backend, error) {
 			mc.Name = "sluice-" + strconv.FormatUint(inc, 36)
 		}
 	}
-	node, err := hits.New(mc.Name, inc, cfg.core(), b.clock.Nanotime())
-	if err != nil {
-		return nil, err
+	b.seed = maphash.MakeSeed()
+	core := cfg.core()
+	core.MaxTags = (cfg.MaxTags + nShards - 1) / nShards
+	for i := range b.shards {
+		node, err := hits.New(mc.Name, inc, core, b.clock.Nanotime())
+		if err != nil {
+			return nil, err
+		}
+		b.shards[i].node = node
 	}
-	b.node = node
 	ml, err := memberlist.Create(mc)
 	if err != nil {
 		return nil, fmt.Errorf("sluice: gossip: %w", err)
@@ -227,9 +258,15 @@ func (b *Backend) loop() {
 		}
 		t.Reset(b.cfg.Interval)
 		now := b.clock.Nanotime()
-		b.mu.Lock()
-		r := b.node.Report(now)
-		b.mu.Unlock()
+		var r hits.Report
+		b.each(func(i int, n *hits.Node) {
+			sr := n.Report(now)
+			if i == 0 {
+				r = sr
+			} else {
+				r.Entries = append(r.Entries, sr.Entries...)
+			}
+		})
 		b.send(&r)
 		if len(b.cfg.Peers) > 0 && b.ml.NumMembers() <= 1 && now-rejoin >= int64(time.Second) {
 			rejoin = now
@@ -280,15 +317,26 @@ func (b *Backend) receive(msg []byte) {
 	b.stats.msgsRecv.Add(1)
 	b.stats.bytesRecv.Add(uint64(len(msg)))
 	rs, err := hits.Decode(msg)
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	if err != nil {
-		b.node.CountMalformed()
+		s := &b.shards[0]
+		s.mu.Lock()
+		s.node.CountMalformed()
+		s.mu.Unlock()
 		return
 	}
 	now := b.clock.Nanotime()
 	for i := range rs {
-		b.node.Receive(now, &rs[i])
+		// Each shard hears the report (the sender is alive) with its own tags' entries.
+		var parts [nShards][]hits.Entry
+		for _, e := range rs[i].Entries {
+			k := maphash.String(b.seed, e.Tag) % nShards
+			parts[k] = append(parts[k], e)
+		}
+		b.each(func(k int, n *hits.Node) {
+			r := rs[i]
+			r.Entries = parts[k]
+			n.Receive(now, &r)
+		})
 	}
 }
 
@@ -303,17 +351,15 @@ func (delegate) MergeRemoteState(buf []byte, _ bool) {}
 type events struct{ b *Backend }
 
 func (e events) NotifyJoin(n *memberlist.Node) {
-	e.b.mu.Lock()
-	e.b.node.Join(n.Name, e.b.clock.Nanotime())
-	e.b.mu.Unlock()
+	now := e.b.clock.Nanotime()
+	e.b.each(func(_ int, h *hits.Node) { h.Join(n.Name, now) })
 	e.b.log.Info("gossip: peer joined", "peer", n.Name)
 }
 
 func (e events) NotifyLeave(n *memberlist.Node) {
 	graceful := n.State == memberlist.StateLeft
-	e.b.mu.Lock()
-	e.b.node.Leave(n.Name, e.b.clock.Nanotime(), graceful)
-	e.b.mu.Unlock()
+	now := e.b.clock.Nanotime()
+	e.b.each(func(_ int, h *hits.Node) { h.Leave(n.Name, now, graceful) })
 	e.b.log.Info("gossip: peer gone", "peer", n.Name, "graceful", graceful)
 }
 
@@ -341,13 +387,31 @@ func (b *Backend) Decide(_ context.Context, key string, req backend.Request) (ba
 	if b.closed.Load() {
 		return backend.Grant{}, backend.ErrClosed
 	}
-	b.mu.Lock()
-	res, tk, err := b.node.Decide(key, req.Limits, b.clock.Nanotime(), req.N, int64(req.MaxDelay))
-	b.mu.Unlock()
+	s := b.shard(key)
+	s.mu.Lock()
+	res, tk, err := s.node.Decide(key, req.Limits, b.clock.Nanotime(), req.N, int64(req.MaxDelay))
+	s.mu.Unlock()
 	if errors.Is(err, hits.ErrTooManyTags) {
 		err = backend.ErrTooManyKeys
 	}
 	return backend.Grant{Result: res, Ticket: tk}, err
+}
+
+// AllowOne is Decide for one permit under one limit, now or not at all: the limiter's
+// fast path for Allow.
+func (b *Backend) AllowOne(_ context.Context, key string, l gcra.Limit) (bool, error) {
+	if b.closed.Load() {
+		return false, backend.ErrClosed
+	}
+	ls := [1]gcra.Limit{l}
+	s := b.shard(key)
+	s.mu.Lock()
+	res, _, err := s.node.Decide(key, ls[:], b.clock.Nanotime(), 1, 0)
+	s.mu.Unlock()
+	if errors.Is(err, hits.ErrTooManyTags) {
+		err = backend.ErrTooManyKeys
+	}
+	return res.Allowed, err
 }
 
 // Adjust settles a grant: more is charged and reported; less is given back to this
@@ -356,9 +420,10 @@ func (b *Backend) Adjust(_ context.Context, key string, limits []gcra.Limit, t g
 	if b.closed.Load() {
 		return backend.ErrClosed
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	_, err := b.node.Adjust(key, limits, b.clock.Nanotime(), t, newN)
+	s := b.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, err := s.node.Adjust(key, limits, b.clock.Nanotime(), t, newN)
 	return err
 }
 
@@ -367,10 +432,11 @@ func (b *Backend) Penalize(_ context.Context, key string, limits []gcra.Limit, d
 	if b.closed.Load() {
 		return backend.ErrClosed
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	s := b.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	now := b.clock.Nanotime()
-	return b.node.Penalize(key, limits, now, gcra.After(now, int64(d)))
+	return s.node.Penalize(key, limits, now, gcra.After(now, int64(d)))
 }
 
 // Reset forgets key at this member (peers keep what they were told).
@@ -378,18 +444,20 @@ func (b *Backend) Reset(_ context.Context, key string) error {
 	if b.closed.Load() {
 		return backend.ErrClosed
 	}
-	b.mu.Lock()
-	b.node.Reset(key)
-	b.mu.Unlock()
+	s := b.shard(key)
+	s.mu.Lock()
+	s.node.Reset(key)
+	s.mu.Unlock()
 	return nil
 }
 
 // Members returns the pool size this member counts on: itself and every peer live or
 // still held after it was lost (the largest recently known membership).
 func (b *Backend) Members() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.node.Members()
+	s := &b.shards[0]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.node.Members()
 }
 
 // Close leaves the pool gracefully (peers free this member's share at once) and stops.
@@ -405,3 +473,7 @@ func (b *Backend) Close() error {
 	}
 	return err
 }
+
+// Sent returns the bytes of gossip this member has sent (report parts, before memberlist's
+// own framing and encryption).
+func (b *Backend) Sent() float64 { return float64(b.stats.bytesSent.Load()) }

@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/internal/hits"
 )
 
 // parseKey reads a key as raw bytes, or base64 or hex text.
@@ -59,16 +61,30 @@ func (b *Backend) Collect(ch chan<- prometheus.Metric) {
 		tag           string
 		local, remote uint64
 	}
-	b.mu.Lock()
-	st := b.node.Stats()
-	members := b.node.Members()
+	var st hits.Stats
+	var members int
 	var th []tagHits
-	b.node.Tags(func(k string) bool {
-		l, r, _ := b.node.TagHits(k)
-		th = append(th, tagHits{k, l, r})
-		return len(th) < MaxMetricTags
+	b.each(func(i int, n *hits.Node) {
+		x := n.Stats()
+		if i == 0 { // every shard hears every peer and report: count them once
+			st, members = x, n.Members()
+		} else {
+			st.Tags += x.Tags
+			st.Dropped += x.Dropped
+			st.LocalHits += x.LocalHits
+			st.RemoteHits += x.RemoteHits
+			st.EvictedTags += x.EvictedTags
+			st.ExcessCharged += x.ExcessCharged
+		}
+		n.Tags(func(k string) bool {
+			if len(th) >= MaxMetricTags {
+				return false
+			}
+			l, r, _ := n.TagHits(k)
+			th = append(th, tagHits{k, l, r})
+			return true
+		})
 	})
-	b.mu.Unlock()
 	g := func(d *prometheus.Desc, v float64, lv ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, lv...)
 	}
