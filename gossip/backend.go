@@ -35,7 +35,7 @@ type Config struct {
 	Key       []byte        // shared key (16, 24 or 32 bytes: AES-128, -192, -256); nil: traffic in clear
 	Interval  time.Duration // sync interval: how often hits are reported
 	Hold      time.Duration // how long a lost peer keeps its share
-	Policy    hits.Policy   // Shares, or Whole (the DThrottle design as written, for comparison)
+	Policy    hits.Policy   // Shares (by demand), Equal (1/N) or Whole (the DThrottle design as written)
 	MaxTags   int           // tags held at once
 	Logger    *slog.Logger  // nil: discard
 	Clock     clock.Clock   // nil: clock.Default

@@ -10,6 +10,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/hits"
 	"github.com/sluicehq/sluice/internal/yamlx"
 )
 
@@ -51,7 +52,7 @@ type GossipConfig struct {
 	KeyFile   string         `yaml:"key_file"`  // file holding the shared key (16, 24 or 32 bytes; raw, base64 or hex); "": traffic in clear
 	Interval  yamlx.Duration `yaml:"interval"`  // sync interval
 	Hold      yamlx.Duration `yaml:"hold"`      // how long a lost peer keeps its share
-	Policy    string         `yaml:"policy"`    // shares, or whole (the DThrottle design as written, for comparison)
+	Policy    string         `yaml:"policy"`    // shares (by demand), equal (1/N) or whole (the DThrottle design as written)
 }
 
 // DefaultRule is the rule for tags that no other rule matches. Each tag gets its own
@@ -128,8 +129,8 @@ func (c *Config) validate() error {
 		if g.Interval < yamlx.Duration(time.Millisecond) || g.Hold < 0 {
 			return bad(0, "gossip.interval: want at least 1ms; gossip.hold: want 0 or more")
 		}
-		if g.Policy != "shares" && g.Policy != "whole" {
-			return bad(0, "gossip.policy: want shares or whole, not %q", g.Policy)
+		if _, err := hits.ParsePolicy(g.Policy); err != nil || g.Policy == "" {
+			return bad(0, "gossip.policy: want shares, equal or whole, not %q", g.Policy)
 		}
 	default:
 		return bad(0, "backend: want local, redis, lease or gossip, not %q", c.Backend)

@@ -337,7 +337,7 @@ func (s *Scenario) check() error {
 		return bad(0, "local.share: want a fraction in (0, 1]")
 	}
 	if _, err := hits.ParsePolicy(s.Gossip.Policy); err != nil || s.Gossip.Interval < 0 || s.Gossip.Hold < 0 {
-		return yamlx.AtLine(s.Gossip.line, "gossip: policy shares or whole, interval and hold 0 (the default) or more")
+		return yamlx.AtLine(s.Gossip.line, "gossip: policy shares, equal or whole, interval and hold 0 (the default) or more")
 	}
 	if err := s.Lease.check(); err != nil {
 		return err

@@ -21,22 +21,31 @@ const (
 	// and hears of the others' hits at the next sync. It over-admits by up to the burst
 	// and a sync interval's refill per node; it is kept for comparison.
 	Whole
+	// Equal gives each node 1/N of the limit, N the pool size it counts (Members: the
+	// largest recently known membership), whatever the demand: the store-less "use the
+	// pod count" of Numaflow's throttling.
+	Equal
 )
 
-// ParsePolicy reads "shares" or "whole".
+// ParsePolicy reads "shares", "equal" or "whole".
 func ParsePolicy(s string) (Policy, error) {
 	switch s {
 	case "shares", "":
 		return Shares, nil
 	case "whole":
 		return Whole, nil
+	case "equal":
+		return Equal, nil
 	}
-	return 0, fmt.Errorf("sluice: gossip policy %q: want shares or whole", s)
+	return 0, fmt.Errorf("sluice: gossip policy %q: want shares, equal or whole", s)
 }
 
 func (p Policy) String() string {
-	if p == Whole {
+	switch p {
+	case Whole:
 		return "whole"
+	case Equal:
+		return "equal"
 	}
 	return "shares"
 }
@@ -48,7 +57,7 @@ type Config struct {
 	LostAfter time.Duration // a peer not heard from for this long is lost
 	MaxTags   int           // tags held at once
 	MaxPeers  int           // peers tracked at once
-	Policy    Policy        // Shares or Whole
+	Policy    Policy        // Shares, Equal or Whole
 }
 
 // DefaultConfig returns the defaults, each commented.
@@ -691,8 +700,11 @@ func (n *Node) charge(t *tag, d uint64, now int64) {
 // counts its own demand at the least of its last reports, each peer's at the most it
 // received, and a lost peer's at no less than its own.
 func (n *Node) shareOf(t *tag) float64 {
-	if n.cfg.Policy == Whole {
+	switch n.cfg.Policy {
+	case Whole:
 		return 1
+	case Equal:
+		return 1 / float64(n.Members())
 	}
 	r := t.rate()
 	own := slices.Min(t.dem[:])

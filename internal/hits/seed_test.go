@@ -63,3 +63,42 @@ func TestSeedWorkedExample(t *testing.T) {
 		t.Errorf("shares: %d granted in 0.2 s, over the bound", got)
 	}
 }
+
+// TestEqualPolicy: with the equal policy each node takes 1/N of the limit whatever the
+// demand, N the pool it counts: a lost peer still counts for the hold, then not.
+func TestEqualPolicy(t *testing.T) {
+	lim := []gcra.Limit{{T: sec / 100, Tau: 30 * sec / 100}} // 100/s burst 30
+	cfg := DefaultConfig()
+	cfg.Policy = Equal
+	n, _ := New("a", 1, cfg, 0)
+	n.Join("b", 0)
+	n.Join("c", 0)
+	granted := func(at int64, k int) (ok int) {
+		for range k {
+			if res, _, _ := n.Decide("api", lim, at, 1, 0); res.Allowed {
+				ok++
+			}
+		}
+		return ok
+	}
+	for i, s := range []struct {
+		at        int64
+		ask, want int
+		dead      bool
+	}{
+		{at: 0, ask: 20, want: 10},             // a third of the burst
+		{at: sec, ask: 100, want: 10},          // refilled to its third of the burst, no more
+		{at: sec + sec/10, ask: 0, dead: true}, // b and c fall silent (dead to the membership)
+		{at: 2 * sec, ask: 100, want: 10},      // held: still a third
+		{at: 5 * sec, ask: 100, want: 30},      // the hold is over: the whole burst
+	} {
+		if s.dead {
+			n.Leave("b", s.at, false)
+			n.Leave("c", s.at, false)
+		}
+		n.Report(s.at)
+		if got := granted(s.at, s.ask); s.ask > 0 && got != s.want {
+			t.Errorf("step %d: granted %d, want %d (members %d)", i, got, s.want, n.Members())
+		}
+	}
+}
