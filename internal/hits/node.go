@@ -313,20 +313,24 @@ func (t *tag) ownWait(n int64) int64 {
 // it and to the node's own share; both must allow it. The ticket records the grant for
 // Adjust.
 func (n *Node) Decide(key string, limits []gcra.Limit, now, cost, maxDelay int64) (gcra.Result, gcra.Ticket, error) {
-	if err := gcra.ValidateLimits(limits); err != nil {
-		return gcra.Result{}, gcra.Ticket{}, err
-	}
 	if cost < 0 {
 		return gcra.Result{}, gcra.Ticket{}, gcra.ErrInvalidCost
 	}
-	if cost > gcra.MaxCost(limits) {
+	t := n.tags[key]
+	if t == nil || t.k != len(limits) || !slices.Equal(t.lim[:t.k], limits) {
+		// A new tag, or new limits: check them (known ones were checked before).
+		if err := gcra.ValidateLimits(limits); err != nil {
+			return gcra.Result{}, gcra.Ticket{}, err
+		}
+		var err error
+		if t, err = n.get(key, now); err != nil {
+			return gcra.Result{}, gcra.Ticket{}, err
+		}
+		n.know(t, limits, now)
+	}
+	if cost > 1 && cost > gcra.MaxCost(limits) {
 		return gcra.Result{}, gcra.Ticket{}, gcra.ErrCostExceedsBurst
 	}
-	t, err := n.get(key, now)
-	if err != nil {
-		return gcra.Result{}, gcra.Ticket{}, err
-	}
-	n.know(t, limits, now)
 	t.used = now
 	t.asked += cost
 	t.refill(now)
