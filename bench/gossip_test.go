@@ -3,15 +3,12 @@ package bench
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/gossip"
-	"github.com/sluicehq/sluice/server"
 )
 
 // The gossip mode's benchmarks: a daemon deciding in gossip mode (two peers joined, in
@@ -48,38 +45,17 @@ func gossipPool(b *testing.B, n int) []*gossip.Backend {
 	}
 }
 
-func startDaemon(b *testing.B, be backend.Backend) *server.Server {
-	cfg := server.DefaultConfig()
-	cfg.ListenLine, cfg.ListenHTTP = "127.0.0.1:0", "127.0.0.1:0"
-	opts := []server.Option{server.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}
-	if be != nil {
-		cfg.Backend = "gossip"
-		opts = append(opts, server.WithBackend(be))
-	}
-	r, _ := server.ParseRuleFlag("t-*=1000000000/s burst=1000", false)
-	cfg.Rules = []server.Rule{r}
-	s, err := server.New(cfg, opts...)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := s.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { s.Shutdown(context.Background()) })
-	return s
-}
-
 // BenchmarkGossipDaemon: decisions per second of one daemon over the line protocol, 100
 // pipelined queries per call, local back end against gossip (a member of a pool of three).
 func BenchmarkGossipDaemon(b *testing.B) {
 	for _, conc := range []int{1, 16} {
 		b.Run(fmt.Sprintf("conc=%d/impl=local", conc), func(b *testing.B) {
-			s := startDaemon(b, nil)
+			s := startSluice(b)
 			parallel(b, conc, 100, func(w int) func() error { return lineCaller(b, s.LineAddr().String(), w, 100) })
 		})
 		b.Run(fmt.Sprintf("conc=%d/impl=gossip", conc), func(b *testing.B) {
 			ms := gossipPool(b, 3)
-			s := startDaemon(b, ms[0])
+			s := startSluice(b, ms[0])
 			parallel(b, conc, 100, func(w int) func() error { return lineCaller(b, s.LineAddr().String(), w, 100) })
 		})
 	}

@@ -64,14 +64,7 @@ func (g *gossipMode) node(e *engine, mi int32) *hits.Node {
 
 func (g *gossipMode) acquire(e *engine, mi, gi int32) {
 	res, _, err := g.node(e, mi).Decide(gossipTag, e.core, e.now, 1, e.maxWait)
-	switch {
-	case err != nil:
-		e.denied(mi, gi, 0)
-	case res.Allowed:
-		e.permit(mi, gi, e.now+res.Delay)
-	default:
-		e.denied(mi, gi, res.RetryAfter)
-	}
+	e.decided(mi, gi, res, err)
 }
 
 func (g *gossipMode) handle(e *engine, ev *event) {

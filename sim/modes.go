@@ -78,6 +78,12 @@ func (localMode) name() string { return "local" }
 func (localMode) acquire(e *engine, mi, g int32) {
 	m := e.members[mi]
 	res, _, err := gcra.Decide(m.tats, e.local, e.now, 1, e.maxWait)
+	e.decided(mi, g, res, err)
+}
+
+// decided ends goroutine g's acquire with a decision made in the member: a permit, or a
+// denial with when to retry (none on an error).
+func (e *engine) decided(mi, g int32, res gcra.Result, err error) {
 	switch {
 	case err != nil:
 		e.denied(mi, g, 0)
