@@ -130,7 +130,6 @@ type Stats struct {
 type peer struct {
 	name  string
 	inc   uint64
-	epoch uint32 // bumped when the slot is reused: older per-tag entries are stale
 	heard int64
 	lost  int64 // 0: live; otherwise when it was lost
 }
