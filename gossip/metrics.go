@@ -42,7 +42,7 @@ var (
 	descReports   = prometheus.NewDesc("sluice_gossip_reports_total", "Reports made (one per sync interval).", nil, nil)
 	descDropped   = prometheus.NewDesc("sluice_gossip_dropped_entries_total", "Tags in peers' reports dropped because max tags was reached.", nil, nil)
 	descTags      = prometheus.NewDesc("sluice_gossip_tags", "Tags held.", nil, nil)
-	descHits      = prometheus.NewDesc("sluice_gossip_hits_total", "Permits granted, by tag and origin (local: here; remote: reported by peers). At most 1000 tags are shown.", []string{"tag", "origin"}, nil)
+	descHits      = prometheus.NewDesc("sluice_gossip_hits_total", "Permits granted, by bucket (a rule, or rule/tag) and origin (local: here; remote: reported by peers). At most 1000 buckets are shown.", []string{"tag", "origin"}, nil)
 	descLocal     = prometheus.NewDesc("sluice_gossip_local_hits_total", "Permits granted here, all tags.", nil, nil)
 	descRemote    = prometheus.NewDesc("sluice_gossip_remote_hits_total", "Permits peers reported, all tags.", nil, nil)
 	descUncharged = prometheus.NewDesc("sluice_gossip_uncharged_hits_total", "Peers' hits beyond a burst of debt, not charged (after a partition).", nil, nil)
@@ -107,7 +107,14 @@ func (b *Backend) Collect(ch chan<- prometheus.Metric) {
 	c(descRemote, st.RemoteHits)
 	c(descUncharged, st.ExcessCharged)
 	for _, t := range th {
-		c(descHits, t.local, t.tag, "local")
-		c(descHits, t.remote, t.tag, "remote")
+		c(descHits, t.local, label(t.tag), "local")
+		c(descHits, t.remote, label(t.tag), "remote")
 	}
+}
+
+// label shows a key as a metric label: the daemon keys a bucket by its rule's name, a unit
+// separator, and (for a rule that gives each tag its own bucket) the tag; shown as RULE or
+// RULE/TAG.
+func label(key string) string {
+	return strings.ReplaceAll(strings.TrimSuffix(key, "\x1f"), "\x1f", "/")
 }
