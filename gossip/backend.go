@@ -181,6 +181,9 @@ func New(cfg Config) (*Backend, error) {
 	mc := memberlist.DefaultLANConfig()
 	mc.BindAddr, mc.BindPort = host, port
 	mc.AdvertiseAddr, mc.AdvertisePort = host, port
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		mc.AdvertiseAddr = "" // all interfaces: memberlist advertises a private address
+	}
 	if cfg.Advertise != "" {
 		h, p, _ := splitHostPort(cfg.Advertise)
 		mc.AdvertiseAddr, mc.AdvertisePort = h, p
@@ -203,7 +206,11 @@ func New(cfg Config) (*Backend, error) {
 	inc := binary.LittleEndian.Uint64(seed[:]) | 1 // differs at every start: peers tell a restart
 	mc.Name = cfg.Name
 	if mc.Name == "" {
-		mc.Name = net.JoinHostPort(mc.AdvertiseAddr, strconv.Itoa(mc.AdvertisePort))
+		h := mc.AdvertiseAddr
+		if h == "" {
+			h, _ = os.Hostname()
+		}
+		mc.Name = net.JoinHostPort(h, strconv.Itoa(mc.AdvertisePort))
 		if mc.AdvertisePort == 0 { // a port the system picks: a random name instead
 			mc.Name = "sluice-" + strconv.FormatUint(inc, 36)
 		}
