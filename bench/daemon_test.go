@@ -18,6 +18,7 @@ import (
 	guber "github.com/mailgun/gubernator/v2"
 	"github.com/sirupsen/logrus"
 
+	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/server"
 )
 
@@ -35,12 +36,18 @@ func freeAddr(b *testing.B) string {
 	return ln.Addr().String()
 }
 
-func startSluice(b *testing.B) *server.Server {
+// startSluice starts a daemon on the local back end, or on be (named gossip) if not nil.
+func startSluice(b *testing.B, be ...backend.Backend) *server.Server {
 	cfg := server.DefaultConfig()
 	cfg.ListenLine, cfg.ListenHTTP = "127.0.0.1:0", "127.0.0.1:0"
 	r, _ := server.ParseRuleFlag("t-*=1000000000/s burst=1000", false)
 	cfg.Rules = []server.Rule{r}
-	s, err := server.New(cfg, server.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	opts := []server.Option{server.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}
+	if len(be) > 0 {
+		cfg.Backend = "gossip"
+		opts = append(opts, server.WithBackend(be[0]))
+	}
+	s, err := server.New(cfg, opts...)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/hits"
 	"github.com/sluicehq/sluice/internal/yamlx"
 )
 
@@ -18,7 +19,7 @@ import (
 type Config struct {
 	ListenLine     string         `yaml:"listen_line"`     // TCP address or Unix socket path of the line protocol; "" disables it
 	ListenHTTP     string         `yaml:"listen_http"`     // TCP address of the HTTP API and /metrics; "" disables it
-	Backend        string         `yaml:"backend"`         // local, redis or lease
+	Backend        string         `yaml:"backend"`         // local, redis, lease or gossip
 	RedisURL       string         `yaml:"redis_url"`       // redis://host:port/db, for backend redis (and lease, when store is empty)
 	Store          string         `yaml:"store"`           // backend lease: the store's URL (redis://, redis-cluster://, redis-sentinel://, memory://)
 	FailMode       string         `yaml:"fail_mode"`       // closed, open, or (backend redis) local: the answer when the back end fails
@@ -33,6 +34,7 @@ type Config struct {
 	IdleTimeout    yamlx.Duration `yaml:"idle_timeout"`    // a connection that sends nothing for this long is closed
 	WriteTimeout   yamlx.Duration `yaml:"write_timeout"`   // a client that does not take its answers for this long is dropped
 	ShutdownGrace  yamlx.Duration `yaml:"shutdown_grace"`  // SIGTERM: time to answer the queries already read
+	Gossip         GossipConfig   `yaml:"gossip"`          // backend gossip: the peers and the sync
 	LogFormat      string         `yaml:"log_format"`      // text or json
 	LogLevel       string         `yaml:"log_level"`       // debug, info, warn or error
 	MaxPenalty     PenaltyCap     `yaml:"max_penalty"`     // the longest hold a client may put on a tag (p=): off, period or a duration; a rule may set its own
@@ -40,6 +42,17 @@ type Config struct {
 	Default        *DefaultRule   `yaml:"default"`         // for tags no rule matches; none: such tags are allowed
 
 	file string
+}
+
+// GossipConfig are the gossip back end's settings (docs/gossip.md).
+type GossipConfig struct {
+	Bind      string         `yaml:"bind"`      // host:port of the membership's UDP and TCP listeners
+	Advertise string         `yaml:"advertise"` // host:port peers reach this daemon at; "": bind
+	Peers     []string       `yaml:"peers"`     // seed list, host:port each (a DNS name with several addresses joins each)
+	KeyFile   string         `yaml:"key_file"`  // file holding the shared key (16, 24 or 32 bytes; raw, base64 or hex); "": traffic in clear
+	Interval  yamlx.Duration `yaml:"interval"`  // sync interval
+	Hold      yamlx.Duration `yaml:"hold"`      // how long a lost peer keeps its share
+	Policy    string         `yaml:"policy"`    // shares (by demand), equal (1/N) or whole (the DThrottle design as written)
 }
 
 // DefaultRule is the rule for tags that no other rule matches. Each tag gets its own
@@ -67,16 +80,22 @@ func DefaultConfig() Config {
 		IdleTimeout:    yamlx.Duration(5 * time.Minute),        // idle clients give their connection back
 		WriteTimeout:   yamlx.Duration(5 * time.Second),        // a client that stops reading is dropped after this
 		ShutdownGrace:  yamlx.Duration(5 * time.Second),        // SIGTERM answers what it has read within this
-		LogFormat:      "text",                                 // log/slog's text handler
-		LogLevel:       "info",                                 // startup, reloads, shutdown, errors
-		MaxPenalty:     PenaltiesPeriod,                        // a client holds a tag back for at most its rule's longest period
-		Margin:         yamlx.Duration(0),                      // decide the limits exactly as written
-		Default:        nil,                                    // tags no rule matches are allowed
-		Rules:          nil,                                    // no rule: every tag is allowed
-		HTTPTokenFile:  "",                                     // the HTTP API requires no token
-		RedisURL:       "",                                     // needed only for backend redis
-		Store:          "",                                     // backend lease: redis_url, if store is empty
-		file:           "",                                     // set by LoadConfig
+		Gossip: GossipConfig{
+			Bind:     "127.0.0.1:7946",                       // loopback: other hosts must be allowed explicitly
+			Interval: yamlx.Duration(100 * time.Millisecond), // the excess between syncs scales with it
+			Hold:     yamlx.Duration(2 * time.Second),        // a partition shorter than this does not multiply the limit
+			Policy:   "shares",                               // spend only this daemon's share between syncs
+		},
+		LogFormat:     "text",            // log/slog's text handler
+		LogLevel:      "info",            // startup, reloads, shutdown, errors
+		MaxPenalty:    PenaltiesPeriod,   // a client holds a tag back for at most its rule's longest period
+		Margin:        yamlx.Duration(0), // decide the limits exactly as written
+		Default:       nil,               // tags no rule matches are allowed
+		Rules:         nil,               // no rule: every tag is allowed
+		HTTPTokenFile: "",                // the HTTP API requires no token
+		RedisURL:      "",                // needed only for backend redis
+		Store:         "",                // backend lease: redis_url, if store is empty
+		file:          "",                // set by LoadConfig
 	}
 }
 
@@ -102,8 +121,19 @@ func (c *Config) validate() error {
 		if c.Store == "" && c.RedisURL == "" {
 			return bad(0, "backend lease needs a store: store (--store) or redis_url (--redis-url)")
 		}
+	case "gossip":
+		g := &c.Gossip
+		if g.Bind == "" {
+			return bad(0, "backend gossip needs gossip.bind (--gossip-bind)")
+		}
+		if g.Interval < yamlx.Duration(time.Millisecond) || g.Hold < 0 {
+			return bad(0, "gossip.interval: want at least 1ms; gossip.hold: want 0 or more")
+		}
+		if _, err := hits.ParsePolicy(g.Policy); err != nil || g.Policy == "" {
+			return bad(0, "gossip.policy: want shares, equal or whole, not %q", g.Policy)
+		}
 	default:
-		return bad(0, "backend: want local, redis or lease, not %q", c.Backend)
+		return bad(0, "backend: want local, redis, lease or gossip, not %q", c.Backend)
 	}
 	switch c.FailMode {
 	case "closed", "open":

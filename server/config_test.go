@@ -50,6 +50,9 @@ func TestConfigErrorsNameFileAndLine(t *testing.T) {
 		{"max_line: 5\n", "c.yaml: max_line"},
 		{"rules:\n  - {match: a, limit: 1/s}\n  - {name: a, match: b, limit: 1/s}\n", "c.yaml: rules: rule \"a\": the name is used twice"},
 		{"", "c.yaml: empty file"},
+		{"backend: gossip\ngossip: {policy: loud}\n", "c.yaml: gossip.policy: want shares, equal or whole"},
+		{"backend: gossip\ngossip: {bind: ''}\n", "c.yaml: backend gossip needs gossip.bind"},
+		{"backend: gossip\ngossip: {colour: red}\n", "c.yaml:2: field colour not found"},
 	}
 	for i, c := range cases {
 		_, err := ParseConfig("c.yaml", []byte(c.yaml))

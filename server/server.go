@@ -9,10 +9,13 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/backend"
@@ -122,6 +125,11 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 			return 0
 		},
 	)
+	if c, ok := s.be.(prometheus.Collector); ok { // a back end's own figures (gossip: peers, messages)
+		if err := s.m.reg.Register(c); err != nil {
+			return nil, fmt.Errorf("sluice serve: the back end's metrics: %w", err)
+		}
+	}
 	if err := s.apply(cfg); err != nil {
 		return nil, err
 	}
@@ -208,6 +216,8 @@ func keepStartOnly(cfg *Config, running Config) []string {
 	keep("max_keys", cfg.MaxKeys != running.MaxKeys)
 	keep("log_format", cfg.LogFormat != running.LogFormat)
 	keep("log_level", cfg.LogLevel != running.LogLevel)
+	keep("gossip", !reflect.DeepEqual(cfg.Gossip, running.Gossip))
+	cfg.Gossip = running.Gossip
 	cfg.ListenLine, cfg.ListenHTTP, cfg.Backend, cfg.RedisURL, cfg.Store = running.ListenLine, running.ListenHTTP, running.Backend, running.RedisURL, running.Store
 	cfg.RedisTimeout, cfg.FailMode, cfg.FallbackShare, cfg.MaxKeys = running.RedisTimeout, running.FailMode, running.FallbackShare, running.MaxKeys
 	cfg.LogFormat, cfg.LogLevel = running.LogFormat, running.LogLevel

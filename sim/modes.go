@@ -41,7 +41,7 @@ type leaseReporter interface {
 }
 
 // ModeNames lists the modes the simulator knows.
-func ModeNames() []string { return []string{"local", "redis", "lease"} }
+func ModeNames() []string { return []string{"local", "redis", "lease", "gossip"} }
 
 // CheckMode returns an error naming the known modes when name is not one of them.
 func CheckMode(name string) error {
@@ -62,6 +62,8 @@ func newMode(name string, sc *Scenario) mode {
 		return centralMode{}
 	case "lease":
 		return newLeaseMode(sc)
+	case "gossip":
+		return newGossipMode(sc)
 	}
 	return nil
 }
@@ -76,6 +78,12 @@ func (localMode) name() string { return "local" }
 func (localMode) acquire(e *engine, mi, g int32) {
 	m := e.members[mi]
 	res, _, err := gcra.Decide(m.tats, e.local, e.now, 1, e.maxWait)
+	e.decided(mi, g, res, err)
+}
+
+// decided ends goroutine g's acquire with a decision made in the member: a permit, or a
+// denial with when to retry (none on an error).
+func (e *engine) decided(mi, g int32, res gcra.Result, err error) {
 	switch {
 	case err != nil:
 		e.denied(mi, g, 0)

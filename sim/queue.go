@@ -29,6 +29,8 @@ const (
 	evLeaseReq                 // lease mode: the store receives a request (val: message slot)
 	evLeaseReply               // lease mode: member m receives the store's answer (val: message slot)
 	evLeaseTimeout             // lease mode: member m gives up on a request (g: limit, val2: nonce)
+	evGossipTick               // gossip mode: member m reports (op: incarnation)
+	evGossipMsg                // gossip mode: member m receives a report (val: message slot, op: incarnation)
 )
 
 // event is one thing that happens at a time. Events are values in a slice heap: the hot

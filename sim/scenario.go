@@ -9,6 +9,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluicehq/sluice/internal/hits"
 	"github.com/sluicehq/sluice/internal/yamlx"
 	"github.com/sluicehq/sluice/lease"
 )
@@ -27,6 +28,7 @@ type Scenario struct {
 	Client      Client   `yaml:"client"`
 	Local       Local    `yaml:"local"`
 	Lease       Lease    `yaml:"lease"`
+	Gossip      Gossip   `yaml:"gossip"`
 	Members     []Group  `yaml:"members"`
 	Events      []Event  `yaml:"events"`
 
@@ -100,6 +102,22 @@ type Lease struct {
 	Margin     Duration `yaml:"margin"`
 	FailMode   string   `yaml:"fail_mode"` // local (default) or closed
 	line       int
+}
+
+// Gossip are the gossip mode's settings: the sync interval, how long a lost peer keeps
+// its share, and the policy (shares, or whole: the DThrottle design as written). Zero
+// values take the defaults. Members' reports travel over the store link (its latency and
+// loss); a partition cuts its members from those outside it.
+type Gossip struct {
+	Interval Duration `yaml:"interval"`
+	Hold     Duration `yaml:"hold"`
+	Policy   string   `yaml:"policy"`
+	line     int
+}
+
+func (x *Gossip) UnmarshalYAML(n *yaml.Node) error {
+	type plain Gossip
+	return yamlx.DecodeMapping(n, (*plain)(x), &x.line)
 }
 
 // Group is a set of identical members, named NAME1..NAMEn.
@@ -317,6 +335,9 @@ func (s *Scenario) check() error {
 	}
 	if s.Local.Share < 0 || s.Local.Share > 1 {
 		return bad(0, "local.share: want a fraction in (0, 1]")
+	}
+	if _, err := hits.ParsePolicy(s.Gossip.Policy); err != nil || s.Gossip.Interval < 0 || s.Gossip.Hold < 0 {
+		return yamlx.AtLine(s.Gossip.line, "gossip: policy shares, equal or whole, interval and hold 0 (the default) or more")
 	}
 	if err := s.Lease.check(); err != nil {
 		return err

@@ -53,6 +53,8 @@ func serveBackend(cfg server.Config, clk clock.Clock) (backend.Backend, error) {
 			return nil, err
 		}
 		return closingBackend{b, closeStore}, nil
+	case "gossip":
+		return openGossip(cfg, clk)
 	}
 	return nil, fmt.Errorf("backend %q is not available in this build", cfg.Backend)
 }
@@ -113,9 +115,10 @@ func newServeFlags(env Env) *serveFlags {
 	fs.Var(ruleFlags{rules: &sf.rules, shared: true}, "shared-limit", "a pattern rule `PATTERN=LIMIT` whose tags all share one bucket")
 	fs.StringVar(&sf.dflt, "default-limit", "", "`limit` for tags no rule matches (each its own bucket); none: such tags are allowed")
 	fs.BoolVar(&sf.defShare, "default-shared", false, "tags no rule matches share one bucket")
-	fs.String("backend", d.Backend, "where decisions are made: local (in this process), redis (every decision in Redis) or lease (on a share leased from --store; several daemons share each limit)")
+	fs.String("backend", d.Backend, "where decisions are made: local (in this process), redis (every decision in Redis), lease (on a share leased from --store) or gossip (here, shared with --peers; no store)")
 	fs.String("redis-url", d.RedisURL, "Redis `URL` for --backend redis (redis://host:port/db), and for --backend lease when --store is not given")
 	fs.String("store", d.Store, "--backend lease: the `URL` of the store the daemons lease through: redis://HOST:PORT, redis-cluster://HOST:PORT,..., redis-sentinel://HOST:PORT,.../MASTER, memory://")
+	addGossipFlags(fs, d.Gossip)
 	fs.String("fail-mode", d.FailMode, "answer when the back end cannot decide: closed (NO), open (OK), or local (backend redis: a local share, see --fallback-share)")
 	fs.Float64("fallback-share", d.FallbackShare, "with --fail-mode local: the share of each limit this daemon uses while Redis is down")
 	fs.Duration("redis-timeout", d.RedisTimeout.D(), "with --backend redis: how long a decision waits for Redis")
@@ -166,6 +169,8 @@ func (sf *serveFlags) build() (server.Config, error) {
 			cfg.LogFormat = v
 		case "log-level":
 			cfg.LogLevel = v
+		case "gossip-bind", "gossip-advertise", "peers", "gossip-key-file", "gossip-interval", "gossip-hold", "gossip-policy":
+			setGossip(&cfg.Gossip, f)
 		case "max-penalty":
 			cfg.MaxPenalty = *f.Value.(*server.PenaltyCap)
 		case "fallback-share":

@@ -1,0 +1,486 @@
+package gossip
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/hits"
+)
+
+// Config is a gossip member's configuration. Use DefaultConfig; Validate checks it.
+type Config struct {
+	Bind      string        // host:port of the membership's UDP and TCP listeners
+	Advertise string        // host:port peers reach this member at; "": Bind
+	Name      string        // the member's name in the pool, unique; "": the advertised address
+	Peers     []string      // seed list: host:port of members to join (a name resolving to several addresses joins each)
+	Key       []byte        // shared key (16, 24 or 32 bytes: AES-128, -192, -256); nil: traffic in clear
+	Interval  time.Duration // sync interval: how often hits are reported
+	Hold      time.Duration // how long a lost peer keeps its share
+	Policy    hits.Policy   // Shares (by demand), Equal (1/N) or Whole (the DThrottle design as written)
+	MaxTags   int           // tags held at once
+	Logger    *slog.Logger  // nil: discard
+	Clock     clock.Clock   // nil: clock.Default
+}
+
+// DefaultConfig returns the defaults, each commented.
+func DefaultConfig() Config {
+	h := hits.DefaultConfig()
+	return Config{
+		Bind:     "127.0.0.1:7946", // loopback: other hosts must be allowed explicitly
+		Interval: h.Interval,       // 100ms: the excess between syncs scales with it
+		Hold:     h.Hold,           // 2s: a partition shorter than this does not multiply the limit
+		Policy:   hits.Shares,      // spend only this member's share between syncs
+		MaxTags:  h.MaxTags,        // about 1M tags
+	}
+}
+
+// Validate reports the first problem.
+func (c Config) Validate() error {
+	if _, _, err := splitHostPort(c.Bind); err != nil {
+		return fmt.Errorf("sluice: gossip bind %q: %w", c.Bind, err)
+	}
+	if c.Advertise != "" {
+		if _, _, err := splitHostPort(c.Advertise); err != nil {
+			return fmt.Errorf("sluice: gossip advertise %q: %w", c.Advertise, err)
+		}
+	}
+	for _, p := range c.Peers {
+		if _, _, err := net.SplitHostPort(p); err != nil {
+			return fmt.Errorf("sluice: gossip peer %q: want host:port", p)
+		}
+	}
+	switch len(c.Key) {
+	case 0, 16, 24, 32:
+	default:
+		return fmt.Errorf("sluice: gossip key: %d bytes, want 16, 24 or 32", len(c.Key))
+	}
+	return c.core().Validate()
+}
+
+func (c Config) core() hits.Config {
+	h := hits.DefaultConfig()
+	h.Interval, h.Hold, h.Policy, h.MaxTags = c.Interval, c.Hold, c.Policy, c.MaxTags
+	h.LostAfter = 5 * c.Interval
+	return h
+}
+
+func splitHostPort(s string) (string, int, error) {
+	h, p, err := net.SplitHostPort(s)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("bad port %q", p)
+	}
+	return h, port, nil
+}
+
+// ReadKey reads a shared key from a file: 16, 24 or 32 bytes, raw or as base64 or hex
+// text (surrounding whitespace ignored).
+func ReadKey(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("sluice: gossip key file: %w", err)
+	}
+	return parseKey(b)
+}
+
+// Limits on what is sent at once.
+const (
+	packetMax  = 1200    // a datagram part: memberlist's 1400-byte buffer less its headers and encryption
+	udpParts   = 4       // a report of more parts goes over a stream
+	streamPart = 4 << 20 // a stream message
+)
+
+// Backend is a gossip member: a backend.Backend whose decisions are made here and shared
+// with the peers. Make one with New; it is safe for concurrent use. Close leaves the pool
+// (peers free its share at once) and stops its goroutines.
+type Backend struct {
+	cfg   Config
+	clock clock.Clock
+	log   *slog.Logger
+
+	shards [nShards]shard // tags by hash: decisions on different shards do not share a lock
+	seed   maphash.Seed
+
+	ml     *memberlist.Memberlist
+	stop   chan struct{}
+	wg     sync.WaitGroup
+	closed atomic.Bool
+	stats  counters
+}
+
+// nShards is how many cores a member runs, each with the same peers and its own tags,
+// so that parallel decisions rarely wait for one another.
+const nShards = 16
+
+type shard struct {
+	mu   sync.Mutex // guards node
+	node *hits.Node
+	_    [40]byte // one cache line each
+}
+
+func (b *Backend) shard(key string) *shard {
+	return &b.shards[maphash.String(b.seed, key)%nShards]
+}
+
+// each runs f on every shard's node, under its lock.
+func (b *Backend) each(f func(i int, n *hits.Node)) {
+	for i := range b.shards {
+		s := &b.shards[i]
+		s.mu.Lock()
+		f(i, s.node)
+		s.mu.Unlock()
+	}
+}
+
+type counters struct {
+	msgsSent, msgsRecv, bytesSent, bytesRecv, sendErrs, streams atomic.Uint64
+}
+
+var (
+	_ backend.Backend  = (*Backend)(nil)
+	_ backend.Allower  = (*Backend)(nil)
+	_ backend.Resetter = (*Backend)(nil)
+)
+
+// New starts a member: it binds, joins the peers it can reach (and keeps trying the seed
+// list while it is alone), and starts reporting.
+func New(cfg Config) (*Backend, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	b := &Backend{cfg: cfg, clock: cfg.Clock, log: cfg.Logger, stop: make(chan struct{})}
+	if b.clock == nil {
+		b.clock = clock.Default
+	}
+	if b.log == nil {
+		b.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	host, port, _ := splitHostPort(cfg.Bind)
+	mc := memberlist.DefaultLANConfig()
+	mc.BindAddr, mc.BindPort = host, port
+	mc.AdvertiseAddr, mc.AdvertisePort = host, port
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		mc.AdvertiseAddr = "" // all interfaces: memberlist advertises a private address
+	}
+	if cfg.Advertise != "" {
+		h, p, _ := splitHostPort(cfg.Advertise)
+		mc.AdvertiseAddr, mc.AdvertisePort = h, p
+	}
+	// Failure detection on a LAN: a crashed peer is declared dead in about two seconds
+	// (the core holds its share meanwhile and for Hold after).
+	mc.ProbeInterval = 500 * time.Millisecond
+	mc.ProbeTimeout = 250 * time.Millisecond
+	mc.SuspicionMult = 3
+	mc.GossipInterval = 100 * time.Millisecond
+	mc.PushPullInterval = 15 * time.Second
+	mc.SecretKey = cfg.Key
+	mc.GossipVerifyIncoming = cfg.Key != nil
+	mc.GossipVerifyOutgoing = cfg.Key != nil
+	mc.Delegate = delegate{b}
+	mc.Events = events{b}
+	mc.Logger = log.New(slogWriter{b.log}, "", 0)
+	var seed [8]byte
+	_, _ = rand.Read(seed[:])
+	inc := binary.LittleEndian.Uint64(seed[:]) | 1 // differs at every start: peers tell a restart
+	mc.Name = cfg.Name
+	if mc.Name == "" {
+		h := mc.AdvertiseAddr
+		if h == "" {
+			h, _ = os.Hostname()
+		}
+		mc.Name = net.JoinHostPort(h, strconv.Itoa(mc.AdvertisePort))
+		if mc.AdvertisePort == 0 { // a port the system picks: a random name instead
+			mc.Name = "sluice-" + strconv.FormatUint(inc, 36)
+		}
+	}
+	b.seed = maphash.MakeSeed()
+	core := cfg.core()
+	core.MaxTags = (cfg.MaxTags + nShards - 1) / nShards
+	for i := range b.shards {
+		node, err := hits.New(mc.Name, inc, core, b.clock.Nanotime())
+		if err != nil {
+			return nil, err
+		}
+		b.shards[i].node = node
+	}
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		return nil, fmt.Errorf("sluice: gossip: %w", err)
+	}
+	b.ml = ml
+	if len(cfg.Peers) > 0 {
+		if n, err := ml.Join(cfg.Peers); err != nil {
+			b.log.Info("gossip: no peer reached yet; retrying", "peers", cfg.Peers, "err", err)
+		} else {
+			b.log.Info("gossip: joined", "peers", n)
+		}
+	}
+	b.wg.Add(1)
+	go b.loop()
+	return b, nil
+}
+
+// Addr returns the address peers reach this member at.
+func (b *Backend) Addr() string {
+	n := b.ml.LocalNode()
+	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
+}
+
+// Name returns the member's name in the pool.
+func (b *Backend) Name() string { return b.ml.LocalNode().Name }
+
+// loop reports every interval, and rejoins the seed list while alone.
+func (b *Backend) loop() {
+	defer b.wg.Done()
+	t := b.clock.NewTimer(b.cfg.Interval)
+	defer t.Stop()
+	rejoin := b.clock.Nanotime()
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-t.C():
+		}
+		t.Reset(b.cfg.Interval)
+		now := b.clock.Nanotime()
+		var r hits.Report
+		b.each(func(i int, n *hits.Node) {
+			sr := n.Report(now)
+			if i == 0 {
+				r = sr
+			} else {
+				r.Entries = append(r.Entries, sr.Entries...)
+			}
+		})
+		b.send(&r)
+		if len(b.cfg.Peers) > 0 && b.ml.NumMembers() <= 1 && now-rejoin >= int64(time.Second) {
+			rejoin = now
+			if _, err := b.ml.Join(b.cfg.Peers); err == nil {
+				b.log.Info("gossip: joined", "peers", b.cfg.Peers)
+			}
+		}
+	}
+}
+
+// send sends a report to every other member: as datagrams when it is a few parts, over a
+// stream otherwise. Nothing is truncated: an entry too large for a datagram goes by stream.
+func (b *Backend) send(r *hits.Report) {
+	members := b.ml.Members()
+	if len(members) <= 1 {
+		return
+	}
+	self := b.ml.LocalNode().Name
+	parts, skipped := hits.Encode(r, packetMax)
+	stream := skipped > 0 || len(parts) > udpParts
+	if stream {
+		parts, _ = hits.Encode(r, streamPart)
+	}
+	for _, m := range members {
+		if m.Name == self {
+			continue
+		}
+		for _, p := range parts {
+			var err error
+			if stream {
+				err = b.ml.SendReliable(m, p)
+				b.stats.streams.Add(1)
+			} else {
+				err = b.ml.SendBestEffort(m, p)
+			}
+			if err != nil {
+				b.stats.sendErrs.Add(1)
+				continue
+			}
+			b.stats.msgsSent.Add(1)
+			b.stats.bytesSent.Add(uint64(len(p)))
+		}
+	}
+}
+
+// receive applies a message from a peer.
+func (b *Backend) receive(msg []byte) {
+	b.stats.msgsRecv.Add(1)
+	b.stats.bytesRecv.Add(uint64(len(msg)))
+	rs, err := hits.Decode(msg)
+	if err != nil {
+		s := &b.shards[0]
+		s.mu.Lock()
+		s.node.CountMalformed()
+		s.mu.Unlock()
+		return
+	}
+	now := b.clock.Nanotime()
+	for i := range rs {
+		// Each shard hears the report (the sender is alive) with its own tags' entries.
+		var parts [nShards][]hits.Entry
+		for _, e := range rs[i].Entries {
+			k := maphash.String(b.seed, e.Tag) % nShards
+			parts[k] = append(parts[k], e)
+		}
+		b.each(func(k int, n *hits.Node) {
+			r := rs[i]
+			r.Entries = parts[k]
+			n.Receive(now, &r)
+		})
+	}
+}
+
+type delegate struct{ b *Backend }
+
+func (delegate) NodeMeta(int) []byte                 { return nil }
+func (d delegate) NotifyMsg(msg []byte)              { d.b.receive(msg) }
+func (delegate) GetBroadcasts(int, int) [][]byte     { return nil }
+func (delegate) LocalState(bool) []byte              { return nil }
+func (delegate) MergeRemoteState(buf []byte, _ bool) {}
+
+type events struct{ b *Backend }
+
+func (e events) NotifyJoin(n *memberlist.Node) {
+	now := e.b.clock.Nanotime()
+	e.b.each(func(_ int, h *hits.Node) { h.Join(n.Name, now) })
+	e.b.log.Info("gossip: peer joined", "peer", n.Name)
+}
+
+func (e events) NotifyLeave(n *memberlist.Node) {
+	graceful := n.State == memberlist.StateLeft
+	now := e.b.clock.Nanotime()
+	e.b.each(func(_ int, h *hits.Node) { h.Leave(n.Name, now, graceful) })
+	e.b.log.Info("gossip: peer gone", "peer", n.Name, "graceful", graceful)
+}
+
+func (events) NotifyUpdate(*memberlist.Node) {}
+
+// slogWriter turns memberlist's log lines ("[WARN] memberlist: ...") into slog records.
+type slogWriter struct{ l *slog.Logger }
+
+func (w slogWriter) Write(p []byte) (int, error) {
+	s := strings.TrimSpace(string(p))
+	lvl := slog.LevelDebug
+	switch {
+	case strings.HasPrefix(s, "[ERR]"):
+		lvl = slog.LevelError
+	case strings.HasPrefix(s, "[WARN]"):
+		lvl = slog.LevelWarn
+	}
+	w.l.Log(context.Background(), lvl, s)
+	return len(p), nil
+}
+
+// Decide decides a request locally: on the pool's bucket as this member knows it and on
+// its share.
+func (b *Backend) Decide(_ context.Context, key string, req backend.Request) (backend.Grant, error) {
+	if b.closed.Load() {
+		return backend.Grant{}, backend.ErrClosed
+	}
+	s := b.shard(key)
+	s.mu.Lock()
+	res, tk, err := s.node.Decide(key, req.Limits, b.clock.Nanotime(), req.N, int64(req.MaxDelay))
+	s.mu.Unlock()
+	if errors.Is(err, hits.ErrTooManyTags) {
+		err = backend.ErrTooManyKeys
+	}
+	return backend.Grant{Result: res, Ticket: tk}, err
+}
+
+// AllowOne is Decide for one permit under one limit, now or not at all: the limiter's
+// fast path for Allow.
+func (b *Backend) AllowOne(_ context.Context, key string, l gcra.Limit) (bool, error) {
+	if b.closed.Load() {
+		return false, backend.ErrClosed
+	}
+	ls := [1]gcra.Limit{l}
+	s := b.shard(key)
+	s.mu.Lock()
+	res, _, err := s.node.Decide(key, ls[:], b.clock.Nanotime(), 1, 0)
+	s.mu.Unlock()
+	if errors.Is(err, hits.ErrTooManyTags) {
+		err = backend.ErrTooManyKeys
+	}
+	return res.Allowed, err
+}
+
+// Adjust settles a grant: more is charged and reported; less is given back to this
+// member's share (peers keep what they were told).
+func (b *Backend) Adjust(_ context.Context, key string, limits []gcra.Limit, t gcra.Ticket, newN int64) error {
+	if b.closed.Load() {
+		return backend.ErrClosed
+	}
+	s := b.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, err := s.node.Adjust(key, limits, b.clock.Nanotime(), t, newN)
+	return err
+}
+
+// Penalize holds key back for d here, and at the peers from the next report.
+func (b *Backend) Penalize(_ context.Context, key string, limits []gcra.Limit, d time.Duration) error {
+	if b.closed.Load() {
+		return backend.ErrClosed
+	}
+	s := b.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := b.clock.Nanotime()
+	return s.node.Penalize(key, limits, now, gcra.After(now, int64(d)))
+}
+
+// Reset forgets key at this member (peers keep what they were told).
+func (b *Backend) Reset(_ context.Context, key string) error {
+	if b.closed.Load() {
+		return backend.ErrClosed
+	}
+	s := b.shard(key)
+	s.mu.Lock()
+	s.node.Reset(key)
+	s.mu.Unlock()
+	return nil
+}
+
+// Members returns the pool size this member counts on: itself and every peer live or
+// still held after it was lost (the largest recently known membership).
+func (b *Backend) Members() int {
+	s := &b.shards[0]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.node.Members()
+}
+
+// Close leaves the pool gracefully (peers free this member's share at once) and stops.
+func (b *Backend) Close() error {
+	if b.closed.Swap(true) {
+		return nil
+	}
+	close(b.stop)
+	b.wg.Wait()
+	err := b.ml.Leave(time.Second)
+	if serr := b.ml.Shutdown(); err == nil {
+		err = serr
+	}
+	return err
+}
+
+// Sent returns the bytes of gossip this member has sent (report parts, before memberlist's
+// own framing and encryption).
+func (b *Backend) Sent() float64 { return float64(b.stats.bytesSent.Load()) }

@@ -1,0 +1,224 @@
+package gossip
+
+import (
+	"context"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/backend/backendtest"
+	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/hits"
+)
+
+const sec = int64(time.Second)
+
+// member starts a member on a free loopback port.
+func member(t *testing.T, mod func(*Config)) *Backend {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Bind = "127.0.0.1:0"
+	if mod != nil {
+		mod(&cfg)
+	}
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+// waitFor polls cond (real time, the membership's own) for up to 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting: %s", what)
+}
+
+// TestConformance: a member alone decides exactly as one bucket (its share is the whole
+// limit), on the virtual clock.
+func TestConformance(t *testing.T) {
+	backendtest.Run(t, func(t *testing.T, clk *clock.Virtual) backend.Backend {
+		return member(t, func(c *Config) { c.Clock = clk })
+	})
+}
+
+// TestThreeMembersShareALimit: three members on loopback (real UDP and TCP) find each
+// other from a seed list, and share 100/s burst 10 under load on all three. Safety is
+// judged from the decisions' timestamps; utilization loosely (the machine is shared).
+func TestThreeMembersShareALimit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real time")
+	}
+	a := member(t, nil)
+	b := member(t, func(c *Config) { c.Peers = []string{a.Addr()} })
+	c := member(t, func(c *Config) { c.Peers = []string{b.Addr()} })
+	ms := []*Backend{a, b, c}
+	waitFor(t, "three members", func() bool {
+		for _, m := range ms {
+			if m.ml.NumMembers() != 3 {
+				return false
+			}
+		}
+		return true
+	})
+	lim := []gcra.Limit{{T: sec / 100, Tau: 10 * sec / 100}}
+	const run = 3 * time.Second
+	var mu sync.Mutex
+	var grants []int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, m := range ms {
+		wg.Go(func() {
+			for time.Since(start) < run {
+				g, err := m.Decide(context.Background(), "api", backend.Request{Limits: lim, N: 1})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if g.Allowed {
+					mu.Lock()
+					grants = append(grants, time.Now().UnixNano())
+					mu.Unlock()
+				}
+				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+	slices.Sort(grants)
+	e := excess(grants, 10, 100)
+	util := float64(len(grants)) / (10 + 100*run.Seconds())
+	bound := hits.Bound(hits.BoundParams{Nodes: 3, Burst: 10, Rate: 100})
+	t.Logf("three members: %d granted in %v, excess %.1f (bound %.0f), utilization %.3f", len(grants), run, e, bound, util)
+	// A report later than an interval (a loaded machine) can let shares overlap for an
+	// interval: allow one interval's rate on top of the bound.
+	if e > bound+100*DefaultConfig().Interval.Seconds() {
+		t.Errorf("excess %.1f permits, want within %.0f", e, bound)
+	}
+	if util < 0.6 {
+		t.Errorf("utilization %.3f, want at least 0.6 (loose: real time)", util)
+	}
+	// Every member counted the others' hits.
+	var local, remote float64
+	for _, m := range ms {
+		local += value(m, "sluice_gossip_local_hits_total")
+		remote += value(m, "sluice_gossip_remote_hits_total")
+	}
+	if remote < local {
+		t.Logf("remote %v < 2 × local %v: reports in flight at the end", remote, 2*local)
+	}
+	if remote == 0 {
+		t.Errorf("no member heard of the others' hits")
+	}
+}
+
+// value returns the first series of m's metric name.
+func value(m *Backend, name string) float64 {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m)
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			x := mf.GetMetric()[0]
+			if g := x.GetGauge(); g != nil {
+				return g.GetValue()
+			}
+			return x.GetCounter().GetValue()
+		}
+	}
+	return -1
+}
+
+// excess is the most grants in any window beyond burst + rate × its length.
+func excess(grants []int64, burst int64, rate float64) float64 {
+	best, prefix := -1e18, -1e18
+	for j, tj := range grants {
+		prefix = max(prefix, rate*float64(tj)/1e9-float64(j))
+		best = max(best, float64(j)-rate*float64(tj)/1e9+prefix)
+	}
+	return best + 1 - float64(burst)
+}
+
+// TestKeyKeepsOutsiders: with a shared key, a member with another key cannot join, and a
+// forged report sent in clear to a member's port charges nothing.
+func TestKeyKeepsOutsiders(t *testing.T) {
+	k1 := []byte("0123456789abcdef")
+	a := member(t, func(c *Config) { c.Key = k1 })
+	b := member(t, func(c *Config) { c.Key = []byte("fedcba9876543210"); c.Peers = []string{a.Addr()} })
+	time.Sleep(300 * time.Millisecond)
+	if a.ml.NumMembers() != 1 || b.ml.NumMembers() != 1 {
+		t.Fatalf("members with different keys joined: %d, %d", a.ml.NumMembers(), b.ml.NumMembers())
+	}
+	lim := []gcra.Limit{{T: sec, Tau: 5 * sec}}
+	forged, _ := hits.Encode(&hits.Report{From: "intruder", Inc: 1, Entries: []hits.Entry{{Tag: "api", Gen: 1, Hits: 1000, Recent: 1000}}}, packetMax)
+	conn, err := net.Dial("udp", a.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for range 5 {
+		conn.Write(append([]byte{8}, forged[0]...)) // memberlist's user message, in clear
+	}
+	time.Sleep(200 * time.Millisecond)
+	g, err := a.Decide(context.Background(), "api", backend.Request{Limits: lim, N: 1})
+	if err != nil || !g.Allowed || g.Remaining != 4 {
+		t.Fatalf("after a forged report: %+v %v, want allowed with 4 remaining", g.Result, err)
+	}
+}
+
+// TestMalformedIsCounted: without a key, a user message that is not a report is dropped
+// and counted.
+func TestMalformedIsCounted(t *testing.T) {
+	a := member(t, nil)
+	conn, err := net.Dial("udp", a.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.Write([]byte{8, 7, 7, 7})
+	waitFor(t, "a malformed message counted", func() bool {
+		return value(a, "sluice_gossip_malformed_total") == 1
+	})
+}
+
+func TestConfigValidate(t *testing.T) {
+	for i, mod := range []func(*Config){
+		func(c *Config) { c.Bind = "nope" },
+		func(c *Config) { c.Peers = []string{"host-without-port"} },
+		func(c *Config) { c.Key = []byte("short") },
+		func(c *Config) { c.Interval = 0 },
+		func(c *Config) { c.Hold = -1 },
+	} {
+		c := DefaultConfig()
+		mod(&c)
+		if err := c.Validate(); err == nil || !strings.HasPrefix(err.Error(), "sluice: gossip") {
+			t.Errorf("step %d: got %v, want an error naming the setting", i, err)
+		}
+	}
+}
+
+func TestParseKey(t *testing.T) {
+	raw := []byte("0123456789abcdef0123456789abcde!")
+	for i, in := range []string{string(raw), "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZSE=\n", "3031323334353637383961626364656630313233343536373839616263646521"} {
+		k, err := parseKey([]byte(in))
+		if err != nil || string(k) != string(raw) {
+			t.Errorf("step %d: got %q %v", i, k, err)
+		}
+	}
+	if _, err := parseKey([]byte("too short")); err == nil {
+		t.Errorf("a short key was accepted")
+	}
+}

@@ -1,0 +1,225 @@
+package hits
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/gcra"
+)
+
+// cluster runs nodes in virtual time, 1 ms steps, over a network with latency, loss and
+// partitions, every message through the codec.
+type cluster struct {
+	t       *testing.T
+	nodes   []*Node
+	phase   []int64 // each node's report offset in the interval
+	down    []bool  // crashed: no decisions, no reports
+	side    []int   // partition side; nodes on different sides do not hear each other
+	lim     []gcra.Limit
+	now     int64
+	rng     *rand.Rand
+	loss    float64
+	minLat  int64
+	maxLat  int64
+	pending []delivery
+	grants  []int64 // grant times, all nodes
+	bytes   int64
+}
+
+type delivery struct {
+	at   int64
+	to   int
+	data []byte
+}
+
+func newCluster(t *testing.T, n int, lim []gcra.Limit, cfg Config, seed uint64) *cluster {
+	c := &cluster{t: t, lim: lim, rng: rand.New(rand.NewPCG(seed, 1)), minLat: 200_000, maxLat: 2_000_000}
+	for i := range n {
+		nd, err := New(string(rune('a'+i)), 1, cfg, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.nodes = append(c.nodes, nd)
+		c.phase = append(c.phase, c.rng.Int64N(int64(cfg.Interval/time.Millisecond))*int64(time.Millisecond))
+		c.down = append(c.down, false)
+		c.side = append(c.side, 0)
+	}
+	for i, a := range c.nodes {
+		for j, b := range c.nodes {
+			if i != j {
+				a.Join(b.Name(), 0)
+			}
+		}
+	}
+	return c
+}
+
+// run advances to `until`, with arrivals at rate per second spread at random over the
+// live nodes.
+func (c *cluster) run(until int64, rate float64) {
+	iv := int64(c.nodes[0].cfg.Interval)
+	for c.now < until {
+		c.now += int64(time.Millisecond)
+		keep := c.pending[:0]
+		for _, d := range c.pending {
+			if d.at > c.now {
+				keep = append(keep, d)
+				continue
+			}
+			if c.down[d.to] {
+				continue
+			}
+			rs, err := Decode(d.data)
+			if err != nil {
+				c.t.Fatalf("decode: %v", err)
+			}
+			for i := range rs {
+				c.nodes[d.to].Receive(c.now, &rs[i])
+			}
+		}
+		c.pending = keep
+		for i, n := range c.nodes {
+			if c.down[i] || (c.now-c.phase[i])%iv != 0 {
+				continue
+			}
+			r := n.Report(c.now)
+			parts, _ := Encode(&r, 1200)
+			for j := range c.nodes {
+				if j == i || c.side[j] != c.side[i] {
+					continue
+				}
+				for _, p := range parts {
+					c.bytes += int64(len(p))
+					if c.loss > 0 && c.rng.Float64() < c.loss {
+						continue
+					}
+					c.pending = append(c.pending, delivery{at: c.now + c.minLat + c.rng.Int64N(c.maxLat-c.minLat), to: j, data: p})
+				}
+			}
+		}
+		// Poisson arrivals in this millisecond.
+		for k := poisson(c.rng, rate/1000); k > 0; k-- {
+			var live []int
+			for i := range c.nodes {
+				if !c.down[i] {
+					live = append(live, i)
+				}
+			}
+			i := live[c.rng.IntN(len(live))]
+			res, _, err := c.nodes[i].Decide("api", c.lim, c.now, 1, 0)
+			if err != nil {
+				c.t.Fatal(err)
+			}
+			if res.Allowed {
+				c.grants = append(c.grants, c.now)
+			}
+		}
+	}
+}
+
+func poisson(r *rand.Rand, mean float64) int {
+	k, p, l := 0, 1.0, mathExp(-mean)
+	for {
+		p *= r.Float64()
+		if p < l {
+			return k
+		}
+		k++
+	}
+}
+
+// excess is the most grants in any window [t1, t2] beyond burst + rate × (t2 - t1), over
+// the grants between from and to.
+func excess(grants []int64, from, to int64, burst int64, rate float64) float64 {
+	lo, _ := slices.BinarySearch(grants, from)
+	hi, _ := slices.BinarySearch(grants, to)
+	g := grants[lo:hi]
+	best, prefix := -1e18, -1e18
+	for j, tj := range g {
+		prefix = max(prefix, rate*float64(tj)/1e9-float64(j))
+		best = max(best, float64(j)-rate*float64(tj)/1e9+prefix)
+	}
+	return best + 1 - float64(burst)
+}
+
+func count(grants []int64, from, to int64) int {
+	lo, _ := slices.BinarySearch(grants, from)
+	hi, _ := slices.BinarySearch(grants, to)
+	return hi - lo
+}
+
+// TestFiveDaemons: five daemons share 100/s burst 20, load 200/s spread at random, the
+// default interval. Over-admission stays within the bound and under 5% of rate × 5 s,
+// utilization at least 0.95. Then one is killed, and later two of the four are cut off
+// from the other two for 30 s: within the bound throughout (the partition's term counts
+// only after the hold), and once healed every node's count of every peer's hits is exact.
+func TestFiveDaemons(t *testing.T) {
+	const rate, burst = 100.0, 20
+	lim := []gcra.Limit{{T: sec / 100, Tau: burst * sec / 100}}
+	cfg := DefaultConfig()
+	c := newCluster(t, 5, lim, cfg, 1)
+	c.run(60*sec, 2*rate)
+	b := BoundParams{Nodes: 5, Burst: burst, Rate: rate}
+	e := excess(c.grants, 0, 60*sec, burst, rate)
+	util := float64(count(c.grants, 0, 60*sec)) / (burst + rate*60)
+	t.Logf("steady: excess %.1f permits (bound %.0f), utilization %.3f, %.0f bytes/s per daemon", e, Bound(b), util, float64(c.bytes)/60/5)
+	if e > Bound(b) || e >= 0.05*rate*5 {
+		t.Errorf("steady: excess %.1f, want within the bound %.0f and under %.0f", e, Bound(b), 0.05*rate*5)
+	}
+	if util < 0.95 {
+		t.Errorf("steady: utilization %.3f, want at least 0.95", util)
+	}
+
+	c.down[4] = true // killed
+	c.run(90*sec, 2*rate)
+	e = excess(c.grants, 0, 90*sec, burst, rate)
+	util = float64(count(c.grants, 65*sec, 90*sec)) / (rate * 25)
+	t.Logf("after the kill: excess %.1f, utilization from 65 s %.3f", e, util)
+	if e > Bound(b) {
+		t.Errorf("after the kill: excess %.1f, want within %.0f", e, Bound(b))
+	}
+	if util < 0.95 {
+		t.Errorf("after the kill: utilization %.3f, want at least 0.95 once the hold is over", util)
+	}
+
+	c.side[2], c.side[3] = 1, 1 // cut off for 30 s
+	c.run(120*sec, 2*rate)
+	split := 30*time.Second - cfg.Hold - cfg.LostAfter
+	bp := b
+	bp.Sides, bp.Split = 2, split
+	e = excess(c.grants, 0, 120*sec, burst, rate)
+	t.Logf("partition: excess %.1f (bound %.0f)", e, Bound(bp))
+	if e > Bound(bp) {
+		t.Errorf("partition: excess %.1f, want within %.0f", e, Bound(bp))
+	}
+	// Before the hold is over, the partition does not multiply the limit.
+	if e := excess(c.grants, 0, 90*sec+int64(cfg.Hold), burst, rate); e > Bound(b) {
+		t.Errorf("partition, within the hold: excess %.1f, want within %.0f", e, Bound(b))
+	}
+	c.side[2], c.side[3] = 0, 0
+	c.run(130*sec, 2*rate)
+	e = excess(c.grants, 122*sec, 130*sec, burst, rate)
+	t.Logf("healed: excess from 122 s %.1f", e)
+	if e > Bound(b) {
+		t.Errorf("healed: excess %.1f, want within %.0f", e, Bound(b))
+	}
+	c.run(131*sec, 0) // the last reports arrive
+	for i := range 4 {
+		for j := range 4 {
+			if i == j {
+				continue
+			}
+			a, p := c.nodes[i], c.nodes[j]
+			tg := a.tags["api"]
+			slot := a.slot[p.Name()]
+			if got, want := tg.peers[slot].count, p.tags["api"].hits; got != want {
+				t.Errorf("healed: %s counts %d hits of %s, which granted %d", a.Name(), got, p.Name(), want)
+			}
+		}
+	}
+}
+
+func mathExp(x float64) float64 { return math.Exp(x) }

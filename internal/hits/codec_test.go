@@ -1,0 +1,99 @@
+package hits
+
+import (
+	"bytes"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestCodecRoundTripAndSplit(t *testing.T) {
+	r := Report{From: "127.0.0.1:7946", Inc: 1 << 40, Seq: 7}
+	for i := range 200 {
+		r.Entries = append(r.Entries, Entry{Tag: strings.Repeat("t", i%40), Gen: uint64(i), Hits: uint64(i) << 20, Recent: 3, Demand: 150000, Hold: int64(i) * 1e6})
+	}
+	parts, skipped := Encode(&r, 1200)
+	if skipped != 0 || len(parts) < 2 {
+		t.Fatalf("got %d parts, %d skipped; want several parts, none skipped", len(parts), skipped)
+	}
+	var got []Entry
+	for i, p := range parts {
+		if len(p) > 1200 {
+			t.Fatalf("part %d: %d bytes, want at most 1200", i, len(p))
+		}
+		rs, err := Decode(p)
+		if err != nil || len(rs) != 1 {
+			t.Fatalf("part %d: %v (%d reports)", i, err, len(rs))
+		}
+		if rs[0].From != r.From || rs[0].Inc != r.Inc || rs[0].Seq != r.Seq {
+			t.Fatalf("part %d: header %+v", i, rs[0])
+		}
+		got = append(got, rs[0].Entries...)
+	}
+	if !reflect.DeepEqual(got, r.Entries) {
+		t.Fatalf("entries differ after the round trip")
+	}
+	// The parts back to back (a stream) decode as the same reports.
+	rs, err := Decode(bytes.Join(parts, nil))
+	if err != nil || len(rs) != len(parts) {
+		t.Fatalf("stream: %v, %d reports, want %d", err, len(rs), len(parts))
+	}
+	// An entry too large for any part is counted, not truncated.
+	big := Report{From: "a", Entries: []Entry{{Tag: strings.Repeat("x", 2000)}, {Tag: "ok"}}}
+	parts, skipped = Encode(&big, 1200)
+	if skipped != 1 || len(parts) != 1 {
+		t.Fatalf("big entry: %d parts, %d skipped; want 1 and 1", len(parts), skipped)
+	}
+	// A heartbeat (no entries) is one part.
+	if parts, _ := Encode(&Report{From: "a"}, 1200); len(parts) != 1 {
+		t.Fatalf("heartbeat: %d parts", len(parts))
+	}
+}
+
+func TestDecodeRefusesBadInput(t *testing.T) {
+	good, _ := Encode(&Report{From: "a", Entries: []Entry{{Tag: "x", Hits: 1}}}, 1200)
+	for i, b := range [][]byte{
+		nil,
+		{Version},
+		{2, kindReport, 1, 'a', 0, 0, 0},         // another version
+		{Version, 9, 1, 'a', 0, 0, 0},            // another kind
+		{Version, kindReport, 0, 0, 0, 0},        // no sender
+		{Version, kindReport, 1, 'a', 0, 0, 100}, // more entries than bytes
+		good[0][:len(good[0])-1],                 // cut short
+	} {
+		if _, err := Decode(b); !errors.Is(err, ErrMalformed) {
+			t.Errorf("step %d: got %v, want ErrMalformed", i, err)
+		}
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	parts, _ := Encode(&Report{From: "n1", Inc: 3, Seq: 9, Entries: []Entry{{Tag: "api", Gen: 1, Hits: 10, Recent: 2, Demand: 5000, Hold: 1e9}}}, 1200)
+	f.Add(parts[0])
+	f.Add([]byte{Version, kindReport, 1, 'a', 0, 0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		rs, err := Decode(b)
+		if err != nil {
+			return
+		}
+		// What decodes re-encodes to reports that decode the same.
+		for _, r := range rs {
+			ps, skipped := Encode(&r, 1<<21)
+			if skipped != 0 {
+				t.Fatalf("re-encoding skipped %d entries", skipped)
+			}
+			back, err := Decode(bytes.Join(ps, nil))
+			if err != nil {
+				t.Fatalf("re-encoded report does not decode: %v", err)
+			}
+			var es []Entry
+			for _, x := range back {
+				es = append(es, x.Entries...)
+			}
+			if len(es) != len(r.Entries) || (len(es) > 0 && !reflect.DeepEqual(es, r.Entries)) {
+				t.Fatalf("round trip changed the entries")
+			}
+		}
+	})
+}

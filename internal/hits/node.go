@@ -1,0 +1,756 @@
+package hits
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/sluicehq/sluice/gcra"
+)
+
+// Policy says how much of a tag's bucket a node spends between syncs.
+type Policy int
+
+const (
+	// Shares (the default): a node spends only its share of the tag's limit, from the
+	// demand its peers and it reported.
+	Shares Policy = iota
+	// Whole is the DThrottle design as written: every node spends from the whole bucket
+	// and hears of the others' hits at the next sync. It over-admits by up to the burst
+	// and a sync interval's refill per node; it is kept for comparison.
+	Whole
+	// Equal gives each node 1/N of the limit, N the pool size it counts (Members: the
+	// largest recently known membership), whatever the demand: the store-less "use the
+	// pod count" of Numaflow's throttling.
+	Equal
+)
+
+// ParsePolicy reads "shares", "equal" or "whole".
+func ParsePolicy(s string) (Policy, error) {
+	switch s {
+	case "shares", "":
+		return Shares, nil
+	case "whole":
+		return Whole, nil
+	case "equal":
+		return Equal, nil
+	}
+	return 0, fmt.Errorf("sluice: gossip policy %q: want shares, equal or whole", s)
+}
+
+func (p Policy) String() string {
+	switch p {
+	case Whole:
+		return "whole"
+	case Equal:
+		return "equal"
+	}
+	return "shares"
+}
+
+// Config are a node's settings. Use DefaultConfig; Validate checks them.
+type Config struct {
+	Interval  time.Duration // how often a node reports; shares change at reports
+	Hold      time.Duration // a peer lost (silent, or dead to the membership) keeps its share this long
+	LostAfter time.Duration // a peer not heard from for this long is lost
+	MaxTags   int           // tags held at once
+	MaxPeers  int           // peers tracked at once
+	Policy    Policy        // Shares, Equal or Whole
+}
+
+// DefaultConfig returns the defaults, each commented.
+func DefaultConfig() Config {
+	return Config{
+		Interval:  100 * time.Millisecond, // the excess between syncs scales with it
+		Hold:      2 * time.Second,        // a partition shorter than this does not multiply the limit
+		LostAfter: 500 * time.Millisecond, // five silent intervals
+		MaxTags:   1 << 20,                // as the daemon's max_keys
+		MaxPeers:  256,                    // far more daemons than one limit is shared by
+		Policy:    Shares,                 // spend only the node's share between syncs
+	}
+}
+
+// Validate reports the first bad setting.
+func (c Config) Validate() error {
+	switch {
+	case c.Interval < time.Millisecond:
+		return errors.New("sluice: gossip interval: want at least 1ms")
+	case c.Hold < 0:
+		return errors.New("sluice: gossip hold: want 0 or more")
+	case c.LostAfter < c.Interval:
+		return errors.New("sluice: gossip lost_after: want at least one interval")
+	case c.MaxTags < 1, c.MaxPeers < 1:
+		return errors.New("sluice: gossip max_tags and max_peers: want at least 1")
+	}
+	return nil
+}
+
+// ErrTooManyTags is returned by Decide for a new tag when the node holds MaxTags.
+var ErrTooManyTags = errors.New("sluice: gossip: too many tags")
+
+// history is how many reports of a demand are kept: a node counts its own demand at the
+// least of its last ones and a peer's at the most it received, so that shares computed
+// from reports at most two intervals apart never sum above one (docs/gossip.md).
+const history = 3
+
+// Node is one daemon's side of the pool. Make one with New. It is not safe for concurrent
+// use: the caller serializes every call.
+type Node struct {
+	name   string
+	inc    uint64
+	cfg    Config
+	seq    uint64 // reports made
+	last   int64  // when the last report was made
+	gen    uint64 // the last tag generation given
+	tags   map[string]*tag
+	peers  []*peer  // by slot; nil: free
+	epochs []uint32 // by slot: bumped when a slot is freed, so its old per-tag entries are stale
+	slot   map[string]int
+	ws     []float64 // scratch: demands for a share
+	stats  Stats
+}
+
+// Stats are a node's counters, for metrics.
+type Stats struct {
+	Tags          int    // tags held
+	Peers         int    // peers live or held
+	Reports       uint64 // reports made
+	Received      uint64 // reports received and applied
+	Malformed     uint64 // messages dropped as malformed (counted by the caller's decoder)
+	Dropped       uint64 // remote tag entries dropped: MaxTags reached
+	PeersRefused  uint64 // reports from new peers dropped: MaxPeers reached
+	LocalHits     uint64 // permits granted here
+	RemoteHits    uint64 // permits peers reported
+	EvictedTags   uint64 // idle tags forgotten
+	ExcessCharged uint64 // remote hits beyond a burst of debt, not charged (see Receive)
+}
+
+type peer struct {
+	name  string
+	inc   uint64
+	heard int64
+	lost  int64 // 0: live; otherwise when it was lost
+}
+
+// tag is one tag's state at the node.
+type tag struct {
+	k     int // limits known (0: only peers have used the tag so far)
+	lim   [gcra.MaxLimits]gcra.Limit
+	view  [gcra.MaxLimits]int64   // the pool's bucket as this node knows it: TATs
+	level [gcra.MaxLimits]float64 // the node's own bucket at its share: permits
+	at    int64                   // when level was last brought up to date
+	share float64
+	hold  int64 // end of a penalty
+
+	gen     uint64          // this node's generation of the tag
+	hits    uint64          // permits granted here in this generation (reported cumulatively)
+	sent    [history]uint64 // hits as of the last reports, newest first
+	changed uint64          // the report that last carried a change
+	asked   int64           // permits asked here since the last report
+	ewma    float64         // smoothed demand, permits per second
+	dem     [history]float64
+	pend    uint64 // remote hits heard before the tag's limits were known
+	pendAt  int64
+	used    int64 // last activity, local or remote
+	peers   []peerTag
+}
+
+// peerTag is what a peer reported about a tag.
+type peerTag struct {
+	epoch uint32 // the peer slot's epoch + 1; 0: empty
+	gen   uint64
+	count uint64
+	dem   [history]float64
+}
+
+// New returns a node named name (unique in the pool: the membership's node name), in its
+// incarnation inc (a number that differs at every start, so peers can tell a restart).
+func New(name string, inc uint64, cfg Config, now int64) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Node{name: name, inc: inc, cfg: cfg, last: now, tags: map[string]*tag{}, slot: map[string]int{}}, nil
+}
+
+// Name returns the node's name.
+func (n *Node) Name() string { return n.name }
+
+// Stats returns the node's counters.
+func (n *Node) Stats() Stats {
+	s := n.stats
+	s.Tags = len(n.tags)
+	s.Peers = 0
+	for _, p := range n.peers {
+		if p != nil {
+			s.Peers++
+		}
+	}
+	return s
+}
+
+// CountMalformed counts a message the caller could not decode.
+func (n *Node) CountMalformed() { n.stats.Malformed++ }
+
+// Members returns the pool size this node counts on at now: itself and every peer live or
+// held (lost less than Hold ago). It is the largest recently known membership: a peer that
+// vanishes is still counted until its hold ends.
+func (n *Node) Members() int { return 1 + n.Stats().Peers }
+
+// TagHits returns a tag's hits granted here and reported by peers (cumulative), for
+// metrics, and whether the tag is held.
+func (n *Node) TagHits(key string) (local, remote uint64, ok bool) {
+	t := n.tags[key]
+	if t == nil {
+		return 0, 0, false
+	}
+	for i := range t.peers {
+		if t.peers[i].epoch != 0 {
+			remote += t.peers[i].count
+		}
+	}
+	return t.hits, remote, true
+}
+
+// Tags calls f for each tag held, in no order, until f returns false.
+func (n *Node) Tags(f func(key string) bool) {
+	for k := range n.tags {
+		if !f(k) {
+			return
+		}
+	}
+}
+
+// rate is the permits per second of the slowest of the tag's limits: demand and shares
+// are measured against it.
+func (t *tag) rate() float64 {
+	minT := int64(0)
+	for i := range t.k {
+		minT = max(minT, t.lim[i].T)
+	}
+	return 1e9 / float64(minT)
+}
+
+func (n *Node) get(key string, now int64) (*tag, error) {
+	if t := n.tags[key]; t != nil {
+		return t, nil
+	}
+	if len(n.tags) >= n.cfg.MaxTags {
+		return nil, ErrTooManyTags
+	}
+	n.gen++
+	t := &tag{gen: n.gen, at: now, used: now, share: -1}
+	n.tags[key] = t
+	return t, nil
+}
+
+// know sets the tag's limits from a local request: at first use, a change of the rule, or
+// when only peers had used it. Remote hits heard before are charged now.
+func (n *Node) know(t *tag, limits []gcra.Limit, now int64) {
+	if t.k == len(limits) && slices.Equal(t.lim[:t.k], limits) {
+		return
+	}
+	fresh := t.k == 0
+	t.k = len(limits)
+	copy(t.lim[:], limits)
+	if t.hold > now {
+		gcra.Penalize(t.view[:t.k], t.lim[:t.k], now, t.hold)
+	}
+	if fresh || t.share < 0 {
+		t.share = n.shareOf(t)
+		for i := range t.k {
+			t.level[i] = t.capacity(i)
+		}
+		t.at = now
+	}
+	if t.pend > 0 {
+		n.charge(t, t.pend, t.pendAt)
+		t.pend = 0
+	}
+}
+
+// capacity is the most permits the node's own bucket holds for limit i at its share:
+// its share of the burst, and at least one permit (so a node whose share is tiny can
+// still serve a first request; the bound counts it).
+func (t *tag) capacity(i int) float64 {
+	return max(1, t.share*float64(t.lim[i].Burst()))
+}
+
+// refill brings the node's own bucket up to now.
+func (t *tag) refill(now int64) {
+	if now <= t.at {
+		return
+	}
+	dt := float64(now - t.at)
+	for i := range t.k {
+		t.level[i] = min(t.capacity(i), t.level[i]+t.share*dt/float64(t.lim[i].T))
+	}
+	t.at = now
+}
+
+// ownWait is how long n permits must wait in the node's own bucket at now (refilled):
+// 0 if they may be taken at once, -1 if they never can at the present share.
+func (t *tag) ownWait(n int64) int64 {
+	var w int64
+	for i := range t.k {
+		need := float64(n) - t.level[i]
+		if need <= 0 {
+			continue
+		}
+		if t.share <= 0 || float64(n) > t.capacity(i) {
+			return -1
+		}
+		w = max(w, int64(math.Ceil(need*float64(t.lim[i].T)/t.share)))
+	}
+	return w
+}
+
+// Decide decides cost permits of key under limits at now (the limits already tightened
+// by any margin; 1 to gcra.MaxLimits). maxDelay bounds how far ahead permits may be
+// reserved (0: now or never). A grant is charged to the pool's bucket as the node knows
+// it and to the node's own share; both must allow it. The ticket records the grant for
+// Adjust.
+func (n *Node) Decide(key string, limits []gcra.Limit, now, cost, maxDelay int64) (gcra.Result, gcra.Ticket, error) {
+	if cost < 0 {
+		return gcra.Result{}, gcra.Ticket{}, gcra.ErrInvalidCost
+	}
+	t := n.tags[key]
+	if t == nil || t.k != len(limits) || !slices.Equal(t.lim[:t.k], limits) {
+		// A new tag, or new limits: check them (known ones were checked before).
+		if err := gcra.ValidateLimits(limits); err != nil {
+			return gcra.Result{}, gcra.Ticket{}, err
+		}
+		var err error
+		if t, err = n.get(key, now); err != nil {
+			return gcra.Result{}, gcra.Ticket{}, err
+		}
+		n.know(t, limits, now)
+	}
+	if cost > 1 && cost > gcra.MaxCost(limits) {
+		return gcra.Result{}, gcra.Ticket{}, gcra.ErrCostExceedsBurst
+	}
+	t.used = now
+	t.asked += cost
+	t.refill(now)
+	view := t.view[:t.k]
+	var res gcra.Result
+	var delay int64
+	for i, l := range limits {
+		delay = max(delay, gcra.Wait(view[i], l, now, cost))
+	}
+	delay = max(delay, t.hold-now)
+	own := t.ownWait(cost)
+	if n.cfg.Policy == Whole || t.share >= 1 {
+		own = 0 // the whole limit: the pool's bucket decides alone
+	}
+	if own < 0 {
+		// The share cannot hold the cost: come back after the next report, when shares
+		// may have changed.
+		res.RetryAfter = max(delay, int64(n.cfg.Interval))
+	} else {
+		delay = max(delay, own)
+	}
+	if cost == 0 {
+		delay, own = 0, 0
+	}
+	if own < 0 || delay > maxDelay {
+		if res.RetryAfter == 0 {
+			res.RetryAfter = delay
+		}
+		n.fill(t, &res, now)
+		return res, gcra.Ticket{}, nil
+	}
+	res.Allowed, res.Delay = true, delay
+	tk := gcra.Ticket{N: cost, At: now + delay}
+	if cost > 0 {
+		for i, l := range limits {
+			view[i] = max(view[i], tk.At) + cost*l.T
+			tk.TatAfter[i] = view[i]
+			if n.cfg.Policy != Whole {
+				t.level[i] -= float64(cost)
+			}
+		}
+		t.hits += uint64(cost)
+		n.stats.LocalHits += uint64(cost)
+	}
+	n.fill(t, &res, now)
+	return res, tk, nil
+}
+
+// fill sets a result's Remaining and ResetAfter from the pool's view and the node's share.
+func (n *Node) fill(t *tag, res *gcra.Result, now int64) {
+	res.Remaining = math.MaxInt64
+	for i := range t.k {
+		l := t.lim[i]
+		v := max(t.view[i], now)
+		res.Remaining = min(res.Remaining, max(0, (now+l.Tau-v)/l.T))
+		if n.cfg.Policy != Whole {
+			res.Remaining = min(res.Remaining, max(0, int64(t.level[i])))
+		}
+		res.ResetAfter = max(res.ResetAfter, v-now)
+	}
+}
+
+// Adjust settles a grant to its real cost newN: more is charged at once (and reported);
+// less gives the difference back to the node's own share and, where the grant is still
+// the newest, to its view of the pool (gcra.Adjust's rule). What peers were told stays
+// charged with them: a refund is local.
+func (n *Node) Adjust(key string, limits []gcra.Limit, now int64, tk gcra.Ticket, newN int64) (gcra.Ticket, error) {
+	if newN < 0 {
+		return tk, gcra.ErrInvalidCost
+	}
+	t := n.tags[key]
+	if t == nil || t.k != len(limits) {
+		return tk, nil // forgotten: nothing to settle against
+	}
+	t.refill(now)
+	d := newN - tk.N
+	if d > 0 {
+		t.hits += uint64(d)
+		n.stats.LocalHits += uint64(d)
+	}
+	if n.cfg.Policy != Whole {
+		for i := range t.k {
+			t.level[i] = min(t.capacity(i), t.level[i]-float64(d))
+		}
+	}
+	hold := int64(0)
+	if t.hold > now {
+		hold = t.hold
+	}
+	return gcra.Adjust(t.view[:t.k], limits, now, tk, newN, hold)
+}
+
+// Penalize holds key back until `until`: no permit is granted here before then, and the
+// next reports carry the hold to the peers.
+func (n *Node) Penalize(key string, limits []gcra.Limit, now, until int64) error {
+	if err := gcra.ValidateLimits(limits); err != nil {
+		return err
+	}
+	t, err := n.get(key, now)
+	if err != nil {
+		return err
+	}
+	n.know(t, limits, now)
+	if n.hold(t, now, until) {
+		t.changed = n.seq + 1 // the next report carries it
+	}
+	return nil
+}
+
+// hold applies a penalty until `until`, and reports whether it extended the one in force.
+func (n *Node) hold(t *tag, now, until int64) bool {
+	if until <= now || until <= t.hold {
+		return false
+	}
+	t.hold = min(until, gcra.MaxTAT)
+	gcra.Penalize(t.view[:t.k], t.lim[:t.k], now, t.hold)
+	t.used = now
+	return true
+}
+
+// Reset forgets key here (its next request is decided as a new tag's); peers keep what
+// they were told.
+func (n *Node) Reset(key string) { delete(n.tags, key) }
+
+// peerSlot returns the slot of a named peer, making it if new (-1: MaxPeers reached).
+func (n *Node) peerSlot(name string, now int64) int {
+	if i, ok := n.slot[name]; ok {
+		return i
+	}
+	i := slices.Index(n.peers, nil)
+	if i < 0 {
+		if len(n.peers) >= n.cfg.MaxPeers {
+			return -1
+		}
+		n.peers = append(n.peers, nil)
+		n.epochs = append(n.epochs, 0)
+		i = len(n.peers) - 1
+	}
+	n.peers[i] = &peer{name: name, heard: now}
+	n.slot[name] = i
+	return i
+}
+
+// dropPeer forgets the peer in slot i: its per-tag entries become stale.
+func (n *Node) dropPeer(i int) {
+	delete(n.slot, n.peers[i].name)
+	n.peers[i] = nil
+	n.epochs[i]++
+}
+
+// Join tells the node that the membership sees peer name alive. A peer counts in the pool
+// from then on; its demand counts from its first report.
+func (n *Node) Join(name string, now int64) {
+	if name == n.name {
+		return
+	}
+	if i := n.peerSlot(name, now); i >= 0 {
+		p := n.peers[i]
+		if p.lost != 0 {
+			p.lost, p.heard = 0, now
+		}
+	} else {
+		n.stats.PeersRefused++
+	}
+}
+
+// Leave tells the node that the membership lost peer name: gone for good after a graceful
+// leave (its share is free at once), or dead (it may be cut off rather than stopped: its
+// share is held for Hold).
+func (n *Node) Leave(name string, now int64, graceful bool) {
+	i, ok := n.slot[name]
+	if !ok {
+		return
+	}
+	if graceful {
+		n.dropPeer(i)
+		return
+	}
+	if p := n.peers[i]; p.lost == 0 {
+		p.lost = now
+	}
+}
+
+// Report is what a node sends its peers at every sync.
+type Report struct {
+	From    string // the sender's node name
+	Inc     uint64 // the sender's incarnation
+	Seq     uint64 // the sender's report number
+	Entries []Entry
+}
+
+// Entry is one tag in a report. Counts are cumulative within the sender's generation of
+// the tag, so a lost report is made good by the next one that carries the tag.
+type Entry struct {
+	Tag    string
+	Gen    uint64 // the sender's generation of the tag (a new one after it forgot the tag)
+	Hits   uint64 // permits the sender granted in this generation
+	Recent uint64 // of them, those granted in its last three reports' intervals
+	Demand uint64 // permits per second asked at the sender, smoothed, in thousandths
+	Hold   int64  // a penalty's time left at the sender, nanoseconds; 0: none
+}
+
+// demandAlpha is the weight of the last interval in the smoothed demand.
+const demandAlpha = 0.5
+
+// Report makes the node's report at now: the tags whose hits, demand or penalty changed
+// in the last three reports. It is also the node's tick: demand is measured, silent peers
+// are marked lost, held ones dropped, shares recomputed, and idle tags forgotten. Call it
+// every Interval; the caller sends the report to every peer.
+func (n *Node) Report(now int64) Report {
+	n.seq++
+	dt := float64(now-n.last) / 1e9
+	n.last = now
+	for i, p := range n.peers {
+		if p == nil {
+			continue
+		}
+		if p.lost == 0 && now-p.heard > int64(n.cfg.LostAfter) {
+			p.lost = now
+		}
+		if p.lost != 0 && now-p.lost >= int64(n.cfg.Hold) {
+			n.dropPeer(i)
+		}
+	}
+	rep := Report{From: n.name, Inc: n.inc, Seq: n.seq}
+	idleAfter := max(int64(n.cfg.Hold), 20*int64(n.cfg.Interval))
+	for key, t := range n.tags {
+		if dt > 0 {
+			t.ewma = demandAlpha*float64(t.asked)/dt + (1-demandAlpha)*t.ewma
+			if t.asked == 0 && t.ewma < 0.01 {
+				t.ewma = 0
+			}
+		}
+		t.asked = 0
+		d := math.Round(t.ewma*1000) / 1000
+		if d != t.dem[0] || t.hits != t.sent[0] {
+			t.changed = n.seq
+		}
+		copy(t.dem[1:], t.dem[:])
+		t.dem[0] = d
+		copy(t.sent[1:], t.sent[:])
+		t.sent[0] = t.hits
+		if t.k > 0 {
+			t.refill(now)
+			t.share = n.shareOf(t)
+			for i := range t.k {
+				t.level[i] = min(t.level[i], t.capacity(i))
+			}
+		}
+		if t.changed != 0 && n.seq-t.changed < history {
+			e := Entry{Tag: key, Gen: t.gen, Hits: t.hits, Recent: t.hits - t.sent[history-1], Demand: uint64(d * 1000)}
+			if t.hold > now {
+				e.Hold = t.hold - now
+			}
+			rep.Entries = append(rep.Entries, e)
+		} else if now-t.used > idleAfter && n.idle(t, now) {
+			delete(n.tags, key)
+			n.stats.EvictedTags++
+		}
+	}
+	n.stats.Reports++
+	return rep
+}
+
+// idle reports whether forgetting t changes nothing: its buckets full, no penalty, no
+// demand here or at a peer, nothing pending.
+func (n *Node) idle(t *tag, now int64) bool {
+	if t.ewma != 0 || t.hold > now || t.pend != 0 || !gcra.Idle(t.view[:t.k], now) {
+		return false
+	}
+	for i := range t.k {
+		if t.level[i] < t.capacity(i) {
+			return false
+		}
+	}
+	for i := range t.peers {
+		if pt := &t.peers[i]; n.valid(pt, i) && slices.Max(pt.dem[:]) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (n *Node) valid(pt *peerTag, slot int) bool {
+	return pt.epoch != 0 && slot < len(n.peers) && n.peers[slot] != nil && pt.epoch == n.epochs[slot]+1
+}
+
+// Receive applies a peer's report at now: its hits are charged to the pool's bucket as
+// this node knows it, its demand is kept for the shares, its penalties applied. A report
+// from a peer the node did not know adds it to the pool.
+func (n *Node) Receive(now int64, r *Report) {
+	if r.From == n.name {
+		return
+	}
+	i := n.peerSlot(r.From, now)
+	if i < 0 {
+		n.stats.PeersRefused++
+		return
+	}
+	p := n.peers[i]
+	if p.inc != r.Inc {
+		if p.inc != 0 { // restarted: what it said before no longer counts
+			n.epochs[i]++
+		}
+		p.inc = r.Inc
+	}
+	p.heard, p.lost = now, 0
+	n.stats.Received++
+	ep := n.epochs[i] + 1
+	for _, e := range r.Entries {
+		t, err := n.get(e.Tag, now)
+		if err != nil {
+			n.stats.Dropped++
+			continue
+		}
+		t.used = now
+		if len(t.peers) <= i {
+			t.peers = append(t.peers, make([]peerTag, i+1-len(t.peers))...)
+		}
+		pt := &t.peers[i]
+		var d uint64
+		if pt.epoch == ep && pt.gen == e.Gen {
+			if e.Hits > pt.count {
+				d = e.Hits - pt.count
+				pt.count = e.Hits
+			}
+		} else {
+			// A generation this node has not heard of (or forgot): its recent hits are
+			// new here; older ones were heard before or no longer matter.
+			d = min(e.Recent, e.Hits)
+			*pt = peerTag{epoch: ep, gen: e.Gen, count: e.Hits}
+		}
+		copy(pt.dem[1:], pt.dem[:])
+		pt.dem[0] = float64(e.Demand) / 1000
+		if d > 0 {
+			n.stats.RemoteHits += d
+			n.charge(t, d, now)
+		}
+		if e.Hold > 0 {
+			n.hold(t, now, gcra.After(now, e.Hold))
+		}
+	}
+}
+
+// charge counts d hits a peer granted against the pool's bucket as this node knows it, at
+// now (they happened before: charging them later is conservative). The debt it leaves is
+// kept to one burst: what a cut-off peer admitted beyond that is not repaid (the API has
+// long forgotten it; docs/gossip.md).
+func (n *Node) charge(t *tag, d uint64, now int64) {
+	if t.k == 0 {
+		t.pend += d
+		t.pendAt = now
+		return
+	}
+	var excess uint64
+	for i := range t.k {
+		l := t.lim[i]
+		want := gcra.After(max(t.view[i], now), gcra.MulSat(int64(min(d, math.MaxInt32)), l.T))
+		limit := now + 2*l.Tau
+		if want > limit && want > t.view[i] {
+			excess = max(excess, uint64((want-max(limit, t.view[i]))/l.T))
+			want = max(limit, t.view[i])
+		}
+		t.view[i] = want
+	}
+	n.stats.ExcessCharged += excess
+}
+
+// shareOf is the node's share of t's limit from the demands last reported: max-min fair
+// (water-filling) among the node and its peers, what nobody wants split evenly. The node
+// counts its own demand at the least of its last reports, each peer's at the most it
+// received, and a lost peer's at no less than its own.
+func (n *Node) shareOf(t *tag) float64 {
+	switch n.cfg.Policy {
+	case Whole:
+		return 1
+	case Equal:
+		return 1 / float64(n.Members())
+	}
+	r := t.rate()
+	own := slices.Min(t.dem[:])
+	ws := n.ws[:0]
+	for i, p := range n.peers {
+		if p == nil {
+			continue
+		}
+		var w float64
+		if i < len(t.peers) && n.valid(&t.peers[i], i) {
+			w = slices.Max(t.peers[i].dem[:])
+		}
+		if p.lost != 0 {
+			w = max(w, own)
+		}
+		ws = append(ws, w)
+	}
+	n.ws = ws
+	return waterfill(own, ws, r) / r
+}
+
+// waterfill returns what own gets of capacity r among itself and others (demands, in the
+// same unit): if everyone's demand fits, its demand plus an even part of what is left;
+// otherwise min(own, L), with L the level at which the demands, each capped at L, sum to
+// r. It grows with own and shrinks as any other grows. It sorts others, with own added.
+func waterfill(own float64, others []float64, r float64) float64 {
+	total := own
+	for _, w := range others {
+		total += w
+	}
+	all := append(others, own)
+	k := len(all)
+	if total <= r {
+		return own + (r-total)/float64(k)
+	}
+	slices.Sort(all)
+	left := r
+	for i, w := range all {
+		rest := float64(k - i)
+		if w*rest > left {
+			return min(own, left/rest)
+		}
+		left -= w
+	}
+	return own
+}
