@@ -801,11 +801,6 @@ func NewIncarnation() uint64 {
 	}
 }
 
-// freeBurst is the burst nobody's share counts at now: what takes may draw on.
-func (s *State) freeBurst(now int64) int64 {
-	return s.capacity().sub(s.Committed(now)).Burst
-}
-
 // take takes n permits from the free capacity (a store-decided limit): at once if the pool
 // holds them, else booked for when the free rate will have refilled it, if that is within
 // maxDelay and after any penalty.
