@@ -263,7 +263,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 func init() {
 	register(command{
 		name:    "check",
-		summary: "ask a running daemon about a tag: prints OK or NO (exit 0 allowed, 1 throttled, 2 no answer)",
+		summary: "ask a running daemon about a tag: prints OK or NO (exit 0 allowed, 1 throttled, 2 bad usage, 3 no answer)",
 		run:     runCheck,
 	})
 }
@@ -282,27 +282,22 @@ func runCheck(ctx context.Context, env Env, args []string) error {
 	addr := fs.String("addr", server.DefaultConfig().ListenLine, "the daemon's line protocol `address` (host:port or a Unix socket path)")
 	n := fs.Int64("n", 1, "permits to take (0 asks without taking)")
 	quiet := fs.Bool("quiet", false, "print nothing; the exit code says it")
-	var tag string
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		tag, args = args[0], args[1:]
-	}
-	if err := parseFlagsWithArgs(env, fs, args); err != nil {
+	rest, err := parseArgs(env, fs, args)
+	if err != nil {
 		return err
 	}
-	if rest := fs.Args(); len(rest) > 0 {
-		if tag != "" || len(rest) > 1 {
-			return usagef("want one tag")
-		}
-		tag = rest[0]
-	}
-	if tag == "" {
+	switch {
+	case len(rest) == 0:
 		return usagef("no tag given (e.g. sluice check api)")
+	case len(rest) > 1:
+		return usagef("want one tag, got %d: %q", len(rest), strings.Join(rest, " "))
 	}
+	tag := rest[0]
 	c := client.New(*addr, client.WithTimeout(2*time.Second), client.WithConns(1))
 	defer c.Close()
 	a, err := c.Query(ctx, tag, *n, 0)
 	if err != nil {
-		return exitError{code: 2, msg: fmt.Sprintf("check %q at %s: %v", tag, *addr, err)}
+		return exitError{code: ExitUnreachable, msg: fmt.Sprintf("check %q at %s: %v", tag, *addr, err)}
 	}
 	if !*quiet {
 		if a.Allowed {
@@ -312,7 +307,7 @@ func runCheck(ctx context.Context, env Env, args []string) error {
 		}
 	}
 	if !a.Allowed {
-		return exitError{code: 1}
+		return exitError{code: ExitDenied}
 	}
 	return nil
 }
