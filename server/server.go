@@ -245,13 +245,13 @@ func (s *Server) decide(ctx context.Context, tag string, n int64, maxWait time.D
 	slot := int64(-1)
 	if maxWait > 0 || stamp {
 		var r *sluice.Reservation
-		r, err = c.limiter.ReserveWithin(ctx, c.key(tag), int(n), maxWait)
+		r, err = c.limiter.ReserveWithin(ctx, c.key(tag), n, maxWait)
 		d = r.Decision
 		if stamp && err == nil && d.Allowed {
 			slot = r.Slot()
 		}
 	} else {
-		d, err = c.limiter.AllowN(ctx, c.key(tag), int(n))
+		d, err = c.limiter.AllowN(ctx, c.key(tag), n)
 	}
 	switch {
 	case n == 0: // a look at the state, not a decision
