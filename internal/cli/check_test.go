@@ -125,6 +125,7 @@ func TestCompletion(t *testing.T) {
 		{"sluice se", "serve"},
 		{"sluice check --q", "--quiet"},
 		{"sluice serve --backend le", "lease"},
+		{"sluice serve --check-c", "--check-config"},
 	} {
 		if got := complete(c.line); got != c.want {
 			t.Errorf("case %d %q: completed %q, want %q", i, c.line, got, c.want)
@@ -132,5 +133,41 @@ func TestCompletion(t *testing.T) {
 	}
 	if code, _, _ := run(t, "completion", "fish"); code != ExitUsage {
 		t.Errorf("completion fish: exit %d, want %d", code, ExitUsage)
+	}
+}
+
+// TestServeCheckConfig: --check-config says whether the config (file, environment, flags)
+// would start, naming each problem's file and line, without listening; flags win over
+// the environment, which wins over the file.
+func TestServeCheckConfig(t *testing.T) {
+	dir := t.TempDir()
+	good, bad := filepath.Join(dir, "good.yaml"), filepath.Join(dir, "bad.yaml")
+	os.WriteFile(good, []byte("backend: redis\nredis_url: redis://127.0.0.1:1\nrules:\n  - {match: api, limit: 10/s}\n"), 0o644)
+	os.WriteFile(bad, []byte("rules:\n  - {match: api, limit: 10/s}\n  - {match: api, limit: 1/s}\nextra_key: 1\n"), 0o644)
+	for i, c := range []struct {
+		args []string
+		env  map[string]string
+		code int
+		out  string
+	}{
+		{[]string{"serve", "--check-config", "--config", good}, nil, 0, "ok: 1 rules"},
+		{[]string{"serve", "--config", bad, "--check-config"}, nil, ExitUsage, `bad.yaml:4: unknown field "extra_key"`},
+		{[]string{"serve", "--check-config"}, map[string]string{"SLUICE_MAX_KEYS": "lots"}, ExitUsage, "SLUICE_MAX_KEYS"},
+		{[]string{"serve", "--check-config"}, map[string]string{"SLUICE_BACKEND": "redis"}, ExitUsage, "redis_url"},
+		{[]string{"serve", "--check-config", "--backend", "local"}, map[string]string{"SLUICE_BACKEND": "redis"}, 0, "backend local"},
+		{[]string{"serve", "--check-config", "--config", good}, map[string]string{"SLUICE_BACKEND": "local"}, 0, "backend local"},
+		{[]string{"serve", "--check-config"}, map[string]string{"SLUICE_LIMIT": "a=1/s\nb-*=2/s"}, 0, "ok: 2 rules"},
+		{[]string{"serve", "--check-config"}, map[string]string{"SLUICE_CHECK_CONFIG": "false"}, 0, "ok:"},
+	} {
+		for k, v := range c.env {
+			t.Setenv(k, v)
+		}
+		code, out, errs := run(t, c.args...)
+		for k := range c.env {
+			os.Unsetenv(k)
+		}
+		if code != c.code || !strings.Contains(out+errs, c.out) {
+			t.Errorf("case %d %v %v: exit %d, out %q err %q; want %d and %q", i, c.args, c.env, code, out, errs, c.code, c.out)
+		}
 	}
 }
