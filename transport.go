@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/ratehdr"
 )
 
 // KeyFunc picks the key a request is throttled under. An empty key means "do not
@@ -110,7 +112,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, err
 		}
 		t.hold(req.Context(), key, resp)
-		if attempt > t.Retries || !replayable(req) {
+		if attempt > t.Retries || !ratehdr.Replayable(req) {
 			return resp, nil
 		}
 		next := req.Clone(req.Context())
@@ -160,19 +162,6 @@ func (t *Transport) hold(ctx context.Context, key string, resp *http.Response) {
 		// The penalty must land even if the caller's context ends now.
 		_ = t.Limiter.Penalize(context.WithoutCancel(ctx), key, now.Add(d))
 	}
-}
-
-// replayable reports whether a request may be sent again after a 429: idempotent, with a
-// body that can be had again.
-func replayable(r *http.Request) bool {
-	if r.Body != nil && r.Body != http.NoBody && r.GetBody == nil {
-		return false
-	}
-	switch r.Method {
-	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace, http.MethodPut, http.MethodDelete:
-		return true
-	}
-	return r.Header.Get("Idempotency-Key") != "" || r.Header.Get("X-Idempotency-Key") != ""
 }
 
 func closeBody(r *http.Request) {

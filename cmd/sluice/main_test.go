@@ -159,15 +159,22 @@ func worker(t *testing.T, addr, tag string, stop <-chan struct{}, answered *atom
 	}
 }
 
-func query(t *testing.T, addr, in string) string {
+// send dials addr, writes in, and gives the answers 5 seconds to come.
+func send(t *testing.T, addr, in string) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
 	c.Write([]byte(in))
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	return c
+}
+
+func query(t *testing.T, addr, in string) string {
+	t.Helper()
+	c := send(t, addr, in)
+	defer c.Close()
 	buf := make([]byte, 3*strings.Count(in, "\n"))
 	if _, err := io.ReadFull(c, buf); err != nil {
 		t.Fatalf("query %q: %v", in, err)
@@ -178,13 +185,8 @@ func query(t *testing.T, addr, in string) string {
 // queryLine sends one query and reads its answer line, whatever its length.
 func queryLine(t *testing.T, addr, in string) string {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := send(t, addr, in)
 	defer c.Close()
-	c.Write([]byte(in))
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	line, err := bufio.NewReader(c).ReadString('\n')
 	if err != nil {
 		t.Fatalf("query %q: %v", in, err)
