@@ -402,8 +402,7 @@ func (l *Limiter) reserveWaiting(ctx context.Context, key string, n int64, bound
 		if !ok || hint > bound-time.Duration(l.clock.Nanotime()-start) {
 			return r, err // a decision, another error, or the bound ends before the retry
 		}
-		l.observe(Event{Kind: EventWait, Key: key, N: n, Wait: hint, Err: err})
-		if l.clock.Sleep(ctx, hint) != nil {
+		if l.clock.Sleep(ctx, hint) != nil { // each failure was observed (EventError)
 			return r, err // the context ended: the backend's failure says more than ctx's
 		}
 	}
