@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -122,4 +125,103 @@ func ExampleBackoff_Retry() {
 	})
 	fmt.Println(err, time.Duration(clk.Nanotime()))
 	// Output: <nil> 1s
+}
+
+// Wait blocks until the key's permit is due (here on a virtual clock, played forward by
+// the example), or returns an error if ctx ends first or the permit lies beyond its
+// deadline.
+func ExampleLimiter_Wait() {
+	clk := clock.NewVirtual()
+	l := sluice.MustNew(sluice.MustParse("2/s burst=1"), sluice.WithClock(clk))
+	defer l.Close()
+	ctx := context.Background()
+	play, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { // play time forward for the example: wake each sleeper when it sleeps
+		for clk.BlockUntil(play, 1) == nil {
+			at, _ := clk.Next()
+			clk.Set(at)
+		}
+	}()
+	for i := 0; i < 3; i++ {
+		if err := l.Wait(ctx, "api"); err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Println("call", i, "at", time.Duration(clk.Nanotime()))
+	}
+	// A deadline nearer than the next permit: refused at once, nothing taken.
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	fmt.Println(errors.Is(l.Wait(short, "api"), sluice.ErrThrottled))
+	// Output:
+	// call 0 at 0s
+	// call 1 at 500ms
+	// call 2 at 1s
+	// true
+}
+
+// Do runs a function once its permit is granted; the function can settle the real cost
+// of the call through the reservation in its context.
+func ExampleLimiter_Do() {
+	l := sluice.MustNew(sluice.MustParse("10000/m"), sluice.WithClock(clock.NewVirtual()))
+	defer l.Close()
+	ctx := context.Background()
+	err := l.Do(ctx, "llm", func(ctx context.Context) error {
+		// ... call the API with an estimate of 4000 tokens; it reports 1500 used.
+		return sluice.ReservationFromContext(ctx).Settle(ctx, 1500)
+	}, sluice.Cost(4000))
+	d, _ := l.AllowN(ctx, "llm", 0) // a look at the state
+	fmt.Println(err, d.Remaining)
+	// Output: <nil> 8500
+}
+
+// Transport throttles an http.Client: each request waits for its host's permit, and a
+// 429 holds every request of the pool back (until its Retry-After, or for a period).
+func ExampleTransport() {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "hello")
+	}))
+	defer api.Close()
+	l := sluice.MustNew(sluice.MustParse("100/s burst=10"))
+	defer l.Close()
+	client := &http.Client{Transport: &sluice.Transport{
+		Limiter: l,
+		Retries: 2, // send an idempotent request again after a 429, behind the hold
+	}}
+	for i := 0; i < 3; i++ {
+		resp, err := client.Get(api.URL)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		fmt.Print(resp.StatusCode, " ", string(body))
+	}
+	// Output:
+	// 200 hello
+	// 200 hello
+	// 200 hello
+}
+
+// Middleware throttles inbound requests by client address: past the limit, a 429 with
+// Retry-After and the RateLimit headers.
+func ExampleLimiter_Middleware() {
+	l := sluice.MustNew(sluice.MustParse("2/m"), sluice.WithClock(clock.NewVirtual()))
+	defer l.Close()
+	h := l.Middleware(sluice.KeyByRemoteAddr)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "ok")
+	}))
+	for i := 0; i < 3; i++ {
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = "192.0.2.7:40000"
+		h.ServeHTTP(w, r)
+		fmt.Printf("%d %q\n", w.Code, w.Header().Get("Retry-After"))
+	}
+	// Output:
+	// 200 ""
+	// 200 ""
+	// 429 "30"
 }

@@ -21,6 +21,8 @@ type Reservation struct {
 	mu     sync.Mutex
 	ticket gcra.Ticket
 	done   bool
+
+	core []gcra.Limit // the limits it was decided under (SetLimits may change the limiter's)
 }
 
 // Key returns the key the reservation is for.
@@ -97,10 +99,11 @@ func (r *Reservation) requeue(ctx context.Context) error {
 	if r.done {
 		return nil // settled or cancelled meanwhile: the caller owns what happens next
 	}
-	_ = r.l.be.Adjust(context.WithoutCancel(ctx), r.key, r.l.core, r.ticket, 0)
-	g, err := r.l.decide(ctx, r.key, r.ticket.N, r.l.waitBound(ctx))
+	_ = r.l.be.Adjust(context.WithoutCancel(ctx), r.key, r.core, r.ticket, 0)
+	sh := r.l.shape.Load()
+	g, err := r.l.decideIn(ctx, sh, r.key, r.ticket.N, r.l.waitBound(ctx))
 	r.Decision = decisionOf(g.Result)
-	r.ticket = g.Ticket
+	r.core, r.ticket = sh.core, g.Ticket
 	r.at = r.l.clock.Nanotime()
 	if err != nil {
 		r.done = true
@@ -122,18 +125,18 @@ func (r *Reservation) Cancel(ctx context.Context) error { return r.Settle(ctx, 0
 // Settle adjusts the reservation to its real cost n: less refunds the difference when it
 // is the key's newest grant (as Cancel), more charges the difference at once. Only the first Cancel or
 // Settle acts.
-func (r *Reservation) Settle(ctx context.Context, n int) error {
+func (r *Reservation) Settle(ctx context.Context, n int64) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.done || int64(n) == r.ticket.N {
+	if r.done || n == r.ticket.N {
 		r.done = true
 		return nil
 	}
 	r.done = true
-	err := r.l.be.Adjust(ctx, r.key, r.l.core, r.ticket, int64(n))
+	err := r.l.be.Adjust(ctx, r.key, r.core, r.ticket, n)
 	if err == nil {
-		r.ticket.N = int64(n)
+		r.ticket.N = n
 	}
-	r.l.observe(Event{Kind: EventSettle, Key: r.key, N: int64(n), Err: err})
+	r.l.observe(Event{Kind: EventSettle, Key: r.key, N: n, Err: err})
 	return err
 }

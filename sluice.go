@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -27,11 +28,22 @@ var (
 	ErrClosed = backend.ErrClosed
 	// ErrTooManyKeys: the backend holds its maximum number of keys.
 	ErrTooManyKeys = backend.ErrTooManyKeys
-	// ErrUnavailable wraps a backend failure that the fail mode answered with a denial.
+	// ErrUnavailable wraps a backend failure that the fail mode answered with a denial
+	// (whose RetryAfter says when to ask again); see UnavailableError.
 	ErrUnavailable = backend.ErrUnavailable
 	// ErrUnsupported: the backend cannot do what was asked (see Limiter.Reset).
 	ErrUnsupported = backend.ErrUnsupported
 )
+
+// UnavailableError is a backend failure that says when to try again: RetryAfter is how
+// long until the backend next tries to reach its shared state (the redis mode: its
+// prober's interval). It matches ErrUnavailable with errors.Is; get it with errors.As.
+// Wait and Do wait such a failure out (within their bounds); a failure without it (a key
+// cap reached) is returned at once.
+type UnavailableError = backend.UnavailableError
+
+// unavailableRetry is the RetryAfter of a failure's denial when the backend gives no hint.
+const unavailableRetry = 100 * time.Millisecond
 
 // ThrottledError is a denial reported as an error (Wait, Do, Wrap). It matches
 // ErrThrottled with errors.Is.
@@ -98,20 +110,19 @@ func decisionOf(r gcra.Result) Decision {
 const DefaultMargin = 0
 
 // Limiter throttles keys to a set of limits, deciding in its backend (in process by
-// default). Its methods are safe for concurrent use. Make one with New; the zero value is
-// not usable.
+// default). Its methods are safe for concurrent use. Make one with New; the zero value
+// decides nothing (Allow answers false, the other methods ErrClosed), as does a closed
+// limiter.
 type Limiter struct {
-	limits   Limits
-	core     []gcra.Limit
-	maxCost  int64
+	shape    atomic.Pointer[shape] // the limits in force; nil for the zero value
 	be       backend.Backend
-	allower  backend.Allower // be's fast path, when it has one and it applies
 	ownsBE   bool
 	clock    clock.Clock
 	margin   time.Duration
 	maxWait  time.Duration
 	failMode FailMode
 	observer Observer
+	log      *slog.Logger
 	localOpt []local.Option
 
 	// penalties remembers the penalties issued through this limiter (key -> penalty), so
@@ -122,6 +133,17 @@ type Limiter struct {
 	penMu     sync.Mutex   // one such sweep at a time
 	maxPen    int64        // most entries in penalties (WithMaxKeys)
 }
+
+// shape is a limiter's limits, and what it derives from them; SetLimits swaps it whole.
+type shape struct {
+	limits  Limits
+	core    []gcra.Limit    // limits tightened by the margin, in the core's units
+	maxCost int64           // the most permits one request can be granted
+	allower backend.Allower // the backend's fast path, when it has one and it applies
+}
+
+// errZero is what a zero Limiter answers: it has no limits and no backend.
+var errZero = fmt.Errorf("%w: a zero Limiter decides nothing: make one with New", ErrClosed)
 
 // minPenaltySweep is the fewest remembered penalties that make Penalize sweep the ended
 // ones.
@@ -153,9 +175,17 @@ func WithClock(c clock.Clock) Option { return optionFunc(func(l *Limiter) { l.cl
 // permits of the burst are kept in reserve (nearly free); with Burst = 1, permits are
 // spaced T + J apart (costing J/T of the rate). A permit must then be used within J of
 // its time.
+//
+// A margin that costs a limit more than a tenth of its rate (with burst 1, a margin above a
+// tenth of the interval: WithMargin(time.Second) turns 100/s burst=1 into about 1/s) is
+// logged as a warning (WithLogger), with the burst that would keep the whole rate.
 func WithMargin(j time.Duration) Option {
 	return optionFunc(func(l *Limiter) { l.margin = j })
 }
+
+// WithLogger sets where the limiter logs its warnings (a margin that costs a limit much of
+// its rate); default slog.Default(). It logs nothing else.
+func WithLogger(log *slog.Logger) Option { return optionFunc(func(l *Limiter) { l.log = log }) }
 
 // WithMaxWait bounds how far ahead Reserve reserves and how long Wait and Do wait (seed
 // 000's bound on reserved permits: back pressure instead of an unbounded queue). Zero or
@@ -191,23 +221,59 @@ func New(limits Limits, opts ...Option) (*Limiter, error) {
 	if err := limits.Validate(); err != nil {
 		return nil, err
 	}
-	l := &Limiter{limits: limits, clock: clock.Default, margin: DefaultMargin, maxPen: local.DefaultMaxKeys}
+	l := &Limiter{clock: clock.Default, margin: DefaultMargin, maxPen: local.DefaultMaxKeys}
 	for _, o := range opts {
 		o.apply(l)
 	}
 	if l.failMode == FailDefault {
 		l.failMode = FailClosed
 	}
-	l.core = limits.Core(l.margin)
-	l.maxCost = gcra.MaxCost(l.core)
+	if l.log == nil {
+		l.log = slog.Default()
+	}
 	if l.be == nil {
 		l.be = local.New(append([]local.Option{local.WithClock(l.clock)}, l.localOpt...)...)
 		l.ownsBE = true
 	}
-	if a, ok := l.be.(backend.Allower); ok && len(l.core) == 1 {
-		l.allower = a
-	}
+	l.shape.Store(l.newShape(limits))
 	return l, nil
+}
+
+// newShape derives a shape from limits (valid), warning of a margin that costs much of a
+// limit's rate.
+func (l *Limiter) newShape(limits Limits) *shape {
+	sh := &shape{limits: limits, core: limits.Core(l.margin)}
+	sh.maxCost = gcra.MaxCost(sh.core)
+	if a, ok := l.be.(backend.Allower); ok && len(sh.core) == 1 {
+		sh.allower = a
+	}
+	for i, lim := range limits {
+		if kept := float64(lim.Interval()) / float64(sh.core[i].T); kept < 0.9 {
+			l.log.Warn("sluice: the margin costs a limit much of its rate: with a burst this small, permits are spaced by the interval plus the margin",
+				"limit", lim.String(), "margin", l.margin, "rate_kept", fmt.Sprintf("%.1f%%", 100*kept),
+				"burst_keeping_the_rate", (int64(l.margin)+int64(lim.Interval())-1)/int64(lim.Interval())+1)
+		}
+	}
+	return sh
+}
+
+// SetLimits changes the limits of every key, from the next decision on, safely while
+// other goroutines decide (as x/time/rate's SetLimit). Each key keeps its state, which
+// says when the key is next due: that permit comes on time under the new limits, neither
+// sooner nor later, and the new limits space the ones after it (raising 1/s to 10/s, a
+// key that just took a permit gets the next a second later, then ten a second). Permits
+// already reserved stay reserved, and settle under the limits they were granted under.
+// The margin applies to the new limits as to the first. It returns an error, and changes
+// nothing, if limits are not valid.
+func (l *Limiter) SetLimits(limits Limits) error {
+	if l.shape.Load() == nil {
+		return errZero
+	}
+	if err := limits.Validate(); err != nil {
+		return err
+	}
+	l.shape.Store(l.newShape(limits))
+	return nil
 }
 
 // MustNew is New that panics on error, for limits fixed in code.
@@ -219,8 +285,13 @@ func MustNew(limits Limits, opts ...Option) *Limiter {
 	return l
 }
 
-// Limits returns the limits as given (before any margin).
-func (l *Limiter) Limits() Limits { return l.limits }
+// Limits returns the limits in force, as given (before any margin); nil for a zero Limiter.
+func (l *Limiter) Limits() Limits {
+	if sh := l.shape.Load(); sh != nil {
+		return sh.limits
+	}
+	return nil
+}
 
 // Backend returns the backend the limiter decides in.
 func (l *Limiter) Backend() backend.Backend { return l.be }
@@ -230,7 +301,12 @@ func (l *Limiter) Clock() clock.Clock { return l.clock }
 
 // MaxCost returns the most permits one request can be granted (the smallest burst, after
 // the margin).
-func (l *Limiter) MaxCost() int64 { return l.maxCost }
+func (l *Limiter) MaxCost() int64 {
+	if sh := l.shape.Load(); sh != nil {
+		return sh.maxCost
+	}
+	return 0
+}
 
 // Close closes the backend if the limiter made it. Later calls return ErrClosed.
 func (l *Limiter) Close() error {
@@ -240,10 +316,18 @@ func (l *Limiter) Close() error {
 	return nil
 }
 
-// Allow reports whether one permit for key is available now, and takes it if so.
+// Allow reports whether one permit for key is available now, and takes it if so. It
+// answers false as well when no permit could be decided: after Close, on a zero Limiter,
+// and when the backend failed and the fail mode is closed (the default). A caller that
+// must tell those apart from being throttled calls AllowN(ctx, key, 1), whose error says
+// (ErrClosed, or an *UnavailableError with when to retry).
 func (l *Limiter) Allow(ctx context.Context, key string) bool {
-	if l.allower != nil && l.observer == nil {
-		ok, err := l.allower.AllowOne(ctx, key, l.core[0])
+	sh := l.shape.Load()
+	if sh == nil {
+		return false
+	}
+	if sh.allower != nil && l.observer == nil {
+		ok, err := sh.allower.AllowOne(ctx, key, sh.core[0])
 		if err != nil {
 			g, _ := l.failed(key, 1, err)
 			return g.Allowed
@@ -255,11 +339,12 @@ func (l *Limiter) Allow(ctx context.Context, key string) bool {
 }
 
 // AllowN takes n permits for key if they are available now. The error is non-nil for a
-// bad request (ErrCostExceedsBurst), a closed limiter, or a backend failure answered by
-// FailClosed (wrapping ErrUnavailable, with a denial); FailOpen answers failures with an
-// allowance and no error.
-func (l *Limiter) AllowN(ctx context.Context, key string, n int) (Decision, error) {
-	g, err := l.decide(ctx, key, int64(n), 0)
+// bad request (ErrCostExceedsBurst), a closed or zero limiter (ErrClosed), or a backend
+// failure answered by FailClosed (matching ErrUnavailable, with a denial whose RetryAfter
+// says when to ask again: the backend's hint, see UnavailableError, or 100ms); FailOpen
+// answers failures with an allowance and no error.
+func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, error) {
+	g, err := l.decide(ctx, key, n, 0)
 	return decisionOf(g.Result), err
 }
 
@@ -268,34 +353,59 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (Decision, erro
 // must wait that long (Reservation.Wait does), and may Cancel or Settle it. A denial (the
 // permits are further ahead than the bound) is a reservation with Allowed false and a nil
 // error.
-func (l *Limiter) Reserve(ctx context.Context, key string, n int) (*Reservation, error) {
+func (l *Limiter) Reserve(ctx context.Context, key string, n int64) (*Reservation, error) {
 	md := time.Duration(math.MaxInt64)
 	if l.maxWait > 0 {
 		md = l.maxWait
 	}
-	return l.reserve(ctx, key, int64(n), md)
+	return l.reserve(ctx, key, n, md)
 }
 
 // ReserveWithin is Reserve with its own bound: permits further ahead than maxWait are
 // denied (0 is pessimistic: now or not at all). The limiter's own maximum wait, if set,
 // still applies.
-func (l *Limiter) ReserveWithin(ctx context.Context, key string, n int, maxWait time.Duration) (*Reservation, error) {
+func (l *Limiter) ReserveWithin(ctx context.Context, key string, n int64, maxWait time.Duration) (*Reservation, error) {
 	md := max(maxWait, 0)
 	if l.maxWait > 0 {
 		md = min(md, l.maxWait)
 	}
-	return l.reserve(ctx, key, int64(n), md)
+	return l.reserve(ctx, key, n, md)
 }
 
 func (l *Limiter) reserve(ctx context.Context, key string, n int64, maxDelay time.Duration) (*Reservation, error) {
-	g, err := l.decide(ctx, key, n, maxDelay)
+	sh := l.shape.Load()
+	if sh == nil {
+		return &Reservation{l: l, key: key, done: true}, errZero
+	}
+	g, err := l.decideIn(ctx, sh, key, n, maxDelay)
 	// The delay counts from the backend's now, which is no later than the answer's arrival:
 	// counting it from the arrival puts the permit at or after its slot, never before.
-	r := &Reservation{l: l, key: key, Decision: decisionOf(g.Result), ticket: g.Ticket, at: l.clock.Nanotime()}
+	r := &Reservation{l: l, key: key, Decision: decisionOf(g.Result), core: sh.core, ticket: g.Ticket, at: l.clock.Nanotime()}
 	if err != nil || !g.Allowed || g.Ticket.N == 0 {
 		r.done = true
 	}
 	return r, err
+}
+
+// reserveWaiting is reserve for callers that wait (Wait, Do): a backend failure answered
+// closed is waited out, asking again after the error's RetryAfter, for as long as the wait
+// bound allows (the limiter's maximum wait, the context's deadline). bound is that bound
+// at the start; each retry asks for what is left of it.
+func (l *Limiter) reserveWaiting(ctx context.Context, key string, n int64, bound time.Duration) (*Reservation, error) {
+	if l.shape.Load() == nil {
+		return l.reserve(ctx, key, n, 0) // errZero
+	}
+	start := l.clock.Nanotime()
+	for {
+		r, err := l.reserve(ctx, key, n, max(bound-time.Duration(l.clock.Nanotime()-start), 0))
+		hint, ok := backend.RetryAfter(err)
+		if !ok || hint > bound-time.Duration(l.clock.Nanotime()-start) {
+			return r, err // a decision, another error, or the bound ends before the retry
+		}
+		if l.clock.Sleep(ctx, hint) != nil { // each failure was observed (EventError)
+			return r, err // the context ended: the backend's failure says more than ctx's
+		}
+	}
 }
 
 // Wait blocks until one permit for key is available and takes it, or returns an error:
@@ -309,9 +419,12 @@ func (l *Limiter) Wait(ctx context.Context, key string) error {
 
 // WaitN is Wait for n permits. It returns the reservation, which may be settled once the
 // real cost is known.
-func (l *Limiter) WaitN(ctx context.Context, key string, n int) (*Reservation, error) {
-	md := l.waitBound(ctx)
-	r, err := l.reserve(ctx, key, int64(n), md)
+//
+// While the backend is unavailable and says when to try again (an *UnavailableError) and
+// the limiter fails closed, WaitN waits too: it asks again after the error's RetryAfter,
+// as long as its context and maximum wait allow, and returns the error when they do not.
+func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (*Reservation, error) {
+	r, err := l.reserveWaiting(ctx, key, n, l.waitBound(ctx))
 	if err != nil {
 		return r, err
 	}
@@ -340,11 +453,15 @@ func (l *Limiter) waitBound(ctx context.Context) time.Duration {
 // backend's state holds back. With several limits, the shortest is drained so that one
 // permit is available at `until`.
 func (l *Limiter) Penalize(ctx context.Context, key string, until time.Time) error {
+	sh := l.shape.Load()
+	if sh == nil {
+		return errZero
+	}
 	d := until.Sub(l.clock.Now())
 	if d <= 0 {
 		return nil
 	}
-	err := l.be.Penalize(ctx, key, l.core, d)
+	err := l.be.Penalize(ctx, key, sh.core, d)
 	if err == nil { // a penalty the backend refused (at its key cap) holds nothing back
 		l.remember(key, l.clock.Nanotime(), d)
 	}
@@ -356,6 +473,9 @@ func (l *Limiter) Penalize(ctx context.Context, key string, until time.Time) err
 // key's, with its whole burst, for every caller that shares the backend's state. It returns
 // ErrUnsupported if the backend cannot forget a key (see backend.Resetter).
 func (l *Limiter) Reset(ctx context.Context, key string) error {
+	if l.shape.Load() == nil {
+		return errZero
+	}
 	if v, ok := l.penalties.LoadAndDelete(key); ok && v != nil {
 		l.npen.Add(-1)
 	}
@@ -424,13 +544,22 @@ func (l *Limiter) penalizedSince(key string, since, now int64) bool {
 	return p.issued > since
 }
 
-// decide asks the backend and applies the fail mode.
+// decide asks the backend under the limits in force and applies the fail mode.
 func (l *Limiter) decide(ctx context.Context, key string, n int64, maxDelay time.Duration) (backend.Grant, error) {
+	sh := l.shape.Load()
+	if sh == nil {
+		return backend.Grant{}, errZero
+	}
+	return l.decideIn(ctx, sh, key, n, maxDelay)
+}
+
+// decideIn is decide under the limits of sh.
+func (l *Limiter) decideIn(ctx context.Context, sh *shape, key string, n int64, maxDelay time.Duration) (backend.Grant, error) {
 	var start int64
 	if l.observer != nil {
 		start = l.clock.Nanotime()
 	}
-	g, err := l.be.Decide(ctx, key, backend.Request{Limits: l.core, N: n, MaxDelay: maxDelay})
+	g, err := l.be.Decide(ctx, key, backend.Request{Limits: sh.core, N: n, MaxDelay: maxDelay})
 	if err != nil {
 		g, err = l.failed(key, n, err)
 	}
@@ -452,7 +581,18 @@ func (l *Limiter) failed(key string, n int64, err error) (backend.Grant, error) 
 	if l.failMode == FailOpen {
 		return backend.Grant{Result: gcra.Result{Allowed: true}}, nil
 	}
-	return backend.Grant{}, fmt.Errorf("%w: key %q: %w", ErrUnavailable, key, err)
+	if errors.Is(err, ErrUnavailable) {
+		err = fmt.Errorf("sluice: key %q: %w", key, err)
+	} else { // ErrTooManyKeys, or a backend's own failure
+		err = fmt.Errorf("%w: key %q: %w", ErrUnavailable, key, err)
+	}
+	hint, ok := backend.RetryAfter(err)
+	if !ok {
+		hint = unavailableRetry
+	}
+	// The denial says when to ask again, as a throttled one does: callers that read only
+	// the decision (the daemon's answer, RetryAfter headers) do not retry at once.
+	return backend.Grant{Result: gcra.Result{RetryAfter: int64(hint)}}, err
 }
 
 func (l *Limiter) observe(e Event) {

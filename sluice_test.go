@@ -353,9 +353,13 @@ func TestObserverSeesDecisionsAndWaits(t *testing.T) {
 	l, clk := newVirtual(t, "1/s burst=1", WithObserver(obs))
 	l.Allow(bg, "k")
 	l.Allow(bg, "k")
-	go l.Wait(bg, "k")
+	done := make(chan error, 1)
+	go func() { done <- l.Wait(bg, "k") }()
 	clk.BlockUntil(bg, 1)
 	clk.Advance(time.Second)
+	if err := <-done; err != nil { // before the penalty, which would requeue a late waker
+		t.Fatal(err)
+	}
 	l.Penalize(bg, "k", clk.Now().Add(time.Second))
 	r, _ := l.Reserve(bg, "j", 1)
 	r.Cancel(bg)

@@ -15,7 +15,7 @@ type CallOption interface{ applyCall(*callConfig) }
 type callConfig struct {
 	pessimistic bool
 	maxWait     time.Duration
-	cost        int
+	cost        int64
 }
 
 type callOptionFunc func(*callConfig)
@@ -37,7 +37,7 @@ func MaxWait(d time.Duration) CallOption {
 // Cost makes each call take n permits (default 1). When the real cost is known only after
 // the call, take an estimate here and settle it inside the call with
 // ReservationFromContext(ctx).Settle.
-func Cost(n int) CallOption { return callOptionFunc(func(c *callConfig) { c.cost = n }) }
+func Cost(n int64) CallOption { return callOptionFunc(func(c *callConfig) { c.cost = n }) }
 
 type reservationKey struct{}
 
@@ -59,14 +59,17 @@ func (l *Limiter) Do(ctx context.Context, key string, f func(context.Context) er
 	for _, o := range opts {
 		o.applyCall(&c)
 	}
-	var md time.Duration
-	if !c.pessimistic {
-		md = l.waitBound(ctx)
+	var r *Reservation
+	var err error
+	if c.pessimistic {
+		r, err = l.reserve(ctx, key, c.cost, 0)
+	} else {
+		md := l.waitBound(ctx)
 		if c.maxWait > 0 {
 			md = min(md, c.maxWait)
 		}
+		r, err = l.reserveWaiting(ctx, key, c.cost, md) // waits out an unavailable backend too
 	}
-	r, err := l.reserve(ctx, key, int64(c.cost), md)
 	if err != nil {
 		return err
 	}

@@ -83,7 +83,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		t.mu.Lock()
 		c.Observe(monotonic(), facts)
 		t.mu.Unlock()
-		if !facts.Throttled() || attempt >= t.Retries || !idempotent(req) || (req.Body != nil && req.GetBody == nil) {
+		if !facts.Throttled() || attempt >= t.Retries || !ratehdr.Replayable(req) {
 			return resp, nil
 		}
 		resp.Body.Close()
@@ -121,14 +121,6 @@ var epoch = time.Now()
 
 // monotonic is the process' monotonic clock, in nanoseconds.
 func monotonic() int64 { return int64(time.Since(epoch)) + 1 }
-
-func idempotent(r *http.Request) bool {
-	switch r.Method {
-	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace, http.MethodPut, http.MethodDelete:
-		return true
-	}
-	return r.Header.Get("Idempotency-Key") != "" || r.Header.Get("X-Idempotency-Key") != ""
-}
 
 func closeBody(r *http.Request) {
 	if r.Body != nil {

@@ -85,6 +85,44 @@ type Pinger interface {
 	Ping(ctx context.Context) error
 }
 
+// KeyCounter is an optional interface of back ends that can count the keys they hold in
+// shared state, for the daemon's sluice_keys gauge. CountKeys may take time in proportion
+// to the keys (a SCAN of Redis): the daemon calls it in the background now and then, never
+// per decision.
+type KeyCounter interface {
+	CountKeys(ctx context.Context) (int64, error)
+}
+
+// UnavailableError is a failure to reach the shared state that says when to try again: a
+// back end that probes for the return of its store (Redis, the daemon) knows when it will
+// next look, and a caller that retries sooner spins for nothing. It matches
+// ErrUnavailable with errors.Is.
+type UnavailableError struct {
+	// RetryAfter is how long until the back end next tries to reach its shared state.
+	RetryAfter time.Duration
+	// Err is what failed; it wraps ErrUnavailable.
+	Err error
+}
+
+func (e *UnavailableError) Error() string {
+	return fmt.Sprintf("%v (retry after %v)", e.Err, e.RetryAfter)
+}
+
+// Unwrap returns what failed.
+func (e *UnavailableError) Unwrap() error { return e.Err }
+
+// Is reports whether target is ErrUnavailable.
+func (e *UnavailableError) Is(target error) bool { return target == ErrUnavailable }
+
+// RetryAfter returns the retry hint of an *UnavailableError err wraps, if any.
+func RetryAfter(err error) (time.Duration, bool) {
+	var ue *UnavailableError
+	if errors.As(err, &ue) && ue.RetryAfter > 0 {
+		return ue.RetryAfter, true
+	}
+	return 0, false
+}
+
 // FailMode says what is answered when the shared state a decision needs cannot be reached
 // (docs/concepts.md, "Fail modes"). The same three names serve every mode, flag and file.
 type FailMode int

@@ -130,7 +130,8 @@ type Answer struct {
 	Remaining  int64
 	RetryAfter time.Duration
 	ResetAfter time.Duration
-	// Failed reports that the daemon did not answer: Allowed is the fail mode's answer.
+	// Failed reports that the daemon did not answer: Allowed is the fail mode's answer,
+	// and RetryAfter how long until the client asks the daemon again (its back-off).
 	Failed bool
 }
 
@@ -169,7 +170,7 @@ func (c *Client) Query(ctx context.Context, tag string, n int64, maxWait time.Du
 		return Answer{}, err
 	}
 	if err != nil {
-		return Answer{Allowed: c.failOpen, Failed: true}, err
+		return Answer{Allowed: c.failOpen, Failed: true, RetryAfter: c.retryAfter()}, err
 	}
 	a, err := wire.ParseAnswer(resp)
 	if err != nil {
@@ -236,6 +237,13 @@ func (c *Client) roundTrip(ctx context.Context, line []byte) ([]byte, error) {
 		c.probing.Store(false)
 	}
 	return resp, nil
+}
+
+// retryAfter is how long until the client asks the daemon again after a failure: the
+// back-off left, at least the shortest one.
+func (c *Client) retryAfter() time.Duration {
+	left := time.Duration(c.downUntil.Load() - time.Now().UnixNano())
+	return max(left, c.minBackoff)
 }
 
 // errSlow is the cause of a call's context ending at the client's time-out.

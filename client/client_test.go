@@ -157,6 +157,11 @@ func TestFailOpenAndBackOff(t *testing.T) {
 	if closed.Allow(bg, "api") {
 		t.Fatal("fail closed answered OK")
 	}
+	// A failed answer says when the client asks again (its back-off), so a caller that
+	// waits does not spin.
+	if a, err := closed.Query(bg, "api", 1, 0); !a.Failed || a.Allowed || a.RetryAfter < 100*time.Millisecond || !errors.Is(err, client.ErrUnavailable) {
+		t.Errorf("a failed query: %+v %v, want a denial with RetryAfter >= 100ms", a, err)
+	}
 	// The daemon comes up on that address: after the back-off a probe reaches it.
 	cfg := server.DefaultConfig()
 	cfg.ListenLine, cfg.ListenHTTP = addr, ""

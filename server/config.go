@@ -19,6 +19,7 @@ import (
 type Config struct {
 	ListenLine     string         `yaml:"listen_line"`     // TCP address or Unix socket path of the line protocol; "" disables it
 	ListenHTTP     string         `yaml:"listen_http"`     // TCP address of the HTTP API and /metrics; "" disables it
+	ListenAdmin    string         `yaml:"listen_admin"`    // TCP address of /healthz, /readyz and /metrics without the token; "" disables it
 	Backend        string         `yaml:"backend"`         // local, redis, lease or gossip
 	RedisURL       string         `yaml:"redis_url"`       // redis://host:port/db, for backend redis (and lease, when store is empty)
 	Store          string         `yaml:"store"`           // backend lease: the store's URL (redis://, redis-cluster://, redis-sentinel://, memory://)
@@ -69,6 +70,7 @@ func DefaultConfig() Config {
 	return Config{
 		ListenLine:     "127.0.0.1:7070",                       // loopback: other hosts must be allowed explicitly
 		ListenHTTP:     "127.0.0.1:7071",                       // loopback, as above
+		ListenAdmin:    "",                                     // off: health and metrics are on listen_http (behind its token, if any)
 		Backend:        "local",                                // in process: the embedded default
 		FailMode:       "closed",                               // deny when the back end cannot decide
 		FallbackShare:  0,                                      // set it with fail_mode local
@@ -198,6 +200,9 @@ func (c *Config) validate() error {
 		}
 	}
 	if _, err := c.ruleSet(); err != nil {
+		if errors.As(err, new(*yamlx.LineError)) {
+			return err
+		}
 		return bad(0, "rules: %v", err)
 	}
 	return nil

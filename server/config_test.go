@@ -37,7 +37,9 @@ func TestLoadConfig(t *testing.T) {
 
 func TestConfigErrorsNameFileAndLine(t *testing.T) {
 	cases := []struct{ yaml, want string }{
-		{"listen_line: x\nbogus: 1\n", "c.yaml:2: field bogus not found"},
+		{"listen_line: x\nbogus: 1\n", `c.yaml:2: unknown field "bogus"`},
+		{"listen_line: x\nbogus: 1\nrules: []\nextra: 2\n", "c.yaml:2: unknown field \"bogus\"\nc.yaml:4: unknown field \"extra\""},
+		{"rules:\n  - {match: a, limit: 1/s}\n  - {match: b, limit: 1/s}\n  - {match: a, limit: 2/s}\n", `c.yaml:4: rules[2]: the name "a" is used twice (by rules[0] too)`},
 		{"rules:\n  - match: api\n    limit: ten per sec\n", "c.yaml:3: sluice: bad limit"},
 		{"rules:\n  - match: api\n", "c.yaml:2: rules[0].limit: missing"},
 		{"rules:\n  - match: api\n    limit: 1/s\n    colour: red\n", `c.yaml:4: unknown field "colour"`},
@@ -48,7 +50,8 @@ func TestConfigErrorsNameFileAndLine(t *testing.T) {
 		{"backend: redis\n", "c.yaml: backend redis needs redis_url"},
 		{"idle_timeout: soon\n", "c.yaml:1: bad duration"},
 		{"max_line: 5\n", "c.yaml: max_line"},
-		{"rules:\n  - {match: a, limit: 1/s}\n  - {name: a, match: b, limit: 1/s}\n", "c.yaml: rules: rule \"a\": the name is used twice"},
+		{"rules:\n  - {match: a, limit: 1/s}\n  - {name: a, match: b, limit: 1/s}\n", `c.yaml:3: rules[1]: the name "a" is used twice`},
+		{"rules:\n  - {name: default, match: b, limit: 1/s}\ndefault: {limit: 1/s}\n", `c.yaml:2: default: the name "default" is used twice (by rules[0] too)`},
 		{"", "c.yaml: empty file"},
 		{"backend: gossip\ngossip: {policy: loud}\n", "c.yaml: gossip.policy: want shares, equal or whole"},
 		{"backend: gossip\ngossip: {bind: ''}\n", "c.yaml: backend gossip needs gossip.bind"},

@@ -29,11 +29,28 @@ func (s *Server) newHTTPServer() *httpServer {
 	mux.HandleFunc("GET /v1/rules", s.handleRules)
 	mux.HandleFunc("GET /v1/keys", s.handleKeys)
 	mux.HandleFunc("DELETE /v1/penalties/{tag...}", s.handleLift)
+	s.handleAdmin(mux)
+	return newHTTPServer(s.auth(mux))
+}
+
+// newAdminServer serves what probes and scrapers ask, without the token: /healthz,
+// /readyz and /metrics (listen_admin).
+func (s *Server) newAdminServer() *httpServer {
+	mux := http.NewServeMux()
+	s.handleAdmin(mux)
+	return newHTTPServer(mux)
+}
+
+// handleAdmin adds the health and metrics endpoints to mux.
+func (s *Server) handleAdmin(mux *http.ServeMux) {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", s.handleReady)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
+}
+
+func newHTTPServer(h http.Handler) *httpServer {
 	return &httpServer{srv: &http.Server{
-		Handler:           s.auth(mux),
+		Handler:           h,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      10 * time.Second,

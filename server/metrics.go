@@ -1,9 +1,17 @@
 package server
 
 import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/internal/buildinfo"
 )
 
 // metrics are the daemon's Prometheus collectors, in their own registry.
@@ -18,10 +26,15 @@ type metrics struct {
 	connsRefused prometheus.Counter
 	connsDropped *prometheus.CounterVec // reason
 	reloads      *prometheus.CounterVec // result
+	reloadOK     prometheus.Gauge       // 1 if the last reload succeeded
+	reloadTime   prometheus.Gauge       // Unix time of the last successful reload (or the start)
+	unmatched    prometheus.Counter     // queries for tags no rule matches
+	backendUp    prometheus.Gauge       // 1 while the back end answers its health check
 	penalties    *prometheus.CounterVec // rule, result
 	lifts        *prometheus.CounterVec // rule, result
 }
 
+// newMetrics makes the collectors; keys, if not nil, reads the number of buckets held.
 func newMetrics(keys, evictedIdle, evictedLive func() float64) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
@@ -51,8 +64,20 @@ func newMetrics(keys, evictedIdle, evictedLive func() float64) *metrics {
 			Name: "sluice_connections_dropped_total", Help: "Connections the daemon closed, by reason.",
 		}, []string{"reason"}),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_reloads_total", Help: "Configuration reloads, by result.",
+			Name: "sluice_reloads_total", Help: "Configuration reloads (SIGHUP, or the config file changed), by result: ok or error.",
 		}, []string{"result"}),
+		reloadOK: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sluice_config_last_reload_successful", Help: "1 if the last configuration reload succeeded (or none was tried), 0 if it was refused.",
+		}),
+		reloadTime: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sluice_config_last_reload_success_timestamp_seconds", Help: "Unix time of the last successful configuration reload, or of the start.",
+		}),
+		unmatched: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_unmatched_total", Help: "Queries for tags that no rule matches (allowed: there is no default rule).",
+		}),
+		backendUp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sluice_backend_up", Help: "1 while the back end answers its health check, 0 while it does not (answers then follow the fail mode).",
+		}),
 		penalties: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_penalties_total", Help: "Penalties clients asked for (p=), by rule and result (applied, capped at max_penalty, refused, error).",
 		}, []string{"rule", "result"}),
@@ -60,12 +85,25 @@ func newMetrics(keys, evictedIdle, evictedLive func() float64) *metrics {
 			Name: "sluice_penalty_lifts_total", Help: "Penalties lifted through the HTTP API, by rule and result.",
 		}, []string{"rule", "result"}),
 	}
+	bi := buildinfo.Read()
 	m.reg.MustRegister(m.decisions, m.latency, m.backendErrs, m.failActs, m.badInput, m.conns, m.connsRefused,
-		m.connsDropped, m.reloads, m.penalties, m.lifts,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_keys", Help: "Buckets held by the back end."}, keys),
+		m.connsDropped, m.reloads, m.reloadOK, m.reloadTime, m.unmatched, m.backendUp, m.penalties, m.lifts,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_key_evictions_total", Help: "Idle buckets forgotten."}, evictedIdle),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_key_evictions_live_total", Help: "Live buckets evicted to make room (max_keys)."}, evictedLive),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sluice_build_info", Help: "1, labelled with the version and commit of the running build and the Go that built it.",
+			ConstLabels: prometheus.Labels{"version": bi.Version, "commit": bi.Commit, "goversion": bi.GoVersion},
+		}, func() float64 { return 1 }),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
+	if keys != nil {
+		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sluice_keys", Help: "Buckets held: in the daemon (local back end), or in Redis under the daemon's prefix (redis back end, counted at most every 30s).",
+		}, keys))
+	}
+	m.reloadOK.Set(1)
+	m.backendUp.Set(1)
 	return m
 }
 
@@ -92,4 +130,36 @@ func (m *metrics) observe(e sluice.Event) {
 		m.backendErrs.Inc()
 		m.failActs.WithLabelValues(e.FailMode.String()).Inc()
 	}
+}
+
+// keyCount is the number of keys a back end holds in shared state (a KeyCounter: Redis),
+// counted when a scrape asks for it and the last count is older than keysEvery; a scrape
+// in between reads the last count. Counting may take a while (a SCAN of Redis): one runs
+// at a time, and a scrape that comes meanwhile reads the last count.
+type keyCount struct {
+	counter backend.KeyCounter
+	mu      sync.Mutex // held while counting
+	at      time.Time  // of the last count
+	n       atomic.Int64
+}
+
+// keysEvery is how old the key count may be before a scrape counts again.
+const keysEvery = 30 * time.Second
+
+// keysTimeout bounds one count.
+const keysTimeout = 5 * time.Second
+
+func (k *keyCount) read() float64 {
+	if k.mu.TryLock() {
+		if time.Since(k.at) >= keysEvery {
+			ctx, cancel := context.WithTimeout(context.Background(), keysTimeout)
+			if n, err := k.counter.CountKeys(ctx); err == nil {
+				k.n.Store(n)
+				k.at = time.Now()
+			}
+			cancel()
+		}
+		k.mu.Unlock()
+	}
+	return float64(k.n.Load())
 }

@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/yamlx"
 )
 
 // Rule maps tags to a limit. Match is an exact tag, or a glob where '*' matches any run of
@@ -156,15 +157,25 @@ func newRuleSet(rules []Rule, deflt *Rule) (*ruleSet, error) {
 	if deflt != nil {
 		all = append(append([]Rule(nil), rules...), *deflt)
 	}
-	names := map[string]bool{}
+	names := map[string]int{} // name -> index of the rule that has it
+	label := func(i int) string {
+		if deflt != nil && i == len(all)-1 {
+			return "default"
+		}
+		return fmt.Sprintf("rules[%d]", i)
+	}
 	for i, r := range all {
 		if r.Name == "" {
 			r.Name = r.Match
 		}
-		if names[r.Name] {
-			return nil, fmt.Errorf("rule %q: the name is used twice", r.Name)
+		if first, dup := names[r.Name]; dup {
+			line := r.line
+			if line == 0 { // the default rule, or a flag's: point at the other one
+				line = all[first].line
+			}
+			return nil, yamlx.AtLine(line, "%s: the name %q is used twice (by %s too); a rule is named by name, else by match", label(i), r.Name, label(first))
 		}
-		names[r.Name] = true
+		names[r.Name] = i
 		c := &compiled{Rule: r, index: i, pattern: isPattern(r.Match)}
 		c.keyBase = r.Name + "\x1f" // a separator tags are unlikely to carry
 		rs.rules = append(rs.rules, c)

@@ -42,9 +42,17 @@ type Server struct {
 	m      *metrics
 	penLog logSampler // penalties are logged, but not every one of a flood
 
+	healthEvery time.Duration         // how often the back end's health is checked (a Pinger)
+	down        atomic.Pointer[int64] // when the back end was found down (clock Nanotime); nil while up
+	keys        keyCount              // the back end's keys, counted now and then (a KeyCounter)
+	stopCtx     context.Context       // ends at Shutdown: the health monitor stops
+	stop        context.CancelFunc
+
 	lineLn   net.Listener
 	httpLn   net.Listener
 	httpSrv  *httpServer
+	adminLn  net.Listener
+	adminSrv *httpServer
 	conns    sync.Map // *conn -> struct{}
 	nconns   atomic.Int64
 	closing  atomic.Bool
@@ -72,6 +80,20 @@ func WithClock(c clock.Clock) Option { return optionFunc(func(s *Server) { s.clo
 // command does.
 func WithBackend(b backend.Backend) Option { return optionFunc(func(s *Server) { s.be = b }) }
 
+// WithHealthEvery sets how often a back end that depends on something remote (Redis, a
+// lease store) is checked (default DefaultHealthEvery). Each change, down or up, is logged
+// once, with the fail mode in force, and sets sluice_backend_up.
+func WithHealthEvery(d time.Duration) Option {
+	return optionFunc(func(s *Server) {
+		if d > 0 {
+			s.healthEvery = d
+		}
+	})
+}
+
+// DefaultHealthEvery is how often the back end's health is checked.
+const DefaultHealthEvery = time.Second
+
 // NewLogger returns the logger a config asks for, writing to w.
 func NewLogger(cfg Config, w io.Writer) *slog.Logger {
 	var lvl slog.Level
@@ -88,7 +110,8 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{clock: clock.Default, cfg: cfg}
+	s := &Server{clock: clock.Default, cfg: cfg, healthEvery: DefaultHealthEvery}
+	s.stopCtx, s.stop = context.WithCancel(context.Background())
 	for _, o := range opts {
 		o.apply(s)
 	}
@@ -105,13 +128,16 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 	} else if lb, ok := s.be.(*local.Backend); ok {
 		s.local = lb
 	}
+	var keys func() float64
+	switch kc, ok := s.be.(backend.KeyCounter); {
+	case s.local != nil:
+		keys = func() float64 { return float64(s.local.Len()) }
+	case ok:
+		s.keys.counter = kc
+		keys = s.keys.read
+	}
 	s.m = newMetrics(
-		func() float64 {
-			if s.local != nil {
-				return float64(s.local.Len())
-			}
-			return 0
-		},
+		keys,
 		func() float64 {
 			if s.local != nil {
 				return float64(s.local.Evicted())
@@ -136,6 +162,21 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 	return s, nil
 }
 
+// Check reports whether cfg would start, without listening or reaching its back end: it
+// validates cfg, compiles the rules, builds each rule's limiter (logging to log what a
+// start would warn of, such as a margin that eats a rule's rate) and reads the token file.
+// `sluice serve --check-config` runs it.
+func Check(cfg Config, log *slog.Logger) error {
+	lb := local.New(local.WithMaxKeys(max(cfg.MaxKeys, 1)))
+	defer lb.Close()
+	s, err := New(cfg, WithLogger(log), WithBackend(lb))
+	if err != nil {
+		return err
+	}
+	s.stop()
+	return nil
+}
+
 // apply installs a config's rules and token.
 // It is called with s.mu held, or before the server is shared.
 func (s *Server) apply(cfg Config) error {
@@ -147,7 +188,8 @@ func (s *Server) apply(cfg Config) error {
 	for _, c := range rs.rules {
 		lim, err := sluice.New(c.Limit, sluice.WithBackend(s.be), sluice.WithClock(s.clock), sluice.WithFailMode(fm),
 			sluice.WithMargin(cfg.Margin.D()), sluice.WithObserver(sluice.ObserverFunc(s.m.observe)),
-			sluice.WithMaxKeys(cfg.MaxKeys)) // bounds the penalties each limiter remembers
+			sluice.WithLogger(s.log.With("rule", c.Name)), // a margin that eats a rule's rate is logged
+			sluice.WithMaxKeys(cfg.MaxKeys))               // bounds the penalties each limiter remembers
 		if err != nil {
 			return fmt.Errorf("rule %q: %w", c.Name, err)
 		}
@@ -176,23 +218,39 @@ func (s *Server) apply(cfg Config) error {
 // answers and time-outs apply from then on to new connections (and shutdown_grace to the
 // next shutdown). What is set up at start stays as it was, with a warning if cfg changes
 // it: the listen addresses, the back end and its Redis settings, the fail mode and
-// fallback share, max_keys and logging.
+// fallback share, max_keys and logging. A config with an error is refused (the old one
+// stays), logged and counted, as ReloadFrom does.
 func (s *Server) Reload(cfg Config) error {
+	return s.ReloadFrom("api", func() (Config, error) { return cfg, nil })
+}
+
+// ReloadFrom reloads the config load returns (reading a file: SIGHUP, or the file changed),
+// as Reload does; trigger says what asked, in the log. Every outcome is logged and
+// counted, a config that could not be read or parsed included (sluice_reloads_total,
+// sluice_config_last_reload_successful, and the time of the last success).
+func (s *Server) ReloadFrom(trigger string, load func() (Config, error)) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	err := cfg.Validate()
+	cfg, err := load()
+	if err == nil {
+		err = cfg.Validate()
+	}
 	if err == nil {
 		if ignored := keepStartOnly(&cfg, s.cfg); len(ignored) > 0 {
-			s.log.Warn("reload: settings read at start only are kept until a restart", "settings", ignored)
+			s.log.Warn("reload: settings read at start only are kept until a restart", "trigger", trigger, "settings", ignored)
 		}
 		err = s.apply(cfg)
 	}
 	if err != nil {
 		s.m.reloads.WithLabelValues("error").Inc()
+		s.m.reloadOK.Set(0)
+		s.log.Error("reload refused; the old config stays", "trigger", trigger, "err", err)
 		return err
 	}
 	s.m.reloads.WithLabelValues("ok").Inc()
-	s.log.Info("reloaded", "rules", len(cfg.Rules), "default", cfg.Default != nil)
+	s.m.reloadOK.Set(1)
+	s.m.reloadTime.Set(float64(time.Now().UnixNano()) / 1e9)
+	s.log.Info("reloaded", "trigger", trigger, "rules", len(cfg.Rules), "default", cfg.Default != nil)
 	return nil
 }
 
@@ -207,6 +265,7 @@ func keepStartOnly(cfg *Config, running Config) []string {
 	}
 	keep("listen_line", cfg.ListenLine != running.ListenLine)
 	keep("listen_http", cfg.ListenHTTP != running.ListenHTTP)
+	keep("listen_admin", cfg.ListenAdmin != running.ListenAdmin)
 	keep("backend", cfg.Backend != running.Backend)
 	keep("redis_url", cfg.RedisURL != running.RedisURL)
 	keep("store", cfg.Store != running.Store)
@@ -218,7 +277,8 @@ func keepStartOnly(cfg *Config, running Config) []string {
 	keep("log_level", cfg.LogLevel != running.LogLevel)
 	keep("gossip", !reflect.DeepEqual(cfg.Gossip, running.Gossip))
 	cfg.Gossip = running.Gossip
-	cfg.ListenLine, cfg.ListenHTTP, cfg.Backend, cfg.RedisURL, cfg.Store = running.ListenLine, running.ListenHTTP, running.Backend, running.RedisURL, running.Store
+	cfg.ListenLine, cfg.ListenHTTP, cfg.ListenAdmin = running.ListenLine, running.ListenHTTP, running.ListenAdmin
+	cfg.Backend, cfg.RedisURL, cfg.Store = running.Backend, running.RedisURL, running.Store
 	cfg.RedisTimeout, cfg.FailMode, cfg.FallbackShare, cfg.MaxKeys = running.RedisTimeout, running.FailMode, running.FallbackShare, running.MaxKeys
 	cfg.LogFormat, cfg.LogLevel = running.LogFormat, running.LogLevel
 	return ignored
@@ -248,6 +308,9 @@ func (s *Server) Decide(ctx context.Context, tag string, n int64, maxWait time.D
 func (s *Server) decide(ctx context.Context, tag string, n int64, maxWait time.Duration, stamp bool) (Decision, error) {
 	c := s.rules.Load().lookup(tag)
 	if c == nil {
+		if n > 0 {
+			s.m.unmatched.Inc()
+		}
 		return Decision{Decision: sluice.Decision{Allowed: true}, Slot: -1}, nil
 	}
 	var d sluice.Decision
@@ -255,13 +318,13 @@ func (s *Server) decide(ctx context.Context, tag string, n int64, maxWait time.D
 	slot := int64(-1)
 	if maxWait > 0 || stamp {
 		var r *sluice.Reservation
-		r, err = c.limiter.ReserveWithin(ctx, c.key(tag), int(n), maxWait)
+		r, err = c.limiter.ReserveWithin(ctx, c.key(tag), n, maxWait)
 		d = r.Decision
 		if stamp && err == nil && d.Allowed {
 			slot = r.Slot()
 		}
 	} else {
-		d, err = c.limiter.AllowN(ctx, c.key(tag), int(n))
+		d, err = c.limiter.AllowN(ctx, c.key(tag), n)
 	}
 	switch {
 	case n == 0: // a look at the state, not a decision
@@ -278,36 +341,111 @@ func (s *Server) decide(ctx context.Context, tag string, n int64, maxWait time.D
 // Start listens on the configured addresses and serves in the background.
 func (s *Server) Start() error {
 	cfg := s.Config()
+	var lns []net.Listener
+	fail := func(what string, err error) error {
+		for _, ln := range lns {
+			ln.Close()
+		}
+		s.lineLn, s.httpLn, s.adminLn = nil, nil, nil
+		return fmt.Errorf("sluice serve: %s: %w", what, err)
+	}
 	if cfg.ListenLine != "" {
 		ln, err := listen(cfg.ListenLine)
 		if err != nil {
-			return fmt.Errorf("sluice serve: listen_line: %w", err)
+			return fail("listen_line", err)
 		}
-		s.lineLn = ln
-		s.wg.Add(1)
-		go s.acceptLoop(ln)
+		s.lineLn, lns = ln, append(lns, ln)
 	}
 	if cfg.ListenHTTP != "" {
 		ln, err := net.Listen("tcp", cfg.ListenHTTP)
 		if err != nil {
-			if s.lineLn != nil {
-				s.lineLn.Close()
-			}
-			return fmt.Errorf("sluice serve: listen_http: %w", err)
+			return fail("listen_http", err)
 		}
-		s.httpLn = ln
-		s.httpSrv = s.newHTTPServer()
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			if err := s.httpSrv.srv.Serve(ln); err != nil && !errors.Is(err, errHTTPClosed) {
-				s.log.Error("http server", "err", err)
-			}
-		}()
+		s.httpLn, lns = ln, append(lns, ln)
 	}
-	s.log.Info("serving", "line", addrString(s.lineLn), "http", addrString(s.httpLn), "backend", cfg.Backend,
-		"rules", len(cfg.Rules), "fail_mode", cfg.FailMode)
+	if cfg.ListenAdmin != "" {
+		ln, err := net.Listen("tcp", cfg.ListenAdmin)
+		if err != nil {
+			return fail("listen_admin", err)
+		}
+		s.adminLn = ln
+	}
+	if s.lineLn != nil {
+		s.wg.Add(1)
+		go s.acceptLoop(s.lineLn)
+	}
+	if s.httpLn != nil {
+		s.httpSrv = s.newHTTPServer()
+		s.serveHTTP(s.httpSrv, s.httpLn)
+	}
+	if s.adminLn != nil {
+		s.adminSrv = s.newAdminServer()
+		s.serveHTTP(s.adminSrv, s.adminLn)
+	}
+	s.m.reloadTime.Set(float64(time.Now().UnixNano()) / 1e9)
+	s.log.Info("serving", "line", addrString(s.lineLn), "http", addrString(s.httpLn), "admin", addrString(s.adminLn),
+		"backend", cfg.Backend, "rules", len(cfg.Rules), "fail_mode", cfg.FailMode)
+	if *s.token.Load() != "" && s.adminLn == nil && s.httpLn != nil {
+		s.log.Info("the HTTP token guards /readyz and /metrics too: set listen_admin (--listen-admin) to serve them without it to probes and scrapers")
+	}
+	if p, ok := s.be.(backend.Pinger); ok {
+		s.checkHealth(p) // a back end down at start is logged now
+		s.wg.Add(1)
+		go s.monitorHealth(p)
+	}
 	return nil
+}
+
+// serveHTTP serves h on ln in the background until Shutdown.
+func (s *Server) serveHTTP(h *httpServer, ln net.Listener) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := h.srv.Serve(ln); err != nil && !errors.Is(err, errHTTPClosed) {
+			s.log.Error("http server", "addr", ln.Addr().String(), "err", err)
+		}
+	}()
+}
+
+// monitorHealth checks the back end every healthEvery until Shutdown.
+func (s *Server) monitorHealth(p backend.Pinger) {
+	defer s.wg.Done()
+	t := s.clock.NewTimer(s.healthEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stopCtx.Done():
+			return
+		case <-t.C():
+		}
+		s.checkHealth(p)
+		t.Reset(s.healthEvery)
+	}
+}
+
+// checkHealth pings the back end and logs a change, once: down (with the fail mode that
+// answers meanwhile) or up again (with how long it was down).
+func (s *Server) checkHealth(p backend.Pinger) {
+	err := p.Ping(s.stopCtx)
+	if s.stopCtx.Err() != nil {
+		return // shutting down: not the back end's failure
+	}
+	cfg := s.Config()
+	now := s.clock.Nanotime()
+	switch since := s.down.Load(); {
+	case err != nil && since == nil:
+		s.down.Store(&now)
+		s.m.backendUp.Set(0)
+		attrs := []any{"backend", cfg.Backend, "fail_mode", cfg.FailMode, "err", err}
+		if cfg.FailMode == "local" {
+			attrs = append(attrs, "fallback_share", cfg.FallbackShare)
+		}
+		s.log.Warn("backend unavailable: answers follow the fail mode until it is back", attrs...)
+	case err == nil && since != nil:
+		s.down.Store(nil)
+		s.m.backendUp.Set(1)
+		s.log.Info("backend available again", "backend", cfg.Backend, "down_for", time.Duration(now-*since).Round(time.Millisecond))
+	}
 }
 
 // listen opens a TCP address, or a Unix socket for a path (one with a '/').
@@ -332,6 +470,14 @@ func (s *Server) LineAddr() net.Addr {
 		return nil
 	}
 	return s.lineLn.Addr()
+}
+
+// AdminAddr is the admin listener's address (nil if not listening).
+func (s *Server) AdminAddr() net.Addr {
+	if s.adminLn == nil {
+		return nil
+	}
+	return s.adminLn.Addr()
 }
 
 // HTTPAddr is the HTTP API's address (nil if not listening).
@@ -359,13 +505,16 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.stopOnce.Do(func() {
 		cfg := s.Config()
 		s.closing.Store(true)
+		s.stop()
 		if s.lineLn != nil {
 			s.lineLn.Close()
 		}
 		ctx, cancel := context.WithTimeout(ctx, cfg.ShutdownGrace.D())
 		defer cancel()
-		if s.httpSrv != nil {
-			_ = s.httpSrv.srv.Shutdown(ctx)
+		for _, h := range []*httpServer{s.httpSrv, s.adminSrv} {
+			if h != nil {
+				_ = h.srv.Shutdown(ctx)
+			}
 		}
 		// Wake every connection blocked in a read: it answers what it has buffered and
 		// closes.

@@ -39,7 +39,7 @@ func run1(t *testing.T, sc *Scenario, mode string) ModeReport {
 
 func TestScenarioErrorsNameFileAndLine(t *testing.T) {
 	cases := []struct{ yaml, want string }{
-		{"duration: 10s\nlimit: 1/s\nmembers:\n  - name: w\n    demand: {pattern: constant, rate: 1}\nbogus: 3\n", "test.yaml:6: field bogus not found"},
+		{"duration: 10s\nlimit: 1/s\nmembers:\n  - name: w\n    demand: {pattern: constant, rate: 1}\nbogus: 3\n", `test.yaml:6: unknown field "bogus"`},
 		{"duration: 10s\nlimit: ten per sec\nmembers: []\n", "test.yaml:2: sluice: bad limit"},
 		{"duration: ten\nlimit: 1/s\n", "test.yaml:1: bad duration"},
 		{"duration: 10s\nlimit: 1/s\nmembers:\n  - name: w\n    demand: {pattern: sometimes}\n", "test.yaml:5: pattern: want constant"},

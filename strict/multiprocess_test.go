@@ -158,7 +158,7 @@ func workerMain() int {
 			rng := rand.New(rand.NewPCG(cfg.Seed, uint64(g)))
 			for ctx.Err() == nil {
 				key := cfg.Keys[rng.IntN(len(cfg.Keys))]
-				n := 1 + rng.IntN(min(maxN, 3))
+				n := int64(1 + rng.IntN(min(maxN, 3)))
 				switch op := rng.IntN(10); {
 				case op < 2: // pessimistic
 					if _, err := lim.AllowN(ctx, key, n); err != nil && ctx.Err() == nil {

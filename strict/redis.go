@@ -398,7 +398,7 @@ func (b *Backend) run(ctx context.Context, key string, c *call) error {
 		if b.isClosed() {
 			return backend.ErrClosed
 		}
-		return fmt.Errorf("%w: redis: down since a failure, probing every %v", ErrUnavailable, b.probeEvery)
+		return b.unavailable(fmt.Errorf("%w: redis: down since a failure, probed every %v", ErrUnavailable, b.probeEvery))
 	}
 	if !b.p.submit(c) {
 		c.release()
@@ -407,8 +407,15 @@ func (b *Backend) run(ctx context.Context, key string, c *call) error {
 	err := b.await(ctx, key, c)
 	if errors.Is(err, ErrUnavailable) {
 		b.trip()
+		err = b.unavailable(err)
 	}
 	return err
+}
+
+// unavailable adds the retry hint to a failure to reach Redis: the prober's interval,
+// the soonest Redis can be found back (a caller asking sooner gets the same answer).
+func (b *Backend) unavailable(err error) error {
+	return &backend.UnavailableError{RetryAfter: b.probeEvery, Err: err}
 }
 
 // await waits for the answer of c (submitted), at most the time-out, and classifies its

@@ -159,20 +159,39 @@ func worker(t *testing.T, addr, tag string, stop <-chan struct{}, answered *atom
 	}
 }
 
-func query(t *testing.T, addr, in string) string {
+// send dials addr, writes in, and gives the answers 5 seconds to come.
+func send(t *testing.T, addr, in string) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
 	c.Write([]byte(in))
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	return c
+}
+
+func query(t *testing.T, addr, in string) string {
+	t.Helper()
+	c := send(t, addr, in)
+	defer c.Close()
 	buf := make([]byte, 3*strings.Count(in, "\n"))
 	if _, err := io.ReadFull(c, buf); err != nil {
 		t.Fatalf("query %q: %v", in, err)
 	}
 	return string(buf)
+}
+
+// queryLine sends one query and reads its answer line, whatever its length.
+func queryLine(t *testing.T, addr, in string) string {
+	t.Helper()
+	c := send(t, addr, in)
+	defer c.Close()
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		t.Fatalf("query %q: %v", in, err)
+	}
+	return line
 }
 
 // TestServeReloadUnderLoad: SIGHUP swaps the rules while clients keep querying: no
@@ -252,6 +271,63 @@ func TestServeSIGTERMUnderLoad(t *testing.T) {
 	}
 	if !strings.Contains(d.logs(), "stopped") {
 		t.Errorf("no orderly stop logged: %s", d.logs())
+	}
+}
+
+// waitLog waits until the daemon has logged s n times.
+func (d *daemon) waitLog(t *testing.T, s string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for strings.Count(d.logs(), s) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%q was not logged %d times: %s", s, n, d.logs())
+		}
+		time.Sleep(10 * time.Millisecond) // wait for the condition
+	}
+}
+
+// TestServeReloadsWhenTheFileChanges: a new config file (replaced by a rename, as the
+// kubelet updates a ConfigMap) is reloaded without a SIGHUP; a broken one is refused and
+// counted in /metrics; the environment sets what the file does not (flags over the
+// environment over the file).
+func TestServeReloadsWhenTheFileChanges(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "sluice.yaml")
+	write := func(text string) {
+		tmp := filepath.Join(dir, "next.yaml")
+		os.WriteFile(tmp, []byte(text), 0o644)
+		if err := os.Rename(tmp, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("rules:\n  - {match: api, limit: 1/h}\n")
+	t.Setenv("SLUICE_LIMIT", "env=1/h\nenv-*=2/h")
+	t.Setenv("SLUICE_WATCH_CONFIG", "20ms")
+	d := startDaemon(t, "--config", cfg)
+	if got := query(t, d.line, "api\napi\nenv\nenv\nenv-1\n"); got != "OK\nNO\nOK\nNO\nOK\n" {
+		t.Fatalf("before: %q", got)
+	}
+	write("rules:\n  - {match: api, limit: 1/h}\n  - {match: fresh, limit: 1/h}\n")
+	d.waitLog(t, `trigger="the config file changed"`, 1)
+	if got := query(t, d.line, "api\nfresh\nfresh\n"); got != "NO\nOK\nNO\n" {
+		t.Errorf("after the change: %q: the api bucket stays drained, the new rule applies", got)
+	}
+	write("rules: [\n")
+	d.waitLog(t, "reload refused", 1)
+	resp, err := http.Get("http://" + d.http + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`sluice_reloads_total{result="error"} 1`, `sluice_reloads_total{result="ok"} 1`, "sluice_config_last_reload_successful 0"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	time.Sleep(100 * time.Millisecond) // five more looks at the unchanged broken file
+	if n := strings.Count(d.logs(), "reload refused"); n != 1 {
+		t.Errorf("an unchanged file was reloaded again: %d refusals", n)
 	}
 }
 
@@ -348,9 +424,17 @@ func TestServeRedisDown(t *testing.T) {
 	if got := query(t, d.line, "api\n"); got != "NO\n" {
 		t.Errorf("fail closed with Redis down: %q", got)
 	}
+	// The denial says when to ask again (the prober's interval), not 0.
+	if got := queryLine(t, d.line, "~v api\n"); !strings.HasPrefix(got, "NO a=100 ") {
+		t.Errorf("the answer with Redis down: %q, want a retry hint of 100ms", got)
+	}
+	if n := strings.Count(d.logs(), "backend unavailable"); n != 1 || !strings.Contains(d.logs(), "fail_mode=closed") {
+		t.Errorf("Redis down at start: logged %d times, want once with the fail mode: %s", n, d.logs())
+	}
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
 	}
+	d.waitLog(t, "backend available again", 1)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		resp, err := http.Get("http://" + d.http + "/readyz")

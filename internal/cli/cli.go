@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"regexp"
 	"sort"
 	"strings"
 )
@@ -37,8 +38,8 @@ func (e usageError) Unwrap() error { return e.err }
 
 func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
 
-// Main runs the command line args and returns the process exit code: 0 on success, 2 for
-// bad usage, 1 for other failures.
+// Main runs the command line args and returns the process exit code: ExitOK on success,
+// ExitUsage for bad usage, ExitFailure for other failures (and the codes of `check`).
 func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	env := Env{Stdin: stdin, Stdout: stdout, Stderr: stderr}
 	err := Run(ctx, env, args)
@@ -48,16 +49,35 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 		return 0
 	case errors.As(err, &ec):
 		if msg := err.Error(); msg != "" {
-			fmt.Fprintln(stderr, "sluice:", msg)
+			fmt.Fprintln(stderr, message(err))
 		}
 		return ec.ExitCode()
 	case errors.As(err, new(usageError)):
-		fmt.Fprintln(stderr, "sluice:", err)
-		return 2
+		fmt.Fprintln(stderr, message(err))
+		return ExitUsage
 	default:
-		fmt.Fprintln(stderr, "sluice:", err)
-		return 1
+		fmt.Fprintln(stderr, message(err))
+		return ExitFailure
 	}
+}
+
+// Exit codes of every command; `sluice check` adds ExitDenied and ExitUnreachable.
+const (
+	ExitOK          = 0 // done; `check`: allowed
+	ExitFailure     = 1 // failed; `check`: denied (throttled)
+	ExitUsage       = 2 // bad flags, arguments or config
+	ExitUnreachable = 3 // `check`: the daemon did not answer
+	ExitDenied      = ExitFailure
+)
+
+// repeatedPrefix is the package prefix the errors of the packages below carry ("sluice:
+// bad limit"), at the start of the message or after a ": ".
+var repeatedPrefix = regexp.MustCompile(`(^|: )sluice: `)
+
+// message is err's text after one "sluice: ": the prefixes the errors of the packages
+// below carry are dropped, so the line does not read "sluice: ... sluice: ...".
+func message(err error) string {
+	return "sluice: " + repeatedPrefix.ReplaceAllString(err.Error(), "$1")
 }
 
 // Run runs one command.
@@ -91,16 +111,21 @@ func printUsage(w io.Writer) {
 	fmt.Fprintln(w, "Usage: sluice COMMAND [flags]")
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Commands:")
+	for _, n := range commandNames() {
+		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Run 'sluice COMMAND --help' for a command's flags.")
+}
+
+// commandNames lists the commands' names in order.
+func commandNames() []string {
 	names := make([]string, 0, len(commands))
 	for n := range commands {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	for _, n := range names {
-		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
-	}
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Run 'sluice COMMAND --help' for a command's flags.")
+	return names
 }
 
 // newFlags returns a FlagSet that prints its usage to env.Stderr (or Stdout for --help)
@@ -118,34 +143,53 @@ func newFlags(env Env, name, usage string) *flag.FlagSet {
 		fmt.Fprintln(out, "Flags:")
 		fs.PrintDefaults()
 	}
+	if collect != nil {
+		collect(fs)
+	}
 	return fs
 }
 
 // parseFlags parses args, sending --help to stdout and turning errors into usage errors.
 // Arguments that are not flags are refused.
 func parseFlags(env Env, fs *flag.FlagSet, args []string) error {
-	if err := parseFlagsWithArgs(env, fs, args); err != nil {
+	rest, err := parseArgs(env, fs, args)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return usagef("unexpected argument %q", strings.Join(fs.Args(), " "))
+	if len(rest) > 0 {
+		return usagef("unexpected argument %q", strings.Join(rest, " "))
 	}
 	return nil
 }
 
-// parseFlagsWithArgs is parseFlags that leaves other arguments in fs.Args().
-func parseFlagsWithArgs(env Env, fs *flag.FlagSet, args []string) error {
+// parseArgs parses the flags in args wherever they stand, before, between or after the
+// other arguments (`sluice check api --n 5` as `sluice check --n 5 api`), and returns the
+// other arguments in order; those after a "--" are never read as flags.
+func parseArgs(env Env, fs *flag.FlagSet, args []string) ([]string, error) {
 	for _, a := range args {
+		if a == "--" {
+			break
+		}
 		if a == "-h" || a == "--help" || a == "-help" {
 			fs.SetOutput(env.Stdout)
 			fs.Usage()
-			return flag.ErrHelp
+			return nil, flag.ErrHelp
 		}
 	}
 	fs.Usage = func() {}     // the error message is enough; --help shows the flags
 	fs.SetOutput(io.Discard) // Main prints the error once
-	if err := fs.Parse(args); err != nil {
-		return usageError{err}
+	var rest []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, usageError{err}
+		}
+		left := fs.Args()
+		if n := len(args) - len(left); n > 0 && args[n-1] == "--" {
+			return append(rest, left...), nil // the flag package ate the "--"
+		}
+		if len(left) == 0 {
+			return rest, nil
+		}
+		rest, args = append(rest, left[0]), left[1:]
 	}
-	return nil
 }

@@ -76,6 +76,10 @@ func TestDemoJSON(t *testing.T) {
 	if j["mode"] != "local" || j["limit"] != "20/s burst=10" {
 		t.Errorf("mode %v limit %v", j["mode"], j["limit"])
 	}
+	// stderr is not a terminal here: the run still says it is alive, a line at a time.
+	if !strings.Contains(errs, "sluice demo:") || !strings.Contains(errs, "accepted") || strings.Contains(errs, "\r") {
+		t.Errorf("no progress lines on a non-terminal stderr: %q", errs)
+	}
 	code, out, errs = run(t, "demo", "--mode", "lease", "--duration", "1s", "--workers", "3", "--margin", "100ms", "--json")
 	if code != 0 {
 		t.Fatalf("lease: exit %d: %s", code, errs)

@@ -79,14 +79,20 @@ func runDemo(ctx context.Context, env Env, args []string) error {
 	default:
 		return usagef("--mode %q: want local, redis, lease or adaptive", *mode)
 	}
-	if isTerminal(env.Stderr) {
-		cfg.Progress = func(p demo.Progress) {
-			rate := float64(p.Accepted) / max(p.Elapsed.Seconds(), 1e-9)
+	tty := isTerminal(env.Stderr)
+	var nextLine time.Duration
+	cfg.Progress = func(p demo.Progress) {
+		rate := float64(p.Accepted) / max(p.Elapsed.Seconds(), 1e-9)
+		switch {
+		case tty: // one line, redrawn
 			fmt.Fprintf(env.Stderr, "\r\033[K  %5.1fs  accepted %d  %.1f/s  429s %d", p.Elapsed.Seconds(), p.Accepted, rate, p.Rejected)
+		case p.Elapsed >= nextLine: // a log or a pipe: a line a second, so a run never looks hung
+			nextLine = p.Elapsed.Truncate(time.Second) + time.Second
+			fmt.Fprintf(env.Stderr, "sluice demo: %5.1fs  accepted %d  %.1f/s  429s %d\n", p.Elapsed.Seconds(), p.Accepted, rate, p.Rejected)
 		}
 	}
 	sum, err := demo.Run(ctx, cfg)
-	if cfg.Progress != nil {
+	if tty {
 		fmt.Fprint(env.Stderr, "\r\033[K")
 	}
 	if err != nil {

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"flag"
 	"fmt"
@@ -97,20 +98,28 @@ func (f ruleFlags) Set(s string) error {
 }
 
 type serveFlags struct {
-	fs       *flag.FlagSet
-	config   string
-	rules    []server.Rule
-	dflt     string
-	defShare bool
+	fs          *flag.FlagSet
+	config      string
+	rules       []server.Rule
+	dflt        string
+	defShare    bool
+	checkConfig bool
+	watch       time.Duration
 }
 
 func newServeFlags(env Env) *serveFlags {
 	sf := &serveFlags{}
 	d := server.DefaultConfig()
-	fs := newFlags(env, "serve", "serve [--config FILE] [--listen-line ADDR] [--listen-http ADDR] [--limit 'TAG=LIMIT' ...]")
-	fs.StringVar(&sf.config, "config", "", "YAML config `file` (docs/daemon.md); flags override it; SIGHUP reloads it")
+	fs := newFlags(env, "serve", "serve [--config FILE] [--listen-line ADDR] [--listen-http ADDR] [--listen-admin ADDR] [--limit 'TAG=LIMIT' ...] [--check-config]\n\n"+
+		"Every flag can also be set from the environment: --redis-url as SLUICE_REDIS_URL, and so on\n"+
+		"(SLUICE_LIMIT and SLUICE_SHARED_LIMIT: one rule a line). Flags win over the environment,\n"+
+		"which wins over the config file.")
+	fs.StringVar(&sf.config, "config", "", "YAML config `file` (docs/daemon.md); flags override it; SIGHUP, or a change of the file (--watch-config), reloads it")
+	fs.BoolVar(&sf.checkConfig, "check-config", false, "check the config (file, environment and flags) and exit: 0 if it would start, 2 with its errors (file:line) if not; nothing listens or connects")
+	fs.DurationVar(&sf.watch, "watch-config", 10*time.Second, "how often to look for a change of the config file (and the token file) and reload it, as a Kubernetes ConfigMap update needs; 0: on SIGHUP only")
 	fs.String("listen-line", d.ListenLine, "line protocol `address`: host:port, or a Unix socket path; empty disables it")
 	fs.String("listen-http", d.ListenHTTP, "HTTP API and /metrics `address`; empty disables it")
+	fs.String("listen-admin", d.ListenAdmin, "`address` of /healthz, /readyz and /metrics without the HTTP token, for probes and scrapers (e.g. 127.0.0.1:7072); empty: none")
 	fs.Var(ruleFlags{rules: &sf.rules}, "limit", "a rule `TAG=LIMIT`, repeatable, first match wins: an exact tag (api=10/s) or a pattern with * and ? ('user-*=5/s burst=10') giving each tag its own bucket")
 	fs.Var(ruleFlags{rules: &sf.rules, shared: true}, "shared-limit", "a pattern rule `PATTERN=LIMIT` whose tags all share one bucket")
 	fs.StringVar(&sf.dflt, "default-limit", "", "`limit` for tags no rule matches (each its own bucket); none: such tags are allowed")
@@ -155,6 +164,8 @@ func (sf *serveFlags) build() (server.Config, error) {
 			cfg.ListenLine = v
 		case "listen-http":
 			cfg.ListenHTTP = v
+		case "listen-admin":
+			cfg.ListenAdmin = v
 		case "backend":
 			cfg.Backend = v
 		case "redis-url":
@@ -214,9 +225,65 @@ func (sf *serveFlags) build() (server.Config, error) {
 	return cfg, cfg.Validate()
 }
 
+// envPrefix names the environment variables that set serve's flags: SLUICE_REDIS_URL is
+// --redis-url.
+const envPrefix = "SLUICE_"
+
+// envName is the environment variable of a flag.
+func envName(flagName string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// fromEnv sets the flags not given on the command line from the environment (as if they
+// had been): flags win over the environment, which wins over the config file. A rule flag
+// takes one rule a line. --check-config is a command, not a setting: it is not read.
+func (sf *serveFlags) fromEnv(lookup func(string) (string, bool)) error {
+	given := map[string]bool{"check-config": true}
+	sf.fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var err error
+	sf.fs.VisitAll(func(f *flag.Flag) {
+		v, ok := lookup(envName(f.Name))
+		if !ok || given[f.Name] || err != nil {
+			return
+		}
+		vals := []string{v}
+		if f.Name == "limit" || f.Name == "shared-limit" {
+			vals = strings.FieldsFunc(v, func(r rune) bool { return r == '\n' })
+		}
+		for _, v := range vals {
+			if serr := sf.fs.Set(f.Name, strings.TrimSpace(v)); serr != nil {
+				err = usagef("%s=%q (--%s): %v", envName(f.Name), v, f.Name, serr)
+				return
+			}
+		}
+	})
+	return err
+}
+
+// fingerprint is what a change of the config file or the token file changes: their
+// contents, or the errors reading them.
+func fingerprint(paths ...string) string {
+	h := sha256.New()
+	for _, p := range paths {
+		if p == "" {
+			continue
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			b = []byte(err.Error())
+		}
+		fmt.Fprintf(h, "%s\x00%d\x00", p, len(b))
+		h.Write(b)
+	}
+	return string(h.Sum(nil))
+}
+
 func runServe(ctx context.Context, env Env, args []string) error {
 	sf := newServeFlags(env)
 	if err := parseFlags(env, sf.fs, args); err != nil {
+		return err
+	}
+	if err := sf.fromEnv(os.LookupEnv); err != nil {
 		return err
 	}
 	cfg, err := sf.build()
@@ -224,6 +291,17 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		return usageError{err}
 	}
 	log := server.NewLogger(cfg, env.Stderr)
+	if sf.checkConfig {
+		if err := server.Check(cfg, log); err != nil {
+			return usageError{err}
+		}
+		src := "flags and environment"
+		if sf.config != "" {
+			src = sf.config
+		}
+		fmt.Fprintf(env.Stdout, "%s: ok: %d rules, default rule %v, backend %s\n", src, len(cfg.Rules), cfg.Default != nil, cfg.Backend)
+		return nil
+	}
 	opts := []server.Option{server.WithLogger(log)}
 	be, err := serveBackend(cfg, clock.Default)
 	if err != nil {
@@ -244,15 +322,22 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	var changed <-chan time.Time // ticks when the config file is watched
+	if sf.config != "" && sf.watch > 0 {
+		t := time.NewTicker(sf.watch)
+		defer t.Stop()
+		changed = t.C
+	}
+	seen := fingerprint(sf.config, srv.Config().HTTPTokenFile)
 	for {
 		select {
 		case <-hup:
-			next, err := sf.build()
-			if err == nil {
-				err = srv.Reload(next)
-			}
-			if err != nil {
-				log.Error("reload refused; the old config stays", "err", err)
+			_ = srv.ReloadFrom("SIGHUP", sf.build) // refused, logged and counted on error
+			seen = fingerprint(sf.config, srv.Config().HTTPTokenFile)
+		case <-changed:
+			if fp := fingerprint(sf.config, srv.Config().HTTPTokenFile); fp != seen {
+				seen = fp
+				_ = srv.ReloadFrom("the config file changed", sf.build)
 			}
 		case <-ctx.Done():
 			log.Info("stopping: answering the queries already read")
@@ -268,7 +353,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 func init() {
 	register(command{
 		name:    "check",
-		summary: "ask a running daemon about a tag: prints OK or NO (exit 0 allowed, 1 throttled, 2 no answer)",
+		summary: "ask a running daemon about a tag: prints OK or NO (exit 0 allowed, 1 throttled, 2 bad usage, 3 no answer)",
 		run:     runCheck,
 	})
 }
@@ -287,27 +372,22 @@ func runCheck(ctx context.Context, env Env, args []string) error {
 	addr := fs.String("addr", server.DefaultConfig().ListenLine, "the daemon's line protocol `address` (host:port or a Unix socket path)")
 	n := fs.Int64("n", 1, "permits to take (0 asks without taking)")
 	quiet := fs.Bool("quiet", false, "print nothing; the exit code says it")
-	var tag string
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		tag, args = args[0], args[1:]
-	}
-	if err := parseFlagsWithArgs(env, fs, args); err != nil {
+	rest, err := parseArgs(env, fs, args)
+	if err != nil {
 		return err
 	}
-	if rest := fs.Args(); len(rest) > 0 {
-		if tag != "" || len(rest) > 1 {
-			return usagef("want one tag")
-		}
-		tag = rest[0]
-	}
-	if tag == "" {
+	switch {
+	case len(rest) == 0:
 		return usagef("no tag given (e.g. sluice check api)")
+	case len(rest) > 1:
+		return usagef("want one tag, got %d: %q", len(rest), strings.Join(rest, " "))
 	}
+	tag := rest[0]
 	c := client.New(*addr, client.WithTimeout(2*time.Second), client.WithConns(1))
 	defer c.Close()
 	a, err := c.Query(ctx, tag, *n, 0)
 	if err != nil {
-		return exitError{code: 2, msg: fmt.Sprintf("check %q at %s: %v", tag, *addr, err)}
+		return exitError{code: ExitUnreachable, msg: fmt.Sprintf("check %q at %s: %v", tag, *addr, err)}
 	}
 	if !*quiet {
 		if a.Allowed {
@@ -317,7 +397,7 @@ func runCheck(ctx context.Context, env Env, args []string) error {
 		}
 	}
 	if !a.Allowed {
-		return exitError{code: 1}
+		return exitError{code: ExitDenied}
 	}
 	return nil
 }

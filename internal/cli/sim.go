@@ -25,23 +25,17 @@ func runSim(ctx context.Context, env Env, args []string) error {
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	csvPath := fs.String("csv", "", "write the time series of every mode to `FILE` as CSV")
 	seed := fs.Uint64("seed", 0, "override the scenario's seed")
-	// The scenario may come before or after the flags.
-	var file string
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		file, args = args[0], args[1:]
-	}
-	if err := parseFlagsWithArgs(env, fs, args); err != nil {
+	rest, err := parseArgs(env, fs, args)
+	if err != nil {
 		return err
 	}
-	if rest := fs.Args(); len(rest) > 0 {
-		if file != "" || len(rest) > 1 {
-			return usagef("want one scenario file, got %q", strings.Join(append([]string{file}, rest...), " "))
-		}
-		file = rest[0]
-	}
-	if file == "" {
+	switch {
+	case len(rest) == 0:
 		return usagef("no scenario file given (e.g. sluice sim scenarios/store-outage.yaml)")
+	case len(rest) > 1:
+		return usagef("want one scenario file, got %q", strings.Join(rest, " "))
 	}
+	file := rest[0]
 	sc, err := sim.Load(file)
 	if err != nil {
 		return usageError{err}

@@ -3,11 +3,12 @@ package cli
 import (
 	"context"
 	"fmt"
-	"runtime/debug"
+
+	"github.com/sluicehq/sluice/internal/buildinfo"
 )
 
 func init() {
-	register(command{name: "version", summary: "print the version", run: runVersion})
+	register(command{name: "version", summary: "print the version and commit of this build", run: runVersion})
 }
 
 func runVersion(_ context.Context, env Env, args []string) error {
@@ -15,10 +16,6 @@ func runVersion(_ context.Context, env Env, args []string) error {
 	if err := parseFlags(env, fs, args); err != nil {
 		return err
 	}
-	v := "(devel)"
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		v = bi.Main.Version
-	}
-	fmt.Fprintln(env.Stdout, "sluice", v)
+	fmt.Fprintln(env.Stdout, buildinfo.Read())
 	return nil
 }

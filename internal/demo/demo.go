@@ -212,7 +212,7 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 			lim, err = sluice.New(cfg.Limits, sluice.WithMargin(cfg.Margin))
 			closeLim = func() { lim.Close() }
 		default:
-			err = fmt.Errorf("demo: mode %q is not built yet (see the README's modes table)", cfg.Mode)
+			err = fmt.Errorf("demo: unknown mode %q (want local, redis, lease or adaptive)", cfg.Mode)
 		}
 		if err != nil {
 			return Summary{}, err

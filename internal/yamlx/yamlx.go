@@ -70,10 +70,16 @@ func Decode(file string, b []byte, v any) error {
 	return nil
 }
 
-var yamlLineRe = regexp.MustCompile(`line (\d+): (.*)`)
+var (
+	yamlLineRe     = regexp.MustCompile(`line (\d+): (.*)`)
+	unknownFieldRe = regexp.MustCompile(`^field (\S+) not found in type \S+$`)
+)
 
 // Wrap turns an error from decoding or checking into an *Error naming file (and the line,
-// where the error knows it).
+// where the error knows it). The yaml package's errors are reworded as this package's own
+// (`unknown field "x"`, not `field x not found in type server.Config`), and when it reports
+// several problems at once (unknown fields, bad types), each becomes an *Error, joined
+// (errors.Join: one per line).
 func Wrap(file string, err error) error {
 	if err == nil {
 		return nil
@@ -82,13 +88,29 @@ func Wrap(file string, err error) error {
 	if errors.As(err, &le) {
 		return &Error{File: file, Line: le.Line, Msg: le.Msg}
 	}
-	msg := strings.TrimPrefix(err.Error(), "yaml: ")
-	msg = strings.TrimPrefix(msg, "unmarshal errors:\n  ")
-	if m := yamlLineRe.FindStringSubmatch(msg); m != nil {
-		line, _ := strconv.Atoi(m[1])
-		return &Error{File: file, Line: line, Msg: m[2]}
+	var te *yaml.TypeError
+	if errors.As(err, &te) && len(te.Errors) > 1 {
+		errs := make([]error, len(te.Errors))
+		for i, e := range te.Errors {
+			errs[i] = wrapOne(file, e)
+		}
+		return errors.Join(errs...)
 	}
-	return &Error{File: file, Msg: msg}
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	return wrapOne(file, strings.TrimPrefix(msg, "unmarshal errors:\n  "))
+}
+
+// wrapOne reads one of the yaml package's messages ("line 4: field x not found in type T").
+func wrapOne(file, msg string) error {
+	line := 0
+	if m := yamlLineRe.FindStringSubmatch(msg); m != nil {
+		line, _ = strconv.Atoi(m[1])
+		msg = m[2]
+	}
+	if m := unknownFieldRe.FindStringSubmatch(msg); m != nil {
+		msg = fmt.Sprintf("unknown field %q", m[1])
+	}
+	return &Error{File: file, Line: line, Msg: msg}
 }
 
 // DecodeMapping decodes a mapping node into v (a pointer to a struct without its own
