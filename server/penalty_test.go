@@ -133,7 +133,7 @@ func TestPenaltyCapConfig(t *testing.T) {
 }
 
 // TestTagFloodPastTheKeyCap: one connection asking for ever new tags in batches of 1,000
-// keeps being answered, each batch within a second, at and past the key cap (a cap
+// keeps being answered, each batch within seconds, at and past the key cap (a cap
 // reached used to make every insert sweep the whole map: batches went unanswered for
 // over 30 s at the default cap).
 func TestTagFloodPastTheKeyCap(t *testing.T) {
@@ -166,8 +166,10 @@ func TestTagFloodPastTheKeyCap(t *testing.T) {
 		}
 	}
 	t.Logf("%d new tags, cap %d, slowest batch %v, keys held %d", total, maxKeys, worst, s.local.Len())
-	if worst > time.Second {
-		t.Errorf("a batch took %v, want at most 1 s", worst)
+	// A liveness bound, loose against a loaded machine (the acceptance check holds the
+	// daemon to 1 s alone; local's TestFloodAtTheCapNeverSweeps counts the cost exactly).
+	if worst > 3*time.Second {
+		t.Errorf("a batch took %v, want at most 3 s", worst)
 	}
 	if s.local.Len() > maxKeys {
 		t.Errorf("%d keys held, cap %d", s.local.Len(), maxKeys)
