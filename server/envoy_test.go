@@ -178,3 +178,21 @@ func TestEnvoyTagEscapes(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func FuzzParseEnvoyConfig(f *testing.F) {
+	entries, _ := os.ReadDir(filepath.Join("testdata", "envoy"))
+	for _, e := range entries {
+		b, _ := os.ReadFile(filepath.Join("testdata", "envoy", e.Name()))
+		f.Add(b)
+	}
+	f.Add([]byte("domain: d\ndescriptors:\n  - key: a\n    value: 'x*'\n    descriptors: [{key: b}]\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		cfg, err := ParseEnvoyConfig("f.yaml", b)
+		if err != nil {
+			return
+		}
+		if _, err := cfg.ruleSet(); err != nil {
+			t.Fatalf("a config that parsed does not compile: %v", err)
+		}
+	})
+}
