@@ -88,14 +88,29 @@ func (e otelEnv) resource(ctx context.Context) (*resource.Resource, error) {
 		resource.WithTelemetrySDK())
 }
 
+// signal reads whether a signal (TRACES, METRICS) is exported, and if so over which
+// protocol ("" if not) and with which resource; the exporters' errors go to log from then on.
+func (e otelEnv) signal(ctx context.Context, signal string, log *slog.Logger) (string, *resource.Resource, error) {
+	on, err := e.enabled(signal)
+	if err != nil || !on {
+		return "", nil, err
+	}
+	proto, err := e.protocol(signal)
+	if err != nil {
+		return "", nil, err
+	}
+	res, err := e.resource(ctx)
+	if err != nil {
+		log.Warn("opentelemetry: resource", "err", err) // a partial resource is still usable
+	}
+	setOTelErrorLog(log)
+	return proto, res, nil
+}
+
 // startTracing returns the tracer provider OTEL_TRACES_EXPORTER asks for (nil: none).
 func (t *telemetry) startTracing(ctx context.Context, env otelEnv, log *slog.Logger) error {
-	on, err := env.enabled("TRACES")
-	if err != nil || !on {
-		return err
-	}
-	proto, err := env.protocol("TRACES")
-	if err != nil {
+	proto, res, err := env.signal(ctx, "TRACES", log)
+	if err != nil || proto == "" {
 		return err
 	}
 	var exp sdktrace.SpanExporter
@@ -107,11 +122,6 @@ func (t *telemetry) startTracing(ctx context.Context, env otelEnv, log *slog.Log
 	if err != nil {
 		return fmt.Errorf("opentelemetry: traces: %w", err)
 	}
-	res, err := env.resource(ctx)
-	if err != nil {
-		log.Warn("opentelemetry: resource", "err", err) // partial resources are still usable
-	}
-	setOTelErrorLog(log)
 	t.tp = sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 	log.Info("opentelemetry: tracing decisions", "protocol", proto)
 	return nil
@@ -119,12 +129,8 @@ func (t *telemetry) startTracing(ctx context.Context, env otelEnv, log *slog.Log
 
 // startMetrics exports the metrics of reg as OTEL_METRICS_EXPORTER asks (or nothing).
 func (t *telemetry) startMetrics(ctx context.Context, env otelEnv, reg prometheus.Gatherer, log *slog.Logger) error {
-	on, err := env.enabled("METRICS")
-	if err != nil || !on {
-		return err
-	}
-	proto, err := env.protocol("METRICS")
-	if err != nil {
+	proto, res, err := env.signal(ctx, "METRICS", log)
+	if err != nil || proto == "" {
 		return err
 	}
 	var exp sdkmetric.Exporter
@@ -136,11 +142,6 @@ func (t *telemetry) startMetrics(ctx context.Context, env otelEnv, reg prometheu
 	if err != nil {
 		return fmt.Errorf("opentelemetry: metrics: %w", err)
 	}
-	res, err := env.resource(ctx)
-	if err != nil {
-		log.Warn("opentelemetry: resource", "err", err)
-	}
-	setOTelErrorLog(log)
 	reader := sdkmetric.NewPeriodicReader(exp, sdkmetric.WithProducer(promBridge.NewMetricProducer(promBridge.WithGatherer(reg))))
 	t.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader), sdkmetric.WithResource(res))
 	log.Info("opentelemetry: exporting the metrics of /metrics", "protocol", proto)
