@@ -24,7 +24,9 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/local"
 	"github.com/sluicehq/sluice/referee"
 	"github.com/sluicehq/sluice/strict"
@@ -254,7 +256,8 @@ func (r *recorder) Decide(ctx context.Context, key string, req backend.Request) 
 	return g, err
 }
 
-// TestGRPCKeepsTheLimit: 16 concurrent streams ask ShouldRateLimit as fast as they can;
+// TestGRPCKeepsTheLimit: on the local, lease (one daemon, its store in memory) and redis
+// back ends, 16 concurrent streams ask ShouldRateLimit as fast as they can;
 // the slot of every grant, recorded in the back end, is judged by the referee (strict
 // GCRA at the same limit): none may be over it. Liveness is judged loosely.
 func TestGRPCKeepsTheLimit(t *testing.T) {
@@ -263,9 +266,7 @@ func TestGRPCKeepsTheLimit(t *testing.T) {
 		rec := &recorder{Backend: be}
 		cfg := envoyTestConfig(t, yaml)
 		cfg.Backend = backendName
-		if backendName == "redis" {
-			cfg.RedisURL = "redis://unused" // the back end is passed built
-		}
+		cfg.RedisURL = "redis://unused" // redis and lease: the back end is passed built
 		s := start(t, cfg, WithBackend(rec))
 		c, _ := rlsClient(t, s)
 		req := &rls.RateLimitRequest{Domain: "rl", Descriptors: []*rlcommon.RateLimitDescriptor{desc("api", "")}}
@@ -317,6 +318,14 @@ func TestGRPCKeepsTheLimit(t *testing.T) {
 		lb := local.New()
 		defer lb.Close()
 		run(t, lb, "local")
+	})
+	t.Run("lease", func(t *testing.T) {
+		lb, err := lease.New(lease.NewMemStore(clock.Default))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lb.Close()
+		run(t, lb, "lease")
 	})
 	t.Run("redis", func(t *testing.T) {
 		srv := redistest.New(t)

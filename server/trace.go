@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -12,6 +13,8 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/stats"
+
+	"github.com/sluicehq/sluice"
 )
 
 // WithTracerProvider traces decisions with tp: a span "sluice.decide" for every decision
@@ -73,11 +76,23 @@ func (s *Server) decideTraced(ctx context.Context, tag string, n int64, maxWait 
 		attrs = append(attrs, attribute.Int64("sluice.retry_after_ms", d.RetryAfter.Milliseconds()))
 	}
 	span.SetAttributes(attrs...)
-	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
+	if err != nil { // named by kind: the error's text carries the tag
+		span.SetStatus(codes.Error, errorKind(err))
 	}
 	return d, err
+}
+
+// errorKind names a decision's error without its text.
+func errorKind(err error) string {
+	switch {
+	case errors.Is(err, sluice.ErrCostExceedsBurst):
+		return "cost exceeds the burst"
+	case errors.Is(err, sluice.ErrUnavailable):
+		return "back end unavailable"
+	case errors.Is(err, sluice.ErrClosed):
+		return "closed"
+	}
+	return "error"
 }
 
 // Gatherer is the server's metrics registry, the one /metrics serves: an OpenTelemetry
