@@ -15,8 +15,12 @@ import (
 	"testing"
 	"time"
 
-	guber "github.com/mailgun/gubernator/v2"
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rls "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	guber "github.com/gubernator-io/gubernator/v2"
 	"github.com/sirupsen/logrus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/server"
@@ -39,9 +43,10 @@ func freeAddr(b *testing.B) string {
 // startSluice starts a daemon on the local back end, or on be (named gossip) if not nil.
 func startSluice(b *testing.B, be ...backend.Backend) *server.Server {
 	cfg := server.DefaultConfig()
-	cfg.ListenLine, cfg.ListenHTTP = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.ListenLine, cfg.ListenHTTP, cfg.ListenGRPC = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 	r, _ := server.ParseRuleFlag("t-*=1000000000/s burst=1000", false)
-	cfg.Rules = []server.Rule{r}
+	e, _ := server.ParseRuleFlag("bench/*=1000000000/s burst=1000", false) // Envoy's descriptors: bench/k=...
+	cfg.Rules = []server.Rule{r, e}
 	opts := []server.Option{server.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}
 	if len(be) > 0 {
 		cfg.Backend = "gossip"
@@ -169,6 +174,30 @@ func httpCaller(b *testing.B, addr string, worker int) func() error {
 	}
 }
 
+// rlsConn is one gRPC connection to the daemon's rate limit service, shared by every
+// caller of a benchmark as Envoy shares its connections: each caller is a stream on it.
+func rlsConn(b *testing.B, addr string) rls.RateLimitServiceClient {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { conn.Close() })
+	return rls.NewRateLimitServiceClient(conn)
+}
+
+// rlsCaller asks ShouldRateLimit for one descriptor of its own.
+func rlsCaller(c rls.RateLimitServiceClient, worker int) func() error {
+	req := &rls.RateLimitRequest{Domain: "bench", HitsAddend: 1, Descriptors: []*rlcommon.RateLimitDescriptor{{
+		Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "k", Value: fmt.Sprint(worker)}}}}}
+	return func() error {
+		resp, err := c.ShouldRateLimit(context.Background(), req)
+		if err == nil && (resp.OverallCode != rls.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit == nil) {
+			err = fmt.Errorf("answer %v", resp)
+		}
+		return err
+	}
+}
+
 func guberCaller(b *testing.B, addr string, worker, batch int) func() error {
 	c, err := guber.DialV1Server(addr, nil)
 	if err != nil {
@@ -191,12 +220,19 @@ func guberCaller(b *testing.B, addr string, worker, batch int) func() error {
 }
 
 // BenchmarkDaemon: one decision per call, at 1, 16 and 64 concurrent callers (each its
-// own connection), over the line protocol, the HTTP API, and gubernator's GetRateLimits.
+// own connection), over the line protocol, the HTTP API, Envoy's ShouldRateLimit over gRPC
+// (the callers are concurrent streams on one connection, as Envoy multiplexes them), and
+// gubernator's GetRateLimits.
 func BenchmarkDaemon(b *testing.B) {
 	for _, conc := range []int{1, 16, 64} {
 		b.Run(fmt.Sprintf("conc=%d/impl=sluice-line", conc), func(b *testing.B) {
 			s := startSluice(b)
 			parallel(b, conc, 1, func(w int) func() error { return lineCaller(b, s.LineAddr().String(), w, 1) })
+		})
+		b.Run(fmt.Sprintf("conc=%d/impl=sluice-grpc", conc), func(b *testing.B) {
+			s := startSluice(b)
+			c := rlsConn(b, s.GRPCAddr().String())
+			parallel(b, conc, 1, func(w int) func() error { return rlsCaller(c, w) })
 		})
 		b.Run(fmt.Sprintf("conc=%d/impl=sluice-http", conc), func(b *testing.B) {
 			s := startSluice(b)

@@ -20,6 +20,8 @@ type Config struct {
 	ListenLine     string         `yaml:"listen_line"`     // TCP address or Unix socket path of the line protocol; "" disables it
 	ListenHTTP     string         `yaml:"listen_http"`     // TCP address of the HTTP API and /metrics; "" disables it
 	ListenAdmin    string         `yaml:"listen_admin"`    // TCP address of /healthz, /readyz and /metrics without the token; "" disables it
+	ListenGRPC     string         `yaml:"listen_grpc"`     // TCP address of Envoy's rate limit service (gRPC); "" disables it
+	GRPC           GRPCConfig     `yaml:"grpc"`            // the gRPC listener's bounds and options
 	Backend        string         `yaml:"backend"`         // local, redis, lease or gossip
 	RedisURL       string         `yaml:"redis_url"`       // redis://host:port/db, for backend redis (and lease, when store is empty)
 	Store          string         `yaml:"store"`           // backend lease: the store's URL (redis://, redis-cluster://, redis-sentinel://, memory://)
@@ -56,6 +58,14 @@ type GossipConfig struct {
 	Policy    string         `yaml:"policy"`    // shares (by demand), equal (1/N) or whole (the DThrottle design as written)
 }
 
+// GRPCConfig are the gRPC listener's settings (docs/envoy.md).
+type GRPCConfig struct {
+	MaxMessage      int    `yaml:"max_message"`      // bytes in one request message
+	MaxStreams      uint32 `yaml:"max_streams"`      // concurrent calls on one connection
+	Reflection      bool   `yaml:"reflection"`       // serve gRPC server reflection (grpcurl lists the services)
+	ResponseHeaders bool   `yaml:"response_headers"` // answer x-ratelimit-limit, -remaining and -reset for Envoy to add to the response
+}
+
 // DefaultRule is the rule for tags that no other rule matches. Each tag gets its own
 // bucket unless Shared.
 type DefaultRule struct {
@@ -71,6 +81,7 @@ func DefaultConfig() Config {
 		ListenLine:     "127.0.0.1:7070",                       // loopback: other hosts must be allowed explicitly
 		ListenHTTP:     "127.0.0.1:7071",                       // loopback, as above
 		ListenAdmin:    "",                                     // off: health and metrics are on listen_http (behind its token, if any)
+		ListenGRPC:     "",                                     // off: Envoy's rate limit service is asked for (e.g. 127.0.0.1:8081)
 		Backend:        "local",                                // in process: the embedded default
 		FailMode:       "closed",                               // deny when the back end cannot decide
 		FallbackShare:  0,                                      // set it with fail_mode local
@@ -82,6 +93,12 @@ func DefaultConfig() Config {
 		IdleTimeout:    yamlx.Duration(5 * time.Minute),        // idle clients give their connection back
 		WriteTimeout:   yamlx.Duration(5 * time.Second),        // a client that stops reading is dropped after this
 		ShutdownGrace:  yamlx.Duration(5 * time.Second),        // SIGTERM answers what it has read within this
+		GRPC: GRPCConfig{
+			MaxMessage:      64 << 10, // a request of a few dozen descriptors is a few KiB
+			MaxStreams:      1024,     // calls in flight on one connection (Envoy multiplexes)
+			Reflection:      false,    // off: the service is known to its callers
+			ResponseHeaders: false,    // off: Envoy adds no x-ratelimit-* headers
+		},
 		Gossip: GossipConfig{
 			Bind:     "127.0.0.1:7946",                       // loopback: other hosts must be allowed explicitly
 			Interval: yamlx.Duration(100 * time.Millisecond), // the excess between syncs scales with it
@@ -152,8 +169,14 @@ func (c *Config) validate() error {
 	if c.RedisTimeout <= 0 {
 		return bad(0, "redis_timeout: want a positive duration")
 	}
-	if c.ListenLine == "" && c.ListenHTTP == "" {
-		return bad(0, "listen_line and listen_http are both empty: nothing to serve")
+	if c.ListenLine == "" && c.ListenHTTP == "" && c.ListenGRPC == "" {
+		return bad(0, "listen_line, listen_http and listen_grpc are all empty: nothing to serve")
+	}
+	if c.GRPC.MaxMessage < 1<<10 || c.GRPC.MaxMessage > 16<<20 {
+		return bad(0, "grpc.max_message: want 1 KiB to 16 MiB")
+	}
+	if c.GRPC.MaxStreams < 1 {
+		return bad(0, "grpc.max_streams: want at least 1")
 	}
 	switch {
 	case c.MaxConnections < 1:
@@ -184,11 +207,18 @@ func (c *Config) validate() error {
 		if r.Match == "" {
 			return bad(r.line, "rules[%d].match: empty", i)
 		}
-		if len(r.Limit) == 0 {
-			return bad(r.line, "rules[%d].limit: missing", i)
-		}
-		if err := r.Limit.Validate(); err != nil {
-			return bad(r.line, "rules[%d].limit: %v", i, err)
+		switch {
+		case r.Unlimited && r.Deny:
+			return bad(r.line, "rules[%d]: unlimited and deny together", i)
+		case r.noLimit() && len(r.Limit) > 0:
+			return bad(r.line, "rules[%d]: a limit with unlimited or deny", i)
+		case r.noLimit():
+		case len(r.Limit) == 0:
+			return bad(r.line, "rules[%d].limit: missing (or unlimited: true, or deny: true)", i)
+		default:
+			if err := r.Limit.Validate(); err != nil {
+				return bad(r.line, "rules[%d].limit: %v", i, err)
+			}
 		}
 		if r.Shared && !isPattern(r.Match) {
 			return bad(r.line, "rules[%d]: shared only means something for a pattern (%q has no * or ?)", i, r.Match)
@@ -242,16 +272,22 @@ func ParseConfig(file string, b []byte) (Config, error) {
 // UnmarshalYAML reads a rule, keeping its line (and the limit's, for errors).
 func (r *Rule) UnmarshalYAML(n *yaml.Node) error {
 	var y struct {
-		Name       string       `yaml:"name"`
-		Match      string       `yaml:"match"`
-		Limit      yamlx.Limits `yaml:"limit"`
-		Shared     bool         `yaml:"shared"`
-		MaxPenalty PenaltyCap   `yaml:"max_penalty"`
+		Name            string       `yaml:"name"`
+		Match           string       `yaml:"match"`
+		Limit           yamlx.Limits `yaml:"limit"`
+		Shared          bool         `yaml:"shared"`
+		MaxPenalty      PenaltyCap   `yaml:"max_penalty"`
+		PathGlob        bool         `yaml:"path_glob"`
+		Unlimited       bool         `yaml:"unlimited"`
+		Deny            bool         `yaml:"deny"`
+		Shadow          bool         `yaml:"shadow"`
+		DetailedMetrics bool         `yaml:"detailed_metrics"`
 	}
 	if err := yamlx.DecodeMapping(n, &y, &r.line); err != nil {
 		return err
 	}
 	r.Name, r.Match, r.Limit, r.Shared, r.MaxPenalty = y.Name, y.Match, y.Limit.Limits, y.Shared, y.MaxPenalty
+	r.PathGlob, r.Unlimited, r.Deny, r.Shadow, r.DetailedMetrics = y.PathGlob, y.Unlimited, y.Deny, y.Shadow, y.DetailedMetrics
 	return nil
 }
 

@@ -55,7 +55,7 @@ func TestConfigErrorsNameFileAndLine(t *testing.T) {
 		{"", "c.yaml: empty file"},
 		{"backend: gossip\ngossip: {policy: loud}\n", "c.yaml: gossip.policy: want shares, equal or whole"},
 		{"backend: gossip\ngossip: {bind: ''}\n", "c.yaml: backend gossip needs gossip.bind"},
-		{"backend: gossip\ngossip: {colour: red}\n", "c.yaml:2: field colour not found"},
+		{"backend: gossip\ngossip: {colour: red}\n", `c.yaml:2: unknown field "colour"`},
 	}
 	for i, c := range cases {
 		_, err := ParseConfig("c.yaml", []byte(c.yaml))

@@ -8,7 +8,13 @@
 //     weights, reservations, details and penalties;
 //   - an HTTP/JSON API for decisions, rules, keys and lifting penalties, behind an
 //     optional bearer token (docs/daemon.md);
-//   - Prometheus metrics at /metrics, and /healthz and /readyz.
+//   - Prometheus metrics at /metrics, and /healthz and /readyz;
+//   - Envoy's rate limit service over gRPC (ShouldRateLimit, docs/envoy.md), each
+//     descriptor decided as one tag (EnvoyTag) by the same rules; ParseEnvoyConfig reads
+//     envoyproxy/ratelimit's config files into rules.
+//
+// Decisions can be traced with OpenTelemetry (WithTracerProvider), and the metrics
+// registry (Gatherer) exported over OTLP.
 //
 // Rules map tags to limits (an exact tag, or a glob giving each tag its own bucket or one
 // shared bucket; the first match wins). Decisions are made by a backend.Backend: the

@@ -62,18 +62,24 @@ func newHTTPServer(h http.Handler) *httpServer {
 // auth requires the bearer token, when one is configured, everywhere but /healthz.
 func (s *Server) auth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tok := *s.token.Load()
-		if tok != "" && r.URL.Path != "/healthz" {
-			got := r.Header.Get("Authorization")
-			if len(got) < 7 || !strings.EqualFold(got[:7], "bearer ") ||
-				subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got[7:])), []byte(tok)) != 1 {
-				w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
-				http.Error(w, "sluice: a bearer token is required", http.StatusUnauthorized)
-				return
-			}
+		if r.URL.Path != "/healthz" && !s.tokenOK(r.Header.Get("Authorization")) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
+			http.Error(w, "sluice: a bearer token is required", http.StatusUnauthorized)
+			return
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// tokenOK reports whether an Authorization value ("Bearer TOKEN") carries the token, or
+// no token is required: the HTTP API and gRPC check it alike.
+func (s *Server) tokenOK(auth string) bool {
+	tok := *s.token.Load()
+	if tok == "" {
+		return true
+	}
+	return len(auth) >= 7 && strings.EqualFold(auth[:7], "bearer ") &&
+		subtle.ConstantTimeCompare([]byte(strings.TrimSpace(auth[7:])), []byte(tok)) == 1
 }
 
 // DecideRequest is the body of POST /v1/decide.
@@ -115,7 +121,7 @@ func (s *Server) handleDecide(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "sluice: want a non-empty UTF-8 key without control characters, and n >= 0"})
 		return
 	}
-	d, err := s.Decide(r.Context(), req.Key, n, 0)
+	d, err := s.Decide(s.httpContext(r), req.Key, n, 0)
 	resp := DecideResponse{Key: req.Key, Rule: d.Rule, Allowed: d.Allowed && err == nil, Remaining: d.Remaining,
 		RetryAfterMs: float64(d.RetryAfter) / 1e6, ResetAfterMs: float64(d.ResetAfter) / 1e6}
 	status := http.StatusOK
@@ -148,7 +154,16 @@ func (s *Server) handleRules(w http.ResponseWriter, r *http.Request) {
 		Default *RuleInfo  `json:"default,omitempty"`
 	}{Rules: []RuleInfo{}}
 	for i, c := range rs.rules {
+		if c.guard {
+			continue
+		}
 		ri := RuleInfo{Name: c.Name, Match: c.Match, Limit: c.Limit.String(), Shared: c.Shared}
+		switch {
+		case c.Unlimited:
+			ri.Limit = "unlimited"
+		case c.Deny:
+			ri.Limit = "deny"
+		}
 		if i == rs.deflt {
 			out.Default = &ri
 			continue

@@ -18,6 +18,7 @@ import (
 type metrics struct {
 	reg          *prometheus.Registry
 	decisions    *prometheus.CounterVec // rule, result
+	tagDecisions *prometheus.CounterVec // rule, tag, result: rules with DetailedMetrics
 	latency      prometheus.Histogram
 	backendErrs  prometheus.Counter
 	failActs     *prometheus.CounterVec // fail mode
@@ -32,6 +33,7 @@ type metrics struct {
 	backendUp    prometheus.Gauge       // 1 while the back end answers its health check
 	penalties    *prometheus.CounterVec // rule, result
 	lifts        *prometheus.CounterVec // rule, result
+	grpcCalls    [nGRPCOutcomes]prometheus.Counter
 }
 
 // newMetrics makes the collectors; keys, if not nil, reads the number of buckets held.
@@ -39,8 +41,11 @@ func newMetrics(keys, evictedIdle, evictedLive func() float64) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_decisions_total", Help: "Decisions by rule and result (allowed, denied, error).",
+			Name: "sluice_decisions_total", Help: "Decisions by rule and result (allowed, denied, error, shadowed).",
 		}, []string{"rule", "result"}),
+		tagDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_tag_decisions_total", Help: "Decisions by rule, tag and result, for the rules with detailed_metrics (at most 1000 tags a rule; later ones as tag _other).",
+		}, []string{"rule", "tag", "result"}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "sluice_decision_duration_seconds", Help: "Time to decide one query, back end included.",
 			Buckets: prometheus.ExponentialBuckets(1e-6, 4, 11), // 1µs to about 1s
@@ -85,9 +90,13 @@ func newMetrics(keys, evictedIdle, evictedLive func() float64) *metrics {
 			Name: "sluice_penalty_lifts_total", Help: "Penalties lifted through the HTTP API, by rule and result.",
 		}, []string{"rule", "result"}),
 	}
+	grpcCalls := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_grpc_requests_total", Help: "ShouldRateLimit calls by result: ok, over_limit, invalid_argument, unauthenticated.",
+	}, []string{"result"})
+	m.grpcCalls = newGRPCCounters(grpcCalls)
 	bi := buildinfo.Read()
-	m.reg.MustRegister(m.decisions, m.latency, m.backendErrs, m.failActs, m.badInput, m.conns, m.connsRefused,
-		m.connsDropped, m.reloads, m.reloadOK, m.reloadTime, m.unmatched, m.backendUp, m.penalties, m.lifts,
+	m.reg.MustRegister(m.decisions, m.tagDecisions, m.latency, m.backendErrs, m.failActs, m.badInput, m.conns, m.connsRefused,
+		m.connsDropped, m.reloads, m.reloadOK, grpcCalls, m.reloadTime, m.unmatched, m.backendUp, m.penalties, m.lifts,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_key_evictions_total", Help: "Idle buckets forgotten."}, evictedIdle),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_key_evictions_live_total", Help: "Live buckets evicted to make room (max_keys)."}, evictedLive),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -107,16 +116,64 @@ func newMetrics(keys, evictedIdle, evictedLive func() float64) *metrics {
 	return m
 }
 
+// A decision's result, as the metrics label it.
+type result int
+
+const (
+	resultAllowed  result = iota
+	resultDenied          // by the limit
+	resultError           // the back end failed: answered by the fail mode
+	resultShadowed        // denied by a shadow rule's limit, answered as allowed
+	nResults
+)
+
+var resultNames = [nResults]string{"allowed", "denied", "error", "shadowed"}
+
 // ruleCounters are a rule's decision counters, curried once so a decision does no label
 // lookup.
-type ruleCounters struct{ allowed, denied, failed prometheus.Counter }
+type ruleCounters [nResults]prometheus.Counter
 
 func (m *metrics) forRule(name string) ruleCounters {
-	return ruleCounters{
-		allowed: m.decisions.WithLabelValues(name, "allowed"),
-		denied:  m.decisions.WithLabelValues(name, "denied"),
-		failed:  m.decisions.WithLabelValues(name, "error"),
+	var rc ruleCounters
+	for r, label := range resultNames {
+		rc[r] = m.decisions.WithLabelValues(name, label)
 	}
+	return rc
+}
+
+func (rc *ruleCounters) count(r result) { rc[r].Inc() }
+
+// tagCounters count a rule's decisions by tag (DetailedMetrics), for at most
+// MaxDetailedTags tags; later ones under the tag "_other".
+type tagCounters struct {
+	vec  *prometheus.CounterVec
+	rule string
+	mu   sync.Mutex
+	tags map[string]*ruleCounters
+}
+
+func (m *metrics) forTags(rule string) *tagCounters {
+	return &tagCounters{vec: m.tagDecisions, rule: rule, tags: map[string]*ruleCounters{}}
+}
+
+func (tc *tagCounters) count(tag string, r result) {
+	tc.mu.Lock()
+	c, ok := tc.tags[tag]
+	if !ok {
+		if len(tc.tags) >= MaxDetailedTags {
+			tag = "_other"
+			c, ok = tc.tags[tag]
+		}
+		if !ok {
+			c = new(ruleCounters)
+			for r, label := range resultNames {
+				c[r] = tc.vec.WithLabelValues(tc.rule, tag, label)
+			}
+			tc.tags[tag] = c
+		}
+	}
+	tc.mu.Unlock()
+	c.count(r)
 }
 
 // observer feeds back-end errors from the limiters to the metrics.

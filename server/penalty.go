@@ -158,6 +158,9 @@ func (s *Server) Lift(ctx context.Context, tag string) (bool, error) {
 	if c == nil {
 		return false, nil
 	}
+	if c.limiter == nil { // unlimited or deny: no bucket to forget
+		return true, nil
+	}
 	err := c.limiter.Reset(ctx, c.key(tag))
 	result := "ok"
 	if err != nil {

@@ -7,6 +7,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	rls "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/yamlx"
 )
@@ -23,8 +25,33 @@ type Rule struct {
 	// MaxPenalty caps the holds clients put on the rule's tags (p=); unset: the server's
 	// max_penalty.
 	MaxPenalty PenaltyCap `yaml:"max_penalty"`
-	line       int
+	// PathGlob makes Match a path pattern: '/' separates segments, and '*' and '?' match
+	// within one segment only, as in path.Match ("api/*" matches "api/a", not "api/a/b").
+	PathGlob bool `yaml:"path_glob"`
+	// Unlimited allows every tag the rule matches, with no bucket (and no Limit); Deny
+	// refuses every one. Their decisions are counted like any other rule's.
+	Unlimited bool `yaml:"unlimited"`
+	Deny      bool `yaml:"deny"`
+	// Shadow decides and counts as usual but answers every denial as allowed (counted as
+	// result "shadowed"): a dry run of a limit. A back-end failure still follows the fail mode.
+	Shadow bool `yaml:"shadow"`
+	// DetailedMetrics also counts the rule's decisions by tag
+	// (sluice_tag_decisions_total{rule,tag,result}), for the first MaxDetailedTags tags of
+	// the rule; later tags are counted under the tag "_other". The tags appear in /metrics.
+	DetailedMetrics bool `yaml:"detailed_metrics"`
+
+	// guard marks a rule that stops the search: a tag it matches is decided as if no rule
+	// matched (by the default rule, if any). Configs in Envoy's format need them, where a
+	// more specific descriptor hides a less specific one even when it has no limit.
+	guard bool
+	line  int
 }
+
+// MaxDetailedTags is how many tags of a rule with DetailedMetrics are counted by name.
+const MaxDetailedTags = 1000
+
+// noLimit reports whether the rule decides without a bucket.
+func (r *Rule) noLimit() bool { return r.Unlimited || r.Deny || r.guard }
 
 // isPattern reports whether m has an unescaped wildcard.
 func isPattern(m string) bool {
@@ -75,6 +102,21 @@ func literalSuffix(m string) string {
 
 // unescape removes the escapes of an exact match.
 func unescape(m string) string { return literalPrefix(m) }
+
+// pathGlobMatch matches s against a path pattern: both are split at '/', and each segment
+// of s must match the pattern's segment at the same place (so '*' and '?' never match '/').
+func pathGlobMatch(p, s string) bool {
+	for {
+		pi, si := strings.IndexByte(p, '/'), strings.IndexByte(s, '/')
+		if pi < 0 || si < 0 {
+			return pi < 0 && si < 0 && globMatch(p, s)
+		}
+		if !globMatch(p[:pi], s[:si]) {
+			return false
+		}
+		p, s = p[pi+1:], s[si+1:]
+	}
+}
 
 // globMatch matches s against pattern p ('*', '?', '\' escapes), iteratively with one
 // backtrack point: linear for the patterns rules use. '?' matches one character (a UTF-8
@@ -142,13 +184,17 @@ type compiled struct {
 	Rule
 	index    int
 	pattern  bool
-	prefix   bool // a literal prefix followed by a single trailing '*': no glob test needed
-	limiter  *sluice.Limiter
-	counters ruleCounters
-	keyBase  string // bucket key, or its prefix for per-tag rules
-	prefixOf string
-	penMax   time.Duration // the longest client penalty, if penOK
-	penOK    bool          // clients may set penalties on the rule's tags
+	prefix   bool         // a literal prefix followed by a single trailing '*': no glob test needed
+	detailed *tagCounters // by tag, with DetailedMetrics
+	// the limit in Envoy's terms (requests per unit), for the gRPC answers
+	envoyRPU  uint32
+	envoyUnit rls.RateLimitResponse_RateLimit_Unit
+	limiter   *sluice.Limiter
+	counters  ruleCounters
+	keyBase   string // bucket key, or its prefix for per-tag rules
+	prefixOf  string
+	penMax    time.Duration // the longest client penalty, if penOK
+	penOK     bool          // clients may set penalties on the rule's tags
 }
 
 func newRuleSet(rules []Rule, deflt *Rule) (*ruleSet, error) {
@@ -193,7 +239,7 @@ func newRuleSet(rules []Rule, deflt *Rule) (*ruleSet, error) {
 		}
 		pre := literalPrefix(r.Match)
 		c.prefixOf = pre
-		c.prefix = r.Match == escapeGlob(pre)+"*"
+		c.prefix = r.Match == escapeGlob(pre)+"*" && !r.PathGlob
 		if pre == "" {
 			if suf := literalSuffix(r.Match); suf != "" {
 				if !slices.Contains(rs.suffixLens, len(suf)) {
@@ -241,7 +287,7 @@ func (rs *ruleSet) lookup(tag string) *compiled {
 			return
 		}
 		c := rs.rules[i]
-		if c.prefix || globMatch(c.Match, tag) {
+		if c.prefix || c.matches(tag) {
 			best = i
 		}
 	}
@@ -273,13 +319,21 @@ func (rs *ruleSet) lookup(tag string) *compiled {
 			test(i)
 		}
 	}
-	if best < len(rs.rules) {
+	if best < len(rs.rules) && !rs.rules[best].guard {
 		return rs.rules[best]
 	}
 	if rs.deflt >= 0 {
 		return rs.rules[rs.deflt]
 	}
 	return nil
+}
+
+// matches reports whether the pattern rule c matches tag.
+func (c *compiled) matches(tag string) bool {
+	if c.PathGlob {
+		return pathGlobMatch(c.Match, tag)
+	}
+	return globMatch(c.Match, tag)
 }
 
 // key is the bucket a tag draws from under rule c: the rule's own for a shared rule or

@@ -1,11 +1,16 @@
 package server
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"path"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sluicehq/sluice"
 )
@@ -130,4 +135,95 @@ func BenchmarkLookup10kRules(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(tags)), "ns/lookup")
+}
+
+// TestPathGlob: a path_glob rule's '*' and '?' stay within one '/'-separated part, so a
+// rule matches only tags with as many parts as it has.
+func TestPathGlob(t *testing.T) {
+	for _, c := range []struct {
+		p, s string
+		want bool
+	}{
+		{"a/*", "a/b", true},
+		{"a/*", "a/b/c", false},
+		{"a/*/c", "a/b/c", true},
+		{"a/*/c", "a/b/x/c", false},
+		{"a/b=*", "a/b=", true},
+		{"a/b=x*", "a/b=xyz", true},
+		{"a/?", "a/é", true},
+		{"a/?", "a/", false},
+		{"*", "a/b", false},
+		{"a/*/*", "a/b", false},
+		{"a", "a", true},
+	} {
+		if got := pathGlobMatch(c.p, c.s); got != c.want {
+			t.Errorf("pathGlobMatch(%q, %q) = %v, want %v", c.p, c.s, got, c.want)
+		}
+		if want, _ := path.Match(c.p, c.s); want != c.want {
+			t.Errorf("path.Match(%q, %q) = %v: the test's want disagrees", c.p, c.s, want)
+		}
+	}
+	rs, err := newRuleSet([]Rule{{Match: "d/a=*/b=*", Limit: sluice.MustParse("1/s"), PathGlob: true}, rule("d/*")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for tag, want := range map[string]string{"d/a=1/b=2": "d/a=*/b=*", "d/a=1/x=5/b=2": "d/*", "d/a=1": "d/*"} {
+		if got := rs.lookup(tag); got == nil || got.Match != want {
+			t.Errorf("%q: rule %v, want %q", tag, got, want)
+		}
+	}
+}
+
+// TestRuleKinds: unlimited, deny and shadow rules over the line protocol, counted.
+func TestRuleKinds(t *testing.T) {
+	cfg := testConfig()
+	cfg.Rules = []Rule{
+		{Match: "free-*", Unlimited: true},
+		{Match: "blocked", Deny: true},
+		{Match: "trial-*", Limit: sluice.MustParse("1/h"), Shadow: true, DetailedMetrics: true},
+	}
+	s := start(t, cfg)
+	c := dial(t, s)
+	if got := exchange(t, c, "free-1\nfree-1\nblocked\ntrial-a\ntrial-a\ntrial-b\n", 18); got != "OK\nOK\nNO\nOK\nOK\nOK\n" {
+		t.Errorf("answers %q", got)
+	}
+	for _, m := range []struct {
+		rule, result string
+		want         float64
+	}{{"free-*", "allowed", 2}, {"blocked", "denied", 1}, {"trial-*", "allowed", 2}, {"trial-*", "shadowed", 1}} {
+		if got := testutil.ToFloat64(s.m.decisions.WithLabelValues(m.rule, m.result)); got != m.want {
+			t.Errorf("%s %s: %v, want %v", m.rule, m.result, got, m.want)
+		}
+	}
+	if got := testutil.ToFloat64(s.m.tagDecisions.WithLabelValues("trial-*", "trial-a", "shadowed")); got != 1 {
+		t.Errorf("trial-a shadowed by tag: %v, want 1", got)
+	}
+	if _, err := s.Lift(context.Background(), "free-1"); err != nil {
+		t.Errorf("lift on an unlimited rule: %v", err)
+	}
+	if _, err := s.Penalize(context.Background(), "blocked", time.Second); !errors.Is(err, ErrPenaltyRefused) {
+		t.Errorf("penalty on a deny rule: %v, want refused", err)
+	}
+	for i, bad := range []Rule{{Match: "x", Unlimited: true, Deny: true}, {Match: "x", Deny: true, Limit: sluice.MustParse("1/s")}} {
+		cfg := testConfig()
+		cfg.Rules = []Rule{bad}
+		if err := cfg.Validate(); err == nil {
+			t.Errorf("case %d: %+v accepted", i, bad)
+		}
+	}
+}
+
+// TestDetailedMetricsBounded: a rule counts at most MaxDetailedTags tags by name.
+func TestDetailedMetricsBounded(t *testing.T) {
+	m := newMetrics(nil, func() float64 { return 0 }, func() float64 { return 0 })
+	tc := m.forTags("r")
+	for i := range MaxDetailedTags + 50 {
+		tc.count(fmt.Sprint("t", i), resultAllowed)
+	}
+	if n := len(tc.tags); n != MaxDetailedTags+1 {
+		t.Errorf("%d tags counted by name, want %d and _other", n, MaxDetailedTags)
+	}
+	if got := testutil.ToFloat64(m.tagDecisions.WithLabelValues("r", "_other", "allowed")); got != 50 {
+		t.Errorf("_other %v, want 50", got)
+	}
 }

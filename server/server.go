@@ -28,16 +28,18 @@ import (
 // end. Make one with New, start it with Start, stop it with Shutdown (or Serve, which does
 // both around a context). Its methods are safe for concurrent use.
 type Server struct {
-	log   *slog.Logger
-	clock clock.Clock
-	be    backend.Backend
-	ownBE bool
-	local *local.Backend // when the back end is the local one: for key counts
+	log    *slog.Logger
+	clock  clock.Clock
+	tracer *tracing // nil: decisions are not traced
+	be     backend.Backend
+	ownBE  bool
+	local  *local.Backend // when the back end is the local one: for key counts
 
 	mu    sync.Mutex // guards cfg and reloads
 	cfg   Config
 	rules atomic.Pointer[ruleSet]
 	token atomic.Pointer[string]
+	live  atomic.Pointer[liveConfig] // what requests read of the config, without s.mu
 
 	m      *metrics
 	penLog logSampler // penalties are logged, but not every one of a flood
@@ -53,6 +55,8 @@ type Server struct {
 	httpSrv  *httpServer
 	adminLn  net.Listener
 	adminSrv *httpServer
+	grpcLn   net.Listener
+	grpc     *grpcServer
 	conns    sync.Map // *conn -> struct{}
 	nconns   atomic.Int64
 	closing  atomic.Bool
@@ -186,6 +190,15 @@ func (s *Server) apply(cfg Config) error {
 	}
 	fm, _ := sluice.ParseFailMode(cfg.FailMode) // local: the back end answers failures itself
 	for _, c := range rs.rules {
+		c.counters = s.m.forRule(c.Name)
+		rpu, unit := envoyLimit(c.Limit)
+		c.envoyRPU, c.envoyUnit = rpu, envoyUnitEnum[unit]
+		if c.DetailedMetrics {
+			c.detailed = s.m.forTags(c.Name)
+		}
+		if c.noLimit() {
+			continue // no bucket, no penalties
+		}
 		lim, err := sluice.New(c.Limit, sluice.WithBackend(s.be), sluice.WithClock(s.clock), sluice.WithFailMode(fm),
 			sluice.WithMargin(cfg.Margin.D()), sluice.WithObserver(sluice.ObserverFunc(s.m.observe)),
 			sluice.WithLogger(s.log.With("rule", c.Name)), // a margin that eats a rule's rate is logged
@@ -194,7 +207,6 @@ func (s *Server) apply(cfg Config) error {
 			return fmt.Errorf("rule %q: %w", c.Name, err)
 		}
 		c.limiter = lim
-		c.counters = s.m.forRule(c.Name)
 		pc := c.MaxPenalty
 		if pc.IsZero() {
 			pc = cfg.MaxPenalty
@@ -209,8 +221,15 @@ func (s *Server) apply(cfg Config) error {
 	}
 	s.rules.Store(rs)
 	s.token.Store(&tok)
+	s.live.Store(&liveConfig{maxLine: cfg.MaxLine, grpcHeaders: cfg.GRPC.ResponseHeaders})
 	s.cfg = cfg
 	return nil
+}
+
+// liveConfig is what requests read of the config in force.
+type liveConfig struct {
+	maxLine     int  // the longest tag, newline included
+	grpcHeaders bool // gRPC answers carry x-ratelimit-* headers
 }
 
 // Reload replaces the rules, limits, margin and token with cfg's, keeping every connection
@@ -266,6 +285,11 @@ func keepStartOnly(cfg *Config, running Config) []string {
 	keep("listen_line", cfg.ListenLine != running.ListenLine)
 	keep("listen_http", cfg.ListenHTTP != running.ListenHTTP)
 	keep("listen_admin", cfg.ListenAdmin != running.ListenAdmin)
+	keep("listen_grpc", cfg.ListenGRPC != running.ListenGRPC)
+	keep("grpc.max_message, grpc.max_streams, grpc.reflection", cfg.GRPC.MaxMessage != running.GRPC.MaxMessage ||
+		cfg.GRPC.MaxStreams != running.GRPC.MaxStreams || cfg.GRPC.Reflection != running.GRPC.Reflection)
+	cfg.GRPC.MaxMessage, cfg.GRPC.MaxStreams, cfg.GRPC.Reflection = running.GRPC.MaxMessage, running.GRPC.MaxStreams, running.GRPC.Reflection
+	cfg.ListenGRPC = running.ListenGRPC
 	keep("backend", cfg.Backend != running.Backend)
 	keep("redis_url", cfg.RedisURL != running.RedisURL)
 	keep("store", cfg.Store != running.Store)
@@ -297,6 +321,7 @@ type Decision struct {
 	Rule   string        // the rule that decided; "" if none matched (allowed)
 	Limits sluice.Limits // that rule's limits
 	Slot   int64         // for a grant asked with a stamp: its slot in the back end's time base
+	rule   *compiled     // the rule that decided, if any
 }
 
 // Decide decides n permits for tag (n = 0 is a query of the state), now or, with maxWait
@@ -306,6 +331,15 @@ func (s *Server) Decide(ctx context.Context, tag string, n int64, maxWait time.D
 }
 
 func (s *Server) decide(ctx context.Context, tag string, n int64, maxWait time.Duration, stamp bool) (Decision, error) {
+	if s.tracer != nil {
+		return s.decideTraced(ctx, tag, n, maxWait.Milliseconds(), stamp, func(ctx context.Context) (Decision, error) {
+			return s.decideNow(ctx, tag, n, maxWait, stamp)
+		})
+	}
+	return s.decideNow(ctx, tag, n, maxWait, stamp)
+}
+
+func (s *Server) decideNow(ctx context.Context, tag string, n int64, maxWait time.Duration, stamp bool) (Decision, error) {
 	c := s.rules.Load().lookup(tag)
 	if c == nil {
 		if n > 0 {
@@ -316,26 +350,39 @@ func (s *Server) decide(ctx context.Context, tag string, n int64, maxWait time.D
 	var d sluice.Decision
 	var err error
 	slot := int64(-1)
-	if maxWait > 0 || stamp {
+	switch {
+	case c.Unlimited:
+		d = sluice.Decision{Allowed: true}
+	case c.Deny:
+		d = sluice.Decision{}
+	case maxWait > 0 || stamp:
 		var r *sluice.Reservation
 		r, err = c.limiter.ReserveWithin(ctx, c.key(tag), n, maxWait)
 		d = r.Decision
 		if stamp && err == nil && d.Allowed {
 			slot = r.Slot()
 		}
-	} else {
+	default:
 		d, err = c.limiter.AllowN(ctx, c.key(tag), n)
 	}
-	switch {
-	case n == 0: // a look at the state, not a decision
-	case err != nil:
-		c.counters.failed.Inc()
-	case d.Allowed:
-		c.counters.allowed.Inc()
-	default:
-		c.counters.denied.Inc()
+	if n == 0 { // a look at the state, not a decision
+		return Decision{Decision: d, Rule: c.Name, Limits: c.Limit, Slot: slot, rule: c}, err
 	}
-	return Decision{Decision: d, Rule: c.Name, Limits: c.Limit, Slot: slot}, err
+	result := resultAllowed
+	switch {
+	case err != nil:
+		result = resultError
+	case !d.Allowed && c.Shadow:
+		result = resultShadowed
+		d.Allowed, d.RetryAfter, d.Delay = true, 0, 0
+	case !d.Allowed:
+		result = resultDenied
+	}
+	c.counters.count(result)
+	if c.detailed != nil {
+		c.detailed.count(tag, result)
+	}
+	return Decision{Decision: d, Rule: c.Name, Limits: c.Limit, Slot: slot, rule: c}, err
 }
 
 // Start listens on the configured addresses and serves in the background.
@@ -346,7 +393,7 @@ func (s *Server) Start() error {
 		for _, ln := range lns {
 			ln.Close()
 		}
-		s.lineLn, s.httpLn, s.adminLn = nil, nil, nil
+		s.lineLn, s.httpLn, s.adminLn, s.grpcLn = nil, nil, nil, nil
 		return fmt.Errorf("sluice serve: %s: %w", what, err)
 	}
 	if cfg.ListenLine != "" {
@@ -368,7 +415,14 @@ func (s *Server) Start() error {
 		if err != nil {
 			return fail("listen_admin", err)
 		}
-		s.adminLn = ln
+		s.adminLn, lns = ln, append(lns, ln)
+	}
+	if cfg.ListenGRPC != "" {
+		ln, err := net.Listen("tcp", cfg.ListenGRPC)
+		if err != nil {
+			return fail("listen_grpc", err)
+		}
+		s.grpcLn = ln
 	}
 	if s.lineLn != nil {
 		s.wg.Add(1)
@@ -382,9 +436,19 @@ func (s *Server) Start() error {
 		s.adminSrv = s.newAdminServer()
 		s.serveHTTP(s.adminSrv, s.adminLn)
 	}
+	if s.grpcLn != nil {
+		s.grpc = s.newGRPCServer(cfg)
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			if err := s.grpc.srv.Serve(s.grpc.limit(s.grpcLn)); err != nil {
+				s.log.Error("grpc server", "addr", s.grpcLn.Addr().String(), "err", err)
+			}
+		}()
+	}
 	s.m.reloadTime.Set(float64(time.Now().UnixNano()) / 1e9)
 	s.log.Info("serving", "line", addrString(s.lineLn), "http", addrString(s.httpLn), "admin", addrString(s.adminLn),
-		"backend", cfg.Backend, "rules", len(cfg.Rules), "fail_mode", cfg.FailMode)
+		"grpc", addrString(s.grpcLn), "backend", cfg.Backend, "rules", len(cfg.Rules), "fail_mode", cfg.FailMode)
 	if *s.token.Load() != "" && s.adminLn == nil && s.httpLn != nil {
 		s.log.Info("the HTTP token guards /readyz and /metrics too: set listen_admin (--listen-admin) to serve them without it to probes and scrapers")
 	}
@@ -436,6 +500,7 @@ func (s *Server) checkHealth(p backend.Pinger) {
 	case err != nil && since == nil:
 		s.down.Store(&now)
 		s.m.backendUp.Set(0)
+		s.grpc.setServing(false)
 		attrs := []any{"backend", cfg.Backend, "fail_mode", cfg.FailMode, "err", err}
 		if cfg.FailMode == "local" {
 			attrs = append(attrs, "fallback_share", cfg.FallbackShare)
@@ -444,6 +509,7 @@ func (s *Server) checkHealth(p backend.Pinger) {
 	case err == nil && since != nil:
 		s.down.Store(nil)
 		s.m.backendUp.Set(1)
+		s.grpc.setServing(true)
 		s.log.Info("backend available again", "backend", cfg.Backend, "down_for", time.Duration(now-*since).Round(time.Millisecond))
 	}
 }
@@ -480,6 +546,14 @@ func (s *Server) AdminAddr() net.Addr {
 	return s.adminLn.Addr()
 }
 
+// GRPCAddr is the gRPC listener's address (nil if not listening).
+func (s *Server) GRPCAddr() net.Addr {
+	if s.grpcLn == nil {
+		return nil
+	}
+	return s.grpcLn.Addr()
+}
+
 // HTTPAddr is the HTTP API's address (nil if not listening).
 func (s *Server) HTTPAddr() net.Addr {
 	if s.httpLn == nil {
@@ -511,6 +585,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 		ctx, cancel := context.WithTimeout(ctx, cfg.ShutdownGrace.D())
 		defer cancel()
+		grpcDone := s.grpc.stop(ctx) // in parallel with the rest
 		for _, h := range []*httpServer{s.httpSrv, s.adminSrv} {
 			if h != nil {
 				_ = h.srv.Shutdown(ctx)
@@ -523,7 +598,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			return true
 		})
 		done := make(chan struct{})
-		go func() { s.wg.Wait(); close(done) }()
+		go func() { <-grpcDone; s.wg.Wait(); close(done) }()
 		select {
 		case <-done:
 		case <-ctx.Done():

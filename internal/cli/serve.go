@@ -100,6 +100,7 @@ func (f ruleFlags) Set(s string) error {
 type serveFlags struct {
 	fs          *flag.FlagSet
 	config      string
+	format      string
 	rules       []server.Rule
 	dflt        string
 	defShare    bool
@@ -115,11 +116,17 @@ func newServeFlags(env Env) *serveFlags {
 		"(SLUICE_LIMIT and SLUICE_SHARED_LIMIT: one rule a line). Flags win over the environment,\n"+
 		"which wins over the config file.")
 	fs.StringVar(&sf.config, "config", "", "YAML config `file` (docs/daemon.md); flags override it; SIGHUP, or a change of the file (--watch-config), reloads it")
+	fs.StringVar(&sf.format, "config-format", "sluice", "format of --config: sluice (the daemon's YAML) or envoy (envoyproxy/ratelimit's: a domain and its descriptors, read into rules; the daemon's other settings from flags and the environment; docs/envoy.md)")
 	fs.BoolVar(&sf.checkConfig, "check-config", false, "check the config (file, environment and flags) and exit: 0 if it would start, 2 with its errors (file:line) if not; nothing listens or connects")
 	fs.DurationVar(&sf.watch, "watch-config", 10*time.Second, "how often to look for a change of the config file (and the token file) and reload it, as a Kubernetes ConfigMap update needs; 0: on SIGHUP only")
 	fs.String("listen-line", d.ListenLine, "line protocol `address`: host:port, or a Unix socket path; empty disables it")
 	fs.String("listen-http", d.ListenHTTP, "HTTP API and /metrics `address`; empty disables it")
 	fs.String("listen-admin", d.ListenAdmin, "`address` of /healthz, /readyz and /metrics without the HTTP token, for probes and scrapers (e.g. 127.0.0.1:7072); empty: none")
+	fs.String("listen-grpc", d.ListenGRPC, "`address` of Envoy's rate limit service (gRPC ShouldRateLimit, and the gRPC health service), e.g. 127.0.0.1:8081; empty: none")
+	fs.Int("grpc-max-message", d.GRPC.MaxMessage, "the largest gRPC request message, in bytes")
+	fs.Uint("grpc-max-streams", uint(d.GRPC.MaxStreams), "concurrent gRPC calls on one connection")
+	fs.Bool("grpc-reflection", d.GRPC.Reflection, "serve gRPC server reflection (for grpcurl)")
+	fs.Bool("grpc-response-headers", d.GRPC.ResponseHeaders, "ShouldRateLimit answers carry x-ratelimit-limit, -remaining and -reset for Envoy to add to its response")
 	fs.Var(ruleFlags{rules: &sf.rules}, "limit", "a rule `TAG=LIMIT`, repeatable, first match wins: an exact tag (api=10/s) or a pattern with * and ? ('user-*=5/s burst=10') giving each tag its own bucket")
 	fs.Var(ruleFlags{rules: &sf.rules, shared: true}, "shared-limit", "a pattern rule `PATTERN=LIMIT` whose tags all share one bucket")
 	fs.StringVar(&sf.dflt, "default-limit", "", "`limit` for tags no rule matches (each its own bucket); none: such tags are allowed")
@@ -152,8 +159,16 @@ func newServeFlags(env Env) *serveFlags {
 func (sf *serveFlags) build() (server.Config, error) {
 	cfg := server.DefaultConfig()
 	if sf.config != "" {
+		load := server.LoadConfig
+		switch sf.format {
+		case "sluice", "yaml":
+		case "envoy":
+			load = server.LoadEnvoyConfig
+		default:
+			return cfg, fmt.Errorf("--config-format: want sluice or envoy, not %q", sf.format)
+		}
 		var err error
-		if cfg, err = server.LoadConfig(sf.config); err != nil {
+		if cfg, err = load(sf.config); err != nil {
 			return cfg, err
 		}
 	}
@@ -166,6 +181,16 @@ func (sf *serveFlags) build() (server.Config, error) {
 			cfg.ListenHTTP = v
 		case "listen-admin":
 			cfg.ListenAdmin = v
+		case "listen-grpc":
+			cfg.ListenGRPC = v
+		case "grpc-max-message":
+			cfg.GRPC.MaxMessage = f.Value.(flag.Getter).Get().(int)
+		case "grpc-max-streams":
+			cfg.GRPC.MaxStreams = uint32(min(f.Value.(flag.Getter).Get().(uint), 1<<32-1))
+		case "grpc-reflection":
+			cfg.GRPC.Reflection = f.Value.(flag.Getter).Get().(bool)
+		case "grpc-response-headers":
+			cfg.GRPC.ResponseHeaders = f.Value.(flag.Getter).Get().(bool)
 		case "backend":
 			cfg.Backend = v
 		case "redis-url":
@@ -303,6 +328,21 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		return nil
 	}
 	opts := []server.Option{server.WithLogger(log)}
+	var tel telemetry
+	otelVars := otelEnv(os.LookupEnv)
+	if err := tel.startTracing(ctx, otelVars, log); err != nil {
+		return usageError{err}
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tel.shutdown(sctx); err != nil {
+			log.Warn("opentelemetry: flushing at the stop", "err", err)
+		}
+	}()
+	if tel.tp != nil {
+		opts = append(opts, server.WithTracerProvider(tel.tp))
+	}
 	be, err := serveBackend(cfg, clock.Default)
 	if err != nil {
 		return fmt.Errorf("serve: backend %s: %w", cfg.Backend, err)
@@ -314,6 +354,9 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	srv, err := server.New(cfg, opts...)
 	if err != nil {
 		return err
+	}
+	if err := tel.startMetrics(ctx, otelVars, srv.Gatherer(), log); err != nil {
+		return usageError{err}
 	}
 	if err := srv.Start(); err != nil {
 		_ = srv.Shutdown(context.Background())

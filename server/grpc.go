@@ -1,0 +1,320 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rls "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/sluicehq/sluice"
+)
+
+// MaxDescriptors is the most descriptors one ShouldRateLimit request may carry; a request
+// with more is refused (InvalidArgument).
+const MaxDescriptors = 64
+
+// rlsServiceName is Envoy's rate limit service, as the health service names it.
+const rlsServiceName = "envoy.service.ratelimit.v3.RateLimitService"
+
+// grpcServer is the gRPC listener: Envoy's rate limit service (ShouldRateLimit), the
+// standard health service, and reflection when asked for.
+type grpcServer struct {
+	srv    *grpc.Server
+	health *health.Server
+	s      *Server
+	conns  atomic.Int64
+}
+
+func (s *Server) newGRPCServer(cfg Config) *grpcServer {
+	g := &grpcServer{s: s, health: health.NewServer()}
+	opts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(cfg.GRPC.MaxMessage),
+		grpc.MaxConcurrentStreams(cfg.GRPC.MaxStreams),
+		grpc.MaxHeaderListSize(16 << 10),
+		grpc.ConnectionTimeout(10 * time.Second),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: cfg.IdleTimeout.D()}),
+		grpc.ChainUnaryInterceptor(g.authUnary),
+		grpc.ChainStreamInterceptor(g.authStream),
+	}
+	if s.tracer != nil {
+		opts = append(opts, grpc.StatsHandler(s.tracer.grpcHandler()))
+	}
+	g.srv = grpc.NewServer(opts...)
+	rls.RegisterRateLimitServiceServer(g.srv, &rlsService{s: s})
+	healthpb.RegisterHealthServer(g.srv, g.health)
+	g.setServing(s.down.Load() == nil)
+	if cfg.GRPC.Reflection {
+		reflection.Register(g.srv)
+	}
+	return g
+}
+
+// setServing sets what the health service answers (nil g: no gRPC listener).
+func (g *grpcServer) setServing(ok bool) {
+	if g == nil {
+		return
+	}
+	st := healthpb.HealthCheckResponse_SERVING
+	if !ok {
+		st = healthpb.HealthCheckResponse_NOT_SERVING
+	}
+	g.health.SetServingStatus("", st)
+	g.health.SetServingStatus(rlsServiceName, st)
+}
+
+// stop stops the gRPC server gracefully (calls in flight are answered), or at once when
+// ctx ends first. The channel closes when it has stopped (at once for a nil g).
+func (g *grpcServer) stop(ctx context.Context) <-chan struct{} {
+	done := make(chan struct{})
+	if g == nil {
+		close(done)
+		return done
+	}
+	g.health.Shutdown() // NOT_SERVING from now on
+	go func() {
+		defer close(done)
+		graceful := make(chan struct{})
+		go func() { g.srv.GracefulStop(); close(graceful) }()
+		select {
+		case <-graceful:
+		case <-ctx.Done():
+			g.srv.Stop()
+			<-graceful
+		}
+	}()
+	return done
+}
+
+// limit bounds the gRPC connections at max_connections: more are closed at once (and
+// counted in sluice_connections_refused_total).
+func (g *grpcServer) limit(ln net.Listener) net.Listener { return &limitListener{Listener: ln, g: g} }
+
+type limitListener struct {
+	net.Listener
+	g *grpcServer
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.g.conns.Add(1) > int64(l.g.s.Config().MaxConnections) {
+			l.g.conns.Add(-1)
+			l.g.s.m.connsRefused.Inc()
+			c.Close()
+			continue
+		}
+		return &countedConn{Conn: c, n: &l.g.conns}, nil
+	}
+}
+
+type countedConn struct {
+	net.Conn
+	n    *atomic.Int64
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() { c.n.Add(-1) })
+	return c.Conn.Close()
+}
+
+// authorized checks the bearer token, when one is set, in the call's metadata
+// ("authorization: Bearer TOKEN"), for every service but health.
+func (g *grpcServer) authorized(ctx context.Context, method string) error {
+	if len(method) > len(healthPrefix) && method[:len(healthPrefix)] == healthPrefix {
+		return nil
+	}
+	var got string
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if v := md.Get("authorization"); len(v) > 0 {
+			got = v[0]
+		}
+	}
+	if !g.s.tokenOK(got) {
+		g.s.m.grpcCalls[grpcUnauthenticated].Inc()
+		return status.Error(codes.Unauthenticated, "sluice: a bearer token is required")
+	}
+	return nil
+}
+
+const healthPrefix = "/grpc.health.v1.Health/"
+
+func (g *grpcServer) authUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if err := g.authorized(ctx, info.FullMethod); err != nil {
+		return nil, err
+	}
+	return h(ctx, req)
+}
+
+func (g *grpcServer) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if err := g.authorized(ss.Context(), info.FullMethod); err != nil {
+		return err
+	}
+	return h(srv, ss)
+}
+
+// The outcomes of gRPC calls, as sluice_grpc_requests_total labels them.
+const (
+	grpcOK = iota
+	grpcOverLimit
+	grpcInvalid
+	grpcUnauthenticated
+	nGRPCOutcomes
+)
+
+var grpcOutcomeNames = [nGRPCOutcomes]string{"ok", "over_limit", "invalid_argument", "unauthenticated"}
+
+func newGRPCCounters(vec *prometheus.CounterVec) (c [nGRPCOutcomes]prometheus.Counter) {
+	for i, name := range grpcOutcomeNames {
+		c[i] = vec.WithLabelValues(name)
+	}
+	return c
+}
+
+// rlsService is Envoy's rate limit service over the server's rules.
+type rlsService struct {
+	rls.UnimplementedRateLimitServiceServer
+	s *Server
+}
+
+// envoyUnitEnum maps the units of envoyUnits to the API's.
+var envoyUnitEnum = map[string]rls.RateLimitResponse_RateLimit_Unit{
+	"second": rls.RateLimitResponse_RateLimit_SECOND,
+	"minute": rls.RateLimitResponse_RateLimit_MINUTE,
+	"hour":   rls.RateLimitResponse_RateLimit_HOUR,
+	"day":    rls.RateLimitResponse_RateLimit_DAY,
+	"week":   rls.RateLimitResponse_RateLimit_WEEK,
+	"month":  rls.RateLimitResponse_RateLimit_MONTH,
+	"year":   rls.RateLimitResponse_RateLimit_YEAR,
+}
+
+// invalid refuses a request: counted, and answered InvalidArgument with the reason.
+func (r *rlsService) invalid(reason, format string, a ...any) error {
+	r.s.m.badInput.WithLabelValues(reason).Inc()
+	r.s.m.grpcCalls[grpcInvalid].Inc()
+	return status.Errorf(codes.InvalidArgument, "sluice: "+format, a...)
+}
+
+// ShouldRateLimit decides each descriptor of the request as one tag (EnvoyTag) by the
+// rules, taking hits_addend permits (1 if 0; a descriptor's own hits_addend wins), and
+// answers each descriptor's status, OVER_LIMIT overall if any is. A descriptor no rule
+// matches is OK without a limit. A cost above the rule's burst can never be granted: it
+// is OVER_LIMIT (and counted as a bad query). A back-end failure is answered by the fail
+// mode (closed: OVER_LIMIT), never as an error Envoy would read as its own failure mode.
+// Each descriptor is decided on its own: one that allows the request is charged even if
+// another refuses it, as envoyproxy/ratelimit does.
+func (r *rlsService) ShouldRateLimit(ctx context.Context, req *rls.RateLimitRequest) (*rls.RateLimitResponse, error) {
+	s := r.s
+	switch n := len(req.GetDescriptors()); {
+	case req.GetDomain() == "":
+		return nil, r.invalid("grpc_bad_request", "domain: empty")
+	case n == 0:
+		return nil, r.invalid("grpc_bad_request", "descriptors: none")
+	case n > MaxDescriptors:
+		return nil, r.invalid("grpc_too_many_descriptors", "descriptors: %d, at most %d", n, MaxDescriptors)
+	}
+	live := s.live.Load()
+	hits := int64(req.GetHitsAddend())
+	if hits == 0 {
+		hits = 1
+	}
+	resp := &rls.RateLimitResponse{OverallCode: rls.RateLimitResponse_OK, Statuses: make([]*rls.RateLimitResponse_DescriptorStatus, len(req.Descriptors))}
+	var tightest *rls.RateLimitResponse_DescriptorStatus
+	buf := make([]byte, 0, 128)
+	for i, d := range req.Descriptors {
+		switch {
+		case len(d.GetEntries()) == 0:
+			return nil, r.invalid("grpc_bad_request", "descriptors[%d]: no entries", i)
+		case d.GetLimit() != nil:
+			return nil, r.invalid("grpc_bad_request", "descriptors[%d].limit: limit overrides are not supported: the daemon's rules decide", i)
+		case d.GetIsNegativeHits():
+			return nil, r.invalid("grpc_bad_request", "descriptors[%d].is_negative_hits: not supported: permits are not given back", i)
+		}
+		n := hits
+		if h := d.GetHitsAddend(); h != nil {
+			n = int64(min(h.GetValue(), math.MaxInt64))
+		}
+		buf = appendTagPart(buf[:0], req.Domain)
+		for j, e := range d.Entries {
+			if e.GetKey() == "" {
+				return nil, r.invalid("grpc_bad_request", "descriptors[%d].entries[%d].key: empty", i, j)
+			}
+			buf = appendEntry(buf, e.Key, e.Value)
+			if len(buf) >= live.maxLine {
+				return nil, r.invalid("too_long", "descriptors[%d]: its tag is longer than max_line (%d bytes)", i, live.maxLine-1)
+			}
+		}
+		dec, err := s.decide(ctx, string(buf), n, 0, false)
+		st := &rls.RateLimitResponse_DescriptorStatus{Code: rls.RateLimitResponse_OK}
+		if errors.Is(err, sluice.ErrCostExceedsBurst) {
+			s.m.badInput.WithLabelValues("cost_over_burst").Inc()
+		}
+		if err != nil || !dec.Allowed {
+			st.Code = rls.RateLimitResponse_OVER_LIMIT
+			resp.OverallCode = rls.RateLimitResponse_OVER_LIMIT
+		}
+		if c := dec.rule; c != nil && !c.Unlimited {
+			st.CurrentLimit = &rls.RateLimitResponse_RateLimit{Name: c.Name, RequestsPerUnit: c.envoyRPU, Unit: c.envoyUnit}
+			st.LimitRemaining = uint32(min(max(dec.Remaining, 0), math.MaxUint32))
+			st.DurationUntilReset = durationpb.New(dec.ResetAfter)
+			if tightest == nil || st.LimitRemaining < tightest.LimitRemaining {
+				tightest = st
+			}
+		}
+		resp.Statuses[i] = st
+	}
+	if live.grpcHeaders && tightest != nil {
+		resp.ResponseHeadersToAdd = rateLimitHeaders(tightest)
+	}
+	if resp.OverallCode == rls.RateLimitResponse_OK {
+		s.m.grpcCalls[grpcOK].Inc()
+	} else {
+		s.m.grpcCalls[grpcOverLimit].Inc()
+	}
+	return resp, nil
+}
+
+// rateLimitHeaders are the x-ratelimit-* headers of a descriptor's status, in the form
+// envoyproxy/ratelimit sends: the limit with its window ("10, 10;w=60"), the requests
+// remaining, and the seconds until the limit is whole again.
+func rateLimitHeaders(st *rls.RateLimitResponse_DescriptorStatus) []*corev3.HeaderValue {
+	rpu := strconv.FormatUint(uint64(st.CurrentLimit.RequestsPerUnit), 10)
+	w := int64(unitPeriod(st.CurrentLimit.Unit) / time.Second)
+	reset := st.DurationUntilReset.AsDuration()
+	return []*corev3.HeaderValue{
+		{Key: "x-ratelimit-limit", Value: fmt.Sprintf("%s, %s;w=%d", rpu, rpu, w)},
+		{Key: "x-ratelimit-remaining", Value: strconv.FormatUint(uint64(st.LimitRemaining), 10)},
+		{Key: "x-ratelimit-reset", Value: strconv.FormatInt(int64((reset+time.Second-1)/time.Second), 10)},
+	}
+}
+
+// unitPeriod is the period of an Envoy unit.
+func unitPeriod(u rls.RateLimitResponse_RateLimit_Unit) time.Duration {
+	for name, e := range envoyUnitEnum {
+		if e == u {
+			return envoyUnits[name]
+		}
+	}
+	return time.Second
+}
