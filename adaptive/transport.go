@@ -44,10 +44,13 @@ type Transport struct {
 	// Used, if set, reads a request's real cost in tokens from its answer (for an LLM,
 	// the usage it reports), which settles the estimate. Default: the estimate stands.
 	Used func(*http.Response) int64
-	// Retries is how many times a 429 is retried after its Retry-After, for idempotent
-	// requests only (GET, HEAD, OPTIONS, TRACE, PUT, DELETE, or a request with an
-	// Idempotency-Key) whose body can be sent again; default 0.
+	// Retries is how many times a 429 is retried after its Retry-After (default 0), for
+	// idempotent requests (GET, HEAD, OPTIONS, TRACE, PUT, DELETE, or a request with an
+	// Idempotency-Key) whose body can be sent again.
 	Retries int
+	// RetryAny extends Retries to requests of every method (a 429 means the API did not
+	// act on the request, if it follows the HTTP semantics); off by default.
+	RetryAny bool
 	// MaxKeys bounds the controllers kept (default DefaultMaxKeys).
 	MaxKeys int
 	// Clock is the time source (default clock.Default).
@@ -176,7 +179,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		t.mu.Lock()
 		c.Observe(clk.Nanotime(), at, facts, used)
 		t.mu.Unlock()
-		if !facts.Throttled() || attempt >= t.Retries || !idempotent(req) || (req.Body != nil && req.Body != http.NoBody && req.GetBody == nil) {
+		if !facts.Throttled() || attempt >= t.Retries || !(t.RetryAny || idempotent(req)) || (req.Body != nil && req.Body != http.NoBody && req.GetBody == nil) {
 			return resp, nil
 		}
 		resp.Body.Close()

@@ -28,6 +28,10 @@ func (p inProcess) RoundTrip(req *http.Request) (*http.Response, error) {
 	return rec.Result(), nil
 }
 
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
 // pool runs clients (one Transport each, sharing nothing) of goroutines each, calling the
 // referee until ctx ends; each request costs cost() tokens (X-Cost), if cost is set.
 func pool(ctx context.Context, t *testing.T, clients, goroutines int, newT func() *adaptive.Transport, url string, cost func() int64) {
@@ -121,14 +125,22 @@ func TestTransportLearnsTokenLimits(t *testing.T) {
 }
 
 // TestTransportRetriesIdempotent: a GET refused with a Retry-After is sent again after it
-// (Retries 1), and then accepted; a POST is not retried.
+// (Retries 1), and then accepted; a POST is not retried, unless RetryAny says so.
 func TestTransportRetriesIdempotent(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		clk := clock.NewReal()
 		ref, _ := referee.New(sluice.MustParse("1/s burst=1"), referee.WithClock(clk))
-		client := &http.Client{Transport: &adaptive.Transport{Base: inProcess{ref}, Clock: clk, Retries: 1}}
+		steal := false
+		tr := &adaptive.Transport{Clock: clk, Retries: 1, Base: roundTripper(func(req *http.Request) (*http.Response, error) {
+			if steal {
+				steal = false
+				ref.Call("secret", 1, clk.Nanotime()) // another process takes the permit first
+			}
+			return inProcess{ref}.RoundTrip(req)
+		})}
+		client := &http.Client{Transport: tr}
 		do := func(method string) int {
-			ref.Call("secret", 1, clk.Nanotime()) // another process takes the permit
+			steal = true
 			req, _ := http.NewRequest(method, "http://api.test/v1/x", nil)
 			req.Header.Set("Authorization", "Bearer secret")
 			resp, err := client.Do(req)
@@ -149,9 +161,14 @@ func TestTransportRetriesIdempotent(t *testing.T) {
 		if got := do(http.MethodPost); got != http.StatusTooManyRequests {
 			t.Fatalf("POST: status %d, want the 429 itself (not retried)", got)
 		}
+		time.Sleep(10 * time.Second)
+		tr.RetryAny = true
+		if got := do(http.MethodPost); got != http.StatusOK {
+			t.Fatalf("POST with RetryAny: status %d, want 200 after a retry", got)
+		}
 		st := ref.Stats()
-		if st.Accepted != 3 || st.Rejected != 2 {
-			t.Fatalf("the referee saw %d accepted and %d refused, want 3 and 2", st.Accepted, st.Rejected)
+		if st.Accepted != 5 || st.Rejected != 3 {
+			t.Fatalf("the referee saw %d accepted and %d refused, want 5 and 3", st.Accepted, st.Rejected)
 		}
 	})
 }
