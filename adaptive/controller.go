@@ -3,6 +3,7 @@ package adaptive
 import (
 	"fmt"
 	"math"
+	"net/http"
 	"strings"
 	"time"
 
@@ -260,10 +261,28 @@ func (c *Controller) Cancel(at int64, tokens int64) {
 	c.s.cancel(c, at, cost)
 }
 
-// Observe learns from the answer to a request sent at sent (the slot Next gave, or
-// later), received at now. tokens is the request's real token cost if the answer settled
-// it (0: unknown; the cost given to Next stands).
-func (c *Controller) Observe(now, sent int64, f ratehdr.Facts, tokens int64) {
+// Answer is one response, as a Controller learns from it.
+type Answer struct {
+	Status int
+	Header http.Header
+	// Date is the wall time the answer arrived: a Retry-After or a reset given as a date
+	// is read against it.
+	Date time.Time
+	// Sent is when its request was sent: the slot Next gave (or later), on the
+	// controller's clock.
+	Sent int64
+	// Tokens is the request's real cost in tokens, if the answer settled it (0: unknown;
+	// the cost given to Next stands).
+	Tokens int64
+}
+
+// Observe learns from an answer received at now.
+func (c *Controller) Observe(now int64, a Answer) {
+	c.observe(now, a.Sent, ratehdr.Read(a.Status, a.Header, a.Date), a.Tokens)
+}
+
+// observe learns from what an answer said (f), its request sent at sent, received at now.
+func (c *Controller) observe(now, sent int64, f ratehdr.Facts, tokens int64) {
 	a := answer{now: now, sent: min(sent, now), throttled: f.Throttled(), retryAfter: -1, remaining: [nQuotas]float64{-1, -1}}
 	if f.HasRetryAfter {
 		a.retryAfter = int64(f.RetryAfter)

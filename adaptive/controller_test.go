@@ -65,23 +65,23 @@ func TestConfigValidate(t *testing.T) {
 // after it is a new event. The same for the seed strategy's doubling.
 func TestOneDecreasePerEvent(t *testing.T) {
 	c := newC(t, Config{})
-	c.Observe(1*sec, 1*sec-1, ok(20, 3, time.Second, 10), 0) // below the reserve: no spare spent
+	c.observe(1*sec, 1*sec-1, ok(20, 3, time.Second, 10), 0) // below the reserve: no spare spent
 	r0 := c.Rate()
-	c.Observe(2*sec, 2*sec-10, refused(time.Second), 0)
-	c.Observe(2*sec+5, 2*sec-5, refused(time.Second), 0) // sent before the first refusal came back
+	c.observe(2*sec, 2*sec-10, refused(time.Second), 0)
+	c.observe(2*sec+5, 2*sec-5, refused(time.Second), 0) // sent before the first refusal came back
 	if got := c.Rate(); got != r0/2 {
 		t.Fatalf("step 1: rate %v after two refusals of one event, want %v (one halving)", got, r0/2)
 	}
-	c.Observe(4*sec, 3*sec, refused(time.Second), 0) // sent after: a new event
+	c.observe(4*sec, 3*sec, refused(time.Second), 0) // sent after: a new event
 	if got := c.Rate(); got != r0/4 {
 		t.Fatalf("step 2: rate %v after a second event, want %v", got, r0/4)
 	}
 
 	s := newC(t, Config{Strategy: Seed})
-	s.Observe(1*sec, 1*sec-1, ok(4500, 0, time.Hour, 4500), 0)
-	s.Observe(2*sec, 2*sec-10, refused(time.Second), 0)
+	s.observe(1*sec, 1*sec-1, ok(4500, 0, time.Hour, 4500), 0)
+	s.observe(2*sec, 2*sec-10, refused(time.Second), 0)
 	r1 := s.Rate() // the sleep is 2 × 0.8 s doubled: 3.2 s
-	s.Observe(2*sec+5, 2*sec-5, refused(time.Second), 0)
+	s.observe(2*sec+5, 2*sec-5, refused(time.Second), 0)
 	if got := s.Rate(); math.Abs(1/r1-3.2) > 1e-9 || got != r1 {
 		t.Fatalf("seed: sleeps %.3fs then %.3fs, want 3.2s twice (one doubling per event)", 1/r1, 1/got)
 	}
@@ -90,8 +90,8 @@ func TestOneDecreasePerEvent(t *testing.T) {
 // TestRetryAfterHolds: nothing goes before the Retry-After a refusal names.
 func TestRetryAfterHolds(t *testing.T) {
 	c := newC(t, Config{})
-	c.Observe(1*sec, 1*sec-1, ok(20, 9, time.Second, 10), 0)
-	c.Observe(2*sec, 2*sec-1, refused(3*time.Second), 0)
+	c.observe(1*sec, 1*sec-1, ok(20, 9, time.Second, 10), 0)
+	c.observe(2*sec, 2*sec-1, refused(3*time.Second), 0)
 	if at := send(t, c, 2*sec, 0); at < 5*sec || at > 6*sec {
 		t.Fatalf("a request sent at %v, want soon after the Retry-After (5s)", time.Duration(at))
 	}
@@ -102,7 +102,7 @@ func TestRetryAfterHolds(t *testing.T) {
 // applies to them.
 func TestSlotsAreNotHeldFarAhead(t *testing.T) {
 	c := newC(t, Config{Jitter: 1e-9})
-	c.Observe(1*sec, 1*sec-1, ok(4500, 10, time.Hour, 4500), 0) // a pace of 4500/h / 16
+	c.observe(1*sec, 1*sec-1, ok(4500, 10, time.Hour, 4500), 0) // a pace of 4500/h / 16
 	pause := 1 / c.Rate()
 	var sent, waiting int
 	for range 5 {
@@ -140,7 +140,7 @@ func send(t *testing.T, c *Controller, now, tokens int64) int64 {
 // request's.
 func TestCancelGivesTheSlotBack(t *testing.T) {
 	c := newC(t, Config{})
-	c.Observe(1*sec, 1*sec-1, ok(20, 5, time.Second, 10), 0)
+	c.observe(1*sec, 1*sec-1, ok(20, 5, time.Second, 10), 0)
 	at, out := c.Next(2*sec, 0)
 	if out != Send {
 		t.Fatalf("first request: %v", out)
@@ -160,7 +160,7 @@ func TestTheTighterLimitPaces(t *testing.T) {
 		{Name: "requests", Limit: 500, Remaining: 100, Reset: -1, Burst: -1},
 		{Name: "tokens", Limit: 40000, Remaining: 100, Reset: -1, Burst: -1},
 	}}
-	c.Observe(1*sec, 1*sec-1, f, 4000)
+	c.observe(1*sec, 1*sec-1, f, 4000)
 	// Both limits nearly spent: a request pace and a token pace of a sixteenth of each.
 	reqPause := 1 / (500.0 / 60 / 16)
 	tokPause := 4000 / (40000.0 / 60 / 16)
@@ -182,12 +182,12 @@ func TestTheTighterLimitPaces(t *testing.T) {
 func TestLimitAssumed(t *testing.T) {
 	bare := ratehdr.Facts{Status: 200, Quotas: []ratehdr.Quota{{Limit: -1, Remaining: 10, Reset: -1, Burst: -1}}}
 	c := newC(t, Config{Limit: sluice.PerHour(4500)})
-	c.Observe(1*sec, 1*sec-1, bare, 0)
+	c.observe(1*sec, 1*sec-1, bare, 0)
 	if got, want := c.Rate(), 4500.0/3600/16; math.Abs(got-want) > 1e-9 {
 		t.Fatalf("pace %v after a first answer near the reserve, want a sixteenth of the assumed limit (%v)", got, want)
 	}
 	u := newC(t, Config{})
-	u.Observe(1*sec, 1*sec-1, bare, 0)
+	u.observe(1*sec, 1*sec-1, bare, 0)
 	if got := u.Rate(); got != 1 {
 		t.Fatalf("pace %v with no limit known, want 1/s (it grows until refused)", got)
 	}
@@ -197,10 +197,10 @@ func TestLimitAssumed(t *testing.T) {
 // factor), the time factor 1/(1 − e^(−t/window)) high just after a doubling.
 func TestSeedDecrease(t *testing.T) {
 	c := newC(t, Config{Strategy: Seed})
-	c.Observe(1*sec, 1*sec-1, ok(4500, 4000, time.Hour, 4500), 0)
-	c.Observe(10*sec, 10*sec-1, refused(time.Second), 0) // doubles: 3.2 s
+	c.observe(1*sec, 1*sec-1, ok(4500, 4000, time.Hour, 4500), 0)
+	c.observe(10*sec, 10*sec-1, refused(time.Second), 0) // doubles: 3.2 s
 	before := 1 / c.Rate()
-	c.Observe(40*sec, 40*sec-1, ok(4500, 900, time.Hour, 4500), 0)
+	c.observe(40*sec, 40*sec-1, ok(4500, 900, time.Hour, 4500), 0)
 	tf := 1 / (1 - math.Exp(-31.0/3600))
 	want := before - 900*before/(tf*4500)
 	if got := 1 / c.Rate(); math.Abs(got-want) > 1e-9 {
@@ -218,9 +218,9 @@ func TestCubic(t *testing.T) {
 	// Ten answers a second for three seconds: a measured rate near 10/s.
 	var now int64
 	for now = 0; now < 3*sec; now += sec / 10 {
-		c.Observe(now, now, ok(20, 5, time.Second, 10), 0)
+		c.observe(now, now, ok(20, 5, time.Second, 10), 0)
 	}
-	c.Observe(now, now, refused(time.Second), 0)
+	c.observe(now, now, refused(time.Second), 0)
 	measured := c.s.(*cubicStrategy).wMax // the measured rate, this answer counted
 	if got := c.Rate(); math.Abs(got-0.7*measured) > 1e-9 || math.Abs(measured-10) > 0.5 {
 		t.Fatalf("rate %v after a throttle at a measured %v/s, want 0.7 of it (about 10/s)", got, measured)
@@ -229,9 +229,9 @@ func TestCubic(t *testing.T) {
 	k := math.Cbrt(measured * 0.3 / 0.4)
 	later := now + int64(k*1e9)
 	for now += sec / 10; now < later; now += sec / 10 {
-		c.Observe(now, now, ok(20, 5, time.Second, 10), 0)
+		c.observe(now, now, ok(20, 5, time.Second, 10), 0)
 	}
-	c.Observe(later, later, ok(20, 5, time.Second, 10), 0)
+	c.observe(later, later, ok(20, 5, time.Second, 10), 0)
 	if got := c.Rate(); math.Abs(got-measured) > 0.02*measured {
 		t.Fatalf("rate %v K=%.2fs after the throttle, want back near %v", got, k, measured)
 	}
@@ -247,7 +247,7 @@ func TestSRE(t *testing.T) {
 		if _, out := c.Next(now, 0); out != Send {
 			t.Fatalf("step %d: rejected while the API accepts everything", i)
 		}
-		c.Observe(now, now, ok(20, 5, time.Second, 10), 0)
+		c.observe(now, now, ok(20, 5, time.Second, 10), 0)
 	}
 	// 200 requests and 200 accepts in the window: the next 200 pass whatever happens,
 	// (400 − 400) / 401 = 0; then each refusal adds a request and no accept, and the
@@ -264,7 +264,7 @@ func TestSRE(t *testing.T) {
 			}
 			continue
 		}
-		c.Observe(now, now, refused(time.Second), 0)
+		c.observe(now, now, refused(time.Second), 0)
 	}
 	if first > 5 || last < 150 || last > 195 {
 		t.Fatalf("rejected %d of the first 200 and %d of the last 200 locally while the API refused everything, want about none and about 174", first, last)
@@ -281,7 +281,7 @@ func TestSRE(t *testing.T) {
 func TestFastClientBacksOffMore(t *testing.T) {
 	start := func(pace float64) *Controller {
 		c := newC(t, Config{})
-		c.Observe(1*sec, 1*sec-1, ok(4500, 20, time.Hour, 4500), 0)
+		c.observe(1*sec, 1*sec-1, ok(4500, 20, time.Hour, 4500), 0)
 		c.s.(*sluiceStrategy).q[reqQ].base = pace
 		c.s.(*sluiceStrategy).q[reqQ].updated = 1*sec - 1
 		return c
@@ -293,7 +293,7 @@ func TestFastClientBacksOffMore(t *testing.T) {
 	}{{fast, sec}, {slow, 4 * sec}} {
 		for now := 2 * sec; now <= 62*sec; now += cl.every {
 			left := 20 - 20*(now-2*sec)/(60*sec)
-			cl.c.Observe(now, now-1, ok(4500, left, time.Hour, 4500), 0)
+			cl.c.observe(now, now-1, ok(4500, left, time.Hour, 4500), 0)
 		}
 	}
 	f, s := fast.Rate()/0.8, slow.Rate()/0.2

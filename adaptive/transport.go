@@ -177,7 +177,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 		}
 		t.mu.Lock()
-		c.Observe(clk.Nanotime(), at, facts, used)
+		c.observe(clk.Nanotime(), at, facts, used)
 		t.mu.Unlock()
 		if !facts.Throttled() || attempt >= t.Retries || !(t.RetryAny || idempotent(req)) || (req.Body != nil && req.Body != http.NoBody && req.GetBody == nil) {
 			return resp, nil

@@ -7,14 +7,13 @@ import (
 
 	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/clock"
-	"github.com/sluicehq/sluice/internal/ratehdr"
 )
 
 // adaptiveMode: each member is a client of the adaptive mode that shares nothing with
 // the others: one adaptive.Controller (the real core) per member, its goroutines sharing
 // it, learning from the referee's answers alone. The answers go through the referee's
-// header writer and the reader a real client uses (ratehdr), so the simulator reads
-// exactly what adaptive.Transport would.
+// header writer, and the controller reads them as adaptive.Transport has it do: the
+// simulator's clients learn exactly what a real one would.
 type adaptiveMode struct {
 	label    string
 	strategy adaptive.Strategy
@@ -95,7 +94,7 @@ func (a *adaptiveMode) answered(e *engine, ev *event) {
 	if e.idealTokCore != nil {
 		tokens = s.cost
 	}
-	a.controller(e, ev.m).Observe(e.now, s.sent, ratehdr.Read(status, a.h, now), tokens)
+	a.controller(e, ev.m).Observe(e.now, adaptive.Answer{Status: status, Header: a.h, Date: now, Sent: s.sent, Tokens: tokens})
 }
 
 func (*adaptiveMode) handle(*engine, *event) {}
