@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"net/http"
+	"net/textproto"
 	"strconv"
 	"strings"
 	"time"
@@ -37,18 +38,31 @@ func SetRateLimitHeaders(h http.Header, limits Limits, d Decision) {
 		pol.WriteString(";burst=")
 		pol.WriteString(strconv.FormatInt(l.burst(), 10))
 	}
-	h.Set(HeaderRateLimitPolicy, pol.String())
+	set(h, kPolicy, pol.String())
 	name := "default"
 	if len(limits) > 0 {
 		name = limits[0].String()
 	}
-	h.Set(HeaderRateLimit, strconv.Quote(name)+";r="+strconv.FormatInt(d.Remaining, 10)+";t="+strconv.FormatInt(ceilSeconds(d.ResetAfter), 10))
-	h.Set(HeaderRemaining, strconv.FormatInt(d.Remaining, 10))
+	set(h, kRateLimit, strconv.Quote(name)+";r="+strconv.FormatInt(d.Remaining, 10)+";t="+strconv.FormatInt(ceilSeconds(d.ResetAfter), 10))
+	set(h, kRemaining, strconv.FormatInt(d.Remaining, 10))
 	if !d.Allowed {
-		h.Set(HeaderRetryAfter, strconv.FormatInt(ceilSeconds(d.RetryAfter), 10))
-		h.Set(HeaderRetryAfterMs, strconv.FormatInt(int64((d.RetryAfter+time.Millisecond-1)/time.Millisecond), 10))
+		set(h, kRetryAfter, strconv.FormatInt(ceilSeconds(d.RetryAfter), 10))
+		set(h, kRetryAfterMs, strconv.FormatInt(int64((d.RetryAfter+time.Millisecond-1)/time.Millisecond), 10))
 	}
 }
+
+// The fields' canonical keys, computed once: h.Set would canonicalize them on every
+// answer (most of the cost of writing them, in the simulator's adaptive mode).
+var (
+	kPolicy       = textproto.CanonicalMIMEHeaderKey(HeaderRateLimitPolicy)
+	kRateLimit    = textproto.CanonicalMIMEHeaderKey(HeaderRateLimit)
+	kRemaining    = textproto.CanonicalMIMEHeaderKey(HeaderRemaining)
+	kRetryAfter   = textproto.CanonicalMIMEHeaderKey(HeaderRetryAfter)
+	kRetryAfterMs = textproto.CanonicalMIMEHeaderKey(HeaderRetryAfterMs)
+)
+
+// set is h.Set for a key already canonical.
+func set(h http.Header, k, v string) { h[k] = []string{v} }
 
 func ceilSeconds(d time.Duration) int64 {
 	if d <= 0 {

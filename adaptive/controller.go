@@ -3,47 +3,114 @@ package adaptive
 import (
 	"fmt"
 	"math"
+	"net/http"
+	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/ratehdr"
 )
 
+// Strategy is how a Controller learns its pace from the API's answers.
+type Strategy uint8
+
+// The strategies. Sluice is the default; the others are the published designs it is
+// measured against (docs/adaptive.md has the table).
+const (
+	// Sluice uses every signal an answer gives: the limit's rate, the capacity left and
+	// how it moves between the client's own requests (from which it estimates what the
+	// whole pool spends), and Retry-After. It steers the pool's spending so that the
+	// capacity left stays near a small reserve, and drifts every client towards an equal
+	// share.
+	Sluice Strategy = iota
+	// Seed is seed 003's algorithm as written: each goroutine sleeps before each request;
+	// a 429 doubles the sleep (once per event across the goroutines); each success takes
+	// off remaining × sleep / (limit × time factor), the time factor high just after a
+	// doubling; 0-10% jitter. It does not pace before the first 429.
+	Seed
+	// Cubic is the AWS SDKs' adaptive retry rate limiter: a token bucket filled at a
+	// rate cut to 0.7 of the measured send rate on each throttle, and regrown along
+	// CUBIC's curve (C = 0.4) after it; no pacing before the first throttle.
+	Cubic
+	// SRE is client-side adaptive throttling from Google's SRE book ("Handling
+	// Overload"): no pacing; each request is rejected locally with probability
+	// max(0, (requests − 2 × accepts) / (requests + 1)) over the last two minutes.
+	SRE
+)
+
+var strategyNames = [...]string{Sluice: "sluice", Seed: "seed", Cubic: "cubic", SRE: "sre"}
+
+// Strategies lists every strategy, the default first.
+func Strategies() []Strategy { return []Strategy{Sluice, Seed, Cubic, SRE} }
+
+func (s Strategy) String() string {
+	if int(s) < len(strategyNames) {
+		return strategyNames[s]
+	}
+	return fmt.Sprintf("Strategy(%d)", uint8(s))
+}
+
+// ParseStrategy reads a strategy's name: sluice, seed, cubic or sre.
+func ParseStrategy(name string) (Strategy, error) {
+	for i, n := range strategyNames {
+		if strings.EqualFold(name, n) {
+			return Strategy(i), nil
+		}
+	}
+	return 0, fmt.Errorf("adaptive: unknown strategy %q (known: %s)", name, strings.Join(strategyNames[:], ", "))
+}
+
+// MarshalText writes the strategy's name.
+func (s Strategy) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText reads a strategy's name.
+func (s *Strategy) UnmarshalText(b []byte) error {
+	v, err := ParseStrategy(string(b))
+	if err != nil {
+		return err
+	}
+	*s = v
+	return nil
+}
+
 // Config tunes a Controller. The zero value of each field means its default.
 type Config struct {
-	// Reserve is the part of the API's burst a client leaves unspent, in time at the
-	// limit's rate (default 250 ms; at most half the burst, if the API names it, and at
-	// least one request): the pool's cushion against the requests other clients have in
-	// flight.
+	// Strategy is how the controller learns (default Sluice).
+	Strategy Strategy
+	// Limit is the request limit assumed when the answers do not say the limit's rate
+	// (Heroku sends the remaining count alone; seed 003 assumes its 4,500 an hour). The
+	// zero value: learned from the answers (the IETF draft's RateLimit-Policy; OpenAI's
+	// and Anthropic's fields, which count per minute).
+	Limit sluice.Limit
+	// Reserve is the capacity the Sluice strategy leaves unspent, in time at the limit's
+	// rate (default 16 s, plus a round trip; at most half the burst, at least two
+	// requests): the pool's cushion against the requests other clients send before they
+	// hear of a change. It is spent at the end of a run at most: a constant reserve
+	// costs nothing of the rate.
 	Reserve time.Duration
-	// Increase is how fast a client's rate grows while the API reports more than the
-	// reserve left, per second, as a part of the limit's rate (default 0.1: from nothing
-	// to the whole limit in ten seconds, on top of the spare capacity it spends). Every
-	// client grows at the same pace whatever
-	// its request rate, which is what makes the pool converge to equal rates.
-	Increase float64
-	// Decrease multiplies a client's rate each time a response shows the reserve dipped
-	// into (default 0.85). A faster client sees more responses, so it backs off more.
-	Decrease float64
-	// Horizon is how long a client takes to spend what the API reports above the reserve
-	// (default 1 s): a lone client uses a full burst quickly; several spend it together
-	// without overshooting.
+	// Horizon is how fast the Sluice strategy lets a pool spend what is left above the
+	// reserve (default 1 s): a lone client uses a full burst quickly, and several spend
+	// it together without overshooting, each seeing the same count fall.
 	Horizon time.Duration
-	// Jitter lengthens each pause by up to this part of it, at random (default 0.1).
+	// Fairness is the part of the limit's rate by which every Sluice client raises its
+	// pace per second, whatever its pace (default 0.002); the pool's correction then
+	// takes it back in proportion to each client's pace, which drifts the clients to
+	// equal shares.
+	Fairness float64
+	// Jitter lengthens each pause by up to this part of it, at random (default 0.1,
+	// seed 003's).
 	Jitter float64
 }
 
 func (c Config) withDefaults() Config {
 	if c.Reserve == 0 {
-		c.Reserve = 250 * time.Millisecond
-	}
-	if c.Increase == 0 {
-		c.Increase = 0.1
-	}
-	if c.Decrease == 0 {
-		c.Decrease = 0.85
+		c.Reserve = 16 * time.Second
 	}
 	if c.Horizon == 0 {
 		c.Horizon = time.Second
+	}
+	if c.Fairness == 0 {
+		c.Fairness = 0.002
 	}
 	if c.Jitter == 0 {
 		c.Jitter = 0.1
@@ -54,88 +121,235 @@ func (c Config) withDefaults() Config {
 // Validate reports whether c can be used.
 func (c Config) Validate() error {
 	switch {
+	case int(c.Strategy) >= len(strategyNames):
+		return fmt.Errorf("adaptive: unknown strategy %d", c.Strategy)
+	case c.Limit != (sluice.Limit{}) && c.Limit.Validate() != nil:
+		return fmt.Errorf("adaptive: Limit: %w", c.Limit.Validate())
 	case c.Reserve < 0, c.Horizon < 0:
 		return fmt.Errorf("adaptive: Reserve %v and Horizon %v must not be negative", c.Reserve, c.Horizon)
-	case c.Increase < 0 || c.Increase > 10:
-		return fmt.Errorf("adaptive: Increase %v must be in [0, 10]", c.Increase)
-	case c.Decrease < 0 || c.Decrease >= 1:
-		return fmt.Errorf("adaptive: Decrease %v must be in [0, 1)", c.Decrease)
+	case c.Fairness < 0 || c.Fairness > 1:
+		return fmt.Errorf("adaptive: Fairness %v must be in [0, 1]", c.Fairness)
 	case c.Jitter < 0 || c.Jitter > 1:
 		return fmt.Errorf("adaptive: Jitter %v must be in [0, 1]", c.Jitter)
 	}
 	return nil
 }
 
-// Controller is one client's pacing (the deterministic core of the adaptive mode): it
-// learns a safe request rate from the API's answers alone (Observe) and says when the
-// next request may be sent (Next). It knows nothing of the other clients sharing the
-// token; it reads the limit's rate from the policy the API reports, and the capacity left
-// from the remaining count, and keeps that count near a small reserve: its rate grows by a
-// fixed step per second while more is left (additive increase, the same for every client)
-// and shrinks by a factor when less is (multiplicative decrease), which drives a pool of
-// such clients to equal rates summing to the limit; what is left above the reserve is
-// spent over Horizon on top. A 429 halves the rate, once per event, and holds the client
-// back for the Retry-After the API names.
+// The limits a Controller learns: requests, and tokens (the LLM providers').
+const (
+	reqQ = iota
+	tokQ
+	nQuotas
+)
+
+// Controller is one client's pacing, the deterministic core of the adaptive mode: it
+// learns a safe pace from the API's answers alone (Observe) and says when each request
+// may be sent (Next). It knows nothing of the other clients sharing the token, not even
+// how many they are. It can learn two limits at once, requests and tokens (an LLM API's
+// per-minute pairs); the tighter paces.
 //
-// Times are nanoseconds on the caller's monotonic clock. It is not safe for concurrent
-// use: the goroutines of a process share one Controller under a lock (Transport does).
+// Times are nanoseconds on the caller's monotonic clock (any origin, the same for every
+// call). A Controller is not safe for concurrent use: the goroutines of a process share
+// one under a lock, and are one client (Transport does this).
 type Controller struct {
 	cfg Config
 	rng uint64
+	s   strategy
 
-	limit   float64 // the limit's rate, requests a second (0: not yet known)
-	burst   float64 // its burst, if reported (0: not known)
-	rate    float64 // this client's pace, requests a second
-	spare   float64 // what the API reports left above the reserve
-	lastObs int64   // when the last answer was observed
-	next    int64   // when the next request may go
-	hold    int64   // no request before this (a Retry-After)
-	holdSet int64   // the hold the last halving answered: one halving per event
-	started bool
+	q        [nQuotas]quota
+	meanCost float64 // tokens per request, learned from the settled costs
+	rtt      float64 // the time from a request's slot to its answer, seconds (smoothed)
+	hold     int64   // no request before this (a Retry-After)
+	cut      int64   // the last decrease: a refusal of a request sent before it is the same event
 }
 
-// New returns a Controller.
+// strategy is one way of learning. next is asked for the slot of a request of the given
+// costs (requests, tokens) at now (see Controller.Next). cancel gives back a slot next
+// gave. observe learns from one answer.
+type strategy interface {
+	next(c *Controller, now int64, cost [nQuotas]float64) (int64, Outcome)
+	cancel(c *Controller, at int64, cost [nQuotas]float64)
+	observe(c *Controller, a *answer)
+	rate(c *Controller) float64
+}
+
+// quota is what the controller knows of one limit.
+type quota struct {
+	known bool    // the answers (or Config.Limit) gave its rate
+	count float64 // its count per window (4500 for 4500/h)
+	limit float64 // its rate, units a second
+	burst float64 // the most at once (the count per window when not reported)
+	// what the last answer said, when it gave a remaining count
+	remaining float64
+	seen      bool
+}
+
+// answer is one answer, as the strategies read it.
+type answer struct {
+	now, sent  int64
+	throttled  bool
+	newEvent   bool  // a refusal of a request sent after the last one's: a new event
+	retryAfter int64 // -1: none named
+	cost       [nQuotas]float64
+	remaining  [nQuotas]float64 // -1: not reported
+}
+
+// New returns a Controller. seed drives its jitter (and the sre strategy's draws): the
+// same seed and inputs give the same decisions.
 func New(cfg Config, seed uint64) (*Controller, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Controller{cfg: cfg.withDefaults(), rng: seed | 1}, nil
+	c := &Controller{cfg: cfg.withDefaults(), rng: seed | 1}
+	if l := cfg.Limit; l != (sluice.Limit{}) {
+		c.q[reqQ].setLimit(float64(l.Rate), l.Period, float64(l.Burst))
+	}
+	switch c.cfg.Strategy {
+	case Seed:
+		c.s = &seedStrategy{}
+	case Cubic:
+		c.s = newCubic()
+	case SRE:
+		c.s = &sreStrategy{}
+	default:
+		c.s = &sluiceStrategy{}
+	}
+	return c, nil
 }
 
-// Rate returns the client's current pace, requests a second (0 before the first answer
-// names a limit).
-func (c *Controller) Rate() float64 { return c.rate }
+// Strategy returns the controller's strategy.
+func (c *Controller) Strategy() Strategy { return c.cfg.Strategy }
 
-// Next reserves the next request's slot at or after now and returns it.
-func (c *Controller) Next(now int64) int64 {
-	if gap := now - c.lastObs; c.started && c.rate > 0 && float64(gap) > 2e9/c.rate {
-		// Quiet for two of its own slots or more (RFC 2861's restart after idle): what
-		// it knew of the capacity left is stale, and others have taken up its rate
-		// meanwhile. Its rate halves for every two Horizons it was quiet, down to a sixteenth
-		// of the limit; the answers raise it again as fast as there is room.
-		c.spare = 0
-		c.rate = max(c.rate*math.Exp2(-float64(gap)/float64(2*c.cfg.Horizon)), min(c.rate, c.limit/16))
-		c.lastObs = now // decayed once per quiet spell
+// Rate returns the client's current pace of requests a second (0 while it does not
+// pace: before it has learned anything, or for the strategies that pace only after a
+// refusal).
+func (c *Controller) Rate() float64 { return c.s.rate(c) }
+
+// Outcome is what Next decided for a request.
+type Outcome uint8
+
+// The outcomes.
+const (
+	// Send: the slot at the time returned is the request's; send it then.
+	Send Outcome = iota
+	// Wait: the slots before the time returned are taken; ask again then (a goroutine
+	// does not hold a slot far ahead, at a pace that may change before it comes).
+	Wait
+	// Reject: the client rejects the request locally; do not send it (the SRE strategy
+	// sheds load this way; the others never do).
+	Reject
+)
+
+// Next decides, at now, about the next request of the given token cost (0 if unknown or
+// not an LLM call): send it at the time returned (now or later), ask again then, or do
+// not send it.
+func (c *Controller) Next(now int64, tokens int64) (int64, Outcome) {
+	cost := [nQuotas]float64{1, float64(max(tokens, 0))}
+	if cost[tokQ] == 0 {
+		cost[tokQ] = c.meanCost
 	}
-	at := max(now, c.next, c.hold)
-	c.next = at + c.pause()
-	return at
+	return c.s.next(c, now, cost)
 }
 
-// pause is the gap between two requests at the current pace, with jitter; before any
-// answer names the limit, 100 ms (a probe, not a burst).
-func (c *Controller) pause() int64 {
-	if !c.started {
-		return int64(100 * time.Millisecond)
+// Cancel gives back the slot at that Next gave (Send) a request of the given token cost,
+// when the request is not sent after all (its context ended first).
+func (c *Controller) Cancel(at int64, tokens int64) {
+	cost := [nQuotas]float64{1, float64(max(tokens, 0))}
+	if cost[tokQ] == 0 {
+		cost[tokQ] = c.meanCost
 	}
-	r := c.rate + c.spare/c.cfg.Horizon.Seconds()
-	if r <= 0 {
-		return int64(time.Second)
-	}
-	p := float64(time.Second) / r
-	p *= 1 + c.cfg.Jitter*c.random()
-	return int64(min(p, float64(time.Hour)))
+	c.s.cancel(c, at, cost)
 }
+
+// Answer is one response, as a Controller learns from it.
+type Answer struct {
+	Status int
+	Header http.Header
+	// Date is the wall time the answer arrived: a Retry-After or a reset given as a date
+	// is read against it.
+	Date time.Time
+	// Sent is when its request was sent: the slot Next gave (or later), on the
+	// controller's clock.
+	Sent int64
+	// Tokens is the request's real cost in tokens, if the answer settled it (0: unknown;
+	// the cost given to Next stands).
+	Tokens int64
+}
+
+// Observe learns from an answer received at now.
+func (c *Controller) Observe(now int64, a Answer) {
+	c.observe(now, a.Sent, ratehdr.Read(a.Status, a.Header, a.Date), a.Tokens)
+}
+
+// observe learns from what an answer said (f), its request sent at sent, received at now.
+func (c *Controller) observe(now, sent int64, f ratehdr.Facts, tokens int64) {
+	a := answer{now: now, sent: min(sent, now), throttled: f.Throttled(), retryAfter: -1, remaining: [nQuotas]float64{-1, -1}}
+	if f.HasRetryAfter {
+		a.retryAfter = int64(f.RetryAfter)
+	}
+	a.cost = [nQuotas]float64{1, float64(max(tokens, 0))}
+	if tokens > 0 {
+		// The mean cost paces requests whose cost is not known in advance.
+		if c.meanCost == 0 {
+			c.meanCost = float64(tokens)
+		} else {
+			c.meanCost += (float64(tokens) - c.meanCost) / 8
+		}
+	} else {
+		a.cost[tokQ] = c.meanCost
+	}
+	var got [nQuotas]bool
+	for _, q := range f.Quotas {
+		i := reqQ
+		if q.Tokens() {
+			i = tokQ
+		}
+		if got[i] {
+			continue // the first of each kind (Anthropic's tokens before input-tokens)
+		}
+		got[i] = true
+		w := q.Window
+		if w <= 0 && q.Name != "" {
+			w = time.Minute // OpenAI's and Anthropic's limits count per minute
+		}
+		if q.Limit > 0 && w > 0 {
+			c.q[i].setLimit(float64(q.Limit), w, float64(q.Burst))
+		}
+		if q.Remaining >= 0 {
+			a.remaining[i] = float64(q.Remaining)
+			c.q[i].remaining, c.q[i].seen = a.remaining[i], true
+		}
+	}
+	if d := float64(a.now-a.sent) / 1e9; c.rtt == 0 {
+		c.rtt = d
+	} else {
+		c.rtt += (d - c.rtt) / 8
+	}
+	if a.throttled && a.sent >= c.cut {
+		// One event, one decrease: the goroutines refused together (their requests sent
+		// before the first refusal came back) back off once.
+		a.newEvent = true
+		c.cut = now
+	}
+	if a.throttled && a.retryAfter > 0 {
+		c.hold = max(c.hold, now+a.retryAfter)
+	}
+	c.s.observe(c, &a)
+}
+
+// setLimit records a limit of count units per window, with burst (<= 0: not reported).
+func (q *quota) setLimit(count float64, window time.Duration, burst float64) {
+	q.known = true
+	q.count = count
+	q.limit = count / window.Seconds()
+	if burst <= 0 {
+		burst = count
+	}
+	q.burst = burst
+}
+
+// jittered lengthens a pause p (nanoseconds) by up to Jitter of it.
+func (c *Controller) jittered(p float64) float64 { return p * (1 + c.cfg.Jitter*c.random()) }
 
 // random returns a number in [0, 1) (xorshift64*: the core stays deterministic).
 func (c *Controller) random() float64 {
@@ -145,75 +359,13 @@ func (c *Controller) random() float64 {
 	return float64((c.rng*2685821657736338717)>>11) / (1 << 53)
 }
 
-// Observe learns from one answer, received at now.
-func (c *Controller) Observe(now int64, f ratehdr.Facts) {
-	q, ok := requestQuota(f)
-	if ok && q.Limit > 0 && q.Window > 0 {
-		c.limit = float64(q.Limit) / q.Window.Seconds()
-		if q.Burst > 0 {
-			c.burst = float64(q.Burst)
-		}
-	}
-	dt := 0.0
-	if c.lastObs != 0 {
-		dt = min(float64(now-c.lastObs)/1e9, 1)
-	}
-	c.lastObs = now
-	if !c.started && c.limit > 0 {
-		c.started = true
-		c.rate = c.limit / 16 // a guess, low: what is left above the reserve is spent on top, and the rate grows
-	}
-	if f.Throttled() {
-		c.spare = 0
-		hold := now
-		if f.HasRetryAfter {
-			hold = now + int64(f.RetryAfter)
-		}
-		if c.holdSet == 0 || now >= c.holdSet {
-			// One halving per event: the goroutines of a process that were refused
-			// together back off once.
-			c.rate /= 2
-			c.holdSet = max(hold, now+1)
-		}
-		c.hold = max(c.hold, hold)
-		c.next = max(c.next, c.hold)
-		c.bound()
-		return
-	}
-	if !ok || q.Remaining < 0 || c.limit <= 0 {
-		return
-	}
-	reserve := c.limit * c.cfg.Reserve.Seconds()
-	if c.burst > 0 {
-		reserve = min(reserve, c.burst/2)
-	}
-	reserve = max(1, reserve)
-	left := float64(q.Remaining)
-	if left >= reserve {
-		c.rate += c.cfg.Increase * c.limit * dt
-		c.spare = left - reserve
-	} else {
-		c.rate *= c.cfg.Decrease
-		c.spare = 0
-	}
-	c.bound()
-}
+// maxPause bounds every pause a strategy asks for.
+const maxPause = float64(time.Hour)
 
-func (c *Controller) bound() {
-	if c.limit > 0 {
-		c.rate = min(max(c.rate, c.limit/1000), 2*c.limit)
+// nanos converts seconds to a pause in nanoseconds, bounded.
+func nanos(s float64) int64 {
+	if math.IsNaN(s) || s <= 0 {
+		return 0
 	}
-	if math.IsNaN(c.rate) {
-		c.rate = 0
-	}
-}
-
-// requestQuota is the response's first request quota (not a token quota).
-func requestQuota(f ratehdr.Facts) (ratehdr.Quota, bool) {
-	for _, q := range f.Quotas {
-		if !q.Tokens() {
-			return q, true
-		}
-	}
-	return ratehdr.Quota{}, false
+	return int64(min(s*1e9, maxPause))
 }

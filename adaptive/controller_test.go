@@ -1,155 +1,304 @@
 package adaptive
 
 import (
+	"math"
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/ratehdr"
 )
 
-// api is a strict GCRA referee in virtual time: it answers each request as the referee
-// does, with the limit's policy, the requests remaining, and on a refusal a 429 with
-// Retry-After.
-type api struct {
-	l        gcra.Limit
-	rate     int64 // per second
-	burst    int64
-	tat      int64
-	accepted int64
-	refused  int64
+const sec = int64(time.Second)
+
+// ok is an answer of the referee's IETF style: the policy (limit per window, burst) and
+// what is left.
+func ok(limit, remaining int64, window time.Duration, burst int64) ratehdr.Facts {
+	return ratehdr.Facts{Status: 200, Quotas: []ratehdr.Quota{{Name: "p", Limit: limit, Remaining: remaining, Reset: -1, Window: window, Burst: burst}}}
 }
 
-func newAPI(rate, burst int64) *api {
-	t := int64(time.Second) / rate
-	return &api{l: gcra.Limit{T: t, Tau: burst * t}, rate: rate, burst: burst}
-}
-
-func (a *api) serve(now int64) ratehdr.Facts {
-	tat, ok := gcra.AllowOne(a.tat, a.l, now)
-	f := ratehdr.Facts{Status: 200}
-	if ok {
-		a.tat = tat
-		a.accepted++
-	} else {
-		a.refused++
-		f.Status = 429
-		f.RetryAfter, f.HasRetryAfter = time.Duration(gcra.Wait(a.tat, a.l, now, 1)), true
-	}
-	left := gcra.Level(a.tat, a.l, now) / a.l.T
-	f.Quotas = []ratehdr.Quota{{Name: "default", Limit: a.rate, Remaining: max(left, 0), Reset: -1, Window: time.Second, Burst: a.burst}}
+func refused(retry time.Duration) ratehdr.Facts {
+	f := ok(20, 0, time.Second, 10)
+	f.Status, f.RetryAfter, f.HasRetryAfter = 429, retry, true
 	return f
 }
 
-// client is one process: a Controller, and demand (requests it wants to send) from
-// start to end.
-type client struct {
-	c          *Controller
-	start, end int64
-	at         int64 // its next request's slot
-	sent       int64
-}
-
-// run plays clients against a in virtual time: each sends its next request at its slot
-// (no network delay) until the end. It returns each client's accepted requests.
-func run(t *testing.T, a *api, cs []*client, end int64) []int64 {
+func newC(t *testing.T, cfg Config) *Controller {
 	t.Helper()
-	got := make([]int64, len(cs))
-	for _, c := range cs {
-		c.at = c.c.Next(c.start)
-	}
-	for {
-		var next *client
-		i := -1
-		for j, c := range cs {
-			if c.at < c.end && c.at < end && (next == nil || c.at < next.at) {
-				next, i = c, j
-			}
-		}
-		if next == nil {
-			return got
-		}
-		now := next.at
-		before := a.accepted
-		next.c.Observe(now, a.serve(now))
-		got[i] += a.accepted - before
-		next.sent++
-		next.at = next.c.Next(now + 1)
-	}
-}
-
-func newClient(t *testing.T, seed uint64, start, end time.Duration) *client {
-	c, err := New(Config{}, seed)
+	c, err := New(cfg, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &client{c: c, start: int64(start) + 1, end: int64(end)}
+	return c
 }
 
-// TestLoneClientTakesTheCapacity: one client alone on 20/s burst 10 spends what is left
-// quickly and then runs near the limit, with few refusals.
-func TestLoneClientTakesTheCapacity(t *testing.T) {
-	a := newAPI(20, 10)
-	cs := []*client{newClient(t, 1, 0, time.Minute)}
-	run(t, a, cs, int64(time.Minute))
-	capacity := float64(a.burst) + 20*60
-	t.Logf("accepted %d of %.0f, refused %d, rate %.1f/s", a.accepted, capacity, a.refused, cs[0].c.Rate())
-	if u := float64(a.accepted) / capacity; u < 0.9 {
-		t.Errorf("utilization %.3f alone, want at least 0.9", u)
-	}
-	if r := float64(a.refused) / float64(a.accepted+a.refused); r > 0.01 {
-		t.Errorf("429 ratio %.4f alone, want at most 0.01", r)
-	}
-}
-
-// TestPoolConvergesUnderTheLimit: five clients that share nothing, started together,
-// share 20/s burst 10 for ten minutes: together near the limit, few refusals, no client
-// starved.
-func TestPoolConvergesUnderTheLimit(t *testing.T) {
-	a := newAPI(20, 10)
-	var cs []*client
-	for i := range 5 {
-		cs = append(cs, newClient(t, uint64(i+1), 0, 10*time.Minute))
-	}
-	got := run(t, a, cs, int64(10*time.Minute))
-	capacity := float64(a.burst) + 20*600
-	ratio := float64(a.refused) / float64(a.accepted+a.refused)
-	t.Logf("accepted %d of %.0f, 429 ratio %.4f, per client %v", a.accepted, capacity, ratio, got)
-	if u := float64(a.accepted) / capacity; u < 0.85 {
-		t.Errorf("utilization %.3f, want at least 0.85", u)
-	}
-	if ratio > 0.02 {
-		t.Errorf("429 ratio %.4f, want at most 0.02", ratio)
-	}
-	for i, n := range got {
-		if n < int64(capacity)/5/4 {
-			t.Errorf("client %d got %d of a fair %0.f", i, n, capacity/5)
+func TestStrategyNames(t *testing.T) {
+	for _, s := range Strategies() {
+		b, _ := s.MarshalText()
+		var got Strategy
+		if err := got.UnmarshalText(b); err != nil || got != s {
+			t.Errorf("%v: read back %v, %v", s, got, err)
 		}
 	}
-}
-
-// TestOneHalvingPerRefusal: the goroutines of a process refused together back off once,
-// and nothing is sent before the Retry-After.
-func TestOneHalvingPerRefusal(t *testing.T) {
-	c, _ := New(Config{}, 1)
-	ok := ratehdr.Facts{Status: 200, Quotas: []ratehdr.Quota{{Limit: 20, Remaining: 9, Reset: -1, Window: time.Second, Burst: 10}}}
-	c.Observe(1, ok)
-	r0 := c.Rate()
-	refused := ratehdr.Facts{Status: 429, RetryAfter: time.Second, HasRetryAfter: true, Quotas: ok.Quotas}
-	c.Observe(2, refused)
-	c.Observe(3, refused) // a second goroutine's refusal of the same moment
-	if c.Rate() != r0/2 {
-		t.Fatalf("rate %v after two refusals of one moment, want %v (one halving)", c.Rate(), r0/2)
+	if _, err := ParseStrategy("aimd"); err == nil {
+		t.Error("unknown strategy accepted")
 	}
-	if at := c.Next(4); at < 2+int64(time.Second) {
-		t.Fatalf("next request at %v, before the Retry-After", time.Duration(at))
+	if s, _ := ParseStrategy("SRE"); s != SRE {
+		t.Errorf("names are case-insensitive: got %v", s)
 	}
 }
 
 func TestConfigValidate(t *testing.T) {
-	for _, c := range []Config{{Decrease: 1}, {Increase: -1}, {Jitter: 2}, {Reserve: -1}} {
+	for _, c := range []Config{{Fairness: 2}, {Jitter: 2}, {Reserve: -1}, {Horizon: -1},
+		{Strategy: 9}, {Limit: sluice.Limit{Rate: -1, Period: time.Second}}} {
 		if _, err := New(c, 1); err == nil {
 			t.Errorf("%+v accepted", c)
 		}
+	}
+	if _, err := New(Config{Limit: sluice.PerHour(4500)}, 1); err != nil {
+		t.Errorf("a valid limit refused: %v", err)
+	}
+}
+
+// TestOneDecreasePerEvent: the goroutines of a process refused together (their requests
+// sent before the first refusal came back) back off once; a refusal of a request sent
+// after it is a new event. The same for the seed strategy's doubling.
+func TestOneDecreasePerEvent(t *testing.T) {
+	c := newC(t, Config{})
+	c.observe(1*sec, 1*sec-1, ok(20, 3, time.Second, 10), 0) // below the reserve: no spare spent
+	r0 := c.Rate()
+	c.observe(2*sec, 2*sec-10, refused(time.Second), 0)
+	c.observe(2*sec+5, 2*sec-5, refused(time.Second), 0) // sent before the first refusal came back
+	if got := c.Rate(); got != r0/2 {
+		t.Fatalf("step 1: rate %v after two refusals of one event, want %v (one halving)", got, r0/2)
+	}
+	c.observe(4*sec, 3*sec, refused(time.Second), 0) // sent after: a new event
+	if got := c.Rate(); got != r0/4 {
+		t.Fatalf("step 2: rate %v after a second event, want %v", got, r0/4)
+	}
+
+	s := newC(t, Config{Strategy: Seed})
+	s.observe(1*sec, 1*sec-1, ok(4500, 0, time.Hour, 4500), 0)
+	s.observe(2*sec, 2*sec-10, refused(time.Second), 0)
+	r1 := s.Rate() // the sleep is 2 × 0.8 s doubled: 3.2 s
+	s.observe(2*sec+5, 2*sec-5, refused(time.Second), 0)
+	if got := s.Rate(); math.Abs(1/r1-3.2) > 1e-9 || got != r1 {
+		t.Fatalf("seed: sleeps %.3fs then %.3fs, want 3.2s twice (one doubling per event)", 1/r1, 1/got)
+	}
+}
+
+// TestRetryAfterHolds: nothing goes before the Retry-After a refusal names.
+func TestRetryAfterHolds(t *testing.T) {
+	c := newC(t, Config{})
+	c.observe(1*sec, 1*sec-1, ok(20, 9, time.Second, 10), 0)
+	c.observe(2*sec, 2*sec-1, refused(3*time.Second), 0)
+	if at := send(t, c, 2*sec, 0); at < 5*sec || at > 6*sec {
+		t.Fatalf("a request sent at %v, want soon after the Retry-After (5s)", time.Duration(at))
+	}
+}
+
+// TestSlotsAreNotHeldFarAhead: goroutines asking at once get the next slot each within
+// one pause; the others are told to ask again, so that a pace that changes meanwhile
+// applies to them.
+func TestSlotsAreNotHeldFarAhead(t *testing.T) {
+	c := newC(t, Config{Jitter: 1e-9})
+	c.observe(1*sec, 1*sec-1, ok(4500, 10, time.Hour, 4500), 0) // a pace of 4500/h / 16
+	pause := 1 / c.Rate()
+	var sent, waiting int
+	for range 5 {
+		at, out := c.Next(2*sec, 0)
+		switch out {
+		case Send:
+			sent++
+			if float64(at-2*sec)/1e9 > pause*1.01 {
+				t.Errorf("a slot %v ahead, more than one pause (%.2fs)", time.Duration(at-2*sec), pause)
+			}
+		case Wait:
+			waiting++
+		}
+	}
+	if sent != 2 || waiting != 3 {
+		t.Errorf("%d sent and %d told to wait, want 2 and 3 (the slot now and the next)", sent, waiting)
+	}
+}
+
+// send asks c for a slot from now until it gives one, as a goroutine does.
+func send(t *testing.T, c *Controller, now, tokens int64) int64 {
+	t.Helper()
+	for range 1000 {
+		at, out := c.Next(now, tokens)
+		if out == Send {
+			return at
+		}
+		now = max(at, now+1)
+	}
+	t.Fatal("no slot after 1000 waits")
+	return 0
+}
+
+// TestCancelGivesTheSlotBack: a slot given back (the request's context ended) is the next
+// request's.
+func TestCancelGivesTheSlotBack(t *testing.T) {
+	c := newC(t, Config{})
+	c.observe(1*sec, 1*sec-1, ok(20, 5, time.Second, 10), 0)
+	at, out := c.Next(2*sec, 0)
+	if out != Send {
+		t.Fatalf("first request: %v", out)
+	}
+	c.Cancel(at, 0)
+	if again, out := c.Next(2*sec, 0); out != Send || again != at {
+		t.Fatalf("after the cancel: slot %v (%v), want %v", again, out, at)
+	}
+}
+
+// TestTheTighterLimitPaces: an LLM API's answers name a request limit and a token limit
+// per minute (OpenAI's fields); requests of many tokens are paced by the token limit,
+// the costs settled from the answers.
+func TestTheTighterLimitPaces(t *testing.T) {
+	c := newC(t, Config{Jitter: 1e-9})
+	f := ratehdr.Facts{Status: 200, Quotas: []ratehdr.Quota{
+		{Name: "requests", Limit: 500, Remaining: 100, Reset: -1, Burst: -1},
+		{Name: "tokens", Limit: 40000, Remaining: 100, Reset: -1, Burst: -1},
+	}}
+	c.observe(1*sec, 1*sec-1, f, 4000)
+	// Both limits nearly spent: a request pace and a token pace of a sixteenth of each.
+	reqPause := 1 / (500.0 / 60 / 16)
+	tokPause := 4000 / (40000.0 / 60 / 16)
+	at1 := send(t, c, 2*sec, 4000)
+	at2 := send(t, c, at1, 4000)
+	got := float64(at2-at1) / 1e9
+	if math.Abs(got-tokPause) > 0.01*tokPause || got <= reqPause {
+		t.Fatalf("requests of 4000 tokens %.2fs apart, want %.2fs (the token limit's pause, longer than the request limit's %.2fs)", got, tokPause, reqPause)
+	}
+	// A cost unknown in advance is the mean of those settled.
+	at3 := send(t, c, at2, 0)
+	if d := float64(at3-at2) / 1e9; math.Abs(d-tokPause) > 0.01*tokPause {
+		t.Fatalf("a request of unknown cost %.2fs after the last, want %.2fs (the mean cost, 4000 tokens)", d, tokPause)
+	}
+}
+
+// TestLimitAssumed: with Heroku's bare RateLimit-Remaining, the limit Config.Limit names
+// is the one learned; the seed strategy uses it as its MAX_LIMIT.
+func TestLimitAssumed(t *testing.T) {
+	bare := ratehdr.Facts{Status: 200, Quotas: []ratehdr.Quota{{Limit: -1, Remaining: 10, Reset: -1, Burst: -1}}}
+	c := newC(t, Config{Limit: sluice.PerHour(4500)})
+	c.observe(1*sec, 1*sec-1, bare, 0)
+	if got, want := c.Rate(), 4500.0/3600/16; math.Abs(got-want) > 1e-9 {
+		t.Fatalf("pace %v after a first answer near the reserve, want a sixteenth of the assumed limit (%v)", got, want)
+	}
+	u := newC(t, Config{})
+	u.observe(1*sec, 1*sec-1, bare, 0)
+	if got := u.Rate(); got != 1 {
+		t.Fatalf("pace %v with no limit known, want 1/s (it grows until refused)", got)
+	}
+}
+
+// TestSeedDecrease: seed 003's decrease, sleep −= remaining × sleep / (limit × time
+// factor), the time factor 1/(1 − e^(−t/window)) high just after a doubling.
+func TestSeedDecrease(t *testing.T) {
+	c := newC(t, Config{Strategy: Seed})
+	c.observe(1*sec, 1*sec-1, ok(4500, 4000, time.Hour, 4500), 0)
+	c.observe(10*sec, 10*sec-1, refused(time.Second), 0) // doubles: 3.2 s
+	before := 1 / c.Rate()
+	c.observe(40*sec, 40*sec-1, ok(4500, 900, time.Hour, 4500), 0)
+	tf := 1 / (1 - math.Exp(-31.0/3600))
+	want := before - 900*before/(tf*4500)
+	if got := 1 / c.Rate(); math.Abs(got-want) > 1e-9 {
+		t.Fatalf("sleep %.6fs after 900 remaining 30 s after a doubling, want %.6fs", got, want)
+	}
+}
+
+// TestCubic: on a throttle the rate is cut to 0.7 of the measured send rate, and regrows
+// along CUBIC's curve back to it K = ∛(w_max × 0.3 / 0.4) seconds later.
+func TestCubic(t *testing.T) {
+	c := newC(t, Config{Strategy: Cubic})
+	if at, out := c.Next(0, 0); out != Send || at != 0 {
+		t.Fatal("cubic paces before its first throttle")
+	}
+	// Ten answers a second for three seconds: a measured rate near 10/s.
+	var now int64
+	for now = 0; now < 3*sec; now += sec / 10 {
+		c.observe(now, now, ok(20, 5, time.Second, 10), 0)
+	}
+	c.observe(now, now, refused(time.Second), 0)
+	measured := c.s.(*cubicStrategy).wMax // the measured rate, this answer counted
+	if got := c.Rate(); math.Abs(got-0.7*measured) > 1e-9 || math.Abs(measured-10) > 0.5 {
+		t.Fatalf("rate %v after a throttle at a measured %v/s, want 0.7 of it (about 10/s)", got, measured)
+	}
+	// Still ten answers a second: at K the curve is back at the rate of the throttle.
+	k := math.Cbrt(measured * 0.3 / 0.4)
+	later := now + int64(k*1e9)
+	for now += sec / 10; now < later; now += sec / 10 {
+		c.observe(now, now, ok(20, 5, time.Second, 10), 0)
+	}
+	c.observe(later, later, ok(20, 5, time.Second, 10), 0)
+	if got := c.Rate(); math.Abs(got-measured) > 0.02*measured {
+		t.Fatalf("rate %v K=%.2fs after the throttle, want back near %v", got, k, measured)
+	}
+}
+
+// TestSRE: no local rejection while the API accepts; once it accepts nothing, nearly
+// every request is rejected locally, (requests − 2 × accepts) / (requests + 1) of them;
+// two minutes later the window has forgotten.
+func TestSRE(t *testing.T) {
+	c := newC(t, Config{Strategy: SRE})
+	for i := range 200 {
+		now := int64(i) * sec / 10
+		if _, out := c.Next(now, 0); out != Send {
+			t.Fatalf("step %d: rejected while the API accepts everything", i)
+		}
+		c.observe(now, now, ok(20, 5, time.Second, 10), 0)
+	}
+	// 200 requests and 200 accepts in the window: the next 200 pass whatever happens,
+	// (400 − 400) / 401 = 0; then each refusal adds a request and no accept, and the
+	// part rejected grows to (3200 − 400) / 3201 = 0.87 after 3000 more.
+	var first, last int
+	for i := range 3000 {
+		now := 20*sec + int64(i)*sec/100
+		if _, out := c.Next(now, 0); out == Reject {
+			switch {
+			case i < 200:
+				first++
+			case i >= 2800:
+				last++
+			}
+			continue
+		}
+		c.observe(now, now, refused(time.Second), 0)
+	}
+	if first > 5 || last < 150 || last > 195 {
+		t.Fatalf("rejected %d of the first 200 and %d of the last 200 locally while the API refused everything, want about none and about 174", first, last)
+	}
+	if _, out := c.Next(200*sec, 0); out != Send {
+		t.Fatal("still rejecting two minutes after the last request")
+	}
+}
+
+// TestFastClientBacksOffMore: "when fast and slow clients both hit a limit, the fast
+// client is more likely to be chosen": two clients, one four times the other's pace,
+// watch the count left fall from the reserve to nothing over a minute (the pool is over
+// the limit); the fast one, with more answers, comes down by more, relatively too.
+func TestFastClientBacksOffMore(t *testing.T) {
+	start := func(pace float64) *Controller {
+		c := newC(t, Config{})
+		c.observe(1*sec, 1*sec-1, ok(4500, 20, time.Hour, 4500), 0)
+		c.s.(*sluiceStrategy).q[reqQ].base = pace
+		c.s.(*sluiceStrategy).q[reqQ].updated = 1*sec - 1
+		return c
+	}
+	fast, slow := start(0.8), start(0.2)
+	for _, cl := range []struct {
+		c     *Controller
+		every int64
+	}{{fast, sec}, {slow, 4 * sec}} {
+		for now := 2 * sec; now <= 62*sec; now += cl.every {
+			left := 20 - 20*(now-2*sec)/(60*sec)
+			cl.c.observe(now, now-1, ok(4500, left, time.Hour, 4500), 0)
+		}
+	}
+	f, s := fast.Rate()/0.8, slow.Rate()/0.2
+	t.Logf("fast: %.3f of its pace left, slow: %.3f", f, s)
+	if f >= s || fast.Rate() <= slow.Rate()*0.5 {
+		t.Fatalf("the fast client kept %.3f of its pace, the slow one %.3f: want the fast to come down by more (and stay faster)", f, s)
 	}
 }

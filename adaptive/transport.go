@@ -1,77 +1,167 @@
 package adaptive
 
 import (
-	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/internal/ratehdr"
 )
 
+// ErrRejected is returned (wrapped) by Transport for a request its controller rejected
+// locally without sending it: the SRE strategy sheds load this way when the API refuses
+// much of what the client sends. The caller may retry later.
+var ErrRejected = errors.New("adaptive: request rejected locally: the API is refusing much of what this client sends")
+
+// DefaultMaxKeys bounds the controllers a Transport keeps (one per key); past it, the
+// least recently used is forgotten.
+const DefaultMaxKeys = 1024
+
 // Transport is an http.RoundTripper that paces the requests it sends through one
-// Controller per key (the request's host, unless Key says otherwise), waiting each
-// request's slot (or the request's context), and feeds every answer back to the
-// Controller. The goroutines of a process that use one Transport are one client.
+// Controller per key (the request's host, unless Key says otherwise): it waits each
+// request's slot (or the end of the request's context), sends it, and feeds the answer
+// back to the Controller. The goroutines of a process that use one Transport are one
+// client.
 //
-// Its zero value is usable. It must not be copied after first use.
+// Its zero value is usable: the Sluice strategy, the host as the key, no retries. It
+// must not be copied after first use.
 type Transport struct {
 	// Base sends the requests (default http.DefaultTransport).
 	Base http.RoundTripper
 	// Key names the limit a request counts against (default: its URL's host). Requests
 	// with one token to one API share a key.
 	Key func(*http.Request) string
-	// Config tunes the controllers.
+	// Config tunes the controllers (the strategy among others).
 	Config Config
-	// Retries is how many times a 429 is retried after its Retry-After, for idempotent
-	// requests only (GET, HEAD, OPTIONS, TRACE, PUT, DELETE, or a request with an
-	// Idempotency-Key); default 0.
+	// Cost, if set, estimates a request's cost in tokens before it is sent, for an API
+	// that limits tokens as well as requests (an LLM's): the pace of tokens counts it.
+	// Default: the mean of the costs settled so far.
+	Cost func(*http.Request) int64
+	// Used, if set, reads a request's real cost in tokens from its answer (for an LLM,
+	// the usage it reports), which settles the estimate. Default: the estimate stands.
+	Used func(*http.Response) int64
+	// Retries is how many times a 429 is retried after its Retry-After (default 0), for
+	// idempotent requests (GET, HEAD, OPTIONS, TRACE, PUT, DELETE, or a request with an
+	// Idempotency-Key) whose body can be sent again.
 	Retries int
+	// RetryAny extends Retries to requests of every method (a 429 means the API did not
+	// act on the request, if it follows the HTTP semantics); off by default.
+	RetryAny bool
+	// MaxKeys bounds the controllers kept (default DefaultMaxKeys).
+	MaxKeys int
+	// Clock is the time source (default clock.Default).
+	Clock clock.Clock
 
 	mu    sync.Mutex
-	ctrls map[string]*Controller
+	ctrls map[string]*keyed
 	seed  uint64
+}
+
+type keyed struct {
+	c    *Controller
+	used int64
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
 
-func (t *Transport) controller(key string) (*Controller, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if c := t.ctrls[key]; c != nil {
-		return c, nil
+func (t *Transport) clock() clock.Clock {
+	if t.Clock != nil {
+		return t.Clock
+	}
+	return clock.Default
+}
+
+// controller returns key's controller, made on first use. t.mu must be held.
+func (t *Transport) controller(key string, now int64) (*Controller, error) {
+	if k := t.ctrls[key]; k != nil {
+		k.used = now
+		return k.c, nil
 	}
 	if t.ctrls == nil {
-		t.ctrls = map[string]*Controller{}
+		t.ctrls = map[string]*keyed{}
+	}
+	limit := t.MaxKeys
+	if limit <= 0 {
+		limit = DefaultMaxKeys
+	}
+	if len(t.ctrls) >= limit {
+		old, at := "", int64(0)
+		for k, v := range t.ctrls {
+			if old == "" || v.used < at {
+				old, at = k, v.used
+			}
+		}
+		delete(t.ctrls, old)
 	}
 	t.seed += 0x9e3779b97f4a7c15
 	c, err := New(t.Config, t.seed^uint64(time.Now().UnixNano()))
 	if err != nil {
 		return nil, err
 	}
-	t.ctrls[key] = c
+	t.ctrls[key] = &keyed{c: c, used: now}
 	return c, nil
 }
 
-// RoundTrip waits for the request's slot, sends it, and learns from the answer. It follows
-// net/http's rules: it does not modify the request, and it closes the body of a request it
-// does not send.
+// RoundTrip waits for the request's slot, sends it, and learns from the answer. It
+// follows net/http's rules: it does not modify the request, it closes the body of a
+// request it does not send, and it returns a nil error whenever it got a response.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	key := req.URL.Host
 	if t.Key != nil {
 		key = t.Key(req)
 	}
-	c, err := t.controller(key)
-	if err != nil {
-		closeBody(req)
-		return nil, err
+	var cost int64
+	if t.Cost != nil {
+		cost = max(t.Cost(req), 0)
 	}
 	base := t.Base
 	if base == nil {
 		base = http.DefaultTransport
 	}
+	clk := t.clock()
+	var notBefore int64 // a retry waits for the Retry-After its refusal named
 	for attempt := 0; ; attempt++ {
-		if err := t.wait(req.Context(), c); err != nil {
+		t.mu.Lock()
+		now := clk.Nanotime()
+		c, err := t.controller(key, now)
+		var at int64
+		var out Outcome
+		if err == nil {
+			at, out = c.Next(now, cost)
+		}
+		t.mu.Unlock()
+		if err != nil {
+			closeBody(req)
+			return nil, err
+		}
+		switch out {
+		case Reject:
+			closeBody(req)
+			return nil, fmt.Errorf("%w: %w", ErrRejected, &sluice.ThrottledError{Key: key})
+		case Wait:
+			if err := clk.Sleep(req.Context(), time.Duration(at-now)); err != nil {
+				closeBody(req)
+				return nil, err
+			}
+			attempt-- // not an attempt: the slot was not this request's yet
+			continue
+		}
+		at = max(at, notBefore)
+		err = nil
+		if d, ok := req.Context().Deadline(); ok && clk.Now().Add(time.Duration(at-now)).After(d) {
+			// The slot comes after the deadline: refuse now rather than wait in vain.
+			err = &sluice.ThrottledError{Key: key, RetryAfter: time.Duration(at - now)}
+		} else {
+			err = clk.Sleep(req.Context(), time.Duration(at-now))
+		}
+		if err != nil {
+			t.mu.Lock()
+			c.Cancel(at, cost)
+			t.mu.Unlock()
 			closeBody(req)
 			return nil, err
 		}
@@ -79,48 +169,36 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err != nil {
 			return nil, err
 		}
-		facts := ratehdr.Read(resp.StatusCode, resp.Header, time.Now())
+		facts := ratehdr.Read(resp.StatusCode, resp.Header, clk.Now())
+		used := cost
+		if t.Used != nil {
+			if u := t.Used(resp); u > 0 {
+				used = u
+			}
+		}
 		t.mu.Lock()
-		c.Observe(monotonic(), facts)
+		c.observe(clk.Nanotime(), at, facts, used)
 		t.mu.Unlock()
-		if !facts.Throttled() || attempt >= t.Retries || !ratehdr.Replayable(req) {
+		if !facts.Throttled() || attempt >= t.Retries || !(ratehdr.Replayable(req) || t.RetryAny && bodyReplayable(req)) {
 			return resp, nil
 		}
 		resp.Body.Close()
+		notBefore = clk.Nanotime() + int64(facts.RetryAfter)
+		req = req.Clone(req.Context())
 		if req.GetBody != nil {
 			body, err := req.GetBody()
 			if err != nil {
 				return nil, err
 			}
-			req = req.Clone(req.Context())
 			req.Body = body
 		}
 	}
 }
 
-// wait sleeps until the controller's next slot, or until ctx ends.
-func (t *Transport) wait(ctx context.Context, c *Controller) error {
-	t.mu.Lock()
-	now := monotonic()
-	at := c.Next(now)
-	t.mu.Unlock()
-	if at <= now {
-		return ctx.Err()
-	}
-	tm := time.NewTimer(time.Duration(at - now))
-	defer tm.Stop()
-	select {
-	case <-tm.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+// bodyReplayable reports whether req's body can be sent again (none, or GetBody set).
+func bodyReplayable(r *http.Request) bool {
+	return r.Body == nil || r.Body == http.NoBody || r.GetBody != nil
 }
-
-var epoch = time.Now()
-
-// monotonic is the process' monotonic clock, in nanoseconds.
-func monotonic() int64 { return int64(time.Since(epoch)) + 1 }
 
 func closeBody(r *http.Request) {
 	if r.Body != nil {

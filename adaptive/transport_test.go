@@ -2,22 +2,219 @@ package adaptive_test
 
 import (
 	"context"
+	"errors"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/referee"
 )
 
-// TestTransportPacesAgainstTheReferee: three clients (three Transports, sharing nothing),
-// four goroutines each, call a real referee over HTTP for two seconds. Every request gets
-// an answer, the clients together stay close to the limit (a loose bound: real time), and
-// a request whose context ends while it waits for its slot returns the context's error.
-func TestTransportPacesAgainstTheReferee(t *testing.T) {
+// inProcess sends requests to a handler in the same process (the real referee), so that a
+// test can run in testing/synctest's fake time, where sockets would block for real.
+type inProcess struct{ h http.Handler }
+
+func (p inProcess) RoundTrip(req *http.Request) (*http.Response, error) {
+	rec := httptest.NewRecorder()
+	p.h.ServeHTTP(rec, req)
+	return rec.Result(), nil
+}
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
+// pool runs clients (one Transport each, sharing nothing) of goroutines each, calling the
+// referee until ctx ends; each request costs cost() tokens (X-Cost), if cost is set.
+func pool(ctx context.Context, t *testing.T, clients, goroutines int, newT func() *adaptive.Transport, url string, cost func() int64) {
+	var wg sync.WaitGroup
+	for range clients {
+		client := &http.Client{Transport: newT()}
+		for range goroutines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for ctx.Err() == nil {
+					req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+					req.Header.Set("Authorization", "Bearer t")
+					if cost != nil {
+						req.Header.Set(referee.HeaderCost, strconv.FormatInt(cost(), 10))
+					}
+					resp, err := client.Do(req)
+					switch {
+					case err == nil:
+						resp.Body.Close()
+					case errors.Is(err, sluice.ErrThrottled):
+						// The slot lies past the deadline: the run ends.
+						<-ctx.Done()
+					case ctx.Err() == nil:
+						t.Errorf("request failed: %v", err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+}
+
+// TestTransportSharesTheLimit: three clients that share nothing, four goroutines each,
+// call the referee (20/s burst 10) for ten minutes of fake time: together they use most
+// of the limit, and the referee refuses few of their requests.
+func TestTransportSharesTheLimit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := clock.NewReal()
+		ref, err := referee.New(sluice.MustParse("20/s burst=10"), referee.WithClock(clk))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		pool(ctx, t, 3, 4, func() *adaptive.Transport {
+			return &adaptive.Transport{Base: inProcess{ref}, Clock: clk}
+		}, "http://api.test/v1/work", nil)
+		st := ref.Stats()
+		capacity := 10 + 20*600.0
+		ratio := float64(st.Rejected) / float64(st.Accepted+st.Rejected)
+		t.Logf("accepted %d of %.0f, refused %d (%.4f)", st.Accepted, capacity, st.Rejected, ratio)
+		if u := float64(st.Accepted) / capacity; u < 0.9 || ratio > 0.01 {
+			t.Errorf("utilization %.3f, 429 ratio %.4f: want at least 0.9 and at most 0.01", u, ratio)
+		}
+	})
+}
+
+// TestTransportLearnsTokenLimits: an LLM-style API (60 requests and 12,000 tokens a
+// minute, OpenAI's fields); two clients of three goroutines send requests of 100 to 1,000
+// tokens for twenty minutes of fake time, each request's cost given by Transport.Cost. The
+// token limit binds: they use most of it, with few refusals.
+func TestTransportLearnsTokenLimits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := clock.NewReal()
+		ref, err := referee.New(sluice.MustParse("60/m"), referee.WithClock(clk),
+			referee.WithCostLimits(sluice.MustParse("12000/m")), referee.WithStyle(referee.OpenAI))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+		defer cancel()
+		var mu sync.Mutex
+		rng := rand.New(rand.NewPCG(1, 2))
+		cost := func() int64 { mu.Lock(); defer mu.Unlock(); return 100 + rng.Int64N(901) }
+		pool(ctx, t, 2, 3, func() *adaptive.Transport {
+			return &adaptive.Transport{Base: inProcess{ref}, Clock: clk, Cost: func(r *http.Request) int64 {
+				n, _ := strconv.ParseInt(r.Header.Get(referee.HeaderCost), 10, 64)
+				return n
+			}}
+		}, "http://api.test/v1/chat", cost)
+		st := ref.Stats()
+		capacity := 12000 + 200*1200.0
+		ratio := float64(st.Rejected) / float64(st.Accepted+st.Rejected)
+		t.Logf("%d requests accepted (%d tokens of %.0f), %d refused (%.4f)", st.Accepted, st.Cost, capacity, st.Rejected, ratio)
+		if u := float64(st.Cost) / capacity; u < 0.85 || ratio > 0.03 {
+			t.Errorf("token utilization %.3f, 429 ratio %.4f: want at least 0.85 and at most 0.03", u, ratio)
+		}
+	})
+}
+
+// TestTransportRetriesIdempotent: a GET refused with a Retry-After is sent again after it
+// (Retries 1), and then accepted; a POST is not retried, unless RetryAny says so.
+func TestTransportRetriesIdempotent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := clock.NewReal()
+		ref, _ := referee.New(sluice.MustParse("1/s burst=1"), referee.WithClock(clk))
+		steal := false
+		tr := &adaptive.Transport{Clock: clk, Retries: 1, Base: roundTripper(func(req *http.Request) (*http.Response, error) {
+			if steal {
+				steal = false
+				ref.Call("secret", 1, clk.Nanotime()) // another process takes the permit first
+			}
+			return inProcess{ref}.RoundTrip(req)
+		})}
+		client := &http.Client{Transport: tr}
+		do := func(method string) int {
+			steal = true
+			req, _ := http.NewRequest(method, "http://api.test/v1/x", nil)
+			req.Header.Set("Authorization", "Bearer secret")
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			return resp.StatusCode
+		}
+		start := clk.Nanotime()
+		if got := do(http.MethodGet); got != http.StatusOK {
+			t.Fatalf("GET: status %d after a retry, want 200", got)
+		}
+		if waited := time.Duration(clk.Nanotime() - start); waited < time.Second {
+			t.Fatalf("GET retried after %v, before the Retry-After (1s)", waited)
+		}
+		time.Sleep(10 * time.Second)
+		if got := do(http.MethodPost); got != http.StatusTooManyRequests {
+			t.Fatalf("POST: status %d, want the 429 itself (not retried)", got)
+		}
+		time.Sleep(10 * time.Second)
+		tr.RetryAny = true
+		if got := do(http.MethodPost); got != http.StatusOK {
+			t.Fatalf("POST with RetryAny: status %d, want 200 after a retry", got)
+		}
+		st := ref.Stats()
+		if st.Accepted != 5 || st.Rejected != 3 {
+			t.Fatalf("the referee saw %d accepted and %d refused, want 5 and 3", st.Accepted, st.Rejected)
+		}
+	})
+}
+
+// TestTransportRefusesASlotPastTheDeadline: a request whose slot comes after its
+// context's deadline is refused at once (a ThrottledError naming the wait), not sent, and
+// its slot is the next request's.
+func TestTransportRefusesASlotPastTheDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := clock.NewReal()
+		ref, _ := referee.New(sluice.MustParse("1/s burst=1"), referee.WithClock(clk))
+		client := &http.Client{Transport: &adaptive.Transport{Base: inProcess{ref}, Clock: clk}}
+		get := func(ctx context.Context) error {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://api.test/v1/x", nil)
+			req.Header.Set("Authorization", "Bearer secret")
+			resp, err := client.Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			return err
+		}
+		for range 3 { // learn the limit: the pace is now a sixteenth of it
+			if err := get(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		before := ref.Stats()
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		start := clk.Nanotime()
+		var te *sluice.ThrottledError
+		if err := get(ctx); !errors.As(err, &te) || te.RetryAfter <= 100*time.Millisecond {
+			t.Fatalf("got %v, want a ThrottledError with the wait", err)
+		}
+		if clk.Nanotime() != start {
+			t.Fatal("it waited before refusing")
+		}
+		if after := ref.Stats(); after.Accepted+after.Rejected != before.Accepted+before.Rejected {
+			t.Fatal("the refused request was sent")
+		}
+	})
+}
+
+// TestTransportPacesOverTCP: the same over real TCP for two seconds of real time: three
+// clients of four goroutines get a fair part of the limit without flooding the API.
+func TestTransportPacesOverTCP(t *testing.T) {
 	ref, err := referee.New(sluice.MustParse("50/s burst=10"))
 	if err != nil {
 		t.Fatal(err)
@@ -26,29 +223,7 @@ func TestTransportPacesAgainstTheReferee(t *testing.T) {
 	defer srv.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	var wg sync.WaitGroup
-	for range 3 {
-		client := &http.Client{Transport: &adaptive.Transport{}}
-		for range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for ctx.Err() == nil {
-					req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/v1/work", nil)
-					req.Header.Set("Authorization", "Bearer t")
-					resp, err := client.Do(req)
-					if err != nil {
-						if ctx.Err() == nil {
-							t.Errorf("request failed: %v", err)
-						}
-						return
-					}
-					resp.Body.Close()
-				}
-			}()
-		}
-	}
-	wg.Wait()
+	pool(ctx, t, 3, 4, func() *adaptive.Transport { return &adaptive.Transport{} }, srv.URL+"/v1/work", nil)
 	st := ref.Stats()
 	t.Logf("accepted %d, refused %d", st.Accepted, st.Rejected)
 	// 2 s of 50/s burst 10 is 110 at most: the pool must get a fair part of it, and must

@@ -4,7 +4,11 @@
 // callers. The demo, the tests and the simulator judge Sluice with it, and users run it as
 // `sluice referee` to test their own clients.
 //
-// It is modelled on a Heroku-style API that follows GCRA, made strict: no slack, no reservation, every request judged at the instant it arrives.
+// It is modelled on a Heroku-style API that follows GCRA, made strict: no slack, no
+// reservation, every request judged at the instant it arrives. With WithCostLimits it is
+// an LLM-style API instead: requests per minute plus tokens per minute, each request's
+// cost in tokens taken from its X-Cost header, and with WithStyle it answers in OpenAI's
+// or Anthropic's header fields.
 package referee
 
 import (
@@ -15,6 +19,7 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -33,6 +38,9 @@ const DefaultMaxTokens = 100_000
 type Referee struct {
 	limits    sluice.Limits
 	core      []gcra.Limit
+	costs     sluice.Limits // limits on each request's cost (an LLM's tokens), if any
+	costCore  []gcra.Limit
+	style     Style
 	clock     clock.Clock
 	dateRetry bool
 	maxTokens int
@@ -43,8 +51,9 @@ type Referee struct {
 }
 
 type token struct {
-	tats []int64
-	c    Counts
+	tats  []int64
+	ctats []int64 // the cost limits' state
+	c     Counts
 }
 
 // Counts are what the referee saw for one token, or in all.
@@ -55,6 +64,8 @@ type Counts struct {
 	// request (0 if none).
 	FirstNs int64 `json:"first_ns,omitempty"`
 	LastNs  int64 `json:"last_ns,omitempty"`
+	// Cost is the cost of the accepted requests (an LLM-style referee's tokens).
+	Cost int64 `json:"cost,omitempty"`
 }
 
 // Stats is the answer of GET /stats.
@@ -79,6 +90,17 @@ func WithClock(c clock.Clock) Option { return optionFunc(func(r *Referee) { r.cl
 // delta-seconds (both forms are in RFC 9110; clients must read both).
 func WithDateRetryAfter() Option { return optionFunc(func(r *Referee) { r.dateRetry = true }) }
 
+// WithCostLimits makes the referee an LLM-style API: besides its limits on requests
+// (each request costs one), each API token has these limits on what requests cost (an
+// LLM's tokens per minute, e.g. "40000/m"), each request's cost read from its X-Cost
+// header (default 1). A request is accepted only if every limit allows it.
+func WithCostLimits(l sluice.Limits) Option {
+	return optionFunc(func(r *Referee) { r.costs = l })
+}
+
+// WithStyle sets the header fields the answers carry (default IETF).
+func WithStyle(s Style) Option { return optionFunc(func(r *Referee) { r.style = s }) }
+
 // WithMaxTokens caps the tokens tracked (default DefaultMaxTokens).
 func WithMaxTokens(n int) Option { return optionFunc(func(r *Referee) { r.maxTokens = n }) }
 
@@ -91,6 +113,15 @@ func New(limits sluice.Limits, opts ...Option) (*Referee, error) {
 	for _, o := range opts {
 		o.apply(r)
 	}
+	if len(r.costs) > 0 {
+		if err := r.costs.Validate(); err != nil {
+			return nil, fmt.Errorf("referee: cost limits: %w", err)
+		}
+		r.costCore = r.costs.Core(0)
+	}
+	if int(r.style) >= len(styleNames) {
+		return nil, fmt.Errorf("referee: unknown style %d", r.style)
+	}
 	return r, nil
 }
 
@@ -101,33 +132,73 @@ func (r *Referee) Limits() sluice.Limits { return r.limits }
 var ErrTooManyTokens = errors.New("referee: too many tokens")
 
 // Judge decides one request of cost n for tok arriving at the referee clock's Nanotime at,
-// and counts it. It is what ServeHTTP does, without HTTP: the simulator calls it at
-// virtual times.
+// and counts it. It is what ServeHTTP does, without HTTP, for a referee without cost
+// limits: the simulator calls it at virtual times.
 func (r *Referee) Judge(tok string, n int64, at int64) (sluice.Decision, error) {
+	v, err := r.call(tok, n, 0, at)
+	return v.Requests, err
+}
+
+// Verdict is the referee's answer to one request.
+type Verdict struct {
+	Allowed bool
+	// Requests is the decision of the limits on requests; Cost that of the cost limits
+	// (zero without them). Each tells what is left under its limits after the request.
+	Requests, Cost sluice.Decision
+	// RetryAfter is, when refused, how long until every limit would allow the request.
+	RetryAfter time.Duration
+}
+
+// Call decides one request costing cost (its X-Cost: an LLM's tokens; ignored without
+// cost limits) for tok arriving at the referee clock's Nanotime at, and counts it. It is
+// what ServeHTTP does, without HTTP.
+func (r *Referee) Call(tok string, cost int64, at int64) (Verdict, error) {
+	return r.call(tok, 1, cost, at)
+}
+
+func (r *Referee) call(tok string, n, cost int64, at int64) (Verdict, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	t := r.tokens[tok]
 	if t == nil {
 		if len(r.tokens) >= r.maxTokens {
-			return sluice.Decision{}, ErrTooManyTokens
+			return Verdict{}, ErrTooManyTokens
 		}
-		t = &token{tats: make([]int64, len(r.core))}
+		t = &token{tats: make([]int64, len(r.core)), ctats: make([]int64, len(r.costCore))}
 		r.tokens[tok] = t
 	}
-	res, _, err := gcra.Decide(t.tats, r.core, at, n, 0)
-	if err != nil {
-		// A cost above the burst can never be accepted: it is a violation like any other.
-		res = gcra.Result{RetryAfter: 0}
+	// Decide on copies: the request is accepted only if every limit allows it, and a
+	// refusal by one consumes nothing from the others.
+	var tats, ctats [gcra.MaxLimits]int64
+	copy(tats[:], t.tats)
+	copy(ctats[:], t.ctats)
+	req := judge(tats[:len(t.tats)], r.core, at, n)
+	var v Verdict
+	v.Allowed = req.Allowed
+	var cres gcra.Result
+	if len(r.costCore) > 0 {
+		cres = judge(ctats[:len(t.ctats)], r.costCore, at, cost)
+		v.Allowed = v.Allowed && cres.Allowed
 	}
-	d := sluice.Decision{
-		Allowed:    res.Allowed,
-		Remaining:  res.Remaining,
-		RetryAfter: time.Duration(res.RetryAfter),
-		ResetAfter: time.Duration(res.ResetAfter),
+	if v.Allowed {
+		copy(t.tats, tats[:])
+		copy(t.ctats, ctats[:])
+	} else {
+		// Report what is left as it stands: nothing was consumed.
+		v.RetryAfter = time.Duration(max(req.RetryAfter, cres.RetryAfter))
+		req, _, _ = gcra.Decide(t.tats, r.core, at, 0, 0)
+		if len(r.costCore) > 0 {
+			cres, _, _ = gcra.Decide(t.ctats, r.costCore, at, 0, 0)
+		}
 	}
-	if d.Allowed {
+	v.Requests = decision(req, v.Allowed, v.RetryAfter)
+	if len(r.costCore) > 0 {
+		v.Cost = decision(cres, v.Allowed, v.RetryAfter)
+	}
+	if v.Allowed {
 		for _, c := range []*Counts{&t.c, &r.total} {
 			c.Accepted += n
+			c.Cost += cost
 			if c.FirstNs == 0 {
 				c.FirstNs = at
 			}
@@ -137,7 +208,25 @@ func (r *Referee) Judge(tok string, n int64, at int64) (sluice.Decision, error) 
 		t.c.Rejected += max(n, 1)
 		r.total.Rejected += max(n, 1)
 	}
-	return d, nil
+	return v, nil
+}
+
+// judge decides n permits under limits, in place. A cost above a burst can never be
+// accepted: it is refused like any other request past the limit.
+func judge(tats []int64, limits []gcra.Limit, at, n int64) gcra.Result {
+	res, _, err := gcra.Decide(tats, limits, at, n, 0)
+	if err != nil {
+		return gcra.Result{}
+	}
+	return res
+}
+
+func decision(res gcra.Result, allowed bool, retry time.Duration) sluice.Decision {
+	d := sluice.Decision{Allowed: allowed, Remaining: res.Remaining, ResetAfter: time.Duration(res.ResetAfter)}
+	if !allowed {
+		d.RetryAfter = retry
+	}
+	return d
 }
 
 // SetLimits changes the limits enforced from now on (an API that changed its limit). Each
@@ -205,25 +294,28 @@ func (r *Referee) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, "referee: no API token (send Authorization: Bearer TOKEN or X-Api-Token)", http.StatusUnauthorized)
 		return
 	}
-	d, err := r.Judge(tok, 1, at)
+	cost := int64(1)
+	if v := req.Header.Get(HeaderCost); v != "" {
+		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if err != nil || n < 0 || n > maxCost {
+			http.Error(w, fmt.Sprintf("referee: bad %s %q: want a whole number of tokens from 0 to %d", HeaderCost, v, int64(maxCost)), http.StatusBadRequest)
+			return
+		}
+		cost = n
+	}
+	v, err := r.Call(tok, cost, at)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 		return
 	}
-	sluice.SetRateLimitHeaders(w.Header(), r.limits, d)
-	if !d.Allowed && r.dateRetry {
-		// HTTP-dates have whole seconds: round the wait up so the date is never early.
-		until := r.clock.Now().Add(d.RetryAfter + time.Second - 1).UTC().Truncate(time.Second)
-		w.Header().Set(sluice.HeaderRetryAfter, until.Format(http.TimeFormat))
-		w.Header().Del(sluice.HeaderRetryAfterMs)
-	}
+	r.WriteHeaders(w.Header(), v, r.clock.Now())
 	w.Header().Set("Content-Type", "application/json")
-	if !d.Allowed {
+	if !v.Allowed {
 		w.WriteHeader(http.StatusTooManyRequests)
-		fmt.Fprintf(w, "{\"error\":\"rate limit exceeded\",\"retry_after_ms\":%d}\n", d.RetryAfter.Milliseconds())
+		fmt.Fprintf(w, "{\"error\":\"rate limit exceeded\",\"retry_after_ms\":%d}\n", v.RetryAfter.Milliseconds())
 		return
 	}
-	fmt.Fprintf(w, "{\"ok\":true,\"remaining\":%d}\n", d.Remaining)
+	fmt.Fprintf(w, "{\"ok\":true,\"remaining\":%d}\n", v.Requests.Remaining)
 }
 
 // Summary writes the counts per token as text, busiest first.

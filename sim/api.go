@@ -30,6 +30,7 @@ func (e *engine) sendToAPI(mi, g int32) {
 	m := e.members[mi]
 	s := &m.gs[g]
 	s.hasTk = false
+	s.sent = e.now
 	e.sent++
 	e.bucket().sent++
 	e.waits.add(e.now - s.arrival)
@@ -40,23 +41,28 @@ func (e *engine) sendToAPI(mi, g int32) {
 		e.schedule(event{at: e.now + int64(e.sc.Store.Timeout), kind: evStart, m: mi, g: g, op: s.op})
 		return
 	}
-	e.schedule(event{at: e.now + e.latency(&e.sc.Network.API), kind: evAPIArrive, m: mi, g: g, op: s.op})
+	e.schedule(event{at: e.now + e.latency(&e.sc.Network.API), kind: evAPIArrive, m: mi, g: g, op: s.op, val2: s.cost})
 }
 
 func (e *engine) apiArrive(ev *event) {
-	d, _ := e.ref.Judge("api", 1, e.now)
+	v, _ := e.ref.Call("api", ev.val2, e.now)
+	if !e.stale(ev) {
+		e.members[ev.m].gs[ev.g].verdict = v
+	}
 	b := e.bucket()
 	reply := *ev
 	reply.kind = evAPIReply
 	reply.at = e.now + e.latency(&e.sc.Network.API)
-	if d.Allowed {
+	reply.val, reply.val2 = 0, 0
+	if v.Allowed {
 		e.accepted++
+		e.acceptedTok += ev.val2
 		b.accepted++
 		reply.val = 1
 	} else {
 		e.rejected++
 		b.rejected++
-		reply.val2 = int64(d.RetryAfter)
+		reply.val2 = int64(v.RetryAfter)
 	}
 	e.schedule(reply)
 }
@@ -71,5 +77,17 @@ func (e *engine) apiReply(ev *event) {
 			e.mode.penalize(e, ev.m, e.now+ev.val2)
 		}
 	}
+	if o, ok := e.mode.(answerObserver); ok {
+		o.answered(e, ev)
+	}
 	e.startNext(ev.m, ev.g)
+	if m.backlog == 0 && m.qlen == 0 && m.cleared == 0 && m.demand.Pattern == "backlog" && len(m.free) == len(m.gs) {
+		m.cleared = e.now
+	}
+}
+
+// answerObserver is a mode that learns from every answer of the API (the adaptive
+// mode's clients), told before the goroutine takes its next request.
+type answerObserver interface {
+	answered(e *engine, ev *event)
 }

@@ -4,6 +4,7 @@ package sim
 
 import (
 	"math"
+	"math/rand/v2"
 	"slices"
 
 	"github.com/sluicehq/sluice/gcra"
@@ -29,12 +30,18 @@ func (e *engine) join(mi int32) {
 	}
 	clear(m.tats)
 	clear(m.ftats)
+	m.cleared = 0
+	// The tokens of its requests: the same draws for the member and the ideal throttle.
+	m.costs.Seed(e.sc.Seed^uint64(mi)<<32^uint64(m.inc), 0x636f7374) // "cost"
+	if e.idealCosts != nil {
+		e.idealCosts.Seed(e.sc.Seed^uint64(mi)<<32^uint64(m.inc), 0x636f7374)
+	}
 	m.hold, m.debt = 0, gcra.Debt{}
 	d := m.demand
 	switch d.Pattern {
 	case "backlog":
 		m.backlog = d.N
-		e.idealAdmit(d.N)
+		e.idealAdmit(d, d.N)
 		e.openSpan(m, math.Inf(1))
 		e.wake(mi)
 	case "onoff":
@@ -52,14 +59,35 @@ func (e *engine) join(mi int32) {
 
 // idealAdmit feeds n requests arriving now to the ideal throttle, counting those it would
 // admit by the end of the run.
-func (e *engine) idealAdmit(n int64) {
+// With token limits, the ideal draws the requests' costs as the members do: for a
+// backlog, the very draws its member will make, in order; for arrivals, draws from the
+// same distribution.
+func (e *engine) idealAdmit(d *Demand, n int64) {
 	for ; n > 0; n-- {
-		res, tk, err := gcra.Decide(e.ideal, e.idealCore, e.now, 1, math.MaxInt64)
+		at, cost := e.now, int64(0)
+		if e.idealTokCore != nil {
+			cost = d.Tokens.draw(e.idealCosts)
+			res, tk, err := gcra.Decide(e.idealTok, e.idealTokCore, e.now, cost, math.MaxInt64)
+			if err != nil || !res.Allowed || tk.At > e.end {
+				return
+			}
+			at = tk.At
+		}
+		res, tk, err := gcra.Decide(e.ideal, e.idealCore, at, 1, math.MaxInt64)
 		if err != nil || !res.Allowed || tk.At > e.end {
 			return // every later one is later still
 		}
 		e.idealN++
+		e.idealTokN += cost
 	}
+}
+
+// draw returns one request's cost in tokens (1 when the demand names none).
+func (t TokenRange) draw(src *rand.PCG) int64 {
+	if t.Max <= 0 {
+		return 1
+	}
+	return t.Min + int64(src.Uint64()%uint64(t.Max-t.Min+1))
 }
 
 func (e *engine) openSpan(m *member, demand float64) {
@@ -123,7 +151,7 @@ func (e *engine) arrival(ev *event) {
 	}
 	e.arrivals++
 	e.bucket().arrivals++
-	e.idealAdmit(1)
+	e.idealAdmit(m.demand, 1)
 	e.enqueue(m, e.now)
 	e.nextArrival(ev.m)
 	if m.paused <= e.now {
@@ -195,5 +223,6 @@ func (e *engine) startNext(mi, g int32) {
 		return
 	}
 	s.busy = true
+	s.cost = m.demand.Tokens.draw(m.costs)
 	e.mode.acquire(e, mi, g)
 }

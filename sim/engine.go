@@ -17,7 +17,10 @@ type gslot struct {
 	busy    bool
 	arrival int64 // when the request it handles arrived
 	ticket  gcra.Ticket
-	hasTk   bool // holds a store reservation not yet used
+	hasTk   bool            // holds a store reservation not yet used
+	sent    int64           // when its request left for the API
+	cost    int64           // its request's cost in tokens (a referee with token limits)
+	verdict referee.Verdict // the API's answer to its request, on its way back
 }
 
 // member is one simulated worker process.
@@ -26,6 +29,7 @@ type member struct {
 	group   int
 	demand  *Demand
 	rng     *rand.Rand
+	costs   *rand.PCG // draws the tokens of its requests (reseeded at each join)
 	present bool
 	inc     uint32 // incarnation: bumped on crash, leave and join
 	paused  int64  // paused until this time (0: running)
@@ -49,6 +53,7 @@ type member struct {
 	granted, rejected, dropped int64
 	spanStart                  float64 // start of the open demand span (seconds), -1 if none
 	spans                      []measure.Span
+	cleared                    int64 // when its backlog was all answered (0: not yet)
 }
 
 // engine runs one scenario under one mode.
@@ -84,6 +89,13 @@ type engine struct {
 	ideal     []int64
 	idealCore []gcra.Limit
 	idealN    int64
+	// with token limits: the ideal's state under them, and the costs it draws (the same
+	// draws as the members')
+	idealTok     []int64
+	idealTokCore []gcra.Limit
+	idealCosts   *rand.PCG
+	idealTokN    int64 // the tokens of the requests the ideal admits
+	acceptedTok  int64 // the tokens of the requests the referee accepted
 
 	// counters
 	arrivals, sent, accepted, rejected, dropped int64
@@ -121,7 +133,17 @@ func newEngine(sc *Scenario, m mode) *engine {
 	e.setLimits(sc.Limit.Limits)
 	e.maxWait = int64(sc.Client.MaxWait)
 	e.margin = int64(sc.Client.Margin)
-	ref, _ := referee.New(sc.Limit.Limits, referee.WithMaxTokens(1))
+	opts := []referee.Option{referee.WithMaxTokens(1), referee.WithStyle(sc.Referee.style)}
+	if sc.Referee.Tokens != nil {
+		opts = append(opts, referee.WithCostLimits(sc.Referee.Tokens.Limits))
+		e.idealTokCore = sc.Referee.Tokens.Limits.Core(0)
+		e.idealTok = make([]int64, len(e.idealTokCore))
+		e.idealCosts = rand.NewPCG(0, 0)
+	}
+	ref, err := referee.New(sc.Limit.Limits, opts...)
+	if err != nil {
+		panic(err) // the scenario's limits were validated
+	}
 	e.ref = ref
 	e.series = make([]bucket, max(1, int((e.end+e.sample-1)/e.sample)))
 	e.storeTats = make([]int64, len(e.core))
@@ -134,6 +156,7 @@ func newEngine(sc *Scenario, m mode) *engine {
 				group:     gi,
 				demand:    &g.Demand,
 				rng:       rand.New(rand.NewPCG(sc.Seed, uint64(idx)+1)),
+				costs:     rand.NewPCG(0, 0),
 				gs:        make([]gslot, g.Goroutines),
 				queue:     make([]int64, 16),
 				tats:      make([]int64, len(e.core)),

@@ -41,12 +41,17 @@ type leaseReporter interface {
 }
 
 // ModeNames lists the modes the simulator knows.
-func ModeNames() []string { return []string{"local", "redis", "lease", "gossip"} }
+// (adaptive takes a strategy: adaptive:seed, adaptive:cubic, adaptive:sre; plain
+// adaptive is the default, sluice.)
+func ModeNames() []string { return []string{"local", "redis", "lease", "gossip", "adaptive"} }
 
 // CheckMode returns an error naming the known modes when name is not one of them.
 func CheckMode(name string) error {
 	if slices.Contains(ModeNames(), name) {
 		return nil
+	}
+	if _, ok, err := parseAdaptive(name); ok {
+		return err
 	}
 	if name == "central" {
 		return fmt.Errorf("unknown mode %q: it is called redis now, as in sluice demo and serve", name)
@@ -64,6 +69,9 @@ func newMode(name string, sc *Scenario) mode {
 		return newLeaseMode(sc)
 	case "gossip":
 		return newGossipMode(sc)
+	}
+	if s, ok, err := parseAdaptive(name); ok && err == nil {
+		return newAdaptiveMode(name, s)
 	}
 	return nil
 }

@@ -42,7 +42,8 @@ type ModeReport struct {
 	PeakOverAdmission int64 `json:"peak_over_admission"`
 	// Utilization is accepted / what a perfect throttle (the same limit, no latency, an
 	// unbounded queue) would have admitted from the same arrivals by the end: Burst +
-	// Rate × w over a window w in which demand exceeded the limit throughout.
+	// Rate × w over a window w in which demand exceeded the limit throughout. With
+	// token limits (referee.tokens), it counts tokens, not requests.
 	Utilization float64 `json:"utilization"`
 	// Jain is Jain's index over each member's accepted / max-min fair share of its demand.
 	Jain float64 `json:"jain"`
@@ -65,6 +66,10 @@ type ModeReport struct {
 	// exceeded the limit, at least 90% of it used. -1: never within the run.
 	Events    []EventReport  `json:"events"`
 	PerMember []MemberReport `json:"per_member"`
+	// ClearedS is how long the pool took to have every backlog answered: from the first
+	// join of a member with a backlog to the last answer of the last backlog. Absent
+	// when there is no backlog, or one was not cleared within the run.
+	ClearedS *float64 `json:"cleared_s,omitempty"`
 	// Lease holds the lease mode's own figures (absent for the other modes).
 	Lease *LeaseReport `json:"lease,omitempty"`
 
@@ -150,6 +155,11 @@ func (e *engine) report() ModeReport {
 	if e.idealN > 0 {
 		r.Utilization = round(float64(e.accepted) / float64(e.idealN))
 	}
+	if e.idealTokCore != nil && e.idealTokN > 0 {
+		// With token limits, what is used is tokens: a pool that sends the cheap requests
+		// and loses the dear ones to refusals would look better in requests.
+		r.Utilization = round(float64(e.acceptedTok) / float64(e.idealTokN))
+	}
 	// Fairness over each member's demand spans.
 	var spans []measure.Span
 	for i, m := range e.members {
@@ -172,6 +182,7 @@ func (e *engine) report() ModeReport {
 		r.PerMember = append(r.PerMember, mr)
 	}
 	r.Jain = round(measure.JainOfShares(granted, fair))
+	r.ClearedS = e.cleared()
 	if lr, ok := e.mode.(leaseReporter); ok {
 		r.Lease = lr.leaseReport(e)
 	}
@@ -187,6 +198,25 @@ func (e *engine) report() ModeReport {
 		r.Events = []EventReport{}
 	}
 	return r
+}
+
+// cleared is how long the backlogs took to clear (nil if none did, or one did not).
+func (e *engine) cleared() *float64 {
+	first, last := int64(math.MaxInt64), int64(0)
+	for _, m := range e.members {
+		if m.demand.Pattern != "backlog" {
+			continue
+		}
+		if m.cleared == 0 {
+			return nil
+		}
+		first, last = min(first, m.joined), max(last, m.cleared)
+	}
+	if last == 0 {
+		return nil
+	}
+	s := round(float64(last-first) / 1e9)
+	return &s
 }
 
 func tightestInterval(e *engine) int64 {

@@ -10,8 +10,10 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice/internal/hits"
+	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/yamlx"
 	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/referee"
 )
 
 // Scenario is one simulated situation, read from a YAML file (see docs/simulator.md).
@@ -29,6 +31,7 @@ type Scenario struct {
 	Local       Local    `yaml:"local"`
 	Lease       Lease    `yaml:"lease"`
 	Gossip      Gossip   `yaml:"gossip"`
+	Referee     Referee  `yaml:"referee"`
 	Members     []Group  `yaml:"members"`
 	Events      []Event  `yaml:"events"`
 
@@ -120,6 +123,22 @@ func (x *Gossip) UnmarshalYAML(n *yaml.Node) error {
 	return yamlx.DecodeMapping(n, (*plain)(x), &x.line)
 }
 
+// Referee is how the API answers: the header fields it writes, and an LLM-style API's
+// limits on tokens, each request costing its demand's tokens.
+type Referee struct {
+	Style  string  `yaml:"style"`  // ietf (default), openai or anthropic
+	Tokens *Limits `yaml:"tokens"` // e.g. 40000/m: tokens per minute
+	style  referee.Style
+	line   int
+}
+
+// TokenRange is the cost of each request in tokens, drawn uniformly from Min to Max
+// (the documents of random length an LLM pool summarises).
+type TokenRange struct {
+	Min int64 `yaml:"min"`
+	Max int64 `yaml:"max"`
+}
+
 // Group is a set of identical members, named NAME1..NAMEn.
 type Group struct {
 	Name       string   `yaml:"name"`
@@ -142,6 +161,7 @@ type Demand struct {
 	Period  Duration   `yaml:"period"`  // diurnal: default 24h
 	Phase   Duration   `yaml:"phase"`   // diurnal: shifts the cycle (half a period: opposite)
 	Times   []Duration `yaml:"times"`   // times: one request at each time after join
+	Tokens  TokenRange `yaml:"tokens"`  // each request's cost in tokens (a referee with token limits)
 	line    int
 }
 
@@ -210,6 +230,10 @@ func (x *Client) UnmarshalYAML(n *yaml.Node) error {
 }
 func (x *Lease) UnmarshalYAML(n *yaml.Node) error {
 	type plain Lease
+	return yamlx.DecodeMapping(n, (*plain)(x), &x.line)
+}
+func (x *Referee) UnmarshalYAML(n *yaml.Node) error {
+	type plain Referee
 	return yamlx.DecodeMapping(n, (*plain)(x), &x.line)
 }
 func (x *Group) UnmarshalYAML(n *yaml.Node) error {
@@ -342,6 +366,9 @@ func (s *Scenario) check() error {
 	if err := s.Lease.check(); err != nil {
 		return err
 	}
+	if err := s.Referee.check(); err != nil {
+		return err
+	}
 	if len(s.Members) == 0 {
 		return bad(0, "members: none")
 	}
@@ -371,6 +398,11 @@ func (s *Scenario) check() error {
 		}
 		if err := g.Demand.check(); err != nil {
 			return err
+		}
+		if t := g.Demand.Tokens; t.Max > 0 && s.Referee.Tokens != nil {
+			if burst := gcra.MaxCost(s.Referee.Tokens.Limits.Core(0)); t.Max > burst {
+				return bad(g.Demand.line, "tokens: max %d is more than the token limit's burst (%d): such a request can never be accepted", t.Max, burst)
+			}
 		}
 	}
 	if total > maxMembers {
@@ -442,6 +474,15 @@ func (l *Lease) check() error {
 	return nil
 }
 
+func (r *Referee) check() error {
+	st, err := referee.ParseStyle(r.Style)
+	if r.Style != "" && err != nil {
+		return yamlx.AtLine(r.line, "referee.style: want ietf, openai or anthropic, not %q", r.Style)
+	}
+	r.style = st
+	return nil
+}
+
 func (d *Dist) check() error {
 	bad := func(format string, a ...any) error { return yamlx.AtLine(d.line, format, a...) }
 	switch d.Kind {
@@ -506,6 +547,9 @@ func (d *Demand) check() error {
 		return bad("pattern: missing (constant, poisson, onoff, diurnal, backlog or times)")
 	default:
 		return bad("pattern: want constant, poisson, onoff, diurnal, backlog or times, not %q", d.Pattern)
+	}
+	if t := d.Tokens; t.Min < 0 || t.Max < t.Min || t.Max > 1e9 {
+		return bad("tokens: want 0 <= min <= max <= 1e9")
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/internal/demo"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/strict"
@@ -24,7 +25,7 @@ func init() {
 }
 
 func runDemo(ctx context.Context, env Env, args []string) error {
-	fs := newFlags(env, "demo", "demo [--mode local|redis|lease|adaptive] [--redis-url redis://HOST:PORT] [--store URL] [--limit '20/s burst=10'] [--workers 8] [--duration 10s] [--json]")
+	fs := newFlags(env, "demo", "demo [--mode local|redis|lease|adaptive] [--strategy sluice|seed|cubic|sre] [--redis-url redis://HOST:PORT] [--store URL] [--limit '20/s burst=10'] [--workers 8] [--duration 10s] [--json]")
 	limits := sluice.MustParse("20/s burst=10")
 	fs.TextVar(&limits, "limit", limits, "the API's `limit`, enforced by the referee and obeyed by the pool (e.g. '1/6s', '100/s burst=20; 4500/h')")
 	mode := fs.String("mode", "local", "where decisions are made: `local` (one limiter for the pool), redis (in the Redis at --redis-url) or lease (each worker a member deciding on its share, leased from an in-memory store), or adaptive (each worker a client sharing nothing, pacing itself by the API's answers)")
@@ -38,6 +39,8 @@ func runDemo(ctx context.Context, env Env, args []string) error {
 	dur := fs.Duration("duration", 10*time.Second, "how long the run lasts")
 	margin := fs.Duration("margin", 10*time.Millisecond, "the limiter's jitter tolerance (safety margin): 0 decides the limit exactly")
 	seed := fs.Uint64("seed", 1, "seed of the schedule of joins, leaves and bursts")
+	var strategy adaptive.Strategy
+	fs.TextVar(&strategy, "strategy", adaptive.Sluice, "adaptive mode: how each worker learns its pace: `sluice` (the default), seed (seed 003's), cubic (the AWS SDKs') or sre (Google SRE's client-side throttling)")
 	asJSON := fs.Bool("json", false, "print the summary as one JSON object")
 	if err := parseFlags(env, fs, args); err != nil {
 		return err
@@ -70,6 +73,7 @@ func runDemo(ctx context.Context, env Env, args []string) error {
 		cfg.LeaseStore = st
 		cfg.Log = func(s string) { fmt.Fprintln(env.Stderr, "sluice demo:", s) }
 	case "adaptive":
+		cfg.Adaptive.Strategy = strategy
 	case "redis":
 		nl, err := redisLimiter(*redisURL, *redisTimeout, *failMode, *share)
 		if err != nil {

@@ -56,6 +56,9 @@ type Config struct {
 	LeaseStore lease.Store
 	// Log, if set, is told what the run does before it starts (a wait for a store).
 	Log func(string)
+	// Adaptive, for adaptive mode, tunes each worker's controller (its strategy among
+	// others; zero: the defaults).
+	Adaptive adaptive.Config
 }
 
 // Progress is a snapshot during the run.
@@ -184,7 +187,7 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 		// Each worker a client that shares nothing with the others, as separate processes
 		// would be: no limiter, no store, only the API's answers.
 		for i := range clients {
-			clients[i] = &http.Client{Transport: &adaptive.Transport{Base: base}}
+			clients[i] = &http.Client{Transport: &adaptive.Transport{Base: base, Config: cfg.Adaptive}}
 		}
 	} else if cfg.NewWorkerLimiter != nil {
 		defer func() {

@@ -14,6 +14,7 @@ package ratehdr
 
 import (
 	"net/http"
+	"net/textproto"
 	"strconv"
 	"strings"
 	"time"
@@ -73,12 +74,12 @@ func Read(status int, h http.Header, now time.Time) Facts {
 	f := Facts{Status: status}
 	f.RetryAfter, f.HasRetryAfter = RetryAfter(h, now)
 	switch {
-	case h.Get("RateLimit") != "" || h.Get("RateLimit-Policy") != "":
+	case get(h, kRateLimit) != "" || get(h, kPolicy) != "":
 		f.Quotas = ietf(h)
-	case h.Get("RateLimit-Remaining") != "" || h.Get("RateLimit-Limit") != "":
-		f.Quotas = trio(h, "RateLimit-", now)
-	case h.Get("X-RateLimit-Remaining") != "" || h.Get("X-RateLimit-Limit") != "":
-		f.Quotas = trio(h, "X-RateLimit-", now)
+	case get(h, kTrio[0].remaining) != "" || get(h, kTrio[0].limit) != "":
+		f.Quotas = trio(h, kTrio[0], now)
+	case get(h, kTrio[1].remaining) != "" || get(h, kTrio[1].limit) != "":
+		f.Quotas = trio(h, kTrio[1], now)
 	}
 	f.Quotas = append(f.Quotas, openAI(h)...)
 	f.Quotas = append(f.Quotas, anthropic(h, now)...)
@@ -89,12 +90,12 @@ func Read(status int, h http.Header, now time.Time) Facts {
 // else Retry-After in either of its forms (delta-seconds, or an HTTP-date compared with
 // now). It reports false when the response names no wait or names it badly.
 func RetryAfter(h http.Header, now time.Time) (time.Duration, bool) {
-	if v := strings.TrimSpace(h.Get("Retry-After-Ms")); v != "" {
+	if v := strings.TrimSpace(get(h, kRetryAfterMs)); v != "" {
 		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms >= 0 && ms < float64(maxWait/time.Millisecond) {
 			return time.Duration(ms * float64(time.Millisecond)), true
 		}
 	}
-	v := strings.TrimSpace(h.Get("Retry-After"))
+	v := strings.TrimSpace(get(h, kRetryAfter))
 	if v == "" {
 		return 0, false
 	}
@@ -129,7 +130,7 @@ func newQuota(name string) Quota {
 // (`"name";r=50;t=30` and `"name";q=100;w=10`, one member per policy) or the older
 // dictionary form (`limit=100, remaining=50, reset=30`).
 func ietf(h http.Header) []Quota {
-	rl := strings.Join(h.Values("RateLimit"), ", ")
+	rl := strings.Join(h[kRateLimit], ", ")
 	if isDictionary(rl) {
 		q := newQuota("")
 		for _, kv := range splitTop(rl, ',') {
@@ -151,15 +152,16 @@ func ietf(h http.Header) []Quota {
 	}
 	// The policies (q, w, burst) first, then what is left of each (r, t): the keys do not
 	// overlap, so one reading serves both fields.
-	for _, field := range []string{strings.Join(h.Values("RateLimit-Policy"), ", "), rl} {
+	for _, field := range []string{strings.Join(h[kPolicy], ", "), rl} {
 		for _, m := range splitTop(field, ',') {
 			name, params, ok := member(m)
 			if !ok {
 				continue
 			}
 			q := get(name)
-			for k, v := range params {
-				q.set(k, v)
+			for _, p := range params {
+				k, v, _ := strings.Cut(strings.TrimSpace(p), "=")
+				q.set(strings.ToLower(strings.TrimSpace(k)), strings.TrimSpace(v))
 			}
 		}
 	}
@@ -191,8 +193,9 @@ func isDictionary(v string) bool {
 	return !strings.Contains(v, ";") && strings.Contains(strings.ToLower(v), "remaining=")
 }
 
-// member splits one structured-field member, `"name";k=v;k=v` or `name;k=v`.
-func member(m string) (name string, params map[string]string, ok bool) {
+// member splits one structured-field member, `"name";k=v;k=v` or `name;k=v`, into its
+// name and its parameters (`k=v`).
+func member(m string) (name string, params []string, ok bool) {
 	parts := splitTop(strings.TrimSpace(m), ';')
 	if len(parts) == 0 {
 		return "", nil, false
@@ -203,12 +206,7 @@ func member(m string) (name string, params map[string]string, ok bool) {
 	} else if name == "" || strings.ContainsAny(name, `="`) {
 		return "", nil, false
 	}
-	params = map[string]string{}
-	for _, p := range parts[1:] {
-		k, v, _ := strings.Cut(strings.TrimSpace(p), "=")
-		params[strings.ToLower(strings.TrimSpace(k))] = strings.TrimSpace(v)
-	}
-	return name, params, true
+	return name, parts[1:], true
 }
 
 // splitTop splits s at sep outside double quotes.
@@ -236,13 +234,13 @@ func splitTop(s string, sep byte) []string {
 	return out
 }
 
-// trio reads PREFIX+Limit, Remaining and Reset: seconds from now, or an absolute Unix time
-// when larger than epochAfter (GitHub).
-func trio(h http.Header, prefix string, now time.Time) []Quota {
+// trio reads PREFIX-Limit, -Remaining and -Reset: seconds from now, or an absolute Unix
+// time when larger than epochAfter (GitHub).
+func trio(h http.Header, k keys, now time.Time) []Quota {
 	q := newQuota("")
-	q.Limit = count(h.Get(prefix + "Limit"))
-	q.Remaining = count(h.Get(prefix + "Remaining"))
-	if v := strings.TrimSpace(h.Get(prefix + "Reset")); v != "" {
+	q.Limit = count(get(h, k.limit))
+	q.Remaining = count(get(h, k.remaining))
+	if v := strings.TrimSpace(get(h, k.reset)); v != "" {
 		if s, err := strconv.ParseFloat(v, 64); err == nil && s >= 0 {
 			if s > epochAfter {
 				if !now.IsZero() {
@@ -262,11 +260,12 @@ func trio(h http.Header, prefix string, now time.Time) []Quota {
 // openAI reads x-ratelimit-{limit,remaining,reset}-{requests,tokens}.
 func openAI(h http.Header) []Quota {
 	var qs []Quota
-	for _, kind := range []string{"requests", "tokens"} {
+	for i, kind := range openAIKinds {
+		k := kOpenAI[i]
 		q := newQuota(kind)
-		q.Limit = count(h.Get("X-Ratelimit-Limit-" + kind))
-		q.Remaining = count(h.Get("X-Ratelimit-Remaining-" + kind))
-		if v := strings.TrimSpace(h.Get("X-Ratelimit-Reset-" + kind)); v != "" {
+		q.Limit = count(get(h, k.limit))
+		q.Remaining = count(get(h, k.remaining))
+		if v := strings.TrimSpace(get(h, k.reset)); v != "" {
 			if d, err := time.ParseDuration(v); err == nil && d >= 0 {
 				q.Reset = clampWait(d)
 			} else {
@@ -284,12 +283,12 @@ func openAI(h http.Header) []Quota {
 // {limit,remaining,reset}, the reset an RFC 3339 time.
 func anthropic(h http.Header, now time.Time) []Quota {
 	var qs []Quota
-	for _, kind := range []string{"requests", "tokens", "input-tokens", "output-tokens"} {
-		p := "Anthropic-Ratelimit-" + kind + "-"
+	for i, kind := range anthropicKinds {
+		k := kAnthropic[i]
 		q := newQuota(kind)
-		q.Limit = count(h.Get(p + "Limit"))
-		q.Remaining = count(h.Get(p + "Remaining"))
-		if v := strings.TrimSpace(h.Get(p + "Reset")); v != "" && !now.IsZero() {
+		q.Limit = count(get(h, k.limit))
+		q.Remaining = count(get(h, k.remaining))
+		if v := strings.TrimSpace(get(h, k.reset)); v != "" && !now.IsZero() {
 			if t, err := time.Parse(time.RFC3339, v); err == nil {
 				q.Reset = clampWait(t.Sub(now))
 			}
@@ -299,6 +298,49 @@ func anthropic(h http.Header, now time.Time) []Quota {
 		}
 	}
 	return qs
+}
+
+// The fields read, by their canonical keys (http.Header's), computed once: Read runs for
+// every answer a client gets, and canonicalizing a key on each lookup was most of its
+// cost.
+var (
+	kRateLimit    = textproto.CanonicalMIMEHeaderKey("RateLimit")
+	kPolicy       = textproto.CanonicalMIMEHeaderKey("RateLimit-Policy")
+	kRetryAfter   = textproto.CanonicalMIMEHeaderKey("Retry-After")
+	kRetryAfterMs = textproto.CanonicalMIMEHeaderKey("Retry-After-Ms")
+	kTrio         = [2]keys{trioKeys("RateLimit-"), trioKeys("X-RateLimit-")}
+
+	openAIKinds    = [...]string{"requests", "tokens"}
+	anthropicKinds = [...]string{"requests", "tokens", "input-tokens", "output-tokens"}
+	kOpenAI        [len(openAIKinds)]keys
+	kAnthropic     [len(anthropicKinds)]keys
+)
+
+func init() {
+	for i, kind := range openAIKinds {
+		kOpenAI[i] = keys{canon("X-Ratelimit-Limit-" + kind), canon("X-Ratelimit-Remaining-" + kind), canon("X-Ratelimit-Reset-" + kind)}
+	}
+	for i, kind := range anthropicKinds {
+		p := "Anthropic-Ratelimit-" + kind + "-"
+		kAnthropic[i] = keys{canon(p + "Limit"), canon(p + "Remaining"), canon(p + "Reset")}
+	}
+}
+
+// keys are one quota's three fields.
+type keys struct{ limit, remaining, reset string }
+
+func trioKeys(prefix string) keys {
+	return keys{canon(prefix + "Limit"), canon(prefix + "Remaining"), canon(prefix + "Reset")}
+}
+
+func canon(k string) string { return textproto.CanonicalMIMEHeaderKey(k) }
+
+// get is h.Get for a key already canonical.
+func get(h http.Header, k string) string {
+	if v := h[k]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // count parses a non-negative count, -1 if missing or malformed.

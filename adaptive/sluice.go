@@ -1,0 +1,273 @@
+package adaptive
+
+import (
+	"math"
+	"time"
+)
+
+// sluiceStrategy is the Sluice strategy (see Sluice), for each limit whose rate L the
+// answers name (or Config.Limit does):
+//
+//   - The pool's spending. Between two of its answers, at t0 and t1, GCRA says the pool
+//     spent S = (R0 − R1 + L·(t1 − t0)) / (t1 − t0), every client together, with no
+//     knowledge of how many they are (seed 003's "what-if": how remaining moves between
+//     a client's own requests). The client measures it over its last few answers.
+//   - The target. It wants the pool to spend S* = L + (R − reserve)/2T, T the pool's
+//     time scale (the time the limit takes to refill the reserve, at least Horizon, and
+//     at least twice the span the estimate covers): the count left returns to the
+//     reserve, a small cushion for the requests on their way.
+//   - The correction. It moves its own pace in proportion to it, p ← p·(1 + (S*/S −
+//     1)·dt/T), so that the pool as a whole (not each client) converges on S*, whatever
+//     their number. Each answer with next to nothing left cuts the pace by 0.85 (a
+//     faster client, with more answers, backs off more).
+//   - Equal shares. Every client adds the same Fairness·L a second, whatever its pace;
+//     the correction takes it back in proportion to each pace, which drives the clients
+//     to equal paces, as additive increase and multiplicative decrease do. The drift
+//     fades as the count falls below the reserve, so that however many clients drift
+//     together, they cannot hold it at nothing.
+//   - Room. Well above the reserve (a burst unspent, clients gone), or when the count
+//     was near full between two answers (the refill may have gone to waste unseen, so
+//     the estimate is only a bound), the pace grows by the same step for every client,
+//     and what is left well above the reserve is spent on top of the pace over Horizon
+//     (at least four round trips): a lone client uses a full burst quickly, several
+//     spend it together, each seeing the count fall.
+//   - Refusals. A 429 halves the pace, once per event, and holds the client back for the
+//     Retry-After it names.
+//
+// Requests do not hold slots far ahead (see Wait): a pace that changes applies at once.
+type sluiceStrategy struct {
+	q        [nQuotas]sluiceQuota
+	lastSend int64
+	sent     bool
+}
+
+type sluiceQuota struct {
+	pace    float64    // units a second; 0 before the first answer
+	base    float64    // the pace without the spare being spent
+	slot    sluiceSlot // the last slot reserved under this limit
+	updated int64      // when the pace last changed (the sent time of that answer)
+	hist    [16]sample
+	n, head int
+}
+
+// sluiceSlot is a slot reserved: when, for what cost, and its jitter (the next slot
+// follows it by cost / pace × jitter, at the pace of the moment).
+type sluiceSlot struct {
+	at     int64
+	cost   float64
+	jitter float64
+	probe  bool // reserved before the pace was known: the next follows by probe
+}
+
+// sample is the remaining count an answer reported, and when its request was sent.
+type sample struct {
+	t int64
+	r float64
+}
+
+// growth is how much a client's pace grows while room is left, per time constant, as a
+// part of the limit's rate.
+const growth = 0.2
+
+// minSamples is the fewest of its own earlier answers a client measures the pool over.
+const minSamples = 3
+
+// probe is the pause between the requests of a client that knows nothing yet.
+const probe = 100 * time.Millisecond
+
+func (s *sluiceStrategy) rate(*Controller) float64 { return s.q[reqQ].pace }
+
+func (s *sluiceStrategy) next(c *Controller, now int64, cost [nQuotas]float64) (int64, Outcome) {
+	if s.sent {
+		s.restart(c, now)
+	}
+	at := max(now, c.hold)
+	gap := 0.0 // the pause this request takes in the chain: the longest of its limits'
+	for i := range s.q {
+		q := &s.q[i]
+		if cost[i] > 0 && (i == reqQ || c.q[i].known) {
+			at = max(at, q.next())
+			if q.pace > 0 {
+				gap = max(gap, cost[i]/q.pace*1e9)
+			}
+		}
+	}
+	if gap == 0 {
+		// Nothing learned yet: one probe at a time until an answer names the limit.
+		gap = float64(probe)
+	}
+	if float64(at-now) > gap*(1+c.cfg.Jitter) {
+		// The slots before it are taken: come back when this one can be reserved, at
+		// the pace then (a goroutine does not hold a slot far ahead at a pace that may
+		// change before it comes).
+		return at - int64(gap), Wait
+	}
+	j := 1 + c.cfg.Jitter*c.random()
+	for i := range s.q {
+		if cost[i] > 0 && (i == reqQ || c.q[i].known) {
+			s.q[i].slot = sluiceSlot{at: at, cost: cost[i], jitter: j, probe: s.q[i].pace <= 0}
+		}
+	}
+	s.lastSend, s.sent = at, true
+	return at, Send
+}
+
+// next is when the slot after the last one reserved begins, at the pace now (a pace
+// that changes moves it).
+func (q *sluiceQuota) next() int64 {
+	sl := q.slot
+	switch {
+	case sl.cost == 0:
+		return math.MinInt64
+	case sl.probe || q.pace <= 0:
+		return sl.at + int64(probe)
+	}
+	return sl.at + int64(min(sl.cost/q.pace*1e9*sl.jitter, maxPause))
+}
+
+func (s *sluiceStrategy) cancel(_ *Controller, at int64, cost [nQuotas]float64) {
+	if at != s.lastSend {
+		return // a later slot was reserved since: this one's place stays taken
+	}
+	for i := range s.q {
+		if cost[i] > 0 {
+			s.q[i].slot = sluiceSlot{} // the last slot reserved: its place is free again
+		}
+	}
+}
+
+// restart: a client quiet for two of its own slots or more starts again gently (RFC
+// 2861's restart after idle): others have taken up its pace meanwhile, and what it
+// measured of the pool is old. (A client held back by its goroutines, all waiting for
+// answers, is not quiet: the gap must also exceed Horizon.) Its pace halves for every
+// Horizon quiet, down to a sixteenth of the limit; the answers raise it again as fast as
+// there is room.
+func (s *sluiceStrategy) restart(c *Controller, now int64) {
+	gap := float64(now - s.lastSend)
+	for i := range s.q {
+		q, k := &s.q[i], &c.q[i]
+		if q.pace <= 0 || !k.known || gap <= max(2e9/q.pace*unit(c, i), float64(c.cfg.Horizon)) {
+			continue
+		}
+		q.base = max(q.base*math.Exp2(-gap/float64(c.cfg.Horizon)), min(q.base, k.limit/16))
+		q.pace = q.base
+		q.n = 0 // the history no longer says what the pool spends now
+	}
+}
+
+// unit is what one request costs under limit i: one request, or the mean token cost.
+func unit(c *Controller, i int) float64 {
+	if i == tokQ {
+		return max(c.meanCost, 1)
+	}
+	return 1
+}
+
+func (s *sluiceStrategy) observe(c *Controller, a *answer) {
+	if a.newEvent {
+		for i := range s.q {
+			q := &s.q[i]
+			q.base /= 2
+			q.pace = q.base
+		}
+	}
+	if a.throttled {
+		// What a refusal reports is left for the next answers: the pool is over the
+		// limit, and the halving is the answer to that.
+		return
+	}
+	for i := range s.q {
+		if a.remaining[i] >= 0 && c.q[i].known {
+			s.q[i].learn(c, i, a.sent, a.remaining[i])
+		}
+	}
+	if !c.q[reqQ].known {
+		s.unknownLimit(c, a)
+	}
+}
+
+// unknownLimit paces a client whose answers name no rate (and Config.Limit none): it
+// can only grow until refused. Its pace starts at one request a second and grows by a
+// tenth a second; a refusal halves it.
+func (s *sluiceStrategy) unknownLimit(c *Controller, a *answer) {
+	q := &s.q[reqQ]
+	if q.pace == 0 {
+		q.pace, q.updated = 1, a.sent
+		return
+	}
+	dt := float64(a.sent-q.updated) / 1e9
+	if dt > 0 {
+		q.pace *= math.Pow(1.1, min(dt, 60))
+		q.updated = a.sent
+	}
+}
+
+// learn moves the pace under one limit from one answer's remaining count r, its request
+// sent at t.
+func (q *sluiceQuota) learn(c *Controller, i int, t int64, r float64) {
+	if q.n > 0 && t <= q.hist[(q.head+q.n-1)%len(q.hist)].t {
+		return // an answer overtaken by a later one's: its count is older news
+	}
+	k := &c.q[i]
+	L, u := k.limit, unit(c, i)
+	// The reserve, plus what the pool has on its way at the limit's rate (the answers
+	// are a round trip old); at most half the burst.
+	reserve := min(k.burst/2, max(L*c.cfg.Reserve.Seconds(), 2*u)+L*c.rtt)
+	x := r - reserve
+	// Above the reserve by more than this, the spare is spent on top of the pace.
+	spend := min(reserve, (k.burst-reserve)/2)
+	// The pool's time scale: the time the limit takes to refill the reserve.
+	T0 := min(max(c.cfg.Horizon.Seconds(), reserve/L), 600)
+
+	// What the pool spent since the oldest of its answers within T0/2, and at least
+	// minSamples back (each answer moves the count by what a request costs: one alone
+	// says little). If the refill could have filled the bucket in between, some of it
+	// may have gone to waste unseen: the estimate is then a bound (full).
+	spent, span, full := 0.0, 0.0, false
+	for j := q.n - 1; j >= 0; j-- {
+		old := q.hist[(q.head+j)%len(q.hist)]
+		d := float64(t-old.t) / 1e9
+		if span > 0 && d > T0/2 && q.n-j > minSamples {
+			break
+		}
+		spent, span, full = old.r-r+L*d, d, old.r+L*d >= k.burst-u
+	}
+	q.push(sample{t, r})
+	// No faster than the estimate is new: acting on it sooner would answer the same news
+	// twice.
+	T := max(T0, 2*span)
+	dt := 0.0
+	if q.base > 0 {
+		dt = float64(t-q.updated) / 1e9
+	}
+	switch {
+	case q.base == 0:
+		// The first answer: start low; what is left well above the reserve is spent on
+		// top, and the answers raise the pace as fast as there is room.
+		q.base = L / 16
+	case x > 0 && (x > spend || full || r > k.burst-u-1):
+		// Room, and either much of it or the pool's spending unknown: grow with the
+		// room, by the same step for every client (growing does not favour the fast).
+		q.base += growth * L * min(x/reserve, 1) * min(dt, T) / T
+	case span > 0:
+		target := L + x/(2*T)
+		f := 1 + (target/max(spent/span, L/1000)-1)*min(dt, T)/T
+		if r < 2*u {
+			f = min(f, 0.85) // next to nothing left: a refusal is imminent
+		}
+		q.base *= min(max(f, 0.5), 1.5)
+	}
+	q.base += c.cfg.Fairness * L * dt * min(max(1+x/reserve, 0), 1) * (T0 / T)
+	q.base = min(max(q.base, L/1000), 2*L)
+	q.pace = q.base + max(x-spend, 0)/(c.cfg.Horizon.Seconds()+4*c.rtt)
+	q.updated = t
+}
+
+func (q *sluiceQuota) push(s sample) {
+	if q.n == len(q.hist) {
+		q.head = (q.head + 1) % len(q.hist)
+		q.n--
+	}
+	q.hist[(q.head+q.n)%len(q.hist)] = s
+	q.n++
+}

@@ -1,0 +1,145 @@
+package sim
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// The adaptive mode: seed 003's wished-for behaviour ("How to test this?"), each as a
+// test in virtual time, of the default strategy (Sluice) unless named.
+
+// seed003 is seed 003's API: 4,500 an hour, answers about 100 ms away.
+const seed003 = `
+seed: 1
+limit: 4500/h
+sample: 1m
+network:
+  api: {latency: {dist: exp, min: 30ms, mean: 20ms}}
+client:
+  backoff: {base: 1s, max: 30s, jitter: 0.5}
+`
+
+// TestAdaptiveLoneClientEatsTheCapacity: "one client consumes all available requests
+// quickly": a process of ten goroutines with 4,500 requests waiting and the 4,500 an hour
+// all available clears them in about the time its round trips allow (100 per second:
+// 45 s), with no refusal.
+func TestAdaptiveLoneClientEatsTheCapacity(t *testing.T) {
+	r := run1(t, parse(t, "duration: 10m"+seed003+`
+members:
+  - {name: p, goroutines: 10, demand: {pattern: backlog, n: 4500}}
+`), "adaptive")
+	if r.ClearedS == nil || *r.ClearedS > 60 || r.Violations != 0 {
+		t.Fatalf("cleared after %v s with %d refusals, want within 60 s and none", r.ClearedS, r.Violations)
+	}
+}
+
+// TestAdaptiveSlowClientComesDown: "fast/slow client allows the slow client to come
+// down": a process that had the whole limit to itself for an hour, and one that joins
+// it: within a sample of the join, the pool holds the limit again, and the newcomer gets
+// its equal share of the rest of the run.
+func TestAdaptiveSlowClientComesDown(t *testing.T) {
+	r := run1(t, parse(t, "duration: 3h"+seed003+`
+members:
+  - {name: fast, goroutines: 5, demand: {pattern: backlog, n: 1000000}}
+  - {name: slow, goroutines: 5, join: 1h, demand: {pattern: backlog, n: 1000000}}
+events:
+  - {at: 1h, join: slow}
+`), "adaptive")
+	slow := r.PerMember[1]
+	t.Logf("%d refusals; slow: %d of a fair %.0f; convergence %v s", r.Violations, slow.Granted, slow.FairShare, r.Events[0].ConvergenceS)
+	if conv := r.Events[0].ConvergenceS; conv < 0 || conv > 300 {
+		t.Errorf("converged %v s after the join, want within 5 minutes", conv)
+	}
+	if slow.Ratio < 0.95 || r.Jain < 0.99 || r.Violations > 10 {
+		t.Errorf("the newcomer got %.3f of its share (Jain %.4f) with %d refusals, want at least 0.95 (0.99) and few", slow.Ratio, r.Jain, r.Violations)
+	}
+}
+
+// TestAdaptiveFlappyClientsAreDamped: "flappy clients are encouraged to be not flappy":
+// 25 processes of one goroutine for two hours (each with an answer every 20 s only):
+// the refusals are rare, and no client has many more than the others.
+func TestAdaptiveFlappyClientsAreDamped(t *testing.T) {
+	r := run1(t, parse(t, "duration: 2h"+seed003+`
+members:
+  - {name: p, count: 25, demand: {pattern: backlog, n: 1000000}}
+`), "adaptive")
+	most := slices.MaxFunc(r.PerMember, func(a, b MemberReport) int { return int(a.Rejected - b.Rejected) })
+	mean := float64(r.Violations) / 25
+	t.Logf("429 ratio %.4f, utilization %.4f, Jain %.4f; most refused: %s, %d (mean %.1f)", r.Ratio429, r.Utilization, r.Jain, most.Name, most.Rejected, mean)
+	if r.Ratio429 > 0.01 || r.Utilization < 0.9 || r.Jain < 0.95 {
+		t.Errorf("429 ratio %.4f, utilization %.4f, Jain %.4f: want at most 0.01, at least 0.9 and 0.95", r.Ratio429, r.Utilization, r.Jain)
+	}
+	if float64(most.Rejected) > 3*mean+3 {
+		t.Errorf("%s was refused %d times, the mean %.1f: a flappy client", most.Name, most.Rejected, mean)
+	}
+}
+
+// TestAdaptiveTargets judges the shipped seed-003 scenarios' golden reports (the golden
+// test runs them): the targets (a 429 ratio of at most 1% and a utilization of at least
+// 0.9 in the 5×5 day; Jain's index at least 0.95 between the processes of the mixed one,
+// and a pool that holds the limit again within a sample after the join and the leave),
+// and the default strategy ahead of the other three in each: the fewest refusals (fewer
+// by far where there are any), as much of the limit used (within 1%), and fair.
+func TestAdaptiveTargets(t *testing.T) {
+	files, _ := filepath.Glob("../scenarios/seed003-*.yaml")
+	if len(files) < 4 {
+		t.Fatalf("%d seed-003 scenarios, want the 5x5, the mixed, the backlog and the LLM pool", len(files))
+	}
+	for _, f := range files {
+		name := strings.TrimSuffix(filepath.Base(f), ".yaml")
+		t.Run(name, func(t *testing.T) {
+			b, err := os.ReadFile(filepath.Join("testdata", "golden", name+".json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rep Report
+			if err := json.Unmarshal(b, &rep); err != nil {
+				t.Fatal(err)
+			}
+			var best *ModeReport
+			for i := range rep.Modes {
+				if rep.Modes[i].Mode == "adaptive" {
+					best = &rep.Modes[i]
+				}
+			}
+			if best == nil || len(rep.Modes) != 4 {
+				t.Fatalf("want the four strategies side by side, got %d modes", len(rep.Modes))
+			}
+			for _, m := range rep.Modes {
+				t.Logf("%-15s 429 ratio %.4f utilization %.4f jain %.4f", m.Mode, m.Ratio429, m.Utilization, m.Jain)
+				if m.Mode == best.Mode {
+					continue
+				}
+				if best.Ratio429 > m.Ratio429/2 && best.Violations > 0 {
+					t.Errorf("%s: 429 ratio %.4f, not well below %s's %.4f", best.Mode, best.Ratio429, m.Mode, m.Ratio429)
+				}
+				if best.Utilization < m.Utilization-0.01 {
+					t.Errorf("%s: utilization %.4f, below %s's %.4f", best.Mode, best.Utilization, m.Mode, m.Utilization)
+				}
+			}
+			if best.Jain < 0.95 {
+				t.Errorf("Jain's index %.4f, want at least 0.95", best.Jain)
+			}
+			switch name {
+			case "seed003-5x5":
+				if best.Ratio429 > 0.01 || best.Utilization < 0.9 {
+					t.Errorf("429 ratio %.4f and utilization %.4f, want at most 0.01 and at least 0.9", best.Ratio429, best.Utilization)
+				}
+			case "seed003-mixed":
+				for _, ev := range best.Events {
+					if ev.ConvergenceS < 0 || ev.ConvergenceS > 60 {
+						t.Errorf("%s: converged %v s after it, want within a sample", ev.Event, ev.ConvergenceS)
+					}
+				}
+			case "seed003-backlog":
+				if best.ClearedS == nil || *best.ClearedS > 84 {
+					t.Errorf("cleared after %v s, want faster than the study's best (84 s)", best.ClearedS)
+				}
+			}
+		})
+	}
+}
