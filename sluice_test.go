@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -144,9 +143,9 @@ func TestWaitersShareFairly(t *testing.T) {
 			times <- r.at + int64(r.Delay) // the permit's time (the waker may run later)
 		}()
 	}
-	// The first is granted at once; the other 19 wait in the key's room.
-	for l.waiting("k") < n-1 {
-		runtime.Gosched()
+	// The first is granted at once; the other 19 sleep on the clock.
+	if err := clk.BlockUntil(bg, n-1); err != nil {
+		t.Fatal(err)
 	}
 	clk.Advance(2 * time.Second)
 	wg.Wait()

@@ -62,7 +62,7 @@ type room struct {
 	chans     map[uint64]chan served
 	reserving int           // reservations being made for the room
 	added     chan struct{} // closed when a place is added
-	refs      int   // waiters in WaitN for this room
+	refs      int           // waiters in WaitN for this room
 }
 
 type served struct {
@@ -114,7 +114,26 @@ func (r *Reservation) due() int64 { return r.at + int64(r.Delay) }
 // and the room serves it, within bound (the limiter's maximum wait and the context's
 // deadline, as waitBound gives them); maxWait (> 0) is the part of the bound on the
 // limiter's clock, which a timer enforces (the context enforces its own deadline).
+//
+// A permit that expires as it is handed over (the waiter was not scheduled in time: see
+// ErrPermitExpired) is given back and the waiter waits again, within the same bounds.
 func (l *Limiter) waitFair(ctx context.Context, key string, bound, maxWait time.Duration) (*Reservation, error) {
+	start := l.clock.Nanotime()
+	for {
+		r, err := l.waitTurn(ctx, key, bound, maxWait)
+		if err != ErrPermitExpired {
+			return r, err
+		}
+		spent := time.Duration(l.clock.Nanotime() - start)
+		bound = max(bound-spent, 0)
+		if maxWait > 0 {
+			maxWait = max(maxWait-spent, 1)
+		}
+	}
+}
+
+// waitTurn is one wait of waitFair: until a place is served to the caller.
+func (l *Limiter) waitTurn(ctx context.Context, key string, bound, maxWait time.Duration) (*Reservation, error) {
 	member := memberOf(ctx)
 	rm := l.roomOf(key)
 	defer l.leaveRoom(ctx, key, rm)
@@ -125,49 +144,7 @@ func (l *Limiter) waitFair(ctx context.Context, key string, bound, maxWait time.
 	rm.mu.Lock()
 	_ = rm.q.Join(id, member) // ids are unique
 	rm.chans[id] = ch
-	need := len(rm.slots)+rm.reserving < rm.q.Waiting()
-	if l.fairness == FairProcesses {
-		need = len(rm.slots)+rm.reserving == 0
-	}
-	// Without a member and with no place to spare, the waiter's place is the one it takes
-	// now: refuse it, taking nothing, if it lies beyond the bound (as Reserve would).
-	// Otherwise its turn is not known yet, and the bound ends the wait.
-	rbound := time.Duration(-1)
-	if need {
-		rm.reserving++
-		if member == "" && l.fairness == FairWaiters {
-			rbound = bound
-		}
-	} else if len(rm.slots) > 0 && time.Duration(rm.slots[0].due()-start) > bound {
-		rm.q.Leave(id)
-		delete(rm.chans, id)
-		wait := time.Duration(rm.slots[0].due() - start)
-		rm.mu.Unlock()
-		return &Reservation{l: l, key: key, done: true, Decision: Decision{RetryAfter: wait}}, &ThrottledError{Key: key, RetryAfter: wait}
-	}
 	rm.mu.Unlock()
-
-	if need {
-		if r, err := l.reserveFor(ctx, key, rbound, true); err != nil || !r.Allowed {
-			rm.mu.Lock()
-			rm.reserving--
-			left := rm.q.Leave(id)
-			delete(rm.chans, id)
-			rm.mu.Unlock()
-			if left { // not served meanwhile from a place that came due
-				if err == nil {
-					err = &ThrottledError{Key: key, RetryAfter: r.RetryAfter}
-				}
-				return r, err
-			}
-		} else {
-			rm.mu.Lock()
-			rm.reserving--
-			rm.add(r)
-			rm.mu.Unlock()
-		}
-		l.dispatch(ctx, rm)
-	}
 
 	// Each waiter sleeps on the clock until the room's next place comes due, then serves
 	// the places due (the first awake does). Every waiter wakes for every place, so that a
@@ -182,7 +159,54 @@ func (l *Limiter) waitFair(ctx context.Context, key string, bound, maxWait time.
 	var expect time.Duration // the wait first expected, for the observer
 	first := true
 wait:
-	for {
+	for ; ; first = false {
+		// The room holds a place for each of its waiters (FairWaiters), or one
+		// (FairProcesses); a waiter that finds one missing takes it.
+		rm.mu.Lock()
+		need := len(rm.slots)+rm.reserving < rm.q.Waiting()
+		if l.fairness == FairProcesses {
+			need = len(rm.slots)+rm.reserving == 0 && rm.q.Waiting() > 0
+		}
+		if need {
+			rm.reserving++
+		} else if first && len(rm.slots) > 0 && time.Duration(rm.slots[0].due()-start) > bound {
+			// Even the next place lies beyond the bound: refuse at once.
+			rm.q.Leave(id)
+			delete(rm.chans, id)
+			wait := time.Duration(rm.slots[0].due() - start)
+			rm.mu.Unlock()
+			return &Reservation{l: l, key: key, done: true, Decision: Decision{RetryAfter: wait}}, &ThrottledError{Key: key, RetryAfter: wait}
+		}
+		rm.mu.Unlock()
+		if need {
+			// Without a member, the place a newcomer takes is its own turn: refuse it,
+			// taking nothing, if it lies beyond the bound (as Reserve would). Otherwise the
+			// turn is not known yet, and the bound ends the wait.
+			rbound := time.Duration(-1)
+			if first && member == "" && l.fairness == FairWaiters {
+				rbound = bound
+			}
+			r, err := l.reserveFor(ctx, key, rbound, first)
+			rm.mu.Lock()
+			rm.reserving--
+			if err == nil && r.Allowed {
+				rm.add(r)
+				rm.mu.Unlock()
+			} else {
+				rm.wake() // those waiting for this place take their own
+				left := rm.q.Leave(id)
+				delete(rm.chans, id)
+				rm.mu.Unlock()
+				if left { // not served meanwhile from a place that came due
+					if err == nil {
+						err = &ThrottledError{Key: key, RetryAfter: r.RetryAfter}
+					}
+					l.observe(Event{Kind: EventWait, Key: key, N: 1, Wait: expect, Err: err})
+					return r, err
+				}
+			}
+			l.dispatch(ctx, rm)
+		}
 		rm.mu.Lock()
 		at := int64(-1)
 		var added chan struct{}
@@ -199,7 +223,6 @@ wait:
 			expect = time.Duration(at - l.clock.Nanotime())
 			l.observe(Event{Kind: EventWait, Key: key, N: 1, Wait: expect})
 		}
-		first = false
 		if end >= 0 && (at < 0 || end < at) {
 			at = end
 		}
@@ -283,6 +306,11 @@ func (rm *room) add(r *Reservation) {
 		return 1
 	})
 	rm.slots = slices.Insert(rm.slots, i, r)
+	rm.wake()
+}
+
+// wake wakes the waiters waiting for a place to be taken. The caller holds rm.mu.
+func (rm *room) wake() {
 	if rm.added != nil {
 		close(rm.added)
 		rm.added = nil
@@ -292,8 +320,7 @@ func (rm *room) add(r *Reservation) {
 // dispatch serves the places that have come due, each to the waiter the room's rule
 // picks. A place past due by more than the margin (when there is one) has expired: used
 // now, its permit could reach the API too close to the next (see WithMargin), so it is
-// given back and counted (Stats.Expired), and its waiter waits for the next place. With
-// FairProcesses it takes the room's next place.
+// given back and counted (Limiter.Expired), and its waiter waits for the next place.
 func (l *Limiter) dispatch(ctx context.Context, rm *room) {
 	var cancel []*Reservation
 	rm.mu.Lock()
@@ -301,9 +328,8 @@ func (l *Limiter) dispatch(ctx context.Context, rm *room) {
 	for len(rm.slots) > 0 && rm.slots[0].due() <= now {
 		r := rm.slots[0]
 		rm.slots = rm.slots[1:]
-		if l.margin > 0 && now-r.due() > int64(l.margin) {
-			l.expired.Add(1)
-			l.observe(Event{Kind: EventExpired, Key: rm.key, N: 1, Wait: time.Duration(now - r.due())})
+		if l.expiredAt(r.due(), now) {
+			l.expire(rm.key, r.N(), r.due(), now)
 			cancel = append(cancel, r)
 			continue
 		}
@@ -316,33 +342,24 @@ func (l *Limiter) dispatch(ctx context.Context, rm *room) {
 		delete(rm.chans, id)
 		ch <- served{r: r}
 	}
-	more := l.fairness == FairProcesses && rm.q.Waiting() > 0 && len(rm.slots)+rm.reserving == 0
-	if more {
-		rm.reserving++
-	}
 	rm.mu.Unlock()
 	for _, r := range cancel {
 		_ = r.Cancel(context.WithoutCancel(ctx))
 	}
-	if !more {
-		return
-	}
-	// The room's next place (FairProcesses): asked once, as Reserve does; a failure is
-	// the answer of the waiter the rule picks, who may ask again.
-	r, err := l.reserveFor(context.WithoutCancel(ctx), rm.key, -1, false)
-	rm.mu.Lock()
-	defer rm.mu.Unlock()
-	rm.reserving--
-	if err == nil && r.Allowed {
-		rm.add(r)
-	} else if id, ok := rm.q.Serve(); ok {
-		if err == nil {
-			err = &ThrottledError{Key: rm.key, RetryAfter: r.RetryAfter}
-		}
-		ch := rm.chans[id]
-		delete(rm.chans, id)
-		ch <- served{r: r, err: err}
-	}
+}
+
+// expiredAt reports whether a permit due at `due` (limiter clock) is past use at now: more
+// than the margin late. Without a margin nothing expires (there is no tolerance to keep).
+// It is the one rule of every waiting path (Reservation.Wait, the rooms, the lease and
+// redis modes through them).
+func (l *Limiter) expiredAt(due, now int64) bool {
+	return l.margin > 0 && now-due > int64(l.margin)
+}
+
+// expire counts n permits due at `due` that expired at now.
+func (l *Limiter) expire(key string, n, due, now int64) {
+	l.expired.Add(n)
+	l.observe(Event{Kind: EventExpired, Key: key, N: n, Wait: time.Duration(now - due)})
 }
 
 // waiting returns how many callers wait in key's room (for tests).
