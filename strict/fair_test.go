@@ -187,3 +187,57 @@ func TestFairWaitingMultiProcess(t *testing.T) {
 		})
 	}
 }
+
+// TestFairProcessesMultiProcess: three processes of 1, 5 and 20 goroutines wait on one
+// key through one real Redis. With sluice.FairProcesses each process holds one place in
+// the key's line at a time, and they get equal parts (Jain's index between the processes
+// at least 0.95); without it each goroutine holds its own, and the processes get about
+// 1:5:20 (Jain near 0.53).
+func TestFairProcessesMultiProcess(t *testing.T) {
+	limits := sluice.MustParse("50/s burst=1")
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprintf("fair_processes=%v", on), func(t *testing.T) {
+			cfg := workerConfig{Addrs: []string{shared.Addr()}, Prefix: prefix(t), Keys: []string{"api"},
+				Limits: limits.String(), PerProc: []int{1, 5, 20}, Duration: 4 * time.Second, Fair: true, FairProcesses: on}
+			_, lines := runWorkersOut(t, 3, cfg, nil)
+			uses := fairUses(t, lines)
+			recs := make([]grantRecord, len(uses))
+			for i, u := range uses {
+				recs[i] = grantRecord{key: "api", at: u.slot, n: 1, orig: 1, cancel: "-"}
+			}
+			judge(t, recs, limits) // fails on any violation
+			// The window in which all three processes were in line.
+			first, last := map[string]int64{}, map[string]int64{}
+			proc := func(u fairUse) string { return u.worker[:strings.IndexByte(u.worker, '.')] }
+			for _, u := range uses {
+				p := proc(u)
+				if _, ok := first[p]; !ok {
+					first[p] = u.slot
+				}
+				last[p] = u.slot
+			}
+			if len(first) != 3 {
+				t.Fatalf("%d processes got a permit, want 3", len(first))
+			}
+			from, to := int64(0), int64(1<<62)
+			for p := range first {
+				from, to = max(from, first[p]), min(to, last[p])
+			}
+			count := map[string]float64{}
+			for _, u := range uses {
+				if u.slot >= from && u.slot <= to {
+					count[proc(u)]++
+				}
+			}
+			x := []float64{count["p0"], count["p1"], count["p2"]}
+			j := measure.Jain(x)
+			t.Logf("permits of the processes of 1, 5 and 20 goroutines while all waited: %v, Jain %.3f", x, j)
+			if on && j < 0.95 {
+				t.Errorf("FairProcesses: Jain's index between the processes %.3f, want at least 0.95", j)
+			}
+			if !on && j > 0.8 {
+				t.Errorf("without FairProcesses: Jain's index %.3f: the goroutines did not each hold a place", j)
+			}
+		})
+	}
+}

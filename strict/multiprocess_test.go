@@ -45,6 +45,8 @@ type workerConfig struct {
 	Fair    bool    `json:"fair"`
 	GiveUp  float64 `json:"give_up"`
 	PerProc []int   `json:"per_proc,omitempty"` // goroutines of each process, if not Goroutines
+	// FairProcesses sets the fair workers' limiter to sluice.FairProcesses.
+	FairProcesses bool `json:"fair_processes,omitempty"`
 }
 
 // grantRecord is one grant as the backend saw it: its Redis time (the ticket's At) and
@@ -147,6 +149,9 @@ func workerMain() int {
 	opts := []sluice.Option{sluice.WithBackend(rec), sluice.WithClock(clk)}
 	if !cfg.Fair {
 		opts = append(opts, sluice.WithMaxWait(300*time.Millisecond))
+	}
+	if cfg.FairProcesses {
+		opts = append(opts, sluice.WithFairness(sluice.FairProcesses))
 	}
 	lim, err := sluice.New(sluice.MustParse(cfg.Limits), opts...)
 	if err != nil {
