@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -25,8 +27,20 @@ import (
 // (as workerMain) and then each permit used: "use goroutine slot wait_ns".
 func fairMain(ctx context.Context, cfg workerConfig, lim *sluice.Limiter, rec *recorder) int {
 	type use struct {
-		g          int
-		slot, wait int64
+		g                int
+		slot, wait, late int64
+	}
+	if cfg.StopFor > 0 && cfg.Seed == 1 {
+		time.AfterFunc(cfg.StopAt, func() {
+			pid := os.Getpid()
+			cont := exec.Command("sh", "-c", fmt.Sprintf("sleep %.3f; kill -CONT %d", cfg.StopFor.Seconds(), pid))
+			if err := cont.Start(); err != nil {
+				fmt.Fprintln(os.Stderr, "worker: error:", err)
+				return
+			}
+			_ = syscall.Kill(pid, syscall.SIGSTOP)
+			_ = cont.Wait()
+		})
 	}
 	var mu sync.Mutex
 	var uses []use
@@ -46,12 +60,25 @@ func fairMain(ctx context.Context, cfg workerConfig, lim *sluice.Limiter, rec *r
 					defer stop.Stop()
 				}
 				start := time.Now()
-				r, err := lim.WaitN(wctx, cfg.Keys[0], 1)
+				var r *sluice.Reservation
+				var err error
+				if cfg.StopFor > 0 && g%2 == 1 {
+					// A reservation waited for by its holder (Reservation.Wait).
+					if r, err = lim.Reserve(wctx, cfg.Keys[0], 1); err == nil {
+						err = r.Wait(wctx)
+					}
+				} else {
+					r, err = lim.WaitN(wctx, cfg.Keys[0], 1)
+				}
 				wait := time.Since(start)
+				late := time.Since(r.TimeToAct())
 				cancel()
+				if errors.Is(err, sluice.ErrPermitExpired) {
+					continue // counted by the limiter; ask again
+				}
 				if err == nil {
 					mu.Lock()
-					uses = append(uses, use{g, r.Slot(), int64(wait)})
+					uses = append(uses, use{g, r.Slot(), int64(wait), int64(late)})
 					mu.Unlock()
 				} else if ctx.Err() == nil && errors.Is(err, context.Canceled) {
 					gaveUp.Add(1)
@@ -67,16 +94,17 @@ func fairMain(ctx context.Context, cfg workerConfig, lim *sluice.Limiter, rec *r
 		fmt.Fprintf(w, "%s %d %d %d %d %s\n", g.key, g.at, g.n, g.tat, g.orig, g.cancel)
 	}
 	for _, u := range uses {
-		fmt.Fprintf(w, "use %d %d %d\n", u.g, u.slot, u.wait)
+		fmt.Fprintf(w, "use %d %d %d %d\n", u.g, u.slot, u.wait, u.late)
 	}
 	fmt.Fprintf(w, "gave up %d\n", gaveUp.Load())
+	fmt.Fprintf(w, "expired %d\n", lim.Expired())
 	w.Flush()
 	return 0
 }
 
 type fairUse struct {
-	worker     string
-	slot, wait int64
+	worker           string
+	slot, wait, late int64
 }
 
 // fairUses reads the permits used from the workers' output.
@@ -86,15 +114,16 @@ func fairUses(t *testing.T, lines [][]string) []fairUse {
 	for p, ls := range lines {
 		for _, line := range ls {
 			f := strings.Fields(line)
-			if len(f) != 4 || f[0] != "use" {
+			if len(f) != 5 || f[0] != "use" {
 				continue
 			}
 			slot, err1 := strconv.ParseInt(f[2], 10, 64)
 			wait, err2 := strconv.ParseInt(f[3], 10, 64)
-			if err1 != nil || err2 != nil {
+			late, err3 := strconv.ParseInt(f[4], 10, 64)
+			if err1 != nil || err2 != nil || err3 != nil {
 				t.Fatalf("worker %d: bad line %q", p, line)
 			}
-			uses = append(uses, fairUse{fmt.Sprintf("p%d.g%s", p, f[1]), slot, wait})
+			uses = append(uses, fairUse{fmt.Sprintf("p%d.g%s", p, f[1]), slot, wait, late})
 		}
 	}
 	sort.Slice(uses, func(i, j int) bool { return uses[i].slot < uses[j].slot })
@@ -239,5 +268,43 @@ func TestFairProcessesMultiProcess(t *testing.T) {
 				t.Errorf("without FairProcesses: Jain's index %.3f: the goroutines did not each hold a place", j)
 			}
 		})
+	}
+}
+
+// TestPermitExpiryStoppedProcess: two processes of 4 goroutines wait on one key through
+// real Redis with a 20 ms margin; the first is SIGSTOPped for 500 ms mid-run, holding
+// places (half of its goroutines by Reserve and Reservation.Wait, half by WaitN). When it
+// resumes, those permits are long past their time: none is used (each expires, is counted
+// and asked again), so no permit is used more than the margin late, beyond the time it
+// takes the race detector to record it; the grants used conform exactly.
+func TestPermitExpiryStoppedProcess(t *testing.T) {
+	limits := sluice.MustParse("20/s burst=1")
+	margin := 20 * time.Millisecond
+	cfg := workerConfig{Addrs: []string{shared.Addr()}, Prefix: prefix(t), Keys: []string{"api"},
+		Limits: limits.String(), Goroutines: 4, Duration: 3 * time.Second, Fair: true,
+		Margin: margin, StopAt: time.Second, StopFor: 500 * time.Millisecond}
+	_, lines := runWorkersOut(t, 2, cfg, nil)
+	uses := fairUses(t, lines)
+	recs := make([]grantRecord, len(uses))
+	var worst time.Duration
+	for i, u := range uses {
+		recs[i] = grantRecord{key: "api", at: u.slot, n: 1, orig: 1, cancel: "-"}
+		worst = max(worst, time.Duration(u.late))
+	}
+	judge(t, recs, limits)
+	expired := make([]int, 2)
+	for p, ls := range lines {
+		for _, line := range ls {
+			fmt.Sscanf(line, "expired %d", &expired[p])
+		}
+	}
+	t.Logf("%d permits used; expired per process %v; the latest used %v after its time", len(uses), expired, worst)
+	if expired[0] == 0 {
+		t.Errorf("the stopped process expired no permit")
+	}
+	// The places held across the stop were due up to 500 ms before it ended; any of them
+	// used would be hundreds of ms late.
+	if worst > margin+50*time.Millisecond {
+		t.Errorf("a permit was used %v after its time (margin %v)", worst, margin)
 	}
 }

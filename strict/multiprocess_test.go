@@ -47,6 +47,11 @@ type workerConfig struct {
 	PerProc []int   `json:"per_proc,omitempty"` // goroutines of each process, if not Goroutines
 	// FairProcesses sets the fair workers' limiter to sluice.FairProcesses.
 	FairProcesses bool `json:"fair_processes,omitempty"`
+	// Margin is the fair workers' limiter's margin; the first process SIGSTOPs itself at
+	// StopAt for StopFor (a shell it starts first sends SIGCONT), if StopFor is set.
+	Margin  time.Duration `json:"margin,omitempty"`
+	StopAt  time.Duration `json:"stop_at,omitempty"`
+	StopFor time.Duration `json:"stop_for,omitempty"`
 }
 
 // grantRecord is one grant as the backend saw it: its Redis time (the ticket's At) and
@@ -149,6 +154,9 @@ func workerMain() int {
 	opts := []sluice.Option{sluice.WithBackend(rec), sluice.WithClock(clk)}
 	if !cfg.Fair {
 		opts = append(opts, sluice.WithMaxWait(300*time.Millisecond))
+	}
+	if cfg.Margin > 0 {
+		opts = append(opts, sluice.WithMargin(cfg.Margin))
 	}
 	if cfg.FairProcesses {
 		opts = append(opts, sluice.WithFairness(sluice.FairProcesses))
