@@ -43,7 +43,9 @@ type leaseReporter interface {
 // ModeNames lists the modes the simulator knows.
 // (adaptive takes a strategy: adaptive:seed, adaptive:cubic, adaptive:sre; plain
 // adaptive is the default, sluice.)
-func ModeNames() []string { return []string{"local", "redis", "lease", "gossip", "adaptive"} }
+// (redis:processes is the redis mode with sluice.FairProcesses: each member holds one place
+// in the store's line at a time.)
+func ModeNames() []string { return []string{"local", "redis", "redis:processes", "lease", "gossip", "adaptive"} }
 
 // CheckMode returns an error naming the known modes when name is not one of them.
 func CheckMode(name string) error {
@@ -65,6 +67,8 @@ func newMode(name string, sc *Scenario) mode {
 		return localMode{}
 	case "redis":
 		return centralMode{}
+	case "redis:processes":
+		return centralMode{lines: map[int32]*procLine{}}
 	case "lease":
 		return newLeaseMode(sc)
 	case "gossip":
@@ -113,13 +117,80 @@ func (localMode) penalize(e *engine, mi int32, until int64) {
 func (localMode) left(*engine, int32, bool) {}
 
 // centralMode is the redis mode: every decision is made at the simulated store, one round
-// trip away, with its time-outs and fail modes.
-type centralMode struct{}
+// trip away, with its time-outs and fail modes. With lines (redis:processes, the library's
+// sluice.FairProcesses), each member asks the store for one permit at a time, for one
+// goroutine, and its other goroutines wait in the member's line (arrival order) until that
+// permit is due or denied: the members share the store's line round robin, whatever their
+// goroutines.
+type centralMode struct {
+	lines map[int32]*procLine // by member; nil: each goroutine asks on its own
+}
 
-func (centralMode) name() string { return "redis" }
+// procLine is a member's own line under redis:processes.
+type procLine struct {
+	inc    uint32 // the member's incarnation it belongs to
+	busy   bool   // a goroutine holds the member's place (asked, or waits for its permit)
+	parked []parkedG
+}
 
-func (centralMode) acquire(e *engine, mi, g int32) {
+type parkedG struct {
+	g  int32
+	op uint32
+}
+
+func (c centralMode) name() string {
+	if c.lines != nil {
+		return "redis:processes"
+	}
+	return "redis"
+}
+
+// line returns member mi's line, new for each incarnation.
+func (c centralMode) line(e *engine, mi int32) *procLine {
 	m := e.members[mi]
+	ln := c.lines[mi]
+	if ln == nil || ln.inc != m.inc {
+		ln = &procLine{inc: m.inc}
+		c.lines[mi] = ln
+	}
+	return ln
+}
+
+// release ends the member's hold on its place (its permit is due, or it was denied) and
+// lets the first parked goroutine still waiting ask.
+func (c centralMode) release(e *engine, mi int32) {
+	if c.lines == nil {
+		return
+	}
+	ln := c.line(e, mi)
+	ln.busy = false
+	m := e.members[mi]
+	for len(ln.parked) > 0 {
+		p := ln.parked[0]
+		ln.parked = ln.parked[1:]
+		if m.present && m.gs[p.g].op == p.op {
+			c.acquire(e, mi, p.g)
+			return
+		}
+	}
+}
+
+// permitOK releases the member's place as its permit falls due (the permit is used).
+func (c centralMode) permitOK(e *engine, ev *event) bool {
+	c.release(e, ev.m)
+	return true
+}
+
+func (c centralMode) acquire(e *engine, mi, g int32) {
+	m := e.members[mi]
+	if c.lines != nil {
+		ln := c.line(e, mi)
+		if ln.busy {
+			ln.parked = append(ln.parked, parkedG{g, m.gs[g].op})
+			return
+		}
+		ln.busy = true
+	}
 	s := &m.gs[g]
 	ev := event{kind: evStoreReq, m: mi, g: g, op: s.op}
 	if owed, any := m.debt.Owed(e.now, len(e.core)); any {
@@ -141,7 +212,7 @@ func (e *engine) giveUp(req *event) {
 	e.schedule(event{at: req.val2 + int64(e.sc.Store.Timeout), kind: evStoreTimeout, m: req.m, g: req.g, op: req.op})
 }
 
-func (centralMode) handle(e *engine, ev *event) {
+func (c centralMode) handle(e *engine, ev *event) {
 	switch ev.kind {
 	case evStoreReq:
 		if !e.storeUp() || e.partitioned[ev.m] {
@@ -180,6 +251,7 @@ func (centralMode) handle(e *engine, ev *event) {
 			// The delay counts from the answer's arrival, as sluice.Reservation does.
 			e.permit(ev.m, ev.g, e.now+ev.res.Delay)
 		} else {
+			c.release(e, ev.m)
 			e.denied(ev.m, ev.g, ev.res.RetryAfter)
 		}
 	case evStoreTimeout:
@@ -199,9 +271,11 @@ func (centralMode) handle(e *engine, ev *event) {
 				m.debt.Push(e.core, e.now+res.Delay, 1)
 				e.permit(ev.m, ev.g, e.now+res.Delay)
 			} else {
+				c.release(e, ev.m)
 				e.denied(ev.m, ev.g, res.RetryAfter)
 			}
 		default:
+			c.release(e, ev.m)
 			e.denied(ev.m, ev.g, 0)
 		}
 	case evStorePenalty:
