@@ -45,7 +45,9 @@ type leaseReporter interface {
 // adaptive is the default, sluice.)
 // (redis:processes is the redis mode with sluice.FairProcesses: each member holds one place
 // in the store's line at a time.)
-func ModeNames() []string { return []string{"local", "redis", "redis:processes", "lease", "gossip", "adaptive"} }
+func ModeNames() []string {
+	return []string{"local", "redis", "redis:processes", "lease", "gossip", "adaptive"}
+}
 
 // CheckMode returns an error naming the known modes when name is not one of them.
 func CheckMode(name string) error {
