@@ -39,6 +39,11 @@ const LivenessSlack = time.Second
 // store's script produced), and the run's line says so.
 var PorcupineTimeout = 20 * time.Second
 
+// OnRedisClock reports whether a strict-mode slot is on Redis' clock (Unix nanoseconds)
+// rather than a member's local fallback clock (monotonic nanoseconds since the process
+// started, far below: anything under 2001 in Unix time).
+func OnRedisClock(slot int64) bool { return slot >= 1e18 }
+
 // gcraInput is one operation of the strict model: a grant used (n permits at slot, on
 // Redis' clock) or a loss of Redis' state.
 type gcraInput struct {
@@ -78,7 +83,7 @@ func gcraModel(core []gcra.Limit) porcupine.Model {
 func strictOps(h *History, key string, t0 int64) []porcupine.Operation {
 	var ops []porcupine.Operation
 	for _, u := range h.Uses {
-		if u.Key != key {
+		if u.Key != key || !OnRedisClock(u.Slot) {
 			continue
 		}
 		ops = append(ops, porcupine.Operation{ClientId: u.Proc, Call: u.Call, Return: u.At,
@@ -93,8 +98,8 @@ func strictOps(h *History, key string, t0 int64) []porcupine.Operation {
 	return ops
 }
 
-// CheckStrict judges the strict mode's history key by key with porcupine (see gcraModel).
-// It returns the violations and notes (keys judged by slot order after a time-out).
+// CheckStrict judges the strict mode's history key by key with porcupine (see gcraModel):
+// the grants Redis decided (those of a local fallback are CheckFallback's). It returns the violations and notes (keys judged by slot order after a time-out).
 func CheckStrict(h *History, t0 int64) (vs []Violation, notes []string) {
 	for _, g := range Groups {
 		core := sluice.MustParse(g.Limits).Core(Margin)
@@ -179,14 +184,16 @@ func describe(ops []porcupine.Operation, model porcupine.Model) []string {
 // (a permit is used at or after its slot and at most Margin after it, or given up). Each
 // loss of Redis' state starts the referee anew (the documented bound: the state lost may
 // grant its burst again), and a use whose call and use straddle a loss is left out.
-func CheckReferee(h *History, t0 int64) []Violation {
+//
+// keep chooses the uses judged (nil: all).
+func CheckReferee(h *History, t0 int64, keep func(Use) bool) []Violation {
 	var vs []Violation
 	for _, g := range Groups {
 		limits := sluice.MustParse(g.Limits)
 		for _, key := range g.Keys {
 			var uses []Use
 			for _, u := range h.Uses {
-				if u.Key == key && !straddles(h.Losses, u.Call, u.At) {
+				if u.Key == key && !straddles(h.Losses, u.Call, u.At) && (keep == nil || keep(u)) {
 					uses = append(uses, u)
 				}
 			}
@@ -323,6 +330,48 @@ func CheckLiveness(h *History, t0 int64) []Violation {
 		}
 		vs = append(vs, Violation{Check: "liveness", Detail: fmt.Sprintf("member %d: %s %s n=%d called at +%v returned after %v, past its time-out %v",
 			o.Proc, o.Kind, o.Key, o.N, time.Duration(o.Call-t0), time.Duration(o.Return-o.Call), o.Timeout)})
+	}
+	return vs
+}
+
+// CheckFallback judges the grants the strict mode's local fail mode made while Redis was
+// out of reach (their slots are on the member's own clock): each member's, key by key in
+// the order of their slots, must conform exactly to its share of the limits (tightened by
+// the margin, as the member's limiter asked). That is the documented bound of the local
+// fail mode: on top of what Redis grants, each member cut off admits at most its share.
+func CheckFallback(h *History, t0 int64, share float64) []Violation {
+	type pk struct {
+		proc int
+		key  string
+	}
+	by := map[pk][]Use{}
+	for _, u := range h.Uses {
+		if !OnRedisClock(u.Slot) {
+			by[pk{u.Proc, u.Key}] = append(by[pk{u.Proc, u.Key}], u)
+		}
+	}
+	var vs []Violation
+	for _, g := range Groups {
+		core := gcra.ShareOf(sluice.MustParse(g.Limits).Core(Margin), share)
+		for _, key := range g.Keys {
+			for proc := range 64 {
+				uses := by[pk{proc, key}]
+				sort.SliceStable(uses, func(i, j int) bool { return uses[i].Slot < uses[j].Slot })
+				var s tatState
+				for i, u := range uses {
+					res, _, err := gcra.Decide(s[:len(core)], core, u.Slot, u.N, 0)
+					if err == nil && res.Allowed {
+						continue
+					}
+					var w []string
+					for _, p := range uses[max(0, i-int(gcra.MaxCost(core))-1) : i+1] {
+						w = append(w, fmt.Sprintf("member %d: %d permits at local slot %v, used at +%v", p.Proc, p.N, time.Duration(p.Slot), time.Duration(p.At-t0)))
+					}
+					vs = append(vs, Violation{Check: "fallback", Detail: fmt.Sprintf("member %d key %s: the local fail mode's grants break %.3g of %s", proc, key, share, g.Limits), Window: w})
+					break
+				}
+			}
+		}
 	}
 	return vs
 }

@@ -127,14 +127,23 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 	res.Violations = append(res.Violations, vs...)
 	res.Violations = append(res.Violations, CheckLiveness(h, t0)...)
 	switch s.Mode {
-	case ModeStrict:
+	case ModeStrict, ModeStrictLocal:
 		v, notes := CheckStrict(h, t0)
 		res.Violations = append(res.Violations, v...)
 		res.Notes = append(res.Notes, notes...)
 	case ModeLease:
 		res.Violations = append(res.Violations, CheckLeases(h, t0)...)
 	}
-	res.Violations = append(res.Violations, CheckReferee(h, t0)...)
+	if s.Mode == ModeStrictLocal {
+		res.Violations = append(res.Violations, CheckFallback(h, t0, LocalShare(s.Members))...)
+	}
+	// The referee judges what one shared state decided: in the strict-local mode the
+	// grants Redis made (the fallbacks' are judged at their shares above).
+	var keep func(Use) bool
+	if s.Mode == ModeStrictLocal {
+		keep = func(u Use) bool { return OnRedisClock(u.Slot) }
+	}
+	res.Violations = append(res.Violations, CheckReferee(h, t0, keep)...)
 	res.Elapsed = time.Since(start)
 	return res, nil
 }
@@ -148,7 +157,7 @@ func (r *runner) startMember(slot int, d time.Duration) error {
 	proc := len(r.members)
 	r.mu.Unlock()
 	cfg := MemberConfig{Mode: r.s.Mode, Proc: proc, Addr: r.addrs[slot], Prefix: r.prefix, Goroutines: r.s.Goroutines,
-		Duration: d, Skew: r.s.Skews[slot], Seed: r.s.Seed}
+		Duration: d, Skew: r.s.Skews[slot], Seed: r.s.Seed, Members: r.s.Members}
 	js, _ := json.Marshal(cfg)
 	m := &member{proc: proc, slot: slot, cmd: exec.Command(r.exe, "-test.run", "^$"), read: make(chan struct{})}
 	m.cmd.Env = append(os.Environ(), MemberEnv+"="+string(js))

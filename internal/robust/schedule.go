@@ -15,10 +15,13 @@ type Mode string
 const (
 	ModeStrict Mode = "strict" // package strict: every decision in Redis, fail closed
 	ModeLease  Mode = "lease"  // package lease on lease.NewRedisStore
+	// ModeStrictLocal is package strict with the local fail mode (strict.WithFailLocal at
+	// a share of 1/members): while Redis is out of reach each member decides at its share.
+	ModeStrictLocal Mode = "strict-local"
 )
 
 // Modes lists every mode, in the order seeds pick them (seed % len).
-var Modes = []Mode{ModeStrict, ModeLease}
+var Modes = []Mode{ModeStrict, ModeLease, ModeStrictLocal}
 
 // FaultKind names one kind of injected fault.
 type FaultKind string

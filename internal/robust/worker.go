@@ -69,6 +69,7 @@ type MemberConfig struct {
 	Goroutines int           `json:"goroutines"`
 	Duration   time.Duration `json:"duration"`
 	Skew       time.Duration `json:"skew"`
+	Members    int           `json:"members"` // member slots in the run (the local fail mode's share is 1/Members)
 	Seed       uint64        `json:"seed"`
 }
 
@@ -79,8 +80,16 @@ type skewed struct {
 	off time.Duration
 }
 
-func (s skewed) Now() time.Time  { return s.Clock.Now().Add(s.off) }
-func (s skewed) Nanotime() int64 { return s.Clock.Nanotime() + int64(s.off) }
+func (s skewed) Now() time.Time { return s.Clock.Now().Add(s.off) }
+
+// Nanotime is the monotonic clock, shifted only by a forward offset: a monotonic clock
+// counts from an arbitrary origin, but never reads below zero.
+func (s skewed) Nanotime() int64 { return s.Clock.Nanotime() + int64(max(s.off, 0)) }
+
+// LocalShare is the share of each limit a member of the strict-local mode decides at
+// while Redis is out of reach: 1/members, so that the pool's fallbacks together hold the
+// limit's rate.
+func LocalShare(members int) float64 { return 1 / float64(members) }
 
 // out writes record lines to standard output one at a time, unbuffered.
 type out struct{ mu sync.Mutex }
@@ -123,7 +132,7 @@ func runMember(cfg MemberConfig) int {
 		}
 	}()
 	switch cfg.Mode {
-	case ModeStrict:
+	case ModeStrict, ModeStrictLocal:
 		o, err := strict.ClientOptions("redis://"+cfg.Addr, strict.DefaultTimeout)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "robust member:", err)
@@ -131,7 +140,11 @@ func runMember(cfg MemberConfig) int {
 		}
 		client := goredis.NewClient(o)
 		closeAll = append(closeAll, func() { client.Close() })
-		b := strict.New(client, strict.WithPrefix(cfg.Prefix), strict.WithClock(clk))
+		opts := []strict.Option{strict.WithPrefix(cfg.Prefix), strict.WithClock(clk)}
+		if cfg.Mode == ModeStrictLocal {
+			opts = append(opts, strict.WithFailLocal(LocalShare(cfg.Members)))
+		}
+		b := strict.New(client, opts...)
 		closeAll = append(closeAll, func() { b.Close() })
 		be = b
 	case ModeLease:
@@ -186,7 +199,7 @@ func runMember(cfg MemberConfig) int {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w := &worker{proc: cfg.Proc, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Proc)<<16|uint64(g))), lims: lims, rec: &rec, clk: clk, strict: cfg.Mode == ModeStrict}
+			w := &worker{proc: cfg.Proc, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Proc)<<16|uint64(g))), lims: lims, rec: &rec, clk: clk, strict: cfg.Mode != ModeLease}
 			for ctx.Err() == nil {
 				w.step(ctx)
 			}
@@ -275,7 +288,7 @@ func (w *worker) step(run context.Context) {
 		// In the strict mode the slot is on Redis' clock, which is this machine's here: the
 		// lateness counts from it, so that a slow answer (a toxic's latency) counts too.
 		late := w.clk.Now().Sub(r.TimeToAct())
-		if w.strict {
+		if w.strict && OnRedisClock(r.Slot()) {
 			late = time.Duration(time.Now().UnixNano() - r.Slot())
 		}
 		if late > Margin {
