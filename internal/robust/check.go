@@ -244,7 +244,9 @@ func straddles(losses [][2]int64, from, to int64) bool {
 // CheckLeases checks the lease mode's invariant from the members' own records: at every
 // moment, the rates of the shares the members may use of each limit sum to at most the
 // limit's rate. A member's record holds from when its renewal saw the store's answer until
-// its lease (and grace) ends or its next record.
+// its lease (and grace) ends or its next record takes over: at that record's answer when
+// the share grew, at its request when it shrank (the member acknowledged the smaller share
+// in that request, and stopped using the bigger one as it sent it).
 func CheckLeases(h *History, t0 int64) []Violation {
 	type span struct {
 		from, until int64
@@ -278,7 +280,12 @@ func CheckLeases(h *History, t0 int64) []Violation {
 			for i, l := range ls {
 				until := l.Until
 				if i+1 < len(ls) {
-					until = min(until, ls[i+1].From)
+					next := ls[i+1]
+					if next.Rate < l.Rate {
+						until = min(until, max(next.Asked, l.From))
+					} else {
+						until = min(until, next.From)
+					}
 				}
 				if until > l.From && l.Rate > 0 {
 					spans = append(spans, span{l.From, until, l.Rate, proc})

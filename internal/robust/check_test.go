@@ -127,8 +127,8 @@ func TestCheckLeases(t *testing.T) {
 	h := &History{Leases: []Lease{
 		{Proc: 0, Key: "a0", T: T, Rate: 100, From: 0, Until: 1000 * ms},
 		{Proc: 1, Key: "a0", T: T, Rate: 100, From: 10 * ms, Until: 1000 * ms},
-		{Proc: 0, Key: "a0", T: T, Rate: 0, From: 500 * ms, Until: 500 * ms}, // member 0 closes
-		{Proc: 2, Key: "a0", T: T, Rate: 100, From: 600 * ms, Until: 1000 * ms},
+		{Proc: 0, Key: "a0", T: T, Rate: 0, From: 520 * ms, Until: 520 * ms, Asked: 500 * ms}, // member 0 shrinks to nothing, asked at 500 ms
+		{Proc: 2, Key: "a0", T: T, Rate: 100, From: 510 * ms, Until: 1000 * ms},               // given what member 0 freed
 	}}
 	if vs := CheckLeases(h, 0); len(vs) != 0 {
 		t.Fatalf("shares summing to the limit: %v", vs)
@@ -180,7 +180,7 @@ func TestParseLine(t *testing.T) {
 	for _, l := range []string{
 		Op{Proc: 1, Kind: "wait", Key: "b0", N: 2, Call: 5, Return: 9, Timeout: OpTimeout, Outcome: "error:deadline"}.line(),
 		Use{Proc: 1, Key: "b0", N: 2, Slot: 7, Call: 5, At: 9}.line(),
-		Lease{Proc: 1, Key: "b0", T: 5, Rate: 12.5, From: 1, Until: 3}.line(),
+		Lease{Proc: 1, Key: "b0", T: 5, Rate: 12.5, From: 1, Until: 3, Asked: 1}.line(),
 	} {
 		if err := h.parseLine(strings.TrimSpace(l)); err != nil {
 			t.Fatal(err)
@@ -189,7 +189,7 @@ func TestParseLine(t *testing.T) {
 	if len(h.Ops) != 1 || h.Ops[0].Outcome != "error:deadline" || h.Uses[0].Slot != 7 || h.Leases[0].Rate != 12.5 {
 		t.Fatalf("round trip: %+v", h)
 	}
-	for _, bad := range []string{"", "X 1", "O 1 wait b0 x 5 9 1 ok", "U 1 b0 2 7 5", "L 1 b0 5 fast 1 3"} {
+	for _, bad := range []string{"", "X 1", "O 1 wait b0 x 5 9 1 ok", "U 1 b0 2 7 5", "L 1 b0 5 fast 1 3 1", "L 1 b0 5 1 1 3"} {
 		if err := h.parseLine(bad); err == nil {
 			t.Errorf("%q: no error", bad)
 		}

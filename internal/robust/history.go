@@ -39,6 +39,9 @@ type Lease struct {
 	T           int64 // the limit's emission interval, which names the limit
 	Rate        float64
 	From, Until int64
+	// Asked is when the request this record answers was sent: a member that acknowledges
+	// a smaller share stops using its bigger one then.
+	Asked int64
 }
 
 // The record lines a member prints, one per event, written at once so that a member
@@ -46,7 +49,7 @@ type Lease struct {
 //
 //	O proc kind key n call return timeout outcome
 //	U proc key n slot call at
-//	L proc key T rate from until
+//	L proc key T rate from until asked
 func (o Op) line() string {
 	return fmt.Sprintf("O %d %s %s %d %d %d %d %s\n", o.Proc, o.Kind, o.Key, o.N, o.Call, o.Return, int64(o.Timeout), strings.ReplaceAll(o.Outcome, " ", "_"))
 }
@@ -56,7 +59,7 @@ func (u Use) line() string {
 }
 
 func (l Lease) line() string {
-	return fmt.Sprintf("L %d %s %d %g %d %d\n", l.Proc, l.Key, l.T, l.Rate, l.From, l.Until)
+	return fmt.Sprintf("L %d %s %d %g %d %d %d\n", l.Proc, l.Key, l.T, l.Rate, l.From, l.Until, l.Asked)
 }
 
 // History is everything the members of a run recorded, and the faults the runner injected.
@@ -109,15 +112,15 @@ func (h *History) parseLine(line string) error {
 		}
 		h.Uses = append(h.Uses, Use{Proc: int(v[0]), Key: f[2], N: v[1], Slot: v[2], Call: v[3], At: v[4]})
 	case "L":
-		if len(f) != 7 {
+		if len(f) != 8 {
 			return bad
 		}
-		v, ok := ints([]string{f[1], f[3], f[5], f[6]})
+		v, ok := ints([]string{f[1], f[3], f[5], f[6], f[7]})
 		rate, err := strconv.ParseFloat(f[4], 64)
 		if !ok || err != nil {
 			return bad
 		}
-		h.Leases = append(h.Leases, Lease{Proc: int(v[0]), Key: f[2], T: v[1], Rate: rate, From: v[2], Until: v[3]})
+		h.Leases = append(h.Leases, Lease{Proc: int(v[0]), Key: f[2], T: v[1], Rate: rate, From: v[2], Until: v[3], Asked: v[4]})
 	default:
 		return bad
 	}

@@ -158,7 +158,8 @@ func runMember(cfg MemberConfig) int {
 				return
 			}
 			now := time.Now().UnixNano()
-			rec.print(Lease{Proc: cfg.Proc, Key: s.Key, T: s.Limit.T, Rate: s.Rate, From: now, Until: now + int64(s.Expires)}.line())
+			asked := now - (clk.Nanotime() - s.Asked) // the request's time, in real time
+			rec.print(Lease{Proc: cfg.Proc, Key: s.Key, T: s.Limit.T, Rate: s.Rate, From: now, Until: now + int64(s.Expires), Asked: asked}.line())
 		})
 		b, err := lease.New(store, lease.WithID(fmt.Sprint("m", cfg.Proc)), lease.WithClock(clk),
 			lease.WithRenewEvery(100*time.Millisecond), lease.WithStoreTimeout(300*time.Millisecond), lease.WithObserver(obs))
@@ -173,7 +174,7 @@ func runMember(cfg MemberConfig) int {
 			closing.Store(true)
 			now := time.Now().UnixNano()
 			for _, s := range b.Leases() {
-				rec.print(Lease{Proc: cfg.Proc, Key: s.Key, T: s.Limit.T, From: now, Until: now}.line())
+				rec.print(Lease{Proc: cfg.Proc, Key: s.Key, T: s.Limit.T, From: now, Until: now, Asked: now}.line())
 			}
 		})
 		be = b
