@@ -2,6 +2,7 @@ package robust
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -11,6 +12,8 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/gossip"
+	"github.com/sluicehq/sluice/internal/hits"
 	"github.com/sluicehq/sluice/referee"
 )
 
@@ -381,4 +384,73 @@ func CheckFallback(h *History, t0 int64, share float64) []Violation {
 		}
 	}
 	return vs
+}
+
+// CheckGossip judges the gossip mode's documented bound (docs/gossip.md): over every window,
+// the permits the pool used of each limit of each key exceed the limit's Burst + Rate ×
+// window by at most hits.Bound (one permit per member process that took part), plus one
+// interval's rate for a report that comes late (as the gossip package's own multi-process
+// test allows), plus two intervals' rate when a member was paused (the documented caveat: a
+// report later than an interval lets shares overlap by that peer's change of demand for an
+// interval or two). Use times are real; a use lies at most Margin after its slot, and the
+// limiters keep Margin's worth of burst in reserve. It returns the violations and a note
+// with the largest excess seen.
+func CheckGossip(h *History, t0 int64, nodes int, paused bool) ([]Violation, string) {
+	interval := gossip.DefaultConfig().Interval
+	var vs []Violation
+	worst, worstAt := -1e18, ""
+	for _, g := range Groups {
+		limits := sluice.MustParse(g.Limits)
+		for _, key := range g.Keys {
+			var uses []Use
+			for _, u := range h.Uses {
+				if u.Key == key {
+					uses = append(uses, u)
+				}
+			}
+			sort.SliceStable(uses, func(i, j int) bool { return uses[i].At < uses[j].At })
+			for _, l := range limits {
+				rate := float64(l.Rate) / l.Period.Seconds()
+				allowed := hits.Bound(hits.BoundParams{Nodes: nodes, Burst: l.Burst, Rate: rate}) + rate*interval.Seconds()
+				if paused {
+					allowed += 2 * rate * interval.Seconds()
+				}
+				e, from, to := excessOf(uses, l.Burst, rate)
+				if e > worst {
+					worst, worstAt = e, fmt.Sprintf("key %s %s", key, l)
+				}
+				if e > allowed {
+					var w []string
+					for _, u := range uses[from : to+1] {
+						w = append(w, fmt.Sprintf("member %d: %d permits used at +%v", u.Proc, u.N, time.Duration(u.At-t0)))
+					}
+					if len(w) > 30 {
+						w = append(w[:15], append([]string{"..."}, w[len(w)-15:]...)...)
+					}
+					vs = append(vs, Violation{Check: "gossip", Detail: fmt.Sprintf("key %s: %.1f permits beyond %s's burst + rate × window from +%v to +%v, past the documented %.1f",
+						key, e, l, time.Duration(uses[from].At-t0), time.Duration(uses[to].At-t0), allowed), Window: w})
+				}
+			}
+		}
+	}
+	return vs, fmt.Sprintf("gossip: largest excess over any window %.1f permits (%s), %d member processes", worst, worstAt, nodes)
+}
+
+// excessOf is the most permits used in any window [t_i, t_j] beyond burst + rate × (t_j −
+// t_i), and that window's first and last use (uses in time order).
+func excessOf(uses []Use, burst int64, rate float64) (float64, int, int) {
+	best, from, to := math.Inf(-1), 0, 0
+	bestStart, bestStartI := math.Inf(-1), 0 // max over i <= j of rate×t_i − permits before i
+	var before float64                       // permits used before j
+	for j, u := range uses {
+		t := float64(u.At) / 1e9
+		if v := rate*t - before; v > bestStart {
+			bestStart, bestStartI = v, j
+		}
+		before += float64(u.N)
+		if e := before - rate*t + bestStart - float64(burst); e > best {
+			best, from, to = e, bestStartI, j
+		}
+	}
+	return best, from, to
 }

@@ -215,3 +215,32 @@ func TestCheckFallback(t *testing.T) {
 		t.Fatalf("got %v, want member 1's third permit in 1 ms refused", vs)
 	}
 }
+
+func TestCheckGossip(t *testing.T) {
+	// a0 is 200/s burst=10. Three member processes: the documented bound is 3 permits,
+	// plus an interval's rate (20 at 200/s and 100 ms) for a late report: 23 beyond
+	// burst + rate × window. 10 at once and then the rate are 0 beyond it; 33 more in the
+	// same instant are 33 beyond.
+	h := &History{}
+	for range 10 {
+		h.Uses = append(h.Uses, use(0, 1, 1000))
+	}
+	for i := range int64(100) {
+		h.Uses = append(h.Uses, use(1, 1, 1005+5*i))
+	}
+	vs, note := CheckGossip(h, 0, 3, false)
+	if len(vs) != 0 || !strings.Contains(note, "largest excess over any window 0.0") {
+		t.Fatalf("at the limit: %v (%s)", vs, note)
+	}
+	for range 33 {
+		h.Uses = append(h.Uses, use(2, 1, 1300))
+	}
+	vs, _ = CheckGossip(h, 0, 3, false)
+	if len(vs) != 1 || !strings.Contains(vs[0].Detail, "33.0 permits beyond") {
+		t.Fatalf("33 over: got %v, want one violation of 33 permits", vs)
+	}
+	// A paused member allows two intervals' rate more (40): 33 is within it.
+	if vs, _ = CheckGossip(h, 0, 3, true); len(vs) != 0 {
+		t.Fatalf("33 over with a member paused: %v", vs)
+	}
+}

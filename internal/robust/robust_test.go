@@ -54,6 +54,9 @@ func envInt(t *testing.T, name string, def uint64) uint64 {
 // line per run and the summary. A failing run prints its seed and the shortest window
 // of its history that shows each violation.
 func TestRobustness(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes, real time: make robustness, or go test without -short")
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)

@@ -18,10 +18,13 @@ const (
 	// ModeStrictLocal is package strict with the local fail mode (strict.WithFailLocal at
 	// a share of 1/members): while Redis is out of reach each member decides at its share.
 	ModeStrictLocal Mode = "strict-local"
+	// ModeGossip is package gossip (memberlist, no store): its members report over UDP,
+	// which toxiproxy cannot carry, so its faults are the process faults and clock offsets.
+	ModeGossip Mode = "gossip"
 )
 
 // Modes lists every mode, in the order seeds pick them (seed % len).
-var Modes = []Mode{ModeStrict, ModeLease, ModeStrictLocal}
+var Modes = []Mode{ModeStrict, ModeLease, ModeStrictLocal, ModeGossip}
 
 // FaultKind names one kind of injected fault.
 type FaultKind string
@@ -112,6 +115,9 @@ func NewSchedule(seed uint64, mode Mode, members int, d time.Duration) Schedule 
 	memberFree := make([]time.Duration, members)
 	kinds := []FaultKind{FaultLatency, FaultBandwidth, FaultTimeout, FaultResetPeer, FaultBlackHole, FaultProxyDown,
 		FaultPartition, FaultMemberKill, FaultMemberStop, FaultRedisStop, FaultRedisEmpty, FaultRestoreOld}
+	if mode == ModeGossip {
+		kinds = []FaultKind{FaultMemberKill, FaultMemberStop}
+	}
 	// Leave the first 700 ms and the last second quiet: members start, and finish in peace.
 	for at := 700*time.Millisecond + time.Duration(rng.IntN(300))*time.Millisecond; at < d-time.Second; at += time.Duration(250+rng.IntN(500)) * time.Millisecond {
 		f := Fault{At: at, For: time.Duration(100+rng.IntN(1400)) * time.Millisecond, Kind: kinds[rng.IntN(len(kinds))], Target: rng.IntN(members)}

@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/gossip"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/strict"
 )
@@ -41,6 +42,10 @@ var Groups = []Group{
 // its slot by more is given up instead (seed 000's permit expiry), so the referee may
 // judge the use times with it.
 const Margin = 20 * time.Millisecond
+
+// GossipSettle is how long a gossip member waits for its peers after it starts, before its
+// load starts (memberlist spreads a join within a gossip round).
+const GossipSettle = 500 * time.Millisecond
 
 // OpTimeout is each call's context time-out; MaxWait the limiters' maximum wait.
 const (
@@ -70,7 +75,13 @@ type MemberConfig struct {
 	Duration   time.Duration `json:"duration"`
 	Skew       time.Duration `json:"skew"`
 	Members    int           `json:"members"` // member slots in the run (the local fail mode's share is 1/Members)
-	Seed       uint64        `json:"seed"`
+	// Gossip: the member's own address (UDP and TCP) and its peers'.
+	Bind  string   `json:"bind,omitempty"`
+	Peers []string `json:"peers,omitempty"`
+	// Settle: how long the member waits after it starts before its load starts (its
+	// share of the duration): a gossip member joins its peers first.
+	Settle time.Duration `json:"settle,omitempty"`
+	Seed   uint64        `json:"seed"`
 }
 
 // skewed is a clock offset from the real one by a constant: a machine whose clock is
@@ -114,12 +125,26 @@ func MemberMain() int {
 	if code := runMember(cfg); code != 0 {
 		return code
 	}
-	if err := goleak.Find(ignore); err != nil {
-		fmt.Fprintln(os.Stderr, "robust member: goroutine leak:", err)
-		return 3
+	// goleak.Find retries for about a second; a goroutine may take a little longer to end
+	// after Close (memberlist's probe of a peer in flight at Shutdown runs to its
+	// time-out), so look again until GoroutineGrace has passed.
+	for deadline := time.Now().Add(GoroutineGrace); ; {
+		err := goleak.Find(ignore)
+		if err == nil {
+			return 0
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintln(os.Stderr, "robust member: goroutine leak:", err)
+			return 3
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	return 0
 }
+
+// GoroutineGrace is how long after Close a member's goroutines may take to end: a
+// goroutine still running then is a leak. memberlist's Shutdown does not wait for a probe
+// in flight, which ends within its probe time-out and TCP fallback (about 1.5 s).
+const GoroutineGrace = 5 * time.Second
 
 func runMember(cfg MemberConfig) int {
 	clk := skewed{clock.NewReal(), cfg.Skew}
@@ -178,6 +203,16 @@ func runMember(cfg MemberConfig) int {
 			}
 		})
 		be = b
+	case ModeGossip:
+		gc := gossip.DefaultConfig()
+		gc.Bind, gc.Peers, gc.Name, gc.Clock = cfg.Bind, cfg.Peers, fmt.Sprint("m", cfg.Proc), clk
+		b, err := gossip.New(gc)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "robust member:", err)
+			return 2
+		}
+		closeAll = append(closeAll, func() { b.Close() })
+		be = b
 	default:
 		fmt.Fprintln(os.Stderr, "robust member: unknown mode", cfg.Mode)
 		return 2
@@ -193,14 +228,15 @@ func runMember(cfg MemberConfig) int {
 		closeAll = append(closeAll, func() { l.Close() })
 		lims[i] = l
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration)
+	time.Sleep(cfg.Settle)
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration-cfg.Settle)
 	defer cancel()
 	var wg sync.WaitGroup
 	for g := range cfg.Goroutines {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w := &worker{proc: cfg.Proc, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Proc)<<16|uint64(g))), lims: lims, rec: &rec, clk: clk, strict: cfg.Mode != ModeLease}
+			w := &worker{proc: cfg.Proc, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Proc)<<16|uint64(g))), lims: lims, rec: &rec, clk: clk, strict: cfg.Mode == ModeStrict || cfg.Mode == ModeStrictLocal}
 			for ctx.Err() == nil {
 				w.step(ctx)
 			}
