@@ -48,8 +48,9 @@ func envInt(t *testing.T, name string, def uint64) uint64 {
 	return v
 }
 
-// TestRobustness runs ROBUST_RUNS schedules (2 by default: make test's short run; make
-// robustness asks for more) with seeds ROBUST_BASE, ROBUST_BASE+1, ... (1 by default), or
+// TestRobustness runs ROBUST_RUNS schedules (2 by default: make test's short run, seeds 0
+// and 1, the strict and lease modes; make robustness asks for more) with seeds
+// ROBUST_BASE, ROBUST_BASE+1, ... (0 by default), or
 // the one seed ROBUST_SEED, each ROBUST_DURATION long (6s by default), and prints one
 // line per run and the summary. A failing run prints its seed and the shortest window
 // of its history that shows each violation.
@@ -62,7 +63,7 @@ func TestRobustness(t *testing.T) {
 		t.Fatal(err)
 	}
 	runs := envInt(t, "ROBUST_RUNS", 2)
-	base := envInt(t, "ROBUST_BASE", 1)
+	base := envInt(t, "ROBUST_BASE", 0)
 	if s := os.Getenv("ROBUST_SEED"); s != "" {
 		base, runs = envInt(t, "ROBUST_SEED", 0), 1
 	}

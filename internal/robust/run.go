@@ -62,7 +62,6 @@ type runner struct {
 	current []*member // each slot's running member
 	losses  [][2]int64
 	stopped map[int][][2]int64
-	dumps   map[string]dump
 	errs    []string
 }
 
@@ -130,9 +129,7 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 	h, vs := r.collect(ctx)
 	t0 := r.t0.UnixNano()
 	res := Result{Schedule: s, Ops: len(h.Ops), Uses: len(h.Uses), Errors: map[string]int{}}
-	for _, e := range r.errs {
-		res.Notes = append(res.Notes, e)
-	}
+	res.Notes = append(res.Notes, r.errs...)
 	for _, o := range h.Ops {
 		if o.Outcome != "granted" && o.Outcome != "denied" {
 			res.Errors[o.Outcome]++

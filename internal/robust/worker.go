@@ -53,18 +53,6 @@ const (
 	MaxWait   = 300 * time.Millisecond
 )
 
-// groupOf returns the group of a key.
-func groupOf(key string) (Group, bool) {
-	for _, g := range Groups {
-		for _, k := range g.Keys {
-			if k == key {
-				return g, true
-			}
-		}
-	}
-	return Group{}, false
-}
-
 // MemberConfig is one member process's task.
 type MemberConfig struct {
 	Mode       Mode          `json:"mode"`
