@@ -51,7 +51,8 @@ func envInt(t *testing.T, name string, def uint64) uint64 {
 // TestRobustness runs ROBUST_RUNS schedules (2 by default: make test's short run, seeds 0
 // and 1, the strict and lease modes; make robustness asks for more) with seeds
 // ROBUST_BASE, ROBUST_BASE+1, ... (0 by default), or
-// the one seed ROBUST_SEED, each ROBUST_DURATION long (6s by default), and prints one
+// the one seed ROBUST_SEED, each ROBUST_DURATION long (6s by default), in the mode the
+// seed picks (Modes[seed % len]) or ROBUST_MODE's, and prints one
 // line per run and the summary. A failing run prints its seed and the shortest window
 // of its history that shows each violation.
 func TestRobustness(t *testing.T) {
@@ -73,11 +74,21 @@ func TestRobustness(t *testing.T) {
 			t.Fatalf("ROBUST_DURATION=%q: want a duration of at least 3s", s)
 		}
 	}
-	DumpDir = os.Getenv("ROBUST_DUMP")
+	DumpDir, SluiceBin = os.Getenv("ROBUST_DUMP"), os.Getenv("ROBUST_SLUICE")
+	var only Mode
+	if s := os.Getenv("ROBUST_MODE"); s != "" {
+		if only, err = ParseMode(s); err != nil {
+			t.Fatal(err)
+		}
+	}
 	var faults, ops, violations int
 	for i := range runs {
 		seed := base + i
-		s := NewSchedule(seed, Modes[seed%uint64(len(Modes))], 3, d)
+		mode := Modes[seed%uint64(len(Modes))]
+		if only != "" {
+			mode = only
+		}
+		s := NewSchedule(seed, mode, 3, d)
 		res, err := Run(context.Background(), s, exe)
 		if err != nil {
 			t.Fatalf("seed %d: %v", seed, err)
@@ -87,7 +98,7 @@ func TestRobustness(t *testing.T) {
 			fmt.Println("  note:", n)
 		}
 		if len(res.Violations) > 0 {
-			fmt.Printf("  seed %d FAILED (reproduce: make robustness ROBUST_SEED=%d ROBUST_DURATION=%v); its faults:\n", seed, seed, d)
+			fmt.Printf("  seed %d FAILED (reproduce: make robustness ROBUST_SEED=%d ROBUST_MODE=%s ROBUST_DURATION=%v); its faults:\n", seed, seed, mode, d)
 			for _, f := range s.Faults {
 				fmt.Println("    ", f)
 			}

@@ -57,6 +57,8 @@ type runner struct {
 	prefix string
 	t0     time.Time
 
+	daemons []*daemon // the daemon mode's, by slot
+
 	mu      sync.Mutex
 	members []*member
 	current []*member // each slot's running member
@@ -103,6 +105,14 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 			r.addrs = append(r.addrs, a)
 		}
 	}
+	if s.Mode == ModeDaemon {
+		// Each slot's daemon reaches Redis through its own proxy ("r"), and the member
+		// reaches its daemon through the slot's proxy ("m"), which is re-pointed there.
+		if err := r.startDaemons(); err != nil {
+			return Result{}, err
+		}
+		defer r.stopDaemons()
+	}
 	if s.Mode == ModeLease {
 		c := goredis.NewClient(&goredis.Options{Addr: r.srv.Addr(), DisableIdentity: true})
 		err := lease.WaitUnfenced(ctx, lease.NewRedisStore(c, lease.WithRedisPrefix(r.prefix)), lease.DefaultConfig())
@@ -127,6 +137,9 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 	}
 	wg.Wait()
 	h, vs := r.collect(ctx)
+	if s.Mode == ModeDaemon {
+		vs = append(vs, r.stopDaemons()...)
+	}
 	t0 := r.t0.UnixNano()
 	res := Result{Schedule: s, Ops: len(h.Ops), Uses: len(h.Uses), Errors: map[string]int{}}
 	res.Notes = append(res.Notes, r.errs...)
@@ -230,7 +243,7 @@ func (r *runner) note(format string, args ...any) {
 func (r *runner) inject(ctx context.Context, i int, f Fault) {
 	r.sleepUntil(ctx, f.At)
 	name := fmt.Sprintf("f%d", i)
-	proxy := fmt.Sprint("m", f.Target)
+	proxy := fmt.Sprint(f.Link, f.Target)
 	var undo func()
 	toxic := func(kind string, attrs map[string]int, streams ...string) {
 		for _, st := range streams {
@@ -299,6 +312,18 @@ func (r *runner) inject(ctx context.Context, i int, f Fault) {
 			r.stopped[m.proc] = append(r.stopped[m.proc], [2]int64{from, time.Now().UnixNano()})
 			r.mu.Unlock()
 		}
+	case FaultDaemonKill:
+		d := r.daemons[f.Target]
+		d.kill()
+		undo = func() {
+			if err := d.start(); err != nil {
+				r.note("fault %s: restart the daemon: %v", f, err)
+			}
+		}
+	case FaultDaemonStop:
+		d := r.daemons[f.Target]
+		d.signal(syscall.SIGSTOP)
+		undo = func() { d.signal(syscall.SIGCONT) }
 	case FaultRedisStop:
 		r.srv.Pause()
 		undo = r.srv.Resume

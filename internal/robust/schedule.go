@@ -21,10 +21,24 @@ const (
 	// ModeGossip is package gossip (memberlist, no store): its members report over UDP,
 	// which toxiproxy cannot carry, so its faults are the process faults and clock offsets.
 	ModeGossip Mode = "gossip"
+	// ModeDaemon is the daemon (sluice serve, its redis back end, fail closed), one per
+	// member slot, each member's limiter on the daemon through package client.
+	ModeDaemon Mode = "daemon"
 )
 
-// Modes lists every mode, in the order seeds pick them (seed % len).
-var Modes = []Mode{ModeStrict, ModeLease, ModeStrictLocal, ModeGossip}
+// Modes lists every mode, in the order seeds pick them (seed % len), unless ROBUST_MODE
+// names one.
+var Modes = []Mode{ModeStrict, ModeLease, ModeStrictLocal, ModeGossip, ModeDaemon}
+
+// ParseMode reads a mode's name.
+func ParseMode(s string) (Mode, error) {
+	for _, m := range Modes {
+		if string(m) == s {
+			return m, nil
+		}
+	}
+	return "", fmt.Errorf("robust: unknown mode %q (want one of %v)", s, Modes)
+}
 
 // FaultKind names one kind of injected fault.
 type FaultKind string
@@ -45,6 +59,10 @@ const (
 	FaultRedisEmpty FaultKind = "redis_empty" // SIGKILL of Redis, restarted empty after
 	FaultRestoreOld FaultKind = "restore_old" // DUMP of every key now, RESTORE of it after
 	FaultClockSkew  FaultKind = "clock_skew"  // a member started with its clock off by seconds
+	// The daemon mode's: the daemon of a slot killed (restarted on its ports after) or
+	// paused.
+	FaultDaemonKill FaultKind = "daemon_kill"
+	FaultDaemonStop FaultKind = "daemon_stop"
 )
 
 // Fault is one scheduled fault: it starts At after the run's start and lasts For (the
@@ -56,12 +74,18 @@ type Fault struct {
 	Target  int
 	// Toxic attributes (milliseconds, KB/s), by kind.
 	Latency, Jitter, Rate, Timeout int
+	// Link is the link a toxic acts on: "m", the member's to its store (or, in the daemon
+	// mode, to its daemon); "r", the daemon's to Redis (daemon mode).
+	Link string
 }
 
 func (f Fault) String() string {
 	s := fmt.Sprintf("%v+%v %s", f.At.Round(time.Millisecond), f.For.Round(time.Millisecond), f.Kind)
 	if f.Target >= 0 {
 		s += fmt.Sprintf(" member %d", f.Target)
+	}
+	if f.Link == "r" {
+		s += " (its daemon's link to Redis)"
 	}
 	switch f.Kind {
 	case FaultLatency:
@@ -115,12 +139,18 @@ func NewSchedule(seed uint64, mode Mode, members int, d time.Duration) Schedule 
 	memberFree := make([]time.Duration, members)
 	kinds := []FaultKind{FaultLatency, FaultBandwidth, FaultTimeout, FaultResetPeer, FaultBlackHole, FaultProxyDown,
 		FaultPartition, FaultMemberKill, FaultMemberStop, FaultRedisStop, FaultRedisEmpty, FaultRestoreOld}
-	if mode == ModeGossip {
+	switch mode {
+	case ModeGossip:
 		kinds = []FaultKind{FaultMemberKill, FaultMemberStop}
+	case ModeDaemon:
+		kinds = append(kinds, FaultDaemonKill, FaultDaemonStop)
 	}
 	// Leave the first 700 ms and the last second quiet: members start, and finish in peace.
 	for at := 700*time.Millisecond + time.Duration(rng.IntN(300))*time.Millisecond; at < d-time.Second; at += time.Duration(250+rng.IntN(500)) * time.Millisecond {
-		f := Fault{At: at, For: time.Duration(100+rng.IntN(1400)) * time.Millisecond, Kind: kinds[rng.IntN(len(kinds))], Target: rng.IntN(members)}
+		f := Fault{At: at, For: time.Duration(100+rng.IntN(1400)) * time.Millisecond, Kind: kinds[rng.IntN(len(kinds))], Target: rng.IntN(members), Link: "m"}
+		if mode == ModeDaemon && rng.IntN(2) == 0 {
+			f.Link = "r"
+		}
 		f.For = min(f.For, d-time.Second-at)
 		switch f.Kind {
 		case FaultLatency:

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gossip"
 	"github.com/sluicehq/sluice/lease"
@@ -191,6 +192,10 @@ func runMember(cfg MemberConfig) int {
 			}
 		})
 		be = b
+	case ModeDaemon:
+		c := client.New(cfg.Addr, client.WithFailMode(backend.FailClosed), client.WithTimeout(300*time.Millisecond))
+		be = c.Backend()
+		closeAll = append(closeAll, func() { be.Close() })
 	case ModeGossip:
 		gc := gossip.DefaultConfig()
 		gc.Bind, gc.Peers, gc.Name, gc.Clock = cfg.Bind, cfg.Peers, fmt.Sprint("m", cfg.Proc), clk
@@ -224,7 +229,7 @@ func runMember(cfg MemberConfig) int {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w := &worker{proc: cfg.Proc, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Proc)<<16|uint64(g))), lims: lims, rec: &rec, clk: clk, strict: cfg.Mode == ModeStrict || cfg.Mode == ModeStrictLocal}
+			w := &worker{proc: cfg.Proc, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Proc)<<16|uint64(g))), lims: lims, rec: &rec, clk: clk, strict: cfg.Mode == ModeStrict || cfg.Mode == ModeStrictLocal, daemon: cfg.Mode == ModeDaemon}
 			for ctx.Err() == nil {
 				w.step(ctx)
 			}
@@ -243,6 +248,8 @@ type worker struct {
 	clk  clock.Clock
 	// strict: slots are on Redis' clock (the machine's, in these runs).
 	strict bool
+	// daemon: the decisions are a daemon's, which tells no slot.
+	daemon bool
 }
 
 // step makes one random request and records it (and any use of its permits).
@@ -313,8 +320,13 @@ func (w *worker) step(run context.Context) {
 		// In the strict mode the slot is on Redis' clock, which is this machine's here: the
 		// lateness counts from it, so that a slow answer (a toxic's latency) counts too.
 		late := w.clk.Now().Sub(r.TimeToAct())
-		if w.strict && OnRedisClock(r.Slot()) {
+		switch {
+		case w.strict && OnRedisClock(r.Slot()):
 			late = time.Duration(time.Now().UnixNano() - r.Slot())
+		case w.daemon:
+			// The daemon decided after the call was made: the slot is no earlier than the
+			// call plus the delay, so this is the most the use can be late.
+			late = time.Duration(time.Now().UnixNano()-op.Call) - r.Delay
 		}
 		if late > Margin {
 			op.Outcome = "expired"
