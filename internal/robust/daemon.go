@@ -195,4 +195,3 @@ func (r *runner) stopDaemons() []Violation {
 	}
 	return nil
 }
-
