@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"sync"
@@ -24,6 +25,7 @@ func runSim(ctx context.Context, env Env, args []string) error {
 	modes := fs.String("modes", "", "comma-separated `modes` to run side by side (default: the scenario's; known: "+strings.Join(sim.ModeNames(), ", ")+"; adaptive:seed, adaptive:cubic and adaptive:sre for the adaptive mode's other strategies)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	csvPath := fs.String("csv", "", "write the time series of every mode to `FILE` as CSV")
+	plotPath := fs.String("plot", "", "draw the report's figure to `FILE` (.svg or .png): per mode, the admitted rate against the limit with the events and 429s, the queue and each member's share")
 	seed := fs.Uint64("seed", 0, "override the scenario's seed")
 	rest, err := parseArgs(env, fs, args)
 	if err != nil {
@@ -36,6 +38,12 @@ func runSim(ctx context.Context, env Env, args []string) error {
 		return usagef("want one scenario file, got %q", strings.Join(rest, " "))
 	}
 	file := rest[0]
+	plotFormat := ""
+	if *plotPath != "" {
+		if plotFormat, err = sim.PlotFormat(*plotPath); err != nil {
+			return usagef("--plot: %v", err)
+		}
+	}
 	sc, err := sim.Load(file)
 	if err != nil {
 		return usageError{err}
@@ -67,15 +75,12 @@ func runSim(ctx context.Context, env Env, args []string) error {
 		return err
 	}
 	if *csvPath != "" {
-		f, err := os.Create(*csvPath)
-		if err != nil {
+		if err := writeFile(*csvPath, rep.WriteCSV); err != nil {
 			return err
 		}
-		if err := rep.WriteCSV(f); err != nil {
-			f.Close()
-			return err
-		}
-		if err := f.Close(); err != nil {
+	}
+	if *plotPath != "" {
+		if err := writeFile(*plotPath, func(w io.Writer) error { return rep.WritePlot(w, plotFormat) }); err != nil {
 			return err
 		}
 	}
@@ -84,6 +89,19 @@ func runSim(ctx context.Context, env Env, args []string) error {
 	}
 	rep.WriteText(env.Stdout)
 	return nil
+}
+
+// writeFile creates a file and writes it with write, reporting the first error.
+func writeFile(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // progressBar draws a bar on stderr once a run has lasted a second, at most ten times a
