@@ -6,6 +6,8 @@ import (
 	"image/color"
 	"image/png"
 	"io"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -174,5 +176,53 @@ func TestPlotFormat(t *testing.T) {
 	// A report without a series (never run) still draws, without lines.
 	if err := r.WritePlot(io.Discard, "png"); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestSideBySide: the text report is one table with a column per mode, in the order
+// asked, whose cells are the report's figures, with a row for each event.
+func TestSideBySide(t *testing.T) {
+	r, err := Run(parse(t, plotOutage), Options{Modes: []string{"local", "redis", "lease"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	r.WriteText(&buf)
+	lines := strings.Split(buf.String(), "\n")
+	if head := strings.Fields(lines[2]); !slices.Equal(head, []string{"local", "redis", "lease"}) {
+		t.Fatalf("header %q, want the modes in order", lines[2])
+	}
+	row := func(label string) []string {
+		for _, l := range lines {
+			// A group's heading (utilization) has no cells.
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(l), label+" "); ok {
+				return strings.Fields(rest)
+			}
+		}
+		t.Fatalf("no row %q in\n%s", label, buf.String())
+		return nil
+	}
+	for i, m := range r.Modes {
+		if got, want := row("violations (429s)")[i], strconv.FormatInt(m.Violations, 10); got != want {
+			t.Errorf("%s: violations %s, want %s", m.Mode, got, want)
+		}
+		if got, want := row("utilization")[i], strconv.FormatFloat(m.Utilization, 'f', 4, 64); got != want {
+			t.Errorf("%s: utilization %s, want %s", m.Mode, got, want)
+		}
+		if got, want := row("store ops")[i], strconv.FormatInt(m.StoreOps, 10); got != want {
+			t.Errorf("%s: store ops %s, want %s", m.Mode, got, want)
+		}
+	}
+	if r.Modes[0].StoreOps != 0 || r.Modes[1].StoreOps == 0 {
+		t.Errorf("store ops %d (local) and %d (redis): the local mode has no store", r.Modes[0].StoreOps, r.Modes[1].StoreOps)
+	}
+	if c := row(`converged after "store outage for 10s" at 20s`); len(c) != 3 {
+		t.Errorf("the outage's row: %q", c)
+	}
+	if c := row(`converged after "crash m1" at 40s`); len(c) != 3 {
+		t.Errorf("the crash's row: %q", c)
+	}
+	if c := row("share breaches"); !slices.Equal(c, []string{"-", "-", "0"}) {
+		t.Errorf("lease breaches: %q, want - - 0", c)
 	}
 }

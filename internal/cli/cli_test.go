@@ -117,6 +117,8 @@ func TestSimCommand(t *testing.T) {
 		{[]string{"sim", "nope.yaml"}, "nope.yaml"},
 		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--modes", "quantum"}, "quantum"},
 		{[]string{"sim", "a.yaml", "b.yaml"}, "one scenario file"},
+		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--modes", "local,central"}, "called redis now"},
+		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--plot", "out.pdf"}, "--plot: want a file ending in .svg or .png"},
 	} {
 		code, _, errs := run(t, c.args...)
 		if code != 2 || !strings.Contains(errs, c.want) {
