@@ -242,7 +242,7 @@ func queuePanel(m *ModeReport, u unit, durationS float64) *plot.Plot {
 }
 
 func memberPanel(m *ModeReport) *plot.Plot {
-	p := newPanel("each member's grants / fair share", "member", "granted / fair share")
+	p := newPanel("members: grants / fair share", "member", "granted / fair share")
 	var pts plotter.XYs
 	for i, mr := range m.PerMember {
 		if mr.FairShare > 0 {

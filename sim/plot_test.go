@@ -109,7 +109,7 @@ func TestPlotSVGStructure(t *testing.T) {
 		"requests/s": 2, "time (s)": 4, "admitted": 4, "limit": 3, "429s": 2, "events": 2,
 		"store outage for 10s": 2, "crash m1": 2,
 		"requests waiting": 2, "queued": 2,
-		"each member's grants / fair share": 2, "fair share": 4, "member": 6,
+		"members: grants / fair share": 2, "fair share": 4, "member": 6,
 	} {
 		if got := count(want); got < n {
 			t.Errorf("%q in %d texts, want at least %d", want, got, n)

@@ -26,6 +26,7 @@ func runSim(ctx context.Context, env Env, args []string) error {
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	csvPath := fs.String("csv", "", "write the time series of every mode to `FILE` as CSV")
 	plotPath := fs.String("plot", "", "draw the report's figure to `FILE` (.svg or .png): per mode, the admitted rate against the limit with the events and 429s, the queue and each member's share")
+	htmlPath := fs.String("html", "", "write the report as one self-contained HTML page to `FILE`: the modes side by side, each mode's figure, its events' convergence and its members")
 	seed := fs.Uint64("seed", 0, "override the scenario's seed")
 	rest, err := parseArgs(env, fs, args)
 	if err != nil {
@@ -81,6 +82,11 @@ func runSim(ctx context.Context, env Env, args []string) error {
 	}
 	if *plotPath != "" {
 		if err := writeFile(*plotPath, func(w io.Writer) error { return rep.WritePlot(w, plotFormat) }); err != nil {
+			return err
+		}
+	}
+	if *htmlPath != "" {
+		if err := writeFile(*htmlPath, rep.WriteHTML); err != nil {
 			return err
 		}
 	}
