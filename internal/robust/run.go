@@ -63,6 +63,7 @@ type runner struct {
 	members []*member
 	current []*member // each slot's running member
 	losses  [][2]int64
+	rewinds [][2]int64
 	stopped map[int][][2]int64
 	errs    []string
 }
@@ -386,6 +387,7 @@ func (r *runner) restore(ctx context.Context, dumps map[string]dump) {
 	}
 	r.mu.Lock()
 	r.losses = append(r.losses, [2]int64{from, time.Now().UnixNano()})
+	r.rewinds = append(r.rewinds, r.losses[len(r.losses)-1])
 	r.mu.Unlock()
 }
 
@@ -393,7 +395,7 @@ func (r *runner) restore(ctx context.Context, dumps map[string]dump) {
 // unplanned or did not finish.
 func (r *runner) collect(ctx context.Context) (*History, []Violation) {
 	var vs []Violation
-	h := &History{Stopped: r.stopped, Losses: r.losses}
+	h := &History{Stopped: r.stopped, Losses: r.losses, Rewinds: r.rewinds}
 	r.mu.Lock()
 	ms := append([]*member(nil), r.members...)
 	r.mu.Unlock()
