@@ -48,10 +48,43 @@ type event struct {
 	tk   gcra.Ticket
 }
 
-// eventQueue holds pending events: their payloads in reusable slots, and a 4-ary
+// useCalendar makes new runs keep their events in a calendar queue, not the heap.
+var useCalendar = false
+
+// eventQueue holds the pending events, in a heap or a calendar queue.
+type eventQueue struct {
+	calendar bool
+	h        heapQueue
+	c        calendarQueue
+}
+
+func (q *eventQueue) len() int {
+	if q.calendar {
+		return q.c.len()
+	}
+	return q.h.len()
+}
+
+func (q *eventQueue) push(e *event) {
+	if q.calendar {
+		q.c.push(e)
+		return
+	}
+	q.h.push(e)
+}
+
+func (q *eventQueue) pop(out *event) {
+	if q.calendar {
+		q.c.pop(out)
+		return
+	}
+	q.h.pop(out)
+}
+
+// heapQueue holds pending events: their payloads in reusable slots, and a 4-ary
 // min-heap of small entries ordered by (at, seq), so that sifting moves 24 bytes, not a
 // whole event. Nothing is allocated per event once the slots have grown.
-type eventQueue struct {
+type heapQueue struct {
 	heap  []heapEntry
 	slots []event
 	free  []int32
@@ -63,7 +96,7 @@ type heapEntry struct {
 	slot int32
 }
 
-func (q *eventQueue) len() int { return len(q.heap) }
+func (q *heapQueue) len() int { return len(q.heap) }
 
 func less(a, b *heapEntry) bool {
 	if a.at != b.at {
@@ -72,7 +105,7 @@ func less(a, b *heapEntry) bool {
 	return a.seq < b.seq
 }
 
-func (q *eventQueue) push(e *event) {
+func (q *heapQueue) push(e *event) {
 	var slot int32
 	if n := len(q.free); n > 0 {
 		slot = q.free[n-1]
@@ -98,7 +131,7 @@ func (q *eventQueue) push(e *event) {
 }
 
 // pop removes the earliest event and copies it into *out.
-func (q *eventQueue) pop(out *event) {
+func (q *heapQueue) pop(out *event) {
 	h := q.heap
 	top := h[0]
 	n := len(h) - 1
