@@ -71,34 +71,6 @@ func BenchmarkHour100Members(b *testing.B) { benchPool(b, hourPool(b, 100, "800/
 // under 60 s.
 func BenchmarkHour1000Members(b *testing.B) { benchPool(b, hourPool(b, 1000, "8000/s burst=1000")) }
 
-// BenchmarkQueue compares the event queues on shipped scenarios (every mode each runs)
-// and on BenchmarkHour100Members' pool, in the same run:
-//
-//	go test -run '^$' -bench Queue -count 6 ./sim | benchstat -col /queue -
-func BenchmarkQueue(b *testing.B) {
-	defer func(v bool) { useCalendar = v }(useCalendar)
-	for _, name := range []string{"heroku-day", "store-outage", "seed003-5x5", "lease-faults", "seed004-five-daemons", "hour100"} {
-		var sc *Scenario
-		var err error
-		if name == "hour100" {
-			sc = hourPool(b, 100, "800/s burst=100")
-			sc.Modes = []string{"redis"}
-		} else if sc, err = Load("../scenarios/" + name + ".yaml"); err != nil {
-			b.Fatal(err)
-		}
-		for _, q := range []string{"heap", "calendar"} {
-			b.Run("scenario="+name+"/queue="+q, func(b *testing.B) {
-				useCalendar = q == "calendar"
-				for b.Loop() {
-					if _, err := Run(sc, Options{}); err != nil {
-						b.Fatal(err)
-					}
-				}
-			})
-		}
-	}
-}
-
 // BenchmarkQueueHold is the classic hold model: a queue of n events, each step popping
 // the earliest and scheduling one a random latency (0 to 20 ms) or, one in ten, a random
 // back-off (0 to 30 s) later.
@@ -106,7 +78,7 @@ func BenchmarkQueueHold(b *testing.B) {
 	for _, n := range []int{100, 1000, 20000} {
 		for _, q := range []string{"heap", "calendar"} {
 			b.Run(fmt.Sprintf("n=%d/queue=%s", n, q), func(b *testing.B) {
-				var h heapQueue
+				var h eventQueue
 				var c calendarQueue
 				push, pop := h.push, h.pop
 				if q == "calendar" {

@@ -130,7 +130,6 @@ func newEngine(sc *Scenario, m mode) *engine {
 		sample: int64(sc.Sample),
 		byName: map[string][]int32{},
 	}
-	e.events.calendar = useCalendar
 	e.setLimits(sc.Limit.Limits)
 	e.maxWait = int64(sc.Client.MaxWait)
 	e.margin = int64(sc.Client.Margin)

@@ -48,43 +48,13 @@ type event struct {
 	tk   gcra.Ticket
 }
 
-// useCalendar makes new runs keep their events in a calendar queue, not the heap.
-var useCalendar = false
-
-// eventQueue holds the pending events, in a heap or a calendar queue.
-type eventQueue struct {
-	calendar bool
-	h        heapQueue
-	c        calendarQueue
-}
-
-func (q *eventQueue) len() int {
-	if q.calendar {
-		return q.c.len()
-	}
-	return q.h.len()
-}
-
-func (q *eventQueue) push(e *event) {
-	if q.calendar {
-		q.c.push(e)
-		return
-	}
-	q.h.push(e)
-}
-
-func (q *eventQueue) pop(out *event) {
-	if q.calendar {
-		q.c.pop(out)
-		return
-	}
-	q.h.pop(out)
-}
-
-// heapQueue holds pending events: their payloads in reusable slots, and a 4-ary
+// eventQueue holds pending events: their payloads in reusable slots, and a 4-ary
 // min-heap of small entries ordered by (at, seq), so that sifting moves 24 bytes, not a
-// whole event. Nothing is allocated per event once the slots have grown.
-type heapQueue struct {
+// whole event. Nothing is allocated per event once the slots have grown. A calendar
+// queue was measured against it (calendar_test.go, BENCHMARKS.md) and was slower on
+// every shipped scenario: the simulator's events mix latencies of milliseconds with
+// back-offs and timers of seconds, which calendar days cannot fit both.
+type eventQueue struct {
 	heap  []heapEntry
 	slots []event
 	free  []int32
@@ -96,7 +66,7 @@ type heapEntry struct {
 	slot int32
 }
 
-func (q *heapQueue) len() int { return len(q.heap) }
+func (q *eventQueue) len() int { return len(q.heap) }
 
 func less(a, b *heapEntry) bool {
 	if a.at != b.at {
@@ -105,7 +75,7 @@ func less(a, b *heapEntry) bool {
 	return a.seq < b.seq
 }
 
-func (q *heapQueue) push(e *event) {
+func (q *eventQueue) push(e *event) {
 	var slot int32
 	if n := len(q.free); n > 0 {
 		slot = q.free[n-1]
@@ -131,7 +101,7 @@ func (q *heapQueue) push(e *event) {
 }
 
 // pop removes the earliest event and copies it into *out.
-func (q *heapQueue) pop(out *event) {
+func (q *eventQueue) pop(out *event) {
 	h := q.heap
 	top := h[0]
 	n := len(h) - 1

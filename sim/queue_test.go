@@ -10,7 +10,7 @@ import (
 // engine does them: never in the past, many at once, ties, far-off timers, the queue
 // growing to thousands and draining to nothing twice.
 func TestQueuesAgree(t *testing.T) {
-	var h heapQueue
+	var h eventQueue
 	var c calendarQueue
 	rng := rand.New(rand.NewPCG(1, 2))
 	var now int64
