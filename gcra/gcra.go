@@ -66,6 +66,7 @@ type Limit struct {
 	T      int64 // emission interval in nanoseconds, > 0
 	Tau    int64 // burst tolerance in nanoseconds, a multiple of T in [T, MaxTau]
 	Window int64 // 0 for GCRA; else the window's length in nanoseconds, >= Tau and <= MaxTau
+	Origin int64 // with Window: the Unix time in nanoseconds of the caller's now = 0
 }
 
 // Burst is the number of permits the limit grants at once after an idle spell.
@@ -80,7 +81,7 @@ func (l Limit) Share(share float64) Limit {
 	if l.Window > 0 { // a share of a quota: its count per window, as long as the window
 		t = min(t, l.Window)
 		burst = max(1, min(burst, l.Window/t))
-		return Limit{T: t, Tau: burst * t, Window: l.Window}
+		return Limit{T: t, Tau: burst * t, Window: l.Window, Origin: l.Origin}
 	}
 	t = min(t, MaxTau/burst)
 	return Limit{T: t, Tau: burst * t}

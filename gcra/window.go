@@ -3,7 +3,9 @@ package gcra
 // Fixed windows. A limit with Window > 0 is a quota of Burst permits per window, the
 // windows being [k*Window, (k+1)*Window) of Unix time (a daily quota resets at 00:00 UTC,
 // an hourly one on the hour), as an API that counts requests per calendar window does. Its
-// T is floor(Window/Burst), so that Tau = Burst*T <= Window.
+// T is floor(Window/Burst), so that Tau = Burst*T <= Window. A caller whose now is not
+// Unix time (a clock's Nanotime counts from the clock's origin) sets Origin to the Unix
+// time of its now = 0, so that the windows still fall on Unix multiples.
 //
 // The key's state is still one int64 per limit, read differently: a window that ends at E
 // in which u permits are counted is the state E + u*T. A state at or before the end of the
@@ -23,7 +25,7 @@ func floorMod(a, m int64) int64 {
 }
 
 // WindowEnd is the end of the window of l (Window > 0) that holds t.
-func (l Limit) WindowEnd(t int64) int64 { return t - floorMod(t, l.Window) + l.Window }
+func (l Limit) WindowEnd(t int64) int64 { return t - floorMod(t+l.Origin, l.Window) + l.Window }
 
 // windowOf returns the end E of the latest window the state tat counts permits in, asked at
 // now (the end of now's window when it counts none there or later), and whether it counts

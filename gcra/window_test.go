@@ -157,6 +157,11 @@ func TestWindowValidateAndShare(t *testing.T) {
 		t.Errorf("a quarter of 10000/24h: got %+v (burst %d)", s, s.Burst())
 	}
 	ls := []Limit{win(5, sec), lim(10, sec, 10), win(2, sec)}
+	o := win(3, 10*sec)
+	o.Origin = 4 * sec // now = 0 is 4 s into a window: it ends at now = 6 s
+	if e := o.WindowEnd(0); e != 6*sec {
+		t.Errorf("WindowEnd with an origin: got %d, want %d", e, 6*sec)
+	}
 	if k := PenaltyLimit(ls); k != 1 {
 		t.Errorf("PenaltyLimit: got %d, want the GCRA limit 1", k)
 	}
