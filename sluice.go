@@ -266,8 +266,29 @@ func New(limits Limits, opts ...Option) (*Limiter, error) {
 		l.be = local.New(append([]local.Option{local.WithClock(l.clock)}, l.localOpt...)...)
 		l.ownsBE = true
 	}
+	if err := l.supports(limits); err != nil {
+		if l.ownsBE {
+			l.be.Close()
+		}
+		return nil, err
+	}
 	l.shape.Store(l.newShape(limits, nil))
 	return l, nil
+}
+
+// supports returns an error wrapping ErrUnsupported if the backend cannot decide limits
+// (a windowed quota or a ramp it does not say it decides, see backend.LimitKinds).
+func (l *Limiter) supports(limits Limits) error {
+	k, _ := l.be.(backend.LimitKinds)
+	for _, lim := range limits {
+		if lim.Window && (k == nil || !k.Windows()) {
+			return fmt.Errorf("%w: the %T backend does not decide windowed quotas (%s): use the in-process or the redis mode", ErrUnsupported, l.be, lim)
+		}
+		if !lim.Ramp.IsZero() && (k == nil || !k.Ramps()) {
+			return fmt.Errorf("%w: the %T backend does not ramp (%s): use the in-process or the redis mode", ErrUnsupported, l.be, lim)
+		}
+	}
+	return nil
 }
 
 // newShape derives a shape from limits (valid), warning of a margin that costs much of a
@@ -318,6 +339,9 @@ func (l *Limiter) SetLimits(limits Limits) error {
 		return errZero
 	}
 	if err := limits.Validate(); err != nil {
+		return err
+	}
+	if err := l.supports(limits); err != nil {
 		return err
 	}
 	l.shape.Store(l.newShape(limits, l.shape.Load()))

@@ -1,6 +1,10 @@
 package sluice
 
 import (
+	"errors"
+
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/local"
 	"testing"
 	"time"
 
@@ -122,5 +126,24 @@ func TestRampAdmitsAlongTheLine(t *testing.T) {
 	}
 	if got < 8 || got > 30 {
 		t.Errorf("a new ramp: admitted %d in its first second, want about 10 (it restarts)", got)
+	}
+}
+
+// unkinded is a backend that says nothing of the limits it decides beyond GCRA.
+type unkinded struct{ backend.Backend }
+
+// TestUnsupportedKindsRefused: a backend that does not say it decides windows or ramps
+// (backend.LimitKinds) is refused them by New and SetLimits, with ErrUnsupported.
+func TestUnsupportedKindsRefused(t *testing.T) {
+	be := unkinded{local.New()}
+	defer be.Close()
+	for _, s := range []string{"10/h window", "100/s ramp=1/s..1m", "5/s; 10/h window"} {
+		if _, err := New(MustParse(s), WithBackend(be)); !errors.Is(err, ErrUnsupported) {
+			t.Errorf("New(%q): got %v, want ErrUnsupported", s, err)
+		}
+	}
+	l := MustNew(MustParse("5/s"), WithBackend(be))
+	if err := l.SetLimits(MustParse("10/h window")); !errors.Is(err, ErrUnsupported) || l.Limits().String() != "5/s" {
+		t.Errorf("SetLimits to a window: got %v, limits %v", err, l.Limits())
 	}
 }
