@@ -280,6 +280,13 @@ func New(limits Limits, opts ...Option) (*Limiter, error) {
 // (a windowed quota or a ramp it does not say it decides, see backend.LimitKinds).
 func (l *Limiter) supports(limits Limits) error {
 	k, _ := l.be.(backend.LimitKinds)
+	if w, ok := l.be.(backend.WindowsAlone); ok && w.WindowsAlone() && limits.Windowed() {
+		for _, lim := range limits {
+			if !lim.Window {
+				return fmt.Errorf("%w: the %T backend decides windowed quotas only beside other windowed quotas, not beside %s", ErrUnsupported, l.be, lim)
+			}
+		}
+	}
 	for _, lim := range limits {
 		if lim.Window && (k == nil || !k.Windows()) {
 			return fmt.Errorf("%w: the %T backend does not decide windowed quotas (%s): use the in-process or the redis mode", ErrUnsupported, l.be, lim)

@@ -2,13 +2,12 @@ package sluice
 
 import (
 	"errors"
-
-	"github.com/sluicehq/sluice/backend"
-	"github.com/sluicehq/sluice/local"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/local"
 )
 
 // TestWindowQuotaResetsAtMidnightUTC: a daily quota counts from 00:00 UTC, whenever the

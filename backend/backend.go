@@ -83,6 +83,13 @@ type LimitKinds interface {
 	Ramps() bool
 }
 
+// WindowsAlone is an optional interface of a LimitKinds backend that decides a key's
+// windowed quotas only when all the key's limits are windows: a limiter refuses it limits
+// that mix windows and rates.
+type WindowsAlone interface {
+	WindowsAlone() bool
+}
+
 // Resetter is an optional interface of back ends that can forget a key: its next request is
 // decided as a new key's (its whole burst free) and any penalty on it is lifted, for every
 // caller that shares the backend's state. An operator uses it to lift a penalty a client
