@@ -123,3 +123,81 @@ func TestWindowRealTime(t *testing.T) {
 		t.Errorf("the backend asked to mix: got %v, want ErrMixedWindows", err)
 	}
 }
+
+// TestWindowPoolProperty: a pool of limiters sharing one daily quota through a real Redis,
+// in virtual time starting at random hours of the day: members join at random, crash
+// (their reservations are never settled or cancelled), take weighted permits (1 to 5),
+// reserve up to a minute ahead, and settle some grants to less. Over every window, the
+// permits granted (net of refunds) never exceed the count, and with demand above the
+// quota the window is used to within one request's cost of its count before it ends.
+func TestWindowPoolProperty(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	const count = 500
+	for trial := range 4 {
+		start := time.Date(2026, 6, 1+trial, rng.IntN(24), rng.IntN(60), 0, 0, time.UTC)
+		clk := clock.NewVirtualAt(start)
+		origin := start.UnixNano()
+		b := New(newClient(t, shared.URL()), withNow(func() int64 { return origin + clk.Nanotime() }), WithTimeout(5*time.Second), WithPrefix(prefix(t)))
+		lim := sluice.MustParse("500/24h window")
+		var members []*sluice.Limiter
+		var alive []bool
+		used := map[int64]int64{} // window start (Unix ns) -> permits counted
+		day := int64(24 * time.Hour)
+		windowOf := func(at int64) int64 { return at - at%day }
+		for step := 0; clk.Now().Before(start.Add(3 * 24 * time.Hour)); step++ {
+			if len(members) == 0 || rng.IntN(50) == 0 {
+				l, err := sluice.New(lim, sluice.WithBackend(b), sluice.WithClock(clk), sluice.WithMaxWait(time.Minute))
+				if err != nil {
+					t.Fatal(err)
+				}
+				members, alive = append(members, l), append(alive, true)
+			}
+			if rng.IntN(80) == 0 {
+				alive[rng.IntN(len(alive))] = false // a crash: its reservations are left as they are
+			}
+			i := rng.IntN(len(members))
+			if !alive[i] {
+				continue
+			}
+			n := 1 + rng.Int64N(5)
+			r, err := members[i].Reserve(ctx, "quota", n)
+			if err != nil {
+				t.Fatalf("trial %d step %d: %v", trial, step, err)
+			}
+			if r.Allowed {
+				at := clk.Now().Add(r.Delay).UnixNano()
+				w := windowOf(at)
+				used[w] += n
+				if rng.IntN(6) == 0 && r.Delay == 0 {
+					keep := rng.Int64N(n + 1)
+					if err := r.Settle(ctx, keep); err != nil {
+						t.Fatal(err)
+					}
+					used[w] -= n - keep // a refund in the window it was counted in
+				}
+				if used[w] > count {
+					t.Fatalf("trial %d step %d: %d permits in the day of %v, quota %d", trial, step, used[w], time.Unix(0, w).UTC(), count)
+				}
+			}
+			// Demand: about 0.01/s of requests averaging 3 permits, 2,600 a day, above the quota.
+			clk.Advance(time.Duration(rng.Int64N(int64(200 * time.Second))))
+		}
+		nfull := 0
+		for w, u := range used {
+			full := w >= start.UnixNano() && w+day <= clk.Now().UnixNano() // a whole day inside the run
+			if full {
+				nfull++
+			}
+			if full && u < count-4 {
+				t.Errorf("trial %d: the day of %v used %d of %d", trial, time.Unix(0, w).UTC(), u, count)
+			}
+		}
+		if nfull < 2 {
+			t.Errorf("trial %d: %d whole days in the run, want at least 2", trial, nfull)
+		}
+		for _, l := range members {
+			l.Close()
+		}
+		b.Close()
+	}
+}
