@@ -53,8 +53,10 @@ func TestWaitForTheNextWindow(t *testing.T) {
 	clk := clock.NewVirtualAt(time.Date(2026, 3, 1, 10, 59, 0, 0, time.UTC))
 	l := MustNew(MustParse("2/h window"), WithClock(clk))
 	defer l.Close()
-	if !l.Allow(bg, "k") || !l.Allow(bg, "k") || l.Allow(bg, "k") {
-		t.Fatal("want two of 2/h then a denial")
+	for i, want := range []bool{true, true, false} {
+		if got := l.Allow(bg, "k"); got != want {
+			t.Fatalf("request %d of 2/h: got %v, want %v", i, got, want)
+		}
 	}
 	done := make(chan error, 1)
 	go func() { done <- l.Wait(bg, "k") }()

@@ -201,3 +201,36 @@ func TestWindowPoolProperty(t *testing.T) {
 		b.Close()
 	}
 }
+
+// TestRampOnRedis: a limiter ramping "100/s ramp=10/s..60s" through the GCRA script (each
+// call carries the limit of its instant) admits, second by second, what the ramp's line
+// allows, as in process.
+func TestRampOnRedis(t *testing.T) {
+	clk := clock.NewVirtual()
+	b := New(newClient(t, shared.URL()), withNow(clk.Nanotime), WithTimeout(5*time.Second), WithPrefix(prefix(t)))
+	defer b.Close()
+	l, err := sluice.New(sluice.MustParse("100/s ramp=10/s..60s"), sluice.WithBackend(b), sluice.WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	step := 50 * time.Millisecond
+	for sec := range 62 {
+		var got int64
+		for range int(time.Second / step) {
+			for l.Allow(ctx, "k") {
+				got++
+			}
+			clk.Advance(step)
+		}
+		lo, hi := 10+90*float64(sec)/60, 10+90*float64(sec+1)/60
+		if sec >= 60 {
+			lo, hi = 100, 100
+		}
+		if sec == 0 {
+			hi += 10 // the scaled burst
+		}
+		if float64(got) < lo-2 || float64(got) > hi+1 {
+			t.Errorf("second %d: admitted %d, want %.1f to %.1f", sec, got, lo, hi)
+		}
+	}
+}
