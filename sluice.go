@@ -289,10 +289,10 @@ func (l *Limiter) supports(limits Limits) error {
 	}
 	for _, lim := range limits {
 		if lim.Window && (k == nil || !k.Windows()) {
-			return fmt.Errorf("%w: the %T backend does not decide windowed quotas (%s): use the in-process or the redis mode", ErrUnsupported, l.be, lim)
+			return fmt.Errorf("%w: a windowed quota (%s) is decided by the in-process and redis modes only, not by this backend (%T)", ErrUnsupported, lim, l.be)
 		}
 		if !lim.Ramp.IsZero() && (k == nil || !k.Ramps()) {
-			return fmt.Errorf("%w: the %T backend does not ramp (%s): use the in-process or the redis mode", ErrUnsupported, l.be, lim)
+			return fmt.Errorf("%w: a ramp (%s) is decided by the in-process and redis modes only, not by this backend (%T)", ErrUnsupported, lim, l.be)
 		}
 	}
 	return nil
