@@ -5,3 +5,11 @@ var WithRedisNow = withRedisNow
 
 // AssumeFresh makes s answer as a store that knows no lease was granted before.
 func AssumeFresh(s *RedisStore) { s.assumeFresh = true }
+
+var (
+	WithEtcdNow = withEtcdNow
+	SharedEtcd  = sharedEtcd
+	SharedZK    = sharedZK
+	CloseShared = closeShared
+	EtcdClient  = etcdClient
+)

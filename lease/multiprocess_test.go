@@ -27,13 +27,21 @@ import (
 )
 
 // TestMain makes the test binary a member process when memberEnv is set, and otherwise
-// fails the package if a test leaves a goroutine behind: the renewal goroutines must all
-// have stopped.
+// fails the package if a test leaves a goroutine behind (the renewal goroutines must all
+// have stopped), after stopping the etcd and ZooKeeper the tests shared.
 func TestMain(m *testing.M) {
 	if os.Getenv(memberEnv) != "" {
 		os.Exit(memberMain())
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(withShared{m})
+}
+
+// withShared runs the tests, then stops the servers they shared.
+type withShared struct{ m *testing.M }
+
+func (w withShared) Run() int {
+	defer lease.CloseShared()
+	return w.m.Run()
 }
 
 // memberEnv, when set, makes the test binary a member process of the multi-process tests
