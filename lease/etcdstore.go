@@ -108,15 +108,24 @@ func (s *EtcdStore) Load(ctx context.Context, ids []string) (Snapshot, error) {
 	for _, id := range first {
 		gets = append(gets, clientv3.OpGet(s.prefix+id))
 	}
-	made := append([]clientv3.Op{clientv3.OpPut(meta, strconv.FormatInt(now, 10))}, gets...)
-	resp, err := s.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(meta), ">", 0)).Then(gets...).Else(made...).Commit()
-	if err != nil {
-		return Snapshot{}, s.failed(err)
+	// A read-only transaction: etcd answers it without a write to its log. The meta key is
+	// made in a transaction of its own when missing (the first use, or a wiped cluster).
+	var resp *clientv3.TxnResponse
+	for attempt := 0; ; attempt++ {
+		var err error
+		if resp, err = s.client.Txn(ctx).Then(gets...).Commit(); err != nil {
+			return Snapshot{}, s.failed(err)
+		}
+		if len(resp.Responses) > 0 && len(resp.Responses[0].GetResponseRange().GetKvs()) > 0 || attempt > 0 {
+			break
+		}
+		_, err = s.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(meta), "=", 0)).
+			Then(clientv3.OpPut(meta, strconv.FormatInt(now, 10))).Commit()
+		if err != nil {
+			return Snapshot{}, s.failed(err)
+		}
 	}
 	rs := resp.Responses
-	if !resp.Succeeded {
-		rs = rs[1:] // the put
-	}
 	if len(rs) != 1+len(first) {
 		return Snapshot{}, fmt.Errorf("%w: lease store: etcd answered %d reads of %d", ErrUnavailable, len(rs), 1+len(first))
 	}
@@ -125,10 +134,11 @@ func (s *EtcdStore) Load(ctx context.Context, ids []string) (Snapshot, error) {
 	if len(mkv) != 1 {
 		return Snapshot{}, fmt.Errorf("%w: lease store: no meta key %q", ErrUnavailable, meta)
 	}
-	if snap.Since, err = strconv.ParseInt(string(mkv[0].Value), 10, 64); err != nil {
+	since, err := strconv.ParseInt(string(mkv[0].Value), 10, 64)
+	if err != nil {
 		return Snapshot{}, fmt.Errorf("%w: lease store: meta key %q holds %q", ErrBadRecord, meta, mkv[0].Value)
 	}
-	snap.Since = min(snap.Since, now)
+	snap.Since = min(since, now)
 	for _, r := range rs[1:] {
 		rec, err := s.record(r.GetResponseRange().GetKvs(), now)
 		if err != nil {

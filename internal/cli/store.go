@@ -7,6 +7,8 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/sluicehq/sluice/lease"
 )
@@ -20,6 +22,7 @@ const storeTimeout = 500 * time.Millisecond
 //	redis://[user:pass@]host:port[/db]    one Redis
 //	redis-cluster://host:port,host:port   a Redis Cluster (any of its nodes)
 //	redis-sentinel://host:port,host:port/MASTER[?db=N]  a master found through Sentinel
+//	etcd://host:port,host:port            an etcd cluster (any of its members)
 //
 // The returned func closes the client.
 func openLeaseStore(raw, prefix string) (lease.Store, func(), error) {
@@ -58,8 +61,19 @@ func openLeaseStore(raw, prefix string) (lease.Store, func(), error) {
 		timeouts(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout)
 		c := goredis.NewFailoverClient(o)
 		return lease.NewRedisStore(c, opt), func() { c.Close() }, nil
+	case "etcd":
+		hosts := hostsOf(rest)
+		if hosts == "" {
+			return nil, nil, usagef("store %q: want etcd://HOST:PORT[,HOST:PORT]", raw)
+		}
+		c, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(hosts, ","), DialTimeout: storeTimeout,
+			Logger: zap.NewNop()})
+		if err != nil {
+			return nil, nil, usagef("store %q: %v", raw, err)
+		}
+		return lease.NewEtcdStore(c, lease.WithEtcdPrefix(prefix)), func() { c.Close() }, nil
 	}
-	return nil, nil, usagef("store %q: want memory://, redis://, redis-cluster:// or redis-sentinel://", raw)
+	return nil, nil, usagef("store %q: want memory://, redis://, redis-cluster://, redis-sentinel:// or etcd://", raw)
 }
 
 func timeouts(ds ...*time.Duration) {
