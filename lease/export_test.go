@@ -12,4 +12,8 @@ var (
 	SharedZK    = sharedZK
 	CloseShared = closeShared
 	EtcdClient  = etcdClient
+	WithZKNow   = withZKNow
+	ZKClient    = zkClient
+	ZKSession   = zkSession
+	ZKDelete    = zkDeleteTree
 )

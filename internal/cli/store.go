@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-zookeeper/zk"
 	goredis "github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -23,6 +24,8 @@ const storeTimeout = 500 * time.Millisecond
 //	redis-cluster://host:port,host:port   a Redis Cluster (any of its nodes)
 //	redis-sentinel://host:port,host:port/MASTER[?db=N]  a master found through Sentinel
 //	etcd://host:port,host:port            an etcd cluster (any of its members)
+//	zk://host:port,host:port[/path]       a ZooKeeper ensemble (records under path, or
+//	                                      under the prefix made a path)
 //
 // The returned func closes the client.
 func openLeaseStore(raw, prefix string) (lease.Store, func(), error) {
@@ -72,8 +75,39 @@ func openLeaseStore(raw, prefix string) (lease.Store, func(), error) {
 			return nil, nil, usagef("store %q: %v", raw, err)
 		}
 		return lease.NewEtcdStore(c, lease.WithEtcdPrefix(prefix)), func() { c.Close() }, nil
+	case "zk":
+		hosts, path, _ := strings.Cut(rest, "/")
+		if hosts == "" {
+			return nil, nil, usagef("store %q: want zk://HOST:PORT[,HOST:PORT][/PATH]", raw)
+		}
+		if path == "" {
+			path = strings.ReplaceAll(strings.Trim(prefix, ":"), ":", "/")
+		}
+		c, events, err := zk.Connect(strings.Split(hosts, ","), 4*time.Second, zk.WithLogger(quietZK{}))
+		if err != nil {
+			return nil, nil, usagef("store %q: %v", raw, err)
+		}
+		// The first requests would fail while the client connects: wait a little for a
+		// session (a store that is down is the members' fail mode's, not an error).
+		deadline := time.After(2 * time.Second)
+	wait:
+		for {
+			select {
+			case e := <-events:
+				if e.State == zk.StateHasSession {
+					break wait
+				}
+			case <-deadline:
+				break wait
+			}
+		}
+		go func() { // the client blocks on a full event channel: drain it
+			for range events {
+			}
+		}()
+		return lease.NewZKStore(c, lease.WithZKPath(path)), c.Close, nil
 	}
-	return nil, nil, usagef("store %q: want memory://, redis://, redis-cluster://, redis-sentinel:// or etcd://", raw)
+	return nil, nil, usagef("store %q: want memory://, redis://, redis-cluster://, redis-sentinel://, etcd:// or zk://", raw)
 }
 
 func timeouts(ds ...*time.Duration) {
@@ -99,3 +133,9 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 	return set
 }
+
+// quietZK drops the ZooKeeper client's log lines (each reconnection), which would
+// interleave with the command's output; the store's errors say what failed.
+type quietZK struct{}
+
+func (quietZK) Printf(string, ...any) {}
