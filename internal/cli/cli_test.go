@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/zktest"
 )
 
 func run(t *testing.T, args ...string) (int, string, string) {
@@ -44,6 +45,7 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"demo", "--mode", "lease", "--lease-renew", "0s"}, "--lease-renew"},
 		{[]string{"demo", "--mode", "lease", "--store", "etcd://"}, "etcd://HOST:PORT"},
 		{[]string{"demo", "--mode", "lease", "--store", "consul://h:1"}, "consul://"},
+		{[]string{"demo", "--mode", "lease", "--store", "zk:///path"}, "zk://HOST:PORT"},
 		{[]string{"demo", "--duration", "-1s"}, "--duration"},
 		{[]string{"demo", "--mode", "quantum"}, "quantum"},
 		{[]string{"demo", "stray"}, "stray"},
@@ -195,5 +197,21 @@ func TestDemoLeaseOnEtcd(t *testing.T) {
 	}
 	if rev, _ := strconv.Atoi(rng.Header.Revision); rev < 20 {
 		t.Errorf("etcd at revision %q after the demo: its members did not lease through it", rng.Header.Revision)
+	}
+}
+
+// TestDemoLeaseOnZK runs the lease demo through a real ZooKeeper: it keeps the limit.
+func TestDemoLeaseOnZK(t *testing.T) {
+	srv := zktest.New(t)
+	code, out, errs := run(t, "demo", "--mode", "lease", "--store", srv.URL()+"/demo/test", "--duration", "2s", "--workers", "3", "--margin", "20ms", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var j map[string]any
+	if err := json.Unmarshal([]byte(out), &j); err != nil {
+		t.Fatalf("not JSON: %v: %q", err, out)
+	}
+	if j["mode"] != "lease" || j["violations"] != 0.0 || j["accepted"].(float64) < 10 {
+		t.Errorf("mode %v, violations %v, accepted %v: %s", j["mode"], j["violations"], j["accepted"], out)
 	}
 }
