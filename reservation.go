@@ -109,10 +109,10 @@ func (r *Reservation) requeue(ctx context.Context) error {
 		return nil // settled or cancelled meanwhile: the caller owns what happens next
 	}
 	_ = r.l.be.Adjust(context.WithoutCancel(ctx), r.key, r.core, r.ticket, 0)
-	sh := r.l.shape.Load()
-	g, err := r.l.decideIn(ctx, sh, r.key, r.ticket.N, r.l.waitBound(ctx))
+	core := r.l.shape.Load().coreAt(r.l.clock.Nanotime())
+	g, err := r.l.decideIn(ctx, core, r.key, r.ticket.N, r.l.waitBound(ctx))
 	r.Decision = decisionOf(g.Result)
-	r.core, r.ticket = sh.core, g.Ticket
+	r.core, r.ticket = core, g.Ticket
 	r.at = r.l.clock.Nanotime()
 	if err != nil {
 		r.done = true
