@@ -95,11 +95,10 @@ func TestWaitMembersShare(t *testing.T) {
 	go run("small")
 	served := func() int { mu.Lock(); defer mu.Unlock(); return count["big"] + count["small"] }
 	for step := 0; step < 40; step++ {
-		waitFor(t, "all eleven back in the room", func() bool { return served() == step+1 && l.waiting("k") == 11 || step == 0 && l.waiting("k") == 11 })
-		if step == 0 {
-			waitFor(t, "the first served", func() bool { return served() == 1 })
-			waitFor(t, "all eleven back in the room", func() bool { return l.waiting("k") == 11 })
-		}
+		// Everyone back in the room with its place taken, asleep on the clock.
+		waitFor(t, "all eleven asleep in the room", func() bool {
+			return served() == step+1 && l.waiting("k") == 11 && clk.Pending() == 11
+		})
 		clk.Advance(100 * time.Millisecond)
 	}
 	waitFor(t, "the last served", func() bool { return served() == 41 })
