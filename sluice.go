@@ -507,16 +507,23 @@ func (l *Limiter) reserveWaiting(ctx context.Context, key string, n int64, bound
 }
 
 // Wait blocks until one permit for key is available and takes it, or returns an error:
-// ctx's error if it ends first (the permit is then cancelled: given back if no grant was
-// made on the key since, see Reservation.Cancel), or a *ThrottledError if the permit lies
-// beyond ctx's deadline or the limiter's maximum wait (nothing is taken).
+// ctx's error if it ends first (its place in the key's line goes to the limiter's other
+// waiters, or is given back when none is left: see Reservation.Cancel for what that gives
+// back), or a *ThrottledError if the permit lies beyond ctx's deadline or the limiter's
+// maximum wait (nothing is taken).
+//
+// The limiter's waiters on a key are served in arrival order, or fairly between members
+// when their contexts carry one (WithMember); see WithFairness and docs/concepts.md, "Fair
+// waiting". A waiter whose permit expires as it is handed over (the process was paused
+// past the margin: ErrPermitExpired) waits for the next instead.
 func (l *Limiter) Wait(ctx context.Context, key string) error {
 	_, err := l.WaitN(ctx, key, 1)
 	return err
 }
 
 // WaitN is Wait for n permits. It returns the reservation, which may be settled once the
-// real cost is known.
+// real cost is known. Waits for one permit go through the key's waiting room (as Wait);
+// waits for more reserve their own place in arrival order.
 //
 // While the backend is unavailable and says when to try again (an *UnavailableError) and
 // the limiter fails closed, WaitN waits too: it asks again after the error's RetryAfter,
