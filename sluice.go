@@ -33,8 +33,8 @@ var (
 	ErrUnavailable = backend.ErrUnavailable
 	// ErrUnsupported: the backend cannot do what was asked (see Limiter.Reset).
 	ErrUnsupported = backend.ErrUnsupported
-	// ErrPermitExpired: a reserved permit came to be used more than the margin after its
-	// time (the caller was paused, its machine stalled): used now it could reach the API
+	// ErrPermitExpired: a reserved permit came to be used more than half the margin after
+	// its time (the caller was paused, its machine stalled): used now it could reach the API
 	// too close to the next one, so Reservation.Wait gave it back instead (see WithMargin).
 	// The caller may ask again.
 	ErrPermitExpired = errors.New("sluice: permit expired")

@@ -110,9 +110,9 @@ func TestWaitMembersShare(t *testing.T) {
 	}
 }
 
-// TestPermitExpiresWhenPaused: a reservation whose holder was paused past its time plus the
-// margin is not used: Wait returns ErrPermitExpired, the permit is counted and given back;
-// one used within the margin is not.
+// TestPermitExpiresWhenPaused: a reservation whose holder was paused past its time plus
+// half the margin (the other half is the trip to the API's) is not used: Wait returns
+// ErrPermitExpired, the permit is counted and given back; one used sooner is not.
 func TestPermitExpiresWhenPaused(t *testing.T) {
 	var seen []Event
 	var mu sync.Mutex
@@ -141,9 +141,14 @@ func TestPermitExpiresWhenPaused(t *testing.T) {
 		t.Fatal("the expired permit was not given back")
 	}
 	r, _ = l.Reserve(bg, "k", 1) // due 110ms later
-	clk.Advance(118 * time.Millisecond)
+	clk.Advance(114 * time.Millisecond)
 	if err := r.Wait(bg); err != nil {
-		t.Fatalf("8ms late with a 10ms margin: Wait = %v, want nil", err)
+		t.Fatalf("4ms late with a 10ms margin: Wait = %v, want nil", err)
+	}
+	r, _ = l.Reserve(bg, "k", 1)
+	clk.Advance(116 * time.Millisecond)
+	if err := r.Wait(bg); !errors.Is(err, ErrPermitExpired) {
+		t.Fatalf("6ms late with a 10ms margin: Wait = %v, want ErrPermitExpired", err)
 	}
 	// Without a margin, nothing expires.
 	l0, clk0 := newVirtual(t, "10/s burst=1")
