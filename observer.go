@@ -17,9 +17,9 @@ const (
 	EventPenalty
 	// EventSettle: a reservation was cancelled (N = 0) or settled to N.
 	EventSettle
-	// EventExpired: a reserved permit came to be used more than half the margin after its
-	// time (its caller was paused, its machine stalled), so it was not used (Wait set to
-	// how late it was); see WithMargin.
+	// EventExpired: a reserved permit came to be used later than the margin allows (its
+	// caller was paused, its machine stalled), so it was not used (Wait set to how late it
+	// was); see ErrPermitExpired.
 	EventExpired
 )
 

@@ -67,11 +67,12 @@ func (r *Reservation) TimeToAct() time.Time {
 // reservation is bounded as the first was; if it cannot be had, Wait returns a
 // *ThrottledError.
 //
-// With a margin (WithMargin), a permit must reach the API within the margin of its time;
-// Wait keeps half of it for the trip there. If Wait would return more than half the
-// margin late (its caller or its machine was paused, the process stalled), the permit has
-// expired: Wait gives it back (Cancel), counts it (Limiter.Expired, EventExpired) and
-// returns ErrPermitExpired; the caller may ask again.
+// With a margin (WithMargin), a permit must reach the API within the margin of its time.
+// If Wait would return later than the margin after it (half the margin where the margin
+// spaces a limit's permits, burst 1: the other half is the trip to the API's), because its
+// caller or its machine was paused, the permit has expired: Wait gives it back (Cancel),
+// counts it (Limiter.Expired, EventExpired) and returns ErrPermitExpired; the caller may
+// ask again.
 func (r *Reservation) Wait(ctx context.Context) error {
 	if !r.Allowed {
 		return &ThrottledError{Key: r.key, RetryAfter: r.RetryAfter}

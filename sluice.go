@@ -33,10 +33,11 @@ var (
 	ErrUnavailable = backend.ErrUnavailable
 	// ErrUnsupported: the backend cannot do what was asked (see Limiter.Reset).
 	ErrUnsupported = backend.ErrUnsupported
-	// ErrPermitExpired: a reserved permit came to be used more than half the margin after
-	// its time (the caller was paused, its machine stalled): used now it could reach the API
-	// too close to the next one, so Reservation.Wait gave it back instead (see WithMargin).
-	// The caller may ask again.
+	// ErrPermitExpired: a reserved permit came to be used later than the margin allows
+	// (the margin after its time, or half of it where the margin spaces a limit's permits;
+	// the caller was paused, its machine stalled): used now it could reach the API too
+	// close to the next one, so Reservation.Wait gave it back instead (see WithMargin). The
+	// caller may ask again.
 	ErrPermitExpired = errors.New("sluice: permit expired")
 )
 
@@ -151,7 +152,10 @@ type shape struct {
 	core    []gcra.Limit    // limits tightened by the margin, in the core's units (ramps over)
 	maxCost int64           // the most permits one request can be granted
 	allower backend.Allower // the backend's fast path, when it has one and it applies
-	margin  time.Duration
+	// expireAfter is how late a permit may be handed to its user (see expiredAt): the
+	// margin, or half of it when the margin spaces a limit's permits.
+	expireAfter int64
+	margin      time.Duration
 	// A ramp runs from rampStart (clock Nanotime) to rampEnd; rampEnd is 0 without one.
 	rampStart, rampEnd int64
 }
@@ -332,7 +336,11 @@ func (l *Limiter) newShape(limits Limits, prev *shape) *shape {
 		}
 		sh.rampEnd = gcra.AddSat(sh.rampStart, int64(over))
 	}
+	sh.expireAfter = int64(l.margin)
 	for i, lim := range limits {
+		if !lim.Window && sh.core[i].T > int64(lim.Interval()) {
+			sh.expireAfter = int64(l.margin) / 2
+		}
 		if kept := float64(lim.Interval()) / float64(sh.core[i].T); kept < 0.9 {
 			l.log.Warn("sluice: the margin costs a limit much of its rate: with a burst this small, permits are spaced by the interval plus the margin",
 				"limit", lim.String(), "margin", l.margin, "rate_kept", fmt.Sprintf("%.1f%%", 100*kept),

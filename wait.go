@@ -318,7 +318,7 @@ func (rm *room) wake() {
 }
 
 // dispatch serves the places that have come due, each to the waiter the room's rule
-// picks. A place past due by more than half the margin (when there is one) has expired: used
+// picks. A place past due by more than the margin allows (expiredAt) has expired: used
 // now, its permit could reach the API too close to the next (see WithMargin), so it is
 // given back and counted (Limiter.Expired), and its waiter waits for the next place.
 func (l *Limiter) dispatch(ctx context.Context, rm *room) {
@@ -349,15 +349,17 @@ func (l *Limiter) dispatch(ctx context.Context, rm *room) {
 }
 
 // expiredAt reports whether a permit due at `due` (limiter clock) is past use at now: more
-// than half the margin late. The margin is the tolerance for the whole delay from the
-// permit's time to the API seeing the request; the limiter sees only the part until the
-// waiter has it, and keeps the other half for the trip to the API (on a loaded machine a
-// permit handed over at the margin's very end reached the demo's referee too close to the
-// next one). Without a margin nothing expires (there is no tolerance to keep). It is the
-// one rule of every waiting path (Reservation.Wait, the rooms, the lease and redis modes
-// through them).
+// late than the margin allows. The margin is the tolerance for the whole delay from the
+// permit's time to the API seeing the request, and the limiter sees only the part until
+// the waiter has it. Where the margin is a reserve of a limit's burst, a permit late by the
+// margin still finds the reserve; where it spaces the permits (burst 1), the half left for
+// the trip to the API is the other half (on a loaded machine, permits handed over at the
+// margin's very end reached the demo's referee too close to the next one). Without a
+// margin nothing expires (there is no tolerance to keep). It is the one rule of every
+// waiting path (Reservation.Wait, the rooms, the lease and redis modes through them).
 func (l *Limiter) expiredAt(due, now int64) bool {
-	return l.margin > 0 && now-due > int64(l.margin)/2
+	sh := l.shape.Load()
+	return l.margin > 0 && sh != nil && now-due > sh.expireAfter
 }
 
 // expire counts n permits due at `due` that expired at now.

@@ -150,6 +150,21 @@ func TestPermitExpiresWhenPaused(t *testing.T) {
 	if err := r.Wait(bg); !errors.Is(err, ErrPermitExpired) {
 		t.Fatalf("6ms late with a 10ms margin: Wait = %v, want ErrPermitExpired", err)
 	}
+	// With a burst, the margin is a reserve of it: a permit may be the whole margin late.
+	lb, clkb := newVirtual(t, "10/s burst=5", WithMargin(10*time.Millisecond))
+	for range 4 { // the burst less its reserve of one
+		lb.Allow(bg, "k")
+	}
+	r, _ = lb.Reserve(bg, "k", 1) // due in 100ms
+	clkb.Advance(108 * time.Millisecond)
+	if err := r.Wait(bg); err != nil {
+		t.Fatalf("burst 5: 8ms late with a 10ms margin: Wait = %v, want nil", err)
+	}
+	r, _ = lb.Reserve(bg, "k", 1) // due 100ms after the last
+	clkb.Advance(112 * time.Millisecond)
+	if err := r.Wait(bg); !errors.Is(err, ErrPermitExpired) {
+		t.Fatalf("burst 5: 12ms late with a 10ms margin: Wait = %v, want ErrPermitExpired", err)
+	}
 	// Without a margin, nothing expires.
 	l0, clk0 := newVirtual(t, "10/s burst=1")
 	l0.Allow(bg, "k")
