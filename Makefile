@@ -15,10 +15,13 @@ PKGS          := ./...
 all: lint test
 
 ## test: install the servers the tests start if they are missing (scripts/test-deps: apt-get
-## as root, else it says what to install), then every test with the race detector, then a
+## as root, else it says what to install), then every test with the race detector, then the
+## simulator's golden reports without it (every shipped scenario in full: a few seconds
+## without -race, a minute with it; sim/golden_test.go is built without -race only), then a
 ## short run of each fuzz target.
 test: test-deps
 	$(GO) test -race -timeout 15m $(PKGS)
+	$(GO) test -count=1 -timeout 5m -run Golden ./sim
 	cd bench && $(GO) test -race -timeout 5m -run . ./...
 	$(MAKE) fuzz FUZZTIME=10000x PROPERTY_TRIALS=0
 

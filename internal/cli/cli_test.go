@@ -4,10 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/zktest"
 )
 
 func run(t *testing.T, args ...string) (int, string, string) {
@@ -39,6 +43,9 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"demo", "--limit", "5/fortnight"}, "fortnight"},
 		{[]string{"demo", "--workers", "0"}, "--workers"},
 		{[]string{"demo", "--mode", "lease", "--lease-renew", "0s"}, "--lease-renew"},
+		{[]string{"demo", "--mode", "lease", "--store", "etcd://"}, "etcd://HOST:PORT"},
+		{[]string{"demo", "--mode", "lease", "--store", "consul://h:1"}, "consul://"},
+		{[]string{"demo", "--mode", "lease", "--store", "zk:///path"}, "zk://HOST:PORT"},
 		{[]string{"demo", "--duration", "-1s"}, "--duration"},
 		{[]string{"demo", "--mode", "quantum"}, "quantum"},
 		{[]string{"demo", "stray"}, "stray"},
@@ -117,11 +124,54 @@ func TestSimCommand(t *testing.T) {
 		{[]string{"sim", "nope.yaml"}, "nope.yaml"},
 		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--modes", "quantum"}, "quantum"},
 		{[]string{"sim", "a.yaml", "b.yaml"}, "one scenario file"},
+		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--modes", "local,central"}, "called redis now"},
+		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--sweep", "client.margin=0s,1ms", "--plot", "a.svg"}, "does not take --plot"},
+		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--sweep", "client.margin"}, "want KEY=V1,V2"},
+		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--sweep", "client.margin=later"}, `bad duration "later"`},
+		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--plot", "out.pdf"}, "--plot: want a file ending in .svg or .png"},
 	} {
 		code, _, errs := run(t, c.args...)
 		if code != 2 || !strings.Contains(errs, c.want) {
 			t.Errorf("%v: exit %d stderr %q, want 2 and %q", c.args, code, errs, c.want)
 		}
+	}
+}
+
+// TestSimSweep: a sweep runs its grid on all the cores and prints the same bytes every
+// time, the points in the grid's order, with the best point per mode.
+func TestSimSweep(t *testing.T) {
+	args := []string{"sim", "../../scenarios/store-outage.yaml", "--modes", "redis,local", "--json",
+		"--sweep", "client.margin=0s,10ms,50ms", "--sweep", "members.m.count=5,20", "--seed", "4"}
+	code, a, errs := run(t, args...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if _, b, _ := run(t, args...); a != b {
+		t.Errorf("two runs of the sweep differ")
+	}
+	var j struct {
+		Keys   []string `json:"keys"`
+		Points []struct {
+			Settings []struct{ Key, Value string }
+			Modes    []struct{ Mode string }
+		}
+		Best []struct {
+			Mode  string
+			Point int
+		}
+	}
+	if err := json.Unmarshal([]byte(a), &j); err != nil {
+		t.Fatal(err)
+	}
+	if len(j.Points) != 6 || len(j.Best) != 2 || strings.Join(j.Keys, " ") != "client.margin members.m.count" {
+		t.Fatalf("keys %v, %d points, %d best: %s", j.Keys, len(j.Points), len(j.Best), a)
+	}
+	if p := j.Points[5]; p.Settings[0].Value != "50ms" || p.Settings[1].Value != "20" || p.Modes[0].Mode != "redis" {
+		t.Errorf("the last point: %+v", p)
+	}
+	code, out, errs := run(t, "sim", "../../scenarios/seed000-timeline.yaml", "--sweep", "client.margin=0s,10ms")
+	if code != 0 || !strings.Contains(out, "best (fewest violations, then the highest utilization, then the fewest store operations)") {
+		t.Errorf("exit %d: %s%s", code, out, errs)
 	}
 }
 
@@ -161,5 +211,50 @@ func TestVersionFlags(t *testing.T) {
 		if code != 0 || !strings.HasPrefix(out, "sluice ") {
 			t.Errorf("sluice %s: exit %d, out %q, err %q", arg, code, out, errs)
 		}
+	}
+}
+
+// TestDemoLeaseOnEtcd runs the lease demo through a real etcd: it keeps the limit, and the
+// records really went through etcd (its revision moved).
+func TestDemoLeaseOnEtcd(t *testing.T) {
+	srv := etcdtest.New(t)
+	code, out, errs := run(t, "demo", "--mode", "lease", "--store", srv.URL(), "--duration", "2s", "--workers", "3", "--margin", "20ms", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var j map[string]any
+	if err := json.Unmarshal([]byte(out), &j); err != nil {
+		t.Fatalf("not JSON: %v: %q", err, out)
+	}
+	if j["mode"] != "lease" || j["violations"] != 0.0 || j["accepted"].(float64) < 10 {
+		t.Errorf("mode %v, violations %v, accepted %v: %s", j["mode"], j["violations"], j["accepted"], out)
+	}
+	r, err := http.Post("http://"+srv.Addr()+"/v3/kv/range", "application/json", strings.NewReader(`{"key":"AA==","range_end":"AA==","count_only":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	var rng struct{ Header struct{ Revision string } }
+	if err := json.NewDecoder(r.Body).Decode(&rng); err != nil {
+		t.Fatal(err)
+	}
+	if rev, _ := strconv.Atoi(rng.Header.Revision); rev < 20 {
+		t.Errorf("etcd at revision %q after the demo: its members did not lease through it", rng.Header.Revision)
+	}
+}
+
+// TestDemoLeaseOnZK runs the lease demo through a real ZooKeeper: it keeps the limit.
+func TestDemoLeaseOnZK(t *testing.T) {
+	srv := zktest.New(t)
+	code, out, errs := run(t, "demo", "--mode", "lease", "--store", srv.URL()+"/demo/test", "--duration", "2s", "--workers", "3", "--margin", "20ms", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var j map[string]any
+	if err := json.Unmarshal([]byte(out), &j); err != nil {
+		t.Fatalf("not JSON: %v: %q", err, out)
+	}
+	if j["mode"] != "lease" || j["violations"] != 0.0 || j["accepted"].(float64) < 10 {
+		t.Errorf("mode %v, violations %v, accepted %v: %s", j["mode"], j["violations"], j["accepted"], out)
 	}
 }
