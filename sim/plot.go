@@ -42,12 +42,13 @@ const (
 )
 
 var (
-	colAdmitted = color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff}
-	colLimit    = color.RGBA{A: 0xff}
-	col429      = color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff}
-	colQueue    = color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff}
-	colEvent    = color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff}
-	colShare    = color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff}
+	colAdmitted  = color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff}
+	colLimit     = color.RGBA{A: 0xff}
+	col429       = color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff}
+	colQueue     = color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff}
+	colEvent     = color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff}
+	colShare     = color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff}
+	colEventSpan = color.NRGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0x22}
 )
 
 // WritePlot draws the report's figure, every mode a row of panels, as "svg" or "png".
@@ -281,6 +282,11 @@ func (ev *eventMarks) Plot(c draw.Canvas, p *plot.Plot) {
 	ts.Font.Size = 9
 	for i, e := range ev.events {
 		x := trX(e.AtS / ev.u.s)
+		if e.endS > e.AtS {
+			// An event that lasts (an outage, a partition, a pause): its span shaded.
+			x2 := trX(e.endS / ev.u.s)
+			c.FillPolygon(colEventSpan, c.ClipPolygonX([]vg.Point{{X: x, Y: c.Min.Y}, {X: x2, Y: c.Min.Y}, {X: x2, Y: c.Max.Y}, {X: x, Y: c.Max.Y}}))
+		}
 		c.StrokeLine2(ls, x, c.Min.Y, x, c.Max.Y)
 		// Labels step down so that events close together stay readable.
 		y := c.Max.Y - vg.Length(i%4)*11

@@ -156,6 +156,20 @@ func TestPlotPNG(t *testing.T) {
 			t.Errorf("%s: %d pixels of its colour, want at least 200", name, n)
 		}
 	}
+	// The outage's 10 s are shaded: light orange over white, (255, 238, 222), across the
+	// rate panels' height.
+	shade := 0
+	for y := 0; y < 816; y++ {
+		for x := 0; x < 1344; x++ {
+			r, g, b, _ := img.At(x, y).RGBA()
+			if absDiff(r>>8, 255) <= 4 && absDiff(g>>8, 238) <= 6 && absDiff(b>>8, 222) <= 6 {
+				shade++
+			}
+		}
+	}
+	if shade < 2*20*200 {
+		t.Errorf("%d pixels of the outage's shade, want at least 16,000 (two panels, 10 s of 60 wide, 250 high)", shade)
+	}
 }
 
 func TestPlotFormat(t *testing.T) {
