@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"image/color"
 	"io"
+	"math"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -155,6 +157,7 @@ func newPanel(title, x, y string) *plot.Plot {
 	p.X.Label.Text = x
 	p.Y.Label.Text = y
 	p.Y.Min = 0
+	p.Y.Tick.Marker = plainTicks{}
 	p.Legend.Top = true
 	p.Add(plotter.NewGrid())
 	return p
@@ -267,6 +270,20 @@ func memberPanel(m *ModeReport) *plot.Plot {
 	p.X.Min, p.X.Max = 0.5, float64(len(m.PerMember))+0.5
 	p.Y.Max = headroom(pts)
 	return p
+}
+
+// plainTicks are the default ticks with large values written out whole (2500000, not
+// 2500000.00).
+type plainTicks struct{}
+
+func (plainTicks) Ticks(min, max float64) []plot.Tick {
+	ts := plot.DefaultTicks{}.Ticks(min, max)
+	for i := range ts {
+		if ts[i].Label != "" && math.Abs(ts[i].Value) >= 1e4 {
+			ts[i].Label = strconv.FormatFloat(math.Round(ts[i].Value), 'f', 0, 64)
+		}
+	}
+	return ts
 }
 
 // eventMarks draws each event as a vertical line across the panel, labelled.
