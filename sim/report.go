@@ -84,6 +84,8 @@ type EventReport struct {
 	AtS          float64 `json:"at_s"`
 	Event        string  `json:"event"`
 	ConvergenceS float64 `json:"convergence_s"`
+
+	endS float64 // when its effect ended (an outage's end; at, for an instant one): the figure shades the span
 }
 
 // MemberReport is one member's part.
@@ -194,7 +196,8 @@ func (e *engine) report() ModeReport {
 		window = max(1, int(math.Ceil(20*float64(t)/float64(e.sample))))
 	}
 	for _, ev := range e.eventLog {
-		r.Events = append(r.Events, EventReport{AtS: round(float64(ev.at) / 1e9), Event: ev.what, ConvergenceS: e.convergence(ev.end, window)})
+		r.Events = append(r.Events, EventReport{AtS: round(float64(ev.at) / 1e9), Event: ev.what, ConvergenceS: e.convergence(ev.end, window),
+			endS: float64(ev.end) / 1e9})
 	}
 	if r.Events == nil {
 		r.Events = []EventReport{}
