@@ -33,6 +33,11 @@ var (
 	ErrUnavailable = backend.ErrUnavailable
 	// ErrUnsupported: the backend cannot do what was asked (see Limiter.Reset).
 	ErrUnsupported = backend.ErrUnsupported
+	// ErrPermitExpired: a reserved permit came to be used more than the margin after its
+	// time (the caller was paused, its machine stalled): used now it could reach the API
+	// too close to the next one, so Reservation.Wait gave it back instead (see WithMargin).
+	// The caller may ask again.
+	ErrPermitExpired = errors.New("sluice: permit expired")
 )
 
 // UnavailableError is a backend failure that says when to try again: RetryAfter is how
@@ -133,6 +138,12 @@ type Limiter struct {
 	penSweep  atomic.Int64 // entries past which Penalize forgets the ended penalties
 	penMu     sync.Mutex   // one such sweep at a time
 	maxPen    int64        // most entries in penalties (WithMaxKeys)
+
+	fairness Fairness
+	roomsMu  sync.Mutex
+	rooms    map[string]*room // the keys waited on, each with its waiters and places
+	waitSeq  atomic.Uint64
+	expired  atomic.Int64 // permits not used: past their time by more than the margin
 }
 
 // shape is a limiter's limits, and what it derives from them; SetLimits swaps it whole.
@@ -395,6 +406,10 @@ func (l *Limiter) RampStart() (time.Time, bool) {
 // a ramp of a goes on as b's (see SetLimits, WithRampStart).
 func SameRamps(a, b Limits) bool { return sameRamps(a, b) }
 
+// Expired returns how many reserved permits this limiter did not use because they came to
+// be used more than the margin after their time (see WithMargin and EventExpired).
+func (l *Limiter) Expired() int64 { return l.expired.Load() }
+
 // Backend returns the backend the limiter decides in.
 func (l *Limiter) Backend() backend.Backend { return l.be }
 
@@ -530,6 +545,9 @@ func (l *Limiter) Wait(ctx context.Context, key string) error {
 // the limiter fails closed, WaitN waits too: it asks again after the error's RetryAfter,
 // as long as its context and maximum wait allow, and returns the error when they do not.
 func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (*Reservation, error) {
+	if n == 1 && l.shape.Load() != nil {
+		return l.waitFair(ctx, key, l.waitBound(ctx), l.maxWait)
+	}
 	r, err := l.reserveWaiting(ctx, key, n, l.waitBound(ctx))
 	if err != nil {
 		return r, err

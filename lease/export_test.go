@@ -5,3 +5,15 @@ var WithRedisNow = withRedisNow
 
 // AssumeFresh makes s answer as a store that knows no lease was granted before.
 func AssumeFresh(s *RedisStore) { s.assumeFresh = true }
+
+var (
+	WithEtcdNow = withEtcdNow
+	SharedEtcd  = sharedEtcd
+	SharedZK    = sharedZK
+	CloseShared = closeShared
+	EtcdClient  = etcdClient
+	WithZKNow   = withZKNow
+	ZKClient    = zkClient
+	ZKSession   = zkSession
+	ZKDelete    = zkDeleteTree
+)

@@ -3,6 +3,9 @@ package lease
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -68,5 +71,97 @@ func TestEpochsNeverRepeatAfterAForgottenRecord(t *testing.T) {
 	// The old pod comes back from its partition with its first epoch.
 	if rep, err := apply(allot.Request{Op: allot.OpRenew, Member: "pod", Epoch: old.Epoch, Demand: all}); !errors.Is(err, ErrStaleEpoch) {
 		t.Fatalf("the old registration's renewal was accepted: %+v, %v", rep, err)
+	}
+}
+
+// slowStore is a MemStore with a round trip: etcd's or ZooKeeper's milliseconds.
+type slowStore struct {
+	*MemStore
+	rtt time.Duration
+}
+
+func (s *slowStore) Load(ctx context.Context, ids []string) (Snapshot, error) {
+	time.Sleep(s.rtt)
+	return s.MemStore.Load(ctx, ids)
+}
+
+func (s *slowStore) Swap(ctx context.Context, ws []Write) ([]uint64, error) {
+	time.Sleep(s.rtt)
+	return s.MemStore.Swap(ctx, ws)
+}
+
+// countingStore counts the writes that lost their compare-and-set.
+type countingStore struct {
+	Store
+	lost atomic.Int64
+}
+
+func (c *countingStore) Swap(ctx context.Context, ws []Write) ([]uint64, error) {
+	vs, err := c.Store.Swap(ctx, ws)
+	for _, v := range vs {
+		if v == 0 {
+			c.lost.Add(1)
+		}
+	}
+	return vs, err
+}
+
+// TestMembersOfAProcessTakeTurns: eight members of one process renewing one limit every
+// 10 ms through a store with 2 ms round trips never lose a compare-and-set to each other
+// (they lost most of their writes before they took turns on the record), and a member
+// waiting for its turn gives up with its context.
+func TestMembersOfAProcessTakeTurns(t *testing.T) {
+	store := &countingStore{Store: &slowStore{MemStore: NewMemStore(nil), rtt: 2 * time.Millisecond}}
+	l := lim(20, time.Second, 10)
+	var bs []*Backend
+	for i := range 8 {
+		b, err := New(store, WithID(fmt.Sprint("m", i)), WithRenewEvery(10*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		bs = append(bs, b)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, b := range bs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				b.AllowOne(ctx, "api", l)
+				time.Sleep(5 * time.Millisecond)
+			}
+		}()
+	}
+	wg.Wait()
+	for _, b := range bs {
+		b.Close()
+	}
+	if n := store.lost.Load(); n != 0 {
+		t.Errorf("%d writes lost their compare-and-set to a member of the same process", n)
+	}
+	unlock, err := lockRecords(context.Background(), store, []string{"b", "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, stop := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer stop()
+	if _, err := lockRecords(short, store, []string{"a"}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a held record was taken: %v", err)
+	}
+	unlock()
+	again, err := lockRecords(context.Background(), store, []string{"a", "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again()
+	recordLocks.Lock()
+	defer recordLocks.Unlock()
+	for k := range recordLocks.m {
+		if k.store == Store(store) {
+			t.Errorf("lock of %q kept after its last holder", k.id)
+		}
 	}
 }

@@ -4,10 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/zktest"
 )
 
 func run(t *testing.T, args ...string) (int, string, string) {
@@ -39,6 +43,9 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"demo", "--limit", "5/fortnight"}, "fortnight"},
 		{[]string{"demo", "--workers", "0"}, "--workers"},
 		{[]string{"demo", "--mode", "lease", "--lease-renew", "0s"}, "--lease-renew"},
+		{[]string{"demo", "--mode", "lease", "--store", "etcd://"}, "etcd://HOST:PORT"},
+		{[]string{"demo", "--mode", "lease", "--store", "consul://h:1"}, "consul://"},
+		{[]string{"demo", "--mode", "lease", "--store", "zk:///path"}, "zk://HOST:PORT"},
 		{[]string{"demo", "--duration", "-1s"}, "--duration"},
 		{[]string{"demo", "--mode", "quantum"}, "quantum"},
 		{[]string{"demo", "stray"}, "stray"},
@@ -204,5 +211,50 @@ func TestVersionFlags(t *testing.T) {
 		if code != 0 || !strings.HasPrefix(out, "sluice ") {
 			t.Errorf("sluice %s: exit %d, out %q, err %q", arg, code, out, errs)
 		}
+	}
+}
+
+// TestDemoLeaseOnEtcd runs the lease demo through a real etcd: it keeps the limit, and the
+// records really went through etcd (its revision moved).
+func TestDemoLeaseOnEtcd(t *testing.T) {
+	srv := etcdtest.New(t)
+	code, out, errs := run(t, "demo", "--mode", "lease", "--store", srv.URL(), "--duration", "2s", "--workers", "3", "--margin", "20ms", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var j map[string]any
+	if err := json.Unmarshal([]byte(out), &j); err != nil {
+		t.Fatalf("not JSON: %v: %q", err, out)
+	}
+	if j["mode"] != "lease" || j["violations"] != 0.0 || j["accepted"].(float64) < 10 {
+		t.Errorf("mode %v, violations %v, accepted %v: %s", j["mode"], j["violations"], j["accepted"], out)
+	}
+	r, err := http.Post("http://"+srv.Addr()+"/v3/kv/range", "application/json", strings.NewReader(`{"key":"AA==","range_end":"AA==","count_only":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	var rng struct{ Header struct{ Revision string } }
+	if err := json.NewDecoder(r.Body).Decode(&rng); err != nil {
+		t.Fatal(err)
+	}
+	if rev, _ := strconv.Atoi(rng.Header.Revision); rev < 20 {
+		t.Errorf("etcd at revision %q after the demo: its members did not lease through it", rng.Header.Revision)
+	}
+}
+
+// TestDemoLeaseOnZK runs the lease demo through a real ZooKeeper: it keeps the limit.
+func TestDemoLeaseOnZK(t *testing.T) {
+	srv := zktest.New(t)
+	code, out, errs := run(t, "demo", "--mode", "lease", "--store", srv.URL()+"/demo/test", "--duration", "2s", "--workers", "3", "--margin", "20ms", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var j map[string]any
+	if err := json.Unmarshal([]byte(out), &j); err != nil {
+		t.Fatalf("not JSON: %v: %q", err, out)
+	}
+	if j["mode"] != "lease" || j["violations"] != 0.0 || j["accepted"].(float64) < 10 {
+		t.Errorf("mode %v, violations %v, accepted %v: %s", j["mode"], j["violations"], j["accepted"], out)
 	}
 }

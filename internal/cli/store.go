@@ -6,7 +6,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-zookeeper/zk"
 	goredis "github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/sluicehq/sluice/lease"
 )
@@ -20,6 +23,9 @@ const storeTimeout = 500 * time.Millisecond
 //	redis://[user:pass@]host:port[/db]    one Redis
 //	redis-cluster://host:port,host:port   a Redis Cluster (any of its nodes)
 //	redis-sentinel://host:port,host:port/MASTER[?db=N]  a master found through Sentinel
+//	etcd://host:port,host:port            an etcd cluster (any of its members)
+//	zk://host:port,host:port[/path]       a ZooKeeper ensemble (records under path, or
+//	                                      under the prefix made a path)
 //
 // The returned func closes the client.
 func openLeaseStore(raw, prefix string) (lease.Store, func(), error) {
@@ -58,8 +64,50 @@ func openLeaseStore(raw, prefix string) (lease.Store, func(), error) {
 		timeouts(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout)
 		c := goredis.NewFailoverClient(o)
 		return lease.NewRedisStore(c, opt), func() { c.Close() }, nil
+	case "etcd":
+		hosts := hostsOf(rest)
+		if hosts == "" {
+			return nil, nil, usagef("store %q: want etcd://HOST:PORT[,HOST:PORT]", raw)
+		}
+		c, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(hosts, ","), DialTimeout: storeTimeout,
+			Logger: zap.NewNop()})
+		if err != nil {
+			return nil, nil, usagef("store %q: %v", raw, err)
+		}
+		return lease.NewEtcdStore(c, lease.WithEtcdPrefix(prefix)), func() { c.Close() }, nil
+	case "zk":
+		hosts, path, _ := strings.Cut(rest, "/")
+		if hosts == "" {
+			return nil, nil, usagef("store %q: want zk://HOST:PORT[,HOST:PORT][/PATH]", raw)
+		}
+		if path == "" {
+			path = strings.ReplaceAll(strings.Trim(prefix, ":"), ":", "/")
+		}
+		c, events, err := zk.Connect(strings.Split(hosts, ","), 4*time.Second, zk.WithLogger(quietZK{}))
+		if err != nil {
+			return nil, nil, usagef("store %q: %v", raw, err)
+		}
+		// The first requests would fail while the client connects: wait a little for a
+		// session (a store that is down is the members' fail mode's, not an error).
+		deadline := time.After(2 * time.Second)
+	wait:
+		for {
+			select {
+			case e := <-events:
+				if e.State == zk.StateHasSession {
+					break wait
+				}
+			case <-deadline:
+				break wait
+			}
+		}
+		go func() { // the client blocks on a full event channel: drain it
+			for range events {
+			}
+		}()
+		return lease.NewZKStore(c, lease.WithZKPath(path)), c.Close, nil
 	}
-	return nil, nil, usagef("store %q: want memory://, redis://, redis-cluster:// or redis-sentinel://", raw)
+	return nil, nil, usagef("store %q: want memory://, redis://, redis-cluster://, redis-sentinel://, etcd:// or zk://", raw)
 }
 
 func timeouts(ds ...*time.Duration) {
@@ -85,3 +133,9 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 	return set
 }
+
+// quietZK drops the ZooKeeper client's log lines (each reconnection), which would
+// interleave with the command's output; the store's errors say what failed.
+type quietZK struct{}
+
+func (quietZK) Printf(string, ...any) {}

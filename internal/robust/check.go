@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/gossip"
 	"github.com/sluicehq/sluice/internal/hits"
+	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/referee"
 )
 
@@ -244,9 +245,16 @@ func straddles(losses [][2]int64, from, to int64) bool {
 	return false
 }
 
+// RewindWindow is how long after old state is restored (a failover that lost writes) the
+// lease mode may over-admit, by docs/lease.md's failover bound: one renewal interval (the
+// members' 100 ms) plus one lease, used to its grace.
+var RewindWindow = 100*time.Millisecond + lease.DefaultConfig().TTL + lease.DefaultConfig().Grace
+
 // CheckLeases checks the lease mode's invariant from the members' own records: at every
 // moment, the rates of the shares the members may use of each limit sum to at most the
-// limit's rate. A member's record holds from when its renewal saw the store's answer until
+// limit's rate; from a rewind of the store (old state restored) until RewindWindow after
+// it, at most twice the limit's rate (the documented failover bound: the excess is at most
+// the capacity the lost writes granted, at most the whole limit). A member's record holds from when its renewal saw the store's answer until
 // its lease (and grace) ends or its next record takes over: at that record's answer when
 // the share grew, at its request when it shrank (the member acknowledged the smaller share
 // in that request, and stopped using the bigger one as it sent it).
@@ -312,10 +320,18 @@ func CheckLeases(h *History, t0 int64) []Violation {
 			return edges[i].rate < edges[j].rate
 		})
 		limit := 1e9 / float64(k.t)
+		allowed := func(at int64) float64 {
+			for _, w := range h.Rewinds {
+				if at >= w[0] && at <= w[1]+int64(RewindWindow) {
+					return 2 * limit
+				}
+			}
+			return limit
+		}
 		sum := 0.0
 		for _, e := range edges {
 			sum += e.rate
-			if e.rate > 0 && sum > limit*(1+1e-6) {
+			if e.rate > 0 && sum > allowed(e.at)*(1+1e-6) {
 				var w []string
 				for _, s := range spans {
 					if s.from <= e.at && s.until > e.at {

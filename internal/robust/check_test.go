@@ -138,6 +138,16 @@ func TestCheckLeases(t *testing.T) {
 	if len(vs) != 1 || !strings.Contains(vs[0].Detail, "201.00/s") || len(vs[0].Window) != 3 {
 		t.Fatalf("got %v, want one violation at 201/s naming the 3 shares in use", vs)
 	}
+	// Old state restored just before: the documented failover bound allows up to twice
+	// the limit for a renewal interval and a lease after it, and no longer.
+	h.Rewinds = [][2]int64{{600 * ms, 650 * ms}}
+	if vs := CheckLeases(h, 0); len(vs) != 0 {
+		t.Fatalf("201/s within the failover bound after a rewind: %v", vs)
+	}
+	h.Rewinds = [][2]int64{{600*ms - int64(RewindWindow) - 200*ms, 650*ms - int64(RewindWindow) - 200*ms}}
+	if vs := CheckLeases(h, 0); len(vs) != 1 {
+		t.Fatalf("201/s past the failover bound's window: got %v, want one violation", vs)
+	}
 }
 
 func TestCheckLiveness(t *testing.T) {

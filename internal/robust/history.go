@@ -70,6 +70,9 @@ type History struct {
 	// Losses are the windows in which Redis lost state (restarted empty, old state
 	// restored): [start, end] in real Unix nanoseconds.
 	Losses [][2]int64
+	// Rewinds are the losses that brought old state back (restore_old), not an empty
+	// store: the lease mode documents a bound for them (docs/lease.md, failover bound).
+	Rewinds [][2]int64
 	// Stopped are each member process's SIGSTOP windows, by process number.
 	Stopped map[int][][2]int64
 }

@@ -61,8 +61,10 @@ type runner struct {
 
 	mu      sync.Mutex
 	members []*member
+	procs   int       // member processes numbered so far
 	current []*member // each slot's running member
 	losses  [][2]int64
+	rewinds [][2]int64
 	stopped map[int][][2]int64
 	errs    []string
 }
@@ -184,8 +186,12 @@ func (r *runner) since() time.Duration { return time.Since(r.t0) }
 
 // startMember starts a new member process in slot for d.
 func (r *runner) startMember(slot int, d time.Duration) error {
+	// Numbered under the lock, once: two slots restarted at once must not share a number
+	// (the records would merge, and two gossip members would share a name; seen as one
+	// "member" at 1.5 times the limit, seed 1035).
 	r.mu.Lock()
-	proc := len(r.members)
+	proc := r.procs
+	r.procs++
 	r.mu.Unlock()
 	cfg := MemberConfig{Mode: r.s.Mode, Proc: proc, Addr: r.addrs[slot], Prefix: r.prefix, Goroutines: r.s.Goroutines,
 		Duration: d, Skew: r.s.Skews[slot], Seed: r.s.Seed, Members: r.s.Members}
@@ -386,6 +392,7 @@ func (r *runner) restore(ctx context.Context, dumps map[string]dump) {
 	}
 	r.mu.Lock()
 	r.losses = append(r.losses, [2]int64{from, time.Now().UnixNano()})
+	r.rewinds = append(r.rewinds, r.losses[len(r.losses)-1])
 	r.mu.Unlock()
 }
 
@@ -393,7 +400,7 @@ func (r *runner) restore(ctx context.Context, dumps map[string]dump) {
 // unplanned or did not finish.
 func (r *runner) collect(ctx context.Context) (*History, []Violation) {
 	var vs []Violation
-	h := &History{Stopped: r.stopped, Losses: r.losses}
+	h := &History{Stopped: r.stopped, Losses: r.losses, Rewinds: r.rewinds}
 	r.mu.Lock()
 	ms := append([]*member(nil), r.members...)
 	r.mu.Unlock()

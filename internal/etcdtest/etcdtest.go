@@ -1,0 +1,194 @@
+// Package etcdtest starts real etcd servers (Debian's etcd-server) for tests: one member on
+// free loopback ports, its data in a temporary directory. A test can kill it with SIGKILL,
+// restart it on the same ports with its data (a crash) or without (a wiped cluster: a new
+// incarnation). Start one per test package (TestMain) and share it: an etcd takes a second
+// or so to start.
+//
+// There is no mock: when etcd is not installed, the helpers fail with the package to
+// install. They never skip.
+package etcdtest
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// ErrNotInstalled is returned when etcd is not on the PATH.
+var ErrNotInstalled = errors.New("etcdtest: etcd is needed on the PATH " +
+	"(Debian: apt-get install etcd-server; scripts/test-deps installs it)")
+
+// Server is one single-member etcd cluster. Its methods are safe for concurrent use.
+type Server struct {
+	Port     int // clients'
+	PeerPort int
+	dir      string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// Addr returns the client address, host:port.
+func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.Port) }
+
+// URL returns the store URL the daemon and the demo take: etcd://host:port.
+func (s *Server) URL() string { return "etcd://" + s.Addr() }
+
+// Start starts an etcd on free loopback ports. The caller must Close it.
+func Start() (*Server, error) {
+	if _, err := exec.LookPath("etcd"); err != nil {
+		return nil, ErrNotInstalled
+	}
+	dir, err := os.MkdirTemp("", "etcdtest-")
+	if err != nil {
+		return nil, fmt.Errorf("etcdtest: %w", err)
+	}
+	var last error
+	for range 5 {
+		ports, err := freePorts(2)
+		if err != nil {
+			last = err
+			continue
+		}
+		s := &Server{Port: ports[0], PeerPort: ports[1], dir: dir}
+		if err := s.Restart(); err != nil {
+			last = err
+			continue
+		}
+		return s, nil
+	}
+	os.RemoveAll(dir)
+	return nil, fmt.Errorf("etcdtest: could not start etcd: %w", last)
+}
+
+// New starts an etcd for the test and stops it when the test ends.
+func New(t testing.TB) *Server {
+	t.Helper()
+	s, err := Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+func freePorts(n int) ([]int, error) {
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}()
+	var ports []int
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		lns = append(lns, ln)
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// Restart starts the server again on its ports (after Kill), with the data it had, or
+// as a new cluster after Wipe. It returns once the server reports itself healthy.
+func (s *Server) Restart() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		return errors.New("etcdtest: server already running")
+	}
+	peer := "http://127.0.0.1:" + strconv.Itoa(s.PeerPort)
+	client := "http://" + s.Addr()
+	cmd := exec.Command("etcd", "--name", "test", "--data-dir", filepath.Join(s.dir, "data"),
+		"--listen-client-urls", client, "--advertise-client-urls", client,
+		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+		"--initial-cluster", "test="+peer, "--log-level", "error",
+		"--unsafe-no-fsync") // tests only: a kill -9 loses nothing the OS has
+	log, err := os.OpenFile(filepath.Join(s.dir, "etcd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("etcdtest: %w", err)
+	}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		log.Close()
+		return fmt.Errorf("etcdtest: start etcd: %w", err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); log.Close(); close(done) }()
+	deadline := time.Now().Add(20 * time.Second)
+	hc := &http.Client{Timeout: time.Second}
+	for {
+		if r, err := hc.Get(client + "/health"); err == nil {
+			r.Body.Close()
+			if r.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		select {
+		case <-done:
+			return fmt.Errorf("etcdtest: etcd on port %d exited at start: %s", s.Port, s.logTail())
+		default:
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			<-done
+			return fmt.Errorf("etcdtest: etcd on port %d did not become healthy: %s", s.Port, s.logTail())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	hc.CloseIdleConnections()
+	s.cmd, s.done = cmd, done
+	return nil
+}
+
+func (s *Server) logTail() string {
+	b, _ := os.ReadFile(filepath.Join(s.dir, "etcd.log"))
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > 3 {
+		lines = lines[len(lines)-3:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+// Kill kills the server with SIGKILL and waits for it to exit. Its data stays on disk:
+// Restart brings it back as it was.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return
+	}
+	s.cmd.Process.Signal(syscall.SIGCONT)
+	s.cmd.Process.Kill()
+	<-s.done
+	s.cmd, s.done = nil, nil
+}
+
+// Wipe kills the server and deletes its data: the next Restart begins a new cluster with
+// no keys and its revisions from the start, as a cluster rebuilt from nothing.
+func (s *Server) Wipe() error {
+	s.Kill()
+	if err := os.RemoveAll(filepath.Join(s.dir, "data")); err != nil {
+		return fmt.Errorf("etcdtest: %w", err)
+	}
+	return nil
+}
+
+// Close kills the server and removes its directory.
+func (s *Server) Close() {
+	s.Kill()
+	os.RemoveAll(s.dir)
+}

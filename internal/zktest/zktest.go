@@ -1,0 +1,193 @@
+// Package zktest starts real ZooKeeper servers (Debian's zookeeperd) for tests: one
+// standalone server on a free loopback port, its data in a temporary directory. A test can
+// kill it with SIGKILL, restart it on the same port with its data (a crash) or without (a
+// wiped ensemble: a new incarnation). Start one per test package (TestMain) and share it:
+// the JVM takes a second or two to start.
+//
+// There is no mock: when ZooKeeper is not installed, the helpers fail with the package to
+// install. They never skip.
+package zktest
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Script is the server's start script, as Debian's zookeeperd installs it.
+const Script = "/usr/share/zookeeper/bin/zkServer.sh"
+
+// ErrNotInstalled is returned when ZooKeeper's start script is missing.
+var ErrNotInstalled = errors.New("zktest: ZooKeeper is needed (" + Script +
+	"; Debian: apt-get install zookeeperd; scripts/test-deps installs it)")
+
+// Server is one standalone ZooKeeper. Its methods are safe for concurrent use.
+type Server struct {
+	Port int
+	dir  string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// Addr returns the client address, host:port.
+func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.Port) }
+
+// URL returns the store URL the daemon and the demo take: zk://host:port.
+func (s *Server) URL() string { return "zk://" + s.Addr() }
+
+// Start starts a ZooKeeper on a free loopback port. The caller must Close it.
+func Start() (*Server, error) {
+	if _, err := os.Stat(Script); err != nil {
+		return nil, ErrNotInstalled
+	}
+	if _, err := exec.LookPath("java"); err != nil {
+		return nil, ErrNotInstalled
+	}
+	dir, err := os.MkdirTemp("", "zktest-")
+	if err != nil {
+		return nil, fmt.Errorf("zktest: %w", err)
+	}
+	var last error
+	for range 5 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			last = err
+			continue
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		s := &Server{Port: port, dir: dir}
+		if err := s.Restart(); err != nil {
+			last = err
+			continue
+		}
+		return s, nil
+	}
+	os.RemoveAll(dir)
+	return nil, fmt.Errorf("zktest: could not start ZooKeeper: %w", last)
+}
+
+// New starts a ZooKeeper for the test and stops it when the test ends.
+func New(t testing.TB) *Server {
+	t.Helper()
+	s, err := Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// Restart starts the server again on its port (after Kill), with the data it had, or
+// empty after Wipe. It returns once the server answers ruok.
+func (s *Server) Restart() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		return errors.New("zktest: server already running")
+	}
+	cfg := fmt.Sprintf("tickTime=500\ndataDir=%s\nclientPort=%d\nclientPortAddress=127.0.0.1\n"+
+		"admin.enableServer=false\n4lw.commands.whitelist=ruok\nforceSync=no\n", filepath.Join(s.dir, "data"), s.Port)
+	if err := os.WriteFile(filepath.Join(s.dir, "zoo.cfg"), []byte(cfg), 0o644); err != nil {
+		return fmt.Errorf("zktest: %w", err)
+	}
+	log, err := os.OpenFile(filepath.Join(s.dir, "zk.out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("zktest: %w", err)
+	}
+	cmd := exec.Command(Script, "start-foreground", filepath.Join(s.dir, "zoo.cfg"))
+	cmd.Env = append(os.Environ(), "ZOOCFGDIR="+s.dir, "ZOO_LOG_DIR="+s.dir, "JVMFLAGS=-Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // the script and its JVM: killed together
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		log.Close()
+		return fmt.Errorf("zktest: start ZooKeeper: %w", err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); log.Close(); close(done) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if ruok(s.Addr()) {
+			break
+		}
+		select {
+		case <-done:
+			return fmt.Errorf("zktest: ZooKeeper on port %d exited at start: %s", s.Port, s.logTail())
+		default:
+		}
+		if time.Now().After(deadline) {
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-done
+			return fmt.Errorf("zktest: ZooKeeper on port %d did not answer ruok: %s", s.Port, s.logTail())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.cmd, s.done = cmd, done
+	return nil
+}
+
+// ruok asks the four-letter word ruok: a serving server answers imok.
+func ruok(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("ruok")); err != nil {
+		return false
+	}
+	b := make([]byte, 4)
+	n, _ := c.Read(b)
+	return string(b[:n]) == "imok"
+}
+
+func (s *Server) logTail() string {
+	b, _ := os.ReadFile(filepath.Join(s.dir, "zk.out"))
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > 3 {
+		lines = lines[len(lines)-3:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+// Kill kills the server (the script and its JVM) with SIGKILL and waits for it to exit.
+// Its data stays on disk: Restart brings it back as it was, sessions included until they
+// time out.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return
+	}
+	syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+	<-s.done
+	s.cmd, s.done = nil, nil
+}
+
+// Wipe kills the server and deletes its data: the next Restart begins with no znodes and
+// zxids from the start, as an ensemble rebuilt from nothing.
+func (s *Server) Wipe() error {
+	s.Kill()
+	if err := os.RemoveAll(filepath.Join(s.dir, "data")); err != nil {
+		return fmt.Errorf("zktest: %w", err)
+	}
+	return nil
+}
+
+// Close kills the server and removes its directory.
+func (s *Server) Close() {
+	s.Kill()
+	os.RemoveAll(s.dir)
+}
