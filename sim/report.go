@@ -176,6 +176,19 @@ func (e *engine) report() ModeReport {
 	burst, rate0 := measure.Capacity(e.sc.Limit.Limits, 0)
 	fair := measure.FairShares(rate0, len(e.members), spans)
 	measure.ShareBurst(fair, spans, burst, 0)
+	if e.limits.Windowed() || e.limits.RampOver() > 0 {
+		// The fair shares are of a constant rate; a ramp's or a window's pool admits what
+		// the ideal throttle does: scale them to it (Jain's index is the same either way).
+		var sum float64
+		for _, f := range fair {
+			sum += f
+		}
+		if sum > 0 && e.idealN > 0 {
+			for i := range fair {
+				fair[i] *= float64(e.idealN) / sum
+			}
+		}
+	}
 	granted := make([]float64, len(e.members))
 	for i, m := range e.members {
 		granted[i] = float64(m.granted)
