@@ -127,6 +127,7 @@ type Limiter struct {
 	margin   time.Duration
 	maxWait  time.Duration
 	failMode FailMode
+	rampFrom time.Time // WithRampStart; zero: ramps start with New
 	observer Observer
 	log      *slog.Logger
 	localOpt []local.Option
@@ -243,6 +244,11 @@ func WithMaxWait(d time.Duration) Option {
 // WithFailMode sets what the limiter answers when its backend fails (default FailClosed).
 func WithFailMode(m FailMode) Option { return optionFunc(func(l *Limiter) { l.failMode = m }) }
 
+// WithRampStart makes the ramps of the limits given to New start at t instead of when
+// New is called: a process that replaces a limiter (a daemon reloading its rules) keeps
+// the ramp where it was (see Limiter.RampStart). A t in the future starts them then.
+func WithRampStart(t time.Time) Option { return optionFunc(func(l *Limiter) { l.rampFrom = t }) }
+
 // WithObserver sets a hook told of every decision, wait, penalty and backend error.
 func WithObserver(o Observer) Option { return optionFunc(func(l *Limiter) { l.observer = o }) }
 
@@ -331,8 +337,11 @@ func (l *Limiter) newShape(limits Limits, prev *shape) *shape {
 	}
 	if over := limits.RampOver(); over > 0 {
 		sh.rampStart = now
-		if prev != nil && sameRamps(prev.limits, limits) {
+		switch {
+		case prev != nil && sameRamps(prev.limits, limits):
 			sh.rampStart = prev.rampStart
+		case prev == nil && !l.rampFrom.IsZero():
+			sh.rampStart = now - int64(l.clock.Now().Sub(l.rampFrom))
 		}
 		sh.rampEnd = gcra.AddSat(sh.rampStart, int64(over))
 	}
@@ -390,6 +399,20 @@ func (l *Limiter) Limits() Limits {
 	}
 	return nil
 }
+
+// RampStart returns when the ramps of the limits in force started (on the limiter's
+// clock's wall time), and false if none of them ramps.
+func (l *Limiter) RampStart() (time.Time, bool) {
+	sh := l.shape.Load()
+	if sh == nil || sh.rampEnd == 0 {
+		return time.Time{}, false
+	}
+	return l.clock.Now().Add(-time.Duration(l.clock.Nanotime() - sh.rampStart)), true
+}
+
+// SameRamps reports whether a and b ramp alike: the same ramps on the same rates, so that
+// a ramp of a goes on as b's (see SetLimits, WithRampStart).
+func SameRamps(a, b Limits) bool { return sameRamps(a, b) }
 
 // Expired returns how many reserved permits this limiter did not use because they came to
 // be used more than the margin after their time (see WithMargin and EventExpired).

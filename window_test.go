@@ -148,3 +148,26 @@ func TestUnsupportedKindsRefused(t *testing.T) {
 		t.Errorf("SetLimits to a window: got %v, limits %v", err, l.Limits())
 	}
 }
+
+// TestWithRampStart: a limiter told its ramp started 30 s ago is 30 s into it (a burst of
+// 55 of "100/s ramp=10/s..60s"), and RampStart says when it started.
+func TestWithRampStart(t *testing.T) {
+	clk := clock.NewVirtual()
+	clk.Advance(time.Hour)
+	began := clk.Now().Add(-30 * time.Second)
+	l := MustNew(MustParse("100/s ramp=10/s..60s"), WithClock(clk), WithRampStart(began))
+	defer l.Close()
+	n := 0
+	for l.Allow(bg, "k") {
+		n++
+	}
+	if n != 55 {
+		t.Errorf("30 s into the ramp: %d at once, want 55", n)
+	}
+	if at, ok := l.RampStart(); !ok || !at.Equal(began) {
+		t.Errorf("RampStart: %v %v, want %v", at, ok, began)
+	}
+	if _, ok := MustNew(MustParse("5/s"), WithClock(clk)).RampStart(); ok {
+		t.Error("RampStart of a limit without a ramp reported one")
+	}
+}

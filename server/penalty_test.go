@@ -145,7 +145,7 @@ func TestTagFloodPastTheKeyCap(t *testing.T) {
 	cfg.MaxKeys = maxKeys
 	s := start(t, cfg)
 	c := dial(t, s)
-	var worst time.Duration
+	var worst, before time.Duration // the slowest batch, and the slowest below the cap
 	buf := make([]byte, 3*1000)
 	for i := 0; i < total; i += 1000 {
 		var q bytes.Buffer
@@ -161,15 +161,21 @@ func TestTagFloodPastTheKeyCap(t *testing.T) {
 			t.Fatalf("batch at %d tags: %v", i, err)
 		}
 		worst = max(worst, time.Since(t0))
+		if i+1000 <= maxKeys {
+			before = worst
+		}
 		if bytes.Count(buf, []byte("OK\n")) != 1000 {
 			t.Fatalf("batch at %d tags: %d new tags allowed of 1000", i, bytes.Count(buf, []byte("OK\n")))
 		}
 	}
-	t.Logf("%d new tags, cap %d, slowest batch %v, keys held %d", total, maxKeys, worst, s.local.Len())
+	t.Logf("%d new tags, cap %d, slowest batch %v (%v below the cap), keys held %d", total, maxKeys, worst, before, s.local.Len())
 	// A liveness bound, loose against a loaded machine (the acceptance check holds the
-	// daemon to 1 s alone; local's TestFloodAtTheCapNeverSweeps counts the cost exactly).
-	if worst > 3*time.Second {
-		t.Errorf("a batch took %v, want at most 3 s", worst)
+	// daemon to 1 s alone; local's TestFloodAtTheCapNeverSweeps counts the cost exactly):
+	// a batch past the cap may take 3 s, or ten times the slowest below it when the
+	// machine is that slow. The stall this guards against was a full sweep per insert:
+	// hundreds of times a batch's cost, for as long as the flood lasted.
+	if worst > max(3*time.Second, 10*before) {
+		t.Errorf("a batch took %v past the cap, the slowest below it %v: want at most 3 s or ten times that", worst, before)
 	}
 	if s.local.Len() > maxKeys {
 		t.Errorf("%d keys held, cap %d", s.local.Len(), maxKeys)

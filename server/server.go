@@ -199,10 +199,14 @@ func (s *Server) apply(cfg Config) error {
 		if c.noLimit() {
 			continue // no bucket, no penalties
 		}
-		lim, err := sluice.New(c.Limit, sluice.WithBackend(s.be), sluice.WithClock(s.clock), sluice.WithFailMode(fm),
+		opts := []sluice.Option{sluice.WithBackend(s.be), sluice.WithClock(s.clock), sluice.WithFailMode(fm),
 			sluice.WithMargin(cfg.Margin.D()), sluice.WithObserver(sluice.ObserverFunc(s.m.observe)),
 			sluice.WithLogger(s.log.With("rule", c.Name)), // a margin that eats a rule's rate is logged
-			sluice.WithMaxKeys(cfg.MaxKeys))               // bounds the penalties each limiter remembers
+			sluice.WithMaxKeys(cfg.MaxKeys)}               // bounds the penalties each limiter remembers
+		if at, ok := s.rampOf(c.Name, c.Limit); ok {
+			opts = append(opts, sluice.WithRampStart(at)) // a reload goes on with the rule's ramp
+		}
+		lim, err := sluice.New(c.Limit, opts...)
 		if err != nil {
 			return fmt.Errorf("rule %q: %w", c.Name, err)
 		}
@@ -224,6 +228,21 @@ func (s *Server) apply(cfg Config) error {
 	s.live.Store(&liveConfig{maxLine: cfg.MaxLine, grpcHeaders: cfg.GRPC.ResponseHeaders})
 	s.cfg = cfg
 	return nil
+}
+
+// rampOf returns when the ramp of the rule in force named name started, if it has the
+// same ramps as limits: a reload keeps a ramp going rather than start it again.
+func (s *Server) rampOf(name string, limits sluice.Limits) (time.Time, bool) {
+	old := s.rules.Load()
+	if old == nil {
+		return time.Time{}, false
+	}
+	for _, c := range old.rules {
+		if c.Name == name && c.limiter != nil && sluice.SameRamps(c.Limit, limits) {
+			return c.limiter.RampStart()
+		}
+	}
+	return time.Time{}, false
 }
 
 // liveConfig is what requests read of the config in force.

@@ -466,3 +466,30 @@ func TestWindowAndRampRules(t *testing.T) {
 		t.Fatalf("after midnight: %q", got)
 	}
 }
+
+// TestReloadKeepsTheRamp: a reload that keeps a rule's ramp goes on with it (30 s into
+// "100/s ramp=10/s..60s" a drained tag gets the burst of 55/s, not the 10 of a restarted
+// ramp); a reload that changes the ramp starts the new one.
+func TestReloadKeepsTheRamp(t *testing.T) {
+	clk := clock.NewVirtual()
+	s := start(t, testConfig("warm=100/s ramp=10/s..60s"), WithClock(clk))
+	c := dial(t, s)
+	oks := func(n int) int { return strings.Count(exchange(t, c, strings.Repeat("warm\n", n), 3*n), "OK") }
+	if got := oks(20); got != 10 {
+		t.Fatalf("at the start: %d OK, want the ramp's burst of 10", got)
+	}
+	clk.Advance(30 * time.Second)
+	if err := s.Reload(testConfig("warm=100/s ramp=10/s..60s")); err != nil {
+		t.Fatal(err)
+	}
+	if got := oks(100); got != 55 {
+		t.Fatalf("30 s in, after a reload that keeps the ramp: %d OK, want 55", got)
+	}
+	clk.Advance(10 * time.Second)
+	if err := s.Reload(testConfig("warm=100/s ramp=20/s..60s")); err != nil {
+		t.Fatal(err)
+	}
+	if got := oks(100); got != 20 {
+		t.Fatalf("after a reload to another ramp: %d OK, want its start's burst of 20", got)
+	}
+}

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -315,6 +316,15 @@ func (e *engine) closeBucket(b int) {
 	// Demand exceeded the limit in the bucket if requests were still waiting at its end
 	// beyond the goroutines' own, or if more arrived than the limit allows.
 	_, rate := measure.Capacity(e.limits, 0)
+	if over := e.limits.RampOver(); over > 0 && int64(b)*e.sample < e.rampStart+int64(over) {
+		// A ramp: the rate of the ideal's limit at the bucket's middle (the plots' limit
+		// line follows the ramp).
+		mid := int64(b)*e.sample + e.sample/2
+		rate = math.Inf(1)
+		for _, c := range e.limits.CoreAt(0, time.Duration(mid-e.rampStart)) {
+			rate = math.Min(rate, 1e9/float64(c.T))
+		}
+	}
 	s.capacity = rate * float64(e.sample) / 1e9
 	s.saturated = q > live || float64(s.arrivals) >= s.capacity
 }

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"image/color"
 	"io"
+	"math"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -42,12 +44,13 @@ const (
 )
 
 var (
-	colAdmitted = color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff}
-	colLimit    = color.RGBA{A: 0xff}
-	col429      = color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff}
-	colQueue    = color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff}
-	colEvent    = color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff}
-	colShare    = color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff}
+	colAdmitted  = color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff}
+	colLimit     = color.RGBA{A: 0xff}
+	col429       = color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff}
+	colQueue     = color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff}
+	colEvent     = color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff}
+	colShare     = color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff}
+	colEventSpan = color.NRGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0x22}
 )
 
 // WritePlot draws the report's figure, every mode a row of panels, as "svg" or "png".
@@ -154,6 +157,7 @@ func newPanel(title, x, y string) *plot.Plot {
 	p.X.Label.Text = x
 	p.Y.Label.Text = y
 	p.Y.Min = 0
+	p.Y.Tick.Marker = plainTicks{}
 	p.Legend.Top = true
 	p.Add(plotter.NewGrid())
 	return p
@@ -268,6 +272,20 @@ func memberPanel(m *ModeReport) *plot.Plot {
 	return p
 }
 
+// plainTicks are the default ticks with large values written out whole (2500000, not
+// 2500000.00).
+type plainTicks struct{}
+
+func (plainTicks) Ticks(min, max float64) []plot.Tick {
+	ts := plot.DefaultTicks{}.Ticks(min, max)
+	for i := range ts {
+		if ts[i].Label != "" && math.Abs(ts[i].Value) >= 1e4 {
+			ts[i].Label = strconv.FormatFloat(math.Round(ts[i].Value), 'f', 0, 64)
+		}
+	}
+	return ts
+}
+
 // eventMarks draws each event as a vertical line across the panel, labelled.
 type eventMarks struct {
 	events []EventReport
@@ -281,6 +299,11 @@ func (ev *eventMarks) Plot(c draw.Canvas, p *plot.Plot) {
 	ts.Font.Size = 9
 	for i, e := range ev.events {
 		x := trX(e.AtS / ev.u.s)
+		if e.endS > e.AtS {
+			// An event that lasts (an outage, a partition, a pause): its span shaded.
+			x2 := trX(e.endS / ev.u.s)
+			c.FillPolygon(colEventSpan, c.ClipPolygonX([]vg.Point{{X: x, Y: c.Min.Y}, {X: x2, Y: c.Min.Y}, {X: x2, Y: c.Max.Y}, {X: x, Y: c.Max.Y}}))
+		}
 		c.StrokeLine2(ls, x, c.Min.Y, x, c.Max.Y)
 		// Labels step down so that events close together stay readable.
 		y := c.Max.Y - vg.Length(i%4)*11

@@ -138,23 +138,32 @@ func TestPlotPNG(t *testing.T) {
 	if b := img.Bounds(); b.Dx() != 1344 || b.Dy() != 816 {
 		t.Fatalf("size %dx%d, want 1344x816", b.Dx(), b.Dy())
 	}
-	near := func(c color.Color, want color.RGBA) bool {
-		r, g, b, _ := c.RGBA()
-		d := func(x uint32, y uint8) int { return max(int(x>>8)-int(y), int(y)-int(x>>8)) }
-		return d(r, want.R) < 40 && d(g, want.G) < 40 && d(b, want.B) < 40
-	}
-	for name, want := range map[string]color.RGBA{"admitted": colAdmitted, "429s": col429, "queue": colQueue, "events": colEvent, "members": colShare} {
-		n := 0
-		for y := 0; y < 816; y++ {
-			for x := 0; x < 1344; x++ {
-				if near(img.At(x, y), want) {
-					n++
+	// One pass over the pixels (each read once: the race detector makes it slow), counting
+	// each line's colour and the outage's shade: light orange over white, (255, 238, 222).
+	colours := map[string]color.RGBA{"admitted": colAdmitted, "429s": col429, "queue": colQueue, "events": colEvent, "members": colShare}
+	counts := map[string]int{}
+	shade := 0
+	for y := 0; y < 816; y++ {
+		for x := 0; x < 1344; x++ {
+			r, g, b, _ := img.At(x, y).RGBA()
+			r, g, b = r>>8, g>>8, b>>8
+			for name, want := range colours {
+				if absDiff(r, want.R) < 40 && absDiff(g, want.G) < 40 && absDiff(b, want.B) < 40 {
+					counts[name]++
 				}
 			}
+			if absDiff(r, 255) <= 4 && absDiff(g, 238) <= 6 && absDiff(b, 222) <= 6 {
+				shade++
+			}
 		}
-		if n < 200 {
-			t.Errorf("%s: %d pixels of its colour, want at least 200", name, n)
+	}
+	for name := range colours {
+		if counts[name] < 200 {
+			t.Errorf("%s: %d pixels of its colour, want at least 200", name, counts[name])
 		}
+	}
+	if shade < 2*20*200 {
+		t.Errorf("%d pixels of the outage's shade, want at least 16,000 (two panels, 10 s of 60 wide, 250 high)", shade)
 	}
 }
 

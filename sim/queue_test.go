@@ -22,8 +22,8 @@ func TestQueuesAgree(t *testing.T) {
 		c.push(&e)
 	}
 	for round := range 2 {
-		for i := range 200_000 {
-			grow := i < 100_000
+		for i := range 80_000 {
+			grow := i < 40_000
 			if (grow && rng.IntN(3) > 0) || (!grow && rng.IntN(3) == 0) || h.len() == 0 {
 				var d int64
 				switch rng.IntN(10) {

@@ -84,6 +84,8 @@ type EventReport struct {
 	AtS          float64 `json:"at_s"`
 	Event        string  `json:"event"`
 	ConvergenceS float64 `json:"convergence_s"`
+
+	endS float64 // when its effect ended (an outage's end; at, for an instant one): the figure shades the span
 }
 
 // MemberReport is one member's part.
@@ -174,6 +176,19 @@ func (e *engine) report() ModeReport {
 	burst, rate0 := measure.Capacity(e.sc.Limit.Limits, 0)
 	fair := measure.FairShares(rate0, len(e.members), spans)
 	measure.ShareBurst(fair, spans, burst, 0)
+	if e.limits.Windowed() || e.limits.RampOver() > 0 {
+		// The fair shares are of a constant rate; a ramp's or a window's pool admits what
+		// the ideal throttle does: scale them to it (Jain's index is the same either way).
+		var sum float64
+		for _, f := range fair {
+			sum += f
+		}
+		if sum > 0 && e.idealN > 0 {
+			for i := range fair {
+				fair[i] *= float64(e.idealN) / sum
+			}
+		}
+	}
 	granted := make([]float64, len(e.members))
 	for i, m := range e.members {
 		granted[i] = float64(m.granted)
@@ -194,7 +209,8 @@ func (e *engine) report() ModeReport {
 		window = max(1, int(math.Ceil(20*float64(t)/float64(e.sample))))
 	}
 	for _, ev := range e.eventLog {
-		r.Events = append(r.Events, EventReport{AtS: round(float64(ev.at) / 1e9), Event: ev.what, ConvergenceS: e.convergence(ev.end, window)})
+		r.Events = append(r.Events, EventReport{AtS: round(float64(ev.at) / 1e9), Event: ev.what, ConvergenceS: e.convergence(ev.end, window),
+			endS: float64(ev.end) / 1e9})
 	}
 	if r.Events == nil {
 		r.Events = []EventReport{}

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -133,6 +135,32 @@ func TestSimCommand(t *testing.T) {
 		code, _, errs := run(t, c.args...)
 		if code != 2 || !strings.Contains(errs, c.want) {
 			t.Errorf("%v: exit %d stderr %q, want 2 and %q", c.args, code, errs, c.want)
+		}
+	}
+}
+
+// TestSimPlotAndHTML: --plot writes the figure in the format its name asks for, --html a
+// page with every mode, alongside the table.
+func TestSimPlotAndHTML(t *testing.T) {
+	dir := t.TempDir()
+	png, svg, page := filepath.Join(dir, "out.png"), filepath.Join(dir, "out.svg"), filepath.Join(dir, "r.html")
+	code, out, errs := run(t, "sim", "../../scenarios/seed000-timeline.yaml", "--plot", png, "--html", page)
+	if code != 0 || !strings.Contains(out, "violations (429s)") {
+		t.Fatalf("exit %d: %s%s", code, out, errs)
+	}
+	if code, _, errs := run(t, "sim", "../../scenarios/seed000-timeline.yaml", "--plot", svg); code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	for file, prefix := range map[string]string{png: "\x89PNG\r\n", svg: "<?xml", page: "<!DOCTYPE html>"} {
+		b, err := os.ReadFile(file)
+		if err != nil || !bytes.HasPrefix(b, []byte(prefix)) {
+			t.Errorf("%s: %v, starts %q", file, err, b[:min(len(b), 16)])
+		}
+	}
+	b, _ := os.ReadFile(page)
+	for _, m := range []string{"redis", "local"} {
+		if !strings.Contains(string(b), `<section class="mode" id="mode-`+m+`">`) {
+			t.Errorf("the page has no section for %s", m)
 		}
 	}
 }
