@@ -63,7 +63,7 @@ type memberConfig struct {
 	Limits     string        `json:"limits"`
 	Goroutines int           `json:"goroutines"`
 	Duration   time.Duration `json:"duration"`
-	Skew       time.Duration `json:"skew"` // offset of this process' clock
+	Skew       time.Duration `json:"skew"`      // offset of this process' clock
 	ReadyDir   string        `json:"ready_dir"` // if set, the member makes a file there at its first permit
 }
 
