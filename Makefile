@@ -10,15 +10,18 @@ BENCH         ?= .
 RESULTS       ?= results/local.txt
 PKGS          := ./...
 
-.PHONY: all test test-deps test-short bench fuzz soak lint vet fmt tidy clean release
+.PHONY: all test test-deps test-short bench fuzz soak robustness lint vet fmt tidy clean release
 
 all: lint test
 
 ## test: install the servers the tests start if they are missing (scripts/test-deps: apt-get
-## as root, else it says what to install), then every test with the race detector, then a
+## as root, else it says what to install), then every test with the race detector, then the
+## simulator's golden reports without it (every shipped scenario in full: a few seconds
+## without -race, a minute with it; sim/golden_test.go is built without -race only), then a
 ## short run of each fuzz target.
 test: test-deps
 	$(GO) test -race -timeout 15m $(PKGS)
+	$(GO) test -count=1 -timeout 5m -run Golden ./sim
 	cd bench && $(GO) test -race -timeout 5m -run . ./...
 	$(MAKE) fuzz FUZZTIME=10000x PROPERTY_TRIALS=0
 
@@ -69,6 +72,26 @@ fuzz:
 soak:
 	SLUICE_SOAK=$(SOAKTIME) $(GO) test -race -tags soak -run Soak -timeout 60m -v $(PKGS)
 
+## robustness: ROBUST_RUNS randomized fault schedules (internal/robust, docs/robustness.md), each
+## ROBUST_DURATION long, seeds from ROBUST_BASE (default: the time, so each run explores new
+## ones), each in the mode its seed picks (or ROBUST_MODE's), one line per run and the
+## summary last; ROBUST_SEED=N runs that seed alone (reproducing a failure); ROBUST_DUMP=DIR
+## keeps each run's records. The members, and the daemon mode's sluice, are race-enabled
+## builds. make test runs 2.
+ROBUST_RUNS     ?= 20
+ROBUST_DURATION ?= 10s
+ROBUST_BASE     ?= $(shell date +%s)
+ROBUST_SEED     ?=
+ROBUST_MODE     ?=
+ROBUST_DUMP     ?=
+robustness: test-deps
+	@mkdir -p bench/results
+	$(GO) test -race -c -o bench/results/robust.test ./internal/robust
+	$(GO) build -race -o bench/results/robust-sluice ./cmd/sluice
+	ROBUST_RUNS=$(ROBUST_RUNS) ROBUST_DURATION=$(ROBUST_DURATION) ROBUST_BASE=$(ROBUST_BASE) ROBUST_SEED=$(ROBUST_SEED) \
+	  ROBUST_MODE=$(ROBUST_MODE) ROBUST_DUMP=$(ROBUST_DUMP) ROBUST_SLUICE=$(CURDIR)/bench/results/robust-sluice \
+	  bench/results/robust.test -test.run '^TestRobustness$$' -test.timeout 120m
+
 ## lint: go vet and staticcheck (installed through the Go toolchain), and gofmt.
 lint: vet
 	$(GO) run $(STATICCHECK) $(PKGS)
@@ -102,5 +125,5 @@ release:
 	cd dist && sha256sum sluice-* > SHA256SUMS && cat SHA256SUMS
 
 clean:
-	rm -f bench/results/bench.test bench/results/*.prof
+	rm -f bench/results/bench.test bench/results/robust.test bench/results/robust-sluice bench/results/*.prof
 	rm -rf dist

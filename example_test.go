@@ -105,7 +105,7 @@ func ExampleParse() {
 	fmt.Println(err)
 	// Output:
 	// 100/s burst=20; 4500/h <nil>
-	// sluice: bad limit "ten per sec": "ten": no '/' between rate and period (want RATE/PERIOD [burst=N], e.g. 100/s, 4500/h, 1/6s, 10/s burst=20)
+	// sluice: bad limit "ten per sec": "ten": no '/' between rate and period (want RATE/PERIOD [burst=N | window] [ramp=RATE/PERIOD..DURATION], e.g. 100/s, 1/6s, 10/s burst=20, 10000/24h window, 100/s ramp=10/s..60s)
 }
 
 func ExampleBackoff_Retry() {
@@ -224,4 +224,35 @@ func ExampleLimiter_Middleware() {
 	// 200 ""
 	// 200 ""
 	// 429 "30"
+}
+
+// A daily quota, counted from 00:00 UTC (GitHub's hourly one would be "5000/h window"):
+// weighted requests draw on it, and once it is spent the next permit comes at midnight.
+func ExampleLimit_window() {
+	clk := clock.NewVirtualAt(time.Date(2026, 3, 1, 18, 0, 0, 0, time.UTC))
+	l := sluice.MustNew(sluice.MustParse("10000/24h window"), sluice.WithClock(clk))
+	defer l.Close()
+	ctx := context.Background()
+	d, _ := l.AllowN(ctx, "user", 9998)
+	fmt.Println(d.Allowed, d.Remaining)
+	d, _ = l.AllowN(ctx, "user", 3)
+	fmt.Println(d.Allowed, d.RetryAfter)
+	// Output:
+	// true 2
+	// false 6h0m0s
+}
+
+// A ramp: from 10/s to 100/s over a minute, then 100/s, for a downstream that warms up.
+func ExampleLimit_ramp() {
+	lim, _ := sluice.ParseLimit("100/s ramp=10/s..60s")
+	fmt.Println(lim)
+	for _, at := range []time.Duration{0, 30 * time.Second, time.Minute} {
+		c := lim.CoreAt(0, at)
+		fmt.Printf("at %v: %.0f/s, burst %d\n", at, 1e9/float64(c.T), c.Burst())
+	}
+	// Output:
+	// 100/s ramp=10/s..1m
+	// at 0s: 10/s, burst 10
+	// at 30s: 55/s, burst 55
+	// at 1m0s: 100/s, burst 100
 }

@@ -3,6 +3,8 @@ package sluice
 import (
 	"errors"
 	"fmt"
+	"math"
+	"math/bits"
 	"strconv"
 	"strings"
 	"time"
@@ -19,12 +21,42 @@ import (
 // granted, where T = Period/Rate is the emission interval (rounded up to a whole
 // nanosecond, so a limit is never exceeded by rounding).
 //
-// The text form, shared by every interface of Sluice, is RATE/PERIOD with an optional
-// burst: "100/s", "4500/h", "1/6s", "10/s burst=20", "2/1500ms". See ParseLimit.
+// Two other kinds of limit are written the same way:
+//
+//   - A windowed quota ("10000/24h window", Window set): at most Rate permits in each fixed
+//     window of Period, the windows aligned to whole multiples of Period since the Unix
+//     epoch, so that a daily quota resets at 00:00 UTC and an hourly one on the hour, as
+//     an API that counts per calendar window does. What a window leaves unused does not
+//     carry over. Its burst is its count (Burst is Rate).
+//   - A ramp ("100/s ramp=10/s..60s", Ramp set): the limit starts at Ramp's rate (the
+//     burst scaled alike) and rises linearly to Rate/Period over Ramp.Over, from when the
+//     limit takes effect (see CoreAt); after that it is the plain limit.
+//
+// The text form, shared by every interface of Sluice, is RATE/PERIOD with optional
+// options: "100/s", "4500/h", "1/6s", "10/s burst=20", "2/1500ms", "10000/24h window",
+// "100/s ramp=10/s..60s". See ParseLimit.
 type Limit struct {
 	Rate   int64         // permits per Period, > 0
 	Period time.Duration // > 0
 	Burst  int64         // permits at once; 0 means Rate
+	Window bool          // a quota of Rate per fixed window of Period (see above)
+	Ramp   Ramp          // the zero value: no ramp
+}
+
+// Ramp is where a limit starts and how long it takes to rise to its full rate: Rate
+// permits per Period at first, the limit's own rate Over later. Its zero value is no ramp.
+type Ramp struct {
+	Rate   int64         // permits per Period at the start, > 0 and no faster than the limit
+	Period time.Duration // > 0
+	Over   time.Duration // > 0
+}
+
+// IsZero reports whether r is no ramp.
+func (r Ramp) IsZero() bool { return r == Ramp{} }
+
+// String is the ramp's text form without the "ramp=": "10/s..1m".
+func (r Ramp) String() string {
+	return strconv.FormatInt(r.Rate, 10) + "/" + formatPeriod(r.Period) + ".." + formatDuration(r.Over)
 }
 
 // Limits is the set of limits one key carries: a permit needs all of them ("100/s burst=20;
@@ -57,10 +89,14 @@ func (l Limit) burst() int64 {
 	return l.Burst
 }
 
-// Interval is the emission interval T = Period/Rate, rounded up to a whole nanosecond.
+// Interval is the emission interval T = Period/Rate, rounded up to a whole nanosecond
+// (down for a windowed quota, so that Rate intervals fit in its window).
 func (l Limit) Interval() time.Duration {
 	if l.Rate <= 0 {
 		return 0
+	}
+	if l.Window {
+		return time.Duration(int64(l.Period) / l.Rate)
 	}
 	return time.Duration((int64(l.Period) + l.Rate - 1) / l.Rate)
 }
@@ -78,6 +114,33 @@ func (l Limit) Validate() error {
 		return &LimitError{Input: l.String(), Part: strconv.FormatInt(l.Burst, 10), Reason: "the burst must be positive"}
 	case l.burst() > gcra.MaxTau/int64(l.Interval()+1):
 		return &LimitError{Input: l.String(), Part: strconv.FormatInt(l.burst(), 10), Reason: "the burst times the interval must stay under 36 years"}
+	case l.Window && l.Burst != 0 && l.Burst != l.Rate:
+		return &LimitError{Input: l.String(), Part: "burst=" + strconv.FormatInt(l.Burst, 10), Reason: "a windowed quota has no burst of its own (its count is its rate)"}
+	case l.Window && int64(l.Period) > gcra.MaxTau:
+		return &LimitError{Input: l.String(), Part: formatPeriod(l.Period), Reason: "a window must be shorter than 36 years"}
+	case l.Window && !l.Ramp.IsZero():
+		return &LimitError{Input: l.String(), Part: "ramp=" + l.Ramp.String(), Reason: "a windowed quota cannot ramp"}
+	case !l.Ramp.IsZero():
+		return l.Ramp.validate(l)
+	}
+	return nil
+}
+
+func (r Ramp) validate(l Limit) error {
+	bad := func(reason string) error {
+		return &LimitError{Input: l.String(), Part: "ramp=" + r.String(), Reason: reason}
+	}
+	switch {
+	case r.Rate <= 0 || r.Period <= 0 || r.Over <= 0:
+		return bad("a ramp needs a positive start rate and duration")
+	case int64(r.Period) < r.Rate:
+		return bad("the ramp starts faster than one permit a nanosecond")
+	}
+	// r.Rate/r.Period <= l.Rate/l.Period, exactly: r.Rate*l.Period <= l.Rate*r.Period.
+	ah, al := bits.Mul64(uint64(r.Rate), uint64(l.Period))
+	bh, bl := bits.Mul64(uint64(l.Rate), uint64(r.Period))
+	if ah > bh || ah == bh && al > bl {
+		return bad("a ramp must start no faster than the limit it rises to")
 	}
 	return nil
 }
@@ -86,9 +149,41 @@ func (l Limit) Validate() error {
 // (docs/concepts.md): with Burst > 1, ceil(margin/T) permits of the burst are held in reserve;
 // with Burst = 1 (or once the reserve would take the whole burst), permits are spaced T
 // plus the rest of the margin apart. A zero margin gives the limit exactly.
+//
+// A windowed quota ignores the margin (a permit decided just before a window's end may be
+// counted by the API in the next window: keep such a pool's quota a little under the
+// API's). A ramp is not applied: Core is the limit once the ramp is over (see CoreAt).
 func (l Limit) Core(margin time.Duration) gcra.Limit {
-	t := int64(l.Interval())
-	b := l.burst()
+	if l.Window {
+		t := int64(l.Interval())
+		return gcra.Limit{T: t, Tau: l.Rate * t, Window: int64(l.Period)}
+	}
+	return coreOf(int64(l.Interval()), l.burst(), margin)
+}
+
+// CoreAt is Core at `elapsed` into the limit's ramp (since the limit took effect): the
+// rate rises linearly from the ramp's to the limit's, and the burst with it (never below
+// one permit); the interval is rounded up, so the ramped limit never exceeds the line.
+// Without a ramp, or once it is over, CoreAt is Core.
+func (l Limit) CoreAt(margin, elapsed time.Duration) gcra.Limit {
+	if l.Ramp.IsZero() || elapsed >= l.Ramp.Over || l.Window {
+		return l.Core(margin)
+	}
+	elapsed = max(elapsed, 0)
+	r0 := float64(l.Ramp.Rate) / float64(l.Ramp.Period) // permits a nanosecond
+	r1 := float64(l.Rate) / float64(l.Period)
+	r := r0 + (r1-r0)*float64(elapsed)/float64(l.Ramp.Over)
+	t := max(int64(math.Ceil(1/r)), int64(l.Interval()))
+	b := max(1, int64(math.Floor(float64(l.burst())*r/r1)))
+	b = min(b, gcra.MaxTau/t)
+	return coreOf(t, b, margin)
+}
+
+// RampOver is how long the limit ramps (0 without a ramp).
+func (l Limit) RampOver() time.Duration { return l.Ramp.Over }
+
+// coreOf is the GCRA limit of interval t and burst b, tightened by margin (see Core).
+func coreOf(t, b int64, margin time.Duration) gcra.Limit {
 	m := int64(max(margin, 0))
 	if m == 0 {
 		return gcra.Limit{T: t, Tau: b * t}
@@ -109,6 +204,13 @@ func (l Limit) String() string {
 	if l.Burst != 0 && l.Burst != l.Rate {
 		sb.WriteString(" burst=")
 		sb.WriteString(strconv.FormatInt(l.Burst, 10))
+	}
+	if l.Window {
+		sb.WriteString(" window")
+	}
+	if !l.Ramp.IsZero() {
+		sb.WriteString(" ramp=")
+		sb.WriteString(l.Ramp.String())
 	}
 	return sb.String()
 }
@@ -173,6 +275,34 @@ func (ls Limits) Core(margin time.Duration) []gcra.Limit {
 	return out
 }
 
+// CoreAt is Core at `elapsed` into the limits' ramps (Limit.CoreAt).
+func (ls Limits) CoreAt(margin, elapsed time.Duration) []gcra.Limit {
+	out := make([]gcra.Limit, len(ls))
+	for i, l := range ls {
+		out[i] = l.CoreAt(margin, elapsed)
+	}
+	return out
+}
+
+// RampOver is how long the longest of the limits' ramps lasts (0 if none ramps).
+func (ls Limits) RampOver() time.Duration {
+	var d time.Duration
+	for _, l := range ls {
+		d = max(d, l.Ramp.Over)
+	}
+	return d
+}
+
+// Windowed reports whether any of the limits is a windowed quota.
+func (ls Limits) Windowed() bool {
+	for _, l := range ls {
+		if l.Window {
+			return true
+		}
+	}
+	return false
+}
+
 // ErrBadLimit is wrapped by every *LimitError.
 var ErrBadLimit = errors.New("sluice: bad limit")
 
@@ -185,9 +315,9 @@ type LimitError struct {
 
 func (e *LimitError) Error() string {
 	if e.Part == "" {
-		return fmt.Sprintf("sluice: bad limit %q: %s (want RATE/PERIOD [burst=N], e.g. 100/s, 4500/h, 1/6s, 10/s burst=20)", e.Input, e.Reason)
+		return fmt.Sprintf("sluice: bad limit %q: %s (want RATE/PERIOD [burst=N | window] [ramp=RATE/PERIOD..DURATION], e.g. 100/s, 1/6s, 10/s burst=20, 10000/24h window, 100/s ramp=10/s..60s)", e.Input, e.Reason)
 	}
-	return fmt.Sprintf("sluice: bad limit %q: %q: %s (want RATE/PERIOD [burst=N], e.g. 100/s, 4500/h, 1/6s, 10/s burst=20)", e.Input, e.Part, e.Reason)
+	return fmt.Sprintf("sluice: bad limit %q: %q: %s (want RATE/PERIOD [burst=N | window] [ramp=RATE/PERIOD..DURATION], e.g. 100/s, 1/6s, 10/s burst=20, 10000/24h window, 100/s ramp=10/s..60s)", e.Input, e.Part, e.Reason)
 }
 
 // Unwrap returns ErrBadLimit.
@@ -223,7 +353,10 @@ func MustParse(s string) Limits {
 
 // ParseLimit reads one limit in the text form: RATE/PERIOD, where RATE is a positive whole
 // number and PERIOD a unit (ns, us, ms, s, m, h, d, or second, minute, hour, day) with an
-// optional count before it ("6s", "1500ms", "24h"), then optionally "burst=N".
+// optional count before it ("6s", "1500ms", "24h"), then optionally "burst=N", and
+// "window" for a windowed quota ("10000/24h window") or "ramp=RATE/PERIOD..DURATION" for
+// a ramp ("100/s ramp=10/s..60s": from 10/s to 100/s over 60 s; DURATION is a count and a
+// unit as in a period, "90s", "5m", "1h").
 func ParseLimit(s string) (Limit, error) {
 	l, err := parseOne(s, s)
 	if err != nil {
@@ -263,22 +396,69 @@ func parseOne(input, s string) (Limit, error) {
 	l.Period = p
 	for _, f := range fields[1:] {
 		k, v, ok := strings.Cut(f, "=")
-		if !ok || k != "burst" {
-			return bad(f, "unknown option (the only one is burst=N)")
+		switch {
+		case f == "window":
+			if l.Window {
+				return bad(f, "window given twice")
+			}
+			l.Window = true
+		case ok && k == "burst":
+			if l.Burst != 0 {
+				return bad(f, "burst given twice")
+			}
+			b, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || b <= 0 {
+				return bad(v, "the burst must be a positive whole number")
+			}
+			l.Burst = b
+		case ok && k == "ramp":
+			if !l.Ramp.IsZero() {
+				return bad(f, "ramp given twice")
+			}
+			r, err := parseRamp(v)
+			if err != nil {
+				return bad(v, err.Error())
+			}
+			l.Ramp = r
+		default:
+			return bad(f, "unknown option (the options are burst=N, window and ramp=RATE/PERIOD..DURATION)")
 		}
-		if l.Burst != 0 {
-			return bad(f, "burst given twice")
-		}
-		b, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || b <= 0 {
-			return bad(v, "the burst must be a positive whole number")
-		}
-		l.Burst = b
+	}
+	if l.Window && l.Burst != 0 {
+		return bad("burst="+strconv.FormatInt(l.Burst, 10), "a windowed quota has no burst of its own (its count is its rate)")
 	}
 	if l.Burst == 0 {
 		l.Burst = l.Rate
 	}
 	return l, nil
+}
+
+// parseRamp reads RATE/PERIOD..DURATION.
+func parseRamp(s string) (Ramp, error) {
+	from, over, ok := strings.Cut(s, "..")
+	if !ok {
+		return Ramp{}, errors.New("a ramp is RATE/PERIOD..DURATION, e.g. ramp=10/s..60s")
+	}
+	rate, period, ok := strings.Cut(from, "/")
+	if !ok {
+		return Ramp{}, errors.New("no '/' in the ramp's start rate (e.g. ramp=10/s..60s)")
+	}
+	r, err := strconv.ParseInt(rate, 10, 64)
+	if err != nil || r <= 0 {
+		return Ramp{}, errors.New("the ramp's start rate must be a positive whole number")
+	}
+	p, err := parsePeriod(period)
+	if err != nil {
+		return Ramp{}, fmt.Errorf("the ramp's period: %w", err)
+	}
+	if over == "" || over[0] < '0' || over[0] > '9' {
+		return Ramp{}, errors.New("the ramp's duration must be a count and a unit (e.g. 60s)")
+	}
+	d, err := parsePeriod(over)
+	if err != nil {
+		return Ramp{}, fmt.Errorf("the ramp's duration: %w", err)
+	}
+	return Ramp{Rate: r, Period: p, Over: d}, nil
 }
 
 var units = map[string]time.Duration{
@@ -312,6 +492,15 @@ func parsePeriod(s string) (time.Duration, error) {
 		return 0, errors.New("the period is too long")
 	}
 	return time.Duration(n) * unit, nil
+}
+
+// formatDuration writes d in the largest unit that divides it, with its count ("1m").
+func formatDuration(d time.Duration) string {
+	p := formatPeriod(d)
+	if p != "" && (p[0] < '0' || p[0] > '9') {
+		return "1" + p
+	}
+	return p
 }
 
 // formatPeriod writes d in the largest unit that divides it, omitting a count of one.

@@ -13,18 +13,24 @@ func TestParseLimit(t *testing.T) {
 		want Limit
 		str  string
 	}{
-		{"100/s", Limit{100, time.Second, 100}, "100/s"},
-		{"4500/h", Limit{4500, time.Hour, 4500}, "4500/h"},
-		{"1/6s", Limit{1, 6 * time.Second, 1}, "1/6s"},
-		{"10/s burst=20", Limit{10, time.Second, 20}, "10/s burst=20"},
-		{"2/1500ms", Limit{2, 1500 * time.Millisecond, 2}, "2/1500ms"},
-		{"1000000000/s", Limit{1e9, time.Second, 1e9}, "1000000000/s"},
-		{"50000/24h", Limit{50000, 24 * time.Hour, 50000}, "50000/24h"},
-		{"50000/d", Limit{50000, 24 * time.Hour, 50000}, "50000/24h"},
-		{"  5/m   burst=1 ", Limit{5, time.Minute, 1}, "5/m burst=1"},
-		{"3/second", Limit{3, time.Second, 3}, "3/s"},
-		{"7/90s", Limit{7, 90 * time.Second, 7}, "7/90s"},
-		{"1/250us", Limit{1, 250 * time.Microsecond, 1}, "1/250us"},
+		{"100/s", Limit{Rate: 100, Period: time.Second, Burst: 100}, "100/s"},
+		{"4500/h", Limit{Rate: 4500, Period: time.Hour, Burst: 4500}, "4500/h"},
+		{"1/6s", Limit{Rate: 1, Period: 6 * time.Second, Burst: 1}, "1/6s"},
+		{"10/s burst=20", Limit{Rate: 10, Period: time.Second, Burst: 20}, "10/s burst=20"},
+		{"2/1500ms", Limit{Rate: 2, Period: 1500 * time.Millisecond, Burst: 2}, "2/1500ms"},
+		{"1000000000/s", Limit{Rate: 1e9, Period: time.Second, Burst: 1e9}, "1000000000/s"},
+		{"50000/24h", Limit{Rate: 50000, Period: 24 * time.Hour, Burst: 50000}, "50000/24h"},
+		{"50000/d", Limit{Rate: 50000, Period: 24 * time.Hour, Burst: 50000}, "50000/24h"},
+		{"  5/m   burst=1 ", Limit{Rate: 5, Period: time.Minute, Burst: 1}, "5/m burst=1"},
+		{"3/second", Limit{Rate: 3, Period: time.Second, Burst: 3}, "3/s"},
+		{"7/90s", Limit{Rate: 7, Period: 90 * time.Second, Burst: 7}, "7/90s"},
+		{"1/250us", Limit{Rate: 1, Period: 250 * time.Microsecond, Burst: 1}, "1/250us"},
+		{"10000/24h window", Limit{Rate: 10000, Period: 24 * time.Hour, Burst: 10000, Window: true}, "10000/24h window"},
+		{"5000/h  window", Limit{Rate: 5000, Period: time.Hour, Burst: 5000, Window: true}, "5000/h window"},
+		{"100/s ramp=10/s..60s", Limit{Rate: 100, Period: time.Second, Burst: 100, Ramp: Ramp{Rate: 10, Period: time.Second, Over: time.Minute}}, "100/s ramp=10/s..1m"},
+		{"100/s ramp=10/s..1m burst=20", Limit{Rate: 100, Period: time.Second, Burst: 20, Ramp: Ramp{Rate: 10, Period: time.Second, Over: time.Minute}}, "100/s burst=20 ramp=10/s..1m"},
+		{"6000/m ramp=1/s..90s", Limit{Rate: 6000, Period: time.Minute, Burst: 6000, Ramp: Ramp{Rate: 1, Period: time.Second, Over: 90 * time.Second}}, "6000/m ramp=1/s..90s"},
+		{"100/s ramp=100/s..2h", Limit{Rate: 100, Period: time.Second, Burst: 100, Ramp: Ramp{Rate: 100, Period: time.Second, Over: 2 * time.Hour}}, "100/s ramp=100/s..2h"},
 	}
 	for i, c := range cases {
 		got, err := ParseLimit(c.in)
@@ -61,6 +67,17 @@ func TestParseLimitErrorsNameThePart(t *testing.T) {
 		{"5/s burst=2 burst=3", "burst given twice"},
 		{"2000000000/s", "nanosecond"},
 		{"1.5/s", `"1.5"`},
+		{"10/s window burst=5", "has no burst"},
+		{"10/s window window", "window given twice"},
+		{"10/s ramp=20/s..1m", "no faster than the limit"},
+		{"10/s ramp=1/s", "RATE/PERIOD..DURATION"},
+		{"10/s ramp=1/s..s", "count and a unit"},
+		{"10/s ramp=0/s..1m", "positive whole number"},
+		{"10/s ramp=1..1m", "no '/'"},
+		{"10/s ramp=1/s..0s", "positive"},
+		{"10/s ramp=1/s..1m ramp=2/s..1m", "ramp given twice"},
+		{"10/h window ramp=1/h..1h", "cannot ramp"},
+		{"3/2ns window", "nanosecond"},
 	}
 	for i, c := range cases {
 		_, err := ParseLimit(c.in)
@@ -82,7 +99,7 @@ func TestParseSeveral(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Limits{{100, time.Second, 20}, {4500, time.Hour, 4500}, {50000, 24 * time.Hour, 50000}}
+	want := Limits{{Rate: 100, Period: time.Second, Burst: 20}, {Rate: 4500, Period: time.Hour, Burst: 4500}, {Rate: 50000, Period: 24 * time.Hour, Burst: 50000}}
 	if len(ls) != 3 || ls[0] != want[0] || ls[1] != want[1] || ls[2] != want[2] {
 		t.Fatalf("got %v", ls)
 	}
@@ -113,7 +130,7 @@ func TestConstructors(t *testing.T) {
 		{PerHour(4500), "4500/h", 800 * time.Millisecond, [2]int64{8e8, 4500 * 8e8}},
 		{Every(6 * time.Second), "1/6s", 6 * time.Second, [2]int64{6e9, 6e9}},
 		{PerSecond(10).WithBurst(20), "10/s burst=20", 100 * time.Millisecond, [2]int64{1e8, 2e9}},
-		{Limit{3, time.Second, 0}, "3/s", 333333334, [2]int64{333333334, 1000000002}},
+		{Limit{Rate: 3, Period: time.Second, Burst: 0}, "3/s", 333333334, [2]int64{333333334, 1000000002}},
 	}
 	for i, c := range cases {
 		if c.l.String() != c.str || c.l.Interval() != c.tNs {
@@ -149,7 +166,9 @@ func TestMargin(t *testing.T) {
 
 func FuzzParse(f *testing.F) {
 	for _, s := range []string{"100/s", "4500/h", "1/6s", "10/s burst=20", "2/1500ms", "1000000000/s",
-		"100/s burst=20; 4500/h; 50000/24h", "ten per sec", "5/d", "9223372036854775807/h", "1/9223372036854775807ns"} {
+		"100/s burst=20; 4500/h; 50000/24h", "ten per sec", "5/d",
+		"10000/24h window", "100/s ramp=10/s..60s", "100/s burst=20 ramp=1/m..1h; 5000/h window", "10/s window burst=5",
+		"10/s ramp=20/s..1m", "1/9223372036854775807ns ramp=1/9223372036854775807ns..9223372036854775807ns", "9223372036854775807/h", "1/9223372036854775807ns"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
@@ -180,4 +199,34 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestCoreAtFollowsTheRamp: the ramped limit's rate is on or under the line from the
+// ramp's rate to the limit's, within one permit's rounding, its burst scaled alike, and
+// the plain limit once the ramp is over.
+func TestCoreAtFollowsTheRamp(t *testing.T) {
+	l := MustParse("100/s ramp=10/s..60s")[0]
+	for _, c := range []struct {
+		at        time.Duration
+		rate      float64 // permits a second on the line
+		wantBurst int64
+	}{
+		{0, 10, 10}, {30 * time.Second, 55, 55}, {59 * time.Second, 98.5, 98}, {60 * time.Second, 100, 100}, {time.Hour, 100, 100},
+	} {
+		g := l.CoreAt(0, c.at)
+		got := 1e9 / float64(g.T)
+		if got > c.rate || got < c.rate*0.999 {
+			t.Errorf("at %v: rate %.3f/s, want %.1f/s (at most)", c.at, got, c.rate)
+		}
+		if g.Burst() != c.wantBurst {
+			t.Errorf("at %v: burst %d, want %d", c.at, g.Burst(), c.wantBurst)
+		}
+	}
+	if l.CoreAt(0, time.Minute) != l.Core(0) {
+		t.Error("after the ramp, CoreAt is not Core")
+	}
+	q := MustParse("10000/24h window")[0].Core(time.Second)
+	if q.Window != int64(24*time.Hour) || q.Burst() != 10000 || q.T != 8640*int64(time.Millisecond) {
+		t.Errorf("10000/24h window: core %+v", q)
+	}
 }

@@ -17,6 +17,10 @@ const (
 	EventPenalty
 	// EventSettle: a reservation was cancelled (N = 0) or settled to N.
 	EventSettle
+	// EventExpired: a reserved permit came to be used more than the margin after its time
+	// (its caller was paused, its machine stalled), so it was not used (Wait set to how
+	// late it was); see WithMargin.
+	EventExpired
 )
 
 func (k EventKind) String() string {
@@ -31,6 +35,8 @@ func (k EventKind) String() string {
 		return "penalty"
 	case EventSettle:
 		return "settle"
+	case EventExpired:
+		return "expired"
 	}
 	return "unknown"
 }

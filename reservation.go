@@ -66,6 +66,11 @@ func (r *Reservation) TimeToAct() time.Time {
 // permits promised before the 429 do not all land at the API when it ends. The new
 // reservation is bounded as the first was; if it cannot be had, Wait returns a
 // *ThrottledError.
+//
+// With a margin (WithMargin), a permit must be used within the margin of its time. If Wait
+// returns later than that (its caller or its machine was paused, the process stalled), the
+// permit has expired: Wait gives it back (Cancel), counts it (Limiter.Expired,
+// EventExpired) and returns ErrPermitExpired; the caller may ask again.
 func (r *Reservation) Wait(ctx context.Context) error {
 	if !r.Allowed {
 		return &ThrottledError{Key: r.key, RetryAfter: r.RetryAfter}
@@ -80,7 +85,11 @@ func (r *Reservation) Wait(ctx context.Context) error {
 				return err
 			}
 		}
-		if !r.l.penalizedSince(r.key, r.at, r.l.clock.Nanotime()) {
+		if now := r.l.clock.Nanotime(); r.l.expiredAt(r.due(), now) {
+			r.l.expire(r.key, r.N(), r.due(), now)
+			_ = r.Cancel(context.WithoutCancel(ctx))
+			return ErrPermitExpired
+		} else if !r.l.penalizedSince(r.key, r.at, now) {
 			return nil
 		}
 		if err := r.requeue(ctx); err != nil {
@@ -100,10 +109,10 @@ func (r *Reservation) requeue(ctx context.Context) error {
 		return nil // settled or cancelled meanwhile: the caller owns what happens next
 	}
 	_ = r.l.be.Adjust(context.WithoutCancel(ctx), r.key, r.core, r.ticket, 0)
-	sh := r.l.shape.Load()
-	g, err := r.l.decideIn(ctx, sh, r.key, r.ticket.N, r.l.waitBound(ctx))
+	core := r.l.shape.Load().coreAt(r.l.clock.Nanotime())
+	g, err := r.l.decideIn(ctx, core, r.key, r.ticket.N, r.l.waitBound(ctx))
 	r.Decision = decisionOf(g.Result)
-	r.core, r.ticket = sh.core, g.Ticket
+	r.core, r.ticket = core, g.Ticket
 	r.at = r.l.clock.Nanotime()
 	if err != nil {
 		r.done = true

@@ -33,6 +33,11 @@ var (
 	ErrUnavailable = backend.ErrUnavailable
 	// ErrUnsupported: the backend cannot do what was asked (see Limiter.Reset).
 	ErrUnsupported = backend.ErrUnsupported
+	// ErrPermitExpired: a reserved permit came to be used more than the margin after its
+	// time (the caller was paused, its machine stalled): used now it could reach the API
+	// too close to the next one, so Reservation.Wait gave it back instead (see WithMargin).
+	// The caller may ask again.
+	ErrPermitExpired = errors.New("sluice: permit expired")
 )
 
 // UnavailableError is a backend failure that says when to try again: RetryAfter is how
@@ -132,14 +137,51 @@ type Limiter struct {
 	penSweep  atomic.Int64 // entries past which Penalize forgets the ended penalties
 	penMu     sync.Mutex   // one such sweep at a time
 	maxPen    int64        // most entries in penalties (WithMaxKeys)
+
+	fairness Fairness
+	roomsMu  sync.Mutex
+	rooms    map[string]*room // the keys waited on, each with its waiters and places
+	waitSeq  atomic.Uint64
+	expired  atomic.Int64 // permits not used: past their time by more than the margin
 }
 
 // shape is a limiter's limits, and what it derives from them; SetLimits swaps it whole.
 type shape struct {
 	limits  Limits
-	core    []gcra.Limit    // limits tightened by the margin, in the core's units
+	core    []gcra.Limit    // limits tightened by the margin, in the core's units (ramps over)
 	maxCost int64           // the most permits one request can be granted
 	allower backend.Allower // the backend's fast path, when it has one and it applies
+	margin  time.Duration
+	// A ramp runs from rampStart (clock Nanotime) to rampEnd; rampEnd is 0 without one.
+	rampStart, rampEnd int64
+}
+
+// coreAt is the core in force at now: sh.core, or the ramp's limits while it runs.
+func (sh *shape) coreAt(now int64) []gcra.Limit {
+	if sh.rampEnd == 0 || now >= sh.rampEnd {
+		return sh.core
+	}
+	c := sh.limits.CoreAt(sh.margin, time.Duration(now-sh.rampStart))
+	for i := range c {
+		c[i].Origin = sh.core[i].Origin
+	}
+	return c
+}
+
+// ramping reports whether sh has a ramp that has not ended at now.
+func (sh *shape) ramping(now int64) bool { return sh.rampEnd != 0 && now < sh.rampEnd }
+
+// sameRamps reports whether a and b ramp alike (the same ramps on the same limits).
+func sameRamps(a, b Limits) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Ramp != b[i].Ramp || a[i].Rate != b[i].Rate || a[i].Period != b[i].Period {
+			return false
+		}
+	}
+	return true
 }
 
 // errZero is what a zero Limiter answers: it has no limits and no backend.
@@ -235,17 +277,60 @@ func New(limits Limits, opts ...Option) (*Limiter, error) {
 		l.be = local.New(append([]local.Option{local.WithClock(l.clock)}, l.localOpt...)...)
 		l.ownsBE = true
 	}
-	l.shape.Store(l.newShape(limits))
+	if err := l.supports(limits); err != nil {
+		if l.ownsBE {
+			l.be.Close()
+		}
+		return nil, err
+	}
+	l.shape.Store(l.newShape(limits, nil))
 	return l, nil
 }
 
+// supports returns an error wrapping ErrUnsupported if the backend cannot decide limits
+// (a windowed quota or a ramp it does not say it decides, see backend.LimitKinds).
+func (l *Limiter) supports(limits Limits) error {
+	k, _ := l.be.(backend.LimitKinds)
+	if w, ok := l.be.(backend.WindowsAlone); ok && w.WindowsAlone() && limits.Windowed() {
+		for _, lim := range limits {
+			if !lim.Window {
+				return fmt.Errorf("%w: the %T backend decides windowed quotas only beside other windowed quotas, not beside %s", ErrUnsupported, l.be, lim)
+			}
+		}
+	}
+	for _, lim := range limits {
+		if lim.Window && (k == nil || !k.Windows()) {
+			return fmt.Errorf("%w: a windowed quota (%s) is decided by the in-process and redis modes only, not by this backend (%T)", ErrUnsupported, lim, l.be)
+		}
+		if !lim.Ramp.IsZero() && (k == nil || !k.Ramps()) {
+			return fmt.Errorf("%w: a ramp (%s) is decided by the in-process and redis modes only, not by this backend (%T)", ErrUnsupported, lim, l.be)
+		}
+	}
+	return nil
+}
+
 // newShape derives a shape from limits (valid), warning of a margin that costs much of a
-// limit's rate.
-func (l *Limiter) newShape(limits Limits) *shape {
-	sh := &shape{limits: limits, core: limits.Core(l.margin)}
+// limit's rate. Windows are placed on the Unix time of the limiter's clock; ramps start
+// now, or when prev's did if it ramps alike.
+func (l *Limiter) newShape(limits Limits, prev *shape) *shape {
+	now := l.clock.Nanotime()
+	sh := &shape{limits: limits, core: limits.Core(l.margin), margin: l.margin}
+	origin := l.clock.Now().UnixNano() - now
+	for i := range sh.core {
+		if sh.core[i].Window > 0 {
+			sh.core[i].Origin = origin
+		}
+	}
 	sh.maxCost = gcra.MaxCost(sh.core)
 	if a, ok := l.be.(backend.Allower); ok && len(sh.core) == 1 {
 		sh.allower = a
+	}
+	if over := limits.RampOver(); over > 0 {
+		sh.rampStart = now
+		if prev != nil && sameRamps(prev.limits, limits) {
+			sh.rampStart = prev.rampStart
+		}
+		sh.rampEnd = gcra.AddSat(sh.rampStart, int64(over))
 	}
 	for i, lim := range limits {
 		if kept := float64(lim.Interval()) / float64(sh.core[i].T); kept < 0.9 {
@@ -258,7 +343,9 @@ func (l *Limiter) newShape(limits Limits) *shape {
 }
 
 // SetLimits changes the limits of every key, from the next decision on, safely while
-// other goroutines decide (as x/time/rate's SetLimit). Each key keeps its state, which
+// other goroutines decide (as x/time/rate's SetLimit). A ramp starts when its limit takes
+// effect (New or SetLimits), and goes on from where it was when SetLimits keeps it (the
+// same ramps on the same rates). Each key keeps its state, which
 // says when the key is next due: that permit comes on time under the new limits, neither
 // sooner nor later, and the new limits space the ones after it (raising 1/s to 10/s, a
 // key that just took a permit gets the next a second later, then ten a second). Permits
@@ -272,7 +359,10 @@ func (l *Limiter) SetLimits(limits Limits) error {
 	if err := limits.Validate(); err != nil {
 		return err
 	}
-	l.shape.Store(l.newShape(limits))
+	if err := l.supports(limits); err != nil {
+		return err
+	}
+	l.shape.Store(l.newShape(limits, l.shape.Load()))
 	return nil
 }
 
@@ -292,6 +382,10 @@ func (l *Limiter) Limits() Limits {
 	}
 	return nil
 }
+
+// Expired returns how many reserved permits this limiter did not use because they came to
+// be used more than the margin after their time (see WithMargin and EventExpired).
+func (l *Limiter) Expired() int64 { return l.expired.Load() }
 
 // Backend returns the backend the limiter decides in.
 func (l *Limiter) Backend() backend.Backend { return l.be }
@@ -326,7 +420,7 @@ func (l *Limiter) Allow(ctx context.Context, key string) bool {
 	if sh == nil {
 		return false
 	}
-	if sh.allower != nil && l.observer == nil {
+	if sh.allower != nil && l.observer == nil && (sh.rampEnd == 0 || !sh.ramping(l.clock.Nanotime())) {
 		ok, err := sh.allower.AllowOne(ctx, key, sh.core[0])
 		if err != nil {
 			g, _ := l.failed(key, 1, err)
@@ -377,10 +471,14 @@ func (l *Limiter) reserve(ctx context.Context, key string, n int64, maxDelay tim
 	if sh == nil {
 		return &Reservation{l: l, key: key, done: true}, errZero
 	}
-	g, err := l.decideIn(ctx, sh, key, n, maxDelay)
+	core := sh.core
+	if sh.rampEnd != 0 {
+		core = sh.coreAt(l.clock.Nanotime())
+	}
+	g, err := l.decideIn(ctx, core, key, n, maxDelay)
 	// The delay counts from the backend's now, which is no later than the answer's arrival:
 	// counting it from the arrival puts the permit at or after its slot, never before.
-	r := &Reservation{l: l, key: key, Decision: decisionOf(g.Result), core: sh.core, ticket: g.Ticket, at: l.clock.Nanotime()}
+	r := &Reservation{l: l, key: key, Decision: decisionOf(g.Result), core: core, ticket: g.Ticket, at: l.clock.Nanotime()}
 	if err != nil || !g.Allowed || g.Ticket.N == 0 {
 		r.done = true
 	}
@@ -424,6 +522,9 @@ func (l *Limiter) Wait(ctx context.Context, key string) error {
 // the limiter fails closed, WaitN waits too: it asks again after the error's RetryAfter,
 // as long as its context and maximum wait allow, and returns the error when they do not.
 func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (*Reservation, error) {
+	if n == 1 && l.shape.Load() != nil {
+		return l.waitFair(ctx, key, l.waitBound(ctx), l.maxWait)
+	}
 	r, err := l.reserveWaiting(ctx, key, n, l.waitBound(ctx))
 	if err != nil {
 		return r, err
@@ -461,7 +562,7 @@ func (l *Limiter) Penalize(ctx context.Context, key string, until time.Time) err
 	if d <= 0 {
 		return nil
 	}
-	err := l.be.Penalize(ctx, key, sh.core, d)
+	err := l.be.Penalize(ctx, key, sh.coreAt(l.clock.Nanotime()), d)
 	if err == nil { // a penalty the backend refused (at its key cap) holds nothing back
 		l.remember(key, l.clock.Nanotime(), d)
 	}
@@ -550,16 +651,20 @@ func (l *Limiter) decide(ctx context.Context, key string, n int64, maxDelay time
 	if sh == nil {
 		return backend.Grant{}, errZero
 	}
-	return l.decideIn(ctx, sh, key, n, maxDelay)
+	core := sh.core
+	if sh.rampEnd != 0 {
+		core = sh.coreAt(l.clock.Nanotime())
+	}
+	return l.decideIn(ctx, core, key, n, maxDelay)
 }
 
-// decideIn is decide under the limits of sh.
-func (l *Limiter) decideIn(ctx context.Context, sh *shape, key string, n int64, maxDelay time.Duration) (backend.Grant, error) {
+// decideIn is decide under the core limits given.
+func (l *Limiter) decideIn(ctx context.Context, core []gcra.Limit, key string, n int64, maxDelay time.Duration) (backend.Grant, error) {
 	var start int64
 	if l.observer != nil {
 		start = l.clock.Nanotime()
 	}
-	g, err := l.be.Decide(ctx, key, backend.Request{Limits: sh.core, N: n, MaxDelay: maxDelay})
+	g, err := l.be.Decide(ctx, key, backend.Request{Limits: core, N: n, MaxDelay: maxDelay})
 	if err != nil {
 		g, err = l.failed(key, n, err)
 	}

@@ -61,9 +61,22 @@ func (l *Limiter) Do(ctx context.Context, key string, f func(context.Context) er
 	}
 	var r *Reservation
 	var err error
-	if c.pessimistic {
+	switch {
+	case c.pessimistic:
 		r, err = l.reserve(ctx, key, c.cost, 0)
-	} else {
+	case c.cost == 1 && l.shape.Load() != nil:
+		md, mw := l.waitBound(ctx), l.maxWait
+		if c.maxWait > 0 {
+			md = min(md, c.maxWait)
+			if mw <= 0 || c.maxWait < mw {
+				mw = c.maxWait
+			}
+		}
+		if r, err = l.waitFair(ctx, key, md, mw); err != nil {
+			return err
+		}
+		return f(context.WithValue(ctx, reservationKey{}, r))
+	default:
 		md := l.waitBound(ctx)
 		if c.maxWait > 0 {
 			md = min(md, c.maxWait)

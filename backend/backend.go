@@ -71,6 +71,25 @@ type Allower interface {
 	AllowOne(ctx context.Context, key string, l gcra.Limit) (bool, error)
 }
 
+// LimitKinds is an optional interface of back ends that decide more than plain GCRA
+// limits. A limiter refuses, when it is made or given new limits, a windowed quota
+// (gcra.Limit.Window) or a ramp on a backend that does not say it decides them, rather
+// than let it decide them wrongly.
+type LimitKinds interface {
+	// Windows reports whether the backend decides windowed quotas.
+	Windows() bool
+	// Ramps reports whether the backend takes limits that change from one decision to the
+	// next (a ramp's, recomputed by the limiter at each decision) as one key's limits.
+	Ramps() bool
+}
+
+// WindowsAlone is an optional interface of a LimitKinds backend that decides a key's
+// windowed quotas only when all the key's limits are windows: a limiter refuses it limits
+// that mix windows and rates.
+type WindowsAlone interface {
+	WindowsAlone() bool
+}
+
 // Resetter is an optional interface of back ends that can forget a key: its next request is
 // decided as a new key's (its whole burst free) and any penalty on it is lifted, for every
 // caller that shares the backend's state. An operator uses it to lift a penalty a client

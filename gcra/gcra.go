@@ -58,9 +58,15 @@ var (
 
 // Limit is one rate limit in core units: an emission interval T (nanoseconds per permit)
 // and a burst tolerance Tau = Burst*T. The zero value is invalid.
+//
+// With Window > 0 it is instead a quota of Burst permits per fixed window of that many
+// nanoseconds, aligned to multiples of Window since the Unix epoch, with T =
+// floor(Window/Burst): see the package documentation, "Fixed windows".
 type Limit struct {
-	T   int64 // emission interval in nanoseconds, > 0
-	Tau int64 // burst tolerance in nanoseconds, a multiple of T in [T, MaxTau]
+	T      int64 // emission interval in nanoseconds, > 0
+	Tau    int64 // burst tolerance in nanoseconds, a multiple of T in [T, MaxTau]
+	Window int64 // 0 for GCRA; else the window's length in nanoseconds, >= Tau and <= MaxTau
+	Origin int64 // with Window: the Unix time in nanoseconds of the caller's now = 0
 }
 
 // Burst is the number of permits the limit grants at once after an idle spell.
@@ -72,14 +78,19 @@ func (l Limit) Burst() int64 { return l.Tau / l.T }
 func (l Limit) Share(share float64) Limit {
 	t := int64(math.Ceil(float64(l.T) / share))
 	burst := max(1, int64(math.Floor(float64(l.Burst())*share)))
+	if l.Window > 0 { // a share of a quota: its count per window, as long as the window
+		t = min(t, l.Window)
+		burst = max(1, min(burst, l.Window/t))
+		return Limit{T: t, Tau: burst * t, Window: l.Window, Origin: l.Origin}
+	}
 	t = min(t, MaxTau/burst)
 	return Limit{T: t, Tau: burst * t}
 }
 
 // Validate reports whether l can be used by Decide.
 func (l Limit) Validate() error {
-	if l.T <= 0 || l.Tau < l.T || l.Tau > MaxTau {
-		return fmt.Errorf("%w: T=%d Tau=%d", ErrInvalidLimits, l.T, l.Tau)
+	if l.T <= 0 || l.Tau < l.T || l.Tau > MaxTau || l.Window < 0 || (l.Window > 0 && (l.Window < l.Tau || l.Window > MaxTau)) {
+		return fmt.Errorf("%w: T=%d Tau=%d Window=%d", ErrInvalidLimits, l.T, l.Tau, l.Window)
 	}
 	return nil
 }
@@ -157,9 +168,9 @@ func Decide(tats []int64, limits []Limit, now, n, maxDelay int64) (Result, Ticke
 	if delay > maxDelay {
 		res := Result{RetryAfter: delay, Remaining: math.MaxInt64}
 		for i, l := range limits {
-			t := max(tats[i], now)
-			res.Remaining = min(res.Remaining, max(0, (now+l.Tau-t)/l.T))
-			res.ResetAfter = max(res.ResetAfter, t-now)
+			rem, reset := status(tats[i], l, now)
+			res.Remaining = min(res.Remaining, rem)
+			res.ResetAfter = max(res.ResetAfter, reset)
 		}
 		return res, Ticket{}, nil
 	}
@@ -167,11 +178,12 @@ func Decide(tats []int64, limits []Limit, now, n, maxDelay int64) (Result, Ticke
 	tk := Ticket{N: n, At: now + delay}
 	for i, l := range limits {
 		if n > 0 {
-			tats[i] = max(tats[i], tk.At) + n*l.T
+			tats[i] = take(tats[i], l, tk.At, n)
 		}
 		tk.TatAfter[i] = tats[i]
-		res.Remaining = min(res.Remaining, max(0, (now+l.Tau-max(tats[i], now))/l.T))
-		res.ResetAfter = max(res.ResetAfter, max(tats[i], now)-now)
+		rem, reset := status(tats[i], l, now)
+		res.Remaining = min(res.Remaining, rem)
+		res.ResetAfter = max(res.ResetAfter, reset)
 	}
 	return res, tk, nil
 }
@@ -184,6 +196,11 @@ func DecideOne(tat int64, l Limit, now, n, maxDelay int64) (int64, Result, error
 	}
 	if n > 1 && n > l.Tau/l.T {
 		return tat, Result{}, ErrCostExceedsBurst
+	}
+	if l.Window > 0 {
+		tats := [1]int64{tat}
+		res, _, err := Decide(tats[:], []Limit{l}, now, n, maxDelay)
+		return tats[0], res, err
 	}
 	t := max(tat, now)
 	delay := Wait(tat, l, now, n)
@@ -201,6 +218,12 @@ func DecideOne(tat int64, l Limit, now, n, maxDelay int64) (int64, Result, error
 // details: the in-process limiter's fastest path (no division). It returns the new TAT
 // and whether the permit was granted.
 func AllowOne(tat int64, l Limit, now int64) (int64, bool) {
+	if l.Window > 0 {
+		if at, after := windowSlot(tat, l, now, 1); at == now {
+			return after, true
+		}
+		return tat, false
+	}
 	t := max(tat, now)
 	if t+l.T-l.Tau > now {
 		return tat, false
@@ -230,6 +253,19 @@ func Adjust(tats []int64, limits []Limit, now int64, t Ticket, newN, holdUntil i
 	}
 	for i, l := range limits {
 		switch {
+		case newN > t.N && l.Window > 0:
+			// The API counted the difference in the window it saw it in: fill that window
+			// (the latest the key counts in, or now's), never beyond its count.
+			top := tats[i] == t.TatAfter[i]
+			e, counted := windowOf(tats[i], l, now)
+			base := e
+			if counted {
+				base = tats[i]
+			}
+			tats[i] = max(tats[i], min(AddSat(base, MulSat(newN-t.N, l.T)), e+l.Tau))
+			if top {
+				t.TatAfter[i] = tats[i]
+			}
 		case newN > t.N:
 			top := tats[i] == t.TatAfter[i]
 			tats[i] = max(tats[i], After(max(tats[i], now), MulSat(newN-t.N, l.T)))
@@ -237,8 +273,12 @@ func Adjust(tats []int64, limits []Limit, now int64, t Ticket, newN, holdUntil i
 				t.TatAfter[i] = tats[i] // still the newest: a later refund may come off the top
 			}
 		case newN < t.N:
-			if tats[i] != t.TatAfter[i] || now >= t.TatAfter[i] || t.TatAfter[i] >= MaxTAT {
-				continue // not the newest grant, its slot has passed, or its size was lost to saturation
+			passed := now >= t.TatAfter[i] // GCRA: its slot has passed
+			if l.Window > 0 {
+				passed = t.TatAfter[i] <= l.WindowEnd(now) // its window has ended
+			}
+			if tats[i] != t.TatAfter[i] || passed || t.TatAfter[i] >= MaxTAT {
+				continue // not the newest grant, its slot or window has passed, or its size was lost to saturation
 			}
 			tats[i] -= MulSat(t.N-newN, l.T)
 			t.TatAfter[i] = tats[i]
@@ -262,15 +302,22 @@ func Penalize(tats []int64, limits []Limit, now, until int64) {
 	until = min(until, MaxTAT)
 	k := PenaltyLimit(limits)
 	l := limits[k]
+	if l.Window > 0 {
+		// Only windows: the window holding until is counted full, so the next permit comes
+		// at its end (no earlier than until, later by up to a window).
+		tats[k] = max(tats[k], min(l.WindowEnd(until), MaxTAT)+l.Tau)
+		return
+	}
 	tats[k] = max(tats[k], until+l.Tau-l.T)
 }
 
-// PenaltyLimit is the index of the limit a penalty drains: the first with the smallest
-// tolerance. limits must not be empty.
+// PenaltyLimit is the index of the limit a penalty drains: the first GCRA limit with the
+// smallest tolerance, or the first window limit with the smallest if every limit is one.
+// limits must not be empty.
 func PenaltyLimit(limits []Limit) int {
 	k := 0
 	for i, l := range limits {
-		if l.Tau < limits[k].Tau {
+		if (l.Window > 0) == (limits[k].Window > 0) && l.Tau < limits[k].Tau || l.Window == 0 && limits[k].Window > 0 {
 			k = i
 		}
 	}
@@ -301,7 +348,13 @@ func AtLevel(l Limit, now, level int64) int64 { return now + l.Tau - min(level, 
 // Wait is how long a request of n permits must wait at now, for a key whose TAT is tat,
 // before it conforms to l: 0 if it may be granted at once (Decide's Delay, or its
 // RetryAfter when denied).
-func Wait(tat int64, l Limit, now, n int64) int64 { return max(0, max(tat, now)+n*l.T-l.Tau-now) }
+func Wait(tat int64, l Limit, now, n int64) int64 {
+	if l.Window > 0 {
+		at, _ := windowSlot(tat, l, now, n)
+		return at - now
+	}
+	return max(0, max(tat, now)+n*l.T-l.Tau-now)
+}
 
 // TicketOne is the ticket of a grant of n permits, usable at `at`, under one limit whose
 // TAT became tatAfter.

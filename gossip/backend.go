@@ -123,7 +123,15 @@ type Backend struct {
 	shards [nShards]shard // tags by hash: decisions on different shards do not share a lock
 	seed   maphash.Seed
 
-	ml     *memberlist.Memberlist
+	ml *memberlist.Memberlist
+	// peers are copies of memberlist's nodes, taken in its join, update and leave
+	// notifications (which it makes holding its lock): Members returns pointers into its
+	// live state, which it rewrites without telling (a peer's new incarnation), so the
+	// report loop sends to these copies instead.
+	peersMu sync.Mutex
+	peers   map[string]memberlist.Node
+	self    string // this member's name
+
 	stop   chan struct{}
 	wg     sync.WaitGroup
 	closed atomic.Bool
@@ -170,7 +178,7 @@ func New(cfg Config) (*Backend, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	b := &Backend{cfg: cfg, clock: cfg.Clock, log: cfg.Logger, stop: make(chan struct{})}
+	b := &Backend{cfg: cfg, clock: cfg.Clock, log: cfg.Logger, stop: make(chan struct{}), peers: map[string]memberlist.Node{}}
 	if b.clock == nil {
 		b.clock = clock.Default
 	}
@@ -215,6 +223,7 @@ func New(cfg Config) (*Backend, error) {
 			mc.Name = "sluice-" + strconv.FormatUint(inc, 36)
 		}
 	}
+	b.self = mc.Name
 	b.seed = maphash.MakeSeed()
 	core := cfg.core()
 	core.MaxTags = (cfg.MaxTags + nShards - 1) / nShards
@@ -287,20 +296,25 @@ func (b *Backend) loop() {
 // send sends a report to every other member: as datagrams when it is a few parts, over a
 // stream otherwise. Nothing is truncated: an entry too large for a datagram goes by stream.
 func (b *Backend) send(r *hits.Report) {
-	members := b.ml.Members()
-	if len(members) <= 1 {
+	self := b.self
+	b.peersMu.Lock()
+	members := make([]memberlist.Node, 0, len(b.peers))
+	for _, n := range b.peers {
+		if n.Name != self {
+			members = append(members, n)
+		}
+	}
+	b.peersMu.Unlock()
+	if len(members) == 0 {
 		return
 	}
-	self := b.ml.LocalNode().Name
 	parts, skipped := hits.Encode(r, packetMax)
 	stream := skipped > 0 || len(parts) > udpParts
 	if stream {
 		parts, _ = hits.Encode(r, streamPart)
 	}
-	for _, m := range members {
-		if m.Name == self {
-			continue
-		}
+	for i := range members {
+		m := &members[i]
 		for _, p := range parts {
 			var err error
 			if stream {
@@ -357,20 +371,32 @@ func (delegate) MergeRemoteState(buf []byte, _ bool) {}
 
 type events struct{ b *Backend }
 
+// setPeer keeps a copy of a peer's node (called from memberlist's notifications, under
+// its lock: the copy is consistent).
+func (b *Backend) setPeer(n *memberlist.Node) {
+	b.peersMu.Lock()
+	b.peers[n.Name] = *n
+	b.peersMu.Unlock()
+}
+
 func (e events) NotifyJoin(n *memberlist.Node) {
+	e.b.setPeer(n)
 	now := e.b.clock.Nanotime()
 	e.b.each(func(_ int, h *hits.Node) { h.Join(n.Name, now) })
 	e.b.log.Info("gossip: peer joined", "peer", n.Name)
 }
 
 func (e events) NotifyLeave(n *memberlist.Node) {
+	e.b.peersMu.Lock()
+	delete(e.b.peers, n.Name)
+	e.b.peersMu.Unlock()
 	graceful := n.State == memberlist.StateLeft
 	now := e.b.clock.Nanotime()
 	e.b.each(func(_ int, h *hits.Node) { h.Leave(n.Name, now, graceful) })
 	e.b.log.Info("gossip: peer gone", "peer", n.Name, "graceful", graceful)
 }
 
-func (events) NotifyUpdate(*memberlist.Node) {}
+func (e events) NotifyUpdate(n *memberlist.Node) { e.b.setPeer(n) }
 
 // slogWriter turns memberlist's log lines ("[WARN] memberlist: ...") into slog records.
 type slogWriter struct{ l *slog.Logger }

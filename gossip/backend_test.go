@@ -222,3 +222,21 @@ func TestParseKey(t *testing.T) {
 		t.Errorf("a short key was accepted")
 	}
 }
+
+// TestSendWhilePeersRefresh: a peer that refreshes its state (a new incarnation, as after a
+// pause refuted, or a restart on the same address) makes memberlist rewrite the peer's node
+// while this member's report loop sends to it; the loop must not read memberlist's node
+// without its lock (the race detector failed the robustness suite's gossip runs on it,
+// seed 1067: Members returns pointers into memberlist's live state).
+func TestSendWhilePeersRefresh(t *testing.T) {
+	a := member(t, nil)
+	b := member(t, func(c *Config) { c.Peers = []string{a.Addr()} })
+	waitFor(t, "both members to see each other", func() bool { return a.ml.NumMembers() == 2 && b.ml.NumMembers() == 2 })
+	for range 8 {
+		_ = b.ml.UpdateNode(200 * time.Millisecond) // a time-out waiting for the broadcast to go out is no matter
+		time.Sleep(20 * time.Millisecond)
+	}
+	if a.ml.NumMembers() != 2 {
+		t.Fatalf("a sees %d members, want 2", a.ml.NumMembers())
+	}
+}

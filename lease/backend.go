@@ -625,6 +625,7 @@ func (b *Backend) round() int64 {
 		b.roundTrips.Add(1)
 		res, err := b.apply.apply(ctx, calls)
 		cancel()
+		sent := now
 		if err == nil && len(res) != len(calls) {
 			err = fmt.Errorf("%w: lease store: %d answers to %d requests", ErrUnavailable, len(res), len(calls))
 		}
@@ -648,7 +649,7 @@ func (b *Backend) round() int64 {
 			var st Status
 			if b.observer != nil {
 				st = p.r.m.Status(now)
-				st.Key = p.r.key
+				st.Key, st.Asked = p.r.key, sent
 			}
 			p.r.mu.Unlock()
 			if b.observer != nil {

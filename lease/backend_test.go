@@ -307,9 +307,11 @@ func TestWaitForCapacity(t *testing.T) {
 	}
 }
 
-// TestObserver: the hook sees the member's share after each answer from the store.
+// TestObserver: the hook sees the member's share after each answer from the store, and
+// when the request it answers was sent.
 func TestObserver(t *testing.T) {
 	clk := clock.NewVirtual()
+	clk.Advance(time.Second) // so that a request's time is not the zero value
 	cfg := DefaultConfig()
 	cfg.JoinWindow = 0
 	st := NewMemStore(clk)
@@ -330,7 +332,8 @@ func TestObserver(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(seen) == 0 || seen[0].Key != "k" || seen[0].Member != "obs" || seen[0].Share != (Share{Rate: RateScale, Burst: 5}) || seen[0].Expires <= 0 || seen[0].Rate != 10 {
+	if len(seen) == 0 || seen[0].Key != "k" || seen[0].Member != "obs" || seen[0].Share != (Share{Rate: RateScale, Burst: 5}) || seen[0].Expires <= 0 || seen[0].Rate != 10 ||
+		seen[0].Asked != int64(time.Second) {
 		t.Errorf("observed %+v", seen)
 	}
 }

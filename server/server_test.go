@@ -448,3 +448,21 @@ func histogramCount(t *testing.T, s *Server) uint64 {
 	}
 	return m.GetHistogram().GetSampleCount()
 }
+
+// TestWindowAndRampRules: the daemon takes a windowed quota and a ramp as any limit: the
+// daily quota answers its count then NO until 00:00 UTC, the ramp starts at its low rate.
+func TestWindowAndRampRules(t *testing.T) {
+	clk := clock.NewVirtualAt(time.Date(2026, 5, 1, 23, 59, 0, 0, time.UTC))
+	s := start(t, testConfig("q=3/24h window", "warm=100/s ramp=10/s..60s"), WithClock(clk))
+	c := dial(t, s)
+	if got := exchange(t, c, strings.Repeat("q\n", 5), 15); got != "OK\nOK\nOK\nNO\nNO\n" {
+		t.Fatalf("a quota of 3: %q", got)
+	}
+	if got := exchange(t, c, strings.Repeat("warm\n", 12), 36); got != strings.Repeat("OK\n", 10)+"NO\nNO\n" {
+		t.Fatalf("a ramp from 10/s: %q, want its burst of 10 then NO", got)
+	}
+	clk.Advance(time.Minute) // 00:00 UTC
+	if got := exchange(t, c, "q\n", 3); got != "OK\n" {
+		t.Fatalf("after midnight: %q", got)
+	}
+}

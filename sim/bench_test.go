@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"testing"
 )
 
@@ -22,13 +24,13 @@ func BenchmarkHerokuDay(b *testing.B) {
 	b.ReportMetric(float64(sent), "requests/run")
 }
 
-// BenchmarkHour100Members is the second target: one virtual hour of 100 members at 1,000
-// requests/s in all (10/s each, Poisson) against 800/s burst 100, redis mode, under 30 s.
-func BenchmarkHour100Members(b *testing.B) {
-	sc, err := Parse("bench.yaml", []byte(`
+// hourPool is one virtual hour of n members at 10 requests/s each (Poisson), 16
+// goroutines each, against limit.
+func hourPool(b *testing.B, n int, limit string) *Scenario {
+	sc, err := Parse("bench.yaml", []byte(fmt.Sprintf(`
 duration: 1h
 seed: 1
-limit: 800/s burst=100
+limit: %s
 sample: 10s
 network:
   store: {latency: {dist: uniform, min: 200us, max: 1ms}}
@@ -36,14 +38,19 @@ network:
 client: {max_wait: 500ms, margin: 6ms}
 members:
   - name: m
-    count: 100
+    count: %d
     goroutines: 16
     demand: {pattern: poisson, rate: 10}
-`))
+`, limit, n)))
 	if err != nil {
 		b.Fatal(err)
 	}
+	return sc
+}
+
+func benchPool(b *testing.B, sc *Scenario) {
 	var r *Report
+	var err error
 	for b.Loop() {
 		r, err = Run(sc, Options{Modes: []string{"redis"}})
 		if err != nil {
@@ -53,4 +60,50 @@ members:
 	m := r.Modes[0]
 	b.ReportMetric(float64(m.Arrivals), "requests/run")
 	b.ReportMetric(float64(m.Violations), "violations")
+}
+
+// BenchmarkHour100Members is the second target: one virtual hour of 100 members at 1,000
+// requests/s in all (10/s each, Poisson) against 800/s burst 100, redis mode, under 30 s.
+func BenchmarkHour100Members(b *testing.B) { benchPool(b, hourPool(b, 100, "800/s burst=100")) }
+
+// BenchmarkHour1000Members is part two's target: one virtual hour of 1,000 members at
+// 10,000 requests/s in all (10/s each, Poisson) against 8,000/s burst 1,000, redis mode,
+// under 60 s.
+func BenchmarkHour1000Members(b *testing.B) { benchPool(b, hourPool(b, 1000, "8000/s burst=1000")) }
+
+// BenchmarkQueueHold is the classic hold model: a queue of n events, each step popping
+// the earliest and scheduling one a random latency (0 to 20 ms) or, one in ten, a random
+// back-off (0 to 30 s) later.
+func BenchmarkQueueHold(b *testing.B) {
+	for _, n := range []int{100, 1000, 20000} {
+		for _, q := range []string{"heap", "calendar"} {
+			b.Run(fmt.Sprintf("n=%d/queue=%s", n, q), func(b *testing.B) {
+				var h eventQueue
+				var c calendarQueue
+				push, pop := h.push, h.pop
+				if q == "calendar" {
+					push, pop = c.push, c.pop
+				}
+				rng := rand.New(rand.NewPCG(1, 2))
+				var seq uint64
+				var ev event
+				next := func(now int64) {
+					seq++
+					d := rng.Int64N(20e6)
+					if rng.IntN(10) == 0 {
+						d = rng.Int64N(30e9)
+					}
+					ev = event{at: now + d, seq: seq}
+					push(&ev)
+				}
+				for range n {
+					next(0)
+				}
+				for b.Loop() {
+					pop(&ev)
+					next(ev.at)
+				}
+			})
+		}
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"time"
 
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/measure"
@@ -73,10 +74,19 @@ func (e *engine) idealAdmit(d *Demand, n int64) {
 			}
 			at = tk.At
 		}
-		res, tk, err := gcra.Decide(e.ideal, e.idealCore, at, 1, math.MaxInt64)
-		if err != nil || !res.Allowed || tk.At > e.end {
-			return // every later one is later still
+		core := e.idealCore
+		if e.limits.RampOver() > 0 {
+			// A ramp: the limit as of the latest grant (a backlog's are decided all at once
+			// here, ahead of their time), so the ideal follows the ramp a permit behind.
+			core = e.limits.CoreAt(0, time.Duration(max(at, e.idealLast)-e.rampStart))
 		}
+		res, tk, err := gcra.Decide(e.ideal, core, at, 1, math.MaxInt64)
+		if err != nil || !res.Allowed || tk.At > e.end || tk.At == e.end && e.windowed {
+			// Every later one is later still. A window that opens as the run ends (a day's
+			// run, a daily quota) is not the run's: its whole count would come at that instant.
+			return
+		}
+		e.idealLast = tk.At
 		e.idealN++
 		e.idealTokN += cost
 	}

@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/gcra"
@@ -89,6 +90,8 @@ type engine struct {
 	ideal     []int64
 	idealCore []gcra.Limit
 	idealN    int64
+	idealLast int64 // when the ideal throttle's latest grant may be used
+	windowed  bool  // the limits hold a windowed quota
 	// with token limits: the ideal's state under them, and the costs it draws (the same
 	// draws as the members')
 	idealTok     []int64
@@ -103,9 +106,12 @@ type engine struct {
 	waits                                       hist
 	series                                      []bucket
 	sample                                      int64
-	eventLog                                    []eventRecord
-	progress                                    func(float64)
-	nevents                                     uint64
+	// A ramp runs from rampStart to rampEnd (0: none running); the limits follow it in
+	// steps of rampStep, the next at rampNext.
+	rampStart, rampEnd, rampNext int64
+	eventLog                     []eventRecord
+	progress                     func(float64)
+	nevents                      uint64
 }
 
 // bucket is one sample of the time series.
@@ -182,9 +188,57 @@ func newEngine(sc *Scenario, m mode) *engine {
 	return e
 }
 
-// setLimits (re)computes the members' and the store's limits.
+// rampStep is how often a ramp's limits are recomputed: the members, the store and the
+// ideal throttle decide under the ramp's limit as of at most this long ago (a lease's
+// renewal, in the real modes, is a few times longer).
+const rampStep = int64(100 * time.Millisecond)
+
+// setLimits (re)computes the members' and the store's limits. A ramp starts now, unless
+// the limits before ramped alike (then it goes on).
 func (e *engine) setLimits(ls sluice.Limits) {
+	prev := e.limits
+	e.setCores(ls)
+	if over := ls.RampOver(); over > 0 {
+		if prev == nil || !sameRamps(prev, ls) {
+			e.rampStart = e.now
+		}
+		e.rampEnd = e.rampStart + int64(over)
+		e.applyRamp(e.now)
+	} else {
+		e.rampEnd = 0
+	}
+}
+
+// applyRamp sets the limits in force at t of a running ramp.
+func (e *engine) applyRamp(t int64) {
+	el := time.Duration(t - e.rampStart)
+	e.core = e.limits.CoreAt(e.sc.Client.Margin.D(), el)
+	e.idealCore = e.limits.CoreAt(0, el)
+	e.local = gcra.ShareOf(e.core, wholeIfZero(e.sc.Local.Share))
+	e.fallback = gcra.ShareOf(e.core, wholeIfZero(e.sc.Store.FallbackShare))
+	if t >= e.rampEnd {
+		e.rampEnd = 0
+	}
+	e.rampNext = t - t%rampStep + rampStep
+}
+
+// sameRamps reports whether a and b ramp alike.
+func sameRamps(a, b sluice.Limits) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Ramp != b[i].Ramp || a[i].Rate != b[i].Rate || a[i].Period != b[i].Period {
+			return false
+		}
+	}
+	return true
+}
+
+// setCores computes the limits' cores, ramps over.
+func (e *engine) setCores(ls sluice.Limits) {
 	e.limits = ls
+	e.windowed = ls.Windowed()
 	e.idealCore = ls.Core(0)
 	if len(e.ideal) != len(e.idealCore) {
 		e.ideal = resize(e.ideal, len(e.idealCore))
@@ -238,6 +292,9 @@ func (e *engine) advance(t int64) {
 		e.closeBucket(int(b))
 	}
 	e.now = t
+	if e.rampEnd != 0 && t >= e.rampNext {
+		e.applyRamp(t)
+	}
 }
 
 func (e *engine) closeBucket(b int) {

@@ -22,6 +22,31 @@ func TestSeed004TwoDaemons(t *testing.T) {
 	}
 }
 
+// TestSeed004FiveDaemons: five gossip daemons through a partition shorter than the hold
+// (no refusal during or after it) and one of 20 s (refusals only from when the hold is
+// over to the healing, within docs/gossip.md's bound of 1,770); the lease mode through the
+// same partitions refuses nothing.
+func TestSeed004FiveDaemons(t *testing.T) {
+	sc, err := Load("../scenarios/seed004-five-daemons.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := run1(t, sc, "gossip")
+	if r.Violations == 0 || r.Violations > 1770 {
+		t.Errorf("gossip: %d violations, want some and at most 1,770", r.Violations)
+	}
+	for i, b := range r.series {
+		// The long partition: 120 s to 140 s; its hold and the loss of contact end by 123 s,
+		// the last reports of the healing arrive within a second.
+		if b.rejected > 0 && (i < 122 || i > 141) {
+			t.Errorf("gossip: %d refused in second %d, outside the long partition", b.rejected, i)
+		}
+	}
+	if r := run1(t, sc, "lease"); r.Violations != 0 || r.Lease.Breaches != 0 {
+		t.Errorf("lease: %d violations, %d breaches", r.Violations, r.Lease.Breaches)
+	}
+}
+
 // TestGossipModeUnderFaults: five gossiping members with endless backlogs share 100/s
 // burst 20 over a lossy network; one crashes, two are cut off for 30 s. Over-admission at
 // the referee stays within what the partition's sides may take beyond the hold.

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -267,30 +269,105 @@ func waitText(ms float64) string {
 	}
 }
 
-// WriteText writes the report as a table per mode.
+// Row is one figure of the report, side by side: its value under each mode.
+type Row struct {
+	Group string   // what the figure tells: strictness, utilization, fairness, ...
+	Label string   // the figure
+	Cells []string // one per mode, in the report's order
+}
+
+// SideBySide is the report's figures in one table, a column per mode, grouped by the
+// trade-off they show: strictness, utilization, fairness, waits, store load, and the
+// behaviour through each event (an outage, a crash, a partition).
+func (r *Report) SideBySide() []Row {
+	var rows []Row
+	add := func(group, label string, f func(m *ModeReport) string) {
+		row := Row{Group: group, Label: label}
+		for i := range r.Modes {
+			row.Cells = append(row.Cells, f(&r.Modes[i]))
+		}
+		rows = append(rows, row)
+	}
+	num := func(v int64) string { return strconv.FormatInt(v, 10) }
+	frac := func(v float64) string { return strconv.FormatFloat(v, 'f', 4, 64) }
+	add("strictness", "violations (429s)", func(m *ModeReport) string { return num(m.Violations) })
+	add("strictness", "429 ratio", func(m *ModeReport) string { return frac(m.Ratio429) })
+	add("strictness", "peak 429s in a sample", func(m *ModeReport) string { return num(m.PeakOverAdmission) })
+	add("utilization", "accepted", func(m *ModeReport) string { return num(m.Accepted) })
+	add("utilization", "utilization", func(m *ModeReport) string { return frac(m.Utilization) })
+	add("fairness", "Jain's index", func(m *ModeReport) string { return frac(m.Jain) })
+	add("waits", "wait p50", func(m *ModeReport) string { return waitText(m.WaitP50Ms) })
+	add("waits", "wait p99", func(m *ModeReport) string { return waitText(m.WaitP99Ms) })
+	add("waits", "dropped", func(m *ModeReport) string { return num(m.Dropped) })
+	if slices.ContainsFunc(r.Modes, func(m ModeReport) bool { return m.ClearedS != nil }) {
+		add("waits", "backlog cleared in", func(m *ModeReport) string {
+			if m.ClearedS == nil {
+				return "not cleared"
+			}
+			return (time.Duration(*m.ClearedS * 1e9)).Round(time.Second).String()
+		})
+	}
+	add("store load", "store ops", func(m *ModeReport) string { return num(m.StoreOps) })
+	add("store load", "store ops/member/s", func(m *ModeReport) string {
+		if r.Members == 0 || r.DurationS == 0 {
+			return "0"
+		}
+		return strconv.FormatFloat(float64(m.StoreOps)/float64(r.Members)/r.DurationS, 'f', 2, 64)
+	})
+	add("store load", "messages", func(m *ModeReport) string { return num(m.Messages) })
+	add("faults", "store time-outs", func(m *ModeReport) string { return num(m.Timeouts) })
+	add("faults", "sent without a permit", func(m *ModeReport) string { return num(m.FailOpen) })
+	if len(r.Modes) > 0 {
+		for k, ev := range r.Modes[0].Events {
+			label := fmt.Sprintf("converged after %q at %s", ev.Event, time.Duration(ev.AtS*1e9))
+			add("faults", label, func(m *ModeReport) string {
+				if k >= len(m.Events) {
+					return ""
+				}
+				if c := m.Events[k].ConvergenceS; c >= 0 {
+					return time.Duration(c * 1e9).String()
+				}
+				return "never"
+			})
+		}
+	}
+	if slices.ContainsFunc(r.Modes, func(m ModeReport) bool { return m.Lease != nil }) {
+		add("lease", "share breaches", func(m *ModeReport) string {
+			if m.Lease == nil {
+				return "-"
+			}
+			return num(m.Lease.Breaches)
+		})
+	}
+	return rows
+}
+
+// WriteText writes the report as one table, a column per mode, so that the trade-off
+// between modes shows in one look.
 func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "scenario %s: %d members, limit %s, %v of virtual time, seed %d\n\n", r.Scenario, r.Members, r.Limit,
 		time.Duration(r.DurationS*1e9), r.Seed)
+	rows := r.SideBySide()
+	// The labels flush left (padded here), the figures flush right.
+	width := 0
+	for _, row := range rows {
+		width = max(width, len(row.Label)+2, len(row.Group))
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "mode\taccepted\tviolations\tpeak\tutilization\tjain\t429 ratio\twait p50\twait p99\tdropped\tstore ops\tmessages\t\n")
+	fmt.Fprintf(tw, "%-*s\t", width, "")
 	for _, m := range r.Modes {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.4f\t%.4f\t%.4f\t%s\t%s\t%d\t%d\t%d\t\n", m.Mode, m.Accepted, m.Violations,
-			m.PeakOverAdmission, m.Utilization, m.Jain, m.Ratio429, waitText(m.WaitP50Ms), waitText(m.WaitP99Ms), m.Dropped, m.StoreOps, m.Messages)
+		fmt.Fprintf(tw, "%s\t", m.Mode)
+	}
+	fmt.Fprint(tw, "\n")
+	group := ""
+	for _, row := range rows {
+		if row.Group != group {
+			group = row.Group
+			fmt.Fprintf(tw, "%-*s\t%s\n", width, group, strings.Repeat("\t", len(r.Modes)))
+		}
+		fmt.Fprintf(tw, "%-*s\t%s\t\n", width, "  "+row.Label, strings.Join(row.Cells, "\t"))
 	}
 	tw.Flush()
-	for _, m := range r.Modes {
-		if len(m.Events) == 0 {
-			continue
-		}
-		fmt.Fprintf(w, "\n%s: events\n", m.Mode)
-		for _, ev := range m.Events {
-			conv := "did not converge before the end"
-			if ev.ConvergenceS >= 0 {
-				conv = fmt.Sprintf("converged %gs after it ended", ev.ConvergenceS)
-			}
-			fmt.Fprintf(w, "  %8.1fs  %-36s %s\n", ev.AtS, ev.Event, conv)
-		}
-	}
 }
 
 // WriteCSV writes the time series of every mode: one row per mode and sample.

@@ -302,6 +302,9 @@ func (s *Scenario) check() error {
 		if err := CheckMode(m); err != nil {
 			return bad(0, "modes: %v", err)
 		}
+		if kinds := s.Limit.Limits.Windowed() || s.Limit.Limits.RampOver() > 0; kinds && m != "redis" && m != "local" {
+			return bad(0, "modes: %s decides no windowed quota or ramp (limit: %v); use redis or local", m, s.Limit.Limits)
+		}
 	}
 	if s.Sample <= 0 {
 		s.Sample = Duration(max(time.Second, s.Duration.D()/1000).Round(time.Second))

@@ -40,6 +40,18 @@ type workerConfig struct {
 	Duration   time.Duration `json:"duration"`
 	Skew       time.Duration `json:"skew"` // offset of this process' clock
 	Seed       uint64        `json:"seed"`
+	// Fair makes the worker one of the fair-waiting tests' (fairMain): each goroutine waits
+	// for one permit of Keys[0] again and again, giving up a wait with probability GiveUp.
+	Fair    bool    `json:"fair"`
+	GiveUp  float64 `json:"give_up"`
+	PerProc []int   `json:"per_proc,omitempty"` // goroutines of each process, if not Goroutines
+	// FairProcesses sets the fair workers' limiter to sluice.FairProcesses.
+	FairProcesses bool `json:"fair_processes,omitempty"`
+	// Margin is the fair workers' limiter's margin; the first process SIGSTOPs itself at
+	// StopAt for StopFor (a shell it starts first sends SIGCONT), if StopFor is set.
+	Margin  time.Duration `json:"margin,omitempty"`
+	StopAt  time.Duration `json:"stop_at,omitempty"`
+	StopFor time.Duration `json:"stop_for,omitempty"`
 }
 
 // grantRecord is one grant as the backend saw it: its Redis time (the ticket's At) and
@@ -139,8 +151,17 @@ func workerMain() int {
 	rb := New(client, WithPrefix(cfg.Prefix), WithTimeout(2*time.Second), WithClock(clk))
 	defer rb.Close()
 	rec := &recorder{Backend: rb, index: map[grantID][]int{}}
-	lim, err := sluice.New(sluice.MustParse(cfg.Limits), sluice.WithBackend(rec), sluice.WithClock(clk),
-		sluice.WithMaxWait(300*time.Millisecond))
+	opts := []sluice.Option{sluice.WithBackend(rec), sluice.WithClock(clk)}
+	if !cfg.Fair {
+		opts = append(opts, sluice.WithMaxWait(300*time.Millisecond))
+	}
+	if cfg.Margin > 0 {
+		opts = append(opts, sluice.WithMargin(cfg.Margin))
+	}
+	if cfg.FairProcesses {
+		opts = append(opts, sluice.WithFairness(sluice.FairProcesses))
+	}
+	lim, err := sluice.New(sluice.MustParse(cfg.Limits), opts...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 2
@@ -148,6 +169,9 @@ func workerMain() int {
 	defer lim.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration)
 	defer cancel()
+	if cfg.Fair {
+		return fairMain(ctx, cfg, lim, rec)
+	}
 	maxN := int(lim.MaxCost())
 	var wg sync.WaitGroup
 	var failures sync.Map
@@ -197,6 +221,13 @@ func workerMain() int {
 // returns their grants.
 func runWorkers(t *testing.T, procs int, cfg workerConfig, skews []time.Duration) []grantRecord {
 	t.Helper()
+	grants, _ := runWorkersOut(t, procs, cfg, skews)
+	return grants
+}
+
+// runWorkersOut is runWorkers that returns the lines of each worker's output too.
+func runWorkersOut(t *testing.T, procs int, cfg workerConfig, skews []time.Duration) ([]grantRecord, [][]string) {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -210,6 +241,9 @@ func runWorkers(t *testing.T, procs int, cfg workerConfig, skews []time.Duration
 	for p := 0; p < procs; p++ {
 		c := cfg
 		c.Seed = uint64(p + 1)
+		if p < len(c.PerProc) {
+			c.Goroutines = c.PerProc[p]
+		}
 		if skews != nil {
 			c.Skew = skews[p]
 		}
@@ -226,6 +260,7 @@ func runWorkers(t *testing.T, procs int, cfg workerConfig, skews []time.Duration
 		}()
 	}
 	wg.Wait()
+	lines := make([][]string, procs)
 	var grants []grantRecord
 	for p, r := range results {
 		if r.err != nil {
@@ -235,7 +270,8 @@ func runWorkers(t *testing.T, procs int, cfg workerConfig, skews []time.Duration
 			t.Logf("worker %d: %s", p, r.errOut)
 		}
 		n := 0
-		for _, line := range strings.Split(strings.TrimSpace(string(r.out)), "\n") {
+		lines[p] = strings.Split(strings.TrimSpace(string(r.out)), "\n")
+		for _, line := range lines[p] {
 			f := strings.Fields(line)
 			if len(f) != 6 {
 				continue
@@ -251,7 +287,7 @@ func runWorkers(t *testing.T, procs int, cfg workerConfig, skews []time.Duration
 			t.Fatalf("worker %d made no grant", p)
 		}
 	}
-	return grants
+	return grants, lines
 }
 
 // judge checks the grants of each key exactly: fed in Redis-time order to a strict GCRA

@@ -287,6 +287,12 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 	if err := checkRequest(req.Limits, req.N); err != nil {
 		return backend.Grant{}, err
 	}
+	if w, err := windowed(req.Limits); w {
+		if err != nil {
+			return backend.Grant{}, err
+		}
+		return b.windowDecide(ctx, key, req)
+	}
 	c := b.decideCall(key, req)
 	if err := b.run(ctx, key, c); err != nil {
 		if b.fallback != nil && errors.Is(err, ErrUnavailable) {
@@ -309,6 +315,10 @@ func (b *Backend) AllowOne(ctx context.Context, key string, l gcra.Limit) (bool,
 	ls := [1]gcra.Limit{l}
 	if err := checkRequest(ls[:], 1); err != nil {
 		return false, err
+	}
+	if l.Window > 0 {
+		g, err := b.Decide(ctx, key, backend.Request{Limits: ls[:], N: 1})
+		return g.Allowed, err
 	}
 	c := b.allowCall(key, l)
 	if err := b.run(ctx, key, c); err != nil {
@@ -336,6 +346,12 @@ func (b *Backend) Adjust(ctx context.Context, key string, limits []gcra.Limit, t
 	}
 	if err := gcra.ValidateLimits(limits); err != nil {
 		return err
+	}
+	if w, err := windowed(limits); w {
+		if err != nil {
+			return err
+		}
+		return b.windowAdjust(ctx, key, limits, t, newN)
 	}
 	if b.down.Load() {
 		if b.isClosed() {
@@ -372,6 +388,12 @@ func (b *Backend) Penalize(ctx context.Context, key string, limits []gcra.Limit,
 	}
 	if d <= 0 {
 		return nil
+	}
+	if w, err := windowed(limits); w {
+		if err != nil {
+			return err
+		}
+		return b.windowPenalize(ctx, key, limits, int64(d))
 	}
 	if b.down.Load() {
 		if b.isClosed() {
@@ -505,7 +527,7 @@ func (b *Backend) Reset(ctx context.Context, key string) error {
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
 	p := b.client.Pipeline()
-	p.Del(ctx, b.KeyName(key))
+	p.Del(ctx, b.KeyName(key), b.windowKey(key))
 	if _, err := p.Exec(ctx); err != nil {
 		return fmt.Errorf("%w: redis: %w", ErrUnavailable, err)
 	}

@@ -296,6 +296,10 @@ type Status struct {
 	Window  time.Duration
 	Live    int64 // live members, as the store last said
 	Err     error // the last failure to reach the store, if the last request failed
+	// Asked is when the request this status answers was sent (the member's clock; zero
+	// from Member.Status, set by the backend's observer call). A member that acknowledges
+	// a smaller share stops using the bigger one then, before the answer arrives.
+	Asked int64
 }
 
 // Status returns the member's state at now.

@@ -129,11 +129,54 @@ func TestSimCommand(t *testing.T) {
 		{[]string{"sim", "nope.yaml"}, "nope.yaml"},
 		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--modes", "quantum"}, "quantum"},
 		{[]string{"sim", "a.yaml", "b.yaml"}, "one scenario file"},
+		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--modes", "local,central"}, "called redis now"},
+		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--sweep", "client.margin=0s,1ms", "--plot", "a.svg"}, "does not take --plot"},
+		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--sweep", "client.margin"}, "want KEY=V1,V2"},
+		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--sweep", "client.margin=later"}, `bad duration "later"`},
+		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--plot", "out.pdf"}, "--plot: want a file ending in .svg or .png"},
 	} {
 		code, _, errs := run(t, c.args...)
 		if code != 2 || !strings.Contains(errs, c.want) {
 			t.Errorf("%v: exit %d stderr %q, want 2 and %q", c.args, code, errs, c.want)
 		}
+	}
+}
+
+// TestSimSweep: a sweep runs its grid on all the cores and prints the same bytes every
+// time, the points in the grid's order, with the best point per mode.
+func TestSimSweep(t *testing.T) {
+	args := []string{"sim", "../../scenarios/store-outage.yaml", "--modes", "redis,local", "--json",
+		"--sweep", "client.margin=0s,10ms,50ms", "--sweep", "members.m.count=5,20", "--seed", "4"}
+	code, a, errs := run(t, args...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if _, b, _ := run(t, args...); a != b {
+		t.Errorf("two runs of the sweep differ")
+	}
+	var j struct {
+		Keys   []string `json:"keys"`
+		Points []struct {
+			Settings []struct{ Key, Value string }
+			Modes    []struct{ Mode string }
+		}
+		Best []struct {
+			Mode  string
+			Point int
+		}
+	}
+	if err := json.Unmarshal([]byte(a), &j); err != nil {
+		t.Fatal(err)
+	}
+	if len(j.Points) != 6 || len(j.Best) != 2 || strings.Join(j.Keys, " ") != "client.margin members.m.count" {
+		t.Fatalf("keys %v, %d points, %d best: %s", j.Keys, len(j.Points), len(j.Best), a)
+	}
+	if p := j.Points[5]; p.Settings[0].Value != "50ms" || p.Settings[1].Value != "20" || p.Modes[0].Mode != "redis" {
+		t.Errorf("the last point: %+v", p)
+	}
+	code, out, errs := run(t, "sim", "../../scenarios/seed000-timeline.yaml", "--sweep", "client.margin=0s,10ms")
+	if code != 0 || !strings.Contains(out, "best (fewest violations, then the highest utilization, then the fewest store operations)") {
+		t.Errorf("exit %d: %s%s", code, out, errs)
 	}
 }
 

@@ -2,8 +2,13 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
+	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -24,6 +29,10 @@ func runSim(ctx context.Context, env Env, args []string) error {
 	modes := fs.String("modes", "", "comma-separated `modes` to run side by side (default: the scenario's; known: "+strings.Join(sim.ModeNames(), ", ")+"; adaptive:seed, adaptive:cubic and adaptive:sre for the adaptive mode's other strategies)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	csvPath := fs.String("csv", "", "write the time series of every mode to `FILE` as CSV")
+	plotPath := fs.String("plot", "", "draw the report's figure to `FILE` (.svg or .png): per mode, the admitted rate against the limit with the events and 429s, the queue and each member's share")
+	htmlPath := fs.String("html", "", "write the report as one self-contained HTML page to `FILE`: the modes side by side, each mode's figure, its events' convergence and its members")
+	var sweeps sweepFlags
+	fs.Var(&sweeps, "sweep", "run the scenario over a grid of settings, `KEY=V1,V2,...` (repeatable; e.g. lease.renew=50ms,250ms, client.margin=5ms,20ms, members.m.count=10,20), in parallel, and name the best point per mode (fewest violations, then utilization, then store operations)")
 	seed := fs.Uint64("seed", 0, "override the scenario's seed")
 	rest, err := parseArgs(env, fs, args)
 	if err != nil {
@@ -36,12 +45,14 @@ func runSim(ctx context.Context, env Env, args []string) error {
 		return usagef("want one scenario file, got %q", strings.Join(rest, " "))
 	}
 	file := rest[0]
-	sc, err := sim.Load(file)
-	if err != nil {
-		return usageError{err}
+	if len(sweeps) > 0 && (*plotPath != "" || *htmlPath != "" || *csvPath != "") {
+		return usagef("--sweep prints a table (or --json): it does not take --plot, --html or --csv")
 	}
-	if *seed != 0 {
-		sc.Seed = *seed
+	plotFormat := ""
+	if *plotPath != "" {
+		if plotFormat, err = sim.PlotFormat(*plotPath); err != nil {
+			return usagef("--plot: %v", err)
+		}
 	}
 	var opts sim.Options
 	if *modes != "" {
@@ -56,6 +67,16 @@ func runSim(ctx context.Context, env Env, args []string) error {
 			return usagef("--modes: %v", err)
 		}
 	}
+	if len(sweeps) > 0 {
+		return runSweep(env, file, sweeps, opts, *seed, *asJSON)
+	}
+	sc, err := sim.Load(file)
+	if err != nil {
+		return usageError{err}
+	}
+	if *seed != 0 {
+		sc.Seed = *seed
+	}
 	if isTerminal(env.Stderr) {
 		opts.Progress = progressBar(env, time.Now())
 	}
@@ -67,15 +88,17 @@ func runSim(ctx context.Context, env Env, args []string) error {
 		return err
 	}
 	if *csvPath != "" {
-		f, err := os.Create(*csvPath)
-		if err != nil {
+		if err := writeFile(*csvPath, rep.WriteCSV); err != nil {
 			return err
 		}
-		if err := rep.WriteCSV(f); err != nil {
-			f.Close()
+	}
+	if *plotPath != "" {
+		if err := writeFile(*plotPath, func(w io.Writer) error { return rep.WritePlot(w, plotFormat) }); err != nil {
 			return err
 		}
-		if err := f.Close(); err != nil {
+	}
+	if *htmlPath != "" {
+		if err := writeFile(*htmlPath, rep.WriteHTML); err != nil {
 			return err
 		}
 	}
@@ -84,6 +107,77 @@ func runSim(ctx context.Context, env Env, args []string) error {
 	}
 	rep.WriteText(env.Stdout)
 	return nil
+}
+
+// sweepFlags are the --sweep flags, in order.
+type sweepFlags []sim.Sweep
+
+func (s *sweepFlags) String() string { return "" }
+
+func (s *sweepFlags) Set(v string) error {
+	sw, err := sim.ParseSweep(v)
+	if err != nil {
+		return err
+	}
+	*s = append(*s, sw)
+	return nil
+}
+
+// runSweep runs every point of the grid, on all the machine's cores, and prints the
+// figures in the grid's order: each point is deterministic, so the output is too.
+func runSweep(env Env, file string, sweeps []sim.Sweep, opts sim.Options, seed uint64, asJSON bool) error {
+	src, err := os.ReadFile(file)
+	if err != nil {
+		return usageError{err}
+	}
+	var adjust func(*sim.Scenario)
+	if seed != 0 && !slices.ContainsFunc(sweeps, func(s sim.Sweep) bool { return s.Key == "seed" }) {
+		adjust = func(sc *sim.Scenario) { sc.Seed = seed }
+	}
+	points, err := sim.SweepGrid(file, src, sweeps, adjust)
+	if err != nil {
+		return usageError{err}
+	}
+	reports := make([]*sim.Report, len(points))
+	errs := make([]error, len(points))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(points)) {
+		wg.Go(func() {
+			for i := range next {
+				reports[i], errs[i] = sim.Run(points[i].Scenario, opts)
+			}
+		})
+	}
+	for i := range points {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	sr := sim.NewSweepReport(sweeps, points, reports)
+	if asJSON {
+		enc := json.NewEncoder(env.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(sr)
+	}
+	sr.WriteText(env.Stdout)
+	return nil
+}
+
+// writeFile creates a file and writes it with write, reporting the first error.
+func writeFile(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // progressBar draws a bar on stderr once a run has lasted a second, at most ten times a

@@ -320,7 +320,9 @@ func (w *worker) run(ctx context.Context, client *http.Client, url string, start
 }
 
 func (w *worker) call(ctx context.Context, client *http.Client, url string) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	// The worker names itself as the member it waits for: the limiter shares a key fairly
+	// between members, and owes one whose waits end (its spell) before its turn.
+	req, err := http.NewRequestWithContext(sluice.WithMember(ctx, w.id), http.MethodGet, url, nil)
 	if err != nil {
 		return
 	}

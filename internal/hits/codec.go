@@ -44,7 +44,9 @@ func Encode(r *Report, max int) (parts [][]byte, skipped int) {
 		cur, n = nil, 0
 	}
 	start := func() {
-		cur = append(make([]byte, 0, max), head...)
+		// Room for a datagram's worth: a stream's part (max of megabytes) grows as
+		// entries come, instead of a buffer of max bytes zeroed for every report.
+		cur = append(make([]byte, 0, min(max, 2048)), head...)
 		countAt = len(cur)
 		cur = append(cur, 0, 0, 0, 0, 0) // room for the count: a uvarint of up to 5 bytes
 	}

@@ -1,0 +1,208 @@
+// Package fairq is the waiting rule of Sluice's blocking calls: which of the callers
+// waiting on one key gets the next permit when it comes due. It is a pure core (no clock,
+// no goroutines): the limiter's shell tells it who waits and who gave up, and asks it whom
+// to serve each time a permit comes due.
+//
+// The rule is fair queuing by credit. Each time a permit is served, every member waiting
+// then is owed an equal part of it (1/k of a permit when k members wait), and the member
+// owed most is served (its credit falls by one permit); ties go to the member whose oldest
+// waiter came first. A member is a caller's identity (a worker, a tenant, a process);
+// waiters without one are each their own member, forgotten once served or gone, so that
+// among them the rule is arrival order. A named member that gives up before it is served
+// keeps what it was owed, up to MaxOwed permits, for when it waits again: a worker whose
+// waits keep ending (a deadline) before its turn does not lose its share to those that
+// can wait longer.
+//
+// The cost of each operation is logarithmic in the waiters.
+package fairq
+
+import (
+	"container/heap"
+	"fmt"
+)
+
+// MaxOwed is the most credit, in permits, a named member keeps while it does not wait.
+const MaxOwed = 2
+
+// DefaultMaxMembers is the most named members a Room remembers while they do not wait.
+const DefaultMaxMembers = 4096
+
+// Room is the waiting room of one key. The zero value is not usable: make one with New.
+// It is not safe for concurrent use: its owner holds a lock around every call.
+type Room struct {
+	acc     float64 // credit each member waiting since the start was owed: Σ 1/k per serve
+	seq     uint64
+	waiters map[uint64]*waiter
+	active  memberHeap         // the members with waiters, most owed first
+	byName  map[string]*member // named members, waiting or remembered
+	max     int
+}
+
+type waiter struct {
+	id, seq uint64
+	m       *member
+}
+
+type member struct {
+	name  string  // "" for an anonymous waiter's own member
+	key   float64 // credit = acc + key while waiting
+	owed  float64 // credit kept while not waiting
+	queue []*waiter
+	index int // in active; -1 when not waiting
+}
+
+// New returns an empty room that remembers at most maxMembers idle named members
+// (DefaultMaxMembers if maxMembers <= 0).
+func New(maxMembers int) *Room {
+	if maxMembers <= 0 {
+		maxMembers = DefaultMaxMembers
+	}
+	return &Room{waiters: map[uint64]*waiter{}, byName: map[string]*member{}, max: maxMembers}
+}
+
+// Join adds waiter id (unique among the room's waiters) of member name ("" for none). It
+// returns an error if id already waits.
+func (r *Room) Join(id uint64, name string) error {
+	if _, ok := r.waiters[id]; ok {
+		return fmt.Errorf("fairq: waiter %d already waits", id)
+	}
+	var m *member
+	if name != "" {
+		m = r.byName[name]
+		if m == nil {
+			m = &member{name: name, index: -1}
+			r.byName[name] = m
+		}
+	} else {
+		m = &member{index: -1}
+	}
+	r.seq++
+	w := &waiter{id: id, seq: r.seq, m: m}
+	r.waiters[id] = w
+	m.queue = append(m.queue, w)
+	if m.index < 0 {
+		m.key = m.owed - r.acc
+		heap.Push(&r.active, m)
+	}
+	return nil
+}
+
+// Leave removes waiter id (it gave up); it reports whether it was waiting.
+func (r *Room) Leave(id uint64) bool {
+	w, ok := r.waiters[id]
+	if !ok {
+		return false
+	}
+	delete(r.waiters, id)
+	m := w.m
+	for i, q := range m.queue {
+		if q == w {
+			m.queue = append(m.queue[:i], m.queue[i+1:]...)
+			break
+		}
+	}
+	if len(m.queue) == 0 {
+		r.idle(m)
+	} else {
+		heap.Fix(&r.active, m.index)
+	}
+	return true
+}
+
+// Serve picks the waiter to serve with the permit now due, removes it from the room and
+// returns its id; ok is false when nobody waits.
+func (r *Room) Serve() (id uint64, ok bool) {
+	k := len(r.active)
+	if k == 0 {
+		return 0, false
+	}
+	r.acc += 1 / float64(k)
+	m := r.active[0]
+	w := m.queue[0]
+	m.queue = m.queue[1:]
+	delete(r.waiters, w.id)
+	m.key--
+	if len(m.queue) == 0 {
+		r.idle(m)
+	} else {
+		heap.Fix(&r.active, 0)
+	}
+	return w.id, true
+}
+
+// Waiting returns how many waiters the room holds.
+func (r *Room) Waiting() int { return len(r.waiters) }
+
+// Credit returns what member name is owed now, in permits (negative: served ahead of its
+// share); 0 for a member the room does not know.
+func (r *Room) Credit(name string) float64 {
+	m := r.byName[name]
+	switch {
+	case m == nil:
+		return 0
+	case m.index >= 0:
+		return r.acc + m.key
+	default:
+		return m.owed
+	}
+}
+
+// Empty reports whether the room holds no waiter and remembers no member: its owner may
+// drop it.
+func (r *Room) Empty() bool { return len(r.waiters) == 0 && len(r.byName) == 0 }
+
+// idle takes m, whose last waiter went, out of the active heap, and remembers or forgets
+// what it is owed.
+func (r *Room) idle(m *member) {
+	heap.Remove(&r.active, m.index)
+	m.index = -1
+	if m.name == "" {
+		return
+	}
+	m.owed = min(r.acc+m.key, MaxOwed)
+	if m.owed > -1e-9 && m.owed < 1e-9 {
+		m.owed = 0
+		delete(r.byName, m.name) // owed nothing: as good as new
+		return
+	}
+	if len(r.byName) > r.max {
+		r.forgetIdle()
+	}
+}
+
+// forgetIdle forgets every named member that does not wait.
+func (r *Room) forgetIdle() {
+	for name, m := range r.byName {
+		if m.index < 0 {
+			delete(r.byName, name)
+		}
+	}
+}
+
+// memberHeap orders the waiting members: most owed first, then the oldest waiter.
+type memberHeap []*member
+
+func (h memberHeap) Len() int { return len(h) }
+func (h memberHeap) Less(i, j int) bool {
+	if h[i].key != h[j].key {
+		return h[i].key > h[j].key
+	}
+	return h[i].queue[0].seq < h[j].queue[0].seq
+}
+func (h memberHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *memberHeap) Push(x any) {
+	m := x.(*member)
+	m.index = len(*h)
+	*h = append(*h, m)
+}
+func (h *memberHeap) Pop() any {
+	old := *h
+	m := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	m.index = -1
+	return m
+}

@@ -1,0 +1,138 @@
+package fairq
+
+import (
+	"math"
+	"testing"
+)
+
+// TestArrivalOrder: waiters without a member are served in the order they came, whoever
+// left in between.
+func TestArrivalOrder(t *testing.T) {
+	r := New(0)
+	for id := uint64(1); id <= 5; id++ {
+		if err := r.Join(id, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !r.Leave(2) || r.Leave(2) {
+		t.Fatal("Leave(2): want true once, then false")
+	}
+	if err := r.Join(6, ""); err != nil {
+		t.Fatal(err)
+	}
+	for step, want := range []uint64{1, 3, 4, 5, 6} {
+		if got, ok := r.Serve(); !ok || got != want {
+			t.Fatalf("step %d: served %d (%v), want %d", step, got, ok, want)
+		}
+	}
+	if _, ok := r.Serve(); ok || !r.Empty() {
+		t.Fatalf("an empty room served someone or is not empty")
+	}
+	if err := r.Join(7, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Join(7, ""); err == nil {
+		t.Fatal("a second Join of one id: no error")
+	}
+}
+
+// TestMembersRoundRobin: a member with many waiters gets no more than a member with one:
+// the permits alternate between them.
+func TestMembersRoundRobin(t *testing.T) {
+	r := New(0)
+	id := uint64(0)
+	join := func(m string) uint64 {
+		id++
+		if err := r.Join(id, m); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	big := map[uint64]bool{}
+	for range 20 {
+		big[join("big")] = true
+	}
+	small := join("small")
+	var got []string
+	for range 6 {
+		w, ok := r.Serve()
+		if !ok {
+			t.Fatal("nobody served")
+		}
+		if w == small {
+			got = append(got, "small")
+			small = join("small") // it asks again at once
+		} else if big[w] {
+			got = append(got, "big")
+		}
+	}
+	want := []string{"big", "small", "big", "small", "big", "small"}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("served %v, want %v", got, want)
+		}
+	}
+}
+
+// TestOwedKept: a named member that gives up before its turn keeps what it was owed and is
+// served first when it waits again; an anonymous one does not.
+func TestOwedKept(t *testing.T) {
+	r := New(0)
+	for id, m := range []string{"a", "b", "c", "d"} {
+		if err := r.Join(uint64(id+1), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, _ := r.Serve(); got != 1 { // a; b, c and d are each owed 1/4
+		t.Fatalf("step 0: served %d, want 1 (a)", got)
+	}
+	r.Leave(4) // d gives up, owed 1/4
+	if c := r.Credit("d"); math.Abs(c-0.25) > 1e-9 {
+		t.Fatalf("d is owed %v, want 0.25", c)
+	}
+	r.Join(5, "a")
+	if got, _ := r.Serve(); got != 2 { // b (owed 1/4 + 1/3, came before c)
+		t.Fatalf("step 1: served %d, want 2 (b)", got)
+	}
+	r.Join(6, "d") // d comes back owed 1/4
+	r.Join(7, "e") // a newcomer owed nothing; a, served once already, owes 1/6
+	for step, want := range []uint64{3, 6, 7, 5} {
+		if got, ok := r.Serve(); !ok || got != want {
+			t.Fatalf("step %d: served %d, want %d", step+2, got, want)
+		}
+	}
+}
+
+// TestOwedBounded: what an idle member keeps is capped, and idle members are forgotten past
+// the room's bound.
+func TestOwedBounded(t *testing.T) {
+	r := New(3)
+	for id := uint64(1); id < 100; id++ {
+		r.Join(id, "")
+	}
+	r.Join(100, "x") // behind 99 others: owed Σ 1/k for k = 100..3, 3.69 permits when its turn comes
+	for range 98 {
+		r.Serve()
+	}
+	if c := r.Credit("x"); c < 3.6 {
+		t.Fatalf("x is owed %v after 98 others were served, want 3.69", c)
+	}
+	r.Leave(100)
+	if c := r.Credit("x"); c != MaxOwed {
+		t.Fatalf("x keeps %v idle, want MaxOwed (%v)", c, MaxOwed)
+	}
+	for id := uint64(1000); id < 1010; id++ {
+		r.Join(id, string(rune('a'+id-1000)))
+		r.Leave(id) // owed nothing: forgotten at once
+	}
+	r.Serve() // the last anonymous waiter
+	for i, m := range []string{"p", "q", "r", "s", "t"} {
+		r.Join(uint64(2000+i), m)
+		r.Join(uint64(3000+i), "")
+		r.Serve() // the member (it came first), which then owes 1/2 and is remembered idle
+		r.Leave(uint64(3000 + i))
+	}
+	if len(r.byName) > 4 {
+		t.Fatalf("%d idle members remembered, want at most the bound (3) plus one", len(r.byName))
+	}
+}

@@ -1,0 +1,197 @@
+package robust
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// SluiceBin is the sluice binary the daemon mode runs (ROBUST_SLUICE); "" builds one
+// from this module once per process.
+var SluiceBin string
+
+var (
+	buildOnce sync.Once
+	buildErr  error
+)
+
+// sluiceBin returns the binary, building it when none was given.
+func sluiceBin() (string, error) {
+	buildOnce.Do(func() {
+		if SluiceBin != "" {
+			return
+		}
+		dir, err := os.MkdirTemp("", "robust-sluice-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		bin := filepath.Join(dir, "sluice")
+		out, err := exec.Command("go", "build", "-o", bin, "github.com/sluicehq/sluice/cmd/sluice").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("robust: go build ./cmd/sluice: %v: %s", err, out)
+			return
+		}
+		SluiceBin = bin
+	})
+	return SluiceBin, buildErr
+}
+
+// daemon is one slot's `sluice serve`: the redis back end through the slot's proxy to
+// Redis, fail mode closed, the workload's limits as its rules, the margin.
+type daemon struct {
+	slot      int
+	args      []string
+	line      string // its line protocol address
+	mu        sync.Mutex
+	cmd       *exec.Cmd
+	done      chan struct{}
+	stderr    bytes.Buffer
+	unplanned []string // exits nobody asked for
+	stopping  bool
+}
+
+func (r *runner) startDaemons() error {
+	bin, err := sluiceBin()
+	if err != nil {
+		return err
+	}
+	for slot := range r.s.Members {
+		toRedis, err := r.net.Proxy(fmt.Sprint("r", slot), r.srv.Addr())
+		if err != nil {
+			return err
+		}
+		line, err := freeAddr()
+		if err != nil {
+			return err
+		}
+		http, err := freeAddr()
+		if err != nil {
+			return err
+		}
+		args := []string{bin, "serve", "--backend", "redis", "--redis-url", "redis://" + toRedis, "--fail-mode", "closed",
+			"--listen-line", line, "--listen-http", http, "--margin", Margin.String(), "--log-level", "error"}
+		for _, g := range Groups {
+			args = append(args, "--limit", g.Keys[0][:1]+"*="+g.Limits)
+		}
+		d := &daemon{slot: slot, args: args, line: line}
+		r.daemons = append(r.daemons, d)
+		if err := d.start(); err != nil {
+			return err
+		}
+		// The member's link goes to the daemon, not to Redis.
+		r.net.mu.Lock()
+		p := r.net.byName[fmt.Sprint("m", slot)]
+		r.net.mu.Unlock()
+		p.Stop()
+		p.Upstream = line
+		if err := p.Start(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// start starts the daemon and waits until its line protocol answers.
+func (d *daemon) start() error {
+	d.mu.Lock()
+	cmd := exec.Command(d.args[0], d.args[1:]...)
+	cmd.Stderr = &d.stderr
+	if err := cmd.Start(); err != nil {
+		d.mu.Unlock()
+		return fmt.Errorf("robust: start daemon %d: %w", d.slot, err)
+	}
+	done := make(chan struct{})
+	d.cmd, d.done = cmd, done
+	d.mu.Unlock()
+	go func() {
+		err := cmd.Wait()
+		d.mu.Lock()
+		if !d.stopping && d.cmd == cmd {
+			d.unplanned = append(d.unplanned, fmt.Sprint(err))
+		}
+		d.mu.Unlock()
+		close(done)
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		c, err := net.DialTimeout("tcp", d.line, 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		select {
+		case <-done:
+			return fmt.Errorf("robust: daemon %d exited at start: %s", d.slot, tail(d.stderr.String(), 5))
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("robust: daemon %d did not listen within 10 s: %v", d.slot, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// kill kills the daemon with SIGKILL (a planned exit) and waits for it.
+func (d *daemon) kill() {
+	d.mu.Lock()
+	cmd, done := d.cmd, d.done
+	d.cmd = nil // its exit is planned
+	d.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGCONT)
+	_ = cmd.Process.Kill()
+	<-done
+}
+
+func (d *daemon) signal(sig os.Signal) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cmd != nil {
+		_ = d.cmd.Process.Signal(sig)
+	}
+}
+
+// stopDaemons stops every daemon with SIGTERM, as an operator would, and reports those
+// that exited unplanned during the run or did not stop cleanly. It is idempotent.
+func (r *runner) stopDaemons() []Violation {
+	var vs []Violation
+	for _, d := range r.daemons {
+		d.mu.Lock()
+		cmd, done := d.cmd, d.done
+		already := d.stopping
+		d.stopping = true
+		d.mu.Unlock()
+		if already {
+			continue
+		}
+		if cmd != nil {
+			_ = cmd.Process.Signal(syscall.SIGCONT)
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-done:
+				if cmd.ProcessState != nil && !cmd.ProcessState.Success() {
+					vs = append(vs, Violation{Check: "process", Detail: fmt.Sprintf("daemon %d exited %v on SIGTERM: %s", d.slot, cmd.ProcessState, tail(d.stderr.String(), 10))})
+				}
+			case <-time.After(10 * time.Second):
+				_ = cmd.Process.Kill()
+				<-done
+				vs = append(vs, Violation{Check: "process", Detail: fmt.Sprintf("daemon %d did not stop within 10 s of SIGTERM", d.slot)})
+			}
+		}
+		for _, u := range d.unplanned {
+			vs = append(vs, Violation{Check: "process", Detail: fmt.Sprintf("daemon %d died unplanned: %s: %s", d.slot, u, tail(d.stderr.String(), 10))})
+		}
+	}
+	if len(vs) > 0 {
+		return vs
+	}
+	return nil
+}

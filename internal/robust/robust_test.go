@@ -1,0 +1,116 @@
+package robust
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// summary is the last line of a `make robustness` run, printed by TestMain after the
+// tests' own output.
+var summary string
+
+// TestMain makes the test binary a member process when MemberEnv is set; otherwise it runs
+// the tests, fails the package if one leaves a goroutine behind, and prints the summary.
+func TestMain(m *testing.M) {
+	if os.Getenv(MemberEnv) != "" {
+		os.Exit(MemberMain())
+	}
+	code := m.Run()
+	if code == 0 {
+		// toxiproxy v2.5.0's bandwidth toxic can be left blocked on a channel send when it is
+		// removed mid-transfer (its goroutine, not Sluice's: the members check their own).
+		if err := goleak.Find(goleak.IgnoreTopFunction("github.com/Shopify/toxiproxy/v2/toxics.(*BandwidthToxic).Pipe")); err != nil {
+			fmt.Fprintln(os.Stderr, "FAIL: goroutine leak:", err)
+			code = 1
+		}
+	}
+	if summary != "" {
+		fmt.Println(summary)
+	}
+	os.Exit(code)
+}
+
+func envInt(t *testing.T, name string, def uint64) uint64 {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	v, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		t.Fatalf("%s=%q: want a non-negative integer", name, s)
+	}
+	return v
+}
+
+// TestRobustness runs ROBUST_RUNS schedules (2 by default: make test's short run, seeds 0
+// and 1, the strict and lease modes; make robustness asks for more) with seeds
+// ROBUST_BASE, ROBUST_BASE+1, ... (0 by default), or
+// the one seed ROBUST_SEED, each ROBUST_DURATION long (6s by default), in the mode the
+// seed picks (Modes[seed % len]) or ROBUST_MODE's, and prints one
+// line per run and the summary. A failing run prints its seed and the shortest window
+// of its history that shows each violation.
+func TestRobustness(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes, real time: make robustness, or go test without -short")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := envInt(t, "ROBUST_RUNS", 2)
+	base := envInt(t, "ROBUST_BASE", 0)
+	if s := os.Getenv("ROBUST_SEED"); s != "" {
+		base, runs = envInt(t, "ROBUST_SEED", 0), 1
+	}
+	d := 6 * time.Second
+	if s := os.Getenv("ROBUST_DURATION"); s != "" {
+		if d, err = time.ParseDuration(s); err != nil || d < 3*time.Second {
+			t.Fatalf("ROBUST_DURATION=%q: want a duration of at least 3s", s)
+		}
+	}
+	DumpDir, SluiceBin = os.Getenv("ROBUST_DUMP"), os.Getenv("ROBUST_SLUICE")
+	var only Mode
+	if s := os.Getenv("ROBUST_MODE"); s != "" {
+		if only, err = ParseMode(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var faults, ops, violations int
+	for i := range runs {
+		seed := base + i
+		mode := Modes[seed%uint64(len(Modes))]
+		if only != "" {
+			mode = only
+		}
+		s := NewSchedule(seed, mode, 3, d)
+		res, err := Run(context.Background(), s, exe)
+		if err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		fmt.Println(res.Line(int(i + 1)))
+		for _, n := range res.Notes {
+			fmt.Println("  note:", n)
+		}
+		if len(res.Violations) > 0 {
+			fmt.Printf("  seed %d FAILED (reproduce: make robustness ROBUST_SEED=%d ROBUST_MODE=%s ROBUST_DURATION=%v); its faults:\n", seed, seed, mode, d)
+			for _, f := range s.Faults {
+				fmt.Println("    ", f)
+			}
+			fmt.Println("    member clock offsets:", s.Skews)
+			for _, v := range res.Violations {
+				fmt.Println("  violation:", v)
+			}
+			t.Errorf("seed %d: %d violations", seed, len(res.Violations))
+		}
+		faults += s.FaultCount()
+		ops += res.Ops
+		violations += len(res.Violations)
+	}
+	summary = fmt.Sprintf("robustness: %d runs, %d faults, %d operations, %d violations beyond the documented bounds", runs, faults, ops, violations)
+}

@@ -1,0 +1,493 @@
+package robust
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/lease"
+)
+
+// DumpDir, when set (ROBUST_DUMP), is where each run writes its members' records, one
+// file per seed (robust-SEED.txt).
+var DumpDir string
+
+// Result is what one run found.
+type Result struct {
+	Schedule   Schedule
+	Ops        int // calls the members made
+	Uses       int // grants they used
+	Violations []Violation
+	Notes      []string
+	Errors     map[string]int // calls by outcome other than granted and denied
+	Elapsed    time.Duration
+}
+
+// member is one running member process.
+type member struct {
+	proc, slot int
+	cmd        *exec.Cmd
+	stderr     bytes.Buffer
+	lines      []string
+	read       chan struct{} // closed once its output is read
+	killed     bool
+}
+
+// runner executes one schedule.
+type runner struct {
+	s      Schedule
+	exe    string
+	srv    *redistest.Server
+	net    *Net
+	addrs  []string // each slot's proxy address
+	prefix string
+	t0     time.Time
+
+	daemons []*daemon // the daemon mode's, by slot
+
+	mu      sync.Mutex
+	members []*member
+	procs   int       // member processes numbered so far
+	current []*member // each slot's running member
+	losses  [][2]int64
+	rewinds [][2]int64
+	stopped map[int][][2]int64
+	errs    []string
+}
+
+type dump struct {
+	data string
+	ttl  time.Duration
+}
+
+// Run executes the schedule s: a fresh redis-server, a proxy per member slot, members
+// re-executed from exe (the test binary, whose TestMain calls MemberMain when MemberEnv is
+// set), the faults at their times; then it checks the history.
+func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
+	start := time.Now()
+	r := &runner{s: s, exe: exe, prefix: fmt.Sprintf("rb%d:", s.Seed), stopped: map[int][][2]int64{},
+		current: make([]*member, s.Members)}
+	if s.Mode == ModeGossip {
+		// No store: each slot's address is the member's own (UDP and TCP), its peers the
+		// other slots'.
+		for range s.Members {
+			a, err := freeAddr()
+			if err != nil {
+				return Result{}, err
+			}
+			r.addrs = append(r.addrs, a)
+		}
+	} else {
+		srv, err := redistest.Start()
+		if err != nil {
+			return Result{}, fmt.Errorf("robust: the runs need a real redis-server (Debian package redis-server): %w", err)
+		}
+		defer srv.Close()
+		r.srv, r.net = srv, NewNet()
+		defer r.net.Close()
+		for i := range s.Members {
+			a, err := r.net.Proxy(fmt.Sprint("m", i), srv.Addr())
+			if err != nil {
+				return Result{}, err
+			}
+			r.addrs = append(r.addrs, a)
+		}
+	}
+	if s.Mode == ModeDaemon {
+		// Each slot's daemon reaches Redis through its own proxy ("r"), and the member
+		// reaches its daemon through the slot's proxy ("m"), which is re-pointed there.
+		if err := r.startDaemons(); err != nil {
+			return Result{}, err
+		}
+		defer r.stopDaemons()
+	}
+	if s.Mode == ModeLease {
+		c := goredis.NewClient(&goredis.Options{Addr: r.srv.Addr(), DisableIdentity: true})
+		err := lease.WaitUnfenced(ctx, lease.NewRedisStore(c, lease.WithRedisPrefix(r.prefix)), lease.DefaultConfig())
+		c.Close()
+		if err != nil {
+			return Result{}, err
+		}
+	}
+	r.t0 = time.Now()
+	for slot := range s.Members {
+		if err := r.startMember(slot, s.Duration); err != nil {
+			return Result{}, err
+		}
+	}
+	var wg sync.WaitGroup
+	for i, f := range s.Faults {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.inject(ctx, i, f)
+		}()
+	}
+	wg.Wait()
+	h, vs := r.collect(ctx)
+	if s.Mode == ModeDaemon {
+		vs = append(vs, r.stopDaemons()...)
+	}
+	t0 := r.t0.UnixNano()
+	res := Result{Schedule: s, Ops: len(h.Ops), Uses: len(h.Uses), Errors: map[string]int{}}
+	res.Notes = append(res.Notes, r.errs...)
+	for _, o := range h.Ops {
+		if o.Outcome != "granted" && o.Outcome != "denied" {
+			res.Errors[o.Outcome]++
+		}
+	}
+	res.Violations = append(res.Violations, vs...)
+	res.Violations = append(res.Violations, CheckLiveness(h, t0)...)
+	switch s.Mode {
+	case ModeStrict, ModeStrictLocal:
+		v, notes := CheckStrict(h, t0)
+		res.Violations = append(res.Violations, v...)
+		res.Notes = append(res.Notes, notes...)
+	case ModeLease:
+		res.Violations = append(res.Violations, CheckLeases(h, t0)...)
+	case ModeGossip:
+		v, note := CheckGossip(h, t0, len(r.members), len(h.Stopped) > 0)
+		res.Violations = append(res.Violations, v...)
+		res.Notes = append(res.Notes, note)
+	}
+	if s.Mode == ModeStrictLocal {
+		res.Violations = append(res.Violations, CheckFallback(h, t0, LocalShare(s.Members))...)
+	}
+	// The referee judges what one shared state decided: in the strict-local mode the
+	// grants Redis made (the fallbacks' are judged at their shares above). The gossip
+	// mode over-admits by its documented bound, which CheckGossip judges instead.
+	var keep func(Use) bool
+	if s.Mode == ModeStrictLocal {
+		keep = func(u Use) bool { return OnRedisClock(u.Slot) }
+	}
+	if s.Mode != ModeGossip {
+		res.Violations = append(res.Violations, CheckReferee(h, t0, keep)...)
+	}
+	res.Elapsed = time.Since(start)
+	return res, nil
+}
+
+// since is the time since the run's start.
+func (r *runner) since() time.Duration { return time.Since(r.t0) }
+
+// startMember starts a new member process in slot for d.
+func (r *runner) startMember(slot int, d time.Duration) error {
+	// Numbered under the lock, once: two slots restarted at once must not share a number
+	// (the records would merge, and two gossip members would share a name; seen as one
+	// "member" at 1.5 times the limit, seed 1035).
+	r.mu.Lock()
+	proc := r.procs
+	r.procs++
+	r.mu.Unlock()
+	cfg := MemberConfig{Mode: r.s.Mode, Proc: proc, Addr: r.addrs[slot], Prefix: r.prefix, Goroutines: r.s.Goroutines,
+		Duration: d, Skew: r.s.Skews[slot], Seed: r.s.Seed, Members: r.s.Members}
+	if r.s.Mode == ModeGossip {
+		cfg.Bind, cfg.Settle = r.addrs[slot], GossipSettle
+		for i, a := range r.addrs {
+			if i != slot {
+				cfg.Peers = append(cfg.Peers, a)
+			}
+		}
+	}
+	js, _ := json.Marshal(cfg)
+	m := &member{proc: proc, slot: slot, cmd: exec.Command(r.exe, "-test.run", "^$"), read: make(chan struct{})}
+	m.cmd.Env = append(os.Environ(), MemberEnv+"="+string(js))
+	m.cmd.Stderr = &m.stderr
+	stdout, err := m.cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := m.cmd.Start(); err != nil {
+		return fmt.Errorf("robust: start member %d: %w", proc, err)
+	}
+	go func() {
+		defer close(m.read)
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			m.lines = append(m.lines, sc.Text())
+		}
+	}()
+	r.mu.Lock()
+	r.members = append(r.members, m)
+	r.current[slot] = m
+	r.mu.Unlock()
+	return nil
+}
+
+// sleepUntil sleeps until d after the run's start, or ctx's end.
+func (r *runner) sleepUntil(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(time.Until(r.t0.Add(d)))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+func (r *runner) note(format string, args ...any) {
+	r.mu.Lock()
+	r.errs = append(r.errs, fmt.Sprintf(format, args...))
+	r.mu.Unlock()
+}
+
+// inject applies fault f (the i-th) at its time and undoes it after its duration.
+func (r *runner) inject(ctx context.Context, i int, f Fault) {
+	r.sleepUntil(ctx, f.At)
+	name := fmt.Sprintf("f%d", i)
+	proxy := fmt.Sprint(f.Link, f.Target)
+	var undo func()
+	toxic := func(kind string, attrs map[string]int, streams ...string) {
+		for _, st := range streams {
+			if err := r.net.AddToxic(proxy, name+st, kind, st, attrs); err != nil {
+				r.note("fault %s: %v", f, err)
+			}
+		}
+		undo = func() {
+			for _, st := range streams {
+				_ = r.net.RemoveToxic(proxy, name+st)
+			}
+		}
+	}
+	switch f.Kind {
+	case FaultLatency:
+		toxic("latency", map[string]int{"latency": f.Latency, "jitter": f.Jitter}, "downstream", "upstream")
+	case FaultBandwidth:
+		toxic("bandwidth", map[string]int{"rate": f.Rate}, "downstream", "upstream")
+	case FaultTimeout:
+		toxic("timeout", map[string]int{"timeout": f.Timeout}, "upstream")
+	case FaultResetPeer:
+		toxic("reset_peer", map[string]int{"timeout": 0}, "upstream")
+	case FaultBlackHole:
+		toxic("timeout", map[string]int{"timeout": 0}, "upstream", "downstream")
+	case FaultPartition:
+		for slot := range r.s.Members {
+			p := fmt.Sprint("m", slot)
+			if err := r.net.AddToxic(p, name, "timeout", "upstream", map[string]int{"timeout": 0}); err != nil {
+				r.note("fault %s: %v", f, err)
+			}
+		}
+		undo = func() {
+			for slot := range r.s.Members {
+				_ = r.net.RemoveToxic(fmt.Sprint("m", slot), name)
+			}
+		}
+	case FaultProxyDown:
+		_ = r.net.Down(proxy)
+		undo = func() {
+			if err := r.net.Up(proxy); err != nil {
+				r.note("fault %s: proxy up: %v", f, err)
+			}
+		}
+	case FaultMemberKill:
+		r.mu.Lock()
+		m := r.current[f.Target]
+		m.killed = true
+		r.mu.Unlock()
+		_ = m.cmd.Process.Signal(syscall.SIGKILL)
+		undo = func() {
+			if left := r.s.Duration - r.since(); left > 500*time.Millisecond {
+				if err := r.startMember(f.Target, left); err != nil {
+					r.note("fault %s: restart: %v", f, err)
+				}
+			}
+		}
+	case FaultMemberStop:
+		r.mu.Lock()
+		m := r.current[f.Target]
+		r.mu.Unlock()
+		from := time.Now().UnixNano()
+		_ = m.cmd.Process.Signal(syscall.SIGSTOP)
+		undo = func() {
+			_ = m.cmd.Process.Signal(syscall.SIGCONT)
+			r.mu.Lock()
+			r.stopped[m.proc] = append(r.stopped[m.proc], [2]int64{from, time.Now().UnixNano()})
+			r.mu.Unlock()
+		}
+	case FaultDaemonKill:
+		d := r.daemons[f.Target]
+		d.kill()
+		undo = func() {
+			if err := d.start(); err != nil {
+				r.note("fault %s: restart the daemon: %v", f, err)
+			}
+		}
+	case FaultDaemonStop:
+		d := r.daemons[f.Target]
+		d.signal(syscall.SIGSTOP)
+		undo = func() { d.signal(syscall.SIGCONT) }
+	case FaultRedisStop:
+		r.srv.Pause()
+		undo = r.srv.Resume
+	case FaultRedisEmpty:
+		from := time.Now().UnixNano()
+		r.srv.Kill()
+		undo = func() {
+			if err := r.srv.Restart(); err != nil {
+				r.note("fault %s: restart redis: %v", f, err)
+			}
+			r.mu.Lock()
+			r.losses = append(r.losses, [2]int64{from, time.Now().UnixNano()})
+			r.mu.Unlock()
+		}
+	case FaultRestoreOld:
+		dumps := r.dump(ctx)
+		undo = func() { r.restore(ctx, dumps) }
+	}
+	r.sleepUntil(ctx, f.At+f.For)
+	if undo != nil {
+		undo()
+	}
+}
+
+// dump takes a DUMP of every key of the run.
+func (r *runner) dump(ctx context.Context) map[string]dump {
+	c := goredis.NewClient(&goredis.Options{Addr: r.srv.Addr(), DisableIdentity: true})
+	defer c.Close()
+	out := map[string]dump{}
+	iter := c.Scan(ctx, 0, r.prefix+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		k := iter.Val()
+		data, err := c.Dump(ctx, k).Result()
+		if err != nil {
+			continue
+		}
+		ttl, _ := c.PTTL(ctx, k).Result()
+		out[k] = dump{data, ttl}
+	}
+	if err := iter.Err(); err != nil {
+		r.note("fault restore_old: dump: %v", err)
+	}
+	return out
+}
+
+// restore writes an old DUMP back over the keys (RESTORE ... REPLACE): the writes since
+// are lost, as in a failover to a replica that lagged.
+func (r *runner) restore(ctx context.Context, dumps map[string]dump) {
+	c := goredis.NewClient(&goredis.Options{Addr: r.srv.Addr(), DisableIdentity: true})
+	defer c.Close()
+	from := time.Now().UnixNano()
+	for k, d := range dumps {
+		ttl := d.ttl
+		if ttl <= 0 {
+			ttl = 0 // no expiry
+		}
+		if err := c.RestoreReplace(ctx, k, ttl, d.data).Err(); err != nil {
+			r.note("fault restore_old: restore %s: %v", k, err)
+		}
+	}
+	r.mu.Lock()
+	r.losses = append(r.losses, [2]int64{from, time.Now().UnixNano()})
+	r.rewinds = append(r.rewinds, r.losses[len(r.losses)-1])
+	r.mu.Unlock()
+}
+
+// collect waits for every member, reads their records, and reports members that died
+// unplanned or did not finish.
+func (r *runner) collect(ctx context.Context) (*History, []Violation) {
+	var vs []Violation
+	h := &History{Stopped: r.stopped, Losses: r.losses, Rewinds: r.rewinds}
+	r.mu.Lock()
+	ms := append([]*member(nil), r.members...)
+	r.mu.Unlock()
+	deadline := time.After(r.s.Duration + 30*time.Second - r.since())
+	for _, m := range ms {
+		done := make(chan error, 1)
+		go func() {
+			<-m.read
+			done <- m.cmd.Wait()
+		}()
+		var err error
+		select {
+		case err = <-done:
+		case <-deadline:
+			_ = m.cmd.Process.Signal(syscall.SIGKILL)
+			err = <-done
+			vs = append(vs, Violation{Check: "process", Detail: fmt.Sprintf("member %d did not finish 30 s after its run ended: killed", m.proc)})
+		case <-ctx.Done():
+			_ = m.cmd.Process.Signal(syscall.SIGKILL)
+			err = <-done
+		}
+		if err != nil && !m.killed {
+			vs = append(vs, Violation{Check: "process", Detail: fmt.Sprintf("member %d (slot %d) died unplanned: %v: %s", m.proc, m.slot, err, tail(m.stderr.String(), 40))})
+		}
+		for _, l := range m.lines {
+			if err := h.parseLine(l); err != nil && !m.killed {
+				vs = append(vs, Violation{Check: "process", Detail: err.Error()})
+			}
+		}
+	}
+	sort.Slice(h.Losses, func(i, j int) bool { return h.Losses[i][0] < h.Losses[j][0] })
+	if DumpDir != "" {
+		var b strings.Builder
+		fmt.Fprintf(&b, "# seed %d mode %s start %d\n", r.s.Seed, r.s.Mode, r.t0.UnixNano())
+		for _, l := range h.Losses {
+			fmt.Fprintf(&b, "# loss %d %d\n", l[0], l[1])
+		}
+		for _, m := range ms {
+			for _, l := range m.lines {
+				b.WriteString(l + "\n")
+			}
+		}
+		path := filepath.Join(DumpDir, fmt.Sprintf("robust-%d.txt", r.s.Seed))
+		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+			r.note("history: %v", err)
+		}
+	}
+	return h, vs
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+// Line is the run's one-line report.
+func (res Result) Line(i int) string {
+	status := "ok"
+	if len(res.Violations) > 0 {
+		status = "FAIL"
+	}
+	var errs []string
+	for k, v := range res.Errors {
+		errs = append(errs, fmt.Sprintf("%s %d", k, v))
+	}
+	sort.Strings(errs)
+	return fmt.Sprintf("run %d seed %d %s: %s, %d faults, %d operations (%d grants used; %s), %d violations, %.1fs",
+		i, res.Schedule.Seed, res.Schedule.Mode, status, res.Schedule.FaultCount(), res.Ops, res.Uses, strings.Join(errs, ", "), len(res.Violations), res.Elapsed.Seconds())
+}
+
+// freeAddr returns a loopback address whose TCP and UDP ports were both free a moment ago.
+func freeAddr() (string, error) {
+	for range 20 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		a := l.Addr().String()
+		p, err := net.ListenPacket("udp", a)
+		l.Close()
+		if err == nil {
+			p.Close()
+			return a, nil
+		}
+	}
+	return "", fmt.Errorf("robust: no free port for both TCP and UDP")
+}

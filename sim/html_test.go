@@ -1,0 +1,138 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"image/png"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// chromium runs headless Chromium (Debian's chromium package) on a page, offline (every
+// host name resolves to nothing), with a fresh profile, and returns what it printed and
+// the console messages it logged: the page's errors, and anything else it wrote there.
+func chromium(t *testing.T, page string, args ...string) (stdout string, console []string) {
+	t.Helper()
+	bin, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatal("headless Chromium is needed: apt-get install -y chromium (Debian), or scripts/test-deps")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	args = append([]string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+		"--disable-component-update", "--disable-sync", "--no-first-run", "--user-data-dir=" + t.TempDir(),
+		"--host-resolver-rules=MAP * ~NOTFOUND", "--enable-logging=stderr", "--v=0"}, args...)
+	cmd := exec.CommandContext(ctx, bin, append(args, "file://"+page)...)
+	// Chromium starts processes of its own: a group, killed together.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	var out, errs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errs
+	err = cmd.Run()
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // whatever outlived it
+	if err != nil {
+		t.Fatalf("chromium: %v\n%s", err, errs.String())
+	}
+	for _, l := range strings.Split(errs.String(), "\n") {
+		if strings.Contains(l, ":CONSOLE") {
+			console = append(console, l)
+		}
+	}
+	return out.String(), console
+}
+
+// TestChromiumReportsConsoleErrors: the harness sees a page's console errors (else the
+// report's test below would pass on any page).
+func TestChromiumReportsConsoleErrors(t *testing.T) {
+	page := filepath.Join(t.TempDir(), "bad.html")
+	if err := os.WriteFile(page, []byte(`<!DOCTYPE html><html><body><p>x</p><script>nope();</script></body></html>`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dom, console := chromium(t, page, "--dump-dom")
+	if !strings.Contains(dom, "<p>x</p>") {
+		t.Errorf("the DOM: %q", dom)
+	}
+	if len(console) != 1 || !strings.Contains(console[0], "nope is not defined") {
+		t.Errorf("console %q, want the page's ReferenceError", console)
+	}
+}
+
+// TestHTMLReportInChromium: the report is one page that fetches nothing, and headless
+// Chromium renders it without a console message: a section per mode with its figure
+// (an SVG data URI), the side-by-side table with a column per mode, and the figures drawn
+// (the admitted rate's blue on the screenshot).
+func TestHTMLReportInChromium(t *testing.T) {
+	modes := []string{"local", "redis", "lease"}
+	r, err := Run(parse(t, plotOutage), Options{Modes: modes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := r.WriteHTML(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if regexp.MustCompile(`(?i)(src|href)\s*=\s*"?(https?:)?//`).Match(buf.Bytes()) {
+		t.Error("the report refers to something on the network")
+	}
+	dir := t.TempDir()
+	page := filepath.Join(dir, "report.html")
+	if err := os.WriteFile(page, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	dom, console := chromium(t, page, "--dump-dom")
+	if len(console) > 0 {
+		t.Errorf("console messages: %q", console)
+	}
+	head := regexp.MustCompile(`<thead><tr><th></th>(.*?)</tr></thead>`).FindStringSubmatch(dom)
+	if head == nil || head[1] != `<th class="n">local</th><th class="n">redis</th><th class="n">lease</th>` {
+		t.Errorf("the side-by-side table's head: %q", head)
+	}
+	for _, m := range modes {
+		sec := regexp.MustCompile(`<section class="mode" id="mode-` + m + `">\s*<h2>` + m + `</h2>\s*<p><img class="figure" alt="[^"]*" src="data:image/svg\+xml;base64,`)
+		if !sec.MatchString(dom) {
+			t.Errorf("no section for %s with its figure", m)
+		}
+	}
+	if n := strings.Count(dom, "store outage for 10s"); n < 3 {
+		t.Errorf("the outage in %d places, want the table's row and each mode's events", n)
+	}
+
+	shot := filepath.Join(dir, "shot.png")
+	_, console = chromium(t, page, "--hide-scrollbars", "--window-size=1400,3000", "--screenshot="+shot)
+	if len(console) > 0 {
+		t.Errorf("console messages: %q", console)
+	}
+	f, err := os.Open(shot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The admitted rate's blue: only the figures draw it, each mode's its own line.
+	b := img.Bounds()
+	blue := 0
+	for y := b.Min.Y; y < b.Max.Y; y++ {
+		for x := b.Min.X; x < b.Max.X; x++ {
+			r, g, bl, _ := img.At(x, y).RGBA()
+			if d := absDiff(r>>8, colAdmitted.R) + absDiff(g>>8, colAdmitted.G) + absDiff(bl>>8, colAdmitted.B); d < 60 {
+				blue++
+			}
+		}
+	}
+	if blue < 3*300 {
+		t.Errorf("%d pixels of the admitted rate's blue on the page, want at least 300 for each of the 3 figures", blue)
+	}
+}
+
+func absDiff(a uint32, b uint8) int { return max(int(a)-int(b), int(b)-int(a)) }

@@ -1,0 +1,81 @@
+package sim
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestDailyQuotaScenario: in the 24-hour scenario, the referee (whose limit is the daily
+// quota) sees no request beyond the count in either mode, and the redis mode, whose
+// demand exceeds the quota, spends all of it; the local mode's fixed fifths leave some.
+func TestDailyQuotaScenario(t *testing.T) {
+	sc, err := Load("../scenarios/seed001-daily-quota.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Run(sc, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range r.Modes {
+		if m.Violations != 0 || m.Accepted > 10000 {
+			t.Errorf("%s: %d accepted, %d violations, want at most 10000 and none", m.Mode, m.Accepted, m.Violations)
+		}
+		if m.Mode == "redis" && m.Utilization < 0.99 {
+			t.Errorf("redis: utilization %v, want at least 0.99 of the quota used", m.Utilization)
+		}
+	}
+}
+
+// TestRampScenarioFollowsTheLine: second by second, what the API accepts from the pool
+// lags the ramp's line by at most the longest reservation (max_wait, 1 s: a permit booked
+// ahead is spaced at the rate of when it was booked), one ramp step (a tenth of a second)
+// and the network's latency: the line runs from 10/s to 100/s over 60 s, then 100/s,
+// give or take two permits a deciding state (the redis mode's one; the local mode's four
+// pods, each ramping its quarter in step with the others, whose permits land in a second
+// or the next); and never runs ahead of the line. So does the running total.
+func TestRampScenarioFollowsTheLine(t *testing.T) {
+	sc, err := Load("../scenarios/seed002-ramp.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []string{"redis", "local"} {
+		e := newEngine(sc, newMode(mode, sc))
+		e.run()
+		line := func(s float64) float64 { // permits by time s on the ramp
+			if s <= 60 {
+				return 10*s + 0.75*s*s
+			}
+			return 3300 + 100*(s-60)
+		}
+		lag := sc.Client.MaxWait.D().Seconds() + 0.1 + 0.015
+		slack := 2.0
+		if mode == "local" {
+			slack = 8
+		}
+		total := float64(e.series[0].accepted)
+		for k := 1; k < len(e.series)-1; k++ {
+			got := float64(e.series[k].accepted)
+			total += got
+			lo := line(float64(k)-lag) - line(float64(k)-lag-1)
+			hi := line(float64(k+1)) - line(float64(k))
+			if got < lo-slack || got > hi+slack {
+				t.Errorf("%s: second %d: %v accepted, want %.1f to %.1f", mode, k, got, lo, hi)
+			}
+			if lo, hi := line(float64(k+1)-lag), line(float64(k+1))+10; total < lo-slack || total > hi+slack {
+				t.Errorf("%s: by %d s: %v accepted in all, want %.1f to %.1f", mode, k+1, total, lo, hi)
+			}
+		}
+	}
+}
+
+// TestWindowAndRampNeedTheirModes: a scenario with a windowed quota or a ramp in a mode
+// that decides neither is refused, naming the mode.
+func TestWindowAndRampNeedTheirModes(t *testing.T) {
+	for _, lim := range []string{"10/h window", "10/s ramp=1/s..1m"} {
+		_, err := Parse("x.yaml", []byte("duration: 1m\nlimit: "+lim+"\nmodes: [lease]\nmembers:\n  - name: a\n    demand: {pattern: poisson, rate: 1}\n"))
+		if err == nil || !strings.Contains(err.Error(), "lease decides no windowed quota or ramp") {
+			t.Errorf("%s in the lease mode: got %v", lim, err)
+		}
+	}
+}

@@ -1,0 +1,227 @@
+package sluice
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/local"
+)
+
+// waitFor yields until cond holds (a condition, never a sleep).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		runtime.Gosched()
+	}
+}
+
+// TestWaitGiveUpHandsPlaceOn: five waiters in arrival order; the second gives up before
+// its turn, and the next takes its place: every slot is used, in arrival order.
+func TestWaitGiveUpHandsPlaceOn(t *testing.T) {
+	l, clk := newVirtual(t, "10/s burst=1")
+	l.Allow(bg, "k") // the slot at 0 is taken: waiters get 100ms, 200ms, ...
+	type got struct {
+		who string
+		at  int64
+		err error
+	}
+	out := make(chan got, 5)
+	ctxB, cancelB := context.WithCancel(bg)
+	defer cancelB()
+	for i, who := range []string{"a", "b", "c", "d", "e"} {
+		ctx := bg
+		if who == "b" {
+			ctx = ctxB
+		}
+		go func() {
+			r, err := l.WaitN(ctx, "k", 1)
+			g := got{who: who, err: err}
+			if err == nil {
+				g.at = r.Slot()
+			}
+			out <- g
+		}()
+		waitFor(t, "the waiter in the room", func() bool { return l.waiting("k") == i+1 })
+	}
+	cancelB()
+	if g := <-out; g.who != "b" || !errors.Is(g.err, context.Canceled) {
+		t.Fatalf("first out: %+v, want b cancelled", g)
+	}
+	want := []got{{"a", 100e6, nil}, {"c", 200e6, nil}, {"d", 300e6, nil}, {"e", 400e6, nil}}
+	for step, w := range want {
+		waitFor(t, "the waiters asleep", func() bool { return clk.Pending() >= len(want)-step })
+		clk.Advance(100 * time.Millisecond)
+		if g := <-out; g != w {
+			t.Fatalf("step %d: got %+v, want %+v", step, g, w)
+		}
+	}
+	if d, _ := l.AllowN(bg, "k", 1); d.Allowed {
+		t.Fatalf("a permit free at 400ms after four grants since 100ms: b's place was kept twice")
+	}
+}
+
+// TestWaitMembersShare: a member with ten goroutines and one with one, each asking again
+// as soon as served, share the key equally: the permits alternate.
+func TestWaitMembersShare(t *testing.T) {
+	l, clk := newVirtual(t, "10/s burst=1")
+	ctx, cancel := context.WithCancel(bg)
+	var mu sync.Mutex
+	count := map[string]int{}
+	var wg sync.WaitGroup
+	run := func(member string) {
+		defer wg.Done()
+		for {
+			if _, err := l.WaitN(WithMember(ctx, member), "k", 1); err != nil {
+				return
+			}
+			mu.Lock()
+			count[member]++
+			mu.Unlock()
+		}
+	}
+	wg.Add(11)
+	for range 10 {
+		go run("big")
+	}
+	go run("small")
+	served := func() int { mu.Lock(); defer mu.Unlock(); return count["big"] + count["small"] }
+	for step := 0; step < 40; step++ {
+		waitFor(t, "all eleven back in the room", func() bool { return served() == step+1 && l.waiting("k") == 11 || step == 0 && l.waiting("k") == 11 })
+		if step == 0 {
+			waitFor(t, "the first served", func() bool { return served() == 1 })
+			waitFor(t, "all eleven back in the room", func() bool { return l.waiting("k") == 11 })
+		}
+		clk.Advance(100 * time.Millisecond)
+	}
+	waitFor(t, "the last served", func() bool { return served() == 41 })
+	cancel()
+	wg.Wait()
+	if count["small"] < 20 || count["big"] < 20 {
+		t.Fatalf("served %v in 41 permits, want 20 or 21 each", count)
+	}
+}
+
+// TestPermitExpiresWhenPaused: a reservation whose holder was paused past its time plus the
+// margin is not used: Wait returns ErrPermitExpired, the permit is counted and given back;
+// one used within the margin is not.
+func TestPermitExpiresWhenPaused(t *testing.T) {
+	var seen []Event
+	var mu sync.Mutex
+	obs := ObserverFunc(func(e Event) {
+		if e.Kind == EventExpired {
+			mu.Lock()
+			seen = append(seen, e)
+			mu.Unlock()
+		}
+	})
+	l, clk := newVirtual(t, "10/s burst=1", WithMargin(10*time.Millisecond), WithObserver(obs))
+	l.Allow(bg, "k")
+	r, err := l.Reserve(bg, "k", 1) // due at 110ms (spacing 100ms + the margin)
+	if err != nil || !r.OK() || r.Delay != 110*time.Millisecond {
+		t.Fatalf("reserve: %+v %v, want a permit in 110ms", r.Decision, err)
+	}
+	clk.Advance(125 * time.Millisecond) // the holder was paused: 15ms late
+	if err := r.Wait(bg); !errors.Is(err, ErrPermitExpired) {
+		t.Fatalf("15ms late with a 10ms margin: Wait = %v, want ErrPermitExpired", err)
+	}
+	if l.Expired() != 1 || len(seen) != 1 || seen[0].Wait != 15*time.Millisecond {
+		t.Fatalf("Expired() = %d, events %+v: want 1, 15ms late", l.Expired(), seen)
+	}
+	// Given back (it was the key's newest grant): the next permit is due at once.
+	if !l.Allow(bg, "k") {
+		t.Fatal("the expired permit was not given back")
+	}
+	r, _ = l.Reserve(bg, "k", 1) // due 110ms later
+	clk.Advance(118 * time.Millisecond)
+	if err := r.Wait(bg); err != nil {
+		t.Fatalf("8ms late with a 10ms margin: Wait = %v, want nil", err)
+	}
+	// Without a margin, nothing expires.
+	l0, clk0 := newVirtual(t, "10/s burst=1")
+	l0.Allow(bg, "k")
+	r, _ = l0.Reserve(bg, "k", 1)
+	clk0.Advance(time.Hour)
+	if err := r.Wait(bg); err != nil || l0.Expired() != 0 {
+		t.Fatalf("no margin: Wait = %v, Expired = %d, want nil and 0", err, l0.Expired())
+	}
+}
+
+// TestWaitExpiredPlaceNotHandedOn: a waiter's place that comes due while the whole process
+// is paused longer than the margin is not handed over late; the waiter gets a fresh one.
+func TestWaitExpiredPlaceNotHandedOn(t *testing.T) {
+	l, clk := newVirtual(t, "10/s burst=1", WithMargin(10*time.Millisecond))
+	l.Allow(bg, "k")
+	done := make(chan *Reservation, 1)
+	go func() {
+		r, err := l.WaitN(bg, "k", 1)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- r
+	}()
+	waitFor(t, "the waiter asleep", func() bool { return clk.Pending() == 1 })
+	clk.Advance(time.Second) // due at 110ms: found at 1s, 890ms late
+	r := <-done
+	if l.Expired() != 1 || r.Slot() != int64(time.Second) {
+		t.Fatalf("Expired %d, served the place at %v: want 1 expired, then a fresh place at 1s", l.Expired(), time.Duration(r.Slot()))
+	}
+}
+
+// TestFairProcessesRoundRobin: two limiters on one backend (two processes on one Redis),
+// one with five waiters and one with one, FairProcesses: each holds one place in the key's
+// line at a time, so the permits alternate between them.
+func TestFairProcessesRoundRobin(t *testing.T) {
+	clk := clock.NewVirtual()
+	be := local.New(local.WithClock(clk))
+	defer be.Close()
+	mk := func() *Limiter {
+		l, err := New(MustParse("10/s burst=1"), WithClock(clk), WithBackend(be), WithFairness(FairProcesses))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	many, one := mk(), mk()
+	ctx, cancel := context.WithCancel(bg)
+	var mu sync.Mutex
+	count := map[*Limiter]int{}
+	var wg sync.WaitGroup
+	run := func(l *Limiter) {
+		defer wg.Done()
+		for {
+			if _, err := l.WaitN(ctx, "k", 1); err != nil {
+				return
+			}
+			mu.Lock()
+			count[l]++
+			mu.Unlock()
+		}
+	}
+	wg.Add(6)
+	for range 5 {
+		go run(many)
+	}
+	go run(one)
+	total := func() int { mu.Lock(); defer mu.Unlock(); return count[many] + count[one] }
+	for step := 1; step <= 30; step++ {
+		waitFor(t, "every waiter asleep", func() bool {
+			return total() >= step && many.waiting("k") == 5 && one.waiting("k") == 1 && clk.Pending() >= 6
+		})
+		clk.Advance(100 * time.Millisecond)
+	}
+	waitFor(t, "the last served", func() bool { return total() >= 31 })
+	cancel()
+	wg.Wait()
+	if count[one] < 15 {
+		t.Fatalf("the limiter with one waiter got %d of %d permits, want half", count[one], total())
+	}
+}
