@@ -124,14 +124,26 @@ func (a *applier) apply(ctx context.Context, calls []call) ([]result, error) {
 		combining.Lock()
 		c.next = nil // sealed: later calls make the round after
 		combining.Unlock()
-		r.res, r.err = a.applyNow(ctx, r.calls)
+		// Other members' calls ride on this round: the leader's cancel must not make their
+		// outcome look known (a cancelled call is taken as not made); its deadline bounds it.
+		rctx, cancel := context.WithoutCancel(ctx), func() {}
+		if dl, ok := ctx.Deadline(); ok {
+			rctx, cancel = context.WithDeadline(rctx, dl)
+		}
+		r.res, r.err = a.applyNow(rctx, r.calls)
+		cancel()
 		close(r.done)
 		c.handOff(key)
 	} else {
 		select {
 		case <-r.done:
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			// The round may still be written: the outcome is unknown, as a store call's
+			// that timed out.
+			if errors.Is(ctx.Err(), context.Canceled) {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("%w: lease store: %w", ErrUnavailable, ctx.Err())
 		}
 	}
 	if r.err != nil {
