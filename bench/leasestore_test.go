@@ -3,15 +3,22 @@ package bench
 import (
 	"context"
 	"fmt"
+	"io"
+	"log"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/go-zookeeper/zk"
 	goredis "github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/internal/zktest"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/lease/leasetest"
 )
@@ -26,23 +33,50 @@ type leaseRun struct {
 	recordBytes         int
 }
 
-// runLeaseOnRedis runs members lease members of one process (one RedisStore, one
-// connection pool, as sluice.WithBackend(lease.New(...)) per member would share) on the
-// limits, each key in keys asked for by every member at pace decisions a second each, for
-// d after every member holds its shares, and reports the store's costs over that time.
+// countedStore is a member's store with what it cost.
+type countedStore interface {
+	lease.Store
+	Ops() (loads, swaps int64)
+}
+
+// runLeaseOnRedis runs members lease members through one Redis (see runLease), each
+// member with its own RedisStore on one shared client and connection pool.
 func runLeaseOnRedis(b *testing.B, addr string, members int, renew time.Duration, cfg lease.Config, limits sluice.Limits, keys []string, pace float64, d time.Duration) leaseRun {
 	client := goredis.NewClient(&goredis.Options{Addr: addr, PoolSize: 64})
 	defer client.Close()
 	client.FlushAll(ctx)
-	rs := lease.NewRedisStore(client)
-	store := &leasetest.Conflicts{Store: rs}
-	if err := lease.WaitUnfenced(ctx, store, lease.DefaultConfig()); err != nil {
+	run := runLease(b, func() countedStore { return lease.NewRedisStore(client) }, members, renew, cfg, limits, keys, pace, d)
+	// The size of one record as it is stored.
+	if ks, err := client.Keys(ctx, "*").Result(); err == nil {
+		for _, k := range ks {
+			if n, err := client.StrLen(ctx, k).Result(); err == nil && int(n) > run.recordBytes {
+				run.recordBytes = int(n)
+			}
+		}
+	}
+	return run
+}
+
+// runLease runs members lease members, each with its own store from newStore (as members
+// in separate processes: the members of one process that share a store combine their
+// rounds), on the limits, each key in keys asked for by every member at pace decisions a
+// second each, for d after every member holds its shares, and reports the stores' costs
+// over that time.
+func runLease(b *testing.B, newStore func() countedStore, members int, renew time.Duration, cfg lease.Config, limits sluice.Limits, keys []string, pace float64, d time.Duration) leaseRun {
+	var stores []countedStore
+	var conflicts []*leasetest.Conflicts
+	for range members {
+		st := newStore()
+		stores = append(stores, st)
+		conflicts = append(conflicts, &leasetest.Conflicts{Store: st})
+	}
+	if err := lease.WaitUnfenced(ctx, stores[0], lease.DefaultConfig()); err != nil {
 		b.Fatal(err)
 	}
 	var ls []*sluice.Limiter
 	var bes []*lease.Backend
 	for i := range members {
-		be, err := lease.New(store, lease.WithID("m"+strconv.Itoa(i)), lease.WithRenewEvery(renew), lease.WithConfig(cfg))
+		be, err := lease.New(conflicts[i], lease.WithID("m"+strconv.Itoa(i)), lease.WithRenewEvery(renew), lease.WithConfig(cfg))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -59,6 +93,19 @@ func runLeaseOnRedis(b *testing.B, addr string, members int, renew time.Duration
 			bes[i].Close()
 		}
 	}()
+	sum := func() (loads, swaps, in, out, writes, lost int64) {
+		for i, st := range stores {
+			l, s := st.Ops()
+			loads, swaps = loads+l, swaps+s
+			if bs, ok := st.(interface{ Bytes() (int64, int64) }); ok {
+				a, b := bs.Bytes()
+				in, out = in+a, out+b
+			}
+			w, c := conflicts[i].Counts()
+			writes, lost = writes+w, lost+c
+		}
+		return
+	}
 	// Every member joins every key's limit, concurrently (a first decision on a fresh limit
 	// waits for its join window, and joins due together go in one round trip).
 	var warm sync.WaitGroup
@@ -112,17 +159,13 @@ func runLeaseOnRedis(b *testing.B, addr string, members int, renew time.Duration
 	}
 	// Every member joins, the shares settle: two TTLs.
 	time.Sleep(2 * time.Second)
-	loads0, swaps0 := rs.Ops()
-	in0, out0 := rs.Bytes()
-	w0, c0 := store.Counts()
+	loads0, swaps0, in0, out0, w0, c0 := sum()
 	measuring.Store(true)
 	start := time.Now()
 	time.Sleep(d)
 	measuring.Store(false)
 	el := time.Since(start).Seconds()
-	loads1, swaps1 := rs.Ops()
-	in1, out1 := rs.Bytes()
-	w1, c1 := store.Counts()
+	loads1, swaps1, in1, out1, w1, c1 := sum()
 	close(stop)
 	wg.Wait()
 	run := leaseRun{
@@ -131,26 +174,22 @@ func runLeaseOnRedis(b *testing.B, addr string, members int, renew time.Duration
 		writes: w1 - w0, conflicts: c1 - c0,
 		decisions: decisions.Load(), admitted: admitted.Load(),
 	}
-	// The size of one record as it is stored.
-	if ks, err := client.Keys(ctx, "*").Result(); err == nil {
-		for _, k := range ks {
-			if n, err := client.StrLen(ctx, k).Result(); err == nil && int(n) > run.recordBytes {
-				run.recordBytes = int(n)
-			}
-		}
-	}
 	return run
 }
 
 func (r leaseRun) report(b *testing.B, members int) {
 	m := float64(members)
 	b.ReportMetric(float64(r.loads+r.swaps)/r.seconds/m, "storeops/s/member")
-	b.ReportMetric(float64(r.bytesIn+r.bytesOut)/r.seconds/m, "B/s/member")
+	if r.bytesIn+r.bytesOut > 0 {
+		b.ReportMetric(float64(r.bytesIn+r.bytesOut)/r.seconds/m, "B/s/member")
+	}
 	b.ReportMetric(float64(r.swaps)/r.seconds, "swaps/s")
 	if r.writes > 0 {
 		b.ReportMetric(100*float64(r.conflicts)/float64(r.writes), "conflict%")
 	}
-	b.ReportMetric(float64(r.recordBytes), "B/record")
+	if r.recordBytes > 0 {
+		b.ReportMetric(float64(r.recordBytes), "B/record")
+	}
 	b.ReportMetric(float64(r.admitted)/r.seconds, "admitted/s")
 	b.ReportMetric(0, "ns/op")
 }
@@ -244,4 +283,62 @@ func (r leaseRun) add(o leaseRun) leaseRun {
 	r.admitted += o.admitted
 	r.recordBytes = max(r.recordBytes, o.recordBytes)
 	return r
+}
+
+// BenchmarkLeaseStores: what 2 and 8 members sharing one limit cost through one real
+// Redis, etcd and ZooKeeper, in the same run: store operations per member per second, the
+// writes lost to conflicts, what the pool admitted. Each member has its own store and
+// client (as separate processes would). Run with -benchtime 1x.
+func BenchmarkLeaseStores(b *testing.B) {
+	redisAddr := startRedis(b)
+	etcd, err := etcdtest.Start()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer etcd.Close()
+	zks, err := zktest.Start()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer zks.Close()
+	limits := sluice.Limits{sluice.PerSecond(2000).WithBurst(400)}
+	for _, members := range []int{2, 8} {
+		for _, store := range []string{"redis", "etcd", "zk"} {
+			b.Run(fmt.Sprintf("store=%s/members=%d", store, members), func(b *testing.B) {
+				var closers []func()
+				defer func() {
+					for _, c := range closers {
+						c()
+					}
+				}()
+				prefix := fmt.Sprintf("bench%d", time.Now().UnixNano())
+				newStore := func() countedStore {
+					switch store {
+					case "etcd":
+						c, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Addr()}, Logger: zap.NewNop()})
+						if err != nil {
+							b.Fatal(err)
+						}
+						closers = append(closers, func() { c.Close() })
+						return lease.NewEtcdStore(c, lease.WithEtcdPrefix(prefix+"/"))
+					case "zk":
+						c, _, err := zk.Connect([]string{zks.Addr()}, 4*time.Second, zk.WithLogger(log.New(io.Discard, "", 0)))
+						if err != nil {
+							b.Fatal(err)
+						}
+						closers = append(closers, c.Close)
+						return lease.NewZKStore(c, lease.WithZKPath("/"+prefix))
+					}
+					c := goredis.NewClient(&goredis.Options{Addr: redisAddr})
+					closers = append(closers, func() { c.Close() })
+					return lease.NewRedisStore(c, lease.WithRedisPrefix(prefix+":"))
+				}
+				var total leaseRun
+				for range b.N {
+					total = total.add(runLease(b, newStore, members, lease.DefaultMemberConfig().RenewEvery, lease.DefaultConfig(), limits, []string{"api"}, 1.5*2000/float64(members), 3*time.Second))
+				}
+				total.report(b, members)
+			})
+		}
+	}
 }

@@ -24,7 +24,7 @@ type Config struct {
 	GRPC           GRPCConfig     `yaml:"grpc"`            // the gRPC listener's bounds and options
 	Backend        string         `yaml:"backend"`         // local, redis, lease or gossip
 	RedisURL       string         `yaml:"redis_url"`       // redis://host:port/db, for backend redis (and lease, when store is empty)
-	Store          string         `yaml:"store"`           // backend lease: the store's URL (redis://, redis-cluster://, redis-sentinel://, memory://)
+	Store          string         `yaml:"store"`           // backend lease: the store's URL (redis://, redis-cluster://, redis-sentinel://, etcd://, zk://, memory://)
 	FailMode       string         `yaml:"fail_mode"`       // closed, open, or (backend redis) local: the answer when the back end fails
 	FallbackShare  float64        `yaml:"fallback_share"`  // fail_mode local: the share of each limit this daemon uses while Redis is down
 	RedisTimeout   yamlx.Duration `yaml:"redis_timeout"`   // backend redis: how long a decision waits for Redis

@@ -1,15 +1,20 @@
 package cli
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -242,10 +247,88 @@ func TestVersionFlags(t *testing.T) {
 	}
 }
 
-// TestDemoLeaseOnEtcd runs the lease demo through a real etcd: it keeps the limit, and the
-// records really went through etcd (its revision moved).
-func TestDemoLeaseOnEtcd(t *testing.T) {
+// TestLeaseOnEtcd: the lease demo and the daemon through one real etcd.
+func TestLeaseOnEtcd(t *testing.T) {
 	srv := etcdtest.New(t)
+	t.Run("Demo", func(t *testing.T) { demoLeaseOnEtcd(t, srv) })
+	t.Run("Serve", func(t *testing.T) { serveLease(t, srv.URL()) })
+}
+
+// TestLeaseOnZK: the lease demo and the daemon through one real ZooKeeper.
+func TestLeaseOnZK(t *testing.T) {
+	srv := zktest.New(t)
+	t.Run("Demo", func(t *testing.T) { demoLeaseOnZK(t, srv) })
+	t.Run("Serve", func(t *testing.T) { serveLease(t, srv.URL()) })
+}
+
+// serveLease runs the daemon on the lease back end through store: it admits once the new
+// store's fence has passed, and keeps the rule's limit.
+func serveLease(t *testing.T, store string) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	var errb bytes.Buffer
+	go func() {
+		done <- Main(ctx, []string{"serve", "--backend", "lease", "--store", store, "--listen-line", addr, "--listen-http", "",
+			"--limit", "api=2/s burst=5"}, strings.NewReader(""), io.Discard, &errb)
+	}()
+	defer func() {
+		cancel()
+		if code := <-done; code != 0 {
+			t.Errorf("serve exited %d: %s", code, errb.String())
+		}
+	}()
+	var c net.Conn
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if c, err = net.Dial("tcp", addr); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the daemon did not listen: %v: %s", err, errb.String())
+		}
+	}
+	defer c.Close()
+	rd := bufio.NewReader(c)
+	ask := func(n int) string {
+		fmt.Fprint(c, strings.Repeat("api\n", n))
+		var got strings.Builder
+		for range n {
+			line, err := rd.ReadString('\n')
+			if err != nil {
+				t.Fatal(err)
+			}
+			got.WriteString(strings.TrimSpace(line))
+		}
+		return got.String()
+	}
+	// The first decision makes the store's records, fenced for TTL + Grace (1.5 s by
+	// default): the first OK comes after that.
+	for deadline := time.Now().Add(10 * time.Second); ask(1) != "OK"; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no OK 10 s after the daemon started: %s", errb.String())
+		}
+	}
+	// Then 60 queries over 3 s: the limit's rate (2/s) and at most its burst (5) more.
+	ok := 0
+	for range 60 {
+		if ask(1) == "OK" {
+			ok++
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if ok < 4 || ok > 2*3+5+1 {
+		t.Errorf("%d of 60 queries over 3 s on 2/s burst=5 were OK, want 4 to 12", ok)
+	}
+}
+
+// demoLeaseOnEtcd runs the lease demo through a real etcd: it keeps the limit, and the
+// records really went through etcd (its revision moved).
+func demoLeaseOnEtcd(t *testing.T, srv *etcdtest.Server) {
 	code, out, errs := run(t, "demo", "--mode", "lease", "--store", srv.URL(), "--duration", "2s", "--workers", "3", "--margin", "20ms", "--json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
@@ -271,9 +354,8 @@ func TestDemoLeaseOnEtcd(t *testing.T) {
 	}
 }
 
-// TestDemoLeaseOnZK runs the lease demo through a real ZooKeeper: it keeps the limit.
-func TestDemoLeaseOnZK(t *testing.T) {
-	srv := zktest.New(t)
+// demoLeaseOnZK runs the lease demo through a real ZooKeeper: it keeps the limit.
+func demoLeaseOnZK(t *testing.T, srv *zktest.Server) {
 	code, out, errs := run(t, "demo", "--mode", "lease", "--store", srv.URL()+"/demo/test", "--duration", "2s", "--workers", "3", "--margin", "20ms", "--json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
