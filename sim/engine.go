@@ -200,7 +200,7 @@ func (e *engine) setLimits(ls sluice.Limits) {
 	prev := e.limits
 	e.setCores(ls)
 	if over := ls.RampOver(); over > 0 {
-		if prev == nil || !sameRamps(prev, ls) {
+		if prev == nil || !sluice.SameRamps(prev, ls) {
 			e.rampStart = e.now
 		}
 		e.rampEnd = e.rampStart + int64(over)
@@ -221,19 +221,6 @@ func (e *engine) applyRamp(t int64) {
 		e.rampEnd = 0
 	}
 	e.rampNext = t - t%rampStep + rampStep
-}
-
-// sameRamps reports whether a and b ramp alike.
-func sameRamps(a, b sluice.Limits) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i].Ramp != b[i].Ramp || a[i].Rate != b[i].Rate || a[i].Period != b[i].Period {
-			return false
-		}
-	}
-	return true
 }
 
 // setCores computes the limits' cores, ramps over.
