@@ -11,17 +11,16 @@ package etcdtest
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/proctest"
 )
 
 // ErrNotInstalled is returned when etcd is not on the PATH.
@@ -35,8 +34,7 @@ type Server struct {
 	dir      string
 
 	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc *proctest.Proc // nil while down
 }
 
 // Addr returns the client address, host:port.
@@ -56,7 +54,7 @@ func Start() (*Server, error) {
 	}
 	var last error
 	for range 5 {
-		ports, err := freePorts(2)
+		ports, err := proctest.FreePorts(2)
 		if err != nil {
 			last = err
 			continue
@@ -83,31 +81,12 @@ func New(t testing.TB) *Server {
 	return s
 }
 
-func freePorts(n int) ([]int, error) {
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	}()
-	var ports []int
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
-
 // Restart starts the server again on its ports (after Kill), with the data it had, or
 // as a new cluster after Wipe. It returns once the server reports itself healthy.
 func (s *Server) Restart() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cmd != nil {
+	if s.proc != nil {
 		return errors.New("etcdtest: server already running")
 	}
 	peer := "http://127.0.0.1:" + strconv.Itoa(s.PeerPort)
@@ -117,50 +96,22 @@ func (s *Server) Restart() error {
 		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
 		"--initial-cluster", "test="+peer, "--log-level", "error",
 		"--unsafe-no-fsync") // tests only: a kill -9 loses nothing the OS has
-	log, err := os.OpenFile(filepath.Join(s.dir, "etcd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return fmt.Errorf("etcdtest: %w", err)
-	}
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		log.Close()
-		return fmt.Errorf("etcdtest: start etcd: %w", err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); log.Close(); close(done) }()
-	deadline := time.Now().Add(20 * time.Second)
 	hc := &http.Client{Timeout: time.Second}
-	for {
-		if r, err := hc.Get(client + "/health"); err == nil {
-			r.Body.Close()
-			if r.StatusCode == http.StatusOK {
-				break
+	defer hc.CloseIdleConnections()
+	p, err := proctest.Start(fmt.Sprintf("etcdtest: etcd on port %d", s.Port), cmd, filepath.Join(s.dir, "etcd.log"),
+		20*time.Second, 20*time.Millisecond, func() bool {
+			r, err := hc.Get(client + "/health")
+			if err != nil {
+				return false
 			}
-		}
-		select {
-		case <-done:
-			return fmt.Errorf("etcdtest: etcd on port %d exited at start: %s", s.Port, s.logTail())
-		default:
-		}
-		if time.Now().After(deadline) {
-			cmd.Process.Kill()
-			<-done
-			return fmt.Errorf("etcdtest: etcd on port %d did not become healthy: %s", s.Port, s.logTail())
-		}
-		time.Sleep(20 * time.Millisecond)
+			r.Body.Close()
+			return r.StatusCode == http.StatusOK
+		})
+	if err != nil {
+		return err
 	}
-	hc.CloseIdleConnections()
-	s.cmd, s.done = cmd, done
+	s.proc = p
 	return nil
-}
-
-func (s *Server) logTail() string {
-	b, _ := os.ReadFile(filepath.Join(s.dir, "etcd.log"))
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(lines) > 3 {
-		lines = lines[len(lines)-3:]
-	}
-	return strings.Join(lines, " | ")
 }
 
 // Kill kills the server with SIGKILL and waits for it to exit. Its data stays on disk:
@@ -168,13 +119,11 @@ func (s *Server) logTail() string {
 func (s *Server) Kill() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cmd == nil {
+	if s.proc == nil {
 		return
 	}
-	s.cmd.Process.Signal(syscall.SIGCONT)
-	s.cmd.Process.Kill()
-	<-s.done
-	s.cmd, s.done = nil, nil
+	s.proc.Kill()
+	s.proc = nil
 }
 
 // Wipe kills the server and deletes its data: the next Restart begins a new cluster with

@@ -16,11 +16,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/proctest"
 )
 
 // Script is the server's start script, as Debian's zookeeperd installs it.
@@ -36,8 +36,7 @@ type Server struct {
 	dir  string
 
 	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc *proctest.Proc // nil while down
 }
 
 // Addr returns the client address, host:port.
@@ -60,14 +59,12 @@ func Start() (*Server, error) {
 	}
 	var last error
 	for range 5 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		ports, err := proctest.FreePorts(1)
 		if err != nil {
 			last = err
 			continue
 		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
-		s := &Server{Port: port, dir: dir}
+		s := &Server{Port: ports[0], dir: dir}
 		if err := s.Restart(); err != nil {
 			last = err
 			continue
@@ -94,7 +91,7 @@ func New(t testing.TB) *Server {
 func (s *Server) Restart() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cmd != nil {
+	if s.proc != nil {
 		return errors.New("zktest: server already running")
 	}
 	cfg := fmt.Sprintf("tickTime=500\ndataDir=%s\nclientPort=%d\nclientPortAddress=127.0.0.1\n"+
@@ -102,38 +99,14 @@ func (s *Server) Restart() error {
 	if err := os.WriteFile(filepath.Join(s.dir, "zoo.cfg"), []byte(cfg), 0o644); err != nil {
 		return fmt.Errorf("zktest: %w", err)
 	}
-	log, err := os.OpenFile(filepath.Join(s.dir, "zk.out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return fmt.Errorf("zktest: %w", err)
-	}
 	cmd := exec.Command(Script, "start-foreground", filepath.Join(s.dir, "zoo.cfg"))
 	cmd.Env = append(os.Environ(), "ZOOCFGDIR="+s.dir, "ZOO_LOG_DIR="+s.dir, "JVMFLAGS=-Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // the script and its JVM: killed together
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		log.Close()
-		return fmt.Errorf("zktest: start ZooKeeper: %w", err)
+	p, err := proctest.Start(fmt.Sprintf("zktest: ZooKeeper on port %d", s.Port), cmd, filepath.Join(s.dir, "zk.out"),
+		30*time.Second, 50*time.Millisecond, func() bool { return ruok(s.Addr()) })
+	if err != nil {
+		return err
 	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); log.Close(); close(done) }()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if ruok(s.Addr()) {
-			break
-		}
-		select {
-		case <-done:
-			return fmt.Errorf("zktest: ZooKeeper on port %d exited at start: %s", s.Port, s.logTail())
-		default:
-		}
-		if time.Now().After(deadline) {
-			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-done
-			return fmt.Errorf("zktest: ZooKeeper on port %d did not answer ruok: %s", s.Port, s.logTail())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	s.cmd, s.done = cmd, done
+	s.proc = p
 	return nil
 }
 
@@ -153,27 +126,17 @@ func ruok(addr string) bool {
 	return string(b[:n]) == "imok"
 }
 
-func (s *Server) logTail() string {
-	b, _ := os.ReadFile(filepath.Join(s.dir, "zk.out"))
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(lines) > 3 {
-		lines = lines[len(lines)-3:]
-	}
-	return strings.Join(lines, " | ")
-}
-
 // Kill kills the server (the script and its JVM) with SIGKILL and waits for it to exit.
 // Its data stays on disk: Restart brings it back as it was, sessions included until they
 // time out.
 func (s *Server) Kill() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cmd == nil {
+	if s.proc == nil {
 		return
 	}
-	syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
-	<-s.done
-	s.cmd, s.done = nil, nil
+	s.proc.Kill()
+	s.proc = nil
 }
 
 // Wipe kills the server and deletes its data: the next Restart begins with no znodes and

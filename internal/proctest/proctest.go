@@ -1,0 +1,91 @@
+// Package proctest runs the real servers that test helpers start (etcd, ZooKeeper): a
+// process in its own process group with its output in a log file, waited for until it
+// answers, and killed with everything it started.
+package proctest
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Proc is a running server process.
+type Proc struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// Start starts cmd in its own process group, its output appended to logPath, and polls
+// ready every poll until it reports true. A process that exits first, or is not ready
+// within timeout, is an error quoting the log's last lines (name names the server).
+func Start(name string, cmd *exec.Cmd, logPath string, timeout, poll time.Duration, ready func() bool) (*Proc, error) {
+	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a script and what it runs: killed together
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		log.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &Proc{cmd: cmd, done: make(chan struct{})}
+	go func() { cmd.Wait(); log.Close(); close(p.done) }()
+	deadline := time.Now().Add(timeout)
+	for !ready() {
+		select {
+		case <-p.done:
+			return nil, fmt.Errorf("%s exited at start: %s", name, LogTail(logPath))
+		default:
+		}
+		if time.Now().After(deadline) {
+			p.Kill()
+			return nil, fmt.Errorf("%s was not ready within %v: %s", name, timeout, LogTail(logPath))
+		}
+		time.Sleep(poll)
+	}
+	return p, nil
+}
+
+// Kill kills the process group with SIGKILL (after SIGCONT, so that a stopped one goes
+// too) and waits for the process to exit.
+func (p *Proc) Kill() {
+	pid := p.cmd.Process.Pid
+	syscall.Kill(-pid, syscall.SIGCONT)
+	syscall.Kill(-pid, syscall.SIGKILL)
+	<-p.done
+}
+
+// LogTail returns the last three lines of the log at path, joined by " | ".
+func LogTail(path string) string {
+	b, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > 3 {
+		lines = lines[len(lines)-3:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+// FreePorts returns n distinct free TCP ports on loopback.
+func FreePorts(n int) ([]int, error) {
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}()
+	var ports []int
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		lns = append(lns, ln)
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
