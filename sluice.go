@@ -176,19 +176,6 @@ func (sh *shape) coreAt(now int64) []gcra.Limit {
 // ramping reports whether sh has a ramp that has not ended at now.
 func (sh *shape) ramping(now int64) bool { return sh.rampEnd != 0 && now < sh.rampEnd }
 
-// sameRamps reports whether a and b ramp alike (the same ramps on the same limits).
-func sameRamps(a, b Limits) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i].Ramp != b[i].Ramp || a[i].Rate != b[i].Rate || a[i].Period != b[i].Period {
-			return false
-		}
-	}
-	return true
-}
-
 // errZero is what a zero Limiter answers: it has no limits and no backend.
 var errZero = fmt.Errorf("%w: a zero Limiter decides nothing: make one with New", ErrClosed)
 
@@ -338,7 +325,7 @@ func (l *Limiter) newShape(limits Limits, prev *shape) *shape {
 	if over := limits.RampOver(); over > 0 {
 		sh.rampStart = now
 		switch {
-		case prev != nil && sameRamps(prev.limits, limits):
+		case prev != nil && SameRamps(prev.limits, limits):
 			sh.rampStart = prev.rampStart
 		case prev == nil && !l.rampFrom.IsZero():
 			sh.rampStart = now - int64(l.clock.Now().Sub(l.rampFrom))
@@ -412,7 +399,17 @@ func (l *Limiter) RampStart() (time.Time, bool) {
 
 // SameRamps reports whether a and b ramp alike: the same ramps on the same rates, so that
 // a ramp of a goes on as b's (see SetLimits, WithRampStart).
-func SameRamps(a, b Limits) bool { return sameRamps(a, b) }
+func SameRamps(a, b Limits) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Ramp != b[i].Ramp || a[i].Rate != b[i].Rate || a[i].Period != b[i].Period {
+			return false
+		}
+	}
+	return true
+}
 
 // Expired returns how many reserved permits this limiter did not use because they came to
 // be used more than the margin after their time (see WithMargin and EventExpired).
