@@ -27,8 +27,13 @@ func BenchmarkHerokuDay(b *testing.B) {
 // hourPool is one virtual hour of n members at 10 requests/s each (Poisson), 16
 // goroutines each, against limit.
 func hourPool(b *testing.B, n int, limit string) *Scenario {
+	return poolFor(b, "1h", n, limit)
+}
+
+// poolFor is hourPool for another duration of virtual time.
+func poolFor(b *testing.B, duration string, n int, limit string) *Scenario {
 	sc, err := Parse("bench.yaml", []byte(fmt.Sprintf(`
-duration: 1h
+duration: %s
 seed: 1
 limit: %s
 sample: 10s
@@ -41,7 +46,7 @@ members:
     count: %d
     goroutines: 16
     demand: {pattern: poisson, rate: 10}
-`, limit, n)))
+`, duration, limit, n)))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -71,17 +76,27 @@ func BenchmarkHour100Members(b *testing.B) { benchPool(b, hourPool(b, 100, "800/
 // under 60 s.
 func BenchmarkHour1000Members(b *testing.B) { benchPool(b, hourPool(b, 1000, "8000/s burst=1000")) }
 
+// BenchmarkMinutes1000Members is five virtual minutes of BenchmarkHour1000Members's pool:
+// the same work per request, for profiling in a shorter run.
+func BenchmarkMinutes1000Members(b *testing.B) {
+	benchPool(b, poolFor(b, "5m", 1000, "8000/s burst=1000"))
+}
+
 // BenchmarkQueueHold is the classic hold model: a queue of n events, each step popping
 // the earliest and scheduling one a random latency (0 to 20 ms) or, one in ten, a random
 // back-off (0 to 30 s) later.
 func BenchmarkQueueHold(b *testing.B) {
 	for _, n := range []int{100, 1000, 20000} {
-		for _, q := range []string{"heap", "calendar"} {
+		for _, q := range []string{"radix", "heap", "calendar"} {
 			b.Run(fmt.Sprintf("n=%d/queue=%s", n, q), func(b *testing.B) {
-				var h eventQueue
+				var r eventQueue
+				var h heapQueue
 				var c calendarQueue
-				push, pop := h.push, h.pop
-				if q == "calendar" {
+				push, pop := r.push, r.pop
+				switch q {
+				case "heap":
+					push, pop = h.push, h.pop
+				case "calendar":
 					push, pop = c.push, c.pop
 				}
 				rng := rand.New(rand.NewPCG(1, 2))

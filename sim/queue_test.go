@@ -5,12 +5,13 @@ import (
 	"testing"
 )
 
-// TestQueuesAgree: the heap and the calendar queue give the same events in the same order
+// TestQueuesAgree: the radix heap (the engine's), the 4-ary heap and the calendar queue give the same events in the same order
 // (time, then the order they were scheduled) under pushes and pops interleaved as the
 // engine does them: never in the past, many at once, ties, far-off timers, the queue
 // growing to thousands and draining to nothing twice.
 func TestQueuesAgree(t *testing.T) {
-	var h eventQueue
+	var h heapQueue
+	var r eventQueue
 	var c calendarQueue
 	rng := rand.New(rand.NewPCG(1, 2))
 	var now int64
@@ -20,6 +21,7 @@ func TestQueuesAgree(t *testing.T) {
 		e := event{at: at, seq: seq, val: int64(seq)}
 		h.push(&e)
 		c.push(&e)
+		r.push(&e)
 	}
 	for round := range 2 {
 		for i := range 80_000 {
@@ -39,26 +41,75 @@ func TestQueuesAgree(t *testing.T) {
 				push(now + d)
 				continue
 			}
-			var a, b event
+			var a, b, x event
 			h.pop(&a)
 			c.pop(&b)
+			r.pop(&x)
 			if a.seq != b.seq || a.at != b.at || a.val != b.val {
 				t.Fatalf("round %d, step %d: the heap gives (%d, %d), the calendar (%d, %d)", round, i, a.at, a.seq, b.at, b.seq)
+			}
+			if a.seq != x.seq || a.at != x.at || a.val != x.val {
+				t.Fatalf("round %d, step %d: the heap gives (%d, %d), the radix heap (%d, %d)", round, i, a.at, a.seq, x.at, x.seq)
 			}
 			now = a.at
 		}
 		for h.len() > 0 {
-			var a, b event
+			var a, b, x event
 			h.pop(&a)
 			c.pop(&b)
-			if a.seq != b.seq {
-				t.Fatalf("round %d, draining: the heap gives %d, the calendar %d", round, a.seq, b.seq)
+			r.pop(&x)
+			if a.seq != b.seq || a.seq != x.seq {
+				t.Fatalf("round %d, draining: the heap gives %d, the calendar %d, the radix heap %d", round, a.seq, b.seq, x.seq)
 			}
 			now = a.at
 		}
-		if c.len() != 0 {
-			t.Fatalf("the calendar holds %d after the heap drained", c.len())
+		if c.len() != 0 || r.len() != 0 {
+			t.Fatalf("the calendar holds %d, the radix heap %d after the heap drained", c.len(), r.len())
 		}
 		now += 1e12 // an hour of nothing, then again
+	}
+}
+
+// TestRadixHeapTakesThePast: an event scheduled before the latest one popped (a time-out
+// counted from a send that a slow message outlived) comes out where the heap gives it:
+// before everything later, in (time, seq) order among its like, and time goes on from there.
+func TestRadixHeapTakesThePast(t *testing.T) {
+	var h heapQueue
+	var r eventQueue
+	rng := rand.New(rand.NewPCG(3, 4))
+	var now int64 = 1e9
+	var seq uint64
+	var pasts int
+	for i := range 50_000 {
+		if rng.IntN(2) == 0 || h.len() == 0 {
+			d := rng.Int64N(int64(20e6))
+			if rng.IntN(8) == 0 {
+				d = -rng.Int64N(min(now, int64(5e6))) // before now
+				pasts++
+			}
+			seq++
+			e := event{at: now + d, seq: seq}
+			h.push(&e)
+			r.push(&e)
+			continue
+		}
+		var a, x event
+		h.pop(&a)
+		r.pop(&x)
+		if a.seq != x.seq || a.at != x.at {
+			t.Fatalf("step %d: the heap gives (%d, %d), the radix heap (%d, %d)", i, a.at, a.seq, x.at, x.seq)
+		}
+		now = a.at
+	}
+	if pasts < 1000 {
+		t.Fatalf("only %d events were scheduled in the past", pasts)
+	}
+	for h.len() > 0 {
+		var a, x event
+		h.pop(&a)
+		r.pop(&x)
+		if a.seq != x.seq {
+			t.Fatalf("draining: the heap gives %d, the radix heap %d", a.seq, x.seq)
+		}
 	}
 }
