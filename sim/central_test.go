@@ -1,6 +1,9 @@
 package sim
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 // TestRedisProcessesShareRoundRobin: seven processes of 1 to 20 goroutines with endless
 // work on 4,500/h for 6 h through the store (scenarios/redis-processes.yaml). In the redis
@@ -33,6 +36,67 @@ func TestRedisProcessesShareRoundRobin(t *testing.T) {
 	for _, m := range fair.PerMember {
 		if m.Ratio < 0.8 || m.Ratio > 1.3 {
 			t.Errorf("redis:processes: %s got %.3f of its fair share", m.Name, m.Ratio)
+		}
+	}
+}
+
+// TestStoreTicketsAreGivenBack: the tickets the store's messages carry (the charge-backs
+// of fail_mode local, the store's grants) go back to the pool whatever becomes of their
+// message: answered, lost, too late, to a member that crashed, left, was cut off or
+// paused. At the end, the pool lends exactly the tickets of the messages still in flight.
+func TestStoreTicketsAreGivenBack(t *testing.T) {
+	sc, err := Parse("x.yaml", []byte(`
+duration: 2m
+seed: 7
+limit: 50/s burst=10
+network:
+  store: {latency: {dist: exp, min: 1ms, mean: 15ms}, loss: 0.05}
+  api: {latency: {dist: uniform, min: 2ms, max: 5ms}}
+store: {timeout: 30ms, fail_mode: local, fallback_share: 0.25}
+client: {max_wait: 300ms, margin: 5ms}
+members:
+  - name: w
+    count: 6
+    goroutines: 4
+    demand: {pattern: poisson, rate: 15}
+events:
+  - {at: 10s, store_outage: 5s}
+  - {at: 20s, partition: [w1, w2], for: 5s}
+  - {at: 30s, pause: w3, for: 2s}
+  - {at: 40s, crash: [w4]}
+  - {at: 45s, join: w4}
+  - {at: 50s, leave: w5}
+  - {at: 55s, join: w5}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, end := range []time.Duration{17 * time.Second, 33 * time.Second, 2 * time.Minute} {
+		sc.Duration = Duration(end)
+		e := newEngine(sc, newMode("redis", sc))
+		e.run()
+		var carried int
+		q := &e.events
+		count := func(evs []event) {
+			for i := range evs {
+				if evs[i].kind == evStoreReq && evs[i].val > 0 || evs[i].kind == evStoreReply && evs[i].ok {
+					carried++
+				}
+			}
+		}
+		count(q.buckets[0][q.head:])
+		for i := 1; i < len(q.buckets); i++ {
+			count(q.buckets[i])
+		}
+		count(q.past)
+		if e.cur.at > e.end {
+			count([]event{e.cur}) // popped past the end, never handled
+		}
+		if lent := len(e.tickets) - len(e.freeTickets); lent != carried {
+			t.Errorf("at %s: the pool lends %d tickets, the messages in flight carry %d", end, lent, carried)
+		}
+		if e.timeouts == 0 || e.failOpen+e.accepted == 0 {
+			t.Errorf("at %s: %d time-outs, %d accepted: the faults did not happen", end, e.timeouts, e.accepted)
 		}
 	}
 }

@@ -80,6 +80,9 @@ type engine struct {
 	members []*member
 	byName  map[string][]int32
 
+	tickets     []gcra.Ticket // carried by the store's messages in flight (putTicket)
+	freeTickets []int32
+
 	storeTats    []int64
 	storeHold    int64
 	storeDown    int64 // down until

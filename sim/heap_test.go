@@ -4,6 +4,19 @@ package sim
 // (queue.go). It was measured against it (BenchmarkQueueHold, BENCHMARKS.md); it stays
 // here, with TestQueuesAgree, so that the comparison can be run again.
 
+type heapEntry struct {
+	at   int64
+	seq  uint64
+	slot int32
+}
+
+func less(a, b *heapEntry) bool {
+	if a.at != b.at {
+		return a.at < b.at
+	}
+	return a.seq < b.seq
+}
+
 type heapQueue struct {
 	heap  []heapEntry
 	slots []event

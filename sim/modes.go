@@ -199,10 +199,13 @@ func (c centralMode) acquire(e *engine, mi, g int32) {
 		// Piggy-back the charge-back: per limit, what the fallback admitted that the
 		// limit has not earned back yet (gcra.Debt, as the redis mode's ledger).
 		ev.val = 1
-		ev.tk.TatAfter = owed
+		ev.tk = e.putTicket(gcra.Ticket{TatAfter: owed})
 	}
 	ev.val2 = e.now // sent at: the member gives up at val2 + timeout
 	if !e.toStore(ev) {
+		if ev.val > 0 {
+			e.dropTicket(ev.tk)
+		}
 		e.giveUp(&ev)
 	}
 }
@@ -218,29 +221,44 @@ func (c centralMode) handle(e *engine, ev *event) {
 	switch ev.kind {
 	case evStoreReq:
 		if !e.storeUp() || e.partitioned[ev.m] {
+			if ev.val > 0 {
+				e.dropTicket(ev.tk)
+			}
 			e.giveUp(ev) // no answer: the member times out
 			return
 		}
 		e.storeOps++
 		e.bucket().storeOps++
 		if ev.val > 0 {
-			e.storeCharge(&ev.tk)
+			e.storeCharge(&e.tickets[ev.tk])
+			e.dropTicket(ev.tk)
 		}
 		res, tk, err := gcra.Decide(e.storeTats, e.core, e.now, 1, e.maxWait)
 		if err != nil {
 			res = gcra.Result{}
 		}
+		// The answer: granted with a delay and the ticket, or denied with a retry-after.
 		reply := *ev
 		reply.kind = evStoreReply
-		reply.res = res
-		reply.tk = tk
+		reply.ok = res.Allowed
+		reply.val2 = res.RetryAfter
+		if res.Allowed {
+			reply.val2 = res.Delay
+			reply.tk = e.putTicket(tk)
+		}
 		if !e.fromStore(reply, ev.val2+int64(e.sc.Store.Timeout)) {
 			// The answer is lost, or comes after the member gave up: the grant, if any,
 			// is never used (as a crashed member's is).
+			if reply.ok {
+				e.dropTicket(reply.tk)
+			}
 			e.giveUp(ev)
 		}
 	case evStoreReply:
 		if e.stale(ev) {
+			if ev.ok {
+				e.dropTicket(ev.tk)
+			}
 			return
 		}
 		m := e.members[ev.m]
@@ -248,13 +266,14 @@ func (c centralMode) handle(e *engine, ev *event) {
 			m.debt = gcra.Debt{} // the store has it now
 		}
 		s := &m.gs[ev.g]
-		if ev.res.Allowed {
-			s.ticket, s.hasTk = ev.tk, true
+		if ev.ok {
+			s.ticket, s.hasTk = e.tickets[ev.tk], true
+			e.dropTicket(ev.tk)
 			// The delay counts from the answer's arrival, as sluice.Reservation does.
-			e.permit(ev.m, ev.g, e.now+ev.res.Delay)
+			e.permit(ev.m, ev.g, e.now+ev.val2)
 		} else {
 			c.release(e, ev.m)
-			e.denied(ev.m, ev.g, ev.res.RetryAfter)
+			e.denied(ev.m, ev.g, ev.val2)
 		}
 	case evStoreTimeout:
 		if e.stale(ev) {
@@ -296,6 +315,22 @@ func (c centralMode) handle(e *engine, ev *event) {
 func (e *engine) storeCharge(owed *gcra.Ticket) {
 	gcra.ChargeOwed(e.storeTats, e.now, &owed.TatAfter)
 }
+
+// putTicket keeps a ticket that a message to or from the store carries (event.tk), in a
+// pool whose slots are reused: events stay small, and only the store's messages carry one.
+// The message's handler, or whatever drops it, gives the slot back with dropTicket.
+func (e *engine) putTicket(tk gcra.Ticket) int32 {
+	if n := len(e.freeTickets); n > 0 {
+		i := e.freeTickets[n-1]
+		e.freeTickets = e.freeTickets[:n-1]
+		e.tickets[i] = tk
+		return i
+	}
+	e.tickets = append(e.tickets, tk)
+	return int32(len(e.tickets) - 1)
+}
+
+func (e *engine) dropTicket(i int32) { e.freeTickets = append(e.freeTickets, i) }
 
 // storeRestart: the store lost its state (Redis restarted empty): every key is fresh.
 func (centralMode) storeRestart(e *engine) {
