@@ -85,9 +85,10 @@ func (a *adaptiveMode) answered(e *engine, ev *event) {
 	s := &m.gs[ev.g]
 	clear(a.h)
 	now := clock.Epoch.Add(time.Duration(e.now))
-	e.ref.WriteHeaders(a.h, s.verdict, now)
+	v := &m.verdicts[ev.g]
+	e.ref.WriteHeaders(a.h, *v, now)
 	status := http.StatusOK
-	if !s.verdict.Allowed {
+	if !v.Allowed {
 		status = http.StatusTooManyRequests
 	}
 	var tokens int64

@@ -46,8 +46,8 @@ func (e *engine) sendToAPI(mi, g int32) {
 
 func (e *engine) apiArrive(ev *event) {
 	v, _ := e.ref.Call("api", ev.val2, e.now)
-	if !e.stale(ev) {
-		e.members[ev.m].gs[ev.g].verdict = v
+	if e.observer && !e.stale(ev) {
+		e.members[ev.m].verdicts[ev.g] = v // for the mode, as the reply arrives
 	}
 	b := e.bucket()
 	reply := *ev

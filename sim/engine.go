@@ -13,49 +13,55 @@ import (
 	"github.com/sluicehq/sluice/referee"
 )
 
-// gslot is one of a member's goroutines.
+// gslot is one of a member's goroutines: what nearly every event of it reads, 32 bytes
+// (a pool of thousands of goroutines keeps them in the CPU's cache); the rest is in the
+// member's tickets and verdicts.
 type gslot struct {
 	op      uint32 // bumped for every new operation: older events for it are stale
 	busy    bool
+	hasTk   bool  // holds a store reservation not yet used (the member's tickets[g])
 	arrival int64 // when the request it handles arrived
-	ticket  gcra.Ticket
-	hasTk   bool            // holds a store reservation not yet used
-	sent    int64           // when its request left for the API
-	cost    int64           // its request's cost in tokens (a referee with token limits)
-	verdict referee.Verdict // the API's answer to its request, on its way back
+	sent    int64 // when its request left for the API
+	cost    int64 // its request's cost in tokens (a referee with token limits)
 }
 
-// member is one simulated worker process.
+// member is one simulated worker process. The fields nearly every event reads come first,
+// sharing cache lines.
 type member struct {
-	name    string
-	group   int
-	demand  *Demand
-	rng     *rand.Rand
-	costs   *rand.PCG // draws the tokens of its requests (reseeded at each join)
 	present bool
 	inc     uint32 // incarnation: bumped on crash, leave and join
 	paused  int64  // paused until this time (0: running)
-	joined  int64
-	on      bool // onoff: in an on spell
-	times   int  // times: next index
+	gs      []gslot
+	free    []int32 // idle goroutines
 
 	queue   []int64 // arrival times of waiting requests (a ring)
 	qhead   int
 	qlen    int
 	backlog int64 // backlog requests not yet taken (they arrived at join)
 
-	gs   []gslot
-	free []int32 // idle goroutines
-
-	tats  []int64   // local mode: the member's own GCRA state
-	hold  int64     // local mode: end of its penalty
-	ftats []int64   // fail_mode local: the fallback GCRA state
-	debt  gcra.Debt // fail_mode local: what the fallback admitted, to charge back (as strict.Backend's ledger)
+	demand *Demand
+	rng    *rand.Rand
+	costs  *rand.PCG // draws the tokens of its requests (reseeded at each join)
+	debt   gcra.Debt // fail_mode local: what the fallback admitted, to charge back (as strict.Backend's ledger)
 
 	granted, rejected, dropped int64
-	spanStart                  float64 // start of the open demand span (seconds), -1 if none
-	spans                      []measure.Span
 	cleared                    int64 // when its backlog was all answered (0: not yet)
+
+	tickets  []gcra.Ticket     // the reservation goroutine g holds, if gs[g].hasTk
+	verdicts []referee.Verdict // the API's answer to goroutine g's request, on its way back (observer modes)
+
+	name   string
+	group  int
+	joined int64
+	on     bool // onoff: in an on spell
+	times  int  // times: next index
+
+	tats  []int64 // local mode: the member's own GCRA state
+	hold  int64   // local mode: end of its penalty
+	ftats []int64 // fail_mode local: the fallback GCRA state
+
+	spanStart float64 // start of the open demand span (seconds), -1 if none
+	spans     []measure.Span
 }
 
 // engine runs one scenario under one mode.
@@ -77,8 +83,9 @@ type engine struct {
 	maxWait  int64
 	margin   int64
 
-	members []*member
-	byName  map[string][]int32
+	members  []*member
+	byName   map[string][]int32
+	observer bool // the mode is an answerObserver: the members keep the API's verdicts
 
 	tickets     []gcra.Ticket // carried by the store's messages in flight (putTicket)
 	freeTickets []int32
@@ -140,6 +147,7 @@ func newEngine(sc *Scenario, m mode) *engine {
 		sample: int64(sc.Sample),
 		byName: map[string][]int32{},
 	}
+	_, e.observer = m.(answerObserver)
 	e.setLimits(sc.Limit.Limits)
 	e.maxWait = int64(sc.Client.MaxWait)
 	e.margin = int64(sc.Client.Margin)
@@ -168,10 +176,14 @@ func newEngine(sc *Scenario, m mode) *engine {
 				rng:       rand.New(rand.NewPCG(sc.Seed, uint64(idx)+1)),
 				costs:     rand.NewPCG(0, 0),
 				gs:        make([]gslot, g.Goroutines),
+				tickets:   make([]gcra.Ticket, g.Goroutines),
 				queue:     make([]int64, 16),
 				tats:      make([]int64, len(e.core)),
 				ftats:     make([]int64, len(e.core)),
 				spanStart: -1,
+			}
+			if e.observer {
+				mb.verdicts = make([]referee.Verdict, g.Goroutines)
 			}
 			e.members = append(e.members, mb)
 			e.byName[mb.name] = []int32{idx}

@@ -177,7 +177,7 @@ func (l *leaseMode) acquire(e *engine, mi, g int32) {
 	case err != nil:
 		e.denied(mi, g, 0)
 	case out == allot.Granted:
-		s.ticket, s.hasTk = tk, true
+		e.members[mi].tickets[g], s.hasTk = tk, true
 		e.permit(mi, g, e.now+res.Delay)
 	case out == allot.Throttled:
 		e.denied(mi, g, res.RetryAfter)
@@ -401,7 +401,7 @@ func (l *leaseMode) permitOK(e *engine, ev *event) bool {
 	}
 	s := &e.members[ev.m].gs[ev.g]
 	if s.hasTk && l.members[ev.m] != nil && l.minc[ev.m] == e.members[ev.m].inc {
-		_ = allot.Adjust(l.members[ev.m], e.now, s.ticket, 0)
+		_ = allot.Adjust(l.members[ev.m], e.now, e.members[ev.m].tickets[ev.g], 0)
 	}
 	s.hasTk = false
 	l.rep.ExpiredPermits++
@@ -426,7 +426,7 @@ func (l *leaseMode) left(e *engine, mi int32, graceful bool) {
 		// shares back (with what they saved).
 		for g := range m.gs {
 			if s := &m.gs[g]; s.hasTk {
-				_ = allot.Adjust(ms, e.now, s.ticket, 0)
+				_ = allot.Adjust(ms, e.now, m.tickets[g], 0)
 				s.hasTk = false
 			}
 		}

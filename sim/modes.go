@@ -267,7 +267,7 @@ func (c centralMode) handle(e *engine, ev *event) {
 		}
 		s := &m.gs[ev.g]
 		if ev.ok {
-			s.ticket, s.hasTk = e.tickets[ev.tk], true
+			m.tickets[ev.g], s.hasTk = e.tickets[ev.tk], true
 			e.dropTicket(ev.tk)
 			// The delay counts from the answer's arrival, as sluice.Reservation does.
 			e.permit(ev.m, ev.g, e.now+ev.val2)
@@ -357,7 +357,7 @@ func (centralMode) left(e *engine, mi int32, graceful bool) {
 			}
 			// The cancel travels to the store; the simulator applies it on arrival order
 			// only approximately (at once), which can only refund earlier, never later.
-			gcra.Adjust(e.storeTats, e.core, e.now, s.ticket, 0, hold)
+			gcra.Adjust(e.storeTats, e.core, e.now, m.tickets[g], 0, hold)
 			e.storeOps++
 			e.messages++
 			s.hasTk = false
