@@ -84,9 +84,11 @@ events:
 				}
 			}
 		}
-		count(q.buckets[0][q.head:])
-		for i := 1; i < len(q.buckets); i++ {
-			count(q.buckets[i])
+		count(q.now[q.head:])
+		for l := range q.buckets {
+			for d := range q.buckets[l] {
+				count(q.buckets[l][d])
+			}
 		}
 		count(q.past)
 		if e.cur.at > e.end {

@@ -51,30 +51,38 @@ type event struct {
 }
 
 // eventQueue holds pending events in a radix heap (R. Ahuja, K. Mehlhorn, J. Orlin and R.
-// Tarjan, 1990). A radix heap fits a simulation: nothing is scheduled before the event being
-// handled, so every held time is at or after the latest popped one, last. Event x waits in
-// bucket bits.Len64(x.at ^ last): bucket 0 holds the times equal to last, bucket i those
-// whose highest bit differing from last is bit i-1. Popping takes from bucket 0; when it is
-// empty, the lowest bucket that is not is emptied: its earliest time becomes last and its
-// events move to lower buckets. An event only ever moves down, a few times in its life,
-// copied in a linear scan with branches a CPU predicts, where a heap's sifting compares at
-// every level with branches it cannot predict, and popping reads bucket 0 in order, where
-// a heap's entries point at payloads scattered in memory (BENCHMARKS.md: the 4-ary heap it
-// replaced spent half of a large pool's run in pop; heap_test.go keeps it).
+// Tarjan, 1990) of 16-way digits. A radix heap fits a simulation: nothing is scheduled
+// before the event being handled, so every held time is at or after the latest popped
+// one, last. Events at last wait in order in bucket now; an event at a later time x waits
+// in bucket (l, d), where l is the highest 4-bit digit in which x differs from last and d
+// is x's digit there (greater than last's). The earliest event is in the lowest such
+// bucket that holds any: popping takes from now, and when it is empty, that bucket is
+// emptied, its earliest time becoming last and its events moving to lower levels (the
+// buckets above it stay as they are: last did not change there). An event moves down at
+// most once a digit, two or three times in its life, copied in a linear scan with branches
+// a CPU predicts, where a heap's sifting compares at every level with branches it cannot
+// predict; and popping reads bucket now in order, where a heap's entries point at payloads
+// scattered in memory (BENCHMARKS.md: the 4-ary heap it replaced spent half of a large
+// pool's run in pop; heap_test.go keeps it).
 //
 // Ties in time come out in the order they were scheduled (seq), as from a heap: events
-// that reach bucket 0 together are sorted by seq, and any scheduled later at that time come
-// after them. An event scheduled before last (a time-out counted from a send that a slow
-// message outlived) waits in a small binary heap, past, which is emptied first: all of it
-// is before last. Nothing is allocated per event once the buckets have grown.
+// that reach bucket now together are sorted by seq, and any scheduled later at that time
+// come after them. An event scheduled before last (a time-out counted from a send that a
+// slow message outlived) waits in a small binary heap, past, which is emptied first: all
+// of it is before last. Nothing is allocated per event once the buckets have grown.
 type eventQueue struct {
 	last    int64
-	buckets [64][]event // times are not negative: at ^ last < 1<<63
-	head    int         // bucket 0 is buckets[0][head:]
-	full    uint64      // bit i set: bucket i (1 to 63) holds events
+	now     []event // the events at last, in order from head
+	head    int
+	buckets [radixLevels][16][]event
+	levels  uint16              // bit l: a bucket of level l holds events
+	digits  [radixLevels]uint16 // bit d of digits[l]: bucket (l, d) holds events
 	past    []event
 	n       int
 }
+
+// radixLevels is the number of 4-bit digits of a time (not negative: 63 bits).
+const radixLevels = 16
 
 func (q *eventQueue) len() int { return q.n }
 
@@ -92,11 +100,21 @@ func (q *eventQueue) push(e *event) {
 		q.pushPast(e)
 		return
 	}
-	i := bits.Len64(uint64(e.at ^ q.last))
-	q.buckets[i] = append(q.buckets[i], *e)
-	if i > 0 {
-		q.full |= 1 << i
+	q.place(e)
+}
+
+// place puts e, not before last, in its bucket.
+func (q *eventQueue) place(e *event) {
+	x := uint64(e.at ^ q.last)
+	if x == 0 {
+		q.now = append(q.now, *e)
+		return
 	}
+	l := (bits.Len64(x) - 1) >> 2
+	d := uint64(e.at) >> (l << 2) & 15
+	q.buckets[l][d] = append(q.buckets[l][d], *e)
+	q.levels |= 1 << l
+	q.digits[l] |= 1 << d
 }
 
 // pop removes the earliest event and copies it into *out. The queue must not be empty.
@@ -106,38 +124,37 @@ func (q *eventQueue) pop(out *event) {
 		q.popPast(out)
 		return
 	}
-	if q.head == len(q.buckets[0]) {
+	if q.head == len(q.now) {
 		q.refill()
 	}
-	*out = q.buckets[0][q.head]
+	*out = q.now[q.head]
 	q.head++
-	if q.head == len(q.buckets[0]) {
-		q.buckets[0], q.head = q.buckets[0][:0], 0
+	if q.head == len(q.now) {
+		q.now, q.head = q.now[:0], 0
 	}
 }
 
 // refill empties the lowest bucket that holds events into the ones below it, its
-// earliest time becoming last; bucket 0 (empty before) then holds that time's events in
-// the order they were scheduled.
+// earliest time becoming last; bucket now (empty before) then holds that time's events
+// in the order they were scheduled.
 func (q *eventQueue) refill() {
-	i := bits.TrailingZeros64(q.full)
-	b := q.buckets[i]
+	l := bits.TrailingZeros16(q.levels)
+	d := bits.TrailingZeros16(q.digits[l])
+	b := q.buckets[l][d]
+	q.buckets[l][d] = b[:0] // nothing moves to level l: its events are placed below
+	if q.digits[l] &^= 1 << d; q.digits[l] == 0 {
+		q.levels &^= 1 << l
+	}
 	last := b[0].at
 	for k := 1; k < len(b); k++ {
 		last = min(last, b[k].at)
 	}
 	q.last = last
 	for k := range b {
-		j := bits.Len64(uint64(b[k].at ^ last))
-		q.buckets[j] = append(q.buckets[j], b[k])
-		if j > 0 {
-			q.full |= 1 << j
-		}
+		q.place(&b[k])
 	}
-	q.buckets[i] = b[:0]
-	q.full &^= 1 << i
-	if z := q.buckets[0]; len(z) > 1 {
-		slices.SortFunc(z, func(a, b event) int { return cmp.Compare(a.seq, b.seq) })
+	if len(q.now) > 1 {
+		slices.SortFunc(q.now, func(a, b event) int { return cmp.Compare(a.seq, b.seq) })
 	}
 }
 
