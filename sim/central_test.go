@@ -79,7 +79,7 @@ events:
 		q := &e.events
 		count := func(evs []event) {
 			for i := range evs {
-				if evs[i].kind == evStoreReq && evs[i].val > 0 || evs[i].kind == evStoreReply && evs[i].ok {
+				if evs[i].kind == evStoreReq && evs[i].charged || evs[i].kind == evStoreReply && evs[i].ok {
 					carried++
 				}
 			}

@@ -198,13 +198,13 @@ func (c centralMode) acquire(e *engine, mi, g int32) {
 	if owed, any := m.debt.Owed(e.now, len(e.core)); any {
 		// Piggy-back the charge-back: per limit, what the fallback admitted that the
 		// limit has not earned back yet (gcra.Debt, as the redis mode's ledger).
-		ev.val = 1
-		ev.tk = e.putTicket(gcra.Ticket{TatAfter: owed})
+		ev.charged = true
+		ev.val = int64(e.putTicket(gcra.Ticket{TatAfter: owed}))
 	}
 	ev.val2 = e.now // sent at: the member gives up at val2 + timeout
 	if !e.toStore(ev) {
-		if ev.val > 0 {
-			e.dropTicket(ev.tk)
+		if ev.charged {
+			e.dropTicket(ev.val)
 		}
 		e.giveUp(&ev)
 	}
@@ -221,17 +221,17 @@ func (c centralMode) handle(e *engine, ev *event) {
 	switch ev.kind {
 	case evStoreReq:
 		if !e.storeUp() || e.partitioned[ev.m] {
-			if ev.val > 0 {
-				e.dropTicket(ev.tk)
+			if ev.charged {
+				e.dropTicket(ev.val)
 			}
 			e.giveUp(ev) // no answer: the member times out
 			return
 		}
 		e.storeOps++
 		e.bucket().storeOps++
-		if ev.val > 0 {
-			e.storeCharge(&e.tickets[ev.tk])
-			e.dropTicket(ev.tk)
+		if ev.charged {
+			e.storeCharge(&e.tickets[ev.val])
+			e.dropTicket(ev.val)
 		}
 		res, tk, err := gcra.Decide(e.storeTats, e.core, e.now, 1, e.maxWait)
 		if err != nil {
@@ -244,31 +244,31 @@ func (c centralMode) handle(e *engine, ev *event) {
 		reply.val2 = res.RetryAfter
 		if res.Allowed {
 			reply.val2 = res.Delay
-			reply.tk = e.putTicket(tk)
+			reply.val = int64(e.putTicket(tk))
 		}
 		if !e.fromStore(reply, ev.val2+int64(e.sc.Store.Timeout)) {
 			// The answer is lost, or comes after the member gave up: the grant, if any,
 			// is never used (as a crashed member's is).
 			if reply.ok {
-				e.dropTicket(reply.tk)
+				e.dropTicket(reply.val)
 			}
 			e.giveUp(ev)
 		}
 	case evStoreReply:
 		if e.stale(ev) {
 			if ev.ok {
-				e.dropTicket(ev.tk)
+				e.dropTicket(ev.val)
 			}
 			return
 		}
 		m := e.members[ev.m]
-		if ev.val > 0 {
+		if ev.charged {
 			m.debt = gcra.Debt{} // the store has it now
 		}
 		s := &m.gs[ev.g]
 		if ev.ok {
-			m.tickets[ev.g], s.hasTk = e.tickets[ev.tk], true
-			e.dropTicket(ev.tk)
+			m.tickets[ev.g], s.hasTk = e.tickets[ev.val], true
+			e.dropTicket(ev.val)
 			// The delay counts from the answer's arrival, as sluice.Reservation does.
 			e.permit(ev.m, ev.g, e.now+ev.val2)
 		} else {
@@ -316,7 +316,7 @@ func (e *engine) storeCharge(owed *gcra.Ticket) {
 	gcra.ChargeOwed(e.storeTats, e.now, &owed.TatAfter)
 }
 
-// putTicket keeps a ticket that a message to or from the store carries (event.tk), in a
+// putTicket keeps a ticket that a message to or from the store carries (in event.val), in a
 // pool whose slots are reused: events stay small, and only the store's messages carry one.
 // The message's handler, or whatever drops it, gives the slot back with dropTicket.
 func (e *engine) putTicket(tk gcra.Ticket) int32 {
@@ -330,7 +330,7 @@ func (e *engine) putTicket(tk gcra.Ticket) int32 {
 	return int32(len(e.tickets) - 1)
 }
 
-func (e *engine) dropTicket(i int32) { e.freeTickets = append(e.freeTickets, i) }
+func (e *engine) dropTicket(i int64) { e.freeTickets = append(e.freeTickets, int32(i)) }
 
 // storeRestart: the store lost its state (Redis restarted empty): every key is fresh.
 func (centralMode) storeRestart(e *engine) {

@@ -36,7 +36,7 @@ const (
 )
 
 // event is one thing that happens at a time. Events are small values held in the queue's
-// buckets: the hot loop allocates nothing per event, and moves 56 bytes per copy.
+// buckets: the hot loop allocates nothing per event, and moves 48 bytes per copy.
 type event struct {
 	at   int64
 	seq  uint64
@@ -45,9 +45,11 @@ type event struct {
 	m    int32
 	g    int32
 	op   uint32 // the goroutine's operation (or member's incarnation) the event belongs to
-	tk   int32  // the store's messages: the ticket they carry, in engine.tickets (see ok)
 	kind kind
-	ok   bool // the store's answer: granted (its ticket is tk)
+	// The store's messages carry a ticket, in engine.tickets at index val: a request its
+	// member's charge-back (charged), an answer its grant (ok).
+	ok      bool
+	charged bool
 }
 
 // eventQueue holds pending events in a radix heap (R. Ahuja, K. Mehlhorn, J. Orlin and R.
