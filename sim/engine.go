@@ -116,6 +116,8 @@ type engine struct {
 	storeOps, messages, timeouts, failOpen      int64
 	waits                                       hist
 	series                                      []bucket
+	cb                                          *bucket // now's sample (bucket)
+	nextSample                                  int64   // when the next sample starts
 	sample                                      int64
 	// A ramp runs from rampStart to rampEnd (0: none running); the limits follow it in
 	// steps of rampStep, the next at rampNext.
@@ -164,6 +166,7 @@ func newEngine(sc *Scenario, m mode) *engine {
 	}
 	e.ref = ref
 	e.series = make([]bucket, max(1, int((e.end+e.sample-1)/e.sample)))
+	e.cb, e.nextSample = &e.series[0], e.sample
 	e.storeTats = make([]int64, len(e.core))
 	idx := int32(0)
 	for gi := range sc.Members {
@@ -291,8 +294,12 @@ func (e *engine) run() {
 
 // advance moves time forward, closing the time-series buckets on the way.
 func (e *engine) advance(t int64) {
-	for b := e.now / e.sample; b < t/e.sample && b < int64(len(e.series)); b++ {
-		e.closeBucket(int(b))
+	if t >= e.nextSample || t < e.now {
+		for b := e.now / e.sample; b < t/e.sample && b < int64(len(e.series)); b++ {
+			e.closeBucket(int(b))
+		}
+		e.cb = &e.series[min(t/e.sample, int64(len(e.series)-1))]
+		e.nextSample = (t/e.sample + 1) * e.sample
 	}
 	e.now = t
 	if e.rampEnd != 0 && t >= e.rampNext {
@@ -331,13 +338,8 @@ func (e *engine) closeBucket(b int) {
 	s.saturated = q > live || float64(s.arrivals) >= s.capacity
 }
 
-func (e *engine) bucket() *bucket {
-	b := int(e.now / e.sample)
-	if b >= len(e.series) {
-		b = len(e.series) - 1
-	}
-	return &e.series[b]
-}
+// bucket returns the time series' sample of now.
+func (e *engine) bucket() *bucket { return e.cb }
 
 // stale reports whether a goroutine event no longer applies.
 func (e *engine) stale(ev *event) bool {

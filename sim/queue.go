@@ -126,8 +126,8 @@ func (q *eventQueue) pop(out *event) {
 		q.popPast(out)
 		return
 	}
-	if q.head == len(q.now) {
-		q.refill()
+	if q.head == len(q.now) && q.refill(out) {
+		return
 	}
 	*out = q.now[q.head]
 	q.head++
@@ -138,14 +138,20 @@ func (q *eventQueue) pop(out *event) {
 
 // refill empties the lowest bucket that holds events into the ones below it, its
 // earliest time becoming last; bucket now (empty before) then holds that time's events
-// in the order they were scheduled.
-func (q *eventQueue) refill() {
+// in the order they were scheduled. A bucket of one event (most of them, near last) is
+// popped into *out instead: refill reports whether it did.
+func (q *eventQueue) refill(out *event) bool {
 	l := bits.TrailingZeros16(q.levels)
 	d := bits.TrailingZeros16(q.digits[l])
 	b := q.buckets[l][d]
 	q.buckets[l][d] = b[:0] // nothing moves to level l: its events are placed below
 	if q.digits[l] &^= 1 << d; q.digits[l] == 0 {
 		q.levels &^= 1 << l
+	}
+	if len(b) == 1 {
+		q.last = b[0].at
+		*out = b[0]
+		return true
 	}
 	last := b[0].at
 	for k := 1; k < len(b); k++ {
@@ -158,6 +164,7 @@ func (q *eventQueue) refill() {
 	if len(q.now) > 1 {
 		slices.SortFunc(q.now, func(a, b event) int { return cmp.Compare(a.seq, b.seq) })
 	}
+	return false
 }
 
 // pushPast and popPast keep past, a binary min-heap by (at, seq).
