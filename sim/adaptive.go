@@ -73,7 +73,7 @@ func (a *adaptiveMode) acquire(e *engine, mi, g int32) {
 	case adaptive.Reject:
 		e.denied(mi, g, 0) // rejected locally (sre): the goroutine backs off
 	case adaptive.Wait:
-		e.schedule(event{at: max(at, e.now+1), kind: evRetry, m: mi, g: g, op: e.members[mi].gs[g].op})
+		e.schedule(event{at: max(at, e.now+1), kind: evRetry, m: mi, g: g, op: e.members[mi].ops[g]})
 	default:
 		e.permit(mi, g, at)
 	}

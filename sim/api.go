@@ -5,14 +5,13 @@ package sim
 // permit makes goroutine g send its request to the API at time at.
 func (e *engine) permit(mi, g int32, at int64) {
 	m := e.members[mi]
-	e.schedule(event{at: max(at, e.now), kind: evPermit, m: mi, g: g, op: m.gs[g].op, val: at})
+	e.schedule(event{at: max(at, e.now), kind: evPermit, m: mi, g: g, op: m.ops[g], val: at})
 }
 
 // denied handles a request that got no permit: retry after a jittered back-off (at least
 // retryAfter), or drop it.
 func (e *engine) denied(mi, g int32, retryAfter int64) {
 	m := e.members[mi]
-	s := &m.gs[g]
 	if e.sc.Client.OnDeny == "drop" {
 		m.dropped++
 		e.dropped++
@@ -23,7 +22,7 @@ func (e *engine) denied(mi, g int32, retryAfter int64) {
 	d := max(retryAfter, int64(b.Base))
 	d = min(d, max(int64(b.Max), retryAfter))
 	d += int64(float64(d) * b.Jitter * m.rng.Float64())
-	e.schedule(event{at: e.now + d, kind: evRetry, m: mi, g: g, op: s.op})
+	e.schedule(event{at: e.now + d, kind: evRetry, m: mi, g: g, op: m.ops[g]})
 }
 
 func (e *engine) sendToAPI(mi, g int32) {
@@ -38,10 +37,10 @@ func (e *engine) sendToAPI(mi, g int32) {
 	e.bucket().messages++
 	if e.lost(&e.sc.Network.API) {
 		// The request never arrives; the goroutine gives up after the store time-out.
-		e.schedule(event{at: e.now + int64(e.sc.Store.Timeout), kind: evStart, m: mi, g: g, op: s.op})
+		e.schedule(event{at: e.now + int64(e.sc.Store.Timeout), kind: evStart, m: mi, g: g, op: m.ops[g]})
 		return
 	}
-	e.schedule(event{at: e.now + e.latency(&e.sc.Network.API), kind: evAPIArrive, m: mi, g: g, op: s.op, val2: s.cost})
+	e.schedule(event{at: e.now + e.latency(&e.sc.Network.API), kind: evAPIArrive, m: mi, g: g, op: m.ops[g], val2: s.cost})
 }
 
 func (e *engine) apiArrive(ev *event) {

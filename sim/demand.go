@@ -24,7 +24,7 @@ func (e *engine) join(mi int32) {
 	m.qhead, m.qlen, m.backlog = 0, 0, 0
 	m.free = m.free[:0]
 	for g := range m.gs {
-		m.gs[g].op++
+		m.ops[g]++
 		m.gs[g].busy = false
 		m.gs[g].hasTk = false
 		m.free = append(m.free, int32(g))
@@ -212,7 +212,7 @@ func (e *engine) wake(mi int32) {
 func (e *engine) startNext(mi, g int32) {
 	m := e.members[mi]
 	s := &m.gs[g]
-	s.op++
+	m.ops[g]++
 	s.hasTk = false
 	switch {
 	case m.qlen > 0:

@@ -13,11 +13,12 @@ import (
 	"github.com/sluicehq/sluice/referee"
 )
 
-// gslot is one of a member's goroutines: what nearly every event of it reads, 32 bytes
-// (a pool of thousands of goroutines keeps them in the CPU's cache); the rest is in the
-// member's tickets and verdicts.
+// gslot is one of a member's goroutines: what its request's events read, 32 bytes (a pool
+// of thousands of goroutines keeps them in the CPU's cache). Its operation, which every
+// event of it reads, is the member's ops[g] (4 bytes: the events of a goroutine waiting
+// for a permit read nothing else of it); its ticket and the API's verdict are the
+// member's tickets[g] and verdicts[g].
 type gslot struct {
-	op      uint32 // bumped for every new operation: older events for it are stale
 	busy    bool
 	hasTk   bool  // holds a store reservation not yet used (the member's tickets[g])
 	arrival int64 // when the request it handles arrived
@@ -32,7 +33,8 @@ type member struct {
 	inc     uint32 // incarnation: bumped on crash, leave and join
 	paused  int64  // paused until this time (0: running)
 	gs      []gslot
-	free    []int32 // idle goroutines
+	ops     []uint32 // goroutine g's operation, bumped for every new one: older events for it are stale
+	free    []int32  // idle goroutines
 
 	queue   []int64 // arrival times of waiting requests (a ring)
 	qhead   int
@@ -179,6 +181,7 @@ func newEngine(sc *Scenario, m mode) *engine {
 				rng:       rand.New(rand.NewPCG(sc.Seed, uint64(idx)+1)),
 				costs:     rand.NewPCG(0, 0),
 				gs:        make([]gslot, g.Goroutines),
+				ops:       make([]uint32, g.Goroutines),
 				tickets:   make([]gcra.Ticket, g.Goroutines),
 				queue:     make([]int64, 16),
 				tats:      make([]int64, len(e.core)),
@@ -344,7 +347,7 @@ func (e *engine) bucket() *bucket { return e.cb }
 // stale reports whether a goroutine event no longer applies.
 func (e *engine) stale(ev *event) bool {
 	m := e.members[ev.m]
-	return !m.present || ev.g < 0 || m.gs[ev.g].op != ev.op
+	return !m.present || ev.g < 0 || m.ops[ev.g] != ev.op
 }
 
 func (e *engine) handle(ev *event) {
@@ -514,7 +517,7 @@ func (e *engine) leave(mi int32, graceful bool) {
 		if m.gs[g].busy {
 			abandoned++
 		}
-		m.gs[g].op++
+		m.ops[g]++
 		m.gs[g].busy = false
 	}
 	m.dropped += abandoned

@@ -190,12 +190,12 @@ func (l *leaseMode) acquire(e *engine, mi, g int32) {
 			e.denied(mi, g, 0)
 			break
 		}
-		req.Nonce = takeNonce(g, s.op)
+		req.Nonce = takeNonce(g, e.members[mi].ops[g])
 		l.send(e, mi, 0, req, true)
 	case out == allot.TooFar:
 		// The permit lies beyond the booking horizon: wait, then book it.
 		l.wait(mi, g)
-		e.schedule(event{at: e.now + max(res.RetryAfter, 1), kind: evRetry, m: mi, g: g, op: s.op})
+		e.schedule(event{at: e.now + max(res.RetryAfter, 1), kind: evRetry, m: mi, g: g, op: e.members[mi].ops[g]})
 	case e.maxWait == 0 && !joining(ms):
 		e.denied(mi, g, res.RetryAfter) // no share (yet): a pessimistic client backs off
 	default:
@@ -307,7 +307,7 @@ func (l *leaseMode) handle(e *engine, ev *event) {
 		}
 		e.timeouts++
 		if g, op, ok := fromTakeNonce(uint64(ev.val2)); ok {
-			if s := &e.members[ev.m].gs[g]; s.busy && s.op == op {
+			if m := e.members[ev.m]; m.gs[g].busy && m.ops[g] == op {
 				e.denied(ev.m, g, 0) // the take got no answer in time
 			}
 			return
@@ -510,8 +510,8 @@ func fromTakeNonce(n uint64) (int32, uint32, bool) {
 func (l *leaseMode) took(e *engine, mi int32, msg leaseMsg) {
 	g, op, _ := fromTakeNonce(msg.rep.Nonce)
 	l.members[mi][msg.limit].Took(e.now, 1, msg.rep, msg.err)
-	s := &e.members[mi].gs[g]
-	if !s.busy || s.op != op {
+	m := e.members[mi]
+	if !m.gs[g].busy || m.ops[g] != op {
 		return // the goroutine gave up meanwhile
 	}
 	switch {
@@ -521,7 +521,7 @@ func (l *leaseMode) took(e *engine, mi int32, msg leaseMsg) {
 		// A caller that may wait that long keeps its place in the store's line and asks
 		// again when told, as the backend does.
 		l.wait(mi, g)
-		e.schedule(event{at: e.now + max(msg.rep.Wait, 1), kind: evRetry, m: mi, g: g, op: s.op})
+		e.schedule(event{at: e.now + max(msg.rep.Wait, 1), kind: evRetry, m: mi, g: g, op: m.ops[g]})
 	default:
 		e.denied(mi, g, msg.rep.Wait)
 	}

@@ -170,7 +170,7 @@ func (c centralMode) release(e *engine, mi int32) {
 	for len(ln.parked) > 0 {
 		p := ln.parked[0]
 		ln.parked = ln.parked[1:]
-		if m.present && m.gs[p.g].op == p.op {
+		if m.present && m.ops[p.g] == p.op {
 			c.acquire(e, mi, p.g)
 			return
 		}
@@ -188,13 +188,12 @@ func (c centralMode) acquire(e *engine, mi, g int32) {
 	if c.lines != nil {
 		ln := c.line(e, mi)
 		if ln.busy {
-			ln.parked = append(ln.parked, parkedG{g, m.gs[g].op})
+			ln.parked = append(ln.parked, parkedG{g, m.ops[g]})
 			return
 		}
 		ln.busy = true
 	}
-	s := &m.gs[g]
-	ev := event{kind: evStoreReq, m: mi, g: g, op: s.op}
+	ev := event{kind: evStoreReq, m: mi, g: g, op: m.ops[g]}
 	if owed, any := m.debt.Owed(e.now, len(e.core)); any {
 		// Piggy-back the charge-back: per limit, what the fallback admitted that the
 		// limit has not earned back yet (gcra.Debt, as the redis mode's ledger).
@@ -281,7 +280,7 @@ func (c centralMode) handle(e *engine, ev *event) {
 		}
 		e.timeouts++
 		m := e.members[ev.m]
-		m.gs[ev.g].op++ // a late answer no longer applies
+		m.ops[ev.g]++ // a late answer no longer applies
 		switch e.sc.Store.FailMode {
 		case "open":
 			e.failOpen++
