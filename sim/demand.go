@@ -194,7 +194,7 @@ func (e *engine) enqueue(m *member, at int64) {
 		}
 		m.queue, m.qhead = q, 0
 	}
-	m.queue[(m.qhead+m.qlen)%len(m.queue)] = at
+	m.queue[(m.qhead+m.qlen)&(len(m.queue)-1)] = at
 	m.qlen++
 }
 
@@ -217,7 +217,7 @@ func (e *engine) startNext(mi, g int32) {
 	switch {
 	case m.qlen > 0:
 		s.arrival = m.queue[m.qhead]
-		m.qhead = (m.qhead + 1) % len(m.queue)
+		m.qhead = (m.qhead + 1) & (len(m.queue) - 1)
 		m.qlen--
 	case m.backlog > 0:
 		s.arrival = e.now // a backlog is an endless supply: waits count from pick-up

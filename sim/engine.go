@@ -36,7 +36,7 @@ type member struct {
 	ops     []uint32 // goroutine g's operation, bumped for every new one: older events for it are stale
 	free    []int32  // idle goroutines
 
-	queue   []int64 // arrival times of waiting requests (a ring)
+	queue   []int64 // arrival times of waiting requests (a ring; its length a power of two)
 	qhead   int
 	qlen    int
 	backlog int64 // backlog requests not yet taken (they arrived at join)
