@@ -132,7 +132,7 @@ func TestSimCommand(t *testing.T) {
 		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--modes", "quantum"}, "quantum"},
 		{[]string{"sim", "a.yaml", "b.yaml"}, "one scenario file"},
 		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--modes", "local,central"}, "called redis now"},
-		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--sweep", "client.margin=0s,1ms", "--plot", "a.svg"}, "does not take --plot"},
+		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--sweep", "name=a/b,a_b", "--csv", "x.csv"}, "two points would write the same files (name=a_b)"},
 		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--sweep", "client.margin"}, "want KEY=V1,V2"},
 		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--sweep", "client.margin=later"}, `bad duration "later"`},
 		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--plot", "out.pdf"}, "--plot: want a file ending in .svg or .png"},
@@ -205,6 +205,58 @@ func TestSimSweep(t *testing.T) {
 	code, out, errs := run(t, "sim", "../../scenarios/seed000-timeline.yaml", "--sweep", "client.margin=0s,10ms")
 	if code != 0 || !strings.Contains(out, "best (fewest violations, then the highest utilization, then the fewest store operations)") {
 		t.Errorf("exit %d: %s%s", code, out, errs)
+	}
+}
+
+// TestSimSweepWritesEachPoint: with --csv, --plot and --html a sweep writes each point's
+// files, named after its settings; a point's files are those of the same point swept
+// alone (the grid and its parallel runs change nothing), the points' differ, and two runs
+// write the same bytes.
+func TestSimSweepWritesEachPoint(t *testing.T) {
+	dir := t.TempDir()
+	sweep := func(sub string, margins string) {
+		t.Helper()
+		d := filepath.Join(dir, sub)
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		code, out, errs := run(t, "sim", "../../scenarios/store-outage.yaml", "--modes", "redis", "--seed", "4",
+			"--sweep", "client.margin="+margins, "--sweep", "members.m.count=5",
+			"--csv", filepath.Join(d, "s.csv"), "--plot", filepath.Join(d, "f.png"), "--html", filepath.Join(d, "p.html"))
+		if code != 0 || !strings.Contains(out, "best (") {
+			t.Fatalf("exit %d: %s%s", code, out, errs)
+		}
+	}
+	sweep("a", "0s,50ms")
+	sweep("b", "0s,50ms")
+	sweep("c", "50ms")
+	read := func(sub, name string) []byte {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(dir, sub, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	for _, pt := range []string{"client.margin=0s-members.m.count=5", "client.margin=50ms-members.m.count=5"} {
+		for name, prefix := range map[string]string{"s-" + pt + ".csv": "mode,", "f-" + pt + ".png": "\x89PNG\r\n", "p-" + pt + ".html": "<!DOCTYPE html>"} {
+			if b := read("a", name); !bytes.HasPrefix(b, []byte(prefix)) {
+				t.Errorf("%s starts %q, want %q", name, b[:min(len(b), 16)], prefix)
+			} else if !bytes.Equal(b, read("b", name)) {
+				t.Errorf("%s: two runs of the sweep wrote different bytes", name)
+			}
+		}
+	}
+	csv0, csv50 := read("a", "s-client.margin=0s-members.m.count=5.csv"), read("a", "s-client.margin=50ms-members.m.count=5.csv")
+	if bytes.Equal(csv0, csv50) {
+		t.Errorf("the two points' series are the same: the setting did not reach them")
+	}
+	if !bytes.Equal(csv50, read("c", "s-client.margin=50ms-members.m.count=5.csv")) {
+		t.Errorf("the point's series in the grid differs from the point swept alone")
+	}
+	entries, _ := os.ReadDir(filepath.Join(dir, "a"))
+	if len(entries) != 6 {
+		t.Errorf("%d files written, want 6 (3 per point)", len(entries))
 	}
 }
 

@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/sluicehq/sluice/sim"
 )
@@ -32,7 +34,7 @@ func runSim(ctx context.Context, env Env, args []string) error {
 	plotPath := fs.String("plot", "", "draw the report's figure to `FILE` (.svg or .png): per mode, the admitted rate against the limit with the events and 429s, the queue and each member's share")
 	htmlPath := fs.String("html", "", "write the report as one self-contained HTML page to `FILE`: the modes side by side, each mode's figure, its events' convergence and its members")
 	var sweeps sweepFlags
-	fs.Var(&sweeps, "sweep", "run the scenario over a grid of settings, `KEY=V1,V2,...` (repeatable; e.g. lease.renew=50ms,250ms, client.margin=5ms,20ms, members.m.count=10,20), in parallel, and name the best point per mode (fewest violations, then utilization, then store operations)")
+	fs.Var(&sweeps, "sweep", "run the scenario over a grid of settings, `KEY=V1,V2,...` (repeatable; e.g. lease.renew=50ms,250ms, client.margin=5ms,20ms, members.m.count=10,20), in parallel, and name the best point per mode (fewest violations, then utilization, then store operations); with --plot, --html or --csv each point writes its own files, named after its settings")
 	seed := fs.Uint64("seed", 0, "override the scenario's seed")
 	rest, err := parseArgs(env, fs, args)
 	if err != nil {
@@ -45,9 +47,6 @@ func runSim(ctx context.Context, env Env, args []string) error {
 		return usagef("want one scenario file, got %q", strings.Join(rest, " "))
 	}
 	file := rest[0]
-	if len(sweeps) > 0 && (*plotPath != "" || *htmlPath != "" || *csvPath != "") {
-		return usagef("--sweep prints a table (or --json): it does not take --plot, --html or --csv")
-	}
 	plotFormat := ""
 	if *plotPath != "" {
 		if plotFormat, err = sim.PlotFormat(*plotPath); err != nil {
@@ -67,8 +66,9 @@ func runSim(ctx context.Context, env Env, args []string) error {
 			return usagef("--modes: %v", err)
 		}
 	}
+	outs := outputs{csv: *csvPath, plot: *plotPath, plotFormat: plotFormat, html: *htmlPath}
 	if len(sweeps) > 0 {
-		return runSweep(env, file, sweeps, opts, *seed, *asJSON)
+		return runSweep(env, file, sweeps, opts, *seed, *asJSON, outs)
 	}
 	sc, err := sim.Load(file)
 	if err != nil {
@@ -87,20 +87,8 @@ func runSim(ctx context.Context, env Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *csvPath != "" {
-		if err := writeFile(*csvPath, rep.WriteCSV); err != nil {
-			return err
-		}
-	}
-	if *plotPath != "" {
-		if err := writeFile(*plotPath, func(w io.Writer) error { return rep.WritePlot(w, plotFormat) }); err != nil {
-			return err
-		}
-	}
-	if *htmlPath != "" {
-		if err := writeFile(*htmlPath, rep.WriteHTML); err != nil {
-			return err
-		}
+	if err := outs.write(rep, nil); err != nil {
+		return err
 	}
 	if *asJSON {
 		return rep.WriteJSON(env.Stdout)
@@ -123,9 +111,62 @@ func (s *sweepFlags) Set(v string) error {
 	return nil
 }
 
+// outputs are the files --csv, --plot and --html ask for ("" for none).
+type outputs struct {
+	csv, plot, plotFormat, html string
+}
+
+// write writes a report's files. A sweep's point (settings not nil) writes its own, each
+// named after the file asked for with the point's settings before its extension (see
+// pointPath).
+func (o outputs) write(rep *sim.Report, settings []sim.Setting) error {
+	if o.csv != "" {
+		if err := writeFile(pointPath(o.csv, settings), rep.WriteCSV); err != nil {
+			return err
+		}
+	}
+	if o.plot != "" {
+		if err := writeFile(pointPath(o.plot, settings), func(w io.Writer) error { return rep.WritePlot(w, o.plotFormat) }); err != nil {
+			return err
+		}
+	}
+	if o.html != "" {
+		if err := writeFile(pointPath(o.html, settings), rep.WriteHTML); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pointPath names a sweep point's file: out.png at client.margin=5ms and
+// members.m.count=20 is out-client.margin=5ms-members.m.count=20.png. A character other
+// than a letter, a digit, '.', '=', '-' or '+' in a setting becomes '_' (lease.renew=1/s
+// gives lease.renew=1_s).
+func pointPath(path string, settings []sim.Setting) string {
+	if len(settings) == 0 {
+		return path
+	}
+	ext := filepath.Ext(path)
+	var b strings.Builder
+	b.WriteString(strings.TrimSuffix(path, ext))
+	for _, s := range settings {
+		b.WriteByte('-')
+		for _, r := range s.Key + "=" + s.Value {
+			if unicode.IsLetter(r) || unicode.IsDigit(r) || strings.ContainsRune(".=-+", r) {
+				b.WriteRune(r)
+			} else {
+				b.WriteByte('_')
+			}
+		}
+	}
+	b.WriteString(ext)
+	return b.String()
+}
+
 // runSweep runs every point of the grid, on all the machine's cores, and prints the
-// figures in the grid's order: each point is deterministic, so the output is too.
-func runSweep(env Env, file string, sweeps []sim.Sweep, opts sim.Options, seed uint64, asJSON bool) error {
+// figures in the grid's order: each point is deterministic, so the output is too. With
+// --csv, --plot or --html, each point writes its own files (pointPath).
+func runSweep(env Env, file string, sweeps []sim.Sweep, opts sim.Options, seed uint64, asJSON bool, outs outputs) error {
 	src, err := os.ReadFile(file)
 	if err != nil {
 		return usageError{err}
@@ -137,6 +178,18 @@ func runSweep(env Env, file string, sweeps []sim.Sweep, opts sim.Options, seed u
 	points, err := sim.SweepGrid(file, src, sweeps, adjust)
 	if err != nil {
 		return usageError{err}
+	}
+	if outs != (outputs{}) {
+		// Two points whose settings differ only in characters a file name replaces
+		// would write the same files: refuse before running.
+		seen := map[string]bool{}
+		for _, p := range points {
+			name := pointPath("x", p.Settings)
+			if seen[name] {
+				return usagef("--sweep: two points would write the same files (%s): their values differ only in characters a file name leaves out", name[2:])
+			}
+			seen[name] = true
+		}
 	}
 	reports := make([]*sim.Report, len(points))
 	errs := make([]error, len(points))
@@ -156,6 +209,11 @@ func runSweep(env Env, file string, sweeps []sim.Sweep, opts sim.Options, seed u
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return err
+	}
+	for i, p := range points {
+		if err := outs.write(reports[i], p.Settings); err != nil {
+			return err
+		}
 	}
 	sr := sim.NewSweepReport(sweeps, points, reports)
 	if asJSON {
