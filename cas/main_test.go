@@ -2,6 +2,7 @@ package cas
 
 import (
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,9 +17,15 @@ import (
 	"github.com/sluicehq/sluice/internal/zktest"
 )
 
-// TestMain fails the package if a test leaves a goroutine behind, after stopping the
-// etcd and ZooKeeper the tests shared.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(withShared{m}) }
+// TestMain makes the test binary a worker process of the multi-process tests when
+// workerEnv is set, and otherwise fails the package if a test leaves a goroutine behind,
+// after stopping the etcd and ZooKeeper the tests shared.
+func TestMain(m *testing.M) {
+	if os.Getenv(workerEnv) != "" {
+		os.Exit(workerMain())
+	}
+	goleak.VerifyTestMain(withShared{m})
+}
 
 type withShared struct{ m *testing.M }
 
