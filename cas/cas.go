@@ -185,14 +185,21 @@ func (b *Backend) Reset(ctx context.Context, key string) error {
 	return b.do(ctx, &op{kind: opReset, key: key})
 }
 
-// Ping reports whether the store answers (backend.Pinger): the store's own Ping if it has
-// one, else a read of no records.
+// Ping reports whether the store answers within the time-out (backend.Pinger): the
+// store's own Ping if it has one, else a read of no records.
 func (b *Backend) Ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	var err error
 	if p, ok := b.store.(backend.Pinger); ok {
-		return p.Ping(ctx)
+		err = p.Ping(ctx)
+	} else {
+		_, err = b.store.Load(ctx, nil)
 	}
-	_, err := b.store.Load(ctx, nil)
-	return err
+	if err != nil {
+		return unavailable(err)
+	}
+	return nil
 }
 
 // Close makes later calls return backend.ErrClosed. Calls on their way finish within the

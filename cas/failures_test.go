@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
@@ -130,5 +133,23 @@ func TestBadRequests(t *testing.T) {
 	}
 	if loads, _ := st.Ops(); loads != 0 {
 		t.Errorf("the store was read %d times for bad requests", loads)
+	}
+}
+
+// TestPingBounded: Ping of a store that never answers (an etcd client of a closed port,
+// which retries for ever) returns ErrUnavailable within the backend's time-out, not when
+// the caller's context ends (the demo waited for ever on a dead etcd).
+func TestPingBounded(t *testing.T) {
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:1"}, DialTimeout: time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	b := New(lease.NewEtcdStore(c), WithTimeout(200*time.Millisecond))
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := b.Ping(ctx); !errors.Is(err, backend.ErrUnavailable) || ctx.Err() != nil {
+		t.Errorf("ping of a dead etcd: %v (the caller's context: %v), want ErrUnavailable within the time-out", err, ctx.Err())
 	}
 }
