@@ -96,23 +96,29 @@ func etcdClient(t testing.TB) *clientv3.Client {
 }
 
 // zkConn returns a connection to the shared ZooKeeper, closed after the test, once it has
-// a session.
+// a session. A client that has none within 10 s is closed and another made: right after
+// the server's start on the loaded machine, a first client once failed to connect for 15
+// s (zk: could not connect to a server) while the next ones connected at once.
 func zkConn(t testing.TB) *zk.Conn {
 	t.Helper()
-	c, _, err := zk.Connect([]string{sharedZK(t).Addr()}, 4*time.Second, zk.WithLogger(quietZK{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		if _, _, err := c.Exists("/"); err == nil {
-			return c
-		} else if time.Now().After(deadline) {
-			t.Fatalf("ZooKeeper did not answer for 15 s: %v", err)
+	addr := sharedZK(t).Addr()
+	var last error
+	for range 3 {
+		c, _, err := zk.Connect([]string{addr}, 4*time.Second, zk.WithLogger(quietZK{}))
+		if err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(20 * time.Millisecond)
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if _, _, last = c.Exists("/"); last == nil {
+				t.Cleanup(c.Close)
+				return c
+			}
+		}
+		t.Logf("ZooKeeper did not answer a client for 10 s (%v): another client", last)
+		c.Close()
 	}
+	t.Fatalf("ZooKeeper did not answer three clients for 10 s each: %v", last)
+	return nil
 }
 
 type quietZK struct{}
