@@ -66,9 +66,11 @@ func (f optionFunc) apply(b *Backend) { f(b) }
 // or path (lease.WithEtcdPrefix, lease.WithZKPath) comes before it.
 func WithPrefix(p string) Option { return optionFunc(func(b *Backend) { b.prefix = p }) }
 
-// WithTimeout bounds how long a call waits for its round of the store, retries included
-// (default DefaultTimeout). A call with no answer by then fails with
-// backend.ErrUnavailable, and the limiter's fail mode answers it.
+// WithTimeout bounds how long a round of the store may take, retries included (default
+// DefaultTimeout). A call waits for the round on its way, if any, then for its own: at
+// most twice the time-out, or its context's deadline if sooner once its own round has
+// begun. A call with no answer by then fails with backend.ErrUnavailable, and the
+// limiter's fail mode answers it.
 func WithTimeout(d time.Duration) Option {
 	return optionFunc(func(b *Backend) {
 		if d > 0 {
@@ -248,8 +250,12 @@ func (b *Backend) do(ctx context.Context, o *op) error {
 		ops := r.ops
 		b.mu.Unlock()
 		// The other calls ride on this round: the leader's cancel must not end it (their
-		// outcome would be unknown); the time-out bounds it.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.timeout)
+		// outcome would be unknown); the time-out bounds it, and the leader's deadline.
+		deadline := time.Now().Add(b.timeout)
+		if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+			deadline = dl
+		}
+		rctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 		b.run(rctx, ops)
 		cancel()
 		close(r.done)
