@@ -212,8 +212,9 @@ func ClientOptions(url string, timeout time.Duration) (*goredis.Options, error) 
 	return o, nil
 }
 
-// Dial connects to the Redis at url with ClientOptions, checks that it answers, and
-// returns a backend that owns the client (Close closes it).
+// Dial connects to the Redis at url (redis://, rediss://, or redis-sentinel:// for the
+// master a Sentinel set names: see SentinelScheme) with the settings of ClientOptions,
+// checks that it answers, and returns a backend that owns the client (Close closes it).
 func Dial(ctx context.Context, url string, opts ...Option) (*Backend, error) {
 	b, err := Open(url, opts...)
 	if err != nil {
@@ -236,11 +237,10 @@ func Open(url string, opts ...Option) (*Backend, error) {
 	for _, o := range opts {
 		o.apply(probe)
 	}
-	o, err := ClientOptions(url, probe.timeout)
+	c, err := NewClient(url, probe.timeout)
 	if err != nil {
 		return nil, err
 	}
-	c := goredis.NewClient(o)
 	b := New(c, opts...)
 	b.owned = c
 	return b, nil
