@@ -1,7 +1,9 @@
 package strict
 
 import (
+	"cmp"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -9,6 +11,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -155,5 +158,141 @@ func TestSentinelFailover(t *testing.T) {
 	}
 	if got, _ := set.Replica.Do("GET", b.KeyName("k")); !strings.HasPrefix(got, "1 ") {
 		t.Fatalf("the new master holds %q", got)
+	}
+}
+
+// overAdmitted feeds each key's grants (those used) in time order to a strict GCRA that
+// never reserves and skips those it refuses: it returns the permits refused (granted
+// beyond the limit; skipping greedily refuses as few as any choice could, for one
+// limit) and the slots of the refused grants.
+func overAdmitted(grants []grantRecord, limits []gcra.Limit) (int64, []int64) {
+	byKey := map[string][]grantRecord{}
+	for _, g := range grants {
+		if g.n > 0 {
+			byKey[g.key] = append(byKey[g.key], g)
+		}
+	}
+	var excess int64
+	var at []int64
+	for _, gs := range byKey {
+		slices.SortStableFunc(gs, func(a, b grantRecord) int { return cmp.Compare(a.at, b.at) })
+		tats := make([]int64, len(limits))
+		for _, g := range gs {
+			if r, _, err := gcra.Decide(tats, limits, g.at, g.n, 0); err != nil || !r.Allowed { // tats updated on a grant
+				excess += g.n
+				at = append(at, g.at)
+			}
+		}
+	}
+	return excess, at
+}
+
+// TestSentinelFailoverMultiProcess: 3 worker processes of 16 goroutines share 2 keys
+// through a Sentinel set (redis-sentinel:// URL) while the master fails mid-run: killed
+// with SIGKILL (the sentinels find it down and elect one to promote the replica), or
+// made to fail over by SENTINEL FAILOVER (the old master decides on until the sentinels
+// demote it, and what it decided after the promotion is lost). Every grant is judged
+// from its Redis time: the permits granted beyond the limit must lie in the failover
+// window and be at most the documented bound, per key a burst plus the permits of the
+// failover's duration and of the longest reservation (docs/redis.md, "The failover
+// bound"); with WithReplicaAcks(1), none at all. The workers must be granted permits on
+// the new master.
+func TestSentinelFailoverMultiProcess(t *testing.T) {
+	for _, c := range []struct {
+		how  string
+		acks int
+	}{{"kill", 0}, {"failover", 0}, {"failover", 1}} {
+		t.Run(fmt.Sprintf("%s/acks=%d", c.how, c.acks), func(t *testing.T) {
+			t.Parallel() // each mostly waits: for its workers, and for the sentinels
+			how := c.how
+			// Two replicas: after a promotion the other replica follows the new master
+			// at once, so that it has a replica to acknowledge writes (the old master
+			// joins it as one about 10 s later).
+			set := redistest.NewSentinels(t, redistest.SentinelConfig{Replicas: 2})
+			cfg := workerConfig{URL: set.URL(), Prefix: prefix(t), Keys: []string{"a", "b"}, Limits: "50/s burst=5",
+				Goroutines: 16, Duration: 5 * time.Second, Acks: c.acks}
+			limits := sluice.MustParse(cfg.Limits)
+			done := make(chan []grantRecord, 1)
+			go func() {
+				// runWorkersOut fails the test with t.Fatalf, which must run on the
+				// test's goroutine: collect here, judge there.
+				grants, _ := runWorkersOut(t, 3, cfg, nil)
+				done <- grants
+			}()
+			// The clients move to the new master when the sentinel each listens to
+			// announces it (+switch-master: go-redis' failover client subscribes to one
+			// sentinel): until then they decide on the old one, if it lives. The
+			// sentinels announce it up to seconds apart (those that did not run the
+			// failover learn of it from the others' hello messages, every 2 s): the
+			// window ends at the last announcement.
+			var subs []*goredis.PubSub
+			for _, n := range set.Sentinels {
+				sc := goredis.NewSentinelClient(&goredis.Options{Addr: n.Addr()})
+				defer sc.Close()
+				ps := sc.Subscribe(ctx, "+switch-master")
+				defer ps.Close()
+				if _, err := ps.Receive(ctx); err != nil {
+					t.Fatal(err)
+				}
+				subs = append(subs, ps)
+			}
+			time.Sleep(time.Second)
+			old := set.Master.Addr()
+			tk := time.Now()
+			if how == "kill" {
+				set.Master.Kill()
+			} else if err := set.Failover(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := set.WaitPromoted(old, 20*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			var tp time.Time
+			for _, ps := range subs {
+				select {
+				case <-ps.Channel():
+					tp = time.Now()
+				case <-time.After(20 * time.Second):
+					t.Fatal("no +switch-master within 20 s")
+				}
+			}
+			grants := <-done
+			excess, at := overAdmitted(grants, limits.Core(0))
+			core := limits.Core(0)[0]
+			failover := tp.Sub(tk)
+			const maxWait = 300 * time.Millisecond // the workers' sluice.WithMaxWait
+			bound := 2 * (core.Burst() + int64(failover+maxWait)/core.T + 1) // 2 keys
+			if c.acks > 0 {
+				bound = 0
+			}
+			var used, after int
+			for _, g := range grants {
+				if g.n > 0 {
+					used++
+					if g.at > tp.UnixNano() {
+						after++
+					}
+				}
+			}
+			var where []string
+			for _, a := range at {
+				where = append(where, fmt.Sprintf("%+v", time.Duration(a-tk.UnixNano()).Round(time.Millisecond)))
+			}
+			t.Logf("%s: failover %v (from the %s to the last sentinel's +switch-master); %d grants used, %d after it; "+
+				"%d permits over the limit (bound %d), at %v from the failure",
+				cfg.Limits, failover.Round(time.Millisecond), how, used, after, excess, bound, where)
+			if after == 0 {
+				t.Errorf("no grant after the failover: the workers did not follow the new master")
+			}
+			if excess > bound {
+				t.Errorf("%d permits over the limit, more than the bound %d", excess, bound)
+			}
+			for _, a := range at {
+				if a < tk.UnixNano() || a > tp.Add(time.Second).UnixNano() {
+					t.Errorf("a permit over the limit at %v from the failure, outside the failover window (%v)",
+						time.Duration(a-tk.UnixNano()), failover)
+				}
+			}
+		})
 	}
 }

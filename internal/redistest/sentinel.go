@@ -29,18 +29,26 @@ type SentinelConfig struct {
 	DownAfter time.Duration
 	// FailoverTimeout is sentinel failover-timeout (default 3 s).
 	FailoverTimeout time.Duration
+	// Replicas is the number of replicas (default 1).
+	Replicas int
 	// MasterArgs are extra redis-server arguments for the master and the replica, as
 	// "--min-replicas-to-write", "1".
 	MasterArgs []string
 }
 
-// Sentinels is a master, one replica of it and three redis-sentinel processes that
-// monitor it with quorum 2, each its own process on a free loopback port. The sentinels
-// promote the replica when the master fails (SIGKILL) or on Failover.
+// Sentinels is a master, its replicas (one by default) and three redis-sentinel
+// processes that monitor it with quorum 2, each its own process on a free loopback port.
+// The sentinels promote a replica when the master fails (SIGKILL) or on Failover.
+//
+// After a failover the old master, if alive, goes on as a master until the sentinels
+// make it a replica of the new one, about 10 s later: with one replica, the new master
+// has none until then.
 type Sentinels struct {
-	Master, Replica *Server
-	Sentinels       []*Server
-	cfg             SentinelConfig
+	Master    *Server
+	Replica   *Server   // the first replica
+	Replicas  []*Server // all of them
+	Sentinels []*Server
+	cfg       SentinelConfig
 }
 
 // Addrs returns the sentinels' host:port.
@@ -78,16 +86,23 @@ func StartSentinels(cfg SentinelConfig) (*Sentinels, error) {
 	if s.Master, err = startArgs(args, ""); err != nil {
 		return nil, err
 	}
-	if s.Replica, err = startArgs(append([]string{"--replicaof", "127.0.0.1", strconv.Itoa(s.Master.Port)}, args...), ""); err != nil {
-		s.Close()
-		return nil, err
+	for range max(1, cfg.Replicas) {
+		r, err := startArgs(append([]string{"--replicaof", "127.0.0.1", strconv.Itoa(s.Master.Port)}, args...), "")
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+		s.Replicas = append(s.Replicas, r)
 	}
-	if err := waitFor(10*time.Second, func() (bool, string) {
-		info, err := s.Replica.Do("INFO", "replication")
-		return err == nil && strings.Contains(info, "master_link_status:up"), info
-	}); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("redistest: replica not in sync: %w", err)
+	s.Replica = s.Replicas[0]
+	for _, r := range s.Replicas {
+		if err := waitFor(10*time.Second, func() (bool, string) {
+			info, err := r.Do("INFO", "replication")
+			return err == nil && strings.Contains(info, "master_link_status:up"), info
+		}); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("redistest: replica not in sync: %w", err)
+		}
 	}
 	// Each sentinel is told of the replica and of the others (their ids are set here), so
 	// the set is whole at once instead of after rounds of hello messages (seconds).
@@ -146,7 +161,9 @@ func (s *Sentinels) startSentinel(ports []int, i int) (*Server, error) {
 	fmt.Fprintf(&b, "sentinel down-after-milliseconds %s %d\n", m, s.cfg.DownAfter.Milliseconds())
 	fmt.Fprintf(&b, "sentinel failover-timeout %s %d\n", m, s.cfg.FailoverTimeout.Milliseconds())
 	fmt.Fprintf(&b, "sentinel parallel-syncs %s 1\n", m)
-	fmt.Fprintf(&b, "sentinel known-replica %s 127.0.0.1 %d\n", m, s.Replica.Port)
+	for _, r := range s.Replicas {
+		fmt.Fprintf(&b, "sentinel known-replica %s 127.0.0.1 %d\n", m, r.Port)
+	}
 	for j, p := range ports {
 		if j != i {
 			fmt.Fprintf(&b, "sentinel known-sentinel %s 127.0.0.1 %d %s\n", m, p, sentinelID(j))
@@ -225,7 +242,7 @@ func (s *Sentinels) WaitPromoted(old string, within time.Duration) (string, erro
 
 // ServerAt returns the set's data server (master or replica) at addr, or nil.
 func (s *Sentinels) ServerAt(addr string) *Server {
-	for _, n := range []*Server{s.Master, s.Replica} {
+	for _, n := range append([]*Server{s.Master}, s.Replicas...) {
 		if n.Addr() == addr {
 			return n
 		}
@@ -238,10 +255,11 @@ func (s *Sentinels) Close() {
 	for _, n := range s.Sentinels {
 		n.Close()
 	}
-	for _, n := range []*Server{s.Master, s.Replica} {
-		if n != nil {
-			n.Close()
-		}
+	if s.Master != nil {
+		s.Master.Close()
+	}
+	for _, n := range s.Replicas {
+		n.Close()
 	}
 }
 
