@@ -260,7 +260,7 @@ func TestSentinelFailoverMultiProcess(t *testing.T) {
 			excess, at := overAdmitted(grants, limits.Core(0))
 			core := limits.Core(0)[0]
 			failover := tp.Sub(tk)
-			const maxWait = 300 * time.Millisecond // the workers' sluice.WithMaxWait
+			const maxWait = 300 * time.Millisecond                           // the workers' sluice.WithMaxWait
 			bound := 2 * (core.Burst() + int64(failover+maxWait)/core.T + 1) // 2 keys
 			if c.acks > 0 {
 				bound = 0
