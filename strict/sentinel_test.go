@@ -201,14 +201,25 @@ func TestSentinelFailoverMultiProcess(t *testing.T) {
 	for _, c := range []struct {
 		how  string
 		acks int
-	}{{"kill", 0}, {"failover", 0}, {"failover", 1}} {
-		t.Run(fmt.Sprintf("%s/acks=%d", c.how, c.acks), func(t *testing.T) {
+		// minReplicas sets the servers' min-replicas-to-write 1 (max lag 1 s): a
+		// master that has lost its replicas refuses writes after that lag.
+		minReplicas bool
+	}{{"kill", 0, false}, {"failover", 0, false}, {"failover", 1, false}, {"failover", 0, true}} {
+		name := fmt.Sprintf("%s/acks=%d", c.how, c.acks)
+		if c.minReplicas {
+			name += "/min-replicas-to-write=1"
+		}
+		t.Run(name, func(t *testing.T) {
 			t.Parallel() // each mostly waits: for its workers, and for the sentinels
 			how := c.how
 			// Two replicas: after a promotion the other replica follows the new master
 			// at once, so that it has a replica to acknowledge writes (the old master
 			// joins it as one about 10 s later).
-			set := redistest.NewSentinels(t, redistest.SentinelConfig{Replicas: 2})
+			sc := redistest.SentinelConfig{Replicas: 2}
+			if c.minReplicas {
+				sc.MasterArgs = []string{"--min-replicas-to-write", "1", "--min-replicas-max-lag", "1"}
+			}
+			set := redistest.NewSentinels(t, sc)
 			cfg := workerConfig{URL: set.URL(), Prefix: prefix(t), Keys: []string{"a", "b"}, Limits: "50/s burst=5",
 				Goroutines: 16, Duration: 5 * time.Second, Acks: c.acks}
 			limits := sluice.MustParse(cfg.Limits)
@@ -278,9 +289,9 @@ func TestSentinelFailoverMultiProcess(t *testing.T) {
 			for _, a := range at {
 				where = append(where, fmt.Sprintf("%+v", time.Duration(a-tk.UnixNano()).Round(time.Millisecond)))
 			}
-			t.Logf("%s: failover %v (from the %s to the last sentinel's +switch-master); %d grants used, %d after it; "+
+			t.Logf("%s, %s: failover %v (from the %s to the last sentinel's +switch-master); %d grants used, %d after it; "+
 				"%d permits over the limit (bound %d), at %v from the failure",
-				cfg.Limits, failover.Round(time.Millisecond), how, used, after, excess, bound, where)
+				name, cfg.Limits, failover.Round(time.Millisecond), how, used, after, excess, bound, where)
 			if after == 0 {
 				t.Errorf("no grant after the failover: the workers did not follow the new master")
 			}
