@@ -68,8 +68,9 @@ func (r *Reservation) TimeToAct() time.Time {
 // *ThrottledError.
 //
 // With a margin (WithMargin), a permit must reach the API within the margin of its time.
-// If Wait would return later than the margin after it (half the margin where the margin
-// spaces a limit's permits, burst 1: the other half is the trip to the API's), because its
+// If Wait would return later than the margin allows after it (the lateness the limit
+// tolerates less half the margin, kept for the trip to the API, and at most the margin:
+// half the margin with burst 1; see docs/concepts.md, "The jitter tolerance"), because its
 // caller or its machine was paused, the permit has expired: Wait gives it back (Cancel),
 // counts it (Limiter.Expired, EventExpired) and returns ErrPermitExpired; the caller may
 // ask again.

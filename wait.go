@@ -351,11 +351,10 @@ func (l *Limiter) dispatch(ctx context.Context, rm *room) {
 // expiredAt reports whether a permit due at `due` (limiter clock) is past use at now: more
 // late than the margin allows. The margin is the tolerance for the whole delay from the
 // permit's time to the API seeing the request, and the limiter sees only the part until
-// the waiter has it. Where the margin is a reserve of a limit's burst, a permit late by the
-// margin still finds the reserve; where it spaces the permits (burst 1), the half left for
-// the trip to the API is the other half (on a loaded machine, permits handed over at the
-// margin's very end reached the demo's referee too close to the next one). Without a
-// margin nothing expires (there is no tolerance to keep). It is the one rule of every
+// the waiter has it: half the margin is kept for the rest, the trip to the API (see
+// expireAfter; on a loaded machine, permits handed over at the margin's very end reached
+// the demo's referee too close to the next one). Without a margin nothing expires (there
+// is no tolerance to keep). It is the one rule of every
 // waiting path (Reservation.Wait, the rooms, the lease and redis modes through them).
 func (l *Limiter) expiredAt(due, now int64) bool {
 	sh := l.shape.Load()
