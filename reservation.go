@@ -89,8 +89,10 @@ func (r *Reservation) Wait(ctx context.Context) error {
 			}
 		}
 		if now := r.l.clock.Nanotime(); r.l.expiredAt(r.due(), now) {
-			r.l.expire(r.key, r.N(), r.due(), now)
+			n := r.N()
+			r.l.expire(r.key, n, r.due(), now)
 			_ = r.Cancel(context.WithoutCancel(ctx))
+			r.l.reportExpired(ctx, r.key, n)
 			return ErrPermitExpired
 		} else if !r.l.penalizedSince(r.key, r.at, now) {
 			return nil

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/internal/fairq"
 )
@@ -323,6 +324,7 @@ func (rm *room) wake() {
 // given back and counted (Limiter.Expired), and its waiter waits for the next place.
 func (l *Limiter) dispatch(ctx context.Context, rm *room) {
 	var cancel []*Reservation
+	var expired int64
 	rm.mu.Lock()
 	now := l.clock.Nanotime()
 	for len(rm.slots) > 0 && rm.slots[0].due() <= now {
@@ -330,6 +332,7 @@ func (l *Limiter) dispatch(ctx context.Context, rm *room) {
 		rm.slots = rm.slots[1:]
 		if l.expiredAt(r.due(), now) {
 			l.expire(rm.key, r.N(), r.due(), now)
+			expired += r.N()
 			cancel = append(cancel, r)
 			continue
 		}
@@ -345,6 +348,18 @@ func (l *Limiter) dispatch(ctx context.Context, rm *room) {
 	rm.mu.Unlock()
 	for _, r := range cancel {
 		_ = r.Cancel(context.WithoutCancel(ctx))
+	}
+	if expired > 0 {
+		l.reportExpired(ctx, rm.key, expired)
+	}
+}
+
+// reportExpired tells the backend of n permits of key that expired, if it wants to know
+// (backend.ExpiryReporter: the daemon's client, so that the daemon counts them), after
+// they were given back and outside every lock.
+func (l *Limiter) reportExpired(ctx context.Context, key string, n int64) {
+	if r, ok := l.be.(backend.ExpiryReporter); ok {
+		_ = r.ReportExpired(context.WithoutCancel(ctx), key, n)
 	}
 }
 
