@@ -1,6 +1,7 @@
 package strict
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -111,6 +112,9 @@ type pipeliner struct {
 	maxBatch int
 	grouping grouping
 	ctx      context.Context // cancelled by close
+	// acks, if > 0, is how many replicas must acknowledge a batch's writes within ackMs
+	// milliseconds (WAIT, after the script calls in the same pipeline; WithReplicaAcks).
+	acks, ackMs int64
 
 	// direct lets a caller that finds nothing queued and nothing in flight send its own
 	// call, with no hand-off to a flusher (the common case at low concurrency). It is on
@@ -306,7 +310,9 @@ func (bb *batchBuilder) exec(p *pipeliner, batch []*call) {
 		g.cmd = g.command(ctx, argEvalsha, p.sha)
 		bb.cmds = append(bb.cmds, g.cmd)
 	}
+	wait := bb.withAcks(ctx, p)
 	execErr := send(ctx, p.client, bb.cmds)
+	ackErr := p.acked(wait)
 	bb.again = bb.again[:0]
 	for i := range bb.groups {
 		g := &bb.groups[i]
@@ -315,7 +321,7 @@ func (bb *batchBuilder) exec(p *pipeliner, batch []*call) {
 			bb.again = append(bb.again, i)
 			continue
 		}
-		g.answer(err)
+		g.answer(cmp.Or(err, ackErr))
 	}
 	if len(bb.again) > 0 {
 		bb.cmds = bb.cmds[:0]
@@ -324,9 +330,11 @@ func (bb *batchBuilder) exec(p *pipeliner, batch []*call) {
 			g.cmd = g.command(ctx, argEval, p.src)
 			bb.cmds = append(bb.cmds, g.cmd)
 		}
+		wait := bb.withAcks(ctx, p)
 		execErr := send(ctx, p.client, bb.cmds)
+		ackErr := p.acked(wait)
 		for _, i := range bb.again {
-			bb.groups[i].answer(replyErr(bb.groups[i].cmd, execErr))
+			bb.groups[i].answer(cmp.Or(replyErr(bb.groups[i].cmd, execErr), ackErr))
 		}
 	}
 	for i := range bb.groups {
@@ -337,6 +345,34 @@ func (bb *batchBuilder) exec(p *pipeliner, batch []*call) {
 	}
 	clear(bb.cmds)
 	bb.groups = bb.groups[:0]
+}
+
+// withAcks appends to bb.cmds the WAIT for the replicas' acknowledgements, if the
+// backend asks for them (WithReplicaAcks), and returns it.
+func (bb *batchBuilder) withAcks(ctx context.Context, p *pipeliner) *goredis.IntCmd {
+	if p.acks == 0 {
+		return nil
+	}
+	w := goredis.NewIntCmd(ctx, "wait", p.acks, p.ackMs)
+	bb.cmds = append(bb.cmds, w)
+	return w
+}
+
+// acked returns nil if wait (nil: none asked for) counted enough replicas, and otherwise
+// an error that is a failure to reach Redis (ErrUnavailable), never a reply error: the
+// writes may be lost to a failover, so their grants must not be used.
+func (p *pipeliner) acked(wait *goredis.IntCmd) error {
+	if wait == nil {
+		return nil
+	}
+	n, err := wait.Result()
+	switch {
+	case err != nil:
+		return fmt.Errorf("sluice redis: WAIT for %d replicas: %v", p.acks, err) // %v: not a Redis reply error
+	case n < p.acks:
+		return fmt.Errorf("sluice redis: %d of %d replicas acknowledged the writes within %d ms", n, p.acks, p.ackMs)
+	}
+	return nil
 }
 
 // processor is a client that sends one command by itself (go-redis clients do): cheaper
