@@ -243,6 +243,7 @@ func Open(url string, opts ...Option) (*Backend, error) {
 	c := goredis.NewClient(o)
 	b := New(c, opts...)
 	b.owned = c
+	b.p.conns = &conns{client: c}
 	return b, nil
 }
 
