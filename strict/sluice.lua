@@ -111,11 +111,12 @@ local nkeys = #keys
 
 -- ttl is a key's TTL in milliseconds (as text for PX) when its latest time is (h, l) > now:
 -- until then, rounded up, and at least MINTTL; an hour more under a virtual now.
+local minttl = format('%d', virtual and MINTTL + 3600000 or MINTTL) -- the commonest TTL, formatted once
 local function ttl(h, l)
   local dh, dl = h - nh, l - nl
   if dl < 0 then dh, dl = dh - 1, dl + B end
   local ms = dh * 1000 + ceil(dl / 1000000)
-  if ms < MINTTL then ms = MINTTL end
+  if ms <= MINTTL then return minttl end
   if virtual then ms = ms + 3600000 end
   return format('%d', ms)
 end
@@ -237,6 +238,61 @@ if nkeys > 1 then
     else
       for j = 1, e - c + 1 do vals[c + j - 1] = got[j] end
     end
+  end
+end
+
+-- The lean batch: every key once, each with one allowance under the same limit (argv:
+-- mode, 1, 'a', Tau, T, then '=' for each further key; no other shape has that many
+-- arguments): Limiter.Allow from many goroutines on many keys. If every key is in the
+-- common state or none, the batch is decided here in one pass with the arithmetic inline
+-- (the general path below spends about twice as long per key); else it goes on there.
+if nkeys > 1 and #argv == nkeys + 6 and argv[2] == '1' and argv[3] == 'a' then
+  local th, tl = {}, {}
+  local common = true
+  for ki = 1, nkeys do
+    local v = vals[ki]
+    if not v then
+      th[ki], tl[ki] = 0, 0
+    elseif type(v) == 'string' then
+      local c, d = match(v, '^1 0 0 (%-?%d+) (%d+)$')
+      if not c then
+        common = false
+        break
+      end
+      th[ki], tl[ki] = tonumber(c), tonumber(d)
+    else
+      common = false
+      break
+    end
+  end
+  if common then
+    local uh, ul, ch, cl = tonumber(argv[4]), tonumber(argv[5]), tonumber(argv[6]), tonumber(argv[7])
+    local o = no
+    for ki = 1, nkeys do
+      -- x = max(tat, now) + T; granted if x - Tau <= now (the 'a' record below).
+      local xh, xl = th[ki], tl[ki]
+      if xh < nh or (xh == nh and xl < nl) then xh, xl = nh, nl end
+      xh, xl = xh + ch, xl + cl
+      if xl >= B then xh, xl = xh + 1, xl - B end
+      local zh, zl = xh - uh, xl - ul
+      if zl < 0 then zh, zl = zh - 1, zl + B end
+      if nh < zh or (nh == zh and nl < zl) then
+        out[o + ki] = 0
+        th[ki] = false
+      else
+        out[o + ki] = 1
+        th[ki], tl[ki] = xh, xl
+      end
+    end
+    -- Every record decided: the grants' writes (a granted key's TAT is after now).
+    for ki = 1, nkeys do
+      local xh = th[ki]
+      if xh then
+        local xl = tl[ki]
+        redis.call('SET', keys[ki], format('1 0 0 %d %d', xh, xl), 'PX', ttl(xh, xl))
+      end
+    end
+    return out
   end
 end
 
