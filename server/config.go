@@ -23,7 +23,7 @@ type Config struct {
 	ListenGRPC     string         `yaml:"listen_grpc"`     // TCP address of Envoy's rate limit service (gRPC); "" disables it
 	GRPC           GRPCConfig     `yaml:"grpc"`            // the gRPC listener's bounds and options
 	Backend        string         `yaml:"backend"`         // local, redis, strict, lease or gossip
-	RedisURL       string         `yaml:"redis_url"`       // redis://host:port/db, for backend redis (and lease, when store is empty)
+	RedisURL       string         `yaml:"redis_url"`       // redis://host:port/db or redis-sentinel://host:port,.../MASTER, for backend redis (and lease, when store is empty)
 	Store          string         `yaml:"store"`           // backend lease or strict: the store's URL (redis://, redis-cluster://, redis-sentinel://, etcd://, zk://, memory://)
 	FailMode       string         `yaml:"fail_mode"`       // closed, open, or (backend redis) local: the answer when the back end fails
 	FallbackShare  float64        `yaml:"fallback_share"`  // fail_mode local: the share of each limit this daemon uses while Redis is down

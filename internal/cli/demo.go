@@ -26,12 +26,12 @@ func init() {
 }
 
 func runDemo(ctx context.Context, env Env, args []string) error {
-	fs := newFlags(env, "demo", "demo [--mode local|redis|strict|lease|adaptive] [--strategy sluice|seed|cubic|sre] [--redis-url redis://HOST:PORT] [--store URL] [--limit '20/s burst=10'] [--workers 8] [--duration 10s] [--json]")
+	fs := newFlags(env, "demo", "demo [--mode local|redis|strict|lease|adaptive] [--strategy sluice|seed|cubic|sre] [--redis-url redis://HOST:PORT | redis-sentinel://HOST:PORT,.../MASTER] [--store URL] [--limit '20/s burst=10'] [--workers 8] [--duration 10s] [--json]")
 	limits := sluice.MustParse("20/s burst=10")
 	fs.TextVar(&limits, "limit", limits, "the API's `limit`, enforced by the referee and obeyed by the pool (e.g. '1/6s', '100/s burst=20; 4500/h')")
 	mode := fs.String("mode", "local", "where decisions are made: `local` (one limiter for the pool), redis (in the Redis at --redis-url), strict (by compare-and-set on the state in --store: etcd://, zk://), lease (each worker a member deciding on its share, leased from an in-memory store), or adaptive (each worker a client sharing nothing, pacing itself by the API's answers)")
-	redisURL := fs.String("redis-url", "redis://127.0.0.1:6379", "redis mode: the `url` of the Redis that decides (redis://[user:pass@]host:port[/db]); lease mode: the Redis the members lease through, when given")
-	storeURL := fs.String("store", "", "lease mode: the `url` of the store the members lease through: memory:// (the default), redis://HOST:PORT, etcd://HOST:PORT or zk://HOST:PORT; strict mode: the store that keeps each key's state (etcd://HOST:PORT, zk://HOST:PORT, ...)")
+	redisURL := fs.String("redis-url", "redis://127.0.0.1:6379", "redis mode: the `url` of the Redis that decides (redis://[user:pass@]host:port[/db], or redis-sentinel://[user:pass@]host:port,host:port/MASTER[/db] for the master a Sentinel set names); lease mode: the Redis the members lease through, when given")
+	storeURL := fs.String("store", "", "lease mode: the `url` of the store the members lease through: memory:// (the default), redis://HOST:PORT, redis-sentinel://HOST:PORT,.../MASTER, etcd://HOST:PORT or zk://HOST:PORT; strict mode: the store that keeps each key's state (etcd://HOST:PORT, zk://HOST:PORT, ...)")
 	redisTimeout := fs.Duration("redis-timeout", strict.DefaultTimeout, "redis mode: the longest wait for Redis before the fail mode answers")
 	failMode := fs.String("fail-mode", "closed", "redis mode: what answers while Redis is unreachable: `closed` (deny), open (allow) or local (a local limiter at --fallback-share of the limit)")
 	share := fs.Float64("fallback-share", 1, "redis mode with --fail-mode local: this process' `share` of the limit while Redis is unreachable (0 to 1)")

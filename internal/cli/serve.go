@@ -154,7 +154,7 @@ func newServeFlags(env Env) *serveFlags {
 	fs.StringVar(&sf.dflt, "default-limit", "", "`limit` for tags no rule matches (each its own bucket); none: such tags are allowed")
 	fs.BoolVar(&sf.defShare, "default-shared", false, "tags no rule matches share one bucket")
 	fs.String("backend", d.Backend, "where decisions are made: local (in this process), redis (every decision in Redis), strict (every decision by compare-and-set on the state in --store: etcd, ZooKeeper), lease (on a share leased from --store) or gossip (here, shared with --peers; no store)")
-	fs.String("redis-url", d.RedisURL, "Redis `URL` for --backend redis (redis://host:port/db), and for --backend lease when --store is not given")
+	fs.String("redis-url", d.RedisURL, "Redis `URL` for --backend redis (redis://host:port/db, or redis-sentinel://host:port,host:port/MASTER[/db] for the master a Sentinel set names), and for --backend lease when --store is not given")
 	fs.String("store", d.Store, "--backend lease: the `URL` of the store the daemons lease through (--backend strict: that keeps each key's state): redis://HOST:PORT, redis-cluster://HOST:PORT,..., redis-sentinel://HOST:PORT,.../MASTER, etcd://HOST:PORT,..., zk://HOST:PORT,..., memory://")
 	addGossipFlags(fs, d.Gossip)
 	fs.String("fail-mode", d.FailMode, "answer when the back end cannot decide: closed (NO), open (OK), or local (backend redis: a local share, see --fallback-share)")
