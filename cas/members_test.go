@@ -2,11 +2,14 @@ package cas
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"sort"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
@@ -89,6 +92,52 @@ func TestEtcdSkewedClocks(t *testing.T) {
 	t.Logf("%d grants in %v; %d break the limit itself on the real time", len(real), 1200*time.Millisecond, v)
 	if v == 0 {
 		t.Errorf("no grant broke the limit on the real time: the test does not show the skew's effect")
+	}
+}
+
+// TestEtcdSkewAbsorbedByTheMargin: as TestEtcdSkewedClocks, through limiters whose margin
+// is the skew (sluice.WithMargin): judged on the real time of each grant, none breaks the
+// limit itself, as docs/consensus.md says a margin at least the skew ensures.
+func TestEtcdSkewAbsorbedByTheMargin(t *testing.T) {
+	ctx := context.Background()
+	clk := clock.NewVirtual()
+	clk.Set(int64(1000 * time.Second))
+	const skew = 30 * time.Millisecond
+	client := etcdClient(t)
+	prefix := lease.WithEtcdPrefix(unique("margin") + "/")
+	limits := sluice.MustParse("50/s burst=1")
+	var ls []*sluice.Limiter
+	for _, c := range []clock.Clock{skewed{clk, skew}, clk} {
+		b := New(lease.NewEtcdStore(client, prefix, lease.WithEtcdClock(c)), WithTimeout(10*time.Second))
+		defer b.Close()
+		l, err := sluice.New(limits, sluice.WithBackend(b), sluice.WithMargin(skew), sluice.WithClock(clk),
+			sluice.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))) // the margin costs 60% of the rate at burst 1: known
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		ls = append(ls, l)
+	}
+	right, ahead := ls[1], ls[0]
+	var real []int64
+	for step := range 400 {
+		clk.Advance(3 * time.Millisecond)
+		members := []*sluice.Limiter{right}
+		if step/40%2 == 1 {
+			members = append(members, ahead)
+		}
+		for _, m := range members {
+			if m.Allow(ctx, "k") {
+				real = append(real, clk.Now().UnixNano())
+			}
+		}
+	}
+	if v := violations(real, limits.Core(0)[0]); v != 0 {
+		t.Errorf("on the real time: %d of %d grants break the limit with a margin of the skew, want 0", v, len(real))
+	}
+	t.Logf("%d grants in %v", len(real), 1200*time.Millisecond)
+	if len(real) < 15 {
+		t.Errorf("%d grants in 1.2 s of 50/s with a 30 ms margin (at most one every 50 ms: 24), want at least 15", len(real))
 	}
 }
 
