@@ -93,6 +93,7 @@ func MarshalState(s *State) []byte {
 		w.t(e.RetiredUntil)
 		w.t(e.AliveUntil)
 		w.u(uint64(e.Chunk))
+		w.u(e.Nonce)
 	}
 	return w.b
 }
@@ -184,6 +185,7 @@ func UnmarshalState(b []byte) (*State, error) {
 		e.AliveUntil = r.t()
 		if v2 {
 			e.Chunk = int64(r.n())
+			e.Nonce = r.u()
 		}
 		s.Members = append(s.Members, e)
 	}

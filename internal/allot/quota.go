@@ -23,16 +23,30 @@ func (s *State) roll(now int64) {
 	}
 }
 
-// unused takes back the tokens entry i gave up (Request.Unused), if they are of the
-// current window and it holds them: they may be handed out again.
-func (s *State) unused(i int, req Request) {
+// unused takes back the tokens entry i gave up (Request.Unused) and those whose answer it
+// never read (beyond Request.Got), if they are of the current window and it holds them:
+// they may be handed out again. A request older than one applied before is stale: it
+// takes nothing back, and is given nothing.
+func (s *State) unused(i int, req Request) (stale bool) {
 	e := &s.Members[i]
-	if s.Limit.Window == 0 || req.Unused <= 0 || req.UnusedOf != s.WindowEnd {
-		return
+	if s.Limit.Window == 0 {
+		return false
 	}
-	g := min(req.Unused, e.Chunk)
+	if req.Nonce <= e.Nonce && req.Op != OpJoin {
+		return true
+	}
+	e.Nonce = req.Nonce
+	if req.UnusedOf != s.WindowEnd {
+		return false
+	}
+	g := min(max(req.Unused, 0), e.Chunk)
 	e.Chunk -= g
+	if lost := e.Chunk - max(req.Got, 0); lost > 0 && req.Op != OpJoin {
+		e.Chunk -= lost // handed out under answers the member never read
+		g += lost
+	}
 	s.Granted -= g
+	return false
 }
 
 // quota answers a join or renewal of a windowed quota's entry i: it takes back what the
@@ -41,10 +55,11 @@ func (s *State) unused(i int, req Request) {
 // what is left split among the live members (at least one token while any is left), so
 // that the last of the count goes out in ever smaller chunks to whoever still asks.
 func (s *State) quota(i int, now int64, cfg Config, req Request, rep *Reply) {
-	if req.Op == OpRenew {
-		s.unused(i, req)
-	}
 	e := &s.Members[i]
+	if req.Op == OpJoin {
+		e.Chunk, e.Nonce = 0, req.Nonce // an earlier registration's tokens stay handed out
+	}
+	stale := s.unused(i, req)
 	e.Lease.Expires = now + int64(cfg.TTL)
 	e.Lease.Until = e.Lease.Expires + int64(cfg.Grace)
 	var live int64
@@ -56,7 +71,7 @@ func (s *State) quota(i int, now int64, cfg Config, req Request, rep *Reply) {
 	count := s.Limit.Burst()
 	left := count - s.Granted
 	var give int64
-	if now >= s.Penalty && left > 0 && req.Want > 0 {
+	if now >= s.Penalty && left > 0 && req.Want > 0 && !stale {
 		give = min(req.Want, max(1, count/chunkParts), max(1, left/(2*max(live, 1))), left)
 	}
 	s.Granted += give

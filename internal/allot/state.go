@@ -161,8 +161,10 @@ type Entry struct {
 	// then, without a heartbeat; its share, if any, still ends with its lease.
 	AliveUntil int64 `json:"alive_until"`
 	// Chunk (a windowed quota) is the tokens of the current window handed to the member's
-	// current registration and not given back.
-	Chunk int64 `json:"chunk"`
+	// current registration and not given back; Nonce the newest request of the
+	// registration applied (Request.Nonce): an older one that arrives late is stale.
+	Chunk int64  `json:"chunk"`
+	Nonce uint64 `json:"nonce"`
 }
 
 // own is what the member's current registration holds against the limit at now: it uses
@@ -387,12 +389,17 @@ type Request struct {
 	// or missing, lost what it granted (a failover that lost writes, an old copy restored)
 	// and must fence the limit.
 	Seen uint64 `json:"seen"`
-	// Want, Unused and UnusedOf are a windowed quota's (join, renew, release): the tokens
-	// the member asks for, and those it gives up unused with the end of the window they
-	// are of (Reply.WindowEnd, the store's clock): tokens of another window are void.
+	// Want, Unused, UnusedOf and Got are a windowed quota's (join, renew, release): the
+	// tokens the member asks for; those it gives up unused, with the end of the window
+	// they are of (Reply.WindowEnd, the store's clock: tokens of another window are
+	// void); and how many tokens of that window it has received under its registration
+	// and keeps. The store hands back to the window what it handed the registration
+	// beyond Got: tokens whose answer never arrived (lost, or too late: a member reads
+	// the answer to its newest request only), which nobody can use.
 	Want     int64 `json:"want"`
 	Unused   int64 `json:"unused"`
 	UnusedOf int64 `json:"unused_of"`
+	Got      int64 `json:"got"`
 	// Sent and Nonce are the member's own: the store echoes them in the reply.
 	Sent  int64  `json:"sent"`
 	Nonce uint64 `json:"nonce"`
