@@ -343,7 +343,13 @@ func (a *applier) state(g *group, rec Record, now, since int64, calls []call) (*
 		if fence != 0 {
 			a.fences.Add(1)
 		}
-		return allot.NewState(g.limit, a.incarnation(), now, fence, cfg)
+		st, err := allot.NewState(g.limit, a.incarnation(), now, fence, cfg)
+		if err == nil && seen > 0 {
+			// A member holds tokens drawn from the lost record in this window: how many
+			// it handed out is unknown (a windowed quota; nothing for a rate).
+			st.SpendWindow(now)
+		}
+		return st, err
 	}
 	st, err := allot.UnmarshalState(rec.Data)
 	if err != nil {

@@ -358,10 +358,11 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 				due = min(due, r.m.Due(now))
 			}
 			for _, r := range rs {
-				if r.m.Joining() {
+				if r.m.Joining() || r.m.Drawing(now) {
 					// A key seen for the first time: its first decision waits for the
 					// joins and the first share (or their failure), whatever the
-					// caller's bound.
+					// caller's bound; and a windowed quota's member short of tokens
+					// waits for its draw (one round trip) while the window has some.
 					w, joining = r, true
 					break
 				}

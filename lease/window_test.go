@@ -119,3 +119,27 @@ func TestRampFollowedByThePool(t *testing.T) {
 		}
 	}
 }
+
+// TestWindowedRecordLostWhileHeld: a store that restarts empty in the middle of a window,
+// while a member holds tokens drawn from it, makes the record again fenced; a newcomer
+// gets nothing in the fence, and the member's renewal (it saw the lost record) spends the
+// window: the window's count is never granted twice. The next window is whole.
+func TestWindowedRecordLostWhileHeld(t *testing.T) {
+	w := int64(10 * time.Second)
+	l := gcra.Limit{T: w / 600, Tau: 600 * (w / 600), Window: w}
+	c := newCluster(t, l, 2, DefaultConfig())
+	c.clk.Set(int64(time.Hour))       // a window's start
+	c.run(4*time.Second, []int{0}, 2) // member 0 alone, drawing a few tokens at a time
+	before := len(c.permits)
+	c.store.Restart()
+	c.run(5*time.Second, []int{0, 1}, 2)
+	in := len(c.permits)
+	c.run(2*time.Second, []int{0, 1}, 2) // into the next window
+	t.Logf("%d granted before the restart, %d in the window in all, %d in the next second", before, in, len(c.permits)-in)
+	if in > 600 {
+		t.Errorf("%d granted in a window of 600 across a store restart", in)
+	}
+	if len(c.permits) == in {
+		t.Error("nothing granted in the next window")
+	}
+}

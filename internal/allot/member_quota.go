@@ -208,3 +208,10 @@ func (m *Member) adjustQuota(now int64, of, n, newN int64) {
 	m.quota.left -= take
 	m.quota.debt += more - take
 }
+
+// Drawing reports whether the member of a windowed quota is short of tokens for a call
+// while the window still has some (and the store answers): a caller waits for its next
+// draw, one store round trip, rather than be denied tokens the window has.
+func (m *Member) Drawing(now int64) bool {
+	return m.windowed() && m.quota.short && !m.spent(now) && !m.link.failed
+}

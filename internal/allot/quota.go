@@ -71,7 +71,7 @@ func (s *State) quota(i int, now int64, cfg Config, req Request, rep *Reply) {
 	count := s.Limit.Burst()
 	left := count - s.Granted
 	var give int64
-	if now >= s.Penalty && left > 0 && req.Want > 0 && !stale {
+	if now >= s.Penalty && now >= s.Fence && left > 0 && req.Want > 0 && !stale {
 		give = min(req.Want, max(1, count/chunkParts), max(1, left/(2*max(live, 1))), left)
 	}
 	s.Granted += give
@@ -86,8 +86,10 @@ func (s *State) quota(i int, now int64, cfg Config, req Request, rep *Reply) {
 }
 
 // SpendWindow counts a windowed quota's current window as wholly handed out: the record
-// went back in time (an old copy restored, a failover that lost writes), so tokens it
-// handed out since are unknown.
+// was lost, or went back in time (an old copy restored, a failover that lost writes),
+// while a member still held tokens drawn from it in this window (Request.Seen), so the
+// tokens handed out are unknown. The next window is whole. Apply calls it when such a
+// member renews; a store calls it for a record it finds older than a member has seen.
 func (s *State) SpendWindow(now int64) {
 	if s.Limit.Window == 0 {
 		return

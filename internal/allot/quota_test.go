@@ -2,6 +2,7 @@ package allot
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -88,19 +89,38 @@ func TestQuotaChunks(t *testing.T) {
 	}
 }
 
-// TestQuotaLostRecordSpendsTheWindow: a record made again while leases of the one lost may
-// be in use (fenced) counts its window spent, since the lost one may have handed it all
-// out; the next window is whole.
+// TestQuotaLostRecordSpendsTheWindow: a windowed quota's record made fenced (its store
+// lost the one before) hands nothing out until the fence ends; a member that drew tokens
+// from the lost record in this window says so at its next renewal (its epoch is of the
+// lost record's incarnation, and it has seen a version of it), and the window is then
+// spent, since the lost record may have handed it all out. The next window is whole.
 func TestQuotaLostRecordSpendsTheWindow(t *testing.T) {
-	c := Config{TTL: 20 * time.Second, Grace: time.Second}
+	c := Config{TTL: 2 * time.Second, Grace: time.Second}
 	s, _ := NewState(window(1000, 10*time.Second), 7, 3*sec, c.FenceAfterRestart(3*sec), c)
-	rep, _ := s.Apply(3*sec, c, Request{Op: OpJoin, Member: "a", Want: 5, Nonce: 1})
-	if rep.Quota != 0 || rep.Remaining != 0 {
-		t.Errorf("fenced record: got %d tokens, %d remaining, want none", rep.Quota, rep.Remaining)
+	steps := []struct {
+		at        int64
+		req       Request
+		quota     int64
+		remaining int64
+		err       error
+	}{
+		{at: 3 * sec, req: Request{Op: OpJoin, Member: "a", Want: 5, Nonce: 1}, remaining: 1000},          // fenced
+		{at: 6 * sec, req: Request{Op: OpJoin, Member: "b", Want: 5, Nonce: 1}, quota: 5, remaining: 995}, // the fence ended
+		{at: 6*sec + 100*ms, req: Request{Op: OpRenew, Member: "x", Epoch: Epoch{Incarnation: 3, N: 1}, Seen: 9, Nonce: 4}, err: ErrStaleEpoch},
+		{at: 6*sec + 200*ms, req: Request{Op: OpJoin, Member: "c", Want: 5, Nonce: 1}},                     // spent
+		{at: 10 * sec, req: Request{Op: OpJoin, Member: "d", Want: 5, Nonce: 1}, quota: 5, remaining: 995}, // the next window
 	}
-	rep, _ = s.Apply(10*sec, c, Request{Op: OpRenew, Member: "a", Epoch: rep.Epoch, Want: 5, Nonce: 2})
-	if rep.Quota != 5 {
-		t.Errorf("the next window: got %d tokens, want 5", rep.Quota)
+	for i, st := range steps {
+		rep, err := s.Apply(st.at, c, st.req)
+		if !errors.Is(err, st.err) {
+			t.Fatalf("step %d: %v, want %v", i, err, st.err)
+		}
+		if err == nil && (rep.Quota != st.quota || rep.Remaining != st.remaining) {
+			t.Errorf("step %d: got %d tokens, %d remaining; want %d, %d", i, rep.Quota, rep.Remaining, st.quota, st.remaining)
+		}
+		if err := s.Check(st.at); err != nil {
+			t.Errorf("step %d: %v", i, err)
+		}
 	}
 }
 

@@ -264,8 +264,9 @@ type State struct {
 // in-memory store): the record starts with the whole burst saved up, as any new limiter
 // does. Otherwise (a store that restarted empty, a Redis key that vanished) fence is when
 // every lease granted before has ended and passed quarantine (the restart + TTL +
-// Grace): the whole limit counts as held until then, and its burst refills from then on;
-// a windowed quota's record counts its current window as spent. A ramp starts at now.
+// Grace): the whole limit counts as held until then, and its burst refills from then on.
+// A windowed quota's record starts with its window's whole count, handed out once the
+// fence has ended. A ramp starts at now.
 func NewState(l gcra.Limit, incarnation uint64, now, fence int64, cfg Config) (*State, error) {
 	if err := l.Validate(); err != nil {
 		return nil, err
@@ -281,12 +282,11 @@ func NewState(l gcra.Limit, incarnation uint64, now, fence int64, cfg Config) (*
 		s.RampStart = now
 	}
 	if l.Window > 0 {
+		// The count is whole, but a fenced record hands nothing out before the fence
+		// ends: a member that drew tokens from the record it replaces says so meanwhile
+		// (its renewals present the old record's incarnation and version), and the
+		// window is then spent (SpendWindow).
 		s.WindowEnd = l.WindowEnd(now)
-		if fence != 0 {
-			// The record it replaces may have handed out the whole window: nothing more
-			// until the next one.
-			s.Granted = l.Burst()
-		}
 	}
 	if fence == 0 {
 		s.Pool = s.capacity(now).Burst * l.T
@@ -465,6 +465,11 @@ func (s *State) Apply(now int64, cfg Config, req Request) (Reply, error) {
 	now = max(now, s.PoolAt)
 	s.advance(now)
 	s.roll(now)
+	if s.Limit.Window > 0 && req.Seen > 0 && !req.Epoch.IsZero() && req.Epoch.Incarnation != s.Incarnation {
+		// A member holds tokens drawn in this window from a record this one replaced (the
+		// store lost it): how many that one handed out is unknown.
+		s.SpendWindow(now)
+	}
 	rep := Reply{Sent: req.Sent, Nonce: req.Nonce, TTL: int64(cfg.TTL), Grace: int64(cfg.Grace)}
 	switch req.Op {
 	case OpPenalize:
