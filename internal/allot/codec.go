@@ -20,9 +20,10 @@ import (
 // member.
 //
 // Format 2 adds a windowed quota's and a ramp's fields (the limit's window and ramp, the
-// window's end and the tokens handed out in it, the ramp's start, each member's chunk)
-// after format 1's; UnmarshalState still reads format 1 (a record written before them),
-// as a limit without a window or a ramp.
+// window's end and the tokens handed out in it, the ramp's start, each member's chunk and
+// newest request) after format 1's. A record of a limit with neither is still written in
+// format 1, byte for byte as before, so that members of an earlier version and of this one
+// share plain limits during a rolling upgrade; UnmarshalState reads both.
 
 const (
 	stateFormat   = 2
@@ -35,7 +36,12 @@ var ErrBadRecord = errors.New("sluice lease: bad record")
 // MarshalState encodes s: the record a store keeps.
 func MarshalState(s *State) []byte {
 	w := writer{b: make([]byte, 0, 64+32*len(s.Members)), base: s.PoolAt}
-	w.b = append(w.b, stateFormat)
+	v2 := s.Limit.Window != 0 || !s.Limit.Ramp.IsZero()
+	if v2 {
+		w.b = append(w.b, stateFormat)
+	} else {
+		w.b = append(w.b, stateFormatV1)
+	}
 	w.u(uint64(s.Limit.T))
 	w.u(uint64(s.Limit.Tau))
 	w.u(uint64(s.Cfg.TTL))
@@ -62,12 +68,14 @@ func MarshalState(s *State) []byte {
 		w.t(q.At)
 		w.t(q.Until)
 	}
-	w.u(uint64(s.Limit.Window))
-	w.u(uint64(s.Limit.Ramp.T0))
-	w.u(uint64(s.Limit.Ramp.Over))
-	w.t(s.RampStart)
-	w.t(s.WindowEnd)
-	w.u(uint64(s.Granted))
+	if v2 {
+		w.u(uint64(s.Limit.Window))
+		w.u(uint64(s.Limit.Ramp.T0))
+		w.u(uint64(s.Limit.Ramp.Over))
+		w.t(s.RampStart)
+		w.t(s.WindowEnd)
+		w.u(uint64(s.Granted))
+	}
 	w.u(uint64(len(s.Members)))
 	for _, e := range s.Members {
 		w.u(uint64(len(e.ID)))
@@ -92,8 +100,10 @@ func MarshalState(s *State) []byte {
 		w.share(e.Retired)
 		w.t(e.RetiredUntil)
 		w.t(e.AliveUntil)
-		w.u(uint64(e.Chunk))
-		w.u(e.Nonce)
+		if v2 {
+			w.u(uint64(e.Chunk))
+			w.u(e.Nonce)
+		}
 	}
 	return w.b
 }
@@ -148,6 +158,9 @@ func UnmarshalState(b []byte) (*State, error) {
 		s.Limit.Window = int64(r.n())
 		s.Limit.Ramp.T0 = int64(r.n())
 		s.Limit.Ramp.Over = int64(r.n())
+		if s.Limit.Window == 0 && s.Limit.Ramp.IsZero() && r.err == nil {
+			r.err = errors.New("format 2 without a window or a ramp") // written in format 1
+		}
 		s.RampStart = r.t()
 		s.WindowEnd = r.t()
 		s.Granted = int64(r.n())

@@ -133,6 +133,7 @@ func (m *Member) Request(now, early int64) (Request, bool) {
 	if m.windowed() && req.Op == OpJoin {
 		m.expireQuota(now)
 		req.Want = m.want(now, m.demand.asked)
+		m.quota.asked = req.Want > 0
 	}
 	req.Demand = m.measure(now)
 	m.link.inflight = true

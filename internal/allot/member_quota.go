@@ -19,6 +19,8 @@ type quotaHeld struct {
 	debt      int64 // tokens used beyond those held (a settlement up), paid from the next drawn
 	got       int64 // tokens of the window received under the registration and not given back (Request.Got)
 	short     bool  // a call found too few tokens (a weighted one) since the last draw
+	asked     bool  // the request in flight asks for tokens
+	dry       bool  // the last answer to a request for tokens gave none (a fence, a penalty, the window spent)
 }
 
 // windowed reports whether the member's limit is a windowed quota.
@@ -71,7 +73,14 @@ func (m *Member) quotaDue(now int64) int64 {
 		d = min(d, max(m.quota.end, m.link.lastSent+m.cfg.renew/4)) // a new window
 	}
 	if m.needsQuota(now) {
-		d = min(d, m.link.lastSent) // at once (within the minimum gap)
+		switch {
+		case m.Drawing(now):
+			return m.link.lastSent // a caller waits for tokens: at once, without the minimum gap
+		case m.quota.dry:
+			d = min(d, m.link.lastSent+m.cfg.renew/4) // the store had none to give: not at every call
+		default:
+			d = min(d, m.link.lastSent) // a prefetch: at once (within the minimum gap)
+		}
 	}
 	if m.quota.left > 0 && m.demand.waiting == 0 {
 		d = min(d, m.quietAt()+1) // gone quiet: give the tokens back
@@ -92,6 +101,7 @@ func (m *Member) quotaRequest(now int64, req *Request) {
 	}
 	req.Got = max(m.quota.got, 0)
 	req.Want = m.want(now, asked)
+	m.quota.asked = req.Want > 0
 }
 
 // receiveQuota applies a windowed quota's answer: the tokens handed over, for the window
@@ -106,7 +116,8 @@ func (m *Member) receiveQuota(rep Reply, newEpoch bool) {
 		q.left, q.debt, q.got, q.end, q.of = 0, 0, 0, end, rep.WindowEnd
 	}
 	q.got += rep.Quota
-	if rep.Quota > 0 {
+	q.dry = q.asked && rep.Quota == 0
+	if rep.Quota > 0 || q.dry {
 		q.short = false
 	}
 	q.end = max(q.end, end) // each answer's is no later than the window's real end
@@ -213,5 +224,5 @@ func (m *Member) adjustQuota(now int64, of, n, newN int64) {
 // while the window still has some (and the store answers): a caller waits for its next
 // draw, one store round trip, rather than be denied tokens the window has.
 func (m *Member) Drawing(now int64) bool {
-	return m.windowed() && m.quota.short && !m.spent(now) && !m.link.failed
+	return m.windowed() && m.phase == registered && m.quota.short && !m.quota.dry && !m.spent(now) && !m.link.failed
 }

@@ -13,7 +13,7 @@ import (
 // allows, it is decided at the store instead (centralWanted) and nobody holds a share.
 func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 	tg = make([]Share, len(s.Members))
-	capa := s.capacity(now) // all of the limit, or what a ramp has reached
+	capa := s.capacity(now) // all of the limit, or the rate a ramp has reached
 	burst := capa.Burst
 	var alive, wanting []int
 	for i := range s.Members {

@@ -289,7 +289,12 @@ func NewState(l gcra.Limit, incarnation uint64, now, fence int64, cfg Config) (*
 		s.WindowEnd = l.WindowEnd(now)
 	}
 	if fence == 0 {
-		s.Pool = s.capacity(now).Burst * l.T
+		s.Pool = l.Tau
+		if !l.Ramp.IsZero() {
+			// A ramp's first burst is the part of the burst its start rate is.
+			b, _ := mulDiv(l.Burst(), s.rampPart(now), RateScale)
+			s.Pool = max(1, b) * l.T
+		}
 		if l.Burst() > 1 { // a burst of one permit cannot be shared
 			s.Open = now + int64(cfg.JoinWindow)
 		}
@@ -630,15 +635,13 @@ func (s *State) release(i int, now, busy int64) bool {
 }
 
 // capacity is the whole limit as a share at now: all of it, or while a ramp runs, the part
-// of its rate the ramp has reached (rounded down) and as much of its burst (at least one
-// permit). It never shrinks as now grows, so shares granted within it stay within it.
+// of its rate the ramp has reached (rounded down) and the whole burst. The burst is not
+// ramped (each member that holds a share needs a permit of it, and members too many for
+// the burst are decided at the store): a ramp's first burst is, from the fresh record's
+// saved burst (NewState). It never shrinks as now grows, so shares granted within it stay
+// within it.
 func (s *State) capacity(now int64) Share {
-	p := s.rampPart(now)
-	if p >= RateScale {
-		return Share{Rate: RateScale, Burst: s.Limit.Burst()}
-	}
-	b, _ := mulDiv(s.Limit.Burst(), p, RateScale)
-	return Share{Rate: p, Burst: max(1, b)}
+	return Share{Rate: s.rampPart(now), Burst: s.Limit.Burst()}
 }
 
 // rampPart is the part of RateScale the limit's rate has reached at now (Limit.Ramp):

@@ -1,6 +1,7 @@
 package allot
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"reflect"
@@ -386,7 +387,7 @@ func TestStateRoundTrip(t *testing.T) {
 
 // TestStateDecodesFormat1: a record written before windows and ramps (format 1, made by
 // the code of that time: testdata/state-v1.bin) still decodes, as a limit without either,
-// and is written back in the current format.
+// and a plain limit's record is still written in format 1.
 func TestStateDecodesFormat1(t *testing.T) {
 	b, err := os.ReadFile("testdata/state-v1.bin")
 	if err != nil {
@@ -408,8 +409,10 @@ func TestStateDecodesFormat1(t *testing.T) {
 	if !reflect.DeepEqual(s, p.s) {
 		t.Errorf("format 1 decoded as\n%+v\nwant\n%+v", s, p.s)
 	}
-	if out := MarshalState(s); out[0] != stateFormat {
-		t.Errorf("written back as format %d, want %d", out[0], stateFormat)
+	// A plain limit's record is written as before, byte for byte: members of the version
+	// before read it.
+	if out := MarshalState(s); !bytes.Equal(out, b) {
+		t.Errorf("written back as %x, want %x (format 1, as read)", out, b)
 	}
 }
 
@@ -454,6 +457,13 @@ func FuzzStateCodec(f *testing.F) {
 	p.s.Members = append(p.s.Members, Entry{ID: "x", Epoch: Epoch{Incarnation: 9, N: 3}, Held: Share{5, 1}, HeldUntil: -7})
 	f.Add(MarshalState(p.s))
 	f.Add([]byte{1, 2, 3})
+	w, _ := NewState(gcra.Limit{T: ms, Tau: 100 * ms, Window: sec}, 7, 3*sec, 0, cfg(Fair))
+	w.Apply(3*sec, cfg(Fair), Request{Op: OpJoin, Member: "a", Want: 4, Nonce: 2})
+	f.Add(MarshalState(w)) // format 2: a window
+	r := lim(10, time.Second, 6)
+	r.Ramp = gcra.Ramp{T0: sec, Over: 60 * sec}
+	rs, _ := NewState(r, 7, 3*sec, 0, cfg(Fair))
+	f.Add(MarshalState(rs)) // format 2: a ramp
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s, err := UnmarshalState(b)
 		if err != nil {
