@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -282,7 +281,6 @@ func TestPropertyQuotaNeverOverCount(t *testing.T) {
 			}
 		})
 	}
-	_ = math.Inf
 }
 
 // TestQuotaMemberPrefetchesAndGivesBack: a member whose callers ask steadily draws its
