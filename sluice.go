@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,10 +35,10 @@ var (
 	// ErrUnsupported: the backend cannot do what was asked (see Limiter.Reset).
 	ErrUnsupported = backend.ErrUnsupported
 	// ErrPermitExpired: a reserved permit came to be used later than the margin allows
-	// (the margin after its time, or half of it where the margin spaces a limit's permits;
-	// the caller was paused, its machine stalled): used now it could reach the API too
-	// close to the next one, so Reservation.Wait gave it back instead (see WithMargin). The
-	// caller may ask again.
+	// (the lateness its limit tolerates less half the margin, kept for the trip to the
+	// API, and at most the margin: half the margin with burst 1; the caller was paused,
+	// its machine stalled): used now it could reach the API too close to the next one, so
+	// Reservation.Wait gave it back instead (see WithMargin). The caller may ask again.
 	ErrPermitExpired = errors.New("sluice: permit expired")
 )
 
@@ -153,8 +154,8 @@ type shape struct {
 	core    []gcra.Limit    // limits tightened by the margin, in the core's units (ramps over)
 	maxCost int64           // the most permits one request can be granted
 	allower backend.Allower // the backend's fast path, when it has one and it applies
-	// expireAfter is how late a permit may be handed to its user (see expiredAt): the
-	// margin, or half of it when the margin spaces a limit's permits.
+	// expireAfter is how late a permit may be handed to its user (see expiredAt and
+	// expireAfter).
 	expireAfter int64
 	margin      time.Duration
 	// A ramp runs from rampStart (clock Nanotime) to rampEnd; rampEnd is 0 without one.
@@ -233,7 +234,9 @@ func WithFailMode(m FailMode) Option { return optionFunc(func(l *Limiter) { l.fa
 
 // WithRampStart makes the ramps of the limits given to New start at t instead of when
 // New is called: a process that replaces a limiter (a daemon reloading its rules) keeps
-// the ramp where it was (see Limiter.RampStart). A t in the future starts them then.
+// the ramp where it was (see Limiter.RampStart). A t in the future starts them then. A
+// backend that ramps limits itself (backend.SharedRamps: the lease mode, whose record
+// keeps when the ramp began) ignores it.
 func WithRampStart(t time.Time) Option { return optionFunc(func(l *Limiter) { l.rampFrom = t }) }
 
 // WithObserver sets a hook told of every decision, wait, penalty and backend error.
@@ -297,10 +300,10 @@ func (l *Limiter) supports(limits Limits) error {
 	}
 	for _, lim := range limits {
 		if lim.Window && (k == nil || !k.Windows()) {
-			return fmt.Errorf("%w: a windowed quota (%s) is decided by the in-process and redis modes only, not by this backend (%T)", ErrUnsupported, lim, l.be)
+			return fmt.Errorf("%w: a windowed quota (%s) is decided by the in-process, redis and lease modes only, not by this backend (%T)", ErrUnsupported, lim, l.be)
 		}
 		if !lim.Ramp.IsZero() && (k == nil || !k.Ramps()) {
-			return fmt.Errorf("%w: a ramp (%s) is decided by the in-process and redis modes only, not by this backend (%T)", ErrUnsupported, lim, l.be)
+			return fmt.Errorf("%w: a ramp (%s) is decided by the in-process, redis and lease modes only, not by this backend (%T)", ErrUnsupported, lim, l.be)
 		}
 	}
 	return nil
@@ -322,6 +325,14 @@ func (l *Limiter) newShape(limits Limits, prev *shape) *shape {
 	if a, ok := l.be.(backend.Allower); ok && len(sh.core) == 1 {
 		sh.allower = a
 	}
+	if s, ok := l.be.(backend.SharedRamps); ok && s.SharedRamps() {
+		// The backend ramps the limits itself, from its shared state: it is given the
+		// limits as they are once the ramps are over, with their ramps.
+		for i, lim := range limits {
+			sh.core[i].Ramp = rampOf(lim, sh.core[i])
+		}
+		return l.finishShape(limits, sh)
+	}
 	if over := limits.RampOver(); over > 0 {
 		sh.rampStart = now
 		switch {
@@ -332,11 +343,38 @@ func (l *Limiter) newShape(limits Limits, prev *shape) *shape {
 		}
 		sh.rampEnd = gcra.AddSat(sh.rampStart, int64(over))
 	}
-	sh.expireAfter = int64(l.margin)
-	for i, lim := range limits {
-		if !lim.Window && sh.core[i].T > int64(lim.Interval()) {
-			sh.expireAfter = int64(l.margin) / 2
+	return l.finishShape(limits, sh)
+}
+
+// rampOf is lim's ramp in core units (gcra.Ramp) for core, lim's core limit: the ramp
+// starts at the part of core's rate that the ramp's start rate is of lim's rate (T0
+// rounded up: never faster), and rises over the ramp's duration. The zero Ramp if lim
+// does not ramp.
+func rampOf(lim Limit, core gcra.Limit) gcra.Ramp {
+	if lim.Ramp.IsZero() || lim.Window {
+		return gcra.Ramp{}
+	}
+	start := (int64(lim.Ramp.Period) + lim.Ramp.Rate - 1) / lim.Ramp.Rate // the start's interval
+	hi, lo := bits.Mul64(uint64(core.T), uint64(start))
+	iv := uint64(lim.Interval())
+	t0 := int64(math.MaxInt64)
+	if hi < iv {
+		q, r := bits.Div64(hi, lo, iv)
+		if r != 0 {
+			q++
 		}
+		if q <= math.MaxInt64 {
+			t0 = int64(q)
+		}
+	}
+	return gcra.Ramp{T0: max(t0, core.T), Over: int64(lim.Ramp.Over)}
+}
+
+// finishShape completes sh: how late a permit may be handed to its user, and a warning
+// of a margin that costs much of a limit's rate.
+func (l *Limiter) finishShape(limits Limits, sh *shape) *shape {
+	sh.expireAfter = expireAfter(limits, sh.core, l.margin)
+	for i, lim := range limits {
 		if kept := float64(lim.Interval()) / float64(sh.core[i].T); kept < 0.9 {
 			l.log.Warn("sluice: the margin costs a limit much of its rate: with a burst this small, permits are spaced by the interval plus the margin",
 				"limit", lim.String(), "margin", l.margin, "rate_kept", fmt.Sprintf("%.1f%%", 100*kept),
@@ -388,7 +426,8 @@ func (l *Limiter) Limits() Limits {
 }
 
 // RampStart returns when the ramps of the limits in force started (on the limiter's
-// clock's wall time), and false if none of them ramps.
+// clock's wall time), and false if none of them ramps or the backend ramps them itself
+// (backend.SharedRamps: the lease mode, whose record keeps when the ramp began).
 func (l *Limiter) RampStart() (time.Time, bool) {
 	sh := l.shape.Load()
 	if sh == nil || sh.rampEnd == 0 {
@@ -739,4 +778,30 @@ func (l *Limiter) observe(e Event) {
 	if l.observer != nil {
 		l.observer.Observe(e)
 	}
+}
+
+// expireAfter is how late a permit may be handed to its user: the lateness its limits
+// tolerate less half the margin, kept for the trip to the API, and never more than the
+// margin. A limit tolerates the margin where the margin spaces its permits (burst 1: the
+// interval plus the margin), and the whole tokens of its reserve where the margin is a
+// reserve of its burst (k = ceil(margin / interval) tokens: k intervals, at least the
+// margin). So burst-1 limits expire permits at half the margin, and a reserve that
+// rounds well up (20ms of a 50ms interval) lets a permit be the whole margin late with
+// more than half the margin left for the trip. Windowed quotas count permits, not their
+// spacing: they tolerate any lateness.
+func expireAfter(limits Limits, core []gcra.Limit, margin time.Duration) int64 {
+	m := int64(margin)
+	after := m
+	for i, lim := range limits {
+		if lim.Window {
+			continue
+		}
+		t := int64(lim.Interval())
+		tolerance := m // the margin spaces the permits
+		if core[i].T <= t && t > 0 {
+			tolerance = (m + t - 1) / t * t // a reserve of whole tokens
+		}
+		after = min(after, tolerance-m/2)
+	}
+	return after
 }

@@ -83,6 +83,16 @@ type LimitKinds interface {
 	Ramps() bool
 }
 
+// SharedRamps is an optional interface of LimitKinds back ends that ramp a limit
+// themselves, from state their callers share (the lease mode's allocation ramps the whole
+// pool together, from when the limit's record was made, so that a caller that restarts
+// does not restart the ramp): the limiter passes such a backend the limit as it is once
+// the ramp is over, with the ramp in gcra.Limit.Ramp, instead of the limit the ramp has
+// reached at each decision.
+type SharedRamps interface {
+	SharedRamps() bool
+}
+
 // WindowsAlone is an optional interface of a LimitKinds backend that decides a key's
 // windowed quotas only when all the key's limits are windows: a limiter refuses it limits
 // that mix windows and rates.
@@ -96,6 +106,15 @@ type WindowsAlone interface {
 // set by mistake or malice.
 type Resetter interface {
 	Reset(ctx context.Context, key string) error
+}
+
+// ExpiryReporter is an optional interface of back ends that want to know of reserved
+// permits their caller did not use because they came too late (sluice.ErrPermitExpired):
+// the daemon's client reports them so that the daemon counts them in its /metrics. The
+// limiter calls ReportExpired after giving such permits back, outside its locks; it may
+// block for I/O and should honour ctx. An error is the caller's to ignore.
+type ExpiryReporter interface {
+	ReportExpired(ctx context.Context, key string, n int64) error
 }
 
 // Pinger is an optional interface of back ends that depend on something remote: Ping
