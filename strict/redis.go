@@ -274,6 +274,7 @@ func Open(url string, opts ...Option) (*Backend, error) {
 	}
 	b := New(c, opts...)
 	b.owned = c
+	b.p.conns = &conns{client: c}
 	return b, nil
 }
 
