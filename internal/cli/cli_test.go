@@ -286,18 +286,39 @@ func TestSentinel(t *testing.T) {
 	t.Run("ServeLease", func(t *testing.T) { serveLease(t, set.URL()) })
 }
 
-// TestLeaseOnEtcd: the lease demo and the daemon through one real etcd.
+// TestLeaseOnEtcd: the lease demo and the daemon through one real etcd, and the strict
+// mode's on the same etcd.
 func TestLeaseOnEtcd(t *testing.T) {
 	srv := etcdtest.New(t)
 	t.Run("Demo", func(t *testing.T) { demoLeaseOnEtcd(t, srv) })
 	t.Run("Serve", func(t *testing.T) { serveLease(t, srv.URL()) })
+	t.Run("StrictDemo", func(t *testing.T) { demoStrict(t, srv.URL()) })
+	t.Run("StrictServe", func(t *testing.T) { serveOn(t, "--backend", "strict", "--store", srv.URL()) })
 }
 
-// TestLeaseOnZK: the lease demo and the daemon through one real ZooKeeper.
+// TestLeaseOnZK: the lease demo and the daemon through one real ZooKeeper, and the strict
+// mode's on the same ZooKeeper.
 func TestLeaseOnZK(t *testing.T) {
 	srv := zktest.New(t)
 	t.Run("Demo", func(t *testing.T) { demoLeaseOnZK(t, srv) })
 	t.Run("Serve", func(t *testing.T) { serveLease(t, srv.URL()) })
+	t.Run("StrictDemo", func(t *testing.T) { demoStrict(t, srv.URL()+"/demo/strict") })
+	t.Run("StrictServe", func(t *testing.T) { serveOn(t, "--backend", "strict", "--store", srv.URL()) })
+}
+
+// demoStrict runs the demo in the strict mode through store: it keeps the limit.
+func demoStrict(t *testing.T, store string) {
+	code, out, errs := run(t, "demo", "--mode", "strict", "--store", store, "--duration", "2s", "--workers", "3", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var j map[string]any
+	if err := json.Unmarshal([]byte(out), &j); err != nil {
+		t.Fatalf("not JSON: %v: %q", err, out)
+	}
+	if j["mode"] != "strict" || j["violations"] != 0.0 || j["accepted"].(float64) < 10 {
+		t.Errorf("mode %v, violations %v, accepted %v: %s", j["mode"], j["violations"], j["accepted"], out)
+	}
 }
 
 // serveLease runs the daemon on the lease back end through store: it admits once the new
