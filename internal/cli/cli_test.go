@@ -333,6 +333,9 @@ func TestSentinel(t *testing.T) {
 		t.Errorf("the master holds no key (%s %v)", n, err)
 	}
 	t.Run("ServeRedis", func(t *testing.T) { serveOn(t, "--backend", "redis", "--redis-url", set.URL()) })
+	t.Run("ServeRedisAcks", func(t *testing.T) {
+		serveOn(t, "--backend", "redis", "--redis-url", set.URL(), "--redis-replica-acks", "1")
+	})
 	t.Run("ServeLease", func(t *testing.T) { serveLease(t, set.URL()) })
 }
 
