@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/zktest"
 	"github.com/sluicehq/sluice/lease"
 )
 
@@ -52,7 +53,7 @@ func workerMain() int {
 		defer c.Close()
 		st = lease.NewEtcdStore(c, lease.WithEtcdPrefix(cfg.Path+"/"))
 	case "zk":
-		c, _, err := zk.Connect([]string{cfg.Addr}, 4*time.Second, zk.WithLogger(quietZK{}))
+		c, _, err := zk.Connect([]string{cfg.Addr}, 4*time.Second, zk.WithLogger(zktest.Quiet{}))
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "worker:", err)
 			return 1

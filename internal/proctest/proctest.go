@@ -9,7 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -88,4 +90,41 @@ func FreePorts(n int) ([]int, error) {
 		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
+}
+
+// Shared is a server a test package starts once, at the first test that needs it, and
+// stops when its tests end (Close, from TestMain): real servers take a second or two to
+// start, too long to start per test. The zero value is unusable: set Start.
+type Shared[S interface{ Close() }] struct {
+	Start func() (S, error)
+
+	mu      sync.Mutex
+	s       S
+	started bool
+}
+
+// Get returns the server, starting it at the first call. It fails the test if the server
+// cannot be started (the error names the package to install when it is missing).
+func (p *Shared[S]) Get(t testing.TB) S {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.started {
+		s, err := p.Start()
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.s, p.started = s, true
+	}
+	return p.s
+}
+
+// Close stops the server if it was started.
+func (p *Shared[S]) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.started {
+		p.s.Close()
+		p.started = false
+	}
 }
