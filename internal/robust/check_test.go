@@ -238,19 +238,44 @@ func TestCheckGossip(t *testing.T) {
 	for i := range int64(100) {
 		h.Uses = append(h.Uses, use(1, 1, 1005+5*i))
 	}
-	vs, note := CheckGossip(h, 0, 3, false)
+	vs, _, note := CheckGossip(h, 0, 3, false)
 	if len(vs) != 0 || !strings.Contains(note, "largest excess over any window 0.0") {
 		t.Fatalf("at the limit: %v (%s)", vs, note)
 	}
 	for range 33 {
 		h.Uses = append(h.Uses, use(2, 1, 1300))
 	}
-	vs, _ = CheckGossip(h, 0, 3, false)
+	vs, _, _ = CheckGossip(h, 0, 3, false)
 	if len(vs) != 1 || !strings.Contains(vs[0].Detail, "33.0 permits beyond") {
 		t.Fatalf("33 over: got %v, want one violation of 33 permits", vs)
 	}
 	// A paused member allows two intervals' rate more (40): 33 is within it.
-	if vs, _ = CheckGossip(h, 0, 3, true); len(vs) != 0 {
+	if vs, _, _ = CheckGossip(h, 0, 3, true); len(vs) != 0 {
 		t.Fatalf("33 over with a member paused: %v", vs)
+	}
+	// A split (a member cut from its peers for 1 s, shorter than hold + 5 intervals)
+	// allows a burst (10) more in the windows that meet it: 33 is within 23 + 10, unless
+	// the split ended long before the window.
+	h.Splits = [][2]int64{{1200 * ms, 2200 * ms}}
+	if vs, _, _ = CheckGossip(h, 0, 3, false); len(vs) != 0 {
+		t.Fatalf("33 over in a split: %v", vs)
+	}
+	h.Splits = [][2]int64{{100 * ms, 500 * ms}}
+	vs, _, _ = CheckGossip(h, 0, 3, false)
+	if len(vs) != 1 || !strings.Contains(vs[0].Detail, "33.0 permits beyond") || !strings.Contains(vs[0].Detail, "0.0 of it for the splits") {
+		t.Fatalf("33 over, a split over before: got %v, want one violation", vs)
+	}
+	// A split longer than hold + 5 intervals (2.5 s) adds the rate over the rest: 3 s
+	// adds 0.5 s × 200/s = 100 more.
+	for range 100 {
+		h.Uses = append(h.Uses, use(2, 1, 1301))
+	}
+	h.Splits = [][2]int64{{1000 * ms, 4000 * ms}}
+	if vs, _, _ = CheckGossip(h, 0, 3, false); len(vs) != 0 {
+		t.Fatalf("133 over in a 3 s split: %v", vs)
+	}
+	h.Splits = [][2]int64{{1000 * ms, 3000 * ms}}
+	if vs, _, _ = CheckGossip(h, 0, 3, false); len(vs) != 1 {
+		t.Fatalf("133 over in a 2 s split: got %v, want one violation", vs)
 	}
 }

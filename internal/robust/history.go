@@ -75,6 +75,12 @@ type History struct {
 	Rewinds [][2]int64
 	// Stopped are each member process's SIGSTOP windows, by process number.
 	Stopped map[int][][2]int64
+	// The gossip mode's network faults: Splits are the windows in which a member was cut
+	// from a peer or from all of them (a partition into two sides); LateBy is the longest
+	// delay put on the members' datagrams; Lossy tells that some were lost.
+	Splits [][2]int64
+	LateBy time.Duration
+	Lossy  bool
 }
 
 // parseLine adds one record line to h; a line that is no record is an error.

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -34,6 +35,7 @@ type Result struct {
 	Violations []Violation
 	Notes      []string
 	Errors     map[string]int // calls by outcome other than granted and denied
+	Excess     float64        // gossip: the largest excess over any window, in permits
 	Elapsed    time.Duration
 }
 
@@ -45,6 +47,7 @@ type member struct {
 	lines      []string
 	read       chan struct{} // closed once its output is read
 	killed     bool
+	stdin      io.WriteCloser // a gossip member's control lines (its links); nil otherwise
 }
 
 // runner executes one schedule.
@@ -67,6 +70,12 @@ type runner struct {
 	rewinds [][2]int64
 	stopped map[int][][2]int64
 	errs    []string
+
+	// The gossip mode's network faults in force, by fault number, and their times.
+	netFaults map[int]Fault
+	splits    [][2]int64
+	lateBy    time.Duration
+	lossy     bool
 }
 
 type dump struct {
@@ -80,7 +89,7 @@ type dump struct {
 func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 	start := time.Now()
 	r := &runner{s: s, exe: exe, prefix: fmt.Sprintf("rb%d:", s.Seed), stopped: map[int][][2]int64{},
-		current: make([]*member, s.Members)}
+		current: make([]*member, s.Members), netFaults: map[int]Fault{}}
 	if s.Mode == ModeGossip {
 		// No store: each slot's address is the member's own (UDP and TCP), its peers the
 		// other slots'.
@@ -138,6 +147,7 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 		}()
 	}
 	wg.Wait()
+	r.closeControl()
 	h, vs := r.collect(ctx)
 	if s.Mode == ModeDaemon {
 		vs = append(vs, r.stopDaemons()...)
@@ -160,8 +170,9 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 	case ModeLease:
 		res.Violations = append(res.Violations, CheckLeases(h, t0)...)
 	case ModeGossip:
-		v, note := CheckGossip(h, t0, len(r.members), len(h.Stopped) > 0)
+		v, excess, note := CheckGossip(h, t0, len(r.members), len(h.Stopped) > 0)
 		res.Violations = append(res.Violations, v...)
+		res.Excess = excess
 		res.Notes = append(res.Notes, note)
 	}
 	if s.Mode == ModeStrictLocal {
@@ -197,9 +208,13 @@ func (r *runner) startMember(slot int, d time.Duration) error {
 		Duration: d, Skew: r.s.Skews[slot], Seed: r.s.Seed, Members: r.s.Members}
 	if r.s.Mode == ModeGossip {
 		cfg.Bind, cfg.Settle = r.addrs[slot], GossipSettle
+		r.mu.Lock()
+		ls := r.links()
+		r.mu.Unlock()
 		for i, a := range r.addrs {
 			if i != slot {
 				cfg.Peers = append(cfg.Peers, a)
+				cfg.Links = append(cfg.Links, ls[slot][i].line(a))
 			}
 		}
 	}
@@ -207,6 +222,12 @@ func (r *runner) startMember(slot int, d time.Duration) error {
 	m := &member{proc: proc, slot: slot, cmd: exec.Command(r.exe, "-test.run", "^$"), read: make(chan struct{})}
 	m.cmd.Env = append(os.Environ(), MemberEnv+"="+string(js))
 	m.cmd.Stderr = &m.stderr
+	if r.s.Mode == ModeGossip {
+		var err error
+		if m.stdin, err = m.cmd.StdinPipe(); err != nil {
+			return err
+		}
+	}
 	stdout, err := m.cmd.StdoutPipe()
 	if err != nil {
 		return err
@@ -225,8 +246,85 @@ func (r *runner) startMember(slot int, d time.Duration) error {
 	r.mu.Lock()
 	r.members = append(r.members, m)
 	r.current[slot] = m
+	if m.stdin != nil {
+		r.tellLinks(m) // the network faults in force when it starts
+	}
 	r.mu.Unlock()
 	return nil
+}
+
+// links computes each link's faults from the gossip network faults in force: links[i][j]
+// is what member slot i's traffic to slot j suffers. Faults on one link add up.
+func (r *runner) links() [][]Link {
+	ls := make([][]Link, r.s.Members)
+	for i := range ls {
+		ls[i] = make([]Link, r.s.Members)
+	}
+	both := func(a, b int, f func(*Link)) {
+		f(&ls[a][b])
+		f(&ls[b][a])
+	}
+	for _, f := range r.netFaults {
+		for peer := range r.s.Members {
+			if peer == f.Target || (f.Kind == FaultLinkCut && peer != f.Peer) {
+				continue
+			}
+			both(f.Target, peer, func(l *Link) {
+				switch f.Kind {
+				case FaultPeerPartition, FaultLinkCut:
+					l.Cut = true
+				case FaultPeerLoss:
+					l.Loss = 1 - (1-l.Loss)*(1-float64(f.Loss)/100)
+				case FaultPeerDelay:
+					l.Delay += time.Duration(f.Latency) * time.Millisecond
+					l.Jitter += time.Duration(f.Jitter) * time.Millisecond
+				}
+			})
+		}
+	}
+	return ls
+}
+
+// tellLinks writes member m's links to its peers to its control input (r.mu held). A
+// member killed cannot read them: the write's error is ignored.
+func (r *runner) tellLinks(m *member) {
+	ls := r.links()
+	var b strings.Builder
+	for peer, a := range r.addrs {
+		if peer != m.slot {
+			b.WriteString(ls[m.slot][peer].line(a))
+		}
+	}
+	_, _ = io.WriteString(m.stdin, b.String())
+}
+
+// setNetFault puts the gossip network fault f (the i-th) in force, or ends it, and tells
+// every running member its links.
+func (r *runner) setNetFault(i int, f Fault, on bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if on {
+		r.netFaults[i] = f
+	} else {
+		delete(r.netFaults, i)
+	}
+	for _, m := range r.current {
+		if m != nil && !m.killed {
+			r.tellLinks(m)
+		}
+	}
+}
+
+// closeControl closes every member's control input once the faults are over: a gossip
+// member's reader of it ends there.
+func (r *runner) closeControl() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range r.members {
+		if m.stdin != nil {
+			m.stdin.Close()
+		}
+	}
 }
 
 // sleepUntil sleeps until d after the run's start, or ctx's end.
@@ -318,6 +416,22 @@ func (r *runner) inject(ctx context.Context, i int, f Fault) {
 			r.stopped[m.proc] = append(r.stopped[m.proc], [2]int64{from, time.Now().UnixNano()})
 			r.mu.Unlock()
 		}
+	case FaultPeerPartition, FaultLinkCut, FaultPeerLoss, FaultPeerDelay:
+		from := time.Now().UnixNano()
+		r.setNetFault(i, f, true)
+		undo = func() {
+			r.setNetFault(i, f, false)
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			switch f.Kind {
+			case FaultPeerPartition, FaultLinkCut:
+				r.splits = append(r.splits, [2]int64{from, time.Now().UnixNano()})
+			case FaultPeerLoss:
+				r.lossy = true
+			case FaultPeerDelay:
+				r.lateBy = max(r.lateBy, time.Duration(f.Latency+f.Jitter)*time.Millisecond)
+			}
+		}
 	case FaultDaemonKill:
 		d := r.daemons[f.Target]
 		d.kill()
@@ -400,7 +514,7 @@ func (r *runner) restore(ctx context.Context, dumps map[string]dump) {
 // unplanned or did not finish.
 func (r *runner) collect(ctx context.Context) (*History, []Violation) {
 	var vs []Violation
-	h := &History{Stopped: r.stopped, Losses: r.losses, Rewinds: r.rewinds}
+	h := &History{Stopped: r.stopped, Losses: r.losses, Rewinds: r.rewinds, Splits: r.splits, LateBy: r.lateBy, Lossy: r.lossy}
 	r.mu.Lock()
 	ms := append([]*member(nil), r.members...)
 	r.mu.Unlock()

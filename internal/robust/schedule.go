@@ -19,7 +19,9 @@ const (
 	// a share of 1/members): while Redis is out of reach each member decides at its share.
 	ModeStrictLocal Mode = "strict-local"
 	// ModeGossip is package gossip (memberlist, no store): its members report over UDP,
-	// which toxiproxy cannot carry, so its faults are the process faults and clock offsets.
+	// which toxiproxy cannot carry, so its network faults go through each member's
+	// FaultTransport (the peer_* and link_cut faults), beside the process faults and clock
+	// offsets.
 	ModeGossip Mode = "gossip"
 	// ModeDaemon is the daemon (sluice serve, its redis back end, fail closed), one per
 	// member slot, each member's limiter on the daemon through package client.
@@ -63,6 +65,14 @@ const (
 	// paused.
 	FaultDaemonKill FaultKind = "daemon_kill"
 	FaultDaemonStop FaultKind = "daemon_stop"
+	// The gossip mode's network faults, on the member's real datagrams and streams to its
+	// peers (FaultTransport), both directions: the member cut from every peer (a partition
+	// into two sides), from one peer only (the others still hear both), a share of its
+	// datagrams lost, or its datagrams and streams delayed.
+	FaultPeerPartition FaultKind = "peer_partition"
+	FaultLinkCut       FaultKind = "link_cut"
+	FaultPeerLoss      FaultKind = "peer_loss"
+	FaultPeerDelay     FaultKind = "peer_delay"
 )
 
 // Fault is one scheduled fault: it starts At after the run's start and lasts For (the
@@ -77,6 +87,9 @@ type Fault struct {
 	// Link is the link a toxic acts on: "m", the member's to its store (or, in the daemon
 	// mode, to its daemon); "r", the daemon's to Redis (daemon mode).
 	Link string
+	// Peer is link_cut's other end (a member slot); Loss peer_loss's share of datagrams
+	// lost (percent).
+	Peer, Loss int
 }
 
 func (f Fault) String() string {
@@ -88,8 +101,12 @@ func (f Fault) String() string {
 		s += " (its daemon's link to Redis)"
 	}
 	switch f.Kind {
-	case FaultLatency:
+	case FaultLatency, FaultPeerDelay:
 		s += fmt.Sprintf(" %dms±%dms", f.Latency, f.Jitter)
+	case FaultLinkCut:
+		s += fmt.Sprintf(" from member %d", f.Peer)
+	case FaultPeerLoss:
+		s += fmt.Sprintf(" %d%%", f.Loss)
 	case FaultBandwidth:
 		s += fmt.Sprintf(" %dKB/s", f.Rate)
 	case FaultTimeout:
@@ -141,7 +158,7 @@ func NewSchedule(seed uint64, mode Mode, members int, d time.Duration) Schedule 
 		FaultPartition, FaultMemberKill, FaultMemberStop, FaultRedisStop, FaultRedisEmpty, FaultRestoreOld}
 	switch mode {
 	case ModeGossip:
-		kinds = []FaultKind{FaultMemberKill, FaultMemberStop}
+		kinds = []FaultKind{FaultMemberKill, FaultMemberStop, FaultPeerPartition, FaultLinkCut, FaultPeerLoss, FaultPeerDelay}
 	case ModeDaemon:
 		kinds = append(kinds, FaultDaemonKill, FaultDaemonStop)
 	}
@@ -159,6 +176,12 @@ func NewSchedule(seed uint64, mode Mode, members int, d time.Duration) Schedule 
 			f.Rate = 1 + rng.IntN(8)
 		case FaultTimeout:
 			f.Timeout = 20 + rng.IntN(300)
+		case FaultPeerDelay:
+			f.Latency, f.Jitter = 20+rng.IntN(280), rng.IntN(50)
+		case FaultPeerLoss:
+			f.Loss = 10 + rng.IntN(51)
+		case FaultLinkCut:
+			f.Peer = (f.Target + 1 + rng.IntN(members-1)) % members
 		}
 		onRedis := f.Kind == FaultRedisStop || f.Kind == FaultRedisEmpty || f.Kind == FaultRestoreOld || f.Kind == FaultPartition
 		if onRedis {

@@ -1,16 +1,19 @@
 package robust
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
@@ -70,7 +73,10 @@ type MemberConfig struct {
 	// Settle: how long the member waits after it starts before its load starts (its
 	// share of the duration): a gossip member joins its peers first.
 	Settle time.Duration `json:"settle,omitempty"`
-	Seed   uint64        `json:"seed"`
+	// Links: a gossip member's links to its peers as it starts, as control lines (later
+	// changes come on its standard input).
+	Links []string `json:"links,omitempty"`
+	Seed  uint64   `json:"seed"`
 }
 
 // skewed is a clock offset from the real one by a constant: a machine whose clock is
@@ -135,7 +141,7 @@ func MemberMain() int {
 // in flight, which ends within its probe time-out and TCP fallback (about 1.5 s).
 const GoroutineGrace = 5 * time.Second
 
-func runMember(cfg MemberConfig) int {
+func runMember(cfg MemberConfig) (code int) {
 	clk := skewed{clock.NewReal(), cfg.Skew}
 	var rec out
 	var be backend.Backend
@@ -199,13 +205,34 @@ func runMember(cfg MemberConfig) int {
 	case ModeGossip:
 		gc := gossip.DefaultConfig()
 		gc.Bind, gc.Peers, gc.Name, gc.Clock = cfg.Bind, cfg.Peers, fmt.Sprint("m", cfg.Proc), clk
+		var ft *FaultTransport
+		var linkErr error
+		gc.WrapTransport = func(t memberlist.NodeAwareTransport) memberlist.NodeAwareTransport {
+			ft = NewFaultTransport(t, cfg.Seed<<8|uint64(cfg.Proc))
+			for _, l := range cfg.Links {
+				addr, link, err := parseLink(l)
+				linkErr = errors.Join(linkErr, err)
+				ft.SetLink(addr, link)
+			}
+			return ft
+		}
 		b, err := gossip.New(gc)
-		if err != nil {
+		if err = errors.Join(err, linkErr); err != nil {
 			fmt.Fprintln(os.Stderr, "robust member:", err)
 			return 2
 		}
+		// The runner's control lines set the links' faults; they end (EOF) once the
+		// run's faults are over, and so does this reader.
+		links := make(chan error, 1)
+		go func() { links <- readLinks(os.Stdin, ft) }()
 		closeAll = append(closeAll, func() { b.Close() })
 		be = b
+		defer func() {
+			if err := <-links; err != nil {
+				fmt.Fprintln(os.Stderr, "robust member:", err)
+				code = 2
+			}
+		}()
 	default:
 		fmt.Fprintln(os.Stderr, "robust member: unknown mode", cfg.Mode)
 		return 2
@@ -237,6 +264,19 @@ func runMember(cfg MemberConfig) int {
 	}
 	wg.Wait()
 	return 0
+}
+
+// readLinks applies the control lines from r to ft until r ends.
+func readLinks(r io.Reader, ft *FaultTransport) error {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		addr, l, err := parseLink(sc.Text())
+		if err != nil {
+			return err
+		}
+		ft.SetLink(addr, l)
+	}
+	return sc.Err()
 }
 
 // worker is one goroutine of a member: random requests, each recorded.
