@@ -60,6 +60,12 @@ func (p *Proc) Kill() {
 	<-p.done
 }
 
+// Signal sends sig to the process group (SIGSTOP pauses a server and what it started,
+// SIGCONT continues it).
+func (p *Proc) Signal(sig syscall.Signal) {
+	syscall.Kill(-p.cmd.Process.Pid, sig)
+}
+
 // LogTail returns the last three lines of the log at path, joined by " | ".
 func LogTail(path string) string {
 	b, _ := os.ReadFile(path)
