@@ -1,6 +1,7 @@
 package robust
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -181,6 +182,46 @@ func TestScheduleReproducible(t *testing.T) {
 		busy[f.Target] = f.At + f.For
 		if f.At+f.For > a.Duration-time.Second {
 			t.Errorf("fault %v runs into the run's last second", f)
+		}
+	}
+}
+
+// TestScheduleKinds: each mode draws only the faults that act on what it runs (no toxic
+// in the gossip mode, which has no store; no Redis fault on etcd or ZooKeeper; the
+// gossip network faults only there), and over 50 seeds it draws each of them.
+func TestScheduleKinds(t *testing.T) {
+	toxics := []FaultKind{FaultLatency, FaultBandwidth, FaultTimeout, FaultResetPeer, FaultBlackHole, FaultProxyDown, FaultPartition}
+	members := []FaultKind{FaultMemberKill, FaultMemberStop}
+	redis := []FaultKind{FaultRedisStop, FaultRedisEmpty, FaultRestoreOld}
+	stores := []FaultKind{FaultStoreStop, FaultStoreKill, FaultStoreWipe}
+	peers := []FaultKind{FaultPeerPartition, FaultLinkCut, FaultPeerLoss, FaultPeerDelay}
+	cat := func(ks ...[]FaultKind) []FaultKind { return slices.Concat(ks...) }
+	want := map[Mode][]FaultKind{
+		ModeStrict:      cat(toxics, members, redis),
+		ModeStrictLocal: cat(toxics, members, redis),
+		ModeLease:       cat(toxics, members, redis),
+		ModeDaemon:      cat(toxics, members, redis, []FaultKind{FaultDaemonKill, FaultDaemonStop}),
+		ModeLeaseEtcd:   cat(toxics, members, stores),
+		ModeLeaseZK:     cat(toxics, members, stores),
+		ModeGossip:      cat(members, peers),
+	}
+	for _, m := range Modes {
+		seen := map[FaultKind]bool{}
+		for seed := range uint64(50) {
+			for _, f := range NewSchedule(seed, m, 3, 10*time.Second).Faults {
+				if !slices.Contains(want[m], f.Kind) {
+					t.Fatalf("mode %s seed %d: %v", m, seed, f)
+				}
+				if f.Kind == FaultLinkCut && (f.Peer == f.Target || f.Peer < 0 || f.Peer >= 3) {
+					t.Fatalf("mode %s seed %d: %v cuts no link", m, seed, f)
+				}
+				seen[f.Kind] = true
+			}
+		}
+		for _, k := range want[m] {
+			if !seen[k] {
+				t.Errorf("mode %s: no %s in 50 seeds", m, k)
+			}
 		}
 	}
 }

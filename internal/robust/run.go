@@ -20,7 +20,6 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/lease"
 )
 
 // DumpDir, when set (ROBUST_DUMP), is where each run writes its members' records, one
@@ -54,7 +53,8 @@ type member struct {
 type runner struct {
 	s      Schedule
 	exe    string
-	srv    *redistest.Server
+	srv    *redistest.Server // the Redis modes' store
+	store  storeServer       // the store of every mode but gossip (srv, in the Redis modes)
 	net    *Net
 	addrs  []string // each slot's proxy address
 	prefix string
@@ -101,15 +101,16 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 			r.addrs = append(r.addrs, a)
 		}
 	} else {
-		srv, err := redistest.Start()
+		st, err := startStore(s.Mode)
 		if err != nil {
-			return Result{}, fmt.Errorf("robust: the runs need a real redis-server (Debian package redis-server): %w", err)
+			return Result{}, err
 		}
-		defer srv.Close()
-		r.srv, r.net = srv, NewNet()
+		defer st.Close()
+		r.store, r.net = st, NewNet()
+		r.srv, _ = st.(*redistest.Server)
 		defer r.net.Close()
 		for i := range s.Members {
-			a, err := r.net.Proxy(fmt.Sprint("m", i), srv.Addr())
+			a, err := r.net.Proxy(fmt.Sprint("m", i), st.Addr())
 			if err != nil {
 				return Result{}, err
 			}
@@ -124,11 +125,8 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 		}
 		defer r.stopDaemons()
 	}
-	if s.Mode == ModeLease {
-		c := goredis.NewClient(&goredis.Options{Addr: r.srv.Addr(), DisableIdentity: true})
-		err := lease.WaitUnfenced(ctx, lease.NewRedisStore(c, lease.WithRedisPrefix(r.prefix)), lease.DefaultConfig())
-		c.Close()
-		if err != nil {
+	if isLease(s.Mode) {
+		if err := waitUnfenced(ctx, s.Mode, r.store.Addr(), r.prefix); err != nil {
 			return Result{}, err
 		}
 	}
@@ -167,7 +165,7 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 		v, notes := CheckStrict(h, t0)
 		res.Violations = append(res.Violations, v...)
 		res.Notes = append(res.Notes, notes...)
-	case ModeLease:
+	case ModeLease, ModeLeaseEtcd, ModeLeaseZK:
 		res.Violations = append(res.Violations, CheckLeases(h, t0)...)
 	case ModeGossip:
 		v, excess, note := CheckGossip(h, t0, len(r.members), len(h.Stopped) > 0)
@@ -457,6 +455,27 @@ func (r *runner) inject(ctx context.Context, i int, f Fault) {
 			r.mu.Lock()
 			r.losses = append(r.losses, [2]int64{from, time.Now().UnixNano()})
 			r.mu.Unlock()
+		}
+	case FaultStoreStop:
+		r.store.Pause()
+		undo = r.store.Resume
+	case FaultStoreKill, FaultStoreWipe:
+		from := time.Now().UnixNano()
+		r.store.Kill()
+		if w, ok := r.store.(wiper); ok && f.Kind == FaultStoreWipe {
+			if err := w.Wipe(); err != nil {
+				r.note("fault %s: %v", f, err)
+			}
+		}
+		undo = func() {
+			if err := r.store.Restart(); err != nil {
+				r.note("fault %s: restart the store: %v", f, err)
+			}
+			if f.Kind == FaultStoreWipe {
+				r.mu.Lock()
+				r.losses = append(r.losses, [2]int64{from, time.Now().UnixNano()})
+				r.mu.Unlock()
+			}
 		}
 	case FaultRestoreOld:
 		dumps := r.dump(ctx)

@@ -9,9 +9,7 @@ import (
 // Mode is the Sluice mode a run exercises.
 type Mode string
 
-// The modes the suite runs. etcd and ZooKeeper lease stores are added as a new Mode whose
-// members build their lease.Store on them, with a proxy per member in front of the store's
-// port (see docs/robustness.md).
+// The modes the suite runs.
 const (
 	ModeStrict Mode = "strict" // package strict: every decision in Redis, fail closed
 	ModeLease  Mode = "lease"  // package lease on lease.NewRedisStore
@@ -26,11 +24,16 @@ const (
 	// ModeDaemon is the daemon (sluice serve, its redis back end, fail closed), one per
 	// member slot, each member's limiter on the daemon through package client.
 	ModeDaemon Mode = "daemon"
+	// ModeLeaseEtcd and ModeLeaseZK are package lease on lease.NewEtcdStore and
+	// lease.NewZKStore: a real etcd or ZooKeeper, each member's client through its own
+	// proxy to the store's client port.
+	ModeLeaseEtcd Mode = "lease-etcd"
+	ModeLeaseZK   Mode = "lease-zk"
 )
 
 // Modes lists every mode, in the order seeds pick them (seed % len), unless ROBUST_MODE
 // names one.
-var Modes = []Mode{ModeStrict, ModeLease, ModeStrictLocal, ModeGossip, ModeDaemon}
+var Modes = []Mode{ModeStrict, ModeLease, ModeStrictLocal, ModeGossip, ModeDaemon, ModeLeaseEtcd, ModeLeaseZK}
 
 // ParseMode reads a mode's name.
 func ParseMode(s string) (Mode, error) {
@@ -73,6 +76,12 @@ const (
 	FaultLinkCut       FaultKind = "link_cut"
 	FaultPeerLoss      FaultKind = "peer_loss"
 	FaultPeerDelay     FaultKind = "peer_delay"
+	// The etcd and ZooKeeper modes' store faults: the server paused (SIGSTOP, SIGCONT
+	// after), killed and restarted with its data after (a crash), or killed, its data
+	// deleted, and restarted empty after (a cluster rebuilt from nothing).
+	FaultStoreStop FaultKind = "store_stop"
+	FaultStoreKill FaultKind = "store_kill"
+	FaultStoreWipe FaultKind = "store_wipe"
 )
 
 // Fault is one scheduled fault: it starts At after the run's start and lasts For (the
@@ -161,6 +170,9 @@ func NewSchedule(seed uint64, mode Mode, members int, d time.Duration) Schedule 
 		kinds = []FaultKind{FaultMemberKill, FaultMemberStop, FaultPeerPartition, FaultLinkCut, FaultPeerLoss, FaultPeerDelay}
 	case ModeDaemon:
 		kinds = append(kinds, FaultDaemonKill, FaultDaemonStop)
+	case ModeLeaseEtcd, ModeLeaseZK:
+		kinds = []FaultKind{FaultLatency, FaultBandwidth, FaultTimeout, FaultResetPeer, FaultBlackHole, FaultProxyDown,
+			FaultPartition, FaultMemberKill, FaultMemberStop, FaultStoreStop, FaultStoreKill, FaultStoreWipe}
 	}
 	// Leave the first 700 ms and the last second quiet: members start, and finish in peace.
 	for at := 700*time.Millisecond + time.Duration(rng.IntN(300))*time.Millisecond; at < d-time.Second; at += time.Duration(250+rng.IntN(500)) * time.Millisecond {
@@ -183,7 +195,8 @@ func NewSchedule(seed uint64, mode Mode, members int, d time.Duration) Schedule 
 		case FaultLinkCut:
 			f.Peer = (f.Target + 1 + rng.IntN(members-1)) % members
 		}
-		onRedis := f.Kind == FaultRedisStop || f.Kind == FaultRedisEmpty || f.Kind == FaultRestoreOld || f.Kind == FaultPartition
+		onRedis := f.Kind == FaultRedisStop || f.Kind == FaultRedisEmpty || f.Kind == FaultRestoreOld || f.Kind == FaultPartition ||
+			f.Kind == FaultStoreStop || f.Kind == FaultStoreKill || f.Kind == FaultStoreWipe
 		if onRedis {
 			f.Target = -1
 			if at < redisFree {

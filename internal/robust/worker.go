@@ -167,11 +167,13 @@ func runMember(cfg MemberConfig) (code int) {
 		b := strict.New(client, opts...)
 		closeAll = append(closeAll, func() { b.Close() })
 		be = b
-	case ModeLease:
-		client := goredis.NewClient(&goredis.Options{Addr: cfg.Addr, MaxRetries: -1, DisableIdentity: true,
-			DialTimeout: 300 * time.Millisecond, ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond})
-		closeAll = append(closeAll, func() { client.Close() })
-		store := lease.NewRedisStore(client, lease.WithRedisPrefix(cfg.Prefix))
+	case ModeLease, ModeLeaseEtcd, ModeLeaseZK:
+		store, closeStore, err := leaseStore(cfg.Mode, cfg.Addr, cfg.Prefix)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "robust member:", err)
+			return 2
+		}
+		closeAll = append(closeAll, closeStore)
 		var closing atomic.Bool // the limiters are closed: no share is in use any more
 		obs := lease.ObserverFunc(func(s lease.Status) {
 			if closing.Load() {
