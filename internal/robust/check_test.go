@@ -204,6 +204,9 @@ func TestScheduleKinds(t *testing.T) {
 		ModeLeaseEtcd:   cat(toxics, members, stores),
 		ModeLeaseZK:     cat(toxics, members, stores),
 		ModeGossip:      cat(members, peers),
+		ModeDaemonLease: cat(toxics, members, redis, []FaultKind{FaultDaemonKill, FaultDaemonStop}),
+		// No store: the toxics act on the members' links to their daemons.
+		ModeDaemonGossip: cat(toxics, members, []FaultKind{FaultDaemonKill, FaultDaemonStop}),
 	}
 	for _, m := range Modes {
 		seen := map[FaultKind]bool{}
@@ -214,6 +217,9 @@ func TestScheduleKinds(t *testing.T) {
 				}
 				if f.Kind == FaultLinkCut && (f.Peer == f.Target || f.Peer < 0 || f.Peer >= 3) {
 					t.Fatalf("mode %s seed %d: %v cuts no link", m, seed, f)
+				}
+				if f.Link == "r" && m != ModeDaemon && m != ModeDaemonLease {
+					t.Fatalf("mode %s seed %d: %v acts on a daemon's link to a store it does not have", m, seed, f)
 				}
 				seen[f.Kind] = true
 			}

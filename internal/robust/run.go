@@ -76,6 +76,8 @@ type runner struct {
 	splits    [][2]int64
 	lateBy    time.Duration
 	lossy     bool
+
+	daemonStopped bool // a daemon was paused (daemon_stop)
 }
 
 type dump struct {
@@ -101,23 +103,33 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 			r.addrs = append(r.addrs, a)
 		}
 	} else {
+		r.net = NewNet()
+		defer r.net.Close()
+		upstream := "127.0.0.1:1" // the daemon modes re-point the members' links at the daemons
 		st, err := startStore(s.Mode)
 		if err != nil {
 			return Result{}, err
 		}
-		defer st.Close()
-		r.store, r.net = st, NewNet()
-		r.srv, _ = st.(*redistest.Server)
-		defer r.net.Close()
+		if st != nil {
+			defer st.Close()
+			r.store, upstream = st, st.Addr()
+			r.srv, _ = st.(*redistest.Server)
+		}
 		for i := range s.Members {
-			a, err := r.net.Proxy(fmt.Sprint("m", i), st.Addr())
+			a, err := r.net.Proxy(fmt.Sprint("m", i), upstream)
 			if err != nil {
 				return Result{}, err
 			}
 			r.addrs = append(r.addrs, a)
 		}
 	}
-	if s.Mode == ModeDaemon {
+	if s.Mode == ModeDaemonLease {
+		// The daemons' store, as a deploy would find it: unfenced.
+		if err := waitUnfenced(ctx, ModeLease, r.store.Addr(), DaemonLeasePrefix); err != nil {
+			return Result{}, err
+		}
+	}
+	if isDaemon(s.Mode) {
 		// Each slot's daemon reaches Redis through its own proxy ("r"), and the member
 		// reaches its daemon through the slot's proxy ("m"), which is re-pointed there.
 		if err := r.startDaemons(); err != nil {
@@ -147,7 +159,7 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 	wg.Wait()
 	r.closeControl()
 	h, vs := r.collect(ctx)
-	if s.Mode == ModeDaemon {
+	if isDaemon(s.Mode) {
 		vs = append(vs, r.stopDaemons()...)
 	}
 	t0 := r.t0.UnixNano()
@@ -167,8 +179,12 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 		res.Notes = append(res.Notes, notes...)
 	case ModeLease, ModeLeaseEtcd, ModeLeaseZK:
 		res.Violations = append(res.Violations, CheckLeases(h, t0)...)
-	case ModeGossip:
-		v, excess, note := CheckGossip(h, t0, len(r.members), len(h.Stopped) > 0)
+	case ModeGossip, ModeDaemonGossip:
+		nodes := len(r.members) // the gossip members, or the daemons each started
+		if s.Mode == ModeDaemonGossip {
+			nodes = r.daemonStarts()
+		}
+		v, excess, note := CheckGossip(h, t0, nodes, len(h.Stopped) > 0 || r.daemonStopped)
 		res.Violations = append(res.Violations, v...)
 		res.Excess = excess
 		res.Notes = append(res.Notes, note)
@@ -183,7 +199,7 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 	if s.Mode == ModeStrictLocal {
 		keep = func(u Use) bool { return OnRedisClock(u.Slot) }
 	}
-	if s.Mode != ModeGossip {
+	if s.Mode != ModeGossip && s.Mode != ModeDaemonGossip {
 		res.Violations = append(res.Violations, CheckReferee(h, t0, keep)...)
 	}
 	res.Elapsed = time.Since(start)
@@ -440,6 +456,9 @@ func (r *runner) inject(ctx context.Context, i int, f Fault) {
 		}
 	case FaultDaemonStop:
 		d := r.daemons[f.Target]
+		r.mu.Lock()
+		r.daemonStopped = true
+		r.mu.Unlock()
 		d.signal(syscall.SIGSTOP)
 		undo = func() { d.signal(syscall.SIGCONT) }
 	case FaultRedisStop:
@@ -487,12 +506,13 @@ func (r *runner) inject(ctx context.Context, i int, f Fault) {
 	}
 }
 
-// dump takes a DUMP of every key of the run.
+// dump takes a DUMP of every key of the run's Redis (the members' under the run's prefix,
+// and the daemons').
 func (r *runner) dump(ctx context.Context) map[string]dump {
 	c := goredis.NewClient(&goredis.Options{Addr: r.srv.Addr(), DisableIdentity: true})
 	defer c.Close()
 	out := map[string]dump{}
-	iter := c.Scan(ctx, 0, r.prefix+"*", 1000).Iterator()
+	iter := c.Scan(ctx, 0, "*", 1000).Iterator()
 	for iter.Next(ctx) {
 		k := iter.Val()
 		data, err := c.Dump(ctx, k).Result()

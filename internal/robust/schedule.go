@@ -29,11 +29,21 @@ const (
 	// proxy to the store's client port.
 	ModeLeaseEtcd Mode = "lease-etcd"
 	ModeLeaseZK   Mode = "lease-zk"
+	// ModeDaemonLease and ModeDaemonGossip are the daemon mode on the lease back end
+	// (its store the run's Redis, through the daemon's proxy) and on the gossip back end
+	// (the daemons peers of each other over memberlist; no store).
+	ModeDaemonLease  Mode = "daemon-lease"
+	ModeDaemonGossip Mode = "daemon-gossip"
 )
 
 // Modes lists every mode, in the order seeds pick them (seed % len), unless ROBUST_MODE
 // names one.
-var Modes = []Mode{ModeStrict, ModeLease, ModeStrictLocal, ModeGossip, ModeDaemon, ModeLeaseEtcd, ModeLeaseZK}
+var Modes = []Mode{ModeStrict, ModeLease, ModeStrictLocal, ModeGossip, ModeDaemon, ModeLeaseEtcd, ModeLeaseZK, ModeDaemonLease, ModeDaemonGossip}
+
+// isDaemon reports whether mode runs a daemon per member slot.
+func isDaemon(mode Mode) bool {
+	return mode == ModeDaemon || mode == ModeDaemonLease || mode == ModeDaemonGossip
+}
 
 // ParseMode reads a mode's name.
 func ParseMode(s string) (Mode, error) {
@@ -168,8 +178,11 @@ func NewSchedule(seed uint64, mode Mode, members int, d time.Duration) Schedule 
 	switch mode {
 	case ModeGossip:
 		kinds = []FaultKind{FaultMemberKill, FaultMemberStop, FaultPeerPartition, FaultLinkCut, FaultPeerLoss, FaultPeerDelay}
-	case ModeDaemon:
+	case ModeDaemon, ModeDaemonLease:
 		kinds = append(kinds, FaultDaemonKill, FaultDaemonStop)
+	case ModeDaemonGossip: // no store: the toxics act on the members' links to their daemons
+		kinds = []FaultKind{FaultLatency, FaultBandwidth, FaultTimeout, FaultResetPeer, FaultBlackHole, FaultProxyDown,
+			FaultPartition, FaultMemberKill, FaultMemberStop, FaultDaemonKill, FaultDaemonStop}
 	case ModeLeaseEtcd, ModeLeaseZK:
 		kinds = []FaultKind{FaultLatency, FaultBandwidth, FaultTimeout, FaultResetPeer, FaultBlackHole, FaultProxyDown,
 			FaultPartition, FaultMemberKill, FaultMemberStop, FaultStoreStop, FaultStoreKill, FaultStoreWipe}
@@ -177,7 +190,7 @@ func NewSchedule(seed uint64, mode Mode, members int, d time.Duration) Schedule 
 	// Leave the first 700 ms and the last second quiet: members start, and finish in peace.
 	for at := 700*time.Millisecond + time.Duration(rng.IntN(300))*time.Millisecond; at < d-time.Second; at += time.Duration(250+rng.IntN(500)) * time.Millisecond {
 		f := Fault{At: at, For: time.Duration(100+rng.IntN(1400)) * time.Millisecond, Kind: kinds[rng.IntN(len(kinds))], Target: rng.IntN(members), Link: "m"}
-		if mode == ModeDaemon && rng.IntN(2) == 0 {
+		if (mode == ModeDaemon || mode == ModeDaemonLease) && rng.IntN(2) == 0 {
 			f.Link = "r"
 		}
 		f.For = min(f.For, d-time.Second-at)
