@@ -3,12 +3,14 @@ package bench
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/gossip"
+	"github.com/sluicehq/sluice/local"
 )
 
 // The gossip mode's benchmarks: a daemon deciding in gossip mode (two peers joined, in
@@ -59,6 +61,38 @@ func BenchmarkGossipDaemon(b *testing.B) {
 			parallel(b, conc, 100, func(w int) func() error { return lineCaller(b, s.LineAddr().String(), w, 100) })
 		})
 	}
+}
+
+// BenchmarkGossipDecide: the back ends' own decision, without the daemon around it: a
+// gossip member (of a pool of three) against the local back end, 256 tags, one limit,
+// every core deciding.
+func BenchmarkGossipDecide(b *testing.B) {
+	lim := []gcra.Limit{{T: 1, Tau: int64(time.Second)}} // 1e9/s: always allowed, so both do the whole path
+	keys := make([]string, 256)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("t-%d-%d", i/16, i%16)
+	}
+	run := func(b *testing.B, be backend.Backend) {
+		var next atomic.Int64
+		b.RunParallel(func(pb *testing.PB) {
+			ctx := context.Background()
+			// Each goroutine on its own tags, as the daemon's connections are.
+			for i := int(next.Add(1)) * 16; pb.Next(); i++ {
+				g, err := be.Decide(ctx, keys[i%len(keys)], backend.Request{Limits: lim, N: 1})
+				if err != nil || !g.Allowed {
+					b.Errorf("refused: %v", err)
+					return
+				}
+			}
+		})
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+	}
+	b.Run("impl=local", func(b *testing.B) {
+		be := local.New()
+		b.Cleanup(func() { be.Close() })
+		run(b, be)
+	})
+	b.Run("impl=gossip", func(b *testing.B) { run(b, gossipPool(b, 3)[0]) })
 }
 
 // BenchmarkGossipBytes: three members decide on every one of `tags` active tags each

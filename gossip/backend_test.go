@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -238,5 +239,13 @@ func TestSendWhilePeersRefresh(t *testing.T) {
 	}
 	if a.ml.NumMembers() != 2 {
 		t.Fatalf("a sees %d members, want 2", a.ml.NumMembers())
+	}
+}
+
+// TestShardIsOneCacheLine: the shards' locks sit on separate cache lines, or decisions on
+// different shards slow each other down (the padding was 8 bytes short before).
+func TestShardIsOneCacheLine(t *testing.T) {
+	if got := unsafe.Sizeof(shard{}); got != 64 {
+		t.Fatalf("a shard is %d bytes, want 64", got)
 	}
 }

@@ -142,7 +142,8 @@ type tag struct {
 	level [gcra.MaxLimits]float64 // the node's own bucket at its share: permits
 	at    int64                   // when level was last brought up to date
 	share float64
-	hold  int64 // end of a penalty
+	cap   [gcra.MaxLimits]float64 // capacity(i) at share, kept by setShare
+	hold  int64                   // end of a penalty
 
 	gen     uint64          // this node's generation of the tag
 	hits    uint64          // permits granted here in this generation (reported cumulatively)
@@ -254,11 +255,12 @@ func (n *Node) know(t *tag, limits []gcra.Limit, now int64) {
 	fresh := t.k == 0
 	t.k = len(limits)
 	copy(t.lim[:], limits)
+	t.setShare(t.share) // the capacities of the new limits
 	if t.hold > now {
 		gcra.Penalize(t.view[:t.k], t.lim[:t.k], now, t.hold)
 	}
 	if fresh || t.share < 0 {
-		t.share = n.shareOf(t)
+		t.setShare(n.shareOf(t))
 		for i := range t.k {
 			t.level[i] = t.capacity(i)
 		}
@@ -273,8 +275,15 @@ func (n *Node) know(t *tag, limits []gcra.Limit, now int64) {
 // capacity is the most permits the node's own bucket holds for limit i at its share:
 // its share of the burst, and at least one permit (so a node whose share is tiny can
 // still serve a first request; the bound counts it).
-func (t *tag) capacity(i int) float64 {
-	return max(1, t.share*float64(t.lim[i].Burst()))
+func (t *tag) capacity(i int) float64 { return t.cap[i] }
+
+// setShare sets the node's share of the tag and the capacities that follow from it (a
+// decision reads them; only a report or new limits change them).
+func (t *tag) setShare(share float64) {
+	t.share = share
+	for i := range t.k {
+		t.cap[i] = max(1, share*float64(t.lim[i].Burst()))
+	}
 }
 
 // refill brings the node's own bucket up to now.
@@ -312,29 +321,37 @@ func (t *tag) ownWait(n int64) int64 {
 // it and to the node's own share; both must allow it. The ticket records the grant for
 // Adjust.
 func (n *Node) Decide(key string, limits []gcra.Limit, now, cost, maxDelay int64) (gcra.Result, gcra.Ticket, error) {
+	var res gcra.Result
+	var tk gcra.Ticket
+	err := n.DecideTo(&res, &tk, key, limits, now, cost, maxDelay)
+	return res, tk, err
+}
+
+// DecideTo is Decide writing its result and ticket into res and tk (zero on entry), so
+// that a caller on the hot path copies neither.
+func (n *Node) DecideTo(res *gcra.Result, tk *gcra.Ticket, key string, limits []gcra.Limit, now, cost, maxDelay int64) error {
 	if cost < 0 {
-		return gcra.Result{}, gcra.Ticket{}, gcra.ErrInvalidCost
+		return gcra.ErrInvalidCost
 	}
 	t := n.tags[key]
 	if t == nil || t.k != len(limits) || !slices.Equal(t.lim[:t.k], limits) {
 		// A new tag, or new limits: check them (known ones were checked before).
 		if err := gcra.ValidateLimits(limits); err != nil {
-			return gcra.Result{}, gcra.Ticket{}, err
+			return err
 		}
 		var err error
 		if t, err = n.get(key, now); err != nil {
-			return gcra.Result{}, gcra.Ticket{}, err
+			return err
 		}
 		n.know(t, limits, now)
 	}
 	if cost > 1 && cost > gcra.MaxCost(limits) {
-		return gcra.Result{}, gcra.Ticket{}, gcra.ErrCostExceedsBurst
+		return gcra.ErrCostExceedsBurst
 	}
 	t.used = now
 	t.asked += cost
 	t.refill(now)
 	view := t.view[:t.k]
-	var res gcra.Result
 	var delay int64
 	for i, l := range limits {
 		delay = max(delay, gcra.Wait(view[i], l, now, cost))
@@ -358,11 +375,11 @@ func (n *Node) Decide(key string, limits []gcra.Limit, now, cost, maxDelay int64
 		if res.RetryAfter == 0 {
 			res.RetryAfter = delay
 		}
-		n.fill(t, &res, now)
-		return res, gcra.Ticket{}, nil
+		n.fill(t, res, now)
+		return nil
 	}
 	res.Allowed, res.Delay = true, delay
-	tk := gcra.Ticket{N: cost, At: now + delay}
+	tk.N, tk.At = cost, now+delay
 	if cost > 0 {
 		for i, l := range limits {
 			view[i] = max(view[i], tk.At) + cost*l.T
@@ -374,8 +391,8 @@ func (n *Node) Decide(key string, limits []gcra.Limit, now, cost, maxDelay int64
 		t.hits += uint64(cost)
 		n.stats.LocalHits += uint64(cost)
 	}
-	n.fill(t, &res, now)
-	return res, tk, nil
+	n.fill(t, res, now)
+	return nil
 }
 
 // fill sets a result's Remaining and ResetAfter from the pool's view and the node's share.
@@ -574,7 +591,7 @@ func (n *Node) Report(now int64) Report {
 		t.sent[0] = t.hits
 		if t.k > 0 {
 			t.refill(now)
-			t.share = n.shareOf(t)
+			t.setShare(n.shareOf(t))
 			for i := range t.k {
 				t.level[i] = min(t.level[i], t.capacity(i))
 			}
