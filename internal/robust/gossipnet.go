@@ -45,7 +45,8 @@ type FaultTransport struct {
 
 var _ memberlist.NodeAwareTransport = (*FaultTransport)(nil)
 
-// NewFaultTransport wraps t; seed seeds the losses' random draws.
+// NewFaultTransport wraps t; seed seeds the losses' random draws. t may be nil and set
+// (NodeAwareTransport) before the transport is used: its links can be set before.
 func NewFaultTransport(t memberlist.NodeAwareTransport, seed uint64) *FaultTransport {
 	return &FaultTransport{NodeAwareTransport: t, links: map[string]Link{}, rng: rand.New(rand.NewPCG(seed, 0x9055)),
 		timers: map[*time.Timer]struct{}{}}

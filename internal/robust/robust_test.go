@@ -117,12 +117,13 @@ func TestRobustness(t *testing.T) {
 }
 
 // TestGossipPartitionBites shows the gossip mode's network faults reach the members' real
-// traffic: a member cut from its peers for 4.3 s, longer than the hold and the loss of
-// contact (2.5 s), is a partition the documented bound lets each side spend the whole
-// limit in after that, and the pool does: the largest excess over any window is well
-// above the one permit per member it stays under when the members hear each other (the
-// runs' notes). The checker allows it (the partition bound), so the run passes.
-// make robustness runs it; make test does not (6 s of real processes).
+// traffic: a member cut from its peers for 4.3 s counts itself alone during the cut (at
+// once if it starts during it, as on a loaded machine where a member process takes
+// seconds to start; else once the hold and the loss of contact, 2.5 s, have passed), and
+// the two others count each other alone; outside the cut it counts its peers. (The pool
+// may over-admit as the partition bound says once a cut outlasts the hold, which the
+// checker allows: the note gives the largest excess, 31 permits in one run on a quieter
+// machine.) make robustness runs it; make test does not (6 s of real processes).
 func TestGossipPartitionBites(t *testing.T) {
 	if os.Getenv("ROBUST_RUNS") == "" || os.Getenv("ROBUST_SEED") != "" || os.Getenv("ROBUST_MODE") != "" {
 		t.Skip("make robustness runs it (not for one seed or mode)")
@@ -131,8 +132,9 @@ func TestGossipPartitionBites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	const at, cut = 700 * time.Millisecond, 4300 * time.Millisecond
 	s := Schedule{Seed: 7, Mode: ModeGossip, Members: 3, Goroutines: 6, Duration: 6 * time.Second, Skews: make([]time.Duration, 3),
-		Faults: []Fault{{At: 700 * time.Millisecond, For: 4300 * time.Millisecond, Kind: FaultPeerPartition, Target: 0}}}
+		Faults: []Fault{{At: at, For: cut, Kind: FaultPeerPartition, Target: 0}}}
 	res, err := Run(context.Background(), s, exe)
 	if err != nil {
 		t.Fatal(err)
@@ -144,10 +146,25 @@ func TestGossipPartitionBites(t *testing.T) {
 	for _, v := range res.Violations {
 		t.Error(v)
 	}
-	// 1.8 s of the split beyond hold and loss of contact: up to 360 permits of a0's
-	// 200/s, or 180 of b0's 100/s, if the cut member's demand saturates it; a tenth of
-	// the smaller is far beyond the 3 permits of a pool that hears itself.
-	if res.Excess < 18 {
-		t.Fatalf("largest excess over any window %.1f permits with a member cut off 4.3 s, want 18 or more: the cut did not reach the members' traffic", res.Excess)
+	// Procs 0, 1, 2 are slots 0, 1, 2 (nobody is restarted).
+	from, to := res.Start+int64(at), res.Start+int64(at+cut)
+	joined, alone, others := false, false, map[int]bool{}
+	for _, p := range res.Pools {
+		if p.At < from || p.At > to {
+			joined = joined || (p.Proc == 0 && p.Members >= 2)
+			continue
+		}
+		alone = alone || (p.Proc == 0 && p.Members == 1)
+		if p.Proc != 0 && p.Members == 2 {
+			others[p.Proc] = true
+		}
+	}
+	if !joined || !alone || len(others) != 2 {
+		for _, p := range res.Pools {
+			if p.Proc == 0 {
+				t.Logf("member 0 at +%v: %d", time.Duration(p.At-res.Start), p.Members)
+			}
+		}
+		t.Fatalf("member 0 counted its peers outside the cut: %v; itself alone during it: %v; the others counted each other alone: %v (want all)", joined, alone, others)
 	}
 }

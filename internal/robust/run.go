@@ -35,6 +35,8 @@ type Result struct {
 	Notes      []string
 	Errors     map[string]int // calls by outcome other than granted and denied
 	Excess     float64        // gossip: the largest excess over any window, in permits
+	Pools      []Pool         // gossip: the pool sizes the members counted
+	Start      int64          // the run's start, real Unix nanoseconds
 	Elapsed    time.Duration
 }
 
@@ -163,7 +165,7 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 		vs = append(vs, r.stopDaemons()...)
 	}
 	t0 := r.t0.UnixNano()
-	res := Result{Schedule: s, Ops: len(h.Ops), Uses: len(h.Uses), Errors: map[string]int{}}
+	res := Result{Schedule: s, Ops: len(h.Ops), Uses: len(h.Uses), Errors: map[string]int{}, Pools: h.Pools, Start: t0}
 	res.Notes = append(res.Notes, r.errs...)
 	for _, o := range h.Ops {
 		if o.Outcome != "granted" && o.Outcome != "denied" {

@@ -146,6 +146,7 @@ func runMember(cfg MemberConfig) (code int) {
 	var rec out
 	var be backend.Backend
 	var closeAll []func()
+	var pool func() int // gossip: the pool size the member counts
 	defer func() {
 		for i := len(closeAll) - 1; i >= 0; i-- {
 			closeAll[i]()
@@ -215,28 +216,33 @@ func runMember(cfg MemberConfig) (code int) {
 	case ModeGossip:
 		gc := gossip.DefaultConfig()
 		gc.Bind, gc.Peers, gc.Name, gc.Clock = cfg.Bind, cfg.Peers, fmt.Sprint("m", cfg.Proc), clk
-		var ft *FaultTransport
-		var linkErr error
-		gc.WrapTransport = func(t memberlist.NodeAwareTransport) memberlist.NodeAwareTransport {
-			ft = NewFaultTransport(t, cfg.Seed<<8|uint64(cfg.Proc))
-			for _, l := range cfg.Links {
-				addr, link, err := parseLink(l)
-				linkErr = errors.Join(linkErr, err)
-				ft.SetLink(addr, link)
+		// The links' faults: those in force when the member was started, then the runner's
+		// control lines, read from now on (before the member joins its peers, so that a
+		// member started during a cut stays cut; they end, EOF, once the run's faults are
+		// over, and so does this reader). The real transport is put under them in New.
+		ft := NewFaultTransport(nil, cfg.Seed<<8|uint64(cfg.Proc))
+		for _, l := range cfg.Links {
+			addr, link, err := parseLink(l)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "robust member:", err)
+				return 2
 			}
+			ft.SetLink(addr, link)
+		}
+		links := make(chan error, 1)
+		go func() { links <- readLinks(os.Stdin, ft) }()
+		gc.WrapTransport = func(t memberlist.NodeAwareTransport) memberlist.NodeAwareTransport {
+			ft.NodeAwareTransport = t
 			return ft
 		}
 		b, err := gossip.New(gc)
-		if err = errors.Join(err, linkErr); err != nil {
+		if err != nil {
 			fmt.Fprintln(os.Stderr, "robust member:", err)
 			return 2
 		}
-		// The runner's control lines set the links' faults; they end (EOF) once the
-		// run's faults are over, and so does this reader.
-		links := make(chan error, 1)
-		go func() { links <- readLinks(os.Stdin, ft) }()
 		closeAll = append(closeAll, func() { b.Close() })
 		be = b
+		pool = b.Members
 		defer func() {
 			if err := <-links; err != nil {
 				fmt.Fprintln(os.Stderr, "robust member:", err)
@@ -262,6 +268,23 @@ func runMember(cfg MemberConfig) (code int) {
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration-cfg.Settle)
 	defer cancel()
 	var wg sync.WaitGroup
+	if pool != nil {
+		// The pool size the member counts, every 100 ms: a cut shows in it.
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTicker(100 * time.Millisecond)
+			defer t.Stop()
+			for {
+				rec.print(Pool{Proc: cfg.Proc, At: time.Now().UnixNano(), Members: pool()}.line())
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+			}
+		}()
+	}
 	for g := range cfg.Goroutines {
 		wg.Add(1)
 		go func() {
