@@ -347,15 +347,24 @@ func CheckLeases(h *History, t0 int64) []Violation {
 }
 
 // CheckLiveness wants every call to have returned within its time-out (plus
-// LivenessSlack), unless its member was stopped (SIGSTOP) while it ran.
+// LivenessSlack, plus the time its process stalled while the call ran: the machine did
+// not run it), unless its member was stopped (SIGSTOP) while it ran.
 func CheckLiveness(h *History, t0 int64) []Violation {
+	stalls := map[int][][2]int64{}
+	for _, st := range h.Stalls {
+		stalls[st.Proc] = append(stalls[st.Proc], [2]int64{st.From, st.To})
+	}
 	var vs []Violation
 	for _, o := range h.Ops {
-		if time.Duration(o.Return-o.Call) <= o.Timeout+LivenessSlack || straddles(h.Stopped[o.Proc], o.Call, o.Return) {
+		var stalled int64
+		for _, w := range stalls[o.Proc] {
+			stalled += max(0, min(w[1], o.Return)-max(w[0], o.Call))
+		}
+		if time.Duration(o.Return-o.Call-stalled) <= o.Timeout+LivenessSlack || straddles(h.Stopped[o.Proc], o.Call, o.Return) {
 			continue
 		}
-		vs = append(vs, Violation{Check: "liveness", Detail: fmt.Sprintf("member %d: %s %s n=%d called at +%v returned after %v, past its time-out %v",
-			o.Proc, o.Kind, o.Key, o.N, time.Duration(o.Call-t0), time.Duration(o.Return-o.Call), o.Timeout)})
+		vs = append(vs, Violation{Check: "liveness", Detail: fmt.Sprintf("member %d: %s %s n=%d called at +%v returned after %v (its process stalled %v of it), past its time-out %v",
+			o.Proc, o.Kind, o.Key, o.N, time.Duration(o.Call-t0), time.Duration(o.Return-o.Call), time.Duration(stalled), o.Timeout)})
 	}
 	return vs
 }

@@ -52,6 +52,13 @@ type Pool struct {
 	Members int
 }
 
+// Stall is a span in which a member process was not run (a ticker of its own came that
+// much late): a machine too loaded to schedule it, not a call that hung.
+type Stall struct {
+	Proc     int
+	From, To int64
+}
+
 // The record lines a member prints, one per event, written at once so that a member
 // killed with SIGKILL has reported everything it used:
 //
@@ -59,6 +66,7 @@ type Pool struct {
 //	U proc key n slot call at
 //	L proc key T rate from until asked
 //	P proc at members
+//	S proc from to
 func (o Op) line() string {
 	return fmt.Sprintf("O %d %s %s %d %d %d %d %s\n", o.Proc, o.Kind, o.Key, o.N, o.Call, o.Return, int64(o.Timeout), strings.ReplaceAll(o.Outcome, " ", "_"))
 }
@@ -73,12 +81,15 @@ func (l Lease) line() string {
 
 func (p Pool) line() string { return fmt.Sprintf("P %d %d %d\n", p.Proc, p.At, p.Members) }
 
+func (st Stall) line() string { return fmt.Sprintf("S %d %d %d\n", st.Proc, st.From, st.To) }
+
 // History is everything the members of a run recorded, and the faults the runner injected.
 type History struct {
 	Ops    []Op
 	Uses   []Use
 	Leases []Lease
 	Pools  []Pool
+	Stalls []Stall
 	// Losses are the windows in which Redis lost state (restarted empty, old state
 	// restored): [start, end] in real Unix nanoseconds.
 	Losses [][2]int64
@@ -151,6 +162,15 @@ func (h *History) parseLine(line string) error {
 			return bad
 		}
 		h.Pools = append(h.Pools, Pool{Proc: int(v[0]), At: v[1], Members: int(v[2])})
+	case "S":
+		if len(f) != 4 {
+			return bad
+		}
+		v, ok := ints(f[1:])
+		if !ok {
+			return bad
+		}
+		h.Stalls = append(h.Stalls, Stall{Proc: int(v[0]), From: v[1], To: v[2]})
 	default:
 		return bad
 	}

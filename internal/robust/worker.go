@@ -47,6 +47,13 @@ var Groups = []Group{
 // judge the use times with it.
 const Margin = 20 * time.Millisecond
 
+// StallTick is how often a member looks at its clock; a look later than StallMin after
+// the one before records a stall.
+const (
+	StallTick = 20 * time.Millisecond
+	StallMin  = 200 * time.Millisecond
+)
+
 // GossipSettle is how long a gossip member waits for its peers after it starts, before its
 // load starts (memberlist spreads a join within a gossip round).
 const GossipSettle = 500 * time.Millisecond
@@ -268,6 +275,25 @@ func runMember(cfg MemberConfig) (code int) {
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration-cfg.Settle)
 	defer cancel()
 	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // stalls: spans the process was not run, as its own ticker saw them
+		defer wg.Done()
+		t := time.NewTicker(StallTick)
+		defer t.Stop()
+		last := time.Now()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			now := time.Now()
+			if now.Sub(last) > StallMin {
+				rec.print(Stall{Proc: cfg.Proc, From: last.UnixNano(), To: now.UnixNano()}.line())
+			}
+			last = now
+		}
+	}()
 	if pool != nil {
 		// The pool size the member counts, every 100 ms: a cut shows in it.
 		wg.Add(1)
