@@ -51,7 +51,7 @@ bench:
 ## "context deadline exceeded" as the time runs out (go.dev/issue/75804, fixed in Go 1.27):
 ## make test counts inputs instead, and a run that fails that way without writing a
 ## failing input is reported and not counted as a failure; any other failure is.
-FUZZ_TARGETS := .:FuzzParse ./internal/wire:FuzzQueryRoundTrip ./internal/wire:FuzzAnswerRoundTrip ./server:FuzzParseConfig ./server:FuzzGlobMatch ./internal/wire:FuzzValidTag ./internal/allot:FuzzStateCodec ./internal/ratehdr:FuzzRead ./internal/hits:FuzzDecode ./server:FuzzParseEnvoyConfig
+FUZZ_TARGETS := .:FuzzParse ./internal/wire:FuzzQueryRoundTrip ./internal/wire:FuzzAnswerRoundTrip ./server:FuzzParseConfig ./server:FuzzGlobMatch ./internal/wire:FuzzValidTag ./internal/allot:FuzzStateCodec ./internal/ratehdr:FuzzRead ./internal/hits:FuzzDecode ./server:FuzzParseEnvoyConfig ./cas:FuzzCodec
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; name=$${t##*:}; \

@@ -68,8 +68,9 @@ func (r *Reservation) TimeToAct() time.Time {
 // *ThrottledError.
 //
 // With a margin (WithMargin), a permit must reach the API within the margin of its time.
-// If Wait would return later than the margin after it (half the margin where the margin
-// spaces a limit's permits, burst 1: the other half is the trip to the API's), because its
+// If Wait would return later than the margin allows after it (the lateness the limit
+// tolerates less half the margin, kept for the trip to the API, and at most the margin:
+// half the margin with burst 1; see docs/concepts.md, "The jitter tolerance"), because its
 // caller or its machine was paused, the permit has expired: Wait gives it back (Cancel),
 // counts it (Limiter.Expired, EventExpired) and returns ErrPermitExpired; the caller may
 // ask again.
@@ -88,8 +89,10 @@ func (r *Reservation) Wait(ctx context.Context) error {
 			}
 		}
 		if now := r.l.clock.Nanotime(); r.l.expiredAt(r.due(), now) {
-			r.l.expire(r.key, r.N(), r.due(), now)
+			n := r.N()
+			r.l.expire(r.key, n, r.due(), now)
 			_ = r.Cancel(context.WithoutCancel(ctx))
+			r.l.reportExpired(ctx, r.key, n)
 			return ErrPermitExpired
 		} else if !r.l.penalizedSince(r.key, r.at, now) {
 			return nil

@@ -34,10 +34,10 @@ var (
 	// ErrUnsupported: the backend cannot do what was asked (see Limiter.Reset).
 	ErrUnsupported = backend.ErrUnsupported
 	// ErrPermitExpired: a reserved permit came to be used later than the margin allows
-	// (the margin after its time, or half of it where the margin spaces a limit's permits;
-	// the caller was paused, its machine stalled): used now it could reach the API too
-	// close to the next one, so Reservation.Wait gave it back instead (see WithMargin). The
-	// caller may ask again.
+	// (the lateness its limit tolerates less half the margin, kept for the trip to the
+	// API, and at most the margin: half the margin with burst 1; the caller was paused,
+	// its machine stalled): used now it could reach the API too close to the next one, so
+	// Reservation.Wait gave it back instead (see WithMargin). The caller may ask again.
 	ErrPermitExpired = errors.New("sluice: permit expired")
 )
 
@@ -153,8 +153,8 @@ type shape struct {
 	core    []gcra.Limit    // limits tightened by the margin, in the core's units (ramps over)
 	maxCost int64           // the most permits one request can be granted
 	allower backend.Allower // the backend's fast path, when it has one and it applies
-	// expireAfter is how late a permit may be handed to its user (see expiredAt): the
-	// margin, or half of it when the margin spaces a limit's permits.
+	// expireAfter is how late a permit may be handed to its user (see expiredAt and
+	// expireAfter).
 	expireAfter int64
 	margin      time.Duration
 	// A ramp runs from rampStart (clock Nanotime) to rampEnd; rampEnd is 0 without one.
@@ -332,11 +332,8 @@ func (l *Limiter) newShape(limits Limits, prev *shape) *shape {
 		}
 		sh.rampEnd = gcra.AddSat(sh.rampStart, int64(over))
 	}
-	sh.expireAfter = int64(l.margin)
+	sh.expireAfter = expireAfter(limits, sh.core, l.margin)
 	for i, lim := range limits {
-		if !lim.Window && sh.core[i].T > int64(lim.Interval()) {
-			sh.expireAfter = int64(l.margin) / 2
-		}
 		if kept := float64(lim.Interval()) / float64(sh.core[i].T); kept < 0.9 {
 			l.log.Warn("sluice: the margin costs a limit much of its rate: with a burst this small, permits are spaced by the interval plus the margin",
 				"limit", lim.String(), "margin", l.margin, "rate_kept", fmt.Sprintf("%.1f%%", 100*kept),
@@ -739,4 +736,30 @@ func (l *Limiter) observe(e Event) {
 	if l.observer != nil {
 		l.observer.Observe(e)
 	}
+}
+
+// expireAfter is how late a permit may be handed to its user: the lateness its limits
+// tolerate less half the margin, kept for the trip to the API, and never more than the
+// margin. A limit tolerates the margin where the margin spaces its permits (burst 1: the
+// interval plus the margin), and the whole tokens of its reserve where the margin is a
+// reserve of its burst (k = ceil(margin / interval) tokens: k intervals, at least the
+// margin). So burst-1 limits expire permits at half the margin, and a reserve that
+// rounds well up (20ms of a 50ms interval) lets a permit be the whole margin late with
+// more than half the margin left for the trip. Windowed quotas count permits, not their
+// spacing: they tolerate any lateness.
+func expireAfter(limits Limits, core []gcra.Limit, margin time.Duration) int64 {
+	m := int64(margin)
+	after := m
+	for i, lim := range limits {
+		if lim.Window {
+			continue
+		}
+		t := int64(lim.Interval())
+		tolerance := m // the margin spaces the permits
+		if core[i].T <= t && t > 0 {
+			tolerance = (m + t - 1) / t * t // a reserve of whole tokens
+		}
+		after = min(after, tolerance-m/2)
+	}
+	return after
 }

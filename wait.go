@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/internal/fairq"
 )
@@ -323,6 +324,7 @@ func (rm *room) wake() {
 // given back and counted (Limiter.Expired), and its waiter waits for the next place.
 func (l *Limiter) dispatch(ctx context.Context, rm *room) {
 	var cancel []*Reservation
+	var expired int64
 	rm.mu.Lock()
 	now := l.clock.Nanotime()
 	for len(rm.slots) > 0 && rm.slots[0].due() <= now {
@@ -330,6 +332,7 @@ func (l *Limiter) dispatch(ctx context.Context, rm *room) {
 		rm.slots = rm.slots[1:]
 		if l.expiredAt(r.due(), now) {
 			l.expire(rm.key, r.N(), r.due(), now)
+			expired += r.N()
 			cancel = append(cancel, r)
 			continue
 		}
@@ -346,16 +349,27 @@ func (l *Limiter) dispatch(ctx context.Context, rm *room) {
 	for _, r := range cancel {
 		_ = r.Cancel(context.WithoutCancel(ctx))
 	}
+	if expired > 0 {
+		l.reportExpired(ctx, rm.key, expired)
+	}
+}
+
+// reportExpired tells the backend of n permits of key that expired, if it wants to know
+// (backend.ExpiryReporter: the daemon's client, so that the daemon counts them), after
+// they were given back and outside every lock.
+func (l *Limiter) reportExpired(ctx context.Context, key string, n int64) {
+	if r, ok := l.be.(backend.ExpiryReporter); ok {
+		_ = r.ReportExpired(context.WithoutCancel(ctx), key, n)
+	}
 }
 
 // expiredAt reports whether a permit due at `due` (limiter clock) is past use at now: more
 // late than the margin allows. The margin is the tolerance for the whole delay from the
 // permit's time to the API seeing the request, and the limiter sees only the part until
-// the waiter has it. Where the margin is a reserve of a limit's burst, a permit late by the
-// margin still finds the reserve; where it spaces the permits (burst 1), the half left for
-// the trip to the API is the other half (on a loaded machine, permits handed over at the
-// margin's very end reached the demo's referee too close to the next one). Without a
-// margin nothing expires (there is no tolerance to keep). It is the one rule of every
+// the waiter has it: half the margin is kept for the rest, the trip to the API (see
+// expireAfter; on a loaded machine, permits handed over at the margin's very end reached
+// the demo's referee too close to the next one). Without a margin nothing expires (there
+// is no tolerance to keep). It is the one rule of every
 // waiting path (Reservation.Wait, the rooms, the lease and redis modes through them).
 func (l *Limiter) expiredAt(due, now int64) bool {
 	sh := l.shape.Load()

@@ -165,6 +165,24 @@ func TestPermitExpiresWhenPaused(t *testing.T) {
 	if err := r.Wait(bg); !errors.Is(err, ErrPermitExpired) {
 		t.Fatalf("burst 5: 12ms late with a 10ms margin: Wait = %v, want ErrPermitExpired", err)
 	}
+	// A reserve of one token (100ms) for a margin of 100ms tolerates 100ms of lateness in
+	// all: a permit handed over 60ms late leaves 40ms for the trip to the API, less than
+	// half the margin. It expires: no permit is handed over later than the tolerance less
+	// half the margin (here 50ms).
+	lr, clkr := newVirtual(t, "10/s burst=5", WithMargin(100*time.Millisecond))
+	for range 4 {
+		lr.Allow(bg, "k")
+	}
+	r, _ = lr.Reserve(bg, "k", 1) // due in 100ms
+	clkr.Advance(140 * time.Millisecond)
+	if err := r.Wait(bg); err != nil {
+		t.Fatalf("burst 5: 40ms late with a 100ms margin and a reserve of 100ms: Wait = %v, want nil", err)
+	}
+	r, _ = lr.Reserve(bg, "k", 1) // due 100ms after the last
+	clkr.Advance(160 * time.Millisecond)
+	if err := r.Wait(bg); !errors.Is(err, ErrPermitExpired) {
+		t.Fatalf("burst 5: 60ms late with a 100ms margin and a reserve of 100ms: Wait = %v, want ErrPermitExpired", err)
+	}
 	// Without a margin, nothing expires.
 	l0, clk0 := newVirtual(t, "10/s burst=1")
 	l0.Allow(bg, "k")

@@ -98,6 +98,15 @@ type Resetter interface {
 	Reset(ctx context.Context, key string) error
 }
 
+// ExpiryReporter is an optional interface of back ends that want to know of reserved
+// permits their caller did not use because they came too late (sluice.ErrPermitExpired):
+// the daemon's client reports them so that the daemon counts them in its /metrics. The
+// limiter calls ReportExpired after giving such permits back, outside its locks; it may
+// block for I/O and should honour ctx. An error is the caller's to ignore.
+type ExpiryReporter interface {
+	ReportExpired(ctx context.Context, key string, n int64) error
+}
+
 // Pinger is an optional interface of back ends that depend on something remote: Ping
 // reports whether it answers now. The daemon's /readyz uses it.
 type Pinger interface {

@@ -73,13 +73,14 @@ func redisCPU(c *goredis.Client) time.Duration {
 }
 
 // redisCommandTime is the time Redis spent executing commands (INFO commandstats, usec),
-// other than the benchmark's own INFO and CONFIG: the scripts' cost without the network's.
-func redisCommandTime(c *goredis.Client) time.Duration {
+// other than the benchmark's own INFO and CONFIG: the scripts' cost without the network's;
+// and how many script calls (EVALSHA, EVAL) it ran.
+func redisCommandTime(c *goredis.Client) (time.Duration, int64) {
 	info, err := c.Info(context.Background(), "commandstats").Result()
 	if err != nil {
-		return 0
+		return 0, 0
 	}
-	var total int64
+	var total, scripts int64
 	for _, line := range strings.Split(info, "\n") {
 		name, stats, ok := strings.Cut(strings.TrimSpace(line), ":")
 		if !ok || !strings.HasPrefix(name, "cmdstat_") || name == "cmdstat_info" || strings.HasPrefix(name, "cmdstat_config") {
@@ -90,9 +91,13 @@ func redisCommandTime(c *goredis.Client) time.Duration {
 				n, _ := strconv.ParseInt(v, 10, 64)
 				total += n
 			}
+			if v, ok := strings.CutPrefix(kv, "calls="); ok && (name == "cmdstat_evalsha" || name == "cmdstat_eval") {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				scripts += n
+			}
 		}
 	}
-	return time.Duration(total) * time.Microsecond
+	return time.Duration(total) * time.Microsecond, scripts
 }
 
 // processCPU is this process' CPU time (user + system).
@@ -103,12 +108,15 @@ func processCPU() time.Duration {
 }
 
 // runDecisions makes b.N decisions from g goroutines over keys and reports decisions/s,
-// p50 and p99 latency, and CPU per decision of this process (the client) and of Redis.
+// p50 and p99 latency, CPU per decision of this process (the client) and of Redis, Redis'
+// execution time per decision and per script call, and script calls per decision (below 1
+// when calls are batched).
 func runDecisions(b *testing.B, g int, keys []string, info *goredis.Client, decide func(key string) bool) {
 	lat := make([]int64, b.N)
 	var next, denied atomic.Int64
 	var wg sync.WaitGroup
-	cpu0, rcpu0, cmd0 := processCPU(), redisCPU(info), redisCommandTime(info)
+	cmd0, calls0 := redisCommandTime(info)
+	cpu0, rcpu0 := processCPU(), redisCPU(info)
 	b.ResetTimer()
 	start := time.Now()
 	for w := 0; w < g; w++ {
@@ -131,7 +139,9 @@ func runDecisions(b *testing.B, g int, keys []string, info *goredis.Client, deci
 	wg.Wait()
 	elapsed := time.Since(start)
 	b.StopTimer()
-	cpu, rcpu, cmd := processCPU()-cpu0, redisCPU(info)-rcpu0, redisCommandTime(info)-cmd0
+	cpu, rcpu := processCPU()-cpu0, redisCPU(info)-rcpu0
+	cmd, calls := redisCommandTime(info)
+	cmd, calls = cmd-cmd0, calls-calls0
 	slices.Sort(lat)
 	n := float64(b.N)
 	b.ReportMetric(n/elapsed.Seconds(), "decisions/s")
@@ -140,6 +150,10 @@ func runDecisions(b *testing.B, g int, keys []string, info *goredis.Client, deci
 	b.ReportMetric(float64(cpu.Microseconds())/n, "client-cpu-us/op")
 	b.ReportMetric(float64(rcpu.Microseconds())/n, "redis-cpu-us/op")
 	b.ReportMetric(float64(cmd.Nanoseconds())/1e3/n, "redis-exec-us/op")
+	if calls > 0 {
+		b.ReportMetric(float64(cmd.Nanoseconds())/1e3/float64(calls), "redis-exec-us/call")
+		b.ReportMetric(float64(calls)/n, "script-calls/op")
+	}
 	b.ReportMetric(float64(denied.Load())/n, "denied/op")
 }
 
@@ -150,11 +164,20 @@ func runDecisions(b *testing.B, g int, keys []string, info *goredis.Client, deci
 // read-only script (TestRedisLibrariesAgree checks that both write).
 var redisLimit = redis_rate.Limit{Rate: 1_000_000, Burst: 1000, Period: time.Second}
 
+// benchTimeout is sluice's time-out in the benchmark: go-redis' default read time-out,
+// which redis_rate's client has. At sluice's default of 100 ms, a call stalled that long
+// on a loaded machine failed, opened the breaker, and the calls of the next 100 ms were
+// denied at once without Redis (fail closed): fast "decisions" that flattered sluice
+// (up to 18% of them in a run at 64 goroutines, the machine's load average near 19).
+var benchTimeout = strict.WithTimeout(3 * time.Second)
+
 // BenchmarkRedis: decisions on one Redis shared by client and server on this machine, at
 // 1, 8 and 64 goroutines, on one key and on 10,000 keys. impl=sluice is Limiter.Allow
 // (the backend's Allower: one permit, now or never), impl=sluice_decide is
 // Limiter.AllowN (the full decision: remaining, reset, retry-after), impl=redis_rate is
 // redis_rate's Allow (a full decision) through a go-redis client at its defaults.
+// unavailable counts sluice's calls that got no answer in time (each a denial without
+// Redis, and more while the breaker stays open): it must read 0 for a fair comparison.
 func BenchmarkRedis(b *testing.B) {
 	addr := startRedis(b)
 	info := goredis.NewClient(&goredis.Options{Addr: addr})
@@ -166,22 +189,24 @@ func BenchmarkRedis(b *testing.B) {
 		for _, g := range []int{1, 8, 64} {
 			name := fmt.Sprintf("keys=%d/g=%d", nkeys, g)
 			b.Run(name+"/impl=sluice", func(b *testing.B) {
-				be, err := strict.Dial(ctx, "redis://"+addr)
+				be, err := strict.Dial(ctx, "redis://"+addr, benchTimeout)
 				if err != nil {
 					b.Fatal(err)
 				}
 				defer be.Close()
 				l := sluice.MustNew(lim, sluice.WithBackend(be))
 				runDecisions(b, g, ks, info, func(k string) bool { return l.Allow(ctx, k) })
+				b.ReportMetric(float64(be.Stats().Failures), "unavailable")
 			})
 			b.Run(name+"/impl=sluice_decide", func(b *testing.B) {
-				be, err := strict.Dial(ctx, "redis://"+addr)
+				be, err := strict.Dial(ctx, "redis://"+addr, benchTimeout)
 				if err != nil {
 					b.Fatal(err)
 				}
 				defer be.Close()
 				l := sluice.MustNew(lim, sluice.WithBackend(be))
 				runDecisions(b, g, ks, info, func(k string) bool { d, _ := l.AllowN(ctx, k, 1); return d.Allowed })
+				b.ReportMetric(float64(be.Stats().Failures), "unavailable")
 			})
 			b.Run(name+"/impl=redis_rate", func(b *testing.B) {
 				c := goredis.NewClient(&goredis.Options{Addr: addr})

@@ -201,6 +201,27 @@ func (c *Client) Penalize(ctx context.Context, tag string, d time.Duration) erro
 	return nil
 }
 
+// ReportExpired tells the daemon that n permits reserved for tag (w=) were not used
+// because they came too late (sluice.ErrPermitExpired): the daemon counts them in
+// sluice_permits_expired_total. It gives nothing back. A limiter over Backend calls it
+// by itself.
+func (c *Client) ReportExpired(ctx context.Context, tag string, n int64) error {
+	if !wire.ValidTag(tag) {
+		return fmt.Errorf("%w: %q", ErrInvalidTag, tag)
+	}
+	if n <= 0 {
+		return nil
+	}
+	resp, err := c.roundTrip(ctx, wire.AppendQuery(nil, wire.Query{Tag: []byte(tag), N: min(n, wire.MaxN), Expired: true}))
+	if err != nil {
+		return err
+	}
+	if !bytes.HasPrefix(resp, []byte("OK")) {
+		return fmt.Errorf("sluice client: report expired permits: %s", resp)
+	}
+	return nil
+}
+
 // roundTrip sends one query line and returns its answer line (without '\n'), applying the
 // time-out and the back-off.
 func (c *Client) roundTrip(ctx context.Context, line []byte) ([]byte, error) {
@@ -419,7 +440,8 @@ func (p *pconn) close(err error) {
 // limits the limiter was built with (those only bound the cost of one request): the key is
 // sent as the tag. Reservations travel as the protocol's w= option; Penalize as p=;
 // settling or cancelling a reservation is not carried (ErrUnsupported: the permits stay
-// taken). When the daemon fails, decisions are the client's fail mode's, with no error.
+// taken); permits a limiter finds expired are reported (ReportExpired) for the daemon's
+// count. When the daemon fails, decisions are the client's fail mode's, with no error.
 // Closing the backend closes the client; later calls return ErrClosed.
 func (c *Client) Backend() backend.Backend { return clientBackend{c} }
 
@@ -451,6 +473,12 @@ func (b clientBackend) Adjust(context.Context, string, []gcra.Limit, gcra.Ticket
 func (b clientBackend) Penalize(ctx context.Context, key string, _ []gcra.Limit, d time.Duration) error {
 	return b.c.Penalize(ctx, key, d)
 }
+
+func (b clientBackend) ReportExpired(ctx context.Context, key string, n int64) error {
+	return b.c.ReportExpired(ctx, key, n)
+}
+
+var _ backend.ExpiryReporter = clientBackend{}
 
 // Close closes the client: later calls return ErrClosed.
 func (b clientBackend) Close() error { return b.c.Close() }

@@ -7,6 +7,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -326,4 +328,54 @@ func TestBackendClosed(t *testing.T) {
 		s := daemon(t, clk, "*=1/s")
 		return client.New(s.LineAddr().String()).Backend()
 	})
+}
+
+// TestExpiryReportedToTheDaemon: a permit reserved at the daemon (w=) that its worker
+// comes to too late expires in the limiter (ErrPermitExpired, Limiter.Expired), and the
+// limiter reports it through the client, so that the daemon counts it in its /metrics.
+func TestExpiryReportedToTheDaemon(t *testing.T) {
+	cfg := server.DefaultConfig()
+	cfg.ListenLine, cfg.ListenHTTP = "127.0.0.1:0", "127.0.0.1:0"
+	rule, _ := server.ParseRuleFlag("api=10/s burst=1", false)
+	cfg.Rules = append(cfg.Rules, rule)
+	s, err := server.New(cfg, server.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(bg)
+	c := client.New(s.LineAddr().String(), client.WithTimeout(2*time.Second))
+	defer c.Close()
+	clk := clock.NewVirtual() // the worker's: it is paused while its permit comes due
+	l, err := sluice.New(sluice.MustParse("10/s burst=1"), sluice.WithBackend(c.Backend()), sluice.WithClock(clk),
+		sluice.WithMargin(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if !l.Allow(bg, "api") {
+		t.Fatal("the first permit was refused")
+	}
+	r, err := l.Reserve(bg, "api", 1)
+	if err != nil || !r.OK() || r.Delay <= 0 {
+		t.Fatalf("reserve: %+v %v, want a permit ahead", r.Decision, err)
+	}
+	clk.Advance(r.Delay + 50*time.Millisecond) // 50 ms late with a 20 ms margin
+	if err := r.Wait(bg); !errors.Is(err, sluice.ErrPermitExpired) {
+		t.Fatalf("Wait 50 ms late = %v, want ErrPermitExpired", err)
+	}
+	if l.Expired() != 1 {
+		t.Fatalf("Expired() = %d, want 1", l.Expired())
+	}
+	resp, err := http.Get("http://" + s.HTTPAddr().String() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if want := `sluice_permits_expired_total{rule="api"} 1`; !strings.Contains(string(b), want) {
+		t.Errorf("/metrics lacks %s", want)
+	}
 }

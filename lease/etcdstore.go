@@ -11,6 +11,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluicehq/sluice/clock"
 )
 
 // EtcdStore keeps the lease records in etcd: each record under its own key below a prefix,
@@ -49,6 +51,12 @@ type EtcdOption func(*EtcdStore)
 
 // WithEtcdPrefix sets the prefix of every key the store writes (default "sluice/lease/").
 func WithEtcdPrefix(p string) EtcdOption { return func(s *EtcdStore) { s.prefix = p } }
+
+// WithEtcdClock sets the clock the store reads, its wall time (default the machine's): a
+// skewed or virtual clock, for tests and simulations of members whose clocks disagree.
+func WithEtcdClock(c clock.Clock) EtcdOption {
+	return func(s *EtcdStore) { s.now = func() int64 { return c.Now().UnixNano() } }
+}
 
 // withEtcdNow makes the store read a virtual clock: tests only.
 func withEtcdNow(now func() int64) EtcdOption { return func(s *EtcdStore) { s.now = now } }

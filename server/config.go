@@ -22,9 +22,9 @@ type Config struct {
 	ListenAdmin    string         `yaml:"listen_admin"`    // TCP address of /healthz, /readyz and /metrics without the token; "" disables it
 	ListenGRPC     string         `yaml:"listen_grpc"`     // TCP address of Envoy's rate limit service (gRPC); "" disables it
 	GRPC           GRPCConfig     `yaml:"grpc"`            // the gRPC listener's bounds and options
-	Backend        string         `yaml:"backend"`         // local, redis, lease or gossip
-	RedisURL       string         `yaml:"redis_url"`       // redis://host:port/db, for backend redis (and lease, when store is empty)
-	Store          string         `yaml:"store"`           // backend lease: the store's URL (redis://, redis-cluster://, redis-sentinel://, etcd://, zk://, memory://)
+	Backend        string         `yaml:"backend"`         // local, redis, strict, lease or gossip
+	RedisURL       string         `yaml:"redis_url"`       // redis://host:port/db or redis-sentinel://host:port,.../MASTER, for backend redis (and lease, when store is empty)
+	Store          string         `yaml:"store"`           // backend lease or strict: the store's URL (redis://, redis-cluster://, redis-sentinel://, etcd://, zk://, memory://)
 	FailMode       string         `yaml:"fail_mode"`       // closed, open, or (backend redis) local: the answer when the back end fails
 	FallbackShare  float64        `yaml:"fallback_share"`  // fail_mode local: the share of each limit this daemon uses while Redis is down
 	RedisTimeout   yamlx.Duration `yaml:"redis_timeout"`   // backend redis: how long a decision waits for Redis
@@ -136,6 +136,10 @@ func (c *Config) validate() error {
 		if c.RedisURL == "" {
 			return bad(0, "backend redis needs redis_url (--redis-url)")
 		}
+	case "strict":
+		if c.Store == "" {
+			return bad(0, "backend strict needs a store: store (--store), e.g. etcd://HOST:PORT or zk://HOST:PORT")
+		}
 	case "lease":
 		if c.Store == "" && c.RedisURL == "" {
 			return bad(0, "backend lease needs a store: store (--store) or redis_url (--redis-url)")
@@ -152,7 +156,7 @@ func (c *Config) validate() error {
 			return bad(0, "gossip.policy: want shares, equal or whole, not %q", g.Policy)
 		}
 	default:
-		return bad(0, "backend: want local, redis, lease or gossip, not %q", c.Backend)
+		return bad(0, "backend: want local, redis, strict, lease or gossip, not %q", c.Backend)
 	}
 	switch c.FailMode {
 	case "closed", "open":

@@ -33,6 +33,7 @@ type metrics struct {
 	backendUp    prometheus.Gauge       // 1 while the back end answers its health check
 	penalties    *prometheus.CounterVec // rule, result
 	lifts        *prometheus.CounterVec // rule, result
+	expired      *prometheus.CounterVec // rule: reserved permits not used, too late (clients' reports)
 	grpcCalls    [nGRPCOutcomes]prometheus.Counter
 }
 
@@ -89,6 +90,9 @@ func newMetrics(keys, evictedIdle, evictedLive func() float64) *metrics {
 		lifts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_penalty_lifts_total", Help: "Penalties lifted through the HTTP API, by rule and result.",
 		}, []string{"rule", "result"}),
+		expired: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_permits_expired_total", Help: "Reserved permits (w=) that clients did not use because they came too late (past their margin: a paused or stalled worker), by rule, as the clients report them (~x).",
+		}, []string{"rule"}),
 	}
 	grpcCalls := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_grpc_requests_total", Help: "ShouldRateLimit calls by result: ok, over_limit, invalid_argument, unauthenticated.",
@@ -96,7 +100,7 @@ func newMetrics(keys, evictedIdle, evictedLive func() float64) *metrics {
 	m.grpcCalls = newGRPCCounters(grpcCalls)
 	bi := buildinfo.Read()
 	m.reg.MustRegister(m.decisions, m.tagDecisions, m.latency, m.backendErrs, m.failActs, m.badInput, m.conns, m.connsRefused,
-		m.connsDropped, m.reloads, m.reloadOK, grpcCalls, m.reloadTime, m.unmatched, m.backendUp, m.penalties, m.lifts,
+		m.connsDropped, m.reloads, m.reloadOK, grpcCalls, m.reloadTime, m.unmatched, m.backendUp, m.penalties, m.lifts, m.expired,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_key_evictions_total", Help: "Idle buckets forgotten."}, evictedIdle),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_key_evictions_live_total", Help: "Live buckets evicted to make room (max_keys)."}, evictedLive),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{

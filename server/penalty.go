@@ -110,6 +110,18 @@ func (p PenaltyCap) limit(ls sluice.Limits) (time.Duration, bool) {
 	return longest, true
 }
 
+// ReportExpired counts n permits of a reservation for tag that a client did not use
+// because they came to it too late (sluice.ErrPermitExpired: past its margin), under the
+// rule that matches tag (sluice_permits_expired_total); a tag no rule matches is counted
+// under rule "". Nothing is given back: the permits' time is past.
+func (s *Server) ReportExpired(tag string, n int64) {
+	name := ""
+	if c := s.rules.Load().lookup(tag); c != nil {
+		name = c.Name
+	}
+	s.m.expired.WithLabelValues(name).Add(float64(n))
+}
+
 // Penalize holds tag back for d (a worker's 429 with Retry-After), cut to the cap of the
 // rule that matches it (max_penalty), and returns the hold applied. A tag no rule matches
 // is not held (such tags are allowed); a rule with max_penalty off refuses with

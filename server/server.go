@@ -751,6 +751,9 @@ func (cn *conn) serve() {
 		case !ok:
 			s.m.badInput.WithLabelValues("bad_tag").Inc()
 			out = append(out, "NO\n"...)
+		case q.Expired:
+			s.ReportExpired(string(q.Tag), q.N)
+			out = append(out, "OK\n"...)
 		case q.PenaltyMs > 0:
 			if _, err := s.Penalize(ctx, string(q.Tag), time.Duration(q.PenaltyMs)*time.Millisecond); errors.Is(err, ErrPenaltyRefused) {
 				out = wire.AppendRefusal(out, "penalties are off for this tag's rule")

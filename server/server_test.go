@@ -23,6 +23,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/internal/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -491,5 +492,44 @@ func TestReloadKeepsTheRamp(t *testing.T) {
 	}
 	if got := oks(100); got != 20 {
 		t.Fatalf("after a reload to another ramp: %d OK, want its start's burst of 20", got)
+	}
+}
+
+// TestExpiredPermitReports: a client reports reserved permits it did not use because they
+// came too late (~x, with n=), answered OK; the daemon counts them by rule in /metrics
+// (sluice_permits_expired_total), a tag no rule matches under rule "". A report with
+// other options is refused.
+func TestExpiredPermitReports(t *testing.T) {
+	s := start(t, testConfig("api=10/s", "user-*=1/s"), WithClock(clock.NewVirtual()))
+	c := dial(t, s)
+	for i, st := range []struct{ in, want string }{
+		{"~x api\n", "OK\n"},
+		{"~x,n=3 api\n", "OK\n"},
+		{"~x,n=2 user-7\n", "OK\n"},
+		{"~x other\n", "OK\n"},
+		{"~x,w=100 api\n", "ER " + wire.ErrBadOptions.Error() + "\n"},
+	} {
+		if got := exchange(t, c, st.in, len(st.want)); got != st.want {
+			t.Errorf("step %d %q: got %q, want %q", i, st.in, got, st.want)
+		}
+	}
+	resp, err := http.Get("http://" + s.HTTPAddr().String() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{
+		`sluice_permits_expired_total{rule="api"} 4`,
+		`sluice_permits_expired_total{rule="user-*"} 2`,
+		`sluice_permits_expired_total{rule=""} 1`,
+	} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	// A report takes nothing: the burst is whole.
+	if got := exchange(t, c, strings.Repeat("api\n", 10), 30); got != strings.Repeat("OK\n", 10) {
+		t.Errorf("after the reports, 10 queries: %q, want the burst of 10", got)
 	}
 }

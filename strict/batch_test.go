@@ -251,6 +251,22 @@ func runBatches(b *Backend, bb *batchBuilder, client *goredis.Client, now *atomi
 		size := 1 + rng.IntN(24)
 		ps := make([]pending, 0, size)
 		var last *pending
+		if ls := keys[0].limits[0]; len(keys) > 1 && len(ls) == 1 && rng.IntN(3) == 0 {
+			// The script's lean batch: each key once, in any order, an allowance under
+			// one limit (keys whose state is not the common one go on to its general path).
+			for _, i := range rng.Perm(len(keys)) {
+				k := keys[i]
+				v := k.m.view(1)
+				p := pending{k: k, ls: ls, what: "decide", n: 1, allow: true}
+				p.want, p.wantTk, _ = gcra.Decide(v, ls, at, 1, 0)
+				p.c = b.allowCall(k.name, ls[0])
+				if p.want.Allowed {
+					k.m.tats = v
+				}
+				ps = append(ps, p)
+			}
+			size = len(ps)
+		}
 		for len(ps) < size {
 			k := keys[rng.IntN(len(keys))]
 			if last != nil && rng.IntN(4) == 0 {

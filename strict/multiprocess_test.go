@@ -32,6 +32,8 @@ const workerEnv = "SLUICE_REDIS_WORKER"
 
 type workerConfig struct {
 	Addrs      []string      `json:"addrs"`
+	URL        string        `json:"url,omitempty"`  // if set, the client is NewClient's for it (Addrs unused)
+	Acks       int           `json:"acks,omitempty"` // WithReplicaAcks(Acks, 50ms) if set
 	Cluster    bool          `json:"cluster"`
 	Prefix     string        `json:"prefix"`
 	Keys       []string      `json:"keys"`
@@ -137,7 +139,15 @@ func workerMain() int {
 		return 2
 	}
 	var client Client
-	if cfg.Cluster {
+	if cfg.URL != "" {
+		c, err := NewClient(cfg.URL, 2*time.Second)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "worker:", err)
+			return 2
+		}
+		defer c.Close()
+		client = c
+	} else if cfg.Cluster {
 		c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cfg.Addrs, MaxRetries: -1, ReadTimeout: 2 * time.Second})
 		defer c.Close()
 		client = c
@@ -148,7 +158,7 @@ func workerMain() int {
 		client = c
 	}
 	clk := skewed{clock.NewReal(), cfg.Skew}
-	rb := New(client, WithPrefix(cfg.Prefix), WithTimeout(2*time.Second), WithClock(clk))
+	rb := New(client, WithPrefix(cfg.Prefix), WithTimeout(2*time.Second), WithClock(clk), WithReplicaAcks(cfg.Acks, 50*time.Millisecond))
 	defer rb.Close()
 	rec := &recorder{Backend: rb, index: map[grantID][]int{}}
 	opts := []sluice.Option{sluice.WithBackend(rec), sluice.WithClock(clk)}

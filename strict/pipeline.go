@@ -1,6 +1,7 @@
 package strict
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -111,6 +112,9 @@ type pipeliner struct {
 	maxBatch int
 	grouping grouping
 	ctx      context.Context // cancelled by close
+	// acks, if > 0, is how many replicas must acknowledge a batch's writes within ackMs
+	// milliseconds (WAIT, after the script calls in the same pipeline; WithReplicaAcks).
+	acks, ackMs int64
 
 	// direct lets a caller that finds nothing queued and nothing in flight send its own
 	// call, with no hand-off to a flusher (the common case at low concurrency). It is on
@@ -121,6 +125,10 @@ type pipeliner struct {
 	// when nothing else is in flight, and counts itself in flight meanwhile).
 	directBB batchBuilder
 	one      [1]*call
+
+	// conns, if not nil, are the connections batches are sent on (see conns); set before
+	// the first call.
+	conns *conns
 
 	// dl is the context of the batches sent lately (see deadline).
 	dl atomic.Pointer[deadlineCtx]
@@ -212,6 +220,9 @@ func (p *pipeliner) close(err error) {
 		}
 	}
 	p.wg.Wait()
+	if p.conns != nil {
+		p.conns.close()
+	}
 }
 
 func (p *pipeliner) flusher() {
@@ -306,7 +317,9 @@ func (bb *batchBuilder) exec(p *pipeliner, batch []*call) {
 		g.cmd = g.command(ctx, argEvalsha, p.sha)
 		bb.cmds = append(bb.cmds, g.cmd)
 	}
-	execErr := send(ctx, p.client, bb.cmds)
+	wait := bb.withAcks(ctx, p)
+	execErr := p.send(ctx, bb.cmds)
+	ackErr := p.acked(wait)
 	bb.again = bb.again[:0]
 	for i := range bb.groups {
 		g := &bb.groups[i]
@@ -315,7 +328,7 @@ func (bb *batchBuilder) exec(p *pipeliner, batch []*call) {
 			bb.again = append(bb.again, i)
 			continue
 		}
-		g.answer(err)
+		g.answer(cmp.Or(err, ackErr))
 	}
 	if len(bb.again) > 0 {
 		bb.cmds = bb.cmds[:0]
@@ -324,9 +337,11 @@ func (bb *batchBuilder) exec(p *pipeliner, batch []*call) {
 			g.cmd = g.command(ctx, argEval, p.src)
 			bb.cmds = append(bb.cmds, g.cmd)
 		}
-		execErr := send(ctx, p.client, bb.cmds)
+		wait := bb.withAcks(ctx, p)
+		execErr := p.send(ctx, bb.cmds)
+		ackErr := p.acked(wait)
 		for _, i := range bb.again {
-			bb.groups[i].answer(replyErr(bb.groups[i].cmd, execErr))
+			bb.groups[i].answer(cmp.Or(replyErr(bb.groups[i].cmd, execErr), ackErr))
 		}
 	}
 	for i := range bb.groups {
@@ -337,6 +352,98 @@ func (bb *batchBuilder) exec(p *pipeliner, batch []*call) {
 	}
 	clear(bb.cmds)
 	bb.groups = bb.groups[:0]
+}
+
+// withAcks appends to bb.cmds the WAIT for the replicas' acknowledgements, if the
+// backend asks for them (WithReplicaAcks), and returns it.
+func (bb *batchBuilder) withAcks(ctx context.Context, p *pipeliner) *goredis.IntCmd {
+	if p.acks == 0 {
+		return nil
+	}
+	w := goredis.NewIntCmd(ctx, "wait", p.acks, p.ackMs)
+	bb.cmds = append(bb.cmds, w)
+	return w
+}
+
+// acked returns nil if wait (nil: none asked for) counted enough replicas, and otherwise
+// an error that is a failure to reach Redis (ErrUnavailable), never a reply error: the
+// writes may be lost to a failover, so their grants must not be used.
+func (p *pipeliner) acked(wait *goredis.IntCmd) error {
+	if wait == nil {
+		return nil
+	}
+	n, err := wait.Result()
+	switch {
+	case err != nil:
+		return fmt.Errorf("sluice redis: WAIT for %d replicas: %v", p.acks, err) // %v: not a Redis reply error
+	case n < p.acks:
+		return fmt.Errorf("sluice redis: %d of %d replicas acknowledged the writes within %d ms", n, p.acks, p.ackMs)
+	}
+	return nil
+}
+
+// send sends cmds on a connection of the pipeliner's own (see conns) or through the
+// client.
+func (p *pipeliner) send(ctx context.Context, cmds []goredis.Cmder) error {
+	if p.conns == nil {
+		return send(ctx, p.client, cmds)
+	}
+	cn := p.conns.get()
+	err := send(ctx, cn, cmds)
+	p.conns.put(cn, err)
+	return err
+}
+
+// conns are connections held from a client the backend made itself (Open, Dial), each
+// used by one batch at a time. A command sent on one skips what go-redis v9.7 does to
+// take a connection from its pool for each command: a health check of the connection,
+// which is one system call (a non-blocking read) per command, a tenth of the client's
+// CPU time per lone decision. A connection whose command failed in any way is given back
+// (go-redis drops it if it is broken) and a new one is taken. Only for a client the
+// backend made: a connection taken from a caller's client would not run the hooks
+// (tracing, metrics) the caller added to it.
+type conns struct {
+	client *goredis.Client
+	mu     sync.Mutex
+	free   []*goredis.Conn
+	closed bool
+}
+
+func (cs *conns) get() *goredis.Conn {
+	cs.mu.Lock()
+	if n := len(cs.free); n > 0 {
+		cn := cs.free[n-1]
+		cs.free[n-1] = nil
+		cs.free = cs.free[:n-1]
+		cs.mu.Unlock()
+		return cn
+	}
+	cs.mu.Unlock()
+	return cs.client.Conn()
+}
+
+// put takes cn back after a send that ended with err: kept for the next batch if the
+// send succeeded, else given back to the client's pool.
+func (cs *conns) put(cn *goredis.Conn, err error) {
+	cs.mu.Lock()
+	if err == nil && !cs.closed {
+		cs.free = append(cs.free, cn)
+		cs.mu.Unlock()
+		return
+	}
+	cs.mu.Unlock()
+	_ = cn.Close()
+}
+
+// close gives every connection back to the client's pool.
+func (cs *conns) close() {
+	cs.mu.Lock()
+	free := cs.free
+	cs.free, cs.closed = nil, true
+	cs.mu.Unlock()
+	for _, cn := range free {
+		_ = cn.Close()
+	}
 }
 
 // processor is a client that sends one command by itself (go-redis clients do): cheaper

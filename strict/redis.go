@@ -56,6 +56,9 @@ type Backend struct {
 	probeEvery time.Duration
 	clock      clock.Clock
 	share      float64        // fallback share; 0: no local fallback
+	acks       int            // replicas that must acknowledge each batch's writes (WAIT); 0: none
+	ackTimeout time.Duration  // how long a batch waits for them
+	misuse     error          // an option that cannot work with this client: every call fails with it
 	now        func() int64   // tests only: virtual time passed to the script
 	fallback   *local.Backend // the local GCRA of fail mode "local"
 	p          *pipeliner
@@ -145,6 +148,25 @@ func WithFailLocal(share float64) Option {
 	})
 }
 
+// WithReplicaAcks makes every batch wait, in its own round trip, until n replicas have
+// acknowledged its writes (Redis WAIT n timeout, sent in the same pipeline after the
+// script calls), for at most timeout (at most the backend's time-out; <= 0: half of it).
+// A batch that fewer replicas acknowledge in time fails with ErrUnavailable: its grants
+// are not used (they stay booked on the master: capacity wasted, never over-admitted),
+// and the fail mode answers. A grant that is used is then on n replicas, so a Sentinel
+// failover to one of them cannot lose it: what asynchronous replication loses to a
+// promotion (see docs/redis.md, "The failover bound") is never used. The cost is the
+// replicas' acknowledgement in every round trip. It needs a client of one Redis or of a
+// Sentinel set's master (*goredis.Client); with any other, every call fails with an
+// error that says so.
+func WithReplicaAcks(n int, timeout time.Duration) Option {
+	return optionFunc(func(b *Backend) {
+		if n > 0 {
+			b.acks, b.ackTimeout = n, timeout
+		}
+	})
+}
+
 // withNow makes the script use virtual time read from now instead of Redis TIME: the
 // test-only entry point of the differential test and the conformance suite.
 func withNow(now func() int64) Option { return optionFunc(func(b *Backend) { b.now = now }) }
@@ -173,6 +195,15 @@ func New(client Client, opts ...Option) *Backend {
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.p = newPipeliner(b.ctx, client, scriptSource, b.timeout, b.pipelines, b.maxBatch)
 	b.p.direct = honoursDeadlines(client)
+	if b.acks > 0 {
+		if b.ackTimeout <= 0 || b.ackTimeout > b.timeout {
+			b.ackTimeout = min(b.timeout, max(b.ackTimeout, b.timeout/2))
+		}
+		b.p.acks, b.p.ackMs = int64(b.acks), max(1, b.ackTimeout.Milliseconds())
+		if groupingOf(client) != groupAll {
+			b.misuse = fmt.Errorf("sluice redis: WithReplicaAcks needs a client of one Redis or a Sentinel set's master (*goredis.Client), not %T", client)
+		}
+	}
 	return b
 }
 
@@ -212,8 +243,9 @@ func ClientOptions(url string, timeout time.Duration) (*goredis.Options, error) 
 	return o, nil
 }
 
-// Dial connects to the Redis at url with ClientOptions, checks that it answers, and
-// returns a backend that owns the client (Close closes it).
+// Dial connects to the Redis at url (redis://, rediss://, or redis-sentinel:// for the
+// master a Sentinel set names: see SentinelScheme) with the settings of ClientOptions,
+// checks that it answers, and returns a backend that owns the client (Close closes it).
 func Dial(ctx context.Context, url string, opts ...Option) (*Backend, error) {
 	b, err := Open(url, opts...)
 	if err != nil {
@@ -236,13 +268,13 @@ func Open(url string, opts ...Option) (*Backend, error) {
 	for _, o := range opts {
 		o.apply(probe)
 	}
-	o, err := ClientOptions(url, probe.timeout)
+	c, err := NewClient(url, probe.timeout)
 	if err != nil {
 		return nil, err
 	}
-	c := goredis.NewClient(o)
 	b := New(c, opts...)
 	b.owned = c
+	b.p.conns = &conns{client: c}
 	return b, nil
 }
 
@@ -415,6 +447,10 @@ func (b *Backend) Penalize(ctx context.Context, key string, limits []gcra.Limit,
 // the breaker is open it fails at once; a failure to reach Redis opens it. On success the
 // caller reads c's results and releases it; on failure c is no longer the caller's.
 func (b *Backend) run(ctx context.Context, key string, c *call) error {
+	if b.misuse != nil {
+		c.release()
+		return b.misuse
+	}
 	if b.down.Load() {
 		c.release()
 		if b.isClosed() {

@@ -77,6 +77,9 @@ func (b *Backend) windowRun(ctx context.Context, key string, op byte, limits []g
 	if b.isClosed() {
 		return windowState{}, backend.ErrClosed
 	}
+	if b.misuse != nil {
+		return windowState{}, b.misuse
+	}
 	if b.down.Load() { // Redis failed and the prober has not seen it back yet
 		return windowState{}, b.unavailable(errors.New("redis: unavailable"))
 	}
@@ -96,9 +99,9 @@ func (b *Backend) windowRun(ctx context.Context, key string, op byte, limits []g
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
 	keys := []string{b.windowKey(key)}
-	res, err := evalWindow(ctx, b.client, keys, args, true)
+	res, err := evalWindow(ctx, b.client, keys, args, true, b.p)
 	if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-		res, err = evalWindow(ctx, b.client, keys, args, false)
+		res, err = evalWindow(ctx, b.client, keys, args, false, b.p)
 	}
 	if err != nil {
 		if isRedisError(err) {
@@ -126,8 +129,9 @@ func (b *Backend) windowRun(ctx context.Context, key string, op byte, limits []g
 	return st, nil
 }
 
-// evalWindow sends the window script (by its hash, or whole) in a pipeline of one.
-func evalWindow(ctx context.Context, c Client, keys []string, args []any, bySHA bool) (any, error) {
+// evalWindow sends the window script (by its hash, or whole) in a pipeline of one, with
+// the WAIT for replicas pl asks for (WithReplicaAcks).
+func evalWindow(ctx context.Context, c Client, keys []string, args []any, bySHA bool, pl *pipeliner) (any, error) {
 	p := c.Pipeline()
 	var cmd *goredis.Cmd
 	if bySHA {
@@ -135,10 +139,16 @@ func evalWindow(ctx context.Context, c Client, keys []string, args []any, bySHA 
 	} else {
 		cmd = p.Eval(ctx, windowSource, keys, args...)
 	}
-	if _, err := p.Exec(ctx); err != nil {
+	var wait *goredis.IntCmd
+	if pl.acks > 0 {
+		wait = goredis.NewIntCmd(ctx, "wait", pl.acks, pl.ackMs)
+		_ = p.Process(ctx, wait)
+	}
+	_, execErr := p.Exec(ctx)
+	if err := replyErr(cmd, execErr); err != nil { // the script's own error, or the connection's
 		return nil, err
 	}
-	return cmd.Result()
+	return cmd.Val(), pl.acked(wait)
 }
 
 // isRedisError reports whether err is an error reply from Redis (the script's), not a

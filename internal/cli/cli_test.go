@@ -53,6 +53,7 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"demo", "--mode", "lease", "--store", "etcd://"}, "etcd://HOST:PORT"},
 		{[]string{"demo", "--mode", "lease", "--store", "consul://h:1"}, "consul://"},
 		{[]string{"demo", "--mode", "lease", "--store", "zk:///path"}, "zk://HOST:PORT"},
+		{[]string{"demo", "--mode", "lease", "--store", "redis-sentinel://h:1/"}, "no master name"},
 		{[]string{"demo", "--duration", "-1s"}, "--duration"},
 		{[]string{"demo", "--mode", "quantum"}, "quantum"},
 		{[]string{"demo", "stray"}, "stray"},
@@ -247,23 +248,83 @@ func TestVersionFlags(t *testing.T) {
 	}
 }
 
-// TestLeaseOnEtcd: the lease demo and the daemon through one real etcd.
+// TestSentinel: the redis demo, the lease demo and the daemon of each back end through a
+// real Sentinel set (a master, a replica, three sentinels), named by a redis-sentinel://
+// URL.
+func TestSentinel(t *testing.T) {
+	set := redistest.NewSentinels(t, redistest.SentinelConfig{})
+	t.Run("DemoRedis", func(t *testing.T) {
+		code, out, errs := run(t, "demo", "--mode", "redis", "--redis-url", set.URL(), "--duration", "1s", "--workers", "3",
+			"--margin", "20ms", "--json")
+		var j map[string]any
+		if code != 0 || json.Unmarshal([]byte(out), &j) != nil {
+			t.Fatalf("exit %d: %s%s", code, out, errs)
+		}
+		if j["mode"] != "redis" || j["violations"] != 0.0 || j["accepted"].(float64) < 10 {
+			t.Errorf("%s", out)
+		}
+	})
+	t.Run("DemoLease", func(t *testing.T) {
+		code, out, errs := run(t, "demo", "--mode", "lease", "--store", set.URL(), "--duration", "2s", "--workers", "3",
+			"--margin", "20ms", "--json")
+		var j map[string]any
+		if code != 0 || json.Unmarshal([]byte(out), &j) != nil {
+			t.Fatalf("exit %d: %s%s", code, out, errs)
+		}
+		if j["mode"] != "lease" || j["violations"] != 0.0 || j["accepted"].(float64) < 10 {
+			t.Errorf("%s", out)
+		}
+	})
+	// The state went through the master: it holds keys of both.
+	if n, err := set.Master.Do("DBSIZE"); err != nil || n == ":0" {
+		t.Errorf("the master holds no key (%s %v)", n, err)
+	}
+	t.Run("ServeRedis", func(t *testing.T) { serveOn(t, "--backend", "redis", "--redis-url", set.URL()) })
+	t.Run("ServeLease", func(t *testing.T) { serveLease(t, set.URL()) })
+}
+
+// TestLeaseOnEtcd: the lease demo and the daemon through one real etcd, and the strict
+// mode's on the same etcd.
 func TestLeaseOnEtcd(t *testing.T) {
 	srv := etcdtest.New(t)
 	t.Run("Demo", func(t *testing.T) { demoLeaseOnEtcd(t, srv) })
 	t.Run("Serve", func(t *testing.T) { serveLease(t, srv.URL()) })
+	t.Run("StrictDemo", func(t *testing.T) { demoStrict(t, srv.URL()) })
+	t.Run("StrictServe", func(t *testing.T) { serveOn(t, "--backend", "strict", "--store", srv.URL()) })
 }
 
-// TestLeaseOnZK: the lease demo and the daemon through one real ZooKeeper.
+// TestLeaseOnZK: the lease demo and the daemon through one real ZooKeeper, and the strict
+// mode's on the same ZooKeeper.
 func TestLeaseOnZK(t *testing.T) {
 	srv := zktest.New(t)
 	t.Run("Demo", func(t *testing.T) { demoLeaseOnZK(t, srv) })
 	t.Run("Serve", func(t *testing.T) { serveLease(t, srv.URL()) })
+	t.Run("StrictDemo", func(t *testing.T) { demoStrict(t, srv.URL()+"/demo/strict") })
+	t.Run("StrictServe", func(t *testing.T) { serveOn(t, "--backend", "strict", "--store", srv.URL()) })
+}
+
+// demoStrict runs the demo in the strict mode through store: it keeps the limit.
+func demoStrict(t *testing.T, store string) {
+	code, out, errs := run(t, "demo", "--mode", "strict", "--store", store, "--duration", "2s", "--workers", "3", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var j map[string]any
+	if err := json.Unmarshal([]byte(out), &j); err != nil {
+		t.Fatalf("not JSON: %v: %q", err, out)
+	}
+	if j["mode"] != "strict" || j["violations"] != 0.0 || j["accepted"].(float64) < 10 {
+		t.Errorf("mode %v, violations %v, accepted %v: %s", j["mode"], j["violations"], j["accepted"], out)
+	}
 }
 
 // serveLease runs the daemon on the lease back end through store: it admits once the new
 // store's fence has passed, and keeps the rule's limit.
-func serveLease(t *testing.T, store string) {
+func serveLease(t *testing.T, store string) { serveOn(t, "--backend", "lease", "--store", store) }
+
+// serveOn runs the daemon on the back end the flags name: it admits (at once, or once a
+// lease store's fence has passed), and keeps the rule's limit.
+func serveOn(t *testing.T, backendFlags ...string) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -274,8 +335,9 @@ func serveLease(t *testing.T, store string) {
 	done := make(chan int, 1)
 	var errb bytes.Buffer
 	go func() {
-		done <- Main(ctx, []string{"serve", "--backend", "lease", "--store", store, "--listen-line", addr, "--listen-http", "",
-			"--limit", "api=2/s burst=5"}, strings.NewReader(""), io.Discard, &errb)
+		args := append([]string{"serve"}, backendFlags...)
+		done <- Main(ctx, append(args, "--listen-line", addr, "--listen-http", "", "--limit", "api=2/s burst=5"),
+			strings.NewReader(""), io.Discard, &errb)
 	}()
 	defer func() {
 		cancel()

@@ -20,8 +20,8 @@ func init() {
 
 // flagValues are the values completed after the flags that take one of a few words.
 var flagValues = map[string]string{
-	"backend":    "local redis lease",
-	"mode":       "local redis lease adaptive",
+	"backend":    "local redis strict lease",
+	"mode":       "local redis strict lease adaptive",
 	"fail-mode":  "closed open local",
 	"log-format": "text json",
 	"log-level":  "debug info warn error",

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/cas"
 	"github.com/sluicehq/sluice/internal/demo"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/strict"
@@ -25,12 +26,12 @@ func init() {
 }
 
 func runDemo(ctx context.Context, env Env, args []string) error {
-	fs := newFlags(env, "demo", "demo [--mode local|redis|lease|adaptive] [--strategy sluice|seed|cubic|sre] [--redis-url redis://HOST:PORT] [--store URL] [--limit '20/s burst=10'] [--workers 8] [--duration 10s] [--json]")
+	fs := newFlags(env, "demo", "demo [--mode local|redis|strict|lease|adaptive] [--strategy sluice|seed|cubic|sre] [--redis-url redis://HOST:PORT | redis-sentinel://HOST:PORT,.../MASTER] [--store URL] [--limit '20/s burst=10'] [--workers 8] [--duration 10s] [--json]")
 	limits := sluice.MustParse("20/s burst=10")
 	fs.TextVar(&limits, "limit", limits, "the API's `limit`, enforced by the referee and obeyed by the pool (e.g. '1/6s', '100/s burst=20; 4500/h')")
-	mode := fs.String("mode", "local", "where decisions are made: `local` (one limiter for the pool), redis (in the Redis at --redis-url) or lease (each worker a member deciding on its share, leased from an in-memory store), or adaptive (each worker a client sharing nothing, pacing itself by the API's answers)")
-	redisURL := fs.String("redis-url", "redis://127.0.0.1:6379", "redis mode: the `url` of the Redis that decides (redis://[user:pass@]host:port[/db]); lease mode: the Redis the members lease through, when given")
-	storeURL := fs.String("store", "", "lease mode: the `url` of the store the members lease through: memory:// (the default), redis://HOST:PORT, etcd://HOST:PORT or zk://HOST:PORT")
+	mode := fs.String("mode", "local", "where decisions are made: `local` (one limiter for the pool), redis (in the Redis at --redis-url), strict (by compare-and-set on the state in --store: etcd://, zk://), lease (each worker a member deciding on its share, leased from an in-memory store), or adaptive (each worker a client sharing nothing, pacing itself by the API's answers)")
+	redisURL := fs.String("redis-url", "redis://127.0.0.1:6379", "redis mode: the `url` of the Redis that decides (redis://[user:pass@]host:port[/db], or redis-sentinel://[user:pass@]host:port,host:port/MASTER[/db] for the master a Sentinel set names); lease mode: the Redis the members lease through, when given")
+	storeURL := fs.String("store", "", "lease mode: the `url` of the store the members lease through: memory:// (the default), redis://HOST:PORT, redis-sentinel://HOST:PORT,.../MASTER, etcd://HOST:PORT or zk://HOST:PORT; strict mode: the store that keeps each key's state (etcd://HOST:PORT, zk://HOST:PORT, ...)")
 	redisTimeout := fs.Duration("redis-timeout", strict.DefaultTimeout, "redis mode: the longest wait for Redis before the fail mode answers")
 	failMode := fs.String("fail-mode", "closed", "redis mode: what answers while Redis is unreachable: `closed` (deny), open (allow) or local (a local limiter at --fallback-share of the limit)")
 	share := fs.Float64("fallback-share", 1, "redis mode with --fail-mode local: this process' `share` of the limit while Redis is unreachable (0 to 1)")
@@ -80,8 +81,21 @@ func runDemo(ctx context.Context, env Env, args []string) error {
 			return err
 		}
 		cfg.NewLimiter = nl
+	case "strict":
+		if *storeURL == "" {
+			return usagef("--mode strict needs --store etcd://HOST:PORT or zk://HOST:PORT (or memory://)")
+		}
+		if *failMode != "closed" && *failMode != "open" {
+			return usagef("--fail-mode %q: the strict mode on a store wants closed or open", *failMode)
+		}
+		st, closeStore, err := openLeaseStore(*storeURL, fmt.Sprintf("sluice:demo:%d:", time.Now().UnixNano()))
+		if err != nil {
+			return err
+		}
+		defer closeStore()
+		cfg.NewLimiter = casLimiter(st, *failMode)
 	default:
-		return usagef("--mode %q: want local, redis, lease or adaptive", *mode)
+		return usagef("--mode %q: want local, redis, strict, lease or adaptive", *mode)
 	}
 	tty := isTerminal(env.Stderr)
 	var nextLine time.Duration
@@ -155,6 +169,30 @@ func redisLimiter(url string, timeout time.Duration, failMode string, share floa
 		}
 		return l, func() { l.Close(); b.Close() }, nil
 	}, nil
+}
+
+// casLimiter makes the demo's limiter for the strict mode on a store (st nil: one in
+// memory): one backend for the pool, as one process.
+func casLimiter(st lease.Store, failMode string) func(context.Context, sluice.Limits, time.Duration) (*sluice.Limiter, func(), error) {
+	fm := sluice.FailClosed
+	if failMode == "open" {
+		fm = sluice.FailOpen
+	}
+	return func(ctx context.Context, limits sluice.Limits, margin time.Duration) (*sluice.Limiter, func(), error) {
+		if st == nil {
+			st = lease.NewMemStore(nil)
+		}
+		b := cas.New(st)
+		if err := b.Ping(ctx); err != nil {
+			return nil, nil, fmt.Errorf("demo: strict mode: %w", err)
+		}
+		l, err := sluice.New(limits, sluice.WithBackend(b), sluice.WithMargin(margin), sluice.WithFailMode(fm))
+		if err != nil {
+			b.Close()
+			return nil, nil, err
+		}
+		return l, func() { l.Close(); b.Close() }, nil
+	}
 }
 
 func printSummary(w io.Writer, s demo.Summary) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/cas"
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/internal/yamlx"
@@ -54,6 +55,15 @@ func serveBackend(cfg server.Config, clk clock.Clock) (backend.Backend, error) {
 			return nil, err
 		}
 		return closingBackend{b, closeStore}, nil
+	case "strict":
+		st, closeStore, err := openLeaseStore(cfg.Store, "sluice:strict:")
+		if err != nil {
+			return nil, err
+		}
+		if st == nil {
+			st = lease.NewMemStore(clk) // one daemon alone
+		}
+		return closingCAS{cas.New(st), closeStore}, nil
 	case "gossip":
 		return openGossip(cfg, clk)
 	}
@@ -67,6 +77,18 @@ type closingBackend struct {
 }
 
 func (c closingBackend) Close() error {
+	err := c.Backend.Close()
+	c.closeStore()
+	return err
+}
+
+// closingCAS closes a store's client after the strict backend on it.
+type closingCAS struct {
+	*cas.Backend
+	closeStore func()
+}
+
+func (c closingCAS) Close() error {
 	err := c.Backend.Close()
 	c.closeStore()
 	return err
@@ -131,9 +153,9 @@ func newServeFlags(env Env) *serveFlags {
 	fs.Var(ruleFlags{rules: &sf.rules, shared: true}, "shared-limit", "a pattern rule `PATTERN=LIMIT` whose tags all share one bucket")
 	fs.StringVar(&sf.dflt, "default-limit", "", "`limit` for tags no rule matches (each its own bucket); none: such tags are allowed")
 	fs.BoolVar(&sf.defShare, "default-shared", false, "tags no rule matches share one bucket")
-	fs.String("backend", d.Backend, "where decisions are made: local (in this process), redis (every decision in Redis), lease (on a share leased from --store) or gossip (here, shared with --peers; no store)")
-	fs.String("redis-url", d.RedisURL, "Redis `URL` for --backend redis (redis://host:port/db), and for --backend lease when --store is not given")
-	fs.String("store", d.Store, "--backend lease: the `URL` of the store the daemons lease through: redis://HOST:PORT, redis-cluster://HOST:PORT,..., redis-sentinel://HOST:PORT,.../MASTER, etcd://HOST:PORT,..., zk://HOST:PORT,..., memory://")
+	fs.String("backend", d.Backend, "where decisions are made: local (in this process), redis (every decision in Redis), strict (every decision by compare-and-set on the state in --store: etcd, ZooKeeper), lease (on a share leased from --store) or gossip (here, shared with --peers; no store)")
+	fs.String("redis-url", d.RedisURL, "Redis `URL` for --backend redis (redis://host:port/db, or redis-sentinel://host:port,host:port/MASTER[/db] for the master a Sentinel set names), and for --backend lease when --store is not given")
+	fs.String("store", d.Store, "--backend lease: the `URL` of the store the daemons lease through (--backend strict: that keeps each key's state): redis://HOST:PORT, redis-cluster://HOST:PORT,..., redis-sentinel://HOST:PORT,.../MASTER, etcd://HOST:PORT,..., zk://HOST:PORT,..., memory://")
 	addGossipFlags(fs, d.Gossip)
 	fs.String("fail-mode", d.FailMode, "answer when the back end cannot decide: closed (NO), open (OK), or local (backend redis: a local share, see --fallback-share)")
 	fs.Float64("fallback-share", d.FallbackShare, "with --fail-mode local: the share of each limit this daemon uses while Redis is down")

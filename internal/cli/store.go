@@ -2,7 +2,6 @@ package cli
 
 import (
 	"flag"
-	"net/url"
 	"strings"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/strict"
 )
 
 // storeTimeout bounds each command a lease store's client sends.
@@ -22,7 +22,8 @@ const storeTimeout = 500 * time.Millisecond
 //	"" or memory://                       in process (nil: the caller makes a MemStore)
 //	redis://[user:pass@]host:port[/db]    one Redis
 //	redis-cluster://host:port,host:port   a Redis Cluster (any of its nodes)
-//	redis-sentinel://host:port,host:port/MASTER[?db=N]  a master found through Sentinel
+//	redis-sentinel://host:port,host:port/MASTER[/DB]  a master found through Sentinel
+//	                                      (strict.SentinelScheme)
 //	etcd://host:port,host:port            an etcd cluster (any of its members)
 //	zk://host:port,host:port[/path]       a ZooKeeper ensemble (records under path, or
 //	                                      under the prefix made a path)
@@ -50,18 +51,11 @@ func openLeaseStore(raw, prefix string) (lease.Store, func(), error) {
 		timeouts(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout)
 		c := goredis.NewClusterClient(o)
 		return lease.NewRedisStore(c, opt), func() { c.Close() }, nil
-	case "redis-sentinel":
-		u, err := url.Parse(raw)
-		if err != nil || strings.Trim(u.Path, "/") == "" {
-			return nil, nil, usagef("store %q: want redis-sentinel://HOST:PORT[,HOST:PORT]/MASTER", raw)
+	case strict.SentinelScheme:
+		o, err := strict.FailoverOptions(raw, storeTimeout)
+		if err != nil {
+			return nil, nil, usagef("store: %v", err)
 		}
-		o := &goredis.FailoverOptions{MasterName: strings.Trim(u.Path, "/"), SentinelAddrs: strings.Split(u.Host, ","),
-			MaxRetries: -1, ContextTimeoutEnabled: true, DisableIdentity: true}
-		if u.User != nil {
-			o.Username = u.User.Username()
-			o.Password, _ = u.User.Password()
-		}
-		timeouts(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout)
 		c := goredis.NewFailoverClient(o)
 		return lease.NewRedisStore(c, opt), func() { c.Close() }, nil
 	case "etcd":

@@ -29,7 +29,7 @@ import (
 
 // Config is one demo run.
 type Config struct {
-	Mode     string        // "local", "lease" (through NewWorkerLimiter), "redis" (through NewLimiter) or "adaptive" (each worker paced by its own adaptive.Transport)
+	Mode     string        // "local", "lease" (through NewWorkerLimiter), "redis" or "strict" (through NewLimiter) or "adaptive" (each worker paced by its own adaptive.Transport)
 	Limits   sluice.Limits // the API's limit, enforced by the referee and obeyed by the pool
 	Workers  int           // pool size (default 8)
 	Duration time.Duration // run length (default 10s)
@@ -215,7 +215,7 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 			lim, err = sluice.New(cfg.Limits, sluice.WithMargin(cfg.Margin))
 			closeLim = func() { lim.Close() }
 		default:
-			err = fmt.Errorf("demo: unknown mode %q (want local, redis, lease or adaptive)", cfg.Mode)
+			err = fmt.Errorf("demo: unknown mode %q (want local, redis, strict, lease or adaptive)", cfg.Mode)
 		}
 		if err != nil {
 			return Summary{}, err

@@ -1,5 +1,6 @@
-// Package redistest starts real redis-server processes for tests: single servers and
-// 3-master clusters on free loopback ports, with no persistence, in temporary directories.
+// Package redistest starts real redis-server processes for tests: single servers,
+// 3-master clusters, and Sentinel sets (a master, a replica and three redis-sentinel
+// processes), on free loopback ports, with no persistence, in temporary directories.
 // A test can kill a server with SIGKILL and restart it on the same port. Everything is
 // cleaned up when the test (or the caller of Close) is done.
 //
@@ -34,6 +35,9 @@ type Server struct {
 	Port    int
 	dir     string
 	cluster bool
+	extra   []string // further redis-server arguments
+	// sentinelConf, if set, makes the server a redis-sentinel reading this config file.
+	sentinelConf string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -48,6 +52,36 @@ func (s *Server) URL() string { return "redis://" + s.Addr() }
 
 // Start starts a single redis-server on a free loopback port. The caller must Close it.
 func Start() (*Server, error) { return start(false) }
+
+// startArgs starts a single redis-server with extra arguments; dir, if set, is its
+// directory (made anew otherwise).
+func startArgs(extra []string, dir string) (*Server, error) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return nil, ErrNotInstalled
+	}
+	if dir == "" {
+		var err error
+		if dir, err = os.MkdirTemp("", "redistest-"); err != nil {
+			return nil, fmt.Errorf("redistest: %w", err)
+		}
+	}
+	var last error
+	for attempt := 0; attempt < 5; attempt++ {
+		port, err := freePort(false)
+		if err != nil {
+			last = err
+			continue
+		}
+		s := &Server{Port: port, dir: dir, extra: extra}
+		if err := s.Restart(); err != nil {
+			last = err
+			continue
+		}
+		return s, nil
+	}
+	os.RemoveAll(dir)
+	return nil, fmt.Errorf("redistest: could not start redis-server: %w", last)
+}
 
 // New starts a single redis-server for the test and stops it when the test ends. It fails
 // the test if redis-server cannot be started.
@@ -127,7 +161,11 @@ func (s *Server) Restart() error {
 		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", "nodes-"+strconv.Itoa(s.Port)+".conf",
 			"--cluster-node-timeout", "2000")
 	}
+	args = append(args, s.extra...)
 	cmd := exec.Command("redis-server", args...)
+	if s.sentinelConf != "" {
+		cmd = exec.Command("redis-sentinel", s.sentinelConf)
+	}
 	log, err := os.OpenFile(filepath.Join(s.dir, "redis-"+strconv.Itoa(s.Port)+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return fmt.Errorf("redistest: %w", err)
@@ -230,12 +268,7 @@ func do(addr string, args ...string) (string, error) {
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(5 * time.Second))
-	var sb strings.Builder
-	fmt.Fprintf(&sb, "*%d\r\n", len(args))
-	for _, a := range args {
-		fmt.Fprintf(&sb, "$%d\r\n%s\r\n", len(a), a)
-	}
-	if _, err := c.Write([]byte(sb.String())); err != nil {
+	if _, err := c.Write(encode(args)); err != nil {
 		return "", err
 	}
 	rd := bufio.NewReader(c)
@@ -259,6 +292,16 @@ func do(addr string, args ...string) (string, error) {
 		return line, fmt.Errorf("redistest: %s", line[1:])
 	}
 	return line, nil
+}
+
+// encode writes a command in RESP.
+func encode(args []string) []byte {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&sb, "$%d\r\n%s\r\n", len(a), a)
+	}
+	return []byte(sb.String())
 }
 
 // Cluster is a Redis Cluster of 3 masters and no replicas, made with

@@ -47,11 +47,14 @@ type Query struct {
 	Stamp     bool   // T: answer with the decision's time
 	WaitMs    int64  // w=: how far ahead a reservation may lie; 0: now or not at all
 	PenaltyMs int64  // p=: a penalty instead of a decision; 0: a decision
+	// Expired (x): a report instead of a decision: N permits of a reservation for the tag
+	// came too late to be used (past the client's margin) and were not used.
+	Expired bool
 }
 
 // Plain reports whether q needs no option: it travels as the bare tag.
 func (q Query) Plain() bool {
-	return q.N == 1 && !q.Verbose && !q.Stamp && q.WaitMs == 0 && q.PenaltyMs == 0
+	return q.N == 1 && !q.Verbose && !q.Stamp && q.WaitMs == 0 && q.PenaltyMs == 0 && !q.Expired
 }
 
 // Errors of extension lines, answered "ER ..." (plain lines never error).
@@ -93,6 +96,8 @@ func ParseQuery(line []byte) (q Query, ok bool, err error) {
 			q.Verbose = true
 		case len(opt) == 1 && opt[0] == 'T':
 			q.Stamp = true
+		case len(opt) == 1 && opt[0] == 'x':
+			q.Expired = true
 		case len(opt) > 2 && opt[0] == 'n' && opt[1] == '=':
 			n, perr := strconv.ParseInt(string(opt[2:]), 10, 64)
 			if perr != nil || n < 0 || n > MaxN {
@@ -114,6 +119,9 @@ func ParseQuery(line []byte) (q Query, ok bool, err error) {
 		default:
 			return q, false, ErrBadOptions
 		}
+	}
+	if q.Expired && (q.Verbose || q.Stamp || q.WaitMs > 0 || q.PenaltyMs > 0 || q.N == 0) {
+		return q, false, ErrBadOptions // a report takes n= alone
 	}
 	if !ValidTag(tag) {
 		return q, false, ErrBadTag
@@ -145,6 +153,9 @@ func AppendQuery(dst []byte, q Query) []byte {
 	if q.PenaltyMs > 0 {
 		opt("p=")
 		dst = strconv.AppendInt(dst, q.PenaltyMs, 10)
+	}
+	if q.Expired {
+		opt("x")
 	}
 	if q.N != 1 {
 		opt("n=")

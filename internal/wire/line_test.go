@@ -14,6 +14,7 @@ func TestParseQuery(t *testing.T) {
 		n, w, p int64
 		v, ok   bool
 		err     bool
+		x       bool
 	}{
 		{in: "api", tag: "api", n: 1, ok: true},
 		{in: "api\r", tag: "api", n: 1, ok: true},
@@ -27,7 +28,12 @@ func TestParseQuery(t *testing.T) {
 		{in: "~p=1500 a", tag: "a", n: 1, p: 1500, ok: true},
 		{in: "~n=-1 a", err: true, n: 1},
 		{in: "~n= a", err: true, n: 1},
-		{in: "~x a", err: true, n: 1},
+		{in: "~y a", err: true, n: 1},
+		{in: "~x a", tag: "a", n: 1, x: true, ok: true},
+		{in: "~x,n=3 a", tag: "a", n: 3, x: true, ok: true},
+		{in: "~x,w=10 a", err: true, n: 1, w: 10, x: true},
+		{in: "~x,n=0 a", err: true, n: 0, x: true},
+		{in: "~p=5,x a", err: true, n: 1, p: 5, x: true},
 		{in: "~v", err: true, n: 1},
 		{in: "~ a", err: true, n: 1},
 		{in: "~p=0 a", err: true, n: 1},
@@ -36,7 +42,7 @@ func TestParseQuery(t *testing.T) {
 	}
 	for i, c := range cases {
 		q, ok, err := ParseQuery([]byte(c.in))
-		if (err != nil) != c.err || ok != c.ok || string(q.Tag) != c.tag || q.N != c.n || q.WaitMs != c.w || q.PenaltyMs != c.p || q.Verbose != c.v {
+		if (err != nil) != c.err || ok != c.ok || string(q.Tag) != c.tag || q.N != c.n || q.WaitMs != c.w || q.PenaltyMs != c.p || q.Verbose != c.v || q.Expired != c.x {
 			t.Errorf("case %d %q: got %+v ok=%v err=%v", i, c.in, q, ok, err)
 		}
 	}
@@ -100,7 +106,7 @@ func FuzzQueryRoundTrip(f *testing.F) {
 		}
 		q2, ok2, err2 := ParseQuery(out[:len(out)-1])
 		if !ok2 || err2 != nil || !bytes.Equal(q2.Tag, q.Tag) || q2.N != q.N || q2.WaitMs != q.WaitMs ||
-			q2.PenaltyMs != q.PenaltyMs || q2.Verbose != q.Verbose || q2.Stamp != q.Stamp {
+			q2.PenaltyMs != q.PenaltyMs || q2.Verbose != q.Verbose || q2.Stamp != q.Stamp || q2.Expired != q.Expired {
 			t.Fatalf("%q read as %+v, written as %q, read back as %+v (%v %v)", line, q, out, q2, ok2, err2)
 		}
 	})

@@ -1,0 +1,59 @@
+package cas
+
+import (
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/lease"
+)
+
+func TestCodecRoundTrip(t *testing.T) {
+	for i, st := range []state{
+		{},
+		{hold: 5, tats: []int64{1}},
+		{hold: -1, tats: []int64{gcra.MaxTAT, 0, -7, 1 << 62}},
+	} {
+		got, err := unmarshal(marshal(st))
+		if err != nil || got.hold != st.hold || !slices.Equal(got.tats, st.tats) && len(st.tats) > 0 {
+			t.Errorf("step %d: got %+v %v, want %+v", i, got, err, st)
+		}
+	}
+}
+
+func TestCodecRefusesOthers(t *testing.T) {
+	good := marshal(state{hold: 1, tats: []int64{2, 3}})
+	bad := [][]byte{
+		nil,
+		[]byte("s"),
+		[]byte("hello world, not a record"),
+		append([]byte{magic, FormatVersion + 1}, good[2:]...),
+		good[:len(good)-1],
+		append(slices.Clone(good), 0),
+		{magic, FormatVersion, gcra.MaxLimits + 1},
+	}
+	for i, b := range bad {
+		if _, err := unmarshal(b); !errors.Is(err, lease.ErrBadRecord) {
+			t.Errorf("step %d: %q: got %v, want ErrBadRecord", i, b, err)
+		}
+	}
+}
+
+func FuzzCodec(f *testing.F) {
+	f.Add(marshal(state{hold: 1, tats: []int64{2, 3}}))
+	f.Add([]byte{})
+	f.Add([]byte{magic, FormatVersion, 0, 0, 0, 0, 0, 0, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		st, err := unmarshal(b)
+		if err != nil {
+			if !errors.Is(err, lease.ErrBadRecord) {
+				t.Fatalf("%q: %v, not ErrBadRecord", b, err)
+			}
+			return
+		}
+		if again := marshal(st); !slices.Equal(again, b) {
+			t.Fatalf("%q read as %+v, written back as %q", b, st, again)
+		}
+	})
+}

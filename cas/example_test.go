@@ -1,0 +1,32 @@
+package cas_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/cas"
+	"github.com/sluicehq/sluice/lease"
+)
+
+// The strict mode on a store: here one in memory; lease.NewEtcdStore(client) or
+// lease.NewZKStore(conn) share the limit across processes and data centres.
+func Example() {
+	b := cas.New(lease.NewMemStore(nil))
+	defer b.Close()
+	l, err := sluice.New(sluice.MustParse("1/min burst=2"), sluice.WithBackend(b), sluice.WithMargin(0))
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	for range 3 {
+		fmt.Println(l.Allow(ctx, "api"))
+	}
+	// Output:
+	// true
+	// true
+	// false
+}

@@ -1,0 +1,79 @@
+package strict
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// freeConns is how many of the backend's own connections wait for a batch.
+func (b *Backend) freeConns() int {
+	if b.p.conns == nil {
+		return -1
+	}
+	b.p.conns.mu.Lock()
+	defer b.p.conns.mu.Unlock()
+	return len(b.p.conns.free)
+}
+
+// TestOwnConnectionsSurviveRestart: a backend made by Dial sends on connections of its
+// own (kept from one call to the next, not taken from go-redis' pool each time); after a
+// NOSCRIPT it sends the script again; when Redis is killed they break, and once it is back the backend decides again on new ones
+// (a broken connection kept would fail every call from then on), and Close gives them
+// all back.
+func TestOwnConnectionsSurviveRestart(t *testing.T) {
+	srv := redistest.New(t)
+	ctx := context.Background()
+	b, err := Dial(ctx, srv.URL(), WithProbeEvery(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	l := gcra.Limit{T: 1000, Tau: 1_000_000}
+	for i := 0; i < 20; i++ {
+		if ok, err := b.AllowOne(ctx, "k", l); err != nil || !ok {
+			t.Fatalf("call %d before the restart: %v %v", i, ok, err)
+		}
+	}
+	if n := b.freeConns(); n < 1 {
+		t.Fatalf("after 20 calls one at a time, %d connections of the backend's own are free, want at least 1", n)
+	}
+	// A NOSCRIPT reply (an error) gives its connection back; the EVAL goes on another.
+	if _, err := srv.Do("SCRIPT", "FLUSH"); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := b.AllowOne(ctx, "k", l); err != nil || !ok {
+		t.Fatalf("after SCRIPT FLUSH: %v %v", ok, err)
+	}
+	srv.Kill()
+	if _, err := b.AllowOne(ctx, "k", l); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("with Redis killed: %v, want ErrUnavailable", err)
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ok, err := b.AllowOne(ctx, "k", l)
+		if err == nil && ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("5 s after Redis came back, calls still fail: %v %v", ok, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for i := 0; i < 20; i++ {
+		if ok, err := b.AllowOne(ctx, "k", l); err != nil || !ok {
+			t.Fatalf("call %d after the restart: %v %v", i, ok, err)
+		}
+	}
+	b.Close()
+	if n := b.freeConns(); n != 0 {
+		t.Errorf("after Close, %d connections are still held", n)
+	}
+}
