@@ -59,7 +59,7 @@ type daemon struct {
 	mu        sync.Mutex
 	cmd       *exec.Cmd
 	done      chan struct{}
-	stderr    bytes.Buffer
+	stderr    lockedBuffer // every start's, in turn
 	unplanned []string // exits nobody asked for
 	stopping  bool
 	starts    int
@@ -135,6 +135,25 @@ func (r *runner) startDaemons() error {
 		time.Sleep(GossipSettle)
 	}
 	return nil
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent use: a daemon's standard error,
+// written by os/exec's copier while the runner may read it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // daemonStarts counts the daemon processes started (restarts included): the gossip
