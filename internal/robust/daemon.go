@@ -60,7 +60,7 @@ type daemon struct {
 	cmd       *exec.Cmd
 	done      chan struct{}
 	stderr    lockedBuffer // every start's, in turn
-	unplanned []string // exits nobody asked for
+	unplanned []string     // exits nobody asked for
 	stopping  bool
 	starts    int
 }

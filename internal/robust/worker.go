@@ -271,6 +271,27 @@ func runMember(cfg MemberConfig) (code int) {
 		closeAll = append(closeAll, func() { l.Close() })
 		lims[i] = l
 	}
+	var poolWG sync.WaitGroup
+	poolStop := make(chan struct{})
+	defer func() { close(poolStop); poolWG.Wait() }()
+	if pool != nil {
+		// The pool size the member counts, every 100 ms from its start (before the settle
+		// time): a cut shows in it.
+		poolWG.Add(1)
+		go func() {
+			defer poolWG.Done()
+			t := time.NewTicker(100 * time.Millisecond)
+			defer t.Stop()
+			for {
+				rec.print(Pool{Proc: cfg.Proc, At: time.Now().UnixNano(), Members: pool()}.line())
+				select {
+				case <-poolStop:
+					return
+				case <-t.C:
+				}
+			}
+		}()
+	}
 	time.Sleep(cfg.Settle)
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration-cfg.Settle)
 	defer cancel()
@@ -294,23 +315,6 @@ func runMember(cfg MemberConfig) (code int) {
 			last = now
 		}
 	}()
-	if pool != nil {
-		// The pool size the member counts, every 100 ms: a cut shows in it.
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			t := time.NewTicker(100 * time.Millisecond)
-			defer t.Stop()
-			for {
-				rec.print(Pool{Proc: cfg.Proc, At: time.Now().UnixNano(), Members: pool()}.line())
-				select {
-				case <-ctx.Done():
-					return
-				case <-t.C:
-				}
-			}
-		}()
-	}
 	for g := range cfg.Goroutines {
 		wg.Add(1)
 		go func() {
