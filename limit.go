@@ -284,6 +284,18 @@ func (ls Limits) CoreAt(margin, elapsed time.Duration) []gcra.Limit {
 	return out
 }
 
+// CoreRamped is Core with each limit's ramp in core units (gcra.Limit.Ramp), for a
+// backend that ramps limits itself (backend.SharedRamps: the lease mode): the ramp starts
+// at the part of the core's rate that the ramp's start rate is of the limit's rate (the
+// start's interval rounded up: never faster), and rises over the ramp's duration.
+func (ls Limits) CoreRamped(margin time.Duration) []gcra.Limit {
+	out := ls.Core(margin)
+	for i, l := range ls {
+		out[i].Ramp = rampOf(l, out[i])
+	}
+	return out
+}
+
 // RampOver is how long the longest of the limits' ramps lasts (0 if none ramps).
 func (ls Limits) RampOver() time.Duration {
 	var d time.Duration

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -233,7 +234,9 @@ func WithFailMode(m FailMode) Option { return optionFunc(func(l *Limiter) { l.fa
 
 // WithRampStart makes the ramps of the limits given to New start at t instead of when
 // New is called: a process that replaces a limiter (a daemon reloading its rules) keeps
-// the ramp where it was (see Limiter.RampStart). A t in the future starts them then.
+// the ramp where it was (see Limiter.RampStart). A t in the future starts them then. A
+// backend that ramps limits itself (backend.SharedRamps: the lease mode, whose record
+// keeps when the ramp began) ignores it.
 func WithRampStart(t time.Time) Option { return optionFunc(func(l *Limiter) { l.rampFrom = t }) }
 
 // WithObserver sets a hook told of every decision, wait, penalty and backend error.
@@ -297,10 +300,10 @@ func (l *Limiter) supports(limits Limits) error {
 	}
 	for _, lim := range limits {
 		if lim.Window && (k == nil || !k.Windows()) {
-			return fmt.Errorf("%w: a windowed quota (%s) is decided by the in-process and redis modes only, not by this backend (%T)", ErrUnsupported, lim, l.be)
+			return fmt.Errorf("%w: a windowed quota (%s) is decided by the in-process, redis and lease modes only, not by this backend (%T)", ErrUnsupported, lim, l.be)
 		}
 		if !lim.Ramp.IsZero() && (k == nil || !k.Ramps()) {
-			return fmt.Errorf("%w: a ramp (%s) is decided by the in-process and redis modes only, not by this backend (%T)", ErrUnsupported, lim, l.be)
+			return fmt.Errorf("%w: a ramp (%s) is decided by the in-process, redis and lease modes only, not by this backend (%T)", ErrUnsupported, lim, l.be)
 		}
 	}
 	return nil
@@ -322,6 +325,14 @@ func (l *Limiter) newShape(limits Limits, prev *shape) *shape {
 	if a, ok := l.be.(backend.Allower); ok && len(sh.core) == 1 {
 		sh.allower = a
 	}
+	if s, ok := l.be.(backend.SharedRamps); ok && s.SharedRamps() {
+		// The backend ramps the limits itself, from its shared state: it is given the
+		// limits as they are once the ramps are over, with their ramps.
+		for i, lim := range limits {
+			sh.core[i].Ramp = rampOf(lim, sh.core[i])
+		}
+		return l.finishShape(limits, sh)
+	}
 	if over := limits.RampOver(); over > 0 {
 		sh.rampStart = now
 		switch {
@@ -332,6 +343,36 @@ func (l *Limiter) newShape(limits Limits, prev *shape) *shape {
 		}
 		sh.rampEnd = gcra.AddSat(sh.rampStart, int64(over))
 	}
+	return l.finishShape(limits, sh)
+}
+
+// rampOf is lim's ramp in core units (gcra.Ramp) for core, lim's core limit: the ramp
+// starts at the part of core's rate that the ramp's start rate is of lim's rate (T0
+// rounded up: never faster), and rises over the ramp's duration. The zero Ramp if lim
+// does not ramp.
+func rampOf(lim Limit, core gcra.Limit) gcra.Ramp {
+	if lim.Ramp.IsZero() || lim.Window {
+		return gcra.Ramp{}
+	}
+	start := (int64(lim.Ramp.Period) + lim.Ramp.Rate - 1) / lim.Ramp.Rate // the start's interval
+	hi, lo := bits.Mul64(uint64(core.T), uint64(start))
+	iv := uint64(lim.Interval())
+	t0 := int64(math.MaxInt64)
+	if hi < iv {
+		q, r := bits.Div64(hi, lo, iv)
+		if r != 0 {
+			q++
+		}
+		if q <= math.MaxInt64 {
+			t0 = int64(q)
+		}
+	}
+	return gcra.Ramp{T0: max(t0, core.T), Over: int64(lim.Ramp.Over)}
+}
+
+// finishShape completes sh: how late a permit may be handed to its user, and a warning
+// of a margin that costs much of a limit's rate.
+func (l *Limiter) finishShape(limits Limits, sh *shape) *shape {
 	sh.expireAfter = expireAfter(limits, sh.core, l.margin)
 	for i, lim := range limits {
 		if kept := float64(lim.Interval()) / float64(sh.core[i].T); kept < 0.9 {
@@ -385,7 +426,8 @@ func (l *Limiter) Limits() Limits {
 }
 
 // RampStart returns when the ramps of the limits in force started (on the limiter's
-// clock's wall time), and false if none of them ramps.
+// clock's wall time), and false if none of them ramps or the backend ramps them itself
+// (backend.SharedRamps: the lease mode, whose record keeps when the ramp began).
 func (l *Limiter) RampStart() (time.Time, bool) {
 	sh := l.shape.Load()
 	if sh == nil || sh.rampEnd == 0 {

@@ -1,12 +1,15 @@
 package sluice
 
 import (
+	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/local"
 )
 
@@ -169,5 +172,48 @@ func TestWithRampStart(t *testing.T) {
 	}
 	if _, ok := MustNew(MustParse("5/s"), WithClock(clk)).RampStart(); ok {
 		t.Error("RampStart of a limit without a ramp reported one")
+	}
+}
+
+// sharedRamps is a backend that ramps limits itself (backend.SharedRamps), recording the
+// limits it is asked to decide under.
+type sharedRamps struct {
+	backend.Backend
+	seen [][]gcra.Limit
+}
+
+func (s *sharedRamps) Windows() bool     { return true }
+func (s *sharedRamps) Ramps() bool       { return true }
+func (s *sharedRamps) SharedRamps() bool { return true }
+func (s *sharedRamps) Decide(ctx context.Context, key string, req backend.Request) (backend.Grant, error) {
+	s.seen = append(s.seen, slices.Clone(req.Limits))
+	return backend.Grant{Result: gcra.Result{Allowed: true}}, nil
+}
+
+// TestSharedRampsGetTheRampedLimitWhole: a backend that ramps limits itself is given, at
+// every decision, the limit as it is once the ramp is over with the ramp in core units
+// (100/s from 10/s over 60 s: T 10 ms, T0 100 ms), never the limit the ramp has reached;
+// the limiter then reports no ramp start of its own.
+func TestSharedRampsGetTheRampedLimitWhole(t *testing.T) {
+	clk := clock.NewVirtual()
+	be := &sharedRamps{Backend: local.New()}
+	defer be.Close()
+	l := MustNew(MustParse("100/s ramp=10/s..60s; 5/s"), WithClock(clk), WithBackend(be))
+	defer l.Close()
+	for range 3 {
+		l.AllowN(bg, "k", 1)
+		clk.Advance(7 * time.Second)
+	}
+	want := []gcra.Limit{
+		{T: int64(10 * time.Millisecond), Tau: 100 * int64(10*time.Millisecond), Ramp: gcra.Ramp{T0: int64(100 * time.Millisecond), Over: int64(time.Minute)}},
+		{T: int64(200 * time.Millisecond), Tau: 5 * int64(200*time.Millisecond)},
+	}
+	for i, got := range be.seen {
+		if !slices.Equal(got, want) {
+			t.Errorf("decision %d: limits %+v, want %+v", i, got, want)
+		}
+	}
+	if _, ok := l.RampStart(); ok {
+		t.Error("RampStart: the limiter reported a ramp start of its own; the backend keeps it")
 	}
 }

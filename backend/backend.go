@@ -83,6 +83,16 @@ type LimitKinds interface {
 	Ramps() bool
 }
 
+// SharedRamps is an optional interface of LimitKinds back ends that ramp a limit
+// themselves, from state their callers share (the lease mode's allocation ramps the whole
+// pool together, from when the limit's record was made, so that a caller that restarts
+// does not restart the ramp): the limiter passes such a backend the limit as it is once
+// the ramp is over, with the ramp in gcra.Limit.Ramp, instead of the limit the ramp has
+// reached at each decision.
+type SharedRamps interface {
+	SharedRamps() bool
+}
+
 // WindowsAlone is an optional interface of a LimitKinds backend that decides a key's
 // windowed quotas only when all the key's limits are windows: a limiter refuses it limits
 // that mix windows and rates.

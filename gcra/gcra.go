@@ -67,7 +67,22 @@ type Limit struct {
 	Tau    int64 // burst tolerance in nanoseconds, a multiple of T in [T, MaxTau]
 	Window int64 // 0 for GCRA; else the window's length in nanoseconds, >= Tau and <= MaxTau
 	Origin int64 // with Window: the Unix time in nanoseconds of the caller's now = 0
+	Ramp   Ramp  // the zero value: no ramp, or one the caller applies itself (see Ramp)
 }
+
+// Ramp is a limit's ramp-up for a backend that applies it itself from shared state (the
+// lease mode, whose allocation ramps the whole pool together): the limit starts at one
+// permit every T0 nanoseconds (T0 >= T) and its rate rises linearly to its own, 1/T, over
+// Over nanoseconds from when the shared state of the limit was made. The zero value is no
+// ramp. The functions of this package ignore it: a caller that ramps a limit itself
+// passes the limit in force at each decision instead, without a Ramp.
+type Ramp struct {
+	T0   int64 // the interval at the start, >= T
+	Over int64 // how long the rate takes to rise to 1/T, > 0
+}
+
+// IsZero reports whether r is no ramp.
+func (r Ramp) IsZero() bool { return r == Ramp{} }
 
 // Burst is the number of permits the limit grants at once after an idle spell.
 func (l Limit) Burst() int64 { return l.Tau / l.T }
@@ -91,6 +106,9 @@ func (l Limit) Share(share float64) Limit {
 func (l Limit) Validate() error {
 	if l.T <= 0 || l.Tau < l.T || l.Tau > MaxTau || l.Window < 0 || (l.Window > 0 && (l.Window < l.Tau || l.Window > MaxTau)) {
 		return fmt.Errorf("%w: T=%d Tau=%d Window=%d", ErrInvalidLimits, l.T, l.Tau, l.Window)
+	}
+	if !l.Ramp.IsZero() && (l.Ramp.T0 < l.T || l.Ramp.Over <= 0) {
+		return fmt.Errorf("%w: ramp from T0=%d over %d (T=%d)", ErrInvalidLimits, l.Ramp.T0, l.Ramp.Over, l.T)
 	}
 	return nil
 }

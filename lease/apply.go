@@ -40,9 +40,17 @@ type result struct {
 
 // RecordID names the record of key under limit l in a store: the key as a Redis Cluster
 // hash tag (so that every limit of a key shares a slot), then the limit's emission
-// interval and tolerance.
+// interval and tolerance, and a windowed quota's window (":w" and its nanoseconds) or a
+// ramp (":r" T0 ":" Over) where the limit has one.
 func RecordID(key string, l gcra.Limit) string {
-	return rkey.Tag(key) + ":" + strconv.FormatInt(l.T, 10) + ":" + strconv.FormatInt(l.Tau, 10)
+	id := rkey.Tag(key) + ":" + strconv.FormatInt(l.T, 10) + ":" + strconv.FormatInt(l.Tau, 10)
+	if l.Window > 0 {
+		id += ":w" + strconv.FormatInt(l.Window, 10)
+	}
+	if !l.Ramp.IsZero() {
+		id += ":r" + strconv.FormatInt(l.Ramp.T0, 10) + ":" + strconv.FormatInt(l.Ramp.Over, 10)
+	}
+	return id
 }
 
 // applier applies members' requests to a Store: it reads the records a batch needs with
@@ -335,7 +343,13 @@ func (a *applier) state(g *group, rec Record, now, since int64, calls []call) (*
 		if fence != 0 {
 			a.fences.Add(1)
 		}
-		return allot.NewState(g.limit, a.incarnation(), now, fence, cfg)
+		st, err := allot.NewState(g.limit, a.incarnation(), now, fence, cfg)
+		if err == nil && seen > 0 {
+			// A member holds tokens drawn from the lost record in this window: how many
+			// it handed out is unknown (a windowed quota; nothing for a rate).
+			st.SpendWindow(now)
+		}
+		return st, err
 	}
 	st, err := allot.UnmarshalState(rec.Data)
 	if err != nil {
@@ -349,6 +363,7 @@ func (a *applier) state(g *group, rec Record, now, since int64, calls []call) (*
 		st.Incarnation = a.incarnation()
 		st.Fence = max(st.Fence, st.Cfg.FenceAfterRestart(now))
 		st.Pool, st.PoolAt = 0, max(st.PoolAt, now) // its burst refills after the fence
+		st.SpendWindow(st.PoolAt)                   // a windowed quota: what it handed out since is unknown
 	}
 	return st, nil
 }

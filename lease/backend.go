@@ -52,9 +52,36 @@ type Backend struct {
 }
 
 var (
-	_ backend.Backend = (*Backend)(nil)
-	_ backend.Allower = (*Backend)(nil)
+	_ backend.Backend      = (*Backend)(nil)
+	_ backend.Allower      = (*Backend)(nil)
+	_ backend.LimitKinds   = (*Backend)(nil)
+	_ backend.WindowsAlone = (*Backend)(nil)
+	_ backend.SharedRamps  = (*Backend)(nil)
 )
+
+// Windows reports that the backend decides windowed quotas (backend.LimitKinds): its
+// members draw tokens of each window's count in chunks (docs/lease.md, "Windowed quotas").
+func (b *Backend) Windows() bool { return true }
+
+// WindowsAlone reports that a key's windowed quotas are decided only beside other windowed
+// quotas, not beside rates (backend.WindowsAlone): tokens drawn for a window and a share
+// of a rate are not granted together.
+func (b *Backend) WindowsAlone() bool { return true }
+
+// Ramps reports that the backend decides ramps (backend.LimitKinds).
+func (b *Backend) Ramps() bool { return true }
+
+// SharedRamps reports that the backend ramps limits itself (backend.SharedRamps): the
+// allocation ramps the capacity it shares out from when the limit's record was made, so
+// the whole pool ramps together and a member that restarts does not restart the ramp.
+func (b *Backend) SharedRamps() bool { return true }
+
+// recordLimit is l as the store's record holds it: a windowed quota's windows fall on the
+// store's Unix time, whatever the origin of the caller's clock.
+func recordLimit(l gcra.Limit) gcra.Limit {
+	l.Origin = 0
+	return l
+}
 
 // recordKey names one key's limit.
 type recordKey struct {
@@ -176,7 +203,7 @@ func (b *Backend) rec(key string, l gcra.Limit) *rec {
 	if v, ok := b.recs.Load(k); ok {
 		return v.(*rec)
 	}
-	r := &rec{key: key, m: allot.NewMember(b.id, l, b.mcfg, b.clock.Nanotime())}
+	r := &rec{key: key, m: allot.NewMember(b.id, recordLimit(l), b.mcfg, b.clock.Nanotime())}
 	v, loaded := b.recs.LoadOrStore(k, r)
 	if !loaded {
 		b.nudge()
@@ -331,10 +358,11 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 				due = min(due, r.m.Due(now))
 			}
 			for _, r := range rs {
-				if r.m.Joining() {
+				if r.m.Joining() || r.m.Drawing(now) {
 					// A key seen for the first time: its first decision waits for the
 					// joins and the first share (or their failure), whatever the
-					// caller's bound.
+					// caller's bound; and a windowed quota's member short of tokens
+					// waits for its draw (one round trip) while the window has some.
 					w, joining = r, true
 					break
 				}
@@ -495,7 +523,7 @@ func (b *Backend) Penalize(ctx context.Context, key string, limits []gcra.Limit,
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
 	b.roundTrips.Add(1)
-	res, err := b.apply.apply(ctx, []call{{key: key, limit: limits[k], req: req}})
+	res, err := b.apply.apply(ctx, []call{{key: key, limit: ms[k].Limit(), req: req}})
 	if err == nil {
 		err = res[0].err
 	}

@@ -116,6 +116,17 @@ func differentialSequence(t *testing.T, rem remote, seed uint64) int {
 	}
 	rate := int64(1 + rng.IntN(200))
 	l := gcra.Limit{T: int64(time.Second) / rate, Tau: int64(1+rng.IntN(20)) * (int64(time.Second) / rate)}
+	// A quarter of the sequences share a windowed quota, a quarter a ramp (format 2's
+	// fields), drawn apart so that the other sequences stay as they were.
+	kinds := rand.New(rand.NewPCG(seed, 8))
+	switch kinds.IntN(4) {
+	case 0:
+		w := int64(1+kinds.IntN(5)) * int64(200*time.Millisecond)
+		count := int64(5 + kinds.IntN(500))
+		l = gcra.Limit{T: w / count, Tau: count * (w / count), Window: w}
+	case 1:
+		l.Ramp = gcra.Ramp{T0: l.T * int64(2+kinds.IntN(8)), Over: int64(1+kinds.IntN(20)) * int64(time.Second)}
+	}
 	mcfg := allot.MemberConfig{RenewEvery: 100 * time.Millisecond, Margin: 5 * time.Millisecond}
 	const members = 4
 	for _, s := range sides {
@@ -164,9 +175,13 @@ func differentialSequence(t *testing.T, rem remote, seed uint64) int {
 		for k, s := range sides {
 			m := s.members[i]
 			rs := rand.New(rand.NewPCG(seed, uint64(step)<<8|1)) // the same choices on both sides
-			// Some demand, so that shares move.
+			// Some demand, so that shares move (and windows' tokens are drawn).
 			for range rs.IntN(3) {
-				m.AllowOne(now)
+				if l.Window > 0 {
+					allot.Decide([]*allot.Member{m}, now, int64(1+rs.IntN(3)), 0)
+				} else {
+					m.AllowOne(now)
+				}
 			}
 			switch r := rs.IntN(10); {
 			case r == 0:

@@ -45,6 +45,11 @@ type Config struct {
 	Default        *DefaultRule   `yaml:"default"`         // for tags no rule matches; none: such tags are allowed
 
 	file string
+
+	// RedisAcks (backend redis) is how many replicas must acknowledge each batch's writes
+	// (Redis WAIT, within half the redis_timeout) before its grants are used; 0: none
+	// (strict.WithReplicaAcks; docs/redis.md, "The failover bound").
+	RedisAcks int `yaml:"redis_replica_acks"`
 }
 
 // GossipConfig are the gossip back end's settings (docs/gossip.md).
@@ -86,6 +91,7 @@ func DefaultConfig() Config {
 		FailMode:       "closed",                               // deny when the back end cannot decide
 		FallbackShare:  0,                                      // set it with fail_mode local
 		RedisTimeout:   yamlx.Duration(100 * time.Millisecond), // a decision is a round trip on a LAN
+		RedisAcks:      0,                                      // asynchronous replication: a failover may lose the last writes
 		MaxConnections: 4096,                                   // forked workers on one host, with room
 		MaxKeys:        1 << 20,                                // about 200 MB of buckets at worst
 		MaxLine:        1024,                                   // a tag is an IP, a token, a name: 1 KiB is plenty
@@ -172,6 +178,9 @@ func (c *Config) validate() error {
 	}
 	if c.RedisTimeout <= 0 {
 		return bad(0, "redis_timeout: want a positive duration")
+	}
+	if c.RedisAcks < 0 || c.RedisAcks > 0 && c.Backend != "redis" {
+		return bad(0, "redis_replica_acks: want 0 or more, and only with backend redis")
 	}
 	if c.ListenLine == "" && c.ListenHTTP == "" && c.ListenGRPC == "" {
 		return bad(0, "listen_line, listen_http and listen_grpc are all empty: nothing to serve")

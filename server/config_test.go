@@ -48,6 +48,8 @@ func TestConfigErrorsNameFileAndLine(t *testing.T) {
 		{"fail_mode: local\n", "c.yaml: fail_mode local degrades the redis back end"},
 		{"backend: redis\nredis_url: redis://x\nfail_mode: local\n", "c.yaml: fail_mode local needs fallback_share"},
 		{"backend: redis\n", "c.yaml: backend redis needs redis_url"},
+		{"redis_replica_acks: 1\n", "c.yaml: redis_replica_acks: want 0 or more, and only with backend redis"},
+		{"backend: redis\nredis_url: redis://x\nredis_replica_acks: -1\n", "c.yaml: redis_replica_acks: want 0 or more"},
 		{"idle_timeout: soon\n", "c.yaml:1: bad duration"},
 		{"max_line: 5\n", "c.yaml: max_line"},
 		{"rules:\n  - {match: a, limit: 1/s}\n  - {name: a, match: b, limit: 1/s}\n", `c.yaml:3: rules[1]: the name "a" is used twice`},

@@ -313,6 +313,7 @@ func keepStartOnly(cfg *Config, running Config) []string {
 	keep("redis_url", cfg.RedisURL != running.RedisURL)
 	keep("store", cfg.Store != running.Store)
 	keep("redis_timeout", cfg.RedisTimeout != running.RedisTimeout)
+	keep("redis_replica_acks", cfg.RedisAcks != running.RedisAcks)
 	keep("fail_mode", cfg.FailMode != running.FailMode)
 	keep("fallback_share", cfg.FallbackShare != running.FallbackShare)
 	keep("max_keys", cfg.MaxKeys != running.MaxKeys)
@@ -323,6 +324,7 @@ func keepStartOnly(cfg *Config, running Config) []string {
 	cfg.ListenLine, cfg.ListenHTTP, cfg.ListenAdmin = running.ListenLine, running.ListenHTTP, running.ListenAdmin
 	cfg.Backend, cfg.RedisURL, cfg.Store = running.Backend, running.RedisURL, running.Store
 	cfg.RedisTimeout, cfg.FailMode, cfg.FallbackShare, cfg.MaxKeys = running.RedisTimeout, running.FailMode, running.FallbackShare, running.MaxKeys
+	cfg.RedisAcks = running.RedisAcks
 	cfg.LogFormat, cfg.LogLevel = running.LogFormat, running.LogLevel
 	return ignored
 }

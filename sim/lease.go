@@ -103,7 +103,7 @@ func (l *leaseMode) setup(e *engine) {
 	if l.states != nil {
 		return
 	}
-	l.limits = slices.Clone(e.core)
+	l.limits = e.limits.CoreRamped(e.sc.Client.Margin.D()) // the allocation ramps a ramp itself
 	l.states = make([]*allot.State, len(l.limits))
 	for i, lim := range l.limits {
 		st, err := allot.NewState(lim, l.inc, e.now, 0, l.cfg)
@@ -196,7 +196,7 @@ func (l *leaseMode) acquire(e *engine, mi, g int32) {
 		// The permit lies beyond the booking horizon: wait, then book it.
 		l.wait(mi, g)
 		e.schedule(event{at: e.now + max(res.RetryAfter, 1), kind: evRetry, m: mi, g: g, op: s.op})
-	case e.maxWait == 0 && !joining(ms):
+	case e.maxWait == 0 && !joining(ms) && !drawing(ms, e.now):
 		e.denied(mi, g, res.RetryAfter) // no share (yet): a pessimistic client backs off
 	default:
 		// No share (yet), or the permit falls after the lease's end: wait for an answer
@@ -492,6 +492,18 @@ func joining(ms []*allot.Member) bool {
 	return false
 }
 
+// drawing reports whether a windowed quota's member is short of tokens while the window
+// has some: the decision waits for its draw, whatever the client's bound (as the
+// backend's does).
+func drawing(ms []*allot.Member, now int64) bool {
+	for _, m := range ms {
+		if m.Drawing(now) {
+			return true
+		}
+	}
+	return false
+}
+
 // takeFlag marks a take's nonce: the goroutine and its operation travel in it, so that the
 // answer (or its time-out) finds the goroutine that asked.
 const takeFlag = 1 << 63
@@ -553,7 +565,7 @@ func (l *leaseMode) limitChanged(e *engine) {
 			l.waiting[mi][g] = false
 		}
 	}
-	l.limits = slices.Clone(e.core)
+	l.limits = e.limits.CoreRamped(e.sc.Client.Margin.D())
 	l.states = make([]*allot.State, len(l.limits))
 	for i, lim := range l.limits {
 		l.states[i], _ = allot.NewState(lim, l.inc, e.now, 0, l.cfg)

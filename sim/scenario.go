@@ -302,8 +302,15 @@ func (s *Scenario) check() error {
 		if err := CheckMode(m); err != nil {
 			return bad(0, "modes: %v", err)
 		}
-		if kinds := s.Limit.Limits.Windowed() || s.Limit.Limits.RampOver() > 0; kinds && m != "redis" && m != "local" {
-			return bad(0, "modes: %s decides no windowed quota or ramp (limit: %v); use redis or local", m, s.Limit.Limits)
+		if kinds := s.Limit.Limits.Windowed() || s.Limit.Limits.RampOver() > 0; kinds && m != "redis" && m != "local" && m != "lease" {
+			return bad(0, "modes: %s decides no windowed quota or ramp (limit: %v); use redis, local or lease", m, s.Limit.Limits)
+		}
+		if m == "lease" && s.Limit.Limits.Windowed() {
+			for _, l := range s.Limit.Limits {
+				if !l.Window {
+					return bad(0, "modes: lease decides a windowed quota only beside other windowed quotas (limit: %v)", s.Limit.Limits)
+				}
+			}
 		}
 	}
 	if s.Sample <= 0 {

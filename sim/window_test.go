@@ -3,11 +3,14 @@ package sim
 import (
 	"strings"
 	"testing"
+
+	"github.com/sluicehq/sluice/internal/allot"
 )
 
 // TestDailyQuotaScenario: in the 24-hour scenario, the referee (whose limit is the daily
-// quota) sees no request beyond the count in either mode, and the redis mode, whose
-// demand exceeds the quota, spends all of it; the local mode's fixed fifths leave some.
+// quota) sees no request beyond the count in any mode, and the redis and lease modes,
+// whose demand exceeds the quota, spend all of it (the lease mode's members draw chunks
+// of the day's count); the local mode's fixed fifths leave some.
 func TestDailyQuotaScenario(t *testing.T) {
 	sc, err := Load("../scenarios/seed001-daily-quota.yaml")
 	if err != nil {
@@ -21,8 +24,8 @@ func TestDailyQuotaScenario(t *testing.T) {
 		if m.Violations != 0 || m.Accepted > 10000 {
 			t.Errorf("%s: %d accepted, %d violations, want at most 10000 and none", m.Mode, m.Accepted, m.Violations)
 		}
-		if m.Mode == "redis" && m.Utilization < 0.99 {
-			t.Errorf("redis: utilization %v, want at least 0.99 of the quota used", m.Utilization)
+		if (m.Mode == "redis" || m.Mode == "lease") && m.Utilization < 0.99 {
+			t.Errorf("%s: utilization %v, want at least 0.99 of the quota used", m.Mode, m.Utilization)
 		}
 	}
 }
@@ -33,13 +36,15 @@ func TestDailyQuotaScenario(t *testing.T) {
 // and the network's latency: the line runs from 10/s to 100/s over 60 s, then 100/s,
 // give or take two permits a deciding state (the redis mode's one; the local mode's four
 // pods, each ramping its quarter in step with the others, whose permits land in a second
-// or the next); and never runs ahead of the line. So does the running total.
+// or the next; the lease mode's four members, whose shares follow the ramp at their
+// renewals, a renewal interval later); and never runs ahead of the line. So does the
+// running total.
 func TestRampScenarioFollowsTheLine(t *testing.T) {
 	sc, err := Load("../scenarios/seed002-ramp.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, mode := range []string{"redis", "local"} {
+	for _, mode := range []string{"redis", "local", "lease"} {
 		e := newEngine(sc, newMode(mode, sc))
 		e.run()
 		line := func(s float64) float64 { // permits by time s on the ramp
@@ -50,8 +55,12 @@ func TestRampScenarioFollowsTheLine(t *testing.T) {
 		}
 		lag := sc.Client.MaxWait.D().Seconds() + 0.1 + 0.015
 		slack := 2.0
-		if mode == "local" {
+		switch mode {
+		case "local":
 			slack = 8
+		case "lease":
+			slack = 8
+			lag += allot.DefaultMemberConfig().RenewEvery.Seconds()
 		}
 		total := float64(e.series[0].accepted)
 		for k := 1; k < len(e.series)-1; k++ {
@@ -73,9 +82,9 @@ func TestRampScenarioFollowsTheLine(t *testing.T) {
 // that decides neither is refused, naming the mode.
 func TestWindowAndRampNeedTheirModes(t *testing.T) {
 	for _, lim := range []string{"10/h window", "10/s ramp=1/s..1m"} {
-		_, err := Parse("x.yaml", []byte("duration: 1m\nlimit: "+lim+"\nmodes: [lease]\nmembers:\n  - name: a\n    demand: {pattern: poisson, rate: 1}\n"))
-		if err == nil || !strings.Contains(err.Error(), "lease decides no windowed quota or ramp") {
-			t.Errorf("%s in the lease mode: got %v", lim, err)
+		_, err := Parse("x.yaml", []byte("duration: 1m\nlimit: "+lim+"\nmodes: [gossip]\nmembers:\n  - name: a\n    demand: {pattern: poisson, rate: 1}\n"))
+		if err == nil || !strings.Contains(err.Error(), "gossip decides no windowed quota or ramp") {
+			t.Errorf("%s in the gossip mode: got %v", lim, err)
 		}
 	}
 }

@@ -77,3 +77,31 @@ func TestOwnConnectionsSurviveRestart(t *testing.T) {
 		t.Errorf("after Close, %d connections are still held", n)
 	}
 }
+
+// TestOwnConnectionsIdleClosed: a connection of the backend's own that Redis closed while
+// it sat idle (Redis' timeout setting; a proxy or NAT does the same) is not used: the call
+// after the idle time gets its answer, as through go-redis' pool, whose health check finds
+// such a connection closed.
+func TestOwnConnectionsIdleClosed(t *testing.T) {
+	srv := redistest.New(t)
+	ctx := context.Background()
+	if _, err := srv.Do("CONFIG", "SET", "timeout", "1"); err != nil {
+		t.Fatal(err)
+	}
+	b, err := Dial(ctx, srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	l := gcra.Limit{T: 1000, Tau: 1_000_000}
+	if ok, err := b.AllowOne(ctx, "k", l); err != nil || !ok {
+		t.Fatalf("first call: %v %v", ok, err)
+	}
+	time.Sleep(2500 * time.Millisecond) // Redis closes connections idle for over 1 s (whole seconds)
+	if ok, err := b.AllowOne(ctx, "k", l); err != nil || !ok {
+		t.Fatalf("after the connection sat idle past Redis' timeout: %v %v", ok, err)
+	}
+	if st := b.Stats(); st.Failures != 0 {
+		t.Errorf("%d failures", st.Failures)
+	}
+}

@@ -399,24 +399,40 @@ func (p *pipeliner) send(ctx context.Context, cmds []goredis.Cmder) error {
 // take a connection from its pool for each command: a health check of the connection,
 // which is one system call (a non-blocking read) per command, a tenth of the client's
 // CPU time per lone decision. A connection whose command failed in any way is given back
-// (go-redis drops it if it is broken) and a new one is taken. Only for a client the
-// backend made: a connection taken from a caller's client would not run the hooks
-// (tracing, metrics) the caller added to it.
+// (go-redis drops it if it is broken) and a new one is taken; so is one idle for longer
+// than connIdle, which Redis (its timeout setting), a proxy or a NAT may have closed
+// meanwhile: the pool's health check finds that out as it hands out the next. Only for a
+// client the backend made: a connection taken from a caller's client would not run the
+// hooks (tracing, metrics) the caller added to it.
 type conns struct {
 	client *goredis.Client
 	mu     sync.Mutex
-	free   []*goredis.Conn
+	free   []heldConn
 	closed bool
 }
+
+// heldConn is a free connection and when it was last used (clock.Default's Nanotime).
+type heldConn struct {
+	cn   *goredis.Conn
+	used int64
+}
+
+// connIdle is how long a held connection may sit idle and still be used without the
+// pool's health check: half of Redis' shortest idle timeout (1 s).
+const connIdle = 500 * time.Millisecond
 
 func (cs *conns) get() *goredis.Conn {
 	cs.mu.Lock()
 	if n := len(cs.free); n > 0 {
-		cn := cs.free[n-1]
-		cs.free[n-1] = nil
+		h := cs.free[n-1]
+		cs.free[n-1] = heldConn{}
 		cs.free = cs.free[:n-1]
 		cs.mu.Unlock()
-		return cn
+		if clock.Default.Nanotime()-h.used <= int64(connIdle) {
+			return h.cn
+		}
+		_ = h.cn.Close() // back to the pool, which checks it before handing it out again
+		return cs.client.Conn()
 	}
 	cs.mu.Unlock()
 	return cs.client.Conn()
@@ -427,7 +443,7 @@ func (cs *conns) get() *goredis.Conn {
 func (cs *conns) put(cn *goredis.Conn, err error) {
 	cs.mu.Lock()
 	if err == nil && !cs.closed {
-		cs.free = append(cs.free, cn)
+		cs.free = append(cs.free, heldConn{cn: cn, used: clock.Default.Nanotime()})
 		cs.mu.Unlock()
 		return
 	}
@@ -441,8 +457,8 @@ func (cs *conns) close() {
 	free := cs.free
 	cs.free, cs.closed = nil, true
 	cs.mu.Unlock()
-	for _, cn := range free {
-		_ = cn.Close()
+	for _, h := range free {
+		_ = h.cn.Close()
 	}
 }
 

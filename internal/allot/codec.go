@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -17,8 +18,17 @@ import (
 // "none"; a member's epoch is written as its number when its incarnation is the record's
 // (every live one's), in full otherwise. A record of 20 members takes about 25 bytes a
 // member.
+//
+// Format 2 adds a windowed quota's and a ramp's fields (the limit's window and ramp, the
+// window's end and the tokens handed out in it, the ramp's start, each member's chunk and
+// newest request) after format 1's. A record of a limit with neither is still written in
+// format 1, byte for byte as before, so that members of an earlier version and of this one
+// share plain limits during a rolling upgrade; UnmarshalState reads both.
 
-const stateFormat = 1
+const (
+	stateFormat   = 2
+	stateFormatV1 = 1
+)
 
 // ErrBadRecord: a record that does not decode (another program's data, or corruption).
 var ErrBadRecord = errors.New("sluice lease: bad record")
@@ -26,7 +36,12 @@ var ErrBadRecord = errors.New("sluice lease: bad record")
 // MarshalState encodes s: the record a store keeps.
 func MarshalState(s *State) []byte {
 	w := writer{b: make([]byte, 0, 64+32*len(s.Members)), base: s.PoolAt}
-	w.b = append(w.b, stateFormat)
+	v2 := s.Limit.Window != 0 || !s.Limit.Ramp.IsZero()
+	if v2 {
+		w.b = append(w.b, stateFormat)
+	} else {
+		w.b = append(w.b, stateFormatV1)
+	}
 	w.u(uint64(s.Limit.T))
 	w.u(uint64(s.Limit.Tau))
 	w.u(uint64(s.Cfg.TTL))
@@ -53,6 +68,14 @@ func MarshalState(s *State) []byte {
 		w.t(q.At)
 		w.t(q.Until)
 	}
+	if v2 {
+		w.u(uint64(s.Limit.Window))
+		w.u(uint64(s.Limit.Ramp.T0))
+		w.u(uint64(s.Limit.Ramp.Over))
+		w.t(s.RampStart)
+		w.t(s.WindowEnd)
+		w.u(uint64(s.Granted))
+	}
 	w.u(uint64(len(s.Members)))
 	for _, e := range s.Members {
 		w.u(uint64(len(e.ID)))
@@ -77,6 +100,10 @@ func MarshalState(s *State) []byte {
 		w.share(e.Retired)
 		w.t(e.RetiredUntil)
 		w.t(e.AliveUntil)
+		if v2 {
+			w.u(uint64(e.Chunk))
+			w.u(e.Nonce)
+		}
 	}
 	return w.b
 }
@@ -84,9 +111,10 @@ func MarshalState(s *State) []byte {
 // UnmarshalState decodes a record written by MarshalState, checking what it can.
 func UnmarshalState(b []byte) (*State, error) {
 	r := reader{b: b}
-	if len(b) == 0 || b[0] != stateFormat {
+	if len(b) == 0 || (b[0] != stateFormat && b[0] != stateFormatV1) {
 		return nil, fmt.Errorf("%w: format %v", ErrBadRecord, b[:min(len(b), 1)])
 	}
+	v2 := b[0] == stateFormat
 	r.b = b[1:]
 	s := &State{}
 	s.Limit.T = int64(r.u())
@@ -126,6 +154,17 @@ func UnmarshalState(b []byte) (*State, error) {
 		q.Until = r.t()
 		s.Queue = append(s.Queue, q)
 	}
+	if v2 {
+		s.Limit.Window = int64(r.n())
+		s.Limit.Ramp.T0 = int64(r.n())
+		s.Limit.Ramp.Over = int64(r.n())
+		if s.Limit.Window == 0 && s.Limit.Ramp.IsZero() && r.err == nil {
+			r.err = errors.New("format 2 without a window or a ramp") // written in format 1
+		}
+		s.RampStart = r.t()
+		s.WindowEnd = r.t()
+		s.Granted = int64(r.n())
+	}
 	n := r.u()
 	if n > uint64(len(r.b)) { // every member takes bytes
 		return nil, fmt.Errorf("%w: %d members in %d bytes", ErrBadRecord, n, len(r.b))
@@ -157,6 +196,10 @@ func UnmarshalState(b []byte) (*State, error) {
 		e.Retired = r.share()
 		e.RetiredUntil = r.t()
 		e.AliveUntil = r.t()
+		if v2 {
+			e.Chunk = int64(r.n())
+			e.Nonce = r.u()
+		}
 		s.Members = append(s.Members, e)
 	}
 	if r.err != nil {
@@ -169,6 +212,9 @@ func UnmarshalState(b []byte) (*State, error) {
 		return nil, fmt.Errorf("%w: %v", ErrBadRecord, err)
 	}
 	if err := s.Cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadRecord, err)
+	}
+	if err := s.checkQuota(); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadRecord, err)
 	}
 	if !slices.IsSortedFunc(s.Members, func(a, b Entry) int { return strings.Compare(a.ID, b.ID) }) {
@@ -213,6 +259,16 @@ func (r *reader) u() uint64 {
 		return 0
 	}
 	r.b = r.b[n:]
+	return x
+}
+
+// n reads a count that must fit an int64.
+func (r *reader) n() uint64 {
+	x := r.u()
+	if x > math.MaxInt64 {
+		r.err = fmt.Errorf("count %d out of range", x)
+		return 0
+	}
 	return x
 }
 

@@ -108,6 +108,7 @@ type Member struct {
 	demand   demandWindow
 	view     storeView
 	link     link
+	quota    quotaHeld // a windowed quota's tokens (limit.Window > 0)
 }
 
 // phase is where a member stands with the store.
@@ -296,6 +297,10 @@ type Status struct {
 	Window  time.Duration
 	Live    int64 // live members, as the store last said
 	Err     error // the last failure to reach the store, if the last request failed
+	// Tokens (a windowed quota) is how many tokens of the window the member holds, and
+	// WindowLeft how long until the window ends (its own clock, less its margin).
+	Tokens     int64
+	WindowLeft time.Duration
 	// Asked is when the request this status answers was sent (the member's clock; zero
 	// from Member.Status, set by the backend's observer call). A member that acknowledges
 	// a smaller share stops using the bigger one then, before the answer arrives.
@@ -312,6 +317,9 @@ func (m *Member) Status(now int64) Status {
 	}
 	if m.usable(now) {
 		st.Expires = time.Duration(m.lease.end - now)
+	}
+	if m.windowed() && m.quota.of != 0 && now < m.quota.end {
+		st.Tokens, st.WindowLeft = m.quota.left, time.Duration(m.quota.end-now)
 	}
 	return st
 }

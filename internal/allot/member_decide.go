@@ -59,11 +59,17 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 	if len(ms) == 0 || len(ms) > gcra.MaxLimits {
 		return gcra.Result{}, gcra.Ticket{}, Throttled, gcra.ErrInvalidLimits
 	}
+	if ms[0].windowed() {
+		return decideQuota(ms, now, n, count)
+	}
 	var tats [gcra.MaxLimits]int64
 	var ls [gcra.MaxLimits]gcra.Limit
 	end := int64(math.MaxInt64)
 	lease, central := true, false
 	for i, m := range ms {
+		if m.windowed() {
+			return gcra.Result{}, gcra.Ticket{}, Throttled, gcra.ErrInvalidLimits // the lease mode decides windows apart from rates
+		}
 		if n > m.limit.Burst() {
 			return gcra.Result{}, gcra.Ticket{}, Throttled, gcra.ErrCostExceedsBurst
 		}
@@ -225,6 +231,10 @@ func Adjust(ms []*Member, now int64, t gcra.Ticket, newN int64) error {
 		return gcra.ErrInvalidCost
 	}
 	for i, m := range ms {
+		if m.windowed() {
+			m.adjustQuota(now, t.TatAfter[i], t.N, newN)
+			continue
+		}
 		if t.At > now {
 			if newN == 0 && t.At == m.pending.busyAt {
 				m.pending.busyAt = now // the latest reservation was given back: nothing pending

@@ -19,6 +19,9 @@ func (m *Member) Due(now int64) int64 {
 		}
 		return now // at once (not math.MinInt64: callers subtract now from it)
 	}
+	if m.windowed() {
+		return m.quotaDue(now)
+	}
 	d := m.link.lastSent + m.cfg.renew - m.spread()
 	if m.view.central && !m.lease.has && !m.handover.ackNow && !m.link.failed {
 		// Decided at the store: its takes keep it alive (until takenTill), and a renewal
@@ -87,6 +90,10 @@ func (m *Member) Request(now, early int64) (Request, bool) {
 	if m.phase != registered {
 		req.Op = OpJoin
 		m.link.joinNonce = m.link.nonce
+	} else if m.windowed() {
+		req.Op = OpRenew
+		req.Epoch = m.epoch
+		m.quotaRequest(now, &req)
 	} else {
 		req.Op = OpRenew
 		req.Epoch = m.epoch
@@ -122,6 +129,11 @@ func (m *Member) Request(now, early int64) (Request, bool) {
 		if req.Relinquish || req.InUse == m.lease.seq {
 			req.Return, m.handover.returnable = m.handover.returnable, 0
 		}
+	}
+	if m.windowed() && req.Op == OpJoin {
+		m.expireQuota(now)
+		req.Want = m.want(now, m.demand.asked)
+		m.quota.asked = req.Want > 0
 	}
 	req.Demand = m.measure(now)
 	m.link.inflight = true
@@ -162,6 +174,15 @@ func (m *Member) Receive(now int64, nonce uint64, rep Reply, err error) {
 			return // an answer for a registration this member no longer has
 		}
 		m.becomeRegistered(rep.Epoch)
+	}
+	if m.windowed() {
+		m.receiveQuota(rep, newEpoch)
+		if rep.Penalty > 0 {
+			m.applyPenalty(now, now+rep.Penalty)
+		}
+		m.view.live = rep.Live
+		m.view.settled = true
+		return
 	}
 	expire := rep.Sent + rep.TTL - m.cfg.margin
 	switch {
@@ -215,6 +236,11 @@ func (m *Member) Release(now int64) (Request, bool) {
 	m.link.nonce++
 	req := Request{Op: OpRelease, Member: m.id, Epoch: m.epoch, InUse: m.inUse(now), Seen: m.seenIfHolding(now),
 		BusyFor: max(0, m.pendingUntil(now)-now), Sent: now, Nonce: m.link.nonce}
+	if m.windowed() {
+		m.expireQuota(now)
+		req.Unused, req.UnusedOf, req.Got = m.quota.left, m.quota.of, max(m.quota.got-m.quota.left, 0)
+		return req, true
+	}
 	if req.BusyFor == 0 {
 		if now < m.handover.returnBy {
 			req.Return = m.handover.returnable
@@ -234,6 +260,14 @@ func (m *Member) PenalizeRequest(now, until int64) Request {
 // use a share leased from it (or permits reserved under one), and 0 once all of that has
 // ended: a record that vanished since is then no risk to anyone the member knows of.
 func (m *Member) seenIfHolding(now int64) uint64 {
+	if m.windowed() {
+		// Tokens drawn from the record count until their window ends, used or not: a
+		// record lost meanwhile must count its window spent.
+		if m.quota.of != 0 && now < m.quota.end {
+			return m.link.seen
+		}
+		return 0
+	}
 	if m.InUse(now).IsZero() {
 		return 0
 	}

@@ -13,7 +13,8 @@ import (
 // allows, it is decided at the store instead (centralWanted) and nobody holds a share.
 func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 	tg = make([]Share, len(s.Members))
-	burst := s.Limit.Burst()
+	capa := s.capacity(now) // all of the limit, or the rate a ramp has reached
+	burst := capa.Burst
 	var alive, wanting []int
 	for i := range s.Members {
 		e := &s.Members[i]
@@ -47,14 +48,14 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 		}
 		d := min(size, burst)
 		for _, i := range holders {
-			tg[i] = Share{Rate: RateScale / d, Burst: burst / d}
+			tg[i] = Share{Rate: capa.Rate / d, Burst: burst / d}
 		}
 		return tg, live, size
 	}
 	// Fair: water-fill the rate among holders by demand.
 	order := slices.Clone(holders)
 	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(s.Members[a].Demand, s.Members[b].Demand) })
-	left := RateScale
+	left := capa.Rate
 	for k, i := range order {
 		give := min(s.Members[i].Demand, left/int64(len(order)-k))
 		tg[i].Rate = give

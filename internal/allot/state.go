@@ -160,6 +160,11 @@ type Entry struct {
 	// AliveUntil: its takes (a limit decided at the store) keep the member alive until
 	// then, without a heartbeat; its share, if any, still ends with its lease.
 	AliveUntil int64 `json:"alive_until"`
+	// Chunk (a windowed quota) is the tokens of the current window handed to the member's
+	// current registration and not given back; Nonce the newest request of the
+	// registration applied (Request.Nonce): an older one that arrives late is stale.
+	Chunk int64  `json:"chunk"`
+	Nonce uint64 `json:"nonce"`
 }
 
 // own is what the member's current registration holds against the limit at now: it uses
@@ -229,6 +234,18 @@ type State struct {
 	// Pool refills only after it.
 	Central bool  `json:"central"`
 	Booked  int64 `json:"booked"`
+	// WindowEnd and Granted are a windowed quota's (Limit.Window > 0): the end of the
+	// window the record counts in, on the store's clock (windows fall on whole multiples of
+	// Limit.Window of Unix time), and the tokens handed out in it: never more than the
+	// count (Limit.Burst()). Each member's part is its Entry.Chunk. A token handed out is
+	// counted until the window ends unless its member gives it back: a member that
+	// crashes holding tokens loses them for the window.
+	WindowEnd int64 `json:"window_end"`
+	Granted   int64 `json:"granted"`
+	// RampStart is when a ramped limit's ramp (Limit.Ramp) began, on the store's clock:
+	// when the record was made. It stays with the record, so members that come and go
+	// (a restart) do not restart it.
+	RampStart int64 `json:"ramp_start"`
 	// Queue holds the members denied a take, in the order they first asked: a take is
 	// granted to the first of them only, so that waiting members are served in turn (the
 	// order is the store's, whatever their retries). A member that does not come back
@@ -248,6 +265,8 @@ type State struct {
 // does. Otherwise (a store that restarted empty, a Redis key that vanished) fence is when
 // every lease granted before has ended and passed quarantine (the restart + TTL +
 // Grace): the whole limit counts as held until then, and its burst refills from then on.
+// A windowed quota's record starts with its window's whole count, handed out once the
+// fence has ended. A ramp starts at now.
 func NewState(l gcra.Limit, incarnation uint64, now, fence int64, cfg Config) (*State, error) {
 	if err := l.Validate(); err != nil {
 		return nil, err
@@ -255,9 +274,27 @@ func NewState(l gcra.Limit, incarnation uint64, now, fence int64, cfg Config) (*
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if l.Window > 0 && l.Origin != 0 {
+		return nil, fmt.Errorf("%w: a record's windows fall on the store's Unix time (Origin %d)", gcra.ErrInvalidLimits, l.Origin)
+	}
 	s := &State{Limit: l, Incarnation: incarnation, PoolAt: now, Cfg: cfg}
+	if !l.Ramp.IsZero() {
+		s.RampStart = now
+	}
+	if l.Window > 0 {
+		// The count is whole, but a fenced record hands nothing out before the fence
+		// ends: a member that drew tokens from the record it replaces says so meanwhile
+		// (its renewals present the old record's incarnation and version), and the
+		// window is then spent (SpendWindow).
+		s.WindowEnd = l.WindowEnd(now)
+	}
 	if fence == 0 {
 		s.Pool = l.Tau
+		if !l.Ramp.IsZero() {
+			// A ramp's first burst is the part of the burst its start rate is.
+			b, _ := mulDiv(l.Burst(), s.rampPart(now), RateScale)
+			s.Pool = max(1, b) * l.T
+		}
 		if l.Burst() > 1 { // a burst of one permit cannot be shared
 			s.Open = now + int64(cfg.JoinWindow)
 		}
@@ -357,6 +394,17 @@ type Request struct {
 	// or missing, lost what it granted (a failover that lost writes, an old copy restored)
 	// and must fence the limit.
 	Seen uint64 `json:"seen"`
+	// Want, Unused, UnusedOf and Got are a windowed quota's (join, renew, release): the
+	// tokens the member asks for; those it gives up unused, with the end of the window
+	// they are of (Reply.WindowEnd, the store's clock: tokens of another window are
+	// void); and how many tokens of that window it has received under its registration
+	// and keeps. The store hands back to the window what it handed the registration
+	// beyond Got: tokens whose answer never arrived (lost, or too late: a member reads
+	// the answer to its newest request only), which nobody can use.
+	Want     int64 `json:"want"`
+	Unused   int64 `json:"unused"`
+	UnusedOf int64 `json:"unused_of"`
+	Got      int64 `json:"got"`
 	// Sent and Nonce are the member's own: the store echoes them in the reply.
 	Sent  int64  `json:"sent"`
 	Nonce uint64 `json:"nonce"`
@@ -400,6 +448,13 @@ type Reply struct {
 	// Wait: the same take would be granted then).
 	Taken bool  `json:"taken"`
 	Wait  int64 `json:"wait"`
+	// Quota, WindowEnd, WindowLeft and Remaining answer a windowed quota's join or
+	// renewal: the tokens handed to the member now, the end of the window they are of
+	// (the store's clock) and how long until then, and what the window has left after.
+	Quota      int64 `json:"quota"`
+	WindowEnd  int64 `json:"window_end"`
+	WindowLeft int64 `json:"window_left"`
+	Remaining  int64 `json:"remaining"`
 	// Version is the record's version after this request (the store fills it in), which
 	// the member presents as Request.Seen from then on.
 	Version uint64 `json:"version"`
@@ -414,6 +469,12 @@ type Reply struct {
 func (s *State) Apply(now int64, cfg Config, req Request) (Reply, error) {
 	now = max(now, s.PoolAt)
 	s.advance(now)
+	s.roll(now)
+	if s.Limit.Window > 0 && req.Seen > 0 && !req.Epoch.IsZero() && req.Epoch.Incarnation != s.Incarnation {
+		// A member holds tokens drawn in this window from a record this one replaced (the
+		// store lost it): how many that one handed out is unknown.
+		s.SpendWindow(now)
+	}
 	rep := Reply{Sent: req.Sent, Nonce: req.Nonce, TTL: int64(cfg.TTL), Grace: int64(cfg.Grace)}
 	switch req.Op {
 	case OpPenalize:
@@ -463,12 +524,16 @@ func (s *State) Apply(now int64, cfg Config, req Request) (Reply, error) {
 		}
 	case OpRelease:
 		if found && s.Members[i].Epoch == req.Epoch {
+			s.unused(i, req)
 			if s.release(i, now, max(0, req.BusyFor)) {
 				s.giveBack(now, req.Return)
 			}
 		}
 		return rep, nil
 	case OpTake, OpGive:
+		if s.Limit.Window > 0 {
+			return Reply{}, fmt.Errorf("%w: %v on a windowed quota (its members draw tokens)", ErrBadRequest, req.Op)
+		}
 		if !found || s.Members[i].Epoch != req.Epoch {
 			return Reply{}, fmt.Errorf("%w: member %q epoch %d/%d", ErrStaleEpoch, req.Member, req.Epoch.Incarnation, req.Epoch.N)
 		}
@@ -496,6 +561,10 @@ func (s *State) Apply(now int64, cfg Config, req Request) (Reply, error) {
 		// A take keeps its member alive until it comes back (after the wait it was told)
 		// and a TTL more: members of a limit decided at the store need no heartbeat.
 		e.AliveUntil = max(e.AliveUntil, gcra.After(now+int64(cfg.TTL), rep.Wait))
+		return rep, nil
+	}
+	if s.Limit.Window > 0 {
+		s.quota(i, now, cfg, req, &rep)
 		return rep, nil
 	}
 	e := &s.Members[i]
@@ -540,7 +609,7 @@ func (s *State) giveBack(now, ret int64) {
 	if ret <= 0 || s.Booked > now {
 		return
 	}
-	free := s.capacity().sub(s.Committed(now))
+	free := s.capacity(now).sub(s.Committed(now))
 	s.Pool = min(s.Pool+min(ret, gcra.MaxTau), free.Burst*s.Limit.T)
 }
 
@@ -565,14 +634,33 @@ func (s *State) release(i int, now, busy int64) bool {
 	return freed
 }
 
-// capacity is the whole limit as a share.
-func (s *State) capacity() Share { return Share{Rate: RateScale, Burst: s.Limit.Burst()} }
+// capacity is the whole limit as a share at now: all of it, or while a ramp runs, the part
+// of its rate the ramp has reached (rounded down) and the whole burst. The burst is not
+// ramped (each member that holds a share needs a permit of it, and members too many for
+// the burst are decided at the store): a ramp's first burst is, from the fresh record's
+// saved burst (NewState). It never shrinks as now grows, so shares granted within it stay
+// within it.
+func (s *State) capacity(now int64) Share {
+	return Share{Rate: s.rampPart(now), Burst: s.Limit.Burst()}
+}
+
+// rampPart is the part of RateScale the limit's rate has reached at now (Limit.Ramp):
+// from T/T0 at RampStart, rising linearly to all of it over Ramp.Over.
+func (s *State) rampPart(now int64) int64 {
+	r := s.Limit.Ramp
+	if r.IsZero() || now-s.RampStart >= r.Over {
+		return RateScale
+	}
+	start, _ := mulDiv(RateScale, s.Limit.T, r.T0)
+	rise, _ := mulDiv(RateScale-start, max(now-s.RampStart, 0), r.Over)
+	return min(start+rise, RateScale)
+}
 
 // Committed returns the sum of the shares counted against the limit at now (the whole
 // limit while a fence stands).
 func (s *State) Committed(now int64) Share {
 	if now < s.Fence {
-		return s.capacity()
+		return s.capacity(now)
 	}
 	return s.counted(now)
 }
@@ -589,7 +677,7 @@ func (s *State) counted(now int64) Share {
 // Check verifies the invariant at now: the counted shares sum to at most the limit in rate
 // and in burst, and the pool holds no more than the free burst.
 func (s *State) Check(now int64) error {
-	capa := s.capacity()
+	capa := s.capacity(now)
 	c := s.counted(now)
 	if !c.Fits(capa) {
 		return fmt.Errorf("sluice lease: leases sum to rate %d/%d burst %d/%d", c.Rate, RateScale, c.Burst, capa.Burst)
@@ -604,7 +692,7 @@ func (s *State) Check(now int64) error {
 			return fmt.Errorf("sluice lease: pool %d above the free burst %d", s.Pool, free.Burst*s.Limit.T)
 		}
 	}
-	return nil
+	return s.checkQuota()
 }
 
 // advance brings the pool up to now: the free capacity refills it, piece by piece between
@@ -652,7 +740,7 @@ func (s *State) refill(t int64) {
 	if t <= s.PoolAt {
 		return
 	}
-	free := s.capacity().sub(s.Committed(s.PoolAt))
+	free := s.capacity(s.PoolAt).sub(s.Committed(s.PoolAt))
 	dt := min(t-max(s.PoolAt, s.Booked), 1<<42) // about 73 minutes: more can only fill the pool
 	if free.Rate > 0 && dt > 0 {                // the rate booked ahead refills nothing until then
 		gain, _ := mulDiv(dt, free.Rate, RateScale)
@@ -671,7 +759,7 @@ func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
 	target := targets[i]
 	others := e.retired(now)
 	if now < s.Fence {
-		others = s.capacity()
+		others = s.capacity(now)
 	} else {
 		for j := range s.Members {
 			if j != i {
@@ -679,7 +767,7 @@ func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
 			}
 		}
 	}
-	avail := s.capacity().sub(others)
+	avail := s.capacity(now).sub(others)
 	if now < s.Open {
 		avail = Share{} // the join window: members starting together share the first burst
 	}
@@ -708,7 +796,7 @@ func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
 		rep.Fill = min(s.Pool, gained*s.Limit.T)
 		s.Pool -= rep.Fill
 	}
-	s.Pool = min(s.Pool, s.capacity().sub(others.add(after)).Burst*s.Limit.T)
+	s.Pool = min(s.Pool, s.capacity(now).sub(others.add(after)).Burst*s.Limit.T)
 
 	rep.Epoch = e.Epoch
 	rep.Lease.Seq = e.Lease.Seq
@@ -774,7 +862,8 @@ func (s *State) Clone() *State {
 // again starts the same (with a new incarnation, so no old registration is taken for a
 // new one).
 func (s *State) Idle(now int64) bool {
-	return len(s.Members) == 0 && s.Penalty <= now && now >= s.Fence && s.Pool >= s.Limit.Tau && now >= s.Open && s.Booked <= now && len(s.Queue) == 0
+	return len(s.Members) == 0 && s.Penalty <= now && now >= s.Fence && s.Pool >= s.Limit.Tau && now >= s.Open && s.Booked <= now && len(s.Queue) == 0 &&
+		(s.Granted == 0 || now >= s.WindowEnd)
 }
 
 // QuietAt is when the record becomes Idle at the latest if no request comes: every lease
@@ -782,6 +871,12 @@ func (s *State) Idle(now int64) bool {
 // the time to refill at the whole limit's rate.
 func (s *State) QuietAt() int64 {
 	t := max(s.Fence, s.Penalty, s.Open, s.PoolAt, s.Booked)
+	if !s.Limit.Ramp.IsZero() {
+		t = max(t, gcra.AddSat(s.RampStart, s.Limit.Ramp.Over)) // the pool refills at the full rate only then
+	}
+	if s.Granted > 0 {
+		t = max(t, s.WindowEnd) // tokens handed out count until their window ends
+	}
 	for _, e := range s.Members {
 		t = max(t, e.Lease.Until, e.Lease.Expires+int64(s.Cfg.Grace), e.HeldUntil, e.RetiredUntil, e.AliveUntil)
 	}
@@ -805,7 +900,7 @@ func NewIncarnation() uint64 {
 // holds them, else booked for when the free rate will have refilled it, if that is within
 // maxDelay and after any penalty.
 func (s *State) take(now int64, id string, n, maxDelay, ttl int64, rep *Reply) {
-	free := s.capacity().sub(s.Committed(now))
+	free := s.capacity(now).sub(s.Committed(now))
 	need := n * s.Limit.T
 	if n > free.Burst || (need > s.Pool && free.Rate == 0) {
 		// Shares still counted hold the burst or the rate: ask again when they free.
@@ -877,7 +972,7 @@ func (s *State) take(now int64, id string, n, maxDelay, ttl int64, rep *Reply) {
 // goes back to shares only when it has room to spare (half as many members), and never
 // while takes are booked ahead of the pool.
 func (s *State) centralWanted(now int64, cfg Config, wanting int64) bool {
-	burst, t, ttl := s.Limit.Burst(), s.Limit.T, int64(cfg.TTL)
+	burst, t, ttl := s.capacity(now).Burst, s.Limit.T, int64(cfg.TTL)
 	if !s.Central {
 		return wanting >= 2 && (wanting > burst || wanting*t > ttl)
 	}
@@ -897,7 +992,7 @@ func (s *State) charge(now, n int64) {
 	if s.Booked > now {
 		pool = 0
 	}
-	rate := max(s.capacity().sub(s.Committed(now)).Rate, 1)
+	rate := max(s.capacity(now).sub(s.Committed(now)).Rate, 1)
 	w, _ := mulDivUp(need-pool, RateScale, rate)
 	s.Pool, s.Booked = 0, gcra.After(max(now, s.Booked), w)
 }

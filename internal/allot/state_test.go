@@ -1,7 +1,9 @@
 package allot
 
 import (
+	"bytes"
 	"errors"
+	"os"
 	"reflect"
 	"testing"
 	"time"
@@ -383,6 +385,70 @@ func TestStateRoundTrip(t *testing.T) {
 	t.Logf("a record of two members is %d bytes", len(b))
 }
 
+// TestStateDecodesFormat1: a record written before windows and ramps (format 1, made by
+// the code of that time: testdata/state-v1.bin) still decodes, as a limit without either,
+// and a plain limit's record is still written in format 1.
+func TestStateDecodesFormat1(t *testing.T) {
+	b, err := os.ReadFile("testdata/state-v1.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b[0] != stateFormatV1 {
+		t.Fatalf("testdata/state-v1.bin is format %d", b[0])
+	}
+	s, err := UnmarshalState(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newPool(t, lim(10, time.Second, 6), cfg(Fair), 0)
+	p.run([]step{
+		{at: 0, op: OpJoin, member: "a", demand: all, want: Share{all, 6}, fill: 6},
+		{at: 0, op: OpJoin, member: "b", demand: all, want: Share{}},
+		{at: 1 * ms, op: OpRenew, member: "a", demand: all, want: Share{all / 2, 3}},
+	})
+	if !reflect.DeepEqual(s, p.s) {
+		t.Errorf("format 1 decoded as\n%+v\nwant\n%+v", s, p.s)
+	}
+	// A plain limit's record is written as before, byte for byte: members of the version
+	// before read it.
+	if out := MarshalState(s); !bytes.Equal(out, b) {
+		t.Errorf("written back as %x, want %x (format 1, as read)", out, b)
+	}
+}
+
+// TestStateRoundTripWindowAndRamp: format 2's fields survive a round trip.
+func TestStateRoundTripWindowAndRamp(t *testing.T) {
+	w := gcra.Limit{T: 100 * ms, Tau: 100 * 100 * ms, Window: 10 * sec}
+	s, err := NewState(w, 7, 3*sec, 0, cfg(Fair))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Apply(3*sec, cfg(Fair), Request{Op: OpJoin, Member: "a", Want: 5}); err != nil {
+		t.Fatal(err)
+	}
+	r := lim(10, time.Second, 6)
+	r.Ramp = gcra.Ramp{T0: sec, Over: 60 * sec}
+	s2, err := NewState(r, 7, 4*sec, 0, cfg(Fair))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, st := range []*State{s, s2} {
+		got, err := UnmarshalState(MarshalState(st))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got.Members) == 0 {
+			got.Members = st.Members // nil and empty are one record
+		}
+		if !reflect.DeepEqual(got, st) {
+			t.Errorf("record %d: round trip changed it:\n%+v\n%+v", i, got, st)
+		}
+	}
+	if s.Granted != 1 || s.Members[0].Chunk != 1 || s.WindowEnd != 10*sec || s2.RampStart != 4*sec {
+		t.Errorf("granted %d, chunk %d, window end %v, ramp start %v", s.Granted, s.Members[0].Chunk, s.WindowEnd, s2.RampStart)
+	}
+}
+
 // FuzzStateCodec: no input makes the decoder panic, and whatever decodes encodes back to
 // the same bytes.
 func FuzzStateCodec(f *testing.F) {
@@ -391,6 +457,13 @@ func FuzzStateCodec(f *testing.F) {
 	p.s.Members = append(p.s.Members, Entry{ID: "x", Epoch: Epoch{Incarnation: 9, N: 3}, Held: Share{5, 1}, HeldUntil: -7})
 	f.Add(MarshalState(p.s))
 	f.Add([]byte{1, 2, 3})
+	w, _ := NewState(gcra.Limit{T: ms, Tau: 100 * ms, Window: sec}, 7, 3*sec, 0, cfg(Fair))
+	w.Apply(3*sec, cfg(Fair), Request{Op: OpJoin, Member: "a", Want: 4, Nonce: 2})
+	f.Add(MarshalState(w)) // format 2: a window
+	r := lim(10, time.Second, 6)
+	r.Ramp = gcra.Ramp{T0: sec, Over: 60 * sec}
+	rs, _ := NewState(r, 7, 3*sec, 0, cfg(Fair))
+	f.Add(MarshalState(rs)) // format 2: a ramp
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s, err := UnmarshalState(b)
 		if err != nil {

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -280,6 +281,9 @@ func TestSentinel(t *testing.T) {
 		t.Errorf("the master holds no key (%s %v)", n, err)
 	}
 	t.Run("ServeRedis", func(t *testing.T) { serveOn(t, "--backend", "redis", "--redis-url", set.URL()) })
+	t.Run("ServeRedisAcks", func(t *testing.T) {
+		serveOn(t, "--backend", "redis", "--redis-url", set.URL(), "--redis-replica-acks", "1")
+	})
 	t.Run("ServeLease", func(t *testing.T) { serveLease(t, set.URL()) })
 }
 
@@ -319,11 +323,15 @@ func demoStrict(t *testing.T, store string) {
 }
 
 // serveLease runs the daemon on the lease back end through store: it admits once the new
-// store's fence has passed, and keeps the rule's limit.
-func serveLease(t *testing.T, store string) { serveOn(t, "--backend", "lease", "--store", store) }
+// store's fence has passed, and keeps the rule's limit; a windowed quota's rule (a daily
+// count of 20) grants exactly its count.
+func serveLease(t *testing.T, store string) {
+	serveOn(t, "--backend", "lease", "--store", store, "--limit", "q=20/24h window")
+}
 
 // serveOn runs the daemon on the back end the flags name: it admits (at once, or once a
-// lease store's fence has passed), and keeps the rule's limit.
+// lease store's fence has passed), and keeps the rule's limit; and if the flags give a
+// rule q (a daily quota of 20), it grants exactly its count.
 func serveOn(t *testing.T, backendFlags ...string) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -356,18 +364,7 @@ func serveOn(t *testing.T, backendFlags ...string) {
 	}
 	defer c.Close()
 	rd := bufio.NewReader(c)
-	ask := func(n int) string {
-		fmt.Fprint(c, strings.Repeat("api\n", n))
-		var got strings.Builder
-		for range n {
-			line, err := rd.ReadString('\n')
-			if err != nil {
-				t.Fatal(err)
-			}
-			got.WriteString(strings.TrimSpace(line))
-		}
-		return got.String()
-	}
+	ask := func(n int) string { return askTag(t, c, rd, "api", n) }
 	// The first decision makes the store's records, fenced for TTL + Grace (1.5 s by
 	// default): the first OK comes after that.
 	for deadline := time.Now().Add(10 * time.Second); ask(1) != "OK"; time.Sleep(50 * time.Millisecond) {
@@ -386,6 +383,32 @@ func serveOn(t *testing.T, backendFlags ...string) {
 	if ok < 4 || ok > 2*3+5+1 {
 		t.Errorf("%d of 60 queries over 3 s on 2/s burst=5 were OK, want 4 to 12", ok)
 	}
+	if !slices.Contains(backendFlags, "q=20/24h window") {
+		return
+	}
+	// The daily quota: 30 queries in a row, of which its 20 (more if the day turned
+	// meanwhile: a new window).
+	day := time.Now().UTC().Truncate(24 * time.Hour)
+	got := askTag(t, c, rd, "q", 30)
+	turned := !time.Now().UTC().Truncate(24 * time.Hour).Equal(day)
+	if n := strings.Count(got, "OK"); n != 20 && !(turned && n > 20) {
+		t.Errorf("a daily quota of 20: %d of 30 queries OK (%s), want 20", n, got)
+	}
+}
+
+// askTag sends n queries for tag on c and returns the answers, concatenated.
+func askTag(t *testing.T, c net.Conn, rd *bufio.Reader, tag string, n int) string {
+	t.Helper()
+	fmt.Fprint(c, strings.Repeat(tag+"\n", n))
+	var got strings.Builder
+	for range n {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		got.WriteString(strings.TrimSpace(line))
+	}
+	return got.String()
 }
 
 // demoLeaseOnEtcd runs the lease demo through a real etcd: it keeps the limit, and the

@@ -30,7 +30,8 @@ func serveBackend(cfg server.Config, clk clock.Clock) (backend.Backend, error) {
 	case "local":
 		return nil, nil
 	case "redis":
-		opts := []strict.Option{strict.WithTimeout(cfg.RedisTimeout.D()), strict.WithClock(clk)}
+		opts := []strict.Option{strict.WithTimeout(cfg.RedisTimeout.D()), strict.WithClock(clk),
+			strict.WithReplicaAcks(cfg.RedisAcks, 0)}
 		if cfg.FailMode == "local" {
 			opts = append(opts, strict.WithFailLocal(cfg.FallbackShare))
 		}
@@ -160,6 +161,7 @@ func newServeFlags(env Env) *serveFlags {
 	fs.String("fail-mode", d.FailMode, "answer when the back end cannot decide: closed (NO), open (OK), or local (backend redis: a local share, see --fallback-share)")
 	fs.Float64("fallback-share", d.FallbackShare, "with --fail-mode local: the share of each limit this daemon uses while Redis is down")
 	fs.Duration("redis-timeout", d.RedisTimeout.D(), "with --backend redis: how long a decision waits for Redis")
+	fs.Int("redis-replica-acks", d.RedisAcks, "with --backend redis: how many replicas must acknowledge each batch's writes (Redis WAIT, within half of --redis-timeout) before its grants are used; else the fail mode answers. 0: none (a failover may lose the last writes; see docs/redis.md)")
 	fs.Duration("margin", d.Margin.D(), "jitter tolerance applied to every limit (0: exact)")
 	fs.String("http-token-file", d.HTTPTokenFile, "`file` holding a bearer token the HTTP API requires (all but /healthz)")
 	fs.Int("max-connections", d.MaxConnections, "line-protocol connections at once; more are closed at once")
@@ -248,6 +250,8 @@ func (sf *serveFlags) build() (server.Config, error) {
 			case "redis-timeout":
 				cfg.RedisTimeout = dur
 			}
+		case "redis-replica-acks":
+			cfg.RedisAcks = f.Value.(flag.Getter).Get().(int)
 		case "max-connections", "max-keys", "max-line":
 			n := f.Value.(flag.Getter).Get().(int)
 			switch f.Name {

@@ -95,13 +95,35 @@ func StartSentinels(cfg SentinelConfig) (*Sentinels, error) {
 		s.Replicas = append(s.Replicas, r)
 	}
 	s.Replica = s.Replicas[0]
+	// In sync: the master's writes stream to every replica. A replica's link is up, and
+	// the master reports it online, before that: after a diskless first sync the master
+	// streams writes to it only from its first acknowledgement (sent once a second), and
+	// a promotion before then loses what was written meanwhile. So: each replica's link
+	// up, then a write, and each replica's offset at least the master's after it.
 	for _, r := range s.Replicas {
 		if err := waitFor(10*time.Second, func() (bool, string) {
 			info, err := r.Do("INFO", "replication")
 			return err == nil && strings.Contains(info, "master_link_status:up"), info
 		}); err != nil {
 			s.Close()
-			return nil, fmt.Errorf("redistest: replica not in sync: %w", err)
+			return nil, fmt.Errorf("redistest: replica %s not in sync: %w", r.Addr(), err)
+		}
+	}
+	for _, cmd := range [][]string{{"SET", "redistest:sync", "1"}, {"DEL", "redistest:sync"}} {
+		if _, err := s.Master.Do(cmd...); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("redistest: %w", err)
+		}
+	}
+	info, _ := s.Master.Do("INFO", "replication")
+	want := infoInt(info, "master_repl_offset")
+	for _, r := range s.Replicas {
+		if err := waitFor(10*time.Second, func() (bool, string) {
+			info, err := r.Do("INFO", "replication")
+			return err == nil && infoInt(info, "slave_repl_offset") >= want, info
+		}); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("redistest: replica %s not in sync: %w", r.Addr(), err)
 		}
 	}
 	// Each sentinel is told of the replica and of the others (their ids are set here), so
@@ -261,6 +283,19 @@ func (s *Sentinels) Close() {
 	for _, n := range s.Replicas {
 		n.Close()
 	}
+}
+
+// infoInt returns the integer field name of an INFO reply (-1 if absent).
+func infoInt(info, name string) int64 {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err == nil {
+				return n
+			}
+		}
+	}
+	return -1
 }
 
 // waitFor polls cond every 20 ms until it holds, or fails after within with cond's last
