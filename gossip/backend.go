@@ -39,6 +39,9 @@ type Config struct {
 	MaxTags   int           // tags held at once
 	Logger    *slog.Logger  // nil: discard
 	Clock     clock.Clock   // nil: clock.Default
+	// WrapTransport, when set, wraps memberlist's UDP and TCP transport (tests inject
+	// network faults between peers with it); nil: memberlist's own, unwrapped.
+	WrapTransport WrapTransport
 }
 
 // DefaultConfig returns the defaults, each commented.
@@ -234,8 +237,15 @@ func New(cfg Config) (*Backend, error) {
 		}
 		b.shards[i].node = node
 	}
+	tr, err := cfg.transport(mc)
+	if err != nil {
+		return nil, err
+	}
 	ml, err := memberlist.Create(mc)
 	if err != nil {
+		if tr != nil {
+			_ = tr.Shutdown()
+		}
 		return nil, fmt.Errorf("sluice: gossip: %w", err)
 	}
 	b.ml = ml

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -134,6 +135,21 @@ func (s *Server) Wipe() error {
 		return fmt.Errorf("etcdtest: %w", err)
 	}
 	return nil
+}
+
+// Pause stops the server with SIGSTOP: connections stay open and nothing answers, as a
+// server that hangs. Resume continues it.
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused server with SIGCONT.
+func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc != nil {
+		s.proc.Signal(sig)
+	}
 }
 
 // Close kills the server and removes its directory.

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 )
 
 // put and get go through etcd's JSON gateway, so that this package needs no client.
@@ -55,5 +56,22 @@ func TestKillRestartWipe(t *testing.T) {
 	}
 	if c := count(t, s); strings.Contains(c, `"count"`) {
 		t.Fatalf("a key survived the wipe: %s", c)
+	}
+}
+
+// TestPauseResume: a paused etcd does not answer (a request times out); resumed, it does,
+// with its data.
+func TestPauseResume(t *testing.T) {
+	s := New(t)
+	put(t, s, `{"key":"cA==","value":"dg=="}`) // p = v
+	s.Pause()
+	c := &http.Client{Timeout: 300 * time.Millisecond}
+	if r, err := c.Get("http://" + s.Addr() + "/health"); err == nil {
+		r.Body.Close()
+		t.Fatal("a paused etcd answered")
+	}
+	s.Resume()
+	if c := count(t, s); !strings.Contains(c, `"count":"1"`) {
+		t.Fatalf("after Resume: %s", c)
 	}
 }

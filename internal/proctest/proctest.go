@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -60,6 +61,42 @@ func (p *Proc) Kill() {
 	syscall.Kill(-pid, syscall.SIGCONT)
 	syscall.Kill(-pid, syscall.SIGKILL)
 	<-p.done
+}
+
+// Signal sends sig to the process group (SIGSTOP pauses a server and what it started,
+// SIGCONT continues it). After SIGSTOP it waits, up to 2 s, until every process of the
+// group is stopped (Linux: state T in /proc), so that the server answers nothing once
+// Signal returns (a signal is delivered asynchronously: a thread may finish a request
+// first).
+func (p *Proc) Signal(sig syscall.Signal) {
+	pgid := p.cmd.Process.Pid
+	syscall.Kill(-pgid, sig)
+	if sig != syscall.SIGSTOP {
+		return
+	}
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline) && !groupStopped(pgid); {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// groupStopped reports whether every process of the group pgid is stopped.
+func groupStopped(pgid int) bool {
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		if d.Name()[0] < '0' || d.Name()[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + d.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid pgrp ...: comm may hold spaces, so read after its ')'.
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		if len(f) > 2 && f[2] == strconv.Itoa(pgid) && f[0] != "T" && f[0] != "t" && f[0] != "Z" {
+			return false
+		}
+	}
+	return true
 }
 
 // LogTail returns the last three lines of the log at path, joined by " | ".

@@ -347,15 +347,24 @@ func CheckLeases(h *History, t0 int64) []Violation {
 }
 
 // CheckLiveness wants every call to have returned within its time-out (plus
-// LivenessSlack), unless its member was stopped (SIGSTOP) while it ran.
+// LivenessSlack, plus the time its process stalled while the call ran: the machine did
+// not run it), unless its member was stopped (SIGSTOP) while it ran.
 func CheckLiveness(h *History, t0 int64) []Violation {
+	stalls := map[int][][2]int64{}
+	for _, st := range h.Stalls {
+		stalls[st.Proc] = append(stalls[st.Proc], [2]int64{st.From, st.To})
+	}
 	var vs []Violation
 	for _, o := range h.Ops {
-		if time.Duration(o.Return-o.Call) <= o.Timeout+LivenessSlack || straddles(h.Stopped[o.Proc], o.Call, o.Return) {
+		var stalled int64
+		for _, w := range stalls[o.Proc] {
+			stalled += max(0, min(w[1], o.Return)-max(w[0], o.Call))
+		}
+		if time.Duration(o.Return-o.Call-stalled) <= o.Timeout+LivenessSlack || straddles(h.Stopped[o.Proc], o.Call, o.Return) {
 			continue
 		}
-		vs = append(vs, Violation{Check: "liveness", Detail: fmt.Sprintf("member %d: %s %s n=%d called at +%v returned after %v, past its time-out %v",
-			o.Proc, o.Kind, o.Key, o.N, time.Duration(o.Call-t0), time.Duration(o.Return-o.Call), o.Timeout)})
+		vs = append(vs, Violation{Check: "liveness", Detail: fmt.Sprintf("member %d: %s %s n=%d called at +%v returned after %v (its process stalled %v of it), past its time-out %v",
+			o.Proc, o.Kind, o.Key, o.N, time.Duration(o.Call-t0), time.Duration(o.Return-o.Call), time.Duration(stalled), o.Timeout)})
 	}
 	return vs
 }
@@ -406,13 +415,22 @@ func CheckFallback(h *History, t0 int64, share float64) []Violation {
 // the permits the pool used of each limit of each key exceed the limit's Burst + Rate ×
 // window by at most hits.Bound (one permit per member process that took part), plus one
 // interval's rate for a report that comes late (as the gossip package's own multi-process
-// test allows), plus two intervals' rate when a member was paused (the documented caveat: a
-// report later than an interval lets shares overlap by that peer's change of demand for an
-// interval or two). Use times are real; a use lies at most Margin after its slot, and the
-// limiters keep Margin's worth of burst in reserve. It returns the violations and a note
-// with the largest excess seen.
-func CheckGossip(h *History, t0 int64, nodes int, paused bool) ([]Violation, string) {
-	interval := gossip.DefaultConfig().Interval
+// test allows), plus two intervals' rate when a member was paused or datagrams were lost
+// or delayed, and the longest delay's worth of rate (the documented caveat: a report later
+// than an interval lets shares overlap by that peer's change of demand for an interval or
+// two, and a delayed report is late by its delay), plus, for a window that meets a split
+// (a member cut from a peer or from all of them, or losing datagrams: contact lost),
+// docs/gossip.md's partition bound for two sides, b + r × max(0, P − hold − 5·I), for each
+// split it meets (P the split's length). Use times are real; a use lies at most Margin
+// after its slot, and the limiters keep Margin's worth of burst in reserve. It returns the
+// violations, the largest excess seen over any window (permits), and a note that says it.
+func CheckGossip(h *History, t0 int64, nodes int, paused bool) ([]Violation, float64, string) {
+	gc := gossip.DefaultConfig()
+	interval := gc.Interval
+	lostAfter := 5 * interval // gossip's hits.Config.LostAfter
+	// A split's over-admission shows in the windows that meet it, or its aftermath until
+	// the peers' reports arrive again (an interval, late by the longest delay).
+	react := int64(2*interval + h.LateBy)
 	var vs []Violation
 	worst, worstAt := -1e18, ""
 	for _, g := range Groups {
@@ -428,14 +446,27 @@ func CheckGossip(h *History, t0 int64, nodes int, paused bool) ([]Violation, str
 			for _, l := range limits {
 				rate := float64(l.Rate) / l.Period.Seconds()
 				allowed := hits.Bound(hits.BoundParams{Nodes: nodes, Burst: l.Burst, Rate: rate}) + rate*interval.Seconds()
-				if paused {
-					allowed += 2 * rate * interval.Seconds()
+				if paused || h.Lossy || h.LateBy > 0 {
+					allowed += rate * (2*interval + h.LateBy).Seconds()
 				}
-				e, from, to := excessOf(uses, l.Burst, rate)
+				var extra func(from, to int64) float64
+				if len(h.Splits) > 0 {
+					extra = func(from, to int64) float64 {
+						e := 0.0
+						for _, s := range h.Splits {
+							if s[0] <= to && s[1]+react >= from {
+								p := time.Duration(s[1] - s[0])
+								e += float64(l.Burst) + rate*max(0, (p-gc.Hold-lostAfter).Seconds())
+							}
+						}
+						return e
+					}
+				}
+				e, from, to, over := excessWithin(uses, l.Burst, rate, extra)
 				if e > worst {
 					worst, worstAt = e, fmt.Sprintf("key %s %s", key, l)
 				}
-				if e > allowed {
+				if over > allowed+1e-6 {
 					var w []string
 					for _, u := range uses[from : to+1] {
 						w = append(w, fmt.Sprintf("member %d: %d permits used at +%v", u.Proc, u.N, time.Duration(u.At-t0)))
@@ -443,13 +474,45 @@ func CheckGossip(h *History, t0 int64, nodes int, paused bool) ([]Violation, str
 					if len(w) > 30 {
 						w = append(w[:15], append([]string{"..."}, w[len(w)-15:]...)...)
 					}
-					vs = append(vs, Violation{Check: "gossip", Detail: fmt.Sprintf("key %s: %.1f permits beyond %s's burst + rate × window from +%v to +%v, past the documented %.1f",
-						key, e, l, time.Duration(uses[from].At-t0), time.Duration(uses[to].At-t0), allowed), Window: w})
+					vs = append(vs, Violation{Check: "gossip", Detail: fmt.Sprintf("key %s: %.1f permits beyond %s's burst + rate × window from +%v to +%v, past the documented %.1f (%.1f of it for the splits the window meets)",
+						key, over+extra0(extra, uses, from, to), l, time.Duration(uses[from].At-t0), time.Duration(uses[to].At-t0), allowed+extra0(extra, uses, from, to), extra0(extra, uses, from, to)), Window: w})
 				}
 			}
 		}
 	}
-	return vs, fmt.Sprintf("gossip: largest excess over any window %.1f permits (%s), %d member processes", worst, worstAt, nodes)
+	return vs, worst, fmt.Sprintf("gossip: largest excess over any window %.1f permits (%s), %d member processes, %d splits", worst, worstAt, nodes, len(h.Splits))
+}
+
+// extra0 is extra over the uses from..to, 0 when extra is nil.
+func extra0(extra func(from, to int64) float64, uses []Use, from, to int) float64 {
+	if extra == nil {
+		return 0
+	}
+	return extra(uses[from].At, uses[to].At)
+}
+
+// excessWithin is excessOf when extra is nil; otherwise it weighs each window [t_i, t_j]
+// against its own allowance: it returns the largest excess of any window, and the window
+// (first and last use) whose excess less extra(t_i, t_j) is largest, and that difference.
+func excessWithin(uses []Use, burst int64, rate float64, extra func(from, to int64) float64) (e float64, from, to int, over float64) {
+	if extra == nil {
+		e, from, to = excessOf(uses, burst, rate)
+		return e, from, to, e
+	}
+	e, over = math.Inf(-1), math.Inf(-1)
+	for j := range uses {
+		var n float64
+		tj := float64(uses[j].At) / 1e9
+		for i := j; i >= 0; i-- {
+			n += float64(uses[i].N)
+			x := n - rate*(tj-float64(uses[i].At)/1e9) - float64(burst)
+			e = max(e, x)
+			if o := x - extra(uses[i].At, uses[j].At); o > over {
+				over, from, to = o, i, j
+			}
+		}
+	}
+	return e, from, to, over
 }
 
 // excessOf is the most permits used in any window [t_i, t_j] beyond burst + rate × (t_j −

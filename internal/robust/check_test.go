@@ -1,6 +1,7 @@
 package robust
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -160,6 +161,17 @@ func TestCheckLiveness(t *testing.T) {
 	if len(vs) != 1 || !strings.Contains(vs[0].Detail, "member 1") {
 		t.Fatalf("got %v, want member 1's late call alone (member 2 was stopped)", vs)
 	}
+	// A stall of member 1's process (the machine did not run it) while the call ran
+	// excuses that much: 1 ms over with a 1 ms stall passes; a stall outside the call, or
+	// of another process, does not.
+	h.Stalls = []Stall{{Proc: 1, From: int64(time.Second), To: int64(time.Second + time.Millisecond)}}
+	if vs := CheckLiveness(h, 0); len(vs) != 0 {
+		t.Fatalf("1 ms over with a 1 ms stall: %v", vs)
+	}
+	h.Stalls = []Stall{{Proc: 1, From: int64(3 * time.Second), To: int64(4 * time.Second)}, {Proc: 0, From: 0, To: int64(time.Second)}}
+	if vs := CheckLiveness(h, 0); len(vs) != 1 || !strings.Contains(vs[0].Detail, "member 1") {
+		t.Fatalf("stalls elsewhere: got %v, want member 1's late call", vs)
+	}
 }
 
 func TestScheduleReproducible(t *testing.T) {
@@ -185,18 +197,67 @@ func TestScheduleReproducible(t *testing.T) {
 	}
 }
 
+// TestScheduleKinds: each mode draws only the faults that act on what it runs (no toxic
+// in the gossip mode, which has no store; no Redis fault on etcd or ZooKeeper; the
+// gossip network faults only there), and over 50 seeds it draws each of them.
+func TestScheduleKinds(t *testing.T) {
+	toxics := []FaultKind{FaultLatency, FaultBandwidth, FaultTimeout, FaultResetPeer, FaultBlackHole, FaultProxyDown, FaultPartition}
+	members := []FaultKind{FaultMemberKill, FaultMemberStop}
+	redis := []FaultKind{FaultRedisStop, FaultRedisEmpty, FaultRestoreOld}
+	stores := []FaultKind{FaultStoreStop, FaultStoreKill, FaultStoreWipe}
+	peers := []FaultKind{FaultPeerPartition, FaultLinkCut, FaultPeerLoss, FaultPeerDelay}
+	cat := func(ks ...[]FaultKind) []FaultKind { return slices.Concat(ks...) }
+	want := map[Mode][]FaultKind{
+		ModeStrict:      cat(toxics, members, redis),
+		ModeStrictLocal: cat(toxics, members, redis),
+		ModeLease:       cat(toxics, members, redis),
+		ModeDaemon:      cat(toxics, members, redis, []FaultKind{FaultDaemonKill, FaultDaemonStop}),
+		ModeLeaseEtcd:   cat(toxics, members, stores),
+		ModeLeaseZK:     cat(toxics, members, stores),
+		ModeGossip:      cat(members, peers),
+		ModeDaemonLease: cat(toxics, members, redis, []FaultKind{FaultDaemonKill, FaultDaemonStop}),
+		// No store: the toxics act on the members' links to their daemons.
+		ModeDaemonGossip: cat(toxics, members, []FaultKind{FaultDaemonKill, FaultDaemonStop}),
+	}
+	for _, m := range Modes {
+		seen := map[FaultKind]bool{}
+		for seed := range uint64(50) {
+			for _, f := range NewSchedule(seed, m, 3, 10*time.Second).Faults {
+				if !slices.Contains(want[m], f.Kind) {
+					t.Fatalf("mode %s seed %d: %v", m, seed, f)
+				}
+				if f.Kind == FaultLinkCut && (f.Peer == f.Target || f.Peer < 0 || f.Peer >= 3) {
+					t.Fatalf("mode %s seed %d: %v cuts no link", m, seed, f)
+				}
+				if f.Link == "r" && m != ModeDaemon && m != ModeDaemonLease {
+					t.Fatalf("mode %s seed %d: %v acts on a daemon's link to a store it does not have", m, seed, f)
+				}
+				seen[f.Kind] = true
+			}
+		}
+		for _, k := range want[m] {
+			if !seen[k] {
+				t.Errorf("mode %s: no %s in 50 seeds", m, k)
+			}
+		}
+	}
+}
+
 func TestParseLine(t *testing.T) {
 	var h History
 	for _, l := range []string{
 		Op{Proc: 1, Kind: "wait", Key: "b0", N: 2, Call: 5, Return: 9, Timeout: OpTimeout, Outcome: "error:deadline"}.line(),
 		Use{Proc: 1, Key: "b0", N: 2, Slot: 7, Call: 5, At: 9}.line(),
 		Lease{Proc: 1, Key: "b0", T: 5, Rate: 12.5, From: 1, Until: 3, Asked: 1}.line(),
+		Pool{Proc: 1, At: 4, Members: 3}.line(),
+		Stall{Proc: 1, From: 5, To: 6}.line(),
 	} {
 		if err := h.parseLine(strings.TrimSpace(l)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if len(h.Ops) != 1 || h.Ops[0].Outcome != "error:deadline" || h.Uses[0].Slot != 7 || h.Leases[0].Rate != 12.5 {
+	if len(h.Ops) != 1 || h.Ops[0].Outcome != "error:deadline" || h.Uses[0].Slot != 7 || h.Leases[0].Rate != 12.5 ||
+		len(h.Pools) != 1 || h.Pools[0].Members != 3 || len(h.Stalls) != 1 || h.Stalls[0].To != 6 {
 		t.Fatalf("round trip: %+v", h)
 	}
 	for _, bad := range []string{"", "X 1", "O 1 wait b0 x 5 9 1 ok", "U 1 b0 2 7 5", "L 1 b0 5 fast 1 3 1", "L 1 b0 5 1 1 3"} {
@@ -238,19 +299,44 @@ func TestCheckGossip(t *testing.T) {
 	for i := range int64(100) {
 		h.Uses = append(h.Uses, use(1, 1, 1005+5*i))
 	}
-	vs, note := CheckGossip(h, 0, 3, false)
+	vs, _, note := CheckGossip(h, 0, 3, false)
 	if len(vs) != 0 || !strings.Contains(note, "largest excess over any window 0.0") {
 		t.Fatalf("at the limit: %v (%s)", vs, note)
 	}
 	for range 33 {
 		h.Uses = append(h.Uses, use(2, 1, 1300))
 	}
-	vs, _ = CheckGossip(h, 0, 3, false)
+	vs, _, _ = CheckGossip(h, 0, 3, false)
 	if len(vs) != 1 || !strings.Contains(vs[0].Detail, "33.0 permits beyond") {
 		t.Fatalf("33 over: got %v, want one violation of 33 permits", vs)
 	}
 	// A paused member allows two intervals' rate more (40): 33 is within it.
-	if vs, _ = CheckGossip(h, 0, 3, true); len(vs) != 0 {
+	if vs, _, _ = CheckGossip(h, 0, 3, true); len(vs) != 0 {
 		t.Fatalf("33 over with a member paused: %v", vs)
+	}
+	// A split (a member cut from its peers for 1 s, shorter than hold + 5 intervals)
+	// allows a burst (10) more in the windows that meet it: 33 is within 23 + 10, unless
+	// the split ended long before the window.
+	h.Splits = [][2]int64{{1200 * ms, 2200 * ms}}
+	if vs, _, _ = CheckGossip(h, 0, 3, false); len(vs) != 0 {
+		t.Fatalf("33 over in a split: %v", vs)
+	}
+	h.Splits = [][2]int64{{100 * ms, 500 * ms}}
+	vs, _, _ = CheckGossip(h, 0, 3, false)
+	if len(vs) != 1 || !strings.Contains(vs[0].Detail, "33.0 permits beyond") || !strings.Contains(vs[0].Detail, "0.0 of it for the splits") {
+		t.Fatalf("33 over, a split over before: got %v, want one violation", vs)
+	}
+	// A split longer than hold + 5 intervals (2.5 s) adds the rate over the rest: 3 s
+	// adds 0.5 s × 200/s = 100 more.
+	for range 100 {
+		h.Uses = append(h.Uses, use(2, 1, 1301))
+	}
+	h.Splits = [][2]int64{{1000 * ms, 4000 * ms}}
+	if vs, _, _ = CheckGossip(h, 0, 3, false); len(vs) != 0 {
+		t.Fatalf("133 over in a 3 s split: %v", vs)
+	}
+	h.Splits = [][2]int64{{1000 * ms, 3000 * ms}}
+	if vs, _, _ = CheckGossip(h, 0, 3, false); len(vs) != 1 {
+		t.Fatalf("133 over in a 2 s split: got %v, want one violation", vs)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -43,8 +44,14 @@ func sluiceBin() (string, error) {
 	return SluiceBin, buildErr
 }
 
+// DaemonLeasePrefix is the prefix of the keys `sluice serve --backend lease` keeps in its
+// store.
+const DaemonLeasePrefix = "sluice:lease:"
+
 // daemon is one slot's `sluice serve`: the redis back end through the slot's proxy to
-// Redis, fail mode closed, the workload's limits as its rules, the margin.
+// Redis, fail mode closed (the daemon mode), or the lease back end on Redis through it
+// (daemon-lease), or the gossip back end with the other slots' daemons as peers
+// (daemon-gossip); the workload's limits as its rules, the margin.
 type daemon struct {
 	slot      int
 	args      []string
@@ -52,9 +59,10 @@ type daemon struct {
 	mu        sync.Mutex
 	cmd       *exec.Cmd
 	done      chan struct{}
-	stderr    bytes.Buffer
-	unplanned []string // exits nobody asked for
+	stderr    lockedBuffer // every start's, in turn
+	unplanned []string     // exits nobody asked for
 	stopping  bool
+	starts    int
 }
 
 func (r *runner) startDaemons() error {
@@ -62,11 +70,17 @@ func (r *runner) startDaemons() error {
 	if err != nil {
 		return err
 	}
-	for slot := range r.s.Members {
-		toRedis, err := r.net.Proxy(fmt.Sprint("r", slot), r.srv.Addr())
-		if err != nil {
-			return err
+	var gossipAddrs []string // daemon-gossip: each slot's membership address
+	if r.s.Mode == ModeDaemonGossip {
+		for range r.s.Members {
+			a, err := freeAddr()
+			if err != nil {
+				return err
+			}
+			gossipAddrs = append(gossipAddrs, a)
 		}
+	}
+	for slot := range r.s.Members {
 		line, err := freeAddr()
 		if err != nil {
 			return err
@@ -75,8 +89,28 @@ func (r *runner) startDaemons() error {
 		if err != nil {
 			return err
 		}
-		args := []string{bin, "serve", "--backend", "redis", "--redis-url", "redis://" + toRedis, "--fail-mode", "closed",
+		args := []string{bin, "serve", "--fail-mode", "closed",
 			"--listen-line", line, "--listen-http", http, "--margin", Margin.String(), "--log-level", "error"}
+		switch r.s.Mode {
+		case ModeDaemon, ModeDaemonLease:
+			toRedis, err := r.net.Proxy(fmt.Sprint("r", slot), r.srv.Addr())
+			if err != nil {
+				return err
+			}
+			if r.s.Mode == ModeDaemon {
+				args = append(args, "--backend", "redis", "--redis-url", "redis://"+toRedis)
+			} else {
+				args = append(args, "--backend", "lease", "--store", "redis://"+toRedis)
+			}
+		case ModeDaemonGossip:
+			var peers []string
+			for i, a := range gossipAddrs {
+				if i != slot {
+					peers = append(peers, a)
+				}
+			}
+			args = append(args, "--backend", "gossip", "--gossip-bind", gossipAddrs[slot], "--peers", strings.Join(peers, ","))
+		}
 		for _, g := range Groups {
 			args = append(args, "--limit", g.Keys[0][:1]+"*="+g.Limits)
 		}
@@ -85,7 +119,7 @@ func (r *runner) startDaemons() error {
 		if err := d.start(); err != nil {
 			return err
 		}
-		// The member's link goes to the daemon, not to Redis.
+		// The member's link goes to the daemon, not to the store.
 		r.net.mu.Lock()
 		p := r.net.byName[fmt.Sprint("m", slot)]
 		r.net.mu.Unlock()
@@ -95,7 +129,43 @@ func (r *runner) startDaemons() error {
 			return err
 		}
 	}
+	if r.s.Mode == ModeDaemonGossip {
+		// Let the daemons join each other before the load starts (memberlist spreads a
+		// join within a gossip round).
+		time.Sleep(GossipSettle)
+	}
 	return nil
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent use: a daemon's standard error,
+// written by os/exec's copier while the runner may read it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// daemonStarts counts the daemon processes started (restarts included): the gossip
+// check's pool size.
+func (r *runner) daemonStarts() int {
+	n := 0
+	for _, d := range r.daemons {
+		d.mu.Lock()
+		n += d.starts
+		d.mu.Unlock()
+	}
+	return n
 }
 
 // start starts the daemon and waits until its line protocol answers.
@@ -109,6 +179,7 @@ func (d *daemon) start() error {
 	}
 	done := make(chan struct{})
 	d.cmd, d.done = cmd, done
+	d.starts++
 	d.mu.Unlock()
 	go func() {
 		err := cmd.Wait()

@@ -44,12 +44,29 @@ type Lease struct {
 	Asked int64
 }
 
+// Pool is the pool size a gossip member counted (itself and every peer alive or still
+// held) at a real time.
+type Pool struct {
+	Proc    int
+	At      int64
+	Members int
+}
+
+// Stall is a span in which a member process was not run (a ticker of its own came that
+// much late): a machine too loaded to schedule it, not a call that hung.
+type Stall struct {
+	Proc     int
+	From, To int64
+}
+
 // The record lines a member prints, one per event, written at once so that a member
 // killed with SIGKILL has reported everything it used:
 //
 //	O proc kind key n call return timeout outcome
 //	U proc key n slot call at
 //	L proc key T rate from until asked
+//	P proc at members
+//	S proc from to
 func (o Op) line() string {
 	return fmt.Sprintf("O %d %s %s %d %d %d %d %s\n", o.Proc, o.Kind, o.Key, o.N, o.Call, o.Return, int64(o.Timeout), strings.ReplaceAll(o.Outcome, " ", "_"))
 }
@@ -62,11 +79,17 @@ func (l Lease) line() string {
 	return fmt.Sprintf("L %d %s %d %g %d %d %d\n", l.Proc, l.Key, l.T, l.Rate, l.From, l.Until, l.Asked)
 }
 
+func (p Pool) line() string { return fmt.Sprintf("P %d %d %d\n", p.Proc, p.At, p.Members) }
+
+func (st Stall) line() string { return fmt.Sprintf("S %d %d %d\n", st.Proc, st.From, st.To) }
+
 // History is everything the members of a run recorded, and the faults the runner injected.
 type History struct {
 	Ops    []Op
 	Uses   []Use
 	Leases []Lease
+	Pools  []Pool
+	Stalls []Stall
 	// Losses are the windows in which Redis lost state (restarted empty, old state
 	// restored): [start, end] in real Unix nanoseconds.
 	Losses [][2]int64
@@ -75,6 +98,12 @@ type History struct {
 	Rewinds [][2]int64
 	// Stopped are each member process's SIGSTOP windows, by process number.
 	Stopped map[int][][2]int64
+	// The gossip mode's network faults: Splits are the windows in which a member was cut
+	// from a peer or from all of them (a partition into two sides); LateBy is the longest
+	// delay put on the members' datagrams; Lossy tells that some were lost.
+	Splits [][2]int64
+	LateBy time.Duration
+	Lossy  bool
 }
 
 // parseLine adds one record line to h; a line that is no record is an error.
@@ -124,6 +153,24 @@ func (h *History) parseLine(line string) error {
 			return bad
 		}
 		h.Leases = append(h.Leases, Lease{Proc: int(v[0]), Key: f[2], T: v[1], Rate: rate, From: v[2], Until: v[3], Asked: v[4]})
+	case "P":
+		if len(f) != 4 {
+			return bad
+		}
+		v, ok := ints(f[1:])
+		if !ok {
+			return bad
+		}
+		h.Pools = append(h.Pools, Pool{Proc: int(v[0]), At: v[1], Members: int(v[2])})
+	case "S":
+		if len(f) != 4 {
+			return bad
+		}
+		v, ok := ints(f[1:])
+		if !ok {
+			return bad
+		}
+		h.Stalls = append(h.Stalls, Stall{Proc: int(v[0]), From: v[1], To: v[2]})
 	default:
 		return bad
 	}

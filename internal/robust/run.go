@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -19,7 +20,6 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/lease"
 )
 
 // DumpDir, when set (ROBUST_DUMP), is where each run writes its members' records, one
@@ -34,6 +34,9 @@ type Result struct {
 	Violations []Violation
 	Notes      []string
 	Errors     map[string]int // calls by outcome other than granted and denied
+	Excess     float64        // gossip: the largest excess over any window, in permits
+	Pools      []Pool         // gossip: the pool sizes the members counted
+	Start      int64          // the run's start, real Unix nanoseconds
 	Elapsed    time.Duration
 }
 
@@ -45,13 +48,15 @@ type member struct {
 	lines      []string
 	read       chan struct{} // closed once its output is read
 	killed     bool
+	stdin      io.WriteCloser // a gossip member's control lines (its links); nil otherwise
 }
 
 // runner executes one schedule.
 type runner struct {
 	s      Schedule
 	exe    string
-	srv    *redistest.Server
+	srv    *redistest.Server // the Redis modes' store
+	store  storeServer       // the store of every mode but gossip (srv, in the Redis modes)
 	net    *Net
 	addrs  []string // each slot's proxy address
 	prefix string
@@ -67,6 +72,14 @@ type runner struct {
 	rewinds [][2]int64
 	stopped map[int][][2]int64
 	errs    []string
+
+	// The gossip mode's network faults in force, by fault number, and their times.
+	netFaults map[int]Fault
+	splits    [][2]int64
+	lateBy    time.Duration
+	lossy     bool
+
+	daemonStopped bool // a daemon was paused (daemon_stop)
 }
 
 type dump struct {
@@ -80,7 +93,7 @@ type dump struct {
 func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 	start := time.Now()
 	r := &runner{s: s, exe: exe, prefix: fmt.Sprintf("rb%d:", s.Seed), stopped: map[int][][2]int64{},
-		current: make([]*member, s.Members)}
+		current: make([]*member, s.Members), netFaults: map[int]Fault{}}
 	if s.Mode == ModeGossip {
 		// No store: each slot's address is the member's own (UDP and TCP), its peers the
 		// other slots'.
@@ -92,22 +105,33 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 			r.addrs = append(r.addrs, a)
 		}
 	} else {
-		srv, err := redistest.Start()
-		if err != nil {
-			return Result{}, fmt.Errorf("robust: the runs need a real redis-server (Debian package redis-server): %w", err)
-		}
-		defer srv.Close()
-		r.srv, r.net = srv, NewNet()
+		r.net = NewNet()
 		defer r.net.Close()
+		upstream := "127.0.0.1:1" // the daemon modes re-point the members' links at the daemons
+		st, err := startStore(s.Mode)
+		if err != nil {
+			return Result{}, err
+		}
+		if st != nil {
+			defer st.Close()
+			r.store, upstream = st, st.Addr()
+			r.srv, _ = st.(*redistest.Server)
+		}
 		for i := range s.Members {
-			a, err := r.net.Proxy(fmt.Sprint("m", i), srv.Addr())
+			a, err := r.net.Proxy(fmt.Sprint("m", i), upstream)
 			if err != nil {
 				return Result{}, err
 			}
 			r.addrs = append(r.addrs, a)
 		}
 	}
-	if s.Mode == ModeDaemon {
+	if s.Mode == ModeDaemonLease {
+		// The daemons' store, as a deploy would find it: unfenced.
+		if err := waitUnfenced(ctx, ModeLease, r.store.Addr(), DaemonLeasePrefix); err != nil {
+			return Result{}, err
+		}
+	}
+	if isDaemon(s.Mode) {
 		// Each slot's daemon reaches Redis through its own proxy ("r"), and the member
 		// reaches its daemon through the slot's proxy ("m"), which is re-pointed there.
 		if err := r.startDaemons(); err != nil {
@@ -115,11 +139,8 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 		}
 		defer r.stopDaemons()
 	}
-	if s.Mode == ModeLease {
-		c := goredis.NewClient(&goredis.Options{Addr: r.srv.Addr(), DisableIdentity: true})
-		err := lease.WaitUnfenced(ctx, lease.NewRedisStore(c, lease.WithRedisPrefix(r.prefix)), lease.DefaultConfig())
-		c.Close()
-		if err != nil {
+	if isLease(s.Mode) {
+		if err := waitUnfenced(ctx, s.Mode, r.store.Addr(), r.prefix); err != nil {
 			return Result{}, err
 		}
 	}
@@ -138,12 +159,13 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 		}()
 	}
 	wg.Wait()
+	r.closeControl()
 	h, vs := r.collect(ctx)
-	if s.Mode == ModeDaemon {
+	if isDaemon(s.Mode) {
 		vs = append(vs, r.stopDaemons()...)
 	}
 	t0 := r.t0.UnixNano()
-	res := Result{Schedule: s, Ops: len(h.Ops), Uses: len(h.Uses), Errors: map[string]int{}}
+	res := Result{Schedule: s, Ops: len(h.Ops), Uses: len(h.Uses), Errors: map[string]int{}, Pools: h.Pools, Start: t0}
 	res.Notes = append(res.Notes, r.errs...)
 	for _, o := range h.Ops {
 		if o.Outcome != "granted" && o.Outcome != "denied" {
@@ -157,11 +179,16 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 		v, notes := CheckStrict(h, t0)
 		res.Violations = append(res.Violations, v...)
 		res.Notes = append(res.Notes, notes...)
-	case ModeLease:
+	case ModeLease, ModeLeaseEtcd, ModeLeaseZK:
 		res.Violations = append(res.Violations, CheckLeases(h, t0)...)
-	case ModeGossip:
-		v, note := CheckGossip(h, t0, len(r.members), len(h.Stopped) > 0)
+	case ModeGossip, ModeDaemonGossip:
+		nodes := len(r.members) // the gossip members, or the daemons each started
+		if s.Mode == ModeDaemonGossip {
+			nodes = r.daemonStarts()
+		}
+		v, excess, note := CheckGossip(h, t0, nodes, len(h.Stopped) > 0 || r.daemonStopped)
 		res.Violations = append(res.Violations, v...)
+		res.Excess = excess
 		res.Notes = append(res.Notes, note)
 	}
 	if s.Mode == ModeStrictLocal {
@@ -174,7 +201,7 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 	if s.Mode == ModeStrictLocal {
 		keep = func(u Use) bool { return OnRedisClock(u.Slot) }
 	}
-	if s.Mode != ModeGossip {
+	if s.Mode != ModeGossip && s.Mode != ModeDaemonGossip {
 		res.Violations = append(res.Violations, CheckReferee(h, t0, keep)...)
 	}
 	res.Elapsed = time.Since(start)
@@ -197,9 +224,13 @@ func (r *runner) startMember(slot int, d time.Duration) error {
 		Duration: d, Skew: r.s.Skews[slot], Seed: r.s.Seed, Members: r.s.Members}
 	if r.s.Mode == ModeGossip {
 		cfg.Bind, cfg.Settle = r.addrs[slot], GossipSettle
+		r.mu.Lock()
+		ls := r.links()
+		r.mu.Unlock()
 		for i, a := range r.addrs {
 			if i != slot {
 				cfg.Peers = append(cfg.Peers, a)
+				cfg.Links = append(cfg.Links, ls[slot][i].line(a))
 			}
 		}
 	}
@@ -207,6 +238,12 @@ func (r *runner) startMember(slot int, d time.Duration) error {
 	m := &member{proc: proc, slot: slot, cmd: exec.Command(r.exe, "-test.run", "^$"), read: make(chan struct{})}
 	m.cmd.Env = append(os.Environ(), MemberEnv+"="+string(js))
 	m.cmd.Stderr = &m.stderr
+	if r.s.Mode == ModeGossip {
+		var err error
+		if m.stdin, err = m.cmd.StdinPipe(); err != nil {
+			return err
+		}
+	}
 	stdout, err := m.cmd.StdoutPipe()
 	if err != nil {
 		return err
@@ -225,8 +262,85 @@ func (r *runner) startMember(slot int, d time.Duration) error {
 	r.mu.Lock()
 	r.members = append(r.members, m)
 	r.current[slot] = m
+	if m.stdin != nil {
+		r.tellLinks(m) // the network faults in force when it starts
+	}
 	r.mu.Unlock()
 	return nil
+}
+
+// links computes each link's faults from the gossip network faults in force: links[i][j]
+// is what member slot i's traffic to slot j suffers. Faults on one link add up.
+func (r *runner) links() [][]Link {
+	ls := make([][]Link, r.s.Members)
+	for i := range ls {
+		ls[i] = make([]Link, r.s.Members)
+	}
+	both := func(a, b int, f func(*Link)) {
+		f(&ls[a][b])
+		f(&ls[b][a])
+	}
+	for _, f := range r.netFaults {
+		for peer := range r.s.Members {
+			if peer == f.Target || (f.Kind == FaultLinkCut && peer != f.Peer) {
+				continue
+			}
+			both(f.Target, peer, func(l *Link) {
+				switch f.Kind {
+				case FaultPeerPartition, FaultLinkCut:
+					l.Cut = true
+				case FaultPeerLoss:
+					l.Loss = 1 - (1-l.Loss)*(1-float64(f.Loss)/100)
+				case FaultPeerDelay:
+					l.Delay += time.Duration(f.Latency) * time.Millisecond
+					l.Jitter += time.Duration(f.Jitter) * time.Millisecond
+				}
+			})
+		}
+	}
+	return ls
+}
+
+// tellLinks writes member m's links to its peers to its control input (r.mu held). A
+// member killed cannot read them: the write's error is ignored.
+func (r *runner) tellLinks(m *member) {
+	ls := r.links()
+	var b strings.Builder
+	for peer, a := range r.addrs {
+		if peer != m.slot {
+			b.WriteString(ls[m.slot][peer].line(a))
+		}
+	}
+	_, _ = io.WriteString(m.stdin, b.String())
+}
+
+// setNetFault puts the gossip network fault f (the i-th) in force, or ends it, and tells
+// every running member its links.
+func (r *runner) setNetFault(i int, f Fault, on bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if on {
+		r.netFaults[i] = f
+	} else {
+		delete(r.netFaults, i)
+	}
+	for _, m := range r.current {
+		if m != nil && !m.killed {
+			r.tellLinks(m)
+		}
+	}
+}
+
+// closeControl closes every member's control input once the faults are over: a gossip
+// member's reader of it ends there.
+func (r *runner) closeControl() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range r.members {
+		if m.stdin != nil {
+			m.stdin.Close()
+		}
+	}
 }
 
 // sleepUntil sleeps until d after the run's start, or ctx's end.
@@ -318,6 +432,22 @@ func (r *runner) inject(ctx context.Context, i int, f Fault) {
 			r.stopped[m.proc] = append(r.stopped[m.proc], [2]int64{from, time.Now().UnixNano()})
 			r.mu.Unlock()
 		}
+	case FaultPeerPartition, FaultLinkCut, FaultPeerLoss, FaultPeerDelay:
+		from := time.Now().UnixNano()
+		r.setNetFault(i, f, true)
+		undo = func() {
+			r.setNetFault(i, f, false)
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			switch f.Kind {
+			case FaultPeerPartition, FaultLinkCut:
+				r.splits = append(r.splits, [2]int64{from, time.Now().UnixNano()})
+			case FaultPeerLoss:
+				r.lossy = true
+			case FaultPeerDelay:
+				r.lateBy = max(r.lateBy, time.Duration(f.Latency+f.Jitter)*time.Millisecond)
+			}
+		}
 	case FaultDaemonKill:
 		d := r.daemons[f.Target]
 		d.kill()
@@ -328,6 +458,9 @@ func (r *runner) inject(ctx context.Context, i int, f Fault) {
 		}
 	case FaultDaemonStop:
 		d := r.daemons[f.Target]
+		r.mu.Lock()
+		r.daemonStopped = true
+		r.mu.Unlock()
 		d.signal(syscall.SIGSTOP)
 		undo = func() { d.signal(syscall.SIGCONT) }
 	case FaultRedisStop:
@@ -344,6 +477,27 @@ func (r *runner) inject(ctx context.Context, i int, f Fault) {
 			r.losses = append(r.losses, [2]int64{from, time.Now().UnixNano()})
 			r.mu.Unlock()
 		}
+	case FaultStoreStop:
+		r.store.Pause()
+		undo = r.store.Resume
+	case FaultStoreKill, FaultStoreWipe:
+		from := time.Now().UnixNano()
+		r.store.Kill()
+		if w, ok := r.store.(wiper); ok && f.Kind == FaultStoreWipe {
+			if err := w.Wipe(); err != nil {
+				r.note("fault %s: %v", f, err)
+			}
+		}
+		undo = func() {
+			if err := r.store.Restart(); err != nil {
+				r.note("fault %s: restart the store: %v", f, err)
+			}
+			if f.Kind == FaultStoreWipe {
+				r.mu.Lock()
+				r.losses = append(r.losses, [2]int64{from, time.Now().UnixNano()})
+				r.mu.Unlock()
+			}
+		}
 	case FaultRestoreOld:
 		dumps := r.dump(ctx)
 		undo = func() { r.restore(ctx, dumps) }
@@ -354,12 +508,13 @@ func (r *runner) inject(ctx context.Context, i int, f Fault) {
 	}
 }
 
-// dump takes a DUMP of every key of the run.
+// dump takes a DUMP of every key of the run's Redis (the members' under the run's prefix,
+// and the daemons').
 func (r *runner) dump(ctx context.Context) map[string]dump {
 	c := goredis.NewClient(&goredis.Options{Addr: r.srv.Addr(), DisableIdentity: true})
 	defer c.Close()
 	out := map[string]dump{}
-	iter := c.Scan(ctx, 0, r.prefix+"*", 1000).Iterator()
+	iter := c.Scan(ctx, 0, "*", 1000).Iterator()
 	for iter.Next(ctx) {
 		k := iter.Val()
 		data, err := c.Dump(ctx, k).Result()
@@ -400,7 +555,7 @@ func (r *runner) restore(ctx context.Context, dumps map[string]dump) {
 // unplanned or did not finish.
 func (r *runner) collect(ctx context.Context) (*History, []Violation) {
 	var vs []Violation
-	h := &History{Stopped: r.stopped, Losses: r.losses, Rewinds: r.rewinds}
+	h := &History{Stopped: r.stopped, Losses: r.losses, Rewinds: r.rewinds, Splits: r.splits, LateBy: r.lateBy, Lossy: r.lossy}
 	r.mu.Lock()
 	ms := append([]*member(nil), r.members...)
 	r.mu.Unlock()

@@ -9,9 +9,7 @@ import (
 // Mode is the Sluice mode a run exercises.
 type Mode string
 
-// The modes the suite runs. etcd and ZooKeeper lease stores are added as a new Mode whose
-// members build their lease.Store on them, with a proxy per member in front of the store's
-// port (see docs/robustness.md).
+// The modes the suite runs.
 const (
 	ModeStrict Mode = "strict" // package strict: every decision in Redis, fail closed
 	ModeLease  Mode = "lease"  // package lease on lease.NewRedisStore
@@ -19,16 +17,33 @@ const (
 	// a share of 1/members): while Redis is out of reach each member decides at its share.
 	ModeStrictLocal Mode = "strict-local"
 	// ModeGossip is package gossip (memberlist, no store): its members report over UDP,
-	// which toxiproxy cannot carry, so its faults are the process faults and clock offsets.
+	// which toxiproxy cannot carry, so its network faults go through each member's
+	// FaultTransport (the peer_* and link_cut faults), beside the process faults and clock
+	// offsets.
 	ModeGossip Mode = "gossip"
 	// ModeDaemon is the daemon (sluice serve, its redis back end, fail closed), one per
 	// member slot, each member's limiter on the daemon through package client.
 	ModeDaemon Mode = "daemon"
+	// ModeLeaseEtcd and ModeLeaseZK are package lease on lease.NewEtcdStore and
+	// lease.NewZKStore: a real etcd or ZooKeeper, each member's client through its own
+	// proxy to the store's client port.
+	ModeLeaseEtcd Mode = "lease-etcd"
+	ModeLeaseZK   Mode = "lease-zk"
+	// ModeDaemonLease and ModeDaemonGossip are the daemon mode on the lease back end
+	// (its store the run's Redis, through the daemon's proxy) and on the gossip back end
+	// (the daemons peers of each other over memberlist; no store).
+	ModeDaemonLease  Mode = "daemon-lease"
+	ModeDaemonGossip Mode = "daemon-gossip"
 )
 
 // Modes lists every mode, in the order seeds pick them (seed % len), unless ROBUST_MODE
 // names one.
-var Modes = []Mode{ModeStrict, ModeLease, ModeStrictLocal, ModeGossip, ModeDaemon}
+var Modes = []Mode{ModeStrict, ModeLease, ModeStrictLocal, ModeGossip, ModeDaemon, ModeLeaseEtcd, ModeLeaseZK, ModeDaemonLease, ModeDaemonGossip}
+
+// isDaemon reports whether mode runs a daemon per member slot.
+func isDaemon(mode Mode) bool {
+	return mode == ModeDaemon || mode == ModeDaemonLease || mode == ModeDaemonGossip
+}
 
 // ParseMode reads a mode's name.
 func ParseMode(s string) (Mode, error) {
@@ -63,6 +78,20 @@ const (
 	// paused.
 	FaultDaemonKill FaultKind = "daemon_kill"
 	FaultDaemonStop FaultKind = "daemon_stop"
+	// The gossip mode's network faults, on the member's real datagrams and streams to its
+	// peers (FaultTransport), both directions: the member cut from every peer (a partition
+	// into two sides), from one peer only (the others still hear both), a share of its
+	// datagrams lost, or its datagrams and streams delayed.
+	FaultPeerPartition FaultKind = "peer_partition"
+	FaultLinkCut       FaultKind = "link_cut"
+	FaultPeerLoss      FaultKind = "peer_loss"
+	FaultPeerDelay     FaultKind = "peer_delay"
+	// The etcd and ZooKeeper modes' store faults: the server paused (SIGSTOP, SIGCONT
+	// after), killed and restarted with its data after (a crash), or killed, its data
+	// deleted, and restarted empty after (a cluster rebuilt from nothing).
+	FaultStoreStop FaultKind = "store_stop"
+	FaultStoreKill FaultKind = "store_kill"
+	FaultStoreWipe FaultKind = "store_wipe"
 )
 
 // Fault is one scheduled fault: it starts At after the run's start and lasts For (the
@@ -77,6 +106,9 @@ type Fault struct {
 	// Link is the link a toxic acts on: "m", the member's to its store (or, in the daemon
 	// mode, to its daemon); "r", the daemon's to Redis (daemon mode).
 	Link string
+	// Peer is link_cut's other end (a member slot); Loss peer_loss's share of datagrams
+	// lost (percent).
+	Peer, Loss int
 }
 
 func (f Fault) String() string {
@@ -88,8 +120,12 @@ func (f Fault) String() string {
 		s += " (its daemon's link to Redis)"
 	}
 	switch f.Kind {
-	case FaultLatency:
+	case FaultLatency, FaultPeerDelay:
 		s += fmt.Sprintf(" %dms±%dms", f.Latency, f.Jitter)
+	case FaultLinkCut:
+		s += fmt.Sprintf(" from member %d", f.Peer)
+	case FaultPeerLoss:
+		s += fmt.Sprintf(" %d%%", f.Loss)
 	case FaultBandwidth:
 		s += fmt.Sprintf(" %dKB/s", f.Rate)
 	case FaultTimeout:
@@ -141,14 +177,20 @@ func NewSchedule(seed uint64, mode Mode, members int, d time.Duration) Schedule 
 		FaultPartition, FaultMemberKill, FaultMemberStop, FaultRedisStop, FaultRedisEmpty, FaultRestoreOld}
 	switch mode {
 	case ModeGossip:
-		kinds = []FaultKind{FaultMemberKill, FaultMemberStop}
-	case ModeDaemon:
+		kinds = []FaultKind{FaultMemberKill, FaultMemberStop, FaultPeerPartition, FaultLinkCut, FaultPeerLoss, FaultPeerDelay}
+	case ModeDaemon, ModeDaemonLease:
 		kinds = append(kinds, FaultDaemonKill, FaultDaemonStop)
+	case ModeDaemonGossip: // no store: the toxics act on the members' links to their daemons
+		kinds = []FaultKind{FaultLatency, FaultBandwidth, FaultTimeout, FaultResetPeer, FaultBlackHole, FaultProxyDown,
+			FaultPartition, FaultMemberKill, FaultMemberStop, FaultDaemonKill, FaultDaemonStop}
+	case ModeLeaseEtcd, ModeLeaseZK:
+		kinds = []FaultKind{FaultLatency, FaultBandwidth, FaultTimeout, FaultResetPeer, FaultBlackHole, FaultProxyDown,
+			FaultPartition, FaultMemberKill, FaultMemberStop, FaultStoreStop, FaultStoreKill, FaultStoreWipe}
 	}
 	// Leave the first 700 ms and the last second quiet: members start, and finish in peace.
 	for at := 700*time.Millisecond + time.Duration(rng.IntN(300))*time.Millisecond; at < d-time.Second; at += time.Duration(250+rng.IntN(500)) * time.Millisecond {
 		f := Fault{At: at, For: time.Duration(100+rng.IntN(1400)) * time.Millisecond, Kind: kinds[rng.IntN(len(kinds))], Target: rng.IntN(members), Link: "m"}
-		if mode == ModeDaemon && rng.IntN(2) == 0 {
+		if (mode == ModeDaemon || mode == ModeDaemonLease) && rng.IntN(2) == 0 {
 			f.Link = "r"
 		}
 		f.For = min(f.For, d-time.Second-at)
@@ -159,8 +201,15 @@ func NewSchedule(seed uint64, mode Mode, members int, d time.Duration) Schedule 
 			f.Rate = 1 + rng.IntN(8)
 		case FaultTimeout:
 			f.Timeout = 20 + rng.IntN(300)
+		case FaultPeerDelay:
+			f.Latency, f.Jitter = 20+rng.IntN(280), rng.IntN(50)
+		case FaultPeerLoss:
+			f.Loss = 10 + rng.IntN(51)
+		case FaultLinkCut:
+			f.Peer = (f.Target + 1 + rng.IntN(members-1)) % members
 		}
-		onRedis := f.Kind == FaultRedisStop || f.Kind == FaultRedisEmpty || f.Kind == FaultRestoreOld || f.Kind == FaultPartition
+		onRedis := f.Kind == FaultRedisStop || f.Kind == FaultRedisEmpty || f.Kind == FaultRestoreOld || f.Kind == FaultPartition ||
+			f.Kind == FaultStoreStop || f.Kind == FaultStoreKill || f.Kind == FaultStoreWipe
 		if onRedis {
 			f.Target = -1
 			if at < redisFree {

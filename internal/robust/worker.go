@@ -1,16 +1,19 @@
 package robust
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
@@ -44,6 +47,13 @@ var Groups = []Group{
 // judge the use times with it.
 const Margin = 20 * time.Millisecond
 
+// StallTick is how often a member looks at its clock; a look later than StallMin after
+// the one before records a stall.
+const (
+	StallTick = 20 * time.Millisecond
+	StallMin  = 200 * time.Millisecond
+)
+
 // GossipSettle is how long a gossip member waits for its peers after it starts, before its
 // load starts (memberlist spreads a join within a gossip round).
 const GossipSettle = 500 * time.Millisecond
@@ -70,7 +80,10 @@ type MemberConfig struct {
 	// Settle: how long the member waits after it starts before its load starts (its
 	// share of the duration): a gossip member joins its peers first.
 	Settle time.Duration `json:"settle,omitempty"`
-	Seed   uint64        `json:"seed"`
+	// Links: a gossip member's links to its peers as it starts, as control lines (later
+	// changes come on its standard input).
+	Links []string `json:"links,omitempty"`
+	Seed  uint64   `json:"seed"`
 }
 
 // skewed is a clock offset from the real one by a constant: a machine whose clock is
@@ -135,11 +148,12 @@ func MemberMain() int {
 // in flight, which ends within its probe time-out and TCP fallback (about 1.5 s).
 const GoroutineGrace = 5 * time.Second
 
-func runMember(cfg MemberConfig) int {
+func runMember(cfg MemberConfig) (code int) {
 	clk := skewed{clock.NewReal(), cfg.Skew}
 	var rec out
 	var be backend.Backend
 	var closeAll []func()
+	var pool func() int // gossip: the pool size the member counts
 	defer func() {
 		for i := len(closeAll) - 1; i >= 0; i-- {
 			closeAll[i]()
@@ -161,11 +175,13 @@ func runMember(cfg MemberConfig) int {
 		b := strict.New(client, opts...)
 		closeAll = append(closeAll, func() { b.Close() })
 		be = b
-	case ModeLease:
-		client := goredis.NewClient(&goredis.Options{Addr: cfg.Addr, MaxRetries: -1, DisableIdentity: true,
-			DialTimeout: 300 * time.Millisecond, ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond})
-		closeAll = append(closeAll, func() { client.Close() })
-		store := lease.NewRedisStore(client, lease.WithRedisPrefix(cfg.Prefix))
+	case ModeLease, ModeLeaseEtcd, ModeLeaseZK:
+		store, closeStore, err := leaseStore(cfg.Mode, cfg.Addr, cfg.Prefix)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "robust member:", err)
+			return 2
+		}
+		closeAll = append(closeAll, closeStore)
 		var closing atomic.Bool // the limiters are closed: no share is in use any more
 		obs := lease.ObserverFunc(func(s lease.Status) {
 			if closing.Load() {
@@ -192,13 +208,40 @@ func runMember(cfg MemberConfig) int {
 			}
 		})
 		be = b
-	case ModeDaemon:
-		c := client.New(cfg.Addr, client.WithFailMode(backend.FailClosed), client.WithTimeout(300*time.Millisecond))
+	case ModeDaemon, ModeDaemonLease, ModeDaemonGossip:
+		// A daemon on the lease back end answers in 100-300 ms under this load (it waits
+		// for its store's rounds; seen on the loaded 2-core machine): at 300 ms the client
+		// timed out, backed off (up to 5 s), and denied nearly every call for the whole
+		// run. Its client waits longer and backs off for at most 500 ms.
+		opts := []client.Option{client.WithFailMode(backend.FailClosed), client.WithTimeout(300 * time.Millisecond)}
+		if cfg.Mode == ModeDaemonLease {
+			opts = append(opts, client.WithTimeout(time.Second), client.WithBackoff(100*time.Millisecond, 500*time.Millisecond), client.WithConns(cfg.Goroutines))
+		}
+		c := client.New(cfg.Addr, opts...)
 		be = c.Backend()
 		closeAll = append(closeAll, func() { be.Close() })
 	case ModeGossip:
 		gc := gossip.DefaultConfig()
 		gc.Bind, gc.Peers, gc.Name, gc.Clock = cfg.Bind, cfg.Peers, fmt.Sprint("m", cfg.Proc), clk
+		// The links' faults: those in force when the member was started, then the runner's
+		// control lines, read from now on (before the member joins its peers, so that a
+		// member started during a cut stays cut; they end, EOF, once the run's faults are
+		// over, and so does this reader). The real transport is put under them in New.
+		ft := NewFaultTransport(nil, cfg.Seed<<8|uint64(cfg.Proc))
+		for _, l := range cfg.Links {
+			addr, link, err := parseLink(l)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "robust member:", err)
+				return 2
+			}
+			ft.SetLink(addr, link)
+		}
+		links := make(chan error, 1)
+		go func() { links <- readLinks(os.Stdin, ft) }()
+		gc.WrapTransport = func(t memberlist.NodeAwareTransport) memberlist.NodeAwareTransport {
+			ft.NodeAwareTransport = t
+			return ft
+		}
 		b, err := gossip.New(gc)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "robust member:", err)
@@ -206,6 +249,13 @@ func runMember(cfg MemberConfig) int {
 		}
 		closeAll = append(closeAll, func() { b.Close() })
 		be = b
+		pool = b.Members
+		defer func() {
+			if err := <-links; err != nil {
+				fmt.Fprintln(os.Stderr, "robust member:", err)
+				code = 2
+			}
+		}()
 	default:
 		fmt.Fprintln(os.Stderr, "robust member: unknown mode", cfg.Mode)
 		return 2
@@ -221,15 +271,55 @@ func runMember(cfg MemberConfig) int {
 		closeAll = append(closeAll, func() { l.Close() })
 		lims[i] = l
 	}
+	var poolWG sync.WaitGroup
+	poolStop := make(chan struct{})
+	defer func() { close(poolStop); poolWG.Wait() }()
+	if pool != nil {
+		// The pool size the member counts, every 100 ms from its start (before the settle
+		// time): a cut shows in it.
+		poolWG.Add(1)
+		go func() {
+			defer poolWG.Done()
+			t := time.NewTicker(100 * time.Millisecond)
+			defer t.Stop()
+			for {
+				rec.print(Pool{Proc: cfg.Proc, At: time.Now().UnixNano(), Members: pool()}.line())
+				select {
+				case <-poolStop:
+					return
+				case <-t.C:
+				}
+			}
+		}()
+	}
 	time.Sleep(cfg.Settle)
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration-cfg.Settle)
 	defer cancel()
 	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // stalls: spans the process was not run, as its own ticker saw them
+		defer wg.Done()
+		t := time.NewTicker(StallTick)
+		defer t.Stop()
+		last := time.Now()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			now := time.Now()
+			if now.Sub(last) > StallMin {
+				rec.print(Stall{Proc: cfg.Proc, From: last.UnixNano(), To: now.UnixNano()}.line())
+			}
+			last = now
+		}
+	}()
 	for g := range cfg.Goroutines {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w := &worker{proc: cfg.Proc, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Proc)<<16|uint64(g))), lims: lims, rec: &rec, clk: clk, strict: cfg.Mode == ModeStrict || cfg.Mode == ModeStrictLocal, daemon: cfg.Mode == ModeDaemon}
+			w := &worker{proc: cfg.Proc, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Proc)<<16|uint64(g))), lims: lims, rec: &rec, clk: clk, strict: cfg.Mode == ModeStrict || cfg.Mode == ModeStrictLocal, daemon: isDaemon(cfg.Mode)}
 			for ctx.Err() == nil {
 				w.step(ctx)
 			}
@@ -237,6 +327,19 @@ func runMember(cfg MemberConfig) int {
 	}
 	wg.Wait()
 	return 0
+}
+
+// readLinks applies the control lines from r to ft until r ends.
+func readLinks(r io.Reader, ft *FaultTransport) error {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		addr, l, err := parseLink(sc.Text())
+		if err != nil {
+			return err
+		}
+		ft.SetLink(addr, l)
+	}
+	return sc.Err()
 }
 
 // worker is one goroutine of a member: random requests, each recorded.

@@ -29,3 +29,16 @@ func TestKillRestartWipe(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPauseResume: a paused ZooKeeper does not answer ruok; resumed, it does.
+func TestPauseResume(t *testing.T) {
+	s := New(t)
+	s.Pause()
+	if ruok(s.Addr()) {
+		t.Fatal("imok from a paused server")
+	}
+	s.Resume()
+	if !ruok(s.Addr()) {
+		t.Fatal("no imok after Resume")
+	}
+}
