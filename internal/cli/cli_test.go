@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -305,6 +306,7 @@ func TestVersionFlags(t *testing.T) {
 // real Sentinel set (a master, a replica, three sentinels), named by a redis-sentinel://
 // URL.
 func TestSentinel(t *testing.T) {
+	t.Parallel() // its own servers; mostly waiting on fences and demos
 	set := redistest.NewSentinels(t, redistest.SentinelConfig{})
 	t.Run("DemoRedis", func(t *testing.T) {
 		code, out, errs := run(t, "demo", "--mode", "redis", "--redis-url", set.URL(), "--duration", "1s", "--workers", "3",
@@ -342,6 +344,7 @@ func TestSentinel(t *testing.T) {
 // TestLeaseOnEtcd: the lease demo and the daemon through one real etcd, and the strict
 // mode's on the same etcd.
 func TestLeaseOnEtcd(t *testing.T) {
+	t.Parallel() // its own servers; mostly waiting on fences and demos
 	srv := etcdtest.New(t)
 	t.Run("Demo", func(t *testing.T) { demoLeaseOnEtcd(t, srv) })
 	t.Run("Serve", func(t *testing.T) { serveLease(t, srv.URL()) })
@@ -352,6 +355,7 @@ func TestLeaseOnEtcd(t *testing.T) {
 // TestLeaseOnZK: the lease demo and the daemon through one real ZooKeeper, and the strict
 // mode's on the same ZooKeeper.
 func TestLeaseOnZK(t *testing.T) {
+	t.Parallel() // its own servers; mostly waiting on fences and demos
 	srv := zktest.New(t)
 	t.Run("Demo", func(t *testing.T) { demoLeaseOnZK(t, srv) })
 	t.Run("Serve", func(t *testing.T) { serveLease(t, srv.URL()) })
@@ -504,4 +508,65 @@ func demoLeaseOnZK(t *testing.T, srv *zktest.Server) {
 	if j["mode"] != "lease" || j["violations"] != 0.0 || j["accepted"].(float64) < 10 {
 		t.Errorf("mode %v, violations %v, accepted %v: %s", j["mode"], j["violations"], j["accepted"], out)
 	}
+}
+
+// TestServeSeesAChangeMadeWhileItStarts: a config file rewritten after the daemon read it
+// but before it began to watch the file is reloaded (the watch's first fingerprint was
+// taken after the start, so such a change was never seen: TestServeReloadsWhenTheFileChanges
+// in cmd/sluice failed on a loaded machine).
+func TestServeSeesAChangeMadeWhileItStarts(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "sluice.yaml")
+	write := func(text string) {
+		tmp := filepath.Join(dir, "next.yaml")
+		if err := os.WriteFile(tmp, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("rules:\n  - {match: api, limit: 1/h}\n")
+	t.Setenv("SLUICE_WATCH_CONFIG", "10ms")
+	testHookServing = func() { write("rules:\n  - {match: api, limit: 1/h}\n  - {match: fresh, limit: 1/h}\n") }
+	t.Cleanup(func() { testHookServing = nil })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	errb := &lockedBuffer{}
+	go func() {
+		done <- Main(ctx, []string{"serve", "--config", cfg, "--listen-line", addr, "--listen-http", ""}, strings.NewReader(""), io.Discard, errb)
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(errb.String(), `trigger="the config file changed"`); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the change made while the daemon started was not reloaded in 10 s: %s", errb.String())
+		}
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for a writer and a reader in different goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

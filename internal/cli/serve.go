@@ -329,6 +329,10 @@ func fingerprint(paths ...string) string {
 	return string(h.Sum(nil))
 }
 
+// testHookServing, if set (by tests), runs once the daemon serves, before it watches its
+// files.
+var testHookServing func()
+
 func runServe(ctx context.Context, env Env, args []string) error {
 	sf := newServeFlags(env)
 	if err := parseFlags(env, sf.fs, args); err != nil {
@@ -337,6 +341,9 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	if err := sf.fromEnv(os.LookupEnv); err != nil {
 		return err
 	}
+	// The config file's fingerprint is taken before it is read: a change made while the
+	// daemon starts is seen by the first look (at worst one reload of what it read).
+	seenConfig := fingerprint(sf.config)
 	cfg, err := sf.build()
 	if err != nil {
 		return usageError{err}
@@ -397,14 +404,18 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		defer t.Stop()
 		changed = t.C
 	}
-	seen := fingerprint(sf.config, srv.Config().HTTPTokenFile)
+	if testHookServing != nil {
+		testHookServing()
+	}
+	files := func() string { return fingerprint(sf.config) + fingerprint(srv.Config().HTTPTokenFile) }
+	seen := seenConfig + fingerprint(srv.Config().HTTPTokenFile)
 	for {
 		select {
 		case <-hup:
 			_ = srv.ReloadFrom("SIGHUP", sf.build) // refused, logged and counted on error
-			seen = fingerprint(sf.config, srv.Config().HTTPTokenFile)
+			seen = files()
 		case <-changed:
-			if fp := fingerprint(sf.config, srv.Config().HTTPTokenFile); fp != seen {
+			if fp := files(); fp != seen {
 				seen = fp
 				_ = srv.ReloadFrom("the config file changed", sf.build)
 			}
