@@ -16,8 +16,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -34,8 +32,7 @@ type Server struct {
 	PeerPort int
 	dir      string
 
-	mu   sync.Mutex
-	proc *proctest.Proc // nil while down
+	proctest.Slot // the server's process: Kill, Pause, Resume
 }
 
 // Addr returns the client address, host:port.
@@ -85,46 +82,27 @@ func New(t testing.TB) *Server {
 // Restart starts the server again on its ports (after Kill), with the data it had, or
 // as a new cluster after Wipe. It returns once the server reports itself healthy.
 func (s *Server) Restart() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.proc != nil {
-		return errors.New("etcdtest: server already running")
-	}
-	peer := "http://127.0.0.1:" + strconv.Itoa(s.PeerPort)
-	client := "http://" + s.Addr()
-	cmd := exec.Command("etcd", "--name", "test", "--data-dir", filepath.Join(s.dir, "data"),
-		"--listen-client-urls", client, "--advertise-client-urls", client,
-		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-		"--initial-cluster", "test="+peer, "--log-level", "error",
-		"--unsafe-no-fsync") // tests only: a kill -9 loses nothing the OS has
-	hc := &http.Client{Timeout: time.Second}
-	defer hc.CloseIdleConnections()
-	p, err := proctest.Start(fmt.Sprintf("etcdtest: etcd on port %d", s.Port), cmd, filepath.Join(s.dir, "etcd.log"),
-		20*time.Second, 20*time.Millisecond, func() bool {
-			r, err := hc.Get(client + "/health")
-			if err != nil {
-				return false
-			}
-			r.Body.Close()
-			return r.StatusCode == http.StatusOK
-		})
-	if err != nil {
-		return err
-	}
-	s.proc = p
-	return nil
-}
-
-// Kill kills the server with SIGKILL and waits for it to exit. Its data stays on disk:
-// Restart brings it back as it was.
-func (s *Server) Kill() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.proc == nil {
-		return
-	}
-	s.proc.Kill()
-	s.proc = nil
+	return s.Slot.Start("etcdtest", func() (*proctest.Proc, error) {
+		peer := "http://127.0.0.1:" + strconv.Itoa(s.PeerPort)
+		client := "http://" + s.Addr()
+		cmd := exec.Command("etcd", "--name", "test", "--data-dir", filepath.Join(s.dir, "data"),
+			"--listen-client-urls", client, "--advertise-client-urls", client,
+			"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+			"--initial-cluster", "test="+peer, "--log-level", "error",
+			"--unsafe-no-fsync") // tests only: a kill -9 loses nothing the OS has
+		hc := &http.Client{Timeout: time.Second}
+		defer hc.CloseIdleConnections()
+		p, err := proctest.Start(fmt.Sprintf("etcdtest: etcd on port %d", s.Port), cmd, filepath.Join(s.dir, "etcd.log"),
+			20*time.Second, 20*time.Millisecond, func() bool {
+				r, err := hc.Get(client + "/health")
+				if err != nil {
+					return false
+				}
+				r.Body.Close()
+				return r.StatusCode == http.StatusOK
+			})
+		return p, err
+	})
 }
 
 // Wipe kills the server and deletes its data: the next Restart begins a new cluster with
@@ -135,21 +113,6 @@ func (s *Server) Wipe() error {
 		return fmt.Errorf("etcdtest: %w", err)
 	}
 	return nil
-}
-
-// Pause stops the server with SIGSTOP: connections stay open and nothing answers, as a
-// server that hangs. Resume continues it.
-func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
-
-// Resume continues a paused server with SIGCONT.
-func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
-
-func (s *Server) signal(sig syscall.Signal) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.proc != nil {
-		s.proc.Signal(sig)
-	}
 }
 
 // Close kills the server and removes its directory.

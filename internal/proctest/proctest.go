@@ -165,3 +165,51 @@ func (p *Shared[S]) Close() {
 		p.started = false
 	}
 }
+
+// Slot is a restartable test server's process: nil while it is down. A server keeps one
+// and says how it starts; Slot does the killing, pausing and guarding of the rest.
+type Slot struct {
+	mu   sync.Mutex
+	proc *Proc
+}
+
+// Start runs start, under the slot's lock, unless a process is running (then it returns
+// an error naming what, e.g. "etcdtest: server already running").
+func (s *Slot) Start(what string, start func() (*Proc, error)) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc != nil {
+		return fmt.Errorf("%s: server already running", what)
+	}
+	p, err := start()
+	if err != nil {
+		return err
+	}
+	s.proc = p
+	return nil
+}
+
+// Kill kills the running process, if any, with SIGKILL and waits for it to exit.
+func (s *Slot) Kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc != nil {
+		s.proc.Kill()
+		s.proc = nil
+	}
+}
+
+// Pause stops the running process with SIGSTOP: connections stay open and nothing
+// answers, as a server that hangs. Resume continues it.
+func (s *Slot) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused process with SIGCONT.
+func (s *Slot) Resume() { s.signal(syscall.SIGCONT) }
+
+func (s *Slot) signal(sig syscall.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc != nil {
+		s.proc.Signal(sig)
+	}
+}

@@ -16,8 +16,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -36,8 +34,7 @@ type Server struct {
 	Port int
 	dir  string
 
-	mu   sync.Mutex
-	proc *proctest.Proc // nil while down
+	proctest.Slot // the server's process: Kill, Pause, Resume
 }
 
 // Addr returns the client address, host:port.
@@ -90,25 +87,18 @@ func New(t testing.TB) *Server {
 // Restart starts the server again on its port (after Kill), with the data it had, or
 // empty after Wipe. It returns once the server answers ruok.
 func (s *Server) Restart() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.proc != nil {
-		return errors.New("zktest: server already running")
-	}
-	cfg := fmt.Sprintf("tickTime=500\ndataDir=%s\nclientPort=%d\nclientPortAddress=127.0.0.1\n"+
-		"admin.enableServer=false\n4lw.commands.whitelist=ruok\nforceSync=no\n", filepath.Join(s.dir, "data"), s.Port)
-	if err := os.WriteFile(filepath.Join(s.dir, "zoo.cfg"), []byte(cfg), 0o644); err != nil {
-		return fmt.Errorf("zktest: %w", err)
-	}
-	cmd := exec.Command(Script, "start-foreground", filepath.Join(s.dir, "zoo.cfg"))
-	cmd.Env = append(os.Environ(), "ZOOCFGDIR="+s.dir, "ZOO_LOG_DIR="+s.dir, "JVMFLAGS=-Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1")
-	p, err := proctest.Start(fmt.Sprintf("zktest: ZooKeeper on port %d", s.Port), cmd, filepath.Join(s.dir, "zk.out"),
-		30*time.Second, 50*time.Millisecond, func() bool { return ruok(s.Addr()) })
-	if err != nil {
-		return err
-	}
-	s.proc = p
-	return nil
+	return s.Slot.Start("zktest", func() (*proctest.Proc, error) {
+		cfg := fmt.Sprintf("tickTime=500\ndataDir=%s\nclientPort=%d\nclientPortAddress=127.0.0.1\n"+
+			"admin.enableServer=false\n4lw.commands.whitelist=ruok\nforceSync=no\n", filepath.Join(s.dir, "data"), s.Port)
+		if err := os.WriteFile(filepath.Join(s.dir, "zoo.cfg"), []byte(cfg), 0o644); err != nil {
+			return nil, fmt.Errorf("zktest: %w", err)
+		}
+		cmd := exec.Command(Script, "start-foreground", filepath.Join(s.dir, "zoo.cfg"))
+		cmd.Env = append(os.Environ(), "ZOOCFGDIR="+s.dir, "ZOO_LOG_DIR="+s.dir, "JVMFLAGS=-Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1")
+		p, err := proctest.Start(fmt.Sprintf("zktest: ZooKeeper on port %d", s.Port), cmd, filepath.Join(s.dir, "zk.out"),
+			30*time.Second, 50*time.Millisecond, func() bool { return ruok(s.Addr()) })
+		return p, err
+	})
 }
 
 // ruok asks the four-letter word ruok: a serving server answers imok.
@@ -127,19 +117,6 @@ func ruok(addr string) bool {
 	return string(b[:n]) == "imok"
 }
 
-// Kill kills the server (the script and its JVM) with SIGKILL and waits for it to exit.
-// Its data stays on disk: Restart brings it back as it was, sessions included until they
-// time out.
-func (s *Server) Kill() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.proc == nil {
-		return
-	}
-	s.proc.Kill()
-	s.proc = nil
-}
-
 // Wipe kills the server and deletes its data: the next Restart begins with no znodes and
 // zxids from the start, as an ensemble rebuilt from nothing.
 func (s *Server) Wipe() error {
@@ -148,21 +125,6 @@ func (s *Server) Wipe() error {
 		return fmt.Errorf("zktest: %w", err)
 	}
 	return nil
-}
-
-// Pause stops the server with SIGSTOP: connections stay open and nothing answers, as a
-// server that hangs. Resume continues it.
-func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
-
-// Resume continues a paused server with SIGCONT.
-func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
-
-func (s *Server) signal(sig syscall.Signal) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.proc != nil {
-		s.proc.Signal(sig)
-	}
 }
 
 // Close kills the server and removes its directory.
