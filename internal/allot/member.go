@@ -288,6 +288,11 @@ type Status struct {
 	Rate   float64 // the share's rate in permits per second
 	// Expires is how long the lease may still be used (0: it may not).
 	Expires time.Duration
+	// Prev is the share of an older lease the member still uses, for permits it booked
+	// under it before it moved to Share, and PrevLeft how long it uses it still (0: none).
+	// What the member may be using is the larger of the two (Member.InUse).
+	Prev     Share
+	PrevLeft time.Duration
 	// Demand is the demand last reported, in parts of RateScale.
 	Demand int64
 	// Used is what the member granted over the last reporting window, and Granted what its
@@ -317,6 +322,9 @@ func (m *Member) Status(now int64) Status {
 	}
 	if m.usable(now) {
 		st.Expires = time.Duration(m.lease.end - now)
+	}
+	if now < m.handover.prevUntil {
+		st.Prev, st.PrevLeft = m.handover.prevShare, time.Duration(m.handover.prevUntil-now)
 	}
 	if m.windowed() && m.quota.of != 0 && now < m.quota.end {
 		st.Tokens, st.WindowLeft = m.quota.left, time.Duration(m.quota.end-now)

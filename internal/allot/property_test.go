@@ -74,6 +74,18 @@ func newWorld(t *testing.T, seed uint64, l gcra.Limit, policy Policy, n int) *wo
 	return w
 }
 
+// inUse is what a status says its member may be using (Member.InUse, from outside).
+func (st Status) inUse() Share {
+	var c Share
+	if st.Expires > 0 {
+		c = st.Share
+	}
+	if st.PrevLeft > 0 {
+		c = maxShare(c, st.Prev)
+	}
+	return c
+}
+
 // check verifies the invariant at the current instant, from both sides.
 func (w *world) check(what string) {
 	w.t.Helper()
@@ -83,7 +95,12 @@ func (w *world) check(what string) {
 	var sum Share
 	for _, sm := range w.members {
 		if sm.m != nil {
-			sum = sum.add(sm.m.InUse(w.now))
+			in := sm.m.InUse(w.now)
+			if st := sm.m.Status(w.now); st.inUse() != in {
+				w.t.Fatalf("t=%v after %s: %s's status says it uses %+v (share %+v for %v, older %+v for %v), InUse %+v",
+					time.Duration(w.now), what, sm.name, st.inUse(), st.Share, st.Expires, st.Prev, st.PrevLeft, in)
+			}
+			sum = sum.add(in)
 		}
 	}
 	if !sum.Fits(Share{RateScale, w.limit.Burst()}) {
