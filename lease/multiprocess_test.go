@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -65,6 +66,7 @@ type memberConfig struct {
 	Duration   time.Duration `json:"duration"`
 	Skew       time.Duration `json:"skew"`      // offset of this process' clock
 	ReadyDir   string        `json:"ready_dir"` // if set, the member makes a file there at its first permit
+	Margin     time.Duration `json:"margin"`    // the limiter's jitter tolerance (sluice.WithMargin)
 }
 
 // skewed is a clock offset from the real one by a constant: a machine whose clock is
@@ -78,9 +80,15 @@ func (s skewed) Now() time.Time  { return s.Clock.Now().Add(s.off) }
 func (s skewed) Nanotime() int64 { return s.Clock.Nanotime() + int64(s.off) }
 
 // memberMain is one member process: goroutines share one limiter deciding on the
-// process's lease of the limit from Redis, wait for permits as workers before their API
-// calls, and print the real time of each permit at once (a process killed with SIGKILL
-// has reported every permit it used).
+// process's lease of the limit from the store, wait for permits as workers before their
+// API calls, and print each permit at once (a process killed with SIGKILL has reported
+// every permit it used): "p USE SLOT DECIDED", the real time it was used, its slot (when
+// the member's GCRA, on its share, made it due) and when it was decided, all on the
+// machine's real clock; and each answer from the store: "s AT SEQ RATE BURST END PRATE
+// PBURST PEND", the lease's sequence number, the share and the end of its use, and an
+// older lease's share still in use for permits booked under it, and until when (ends 0:
+// not in use); with a margin, "e AT N": the permits it gave back so far, handed over too
+// late (Limiter.Expired).
 func memberMain() int {
 	var cfg memberConfig
 	if err := json.Unmarshal([]byte(os.Getenv(memberEnv)), &cfg); err != nil {
@@ -94,13 +102,34 @@ func memberMain() int {
 	}
 	defer closeStore()
 	clk := skewed{clock.NewReal(), cfg.Skew}
-	be, err := lease.New(store, lease.WithID(cfg.ID), lease.WithClock(clk), lease.WithRenewEvery(100*time.Millisecond))
+	// off turns the member's clock (its monotonic time, skewed) into the machine's real
+	// time, which every process on the machine shares: the permits' slots and the leases'
+	// ends are printed in it.
+	off := realOffset(clk)
+	var mu sync.Mutex
+	observe := lease.ObserverFunc(func(st lease.Status) {
+		if st.Key != "api" {
+			return
+		}
+		now := clk.Nanotime() + off // a little after the status' time: its ends are late by as much (safe for the sum)
+		end, prevEnd := int64(0), int64(0)
+		if st.Expires > 0 {
+			end = now + int64(st.Expires)
+		}
+		if st.PrevLeft > 0 {
+			prevEnd = now + int64(st.PrevLeft)
+		}
+		mu.Lock()
+		fmt.Fprintln(os.Stdout, "s", now, st.Seq, st.Share.Rate, st.Share.Burst, end, st.Prev.Rate, st.Prev.Burst, prevEnd)
+		mu.Unlock()
+	})
+	be, err := lease.New(store, lease.WithID(cfg.ID), lease.WithClock(clk), lease.WithRenewEvery(100*time.Millisecond), lease.WithObserver(observe))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "member:", err)
 		return 2
 	}
 	defer be.Close()
-	lim, err := sluice.New(sluice.MustParse(cfg.Limits), sluice.WithBackend(be), sluice.WithClock(clk))
+	lim, err := sluice.New(sluice.MustParse(cfg.Limits), sluice.WithBackend(be), sluice.WithClock(clk), sluice.WithMargin(cfg.Margin))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "member:", err)
 		return 2
@@ -108,19 +137,33 @@ func memberMain() int {
 	defer lim.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration)
 	defer cancel()
-	var mu sync.Mutex
 	var wg sync.WaitGroup
+	if cfg.Margin > 0 {
+		wg.Add(1)
+		go func() { // the permits given back late (past the margin), for the figures
+			defer wg.Done()
+			for ctx.Err() == nil {
+				time.Sleep(100 * time.Millisecond)
+				mu.Lock()
+				fmt.Fprintln(os.Stdout, "e", time.Now().UnixNano(), lim.Expired())
+				mu.Unlock()
+			}
+		}()
+	}
 	for range cfg.Goroutines {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for ctx.Err() == nil {
-				if err := lim.Wait(ctx, "api"); err != nil {
+				r, err := lim.WaitN(ctx, "api", 1)
+				if err != nil {
 					continue
 				}
 				at := time.Now().UnixNano() // the permit is used now: a real time, not the skewed one
+				// Its slot: when the member's GCRA decided it was due, on its share.
+				slot := r.Slot() + off
 				mu.Lock()
-				fmt.Fprintln(os.Stdout, at)
+				fmt.Fprintln(os.Stdout, "p", at, slot, slot-int64(r.Delay))
 				if cfg.ReadyDir != "" {
 					os.WriteFile(filepath.Join(cfg.ReadyDir, cfg.ID), nil, 0o644)
 					cfg.ReadyDir = ""
@@ -131,6 +174,22 @@ func memberMain() int {
 	}
 	wg.Wait()
 	return 0
+}
+
+// realOffset returns what turns c's Nanotime into the machine's real time (Unix
+// nanoseconds), read between two of c's reads close together (a process preempted
+// between them reads again).
+func realOffset(c clock.Clock) int64 {
+	best, off := int64(math.MaxInt64), int64(0)
+	for range 20 {
+		a := c.Nanotime()
+		w := time.Now().UnixNano()
+		b := c.Nanotime()
+		if b-a < best {
+			best, off = b-a, w-(a+b)/2
+		}
+	}
+	return off
 }
 
 // memberStore opens the store a member process leases through.
@@ -196,26 +255,105 @@ func startMembers(t *testing.T, n int, cfg memberConfig, skews map[int]time.Dura
 	return ms
 }
 
-// permits waits for the members and returns every permit's time, sorted, and each
-// member's count.
-func permits(t *testing.T, ms []*member, killed map[int]bool) ([]int64, []int) {
+// permit is one permit a member used: the real time it was used, its slot (when the
+// member's GCRA made it due, on its share) and when it was decided, on the machine's
+// real clock.
+type permit struct{ use, slot, decided int64 }
+
+// leaseSeen is a member's lease after one answer from the store (its "s" line): the share
+// and the end of its use, and an older lease's share still in use and until when (ends
+// 0: not in use).
+type leaseSeen struct {
+	at, end, prevEnd int64
+	seq              uint64
+	share, prev      lease.Share
+}
+
+// inUse returns the share the member may be using at x, by this status.
+func (s leaseSeen) inUse(x int64) lease.Share {
+	var c lease.Share
+	if x < s.end {
+		c = s.share
+	}
+	if x < s.prevEnd {
+		c = lease.Share{Rate: max(c.Rate, s.prev.Rate), Burst: max(c.Burst, s.prev.Burst)}
+	}
+	return c
+}
+
+// record is what the member processes printed: each one's permits (in the order it
+// printed them) and leases.
+type record struct {
+	permits [][]permit
+	leases  [][]leaseSeen
+	expired []int64 // permits given back late (past the margin), the last count printed
+}
+
+// readRecord waits for the members and parses what they printed. With SLUICE_MP_DUMP set
+// to a directory, each member's output is written there too (TESTNAME-MEMBER.txt), for a
+// closer look.
+func readRecord(t *testing.T, ms []*member, killed map[int]bool) record {
 	t.Helper()
-	var all []int64
-	counts := make([]int, len(ms))
+	rec := record{permits: make([][]permit, len(ms)), leases: make([][]leaseSeen, len(ms)), expired: make([]int64, len(ms))}
 	for i, m := range ms {
 		err := m.cmd.Wait()
 		if err != nil && !killed[i] {
 			t.Fatalf("member %d: %v: %s", i, err, m.err.String())
 		}
+		if dir := os.Getenv("SLUICE_MP_DUMP"); dir != "" {
+			name := strings.ReplaceAll(t.Name(), "/", "_")
+			if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-%d.txt", name, i)), m.out.Bytes(), 0o644); err != nil {
+				t.Log(err)
+			}
+		}
 		sc := bufio.NewScanner(&m.out)
 		for sc.Scan() {
-			if at, err := strconv.ParseInt(strings.TrimSpace(sc.Text()), 10, 64); err == nil {
-				all = append(all, at)
-				counts[i]++
+			f := strings.Fields(sc.Text())
+			n := make([]int64, len(f))
+			bad := len(f) == 0
+			for k := 1; k < len(f); k++ {
+				if n[k], err = strconv.ParseInt(f[k], 10, 64); err != nil {
+					bad = true
+				}
+			}
+			switch {
+			case bad:
+				// a line cut by SIGKILL
+			case f[0] == "p" && len(f) == 4:
+				rec.permits[i] = append(rec.permits[i], permit{use: n[1], slot: n[2], decided: n[3]})
+			case f[0] == "e" && len(f) == 3:
+				rec.expired[i] = n[2]
+			case f[0] == "s" && len(f) == 9:
+				rec.leases[i] = append(rec.leases[i], leaseSeen{at: n[1], seq: uint64(n[2]), share: lease.Share{Rate: n[3], Burst: n[4]},
+					end: n[5], prev: lease.Share{Rate: n[6], Burst: n[7]}, prevEnd: n[8]})
 			}
 		}
 	}
-	slices.Sort(all)
+	return rec
+}
+
+// uses returns every permit's use time, sorted, and slots every permit's slot, sorted.
+func (r record) uses() (uses, slots []int64) {
+	for _, ps := range r.permits {
+		for _, p := range ps {
+			uses, slots = append(uses, p.use), append(slots, p.slot)
+		}
+	}
+	slices.Sort(uses)
+	slices.Sort(slots)
+	return uses, slots
+}
+
+// permits waits for the members and returns every permit's use time, sorted, and each
+// member's count.
+func permits(t *testing.T, ms []*member, killed map[int]bool) ([]int64, []int) {
+	t.Helper()
+	rec := readRecord(t, ms, killed)
+	counts := make([]int, len(ms))
+	for i, ps := range rec.permits {
+		counts[i] = len(ps)
+	}
+	all, _ := rec.uses()
 	return all, counts
 }
 
