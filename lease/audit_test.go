@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,8 +20,7 @@ import (
 // auditShares checks that the shares the members may be using (each member's share while
 // its lease may be used, and an older lease's while permits booked under it are pending:
 // Member.InUse, as its statuses tell it) sum to at most the limit's rate and burst at
-// every instant. A status is printed a little after the member took it (microseconds):
-// its ends are late by as much, which only counts a share longer.
+// every instant.
 func auditShares(r record, l gcra.Limit) error {
 	var xs []int64
 	for _, ls := range r.leases {
@@ -32,16 +32,18 @@ func auditShares(r record, l gcra.Limit) error {
 	xs = slices.Compact(xs)
 	for _, x := range xs {
 		var sum lease.Share
-		for _, ls := range r.leases {
+		var each []string
+		for i, ls := range r.leases {
 			if s, ok := statusAt(ls, x); ok {
 				u := s.inUse(x)
 				sum.Rate += u.Rate
 				sum.Burst += u.Burst
+				each = append(each, fmt.Sprintf("member %d: %+v (lease %d from %d to %d, older %+v to %d)", i, u, s.seq, s.at, s.end, s.prev, s.prevEnd))
 			}
 		}
 		if sum.Rate > lease.RateScale || sum.Burst > l.Burst() {
-			return fmt.Errorf("at %d the members' shares in use sum to rate %d burst %d, past the limit's %d and %d",
-				x, sum.Rate, sum.Burst, lease.RateScale, l.Burst())
+			return fmt.Errorf("at %d the members' shares in use sum to rate %d burst %d, past the limit's %d and %d: %s",
+				x, sum.Rate, sum.Burst, lease.RateScale, l.Burst(), strings.Join(each, "; "))
 		}
 	}
 	return nil
@@ -61,14 +63,10 @@ func statusAt(ls []leaseSeen, x int64) (leaseSeen, bool) {
 	return ls[i-1], true
 }
 
-// statusSlack is how much later than a permit's decision the status of the lease it was
-// decided on may be printed: the renewal goroutine takes the lease, and a caller may
-// decide on it, just before the goroutine reads the clock for the status line.
-const statusSlack = int64(time.Millisecond)
-
 // auditMembers checks each member's permits against the leases it held: each permit's
 // slot lies before the end of the lease it was decided under (the latest status at its
-// decision, or one printed within statusSlack after it), and a member's slots conform to
+// decision: a status is taken when the answer is applied, under the lock every decision
+// takes), and a member's slots conform to
 // the share they were decided under (its GCRA interval and burst) over each run of
 // decisions under one share. At a change of share the bucket is judged as starting full:
 // how much of its level a member carries over, and what the store's saved burst adds,
@@ -83,19 +81,8 @@ func auditMembers(r record, l gcra.Limit) error {
 		for k, p := range ps {
 			s, ok := statusAt(ls, p.decided)
 			if !ok || p.slot >= s.end {
-				// Decided on a lease whose status came just after the decision?
-				j, _ := slices.BinarySearchFunc(ls, p.decided, func(s leaseSeen, x int64) int {
-					if s.at <= x {
-						return -1
-					}
-					return 1
-				})
-				if j < len(ls) && ls[j].at-p.decided <= statusSlack && p.slot < ls[j].end {
-					s, ok = ls[j], true
-				} else {
-					return fmt.Errorf("member %d: permit %d (slot %d, decided %d) lies past its lease's end %d (its status at %d)",
-						i, k, p.slot, p.decided, s.end, s.at)
-				}
+				return fmt.Errorf("member %d: permit %d (slot %d, decided %d) lies past its lease's end %d (its status at %d)",
+					i, k, p.slot, p.decided, s.end, s.at)
 			}
 			if s.share != cur {
 				cur, tat = s.share, 0 // a new share: judged from full
@@ -215,8 +202,8 @@ func TestAuditCatches(t *testing.T) {
 			leases:  [][]leaseSeen{{held(0, 100*ms, half)}},
 			permits: [][]permit{{{use: 90 * ms, slot: 100 * ms, decided: 90 * ms}}},
 		}, false, true},
-		{"decided on a lease printed just after", record{
-			leases:  [][]leaseSeen{{held(0, 100*ms, half), held(100*ms+ms/2, 1000*ms, half)}},
+		{"decided on the lease taken then", record{
+			leases:  [][]leaseSeen{{held(0, 100*ms, half), held(100*ms, 1000*ms, half)}},
 			permits: [][]permit{{{use: 100 * ms, slot: 100 * ms, decided: 100 * ms}}},
 		}, false, false},
 	} {

@@ -671,12 +671,13 @@ func (b *Backend) round() int64 {
 				rep, e = res[i].rep, res[i].err
 			}
 			p.r.mu.Lock()
-			p.r.m.Receive(now, p.nonce, rep, e)
+			at := b.clock.Nanotime() // read under the lock: every decision on the record before it was on the old lease
+			p.r.m.Receive(at, p.nonce, rep, e)
 			changed := p.r.changed // nil if nobody waits
 			p.r.changed = nil
 			var st Status
 			if b.observer != nil {
-				st = p.r.m.Status(now)
+				st = p.r.m.Status(at)
 				st.Key, st.Asked = p.r.key, sent
 			}
 			p.r.mu.Unlock()

@@ -3,7 +3,6 @@ package lease_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -20,11 +19,12 @@ type restartable interface {
 
 // restartPlan is the timeline of a four-process run through a store: a member is killed
 // at kill and the store at down (each from the moment every member has its first permit);
-// the store is restarted with its data 200 ms later, and the run ends `after` its restart
-// (a loaded machine restarts a server in 0.5 to 3 s). The members' limiters keep margin
+// the store is restarted with its data 200 ms later (a loaded machine restarts a server
+// in 0.5 to 6 s), and the run ends `after` its restart. The members' limiters keep margin
 // as their jitter tolerance (sluice.WithMargin); the pool must use at least minUse of the
 // limit from 0.5 s into the run to the kill, from the kill's recovery to the store's
-// outage, and from 1.5 s after the store is back to the end.
+// outage, and, after the restart, from when it is back (minUse over 500 ms, at least
+// 500 ms before the end) to the end.
 type restartPlan struct {
 	kill, down, after time.Duration
 	margin            time.Duration
@@ -34,7 +34,7 @@ type restartPlan struct {
 // shortRestart is make test's run: seconds, judged as exactly as the long one, with a
 // loose bound on the pool's use (a shared, loaded machine gives back many permits late:
 // see docs/lease.md, "Measured").
-var shortRestart = restartPlan{kill: 1200 * time.Millisecond, down: 3600 * time.Millisecond, after: 2500 * time.Millisecond, margin: 20 * time.Millisecond, minUse: 0.5}
+var shortRestart = restartPlan{kill: 1200 * time.Millisecond, down: 3600 * time.Millisecond, after: 4 * time.Second, margin: mpMargin, minUse: 0.25}
 
 // TestMultiProcessOnEtcd: four OS processes share 200/s burst=20 through a real etcd; one
 // is killed with SIGKILL, and etcd is killed and restarted with its data (shortRestart).
@@ -59,18 +59,10 @@ func TestMultiProcessOnZK(t *testing.T) {
 }
 
 // testStoreRestart runs four member processes through st (on srv) by plan p and judges
-// what they printed:
+// what they printed (judgeRun), then:
 //
-//   - over-admission, exactly, on the decisions: the shares the members may be using never
-//     sum past the limit (as their limiters decide it, tightened by the margin), each
-//     member's slots lie within its lease and obey its share, and the pool's slots conform
-//     to that limit with no tolerance at all;
-//   - the permits' use, in real time: none used before its slot, and the use times of the
-//     whole pool conform to the limit as a strict API would judge them (no tolerance): the
-//     margin covers the lateness, since a permit handed over later than it allows is given
-//     back (docs/concepts.md, "The jitter tolerance");
 //   - the killed member's share back in use (the survivors' shares sum to the whole rate)
-//     within TTL + Grace + two renewals + 300 ms of scheduling;
+//     within TTL + Grace + two renewals + 1 s of scheduling;
 //   - the pool's use, by p.minUse.
 func testStoreRestart(t *testing.T, cfg memberConfig, st lease.Store, srv restartable, skews map[int]time.Duration, p restartPlan) {
 	const limits = "200/s burst=20"
@@ -81,14 +73,7 @@ func testStoreRestart(t *testing.T, cfg memberConfig, st lease.Store, srv restar
 		t.Fatal(err)
 	}
 	ms := startMembers(t, 4, cfg, skews)
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if es, _ := os.ReadDir(cfg.ReadyDir); len(es) == len(ms) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the members had no permit 30 s after they started")
-		}
-	}
+	waitReady(t, cfg.ReadyDir, len(ms))
 	start := time.Now().UnixNano()
 	sleepUntil := func(at time.Duration) { time.Sleep(time.Duration(start + int64(at) - time.Now().UnixNano())) }
 	sleepUntil(p.kill)
@@ -108,57 +93,18 @@ func testStoreRestart(t *testing.T, cfg memberConfig, st lease.Store, srv restar
 		m.cmd.Process.Signal(syscall.SIGKILL) // every permit is printed as it is used
 	}
 	rec := readRecord(t, ms, map[int]bool{0: true, 1: true, 2: true, 3: true})
-	uses, slots := rec.uses()
-	if len(uses) == 0 {
-		t.Fatal("no permit")
-	}
-	counts := make([]int, len(ms))
-	var expired int64
-	for i, ps := range rec.permits {
-		counts[i] = len(ps)
-		expired += rec.expired[i]
-	}
 	at := func(x int64) time.Duration { return time.Duration(x - start) }
 	marks := fmt.Sprintf("the kill at %v, the store down at %v, up at %v", at(kill), at(down), at(up))
 
-	// Over-admission, on the decisions.
-	core := sluice.MustParse(limits).Core(p.margin)[0]
-	if err := auditShares(rec, core); err != nil {
-		t.Errorf("over-admission: %v (%s)", err, marks)
-	}
-	if err := auditMembers(rec, core); err != nil {
-		t.Errorf("over-admission: %v (%s)", err, marks)
-	}
-	if i := conform(slots, core, 0); i >= 0 {
-		t.Errorf("over-admission: slot %d of %d at %v breaks %s tightened by the margin %v (%d slots in the 100 ms before it; %s)",
-			i, len(slots), at(slots[i]), limits, p.margin, between(slots, slots[i]-int64(100*time.Millisecond), slots[i]+1), marks)
-	}
-
-	// The permits' use, in real time.
-	early := 0
-	for _, ps := range rec.permits {
-		for _, q := range ps {
-			if q.use < q.slot {
-				early++
-			}
-		}
-	}
-	if early > 0 {
-		t.Errorf("%d permits used before their slots", early)
-	}
-	worst, p99, n := lateness(rec, start, end)
-	worstUp, p99Up, nUp := lateness(rec, up, up+int64(2*time.Second))
-	t.Logf("permits used after their slots by at most %v (p99 %v) over %d, in the 2 s after the store's restart at most %v (p99 %v) over %d; %d given back late (margin %v)",
-		worst, p99, n, worstUp, p99Up, nUp, expired, p.margin)
-	l := sluice.MustParse(limits).Core(0)[0]
-	if i := conform(uses, l, 0); i >= 0 {
-		t.Errorf("permit %d of %d used at %v breaks %s (the pool's permits judged together as a strict API would; %d in the 100 ms before it; %s)",
-			i, len(uses), at(uses[i]), limits, between(uses, uses[i]-int64(100*time.Millisecond), uses[i]+1), marks)
+	uses := judgeRun(t, rec, limits, p.margin, start, up, marks)
+	counts := make([]int, len(ms))
+	for i, ps := range rec.permits {
+		counts[i] = len(ps)
 	}
 
 	// The killed member's share, back in use.
 	cfgL := lease.DefaultConfig()
-	bound := int64(cfgL.TTL+cfgL.Grace) + 2*int64(100*time.Millisecond) + int64(300*time.Millisecond)
+	bound := int64(cfgL.TTL+cfgL.Grace) + 2*int64(100*time.Millisecond) + int64(time.Second) // + two renewals, + a loaded machine's scheduling
 	back := reclaimed(rec, map[int]bool{1: true}, kill, down)
 	if back < 0 || back-kill > bound {
 		t.Errorf("the survivors' shares did not sum to the whole rate within %v of the kill (%v: -1 never before the store's outage)", time.Duration(bound), time.Duration(back-kill))
@@ -170,19 +116,94 @@ func testStoreRestart(t *testing.T, cfg memberConfig, st lease.Store, srv restar
 	before := rate(start+int64(500*time.Millisecond), kill)
 	middle := rate(kill+recovery, down)
 	// The clients connect again (ZooKeeper's client waits a second between rounds of
-	// attempts), and renew.
-	after := rate(up+int64(1500*time.Millisecond), end)
-	// When the pool is back to 90% of what it used before the kill, over 500 ms.
+	// attempts; longer on a loaded machine) and renew: the pool is back when it uses
+	// minUse of the limit over 500 ms, and from then to the end.
+	const w = int64(500 * time.Millisecond)
 	again := up
-	for again < end && float64(between(uses, again, again+int64(500*time.Millisecond))) < 0.9*before/2 {
+	for again+w <= end && float64(between(uses, again, again+w)) < p.minUse*200*0.5 {
 		again += int64(10 * time.Millisecond)
 	}
-	t.Logf("%d permits (per process %v); %.1f/s from 0.5 s to the kill, %.1f/s from %v after it to the store's outage, %.1f/s from 1.5 s after the store's restart; the killed member's share in use again %v after the kill; %v down, back to 90%% of its use before the kill %v after the restart",
-		len(uses), counts, before, middle, time.Duration(recovery), after, time.Duration(back-kill), time.Duration(up-down), time.Duration(again-up))
+	if again+w > end {
+		t.Logf("%d permits (per process %v)", len(uses), counts)
+		t.Fatalf("the pool did not use %.0f%% of the limit over 500 ms in the %v after the store's restart (%v down)", 100*p.minUse, p.after, time.Duration(up-down))
+	}
+	after := rate(again, end)
+	t.Logf("%d permits (per process %v); %.1f/s from 0.5 s to the kill, %.1f/s from %v after it to the store's outage; the killed member's share in use again %v after the kill; %v down, the pool back %v after the restart and %.1f/s from then",
+		len(uses), counts, before, middle, time.Duration(recovery), time.Duration(back-kill), time.Duration(up-down), time.Duration(again-up), after)
 	for _, r := range []float64{before, middle, after} {
 		if r < p.minUse*200 {
 			t.Errorf("the pool used %.0f/s, %.0f/s and %.0f/s in its three windows, want at least %.0f%% of 200/s", before, middle, after, 100*p.minUse)
 			break
 		}
 	}
+}
+
+// judgeRun judges what the members of a run printed (the run's timeline starts at start;
+// restart, if not zero, is when the store came back; marks names the run's events for the
+// messages) and returns every permit's use time, sorted:
+//
+//   - over-admission, exactly, on the decisions: the shares the members may be using never
+//     sum past the limit (as their limiters decide it, tightened by the margin), each
+//     member's slots lie within its lease and obey its share, and the pool's slots conform
+//     to that limit with no tolerance at all;
+//   - the permits' use, in real time: none used before its slot, and the use times of the
+//     whole pool conform to the limit as a strict API would judge them (no tolerance): the
+//     margin covers the lateness, since a permit handed over later than it allows is given
+//     back (docs/concepts.md, "The jitter tolerance"). Without a margin the use times are
+//     not judged (nothing bounds their lateness: docs/lease.md), only reported.
+func judgeRun(t *testing.T, rec record, limits string, margin time.Duration, start, restart int64, marks string) []int64 {
+	t.Helper()
+	uses, slots := rec.uses()
+	if len(uses) == 0 {
+		t.Fatal("no permit")
+	}
+	at := func(x int64) time.Duration { return time.Duration(x - start) }
+	core := sluice.MustParse(limits).Core(margin)[0]
+	if err := auditShares(rec, core); err != nil {
+		t.Errorf("over-admission: %v (%s)", err, marks)
+	}
+	if err := auditMembers(rec, core); err != nil {
+		t.Errorf("over-admission: %v (%s)", err, marks)
+	}
+	if i := conform(slots, core, 0); i >= 0 {
+		t.Errorf("over-admission: slot %d of %d at %v breaks %s tightened by the margin %v (%d slots in the 100 ms before it; %s)",
+			i, len(slots), at(slots[i]), limits, margin, between(slots, slots[i]-int64(100*time.Millisecond), slots[i]+1), marks)
+	}
+	early := 0
+	var expired int64
+	for i, ps := range rec.permits {
+		expired += rec.expired[i]
+		for _, q := range ps {
+			if q.use < q.slot {
+				early++
+			}
+		}
+	}
+	if early > 0 {
+		t.Errorf("%d permits used before their slots", early)
+	}
+	worst, p99, n := lateness(rec, start, uses[len(uses)-1]+1)
+	msg := fmt.Sprintf("permits used after their slots by at most %v (p99 %v) over %d", worst, p99, n)
+	if restart != 0 {
+		w, p, n := lateness(rec, restart, restart+int64(2*time.Second))
+		msg += fmt.Sprintf(", in the 2 s after the store's restart at most %v (p99 %v) over %d", w, p, n)
+	}
+	t.Logf("%s; %d given back late (margin %v)", msg, expired, margin)
+	l := sluice.MustParse(limits).Core(0)[0]
+	if margin == 0 {
+		need := "more than 1s"
+		for _, j := range []time.Duration{0, 5, 10, 20, 50, 100, 200, 500, 1000} {
+			if conform(uses, l, j*time.Millisecond) < 0 {
+				need = fmt.Sprint(j * time.Millisecond)
+				break
+			}
+		}
+		t.Logf("without a margin the use times are not judged; they conform to %s with a tolerance of %s", limits, need)
+		return uses
+	}
+	if i := conform(uses, l, 0); i >= 0 {
+		t.Errorf("permit %d of %d used at %v breaks %s (the pool's permits judged together as a strict API would; %d in the 100 ms before it; %s)",
+			i, len(uses), at(uses[i]), limits, between(uses, uses[i]-int64(100*time.Millisecond), uses[i]+1), marks)
+	}
+	return uses
 }

@@ -111,7 +111,7 @@ func memberMain() int {
 		if st.Key != "api" {
 			return
 		}
-		now := clk.Nanotime() + off // a little after the status' time: its ends are late by as much (safe for the sum)
+		now := st.At + off
 		end, prevEnd := int64(0), int64(0)
 		if st.Expires > 0 {
 			end = now + int64(st.Expires)
@@ -217,6 +217,20 @@ func memberStore(cfg memberConfig) (lease.Store, func(), error) {
 			ReadTimeout: time.Second, WriteTimeout: time.Second})
 	}
 	return lease.NewRedisStore(client, lease.WithRedisPrefix(cfg.Prefix)), func() { client.Close() }, nil
+}
+
+// waitReady waits until each of n members has made its file in dir (at its first permit):
+// a loaded machine starts race-built processes slowly, and a run's timeline starts then.
+func waitReady(t *testing.T, dir string, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if es, _ := os.ReadDir(dir); len(es) == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the members had no permit 30 s after they started")
+		}
+	}
 }
 
 // member is one running member process.
@@ -344,19 +358,6 @@ func (r record) uses() (uses, slots []int64) {
 	return uses, slots
 }
 
-// permits waits for the members and returns every permit's use time, sorted, and each
-// member's count.
-func permits(t *testing.T, ms []*member, killed map[int]bool) ([]int64, []int) {
-	t.Helper()
-	rec := readRecord(t, ms, killed)
-	counts := make([]int, len(ms))
-	for i, ps := range rec.permits {
-		counts[i] = len(ps)
-	}
-	all, _ := rec.uses()
-	return all, counts
-}
-
 // conform judges the permits of the whole pool against the limit, with a jitter
 // tolerance (the permits' times are taken when the waiting goroutine runs again, a little
 // after its slot), and returns the first that breaks it, or -1.
@@ -379,15 +380,25 @@ func between(ps []int64, from, to int64) int {
 	return j - i
 }
 
+// mpMargin is the jitter tolerance of the members' limiters in the multi-process runs
+// (sluice.WithMargin): a permit handed over later than it allows is given back, so the
+// permits used conform to the limit as a strict API judges them. On a loaded machine that
+// gives back many (a third at a load of 10, more at 20), hence the loose bounds on use in
+// make test.
+const mpMargin = 20 * time.Millisecond
+
 // TestMultiProcessOnRedis: four OS processes, each a member with 8 goroutines, share
 // 200/s burst=20 through one real Redis. One process's clock is 3 s ahead; one is killed
-// with SIGKILL half way. The pool's permits, judged together from their real times,
-// conform to the limit (with a 5 ms jitter tolerance); the pool uses at least 90% of the
-// limit outside the kill's recovery window (make soak holds it to 95%); the killed
-// process's share is back in use within TTL + grace + one renewal.
+// with SIGKILL half way. The members' decisions are audited exactly and their permits'
+// use judged as a strict API would (judgeRun); the killed process's share is back in use
+// within TTL + grace + two renewals + 1 s; the pool uses at least a quarter of the limit
+// outside the kill's recovery window (a liveness bound loose enough for a machine at a
+// load of 20, where the margin gives back most permits; make soak holds it to 95%). It runs beside the
+// other multi-process runs: each mostly waits.
 func TestMultiProcessOnRedis(t *testing.T) {
+	t.Parallel()
 	srv := redistest.New(t)
-	testMultiProcess(t, memberConfig{Addrs: []string{srv.Addr()}}, 7*time.Second, 0.9)
+	testMultiProcess(t, memberConfig{Addrs: []string{srv.Addr()}}, 7*time.Second, 0.25)
 }
 
 // TestMultiProcessOnRedisCluster: the same against a 3-master Redis Cluster.
@@ -395,16 +406,18 @@ func TestMultiProcessOnRedisCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a cluster and four processes")
 	}
+	t.Parallel()
 	cl := redistest.NewCluster(t)
-	testMultiProcess(t, memberConfig{Addrs: cl.Addrs(), Cluster: true}, 7*time.Second, 0.9)
+	testMultiProcess(t, memberConfig{Addrs: cl.Addrs(), Cluster: true}, 7*time.Second, 0.25)
 }
 
-// testMultiProcess runs four member processes for d, kills one half way, and wants the
-// pool to use at least minUse of the limit before the kill and after its recovery window.
+// testMultiProcess runs four member processes for d from when each has its first permit,
+// kills one half way, and wants the pool to use at least minUse of the limit before the
+// kill and after its recovery window.
 func testMultiProcess(t *testing.T, cfg memberConfig, d time.Duration, minUse float64) {
 	const limits = "200/s burst=20"
 	cfg.Prefix = fmt.Sprintf("mp%d:", time.Now().UnixNano())
-	cfg.Limits, cfg.Goroutines, cfg.Duration = limits, 8, d
+	cfg.Limits, cfg.Goroutines, cfg.Duration, cfg.Margin, cfg.ReadyDir = limits, 8, d+time.Minute, mpMargin, t.TempDir()
 	// Wait out a new store's fence first, as a deploy onto a fresh Redis would.
 	var client goredis.UniversalClient
 	if cfg.Cluster {
@@ -416,37 +429,49 @@ func testMultiProcess(t *testing.T, cfg memberConfig, d time.Duration, minUse fl
 	if err := lease.WaitUnfenced(context.Background(), lease.NewRedisStore(client, lease.WithRedisPrefix(cfg.Prefix)), lease.DefaultConfig()); err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now().UnixNano()
 	ms := startMembers(t, 4, cfg, map[int]time.Duration{2: 3 * time.Second})
+	waitReady(t, cfg.ReadyDir, len(ms))
+	start := time.Now().UnixNano()
 	time.Sleep(d / 2)
 	kill := time.Now().UnixNano()
 	ms[1].cmd.Process.Signal(syscall.SIGKILL)
-	ps, counts := permits(t, ms, map[int]bool{1: true})
-	end := ps[len(ps)-1]
-	l := sluice.MustParse(limits).Core(0)[0]
-	if i := conform(ps, l, 5*time.Millisecond); i >= 0 {
-		t.Fatalf("permit %d of %d at %v breaks 200/s burst=20 (the pool's permits judged together)", i, len(ps), time.Duration(ps[i]-start))
+	time.Sleep(time.Duration(start + int64(d) - time.Now().UnixNano()))
+	for _, m := range ms {
+		m.cmd.Process.Signal(syscall.SIGKILL) // every permit is printed as it is used
 	}
+	rec := readRecord(t, ms, map[int]bool{0: true, 1: true, 2: true, 3: true})
+	ps := judgeRun(t, rec, limits, mpMargin, start, 0, fmt.Sprintf("the kill at %v", time.Duration(kill-start)))
+	counts := make([]int, len(ms))
+	for i, p := range rec.permits {
+		counts[i] = len(p)
+	}
+	end := ps[len(ps)-1]
 	cfgL := lease.DefaultConfig()
+	bound := int64(cfgL.TTL+cfgL.Grace) + 2*int64(100*time.Millisecond) + int64(time.Second) // + two renewals, + a loaded machine's scheduling
+	back := reclaimed(rec, map[int]bool{1: true}, kill, end)
+	if back < 0 || back-kill > bound {
+		t.Errorf("the survivors' shares did not sum to the whole rate within %v of the kill (%v; -1: never)", time.Duration(bound), time.Duration(back-kill))
+	}
 	recovery := int64(cfgL.TTL + cfgL.Grace + 100*time.Millisecond + 100*time.Millisecond) // + a renewal, + scheduling
 	rate := func(from, to int64) float64 { return float64(between(ps, from, to)) / (float64(to-from) / 1e9) }
-	first := ps[0]
-	before := rate(first+int64(500*time.Millisecond), kill)
+	before := rate(start+int64(500*time.Millisecond), kill)
 	after := rate(kill+recovery, end)
-	t.Logf("%d permits (per process %v); %.1f/s before the kill, %.1f/s from %v after it; the first at %v after the start",
-		len(ps), counts, before, after, time.Duration(recovery), time.Duration(first-start))
+	t.Logf("%d permits (per process %v); %.1f/s from 0.5 s to the kill, %.1f/s from %v after it; the killed member's share in use again %v after the kill",
+		len(ps), counts, before, after, time.Duration(recovery), time.Duration(back-kill))
 	if before < minUse*200 || after < minUse*200 {
 		t.Errorf("the pool used %.0f/s before the kill and %.0f/s after its recovery window, want at least %.0f%% of 200/s", before, after, 100*minUse)
 	}
 }
 
 // TestRedisKilledAndRestartedEmpty: three members share 100/s burst=10 through a Redis
-// that is killed for 3 s mid-run and restarted empty. Their permits conform to the limit
-// throughout (the members run on their leases through the outage's first part, stop once
-// lease and grace end, and the empty Redis fences the limit until every lease it may have
-// granted before has ended); they recover after it; and every goroutine stops on Close
-// (TestMain's goleak check).
+// that is killed for 3 s mid-run and restarted empty. Their decisions conform to the limit
+// throughout, exactly (the members run on their leases through the outage's first part,
+// stop once lease and grace end, and the empty Redis fences the limit until every lease
+// it may have granted before has ended), and the permits used conform to it as a strict
+// API judges them (the limiters' margin gives back the ones handed over late); they
+// recover after it; and every goroutine stops on Close (TestMain's goleak check).
 func TestRedisKilledAndRestartedEmpty(t *testing.T) {
+	t.Parallel()
 	srv := redistest.New(t)
 	client := goredis.NewClient(&goredis.Options{Addr: srv.Addr(), MaxRetries: -1, DisableIdentity: true,
 		DialTimeout: 200 * time.Millisecond, ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond})
@@ -456,9 +481,10 @@ func TestRedisKilledAndRestartedEmpty(t *testing.T) {
 		t.Fatal(err)
 	}
 	limits := sluice.MustParse("100/s burst=10")
+	off := realOffset(clock.Default) // the members' slots, on the real clock
 	ctx, cancel := context.WithCancel(context.Background())
 	var mu sync.Mutex
-	var ps []int64
+	var ps, slots []int64
 	var wg sync.WaitGroup
 	var closers []func()
 	for i := range 3 {
@@ -467,7 +493,7 @@ func TestRedisKilledAndRestartedEmpty(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		lim, err := sluice.New(limits, sluice.WithBackend(be))
+		lim, err := sluice.New(limits, sluice.WithBackend(be), sluice.WithMargin(mpMargin))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -477,12 +503,14 @@ func TestRedisKilledAndRestartedEmpty(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for ctx.Err() == nil {
-					if err := lim.Wait(ctx, "api"); err != nil {
+					r, err := lim.WaitN(ctx, "api", 1)
+					if err != nil {
 						time.Sleep(5 * time.Millisecond) // no share (the store is down): ask again soon
 						continue
 					}
+					at := time.Now().UnixNano()
 					mu.Lock()
-					ps = append(ps, time.Now().UnixNano())
+					ps, slots = append(ps, at), append(slots, r.Slot()+off)
 					mu.Unlock()
 				}
 			}()
@@ -503,18 +531,21 @@ func TestRedisKilledAndRestartedEmpty(t *testing.T) {
 		c()
 	}
 	slices.Sort(ps)
-	l := limits.Core(0)[0]
-	if i := conform(ps, l, 5*time.Millisecond); i >= 0 {
-		t.Fatalf("permit %d of %d at %v after the kill breaks 100/s burst=10", i, len(ps), time.Duration(ps[i]-killed))
+	slices.Sort(slots)
+	if i := conform(slots, limits.Core(mpMargin)[0], 0); i >= 0 {
+		t.Fatalf("over-admission: slot %d of %d at %v after the kill breaks 100/s burst=10 tightened by the margin", i, len(slots), time.Duration(slots[i]-killed))
+	}
+	if i := conform(ps, limits.Core(0)[0], 0); i >= 0 {
+		t.Fatalf("permit %d of %d used at %v after the kill breaks 100/s burst=10 (as a strict API judges)", i, len(ps), time.Duration(ps[i]-killed))
 	}
 	cfgL := lease.DefaultConfig()
-	lateOutage := between(ps, killed+int64(cfgL.TTL+cfgL.Grace+100*time.Millisecond), restarted)
+	lateOutage := between(slots, killed+int64(cfgL.TTL+cfgL.Grace+100*time.Millisecond), restarted)
 	recovered := between(ps, restarted+int64(cfgL.TTL+cfgL.Grace+500*time.Millisecond), ps[len(ps)-1])
-	t.Logf("%d permits; %d in the outage after every lease and grace ended; %d after the recovery", len(ps), lateOutage, recovered)
+	t.Logf("%d permits; %d decided for the outage after every lease and grace ended; %d after the recovery", len(ps), lateOutage, recovered)
 	if lateOutage != 0 {
 		t.Errorf("%d permits granted with Redis down for longer than a lease and its grace", lateOutage)
 	}
-	if recovered < 100 {
+	if recovered < 25 {
 		t.Errorf("%d permits in the second and a half after the fence ended: the members did not recover", recovered)
 	}
 }

@@ -15,8 +15,8 @@ import (
 // long (default 1m), the member killed after a quarter and the store after half, held to
 // the figure: the pool uses at least 90% of the limit in each window.
 // SLUICE_SOAK_MARGIN sets the members' margin (default shortRestart's, 20 ms): with 0 they
-// use every permit however late, and the judgement of the use times shows how far the
-// machine's scheduling bunches them (docs/lease.md, "Measured").
+// use every permit however late, and the run reports (without judging them) how far the
+// machine's scheduling bunched the use times (docs/lease.md, "Measured").
 func soakRestart() restartPlan {
 	d, err := time.ParseDuration(os.Getenv("SLUICE_SOAK"))
 	if err != nil || d <= 0 {

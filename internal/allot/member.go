@@ -281,6 +281,8 @@ type Status struct {
 	Key    string     // the key, filled by the backend
 	Limit  gcra.Limit // the limit shared
 	Member string
+	// At is when the status was taken, on the member's clock: the times below count from it.
+	At     int64
 	Epoch  Epoch
 	Seq    uint64
 	Share  Share   // the share held
@@ -314,7 +316,7 @@ type Status struct {
 
 // Status returns the member's state at now.
 func (m *Member) Status(now int64) Status {
-	st := Status{Limit: m.limit, Member: m.id, Epoch: m.epoch, Seq: m.lease.seq, Share: m.lease.share, Target: m.view.target,
+	st := Status{Limit: m.limit, Member: m.id, At: now, Epoch: m.epoch, Seq: m.lease.seq, Share: m.lease.share, Target: m.view.target,
 		Demand: m.demand.reported, Used: m.demand.lastUsed, Window: time.Duration(m.demand.lastWin), Live: m.view.live, Err: m.link.lastErr}
 	if m.lease.has {
 		st.Rate = 1e9 / float64(m.lease.local.T)
