@@ -41,6 +41,9 @@ var shortRestart = restartPlan{kill: 1200 * time.Millisecond, down: 3600 * time.
 // Judged by testStoreRestart. (etcd has no clock: the members' must agree, so none is
 // skewed here.) It runs beside TestMultiProcessOnZK: each mostly waits.
 func TestMultiProcessOnEtcd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("four processes and a store restart")
+	}
 	t.Parallel()
 	srv := lease.SharedEtcd(t)
 	cfg := memberConfig{Store: "etcd", Addrs: []string{srv.Addr()}, Prefix: fmt.Sprintf("mp%d/", time.Now().UnixNano())}
@@ -51,6 +54,9 @@ func TestMultiProcessOnEtcd(t *testing.T) {
 // TestMultiProcessOnZK: the same through a real ZooKeeper, one process's clock 3 s ahead
 // (ZooKeeper's leader times every lease: the members' clocks do not matter).
 func TestMultiProcessOnZK(t *testing.T) {
+	if testing.Short() {
+		t.Skip("four processes and a store restart")
+	}
 	t.Parallel()
 	srv := lease.SharedZK(t)
 	cfg := memberConfig{Store: "zk", Addrs: []string{srv.Addr()}, Prefix: fmt.Sprintf("/mp/%d", time.Now().UnixNano())}
