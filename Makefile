@@ -46,7 +46,8 @@ bench:
 
 ## fuzz: each fuzz target for FUZZTIME (make test runs each for 10,000 inputs; their seed
 ## corpora run with the other tests), then the core's property test for PROPERTY_TRIALS
-## random sequences (make test runs its default 2,000; 0 skips the long run).
+## random sequences and the redis script's differential test for 20,000 (make test runs
+## their defaults, 2,000 and 2,500; PROPERTY_TRIALS=0 skips both long runs).
 ## Go 1.26's fuzz coordinator can fail a run whose -fuzztime is a duration with a bare
 ## "context deadline exceeded" as the time runs out (go.dev/issue/75804, fixed in Go 1.27):
 ## make test counts inputs instead, and a run that fails that way without writing a
@@ -66,6 +67,8 @@ fuzz:
 	@if [ "$(PROPERTY_TRIALS)" != 0 ]; then \
 	  echo "property test of ./gcra, $(PROPERTY_TRIALS) trials"; \
 	  SLUICE_PROPERTY_TRIALS=$(PROPERTY_TRIALS) $(GO) test -count=1 -run '^TestPropertyConformance$$' ./gcra || exit 1; \
+	  echo "differential test of the redis script against the core, 20,000 sequences"; \
+	  SLUICE_STRICT_DIFF_SEQS=20000 $(GO) test -count=1 -run '^TestDifferential$$' ./strict || exit 1; \
 	fi
 
 ## soak: long real-time runs that judge real decisions exactly (SOAKTIME each).
