@@ -145,7 +145,7 @@ func TestFairWaitingMultiProcess(t *testing.T) {
 		t.Run(fmt.Sprintf("give_up=%v", giveUp), func(t *testing.T) {
 			t.Parallel()
 			cfg := workerConfig{Addrs: []string{shared.Addr()}, Prefix: prefix(t), Keys: []string{"api"},
-				Limits: limits.String(), PerProc: []int{17, 17, 16}, Duration: 10 * time.Second, Fair: true, GiveUp: giveUp}
+				Limits: limits.String(), PerProc: []int{17, 17, 16}, Duration: 12 * time.Second, Fair: true, GiveUp: giveUp}
 			_, lines := runWorkersOut(t, 3, cfg, nil)
 			uses := fairUses(t, lines)
 			gaveUp := 0
