@@ -393,8 +393,8 @@ const mpMargin = 20 * time.Millisecond
 // use judged as a strict API would (judgeRun); the killed process's share is back in use
 // within TTL + grace + two renewals + 1 s; the pool uses at least a quarter of the limit
 // outside the kill's recovery window (a liveness bound loose enough for a machine at a
-// load of 20, where the margin gives back most permits; make soak holds it to 95%). It runs beside the
-// other multi-process runs: each mostly waits.
+// load of 20, where the margin gives back half the permits; make soak holds it to 95%).
+// It runs beside the other multi-process runs: each mostly waits.
 func TestMultiProcessOnRedis(t *testing.T) {
 	t.Parallel()
 	srv := redistest.New(t)
