@@ -20,6 +20,7 @@ func TestWindowedQuotaAcrossMembers(t *testing.T) {
 	c := newCluster(t, l, 3, DefaultConfig())
 	c.clk.Set(int64(time.Hour) + 5*int64(time.Second)) // half way into a window
 	c.run(40*time.Second, []int{0, 1, 2}, 3)
+	t.Logf("%d calls cut waiting for a draw on the virtual clock", c.waitedOnClock)
 	origin := clock.Epoch.UnixNano() // the store's clock is Unix time: Epoch + Nanotime
 	per := map[int64]int64{}
 	for _, at := range c.permits {
