@@ -20,7 +20,7 @@ type restartable interface {
 // restartPlan is the timeline of a four-process run through a store: a member is killed
 // at kill and the store at down (each from the moment every member has its first permit);
 // the store is restarted with its data 200 ms later (a loaded machine restarts a server
-// in 0.5 to 6 s), and the run ends `after` its restart. The members' limiters keep margin
+// in 0.5 to 6 s), and the run ends `after` the last restart. The members' limiters keep margin
 // as their jitter tolerance (sluice.WithMargin); the pool must use at least minUse of the
 // limit from 0.5 s into the run to the kill, from the kill's recovery to the store's
 // outage, and, after the restart, from when it is back (minUse over 500 ms, at least
@@ -36,68 +36,103 @@ type restartPlan struct {
 // see docs/lease.md, "Measured").
 var shortRestart = restartPlan{kill: 1200 * time.Millisecond, down: 3600 * time.Millisecond, after: 4 * time.Second, margin: mpMargin, minUse: 0.25}
 
-// TestMultiProcessOnEtcd: four OS processes share 200/s burst=20 through a real etcd; one
-// is killed with SIGKILL, and etcd is killed and restarted with its data (shortRestart).
-// Judged by testStoreRestart. (etcd has no clock: the members' must agree, so none is
-// skewed here.) It runs beside TestMultiProcessOnZK: each mostly waits.
-func TestMultiProcessOnEtcd(t *testing.T) {
+// TestMultiProcessOnEtcdAndZK: four OS processes share 200/s burst=20 through a real
+// etcd, and four others through a real ZooKeeper, side by side on one timeline
+// (shortRestart): one of each is killed with SIGKILL, and each store is killed and
+// restarted with its data. Judged by testStoreRestarts. etcd has no clock, so its members'
+// must agree: none is skewed; on ZooKeeper one process's clock is 3 s ahead (its leader
+// times every lease: the members' clocks do not matter).
+func TestMultiProcessOnEtcdAndZK(t *testing.T) {
 	if testing.Short() {
-		t.Skip("four processes and a store restart")
+		t.Skip("eight processes and two store restarts")
 	}
-	t.Parallel()
+	t.Parallel() // mostly waiting: it overlaps the Redis runs
+	testStoreRestarts(t, shortRestart, etcdRun(t), zkRun(t))
+}
+
+// etcdRun is a run through the package's etcd.
+func etcdRun(t *testing.T) *storeRun {
 	srv := lease.SharedEtcd(t)
 	cfg := memberConfig{Store: "etcd", Addrs: []string{srv.Addr()}, Prefix: fmt.Sprintf("mp%d/", time.Now().UnixNano())}
 	st := lease.NewEtcdStore(lease.EtcdClient(t, srv.Addr()), lease.WithEtcdPrefix(cfg.Prefix))
-	testStoreRestart(t, cfg, st, srv, nil, shortRestart)
+	return &storeRun{name: "etcd", cfg: cfg, st: st, srv: srv}
 }
 
-// TestMultiProcessOnZK: the same through a real ZooKeeper, one process's clock 3 s ahead
-// (ZooKeeper's leader times every lease: the members' clocks do not matter).
-func TestMultiProcessOnZK(t *testing.T) {
-	if testing.Short() {
-		t.Skip("four processes and a store restart")
-	}
-	t.Parallel()
+// zkRun is a run through the package's ZooKeeper, member 2's clock 3 s ahead.
+func zkRun(t *testing.T) *storeRun {
 	srv := lease.SharedZK(t)
 	cfg := memberConfig{Store: "zk", Addrs: []string{srv.Addr()}, Prefix: fmt.Sprintf("/mp/%d", time.Now().UnixNano())}
 	st := lease.NewZKStore(lease.ZKClient(t, srv.Addr()), lease.WithZKPath(cfg.Prefix))
-	testStoreRestart(t, cfg, st, srv, map[int]time.Duration{2: 3 * time.Second}, shortRestart)
+	return &storeRun{name: "zk", cfg: cfg, st: st, srv: srv, skews: map[int]time.Duration{2: 3 * time.Second}}
 }
 
-// testStoreRestart runs four member processes through st (on srv) by plan p and judges
-// what they printed (judgeRun), then:
+// storeRun is four member processes through one store, and the times of its events.
+type storeRun struct {
+	name           string
+	cfg            memberConfig
+	st             lease.Store
+	srv            restartable
+	skews          map[int]time.Duration
+	ms             []*member
+	kill, down, up int64
+}
+
+// testStoreRestarts runs the four member processes of each run by plan p, the runs side by
+// side on one timeline (each store restarted in turn), and judges each in a subtest of
+// its name: what its members printed (judgeRun), then
 //
 //   - the killed member's share back in use (the survivors' shares sum to the whole rate)
 //     within TTL + Grace + two renewals + 1 s of scheduling;
 //   - the pool's use, by p.minUse.
-func testStoreRestart(t *testing.T, cfg memberConfig, st lease.Store, srv restartable, skews map[int]time.Duration, p restartPlan) {
+func testStoreRestarts(t *testing.T, p restartPlan, runs ...*storeRun) {
 	const limits = "200/s burst=20"
 	// The members run until the test kills them; the timeline starts when every one has
-	// its first permit (a loaded machine starts four race-built processes slowly).
-	cfg.Limits, cfg.Goroutines, cfg.Duration, cfg.ReadyDir, cfg.Margin = limits, 8, p.down+p.after+time.Minute, t.TempDir(), p.margin
-	if err := lease.WaitUnfenced(context.Background(), st, lease.DefaultConfig()); err != nil {
-		t.Fatal(err)
+	// its first permit (a loaded machine starts race-built processes slowly).
+	for _, r := range runs {
+		r.cfg.Limits, r.cfg.Goroutines, r.cfg.Duration, r.cfg.ReadyDir, r.cfg.Margin = limits, 8, p.down+p.after+time.Minute, t.TempDir(), p.margin
+		if err := lease.WaitUnfenced(context.Background(), r.st, lease.DefaultConfig()); err != nil {
+			t.Fatal(err)
+		}
+		r.ms = startMembers(t, 4, r.cfg, r.skews)
 	}
-	ms := startMembers(t, 4, cfg, skews)
-	waitReady(t, cfg.ReadyDir, len(ms))
+	for _, r := range runs {
+		waitReady(t, r.cfg.ReadyDir, len(r.ms))
+	}
 	start := time.Now().UnixNano()
 	sleepUntil := func(at time.Duration) { time.Sleep(time.Duration(start + int64(at) - time.Now().UnixNano())) }
 	sleepUntil(p.kill)
-	kill := time.Now().UnixNano()
-	ms[1].cmd.Process.Signal(syscall.SIGKILL)
-	sleepUntil(p.down)
-	down := time.Now().UnixNano()
-	srv.Kill()
-	time.Sleep(200 * time.Millisecond)
-	if err := srv.Restart(); err != nil {
-		t.Fatal(err)
+	for _, r := range runs {
+		r.kill = time.Now().UnixNano()
+		r.ms[1].cmd.Process.Signal(syscall.SIGKILL)
 	}
-	up := time.Now().UnixNano()
+	sleepUntil(p.down)
+	for _, r := range runs {
+		r.down = time.Now().UnixNano()
+		r.srv.Kill()
+	}
+	time.Sleep(200 * time.Millisecond)
+	for _, r := range runs {
+		if err := r.srv.Restart(); err != nil {
+			t.Fatal(err)
+		}
+		r.up = time.Now().UnixNano()
+	}
 	time.Sleep(p.after)
 	end := time.Now().UnixNano()
-	for _, m := range ms {
-		m.cmd.Process.Signal(syscall.SIGKILL) // every permit is printed as it is used
+	for _, r := range runs {
+		for _, m := range r.ms {
+			m.cmd.Process.Signal(syscall.SIGKILL) // every permit is printed as it is used
+		}
 	}
+	for _, r := range runs {
+		t.Run(r.name, func(t *testing.T) { judgeRestart(t, r, p, start, end) })
+	}
+}
+
+// judgeRestart judges one run of testStoreRestarts.
+func judgeRestart(t *testing.T, r *storeRun, p restartPlan, start, end int64) {
+	const limits = "200/s burst=20"
+	ms, kill, down, up := r.ms, r.kill, r.down, r.up
 	rec := readRecord(t, ms, map[int]bool{0: true, 1: true, 2: true, 3: true})
 	at := func(x int64) time.Duration { return time.Duration(x - start) }
 	marks := fmt.Sprintf("the kill at %v, the store down at %v, up at %v", at(kill), at(down), at(up))

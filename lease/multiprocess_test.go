@@ -471,7 +471,6 @@ func testMultiProcess(t *testing.T, cfg memberConfig, d time.Duration, minUse fl
 // API judges them (the limiters' margin gives back the ones handed over late); they
 // recover after it; and every goroutine stops on Close (TestMain's goleak check).
 func TestRedisKilledAndRestartedEmpty(t *testing.T) {
-	t.Parallel()
 	srv := redistest.New(t)
 	client := goredis.NewClient(&goredis.Options{Addr: srv.Addr(), MaxRetries: -1, DisableIdentity: true,
 		DialTimeout: 200 * time.Millisecond, ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond})

@@ -3,12 +3,10 @@
 package lease_test
 
 import (
-	"fmt"
 	"os"
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/lease"
 )
 
 // soakRestart is make soak's run of the four processes through a store: about SLUICE_SOAK
@@ -29,18 +27,14 @@ func soakRestart() restartPlan {
 	return restartPlan{kill: d / 4, down: d / 2, after: d / 2, margin: margin, minUse: 0.9}
 }
 
-// TestSoakMultiProcessOnEtcd: TestMultiProcessOnEtcd for SLUICE_SOAK (soakRestart).
+// TestSoakMultiProcessOnEtcd: TestMultiProcessOnEtcdAndZK's etcd run for SLUICE_SOAK
+// (soakRestart).
 func TestSoakMultiProcessOnEtcd(t *testing.T) {
-	srv := lease.SharedEtcd(t)
-	cfg := memberConfig{Store: "etcd", Addrs: []string{srv.Addr()}, Prefix: fmt.Sprintf("mp%d/", time.Now().UnixNano())}
-	st := lease.NewEtcdStore(lease.EtcdClient(t, srv.Addr()), lease.WithEtcdPrefix(cfg.Prefix))
-	testStoreRestart(t, cfg, st, srv, nil, soakRestart())
+	testStoreRestarts(t, soakRestart(), etcdRun(t))
 }
 
-// TestSoakMultiProcessOnZK: TestMultiProcessOnZK for SLUICE_SOAK (soakRestart).
+// TestSoakMultiProcessOnZK: TestMultiProcessOnEtcdAndZK's ZooKeeper run for SLUICE_SOAK
+// (soakRestart).
 func TestSoakMultiProcessOnZK(t *testing.T) {
-	srv := lease.SharedZK(t)
-	cfg := memberConfig{Store: "zk", Addrs: []string{srv.Addr()}, Prefix: fmt.Sprintf("/mp/%d", time.Now().UnixNano())}
-	st := lease.NewZKStore(lease.ZKClient(t, srv.Addr()), lease.WithZKPath(cfg.Prefix))
-	testStoreRestart(t, cfg, st, srv, map[int]time.Duration{2: 3 * time.Second}, soakRestart())
+	testStoreRestarts(t, soakRestart(), zkRun(t))
 }
