@@ -6,7 +6,6 @@ import (
 	"os"
 	"testing"
 	"time"
-
 )
 
 // soakRestart is make soak's run of the four processes through a store: about SLUICE_SOAK
