@@ -187,9 +187,7 @@ func runMember(cfg MemberConfig) (code int) {
 			if closing.Load() {
 				return
 			}
-			now := time.Now().UnixNano()
-			asked := now - (clk.Nanotime() - s.Asked) // the request's time, in real time
-			rec.print(Lease{Proc: cfg.Proc, Key: s.Key, T: s.Limit.T, Rate: s.Rate, From: now, Until: now + int64(s.Expires), Asked: asked}.line())
+			rec.print(leaseRecord(cfg.Proc, s, time.Now().UnixNano(), clk.Nanotime()).line())
 		})
 		b, err := lease.New(store, lease.WithID(fmt.Sprint("m", cfg.Proc)), lease.WithClock(clk),
 			lease.WithRenewEvery(100*time.Millisecond), lease.WithStoreTimeout(300*time.Millisecond), lease.WithObserver(obs))
@@ -358,6 +356,17 @@ type worker struct {
 	daemon bool
 	// within: the longest the backend takes to answer (see decidedFrom).
 	within time.Duration
+}
+
+// leaseRecord is the record of a lease-mode member's status s, observed at realNow (real
+// Unix nanoseconds) and clkNow (the member's clock, on which s is timed). The share holds
+// from when the status was taken (s.At: its answer applied) for s.Expires: the observer may
+// run much later (the process paused between the two; seed 5018), and counting from its
+// own now would stretch the lease by the pause.
+func leaseRecord(proc int, s lease.Status, realNow, clkNow int64) Lease {
+	real := func(at int64) int64 { return realNow - (clkNow - at) }
+	from := real(s.At)
+	return Lease{Proc: proc, Key: s.Key, T: s.Limit.T, Rate: s.Rate, From: from, Until: from + int64(s.Expires), Asked: real(s.Asked)}
 }
 
 // decidedFrom is the earliest the backend may have decided the grant r, in real Unix

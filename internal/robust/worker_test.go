@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/lease"
 )
 
 // TestServedPlaceRecordedFromItsDecision: a place the waiting room reserved for one waiter
@@ -76,4 +77,22 @@ func TestServedPlaceRecordedFromItsDecision(t *testing.T) {
 		t.Errorf("own grant recorded from %v after its call, want its call", time.Duration(got-call))
 	}
 	_ = own.Cancel(context.Background())
+}
+
+// TestLeaseRecordCountsFromTheStatus: a status taken before its member was paused and
+// observed after (seed 5018, lease-etcd: a renewal answered, then SIGSTOP for 1.17 s
+// before the observer printed it) is recorded from when it was taken: its share ends
+// Expires after that, not Expires after the print (which made it look valid 2.45 s
+// after its request, a second past its lease).
+func TestLeaseRecordCountsFromTheStatus(t *testing.T) {
+	const s = int64(time.Second)
+	st := lease.Status{Key: "a0", Rate: 173.67, At: 10 * s, Expires: 977 * time.Millisecond, Asked: 10*s - 470*int64(time.Millisecond)}
+	st.Limit.T = int64(5 * time.Millisecond)
+	real0 := int64(1_795_000_000) * s // real time at clock 0
+	// Observed 1 s after it was taken.
+	got := leaseRecord(1, st, real0+11*s, 11*s)
+	want := Lease{Proc: 1, Key: "a0", T: st.Limit.T, Rate: 173.67, From: real0 + 10*s, Until: real0 + 10*s + int64(977*time.Millisecond), Asked: real0 + st.Asked}
+	if got != want {
+		t.Errorf("got %+v, want %+v", got, want)
+	}
 }
