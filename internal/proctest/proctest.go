@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -212,4 +213,57 @@ func (s *Slot) signal(sig syscall.Signal) {
 	if s.proc != nil {
 		s.proc.Signal(sig)
 	}
+}
+
+// Snapshot copies the directory data to a new directory under parent, with the slot's
+// process paused for the copy (SIGSTOP: a crash image, which a server that survives a
+// crash recovers from), and returns the copy's path for Rewind.
+func (s *Slot) Snapshot(parent, data string) (string, error) {
+	snap, err := os.MkdirTemp(parent, "snap-")
+	if err != nil {
+		return "", err
+	}
+	s.Pause()
+	defer s.Resume()
+	return snap, copyDir(data, filepath.Join(snap, "data"))
+}
+
+// Rewind kills the slot's process and puts the copy snap (from Snapshot) in place of the
+// directory data: the next start comes back with the state it had then.
+func (s *Slot) Rewind(snap, data string) error {
+	s.Kill()
+	if err := os.RemoveAll(data); err != nil {
+		return err
+	}
+	return os.Rename(filepath.Join(snap, "data"), data)
+}
+
+// copyDir copies the tree src (directories and regular files, with their modes) to dst,
+// which must not exist.
+func copyDir(src, dst string) error {
+	return filepath.WalkDir(src, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, path)
+		if err != nil {
+			return err
+		}
+		to := filepath.Join(dst, rel)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			return os.Mkdir(to, info.Mode().Perm())
+		}
+		if !info.Mode().IsRegular() {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(to, b, info.Mode().Perm())
+	})
 }

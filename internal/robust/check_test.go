@@ -224,13 +224,14 @@ func TestScheduleReproducible(t *testing.T) {
 }
 
 // TestScheduleKinds: each mode draws only the faults that act on what it runs (no toxic
-// in the gossip mode, which has no store; no Redis fault on etcd or ZooKeeper; the
+// in the gossip mode, which has no store; no Redis fault on etcd or ZooKeeper, but old
+// state restored there too; the
 // gossip network faults only there), and over 50 seeds it draws each of them.
 func TestScheduleKinds(t *testing.T) {
 	toxics := []FaultKind{FaultLatency, FaultBandwidth, FaultTimeout, FaultResetPeer, FaultBlackHole, FaultProxyDown, FaultPartition}
 	members := []FaultKind{FaultMemberKill, FaultMemberStop}
 	redis := []FaultKind{FaultRedisStop, FaultRedisEmpty, FaultRestoreOld}
-	stores := []FaultKind{FaultStoreStop, FaultStoreKill, FaultStoreWipe}
+	stores := []FaultKind{FaultStoreStop, FaultStoreKill, FaultStoreWipe, FaultRestoreOld} // restore_old: a data directory put back
 	peers := []FaultKind{FaultPeerPartition, FaultLinkCut, FaultPeerLoss, FaultPeerDelay}
 	cat := func(ks ...[]FaultKind) []FaultKind { return slices.Concat(ks...) }
 	want := map[Mode][]FaultKind{

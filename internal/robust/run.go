@@ -499,6 +499,16 @@ func (r *runner) inject(ctx context.Context, i int, f Fault) {
 			}
 		}
 	case FaultRestoreOld:
+		if rw, ok := r.store.(rewinder); ok && r.srv == nil {
+			// etcd, ZooKeeper: a copy of the data directory now, put back after.
+			snap, err := rw.Snapshot()
+			if err != nil {
+				r.note("fault %s: %v", f, err)
+				break
+			}
+			undo = func() { r.rewindStore(rw, snap) }
+			break
+		}
 		dumps := r.dump(ctx)
 		undo = func() { r.restore(ctx, dumps) }
 	}
@@ -544,6 +554,25 @@ func (r *runner) restore(ctx context.Context, dumps map[string]dump) {
 		if err := c.RestoreReplace(ctx, k, ttl, d.data).Err(); err != nil {
 			r.note("fault restore_old: restore %s: %v", k, err)
 		}
+	}
+	r.mu.Lock()
+	r.losses = append(r.losses, [2]int64{from, time.Now().UnixNano()})
+	r.rewinds = append(r.rewinds, r.losses[len(r.losses)-1])
+	r.mu.Unlock()
+}
+
+// rewindStore kills the store (etcd, ZooKeeper), puts back the data directory snapshot
+// snap copied, and restarts it: the records, and their versions (etcd's revisions,
+// ZooKeeper's zxids), go back to what they were then, as in a failover to a member that
+// had not seen the writes since. The lease mode's fence (a member presenting a version
+// newer than the record's) must catch it.
+func (r *runner) rewindStore(rw rewinder, snap string) {
+	from := time.Now().UnixNano()
+	if err := rw.Rewind(snap); err != nil {
+		r.note("fault restore_old: %v", err)
+	}
+	if err := r.store.Restart(); err != nil {
+		r.note("fault restore_old: restart the store: %v", err)
 	}
 	r.mu.Lock()
 	r.losses = append(r.losses, [2]int64{from, time.Now().UnixNano()})

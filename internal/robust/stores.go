@@ -43,6 +43,18 @@ var (
 // wiper is a storeServer whose data can be deleted while it is down.
 type wiper interface{ Wipe() error }
 
+// rewinder is a storeServer whose data can be copied now and put back later (etcd,
+// ZooKeeper: their data directories).
+type rewinder interface {
+	Snapshot() (string, error)
+	Rewind(snap string) error
+}
+
+var (
+	_ rewinder = (*etcdtest.Server)(nil)
+	_ rewinder = (*zktest.Server)(nil)
+)
+
 // startStore starts the store the mode runs on: none for gossip.
 func startStore(mode Mode) (storeServer, error) {
 	switch mode {
