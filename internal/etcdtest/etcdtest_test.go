@@ -82,10 +82,12 @@ func TestPauseResume(t *testing.T) {
 func TestSnapshotRewind(t *testing.T) {
 	s := New(t)
 	put(t, s, `{"key":"cg==","value":"dg=="}`) // r = v
+	start := time.Now()
 	snap, err := s.Snapshot()
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("snapshot taken (the server paused) in %v", time.Since(start))
 	before := revision(t, s)
 	put(t, s, `{"key":"cw==","value":"dg=="}`) // s = v
 	put(t, s, `{"key":"dA==","value":"dg=="}`) // t = v

@@ -57,10 +57,12 @@ func TestSnapshotRewind(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	start := time.Now()
 	snap, err := s.Snapshot()
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("snapshot taken (the server paused) in %v", time.Since(start))
 	if _, err := c.Set("/a", []byte("2"), -1); err != nil {
 		t.Fatal(err)
 	}
