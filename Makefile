@@ -91,7 +91,7 @@ robustness: test-deps
 	$(GO) build -race -o bench/results/robust-sluice ./cmd/sluice
 	ROBUST_RUNS=$(ROBUST_RUNS) ROBUST_DURATION=$(ROBUST_DURATION) ROBUST_BASE=$(ROBUST_BASE) ROBUST_SEED=$(ROBUST_SEED) \
 	  ROBUST_MODE=$(ROBUST_MODE) ROBUST_DUMP=$(ROBUST_DUMP) ROBUST_SLUICE=$(CURDIR)/bench/results/robust-sluice \
-	  bench/results/robust.test -test.run '^(TestRobustness|TestGossipPartitionBites)$$' -test.timeout 120m
+	  bench/results/robust.test -test.run '^(TestRobustness|TestGossipPartitionBites|TestDaemonGossipPartitionBites)$$' -test.timeout 120m
 
 ## lint: go vet and staticcheck (installed through the Go toolchain), and gofmt.
 lint: vet

@@ -243,8 +243,9 @@ func TestScheduleKinds(t *testing.T) {
 		ModeLeaseZK:     cat(toxics, members, stores),
 		ModeGossip:      cat(members, peers),
 		ModeDaemonLease: cat(toxics, members, redis, []FaultKind{FaultDaemonKill, FaultDaemonStop}),
-		// No store: the toxics act on the members' links to their daemons.
-		ModeDaemonGossip: cat(toxics, members, []FaultKind{FaultDaemonKill, FaultDaemonStop}),
+		// No store: the toxics act on the members' links to their daemons, the gossip
+		// network faults between the daemons (DaemonNet).
+		ModeDaemonGossip: cat(toxics, members, []FaultKind{FaultDaemonKill, FaultDaemonStop}, peers),
 	}
 	for _, m := range Modes {
 		seen := map[FaultKind]bool{}

@@ -168,3 +168,54 @@ func TestGossipPartitionBites(t *testing.T) {
 		t.Fatalf("member 0 counted its peers outside the cut: %v; itself alone during it: %v; the others counted each other alone: %v (want all)", joined, alone, others)
 	}
 }
+
+// TestDaemonGossipPartitionBites shows the daemon-gossip mode's network faults (DaemonNet,
+// between real `sluice serve --backend gossip` processes) reach the daemons' membership:
+// daemon 0 cut from its peers for 4.3 s counts itself alone during the cut, and the two
+// others count each other alone; outside it, it counts its peers (each daemon's
+// sluice_gossip_members, read every 100 ms). make robustness runs it; make test does not.
+func TestDaemonGossipPartitionBites(t *testing.T) {
+	if os.Getenv("ROBUST_RUNS") == "" || os.Getenv("ROBUST_SEED") != "" || os.Getenv("ROBUST_MODE") != "" {
+		t.Skip("make robustness runs it (not for one seed or mode)")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if SluiceBin == "" {
+		SluiceBin = os.Getenv("ROBUST_SLUICE")
+	}
+	const at, cut = 700 * time.Millisecond, 4300 * time.Millisecond
+	s := Schedule{Seed: 8, Mode: ModeDaemonGossip, Members: 3, Goroutines: 6, Duration: 8 * time.Second, Skews: make([]time.Duration, 3),
+		Faults: []Fault{{At: at, For: cut, Kind: FaultPeerPartition, Target: 0}}}
+	res, err := Run(context.Background(), s, exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println(res.Line(0))
+	for _, n := range res.Notes {
+		fmt.Println("  note:", n)
+	}
+	for _, v := range res.Violations {
+		t.Error(v)
+	}
+	// The pools are the daemons', by slot.
+	from, to := res.Start+int64(at), res.Start+int64(at+cut)
+	joined, alone, others := false, false, map[int]bool{}
+	for _, p := range res.Pools {
+		if p.At < from || p.At > to {
+			joined = joined || (p.Proc == 0 && p.Members >= 2)
+			continue
+		}
+		alone = alone || (p.Proc == 0 && p.Members == 1)
+		if p.Proc != 0 && p.Members == 2 {
+			others[p.Proc] = true
+		}
+	}
+	if !joined || !alone || len(others) != 2 {
+		for _, p := range res.Pools {
+			t.Logf("daemon %d at +%v: %d", p.Proc, time.Duration(p.At-res.Start), p.Members)
+		}
+		t.Fatalf("daemon 0 counted its peers outside the cut: %v; itself alone during it: %v; the others counted each other alone: %v (want all)", joined, alone, others)
+	}
+}

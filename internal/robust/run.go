@@ -62,7 +62,10 @@ type runner struct {
 	prefix string
 	t0     time.Time
 
-	daemons []*daemon // the daemon mode's, by slot
+	daemons []*daemon  // the daemon mode's, by slot
+	dnet    *DaemonNet // the daemon-gossip mode's network between the daemons
+	// daemonPools: the pool sizes the gossip daemons counted (pollPools).
+	daemonPools []Pool
 
 	mu      sync.Mutex
 	members []*member
@@ -134,7 +137,11 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 	if isDaemon(s.Mode) {
 		// Each slot's daemon reaches Redis through its own proxy ("r"), and the member
 		// reaches its daemon through the slot's proxy ("m"), which is re-pointed there.
-		if err := r.startDaemons(); err != nil {
+		err := r.startDaemons()
+		if r.dnet != nil {
+			defer r.dnet.Close() // after the daemons stop (deferred below, run first)
+		}
+		if err != nil {
 			return Result{}, err
 		}
 		defer r.stopDaemons()
@@ -151,6 +158,17 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 		}
 	}
 	var wg sync.WaitGroup
+	stopPoll := func() {}
+	if s.Mode == ModeDaemonGossip {
+		stop := make(chan struct{})
+		polled := make(chan struct{})
+		go func() {
+			defer close(polled)
+			r.pollPools(stop)
+		}()
+		stopPoll = sync.OnceFunc(func() { close(stop); <-polled })
+		defer stopPoll()
+	}
 	for i, f := range s.Faults {
 		wg.Add(1)
 		go func() {
@@ -161,6 +179,8 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 	wg.Wait()
 	r.closeControl()
 	h, vs := r.collect(ctx)
+	stopPoll()
+	h.Pools = append(h.Pools, r.daemonPools...)
 	if isDaemon(s.Mode) {
 		vs = append(vs, r.stopDaemons()...)
 	}
@@ -325,9 +345,12 @@ func (r *runner) setNetFault(i int, f Fault, on bool) {
 		delete(r.netFaults, i)
 	}
 	for _, m := range r.current {
-		if m != nil && !m.killed {
+		if m != nil && !m.killed && m.stdin != nil {
 			r.tellLinks(m)
 		}
+	}
+	if r.dnet != nil {
+		r.dnet.SetLinks(r.links())
 	}
 }
 

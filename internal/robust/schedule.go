@@ -180,9 +180,10 @@ func NewSchedule(seed uint64, mode Mode, members int, d time.Duration) Schedule 
 		kinds = []FaultKind{FaultMemberKill, FaultMemberStop, FaultPeerPartition, FaultLinkCut, FaultPeerLoss, FaultPeerDelay}
 	case ModeDaemon, ModeDaemonLease:
 		kinds = append(kinds, FaultDaemonKill, FaultDaemonStop)
-	case ModeDaemonGossip: // no store: the toxics act on the members' links to their daemons
+	case ModeDaemonGossip: // no store: the toxics act on the members' links to their daemons, the peer faults between the daemons
 		kinds = []FaultKind{FaultLatency, FaultBandwidth, FaultTimeout, FaultResetPeer, FaultBlackHole, FaultProxyDown,
-			FaultPartition, FaultMemberKill, FaultMemberStop, FaultDaemonKill, FaultDaemonStop}
+			FaultPartition, FaultMemberKill, FaultMemberStop, FaultDaemonKill, FaultDaemonStop,
+			FaultPeerPartition, FaultLinkCut, FaultPeerLoss, FaultPeerDelay}
 	case ModeLeaseEtcd, ModeLeaseZK:
 		kinds = []FaultKind{FaultLatency, FaultBandwidth, FaultTimeout, FaultResetPeer, FaultBlackHole, FaultProxyDown,
 			FaultPartition, FaultMemberKill, FaultMemberStop, FaultStoreStop, FaultStoreKill, FaultStoreWipe, FaultRestoreOld}
