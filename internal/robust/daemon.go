@@ -280,26 +280,33 @@ func (r *runner) stopDaemons() []Violation {
 
 // pollPools records, every 100 ms until stop, the pool size each gossip daemon counts
 // (its sluice_gossip_members metric) as a Pool of its slot: a cut between daemons shows in
-// it. A daemon that does not answer (killed, paused) is skipped.
+// it. Each daemon is read by a goroutine of its own, with a 1 s time-out (a loaded daemon
+// answers late, and one paused or killed not at all: skipped).
 func (r *runner) pollPools(stop <-chan struct{}) {
-	hc := &http.Client{Timeout: 200 * time.Millisecond}
-	defer hc.CloseIdleConnections()
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		for _, d := range r.daemons {
-			if n, ok := gossipMembers(hc, d.http); ok {
-				r.mu.Lock()
-				r.daemonPools = append(r.daemonPools, Pool{Proc: d.slot, At: time.Now().UnixNano(), Members: n})
-				r.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, d := range r.daemons {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			hc := &http.Client{Timeout: time.Second}
+			defer hc.CloseIdleConnections()
+			t := time.NewTicker(100 * time.Millisecond)
+			defer t.Stop()
+			for {
+				if n, ok := gossipMembers(hc, d.http); ok {
+					r.mu.Lock()
+					r.daemonPools = append(r.daemonPools, Pool{Proc: d.slot, At: time.Now().UnixNano(), Members: n})
+					r.mu.Unlock()
+				}
+				select {
+				case <-stop:
+					return
+				case <-t.C:
+				}
 			}
-		}
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-		}
+		}()
 	}
+	wg.Wait()
 }
 
 // gossipMembers reads a gossip daemon's sluice_gossip_members metric.

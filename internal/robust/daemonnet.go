@@ -20,10 +20,10 @@ import (
 // its one UDP socket, so the source address is the sender's bind address. Each sender's
 // datagrams reach the daemon from a socket of the proxy's own for that sender (answers to
 // it come back through the proxy, under the link back). TCP streams come from ephemeral
-// ports and cannot be told apart: a stream into a daemon suffers what every link into it
-// suffers (a partition of the daemon cuts them; one link's cut, a loss or a delay on one
-// link, does not). Memberlist's streams carry its state syncs and probe fallbacks; the
-// gossip reports are datagrams.
+// ports and cannot be told apart: a stream into a daemon suffers the worst of what the
+// links into it suffer (a cut of one link into it cuts every stream into it, the third
+// daemon's too; a loss does not touch streams). Memberlist's streams carry its state
+// syncs and probe fallbacks; the gossip reports and the probes are datagrams.
 //
 // Its methods are safe for concurrent use. Close stops every proxy and its goroutines.
 type DaemonNet struct {
@@ -224,23 +224,18 @@ func (n *DaemonNet) upstream(p *daemonProxy, src, target *net.UDPAddr) (*net.UDP
 	return up, nil
 }
 
-// tcpLink is what a stream into slot's daemon suffers: what every link into it suffers.
+// tcpLink is what a stream into slot's daemon suffers: the worst of what the links into
+// it suffer (its sender cannot be told).
 func (n *DaemonNet) tcpLink(slot int) Link {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	var l Link
-	first := true
 	for from := range n.links {
-		if from == slot {
-			continue
+		if from != slot {
+			x := n.links[from][slot]
+			l.Cut = l.Cut || x.Cut
+			l.Delay = max(l.Delay, x.Delay)
 		}
-		x := n.links[from][slot]
-		if first {
-			l, first = Link{Cut: x.Cut, Delay: x.Delay}, false
-			continue
-		}
-		l.Cut = l.Cut && x.Cut
-		l.Delay = min(l.Delay, x.Delay)
 	}
 	return l
 }
