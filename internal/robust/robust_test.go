@@ -153,7 +153,11 @@ func TestGossipPartitionBites(t *testing.T) {
 	// Procs 0, 1, 2 are slots 0, 1, 2 (nobody is restarted).
 	from, to := res.Start+int64(at), res.Start+int64(at+cut)
 	joined, alone, others := false, false, map[int]bool{}
+	var after []string
 	for _, p := range res.Pools {
+		if p.At > to && p.Proc == 0 {
+			after = append(after, fmt.Sprintf("+%.1fs:%d", float64(p.At-res.Start)/1e9, p.Members))
+		}
 		if p.At < from || p.At > to {
 			joined = joined || (p.Proc == 0 && p.Members >= 2)
 			continue
@@ -163,6 +167,7 @@ func TestGossipPartitionBites(t *testing.T) {
 			others[p.Proc] = true
 		}
 	}
+	fmt.Printf("  member 0 after the heal (+%v): %s\n", at+cut, strings.Join(after, " "))
 	if !joined || !alone || len(others) != 2 {
 		for _, p := range res.Pools {
 			if p.Proc == 0 {
