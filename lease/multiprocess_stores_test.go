@@ -36,7 +36,7 @@ type restartPlan struct {
 // shortRestart is make test's run: seconds, judged as exactly as the long one, with a
 // loose bound on the pool's use (a shared, loaded machine gives back many permits late:
 // see docs/lease.md, "Measured").
-var shortRestart = restartPlan{kill: 1200 * time.Millisecond, down: 3600 * time.Millisecond, after: 4 * time.Second, margin: mpMargin, minUse: 0.25}
+var shortRestart = restartPlan{kill: time.Second, down: 3300 * time.Millisecond, after: 3 * time.Second, margin: mpMargin, minUse: 0.25}
 
 // TestMultiProcessOnEtcdAndZK: four OS processes share 200/s burst=20 through a real
 // etcd, and four others through a real ZooKeeper, side by side on one timeline
