@@ -129,6 +129,10 @@ type pipeliner struct {
 	// conns, if not nil, are the connections batches are sent on (see conns); set before
 	// the first call.
 	conns *conns
+	// refs makes script calls carry their keys and fields as pointers (see
+	// group.command): only for a client the backend made (no hooks of the caller's) of
+	// one Redis (no routing by key). Set before the first call.
+	refs bool
 
 	// dl is the context of the batches sent lately (see deadline).
 	dl atomic.Pointer[deadlineCtx]
@@ -314,7 +318,7 @@ func (bb *batchBuilder) exec(p *pipeliner, batch []*call) {
 	bb.cmds = bb.cmds[:0]
 	for i := range bb.groups {
 		g := &bb.groups[i]
-		g.cmd = g.command(ctx, argEvalsha, p.sha)
+		g.cmd = g.command(ctx, argEvalsha, p.sha, p.refs)
 		bb.cmds = append(bb.cmds, g.cmd)
 	}
 	wait := bb.withAcks(ctx, p)
@@ -334,7 +338,7 @@ func (bb *batchBuilder) exec(p *pipeliner, batch []*call) {
 		bb.cmds = bb.cmds[:0]
 		for _, i := range bb.again {
 			g := &bb.groups[i]
-			g.cmd = g.command(ctx, argEval, p.src)
+			g.cmd = g.command(ctx, argEval, p.src, p.refs)
 			bb.cmds = append(bb.cmds, g.cmd)
 		}
 		wait := bb.withAcks(ctx, p)
@@ -590,16 +594,28 @@ func (bb *batchBuilder) keyIndex(g *group, name string) int {
 
 // command builds g's script call (see sluice.lua for the arguments): the keys, the time
 // mode, and for each key the number of its records and its records, an operation that
-// repeats the previous record's being sent as '='.
-func (g *group) command(ctx context.Context, name, script any) *goredis.Cmd {
+// repeats the previous record's being sent as '='. With refs, the keys and fields go in
+// as pointers (*string, *int64) into g and its calls, which live until the reply is read:
+// an interface holding a pointer needs no allocation, where one holding a string or an
+// int64 does, once per key and per field. go-redis writes a pointer's value, but reads
+// a key given as a pointer wrongly where it routes by key (Cluster, Ring) and a hook
+// (tracing) would print the pointer: refs is only for the backend's own client of one
+// Redis (pipeliner.refs).
+func (g *group) command(ctx context.Context, name, script any, refs bool) *goredis.Cmd {
 	n := 4 + 2*len(g.keys)
 	for _, c := range g.calls {
 		n += 1 + c.nf
 	}
 	args := make([]any, 0, n)
 	args = append(args, name, script, len(g.keys))
-	for _, k := range g.keys {
-		args = append(args, k)
+	if refs {
+		for i := range g.keys {
+			args = append(args, &g.keys[i])
+		}
+	} else {
+		for _, k := range g.keys {
+			args = append(args, k)
+		}
 	}
 	c0 := g.calls[0]
 	switch {
@@ -634,8 +650,14 @@ func (g *group) command(ctx context.Context, name, script any) *goredis.Cmd {
 				args = append(args, "=")
 			} else {
 				args = append(args, opArg(c.op))
-				for _, x := range c.f[:c.nf] {
-					args = append(args, x)
+				if refs {
+					for j := range c.f[:c.nf] {
+						args = append(args, &c.f[j])
+					}
+				} else {
+					for _, x := range c.f[:c.nf] {
+						args = append(args, x)
+					}
 				}
 			}
 			prev = c

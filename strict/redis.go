@@ -50,6 +50,7 @@ type Backend struct {
 	client     Client
 	owned      interface{ Close() error } // closed by Close when Dial made the client
 	prefix     string
+	names      string // prefix + "v1:", the start of every key's name (set by New)
 	timeout    time.Duration
 	pipelines  int
 	maxBatch   int
@@ -188,6 +189,7 @@ func New(client Client, opts ...Option) *Backend {
 	for _, o := range opts {
 		o.apply(b)
 	}
+	b.names = b.prefix + "v" + strconv.Itoa(FormatVersion) + ":"
 	if b.share > 0 {
 		b.fallback = local.New(local.WithClock(b.clock))
 	}
@@ -275,6 +277,7 @@ func Open(url string, opts ...Option) (*Backend, error) {
 	b := New(c, opts...)
 	b.owned = c
 	b.p.conns = &conns{client: c}
+	b.p.refs = b.p.grouping == groupAll
 	return b, nil
 }
 
@@ -283,7 +286,10 @@ func Open(url string, opts ...Option) (*Backend, error) {
 // spread over slots. '\' and '}' in the key are escaped (as \\ and \]) and an empty key is
 // written \0, so the tag is never empty nor cut short, and distinct keys never share a name.
 func (b *Backend) KeyName(key string) string {
-	return b.prefix + "v" + strconv.Itoa(FormatVersion) + ":" + rkey.Tag(key)
+	if b.names == "" {
+		return rkey.Name(b.prefix+"v"+strconv.Itoa(FormatVersion)+":", key)
+	}
+	return rkey.Name(b.names, key)
 }
 
 // Stats counts the backend's troubles.
