@@ -323,6 +323,7 @@ type group struct {
 	calls []*call
 	other bool // a call other than 'a', or a virtual now: the reply carries now
 	cmd   *goredis.Cmd
+	args  []any // cmd's arguments, kept from one batch to the next (cleared after each)
 }
 
 // batchBuilder turns a batch of calls into script calls, and their replies into answers.
@@ -384,7 +385,8 @@ func (bb *batchBuilder) exec(p *pipeliner, batch []*call) {
 		g := &bb.groups[i]
 		clear(g.keys)
 		clear(g.calls)
-		g.keys, g.calls, g.cmd = g.keys[:0], g.calls[:0], nil
+		clear(g.args)
+		g.keys, g.calls, g.cmd, g.args = g.keys[:0], g.calls[:0], nil, g.args[:0]
 	}
 	clear(bb.cmds)
 	bb.groups = bb.groups[:0]
@@ -638,7 +640,7 @@ func (g *group) command(ctx context.Context, name, script any, refs bool) *gored
 	for _, c := range g.calls {
 		n += 1 + c.nf
 	}
-	args := make([]any, 0, n)
+	args := slices.Grow(g.args[:0], n)
 	args = append(args, name, script, len(g.keys))
 	if refs {
 		for i := range g.keys {
@@ -696,6 +698,7 @@ func (g *group) command(ctx context.Context, name, script any, refs bool) *gored
 		}
 		i = j
 	}
+	g.args = args
 	cmd := goredis.NewCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)
 	return cmd
