@@ -103,8 +103,8 @@ func groupingOf(client Client) grouping {
 // the script decides each group's calls in arrival order, reading and writing each key
 // once.
 // A lone caller is sent at once, alone; while batches are in flight, new calls queue and
-// leave together, once they are as many as the calls in flight or when a batch returns
-// (see ready), so the number of goroutines, not the round trip, sets the throughput.
+// leave together, mostly when a batch returns (see ready for when they leave sooner), so
+// the number of goroutines, not the round trip, sets the throughput.
 type pipeliner struct {
 	client   Client
 	sha, src any // the script's SHA1 and text (for EVAL after NOSCRIPT), boxed once
