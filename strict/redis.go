@@ -31,7 +31,7 @@ const FormatVersion = 1
 const (
 	DefaultPrefix     = "sluice:"
 	DefaultTimeout    = 100 * time.Millisecond // longest wait for an answer from Redis
-	DefaultPipelines  = 2                      // most batches in flight at once (a second leaves only when full)
+	DefaultPipelines  = 2                      // most batches in flight at once (see WithPipelines)
 	DefaultMaxBatch   = 256                    // most calls in one batch (one pipeline)
 	DefaultProbeEvery = 100 * time.Millisecond // how often a down Redis is probed
 )
@@ -109,9 +109,9 @@ func WithTimeout(d time.Duration) Option {
 // WithPipelines sets how many batches may be in flight at once (default DefaultPipelines)
 // and how many calls one batch carries at most (default DefaultMaxBatch). A batch is one
 // pipeline holding one script call per group of keys that may share one (see
-// docs/redis.md). While a batch is in flight, a further one leaves only when it is full;
-// otherwise the calls queued meanwhile leave together when the batch returns. Values <= 0
-// keep the default.
+// docs/redis.md). While batches are in flight, allowances queued behind them leave when
+// twice as many calls as are in flight are queued, or a whole batch, or a batch returns;
+// any other call (a reservation) leaves at once. Values <= 0 keep the default.
 func WithPipelines(inFlight, maxBatch int) Option {
 	return optionFunc(func(b *Backend) {
 		if inFlight > 0 {
