@@ -100,15 +100,13 @@ func BenchmarkQueueHold(b *testing.B) {
 					push, pop = c.push, c.pop
 				}
 				rng := rand.New(rand.NewPCG(1, 2))
-				var seq uint64
 				var ev event
 				next := func(now int64) {
-					seq++
 					d := rng.Int64N(20e6)
 					if rng.IntN(10) == 0 {
 						d = rng.Int64N(30e9)
 					}
-					ev = event{at: now + d, seq: seq}
+					ev = event{at: now + d}
 					push(&ev)
 				}
 				for range n {
