@@ -155,23 +155,24 @@ func (q *eventQueue) refill() {
 			q.levels &^= 1 << l
 		}
 		b := q.buckets[l][d]
+		q.buckets[l][d] = b[:0] // nothing moves to level l: its events go below, or to the run
 		if len(b) <= sortMax {
-			// The bucket becomes the run, and the run's room the bucket's.
-			q.buckets[l][d] = q.run
-			for i := 1; i < len(b); i++ {
-				if x := b[i]; x.at < b[i-1].at {
-					j := i
-					for ; j > 0 && b[j-1].at > x.at; j-- {
-						b[j] = b[j-1]
-					}
-					b[j] = x
+			// Sorted into the run by insertion (each bucket keeps its room: swapping
+			// them would make the large ones grow again).
+			r := q.run
+			for k := range b {
+				x := &b[k]
+				i := len(r)
+				r = append(r, *x)
+				for ; i > 0 && r[i-1].at > x.at; i-- {
+					r[i] = r[i-1]
 				}
+				r[i] = *x
 			}
-			q.run = b
-			q.last = b[len(b)-1].at
+			q.run = r
+			q.last = r[len(r)-1].at
 			return
 		}
-		q.buckets[l][d] = b[:0] // nothing moves to level l: its events are placed below
 		last := b[0].at
 		for k := 1; k < len(b); k++ {
 			last = min(last, b[k].at)
