@@ -87,7 +87,7 @@ type eventQueue struct {
 }
 
 const (
-	radixBits   = 8                                // bits of a digit
+	radixBits   = 4                                // bits of a digit
 	radixWidth  = 1 << radixBits                   // buckets a level
 	radixWords  = (radixWidth + 63) / 64           // words of a level's bitmask
 	radixLevels = (63 + radixBits - 1) / radixBits // digits of a time (not negative: 63 bits)
