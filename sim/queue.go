@@ -144,55 +144,52 @@ func (q *eventQueue) pop(out *event) {
 // or split into the ones below it.
 func (q *eventQueue) refill() {
 	q.run, q.head = q.run[:0], 0
-	for {
-		l := bits.TrailingZeros32(q.levels)
-		w := 0
-		for q.digits[l][w] == 0 {
-			w++
-		}
-		d := w*64 + bits.TrailingZeros64(q.digits[l][w])
-		if q.digits[l][w] &^= 1 << (d % 64); q.digits[l] == [radixWords]uint64{} {
-			q.levels &^= 1 << l
-		}
-		b := q.buckets[l][d]
-		q.buckets[l][d] = b[:0] // nothing moves to level l: its events go below, or to the run
-		if len(b) <= sortMax && (l+1)*radixBits <= 56 {
-			// Sorted into the run (each bucket keeps its room: giving it the run's would
-			// make a large one grow again). The bucket's times share every digit above
-			// level l: each sorts by a key of its lower digits and its place in the
-			// bucket (so that ties stay in the order scheduled), 8 bytes moved by the
-			// insertion sort rather than 40.
-			var keys [sortMax]uint64
-			ks := keys[:len(b)]
-			mask := uint64(1)<<((l+1)*radixBits) - 1
-			for k := range b {
-				x := uint64(b[k].at)&mask<<8 | uint64(k)
-				i := k
-				for ; i > 0 && ks[i-1] > x; i-- {
-					ks[i] = ks[i-1]
-				}
-				ks[i] = x
-			}
-			r := q.run
-			for _, x := range ks {
-				r = append(r, b[x&255])
-			}
-			q.run = r
-			q.last = r[len(r)-1].at
-			return
-		}
-		last := b[0].at
-		for k := 1; k < len(b); k++ {
-			last = min(last, b[k].at)
-		}
-		q.last = last
+	l := bits.TrailingZeros32(q.levels)
+	w := 0
+	for q.digits[l][w] == 0 {
+		w++
+	}
+	d := w*64 + bits.TrailingZeros64(q.digits[l][w])
+	if q.digits[l][w] &^= 1 << (d % 64); q.digits[l] == [radixWords]uint64{} {
+		q.levels &^= 1 << l
+	}
+	b := q.buckets[l][d]
+	q.buckets[l][d] = b[:0] // nothing moves to level l: its events go below, or to the run
+	if len(b) <= sortMax && (l+1)*radixBits <= 56 {
+		// Sorted into the run (each bucket keeps its room: giving it the run's would
+		// make a large one grow again). The bucket's times share every digit above
+		// level l: each sorts by a key of its lower digits and its place in the
+		// bucket (so that ties stay in the order scheduled), 8 bytes moved by the
+		// insertion sort rather than 40.
+		var keys [sortMax]uint64
+		ks := keys[:len(b)]
+		mask := uint64(1)<<((l+1)*radixBits) - 1
 		for k := range b {
-			if b[k].at == last {
-				q.run = append(q.run, b[k])
-			} else {
-				q.place(&b[k])
+			x := uint64(b[k].at)&mask<<8 | uint64(k)
+			i := k
+			for ; i > 0 && ks[i-1] > x; i-- {
+				ks[i] = ks[i-1]
 			}
+			ks[i] = x
 		}
+		r := q.run
+		for _, x := range ks {
+			r = append(r, b[x&255])
+		}
+		q.run = r
+		q.last = r[len(r)-1].at
 		return
+	}
+	last := b[0].at
+	for k := 1; k < len(b); k++ {
+		last = min(last, b[k].at)
+	}
+	q.last = last
+	for k := range b {
+		if b[k].at == last {
+			q.run = append(q.run, b[k])
+		} else {
+			q.place(&b[k])
+		}
 	}
 }
