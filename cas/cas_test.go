@@ -57,6 +57,7 @@ func stores(t *testing.T) []struct {
 func TestConformance(t *testing.T) {
 	for _, s := range stores(t) {
 		t.Run(s.name, func(t *testing.T) {
+			t.Parallel() // each store its own server: their round trips overlap
 			backendtest.Run(t, func(t *testing.T, clk *clock.Virtual) backend.Backend {
 				return New(s.make(t, clk), WithTimeout(10*time.Second))
 			})

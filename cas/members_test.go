@@ -187,6 +187,7 @@ func TestMembersShareALimit(t *testing.T) {
 	l := gcra.Limit{T: int64(20 * time.Millisecond), Tau: int64(100 * time.Millisecond)}
 	for _, name := range []string{"etcd", "zk"} {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel() // each store its own server
 			var members []*Backend
 			path := unique("/members")
 			for range 4 {

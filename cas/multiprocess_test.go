@@ -86,6 +86,7 @@ func TestProcessesShareALimit(t *testing.T) {
 	}
 	for _, store := range []string{"etcd", "zk"} {
 		t.Run(store, func(t *testing.T) {
+			t.Parallel() // each store its own server
 			cfg := workerConfig{Store: store, Path: unique("/procs"), T: l.T, Tau: l.Tau, Duration: 2 * time.Second}
 			if store == "etcd" {
 				cfg.Addr = sharedEtcd(t).Addr()

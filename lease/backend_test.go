@@ -338,6 +338,83 @@ func TestObserver(t *testing.T) {
 	}
 }
 
+// gateStore holds the member's store calls while armed, until the test opens the gate: a
+// renewal round stalled (its process paused) between sending and applying.
+type gateStore struct {
+	Store
+	armed   atomic.Bool
+	entered chan struct{}
+	open    chan struct{}
+}
+
+func (g *gateStore) Load(ctx context.Context, ids []string) (Snapshot, error) {
+	if g.armed.CompareAndSwap(true, false) {
+		g.entered <- struct{}{}
+		<-g.open
+	}
+	return g.Store.Load(ctx, ids)
+}
+
+// TestStallAcrossARenewal: a member paused across a renewal (its round sent, then nothing
+// run until long after its lease ended) holds, once its answer is applied, no more than
+// the lease that request earned: sent + TTL − margin + grace on its own clock, which has
+// passed, so its status says nothing is usable (and its decisions do not use it). (The
+// robustness suite's seed 5018 recorded such a share as valid a second longer: its
+// observer counted from when it printed, after the pause; see Status.At.)
+func TestStallAcrossARenewal(t *testing.T) {
+	clk := clock.NewVirtual()
+	clk.Set(int64(time.Hour))
+	cfg := DefaultConfig()
+	cfg.JoinWindow = 0
+	gate := &gateStore{Store: NewMemStore(clk), entered: make(chan struct{}), open: make(chan struct{})}
+	statuses := make(chan Status, 16)
+	b, err := New(gate, WithConfig(cfg), WithClock(clk), WithID("m"), WithRenewEvery(100*time.Millisecond),
+		WithStoreTimeout(time.Hour), WithObserver(ObserverFunc(func(s Status) { statuses <- s })))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	l := lim(100, time.Second, 10)
+	if ok, err := b.AllowOne(bg, "k", l); !ok || err != nil {
+		t.Fatalf("first permit: %v %v", ok, err)
+	}
+	first := <-statuses
+	if first.Expires <= 0 {
+		t.Fatalf("the first answer gave no usable lease: %+v", first)
+	}
+	// The next round stalls in the store call; the member's clock runs on past its lease.
+	gate.armed.Store(true)
+	ctx, cancel := context.WithTimeout(bg, 10*time.Second)
+	defer cancel()
+	for stalled := false; !stalled; {
+		if err := clk.BlockUntil(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(50 * time.Millisecond)
+		select {
+		case <-gate.entered:
+			stalled = true
+		case <-statuses:
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	sent := clk.Nanotime() // the stalled round's request was sent by now
+	mc := DefaultMemberConfig()
+	clk.Advance(cfg.TTL + cfg.Grace + time.Second)
+	close(gate.open)
+	st := <-statuses
+	if end := st.At + int64(st.Expires); st.Expires > 0 && end > sent+int64(cfg.TTL-mc.Margin+cfg.Grace) {
+		t.Errorf("after the stall the share is usable until %v after its request, past the lease it earned (%v): %+v",
+			time.Duration(end-st.Asked), cfg.TTL-mc.Margin+cfg.Grace, st)
+	}
+	if st.Expires != 0 {
+		t.Errorf("the share is usable for %v after a stall past its lease, want 0", st.Expires)
+	}
+	if st.At < sent+int64(cfg.TTL+cfg.Grace) {
+		t.Errorf("the status was taken at %v, before the stall ended", time.Duration(st.At-sent))
+	}
+}
+
 func TestNewRejectsBadSettings(t *testing.T) {
 	if _, err := New(nil); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("no store: %v", err)

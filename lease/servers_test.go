@@ -57,8 +57,6 @@ func zkSession(t testing.TB, c *zk.Conn) {
 	}
 }
 
-type quietZK = zktest.Quiet
-
 // zkDeleteTree deletes the znode at root and every znode below it, if any.
 func zkDeleteTree(t testing.TB, c *zk.Conn, root string) {
 	t.Helper()

@@ -51,6 +51,7 @@ func chromium(t *testing.T, page string, args ...string) (stdout string, console
 // TestChromiumReportsConsoleErrors: the harness sees a page's console errors (else the
 // report's test below would pass on any page).
 func TestChromiumReportsConsoleErrors(t *testing.T) {
+	t.Parallel() // a browser of its own, mostly waited on
 	page := filepath.Join(t.TempDir(), "bad.html")
 	if err := os.WriteFile(page, []byte(`<!DOCTYPE html><html><body><p>x</p><script>nope();</script></body></html>`), 0o644); err != nil {
 		t.Fatal(err)
@@ -69,6 +70,7 @@ func TestChromiumReportsConsoleErrors(t *testing.T) {
 // (an SVG data URI), the side-by-side table with a column per mode, and the figures drawn
 // (the admitted rate's blue on the screenshot).
 func TestHTMLReportInChromium(t *testing.T) {
+	t.Parallel()
 	modes := []string{"local", "redis", "lease"}
 	r, err := Run(parse(t, plotOutage), Options{Modes: modes})
 	if err != nil {

@@ -305,6 +305,7 @@ func TestLeaseKeepsTheLimitEverywhere(t *testing.T) {
 	files, _ := filepath.Glob("../scenarios/*.yaml")
 	for _, f := range files {
 		t.Run(filepath.Base(f), func(t *testing.T) {
+			t.Parallel() // each its own simulation: the cores share them
 			sc, err := Load(f)
 			if err != nil {
 				t.Fatal(err)

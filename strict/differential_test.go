@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -77,15 +78,22 @@ func randomBase(rng *rand.Rand) int64 {
 	return 2e18 + rng.Int64N(1e18)
 }
 
-// TestDifferential runs 10,000 random operation sequences (several limits, weights,
+// TestDifferential runs 2,500 random operation sequences (several limits, weights,
 // bursts, reservations bounded and unbounded, cancellations, settlements up and down,
 // penalties, queries, cost errors) through the script on a real Redis, with time passed
 // to it as an argument, and through the Go core, and demands identical decisions, tickets
-// and final state.
+// and final state. SLUICE_STRICT_DIFF_SEQS runs more: make fuzz runs 20,000.
 func TestDifferential(t *testing.T) {
-	sequences := 10_000
+	sequences := 2_500
 	if testing.Short() {
 		sequences = 1_000
+	}
+	if s := os.Getenv("SLUICE_STRICT_DIFF_SEQS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n <= 0 {
+			t.Fatalf("SLUICE_STRICT_DIFF_SEQS=%q: want a positive count", s)
+		}
+		sequences = n
 	}
 	const workers = 24
 	client := newClient(t, shared.URL())

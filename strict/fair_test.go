@@ -137,13 +137,15 @@ func fairUses(t *testing.T, lines [][]string) []fairUse {
 // rounds at least 0.99). With 10% of the waits given up at random, the places of those
 // that gave up go to the others: still no slot unused, no violation.
 func TestFairWaitingMultiProcess(t *testing.T) {
+	t.Parallel() // waiting, mostly: these real-time runs overlap each other
 	const workers = 50
 	limits := sluice.MustParse("10/s burst=1")
 	interval := limits[0].Interval()
 	for _, giveUp := range []float64{0, 0.1} {
 		t.Run(fmt.Sprintf("give_up=%v", giveUp), func(t *testing.T) {
+			t.Parallel()
 			cfg := workerConfig{Addrs: []string{shared.Addr()}, Prefix: prefix(t), Keys: []string{"api"},
-				Limits: limits.String(), PerProc: []int{17, 17, 16}, Duration: 10 * time.Second, Fair: true, GiveUp: giveUp}
+				Limits: limits.String(), PerProc: []int{17, 17, 16}, Duration: 12 * time.Second, Fair: true, GiveUp: giveUp}
 			_, lines := runWorkersOut(t, 3, cfg, nil)
 			uses := fairUses(t, lines)
 			gaveUp := 0
@@ -223,9 +225,11 @@ func TestFairWaitingMultiProcess(t *testing.T) {
 // at least 0.95); without it each goroutine holds its own, and the processes get about
 // 1:5:20 (Jain near 0.53).
 func TestFairProcessesMultiProcess(t *testing.T) {
+	t.Parallel()
 	limits := sluice.MustParse("50/s burst=1")
 	for _, on := range []bool{true, false} {
 		t.Run(fmt.Sprintf("fair_processes=%v", on), func(t *testing.T) {
+			t.Parallel()
 			cfg := workerConfig{Addrs: []string{shared.Addr()}, Prefix: prefix(t), Keys: []string{"api"},
 				Limits: limits.String(), PerProc: []int{1, 5, 20}, Duration: 4 * time.Second, Fair: true, FairProcesses: on}
 			_, lines := runWorkersOut(t, 3, cfg, nil)

@@ -31,7 +31,7 @@ func TestCountKeys(t *testing.T) {
 		o, _ := ClientOptions(srv.URL(), time.Second)
 		client := goredis.NewClient(o)
 		defer client.Close()
-		b, other := New(client, WithPrefix("a*[x]:")), New(client, WithPrefix("a:"))
+		b, other := New(client, WithPrefix("a*[x]:"), WithTimeout(10*time.Second)), New(client, WithPrefix("a:"), WithTimeout(10*time.Second))
 		defer b.Close()
 		defer other.Close()
 		fill(t, b, 2500) // more than one SCAN step
@@ -52,7 +52,7 @@ func TestCountKeys(t *testing.T) {
 		cl := redistest.NewCluster(t)
 		client := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs()})
 		defer client.Close()
-		b := New(client, WithPrefix(prefix(t)))
+		b := New(client, WithPrefix(prefix(t)), WithTimeout(10*time.Second))
 		defer b.Close()
 		fill(t, b, 300)
 		if got, err := b.CountKeys(ctx); err != nil || got != 300 {

@@ -286,6 +286,10 @@ type Status struct {
 	Share  Share   // the share held
 	Target Share   // the share the policy wants it to hold
 	Rate   float64 // the share's rate in permits per second
+	// At is when the status was taken, on the member's clock: Expires and WindowLeft
+	// count from it (an observer that runs later, its process paused, must count from
+	// At, not from its own now).
+	At int64
 	// Expires is how long the lease may still be used (0: it may not).
 	Expires time.Duration
 	// Demand is the demand last reported, in parts of RateScale.
@@ -309,7 +313,7 @@ type Status struct {
 
 // Status returns the member's state at now.
 func (m *Member) Status(now int64) Status {
-	st := Status{Limit: m.limit, Member: m.id, Epoch: m.epoch, Seq: m.lease.seq, Share: m.lease.share, Target: m.view.target,
+	st := Status{At: now, Limit: m.limit, Member: m.id, Epoch: m.epoch, Seq: m.lease.seq, Share: m.lease.share, Target: m.view.target,
 		Demand: m.demand.reported, Used: m.demand.lastUsed, Window: time.Duration(m.demand.lastWin), Live: m.view.live, Err: m.link.lastErr}
 	if m.lease.has {
 		st.Rate = 1e9 / float64(m.lease.local.T)

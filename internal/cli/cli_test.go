@@ -176,7 +176,8 @@ func TestSimPlotAndHTML(t *testing.T) {
 // TestSimSweep: a sweep runs its grid on all the cores and prints the same bytes every
 // time, the points in the grid's order, with the best point per mode.
 func TestSimSweep(t *testing.T) {
-	args := []string{"sim", "../../scenarios/store-outage.yaml", "--modes", "redis,local", "--json",
+	t.Parallel()
+	args := []string{"sim", "testdata/short-outage.yaml", "--modes", "redis,local", "--json",
 		"--sweep", "client.margin=0s,10ms,50ms", "--sweep", "members.m.count=5,20", "--seed", "4"}
 	code, a, errs := run(t, args...)
 	if code != 0 {
@@ -216,6 +217,7 @@ func TestSimSweep(t *testing.T) {
 // alone (the grid and its parallel runs change nothing), the points' differ, and two runs
 // write the same bytes.
 func TestSimSweepWritesEachPoint(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	sweep := func(sub string, margins string) {
 		t.Helper()
@@ -223,7 +225,7 @@ func TestSimSweepWritesEachPoint(t *testing.T) {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		code, out, errs := run(t, "sim", "../../scenarios/store-outage.yaml", "--modes", "redis", "--seed", "4",
+		code, out, errs := run(t, "sim", "testdata/short-outage.yaml", "--modes", "redis", "--seed", "4",
 			"--sweep", "client.margin="+margins, "--sweep", "members.m.count=5",
 			"--csv", filepath.Join(d, "s.csv"), "--plot", filepath.Join(d, "f.png"), "--html", filepath.Join(d, "p.html"))
 		if code != 0 || !strings.Contains(out, "best (") {

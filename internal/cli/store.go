@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/sluicehq/sluice/internal/zkclient"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/strict"
 )
@@ -77,7 +78,7 @@ func openLeaseStore(raw, prefix string) (lease.Store, func(), error) {
 		if path == "" {
 			path = strings.ReplaceAll(strings.Trim(prefix, ":"), ":", "/")
 		}
-		c, events, err := zk.Connect(strings.Split(hosts, ","), 4*time.Second, zk.WithLogger(quietZK{}))
+		c, events, err := zkclient.Connect(strings.Split(hosts, ","), 4*time.Second, quietZK{})
 		if err != nil {
 			return nil, nil, usagef("store %q: %v", raw, err)
 		}
@@ -99,7 +100,7 @@ func openLeaseStore(raw, prefix string) (lease.Store, func(), error) {
 			for range events {
 			}
 		}()
-		return lease.NewZKStore(c, lease.WithZKPath(path)), c.Close, nil
+		return lease.NewZKStore(c.Conn, lease.WithZKPath(path)), c.Close, nil
 	}
 	return nil, nil, usagef("store %q: want memory://, redis://, redis-cluster://, redis-sentinel://, etcd:// or zk://", raw)
 }

@@ -3,6 +3,7 @@ package etcdtest
 import (
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -74,4 +75,51 @@ func TestPauseResume(t *testing.T) {
 	if c := count(t, s); !strings.Contains(c, `"count":"1"`) {
 		t.Fatalf("after Resume: %s", c)
 	}
+}
+
+// TestSnapshotRewind: the data snapshotted comes back after Rewind and Restart, the keys
+// written since are gone, and the revision goes back with them.
+func TestSnapshotRewind(t *testing.T) {
+	s := New(t)
+	put(t, s, `{"key":"cg==","value":"dg=="}`) // r = v
+	start := time.Now()
+	snap, err := s.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("snapshot taken (the server paused) in %v", time.Since(start))
+	before := revision(t, s)
+	put(t, s, `{"key":"cw==","value":"dg=="}`) // s = v
+	put(t, s, `{"key":"dA==","value":"dg=="}`) // t = v
+	if c := count(t, s); !strings.Contains(c, `"count":"3"`) {
+		t.Fatalf("after three puts: %s", c)
+	}
+	if err := s.Rewind(snap); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if c := count(t, s); !strings.Contains(c, `"count":"1"`) {
+		t.Fatalf("after the rewind, want the one key of the snapshot: %s", c)
+	}
+	if after := revision(t, s); after != before {
+		t.Fatalf("revision %d after the rewind, want the snapshot's %d", after, before)
+	}
+}
+
+// revision is the store's current revision.
+func revision(t *testing.T, s *Server) int64 {
+	t.Helper()
+	c := count(t, s)
+	i := strings.Index(c, `"revision":"`)
+	if i < 0 {
+		t.Fatalf("no revision in %s", c)
+	}
+	rest := c[i+len(`"revision":"`):]
+	n, err := strconv.ParseInt(rest[:strings.IndexByte(rest, '"')], 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

@@ -4,10 +4,13 @@
 package proctest
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -213,3 +216,121 @@ func (s *Slot) signal(sig syscall.Signal) {
 		s.proc.Signal(sig)
 	}
 }
+
+// Snapshot copies the directory data to a new directory under parent, with the slot's
+// process paused for the copy (SIGSTOP: a crash image, which a server that survives a
+// crash recovers from), and returns the copy's path for Rewind.
+func (s *Slot) Snapshot(parent, data string) (string, error) {
+	snap, err := os.MkdirTemp(parent, "snap-")
+	if err != nil {
+		return "", err
+	}
+	s.Pause()
+	defer s.Resume()
+	return snap, copyDir(data, filepath.Join(snap, "data"))
+}
+
+// Rewind kills the slot's process and puts the copy snap (from Snapshot) in place of the
+// directory data: the next start comes back with the state it had then.
+func (s *Slot) Rewind(snap, data string) error {
+	s.Kill()
+	if err := os.RemoveAll(data); err != nil {
+		return err
+	}
+	return os.Rename(filepath.Join(snap, "data"), data)
+}
+
+// copyDir copies the tree src (directories and regular files, with their modes) to dst,
+// which must not exist.
+func copyDir(src, dst string) error {
+	return filepath.WalkDir(src, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, path)
+		if err != nil {
+			return err
+		}
+		to := filepath.Join(dst, rel)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			return os.Mkdir(to, info.Mode().Perm())
+		}
+		if !info.Mode().IsRegular() {
+			return nil
+		}
+		return copySparse(path, to, info.Mode().Perm(), info.Size())
+	})
+}
+
+// copySparse copies the file src to dst, leaving holes for its holes and its blocks of
+// zeros: etcd and ZooKeeper preallocate their logs (64 MB each, mostly unwritten), and
+// reading or writing those out would keep the server paused for seconds on a loaded
+// machine. The data's extents are found with SEEK_DATA and SEEK_HOLE where the file
+// system has them.
+func copySparse(src, dst string, perm os.FileMode, size int64) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 64<<10)
+	copyRange := func(from, to int64) error {
+		for off := from; off < to; {
+			n, err := in.ReadAt(buf[:min(int64(len(buf)), to-off)], off)
+			if n > 0 && !allZero(buf[:n]) {
+				if _, err := out.WriteAt(buf[:n], off); err != nil {
+					return err
+				}
+			}
+			off += int64(n)
+			if err == io.EOF {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	const seekData, seekHole = 3, 4 // lseek(2)'s SEEK_DATA and SEEK_HOLE
+	for off := int64(0); off < size; {
+		data, err := syscall.Seek(int(in.Fd()), off, seekData)
+		if err == syscall.ENXIO {
+			break // no data after off
+		}
+		if err != nil { // no SEEK_DATA here: copy the rest
+			err = copyRange(off, size)
+			if err != nil {
+				out.Close()
+				return err
+			}
+			break
+		}
+		hole, err := syscall.Seek(int(in.Fd()), data, seekHole)
+		if err != nil {
+			hole = size
+		}
+		if err := copyRange(data, hole); err != nil {
+			out.Close()
+			return err
+		}
+		off = hole
+	}
+	if err := out.Truncate(size); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+var zeros = make([]byte, 64<<10)
+
+func allZero(b []byte) bool { return bytes.Equal(b, zeros[:len(b)]) }

@@ -1,12 +1,15 @@
 package robust
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -56,6 +59,7 @@ type daemon struct {
 	slot      int
 	args      []string
 	line      string // its line protocol address
+	http      string // its HTTP address (metrics)
 	mu        sync.Mutex
 	cmd       *exec.Cmd
 	done      chan struct{}
@@ -70,15 +74,21 @@ func (r *runner) startDaemons() error {
 	if err != nil {
 		return err
 	}
-	var gossipAddrs []string // daemon-gossip: each slot's membership address
+	var gossipBinds, gossipAddrs []string // daemon-gossip: each slot's membership bind address, and its proxy's
 	if r.s.Mode == ModeDaemonGossip {
 		for range r.s.Members {
 			a, err := freeAddr()
 			if err != nil {
 				return err
 			}
-			gossipAddrs = append(gossipAddrs, a)
+			gossipBinds = append(gossipBinds, a)
 		}
+		// Each daemon advertises its proxy (DaemonNet), where the schedule's network
+		// faults between daemons act.
+		if r.dnet, err = NewDaemonNet(gossipBinds, r.s.Seed); err != nil {
+			return err
+		}
+		gossipAddrs = r.dnet.Addrs()
 	}
 	for slot := range r.s.Members {
 		line, err := freeAddr()
@@ -109,12 +119,13 @@ func (r *runner) startDaemons() error {
 					peers = append(peers, a)
 				}
 			}
-			args = append(args, "--backend", "gossip", "--gossip-bind", gossipAddrs[slot], "--peers", strings.Join(peers, ","))
+			args = append(args, "--backend", "gossip", "--gossip-bind", gossipBinds[slot], "--gossip-advertise", gossipAddrs[slot],
+				"--peers", strings.Join(peers, ","))
 		}
 		for _, g := range Groups {
 			args = append(args, "--limit", g.Keys[0][:1]+"*="+g.Limits)
 		}
-		d := &daemon{slot: slot, args: args, line: line}
+		d := &daemon{slot: slot, args: args, line: line, http: http}
 		r.daemons = append(r.daemons, d)
 		if err := d.start(); err != nil {
 			return err
@@ -265,4 +276,52 @@ func (r *runner) stopDaemons() []Violation {
 		return vs
 	}
 	return nil
+}
+
+// pollPools records, every 100 ms until stop, the pool size each gossip daemon counts
+// (its sluice_gossip_members metric) as a Pool of its slot: a cut between daemons shows in
+// it. Each daemon is read by a goroutine of its own, with a 1 s time-out (a loaded daemon
+// answers late, and one paused or killed not at all: skipped).
+func (r *runner) pollPools(stop <-chan struct{}) {
+	var wg sync.WaitGroup
+	for _, d := range r.daemons {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			hc := &http.Client{Timeout: time.Second}
+			defer hc.CloseIdleConnections()
+			t := time.NewTicker(100 * time.Millisecond)
+			defer t.Stop()
+			for {
+				if n, ok := gossipMembers(hc, d.http); ok {
+					r.mu.Lock()
+					r.daemonPools = append(r.daemonPools, Pool{Proc: d.slot, At: time.Now().UnixNano(), Members: n})
+					r.mu.Unlock()
+				}
+				select {
+				case <-stop:
+					return
+				case <-t.C:
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// gossipMembers reads a gossip daemon's sluice_gossip_members metric.
+func gossipMembers(hc *http.Client, addr string) (int, bool) {
+	resp, err := hc.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "sluice_gossip_members "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return int(f), err == nil
+		}
+	}
+	return 0, false
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,9 +25,12 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	if code == 0 {
 		// toxiproxy v2.5.0's toxics (bandwidth, latency, even its no-op) can be left blocked
-		// on a channel send when a link is torn down mid-transfer: its goroutines, not
-		// Sluice's (the members check their own), seen after long runs of make robustness.
-		if err := goleak.Find(goleak.IgnoreAnyFunction("github.com/Shopify/toxiproxy/v2/toxics.(*ToxicStub).Run")); err != nil {
+		// on a channel send when a link is torn down mid-transfer, and so can the reader
+		// that feeds a link's first toxic (ToxicLink.read, blocked writing to the toxic
+		// gone: seen after 18- and 3-run make robustness): its goroutines, not Sluice's
+		// (the members check their own), seen after long runs of make robustness.
+		if err := goleak.Find(goleak.IgnoreAnyFunction("github.com/Shopify/toxiproxy/v2/toxics.(*ToxicStub).Run"),
+			goleak.IgnoreAnyFunction("github.com/Shopify/toxiproxy/v2.(*ToxicLink).read")); err != nil {
 			fmt.Fprintln(os.Stderr, "FAIL: goroutine leak:", err)
 			code = 1
 		}
@@ -149,7 +153,11 @@ func TestGossipPartitionBites(t *testing.T) {
 	// Procs 0, 1, 2 are slots 0, 1, 2 (nobody is restarted).
 	from, to := res.Start+int64(at), res.Start+int64(at+cut)
 	joined, alone, others := false, false, map[int]bool{}
+	var after []string
 	for _, p := range res.Pools {
+		if p.At > to && p.Proc == 0 {
+			after = append(after, fmt.Sprintf("+%.1fs:%d", float64(p.At-res.Start)/1e9, p.Members))
+		}
 		if p.At < from || p.At > to {
 			joined = joined || (p.Proc == 0 && p.Members >= 2)
 			continue
@@ -159,6 +167,7 @@ func TestGossipPartitionBites(t *testing.T) {
 			others[p.Proc] = true
 		}
 	}
+	fmt.Printf("  member 0 after the heal (+%v): %s\n", at+cut, strings.Join(after, " "))
 	if !joined || !alone || len(others) != 2 {
 		for _, p := range res.Pools {
 			if p.Proc == 0 {
@@ -166,5 +175,65 @@ func TestGossipPartitionBites(t *testing.T) {
 			}
 		}
 		t.Fatalf("member 0 counted its peers outside the cut: %v; itself alone during it: %v; the others counted each other alone: %v (want all)", joined, alone, others)
+	}
+}
+
+// TestDaemonGossipPartitionBites shows the daemon-gossip mode's network faults (DaemonNet,
+// between real `sluice serve --backend gossip` processes) reach the daemons' membership:
+// with daemon 0 cut from its peers for 4.3 s, it counts itself alone during the cut, and
+// the others count each other alone (each daemon's sluice_gossip_members, read every
+// 100 ms). What daemon 0 counts after the heal is logged, not judged: in most runs here it
+// still counted itself alone 7 s after the heal while its peers counted it again within
+// 0.5 s (open: docs/robustness.md). make robustness runs it; make test does not.
+func TestDaemonGossipPartitionBites(t *testing.T) {
+	if os.Getenv("ROBUST_RUNS") == "" || os.Getenv("ROBUST_SEED") != "" || os.Getenv("ROBUST_MODE") != "" {
+		t.Skip("make robustness runs it (not for one seed or mode)")
+	}
+	if SluiceBin == "" {
+		SluiceBin = os.Getenv("ROBUST_SLUICE")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const at, cut = 700 * time.Millisecond, 4300 * time.Millisecond
+	s := Schedule{Seed: 8, Mode: ModeDaemonGossip, Members: 3, Goroutines: 6, Duration: 8 * time.Second, Skews: make([]time.Duration, 3),
+		Faults: []Fault{{At: at, For: cut, Kind: FaultPeerPartition, Target: 0}}}
+	res, err := Run(context.Background(), s, exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println(res.Line(0))
+	for _, n := range res.Notes {
+		fmt.Println("  note:", n)
+	}
+	for _, v := range res.Violations {
+		t.Error(v)
+	}
+	// The pools are the daemons', by slot.
+	from, to := res.Start+int64(at), res.Start+int64(at+cut)
+	alone, others := false, map[int]bool{}
+	var after []string
+	for _, p := range res.Pools {
+		if p.At > to && p.Proc == 0 {
+			after = append(after, fmt.Sprintf("+%.1fs:%d", float64(p.At-res.Start)/1e9, p.Members))
+		}
+		if p.At < from || p.At > to {
+			continue
+		}
+		alone = alone || (p.Proc == 0 && p.Members == 1)
+		if p.Proc != 0 && p.Members == 2 {
+			others[p.Proc] = true
+		}
+	}
+	fmt.Printf("  daemon 0 after the heal (+%v): %s\n", at+cut, strings.Join(after, " "))
+	// At least one of the others: a daemon of this loaded machine may not answer its
+	// metrics for seconds (one was unread from +3.8 to +6.1 s, the whole of the cut's
+	// bite).
+	if !alone || len(others) == 0 {
+		for _, p := range res.Pools {
+			t.Logf("daemon %d at +%v: %d", p.Proc, time.Duration(p.At-res.Start), p.Members)
+		}
+		t.Fatalf("during the cut daemon 0 counted itself alone: %v; the others that counted each other alone: %v (want daemon 0 and one other at least)", alone, others)
 	}
 }

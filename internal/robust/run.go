@@ -62,7 +62,10 @@ type runner struct {
 	prefix string
 	t0     time.Time
 
-	daemons []*daemon // the daemon mode's, by slot
+	daemons []*daemon  // the daemon mode's, by slot
+	dnet    *DaemonNet // the daemon-gossip mode's network between the daemons
+	// daemonPools: the pool sizes the gossip daemons counted (pollPools).
+	daemonPools []Pool
 
 	mu      sync.Mutex
 	members []*member
@@ -134,7 +137,11 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 	if isDaemon(s.Mode) {
 		// Each slot's daemon reaches Redis through its own proxy ("r"), and the member
 		// reaches its daemon through the slot's proxy ("m"), which is re-pointed there.
-		if err := r.startDaemons(); err != nil {
+		err := r.startDaemons()
+		if r.dnet != nil {
+			defer r.dnet.Close() // after the daemons stop (deferred below, run first)
+		}
+		if err != nil {
 			return Result{}, err
 		}
 		defer r.stopDaemons()
@@ -151,6 +158,17 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 		}
 	}
 	var wg sync.WaitGroup
+	stopPoll := func() {}
+	if s.Mode == ModeDaemonGossip {
+		stop := make(chan struct{})
+		polled := make(chan struct{})
+		go func() {
+			defer close(polled)
+			r.pollPools(stop)
+		}()
+		stopPoll = sync.OnceFunc(func() { close(stop); <-polled })
+		defer stopPoll()
+	}
 	for i, f := range s.Faults {
 		wg.Add(1)
 		go func() {
@@ -161,6 +179,8 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 	wg.Wait()
 	r.closeControl()
 	h, vs := r.collect(ctx)
+	stopPoll()
+	h.Pools = append(h.Pools, r.daemonPools...)
 	if isDaemon(s.Mode) {
 		vs = append(vs, r.stopDaemons()...)
 	}
@@ -325,9 +345,12 @@ func (r *runner) setNetFault(i int, f Fault, on bool) {
 		delete(r.netFaults, i)
 	}
 	for _, m := range r.current {
-		if m != nil && !m.killed {
+		if m != nil && !m.killed && m.stdin != nil {
 			r.tellLinks(m)
 		}
+	}
+	if r.dnet != nil {
+		r.dnet.SetLinks(r.links())
 	}
 }
 
@@ -499,6 +522,16 @@ func (r *runner) inject(ctx context.Context, i int, f Fault) {
 			}
 		}
 	case FaultRestoreOld:
+		if rw, ok := r.store.(rewinder); ok && r.srv == nil {
+			// etcd, ZooKeeper: a copy of the data directory now, put back after.
+			snap, err := rw.Snapshot()
+			if err != nil {
+				r.note("fault %s: %v", f, err)
+				break
+			}
+			undo = func() { r.rewindStore(rw, snap) }
+			break
+		}
 		dumps := r.dump(ctx)
 		undo = func() { r.restore(ctx, dumps) }
 	}
@@ -544,6 +577,25 @@ func (r *runner) restore(ctx context.Context, dumps map[string]dump) {
 		if err := c.RestoreReplace(ctx, k, ttl, d.data).Err(); err != nil {
 			r.note("fault restore_old: restore %s: %v", k, err)
 		}
+	}
+	r.mu.Lock()
+	r.losses = append(r.losses, [2]int64{from, time.Now().UnixNano()})
+	r.rewinds = append(r.rewinds, r.losses[len(r.losses)-1])
+	r.mu.Unlock()
+}
+
+// rewindStore kills the store (etcd, ZooKeeper), puts back the data directory snapshot
+// snap copied, and restarts it: the records, and their versions (etcd's revisions,
+// ZooKeeper's zxids), go back to what they were then, as in a failover to a member that
+// had not seen the writes since. The lease mode's fence (a member presenting a version
+// newer than the record's) must catch it.
+func (r *runner) rewindStore(rw rewinder, snap string) {
+	from := time.Now().UnixNano()
+	if err := rw.Rewind(snap); err != nil {
+		r.note("fault restore_old: %v", err)
+	}
+	if err := r.store.Restart(); err != nil {
+		r.note("fault restore_old: restart the store: %v", err)
 	}
 	r.mu.Lock()
 	r.losses = append(r.losses, [2]int64{from, time.Now().UnixNano()})

@@ -72,7 +72,7 @@ const (
 	FaultMemberStop FaultKind = "member_stop" // SIGSTOP of a member, SIGCONT after
 	FaultRedisStop  FaultKind = "redis_stop"  // SIGSTOP of Redis, SIGCONT after
 	FaultRedisEmpty FaultKind = "redis_empty" // SIGKILL of Redis, restarted empty after
-	FaultRestoreOld FaultKind = "restore_old" // DUMP of every key now, RESTORE of it after
+	FaultRestoreOld FaultKind = "restore_old" // DUMP of every key now, RESTORE of it after (etcd, ZooKeeper: their data directory copied, put back)
 	FaultClockSkew  FaultKind = "clock_skew"  // a member started with its clock off by seconds
 	// The daemon mode's: the daemon of a slot killed (restarted on its ports after) or
 	// paused.
@@ -180,12 +180,13 @@ func NewSchedule(seed uint64, mode Mode, members int, d time.Duration) Schedule 
 		kinds = []FaultKind{FaultMemberKill, FaultMemberStop, FaultPeerPartition, FaultLinkCut, FaultPeerLoss, FaultPeerDelay}
 	case ModeDaemon, ModeDaemonLease:
 		kinds = append(kinds, FaultDaemonKill, FaultDaemonStop)
-	case ModeDaemonGossip: // no store: the toxics act on the members' links to their daemons
+	case ModeDaemonGossip: // no store: the toxics act on the members' links to their daemons, the peer faults between the daemons
 		kinds = []FaultKind{FaultLatency, FaultBandwidth, FaultTimeout, FaultResetPeer, FaultBlackHole, FaultProxyDown,
-			FaultPartition, FaultMemberKill, FaultMemberStop, FaultDaemonKill, FaultDaemonStop}
+			FaultPartition, FaultMemberKill, FaultMemberStop, FaultDaemonKill, FaultDaemonStop,
+			FaultPeerPartition, FaultLinkCut, FaultPeerLoss, FaultPeerDelay}
 	case ModeLeaseEtcd, ModeLeaseZK:
 		kinds = []FaultKind{FaultLatency, FaultBandwidth, FaultTimeout, FaultResetPeer, FaultBlackHole, FaultProxyDown,
-			FaultPartition, FaultMemberKill, FaultMemberStop, FaultStoreStop, FaultStoreKill, FaultStoreWipe}
+			FaultPartition, FaultMemberKill, FaultMemberStop, FaultStoreStop, FaultStoreKill, FaultStoreWipe, FaultRestoreOld}
 	}
 	// Leave the first 700 ms and the last second quiet: members start, and finish in peace.
 	for at := 700*time.Millisecond + time.Duration(rng.IntN(300))*time.Millisecond; at < d-time.Second; at += time.Duration(250+rng.IntN(500)) * time.Millisecond {

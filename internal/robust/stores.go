@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-zookeeper/zk"
 	goredis "github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -17,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/zkclient"
 	"github.com/sluicehq/sluice/internal/zktest"
 	"github.com/sluicehq/sluice/lease"
 )
@@ -42,6 +42,18 @@ var (
 
 // wiper is a storeServer whose data can be deleted while it is down.
 type wiper interface{ Wipe() error }
+
+// rewinder is a storeServer whose data can be copied now and put back later (etcd,
+// ZooKeeper: their data directories).
+type rewinder interface {
+	Snapshot() (string, error)
+	Rewind(snap string) error
+}
+
+var (
+	_ rewinder = (*etcdtest.Server)(nil)
+	_ rewinder = (*zktest.Server)(nil)
+)
 
 // startStore starts the store the mode runs on: none for gossip.
 func startStore(mode Mode) (storeServer, error) {
@@ -81,11 +93,11 @@ func leaseStore(mode Mode, addr, prefix string) (lease.Store, func(), error) {
 		}
 		return lease.NewEtcdStore(c, lease.WithEtcdPrefix(prefix)), func() { c.Close() }, nil
 	case ModeLeaseZK:
-		c, _, err := zk.Connect([]string{addr}, 4*time.Second, zk.WithLogger(log.New(io.Discard, "", 0)))
+		c, _, err := zkclient.Connect([]string{addr}, 4*time.Second, log.New(io.Discard, "", 0))
 		if err != nil {
 			return nil, nil, fmt.Errorf("robust: ZooKeeper client: %w", err)
 		}
-		return lease.NewZKStore(c, lease.WithZKPath("/"+strings.TrimSuffix(prefix, ":"))), c.Close, nil
+		return lease.NewZKStore(c.Conn, lease.WithZKPath("/"+strings.TrimSuffix(prefix, ":"))), c.Close, nil
 	}
 	c := goredis.NewClient(&goredis.Options{Addr: addr, MaxRetries: -1, DisableIdentity: true,
 		DialTimeout: 300 * time.Millisecond, ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond})

@@ -187,9 +187,7 @@ func runMember(cfg MemberConfig) (code int) {
 			if closing.Load() {
 				return
 			}
-			now := time.Now().UnixNano()
-			asked := now - (clk.Nanotime() - s.Asked) // the request's time, in real time
-			rec.print(Lease{Proc: cfg.Proc, Key: s.Key, T: s.Limit.T, Rate: s.Rate, From: now, Until: now + int64(s.Expires), Asked: asked}.line())
+			rec.print(leaseRecord(cfg.Proc, s, time.Now().UnixNano(), clk.Nanotime()).line())
 		})
 		b, err := lease.New(store, lease.WithID(fmt.Sprint("m", cfg.Proc)), lease.WithClock(clk),
 			lease.WithRenewEvery(100*time.Millisecond), lease.WithStoreTimeout(300*time.Millisecond), lease.WithObserver(obs))
@@ -319,7 +317,10 @@ func runMember(cfg MemberConfig) (code int) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w := &worker{proc: cfg.Proc, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Proc)<<16|uint64(g))), lims: lims, rec: &rec, clk: clk, strict: cfg.Mode == ModeStrict || cfg.Mode == ModeStrictLocal, daemon: isDaemon(cfg.Mode)}
+			w := &worker{proc: cfg.Proc, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Proc)<<16|uint64(g))), lims: lims, rec: &rec, clk: clk, strict: cfg.Mode == ModeStrict || cfg.Mode == ModeStrictLocal, daemon: isDaemon(cfg.Mode), within: OpTimeout}
+			if w.strict {
+				w.within = strict.DefaultTimeout // the members' strict backends' time-out
+			}
 			for ctx.Err() == nil {
 				w.step(ctx)
 			}
@@ -353,6 +354,35 @@ type worker struct {
 	strict bool
 	// daemon: the decisions are a daemon's, which tells no slot.
 	daemon bool
+	// within: the longest the backend takes to answer (see decidedFrom).
+	within time.Duration
+}
+
+// leaseRecord is the record of a lease-mode member's status s, observed at realNow (real
+// Unix nanoseconds) and clkNow (the member's clock, on which s is timed). The share holds
+// from when the status was taken (s.At: its answer applied) for s.Expires: the observer may
+// run much later (the process paused between the two; seed 5018), and counting from its
+// own now would stretch the lease by the pause.
+func leaseRecord(proc int, s lease.Status, realNow, clkNow int64) Lease {
+	real := func(at int64) int64 { return realNow - (clkNow - at) }
+	from := real(s.At)
+	return Lease{Proc: proc, Key: s.Key, T: s.Limit.T, Rate: s.Rate, From: from, Until: from + int64(s.Expires), Asked: real(s.Asked)}
+}
+
+// decidedFrom is the earliest the backend may have decided the grant r, in real Unix
+// nanoseconds: the call that got it, or, for a place the limiter's waiting room served
+// (WaitN of one permit: a place reserved for another waiter before this call, and handed
+// on when that waiter gave up), its answer's arrival less within, the longest the
+// backend takes to answer. A grant's record starts there: a place decided before Redis
+// lost its state and served after it is one of the lost writes (the failover bound's
+// reservations), not a decision on the state restored (seed 7002, strict: such a place,
+// recorded from its waiter's call, made the history look decided on two states at once).
+func decidedFrom(call int64, r *sluice.Reservation, clk clock.Clock, within time.Duration) int64 {
+	arrived := time.Now().UnixNano() - int64(clk.Now().Sub(r.TimeToAct())) - int64(r.Delay)
+	if arrived >= call {
+		return call
+	}
+	return arrived - int64(within)
 }
 
 // step makes one random request and records it (and any use of its permits).
@@ -442,7 +472,8 @@ func (w *worker) step(run context.Context) {
 		}
 		op.Outcome = "granted"
 		if used > 0 {
-			w.rec.print(Use{Proc: w.proc, Key: key, N: used, Slot: r.Slot(), Call: op.Call, At: op.Return}.line())
+			call := decidedFrom(op.Call, r, w.clk, w.within)
+			w.rec.print(Use{Proc: w.proc, Key: key, N: used, Slot: r.Slot(), Call: call, At: op.Return}.line())
 		}
 		if used < n {
 			_ = r.Settle(ctx, used)

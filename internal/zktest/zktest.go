@@ -127,6 +127,26 @@ func (s *Server) Wipe() error {
 	return nil
 }
 
+// Snapshot copies the server's data as it is now (the server paused for the copy: a crash
+// image) and returns the copy's path for Rewind.
+func (s *Server) Snapshot() (string, error) {
+	snap, err := s.Slot.Snapshot(s.dir, filepath.Join(s.dir, "data"))
+	if err != nil {
+		return "", fmt.Errorf("zktest: snapshot: %w", err)
+	}
+	return snap, nil
+}
+
+// Rewind kills the server and puts back the data Snapshot copied: the next Restart comes
+// back with the state it had then (its zxids go back), as a failover to a member that had
+// not seen the writes since.
+func (s *Server) Rewind(snap string) error {
+	if err := s.Slot.Rewind(snap, filepath.Join(s.dir, "data")); err != nil {
+		return fmt.Errorf("zktest: rewind: %w", err)
+	}
+	return nil
+}
+
 // Close kills the server and removes its directory.
 func (s *Server) Close() {
 	s.Kill()
