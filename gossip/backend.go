@@ -175,8 +175,9 @@ var (
 	_ backend.Resetter = (*Backend)(nil)
 )
 
-// New starts a member: it binds, joins the peers it can reach (and keeps trying the seed
-// list while it is alone), and starts reporting.
+// New starts a member: it binds, joins the peers it can reach (and exchanges state with
+// the seed list again every second while it is alone or counts the pool differently from
+// the membership: see rejoin), and starts reporting.
 func New(cfg Config) (*Backend, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
