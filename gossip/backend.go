@@ -175,8 +175,9 @@ var (
 	_ backend.Resetter = (*Backend)(nil)
 )
 
-// New starts a member: it binds, joins the peers it can reach (and keeps trying the seed
-// list while it is alone), and starts reporting.
+// New starts a member: it binds, joins the peers it can reach (and exchanges state with
+// the seed list again every second while it is alone or counts the pool differently from
+// the membership: see rejoin), and starts reporting.
 func New(cfg Config) (*Backend, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -258,6 +259,10 @@ func New(cfg Config) (*Backend, error) {
 	}
 	b.wg.Add(1)
 	go b.loop()
+	if len(cfg.Peers) > 0 {
+		b.wg.Add(1)
+		go b.rejoin()
+	}
 	return b, nil
 }
 
@@ -270,12 +275,11 @@ func (b *Backend) Addr() string {
 // Name returns the member's name in the pool.
 func (b *Backend) Name() string { return b.ml.LocalNode().Name }
 
-// loop reports every interval, and rejoins the seed list while alone.
+// loop reports every interval.
 func (b *Backend) loop() {
 	defer b.wg.Done()
 	t := b.clock.NewTimer(b.cfg.Interval)
 	defer t.Stop()
-	rejoin := b.clock.Nanotime()
 	for {
 		select {
 		case <-b.stop:
@@ -294,11 +298,52 @@ func (b *Backend) loop() {
 			}
 		})
 		b.send(&r)
-		if len(b.cfg.Peers) > 0 && b.ml.NumMembers() <= 1 && now-rejoin >= int64(time.Second) {
-			rejoin = now
-			if _, err := b.ml.Join(b.cfg.Peers); err == nil {
-				b.log.Info("gossip: joined", "peers", b.cfg.Peers)
+	}
+}
+
+// rejoin pushes and pulls the membership's state with the seed list every second while
+// this member is alone or its count of the pool and memberlist's disagree, and once more
+// after they agree again.
+//
+// Alone is not enough to see a partition end. A member cut from every peer loses their
+// reports and drops them from its pool after the hold, but memberlist holds them suspect
+// for long after (with no peer to confirm the suspicion it waits the longest time-out,
+// about 9 s here), so it does not count itself alone; its peers, which confirm each
+// other, declare it dead in about 2 s. After the heal neither side revives the other:
+// memberlist takes an alive message only at a higher incarnation than the state it
+// holds, and an incarnation is bumped only by the member that hears itself suspected or
+// declared dead, which the cut made sure nobody heard. A push-pull tells each side what
+// the other holds about it: each refutes (bumps its incarnation and says so), and the
+// next push-pull brings the bumped incarnations back, so the exchange after the counts
+// agree again clears what is still suspect. (memberlist's own push-pull runs every
+// PushPullInterval, 15 s here. UpdateNode, which bumps this member's incarnation, would
+// revive it at its peers but not them here, whose incarnations only they can bump.)
+//
+// It runs apart from loop: a join waits for the seeds it cannot reach (memberlist's TCP
+// time-out), and reports to the peers it can reach must not wait with it.
+func (b *Backend) rejoin() {
+	defer b.wg.Done()
+	t := b.clock.NewTimer(time.Second)
+	defer t.Stop()
+	again := false
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-t.C():
+		}
+		t.Reset(time.Second)
+		n := b.ml.NumMembers()
+		if n > 1 && b.Members() == n {
+			if !again {
+				continue
 			}
+			again = false
+		} else {
+			again = true
+		}
+		if _, err := b.ml.Join(b.cfg.Peers); err == nil {
+			b.log.Info("gossip: joined", "peers", b.cfg.Peers)
 		}
 	}
 }
