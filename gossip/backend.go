@@ -1,6 +1,7 @@
 package gossip
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -135,10 +136,11 @@ type Backend struct {
 	peers   map[string]memberlist.Node
 	self    string // this member's name
 
-	stop   chan struct{}
-	wg     sync.WaitGroup
-	closed atomic.Bool
-	stats  counters
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	closed  atomic.Bool
+	leaving atomic.Bool // set by Close: the node's meta says so (leavingMeta)
+	stats   counters
 }
 
 // nShards is how many cores a member runs, each with the same peers and its own tags,
@@ -418,7 +420,17 @@ func (b *Backend) receive(msg []byte) {
 
 type delegate struct{ b *Backend }
 
-func (delegate) NodeMeta(int) []byte                 { return nil }
+// leavingMeta is the node meta of a member that is closing: its peers take the leave that
+// follows for a graceful one. memberlist cannot tell them: the Node it hands NotifyLeave
+// does not carry the state (left or dead) that it keeps beside it.
+var leavingMeta = []byte("sluice-leaving")
+
+func (d delegate) NodeMeta(int) []byte {
+	if d.b.leaving.Load() {
+		return leavingMeta
+	}
+	return nil
+}
 func (d delegate) NotifyMsg(msg []byte)              { d.b.receive(msg) }
 func (delegate) GetBroadcasts(int, int) [][]byte     { return nil }
 func (delegate) LocalState(bool) []byte              { return nil }
@@ -445,7 +457,7 @@ func (e events) NotifyLeave(n *memberlist.Node) {
 	e.b.peersMu.Lock()
 	delete(e.b.peers, n.Name)
 	e.b.peersMu.Unlock()
-	graceful := n.State == memberlist.StateLeft
+	graceful := bytes.Equal(n.Meta, leavingMeta)
 	now := e.b.clock.Nanotime()
 	e.b.each(func(_ int, h *hits.Node) { h.Leave(n.Name, now, graceful) })
 	e.b.log.Info("gossip: peer gone", "peer", n.Name, "graceful", graceful)
@@ -560,6 +572,12 @@ func (b *Backend) Close() error {
 	}
 	close(b.stop)
 	b.wg.Wait()
+	if b.ml.NumMembers() > 1 {
+		// First say it is leaving (an update of its meta that its peers apply before the
+		// leave, which memberlist sends after it), so they free its share at once.
+		b.leaving.Store(true)
+		_ = b.ml.UpdateNode(time.Second)
+	}
 	err := b.ml.Leave(time.Second)
 	if serr := b.ml.Shutdown(); err == nil {
 		err = serr
