@@ -303,6 +303,14 @@ func (b *Backend) loop() {
 	}
 }
 
+// RejoinEvery is how often a member exchanges the membership's state with its seed list
+// while it is alone or its count of the pool and the membership's disagree (rejoin). A
+// member cut from every peer counts them again within two rounds of the heal, on a network
+// that delivers: the first tells each side what the other holds about it, the second
+// brings back the incarnations they bumped to refute it. Until then it decides as if
+// alone, so a partition's length P in the documented bound runs until then.
+const RejoinEvery = time.Second
+
 // rejoin pushes and pulls the membership's state with the seed list every second while
 // this member is alone or its count of the pool and memberlist's disagree, and once more
 // after they agree again.
@@ -325,7 +333,7 @@ func (b *Backend) loop() {
 // time-out), and reports to the peers it can reach must not wait with it.
 func (b *Backend) rejoin() {
 	defer b.wg.Done()
-	t := b.clock.NewTimer(time.Second)
+	t := b.clock.NewTimer(RejoinEvery)
 	defer t.Stop()
 	again := false
 	for {
@@ -334,7 +342,7 @@ func (b *Backend) rejoin() {
 			return
 		case <-t.C():
 		}
-		t.Reset(time.Second)
+		t.Reset(RejoinEvery)
 		n := b.ml.NumMembers()
 		if n > 1 && b.Members() == n {
 			if !again {
