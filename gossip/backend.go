@@ -1,6 +1,7 @@
 package gossip
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -135,10 +136,11 @@ type Backend struct {
 	peers   map[string]memberlist.Node
 	self    string // this member's name
 
-	stop   chan struct{}
-	wg     sync.WaitGroup
-	closed atomic.Bool
-	stats  counters
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	closed  atomic.Bool
+	leaving atomic.Bool // set by Close: the node's meta says so (leavingMeta)
+	stats   counters
 }
 
 // nShards is how many cores a member runs, each with the same peers and its own tags,
@@ -175,8 +177,9 @@ var (
 	_ backend.Resetter = (*Backend)(nil)
 )
 
-// New starts a member: it binds, joins the peers it can reach (and keeps trying the seed
-// list while it is alone), and starts reporting.
+// New starts a member: it binds, joins the peers it can reach (and exchanges state with
+// the seed list again every second while it is alone or counts the pool differently from
+// the membership: see rejoin), and starts reporting.
 func New(cfg Config) (*Backend, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -258,6 +261,10 @@ func New(cfg Config) (*Backend, error) {
 	}
 	b.wg.Add(1)
 	go b.loop()
+	if len(cfg.Peers) > 0 {
+		b.wg.Add(1)
+		go b.rejoin()
+	}
 	return b, nil
 }
 
@@ -270,12 +277,11 @@ func (b *Backend) Addr() string {
 // Name returns the member's name in the pool.
 func (b *Backend) Name() string { return b.ml.LocalNode().Name }
 
-// loop reports every interval, and rejoins the seed list while alone.
+// loop reports every interval.
 func (b *Backend) loop() {
 	defer b.wg.Done()
 	t := b.clock.NewTimer(b.cfg.Interval)
 	defer t.Stop()
-	rejoin := b.clock.Nanotime()
 	for {
 		select {
 		case <-b.stop:
@@ -294,11 +300,60 @@ func (b *Backend) loop() {
 			}
 		})
 		b.send(&r)
-		if len(b.cfg.Peers) > 0 && b.ml.NumMembers() <= 1 && now-rejoin >= int64(time.Second) {
-			rejoin = now
-			if _, err := b.ml.Join(b.cfg.Peers); err == nil {
-				b.log.Info("gossip: joined", "peers", b.cfg.Peers)
+	}
+}
+
+// RejoinEvery is how often a member exchanges the membership's state with its seed list
+// while it is alone or its count of the pool and the membership's disagree (rejoin). A
+// member cut from every peer counts them again within two rounds of the heal, on a network
+// that delivers: the first tells each side what the other holds about it, the second
+// brings back the incarnations they bumped to refute it. Until then it decides as if
+// alone, so a partition's length P in the documented bound runs until then.
+const RejoinEvery = time.Second
+
+// rejoin pushes and pulls the membership's state with the seed list every second while
+// this member is alone or its count of the pool and memberlist's disagree, and once more
+// after they agree again.
+//
+// Alone is not enough to see a partition end. A member cut from every peer loses their
+// reports and drops them from its pool after the hold, but memberlist holds them suspect
+// for long after (with no peer to confirm the suspicion it waits the longest time-out,
+// about 9 s here), so it does not count itself alone; its peers, which confirm each
+// other, declare it dead in about 2 s. After the heal neither side revives the other:
+// memberlist takes an alive message only at a higher incarnation than the state it
+// holds, and an incarnation is bumped only by the member that hears itself suspected or
+// declared dead, which the cut made sure nobody heard. A push-pull tells each side what
+// the other holds about it: each refutes (bumps its incarnation and says so), and the
+// next push-pull brings the bumped incarnations back, so the exchange after the counts
+// agree again clears what is still suspect. (memberlist's own push-pull runs every
+// PushPullInterval, 15 s here. UpdateNode, which bumps this member's incarnation, would
+// revive it at its peers but not them here, whose incarnations only they can bump.)
+//
+// It runs apart from loop: a join waits for the seeds it cannot reach (memberlist's TCP
+// time-out), and reports to the peers it can reach must not wait with it.
+func (b *Backend) rejoin() {
+	defer b.wg.Done()
+	t := b.clock.NewTimer(RejoinEvery)
+	defer t.Stop()
+	again := false
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-t.C():
+		}
+		t.Reset(RejoinEvery)
+		n := b.ml.NumMembers()
+		if n > 1 && b.Members() == n {
+			if !again {
+				continue
 			}
+			again = false
+		} else {
+			again = true
+		}
+		if _, err := b.ml.Join(b.cfg.Peers); err == nil {
+			b.log.Info("gossip: joined", "peers", b.cfg.Peers)
 		}
 	}
 }
@@ -373,7 +428,17 @@ func (b *Backend) receive(msg []byte) {
 
 type delegate struct{ b *Backend }
 
-func (delegate) NodeMeta(int) []byte                 { return nil }
+// leavingMeta is the node meta of a member that is closing: its peers take the leave that
+// follows for a graceful one. memberlist cannot tell them: the Node it hands NotifyLeave
+// does not carry the state (left or dead) that it keeps beside it.
+var leavingMeta = []byte("sluice-leaving")
+
+func (d delegate) NodeMeta(int) []byte {
+	if d.b.leaving.Load() {
+		return leavingMeta
+	}
+	return nil
+}
 func (d delegate) NotifyMsg(msg []byte)              { d.b.receive(msg) }
 func (delegate) GetBroadcasts(int, int) [][]byte     { return nil }
 func (delegate) LocalState(bool) []byte              { return nil }
@@ -400,7 +465,7 @@ func (e events) NotifyLeave(n *memberlist.Node) {
 	e.b.peersMu.Lock()
 	delete(e.b.peers, n.Name)
 	e.b.peersMu.Unlock()
-	graceful := n.State == memberlist.StateLeft
+	graceful := bytes.Equal(n.Meta, leavingMeta)
 	now := e.b.clock.Nanotime()
 	e.b.each(func(_ int, h *hits.Node) { h.Leave(n.Name, now, graceful) })
 	e.b.log.Info("gossip: peer gone", "peer", n.Name, "graceful", graceful)
@@ -515,6 +580,12 @@ func (b *Backend) Close() error {
 	}
 	close(b.stop)
 	b.wg.Wait()
+	if b.ml.NumMembers() > 1 {
+		// First say it is leaving (an update of its meta that its peers apply before the
+		// leave, which memberlist sends after it), so they free its share at once.
+		b.leaving.Store(true)
+		_ = b.ml.UpdateNode(time.Second)
+	}
 	err := b.ml.Leave(time.Second)
 	if serr := b.ml.Shutdown(); err == nil {
 		err = serr

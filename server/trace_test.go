@@ -41,8 +41,8 @@ func TestDecisionsTraced(t *testing.T) {
 	var rpc, decide, fromHTTP int
 	for _, sp := range exp.GetSpans() {
 		for _, a := range sp.Attributes {
-			if strings.Contains(a.Value.Emit(), "secret-token") {
-				t.Errorf("span %s carries the tag: %s=%s", sp.Name, a.Key, a.Value.Emit())
+			if strings.Contains(a.Value.String(), "secret-token") {
+				t.Errorf("span %s carries the tag: %s=%s", sp.Name, a.Key, a.Value.String())
 			}
 		}
 		switch {

@@ -76,8 +76,8 @@ func (e *engine) apiReply(ev *event) {
 			e.mode.penalize(e, ev.m, e.now+ev.val2)
 		}
 	}
-	if o, ok := e.mode.(answerObserver); ok {
-		o.answered(e, ev)
+	if e.answers != nil {
+		e.answers.answered(e, ev)
 	}
 	e.startNext(ev.m, ev.g)
 	if m.backlog == 0 && m.qlen == 0 && m.cleared == 0 && m.demand.Pattern == "backlog" && len(m.free) == len(m.gs) {

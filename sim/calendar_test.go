@@ -25,6 +25,7 @@ type calendarQueue struct {
 	slots   []event
 	free    []int32
 	scratch []heapEntry
+	seq     uint64 // events pushed: their order among ties
 }
 
 // calBucket is one day's events, sorted by (at, seq) from e[h] on.
@@ -53,7 +54,8 @@ func (q *calendarQueue) push(e *event) {
 		slot = int32(len(q.slots))
 		q.slots = append(q.slots, *e)
 	}
-	q.insert(heapEntry{at: e.at, seq: e.seq, slot: slot})
+	q.seq++
+	q.insert(heapEntry{at: e.at, seq: q.seq, slot: slot})
 	q.n++
 	if q.n > 2*len(q.buckets) {
 		q.resize(2 * len(q.buckets))

@@ -84,13 +84,12 @@ events:
 				}
 			}
 		}
-		count(q.now[q.head:])
+		count(q.run[q.head:])
 		for l := range q.buckets {
 			for d := range q.buckets[l] {
 				count(q.buckets[l][d])
 			}
 		}
-		count(q.past)
 		if e.cur.at > e.end {
 			count([]event{e.cur}) // popped past the end, never handled
 		}

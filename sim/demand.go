@@ -80,7 +80,7 @@ func (e *engine) idealAdmit(d *Demand, n int64) {
 			// here, ahead of their time), so the ideal follows the ramp a permit behind.
 			core = e.limits.CoreAt(0, time.Duration(max(at, e.idealLast)-e.rampStart))
 		}
-		res, tk, err := gcra.Decide(e.ideal, core, at, 1, math.MaxInt64)
+		res, tk, err := decide(e.ideal, core, at, 1, math.MaxInt64)
 		if err != nil || !res.Allowed || tk.At > e.end || tk.At == e.end && e.windowed {
 			// Every later one is later still. A window that opens as the run ends (a day's
 			// run, a daily quota) is not the run's: its whole count would come at that instant.

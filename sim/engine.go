@@ -42,9 +42,12 @@ type member struct {
 	backlog int64 // backlog requests not yet taken (they arrived at join)
 
 	demand *Demand
-	rng    *rand.Rand
-	costs  *rand.PCG // draws the tokens of its requests (reseeded at each join)
-	debt   gcra.Debt // fail_mode local: what the fallback admitted, to charge back (as strict.Backend's ledger)
+	// rng draws its arrivals and back-offs from pcg: both held in the member, beside what
+	// the same events read, rather than two allocations away.
+	rng   rand.Rand
+	pcg   rand.PCG
+	costs *rand.PCG // draws the tokens of its requests (reseeded at each join)
+	debt  gcra.Debt // fail_mode local: what the fallback admitted, to charge back (as strict.Backend's ledger)
 
 	granted, rejected, dropped int64
 	cleared                    int64 // when its backlog was all answered (0: not yet)
@@ -72,7 +75,6 @@ type engine struct {
 	mode   mode
 	now    int64
 	end    int64
-	seq    uint64
 	events eventQueue
 	cur    event      // the event being handled
 	rng    *rand.Rand // network
@@ -88,6 +90,10 @@ type engine struct {
 	members  []*member
 	byName   map[string][]int32
 	observer bool // the mode is an answerObserver: the members keep the API's verdicts
+	// the mode as a permitChecker and an answerObserver, nil if it is not one (asked once,
+	// not at every event)
+	checker permitChecker
+	answers answerObserver
 
 	tickets     []gcra.Ticket // carried by the store's messages in flight (putTicket)
 	freeTickets []int32
@@ -151,7 +157,8 @@ func newEngine(sc *Scenario, m mode) *engine {
 		sample: int64(sc.Sample),
 		byName: map[string][]int32{},
 	}
-	_, e.observer = m.(answerObserver)
+	e.answers, e.observer = m.(answerObserver)
+	e.checker, _ = m.(permitChecker)
 	e.setLimits(sc.Limit.Limits)
 	e.maxWait = int64(sc.Client.MaxWait)
 	e.margin = int64(sc.Client.Margin)
@@ -178,7 +185,6 @@ func newEngine(sc *Scenario, m mode) *engine {
 				name:      g.Name + strconv.Itoa(k),
 				group:     gi,
 				demand:    &g.Demand,
-				rng:       rand.New(rand.NewPCG(sc.Seed, uint64(idx)+1)),
 				costs:     rand.NewPCG(0, 0),
 				gs:        make([]gslot, g.Goroutines),
 				ops:       make([]uint32, g.Goroutines),
@@ -188,6 +194,8 @@ func newEngine(sc *Scenario, m mode) *engine {
 				ftats:     make([]int64, len(e.core)),
 				spanStart: -1,
 			}
+			mb.pcg.Seed(sc.Seed, uint64(idx)+1)
+			mb.rng = *rand.New(&mb.pcg)
 			if e.observer {
 				mb.verdicts = make([]referee.Verdict, g.Goroutines)
 			}
@@ -266,8 +274,6 @@ func wholeIfZero(share float64) float64 {
 }
 
 func (e *engine) schedule(ev event) {
-	e.seq++
-	ev.seq = e.seq
 	e.events.push(&ev)
 }
 
@@ -380,7 +386,7 @@ func (e *engine) handle(ev *event) {
 		}
 	case evPermit:
 		if !e.stale(ev) {
-			if pc, ok := e.mode.(permitChecker); ok && !pc.permitOK(e, ev) {
+			if e.checker != nil && !e.checker.permitOK(e, ev) {
 				e.mode.acquire(e, ev.m, ev.g) // the permit expired (a pause): ask again
 			} else {
 				e.sendToAPI(ev.m, ev.g)

@@ -18,6 +18,7 @@ func less(a, b *heapEntry) bool {
 }
 
 type heapQueue struct {
+	seq   uint64 // events pushed: their order among ties
 	heap  []heapEntry
 	slots []event
 	free  []int32
@@ -35,7 +36,8 @@ func (q *heapQueue) push(e *event) {
 		slot = int32(len(q.slots))
 		q.slots = append(q.slots, *e)
 	}
-	q.heap = append(q.heap, heapEntry{at: e.at, seq: e.seq, slot: slot})
+	q.seq++
+	q.heap = append(q.heap, heapEntry{at: e.at, seq: q.seq, slot: slot})
 	h := q.heap
 	i := len(h) - 1
 	x := h[i]

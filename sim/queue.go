@@ -2,11 +2,7 @@ package sim
 
 // The event queue: what happens when, in virtual time.
 
-import (
-	"cmp"
-	"math/bits"
-	"slices"
-)
+import "math/bits"
 
 // kind is what an event does.
 type kind uint8
@@ -36,10 +32,11 @@ const (
 )
 
 // event is one thing that happens at a time. Events are small values held in the queue's
-// buckets: the hot loop allocates nothing per event, and moves 48 bytes per copy.
+// buckets: the hot loop allocates nothing per event, and moves 40 bytes per copy. Ties in
+// time come out in the order they were scheduled: the queue keeps that order itself, so an
+// event carries no sequence number.
 type event struct {
 	at   int64
-	seq  uint64
 	val  int64
 	val2 int64
 	m    int32
@@ -53,105 +50,135 @@ type event struct {
 }
 
 // eventQueue holds pending events in a radix heap (R. Ahuja, K. Mehlhorn, J. Orlin and R.
-// Tarjan, 1990) of 16-way digits. A radix heap fits a simulation: nothing is scheduled
-// before the event being handled, so every held time is at or after the latest popped
-// one, last. Events at last wait in order in bucket now; an event at a later time x waits
-// in bucket (l, d), where l is the highest 4-bit digit in which x differs from last and d
-// is x's digit there (greater than last's). The earliest event is in the lowest such
-// bucket that holds any: popping takes from now, and when it is empty, that bucket is
-// emptied, its earliest time becoming last and its events moving to lower levels (the
-// buckets above it stay as they are: last did not change there). An event moves down at
-// most once a digit, two or three times in its life, copied in a linear scan with branches
-// a CPU predicts, where a heap's sifting compares at every level with branches it cannot
-// predict; and popping reads bucket now in order, where a heap's entries point at payloads
-// scattered in memory (BENCHMARKS.md: the 4-ary heap it replaced spent half of a large
-// pool's run in pop; heap_test.go keeps it).
+// Tarjan, 1990) of radixBits-bit digits whose lowest buckets are sorted rather than split
+// further. A radix heap fits a simulation: nothing is scheduled before the event being
+// handled, or hardly ever, so every event is near or after the latest popped one.
 //
-// Ties in time come out in the order they were scheduled (seq), as from a heap: events
-// that reach bucket now together are sorted by seq, and any scheduled later at that time
-// come after them. An event scheduled before last (a time-out counted from a send that a
-// slow message outlived) waits in a small binary heap, past, which is emptied first: all
-// of it is before last. Nothing is allocated per event once the buckets have grown.
+// The queue keeps a time, last, and a run: the events at or before last, sorted, popped
+// from head. An event after last waits in bucket (l, d), where l is the highest digit in
+// which its time differs from last and d is its digit there (greater than last's). Every
+// event of the lowest bucket that holds any comes before every event of the others. When
+// the run is empty, popping takes that bucket: a small one (sortMax events at most, most
+// of them once the buckets are a few microseconds wide) is sorted and becomes the run, its
+// latest time becoming last; a larger one is split, its earliest time becoming last and
+// its events moving to the lower levels (the buckets above it stay as they are: last did
+// not change there). An event moves down at most once a digit, copied in a linear scan
+// with branches a CPU predicts, where a heap's sifting compares at every level with
+// branches it cannot predict; and popping reads the run in order, where a heap's entries
+// point at payloads scattered in memory (BENCHMARKS.md: the 4-ary heap it replaced spent
+// half of a large pool's run in pop; heap_test.go keeps it). An event scheduled at or
+// before last (at the time being handled; rarely before it: a time-out counted from a send
+// that a slow message outlived) is inserted into the run in order.
+//
+// Ties in time come out in the order they were scheduled, as from a heap, with no
+// sequence number to sort by: every bucket holds its events in the order they were
+// scheduled. A push appends the latest; a split moves a bucket's events, in order, into
+// buckets that are all empty (the ones below the lowest that holds any, and the run); the
+// sort is stable, and an insertion goes after the events of its time. Nothing is
+// allocated per event once the buckets have grown.
 type eventQueue struct {
 	last    int64
-	now     []event // the events at last, in order from head
+	run     []event // the events at or before last, in order from head
 	head    int
-	buckets [radixLevels][16][]event
-	levels  uint16              // bit l: a bucket of level l holds events
-	digits  [radixLevels]uint16 // bit d of digits[l]: bucket (l, d) holds events
-	past    []event
+	buckets [radixLevels][radixWidth][]event
+	levels  uint32                          // bit l: a bucket of level l holds events
+	digits  [radixLevels][radixWords]uint64 // bit d of digits[l]: bucket (l, d) holds events
 	n       int
 }
 
-// radixLevels is the number of 4-bit digits of a time (not negative: 63 bits).
-const radixLevels = 16
+const (
+	radixBits   = 4                                // bits of a digit
+	radixWidth  = 1 << radixBits                   // buckets a level
+	radixWords  = (radixWidth + 63) / 64           // words of a level's bitmask
+	radixLevels = (63 + radixBits - 1) / radixBits // digits of a time (not negative: 63 bits)
+	sortMax     = 32                               // a bucket of at most this many events is sorted, not split (at most 256)
+)
 
 func (q *eventQueue) len() int { return q.n }
 
-// before orders events by (at, seq).
-func before(a, b *event) bool {
-	if a.at != b.at {
-		return a.at < b.at
-	}
-	return a.seq < b.seq
-}
-
 func (q *eventQueue) push(e *event) {
 	q.n++
-	if e.at < q.last {
-		q.pushPast(e)
+	if e.at <= q.last {
+		q.insert(e)
 		return
 	}
 	q.place(e)
 }
 
-// place puts e, not before last, in its bucket.
+// place puts e, after last, in its bucket.
 func (q *eventQueue) place(e *event) {
 	x := uint64(e.at ^ q.last)
-	if x == 0 {
-		q.now = append(q.now, *e)
-		return
-	}
-	l := (bits.Len64(x) - 1) >> 2
-	d := uint64(e.at) >> (l << 2) & 15
+	l := uint(bits.Len64(x)-1) / radixBits
+	d := uint(e.at>>(l*radixBits)) % radixWidth
 	q.buckets[l][d] = append(q.buckets[l][d], *e)
 	q.levels |= 1 << l
-	q.digits[l] |= 1 << d
+	q.digits[l][d/64] |= 1 << (d % 64)
+}
+
+// insert puts e, at or before last, into the run after the events of its time.
+func (q *eventQueue) insert(e *event) {
+	r := q.run
+	i := len(r)
+	for i > q.head && r[i-1].at > e.at {
+		i--
+	}
+	r = append(r, *e)
+	if i < len(r)-1 {
+		copy(r[i+1:], r[i:])
+		r[i] = *e
+	}
+	q.run = r
 }
 
 // pop removes the earliest event and copies it into *out. The queue must not be empty.
 func (q *eventQueue) pop(out *event) {
 	q.n--
-	if len(q.past) > 0 {
-		q.popPast(out)
-		return
+	if q.head == len(q.run) {
+		q.refill()
 	}
-	if q.head == len(q.now) && q.refill(out) {
-		return
-	}
-	*out = q.now[q.head]
+	*out = q.run[q.head]
 	q.head++
-	if q.head == len(q.now) {
-		q.now, q.head = q.now[:0], 0
-	}
 }
 
-// refill empties the lowest bucket that holds events into the ones below it, its
-// earliest time becoming last; bucket now (empty before) then holds that time's events
-// in the order they were scheduled. A bucket of one event (most of them, near last) is
-// popped into *out instead: refill reports whether it did.
-func (q *eventQueue) refill(out *event) bool {
-	l := bits.TrailingZeros16(q.levels)
-	d := bits.TrailingZeros16(q.digits[l])
-	b := q.buckets[l][d]
-	q.buckets[l][d] = b[:0] // nothing moves to level l: its events are placed below
-	if q.digits[l] &^= 1 << d; q.digits[l] == 0 {
+// refill takes the lowest bucket that holds events into the run, which is empty: sorted,
+// or split into the ones below it.
+func (q *eventQueue) refill() {
+	q.run, q.head = q.run[:0], 0
+	l := bits.TrailingZeros32(q.levels)
+	w := 0
+	for q.digits[l][w] == 0 {
+		w++
+	}
+	d := w*64 + bits.TrailingZeros64(q.digits[l][w])
+	if q.digits[l][w] &^= 1 << (d % 64); q.digits[l] == [radixWords]uint64{} {
 		q.levels &^= 1 << l
 	}
-	if len(b) == 1 {
-		q.last = b[0].at
-		*out = b[0]
-		return true
+	b := q.buckets[l][d]
+	q.buckets[l][d] = b[:0] // nothing moves to level l: its events go below, or to the run
+	if len(b) <= sortMax && (l+1)*radixBits <= 56 {
+		// Sorted into the run (each bucket keeps its room: giving it the run's would
+		// make a large one grow again). The bucket's times share every digit above
+		// level l: each sorts by a key of its lower digits and its place in the
+		// bucket (so that ties stay in the order scheduled), 8 bytes moved by the
+		// insertion sort rather than 40.
+		var keys [sortMax]uint64
+		ks := keys[:len(b)]
+		mask := uint64(1)<<((l+1)*radixBits) - 1
+		for k := range b {
+			x := uint64(b[k].at)&mask<<8 | uint64(k)
+			i := k
+			for ; i > 0 && ks[i-1] > x; i-- {
+				ks[i] = ks[i-1]
+			}
+			ks[i] = x
+		}
+		r := q.run
+		for _, x := range ks {
+			r = append(r, b[x&255])
+		}
+		q.run = r
+		q.last = r[len(r)-1].at
+		return
 	}
 	last := b[0].at
 	for k := 1; k < len(b); k++ {
@@ -159,54 +186,10 @@ func (q *eventQueue) refill(out *event) bool {
 	}
 	q.last = last
 	for k := range b {
-		q.place(&b[k])
-	}
-	if len(q.now) > 1 {
-		slices.SortFunc(q.now, func(a, b event) int { return cmp.Compare(a.seq, b.seq) })
-	}
-	return false
-}
-
-// pushPast and popPast keep past, a binary min-heap by (at, seq).
-func (q *eventQueue) pushPast(e *event) {
-	q.past = append(q.past, *e)
-	h := q.past
-	i := len(h) - 1
-	for i > 0 {
-		p := (i - 1) / 2
-		if !before(e, &h[p]) {
-			break
+		if b[k].at == last {
+			q.run = append(q.run, b[k])
+		} else {
+			q.place(&b[k])
 		}
-		h[i] = h[p]
-		i = p
 	}
-	h[i] = *e
-}
-
-func (q *eventQueue) popPast(out *event) {
-	h := q.past
-	*out = h[0]
-	n := len(h) - 1
-	x := h[n]
-	h = h[:n]
-	q.past = h
-	if n == 0 {
-		return
-	}
-	i := 0
-	for {
-		c := 2*i + 1
-		if c >= n {
-			break
-		}
-		if c+1 < n && before(&h[c+1], &h[c]) {
-			c++
-		}
-		if !before(&h[c], &x) {
-			break
-		}
-		h[i] = h[c]
-		i = c
-	}
-	h[i] = x
 }

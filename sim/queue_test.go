@@ -18,7 +18,7 @@ func TestQueuesAgree(t *testing.T) {
 	var seq uint64
 	push := func(at int64) {
 		seq++
-		e := event{at: at, seq: seq, val: int64(seq)}
+		e := event{at: at, val: int64(seq)} // val: the order scheduled
 		h.push(&e)
 		c.push(&e)
 		r.push(&e)
@@ -45,11 +45,11 @@ func TestQueuesAgree(t *testing.T) {
 			h.pop(&a)
 			c.pop(&b)
 			r.pop(&x)
-			if a.seq != b.seq || a.at != b.at || a.val != b.val {
-				t.Fatalf("round %d, step %d: the heap gives (%d, %d), the calendar (%d, %d)", round, i, a.at, a.seq, b.at, b.seq)
+			if a.at != b.at || a.val != b.val {
+				t.Fatalf("round %d, step %d: the heap gives (%d, %d), the calendar (%d, %d)", round, i, a.at, a.val, b.at, b.val)
 			}
-			if a.seq != x.seq || a.at != x.at || a.val != x.val {
-				t.Fatalf("round %d, step %d: the heap gives (%d, %d), the radix heap (%d, %d)", round, i, a.at, a.seq, x.at, x.seq)
+			if a.at != x.at || a.val != x.val {
+				t.Fatalf("round %d, step %d: the heap gives (%d, %d), the radix heap (%d, %d)", round, i, a.at, a.val, x.at, x.val)
 			}
 			now = a.at
 		}
@@ -58,8 +58,8 @@ func TestQueuesAgree(t *testing.T) {
 			h.pop(&a)
 			c.pop(&b)
 			r.pop(&x)
-			if a.seq != b.seq || a.seq != x.seq {
-				t.Fatalf("round %d, draining: the heap gives %d, the calendar %d, the radix heap %d", round, a.seq, b.seq, x.seq)
+			if a.val != b.val || a.val != x.val {
+				t.Fatalf("round %d, draining: the heap gives %d, the calendar %d, the radix heap %d", round, a.val, b.val, x.val)
 			}
 			now = a.at
 		}
@@ -88,7 +88,7 @@ func TestRadixHeapTakesThePast(t *testing.T) {
 				pasts++
 			}
 			seq++
-			e := event{at: now + d, seq: seq}
+			e := event{at: now + d, val: int64(seq)}
 			h.push(&e)
 			r.push(&e)
 			continue
@@ -96,8 +96,8 @@ func TestRadixHeapTakesThePast(t *testing.T) {
 		var a, x event
 		h.pop(&a)
 		r.pop(&x)
-		if a.seq != x.seq || a.at != x.at {
-			t.Fatalf("step %d: the heap gives (%d, %d), the radix heap (%d, %d)", i, a.at, a.seq, x.at, x.seq)
+		if a.val != x.val || a.at != x.at {
+			t.Fatalf("step %d: the heap gives (%d, %d), the radix heap (%d, %d)", i, a.at, a.val, x.at, x.val)
 		}
 		now = a.at
 	}
@@ -108,8 +108,8 @@ func TestRadixHeapTakesThePast(t *testing.T) {
 		var a, x event
 		h.pop(&a)
 		r.pop(&x)
-		if a.seq != x.seq {
-			t.Fatalf("draining: the heap gives %d, the radix heap %d", a.seq, x.seq)
+		if a.val != x.val {
+			t.Fatalf("draining: the heap gives %d, the radix heap %d", a.val, x.val)
 		}
 	}
 }

@@ -271,6 +271,28 @@ func TestHotLoopDoesNotAllocatePerRequest(t *testing.T) {
 	}
 }
 
+// TestLargeScenarioRuns: scenarios/large/pool-1000-hour.yaml, the hour BenchmarkHour1000Members
+// runs (too long for make test in full), loads and runs: a second of it brings about
+// 10,000 requests and no violation.
+func TestLargeScenarioRuns(t *testing.T) {
+	sc, err := Load("../scenarios/large/pool-1000-hour.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc.Duration != Duration(time.Hour) || len(sc.Members) != 1 || sc.Members[0].Count != 1000 {
+		t.Fatalf("the file holds %s of %d groups, want an hour of 1,000 members", sc.Duration.D(), len(sc.Members))
+	}
+	sc.Duration = Duration(time.Second)
+	r, err := Run(sc, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := r.Modes[0]
+	if m.Arrivals < 9_500 || m.Arrivals > 10_500 || m.Violations != 0 {
+		t.Errorf("%d requests and %d violations in 1 s, want about 10,000 and none", m.Arrivals, m.Violations)
+	}
+}
+
 // --- lease mode ---
 
 // TestLeaseKeepsTheLimitEverywhere: in every shipped scenario that runs the lease mode,

@@ -1,6 +1,7 @@
 package strict
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // testCall is a call on key name with op, for the grouping tests.
@@ -170,6 +172,7 @@ func TestDifferentialBatches(t *testing.T) {
 			defer wg.Done()
 			var now atomic.Int64
 			b := New(client, withNow(now.Load), WithPrefix(pfx), WithTimeout(30*time.Second), WithPipelines(1, 8))
+			b.p.refs = w%2 == 0 // half the workers send keys and fields as pointers, as Dial's backend does
 			defer b.Close()
 			var bb batchBuilder
 			for {
@@ -502,5 +505,99 @@ func TestBatchKeyErrors(t *testing.T) {
 				t.Fatalf("%s: got %v (down %v), want a ReplyError naming %s", key, err, b.Stats().Down, want)
 			}
 		}
+	}
+}
+
+// TestBatchWaitsForTheOneInFlight: while a batch is in flight, the calls that arrive wait
+// and leave together, once twice as many as those in flight are queued (or when it
+// returns), rather than a second batch of the first few: fewer, larger batches cost Redis
+// and the client less per decision. Redis is stopped (SIGSTOP) to hold the batches in
+// flight: a lone allowance, then one queued behind it that must wait, then a second that
+// makes two, which leave together; then a reservation, which leaves at once: 3 script
+// calls for the 4 calls.
+func TestBatchWaitsForTheOneInFlight(t *testing.T) {
+	srv := redistest.New(t)
+	ctx := context.Background()
+	b, err := Dial(ctx, srv.URL(), WithPipelines(2, 64), WithTimeout(20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	l := gcra.Limit{T: 1000, Tau: 1_000_000}
+	if ok, err := b.AllowOne(ctx, "warm", l); err != nil || !ok { // loads the script
+		t.Fatalf("first call: %v %v", ok, err)
+	}
+	if _, err := srv.Do("CONFIG", "RESETSTAT"); err != nil {
+		t.Fatal(err)
+	}
+	state := func() (inflight, queued int) {
+		b.p.mu.Lock()
+		defer b.p.mu.Unlock()
+		return b.p.inflight, len(b.p.queue)
+	}
+	waitFor := func(what string, cond func(inflight, queued int) bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			in, q := state()
+			if cond(in, q) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: after 10 s, %d batches in flight and %d calls queued", what, in, q)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	errs := make(chan error, 4)
+	call := func(i int) {
+		go func() {
+			ok, err := b.AllowOne(ctx, fmt.Sprintf("k%d", i), l)
+			if err == nil && !ok {
+				err = fmt.Errorf("call %d denied", i)
+			}
+			errs <- err
+		}()
+	}
+	call(0)
+	waitFor("the first call in flight", func(in, q int) bool { return in == 1 && q == 0 })
+	call(1)
+	waitFor("a call queued behind it", func(in, q int) bool { return q == 1 })
+	if in, q := state(); in != 1 || q != 1 {
+		t.Fatalf("with a call queued behind a lone one: %d batches in flight, %d queued; want 1 and 1 (it waits)", in, q)
+	}
+	call(2)
+	waitFor("two calls sent together beside the first", func(in, q int) bool { return in == 2 && q == 0 })
+	// A reservation (a waiter's place in line) does not wait: the free flusher sends it.
+	go func() {
+		g, err := b.Decide(ctx, "r", backend.Request{Limits: []gcra.Limit{l}, N: 1, MaxDelay: time.Second})
+		if err == nil && !g.Allowed {
+			err = errors.New("the reservation was refused")
+		}
+		errs <- err
+	}()
+	waitFor("a reservation sent at once", func(in, q int) bool { return in == 3 && q == 0 })
+	srv.Resume()
+	resumed = true
+	for i := 0; i < 4; i++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	info, err := srv.Do("INFO", "commandstats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, _ := strings.Cut(info, "cmdstat_evalsha:calls=")
+	calls, _, _ := strings.Cut(after, ",")
+	if calls != "3" {
+		t.Errorf("script calls for 3 allowances (one alone, then two together) and a reservation: %q, want 3", calls)
 	}
 }

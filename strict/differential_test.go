@@ -108,6 +108,7 @@ func TestDifferential(t *testing.T) {
 			defer wg.Done()
 			var now atomic.Int64
 			b := New(client, withNow(now.Load), WithPrefix(pfx), WithTimeout(30*time.Second), WithPipelines(1, 8))
+			b.p.refs = w%2 == 0 // half the workers send keys and fields as pointers, as Dial's backend does
 			defer b.Close()
 			for {
 				seq := next.Add(1) - 1

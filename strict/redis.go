@@ -31,7 +31,7 @@ const FormatVersion = 1
 const (
 	DefaultPrefix     = "sluice:"
 	DefaultTimeout    = 100 * time.Millisecond // longest wait for an answer from Redis
-	DefaultPipelines  = 2                      // batches in flight at once: one at Redis, one forming
+	DefaultPipelines  = 2                      // most batches in flight at once (see WithPipelines)
 	DefaultMaxBatch   = 256                    // most calls in one batch (one pipeline)
 	DefaultProbeEvery = 100 * time.Millisecond // how often a down Redis is probed
 )
@@ -50,6 +50,7 @@ type Backend struct {
 	client     Client
 	owned      interface{ Close() error } // closed by Close when Dial made the client
 	prefix     string
+	names      string // prefix + "v1:", the start of every key's name (set by New)
 	timeout    time.Duration
 	pipelines  int
 	maxBatch   int
@@ -108,7 +109,9 @@ func WithTimeout(d time.Duration) Option {
 // WithPipelines sets how many batches may be in flight at once (default DefaultPipelines)
 // and how many calls one batch carries at most (default DefaultMaxBatch). A batch is one
 // pipeline holding one script call per group of keys that may share one (see
-// docs/redis.md). Values <= 0 keep the default.
+// docs/redis.md). While batches are in flight, allowances queued behind them leave when
+// twice as many calls as are in flight are queued, or a whole batch, or a batch returns;
+// any other call (a reservation) leaves at once. Values <= 0 keep the default.
 func WithPipelines(inFlight, maxBatch int) Option {
 	return optionFunc(func(b *Backend) {
 		if inFlight > 0 {
@@ -188,6 +191,7 @@ func New(client Client, opts ...Option) *Backend {
 	for _, o := range opts {
 		o.apply(b)
 	}
+	b.names = b.prefix + "v" + strconv.Itoa(FormatVersion) + ":"
 	if b.share > 0 {
 		b.fallback = local.New(local.WithClock(b.clock))
 	}
@@ -275,6 +279,7 @@ func Open(url string, opts ...Option) (*Backend, error) {
 	b := New(c, opts...)
 	b.owned = c
 	b.p.conns = &conns{client: c}
+	b.p.refs = b.p.grouping == groupAll
 	return b, nil
 }
 
@@ -283,7 +288,10 @@ func Open(url string, opts ...Option) (*Backend, error) {
 // spread over slots. '\' and '}' in the key are escaped (as \\ and \]) and an empty key is
 // written \0, so the tag is never empty nor cut short, and distinct keys never share a name.
 func (b *Backend) KeyName(key string) string {
-	return b.prefix + "v" + strconv.Itoa(FormatVersion) + ":" + rkey.Tag(key)
+	if b.names == "" {
+		return rkey.Name(b.prefix+"v"+strconv.Itoa(FormatVersion)+":", key)
+	}
+	return rkey.Name(b.names, key)
 }
 
 // Stats counts the backend's troubles.

@@ -7,15 +7,20 @@ import "strings"
 // keys share a slot, and keys spread over slots. '\' and '}' in the key are escaped (as
 // \\ and \]) and an empty key is written \0, so the tag is never empty nor cut short, and
 // distinct keys never share a tag.
-func Tag(key string) string {
+func Tag(key string) string { return Name("", key) }
+
+// Name returns prefix followed by key's Tag, in one allocation when key needs no escape
+// (the common case: a name is made for every call of the Redis mode).
+func Name(prefix, key string) string {
 	if key == "" {
-		return `{\0}`
+		return prefix + `{\0}`
 	}
 	if !strings.ContainsAny(key, `\}`) {
-		return "{" + key + "}"
+		return prefix + "{" + key + "}"
 	}
 	var sb strings.Builder
-	sb.Grow(len(key) + 4)
+	sb.Grow(len(prefix) + len(key) + 4)
+	sb.WriteString(prefix)
 	sb.WriteByte('{')
 	for i := 0; i < len(key); i++ {
 		switch key[i] {

@@ -421,15 +421,18 @@ func CheckFallback(h *History, t0 int64, share float64) []Violation {
 // two, and a delayed report is late by its delay), plus, for a window that meets a split
 // (a member cut from a peer or from all of them, or losing datagrams: contact lost),
 // docs/gossip.md's partition bound for two sides, b + r × max(0, P − hold − 5·I), for each
-// split it meets (P the split's length). Use times are real; a use lies at most Margin
+// split it meets (P the split's length and the rejoin after it: two gossip.RejoinEvery). Use times are real; a use lies at most Margin
 // after its slot, and the limiters keep Margin's worth of burst in reserve. It returns the
 // violations, the largest excess seen over any window (permits), and a note that says it.
 func CheckGossip(h *History, t0 int64, nodes int, paused bool) ([]Violation, float64, string) {
 	gc := gossip.DefaultConfig()
 	interval := gc.Interval
 	lostAfter := 5 * interval // gossip's hits.Config.LostAfter
-	// A split's over-admission shows in the windows that meet it, or its aftermath until
-	// the peers' reports arrive again (an interval, late by the longest delay).
+	// A split lasts, for the bound, until its cut member counts its peers again: up to two
+	// rejoin rounds after the heal (gossip.RejoinEvery; docs/gossip.md). Its over-admission
+	// shows in the windows that meet it, or its aftermath until the peers' reports arrive
+	// again (an interval, late by the longest delay).
+	rejoin := int64(2 * gossip.RejoinEvery)
 	react := int64(2*interval + h.LateBy)
 	var vs []Violation
 	worst, worstAt := -1e18, ""
@@ -454,8 +457,8 @@ func CheckGossip(h *History, t0 int64, nodes int, paused bool) ([]Violation, flo
 					extra = func(from, to int64) float64 {
 						e := 0.0
 						for _, s := range h.Splits {
-							if s[0] <= to && s[1]+react >= from {
-								p := time.Duration(s[1] - s[0])
+							if s[0] <= to && s[1]+rejoin+react >= from {
+								p := time.Duration(s[1] + rejoin - s[0])
 								e += float64(l.Burst) + rate*max(0, (p-gc.Hold-lostAfter).Seconds())
 							}
 						}
