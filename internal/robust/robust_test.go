@@ -133,45 +133,7 @@ func TestGossipPartitionBites(t *testing.T) {
 	if os.Getenv("ROBUST_RUNS") == "" || os.Getenv("ROBUST_SEED") != "" || os.Getenv("ROBUST_MODE") != "" {
 		t.Skip("make robustness runs it (not for one seed or mode)")
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	const at, cut = 700 * time.Millisecond, 4300 * time.Millisecond
-	s := Schedule{Seed: 7, Mode: ModeGossip, Members: 3, Goroutines: 6, Duration: 8 * time.Second, Skews: make([]time.Duration, 3),
-		Faults: []Fault{{At: at, For: cut, Kind: FaultPeerPartition, Target: 0}}}
-	res, err := Run(context.Background(), s, exe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fmt.Println(res.Line(0))
-	for _, n := range res.Notes {
-		fmt.Println("  note:", n)
-	}
-	for _, v := range res.Violations {
-		t.Error(v)
-	}
-	// Procs 0, 1, 2 are slots 0, 1, 2 (nobody is restarted).
-	from, to := res.Start+int64(at), res.Start+int64(at+cut)
-	joined, alone, others := false, false, map[int]bool{}
-	var after []string
-	for _, p := range res.Pools {
-		if p.At > to && p.Proc == 0 {
-			after = append(after, fmt.Sprintf("+%.1fs:%d", float64(p.At-res.Start)/1e9, p.Members))
-		}
-		if p.At < from || p.At > to {
-			joined = joined || (p.Proc == 0 && p.Members >= 2)
-			continue
-		}
-		alone = alone || (p.Proc == 0 && p.Members == 1)
-		if p.Proc != 0 && p.Members == 2 {
-			others[p.Proc] = true
-		}
-	}
-	fmt.Printf("  member 0 after the heal (+%v): %s\n", at+cut, strings.Join(after, " "))
-	if back := lastPool(&res, 0, to); back != 3 {
-		t.Errorf("member 0 counted %d members at its last record after the heal, want 3 (its peers again)", back)
-	}
+	joined, alone, others, res := partitionBites(t, ModeGossip, 7, "member")
 	if !joined || !alone || len(others) != 2 {
 		for _, p := range res.Pools {
 			if p.Proc == 0 {
@@ -198,44 +160,7 @@ func TestDaemonGossipPartitionBites(t *testing.T) {
 	if SluiceBin == "" {
 		SluiceBin = os.Getenv("ROBUST_SLUICE")
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	const at, cut = 700 * time.Millisecond, 4300 * time.Millisecond
-	s := Schedule{Seed: 8, Mode: ModeDaemonGossip, Members: 3, Goroutines: 6, Duration: 8 * time.Second, Skews: make([]time.Duration, 3),
-		Faults: []Fault{{At: at, For: cut, Kind: FaultPeerPartition, Target: 0}}}
-	res, err := Run(context.Background(), s, exe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fmt.Println(res.Line(0))
-	for _, n := range res.Notes {
-		fmt.Println("  note:", n)
-	}
-	for _, v := range res.Violations {
-		t.Error(v)
-	}
-	// The pools are the daemons', by slot.
-	from, to := res.Start+int64(at), res.Start+int64(at+cut)
-	alone, others := false, map[int]bool{}
-	var after []string
-	for _, p := range res.Pools {
-		if p.At > to && p.Proc == 0 {
-			after = append(after, fmt.Sprintf("+%.1fs:%d", float64(p.At-res.Start)/1e9, p.Members))
-		}
-		if p.At < from || p.At > to {
-			continue
-		}
-		alone = alone || (p.Proc == 0 && p.Members == 1)
-		if p.Proc != 0 && p.Members == 2 {
-			others[p.Proc] = true
-		}
-	}
-	fmt.Printf("  daemon 0 after the heal (+%v): %s\n", at+cut, strings.Join(after, " "))
-	if back := lastPool(&res, 0, to); back != 3 {
-		t.Errorf("daemon 0 counted %d members at its last record after the heal, want 3 (its peers again)", back)
-	}
+	_, alone, others, res := partitionBites(t, ModeDaemonGossip, 8, "daemon")
 	// At least one of the others: a daemon of this loaded machine may not answer its
 	// metrics for seconds (one was unread from +3.8 to +6.1 s, the whole of the cut's
 	// bite).
@@ -245,6 +170,54 @@ func TestDaemonGossipPartitionBites(t *testing.T) {
 		}
 		t.Fatalf("during the cut daemon 0 counted itself alone: %v; the others that counted each other alone: %v (want daemon 0 and one other at least)", alone, others)
 	}
+}
+
+// partitionBites runs a schedule of three members (of mode) with member 0 cut from its
+// peers for 4.3 s from +0.7 s, reports its violations as errors, and wants member 0 to
+// count its peers again at its last record after the heal. It returns whether member 0
+// counted peers outside the cut and itself alone during it, which others counted each
+// other alone during it, and the run. who names a member in the messages.
+func partitionBites(t *testing.T, mode Mode, seed uint64, who string) (joined, alone bool, others map[int]bool, res Result) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const at, cut = 700 * time.Millisecond, 4300 * time.Millisecond
+	s := Schedule{Seed: seed, Mode: mode, Members: 3, Goroutines: 6, Duration: 8 * time.Second, Skews: make([]time.Duration, 3),
+		Faults: []Fault{{At: at, For: cut, Kind: FaultPeerPartition, Target: 0}}}
+	if res, err = Run(context.Background(), s, exe); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println(res.Line(0))
+	for _, n := range res.Notes {
+		fmt.Println("  note:", n)
+	}
+	for _, v := range res.Violations {
+		t.Error(v)
+	}
+	// Procs 0, 1, 2 are slots 0, 1, 2 (nobody is restarted).
+	from, to := res.Start+int64(at), res.Start+int64(at+cut)
+	others = map[int]bool{}
+	var after []string
+	for _, p := range res.Pools {
+		if p.At > to && p.Proc == 0 {
+			after = append(after, fmt.Sprintf("+%.1fs:%d", float64(p.At-res.Start)/1e9, p.Members))
+		}
+		if p.At < from || p.At > to {
+			joined = joined || (p.Proc == 0 && p.Members >= 2)
+			continue
+		}
+		alone = alone || (p.Proc == 0 && p.Members == 1)
+		if p.Proc != 0 && p.Members == 2 {
+			others[p.Proc] = true
+		}
+	}
+	fmt.Printf("  %s 0 after the heal (+%v): %s\n", who, at+cut, strings.Join(after, " "))
+	if back := lastPool(&res, 0, to); back != 3 {
+		t.Errorf("%s 0 counted %d members at its last record after the heal, want 3 (its peers again)", who, back)
+	}
+	return joined, alone, others, res
 }
 
 // lastPool returns the pool size proc recorded last after at (0: none recorded).
