@@ -1,64 +1,13 @@
 package gossip
 
 import (
-	"errors"
 	"fmt"
-	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/memberlist"
 )
-
-// cutter is a test transport that cuts this member's links to chosen addresses: while an
-// address is cut, datagrams to it are lost and streams to it refused. Cutting a link at
-// both ends (each member's cutter names the other) cuts it both ways.
-type cutter struct {
-	memberlist.NodeAwareTransport
-	mu  sync.Mutex
-	cut map[string]bool
-}
-
-func (c *cutter) set(addrs []string, on bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.cut == nil {
-		c.cut = map[string]bool{}
-	}
-	for _, a := range addrs {
-		c.cut[a] = on
-	}
-}
-
-func (c *cutter) isCut(addr string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.cut[addr]
-}
-
-func (c *cutter) WriteToAddress(b []byte, a memberlist.Address) (time.Time, error) {
-	if c.isCut(a.Addr) {
-		return time.Now(), nil // lost on the way
-	}
-	return c.NodeAwareTransport.WriteToAddress(b, a)
-}
-
-func (c *cutter) WriteTo(b []byte, addr string) (time.Time, error) {
-	return c.WriteToAddress(b, memberlist.Address{Addr: addr})
-}
-
-func (c *cutter) DialAddressTimeout(a memberlist.Address, d time.Duration) (net.Conn, error) {
-	if c.isCut(a.Addr) {
-		return nil, errors.New("link cut")
-	}
-	return c.NodeAwareTransport.DialAddressTimeout(a, d)
-}
-
-func (c *cutter) DialTimeout(addr string, d time.Duration) (net.Conn, error) {
-	return c.DialAddressTimeout(memberlist.Address{Addr: addr}, d)
-}
 
 // TestRejoinAfterPartition: a member cut from both its peers until they declare it dead
 // and it drops them from its pool counts both again soon after the heal, as they count

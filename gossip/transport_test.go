@@ -3,6 +3,7 @@ package gossip
 import (
 	"errors"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,37 +12,61 @@ import (
 	"go.uber.org/goleak"
 )
 
-// gate is a test transport: it counts what goes through the real one, and while shut it
-// lets nothing out (datagrams lost, dials refused).
-type gate struct {
+// cutter is a test transport over the real one: it counts what goes through, and cuts
+// this member's links to chosen addresses, or to every address while shut: datagrams to a
+// cut address are lost and streams to it refused. Cutting a link at both ends (each
+// member's cutter names the other) cuts it both ways.
+type cutter struct {
 	memberlist.NodeAwareTransport
 	shut                   atomic.Bool
 	sent, dialled, refused atomic.Int64
+	mu                     sync.Mutex
+	cut                    map[string]bool
 }
 
-func (g *gate) WriteToAddress(b []byte, a memberlist.Address) (time.Time, error) {
-	if g.shut.Load() {
+func (c *cutter) set(addrs []string, on bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cut == nil {
+		c.cut = map[string]bool{}
+	}
+	for _, a := range addrs {
+		c.cut[a] = on
+	}
+}
+
+func (c *cutter) isCut(addr string) bool {
+	if c.shut.Load() {
+		return true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cut[addr]
+}
+
+func (c *cutter) WriteToAddress(b []byte, a memberlist.Address) (time.Time, error) {
+	if c.isCut(a.Addr) {
 		return time.Now(), nil // lost on the way, as a datagram may be
 	}
-	g.sent.Add(1)
-	return g.NodeAwareTransport.WriteToAddress(b, a)
+	c.sent.Add(1)
+	return c.NodeAwareTransport.WriteToAddress(b, a)
 }
 
-func (g *gate) WriteTo(b []byte, addr string) (time.Time, error) {
-	return g.WriteToAddress(b, memberlist.Address{Addr: addr})
+func (c *cutter) WriteTo(b []byte, addr string) (time.Time, error) {
+	return c.WriteToAddress(b, memberlist.Address{Addr: addr})
 }
 
-func (g *gate) DialAddressTimeout(a memberlist.Address, d time.Duration) (net.Conn, error) {
-	if g.shut.Load() {
-		g.refused.Add(1)
-		return nil, errors.New("gate shut")
+func (c *cutter) DialAddressTimeout(a memberlist.Address, d time.Duration) (net.Conn, error) {
+	if c.isCut(a.Addr) {
+		c.refused.Add(1)
+		return nil, errors.New("link cut")
 	}
-	g.dialled.Add(1)
-	return g.NodeAwareTransport.DialAddressTimeout(a, d)
+	c.dialled.Add(1)
+	return c.NodeAwareTransport.DialAddressTimeout(a, d)
 }
 
-func (g *gate) DialTimeout(addr string, d time.Duration) (net.Conn, error) {
-	return g.DialAddressTimeout(memberlist.Address{Addr: addr}, d)
+func (c *cutter) DialTimeout(addr string, d time.Duration) (net.Conn, error) {
+	return c.DialAddressTimeout(memberlist.Address{Addr: addr}, d)
 }
 
 // TestWrapTransport: a member's traffic goes through Config.WrapTransport's transport,
@@ -54,7 +79,7 @@ func TestWrapTransport(t *testing.T) {
 	}
 	ignore := goleak.IgnoreCurrent()
 	a := member(t, nil)
-	g := &gate{}
+	g := &cutter{}
 	var wrapped int
 	b := member(t, func(c *Config) {
 		c.Peers = []string{a.Addr()}
@@ -78,7 +103,7 @@ func TestWrapTransport(t *testing.T) {
 		t.Fatalf("through the gate: %d datagrams, %d streams; want both (join is a stream, probes and reports datagrams)", g.sent.Load(), g.dialled.Load())
 	}
 
-	shut := &gate{}
+	shut := &cutter{}
 	shut.shut.Store(true)
 	cfg := DefaultConfig()
 	cfg.Bind, cfg.Peers = "127.0.0.1:0", []string{a.Addr()}
