@@ -7,10 +7,12 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -112,24 +114,48 @@ func LogTail(path string) string {
 	return strings.Join(lines, " | ")
 }
 
-// FreePorts returns n distinct free TCP ports on loopback.
+// FreePorts returns n distinct free TCP ports on loopback (FreePort).
 func FreePorts(n int) ([]int, error) {
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	}()
 	var ports []int
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+	for len(ports) < n {
+		p, err := FreePort(false)
 		if err != nil {
 			return nil, err
 		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+		if !slices.Contains(ports, p) {
+			ports = append(ports, p)
+		}
 	}
 	return ports, nil
+}
+
+// FreePort returns a loopback port that is free for TCP (and for UDP too with udp), drawn
+// at random below the system's ephemeral range (Linux: 32768 and up). A port the system
+// hands out for port 0 lies in that range, where any connection's source port may take it
+// between the pick and the server's bind: a gossip daemon of the robustness suite failed
+// to start so ("address already in use") once its peers' connections were open.
+func FreePort(udp bool) (int, error) {
+	for range 200 {
+		p := 10000 + rand.IntN(22000) // 10000-31999
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			continue
+		}
+		ok := true
+		if udp {
+			var u net.PacketConn
+			if u, err = net.ListenPacket("udp", l.Addr().String()); err != nil {
+				ok = false
+			} else {
+				u.Close()
+			}
+		}
+		l.Close()
+		if ok {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("proctest: no free loopback port below 32000 in 200 draws")
 }
 
 // Shared is a server a test package starts once, at the first test that needs it, and

@@ -23,6 +23,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/proctest"
 )
 
 // ErrNotInstalled is returned when redis-server (or redis-cli, for clusters) is not on the
@@ -121,20 +123,18 @@ func start(cluster bool) (*Server, error) {
 	return nil, fmt.Errorf("redistest: could not start redis-server: %w", last)
 }
 
-// freePort finds a free loopback port; for a cluster node, port+10000 (its bus) must be
-// free too.
+// freePort finds a free loopback port (proctest.FreePort: below the ephemeral range); for
+// a cluster node, port+10000 (its bus) must be free too.
 func freePort(cluster bool) (int, error) {
 	for i := 0; i < 50; i++ {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		port, err := proctest.FreePort(false)
 		if err != nil {
 			return 0, err
 		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
 		if !cluster {
 			return port, nil
 		}
-		if port+10000 > 65535 {
+		if port+10000 >= 32768 { // the bus below the ephemeral range too
 			continue
 		}
 		if bus, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000)); err == nil {

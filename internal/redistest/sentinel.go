@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/proctest"
 )
 
 // ErrSentinelNotInstalled is returned when redis-sentinel is not on the PATH.
@@ -128,7 +130,7 @@ func StartSentinels(cfg SentinelConfig) (*Sentinels, error) {
 	}
 	// Each sentinel is told of the replica and of the others (their ids are set here), so
 	// the set is whole at once instead of after rounds of hello messages (seconds).
-	ports, err := freePorts(3)
+	ports, err := proctest.FreePorts(3)
 	if err != nil {
 		s.Close()
 		return nil, err
@@ -202,26 +204,6 @@ func (s *Sentinels) startSentinel(ports []int, i int) (*Server, error) {
 		return nil, fmt.Errorf("redistest: could not start redis-sentinel: %w", err)
 	}
 	return n, nil
-}
-
-// freePorts returns n distinct free loopback ports.
-func freePorts(n int) ([]int, error) {
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	}()
-	var ports []int
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("redistest: %w", err)
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 // MasterAddr returns the master's host:port as the first sentinel that answers reports it.

@@ -7,11 +7,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -19,6 +19,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/proctest"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -683,18 +684,9 @@ func (res Result) Line(i int) string {
 
 // freeAddr returns a loopback address whose TCP and UDP ports were both free a moment ago.
 func freeAddr() (string, error) {
-	for range 20 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return "", err
-		}
-		a := l.Addr().String()
-		p, err := net.ListenPacket("udp", a)
-		l.Close()
-		if err == nil {
-			p.Close()
-			return a, nil
-		}
+	p, err := proctest.FreePort(true)
+	if err != nil {
+		return "", err
 	}
-	return "", fmt.Errorf("robust: no free port for both TCP and UDP")
+	return "127.0.0.1:" + strconv.Itoa(p), nil
 }
