@@ -14,11 +14,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/internal/proctest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/zktest"
 )
@@ -540,7 +540,7 @@ func TestServeSeesAChangeMadeWhileItStarts(t *testing.T) {
 	ln.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
-	errb := &lockedBuffer{}
+	errb := &proctest.LockedBuffer{}
 	go func() {
 		done <- Main(ctx, []string{"serve", "--config", cfg, "--listen-line", addr, "--listen-http", ""}, strings.NewReader(""), io.Discard, errb)
 	}()
@@ -553,22 +553,4 @@ func TestServeSeesAChangeMadeWhileItStarts(t *testing.T) {
 			t.Fatalf("the change made while the daemon started was not reloaded in 10 s: %s", errb.String())
 		}
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for a writer and a reader in different goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -360,3 +360,22 @@ func copySparse(src, dst string, perm os.FileMode, size int64) error {
 var zeros = make([]byte, 64<<10)
 
 func allZero(b []byte) bool { return bytes.Equal(b, zeros[:len(b)]) }
+
+// LockedBuffer is a bytes.Buffer safe for a writer and a reader in different goroutines:
+// a process's standard error, written by os/exec's copier while a test reads it.
+type LockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *LockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *LockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

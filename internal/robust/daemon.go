@@ -2,7 +2,6 @@ package robust
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"net"
 	"net/http"
@@ -14,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/proctest"
 )
 
 // SluiceBin is the sluice binary the daemon mode runs (ROBUST_SLUICE); "" builds one
@@ -63,8 +64,8 @@ type daemon struct {
 	mu        sync.Mutex
 	cmd       *exec.Cmd
 	done      chan struct{}
-	stderr    lockedBuffer // every start's, in turn
-	unplanned []string     // exits nobody asked for
+	stderr    proctest.LockedBuffer // every start's, in turn
+	unplanned []string              // exits nobody asked for
 	stopping  bool
 	starts    int
 }
@@ -146,25 +147,6 @@ func (r *runner) startDaemons() error {
 		time.Sleep(GossipSettle)
 	}
 	return nil
-}
-
-// lockedBuffer is a bytes.Buffer safe for concurrent use: a daemon's standard error,
-// written by os/exec's copier while the runner may read it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // daemonStarts counts the daemon processes started (restarts included): the gossip
