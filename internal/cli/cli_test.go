@@ -391,12 +391,7 @@ func serveLease(t *testing.T, store string) {
 // lease store's fence has passed), and keeps the rule's limit; and if the flags give a
 // rule q (a daily quota of 20), it grants exactly its count.
 func serveOn(t *testing.T, backendFlags ...string) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	var errb bytes.Buffer
@@ -412,6 +407,7 @@ func serveOn(t *testing.T, backendFlags ...string) {
 		}
 	}()
 	var c net.Conn
+	var err error
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if c, err = net.Dial("tcp", addr); err == nil {
 			break
@@ -532,12 +528,7 @@ func TestServeSeesAChangeMadeWhileItStarts(t *testing.T) {
 	t.Setenv("SLUICE_WATCH_CONFIG", "10ms")
 	testHookServing = func() { write("rules:\n  - {match: api, limit: 1/h}\n  - {match: fresh, limit: 1/h}\n") }
 	t.Cleanup(func() { testHookServing = nil })
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	errb := &proctest.LockedBuffer{}
@@ -553,4 +544,15 @@ func TestServeSeesAChangeMadeWhileItStarts(t *testing.T) {
 			t.Fatalf("the change made while the daemon started was not reloaded in 10 s: %s", errb.String())
 		}
 	}
+}
+
+// freeAddr returns a free loopback address for a daemon to listen on (proctest.FreePort:
+// below the ephemeral range, so no connection's source port takes it first).
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	p, err := proctest.FreePort(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "127.0.0.1:" + strconv.Itoa(p)
 }
