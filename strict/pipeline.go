@@ -188,7 +188,14 @@ func (p *pipeliner) submit(c *call) bool {
 	if c.op != 'a' {
 		p.eager++
 	}
-	p.cond.Signal()
+	// A waiting flusher is woken only when it may take the queue: an allowance queued
+	// behind a batch in flight mostly is not (see ready), and waking a flusher that goes
+	// back to sleep cost a goroutine switch per call. Whatever else makes the queue ready
+	// wakes one too: a flusher whose batch returns looks again itself, and a direct
+	// caller, a flusher that leaves calls behind and close signal.
+	if p.ready() {
+		p.cond.Signal()
+	}
 	p.mu.Unlock()
 	return true
 }
