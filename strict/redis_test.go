@@ -133,3 +133,49 @@ func TestRequestErrors(t *testing.T) {
 		t.Errorf("no limits: %v", err)
 	}
 }
+
+// TestAllowExpiry: in real time, an allowance's key (the lone call's and the lean batch's,
+// which give Redis the expiry as a time) expires at its TAT, or a second after the
+// script's now if that is later; never sooner.
+func TestAllowExpiry(t *testing.T) {
+	c := newClient(t, shared.URL())
+	b := New(c, WithPrefix(prefix(t)), WithTimeout(5*time.Second))
+	defer b.Close()
+	fast := gcra.Limit{T: 1000, Tau: 1_000_000}                                        // TAT within a µs: a second's TTL
+	slow := gcra.Limit{T: int64(1500 * time.Millisecond), Tau: int64(6 * time.Second)} // 1.5 s a permit
+	var bb batchBuilder
+	run := func(l gcra.Limit, keys ...string) {
+		t.Helper()
+		calls := make([]*call, len(keys))
+		for i, k := range keys {
+			calls[i] = b.allowCall(k, l)
+			calls[i].state.Store(callSent)
+		}
+		bb.exec(b.p, calls)
+		for i, cl := range calls {
+			if ok, valid := decodeAllow(cl.res); cl.err != nil || !valid || !ok {
+				t.Fatalf("allowance on %s: %v %v %v", keys[i], ok, valid, cl.err)
+			}
+		}
+	}
+	ttl := func(key string, lo, hi time.Duration) {
+		t.Helper()
+		d, err := c.PTTL(ctx, b.KeyName(key)).Result()
+		if err != nil || d <= lo || d > hi {
+			t.Errorf("PTTL of %s = %v %v, want within (%v, %v]", key, d, err, lo, hi)
+		}
+	}
+	run(fast, "lone")
+	run(fast, "f1", "f2", "f3")
+	run(slow, "s1")       // lone: TAT now + 1.5 s
+	run(slow, "s2", "s3") // lean batch: TATs now + 1.5 s
+	run(slow, "s3", "s4") // s3 now + 3 s, s4 + 1.5 s
+	run(slow, "s3", "s5") // s3 now + 4.5 s
+	for _, k := range []string{"lone", "f1", "f2", "f3"} {
+		ttl(k, 500*time.Millisecond, 1001*time.Millisecond) // the expiry a time rounded up to the ms
+	}
+	for _, k := range []string{"s1", "s2", "s4", "s5"} {
+		ttl(k, 1100*time.Millisecond, 1501*time.Millisecond)
+	}
+	ttl("s3", 4100*time.Millisecond, 4501*time.Millisecond)
+}

@@ -50,11 +50,13 @@
 local B = 1000000000
 local tonumber, argv, keys = tonumber, ARGV, KEYS
 local match, format, ceil = string.match, string.format, math.ceil
--- A key lives at least this long (ms) after its last write, however soon it is idle: an
--- idle key decides exactly as a missing one, and a key used more often than this is then
--- overwritten in place rather than expired and made again (on a fast limit, whose keys
--- are idle within microseconds, that churn made a decision cost Redis twice the time).
-local MINTTL = 1000
+-- A key lives at least this long (ms; MINS in seconds) after its last write (after the
+-- now of the script that wrote it, for the writes that give the expiry as a time),
+-- however soon it is idle: an idle key decides exactly as a missing one, and a key used
+-- more often than this is then overwritten in place rather than expired and made again
+-- (on a fast limit, whose keys are idle within microseconds, that churn made a decision
+-- cost Redis twice the time).
+local MINTTL, MINS = 1000, 1 -- in ms, and in whole seconds
 
 local nh, nl
 local virtual = false
@@ -93,13 +95,22 @@ if #argv == 7 and argv[3] == 'a' and #keys == 1 then
     if zl < 0 then zh, zl = zh - 1, zl + B end
     local r = 0
     if not (nh < zh or (nh == zh and nl < zl)) then
-      -- Granted: the TAT x is after now, so the key is not idle. Its TTL as ttl() below.
-      local dh, dl = th - nh, tl - nl
-      if dl < 0 then dh, dl = dh - 1, dl + B end
-      local ms = dh * 1000 + ceil(dl / 1000000)
-      if ms < MINTTL then ms = MINTTL end
-      if virtual then ms = ms + 3600000 end
-      redis.call('SET', keys[1], format('1 0 0 %d %d', th, tl), 'PX', format('%d', ms))
+      -- Granted: the TAT x is after now, so the key is not idle.
+      local v = format('1 0 0 %d %d', th, tl)
+      if virtual then
+        -- Its TTL as ttl() below.
+        local dh, dl = th - nh, tl - nl
+        if dl < 0 then dh, dl = dh - 1, dl + B end
+        local ms = dh * 1000 + ceil(dl / 1000000)
+        if ms < MINTTL then ms = MINTTL end
+        ms = ms + 3600000
+        redis.call('SET', keys[1], v, 'PX', format('%d', ms))
+      else
+        -- It expires at a time (PXAT), as the lean batch's writes below say.
+        local eh, el = th, tl
+        if eh < nh + MINS or (eh == nh + MINS and el < nl) then eh, el = nh + MINS, nl end
+        redis.call('SET', keys[1], v, 'PXAT', format('%d', eh * 1000 + ceil(el / 1000000)))
+      end
       r = 1
     end
     if mode == '' then return r end
@@ -245,55 +256,62 @@ end
 -- mode, 1, 'a', Tau, T, then '=' for each further key; no other shape has that many
 -- arguments): Limiter.Allow from many goroutines on many keys. If every key is in the
 -- common state or none, the batch is decided here in one pass with the arithmetic inline
--- (the general path below spends about twice as long per key); else it goes on there.
+-- (the general path below spends about twice as long per key), the grants' writes after
+-- it; else it goes on there, from the values read, as if this had not run.
+--
+-- Its writes give the expiry as a time (PXAT), in real time: the later of the TAT and a
+-- second after now (MINTTL), in ms rounded up, one string for every key whose TAT is
+-- within that second (all of them, on a fast limit). Redis turns a SET's PX into PXAT
+-- itself, rewriting the command at a cost per key; the time is the same to within the
+-- script's run, and never before the TAT. Under a virtual now, PX as ttl() says.
 if nkeys > 1 and #argv == nkeys + 6 and argv[2] == '1' and argv[3] == 'a' then
-  local th, tl = {}, {}
+  local uh, ul, ch, cl = tonumber(argv[4]), tonumber(argv[5]), tonumber(argv[6]), tonumber(argv[7])
+  local ex, soon = 'PXAT', format('%d', nh * 1000 + ceil(nl / 1000000) + MINTTL)
+  if virtual then ex, soon = 'PX', minttl end
+  local o = no
   local common = true
   for ki = 1, nkeys do
+    -- x = max(tat, now) + T (a missing key's tat is 0 0); granted if x - Tau <= now (the
+    -- 'a' record below).
     local v = vals[ki]
-    if not v then
-      th[ki], tl[ki] = 0, 0
-    elseif type(v) == 'string' then
-      local c, d = match(v, '^1 0 0 (%-?%d+) (%d+)$')
+    local xh, xl = 0, 0
+    if v then
+      local c, d
+      if type(v) == 'string' then c, d = match(v, '^1 0 0 (%-?%d+) (%d+)$') end
       if not c then
         common = false
         break
       end
-      th[ki], tl[ki] = tonumber(c), tonumber(d)
+      xh, xl = tonumber(c), tonumber(d)
+    end
+    if xh < nh or (xh == nh and xl < nl) then xh, xl = nh, nl end
+    xh, xl = xh + ch, xl + cl
+    if xl >= B then xh, xl = xh + 1, xl - B end
+    local zh, zl = xh - uh, xl - ul
+    if zl < 0 then zh, zl = zh - 1, zl + B end
+    if nh < zh or (nh == zh and nl < zl) then
+      out[o + ki] = 0
     else
-      common = false
-      break
+      -- Granted: the TAT x is after now, so the key is not idle.
+      out[o + ki] = 1
+      wv[ki] = format('1 0 0 %d %d', xh, xl)
+      if xh < nh + MINS or (xh == nh + MINS and xl <= nl) then
+        wt[ki] = soon
+      elseif virtual then
+        wt[ki] = ttl(xh, xl)
+      else
+        wt[ki] = format('%d', xh * 1000 + ceil(xl / 1000000))
+      end
     end
   end
   if common then
-    local uh, ul, ch, cl = tonumber(argv[4]), tonumber(argv[5]), tonumber(argv[6]), tonumber(argv[7])
-    local o = no
     for ki = 1, nkeys do
-      -- x = max(tat, now) + T; granted if x - Tau <= now (the 'a' record below).
-      local xh, xl = th[ki], tl[ki]
-      if xh < nh or (xh == nh and xl < nl) then xh, xl = nh, nl end
-      xh, xl = xh + ch, xl + cl
-      if xl >= B then xh, xl = xh + 1, xl - B end
-      local zh, zl = xh - uh, xl - ul
-      if zl < 0 then zh, zl = zh - 1, zl + B end
-      if nh < zh or (nh == zh and nl < zl) then
-        out[o + ki] = 0
-        th[ki] = false
-      else
-        out[o + ki] = 1
-        th[ki], tl[ki] = xh, xl
-      end
-    end
-    -- Every record decided: the grants' writes (a granted key's TAT is after now).
-    for ki = 1, nkeys do
-      local xh = th[ki]
-      if xh then
-        local xl = tl[ki]
-        redis.call('SET', keys[ki], format('1 0 0 %d %d', xh, xl), 'PX', ttl(xh, xl))
-      end
+      local v = wv[ki]
+      if v then redis.call('SET', keys[ki], v, ex, wt[ki]) end
     end
     return out
   end
+  wv, wt = {}, {}
 end
 
 for ki = 1, nkeys do
