@@ -3,6 +3,7 @@ package strict
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"strconv"
 	"strings"
@@ -284,5 +285,58 @@ func TestFaultUnpayableDebt(t *testing.T) {
 	}
 	if g, err := b.Decide(ctx, "other", backend.Request{Limits: ls, N: 1}); err != nil || !g.Allowed {
 		t.Errorf("after recovery: %+v %v", g, err)
+	}
+}
+
+// TestDirectTimeout: through a backend made by Dial (whose client honours deadlines, so
+// that its calls wait without a timer of their own), a hung Redis (SIGSTOP) answers no
+// call, and each still returns within the time-out of its own start, with ErrUnavailable:
+// the lone call in flight, a batch sent beside it, and calls queued behind that batch,
+// which leave only when it fails and must not get a whole time-out more.
+func TestDirectTimeout(t *testing.T) {
+	srv := redistest.New(t)
+	const timeout = 1500 * time.Millisecond
+	b, err := Dial(ctx, srv.URL(), WithTimeout(timeout), WithPipelines(1, 64), WithPrefix(prefix(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	l := gcra.Limit{T: 1000, Tau: 1_000_000}
+	if ok, err := b.AllowOne(ctx, "warm", l); err != nil || !ok {
+		t.Fatalf("before the fault: %v %v", ok, err)
+	}
+	srv.Pause()
+	defer srv.Resume()
+	var wg sync.WaitGroup
+	var slowest atomic.Int64
+	call := func(i int) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			ok, err := b.AllowOne(ctx, fmt.Sprintf("k%d", i), l)
+			lat := time.Since(start)
+			if ok || !errors.Is(err, ErrUnavailable) {
+				t.Errorf("call %d on a hung Redis: %v %v", i, ok, err)
+			}
+			for {
+				s := slowest.Load()
+				if int64(lat) <= s || slowest.CompareAndSwap(s, int64(lat)) {
+					break
+				}
+			}
+		}()
+	}
+	call(0) // sent by itself
+	time.Sleep(50 * time.Millisecond)
+	call(1) // sent beside it, as a batch
+	call(2)
+	time.Sleep(200 * time.Millisecond)
+	for i := 3; i < 6; i++ {
+		call(i) // queued behind that batch for about 1.3 s of their 1.5
+	}
+	wg.Wait()
+	if lat := time.Duration(slowest.Load()); lat > latencyBound(timeout) {
+		t.Errorf("a call took %v with a time-out of %v", lat, timeout)
 	}
 }

@@ -29,6 +29,7 @@ type call struct {
 	f       [maxFields]int64
 	virtual bool  // now is a virtual time (tests), not Redis TIME
 	vnow    int64 // the virtual now
+	queued  int64 // when it was made, just before it was submitted (clock.Default's Nanotime)
 
 	state atomic.Int32 // callQueued, callSent or callAbandoned
 	done  chan struct{}
@@ -119,7 +120,9 @@ type pipeliner struct {
 	// direct lets a caller that finds nothing queued and nothing in flight send its own
 	// call, with no hand-off to a flusher (the common case at low concurrency). It is on
 	// only for clients that honour context deadlines, so that the caller still returns
-	// within the time-out.
+	// within the time-out. With such a client the pipeliner also answers every call
+	// within the time-out of its submission by itself (see deadline), and a caller waits
+	// without a timer of its own (Backend.await).
 	direct bool
 	// The direct caller's buffers: there is one direct caller at a time (it sends only
 	// when nothing else is in flight, and counts itself in flight meanwhile).
@@ -136,6 +139,8 @@ type pipeliner struct {
 
 	// dl is the context of the batches sent lately (see deadline).
 	dl atomic.Pointer[deadlineCtx]
+	// late answers a call whose time-out passed while it was queued (see unexpired).
+	late error
 
 	mu       sync.Mutex
 	cond     *sync.Cond
@@ -149,7 +154,8 @@ type pipeliner struct {
 
 func newPipeliner(ctx context.Context, client Client, source string, timeout time.Duration, flushers, maxBatch int) *pipeliner {
 	p := &pipeliner{client: client, sha: goredis.NewScript(source).Hash(), src: source, timeout: timeout,
-		maxBatch: maxBatch, grouping: groupingOf(client), ctx: ctx}
+		maxBatch: maxBatch, grouping: groupingOf(client), ctx: ctx,
+		late: fmt.Errorf("no answer within %v (queued that long)", timeout)}
 	p.cond = sync.NewCond(&p.mu)
 	p.wg.Add(flushers)
 	for i := 0; i < flushers; i++ {
@@ -204,22 +210,55 @@ func (p *pipeliner) submit(c *call) bool {
 type deadlineCtx struct {
 	ctx    context.Context
 	cancel context.CancelFunc // released by the timer at the deadline
-	reuse  int64              // until when (Nanotime) new batches may share it
+	end    int64              // the deadline (Nanotime)
 }
 
-// deadline returns the context of a batch sent now: one that ends within the time-out,
-// or at once when the backend closes. Batches sent within 1/100 of the time-out of each
-// other share one (each thus has at least 99% of the time-out), which spares a timer per
-// batch.
-func (p *pipeliner) deadline() context.Context {
+// deadline returns the context of a batch sent now whose oldest call was submitted at
+// oldest: one that ends within the time-out, or at once when the backend closes. With a
+// client that honours deadlines (direct) the time-out runs from oldest, so that the
+// batch, and every call in it, is answered within the time-out of the oldest call's
+// submission (a call whose time-out passed while it was queued is not sent: see
+// unexpired); its callers wait without timers of their own. With any other client it
+// runs from now, and each caller times its own wait. Batches whose deadlines fall within
+// 1/100 of the time-out of each other share one context (each thus has at least 99% of
+// its time-out), which spares a timer per batch.
+func (p *pipeliner) deadline(oldest int64) context.Context {
 	now := clock.Default.Nanotime()
-	if d := p.dl.Load(); d != nil && now < d.reuse {
+	end := now + int64(p.timeout)
+	if p.direct {
+		end = oldest + int64(p.timeout)
+	}
+	if d := p.dl.Load(); d != nil && d.end <= end && d.end > end-int64(p.timeout)/100 {
 		return d.ctx
 	}
-	ctx, cancel := context.WithTimeout(p.ctx, p.timeout)
-	d := &deadlineCtx{ctx: ctx, cancel: cancel, reuse: now + int64(p.timeout)/100}
-	p.dl.Store(d)
+	ctx, cancel := context.WithTimeout(p.ctx, time.Duration(end-now))
+	p.dl.Store(&deadlineCtx{ctx: ctx, cancel: cancel, end: end})
 	return ctx
+}
+
+// unexpired answers, with a client that honours deadlines (direct), the calls of batch
+// whose time-out has passed since they were submitted (they waited in the queue behind
+// batches that took that long), and returns the others and when the oldest of them was
+// submitted.
+func (p *pipeliner) unexpired(batch []*call) ([]*call, int64) {
+	now := clock.Default.Nanotime()
+	if !p.direct {
+		return batch, now
+	}
+	limit, oldest := now-int64(p.timeout), now
+	n := 0
+	for _, c := range batch {
+		if c.queued <= limit {
+			c.err = p.late
+			c.done <- struct{}{}
+			continue
+		}
+		oldest = min(oldest, c.queued)
+		batch[n] = c
+		n++
+	}
+	clear(batch[n:])
+	return batch[:n], oldest
 }
 
 // close stops the flushers after the batches in flight and fails the calls still queued
@@ -353,7 +392,11 @@ const manyIndex = 8
 // FLUSH; EVAL loads it). A NOSCRIPT reply means the script did not run, so sending it
 // again is safe. Every call of the batch is answered.
 func (bb *batchBuilder) exec(p *pipeliner, batch []*call) {
-	ctx := p.deadline()
+	batch, oldest := p.unexpired(batch)
+	if len(batch) == 0 {
+		return
+	}
+	ctx := p.deadline(oldest)
 	bb.group(p.grouping, batch)
 	bb.cmds = bb.cmds[:0]
 	for i := range bb.groups {

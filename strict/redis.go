@@ -489,6 +489,21 @@ func (b *Backend) unavailable(err error) error {
 // the caller reads c's results and releases it. On failure c is released, or abandoned to
 // the batch that may still answer it.
 func (b *Backend) await(ctx context.Context, key string, c *call) error {
+	if b.p.direct {
+		// The pipeliner answers c within the time-out (see pipeliner.deadline): no timer.
+		done := ctx.Done()
+		if done == nil {
+			<-c.done
+			return b.answered(key, c)
+		}
+		select {
+		case <-c.done:
+			return b.answered(key, c)
+		case <-done:
+			c.state.CompareAndSwap(callQueued, callAbandoned)
+			return ctx.Err()
+		}
+	}
 	select {
 	case <-c.done: // answered already (the caller sent it itself)
 		return b.answered(key, c)

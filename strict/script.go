@@ -8,6 +8,7 @@ import (
 	_ "embed"
 
 	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
 )
 
@@ -17,6 +18,7 @@ var scriptSource string
 func newCall(name string, op byte) *call {
 	c := callPool.Get().(*call)
 	c.name, c.op, c.nf = name, op, 0
+	c.queued = clock.Default.Nanotime()
 	c.state.Store(callQueued)
 	return c
 }
