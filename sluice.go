@@ -287,23 +287,30 @@ func New(limits Limits, opts ...Option) (*Limiter, error) {
 	return l, nil
 }
 
-// supports returns an error wrapping ErrUnsupported if the backend cannot decide limits
-// (a windowed quota or a ramp it does not say it decides, see backend.LimitKinds).
-func (l *Limiter) supports(limits Limits) error {
-	k, _ := l.be.(backend.LimitKinds)
-	if w, ok := l.be.(backend.WindowsAlone); ok && w.WindowsAlone() && limits.Windowed() {
+// supports returns an error wrapping ErrUnsupported if the backend cannot decide limits.
+func (l *Limiter) supports(limits Limits) error { return Supports(l.be, limits) }
+
+// Supports returns an error wrapping ErrUnsupported if be cannot decide limits: a
+// windowed quota or a ramp it does not say it decides (backend.LimitKinds), or a windowed
+// quota beside a rate where it decides windows only beside windows
+// (backend.WindowsAlone). New and SetLimits refuse such limits with this error. Only be's
+// type matters (its answers are constants), so a backend not connected yet, or a nil
+// pointer of its type, may be asked: `sluice serve --check-config` does so.
+func Supports(be backend.Backend, limits Limits) error {
+	k, _ := be.(backend.LimitKinds)
+	if w, ok := be.(backend.WindowsAlone); ok && w.WindowsAlone() && limits.Windowed() {
 		for _, lim := range limits {
 			if !lim.Window {
-				return fmt.Errorf("%w: the %T backend decides windowed quotas only beside other windowed quotas, not beside %s", ErrUnsupported, l.be, lim)
+				return fmt.Errorf("%w: the %T backend decides windowed quotas only beside other windowed quotas, not beside %s", ErrUnsupported, be, lim)
 			}
 		}
 	}
 	for _, lim := range limits {
 		if lim.Window && (k == nil || !k.Windows()) {
-			return fmt.Errorf("%w: a windowed quota (%s) is decided by the in-process, redis and lease modes only, not by this backend (%T)", ErrUnsupported, lim, l.be)
+			return fmt.Errorf("%w: a windowed quota (%s) is decided by the in-process, redis and lease modes only, not by this backend (%T)", ErrUnsupported, lim, be)
 		}
 		if !lim.Ramp.IsZero() && (k == nil || !k.Ramps()) {
-			return fmt.Errorf("%w: a ramp (%s) is decided by the in-process, redis and lease modes only, not by this backend (%T)", ErrUnsupported, lim, l.be)
+			return fmt.Errorf("%w: a ramp (%s) is decided by the in-process, redis and lease modes only, not by this backend (%T)", ErrUnsupported, lim, be)
 		}
 	}
 	return nil

@@ -169,7 +169,11 @@ wait:
 			need = len(rm.slots)+rm.reserving == 0 && rm.q.Waiting() > 0
 		}
 		if need {
+			// Busy until its place is taken: a place that comes due meanwhile goes to a
+			// waiter that can take it at once, not to this one, which could not until its
+			// reservation returns (in the lease mode, not before a renewal covers it).
 			rm.reserving++
+			rm.q.Busy(id, true)
 		} else if first && len(rm.slots) > 0 && time.Duration(rm.slots[0].due()-start) > bound {
 			// Even the next place lies beyond the bound: refuse at once.
 			rm.q.Leave(id)
@@ -190,6 +194,7 @@ wait:
 			r, err := l.reserveFor(ctx, key, rbound, first)
 			rm.mu.Lock()
 			rm.reserving--
+			rm.q.Busy(id, false)
 			if err == nil && r.Allowed {
 				rm.add(r)
 				rm.mu.Unlock()
@@ -319,9 +324,12 @@ func (rm *room) wake() {
 }
 
 // dispatch serves the places that have come due, each to the waiter the room's rule
-// picks. A place past due by more than the margin allows (expiredAt) has expired: used
-// now, its permit could reach the API too close to the next (see WithMargin), so it is
-// given back and counted (Limiter.Expired), and its waiter waits for the next place.
+// picks among those free to take it (not still taking a place in line: fairq.Busy); when
+// every waiter is busy the place stays, to be served when the first comes back (it
+// dispatches then). A place past due by more than the margin allows (expiredAt) has
+// expired: used now, its permit could reach the API too close to the next (see
+// WithMargin), so it is given back and counted (Limiter.Expired), and its waiter waits for
+// the next place.
 func (l *Limiter) dispatch(ctx context.Context, rm *room) {
 	var cancel []*Reservation
 	var expired int64
@@ -337,6 +345,10 @@ func (l *Limiter) dispatch(ctx context.Context, rm *room) {
 			continue
 		}
 		id, ok := rm.q.Serve()
+		if !ok && rm.q.Waiting() > 0 { // every waiter busy
+			rm.slots = slices.Insert(rm.slots, 0, r)
+			break
+		}
 		if !ok {
 			cancel = append(cancel, r)
 			continue

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/local"
 )
@@ -278,5 +279,77 @@ func TestFairProcessesRoundRobin(t *testing.T) {
 	wg.Wait()
 	if count[one] < 15 {
 		t.Fatalf("the limiter with one waiter got %d of %d permits, want half", count[one], total())
+	}
+}
+
+// gated is a backend whose next Decide, once armed, blocks until the gate opens: a
+// reservation that takes long to make, as the lease mode's does while a waiter's place
+// lies beyond its lease (it waits for the renewal that covers it).
+type gated struct {
+	backend.Backend
+	armed atomic.Bool
+	in    chan struct{} // a gated call has started
+	gate  chan struct{} // closed to let it through
+}
+
+func (g *gated) Decide(ctx context.Context, key string, req backend.Request) (backend.Grant, error) {
+	if g.armed.CompareAndSwap(true, false) {
+		close(g.in)
+		<-g.gate
+	}
+	return g.Backend.Decide(ctx, key, req)
+}
+
+// TestWaitPlaceSkipsWaiterStillReserving: the first waiter is still taking its place in
+// line (its reservation is slow) when the second waiter's place comes due. The place goes
+// to a waiter that can take it, on time, not to the one that cannot until its own
+// reservation returns: handed over then, it was past the margin and given back (in the
+// lease mode, a quarter of a pool's permits expired so, a tenth to a second late).
+func TestWaitPlaceSkipsWaiterStillReserving(t *testing.T) {
+	clk := clock.NewVirtual()
+	g := &gated{Backend: local.New(local.WithClock(clk)), in: make(chan struct{}), gate: make(chan struct{})}
+	defer g.Backend.Close()
+	l, err := New(MustParse("10/s burst=1"), WithClock(clk), WithBackend(g), WithMargin(10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	l.Allow(bg, "k") // the slot at 0 is taken: places at 110ms, 220ms (the margin spaces them)
+	type got struct {
+		who  string
+		slot int64
+		at   int64
+		err  error
+	}
+	out := make(chan got, 2)
+	wait := func(who string) {
+		r, err := l.WaitN(bg, "k", 1)
+		g := got{who: who, at: clk.Nanotime(), err: err}
+		if err == nil {
+			g.slot = r.Slot()
+		}
+		out <- g
+	}
+	g.armed.Store(true)
+	go wait("a") // first in line; its reservation blocks at the gate
+	<-g.in
+	go wait("b") // takes the place at 110ms
+	waitFor(t, "b asleep on its place", func() bool { return l.waiting("k") == 2 && clk.Pending() == 1 })
+	clk.Advance(110 * time.Millisecond)
+	var first got
+	select {
+	case first = <-out:
+	case <-time.After(5 * time.Second):
+		close(g.gate)
+		t.Fatalf("the place due at 110ms was served to nobody who could take it then")
+	}
+	clk.Advance(50 * time.Millisecond)
+	close(g.gate) // a's reservation returns at 160ms: its place is at 220ms
+	waitFor(t, "a asleep on its place", func() bool { return clk.Pending() == 1 })
+	clk.Advance(60 * time.Millisecond)
+	second := <-out
+	want := []got{{"b", 110e6, 110e6, nil}, {"a", 220e6, 220e6, nil}}
+	if first != want[0] || second != want[1] || l.Expired() != 0 {
+		t.Fatalf("served %+v then %+v, %d expired; want %+v then %+v, none expired", first, second, l.Expired(), want[0], want[1])
 	}
 }

@@ -36,7 +36,7 @@ type Config struct {
 	Key       []byte        // shared key (16, 24 or 32 bytes: AES-128, -192, -256); nil: traffic in clear
 	Interval  time.Duration // sync interval: how often hits are reported
 	Hold      time.Duration // how long a lost peer keeps its share
-	Policy    hits.Policy   // Shares (by demand), Equal (1/N) or Whole (the DThrottle design as written)
+	Policy    Policy        // Shares (by demand), Equal (1/N) or Whole (the DThrottle design as written)
 	MaxTags   int           // tags held at once
 	Logger    *slog.Logger  // nil: discard
 	Clock     clock.Clock   // nil: clock.Default
@@ -98,6 +98,25 @@ func splitHostPort(s string) (string, int, error) {
 	}
 	return h, port, nil
 }
+
+// Policy says how much of a tag's limit a member spends between syncs.
+type Policy = hits.Policy
+
+const (
+	// Shares (the default): a member spends only its share of the tag's limit, from the
+	// demand its peers and it reported.
+	Shares = hits.Shares
+	// Equal gives each member 1/N of the limit, N the pool size it counts, whatever the
+	// demand.
+	Equal = hits.Equal
+	// Whole is the DThrottle design as written: every member spends from the whole bucket
+	// and hears of the others' hits at the next sync; it over-admits by up to the burst and
+	// a sync interval's refill per member, and is kept for comparison.
+	Whole = hits.Whole
+)
+
+// ParsePolicy reads a policy's name: "shares" (or ""), "equal" or "whole".
+func ParsePolicy(s string) (Policy, error) { return hits.ParsePolicy(s) }
 
 // ReadKey reads a shared key from a file: 16, 24 or 32 bytes, raw or as base64 or hex
 // text (surrounding whitespace ignored).

@@ -29,7 +29,7 @@ import (
 
 // Defaults.
 const (
-	DefaultMaxKeys    = 1 << 20          // keys held at once (about 100 MB at worst)
+	DefaultMaxKeys    = 1 << 20          // keys held at once (about 180 MB of heap when full: docs/local.md)
 	DefaultSweepEvery = 10 * time.Second // how often idle keys are forgotten
 	minSweepGap       = 50 * time.Millisecond
 )

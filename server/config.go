@@ -14,35 +14,39 @@ import (
 	"github.com/sluicehq/sluice/internal/yamlx"
 )
 
+// Duration is a duration in a Config: set it from a time.Duration (Duration(5 *
+// time.Second)); in YAML it is text such as 10s, 1h30m or 2d.
+type Duration = yamlx.Duration
+
 // Config is the daemon's configuration: a YAML file (see docs/daemon.md), flags, or both
 // (flags win). Make one with DefaultConfig; check it with Validate.
 type Config struct {
-	ListenLine     string         `yaml:"listen_line"`     // TCP address or Unix socket path of the line protocol; "" disables it
-	ListenHTTP     string         `yaml:"listen_http"`     // TCP address of the HTTP API and /metrics; "" disables it
-	ListenAdmin    string         `yaml:"listen_admin"`    // TCP address of /healthz, /readyz and /metrics without the token; "" disables it
-	ListenGRPC     string         `yaml:"listen_grpc"`     // TCP address of Envoy's rate limit service (gRPC); "" disables it
-	GRPC           GRPCConfig     `yaml:"grpc"`            // the gRPC listener's bounds and options
-	Backend        string         `yaml:"backend"`         // local, redis, strict, lease or gossip
-	RedisURL       string         `yaml:"redis_url"`       // redis://host:port/db or redis-sentinel://host:port,.../MASTER, for backend redis (and lease, when store is empty)
-	Store          string         `yaml:"store"`           // backend lease or strict: the store's URL (redis://, redis-cluster://, redis-sentinel://, etcd://, zk://, memory://)
-	FailMode       string         `yaml:"fail_mode"`       // closed, open, or (backend redis) local: the answer when the back end fails
-	FallbackShare  float64        `yaml:"fallback_share"`  // fail_mode local: the share of each limit this daemon uses while Redis is down
-	RedisTimeout   yamlx.Duration `yaml:"redis_timeout"`   // backend redis: how long a decision waits for Redis
-	Margin         yamlx.Duration `yaml:"margin"`          // jitter tolerance applied to every rule's limit
-	HTTPTokenFile  string         `yaml:"http_token_file"` // file holding the bearer token the HTTP API requires; "" means no auth
-	MaxConnections int            `yaml:"max_connections"` // line-protocol connections at once
-	MaxKeys        int            `yaml:"max_keys"`        // buckets held at once
-	MaxLine        int            `yaml:"max_line"`        // bytes in one query line, newline included
-	MaxPending     int            `yaml:"max_pending"`     // answers buffered for a client that does not read
-	IdleTimeout    yamlx.Duration `yaml:"idle_timeout"`    // a connection that sends nothing for this long is closed
-	WriteTimeout   yamlx.Duration `yaml:"write_timeout"`   // a client that does not take its answers for this long is dropped
-	ShutdownGrace  yamlx.Duration `yaml:"shutdown_grace"`  // SIGTERM: time to answer the queries already read
-	Gossip         GossipConfig   `yaml:"gossip"`          // backend gossip: the peers and the sync
-	LogFormat      string         `yaml:"log_format"`      // text or json
-	LogLevel       string         `yaml:"log_level"`       // debug, info, warn or error
-	MaxPenalty     PenaltyCap     `yaml:"max_penalty"`     // the longest hold a client may put on a tag (p=): off, period or a duration; a rule may set its own
-	Rules          []Rule         `yaml:"rules"`           // first match wins
-	Default        *DefaultRule   `yaml:"default"`         // for tags no rule matches; none: such tags are allowed
+	ListenLine     string       `yaml:"listen_line"`     // TCP address or Unix socket path of the line protocol; "" disables it
+	ListenHTTP     string       `yaml:"listen_http"`     // TCP address of the HTTP API and /metrics; "" disables it
+	ListenAdmin    string       `yaml:"listen_admin"`    // TCP address of /healthz, /readyz and /metrics without the token; "" disables it
+	ListenGRPC     string       `yaml:"listen_grpc"`     // TCP address of Envoy's rate limit service (gRPC); "" disables it
+	GRPC           GRPCConfig   `yaml:"grpc"`            // the gRPC listener's bounds and options
+	Backend        string       `yaml:"backend"`         // local, redis, strict, lease or gossip
+	RedisURL       string       `yaml:"redis_url"`       // redis://host:port/db or redis-sentinel://host:port,.../MASTER, for backend redis (and lease, when store is empty)
+	Store          string       `yaml:"store"`           // backend lease or strict: the store's URL (redis://, redis-cluster://, redis-sentinel://, etcd://, zk://, memory://)
+	FailMode       string       `yaml:"fail_mode"`       // closed, open, or (backend redis) local: the answer when the back end fails
+	FallbackShare  float64      `yaml:"fallback_share"`  // fail_mode local: the share of each limit this daemon uses while Redis is down
+	RedisTimeout   Duration     `yaml:"redis_timeout"`   // backend redis: how long a decision waits for Redis
+	Margin         Duration     `yaml:"margin"`          // jitter tolerance applied to every rule's limit
+	HTTPTokenFile  string       `yaml:"http_token_file"` // file holding the bearer token the HTTP API requires; "" means no auth
+	MaxConnections int          `yaml:"max_connections"` // line-protocol connections at once
+	MaxKeys        int          `yaml:"max_keys"`        // buckets held at once
+	MaxLine        int          `yaml:"max_line"`        // bytes in one query line, newline included
+	MaxPending     int          `yaml:"max_pending"`     // answers buffered for a client that does not read
+	IdleTimeout    Duration     `yaml:"idle_timeout"`    // a connection that sends nothing for this long is closed
+	WriteTimeout   Duration     `yaml:"write_timeout"`   // a client that does not take its answers for this long is dropped
+	ShutdownGrace  Duration     `yaml:"shutdown_grace"`  // SIGTERM: time to answer the queries already read
+	Gossip         GossipConfig `yaml:"gossip"`          // backend gossip: the peers and the sync
+	LogFormat      string       `yaml:"log_format"`      // text or json
+	LogLevel       string       `yaml:"log_level"`       // debug, info, warn or error
+	MaxPenalty     PenaltyCap   `yaml:"max_penalty"`     // the longest hold a client may put on a tag (p=): off, period or a duration; a rule may set its own
+	Rules          []Rule       `yaml:"rules"`           // first match wins
+	Default        *DefaultRule `yaml:"default"`         // for tags no rule matches; none: such tags are allowed
 
 	file string
 
@@ -54,13 +58,13 @@ type Config struct {
 
 // GossipConfig are the gossip back end's settings (docs/gossip.md).
 type GossipConfig struct {
-	Bind      string         `yaml:"bind"`      // host:port of the membership's UDP and TCP listeners
-	Advertise string         `yaml:"advertise"` // host:port peers reach this daemon at; "": bind
-	Peers     []string       `yaml:"peers"`     // seed list, host:port each (a DNS name with several addresses joins each)
-	KeyFile   string         `yaml:"key_file"`  // file holding the shared key (16, 24 or 32 bytes; raw, base64 or hex); "": traffic in clear
-	Interval  yamlx.Duration `yaml:"interval"`  // sync interval
-	Hold      yamlx.Duration `yaml:"hold"`      // how long a lost peer keeps its share
-	Policy    string         `yaml:"policy"`    // shares (by demand), equal (1/N) or whole (the DThrottle design as written)
+	Bind      string   `yaml:"bind"`      // host:port of the membership's UDP and TCP listeners
+	Advertise string   `yaml:"advertise"` // host:port peers reach this daemon at; "": bind
+	Peers     []string `yaml:"peers"`     // seed list, host:port each (a DNS name with several addresses joins each)
+	KeyFile   string   `yaml:"key_file"`  // file holding the shared key (16, 24 or 32 bytes; raw, base64 or hex); "": traffic in clear
+	Interval  Duration `yaml:"interval"`  // sync interval
+	Hold      Duration `yaml:"hold"`      // how long a lost peer keeps its share
+	Policy    string   `yaml:"policy"`    // shares (by demand), equal (1/N) or whole (the DThrottle design as written)
 }
 
 // GRPCConfig are the gRPC listener's settings (docs/envoy.md).

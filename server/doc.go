@@ -2,7 +2,7 @@
 // behind a load balancer) that answers "serve or throttle?" for tags, so that workers in
 // any language share limits without linking Sluice.
 //
-// It speaks three ways:
+// It speaks four ways:
 //   - the line protocol (docs/protocol.md): a client sends a tag and '\n' and gets exactly
 //     "OK\n" or "NO\n", pipelined, in order; extensions behind a leading '~' ask for
 //     weights, reservations, details and penalties;

@@ -169,8 +169,14 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 // Check reports whether cfg would start, without listening or reaching its back end: it
 // validates cfg, compiles the rules, builds each rule's limiter (logging to log what a
 // start would warn of, such as a margin that eats a rule's rate) and reads the token file.
-// `sluice serve --check-config` runs it.
-func Check(cfg Config, log *slog.Logger) error {
+// It checks the rules on the in-process back end; CheckOn checks them on another.
+func Check(cfg Config, log *slog.Logger) error { return CheckOn(cfg, log, nil) }
+
+// CheckOn is Check for a daemon on back end like (nil: the in-process one): it also
+// refuses a rule whose limits like does not decide (a windowed quota or a ramp; see
+// sluice.Supports), as starting on it would. Only like's type is asked: a backend not
+// connected, or a nil pointer of its type, will do. `sluice serve --check-config` runs it.
+func CheckOn(cfg Config, log *slog.Logger, like backend.Backend) error {
 	lb := local.New(local.WithMaxKeys(max(cfg.MaxKeys, 1)))
 	defer lb.Close()
 	s, err := New(cfg, WithLogger(log), WithBackend(lb))
@@ -178,6 +184,21 @@ func Check(cfg Config, log *slog.Logger) error {
 		return err
 	}
 	s.stop()
+	if like == nil {
+		return nil
+	}
+	rs, err := cfg.ruleSet()
+	if err != nil {
+		return err
+	}
+	for _, c := range rs.rules {
+		if c.noLimit() {
+			continue
+		}
+		if err := sluice.Supports(like, c.Limit); err != nil {
+			return fmt.Errorf("rule %q: %w", c.Name, err)
+		}
+	}
 	return nil
 }
 

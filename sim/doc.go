@@ -5,7 +5,8 @@
 // A Scenario (a YAML file, see docs/simulator.md) names the limit, the members and their
 // demand, the network and the store, and events at times (joins, leaves, crashes, pauses,
 // store outages, partitions, limit changes). Run plays it as a discrete-event simulation
-// under each mode, driving the real cores (package gcra today) with virtual time, and has a
-// referee (package referee) judge every request where the API would see it, after its
-// network delay. The same scenario and seed give the same report, to the byte.
+// under each mode, driving the real cores with virtual time (the GCRA core of package gcra,
+// the lease allocation and member of internal/allot, the gossip core of internal/hits and
+// the adaptive mode's Controller), and has a referee (package referee) judge every request
+// where the API would see it, after its network delay. The same scenario and seed give the same report, to the byte.
 package sim

@@ -9,8 +9,9 @@ import (
 )
 
 // mode is how members get permits. The engine owns demand, goroutines, the network, the
-// API and the metrics; a mode decides, calling the real cores (package gcra today; the
-// lease allocation, the gossip merge and the adaptive controller as they land).
+// API and the metrics; a mode decides, calling the real cores (package gcra; the lease
+// allocation and member of internal/allot, the gossip core of internal/hits, the adaptive
+// controller).
 type mode interface {
 	name() string
 	// acquire starts getting a permit for goroutine g of member m; it ends, maybe after

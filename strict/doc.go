@@ -18,8 +18,9 @@
 //   - One script (sluice.lua, embedded) decides, settles and penalizes. It runs with
 //     EVALSHA, and with EVAL when Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH).
 //     Times are exact integer nanoseconds held as (seconds, nanoseconds) pairs, since Lua's
-//     doubles cannot hold Unix nanoseconds; a differential test runs 10,000 random
-//     sequences through the script and the Go core and demands identical decisions.
+//     doubles cannot hold Unix nanoseconds; a differential test runs random sequences
+//     through the script and the Go core (2,500 by default, 20,000 under make fuzz) and
+//     demands identical decisions.
 //   - A key's state is one Redis string at PREFIX + "v1:{KEY}", versioned and hash-tagged
 //     for Redis Cluster, with a TTL that ends when the key is idle, but not before a
 //     second after its last write.

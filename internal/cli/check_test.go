@@ -158,6 +158,12 @@ func TestServeCheckConfig(t *testing.T) {
 		{[]string{"serve", "--check-config", "--config", good}, map[string]string{"SLUICE_BACKEND": "local"}, 0, "backend local"},
 		{[]string{"serve", "--check-config"}, map[string]string{"SLUICE_LIMIT": "a=1/s\nb-*=2/s"}, 0, "ok: 2 rules"},
 		{[]string{"serve", "--check-config"}, map[string]string{"SLUICE_CHECK_CONFIG": "false"}, 0, "ok:"},
+		// A rule its back end does not decide is refused by the check as by the start.
+		{[]string{"serve", "--check-config", "--backend", "gossip", "--limit", "gh=5000/h window"}, nil, ExitUsage, `rule "gh"`},
+		{[]string{"serve", "--check-config", "--backend", "strict", "--store", "etcd://127.0.0.1:1", "--limit", "a=100/s ramp=10/s..1m"}, nil, ExitUsage, "ramp"},
+		{[]string{"serve", "--check-config", "--backend", "redis", "--redis-url", "redis://127.0.0.1:1", "--limit", "a=10/s; 100/h window"}, nil, ExitUsage, "beside"},
+		{[]string{"serve", "--check-config", "--backend", "redis", "--redis-url", "redis://127.0.0.1:1", "--limit", "a=100/h window"}, nil, 0, "ok: 1 rules"},
+		{[]string{"serve", "--check-config", "--backend", "lease", "--store", "zk://127.0.0.1:1", "--limit", "a=100/s ramp=10/s..1m"}, nil, 0, "ok: 1 rules"},
 	} {
 		for k, v := range c.env {
 			t.Setenv(k, v)
@@ -169,5 +175,16 @@ func TestServeCheckConfig(t *testing.T) {
 		if code != c.code || !strings.Contains(out+errs, c.out) {
 			t.Errorf("case %d %v %v: exit %d, out %q err %q; want %d and %q", i, c.args, c.env, code, out, errs, c.code, c.out)
 		}
+	}
+}
+
+// TestServeRefusesRuleItsBackendCannotDecide: a daemon whose back end does not decide a
+// rule's limit (a windowed quota on gossip) stops before listening with the usage exit, as
+// --check-config says it would (exit 1 before: a run-time failure, not the config's).
+func TestServeRefusesRuleItsBackendCannotDecide(t *testing.T) {
+	code, _, errs := run(t, "serve", "--backend", "gossip", "--gossip-bind", "127.0.0.1:0", "--listen-line", "127.0.0.1:0",
+		"--listen-http", "127.0.0.1:0", "--limit", "gh=5000/h window")
+	if code != ExitUsage || !strings.Contains(errs, `rule "gh"`) || !strings.Contains(errs, "windowed quota") {
+		t.Fatalf("exit %d, err %q; want %d and the rule refused", code, errs, ExitUsage)
 	}
 }

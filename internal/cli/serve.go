@@ -17,11 +17,29 @@ import (
 	"github.com/sluicehq/sluice/cas"
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/gossip"
 	"github.com/sluicehq/sluice/internal/yamlx"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/server"
 	"github.com/sluicehq/sluice/strict"
 )
+
+// backendLike stands in for the back end a config names in `--check-config`, which
+// reaches none: a nil pointer of the type serveBackend makes, whose method set says which
+// limits it decides (sluice.Supports); nil for local.
+func backendLike(name string) backend.Backend {
+	switch name {
+	case "redis":
+		return (*strict.Backend)(nil)
+	case "lease":
+		return (*lease.Backend)(nil)
+	case "strict":
+		return (*cas.Backend)(nil)
+	case "gossip":
+		return (*gossip.Backend)(nil)
+	}
+	return nil
+}
 
 // serveBackend builds the back end a config names, other than local (which the server
 // builds itself): nil for local. The caller closes it after the server's shutdown.
@@ -350,7 +368,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	}
 	log := server.NewLogger(cfg, env.Stderr)
 	if sf.checkConfig {
-		if err := server.Check(cfg, log); err != nil {
+		if err := server.CheckOn(cfg, log, backendLike(cfg.Backend)); err != nil {
 			return usageError{err}
 		}
 		src := "flags and environment"
@@ -386,7 +404,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	}
 	srv, err := server.New(cfg, opts...)
 	if err != nil {
-		return err
+		return usageError{err} // a rule the back end refuses, a token file unread: the config's
 	}
 	if err := tel.startMetrics(ctx, otelVars, srv.Gatherer(), log); err != nil {
 		return usageError{err}

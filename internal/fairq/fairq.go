@@ -41,6 +41,7 @@ type Room struct {
 type waiter struct {
 	id, seq uint64
 	m       *member
+	busy    bool // it cannot take a permit now (see Busy)
 }
 
 type member struct {
@@ -48,6 +49,7 @@ type member struct {
 	key   float64 // credit = acc + key while waiting
 	owed  float64 // credit kept while not waiting
 	queue []*waiter
+	busy  int // waiters of queue that are busy
 	index int // in active; -1 when not waiting
 }
 
@@ -95,6 +97,9 @@ func (r *Room) Leave(id uint64) bool {
 	}
 	delete(r.waiters, id)
 	m := w.m
+	if w.busy {
+		m.busy--
+	}
 	for i, q := range m.queue {
 		if q == w {
 			m.queue = append(m.queue[:i], m.queue[i+1:]...)
@@ -109,23 +114,70 @@ func (r *Room) Leave(id uint64) bool {
 	return true
 }
 
+// Busy marks waiter id as busy (it cannot take a permit now: its owner is still taking its
+// place in the key's line, a call that may last) or no longer busy. Serve passes over a
+// busy waiter, which keeps its place and its member's credit. It reports whether id
+// waits.
+func (r *Room) Busy(id uint64, busy bool) bool {
+	w, ok := r.waiters[id]
+	if !ok || w.busy == busy {
+		return ok
+	}
+	w.busy = busy
+	if busy {
+		w.m.busy++
+	} else {
+		w.m.busy--
+	}
+	return true
+}
+
 // Serve picks the waiter to serve with the permit now due, removes it from the room and
-// returns its id; ok is false when nobody waits.
+// returns its id: the first waiter not busy of the member owed most among those with
+// one. ok is false when no waiter is free to take it (nobody waits, or every waiter is
+// busy: then the permit serves nobody and credits nobody).
 func (r *Room) Serve() (id uint64, ok bool) {
 	k := len(r.active)
 	if k == 0 {
 		return 0, false
 	}
-	r.acc += 1 / float64(k)
 	m := r.active[0]
-	w := m.queue[0]
-	m.queue = m.queue[1:]
+	if m.busy == len(m.queue) {
+		// Its waiters are all busy: the member owed most that has one free, found by
+		// taking the members off the heap in order and putting them back.
+		var skipped []*member
+		for len(r.active) > 0 && r.active[0].busy == len(r.active[0].queue) {
+			skipped = append(skipped, heap.Pop(&r.active).(*member))
+		}
+		var next *member
+		if len(r.active) > 0 {
+			next = r.active[0]
+		}
+		for _, s := range skipped {
+			heap.Push(&r.active, s)
+		}
+		if next == nil {
+			return 0, false
+		}
+		m = next
+	}
+	r.acc += 1 / float64(k)
+	i := 0
+	for m.queue[i].busy {
+		i++
+	}
+	w := m.queue[i]
+	if i == 0 {
+		m.queue = m.queue[1:]
+	} else {
+		m.queue = append(m.queue[:i], m.queue[i+1:]...)
+	}
 	delete(r.waiters, w.id)
 	m.key--
 	if len(m.queue) == 0 {
 		r.idle(m)
 	} else {
-		heap.Fix(&r.active, 0)
+		heap.Fix(&r.active, m.index)
 	}
 	return w.id, true
 }

@@ -136,3 +136,59 @@ func TestOwedBounded(t *testing.T) {
 		t.Fatalf("%d idle members remembered, want at most the bound (3) plus one", len(r.byName))
 	}
 }
+
+// TestBusyPassedOver: a busy waiter is passed over, keeps its place, and is served first
+// once free; with every waiter busy nobody is served; a busy member keeps the credit it is
+// owed; a busy waiter can leave.
+func TestBusyPassedOver(t *testing.T) {
+	r := New(0)
+	for id := uint64(1); id <= 3; id++ {
+		if err := r.Join(id, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !r.Busy(1, true) || r.Busy(9, true) {
+		t.Fatal("Busy: want true for a waiter, false for an unknown id")
+	}
+	if got, ok := r.Serve(); !ok || got != 2 {
+		t.Fatalf("served %d (%v), want 2: 1 is busy", got, ok)
+	}
+	r.Busy(3, true)
+	if got, ok := r.Serve(); ok || r.Waiting() != 2 {
+		t.Fatalf("every waiter busy: served %d (%v), %d waiting; want nobody, 2 waiting", got, ok, r.Waiting())
+	}
+	r.Busy(1, false)
+	r.Busy(3, false)
+	for _, want := range []uint64{1, 3} {
+		if got, ok := r.Serve(); !ok || got != want {
+			t.Fatalf("served %d (%v), want %d", got, ok, want)
+		}
+	}
+
+	// Members: a's only waiter is busy when a is owed most; b is served, and a, owed
+	// still more, is served next once free. A member's free waiter behind a busy one is
+	// served.
+	m := New(0)
+	_ = m.Join(1, "a")
+	_ = m.Join(2, "b")
+	_ = m.Join(3, "b")
+	m.Busy(1, true)
+	if got, _ := m.Serve(); got != 2 {
+		t.Fatalf("served %d, want 2 (a busy)", got)
+	}
+	if m.Credit("a") <= m.Credit("b") {
+		t.Fatalf("credit a %v, b %v: a, passed over, must be owed more", m.Credit("a"), m.Credit("b"))
+	}
+	m.Busy(1, false)
+	if got, _ := m.Serve(); got != 1 {
+		t.Fatalf("served %d, want 1 (a owed most, free again)", got)
+	}
+	_ = m.Join(4, "b")
+	m.Busy(3, true)
+	if got, _ := m.Serve(); got != 4 {
+		t.Fatalf("served %d, want 4 (b's first waiter busy)", got)
+	}
+	if !m.Leave(3) || m.Waiting() != 0 {
+		t.Fatalf("a busy waiter left: %d waiting, want 0", m.Waiting())
+	}
+}

@@ -1,0 +1,20 @@
+package gossip_test
+
+import (
+	"fmt"
+
+	"github.com/sluicehq/sluice/gossip"
+)
+
+// A policy is named from outside the module: the default spends a member's share of each
+// tag's limit; Equal gives each member 1/N.
+func ExamplePolicy() {
+	cfg := gossip.DefaultConfig()
+	fmt.Println(cfg.Policy == gossip.Shares)
+	cfg.Policy = gossip.Equal
+	p, err := gossip.ParsePolicy("whole")
+	fmt.Println(cfg.Policy, p, err)
+	// Output:
+	// true
+	// equal whole <nil>
+}
