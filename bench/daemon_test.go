@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -23,6 +24,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/internal/proctest"
 	"github.com/sluicehq/sluice/server"
 )
 
@@ -31,13 +33,14 @@ import (
 // sub-benchmark reports decisions/s and the p50/p99 latency of one call (a call carries
 // one decision, or a batch where the name says so).
 
+// freeAddr is a loopback address to bind later, below the ephemeral range
+// (proctest.FreePort): no connection's source port takes it meanwhile.
 func freeAddr(b *testing.B) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := proctest.FreePort(false)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return "127.0.0.1:" + strconv.Itoa(p)
 }
 
 // startSluice starts a daemon on the local back end, or on be (named gossip) if not nil.

@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"net"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -18,24 +17,23 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/proctest"
 	"github.com/sluicehq/sluice/strict"
 )
 
 // startRedis starts a redis-server on a free loopback port for one benchmark or test and
-// kills it at the end. The main module's internal/redistest cannot be imported from here
-// (it is internal, and it is test machinery, not API), and one plain server is all a
-// benchmark needs.
+// kills it at the end: one plain server is all a benchmark needs (internal/redistest's
+// servers are made for the main module's tests: clusters, Sentinel, kills and restarts).
 func startRedis(tb testing.TB) string {
 	tb.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		tb.Fatal("the redis benchmarks need redis-server on the PATH (Debian: apt-get install redis-server; .ci/run installs it)")
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := proctest.FreePort(false) // below the ephemeral range: no connection takes it before redis-server binds it
 	if err != nil {
 		tb.Fatal(err)
 	}
-	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-	ln.Close()
+	port := strconv.Itoa(p)
 	dir := tb.TempDir()
 	cmd := exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir)
 	if err := cmd.Start(); err != nil {

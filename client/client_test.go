@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,6 +22,7 @@ import (
 	"github.com/sluicehq/sluice/backend/backendtest"
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/internal/proctest"
 	"github.com/sluicehq/sluice/server"
 )
 
@@ -131,12 +133,13 @@ func TestCallerCancellationIsNotAFailure(t *testing.T) {
 // time-out, and during the back-off without touching the network; once the daemon is
 // back, a probe finds it.
 func TestFailOpenAndBackOff(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	// Nobody listens there now; a daemon will. The port lies below the ephemeral range,
+	// so no connection's source port takes it meanwhile (proctest.FreePort).
+	p, err := proctest.FreePort(false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
-	ln.Close() // nobody listens there now
+	addr := "127.0.0.1:" + strconv.Itoa(p)
 	c := client.New(addr, client.WithTimeout(50*time.Millisecond), client.WithBackoff(200*time.Millisecond, time.Second))
 	defer c.Close()
 	start := time.Now()

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -49,12 +48,7 @@ func TestCheckFlagsAnywhereAndExitCodes(t *testing.T) {
 			t.Errorf("step %d %v: got exit %d out %q err %q, want %d and %q", i, s.args, code, out, errs, s.code, s.out)
 		}
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close()
+	dead := freeAddr(t) // nobody listens there
 	for i, c := range []struct {
 		args []string
 		code int

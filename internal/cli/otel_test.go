@@ -105,9 +105,7 @@ func TestServeExportsOverOTLP(t *testing.T) {
 
 	serve := func(t *testing.T) {
 		t.Helper()
-		l, _ := net.Listen("tcp", "127.0.0.1:0")
-		addr := l.Addr().String()
-		l.Close()
+		addr := freeAddr(t)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan int)
 		var errb bytes.Buffer
