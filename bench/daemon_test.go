@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"slices"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -32,16 +31,6 @@ import (
 // in this process on loopback, the load generator sharing the same 2 cores. Every
 // sub-benchmark reports decisions/s and the p50/p99 latency of one call (a call carries
 // one decision, or a batch where the name says so).
-
-// freeAddr is a loopback address to bind later, below the ephemeral range
-// (proctest.FreePort): no connection's source port takes it meanwhile.
-func freeAddr(b *testing.B) string {
-	p, err := proctest.FreePort(false)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return "127.0.0.1:" + strconv.Itoa(p)
-}
 
 // startSluice starts a daemon on the local back end, or on be (named gossip) if not nil.
 func startSluice(b *testing.B, be ...backend.Backend) *server.Server {
@@ -78,7 +67,7 @@ func startGubernator(b *testing.B) string {
 	guberOnce.Do(func() {
 		log := logrus.New()
 		log.SetOutput(io.Discard)
-		conf := guber.DaemonConfig{GRPCListenAddress: freeAddr(b), HTTPListenAddress: freeAddr(b), Logger: log}
+		conf := guber.DaemonConfig{GRPCListenAddress: proctest.FreeAddr(b), HTTPListenAddress: proctest.FreeAddr(b), Logger: log}
 		conf.AdvertiseAddress = conf.GRPCListenAddress
 		_, guberErr = guber.SpawnDaemon(context.Background(), conf)
 		guberAddr = conf.GRPCListenAddress

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -135,11 +134,7 @@ func TestCallerCancellationIsNotAFailure(t *testing.T) {
 func TestFailOpenAndBackOff(t *testing.T) {
 	// Nobody listens there now; a daemon will. The port lies below the ephemeral range,
 	// so no connection's source port takes it meanwhile (proctest.FreePort).
-	p, err := proctest.FreePort(false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := "127.0.0.1:" + strconv.Itoa(p)
+	addr := proctest.FreeAddr(t)
 	c := client.New(addr, client.WithTimeout(50*time.Millisecond), client.WithBackoff(200*time.Millisecond, time.Second))
 	defer c.Close()
 	start := time.Now()

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/proctest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/strict"
 )
@@ -78,7 +79,7 @@ func TestAdminListener(t *testing.T) {
 // TestReloadOutcomesCounted: a reload that cannot even be read or parsed is counted and
 // logged as refused; the gauges say whether the last one succeeded, and when one last did.
 func TestReloadOutcomesCounted(t *testing.T) {
-	var logs syncBuffer
+	var logs proctest.LockedBuffer
 	s := start(t, testConfig("api=10/s"), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	started := testutil.ToFloat64(s.m.reloadTime)
 	if started == 0 || testutil.ToFloat64(s.m.reloadOK) != 1 {
@@ -134,7 +135,7 @@ func TestRedisOutageLoggedOnce(t *testing.T) {
 		strict.WithPrefix("sluice:test:"+t.Name()+":"))
 	defer be.Close()
 	srv.Kill()
-	var logs syncBuffer
+	var logs proctest.LockedBuffer
 	cfg := testConfig("k-*=10/s")
 	cfg.Backend, cfg.RedisURL = "redis", srv.URL()
 	s := start(t, cfg, WithBackend(be), WithHealthEvery(20*time.Millisecond), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))

@@ -10,32 +10,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/internal/proctest"
 )
-
-// syncBuffer is a log sink safe for the server's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestPenaltiesAreCappedLoggedAndLiftable: anyone who reaches the line port could block a
 // tag for a day with ~p=86400000. A client's penalty is now cut to the rule's cap (by
@@ -47,7 +29,7 @@ func TestPenaltiesAreCappedLoggedAndLiftable(t *testing.T) {
 	cfg := testConfig("api=10/s", "hourly=4500/h", "strict=1/s")
 	cfg.Rules[2].MaxPenalty = PenaltiesOff
 	cfg.HTTPTokenFile = writeToken(t, "s3cr3t")
-	var logs syncBuffer
+	var logs proctest.LockedBuffer
 	s := start(t, cfg, WithClock(clk), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	c := dial(t, s)
 	steps := []struct {

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/internal/proctest"
 )
 
 // The deploy/ files cannot be run here as they would be (no container engine, no
@@ -168,7 +170,7 @@ func TestKubernetesManifests(t *testing.T) {
 	for _, p := range c.Ports {
 		for k, v := range env {
 			if strings.HasSuffix(v, ":"+strconv.Itoa(p.ContainerPort)) {
-				addr := freePort(t)
+				addr := proctest.FreeAddr(t)
 				ports[p.Name] = addr
 				env[k] = addr
 			}
@@ -182,7 +184,7 @@ func TestKubernetesManifests(t *testing.T) {
 		t.Errorf("the HTTP API listens on %s: want the pod's loopback", env["SLUICE_LISTEN_HTTP"])
 	}
 	cmd := exec.Command(binary, args...)
-	cmd.Env = append(os.Environ(), append(envList, "SLUICE_LISTEN_HTTP="+freePort(t))...)
+	cmd.Env = append(os.Environ(), append(envList, "SLUICE_LISTEN_HTTP="+proctest.FreeAddr(t))...)
 	var logs bytes.Buffer
 	cmd.Stderr, cmd.Stdout = &logs, &logs
 	if err := cmd.Start(); err != nil {

@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -45,17 +44,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// freePort returns a free loopback address for the daemon (proctest.FreePort: below the
-// ephemeral range, so no connection's source port takes it before the daemon binds it).
-func freePort(t *testing.T) string {
-	t.Helper()
-	p, err := proctest.FreePort(false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return "127.0.0.1:" + strconv.Itoa(p)
-}
-
 type daemon struct {
 	cmd        *exec.Cmd
 	line, http string
@@ -77,7 +65,7 @@ func (w syncWriter) Write(p []byte) (int, error) {
 
 func startDaemon(t *testing.T, args ...string) *daemon {
 	t.Helper()
-	d := &daemon{line: freePort(t), http: freePort(t), log: &bytes.Buffer{}, logMu: &sync.Mutex{}, done: make(chan error, 1)}
+	d := &daemon{line: proctest.FreeAddr(t), http: proctest.FreeAddr(t), log: &bytes.Buffer{}, logMu: &sync.Mutex{}, done: make(chan error, 1)}
 	d.cmd = exec.Command(binary, append([]string{"serve", "--listen-line", d.line, "--listen-http", d.http}, args...)...)
 	d.cmd.Stderr = syncWriter{d.logMu, d.log}
 	d.cmd.Stdout = d.cmd.Stderr

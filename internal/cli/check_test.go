@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluicehq/sluice/internal/proctest"
 	"github.com/sluicehq/sluice/server"
 )
 
@@ -48,7 +49,7 @@ func TestCheckFlagsAnywhereAndExitCodes(t *testing.T) {
 			t.Errorf("step %d %v: got exit %d out %q err %q, want %d and %q", i, s.args, code, out, errs, s.code, s.out)
 		}
 	}
-	dead := freeAddr(t) // nobody listens there
+	dead := proctest.FreeAddr(t) // nobody listens there
 	for i, c := range []struct {
 		args []string
 		code int

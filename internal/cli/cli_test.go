@@ -391,7 +391,7 @@ func serveLease(t *testing.T, store string) {
 // lease store's fence has passed), and keeps the rule's limit; and if the flags give a
 // rule q (a daily quota of 20), it grants exactly its count.
 func serveOn(t *testing.T, backendFlags ...string) {
-	addr := freeAddr(t)
+	addr := proctest.FreeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	var errb bytes.Buffer
@@ -528,7 +528,7 @@ func TestServeSeesAChangeMadeWhileItStarts(t *testing.T) {
 	t.Setenv("SLUICE_WATCH_CONFIG", "10ms")
 	testHookServing = func() { write("rules:\n  - {match: api, limit: 1/h}\n  - {match: fresh, limit: 1/h}\n") }
 	t.Cleanup(func() { testHookServing = nil })
-	addr := freeAddr(t)
+	addr := proctest.FreeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	errb := &proctest.LockedBuffer{}
@@ -544,15 +544,4 @@ func TestServeSeesAChangeMadeWhileItStarts(t *testing.T) {
 			t.Fatalf("the change made while the daemon started was not reloaded in 10 s: %s", errb.String())
 		}
 	}
-}
-
-// freeAddr returns a free loopback address for a daemon to listen on (proctest.FreePort:
-// below the ephemeral range, so no connection's source port takes it first).
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	p, err := proctest.FreePort(false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return "127.0.0.1:" + strconv.Itoa(p)
 }

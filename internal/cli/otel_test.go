@@ -16,6 +16,8 @@ import (
 	metricspb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/sluicehq/sluice/internal/proctest"
 )
 
 // collector is an OTLP/HTTP receiver on loopback: it records the names of the spans and
@@ -105,7 +107,7 @@ func TestServeExportsOverOTLP(t *testing.T) {
 
 	serve := func(t *testing.T) {
 		t.Helper()
-		addr := freeAddr(t)
+		addr := proctest.FreeAddr(t)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan int)
 		var errb bytes.Buffer

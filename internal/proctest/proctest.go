@@ -114,6 +114,17 @@ func LogTail(path string) string {
 	return strings.Join(lines, " | ")
 }
 
+// FreeAddr returns a free loopback TCP address (FreePort) for a server the test starts
+// later, failing tb if there is none.
+func FreeAddr(tb testing.TB) string {
+	tb.Helper()
+	p, err := FreePort(false)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return "127.0.0.1:" + strconv.Itoa(p)
+}
+
 // FreePorts returns n distinct free TCP ports on loopback (FreePort).
 func FreePorts(n int) ([]int, error) {
 	var ports []int
