@@ -154,9 +154,7 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 	if err := checkRequest(req.Limits, req.N); err != nil {
 		return backend.Grant{}, err
 	}
-	o := &op{kind: opDecide, key: key, limits: req.Limits, n: req.N, maxDelay: int64(max(req.MaxDelay, 0))}
-	err := b.do(ctx, o)
-	return o.grant, err
+	return b.do(ctx, &op{kind: opDecide, key: key, limits: req.Limits, n: req.N, maxDelay: int64(max(req.MaxDelay, 0))})
 }
 
 // Adjust settles a grant to its real cost newN (see backend.Backend and gcra.Adjust), at
@@ -168,7 +166,8 @@ func (b *Backend) Adjust(ctx context.Context, key string, limits []gcra.Limit, t
 	if newN < 0 {
 		return gcra.ErrInvalidCost
 	}
-	return b.do(ctx, &op{kind: opAdjust, key: key, limits: limits, ticket: t, n: newN})
+	_, err := b.do(ctx, &op{kind: opAdjust, key: key, limits: limits, ticket: t, n: newN})
+	return err
 }
 
 // Penalize holds key back for d, for every process that shares the store.
@@ -179,12 +178,14 @@ func (b *Backend) Penalize(ctx context.Context, key string, limits []gcra.Limit,
 	if d <= 0 {
 		return nil
 	}
-	return b.do(ctx, &op{kind: opPenalize, key: key, limits: limits, d: int64(d)})
+	_, err := b.do(ctx, &op{kind: opPenalize, key: key, limits: limits, d: int64(d)})
+	return err
 }
 
 // Reset forgets key (backend.Resetter): its record is deleted.
 func (b *Backend) Reset(ctx context.Context, key string) error {
-	return b.do(ctx, &op{kind: opReset, key: key})
+	_, err := b.do(ctx, &op{kind: opReset, key: key})
+	return err
 }
 
 // Ping reports whether the store answers within the time-out (backend.Pinger): the
@@ -218,13 +219,15 @@ type round struct {
 	done  chan struct{} // closed when every op's outcome is set
 }
 
-// do runs o in a round and waits for its outcome. The calls of one process combine: while
+// do runs o in a round and returns its outcome. The calls of one process combine: while
 // one round is on its way, the calls that come join the next, which runs when it returns,
 // as one read of all their records and one write, each key's calls in arrival order. So a
 // process's calls never lose a compare-and-set to each other, only to other processes'.
-func (b *Backend) do(ctx context.Context, o *op) error {
+// A call that gives up (its context ends) while its round is on its way returns at once
+// and never reads o again: the round still writes o's outcome, for nobody.
+func (b *Backend) do(ctx context.Context, o *op) (backend.Grant, error) {
 	if b.closed.Load() {
-		return backend.ErrClosed
+		return backend.Grant{}, backend.ErrClosed
 	}
 	b.mu.Lock()
 	if !b.busy {
@@ -234,7 +237,7 @@ func (b *Backend) do(ctx context.Context, o *op) error {
 		b.run(rctx, []*op{o})
 		cancel()
 		b.handOff()
-		return o.err
+		return o.grant, o.err
 	}
 	r, lead := b.next, false
 	if r == nil {
@@ -260,18 +263,18 @@ func (b *Backend) do(ctx context.Context, o *op) error {
 		cancel()
 		close(r.done)
 		b.handOff()
-		return o.err
+		return o.grant, o.err
 	}
 	select {
 	case <-r.done:
-		return o.err
+		return o.grant, o.err
 	case <-ctx.Done():
 		// The round may still be written: a grant's outcome is unknown, as a store call's
 		// that timed out.
 		if errors.Is(ctx.Err(), context.Canceled) {
-			return ctx.Err()
+			return backend.Grant{}, ctx.Err()
 		}
-		return fmt.Errorf("%w: sluice cas: %w", backend.ErrUnavailable, ctx.Err())
+		return backend.Grant{}, fmt.Errorf("%w: sluice cas: %w", backend.ErrUnavailable, ctx.Err())
 	}
 }
 

@@ -153,3 +153,83 @@ func TestPingBounded(t *testing.T) {
 		t.Errorf("ping of a dead etcd: %v (the caller's context: %v), want ErrUnavailable within the time-out", err, ctx.Err())
 	}
 }
+
+// gated is a real store whose reads wait, once armed, until the test opens the gate.
+type gated struct {
+	*lease.MemStore
+	armed chan struct{} // closed: reads wait for open
+	open  chan struct{}
+	in    chan struct{} // a read has begun waiting
+}
+
+func (g *gated) Load(ctx context.Context, ids []string) (lease.Snapshot, error) {
+	select {
+	case <-g.armed:
+		select {
+		case g.in <- struct{}{}:
+		default:
+		}
+		<-g.open
+	default:
+	}
+	return g.MemStore.Load(ctx, ids)
+}
+
+// TestRiderGivesUp: a call that rides on a round and gives up (its context ends) before
+// the round is written returns at once with a zero grant, and the round's outcome,
+// written later, is not read by it (under -race, the old Decide read its op's grant while
+// the round wrote it: seen in CI through ZooKeeper, whose rounds are slow). The round
+// still runs for the calls that stayed.
+func TestRiderGivesUp(t *testing.T) {
+	g := &gated{MemStore: lease.NewMemStore(clock.NewVirtual()), armed: make(chan struct{}),
+		open: make(chan struct{}), in: make(chan struct{}, 1)}
+	b := New(g)
+	defer b.Close()
+	ctx := context.Background()
+	req := backend.Request{Limits: one, N: 1}
+	close(g.armed)
+	first := make(chan error, 1)
+	go func() { _, err := b.Decide(ctx, "k", req); first <- err }() // the round on its way
+	<-g.in
+	lead := make(chan error, 1)
+	go func() { _, err := b.Decide(ctx, "k", req); lead <- err }() // leads the next round
+	// Wait until the next round exists, so that the rider joins it.
+	for {
+		b.mu.Lock()
+		ready := b.next != nil
+		b.mu.Unlock()
+		if ready {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	rider := make(chan backend.Grant, 1)
+	go func() {
+		gr, err := b.Decide(rctx, "k", req)
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("the rider that gave up: %v, want context.Canceled", err)
+		}
+		rider <- gr
+	}()
+	for {
+		b.mu.Lock()
+		n := len(b.next.ops)
+		b.mu.Unlock()
+		if n == 2 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	close(g.open) // not after the rider returned: the round's write and its return race
+	if gr := <-rider; gr.Allowed {
+		t.Errorf("the rider that gave up was granted: %+v", gr)
+	}
+	if err := <-first; err != nil {
+		t.Errorf("the first call: %v", err)
+	}
+	if err := <-lead; err != nil {
+		t.Errorf("the next round's leader: %v", err)
+	}
+}
