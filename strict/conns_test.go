@@ -105,3 +105,32 @@ func TestOwnConnectionsIdleClosed(t *testing.T) {
 		t.Errorf("%d failures", st.Failures)
 	}
 }
+
+// TestDialWaitsForASlowFirstAnswer: Dial checks that Redis answers within the longer of
+// the time-out and a second, trying again meanwhile: a Redis that takes 400 ms to answer
+// its first PING (a loaded machine: the sluice demo through Sentinel failed to start
+// with "i/o timeout" when two test runs shared the machine) is found; the old Dial gave up
+// after one time-out (100 ms).
+func TestDialWaitsForASlowFirstAnswer(t *testing.T) {
+	srv := redistest.New(t)
+	srv.Pause()
+	go func() {
+		time.Sleep(400 * time.Millisecond)
+		srv.Resume()
+	}()
+	b, err := Dial(context.Background(), srv.URL())
+	if err != nil {
+		t.Fatalf("Dial of a Redis paused for 400 ms: %v", err)
+	}
+	b.Close()
+	// One that does not answer within the second is refused, within about that.
+	srv.Pause()
+	defer srv.Resume()
+	start := time.Now()
+	if _, err := Dial(context.Background(), srv.URL()); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("Dial of a paused Redis: %v, want ErrUnavailable", err)
+	}
+	if took := time.Since(start); took < time.Second {
+		t.Errorf("Dial gave up on a paused Redis after %v, before its second", took)
+	}
+}

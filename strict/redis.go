@@ -250,6 +250,10 @@ func ClientOptions(url string, timeout time.Duration) (*goredis.Options, error) 
 // Dial connects to the Redis at url (redis://, rediss://, or redis-sentinel:// for the
 // master a Sentinel set names: see SentinelScheme) with the settings of ClientOptions,
 // checks that it answers, and returns a backend that owns the client (Close closes it).
+// The check allows the longer of the time-out and a second (or ctx's deadline, if
+// sooner), pinging again each time one goes unanswered: the first answer of a Redis that
+// is busy, or reached through Sentinel (a lookup, then a connection), may take longer than
+// the time-out that bounds each decision.
 func Dial(ctx context.Context, url string, opts ...Option) (*Backend, error) {
 	b, err := Open(url, opts...)
 	if err != nil {
@@ -257,11 +261,22 @@ func Dial(ctx context.Context, url string, opts ...Option) (*Backend, error) {
 	}
 	pctx, cancel := context.WithTimeout(ctx, max(b.timeout, time.Second))
 	defer cancel()
-	if err := b.Ping(pctx); err != nil {
-		b.Close()
-		return nil, err
+	for {
+		err := b.Ping(pctx)
+		if err == nil {
+			return b, nil
+		}
+		if pctx.Err() != nil || !errors.Is(err, ErrUnavailable) {
+			b.Close()
+			return nil, err
+		}
+		select {
+		case <-pctx.Done():
+			b.Close()
+			return nil, err
+		case <-time.After(min(b.timeout, 50*time.Millisecond)):
+		}
 	}
-	return b, nil
 }
 
 // Open is Dial without the first PING: the backend starts even while Redis is down, and
