@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rls "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -38,20 +39,31 @@ func TestDecisionsTraced(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
+	// The RPC's server span ends after its answer is sent (the stats handler's End
+	// event), so the client may read the answer first: wait for the spans (a loaded
+	// machine once read them with the RPC's span not yet ended).
 	var rpc, decide, fromHTTP int
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		rpc, decide, fromHTTP = 0, 0, 0
+		for _, sp := range exp.GetSpans() {
+			switch {
+			case sp.Name == "sluice.decide" && sp.SpanContext.TraceID().String() == trace:
+				decide++
+			case sp.Name == "sluice.decide" && sp.SpanContext.TraceID().String() == trace2:
+				fromHTTP++
+			case strings.Contains(sp.Name, "ShouldRateLimit") && sp.SpanContext.TraceID().String() == trace:
+				rpc++
+			}
+		}
+		if (rpc >= 1 && decide >= 2 && fromHTTP >= 1) || time.Now().After(deadline) {
+			break
+		}
+	}
 	for _, sp := range exp.GetSpans() {
 		for _, a := range sp.Attributes {
 			if strings.Contains(a.Value.String(), "secret-token") {
 				t.Errorf("span %s carries the tag: %s=%s", sp.Name, a.Key, a.Value.String())
 			}
-		}
-		switch {
-		case sp.Name == "sluice.decide" && sp.SpanContext.TraceID().String() == trace:
-			decide++
-		case sp.Name == "sluice.decide" && sp.SpanContext.TraceID().String() == trace2:
-			fromHTTP++
-		case strings.Contains(sp.Name, "ShouldRateLimit") && sp.SpanContext.TraceID().String() == trace:
-			rpc++
 		}
 	}
 	if rpc != 1 || decide != 2 || fromHTTP != 1 {
