@@ -419,6 +419,9 @@ func TestServeRedisDown(t *testing.T) {
 	if got := queryLine(t, d.line, "~v api\n"); !strings.HasPrefix(got, "NO a=100 ") {
 		t.Errorf("the answer with Redis down: %q, want a retry hint of 100ms", got)
 	}
+	// The daemon logs the outage as it happens, apart from its answers: wait for the line
+	// (CI read the log once before it was written).
+	d.waitLog(t, "backend unavailable", 1)
 	if n := strings.Count(d.logs(), "backend unavailable"); n != 1 || !strings.Contains(d.logs(), "fail_mode=closed") {
 		t.Errorf("Redis down at start: logged %d times, want once with the fail mode: %s", n, d.logs())
 	}
