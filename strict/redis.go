@@ -262,13 +262,9 @@ func Dial(ctx context.Context, url string, opts ...Option) (*Backend, error) {
 	pctx, cancel := context.WithTimeout(ctx, max(b.timeout, time.Second))
 	defer cancel()
 	for {
-		err := b.Ping(pctx)
+		err := b.Ping(pctx) // an ErrUnavailable, if any
 		if err == nil {
 			return b, nil
-		}
-		if pctx.Err() != nil || !errors.Is(err, ErrUnavailable) {
-			b.Close()
-			return nil, err
 		}
 		select {
 		case <-pctx.Done():
