@@ -20,9 +20,9 @@ import (
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
-// testCall is a call on key name with op, for the grouping tests.
-func testCall(name string, op byte, vnow int64) *call {
-	return &call{name: name, op: op, virtual: vnow != 0, vnow: vnow, done: make(chan struct{}, 1)}
+// testCall is a call on key with op, for the grouping tests.
+func testCall(key string, op byte, vnow int64) *call {
+	return &call{key: key, op: op, virtual: vnow != 0, vnow: vnow, done: make(chan struct{}, 1)}
 }
 
 // TestGrouping: a batch is split into script calls by what may share one (every key for
@@ -101,13 +101,13 @@ func TestGroupingMany(t *testing.T) {
 				g := &bb.groups[i]
 				last := map[string]int{}
 				for _, c := range g.calls {
-					if g.keys[c.ki] != c.name {
-						t.Fatalf("call on %s indexed as key %s", c.name, g.keys[c.ki])
+					if g.keys[c.ki] != c.key {
+						t.Fatalf("call on %s indexed as key %s", c.key, g.keys[c.ki])
 					}
-					if l, ok := last[c.name]; ok && l > arrival[c] {
-						t.Fatalf("calls on %s out of arrival order", c.name)
+					if l, ok := last[c.key]; ok && l > arrival[c] {
+						t.Fatalf("calls on %s out of arrival order", c.key)
 					}
-					last[c.name] = arrival[c]
+					last[c.key] = arrival[c]
 					seen++
 				}
 				g.keys, g.calls = g.keys[:0], g.calls[:0]

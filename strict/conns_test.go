@@ -134,3 +134,31 @@ func TestDialWaitsForASlowFirstAnswer(t *testing.T) {
 		t.Errorf("Dial gave up on a paused Redis after %v, before its second", took)
 	}
 }
+
+// TestAllowAllocations: a lone allowance through a backend made by Dial allocates once,
+// for the script call's command (go-redis has no way to reuse one): the key's Redis name
+// is written into the batch builder's buffer, not made as a string per call, which in
+// the benchmark at 64 goroutines on 10,000 keys was the one allocation per decision
+// (BENCHMARKS.md).
+func TestAllowAllocations(t *testing.T) {
+	b, err := Dial(ctx, shared.URL(), WithPrefix(prefix(t)), WithTimeout(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	l := gcra.Limit{T: 1, Tau: 1_000_000_000}
+	keys := []string{"a", "b}", ""} // a plain key, one escaped, and the empty key
+	for _, k := range keys {
+		if ok, err := b.AllowOne(ctx, k, l); err != nil || !ok {
+			t.Fatalf("AllowOne(%q) = %v, %v", k, ok, err)
+		}
+	}
+	i := 0
+	a := testing.AllocsPerRun(300, func() {
+		b.AllowOne(ctx, keys[i%len(keys)], l)
+		i++
+	})
+	if a > 1 {
+		t.Errorf("AllowOne allocates %v times a call, want at most 1 (the command)", a)
+	}
+}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/internal/rkey"
 )
 
 // maxFields is the most numeric fields one operation carries: a settlement under
@@ -23,7 +24,7 @@ const maxFields = 5 + 4*4
 
 // call is one operation (one record of a batch, see sluice.lua) waiting for its answer.
 type call struct {
-	name    string // the key's Redis key (KeyName)
+	key     string // the key (its Redis name is written when its batch is built)
 	op      byte   // 'a', 'd', 's' or 'p'
 	nf      int    // fields used in f
 	f       [maxFields]int64
@@ -69,7 +70,7 @@ func (c *call) results() int {
 // release recycles a call whose answer was received (never an abandoned one: its
 // pipeline may still write to it).
 func (c *call) release() {
-	c.name, c.res, c.reply, c.err, c.one[0] = "", nil, nil, nil, nil
+	c.key, c.res, c.reply, c.err, c.one[0] = "", nil, nil, nil, nil
 	callPool.Put(c)
 }
 
@@ -108,7 +109,8 @@ func groupingOf(client Client) grouping {
 // the number of goroutines, not the round trip, sets the throughput.
 type pipeliner struct {
 	client   Client
-	sha, src any // the script's SHA1 and text (for EVAL after NOSCRIPT), boxed once
+	names    string // the start of every key's Redis name (Backend.KeyName)
+	sha, src any    // the script's SHA1 and text (for EVAL after NOSCRIPT), boxed once
 	timeout  time.Duration
 	maxBatch int
 	grouping grouping
@@ -152,8 +154,8 @@ type pipeliner struct {
 	wg       sync.WaitGroup
 }
 
-func newPipeliner(ctx context.Context, client Client, source string, timeout time.Duration, flushers, maxBatch int) *pipeliner {
-	p := &pipeliner{client: client, sha: goredis.NewScript(source).Hash(), src: source, timeout: timeout,
+func newPipeliner(ctx context.Context, client Client, names, source string, timeout time.Duration, flushers, maxBatch int) *pipeliner {
+	p := &pipeliner{client: client, names: names, sha: goredis.NewScript(source).Hash(), src: source, timeout: timeout,
 		maxBatch: maxBatch, grouping: groupingOf(client), ctx: ctx,
 		late: fmt.Errorf("no answer within %v (queued that long)", timeout)}
 	p.cond = sync.NewCond(&p.mu)
@@ -347,7 +349,7 @@ func (p *pipeliner) flusher() {
 
 // groupKey identifies the calls that may share one script call.
 type groupKey struct {
-	name    string // groupEachKey: the key
+	key     string // groupEachKey: the key
 	virtual bool
 	vnow    int64
 }
@@ -355,7 +357,7 @@ type groupKey struct {
 func groupKeyOf(how grouping, c *call) groupKey {
 	gk := groupKey{virtual: c.virtual, vnow: c.vnow}
 	if how == groupEachKey {
-		gk.name = c.name
+		gk.key = c.key
 	}
 	return gk
 }
@@ -365,7 +367,8 @@ func groupKeyOf(how grouping, c *call) groupKey {
 // of its reply).
 type group struct {
 	gk    groupKey
-	keys  []string
+	keys  []string  // the keys (not their Redis names)
+	refs  []nameRef // with refs: the keys' Redis names, in the builder's buffer
 	calls []*call
 	other bool // a call other than 'a', or a virtual now: the reply carries now
 	cmd   *goredis.Cmd
@@ -382,7 +385,20 @@ type batchBuilder struct {
 	sorted []*call
 	again  []int
 	cmds   []goredis.Cmder // the commands being sent
+	names  []byte          // with refs: the Redis names of the batch's keys (see nameRef)
 }
+
+// nameRef is a key's Redis name written in a batch builder's buffer (batchBuilder.names):
+// go-redis writes it as an encoding.BinaryMarshaler, and an interface holding a pointer
+// to it needs no allocation, where the name made as a string was the one allocation per
+// decision of a batched Allow. It reads the buffer when the command is written: the
+// buffer only grows while the batch is built, and is reset for the next one.
+type nameRef struct {
+	buf      *[]byte
+	off, end int
+}
+
+func (r *nameRef) MarshalBinary() ([]byte, error) { return (*r.buf)[r.off:r.end], nil }
 
 // manyIndex is how many groups or keys are searched one by one before a map is used.
 const manyIndex = 8
@@ -401,7 +417,7 @@ func (bb *batchBuilder) exec(p *pipeliner, batch []*call) {
 	bb.cmds = bb.cmds[:0]
 	for i := range bb.groups {
 		g := &bb.groups[i]
-		g.cmd = g.command(ctx, argEvalsha, p.sha, p.refs)
+		g.cmd = bb.command(ctx, p, g, argEvalsha, p.sha)
 		bb.cmds = append(bb.cmds, g.cmd)
 	}
 	wait := bb.withAcks(ctx, p)
@@ -421,7 +437,7 @@ func (bb *batchBuilder) exec(p *pipeliner, batch []*call) {
 		bb.cmds = bb.cmds[:0]
 		for _, i := range bb.again {
 			g := &bb.groups[i]
-			g.cmd = g.command(ctx, argEval, p.src, p.refs)
+			g.cmd = bb.command(ctx, p, g, argEval, p.src)
 			bb.cmds = append(bb.cmds, g.cmd)
 		}
 		wait := bb.withAcks(ctx, p)
@@ -434,12 +450,14 @@ func (bb *batchBuilder) exec(p *pipeliner, batch []*call) {
 	for i := range bb.groups {
 		g := &bb.groups[i]
 		clear(g.keys)
+		clear(g.refs)
 		clear(g.calls)
 		clear(g.args)
-		g.keys, g.calls, g.cmd, g.args = g.keys[:0], g.calls[:0], nil, g.args[:0]
+		g.keys, g.refs, g.calls, g.cmd, g.args = g.keys[:0], g.refs[:0], g.calls[:0], nil, g.args[:0]
 	}
 	clear(bb.cmds)
 	bb.groups = bb.groups[:0]
+	bb.names = bb.names[:0]
 }
 
 // withAcks appends to bb.cmds the WAIT for the replicas' acknowledgements, if the
@@ -589,7 +607,7 @@ func (bb *batchBuilder) group(how grouping, batch []*call) {
 		g := &bb.groups[i]
 		g.other = false
 		for _, c := range g.calls {
-			c.ki = bb.keyIndex(g, c.name)
+			c.ki = bb.keyIndex(g, c.key)
 			g.other = g.other || c.op != 'a' || c.virtual
 		}
 		clear(bb.kidx)
@@ -647,14 +665,14 @@ func (bb *batchBuilder) groupIndex(gk groupKey) int {
 }
 
 // keyIndex returns the index of name among g's keys, adding it if new.
-func (bb *batchBuilder) keyIndex(g *group, name string) int {
+func (bb *batchBuilder) keyIndex(g *group, key string) int {
 	n := len(g.keys)
-	if n > 0 && g.keys[n-1] == name {
+	if n > 0 && g.keys[n-1] == key {
 		return n - 1
 	}
 	if n <= manyIndex {
 		for i, k := range g.keys {
-			if k == name {
+			if k == key {
 				return i
 			}
 		}
@@ -667,25 +685,27 @@ func (bb *batchBuilder) keyIndex(g *group, name string) int {
 				bb.kidx[k] = i
 			}
 		}
-		if i, ok := bb.kidx[name]; ok {
+		if i, ok := bb.kidx[key]; ok {
 			return i
 		}
-		bb.kidx[name] = n
+		bb.kidx[key] = n
 	}
-	g.keys = append(g.keys, name)
+	g.keys = append(g.keys, key)
 	return n
 }
 
-// command builds g's script call (see sluice.lua for the arguments): the keys, the time
-// mode, and for each key the number of its records and its records, an operation that
-// repeats the previous record's being sent as '='. With refs, the keys and fields go in
-// as pointers (*string, *int64) into g and its calls, which live until the reply is read:
-// an interface holding a pointer needs no allocation, where one holding a string or an
-// int64 does, once per key and per field. go-redis writes a pointer's value, but reads
-// a key given as a pointer wrongly where it routes by key (Cluster, Ring) and a hook
-// (tracing) would print the pointer: refs is only for the backend's own client of one
-// Redis (pipeliner.refs).
-func (g *group) command(ctx context.Context, name, script any, refs bool) *goredis.Cmd {
+// command builds g's script call (see sluice.lua for the arguments): the keys' Redis
+// names, the time mode, and for each key the number of its records and its records, an
+// operation that repeats the previous record's being sent as '='. With p.refs, the names
+// go in as pointers to nameRefs into bb.names and the fields as pointers (*int64) into
+// g's calls, which live until the reply is read: an interface holding a pointer needs no
+// allocation, where one holding a string or an int64 does, once per key and per field.
+// go-redis writes what a pointer refers to, but reads a key given so wrongly where it
+// routes by key (Cluster, Ring) and a hook (tracing) would print the pointer: refs is
+// only for the backend's own client of one Redis (pipeliner.refs). Without it each name
+// is made as a string.
+func (bb *batchBuilder) command(ctx context.Context, p *pipeliner, g *group, name, script any) *goredis.Cmd {
+	refs := p.refs
 	n := 4 + 2*len(g.keys)
 	for _, c := range g.calls {
 		n += 1 + c.nf
@@ -693,12 +713,20 @@ func (g *group) command(ctx context.Context, name, script any, refs bool) *gored
 	args := slices.Grow(g.args[:0], n)
 	args = append(args, name, script, len(g.keys))
 	if refs {
-		for i := range g.keys {
-			args = append(args, &g.keys[i])
+		if len(g.refs) != len(g.keys) { // not yet written (a NOSCRIPT's second command reuses them)
+			g.refs = slices.Grow(g.refs[:0], len(g.keys))[:len(g.keys)]
+			for i, k := range g.keys {
+				off := len(bb.names)
+				bb.names = rkey.AppendName(bb.names, p.names, k)
+				g.refs[i] = nameRef{buf: &bb.names, off: off, end: len(bb.names)}
+			}
+		}
+		for i := range g.refs {
+			args = append(args, &g.refs[i])
 		}
 	} else {
 		for _, k := range g.keys {
-			args = append(args, k)
+			args = append(args, rkey.Name(p.names, k))
 		}
 	}
 	c0 := g.calls[0]

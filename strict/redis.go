@@ -197,7 +197,7 @@ func New(client Client, opts ...Option) *Backend {
 	}
 	b.ledger.m = make(map[string]*debt)
 	b.ctx, b.cancel = context.WithCancel(context.Background())
-	b.p = newPipeliner(b.ctx, client, scriptSource, b.timeout, b.pipelines, b.maxBatch)
+	b.p = newPipeliner(b.ctx, client, b.names, scriptSource, b.timeout, b.pipelines, b.maxBatch)
 	b.p.direct = honoursDeadlines(client)
 	if b.acks > 0 {
 		if b.ackTimeout <= 0 || b.ackTimeout > b.timeout {

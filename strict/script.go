@@ -15,9 +15,9 @@ import (
 //go:embed sluice.lua
 var scriptSource string
 
-func newCall(name string, op byte) *call {
+func newCall(key string, op byte) *call {
 	c := callPool.Get().(*call)
-	c.name, c.op, c.nf = name, op, 0
+	c.key, c.op, c.nf = key, op, 0
 	c.queued = clock.Default.Nanotime()
 	c.state.Store(callQueued)
 	return c
@@ -49,7 +49,7 @@ func pairAt(arr []any, i int) (int64, bool) {
 
 // newCall returns a call of op on key, at Redis' time or, in tests, at the virtual time.
 func (b *Backend) newCall(key string, op byte) *call {
-	c := newCall(b.KeyName(key), op)
+	c := newCall(key, op)
 	c.virtual, c.vnow = b.now != nil, 0
 	if c.virtual {
 		c.vnow = b.now()

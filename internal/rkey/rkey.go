@@ -10,28 +10,35 @@ import "strings"
 func Tag(key string) string { return Name("", key) }
 
 // Name returns prefix followed by key's Tag, in one allocation when key needs no escape
-// (the common case: a name is made for every call of the Redis mode).
+// (the common case).
 func Name(prefix, key string) string {
-	if key == "" {
-		return prefix + `{\0}`
-	}
-	if !strings.ContainsAny(key, `\}`) {
+	if key != "" && !strings.ContainsAny(key, `\}`) {
 		return prefix + "{" + key + "}"
 	}
-	var sb strings.Builder
-	sb.Grow(len(prefix) + len(key) + 4)
-	sb.WriteString(prefix)
-	sb.WriteByte('{')
+	return string(AppendName(make([]byte, 0, len(prefix)+2*len(key)+4), prefix, key))
+}
+
+// AppendName appends Name(prefix, key) to dst: a name written into a buffer of the
+// caller's, with no string made for it.
+func AppendName(dst []byte, prefix, key string) []byte {
+	dst = append(dst, prefix...)
+	if key == "" {
+		return append(dst, `{\0}`...)
+	}
+	dst = append(dst, '{')
+	if !strings.ContainsAny(key, `\}`) {
+		dst = append(dst, key...)
+		return append(dst, '}')
+	}
 	for i := 0; i < len(key); i++ {
 		switch key[i] {
 		case '\\':
-			sb.WriteString(`\\`)
+			dst = append(dst, `\\`...)
 		case '}':
-			sb.WriteString(`\]`)
+			dst = append(dst, `\]`...)
 		default:
-			sb.WriteByte(key[i])
+			dst = append(dst, key[i])
 		}
 	}
-	sb.WriteByte('}')
-	return sb.String()
+	return append(dst, '}')
 }
