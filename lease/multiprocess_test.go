@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -29,6 +30,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/allot"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/lease"
 )
@@ -101,6 +103,9 @@ func memberMain() int {
 		return 2
 	}
 	defer closeStore()
+	if os.Getenv("SLUICE_MP_DUMP") != "" {
+		store = &recordLog{Store: store}
+	}
 	clk := skewed{clock.NewReal(), cfg.Skew}
 	// off turns the member's clock (its monotonic time, skewed) into the machine's real
 	// time, which every process on the machine shares: the permits' slots and the leases'
@@ -301,6 +306,48 @@ type record struct {
 	permits [][]permit
 	leases  [][]leaseSeen
 	expired []int64 // permits given back late (past the margin), the last count printed
+}
+
+// recordLog wraps a member's store, with SLUICE_MP_DUMP set, and prints each write of a
+// record it makes: "w", the machine's real time when the write returned, the store time
+// the writer read before it, the record's new version, then each member's entry
+// (ID:rate/burst of its lease:expires:until:held rate/burst:held until). A failed audit
+// can then be read from the store's side too. readRecord skips these lines.
+type recordLog struct {
+	lease.Store
+	now atomic.Int64 // the store time of the latest Load
+}
+
+func (s *recordLog) Load(ctx context.Context, ids []string) (lease.Snapshot, error) {
+	snap, err := s.Store.Load(ctx, ids)
+	if err == nil {
+		s.now.Store(snap.Now)
+	}
+	return snap, err
+}
+
+func (s *recordLog) Swap(ctx context.Context, ws []lease.Write) ([]uint64, error) {
+	vers, err := s.Store.Swap(ctx, ws)
+	if err != nil || len(vers) != len(ws) {
+		return vers, err
+	}
+	for k, w := range ws {
+		if vers[k] == 0 || len(w.Data) == 0 {
+			continue
+		}
+		st, err := allot.UnmarshalState(w.Data)
+		if err != nil {
+			continue
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "w %d %d %d", time.Now().UnixNano(), s.now.Load(), vers[k])
+		for _, e := range st.Members {
+			fmt.Fprintf(&b, " %s:%d/%d:%d:%d:%d/%d:%d", e.ID, e.Lease.Share.Rate, e.Lease.Share.Burst,
+				e.Lease.Expires, e.Lease.Until, e.Held.Rate, e.Held.Burst, e.HeldUntil)
+		}
+		fmt.Println(b.String())
+	}
+	return vers, nil
 }
 
 // readRecord waits for the members and parses what they printed. With SLUICE_MP_DUMP set
