@@ -109,8 +109,10 @@ func TestThreeMembersShareALimit(t *testing.T) {
 	if e > bound+100*DefaultConfig().Interval.Seconds() {
 		t.Errorf("excess %.1f permits, want within %.0f", e, bound)
 	}
-	if util < 0.6 {
-		t.Errorf("utilization %.3f, want at least 0.6 (loose: real time)", util)
+	// Liveness only, loosely: about 0.95 on an idle machine, 0.47 once with two make test
+	// runs at once, where the members' reports come late and each holds back more.
+	if util < 0.3 {
+		t.Errorf("utilization %.3f, want at least 0.3 (loose: real time)", util)
 	}
 	// Every member counted the others' hits.
 	var local, remote float64
