@@ -21,7 +21,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-zookeeper/zk"
 	goredis "github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
@@ -32,6 +31,7 @@ import (
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/allot"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/zkclient"
 	"github.com/sluicehq/sluice/lease"
 )
 
@@ -207,11 +207,11 @@ func memberStore(cfg memberConfig) (lease.Store, func(), error) {
 		}
 		return lease.NewEtcdStore(c, lease.WithEtcdPrefix(cfg.Prefix)), func() { c.Close() }, nil
 	case "zk":
-		c, _, err := zk.Connect(cfg.Addrs, 4*time.Second, zk.WithLogger(log.New(io.Discard, "", 0)))
+		c, _, err := zkclient.Connect(cfg.Addrs, 4*time.Second, log.New(io.Discard, "", 0))
 		if err != nil {
 			return nil, nil, err
 		}
-		return lease.NewZKStore(c, lease.WithZKPath(cfg.Prefix)), c.Close, nil
+		return lease.NewZKStore(c.Conn, lease.WithZKPath(cfg.Prefix)), c.Close, nil
 	}
 	var client goredis.UniversalClient
 	if cfg.Cluster {
@@ -240,9 +240,10 @@ func waitReady(t *testing.T, dir string, n int) {
 
 // member is one running member process.
 type member struct {
-	cmd *exec.Cmd
-	out bytes.Buffer
-	err bytes.Buffer
+	cmd         *exec.Cmd
+	out         bytes.Buffer
+	err         bytes.Buffer
+	cfgDuration time.Duration // how long it runs unless killed
 }
 
 func startMembers(t *testing.T, n int, cfg memberConfig, skews map[int]time.Duration) []*member {
@@ -257,7 +258,7 @@ func startMembers(t *testing.T, n int, cfg memberConfig, skews map[int]time.Dura
 		c.ID = fmt.Sprint("proc", i)
 		c.Skew = skews[i]
 		js, _ := json.Marshal(c)
-		m := &member{cmd: exec.Command(exe, "-test.run", "^$")}
+		m := &member{cmd: exec.Command(exe, "-test.run", "^$"), cfgDuration: c.Duration}
 		m.cmd.Env = append(os.Environ(), memberEnv+"="+string(js))
 		m.cmd.Stdout, m.cmd.Stderr = &m.out, &m.err
 		if err := m.cmd.Start(); err != nil {
@@ -360,6 +361,12 @@ func readRecord(t *testing.T, ms []*member, killed map[int]bool) record {
 		err := m.cmd.Wait()
 		if err != nil && !killed[i] {
 			t.Fatalf("member %d: %v: %s", i, err, m.err.String())
+		}
+		if err == nil && killed[i] {
+			// The audit counts a member's lease until its end: a member that ended its run
+			// on its own gave its lease back before that, and the others may then have been
+			// raised into it.
+			t.Fatalf("member %d ended its run (%v) before the test stopped it: the audit would count the lease it gave back", i, m.cfgDuration)
 		}
 		if dir := os.Getenv("SLUICE_MP_DUMP"); dir != "" {
 			name := strings.ReplaceAll(t.Name(), "/", "_")

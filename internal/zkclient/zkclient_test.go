@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zookeeper/zk"
 	"go.uber.org/goleak"
 
 	"github.com/sluicehq/sluice/internal/zktest"
@@ -38,5 +39,51 @@ func TestCloseEndsAConnectionAttempt(t *testing.T) {
 	c.Close()
 	if err := goleak.Find(ignore); err != nil {
 		t.Fatalf("a goroutine of the client is left after Close: %v", err)
+	}
+}
+
+// TestUnansweredConnectIsTriedAgain: a connect request that a paused ZooKeeper accepted
+// but does not answer (as one still starting after a restart on a loaded machine) is
+// given up after the session time-out and made again on a new connection, not after
+// go-zookeeper's ten receive time-outs (13.3 s at this 2 s session); once the server
+// answers again the client has a session.
+func TestUnansweredConnectIsTriedAgain(t *testing.T) {
+	s := zktest.New(t)
+	s.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			s.Resume()
+		}
+	}()
+	c, events, err := Connect([]string{s.Addr()}, 2*time.Second, zktest.Quiet{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	session := make(chan struct{})
+	go func() {
+		once := session
+		for e := range events {
+			if e.State == zk.StateHasSession && once != nil {
+				close(once)
+				once = nil
+			}
+		}
+	}()
+	start := time.Now()
+	for c.dials.Load() < 2 {
+		if time.Since(start) > 8*time.Second {
+			t.Fatalf("one connection in %v: the unanswered connect request was not given up", time.Since(start))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("the connect request given up and made again after %v", time.Since(start))
+	s.Resume()
+	resumed = true
+	select {
+	case <-session:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no session within 20 s of the server's return")
 	}
 }
