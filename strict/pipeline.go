@@ -705,14 +705,13 @@ func (bb *batchBuilder) keyIndex(g *group, key string) int {
 // only for the backend's own client of one Redis (pipeliner.refs). Without it each name
 // is made as a string.
 func (bb *batchBuilder) command(ctx context.Context, p *pipeliner, g *group, name, script any) *goredis.Cmd {
-	refs := p.refs
 	n := 4 + 2*len(g.keys)
 	for _, c := range g.calls {
 		n += 1 + c.nf
 	}
 	args := slices.Grow(g.args[:0], n)
 	args = append(args, name, script, len(g.keys))
-	if refs {
+	if p.refs {
 		if len(g.refs) != len(g.keys) { // not yet written (a NOSCRIPT's second command reuses them)
 			g.refs = slices.Grow(g.refs[:0], len(g.keys))[:len(g.keys)]
 			for i, k := range g.keys {
@@ -762,7 +761,7 @@ func (bb *batchBuilder) command(ctx context.Context, p *pipeliner, g *group, nam
 				args = append(args, "=")
 			} else {
 				args = append(args, opArg(c.op))
-				if refs {
+				if p.refs {
 					for j := range c.f[:c.nf] {
 						args = append(args, &c.f[j])
 					}

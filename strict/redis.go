@@ -299,9 +299,6 @@ func Open(url string, opts ...Option) (*Backend, error) {
 // spread over slots. '\' and '}' in the key are escaped (as \\ and \]) and an empty key is
 // written \0, so the tag is never empty nor cut short, and distinct keys never share a name.
 func (b *Backend) KeyName(key string) string {
-	if b.names == "" {
-		return rkey.Name(b.prefix+"v"+strconv.Itoa(FormatVersion)+":", key)
-	}
 	return rkey.Name(b.names, key)
 }
 
