@@ -92,13 +92,12 @@ func testStoreRestarts(t *testing.T, p restartPlan, runs ...*storeRun) {
 	// The members run until the test kills them; the timeline starts when every one has
 	// its first permit (a loaded machine starts race-built processes slowly).
 	for _, r := range runs {
-		// The members run until the test kills them at the run's end: their own end (a
-		// member that ends its run gives its lease back) only guards against a test that
-		// died. It was the outage plus a minute, and the run, which waits twice as long as
-		// the store was down, went past it on a loaded machine (ZooKeeper 25 s down): the
-		// members that ended gave their leases back, the others were raised, and the
-		// audit, counting each lease given back until its end, found "over-admission"
-		// (twice, under two make test runs at once; every time with a run of 9 s).
+		// The members run until the test kills them at the run's end; their own end only
+		// guards against a test that died. It was the outage plus a minute, which the run
+		// (twice as long after the restart as the store was down) outlasted on a loaded
+		// machine: members that ended gave their leases back, the others were raised, and
+		// the audit, counting each lease given back until its printed end, reported
+		// over-admission (twice under two make test runs at once; at will with 9 s).
 		r.cfg.Limits, r.cfg.Goroutines, r.cfg.Duration, r.cfg.ReadyDir, r.cfg.Margin = limits, 8, 10*time.Minute, t.TempDir(), p.margin
 		if err := lease.WaitUnfenced(context.Background(), r.st, lease.DefaultConfig()); err != nil {
 			t.Fatal(err)

@@ -240,10 +240,9 @@ func waitReady(t *testing.T, dir string, n int) {
 
 // member is one running member process.
 type member struct {
-	cmd         *exec.Cmd
-	out         bytes.Buffer
-	err         bytes.Buffer
-	cfgDuration time.Duration // how long it runs unless killed
+	cmd *exec.Cmd
+	out bytes.Buffer
+	err bytes.Buffer
 }
 
 func startMembers(t *testing.T, n int, cfg memberConfig, skews map[int]time.Duration) []*member {
@@ -258,7 +257,7 @@ func startMembers(t *testing.T, n int, cfg memberConfig, skews map[int]time.Dura
 		c.ID = fmt.Sprint("proc", i)
 		c.Skew = skews[i]
 		js, _ := json.Marshal(c)
-		m := &member{cmd: exec.Command(exe, "-test.run", "^$"), cfgDuration: c.Duration}
+		m := &member{cmd: exec.Command(exe, "-test.run", "^$")}
 		m.cmd.Env = append(os.Environ(), memberEnv+"="+string(js))
 		m.cmd.Stdout, m.cmd.Stderr = &m.out, &m.err
 		if err := m.cmd.Start(); err != nil {
@@ -366,7 +365,7 @@ func readRecord(t *testing.T, ms []*member, killed map[int]bool) record {
 			// The audit counts a member's lease until its end: a member that ended its run
 			// on its own gave its lease back before that, and the others may then have been
 			// raised into it.
-			t.Fatalf("member %d ended its run (%v) before the test stopped it: the audit would count the lease it gave back", i, m.cfgDuration)
+			t.Fatalf("member %d ended its run on its own before the test stopped it: the audit would count the lease it gave back", i)
 		}
 		if dir := os.Getenv("SLUICE_MP_DUMP"); dir != "" {
 			name := strings.ReplaceAll(t.Name(), "/", "_")
