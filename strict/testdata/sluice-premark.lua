@@ -1,0 +1,540 @@
+-- Sluice, Redis mode, state format 1: GCRA decisions, atomically, with the arithmetic of
+-- the Go core (package gcra: Decide, Adjust, Penalize) in integer nanoseconds. Keep in
+-- step with gcra.go; the differential test compares the two.
+--
+-- Batches. One call decides a batch: any number of operations ("records") on one or more
+-- keys, all at one `now`. Each key's state is read once and written at most once, and its
+-- records are applied in the order given (the order the calls arrived in); records on
+-- different keys do not interact, so the batch is the same as running the calls one by one
+-- in that order at that instant. The caller puts only keys of one server in a call: in
+-- Redis Cluster, one key (see groupingOf in pipeline.go).
+--
+-- Numbers. Lua numbers are doubles, exact for integers below 2^53, and Unix nanoseconds
+-- (about 1.8e18) are far above that. Every time and duration is therefore a pair (s, ns)
+-- of whole seconds and 0 <= ns < 1e9, value = s*1e9 + ns: the caller passes each as two
+-- arguments, the state stores each as two fields, replies carry each as two integers.
+-- Sums, differences, comparisons and maxima of pairs are exact over the whole int64 range
+-- (s stays below 2^34). The script never multiplies or divides: the caller passes n*T per
+-- limit, and derives Remaining and ResetAfter from the TATs returned. It is written for
+-- speed (it runs on Redis' one thread): four small helpers (ttl, late, charge, allowed)
+-- and no other closures, no number formatting but two string.format per key written, one
+-- pattern match per key read, tables made at their usual size (growing one costs more
+-- than a decision), and shortcuts for the two commonest calls alone (an allowance, first
+-- and inline; a decision under one limit).
+--
+-- KEYS     the batch's keys, each holding a key's state "1 HOLD TAT1 [TAT2 ...]" with each
+--          time as "s ns": the format, the end of the key's latest penalty (0 0 if none),
+--          one TAT per limit.
+-- ARGV[1]  '' to read Redis TIME and reply without now; '+' to read Redis TIME and reply
+--          with now; or "s ns", a virtual now (tests only), replying with it. Real time
+--          may run ahead of a virtual now, so keys written with one get an hour's extra TTL.
+-- Then for each key, in KEYS order: the number of its records, and its records; or '=',
+-- short for 1 record: '='. A record is an operation and its fields, or '=': the previous
+-- record's operation and fields again.
+--   a  allow:    one permit now or never under one limit: Tau, T (pairs). Result: 1 or 0.
+--   d  decide:   n, maxDelay (pair), k, then per limit Tau, n*T (pairs). Result: allowed,
+--                delay (RetryAfter when denied) and TAT1..TATk (pairs).
+--   s  settle:   1 (charge), -1 (refund) or 0, k, p, Tau_p - T_p (pair), then per limit the
+--                charge or refund and the ticket's TAT after the grant (pairs). p is the
+--                limit a penalty drains (the smallest Tau). Result: 1.
+--   p  penalize: d (pair), k, p, Tau_p - T_p (pair). Result: 1.
+-- The reply: now (a pair) if asked for, then each record's result in the order given; a
+-- record on a key holding something else than format-1 state gets the error's text
+-- instead of its result. A reply of one element is sent bare, not as a list.
+--
+-- A key expires when it is idle (every TAT and the hold in the past): a missing key is
+-- exactly a fresh one, so expiry changes no decision. Denials and queries write nothing,
+-- and every write happens after every record is decided, so an error (which only bad
+-- arguments can raise) leaves no trace.
+
+local B = 1000000000
+local tonumber, argv, keys = tonumber, ARGV, KEYS
+local match, format, ceil = string.match, string.format, math.ceil
+-- A key lives at least this long (ms; MINS in seconds) after its last write (after the
+-- now of the script that wrote it, for the writes that give the expiry as a time),
+-- however soon it is idle: an idle key decides exactly as a missing one, and a key used
+-- more often than this is then overwritten in place rather than expired and made again
+-- (on a fast limit, whose keys are idle within microseconds, that churn made a decision
+-- cost Redis twice the time).
+local MINTTL, MINS = 1000, 1 -- in ms, and in whole seconds
+
+local nh, nl
+local virtual = false
+local mode = argv[1]
+if mode == '' or mode == '+' then
+  local t = redis.call('TIME')
+  nh, nl = tonumber(t[1]), tonumber(t[2]) * 1000
+else
+  local a, b = match(mode, '^(%-?%d+) (%d+)$')
+  nh, nl = tonumber(a), tonumber(b)
+  virtual = true
+end
+
+-- The lean path: a lone allowance (argv: mode, 1, 'a', Tau, T), the commonest call
+-- (Limiter.Allow with nothing else queued), on a key in the common state (no penalty,
+-- one limit) or none, decided here, first and inline: no helper is made for it (making
+-- the closures below costs it a tenth of its time at Redis). It is the 'a' record of the
+-- general path below, written out; a key in another state goes on there with its value
+-- (first) read.
+local first -- the lone key's value, once read (false: missing)
+if #argv == 7 and argv[3] == 'a' and #keys == 1 then
+  first = redis.pcall('GET', keys[1])
+  local th, tl
+  if not first then
+    th, tl = 0, 0
+  elseif type(first) == 'string' then
+    local c, d = match(first, '^1 0 0 (%-?%d+) (%d+)$')
+    if c then th, tl = tonumber(c), tonumber(d) end
+  end
+  if th then
+    -- x = max(tat, now) + T; granted if x - Tau <= now.
+    if th < nh or (th == nh and tl < nl) then th, tl = nh, nl end
+    th, tl = th + tonumber(argv[6]), tl + tonumber(argv[7])
+    if tl >= B then th, tl = th + 1, tl - B end
+    local zh, zl = th - tonumber(argv[4]), tl - tonumber(argv[5])
+    if zl < 0 then zh, zl = zh - 1, zl + B end
+    local r = 0
+    if not (nh < zh or (nh == zh and nl < zl)) then
+      -- Granted: the TAT x is after now, so the key is not idle.
+      local v = format('1 0 0 %d %d', th, tl)
+      if virtual then
+        -- Its TTL as ttl() below.
+        local dh, dl = th - nh, tl - nl
+        if dl < 0 then dh, dl = dh - 1, dl + B end
+        local ms = dh * 1000 + ceil(dl / 1000000)
+        if ms < MINTTL then ms = MINTTL end
+        ms = ms + 3600000
+        redis.call('SET', keys[1], v, 'PX', format('%d', ms))
+      else
+        -- It expires at a time (PXAT), as the lean batch's writes below say.
+        local eh, el = th, tl
+        if eh < nh + MINS or (eh == nh + MINS and el < nl) then eh, el = nh + MINS, nl end
+        redis.call('SET', keys[1], v, 'PXAT', format('%d', eh * 1000 + ceil(el / 1000000)))
+      end
+      r = 1
+    end
+    if mode == '' then return r end
+    return { nh, nl, r }
+  end
+end
+
+local nkeys = #keys
+
+-- ttl is a key's TTL in milliseconds (as text for PX) when its latest time is (h, l) > now:
+-- until then, rounded up, and at least MINTTL; an hour more under a virtual now.
+local minttl = format('%d', virtual and MINTTL + 3600000 or MINTTL) -- the commonest TTL, formatted once
+local function ttl(h, l)
+  local dh, dl = h - nh, l - nl
+  if dl < 0 then dh, dl = dh - 1, dl + B end
+  local ms = dh * 1000 + ceil(dl / 1000000)
+  if ms <= MINTTL then return minttl end
+  if virtual then ms = ms + 3600000 end
+  return format('%d', ms)
+end
+
+-- late is how far past now a decision of cost c (n*T) under one limit would have to wait
+-- with the limit's TAT t and tolerance u: max(t, now) + c - u - now, a pair (negative when
+-- it need not wait: its seconds may be negative, its nanoseconds are in [0, 1e9)).
+local function late(th, tl, uh, ul, ch, cl)
+  if th < nh or (th == nh and tl < nl) then th, tl = nh, nl end
+  local xh, xl = th + ch - uh - nh, tl + cl - ul - nl
+  -- xl is in (-2e9, 2e9): bring it into [0, 1e9).
+  if xl < 0 then
+    xh, xl = xh - 1, xl + B
+    if xl < 0 then xh, xl = xh - 1, xl + B end
+  elseif xl >= B then
+    xh, xl = xh + 1, xl - B
+  end
+  return xh, xl
+end
+
+-- allowed reports whether one permit may be taken now under a limit of tolerance u whose
+-- TAT after the grant would be x: x - u <= now.
+local function allowed(xh, xl, uh, ul)
+  local zh, zl = xh - uh, xl - ul
+  if zl < 0 then zh, zl = zh - 1, zl + B end
+  return not (nh < zh or (nh == zh and nl < zl))
+end
+
+-- MAXH, MAXL is gcra.MaxTAT (2^63 - 1 - 2^61): a settlement's charge and a penalty's end
+-- saturate there, as in gcra.Adjust and gcra.Penalize.
+local MAXH, MAXL = 6917529027, 641081855
+
+-- charge is a limit's TAT after a grant of cost c used at a: max(t, a) + c.
+local function charge(th, tl, ah, al, ch, cl)
+  if th < ah or (th == ah and tl < al) then th, tl = ah, al end
+  th, tl = th + ch, tl + cl
+  if tl >= B then th, tl = th + 1, tl - B end
+  return th, tl
+end
+
+-- A shortcut for a lone decision under one limit (argv: mode, 1, 'd', n, maxDelay, 1,
+-- Tau, n*T) on one key in the common state (no penalty, one limit) or none. The general
+-- path below gives the same answers, more slowly; any other state goes on to it with the
+-- value read.
+local fh, fl -- its TAT, in the common state or none
+local short = nkeys == 1 and #argv == 11 and argv[3] == 'd' and argv[7] == '1'
+if short then
+  first = redis.pcall('GET', keys[1])
+  if not first then
+    fh, fl = 0, 0
+  elseif type(first) == 'string' then
+    local c, d = match(first, '^1 0 0 (%-?%d+) (%d+)$')
+    if c then fh, fl = tonumber(c), tonumber(d) end
+  end
+end
+
+if fh then -- a decision under one limit
+  local th1, tl1 = fh, fl
+  local n = tonumber(argv[4])
+  local ch, cl = tonumber(argv[10]), tonumber(argv[11])
+  local dh, dl = 0, 0
+  if n > 0 then
+    local xh, xl = late(th1, tl1, tonumber(argv[8]), tonumber(argv[9]), ch, cl)
+    if dh < xh or (dh == xh and dl < xl) then dh, dl = xh, xl end
+  end
+  local mh, ml = tonumber(argv[5]), tonumber(argv[6])
+  local r = 1
+  if mh < dh or (mh == dh and ml < dl) then
+    r = 0
+  elseif n > 0 then
+    local ah, al = nh + dh, nl + dl
+    if al >= B then ah, al = ah + 1, al - B end
+    th1, tl1 = charge(th1, tl1, ah, al, ch, cl)
+    -- Granted: the TAT is after now, so the key is not idle.
+    redis.call('SET', keys[1], format('1 0 0 %d %d', th1, tl1), 'PX', ttl(th1, tl1))
+  end
+  if mode == '' then return { r, dh, dl, th1, tl1 } end
+  return { nh, nl, r, dh, dl, th1, tl1 }
+end
+
+local out, no
+if mode == '' then
+  out, no = { 0 }, 0
+else
+  out, no = { nh, nl, 0 }, 2
+end
+
+local i = 2
+-- The operation in force ('=' repeats it): op, k, and its fields: Tau and T of 'a' in
+-- locals, the others' in f.
+local op, k = nil, 1
+local a1, a2, a3, a4
+local f
+-- The key in hand's TATs (pairs): n of them, those beyond fresh (0 0).
+local th, tl = { 0, 0, 0, 0 }, { 0, 0, 0, 0 }
+local n = 0
+-- With several keys, the writes wait until every record is decided: each key's new value
+-- (false: delete) and TTL; a lone key is written once its records are decided. The
+-- states are read with MGET, in chunks (unpack's limit). MGET gives nil for a key that
+-- holds another type, as for a missing one: if EXISTS finds more keys than MGET values,
+-- the nil ones are read again with GET for their error.
+local wv, wt, vals
+if nkeys > 1 then
+  wv, wt = {}, {}
+  for c = 1, nkeys, 1000 do
+    local e = math.min(c + 999, nkeys)
+    local got = redis.call('MGET', unpack(keys, c, e))
+    local found = 0
+    for j = 1, e - c + 1 do
+      if got[j] then found = found + 1 end
+    end
+    if found <= e - c and redis.call('EXISTS', unpack(keys, c, e)) > found then
+      for j = 1, e - c + 1 do
+        if not got[j] then got[j] = redis.pcall('GET', keys[c + j - 1]) end
+      end
+    end
+    if c == 1 then
+      vals = got
+    else
+      for j = 1, e - c + 1 do vals[c + j - 1] = got[j] end
+    end
+  end
+end
+
+-- The lean batch: every key once, each with one allowance under the same limit (argv:
+-- mode, 1, 'a', Tau, T, then '=' for each further key; no other shape has that many
+-- arguments): Limiter.Allow from many goroutines on many keys. If every key is in the
+-- common state or none, the batch is decided here in one pass with the arithmetic inline
+-- (the general path below spends about twice as long per key), the grants' writes after
+-- it; else it goes on there, from the values read, as if this had not run.
+--
+-- Its writes give the expiry as a time (PXAT), in real time: the later of the TAT and a
+-- second after now (MINTTL), in ms rounded up, one string for every key whose TAT is
+-- within that second (all of them, on a fast limit). Redis turns a SET's PX into PXAT
+-- itself, rewriting the command at a cost per key; the time is the same to within the
+-- script's run, and never before the TAT. Under a virtual now, PX as ttl() says.
+if nkeys > 1 and #argv == nkeys + 6 and argv[2] == '1' and argv[3] == 'a' then
+  local uh, ul, ch, cl = tonumber(argv[4]), tonumber(argv[5]), tonumber(argv[6]), tonumber(argv[7])
+  local ex, soon = 'PXAT', format('%d', nh * 1000 + ceil(nl / 1000000) + MINTTL)
+  if virtual then ex, soon = 'PX', minttl end
+  local o = no
+  local common = true
+  for ki = 1, nkeys do
+    -- x = max(tat, now) + T (a missing key's tat is 0 0); granted if x - Tau <= now (the
+    -- 'a' record below).
+    local v = vals[ki]
+    local xh, xl = 0, 0
+    if v then
+      local c, d
+      if type(v) == 'string' then c, d = match(v, '^1 0 0 (%-?%d+) (%d+)$') end
+      if not c then
+        common = false
+        break
+      end
+      xh, xl = tonumber(c), tonumber(d)
+    end
+    if xh < nh or (xh == nh and xl < nl) then xh, xl = nh, nl end
+    xh, xl = xh + ch, xl + cl
+    if xl >= B then xh, xl = xh + 1, xl - B end
+    local zh, zl = xh - uh, xl - ul
+    if zl < 0 then zh, zl = zh - 1, zl + B end
+    if nh < zh or (nh == zh and nl < zl) then
+      out[o + ki] = 0
+    else
+      -- Granted: the TAT x is after now, so the key is not idle.
+      out[o + ki] = 1
+      wv[ki] = format('1 0 0 %d %d', xh, xl)
+      if xh < nh + MINS or (xh == nh + MINS and xl <= nl) then
+        wt[ki] = soon
+      elseif virtual then
+        wt[ki] = ttl(xh, xl)
+      else
+        wt[ki] = format('%d', xh * 1000 + ceil(xl / 1000000))
+      end
+    end
+  end
+  if common then
+    for ki = 1, nkeys do
+      local v = wv[ki]
+      if v then redis.call('SET', keys[ki], v, ex, wt[ki]) end
+    end
+    return out
+  end
+  wv, wt = {}, {}
+end
+
+for ki = 1, nkeys do
+  local key = keys[ki]
+  local cnt, again = argv[i], false
+  if cnt == '=' then
+    cnt, again = 1, true
+  elseif cnt == '1' then
+    cnt = 1
+  else
+    cnt = tonumber(cnt)
+  end
+  i = i + 1
+
+  -- Read the state: hold, and n TATs (the previous key's are cleared).
+  for j = 1, n do th[j], tl[j] = 0, 0 end
+  local hh, hl
+  hh, hl, n = 0, 0, 0
+  local err
+  local v
+  if nkeys > 1 then
+    v = vals[ki]
+  elseif first ~= nil then
+    v = first
+  else
+    v = redis.pcall('GET', key)
+  end
+  local existed = v
+  if v then
+    if type(v) == 'table' then
+      err = v.err
+    else
+      -- The common state first: no penalty, one limit.
+      local c, d = match(v, '^1 0 0 (%-?%d+) (%d+)$')
+      if c then
+        th[1], tl[1], n = tonumber(c), tonumber(d), 1
+      else
+        local f0, a, b
+        f0, a, b, c, d = match(v, '^(%d+) (%-?%d+) (%d+) (%-?%d+) (%d+)')
+        if f0 == '1' then
+          hh, hl, th[1], tl[1], n = tonumber(a), tonumber(b), tonumber(c), tonumber(d), 1
+          for x, y in string.gmatch(string.sub(v, #f0 + #a + #b + #c + #d + 5), ' (%-?%d+) (%d+)') do
+            if n == 4 then break end
+            n = n + 1
+            th[n], tl[n] = tonumber(x), tonumber(y)
+          end
+          -- A penalty no longer in force is forgotten.
+          if hh < nh or (hh == nh and hl <= nl) then hh, hl = 0, 0 end
+        else
+          local got = match(v, '^%S*')
+          if got == '1' then
+            err = 'sluice: key ' .. key .. ' holds malformed state'
+          else
+            err = 'sluice: key ' .. key .. ' holds state format ' .. got .. ', this script reads format 1'
+          end
+        end
+      end
+    end
+  end
+
+  local dirty = false
+  for _ = 1, cnt do
+    local o = '='
+    if not again then
+      o = argv[i]
+      i = i + 1
+    end
+    if o ~= '=' then
+      op = o
+      if o == 'a' then
+        a1, a2, a3, a4 = tonumber(argv[i]), tonumber(argv[i + 1]), tonumber(argv[i + 2]), tonumber(argv[i + 3])
+        i = i + 4
+        k = 1
+      else
+        f = f or { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+        if o == 'd' then
+          k = tonumber(argv[i + 3])
+          for j = 1, 4 + 4 * k do f[j] = tonumber(argv[i + j - 1]) end
+          i = i + 4 + 4 * k
+        elseif o == 's' then
+          k = tonumber(argv[i + 1])
+          for j = 1, 5 + 4 * k do f[j] = tonumber(argv[i + j - 1]) end
+          i = i + 5 + 4 * k
+        elseif o == 'p' then
+          for j = 1, 6 do f[j] = tonumber(argv[i + j - 1]) end
+          i = i + 6
+          k = f[3]
+        else
+          return redis.error_reply('sluice: unknown operation ' .. tostring(o))
+        end
+      end
+    end
+
+    local write = false
+    no = no + 1
+    if err then
+      out[no] = err
+    elseif op == 'a' then
+      -- One permit now or never: granted if max(tat, now) + T - Tau <= now.
+      local xh, xl = charge(th[1], tl[1], nh, nl, a3, a4)
+      if not allowed(xh, xl, a1, a2) then
+        out[no] = 0
+      else
+        th[1], tl[1] = xh, xl
+        out[no] = 1
+        write = true
+      end
+    elseif op == 'd' then
+      -- delay = max(0, max over limits of max(tat, now) + n*T - Tau - now); limit j's
+      -- Tau is f[4j+1, 4j+2], its n*T f[4j+3, 4j+4].
+      local dh, dl = 0, 0
+      if f[1] > 0 then
+        for j = 1, k do
+          local xh, xl = late(th[j], tl[j], f[4 * j + 1], f[4 * j + 2], f[4 * j + 3], f[4 * j + 4])
+          if dh < xh or (dh == xh and dl < xl) then dh, dl = xh, xl end
+        end
+      end
+      local granted = not (f[2] < dh or (f[2] == dh and f[3] < dl))
+      if granted and f[1] > 0 then
+        local ah, al = nh + dh, nl + dl
+        if al >= B then ah, al = ah + 1, al - B end
+        for j = 1, k do
+          th[j], tl[j] = charge(th[j], tl[j], ah, al, f[4 * j + 3], f[4 * j + 4])
+        end
+        write = true
+      end
+      if granted then out[no] = 1 else out[no] = 0 end
+      out[no + 1], out[no + 2] = dh, dl
+      no = no + 2
+      for j = 1, k do
+        out[no + 1], out[no + 2] = th[j], tl[j]
+        no = no + 2
+      end
+    else
+      -- settle or penalize: the end of a penalty u in force drains limit p to
+      -- u + Tau_p - T_p (gcra.Penalize); s reapplies the key's, p adds one.
+      local uh, ul, p, oh, ol
+      if op == 's' then
+        -- Per limit j: the change at f[4j+2, 4j+3], the TAT after at f[4j+4, 4j+5].
+        local sign = f[1]
+        for j = 1, k do
+          local ch, cl = f[4 * j + 2], f[4 * j + 3]
+          if sign > 0 then
+            -- A charge: tat = max(tat, now) + extra, saturated at MaxTAT (never lowered).
+            local xh, xl = charge(th[j], tl[j], nh, nl, ch, cl)
+            if xh > MAXH or (xh == MAXH and xl > MAXL) then xh, xl = MAXH, MAXL end
+            if th[j] < xh or (th[j] == xh and tl[j] < xl) then th[j], tl[j] = xh, xl end
+          elseif sign < 0 then
+            -- A refund, only by the newest grant on the key (tat = tatAfter: nothing
+            -- granted, charged or penalized since) and only before its slot has passed
+            -- (now < tatAfter): tat = tat - refund (gcra.Adjust says why).
+            local ah, al = f[4 * j + 4], f[4 * j + 5]
+            if th[j] == ah and tl[j] == al and (nh < ah or (nh == ah and nl < al)) then
+              local yh, yl = ah - ch, al - cl
+              if yl < 0 then yh, yl = yh - 1, yl + B end
+              th[j], tl[j] = yh, yl
+            end
+          end
+        end
+        uh, ul, p, oh, ol = hh, hl, f[3], f[4], f[5]
+      else
+        uh, ul = nh + f[1], nl + f[2]
+        if ul >= B then uh, ul = uh + 1, ul - B end
+        if uh > MAXH or (uh == MAXH and ul > MAXL) then uh, ul = MAXH, MAXL end
+        if hh < uh or (hh == uh and hl < ul) then hh, hl = uh, ul end
+        p, oh, ol = f[4], f[5], f[6]
+      end
+      if nh < uh or (nh == uh and nl < ul) then
+        local xh, xl = uh + oh, ul + ol
+        if xl >= B then xh, xl = xh + 1, xl - B end
+        if th[p] < xh or (th[p] == xh and tl[p] < xl) then th[p], tl[p] = xh, xl end
+      end
+      out[no] = 1
+      write = true
+    end
+
+    if write then
+      -- The state is now the hold and k TATs. If it is idle, it is deleted below; until
+      -- then it decides exactly as the fresh state that replaces it would.
+      dirty = true
+      for j = k + 1, n do th[j], tl[j] = 0, 0 end
+      n = k
+    end
+  end
+
+  if dirty then
+    -- The latest of the hold and the TATs: the key is idle once it has passed.
+    local mh, ml = hh, hl
+    for j = 1, n do
+      if mh < th[j] or (mh == th[j] and ml < tl[j]) then mh, ml = th[j], tl[j] end
+    end
+    if nh < mh or (nh == mh and nl < ml) then
+      local s
+      if n == 1 then
+        s = format('1 %d %d %d %d', hh, hl, th[1], tl[1])
+      else
+        s = format('1 %d %d', hh, hl)
+        for j = 1, n do s = s .. format(' %d %d', th[j], tl[j]) end
+      end
+      if nkeys == 1 then
+        redis.call('SET', key, s, 'PX', ttl(mh, ml))
+      else
+        wv[ki], wt[ki] = s, ttl(mh, ml)
+      end
+    elseif existed then
+      if nkeys == 1 then
+        redis.call('DEL', key)
+      else
+        wv[ki] = false
+      end
+    end
+  end
+end
+
+if nkeys > 1 then
+  for ki = 1, nkeys do
+    local v = wv[ki]
+    if v then
+      redis.call('SET', keys[ki], v, 'PX', wt[ki])
+    elseif v == false then
+      redis.call('DEL', keys[ki])
+    end
+  end
+end
+if no == 1 then return out[1] end
+return out
