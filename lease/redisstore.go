@@ -196,7 +196,9 @@ func (s *RedisStore) Swap(ctx context.Context, writes []Write) ([]uint64, error)
 		a := make([]any, 0, 1+3*len(ws))
 		a = append(a, now)
 		for _, w := range ws {
-			keep := max(w.Keep.Milliseconds(), 1000)
+			// A TTL (PX) runs from Redis' clock truncated to the millisecond: Keep rounded
+			// up, and a millisecond more, so that the record outlives Keep after the write.
+			keep := max((int64(w.Keep)+999_999)/1_000_000+1, 1000)
 			a = append(a, strconv.FormatUint(w.Version, 10), w.Data, keep)
 			s.bytesOut.Add(int64(len(w.Data)))
 		}

@@ -126,3 +126,26 @@ func TestMembersStartedTogetherRarelyConflict(t *testing.T) {
 		t.Errorf("%d of %d writes lost their compare-and-set: the members renew in step", lost, w)
 	}
 }
+
+// TestRedisStoreKeepsRecordsLongEnough: a record lives at least its Keep after the write.
+// Keep went to Redis truncated to the millisecond as a TTL (PX), which Redis adds to its
+// own clock, truncated too: a record written within a millisecond of its read could
+// vanish up to 2 ms before the moment its leases are all over (Write.Keep).
+func TestRedisStoreKeepsRecordsLongEnough(t *testing.T) {
+	srv := redistest.New(t)
+	client := redisClient(t, srv)
+	s := lease.NewRedisStore(client, lease.WithRedisPrefix("keep:"))
+	ctx := context.Background()
+	keep := 1500*time.Millisecond + 900*time.Microsecond
+	for i := 0; i < 5; i++ {
+		id := fmt.Sprint("r", i)
+		before := time.Now()
+		if _, err := s.Swap(ctx, []lease.Write{{ID: id, Data: []byte("x"), Keep: keep}}); err != nil {
+			t.Fatal(err)
+		}
+		at, err := client.PExpireTime(ctx, "keep:"+id).Result()
+		if want := before.Add(keep); err != nil || time.Unix(0, int64(at)).Before(want) {
+			t.Errorf("%s expires at %v (%v), before %v, %v after the write began", id, time.Unix(0, int64(at)).Format("15:04:05.000000"), err, want.Format("15:04:05.000000"), keep)
+		}
+	}
+}
