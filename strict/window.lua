@@ -83,18 +83,29 @@ local function reply(allowed, at)
   return r
 end
 
+-- write stores the state, expiring when its latest window ends: in real time at that
+-- time (PXAT, in ms rounded up), exactly, whenever Redis samples its own clock (a TTL,
+-- PX, is added to a millisecond of Redis' own, which put the expiry a millisecond off
+-- the window's end in about one write in a hundred); under a virtual now, a TTL (PX) an
+-- hour longer.
 local function write()
   local last = 0
   for j = 1, k do
     local e = (I[j] + 1) * W[j]
     if U[j] > 0 and e > last then last = e end
   end
-  local ms = math.ceil((last - now) / 1000)
-  if ms < 1 then ms = 1 end
-  if virtual then ms = ms + 3600000 end
   local parts = {}
   for j = 1, k do parts[#parts + 1] = string.format('%d %d', I[j], U[j]) end
-  redis.call('SET', KEYS[1], table.concat(parts, ' '), 'PX', ms)
+  if virtual then
+    local ms = math.ceil((last - now) / 1000)
+    if ms < 1 then ms = 1 end
+    redis.call('SET', KEYS[1], table.concat(parts, ' '), 'PX', ms + 3600000)
+  else
+    local at = math.ceil(last / 1000)
+    local soonest = math.floor(now / 1000) + 1
+    if at < soonest then at = soonest end
+    redis.call('SET', KEYS[1], table.concat(parts, ' '), 'PXAT', string.format('%d', at))
+  end
 end
 
 if op == 'd' then
