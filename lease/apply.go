@@ -225,13 +225,8 @@ func (a *applier) applyNow(ctx context.Context, calls []call) ([]result, error) 
 		}
 		if attempt > 0 {
 			// Jittered, growing: members that collided do not collide again in step.
-			d := time.Duration(rand.Int64N(int64(time.Millisecond) << min(attempt, 6)))
-			t := time.NewTimer(d)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if !sleepCtx(ctx, time.Duration(rand.Int64N(int64(time.Millisecond)<<min(attempt, 6)))) {
 				return nil, ctx.Err()
-			case <-t.C:
 			}
 		}
 		var err error

@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -198,11 +199,16 @@ func (s *MemStore) Len() int {
 // that starts a workload on a new store can wait here first. It returns at once for a
 // store that knows it is fresh (a new MemStore) or whose incarnation is old enough, and
 // waits at most TTL + Grace otherwise (a Redis Cluster, which fences every record it
-// makes, included).
+// makes, included). A store that does not answer yet (ErrUnavailable: ZooKeeper's client
+// still making its first connection, a Redis restarting) is asked again every 100 ms
+// until ctx ends, which returns its last error; any other error returns at once.
 func WaitUnfenced(ctx context.Context, store Store, cfg Config) error {
 	snap, err := store.Load(ctx, nil)
-	if err != nil {
-		return err
+	for err != nil {
+		if !errors.Is(err, ErrUnavailable) || !sleepCtx(ctx, 100*time.Millisecond) {
+			return err
+		}
+		snap, err = store.Load(ctx, nil)
 	}
 	if snap.Since == minTime {
 		return nil
@@ -211,12 +217,20 @@ func WaitUnfenced(ctx context.Context, store Store, cfg Config) error {
 	if wait <= 0 {
 		return nil
 	}
-	t := time.NewTimer(wait)
+	if !sleepCtx(ctx, wait) {
+		return ctx.Err()
+	}
+	return nil
+}
+
+// sleepCtx waits d, and reports false if ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return nil
+		return true
 	case <-ctx.Done():
-		return ctx.Err()
+		return false
 	}
 }

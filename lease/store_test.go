@@ -152,3 +152,39 @@ func TestMembersOfAProcessCombine(t *testing.T) {
 		}
 	}
 }
+
+// flakyStore is a store that does not answer its first failures loads (as ZooKeeper's
+// client before its first connection, or a Redis restarting), then is store.
+type flakyStore struct {
+	Store
+	failures int
+	loads    int
+}
+
+func (s *flakyStore) Load(ctx context.Context, ids []string) (Snapshot, error) {
+	s.loads++
+	if s.loads <= s.failures {
+		return Snapshot{}, fmt.Errorf("lease store: %w: not connected yet", ErrUnavailable)
+	}
+	return s.Store.Load(ctx, ids)
+}
+
+// TestWaitUnfencedAsksAgain: a store that does not answer yet is asked again until ctx
+// ends, and its last error is returned then. The demo's wait gave up at the first
+// ErrUnavailable: under two make test runs at once, a ZooKeeper demo failed so ("zk:
+// could not connect to a server") on its first connection attempt.
+func TestWaitUnfencedAsksAgain(t *testing.T) {
+	s := &flakyStore{Store: NewMemStore(nil), failures: 3}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := WaitUnfenced(ctx, s, DefaultConfig()); err != nil || s.loads != 4 {
+		t.Fatalf("after 3 failed loads: %v, %d loads, want nil after 4", err, s.loads)
+	}
+	never := &flakyStore{Store: NewMemStore(nil), failures: 1 << 30}
+	ctx, cancel = context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	err := WaitUnfenced(ctx, never, DefaultConfig())
+	if !errors.Is(err, ErrUnavailable) || never.loads < 2 {
+		t.Fatalf("a store that never answers: %v after %d loads, want ErrUnavailable after several", err, never.loads)
+	}
+}

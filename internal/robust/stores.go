@@ -2,7 +2,6 @@ package robust
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -13,7 +12,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/zkclient"
@@ -113,14 +111,9 @@ func waitUnfenced(ctx context.Context, mode Mode, addr, prefix string) error {
 		return err
 	}
 	defer closeStore()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		err := lease.WaitUnfenced(ctx, st, lease.DefaultConfig())
-		if !errors.Is(err, backend.ErrUnavailable) || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return lease.WaitUnfenced(ctx, st, lease.DefaultConfig())
 }
 
 // isLease reports whether mode is the lease mode, on any store.
