@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/allot"
 	"github.com/sluicehq/sluice/internal/rkey"
@@ -225,8 +226,8 @@ func (a *applier) applyNow(ctx context.Context, calls []call) ([]result, error) 
 		}
 		if attempt > 0 {
 			// Jittered, growing: members that collided do not collide again in step.
-			if !sleepCtx(ctx, time.Duration(rand.Int64N(int64(time.Millisecond)<<min(attempt, 6)))) {
-				return nil, ctx.Err()
+			if err := clock.Default.Sleep(ctx, time.Duration(rand.Int64N(int64(time.Millisecond)<<min(attempt, 6)))); err != nil {
+				return nil, err
 			}
 		}
 		var err error

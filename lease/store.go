@@ -205,7 +205,7 @@ func (s *MemStore) Len() int {
 func WaitUnfenced(ctx context.Context, store Store, cfg Config) error {
 	snap, err := store.Load(ctx, nil)
 	for err != nil {
-		if !errors.Is(err, ErrUnavailable) || !sleepCtx(ctx, 100*time.Millisecond) {
+		if !errors.Is(err, ErrUnavailable) || clock.Default.Sleep(ctx, 100*time.Millisecond) != nil {
 			return err
 		}
 		snap, err = store.Load(ctx, nil)
@@ -217,20 +217,5 @@ func WaitUnfenced(ctx context.Context, store Store, cfg Config) error {
 	if wait <= 0 {
 		return nil
 	}
-	if !sleepCtx(ctx, wait) {
-		return ctx.Err()
-	}
-	return nil
-}
-
-// sleepCtx waits d, and reports false if ctx ended first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return clock.Default.Sleep(ctx, wait)
 }
