@@ -142,11 +142,12 @@ local nkeys = #keys
 -- millisecond before their TAT). Under a virtual now a TTL (PX): until (h, l), rounded
 -- up, at least MINTTL, and an hour more.
 local EX = virtual and 'PX' or 'PXAT'
+local soonms = nh * 1000 + ceil(nl / 1000000) + MINTTL -- real time: MINTTL from now, in ms
 local soonest -- the commonest expiry (MINTTL from now), formatted once
 if virtual then
   soonest = format('%d', MINTTL + 3600000)
 else
-  soonest = format('%d', nh * 1000 + ceil(nl / 1000000) + MINTTL)
+  soonest = format('%d', soonms)
 end
 local function expiry(h, l)
   if virtual then
@@ -157,7 +158,7 @@ local function expiry(h, l)
     return format('%d', ms + 3600000)
   end
   local ms = h * 1000 + ceil(l / 1000000)
-  if ms <= nh * 1000 + ceil(nl / 1000000) + MINTTL then return soonest end
+  if ms <= soonms then return soonest end
   return format('%d', ms)
 end
 
