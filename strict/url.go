@@ -25,7 +25,8 @@ const DefaultSentinelPort = "26379"
 
 // FailoverOptions returns go-redis options for the Sentinel set a redis-sentinel:// URL
 // names (see SentinelScheme), set as ClientOptions sets a single Redis' (no retries,
-// time-outs of timeout, context deadlines honoured). goredis.NewFailoverClient makes of
+// time-outs of timeout, context deadlines honoured, raw I/O on plain connections, to
+// the sentinels and to the master alike). goredis.NewFailoverClient makes of
 // them a client that asks the sentinels for the master and follows it when they promote
 // a replica.
 func FailoverOptions(rawURL string, timeout time.Duration) (*goredis.FailoverOptions, error) {
@@ -108,6 +109,9 @@ func FailoverOptions(rawURL string, timeout time.Duration) (*goredis.FailoverOpt
 	o.PoolTimeout = timeout
 	o.ContextTimeoutEnabled = true
 	o.DisableIdentity = true
+	o.Dialer = rawDialer(func() *goredis.Options {
+		return &goredis.Options{DialTimeout: o.DialTimeout, TLSConfig: o.TLSConfig}
+	})
 	return o, nil
 }
 

@@ -38,12 +38,10 @@ func openLeaseStore(raw, prefix string) (lease.Store, func(), error) {
 	case "", "memory":
 		return nil, nop, nil
 	case "redis", "rediss":
-		o, err := goredis.ParseURL(raw)
+		o, err := strict.ClientOptions(raw, storeTimeout)
 		if err != nil {
 			return nil, nil, usagef("store %q: %v", raw, err)
 		}
-		timeouts(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout)
-		o.MaxRetries, o.ContextTimeoutEnabled, o.DisableIdentity = -1, true, true
 		c := goredis.NewClient(o)
 		return lease.NewRedisStore(c, opt), func() { c.Close() }, nil
 	case "redis-cluster":
