@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -19,7 +20,31 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain fails the package if a test leaves a goroutine behind; in a child started by
+// TestEnvironment, it reports whether raw I/O is enabled instead.
+func TestMain(m *testing.M) {
+	if os.Getenv("RAWIO_TEST_CHILD") != "" {
+		if enabled {
+			os.Exit(10)
+		}
+		os.Exit(11)
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// TestEnvironment: SLUICE_RAW_IO=off (or 0, false, in any case) turns raw I/O off in a
+// process started with it; any other value, or none, leaves it on.
+func TestEnvironment(t *testing.T) {
+	for v, want := range map[string]bool{"off": false, "OFF": false, " 0": false, "false": false, "": true, "on": true, "1": true} {
+		cmd := exec.Command(os.Args[0], "-test.run", "^$")
+		cmd.Env = append(os.Environ(), "RAWIO_TEST_CHILD=1", "SLUICE_RAW_IO="+v)
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || (ee.ExitCode() == 10) != want || ee.ExitCode() < 10 {
+			t.Errorf("SLUICE_RAW_IO=%q: child said %v, want enabled %v", v, err, want)
+		}
+	}
+}
 
 // pair returns a connected client (dialled through Dialer) and server connection over
 // network ("tcp" or "unix"), both closed at the test's end.
