@@ -217,6 +217,16 @@ func TestPeerReset(t *testing.T) {
 	if err == nil {
 		t.Fatal("read from a reset peer succeeded")
 	}
+	// Writing on raises SIGPIPE with EPIPE, which the runtime ignores on a socket (as for
+	// net.Conn's writes): the process lives, and the write fails.
+	for i := 0; i < 10; i++ {
+		if _, err = client.Write([]byte("hello")); err == nil {
+			t.Fatal("write to a reset peer succeeded")
+		}
+	}
+	if !errors.Is(err, syscall.EPIPE) {
+		t.Fatalf("write after the reset was reported: %v, want EPIPE", err)
+	}
 }
 
 // TestSyscallConn: a wrapped connection still gives its raw connection (go-redis checks
