@@ -153,8 +153,8 @@ func TestMembersOfAProcessCombine(t *testing.T) {
 	}
 }
 
-// flakyStore is a store that does not answer its first failures loads (as ZooKeeper's
-// client before its first connection, or a Redis restarting), then is store.
+// flakyStore is a store whose first `failures` loads fail as unavailable (as ZooKeeper's
+// client before its first connection, or a Redis restarting), then answers as Store does.
 type flakyStore struct {
 	Store
 	failures int
