@@ -27,6 +27,7 @@ test: test-deps
 	$(GO) test -race -p $(TESTP) -timeout 15m $(PKGS)
 	$(GO) test -count=1 -timeout 5m -run Golden ./sim
 	cd bench && $(GO) test -race -timeout 5m -run . ./...
+	cd tests && $(GO) test -race -timeout 10m ./...
 	$(MAKE) fuzz FUZZTIME=10000x PROPERTY_TRIALS=0
 
 test-deps:
@@ -55,7 +56,7 @@ bench:
 ## scripts/fuzz builds each package's instrumented test binary once and runs its targets
 ## (what go test -fuzz does, one link per package instead of one per target); it also
 ## handles Go 1.26's fuzz deadline race (go.dev/issue/75804).
-FUZZ_TARGETS := .:FuzzParse ./internal/wire:FuzzQueryRoundTrip ./internal/wire:FuzzAnswerRoundTrip ./server:FuzzParseConfig ./server:FuzzGlobMatch ./internal/wire:FuzzValidTag ./internal/allot:FuzzStateCodec ./internal/ratehdr:FuzzRead ./internal/hits:FuzzDecode ./server:FuzzParseEnvoyConfig ./cas:FuzzCodec
+FUZZ_TARGETS := .:FuzzParse ./internal/wire:FuzzQueryRoundTrip ./internal/wire:FuzzAnswerRoundTrip ./server:FuzzParseConfig ./server:FuzzGlobMatch ./internal/wire:FuzzValidTag ./lease/allot:FuzzStateCodec ./internal/ratehdr:FuzzRead ./gossip/hits:FuzzDecode ./server:FuzzParseEnvoyConfig ./cas:FuzzCodec
 fuzz:
 	@GO=$(GO) scripts/fuzz $(FUZZTIME) $(FUZZ_TARGETS)
 	@if [ "$(PROPERTY_TRIALS)" != 0 ]; then \
@@ -69,7 +70,7 @@ fuzz:
 soak:
 	SLUICE_SOAK=$(SOAKTIME) $(GO) test -race -tags soak -run Soak -timeout 60m -v $(PKGS)
 
-## robustness: ROBUST_RUNS randomized fault schedules (internal/robust, docs/robustness.md), each
+## robustness: ROBUST_RUNS randomized fault schedules (tests/robustness, docs/robustness.md), each
 ## ROBUST_DURATION long, seeds from ROBUST_BASE (default: the time, so each run explores new
 ## ones), each in the mode its seed picks (or ROBUST_MODE's), one line per run and the
 ## summary last; ROBUST_SEED=N runs that seed alone (reproducing a failure); ROBUST_DUMP=DIR
@@ -85,7 +86,7 @@ ROBUST_MODE     ?=
 ROBUST_DUMP     ?=
 robustness: test-deps
 	@mkdir -p bench/results
-	$(GO) test -race -c -o bench/results/robust.test ./internal/robust
+	cd tests && $(GO) test -race -c -o ../bench/results/robust.test ./robustness
 	$(GO) build -race -o bench/results/robust-sluice ./cmd/sluice
 	ROBUST_RUNS=$(ROBUST_RUNS) ROBUST_DURATION=$(ROBUST_DURATION) ROBUST_BASE=$(ROBUST_BASE) ROBUST_SEED=$(ROBUST_SEED) \
 	  ROBUST_MODE=$(ROBUST_MODE) ROBUST_DUMP=$(ROBUST_DUMP) ROBUST_SLUICE=$(CURDIR)/bench/results/robust-sluice \
@@ -95,6 +96,7 @@ robustness: test-deps
 lint: vet
 	$(GO) run $(STATICCHECK) $(PKGS)
 	cd bench && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...
+	cd tests && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
 
 vet:
@@ -106,6 +108,7 @@ fmt:
 tidy:
 	$(GO) mod tidy
 	cd bench && $(GO) mod tidy
+	cd tests && $(GO) mod tidy
 
 ## release: binaries without cgo (static on linux) for linux and darwin, amd64 and arm64, in dist/
 ## (git-ignored) with their SHA256SUMS; the version (git describe) and the commit are stamped

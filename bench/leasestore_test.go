@@ -17,8 +17,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/etcdtest"
-	"github.com/sluicehq/sluice/internal/zktest"
+	"github.com/sluicehq/sluice/internal/testkit/etcdtest"
+	"github.com/sluicehq/sluice/internal/testkit/zktest"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/lease/leasetest"
 )

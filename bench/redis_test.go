@@ -17,12 +17,12 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/proctest"
+	"github.com/sluicehq/sluice/internal/testkit/proctest"
 	"github.com/sluicehq/sluice/strict"
 )
 
 // startRedis starts a redis-server on a free loopback port for one benchmark or test and
-// kills it at the end: one plain server is all a benchmark needs (internal/redistest's
+// kills it at the end: one plain server is all a benchmark needs (internal/testkit/redistest's
 // servers are made for the main module's tests: clusters, Sentinel, kills and restarts).
 func startRedis(tb testing.TB) string {
 	tb.Helper()

@@ -17,8 +17,8 @@ import (
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/cas"
 	"github.com/sluicehq/sluice/gcra"
-	"github.com/sluicehq/sluice/internal/etcdtest"
-	"github.com/sluicehq/sluice/internal/zktest"
+	"github.com/sluicehq/sluice/internal/testkit/etcdtest"
+	"github.com/sluicehq/sluice/internal/testkit/zktest"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/strict"
 )

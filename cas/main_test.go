@@ -11,9 +11,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 
-	"github.com/sluicehq/sluice/internal/etcdtest"
-	"github.com/sluicehq/sluice/internal/proctest"
-	"github.com/sluicehq/sluice/internal/zktest"
+	"github.com/sluicehq/sluice/internal/testkit/etcdtest"
+	"github.com/sluicehq/sluice/internal/testkit/proctest"
+	"github.com/sluicehq/sluice/internal/testkit/zktest"
 )
 
 // TestMain makes the test binary a worker process of the multi-process tests when

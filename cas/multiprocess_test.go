@@ -17,7 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/sluice/gcra"
-	"github.com/sluicehq/sluice/internal/zktest"
+	"github.com/sluicehq/sluice/internal/testkit/zktest"
 	"github.com/sluicehq/sluice/lease"
 )
 

@@ -9,7 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/sluice/gcra"
-	"github.com/sluicehq/sluice/internal/robust"
+	"github.com/sluicehq/sluice/internal/testkit/slowlink"
 	"github.com/sluicehq/sluice/lease"
 )
 
@@ -24,17 +24,12 @@ func TestAcrossDataCentres(t *testing.T) {
 	}
 	l := gcra.Limit{T: int64(20 * time.Millisecond), Tau: int64(100 * time.Millisecond)}
 	srv := sharedEtcd(t)
-	net := robust.NewNet()
-	defer net.Close()
-	far, err := net.Proxy("far", srv.Addr())
+	link, err := slowlink.Start(srv.Addr(), 20*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, stream := range []string{"upstream", "downstream"} {
-		if err := net.AddToxic("far", "wan-"+stream, "latency", stream, map[string]int{"latency": 20}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	defer link.Close()
+	far := link.Addr()
 	path := unique("/wan")
 	var members []*Backend
 	for i := range 4 {

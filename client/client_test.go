@@ -21,7 +21,7 @@ import (
 	"github.com/sluicehq/sluice/backend/backendtest"
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/clock"
-	"github.com/sluicehq/sluice/internal/proctest"
+	"github.com/sluicehq/sluice/internal/testkit/proctest"
 	"github.com/sluicehq/sluice/server"
 )
 

@@ -24,7 +24,7 @@ import (
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
-	"github.com/sluicehq/sluice/internal/hits"
+	"github.com/sluicehq/sluice/gossip/hits"
 )
 
 // Config is a gossip member's configuration. Use DefaultConfig; Validate checks it.

@@ -16,7 +16,7 @@ import (
 	"github.com/sluicehq/sluice/backend/backendtest"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
-	"github.com/sluicehq/sluice/internal/hits"
+	"github.com/sluicehq/sluice/gossip/hits"
 )
 
 const sec = int64(time.Second)

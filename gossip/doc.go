@@ -7,5 +7,5 @@
 // found from a seed list of addresses (a DNS name with several addresses joins them all),
 // traffic binds loopback by default, and a shared key encrypts and authenticates it.
 // Reports travel as memberlist user messages: UDP datagrams when small, its TCP stream
-// when large. The decisions themselves are made by the pure core of internal/hits.
+// when large. The decisions themselves are made by the pure core of gossip/hits.
 package gossip

@@ -8,7 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sluicehq/sluice/internal/hits"
+	"github.com/sluicehq/sluice/gossip/hits"
 )
 
 // parseKey reads a key as raw bytes, or base64 or hex text.

@@ -14,7 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/gcra"
-	"github.com/sluicehq/sluice/internal/hits"
+	"github.com/sluicehq/sluice/gossip/hits"
 )
 
 // memberEnv, when set, makes the test binary a member process (see TestMain): its value

@@ -13,7 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
-	"github.com/sluicehq/sluice/internal/allot"
+	"github.com/sluicehq/sluice/lease/allot"
 	"github.com/sluicehq/sluice/internal/rkey"
 )
 

@@ -16,7 +16,7 @@ import (
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
-	"github.com/sluicehq/sluice/internal/allot"
+	"github.com/sluicehq/sluice/lease/allot"
 )
 
 // Defaults of the backend beyond MemberConfig.

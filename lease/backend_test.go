@@ -15,7 +15,7 @@ import (
 	"github.com/sluicehq/sluice/backend/backendtest"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
-	"github.com/sluicehq/sluice/internal/allot"
+	"github.com/sluicehq/sluice/lease/allot"
 )
 
 var bg = context.Background()

@@ -2,10 +2,10 @@ package lease
 
 import (
 	"github.com/sluicehq/sluice/backend"
-	"github.com/sluicehq/sluice/internal/allot"
+	"github.com/sluicehq/sluice/lease/allot"
 )
 
-// The allocation's vocabulary, defined by the pure cores of package internal/allot (which
+// The allocation's vocabulary, defined by the pure cores of package lease/allot (which
 // the simulator drives too) and named here for users of the lease mode.
 type (
 	// Config is the allocation's settings for every limit a store's records hold: TTL,

@@ -8,9 +8,9 @@ import (
 	"github.com/go-zookeeper/zk"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/sluicehq/sluice/internal/etcdtest"
-	"github.com/sluicehq/sluice/internal/proctest"
-	"github.com/sluicehq/sluice/internal/zktest"
+	"github.com/sluicehq/sluice/internal/testkit/etcdtest"
+	"github.com/sluicehq/sluice/internal/testkit/proctest"
+	"github.com/sluicehq/sluice/internal/testkit/zktest"
 )
 
 // The package's tests share one etcd and one ZooKeeper, started by the first test that

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit/redistest"
 )
 
 // TestSoakMultiProcessOnRedis: TestMultiProcessOnRedis for SLUICE_SOAK (default 1m), held

@@ -11,7 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
-	"github.com/sluicehq/sluice/internal/allot"
+	"github.com/sluicehq/sluice/lease/allot"
 )
 
 const all = RateScale

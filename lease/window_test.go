@@ -6,7 +6,7 @@ import (
 
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
-	"github.com/sluicehq/sluice/internal/allot"
+	"github.com/sluicehq/sluice/lease/allot"
 )
 
 // TestWindowedQuotaAcrossMembers: three members with more demand than a windowed quota of

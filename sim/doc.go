@@ -6,7 +6,7 @@
 // demand, the network and the store, and events at times (joins, leaves, crashes, pauses,
 // store outages, partitions, limit changes). Run plays it as a discrete-event simulation
 // under each mode, driving the real cores with virtual time (the GCRA core of package gcra,
-// the lease allocation and member of internal/allot, the gossip core of internal/hits and
+// the lease allocation and member of lease/allot, the gossip core of gossip/hits and
 // the adaptive mode's Controller), and has a referee (package referee) judge every request
 // where the API would see it, after its network delay. The same scenario and seed give the same report, to the byte.
 package sim

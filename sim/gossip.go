@@ -1,7 +1,7 @@
 package sim
 
 import (
-	"github.com/sluicehq/sluice/internal/hits"
+	"github.com/sluicehq/sluice/gossip/hits"
 )
 
 // gossipMode: each member runs the gossip core (package hits, as the daemons do), decides

@@ -10,7 +10,7 @@ import (
 
 // mode is how members get permits. The engine owns demand, goroutines, the network, the
 // API and the metrics; a mode decides, calling the real cores (package gcra; the lease
-// allocation and member of internal/allot, the gossip core of internal/hits, the adaptive
+// allocation and member of lease/allot, the gossip core of gossip/hits, the adaptive
 // controller).
 type mode interface {
 	name() string

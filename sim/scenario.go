@@ -10,7 +10,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice/gcra"
-	"github.com/sluicehq/sluice/internal/hits"
+	"github.com/sluicehq/sluice/gossip/hits"
 	"github.com/sluicehq/sluice/internal/yamlx"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/referee"

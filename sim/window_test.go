@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluicehq/sluice/internal/allot"
+	"github.com/sluicehq/sluice/lease/allot"
 )
 
 // TestDailyQuotaScenario: in the 24-hour scenario, the referee (whose limit is the daily

@@ -7,7 +7,7 @@ import (
 	"github.com/go-zookeeper/zk"
 	"go.uber.org/goleak"
 
-	"github.com/sluicehq/sluice/internal/zktest"
+	"github.com/sluicehq/sluice/internal/testkit/zktest"
 )
 
 // TestCloseEndsAConnectionAttempt: a client connecting to a ZooKeeper that accepted the

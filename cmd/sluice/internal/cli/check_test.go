@@ -1,0 +1,185 @@
+package cli
+
+import (
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sluicehq/sluice/internal/testkit/proctest"
+	"github.com/sluicehq/sluice/server"
+)
+
+// TestCheckFlagsAnywhereAndExitCodes: `sluice check` takes its flags before or after the
+// tag, and its exit codes tell allowed (0), denied (1), bad usage (2) and a daemon that
+// does not answer (3) apart.
+func TestCheckFlagsAnywhereAndExitCodes(t *testing.T) {
+	cfg := server.DefaultConfig()
+	cfg.ListenLine, cfg.ListenHTTP = "127.0.0.1:0", ""
+	r, err := server.ParseRuleFlag("api=3/h", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Rules = []server.Rule{r}
+	srv, err := server.New(cfg, server.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown(t.Context())
+	addr := srv.LineAddr().String()
+	steps := []struct {
+		args []string
+		code int
+		out  string
+	}{
+		{[]string{"check", "--addr", addr, "api", "--n", "2"}, ExitOK, "OK remaining=1"},
+		{[]string{"check", "api", "--addr", addr, "--n", "2"}, ExitDenied, "NO retry_after="},
+		{[]string{"check", "--n", "0", "api", "--addr", addr}, ExitOK, "remaining=1"},
+		{[]string{"check", "--addr", addr, "--", "api"}, ExitOK, "OK"},
+		{[]string{"check", "api", "--addr", addr, "--quiet"}, ExitDenied, ""},
+	}
+	for i, s := range steps {
+		code, out, errs := run(t, s.args...)
+		if code != s.code || !strings.Contains(out, s.out) {
+			t.Errorf("step %d %v: got exit %d out %q err %q, want %d and %q", i, s.args, code, out, errs, s.code, s.out)
+		}
+	}
+	dead := proctest.FreeAddr(t) // nobody listens there
+	for i, c := range []struct {
+		args []string
+		code int
+		err  string
+	}{
+		{[]string{"check", "api", "--addr", dead}, ExitUnreachable, "unavailable"},
+		{[]string{"check", "api", "extra", "--addr", addr}, ExitUsage, "want one tag"},
+		{[]string{"check", "--addr", addr}, ExitUsage, "no tag"},
+		{[]string{"check", "api", "--n"}, ExitUsage, "flag needs an argument"},
+	} {
+		code, _, errs := run(t, c.args...)
+		if code != c.code || !strings.Contains(errs, c.err) {
+			t.Errorf("case %d %v: got exit %d err %q, want %d and %q", i, c.args, code, errs, c.code, c.err)
+		}
+	}
+}
+
+// TestErrorsSayTheirPrefixOnce: an error from a package below the command reads
+// "sluice: ...", not "sluice: ... sluice: ...".
+func TestErrorsSayTheirPrefixOnce(t *testing.T) {
+	for _, args := range [][]string{
+		{"demo", "--limit", "ten per sec"},
+		{"serve", "--limit", "api=ten", "--listen-line", "127.0.0.1:0", "--listen-http", ""},
+		{"referee", "--limit", "0/s"},
+	} {
+		code, _, errs := run(t, args...)
+		if code != ExitUsage || strings.Count(errs, "sluice:") != 1 || !strings.HasPrefix(errs, "sluice: ") {
+			t.Errorf("%v: exit %d, stderr %q: want one sluice: prefix", args, code, errs)
+		}
+	}
+}
+
+// TestCompletion: the scripts are valid bash and zsh, name every command, and bash
+// completes a command's flags and a flag's values.
+func TestCompletion(t *testing.T) {
+	dir := t.TempDir()
+	for _, sh := range []string{"bash", "zsh"} {
+		code, out, errs := run(t, "completion", sh)
+		if code != 0 {
+			t.Fatalf("completion %s: exit %d: %s", sh, code, errs)
+		}
+		for name := range commands {
+			if !strings.Contains(out, name) {
+				t.Errorf("the %s script lacks the command %s", sh, name)
+			}
+		}
+		f := filepath.Join(dir, "sluice."+sh)
+		if err := os.WriteFile(f, []byte(out), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := exec.Command(sh, "-n", f).CombinedOutput(); err != nil {
+			t.Errorf("%s -n: %v: %s", sh, err, b)
+		}
+	}
+	complete := func(line string) string {
+		words := strings.Fields(line)
+		if strings.HasSuffix(line, " ") {
+			words = append(words, "")
+		}
+		script := `source "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); _sluice; echo "${COMPREPLY[*]}"`
+		b, err := exec.Command("bash", append([]string{"-c", script, "bash", filepath.Join(dir, "sluice.bash")}, words...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("bash: %v: %s", err, b)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	for i, c := range []struct{ line, want string }{
+		{"sluice se", "serve"},
+		{"sluice check --q", "--quiet"},
+		{"sluice serve --backend le", "lease"},
+		{"sluice serve --check-c", "--check-config"},
+	} {
+		if got := complete(c.line); got != c.want {
+			t.Errorf("case %d %q: completed %q, want %q", i, c.line, got, c.want)
+		}
+	}
+	if code, _, _ := run(t, "completion", "fish"); code != ExitUsage {
+		t.Errorf("completion fish: exit %d, want %d", code, ExitUsage)
+	}
+}
+
+// TestServeCheckConfig: --check-config says whether the config (file, environment, flags)
+// would start, naming each problem's file and line, without listening; flags win over
+// the environment, which wins over the file.
+func TestServeCheckConfig(t *testing.T) {
+	dir := t.TempDir()
+	good, bad := filepath.Join(dir, "good.yaml"), filepath.Join(dir, "bad.yaml")
+	os.WriteFile(good, []byte("backend: redis\nredis_url: redis://127.0.0.1:1\nrules:\n  - {match: api, limit: 10/s}\n"), 0o644)
+	os.WriteFile(bad, []byte("rules:\n  - {match: api, limit: 10/s}\n  - {match: api, limit: 1/s}\nextra_key: 1\n"), 0o644)
+	for i, c := range []struct {
+		args []string
+		env  map[string]string
+		code int
+		out  string
+	}{
+		{[]string{"serve", "--check-config", "--config", good}, nil, 0, "ok: 1 rules"},
+		{[]string{"serve", "--config", bad, "--check-config"}, nil, ExitUsage, `bad.yaml:4: unknown field "extra_key"`},
+		{[]string{"serve", "--check-config"}, map[string]string{"SLUICE_MAX_KEYS": "lots"}, ExitUsage, "SLUICE_MAX_KEYS"},
+		{[]string{"serve", "--check-config"}, map[string]string{"SLUICE_BACKEND": "redis"}, ExitUsage, "redis_url"},
+		{[]string{"serve", "--check-config", "--backend", "local"}, map[string]string{"SLUICE_BACKEND": "redis"}, 0, "backend local"},
+		{[]string{"serve", "--check-config", "--config", good}, map[string]string{"SLUICE_BACKEND": "local"}, 0, "backend local"},
+		{[]string{"serve", "--check-config"}, map[string]string{"SLUICE_LIMIT": "a=1/s\nb-*=2/s"}, 0, "ok: 2 rules"},
+		{[]string{"serve", "--check-config"}, map[string]string{"SLUICE_CHECK_CONFIG": "false"}, 0, "ok:"},
+		// A rule its back end does not decide is refused by the check as by the start.
+		{[]string{"serve", "--check-config", "--backend", "gossip", "--limit", "gh=5000/h window"}, nil, ExitUsage, `rule "gh"`},
+		{[]string{"serve", "--check-config", "--backend", "strict", "--store", "etcd://127.0.0.1:1", "--limit", "a=100/s ramp=10/s..1m"}, nil, ExitUsage, "ramp"},
+		{[]string{"serve", "--check-config", "--backend", "redis", "--redis-url", "redis://127.0.0.1:1", "--limit", "a=10/s; 100/h window"}, nil, ExitUsage, "beside"},
+		{[]string{"serve", "--check-config", "--backend", "redis", "--redis-url", "redis://127.0.0.1:1", "--limit", "a=100/h window"}, nil, 0, "ok: 1 rules"},
+		{[]string{"serve", "--check-config", "--backend", "lease", "--store", "zk://127.0.0.1:1", "--limit", "a=100/s ramp=10/s..1m"}, nil, 0, "ok: 1 rules"},
+	} {
+		for k, v := range c.env {
+			t.Setenv(k, v)
+		}
+		code, out, errs := run(t, c.args...)
+		for k := range c.env {
+			os.Unsetenv(k)
+		}
+		if code != c.code || !strings.Contains(out+errs, c.out) {
+			t.Errorf("case %d %v %v: exit %d, out %q err %q; want %d and %q", i, c.args, c.env, code, out, errs, c.code, c.out)
+		}
+	}
+}
+
+// TestServeRefusesRuleItsBackendCannotDecide: a daemon whose back end does not decide a
+// rule's limit (a windowed quota on gossip) stops before listening with the usage exit, as
+// --check-config says it would (exit 1 before: a run-time failure, not the config's).
+func TestServeRefusesRuleItsBackendCannotDecide(t *testing.T) {
+	code, _, errs := run(t, "serve", "--backend", "gossip", "--gossip-bind", "127.0.0.1:0", "--listen-line", "127.0.0.1:0",
+		"--listen-http", "127.0.0.1:0", "--limit", "gh=5000/h window")
+	if code != ExitUsage || !strings.Contains(errs, `rule "gh"`) || !strings.Contains(errs, "windowed quota") {
+		t.Fatalf("exit %d, err %q; want %d and the rule refused", code, errs, ExitUsage)
+	}
+}

@@ -1,0 +1,559 @@
+package cli
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/testkit/etcdtest"
+	"github.com/sluicehq/sluice/internal/testkit/proctest"
+	"github.com/sluicehq/sluice/internal/testkit/redistest"
+	"github.com/sluicehq/sluice/internal/testkit/zktest"
+)
+
+// demoMargin is the jitter tolerance of the demos these tests run: they check the wiring
+// (modes, stores, flags) and that the limit is kept, judged by the demo's referee on the
+// arrival of each request. A grant's request reaches the referee later than it was
+// decided by however long the machine takes to send it, and a loaded CI machine took
+// more than 20 ms once (one 429 in a Sentinel demo): the margin absorbs that, as it would
+// a network's jitter. The modes' guarantees under time are tested from recorded decision
+// times, where the machine's load does not blur them.
+const demoMargin = "100ms"
+
+func run(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := Main(context.Background(), args, strings.NewReader(""), &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestHelpForEveryCommand(t *testing.T) {
+	for name := range commands {
+		code, out, _ := run(t, name, "--help")
+		if code != 0 || !strings.Contains(out, "Usage: sluice "+name) {
+			t.Errorf("%s --help: exit %d, output %q", name, code, out)
+		}
+	}
+	code, out, _ := run(t, "help")
+	if code != 0 || !strings.Contains(out, "demo") || !strings.Contains(out, "referee") {
+		t.Errorf("help: %d %q", code, out)
+	}
+}
+
+func TestBadUsage(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"demo", "--limit", "ten per sec"}, "limit"},
+		{[]string{"demo", "--limit", "5/fortnight"}, "fortnight"},
+		{[]string{"demo", "--workers", "0"}, "--workers"},
+		{[]string{"demo", "--mode", "lease", "--lease-renew", "0s"}, "--lease-renew"},
+		{[]string{"demo", "--mode", "lease", "--store", "etcd://"}, "etcd://HOST:PORT"},
+		{[]string{"demo", "--mode", "lease", "--store", "consul://h:1"}, "consul://"},
+		{[]string{"demo", "--mode", "lease", "--store", "zk:///path"}, "zk://HOST:PORT"},
+		{[]string{"demo", "--mode", "lease", "--store", "redis-sentinel://h:1/"}, "no master name"},
+		{[]string{"demo", "--duration", "-1s"}, "--duration"},
+		{[]string{"demo", "--mode", "quantum"}, "quantum"},
+		{[]string{"demo", "stray"}, "stray"},
+		{[]string{"demo", "--mode", "redis", "--fail-mode", "maybe"}, "--fail-mode"},
+		{[]string{"demo", "--mode", "redis", "--fail-mode", "local", "--fallback-share", "2"}, "--fallback-share"},
+		{[]string{"referee", "--limit", "0/s"}, "limit"},
+		{[]string{"nonesuch"}, "nonesuch"},
+		{nil, "no command"},
+	}
+	for _, c := range cases {
+		code, _, errs := run(t, c.args...)
+		if code != 2 || !strings.Contains(errs, c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", c.args, code, errs, c.want)
+		}
+	}
+}
+
+func TestDemoJSON(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real time")
+	}
+	code, out, errs := run(t, "demo", "--duration", "1s", "--workers", "3", "--margin", demoMargin, "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var j map[string]any
+	if err := json.Unmarshal([]byte(out), &j); err != nil {
+		t.Fatalf("not JSON: %v: %q", err, out)
+	}
+	for _, k := range []string{"mode", "limit", "accepted", "violations", "utilization", "jain", "per_worker"} {
+		if _, ok := j[k]; !ok {
+			t.Errorf("the JSON lacks %q", k)
+		}
+	}
+	if j["mode"] != "local" || j["limit"] != "20/s burst=10" {
+		t.Errorf("mode %v limit %v", j["mode"], j["limit"])
+	}
+	// stderr is not a terminal here: the run still says it is alive, a line at a time.
+	if !strings.Contains(errs, "sluice demo:") || !strings.Contains(errs, "accepted") || strings.Contains(errs, "\r") {
+		t.Errorf("no progress lines on a non-terminal stderr: %q", errs)
+	}
+	code, out, errs = run(t, "demo", "--mode", "lease", "--duration", "1s", "--workers", "3", "--margin", demoMargin, "--json")
+	if code != 0 {
+		t.Fatalf("lease: exit %d: %s", code, errs)
+	}
+	if err := json.Unmarshal([]byte(out), &j); err != nil || j["mode"] != "lease" || j["violations"] != 0.0 {
+		t.Errorf("lease: %v %v", err, out)
+	}
+}
+
+func TestSimCommand(t *testing.T) {
+	code, out, errs := run(t, "sim", "../../scenarios/seed000-timeline.yaml", "--json", "--modes", "redis")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var j struct {
+		Modes []map[string]any `json:"modes"`
+	}
+	if err := json.Unmarshal([]byte(out), &j); err != nil || len(j.Modes) != 1 {
+		t.Fatalf("report %q: %v", out, err)
+	}
+	for _, k := range []string{"accepted", "violations", "utilization", "jain"} {
+		if _, ok := j.Modes[0][k]; !ok {
+			t.Errorf("the report lacks %q", k)
+		}
+	}
+	code, out, _ = run(t, "sim", "--modes", "local", "../../scenarios/seed000-timeline.yaml")
+	if code != 0 || !strings.Contains(out, "local") {
+		t.Errorf("flags before the file: %d %q", code, out)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"sim"}, "no scenario file"},
+		{[]string{"sim", "nope.yaml"}, "nope.yaml"},
+		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--modes", "quantum"}, "quantum"},
+		{[]string{"sim", "a.yaml", "b.yaml"}, "one scenario file"},
+		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--modes", "local,central"}, "called redis now"},
+		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--sweep", "name=a/b,a_b", "--csv", "x.csv"}, "two points would write the same files (name=a_b)"},
+		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--sweep", "client.margin"}, "want KEY=V1,V2"},
+		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--sweep", "client.margin=later"}, `bad duration "later"`},
+		{[]string{"sim", "../../scenarios/seed000-timeline.yaml", "--plot", "out.pdf"}, "--plot: want a file ending in .svg or .png"},
+	} {
+		code, _, errs := run(t, c.args...)
+		if code != 2 || !strings.Contains(errs, c.want) {
+			t.Errorf("%v: exit %d stderr %q, want 2 and %q", c.args, code, errs, c.want)
+		}
+	}
+}
+
+// TestSimPlotAndHTML: --plot writes the figure in the format its name asks for, --html a
+// page with every mode, alongside the table.
+func TestSimPlotAndHTML(t *testing.T) {
+	dir := t.TempDir()
+	png, svg, page := filepath.Join(dir, "out.png"), filepath.Join(dir, "out.svg"), filepath.Join(dir, "r.html")
+	code, out, errs := run(t, "sim", "../../scenarios/seed000-timeline.yaml", "--plot", png, "--html", page)
+	if code != 0 || !strings.Contains(out, "violations (429s)") {
+		t.Fatalf("exit %d: %s%s", code, out, errs)
+	}
+	if code, _, errs := run(t, "sim", "../../scenarios/seed000-timeline.yaml", "--plot", svg); code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	for file, prefix := range map[string]string{png: "\x89PNG\r\n", svg: "<?xml", page: "<!DOCTYPE html>"} {
+		b, err := os.ReadFile(file)
+		if err != nil || !bytes.HasPrefix(b, []byte(prefix)) {
+			t.Errorf("%s: %v, starts %q", file, err, b[:min(len(b), 16)])
+		}
+	}
+	b, _ := os.ReadFile(page)
+	for _, m := range []string{"redis", "local"} {
+		if !strings.Contains(string(b), `<section class="mode" id="mode-`+m+`">`) {
+			t.Errorf("the page has no section for %s", m)
+		}
+	}
+}
+
+// TestSimSweep: a sweep runs its grid on all the cores and prints the same bytes every
+// time, the points in the grid's order, with the best point per mode.
+func TestSimSweep(t *testing.T) {
+	t.Parallel()
+	args := []string{"sim", "testdata/short-outage.yaml", "--modes", "redis,local", "--json",
+		"--sweep", "client.margin=0s,10ms,50ms", "--sweep", "members.m.count=5,20", "--seed", "4"}
+	code, a, errs := run(t, args...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if _, b, _ := run(t, args...); a != b {
+		t.Errorf("two runs of the sweep differ")
+	}
+	var j struct {
+		Keys   []string `json:"keys"`
+		Points []struct {
+			Settings []struct{ Key, Value string }
+			Modes    []struct{ Mode string }
+		}
+		Best []struct {
+			Mode  string
+			Point int
+		}
+	}
+	if err := json.Unmarshal([]byte(a), &j); err != nil {
+		t.Fatal(err)
+	}
+	if len(j.Points) != 6 || len(j.Best) != 2 || strings.Join(j.Keys, " ") != "client.margin members.m.count" {
+		t.Fatalf("keys %v, %d points, %d best: %s", j.Keys, len(j.Points), len(j.Best), a)
+	}
+	if p := j.Points[5]; p.Settings[0].Value != "50ms" || p.Settings[1].Value != "20" || p.Modes[0].Mode != "redis" {
+		t.Errorf("the last point: %+v", p)
+	}
+	code, out, errs := run(t, "sim", "../../scenarios/seed000-timeline.yaml", "--sweep", "client.margin=0s,10ms")
+	if code != 0 || !strings.Contains(out, "best (fewest violations, then the highest utilization, then the fewest store operations)") {
+		t.Errorf("exit %d: %s%s", code, out, errs)
+	}
+}
+
+// TestSimSweepWritesEachPoint: with --csv, --plot and --html a sweep writes each point's
+// files, named after its settings; a point's files are those of the same point swept
+// alone (the grid and its parallel runs change nothing), the points' differ, and two runs
+// write the same bytes.
+func TestSimSweepWritesEachPoint(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	sweep := func(sub string, margins string) {
+		t.Helper()
+		d := filepath.Join(dir, sub)
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		code, out, errs := run(t, "sim", "testdata/short-outage.yaml", "--modes", "redis", "--seed", "4",
+			"--sweep", "client.margin="+margins, "--sweep", "members.m.count=5",
+			"--csv", filepath.Join(d, "s.csv"), "--plot", filepath.Join(d, "f.png"), "--html", filepath.Join(d, "p.html"))
+		if code != 0 || !strings.Contains(out, "best (") {
+			t.Fatalf("exit %d: %s%s", code, out, errs)
+		}
+	}
+	sweep("a", "0s,50ms")
+	sweep("b", "0s,50ms")
+	sweep("c", "50ms")
+	read := func(sub, name string) []byte {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(dir, sub, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	for _, pt := range []string{"client.margin=0s-members.m.count=5", "client.margin=50ms-members.m.count=5"} {
+		for name, prefix := range map[string]string{"s-" + pt + ".csv": "mode,", "f-" + pt + ".png": "\x89PNG\r\n", "p-" + pt + ".html": "<!DOCTYPE html>"} {
+			if b := read("a", name); !bytes.HasPrefix(b, []byte(prefix)) {
+				t.Errorf("%s starts %q, want %q", name, b[:min(len(b), 16)], prefix)
+			} else if !bytes.Equal(b, read("b", name)) {
+				t.Errorf("%s: two runs of the sweep wrote different bytes", name)
+			}
+		}
+	}
+	csv0, csv50 := read("a", "s-client.margin=0s-members.m.count=5.csv"), read("a", "s-client.margin=50ms-members.m.count=5.csv")
+	if bytes.Equal(csv0, csv50) {
+		t.Errorf("the two points' series are the same: the setting did not reach them")
+	}
+	if !bytes.Equal(csv50, read("c", "s-client.margin=50ms-members.m.count=5.csv")) {
+		t.Errorf("the point's series in the grid differs from the point swept alone")
+	}
+	entries, _ := os.ReadDir(filepath.Join(dir, "a"))
+	if len(entries) != 6 {
+		t.Errorf("%d files written, want 6 (3 per point)", len(entries))
+	}
+}
+
+// TestDemoRedis runs the demo in redis mode against a real redis-server: it keeps the
+// limit, and says so as "mode":"redis".
+func TestDemoRedis(t *testing.T) {
+	srv := redistest.New(t)
+	code, out, errs := run(t, "demo", "--mode", "redis", "--redis-url", srv.URL(), "--duration", "1s", "--workers", "3", "--margin", demoMargin, "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var j map[string]any
+	if err := json.Unmarshal([]byte(out), &j); err != nil {
+		t.Fatalf("not JSON: %v: %q", err, out)
+	}
+	if j["mode"] != "redis" || j["violations"] != 0.0 {
+		t.Errorf("mode %v, violations %v: %s", j["mode"], j["violations"], out)
+	}
+}
+
+// TestDemoRedisUnreachable: a Redis that does not answer is a clear error, not a run
+// that denies everything.
+func TestDemoRedisUnreachable(t *testing.T) {
+	srv := redistest.New(t)
+	srv.Kill()
+	code, _, errs := run(t, "demo", "--mode", "redis", "--redis-url", srv.URL(), "--duration", "1s")
+	if code != 1 || !strings.Contains(errs, "unavailable: redis") {
+		t.Errorf("exit %d, stderr %q; want 1 and a clear error", code, errs)
+	}
+}
+
+// TestVersionFlags: --version, -version and -v are the version command (a first user
+// tried them before `sluice version`).
+func TestVersionFlags(t *testing.T) {
+	for _, arg := range []string{"version", "--version", "-version", "-v"} {
+		code, out, errs := run(t, arg)
+		if code != 0 || !strings.HasPrefix(out, "sluice ") {
+			t.Errorf("sluice %s: exit %d, out %q, err %q", arg, code, out, errs)
+		}
+	}
+}
+
+// TestSentinel: the redis demo, the lease demo and the daemon of each back end through a
+// real Sentinel set (a master, a replica, three sentinels), named by a redis-sentinel://
+// URL.
+func TestSentinel(t *testing.T) {
+	t.Parallel() // its own servers; mostly waiting on fences and demos
+	set := redistest.NewSentinels(t, redistest.SentinelConfig{})
+	t.Run("DemoRedis", func(t *testing.T) {
+		code, out, errs := run(t, "demo", "--mode", "redis", "--redis-url", set.URL(), "--duration", "1s", "--workers", "3",
+			"--margin", demoMargin, "--json")
+		var j map[string]any
+		if code != 0 || json.Unmarshal([]byte(out), &j) != nil {
+			t.Fatalf("exit %d: %s%s", code, out, errs)
+		}
+		if j["mode"] != "redis" || j["violations"] != 0.0 || j["accepted"].(float64) < 10 {
+			t.Errorf("%s", out)
+		}
+	})
+	t.Run("DemoLease", func(t *testing.T) {
+		code, out, errs := run(t, "demo", "--mode", "lease", "--store", set.URL(), "--duration", "2s", "--workers", "3",
+			"--margin", demoMargin, "--json")
+		var j map[string]any
+		if code != 0 || json.Unmarshal([]byte(out), &j) != nil {
+			t.Fatalf("exit %d: %s%s", code, out, errs)
+		}
+		if j["mode"] != "lease" || j["violations"] != 0.0 || j["accepted"].(float64) < 10 {
+			t.Errorf("%s", out)
+		}
+	})
+	// The state went through the master: it holds keys of both.
+	if n, err := set.Master.Do("DBSIZE"); err != nil || n == ":0" {
+		t.Errorf("the master holds no key (%s %v)", n, err)
+	}
+	t.Run("ServeRedis", func(t *testing.T) { serveOn(t, "--backend", "redis", "--redis-url", set.URL()) })
+	t.Run("ServeRedisAcks", func(t *testing.T) {
+		serveOn(t, "--backend", "redis", "--redis-url", set.URL(), "--redis-replica-acks", "1")
+	})
+	t.Run("ServeLease", func(t *testing.T) { serveLease(t, set.URL()) })
+}
+
+// TestLeaseOnEtcd: the lease demo and the daemon through one real etcd, and the strict
+// mode's on the same etcd.
+func TestLeaseOnEtcd(t *testing.T) {
+	t.Parallel() // its own servers; mostly waiting on fences and demos
+	srv := etcdtest.New(t)
+	t.Run("Demo", func(t *testing.T) { demoLeaseOnEtcd(t, srv) })
+	t.Run("Serve", func(t *testing.T) { serveLease(t, srv.URL()) })
+	t.Run("StrictDemo", func(t *testing.T) { demoStrict(t, srv.URL()) })
+	t.Run("StrictServe", func(t *testing.T) { serveOn(t, "--backend", "strict", "--store", srv.URL()) })
+}
+
+// TestLeaseOnZK: the lease demo and the daemon through one real ZooKeeper, and the strict
+// mode's on the same ZooKeeper.
+func TestLeaseOnZK(t *testing.T) {
+	t.Parallel() // its own servers; mostly waiting on fences and demos
+	srv := zktest.New(t)
+	t.Run("Demo", func(t *testing.T) { demoLeaseOnZK(t, srv) })
+	t.Run("Serve", func(t *testing.T) { serveLease(t, srv.URL()) })
+	t.Run("StrictDemo", func(t *testing.T) { demoStrict(t, srv.URL()+"/demo/strict") })
+	t.Run("StrictServe", func(t *testing.T) { serveOn(t, "--backend", "strict", "--store", srv.URL()) })
+}
+
+// demoStrict runs the demo in the strict mode through store: it keeps the limit.
+func demoStrict(t *testing.T, store string) {
+	code, out, errs := run(t, "demo", "--mode", "strict", "--store", store, "--duration", "2s", "--workers", "3", "--margin", demoMargin, "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var j map[string]any
+	if err := json.Unmarshal([]byte(out), &j); err != nil {
+		t.Fatalf("not JSON: %v: %q", err, out)
+	}
+	if j["mode"] != "strict" || j["violations"] != 0.0 || j["accepted"].(float64) < 10 {
+		t.Errorf("mode %v, violations %v, accepted %v: %s", j["mode"], j["violations"], j["accepted"], out)
+	}
+}
+
+// serveLease runs the daemon on the lease back end through store: it admits once the new
+// store's fence has passed, and keeps the rule's limit; a windowed quota's rule (a daily
+// count of 20) grants exactly its count.
+func serveLease(t *testing.T, store string) {
+	serveOn(t, "--backend", "lease", "--store", store, "--limit", "q=20/24h window")
+}
+
+// serveOn runs the daemon on the back end the flags name: it admits (at once, or once a
+// lease store's fence has passed), and keeps the rule's limit; and if the flags give a
+// rule q (a daily quota of 20), it grants exactly its count.
+func serveOn(t *testing.T, backendFlags ...string) {
+	addr := proctest.FreeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	var errb bytes.Buffer
+	go func() {
+		args := append([]string{"serve"}, backendFlags...)
+		done <- Main(ctx, append(args, "--listen-line", addr, "--listen-http", "", "--limit", "api=2/s burst=5"),
+			strings.NewReader(""), io.Discard, &errb)
+	}()
+	defer func() {
+		cancel()
+		if code := <-done; code != 0 {
+			t.Errorf("serve exited %d: %s", code, errb.String())
+		}
+	}()
+	var c net.Conn
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if c, err = net.Dial("tcp", addr); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the daemon did not listen: %v: %s", err, errb.String())
+		}
+	}
+	defer c.Close()
+	rd := bufio.NewReader(c)
+	ask := func(n int) string { return askTag(t, c, rd, "api", n) }
+	// The first decision makes the store's records, fenced for TTL + Grace (1.5 s by
+	// default): the first OK comes after that.
+	for deadline := time.Now().Add(10 * time.Second); ask(1) != "OK"; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no OK 10 s after the daemon started: %s", errb.String())
+		}
+	}
+	// Then 60 queries 50 ms apart (3 s, longer on a loaded machine: the bound counts the
+	// time they took): the limit's rate (2/s) and at most its burst (5) more.
+	ok := 0
+	start := time.Now()
+	for range 60 {
+		if ask(1) == "OK" {
+			ok++
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	took := time.Since(start)
+	if most := int(2*took.Seconds()) + 5 + 1; ok < 4 || ok > most {
+		t.Errorf("%d of 60 queries over %v on 2/s burst=5 were OK, want 4 to %d", ok, took.Round(time.Millisecond), most)
+	}
+	if !slices.Contains(backendFlags, "q=20/24h window") {
+		return
+	}
+	// The daily quota: 30 queries in a row, of which its 20 (more if the day turned
+	// meanwhile: a new window).
+	day := time.Now().UTC().Truncate(24 * time.Hour)
+	got := askTag(t, c, rd, "q", 30)
+	turned := !time.Now().UTC().Truncate(24 * time.Hour).Equal(day)
+	if n := strings.Count(got, "OK"); n != 20 && !(turned && n > 20) {
+		t.Errorf("a daily quota of 20: %d of 30 queries OK (%s), want 20", n, got)
+	}
+}
+
+// askTag sends n queries for tag on c and returns the answers, concatenated.
+func askTag(t *testing.T, c net.Conn, rd *bufio.Reader, tag string, n int) string {
+	t.Helper()
+	fmt.Fprint(c, strings.Repeat(tag+"\n", n))
+	var got strings.Builder
+	for range n {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		got.WriteString(strings.TrimSpace(line))
+	}
+	return got.String()
+}
+
+// demoLeaseOnEtcd runs the lease demo through a real etcd: it keeps the limit, and the
+// records really went through etcd (its revision moved).
+func demoLeaseOnEtcd(t *testing.T, srv *etcdtest.Server) {
+	code, out, errs := run(t, "demo", "--mode", "lease", "--store", srv.URL(), "--duration", "2s", "--workers", "3", "--margin", demoMargin, "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var j map[string]any
+	if err := json.Unmarshal([]byte(out), &j); err != nil {
+		t.Fatalf("not JSON: %v: %q", err, out)
+	}
+	if j["mode"] != "lease" || j["violations"] != 0.0 || j["accepted"].(float64) < 10 {
+		t.Errorf("mode %v, violations %v, accepted %v: %s", j["mode"], j["violations"], j["accepted"], out)
+	}
+	r, err := http.Post("http://"+srv.Addr()+"/v3/kv/range", "application/json", strings.NewReader(`{"key":"AA==","range_end":"AA==","count_only":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	var rng struct{ Header struct{ Revision string } }
+	if err := json.NewDecoder(r.Body).Decode(&rng); err != nil {
+		t.Fatal(err)
+	}
+	if rev, _ := strconv.Atoi(rng.Header.Revision); rev < 20 {
+		t.Errorf("etcd at revision %q after the demo: its members did not lease through it", rng.Header.Revision)
+	}
+}
+
+// demoLeaseOnZK runs the lease demo through a real ZooKeeper: it keeps the limit.
+func demoLeaseOnZK(t *testing.T, srv *zktest.Server) {
+	code, out, errs := run(t, "demo", "--mode", "lease", "--store", srv.URL()+"/demo/test", "--duration", "2s", "--workers", "3", "--margin", demoMargin, "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var j map[string]any
+	if err := json.Unmarshal([]byte(out), &j); err != nil {
+		t.Fatalf("not JSON: %v: %q", err, out)
+	}
+	if j["mode"] != "lease" || j["violations"] != 0.0 || j["accepted"].(float64) < 10 {
+		t.Errorf("mode %v, violations %v, accepted %v: %s", j["mode"], j["violations"], j["accepted"], out)
+	}
+}
+
+// TestServeSeesAChangeMadeWhileItStarts: a config file rewritten after the daemon read it
+// but before it began to watch the file is reloaded (the watch's first fingerprint was
+// taken after the start, so such a change was never seen: TestServeReloadsWhenTheFileChanges
+// in cmd/sluice failed on a loaded machine).
+func TestServeSeesAChangeMadeWhileItStarts(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "sluice.yaml")
+	write := func(text string) {
+		tmp := filepath.Join(dir, "next.yaml")
+		if err := os.WriteFile(tmp, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("rules:\n  - {match: api, limit: 1/h}\n")
+	t.Setenv("SLUICE_WATCH_CONFIG", "10ms")
+	testHookServing = func() { write("rules:\n  - {match: api, limit: 1/h}\n  - {match: fresh, limit: 1/h}\n") }
+	t.Cleanup(func() { testHookServing = nil })
+	addr := proctest.FreeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	errb := &proctest.LockedBuffer{}
+	go func() {
+		done <- Main(ctx, []string{"serve", "--config", cfg, "--listen-line", addr, "--listen-http", ""}, strings.NewReader(""), io.Discard, errb)
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(errb.String(), `trigger="the config file changed"`); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the change made while the daemon started was not reloaded in 10 s: %s", errb.String())
+		}
+	}
+}

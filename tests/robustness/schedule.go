@@ -1,0 +1,229 @@
+package robustness
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// Mode is the Sluice mode a run exercises.
+type Mode string
+
+// The modes the suite runs.
+const (
+	ModeStrict Mode = "strict" // package strict: every decision in Redis, fail closed
+	ModeLease  Mode = "lease"  // package lease on lease.NewRedisStore
+	// ModeStrictLocal is package strict with the local fail mode (strict.WithFailLocal at
+	// a share of 1/members): while Redis is out of reach each member decides at its share.
+	ModeStrictLocal Mode = "strict-local"
+	// ModeGossip is package gossip (memberlist, no store): its members report over UDP,
+	// which toxiproxy cannot carry, so its network faults go through each member's
+	// FaultTransport (the peer_* and link_cut faults), beside the process faults and clock
+	// offsets.
+	ModeGossip Mode = "gossip"
+	// ModeDaemon is the daemon (sluice serve, its redis back end, fail closed), one per
+	// member slot, each member's limiter on the daemon through package client.
+	ModeDaemon Mode = "daemon"
+	// ModeLeaseEtcd and ModeLeaseZK are package lease on lease.NewEtcdStore and
+	// lease.NewZKStore: a real etcd or ZooKeeper, each member's client through its own
+	// proxy to the store's client port.
+	ModeLeaseEtcd Mode = "lease-etcd"
+	ModeLeaseZK   Mode = "lease-zk"
+	// ModeDaemonLease and ModeDaemonGossip are the daemon mode on the lease back end
+	// (its store the run's Redis, through the daemon's proxy) and on the gossip back end
+	// (the daemons peers of each other over memberlist; no store).
+	ModeDaemonLease  Mode = "daemon-lease"
+	ModeDaemonGossip Mode = "daemon-gossip"
+)
+
+// Modes lists every mode, in the order seeds pick them (seed % len), unless ROBUST_MODE
+// names one.
+var Modes = []Mode{ModeStrict, ModeLease, ModeStrictLocal, ModeGossip, ModeDaemon, ModeLeaseEtcd, ModeLeaseZK, ModeDaemonLease, ModeDaemonGossip}
+
+// isDaemon reports whether mode runs a daemon per member slot.
+func isDaemon(mode Mode) bool {
+	return mode == ModeDaemon || mode == ModeDaemonLease || mode == ModeDaemonGossip
+}
+
+// ParseMode reads a mode's name.
+func ParseMode(s string) (Mode, error) {
+	for _, m := range Modes {
+		if string(m) == s {
+			return m, nil
+		}
+	}
+	return "", fmt.Errorf("robust: unknown mode %q (want one of %v)", s, Modes)
+}
+
+// FaultKind names one kind of injected fault.
+type FaultKind string
+
+// The fault catalogue. Toxics act on one member's proxy to Redis (or every member's, for
+// a partition of Redis from all of them); process faults on a member or on Redis.
+const (
+	FaultLatency    FaultKind = "latency"     // toxic: latency with jitter, both directions
+	FaultBandwidth  FaultKind = "bandwidth"   // toxic: a few KB/s
+	FaultTimeout    FaultKind = "timeout"     // toxic: data dropped, connection closed after a time-out
+	FaultResetPeer  FaultKind = "reset_peer"  // toxic: connections reset (TCP RST)
+	FaultBlackHole  FaultKind = "black_hole"  // toxic: data dropped, connection kept open
+	FaultProxyDown  FaultKind = "proxy_down"  // the proxy stops listening: connections refused
+	FaultPartition  FaultKind = "partition"   // black hole on every member's proxy at once
+	FaultMemberKill FaultKind = "member_kill" // SIGKILL of a member, a new member started after
+	FaultMemberStop FaultKind = "member_stop" // SIGSTOP of a member, SIGCONT after
+	FaultRedisStop  FaultKind = "redis_stop"  // SIGSTOP of Redis, SIGCONT after
+	FaultRedisEmpty FaultKind = "redis_empty" // SIGKILL of Redis, restarted empty after
+	FaultRestoreOld FaultKind = "restore_old" // DUMP of every key now, RESTORE of it after (etcd, ZooKeeper: their data directory copied, put back)
+	FaultClockSkew  FaultKind = "clock_skew"  // a member started with its clock off by seconds
+	// The daemon mode's: the daemon of a slot killed (restarted on its ports after) or
+	// paused.
+	FaultDaemonKill FaultKind = "daemon_kill"
+	FaultDaemonStop FaultKind = "daemon_stop"
+	// The gossip mode's network faults, on the member's real datagrams and streams to its
+	// peers (FaultTransport), both directions: the member cut from every peer (a partition
+	// into two sides), from one peer only (the others still hear both), a share of its
+	// datagrams lost, or its datagrams and streams delayed.
+	FaultPeerPartition FaultKind = "peer_partition"
+	FaultLinkCut       FaultKind = "link_cut"
+	FaultPeerLoss      FaultKind = "peer_loss"
+	FaultPeerDelay     FaultKind = "peer_delay"
+	// The etcd and ZooKeeper modes' store faults: the server paused (SIGSTOP, SIGCONT
+	// after), killed and restarted with its data after (a crash), or killed, its data
+	// deleted, and restarted empty after (a cluster rebuilt from nothing).
+	FaultStoreStop FaultKind = "store_stop"
+	FaultStoreKill FaultKind = "store_kill"
+	FaultStoreWipe FaultKind = "store_wipe"
+)
+
+// Fault is one scheduled fault: it starts At after the run's start and lasts For (the
+// toxic is removed, the process continued or restarted, the old state restored, after
+// For). Target is a member slot (-1: Redis or every member).
+type Fault struct {
+	At, For time.Duration
+	Kind    FaultKind
+	Target  int
+	// Toxic attributes (milliseconds, KB/s), by kind.
+	Latency, Jitter, Rate, Timeout int
+	// Link is the link a toxic acts on: "m", the member's to its store (or, in the daemon
+	// mode, to its daemon); "r", the daemon's to Redis (daemon mode).
+	Link string
+	// Peer is link_cut's other end (a member slot); Loss peer_loss's share of datagrams
+	// lost (percent).
+	Peer, Loss int
+}
+
+func (f Fault) String() string {
+	s := fmt.Sprintf("%v+%v %s", f.At.Round(time.Millisecond), f.For.Round(time.Millisecond), f.Kind)
+	if f.Target >= 0 {
+		s += fmt.Sprintf(" member %d", f.Target)
+	}
+	if f.Link == "r" {
+		s += " (its daemon's link to Redis)"
+	}
+	switch f.Kind {
+	case FaultLatency, FaultPeerDelay:
+		s += fmt.Sprintf(" %dms±%dms", f.Latency, f.Jitter)
+	case FaultLinkCut:
+		s += fmt.Sprintf(" from member %d", f.Peer)
+	case FaultPeerLoss:
+		s += fmt.Sprintf(" %d%%", f.Loss)
+	case FaultBandwidth:
+		s += fmt.Sprintf(" %dKB/s", f.Rate)
+	case FaultTimeout:
+		s += fmt.Sprintf(" %dms", f.Timeout)
+	}
+	return s
+}
+
+// Schedule is a run's plan: its mode, members, workload and faults, all drawn from the
+// seed (the same seed gives the same schedule; the interleaving of real processes is the
+// machine's).
+type Schedule struct {
+	Seed       uint64
+	Mode       Mode
+	Members    int
+	Goroutines int
+	Duration   time.Duration
+	Skews      []time.Duration // each member slot's clock offset (a replacement gets the slot's)
+	Faults     []Fault         // in order of At
+}
+
+// Faults counts the faults injected, clock offsets included.
+func (s Schedule) FaultCount() int {
+	n := len(s.Faults)
+	for _, sk := range s.Skews {
+		if sk != 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// NewSchedule draws the schedule of seed for mode: members members for d, a fault every
+// 250 to 750 ms, each lasting 100 ms to 1.5 s. Faults on Redis never overlap each other,
+// nor do two on one member; toxics on different members do.
+func NewSchedule(seed uint64, mode Mode, members int, d time.Duration) Schedule {
+	rng := rand.New(rand.NewPCG(seed, 0x5ee1))
+	s := Schedule{Seed: seed, Mode: mode, Members: members, Goroutines: 6, Duration: d}
+	for range members {
+		var sk time.Duration
+		if rng.IntN(2) == 0 {
+			sk = time.Duration(rng.IntN(8001)-3000) * time.Millisecond // -3 s to +5 s
+		}
+		s.Skews = append(s.Skews, sk)
+	}
+	redisFree := time.Duration(0)
+	memberFree := make([]time.Duration, members)
+	kinds := []FaultKind{FaultLatency, FaultBandwidth, FaultTimeout, FaultResetPeer, FaultBlackHole, FaultProxyDown,
+		FaultPartition, FaultMemberKill, FaultMemberStop, FaultRedisStop, FaultRedisEmpty, FaultRestoreOld}
+	switch mode {
+	case ModeGossip:
+		kinds = []FaultKind{FaultMemberKill, FaultMemberStop, FaultPeerPartition, FaultLinkCut, FaultPeerLoss, FaultPeerDelay}
+	case ModeDaemon, ModeDaemonLease:
+		kinds = append(kinds, FaultDaemonKill, FaultDaemonStop)
+	case ModeDaemonGossip: // no store: the toxics act on the members' links to their daemons, the peer faults between the daemons
+		kinds = []FaultKind{FaultLatency, FaultBandwidth, FaultTimeout, FaultResetPeer, FaultBlackHole, FaultProxyDown,
+			FaultPartition, FaultMemberKill, FaultMemberStop, FaultDaemonKill, FaultDaemonStop,
+			FaultPeerPartition, FaultLinkCut, FaultPeerLoss, FaultPeerDelay}
+	case ModeLeaseEtcd, ModeLeaseZK:
+		kinds = []FaultKind{FaultLatency, FaultBandwidth, FaultTimeout, FaultResetPeer, FaultBlackHole, FaultProxyDown,
+			FaultPartition, FaultMemberKill, FaultMemberStop, FaultStoreStop, FaultStoreKill, FaultStoreWipe, FaultRestoreOld}
+	}
+	// Leave the first 700 ms and the last second quiet: members start, and finish in peace.
+	for at := 700*time.Millisecond + time.Duration(rng.IntN(300))*time.Millisecond; at < d-time.Second; at += time.Duration(250+rng.IntN(500)) * time.Millisecond {
+		f := Fault{At: at, For: time.Duration(100+rng.IntN(1400)) * time.Millisecond, Kind: kinds[rng.IntN(len(kinds))], Target: rng.IntN(members), Link: "m"}
+		if (mode == ModeDaemon || mode == ModeDaemonLease) && rng.IntN(2) == 0 {
+			f.Link = "r"
+		}
+		f.For = min(f.For, d-time.Second-at)
+		switch f.Kind {
+		case FaultLatency:
+			f.Latency, f.Jitter = 10+rng.IntN(150), rng.IntN(50)
+		case FaultBandwidth:
+			f.Rate = 1 + rng.IntN(8)
+		case FaultTimeout:
+			f.Timeout = 20 + rng.IntN(300)
+		case FaultPeerDelay:
+			f.Latency, f.Jitter = 20+rng.IntN(280), rng.IntN(50)
+		case FaultPeerLoss:
+			f.Loss = 10 + rng.IntN(51)
+		case FaultLinkCut:
+			f.Peer = (f.Target + 1 + rng.IntN(members-1)) % members
+		}
+		onRedis := f.Kind == FaultRedisStop || f.Kind == FaultRedisEmpty || f.Kind == FaultRestoreOld || f.Kind == FaultPartition ||
+			f.Kind == FaultStoreStop || f.Kind == FaultStoreKill || f.Kind == FaultStoreWipe
+		if onRedis {
+			f.Target = -1
+			if at < redisFree {
+				continue
+			}
+			redisFree = at + f.For + 200*time.Millisecond
+		} else {
+			if at < memberFree[f.Target] {
+				continue
+			}
+			memberFree[f.Target] = at + f.For + 200*time.Millisecond
+		}
+		s.Faults = append(s.Faults, f)
+	}
+	return s
+}
