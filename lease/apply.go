@@ -13,8 +13,8 @@ import (
 
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
-	"github.com/sluicehq/sluice/lease/allot"
 	"github.com/sluicehq/sluice/internal/rkey"
+	"github.com/sluicehq/sluice/lease/allot"
 )
 
 // ErrConflict: a request kept losing the compare-and-set on its record to other members'

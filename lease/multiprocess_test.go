@@ -29,10 +29,10 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
-	"github.com/sluicehq/sluice/lease/allot"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
 	"github.com/sluicehq/sluice/internal/zkclient"
 	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/lease/allot"
 )
 
 // TestMain makes the test binary a member process when memberEnv is set, and otherwise

@@ -14,8 +14,8 @@ import (
 
 	"github.com/sluicehq/sluice/internal/testkit/etcdtest"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
-	"github.com/sluicehq/sluice/internal/zkclient"
 	"github.com/sluicehq/sluice/internal/testkit/zktest"
+	"github.com/sluicehq/sluice/internal/zkclient"
 	"github.com/sluicehq/sluice/lease"
 )
 
