@@ -10,27 +10,28 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/store"
 )
 
 // countingStore counts the store operations (reads and writes) members make.
 type countingStore struct {
-	lease.Store
+	store.Store
 	trips atomic.Int64
 }
 
-func (c *countingStore) Load(ctx context.Context, ids []string) (lease.Snapshot, error) {
+func (c *countingStore) Load(ctx context.Context, ids []string) (store.Snapshot, error) {
 	c.trips.Add(1)
 	return c.Store.Load(ctx, ids)
 }
 
-func (c *countingStore) Swap(ctx context.Context, ws []lease.Write) ([]uint64, error) {
+func (c *countingStore) Swap(ctx context.Context, ws []store.Write) ([]uint64, error) {
 	c.trips.Add(1)
 	return c.Store.Swap(ctx, ws)
 }
 
 // newLeaseMember returns a limiter deciding on its lease of the limit from store, as a
 // process in lease mode would, and waits until it holds its share.
-func newLeaseMember(b *testing.B, store lease.Store, id string, limits sluice.Limits) *sluice.Limiter {
+func newLeaseMember(b *testing.B, store store.Store, id string, limits sluice.Limits) *sluice.Limiter {
 	be, err := lease.New(store, lease.WithID(id))
 	if err != nil {
 		b.Fatal(err)
@@ -50,7 +51,7 @@ func newLeaseMember(b *testing.B, store lease.Store, id string, limits sluice.Li
 	return l
 }
 
-func newMemStore(b *testing.B) *lease.MemStore { return lease.NewMemStore(nil) }
+func newMemStore(b *testing.B) *store.Memory { return store.NewMemory(nil) }
 
 // BenchmarkLeaseAllowOneKey: Allow on one key from one goroutine, in lease mode (one member
 // holding the whole limit) against x/time/rate.
@@ -143,7 +144,7 @@ func BenchmarkLeaseStoreOps(b *testing.B) {
 // TestLeaseMemberDecidesAlone checks what the lease benchmarks assume: a member alone
 // holds the whole limit and decides it exactly as x/time/rate does.
 func TestLeaseMemberDecidesAlone(t *testing.T) {
-	be, err := lease.New(lease.NewMemStore(nil), lease.WithID("alone"))
+	be, err := lease.New(store.NewMemory(nil), lease.WithID("alone"))
 	if err != nil {
 		t.Fatal(err)
 	}

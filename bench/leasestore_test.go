@@ -20,7 +20,11 @@ import (
 	"github.com/sluicehq/sluice/internal/testkit/etcdtest"
 	"github.com/sluicehq/sluice/internal/testkit/zktest"
 	"github.com/sluicehq/sluice/lease"
-	"github.com/sluicehq/sluice/lease/leasetest"
+	"github.com/sluicehq/sluice/store"
+	etcdstore "github.com/sluicehq/sluice/store/etcd"
+	redisstore "github.com/sluicehq/sluice/store/redis"
+	"github.com/sluicehq/sluice/store/storetest"
+	zkstore "github.com/sluicehq/sluice/store/zk"
 )
 
 // leaseRun is what a lease run through a real Redis cost.
@@ -35,7 +39,7 @@ type leaseRun struct {
 
 // countedStore is a member's store with what it cost.
 type countedStore interface {
-	lease.Store
+	store.Store
 	Ops() (loads, swaps int64)
 }
 
@@ -45,7 +49,7 @@ func runLeaseOnRedis(b *testing.B, addr string, members int, renew time.Duration
 	client := goredis.NewClient(&goredis.Options{Addr: addr, PoolSize: 64})
 	defer client.Close()
 	client.FlushAll(ctx)
-	run := runLease(b, func() countedStore { return lease.NewRedisStore(client) }, members, renew, cfg, limits, keys, pace, d)
+	run := runLease(b, func() countedStore { return redisstore.New(client) }, members, renew, cfg, limits, keys, pace, d)
 	// The size of one record as it is stored.
 	if ks, err := client.Keys(ctx, "*").Result(); err == nil {
 		for _, k := range ks {
@@ -64,11 +68,11 @@ func runLeaseOnRedis(b *testing.B, addr string, members int, renew time.Duration
 // over that time.
 func runLease(b *testing.B, newStore func() countedStore, members int, renew time.Duration, cfg lease.Config, limits sluice.Limits, keys []string, pace float64, d time.Duration) leaseRun {
 	var stores []countedStore
-	var conflicts []*leasetest.Conflicts
+	var conflicts []*storetest.Conflicts
 	for range members {
 		st := newStore()
 		stores = append(stores, st)
-		conflicts = append(conflicts, &leasetest.Conflicts{Store: st})
+		conflicts = append(conflicts, &storetest.Conflicts{Store: st})
 	}
 	if err := lease.WaitUnfenced(ctx, stores[0], lease.DefaultConfig()); err != nil {
 		b.Fatal(err)
@@ -303,8 +307,8 @@ func BenchmarkLeaseStores(b *testing.B) {
 	defer zks.Close()
 	limits := sluice.Limits{sluice.PerSecond(2000).WithBurst(400)}
 	for _, members := range []int{2, 8} {
-		for _, store := range []string{"redis", "etcd", "zk"} {
-			b.Run(fmt.Sprintf("store=%s/members=%d", store, members), func(b *testing.B) {
+		for _, kind := range []string{"redis", "etcd", "zk"} {
+			b.Run(fmt.Sprintf("store=%s/members=%d", kind, members), func(b *testing.B) {
 				var closers []func()
 				defer func() {
 					for _, c := range closers {
@@ -313,25 +317,25 @@ func BenchmarkLeaseStores(b *testing.B) {
 				}()
 				prefix := fmt.Sprintf("bench%d", time.Now().UnixNano())
 				newStore := func() countedStore {
-					switch store {
+					switch kind {
 					case "etcd":
 						c, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Addr()}, Logger: zap.NewNop()})
 						if err != nil {
 							b.Fatal(err)
 						}
 						closers = append(closers, func() { c.Close() })
-						return lease.NewEtcdStore(c, lease.WithEtcdPrefix(prefix+"/"))
+						return etcdstore.New(c, store.WithPrefix(prefix+"/"))
 					case "zk":
 						c, _, err := zk.Connect([]string{zks.Addr()}, 4*time.Second, zk.WithLogger(log.New(io.Discard, "", 0)))
 						if err != nil {
 							b.Fatal(err)
 						}
 						closers = append(closers, c.Close)
-						return lease.NewZKStore(c, lease.WithZKPath("/"+prefix))
+						return zkstore.New(c, store.WithPrefix("/"+prefix))
 					}
 					c := goredis.NewClient(&goredis.Options{Addr: redisAddr})
 					closers = append(closers, func() { c.Close() })
-					return lease.NewRedisStore(c, lease.WithRedisPrefix(prefix+":"))
+					return redisstore.New(c, store.WithPrefix(prefix+":"))
 				}
 				var total leaseRun
 				for range b.N {

@@ -8,9 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice"
 	uber "go.uber.org/ratelimit"
 	"golang.org/x/time/rate"
+
+	"github.com/sluicehq/sluice"
 )
 
 // The limit every library gets: high enough that most decisions grant, as in a service

@@ -19,7 +19,10 @@ import (
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/testkit/etcdtest"
 	"github.com/sluicehq/sluice/internal/testkit/zktest"
-	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/store"
+	etcdstore "github.com/sluicehq/sluice/store/etcd"
+	redisstore "github.com/sluicehq/sluice/store/redis"
+	zkstore "github.com/sluicehq/sluice/store/zk"
 	"github.com/sluicehq/sluice/strict"
 )
 
@@ -44,9 +47,9 @@ func BenchmarkStrictStores(b *testing.B) {
 	ls := []gcra.Limit{{T: 1000, Tau: 1000 * 1000}} // 1e6/s burst=1000: never denies here
 	for _, nkeys := range []int{1, 1000} {
 		for _, g := range []int{1, 8} {
-			for _, store := range []string{"redis", "etcd", "zk"} {
-				b.Run(fmt.Sprintf("keys=%d/goroutines=%d/store=%s", nkeys, g, store), func(b *testing.B) {
-					be, done := strictBackend(b, store, redisAddr, etcd.Addr(), zks.Addr())
+			for _, kind := range []string{"redis", "etcd", "zk"} {
+				b.Run(fmt.Sprintf("keys=%d/goroutines=%d/store=%s", nkeys, g, kind), func(b *testing.B) {
+					be, done := strictBackend(b, kind, redisAddr, etcd.Addr(), zks.Addr())
 					defer done()
 					ks := keys(nkeys)
 					runStrictDecisions(b, be, ls, ks, g)
@@ -56,26 +59,26 @@ func BenchmarkStrictStores(b *testing.B) {
 	}
 }
 
-// strictBackend opens the strict mode's backend on store, keys under a fresh prefix.
-func strictBackend(b *testing.B, store, redisAddr, etcdAddr, zkAddr string) (backend.Backend, func()) {
+// strictBackend opens the strict mode's backend on the store kind names, keys under a fresh prefix.
+func strictBackend(b *testing.B, kind, redisAddr, etcdAddr, zkAddr string) (backend.Backend, func()) {
 	prefix := fmt.Sprintf("bench%d", time.Now().UnixNano())
-	switch store {
+	switch kind {
 	case "etcd":
 		c, err := clientv3.New(clientv3.Config{Endpoints: []string{etcdAddr}, Logger: zap.NewNop()})
 		if err != nil {
 			b.Fatal(err)
 		}
-		be := cas.New(lease.NewEtcdStore(c, lease.WithEtcdPrefix(prefix+"/")), cas.WithTimeout(10*time.Second))
+		be := cas.New(etcdstore.New(c, store.WithPrefix(prefix+"/")), cas.WithTimeout(10*time.Second))
 		return be, func() { be.Close(); c.Close() }
 	case "zk":
 		c, _, err := zk.Connect([]string{zkAddr}, 4*time.Second, zk.WithLogger(log.New(io.Discard, "", 0)))
 		if err != nil {
 			b.Fatal(err)
 		}
-		be := cas.New(lease.NewZKStore(c, lease.WithZKPath("/"+prefix)), cas.WithTimeout(10*time.Second))
+		be := cas.New(zkstore.New(c, store.WithPrefix("/"+prefix)), cas.WithTimeout(10*time.Second))
 		return be, func() { be.Close(); c.Close() }
 	}
-	o, err := strict.ClientOptions("redis://"+redisAddr, 10*time.Second)
+	o, err := redisstore.ClientOptions("redis://"+redisAddr, 10*time.Second)
 	if err != nil {
 		b.Fatal(err)
 	}

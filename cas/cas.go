@@ -12,7 +12,7 @@ import (
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/rkey"
-	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/store"
 )
 
 // Defaults.
@@ -29,14 +29,14 @@ const (
 // limiter answers it by its fail mode, as a store that cannot be reached.
 var ErrConflict = fmt.Errorf("%w: sluice cas: too many conflicting writes", backend.ErrUnavailable)
 
-// Backend decides permits on state kept in a lease.Store, one record per key read with
+// Backend decides permits on state kept in a store.Store, one record per key read with
 // the store's time and written back by compare-and-set: the strict mode on etcd or
 // ZooKeeper (lease.NewEtcdStore, lease.NewZKStore), or on any store that keeps the
-// lease.Store contract. The Go GCRA core (package gcra) decides. It implements
+// store.Store contract. The Go GCRA core (package gcra) decides. It implements
 // backend.Backend, backend.Resetter and backend.Pinger. It is safe for concurrent use; make
 // one with New. Close it when done; the store (and its client) stays the caller's.
 type Backend struct {
-	store   lease.Store
+	store   store.Store
 	prefix  string
 	timeout time.Duration
 
@@ -81,7 +81,7 @@ func WithTimeout(d time.Duration) Option {
 
 // New returns a backend deciding on records in store. The caller keeps the store and
 // whatever client it holds.
-func New(store lease.Store, opts ...Option) *Backend {
+func New(store store.Store, opts ...Option) *Backend {
 	b := &Backend{store: store, prefix: DefaultPrefix, timeout: DefaultTimeout}
 	for _, o := range opts {
 		o.apply(b)
@@ -371,7 +371,7 @@ func (b *Backend) attempt(ctx context.Context, pending []*group) ([]*group, erro
 	if len(snap.Records) != len(ids) {
 		return pending, fmt.Errorf("the store read %d records of %d", len(snap.Records), len(ids))
 	}
-	var writes []lease.Write
+	var writes []store.Write
 	var written []*group
 	for k, g := range pending {
 		rec := snap.Records[k]
@@ -392,7 +392,7 @@ func (b *Backend) attempt(ctx context.Context, pending []*group) ([]*group, erro
 		for _, o := range g.ops {
 			dirty = apply(&st, o, now) || dirty
 		}
-		w := lease.Write{ID: g.id, Version: rec.Version, Keep: time.Duration(max(st.latest()-now, int64(time.Second)))}
+		w := store.Write{ID: g.id, Version: rec.Version, Keep: time.Duration(max(st.latest()-now, int64(time.Second)))}
 		switch {
 		case !dirty:
 			continue // denials and queries write nothing: the outcomes stand

@@ -12,19 +12,21 @@ import (
 	"github.com/sluicehq/sluice/backend/backendtest"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
-	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/local"
+	"github.com/sluicehq/sluice/store"
+	etcdstore "github.com/sluicehq/sluice/store/etcd"
+	zkstore "github.com/sluicehq/sluice/store/zk"
 )
 
 // virtualStore is a store whose time is a virtual clock's, not the store's: for tests of
 // ZooKeeper, whose time is its leader's (the records' stamps are the leader's too, so
 // they go).
 type virtualStore struct {
-	lease.Store
+	store.Store
 	clk *clock.Virtual
 }
 
-func (s virtualStore) Load(ctx context.Context, ids []string) (lease.Snapshot, error) {
+func (s virtualStore) Load(ctx context.Context, ids []string) (store.Snapshot, error) {
 	snap, err := s.Store.Load(ctx, ids)
 	snap.Now, snap.Since = s.clk.Now().UnixNano(), math.MinInt64
 	for i := range snap.Records {
@@ -37,18 +39,18 @@ func (s virtualStore) Load(ctx context.Context, ids []string) (lease.Snapshot, e
 // is clk's.
 func stores(t *testing.T) []struct {
 	name string
-	make func(t *testing.T, clk *clock.Virtual) lease.Store
+	make func(t *testing.T, clk *clock.Virtual) store.Store
 } {
 	return []struct {
 		name string
-		make func(t *testing.T, clk *clock.Virtual) lease.Store
+		make func(t *testing.T, clk *clock.Virtual) store.Store
 	}{
-		{"memory", func(t *testing.T, clk *clock.Virtual) lease.Store { return lease.NewMemStore(clk) }},
-		{"etcd", func(t *testing.T, clk *clock.Virtual) lease.Store {
-			return lease.NewEtcdStore(etcdClient(t), lease.WithEtcdPrefix(unique("cas")+"/"), lease.WithEtcdClock(clk))
+		{"memory", func(t *testing.T, clk *clock.Virtual) store.Store { return store.NewMemory(clk) }},
+		{"etcd", func(t *testing.T, clk *clock.Virtual) store.Store {
+			return etcdstore.New(etcdClient(t), store.WithPrefix(unique("cas")+"/"), store.WithNow(func() int64 { return clk.Now().UnixNano() }))
 		}},
-		{"zk", func(t *testing.T, clk *clock.Virtual) lease.Store {
-			return virtualStore{lease.NewZKStore(zkConn(t), lease.WithZKPath(unique("/cas"))), clk}
+		{"zk", func(t *testing.T, clk *clock.Virtual) store.Store {
+			return virtualStore{zkstore.New(zkConn(t), store.WithPrefix(unique("/cas"))), clk}
 		}},
 	}
 }

@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/sluicehq/sluice/gcra"
-	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/store"
 )
 
 // FormatVersion is the version of a key's record, its first byte after the magic. A
@@ -38,17 +38,17 @@ func marshal(st state) []byte {
 	return b
 }
 
-// unmarshal reads a record that marshal wrote, or fails with lease.ErrBadRecord.
+// unmarshal reads a record that marshal wrote, or fails with store.ErrBadRecord.
 func unmarshal(b []byte) (state, error) {
 	if len(b) < headerLen || b[0] != magic {
-		return state{}, fmt.Errorf("%w: not a strict-mode record (%d bytes)", lease.ErrBadRecord, len(b))
+		return state{}, fmt.Errorf("%w: not a strict-mode record (%d bytes)", store.ErrBadRecord, len(b))
 	}
 	if b[1] != FormatVersion {
-		return state{}, fmt.Errorf("%w: record format %d, this release reads %d", lease.ErrBadRecord, b[1], FormatVersion)
+		return state{}, fmt.Errorf("%w: record format %d, this release reads %d", store.ErrBadRecord, b[1], FormatVersion)
 	}
 	k := int(b[2])
 	if k > gcra.MaxLimits || len(b) != headerLen+8*(1+k) {
-		return state{}, fmt.Errorf("%w: a record of %d TATs in %d bytes", lease.ErrBadRecord, k, len(b))
+		return state{}, fmt.Errorf("%w: a record of %d TATs in %d bytes", store.ErrBadRecord, k, len(b))
 	}
 	st := state{hold: int64(binary.BigEndian.Uint64(b[headerLen:])), tats: make([]int64, k)}
 	for i := range st.tats {

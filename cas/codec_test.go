@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice/gcra"
-	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/store"
 )
 
 func TestCodecRoundTrip(t *testing.T) {
@@ -34,7 +34,7 @@ func TestCodecRefusesOthers(t *testing.T) {
 		{magic, FormatVersion, gcra.MaxLimits + 1},
 	}
 	for i, b := range bad {
-		if _, err := unmarshal(b); !errors.Is(err, lease.ErrBadRecord) {
+		if _, err := unmarshal(b); !errors.Is(err, store.ErrBadRecord) {
 			t.Errorf("step %d: %q: got %v, want ErrBadRecord", i, b, err)
 		}
 	}
@@ -47,7 +47,7 @@ func FuzzCodec(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		st, err := unmarshal(b)
 		if err != nil {
-			if !errors.Is(err, lease.ErrBadRecord) {
+			if !errors.Is(err, store.ErrBadRecord) {
 				t.Fatalf("%q: %v, not ErrBadRecord", b, err)
 			}
 			return

@@ -4,15 +4,15 @@
 // data centres obey one limit through a quorum, exactly as the redis mode's do through one
 // Redis.
 //
-// The backend takes any lease.Store, the small contract the lease mode's stores keep (read
+// The backend takes any store.Store, the small contract the lease mode's stores keep (read
 // records with the store's time, compare-and-set them):
 //
-//	st := lease.NewEtcdStore(client, lease.WithEtcdPrefix("sluice/strict/"))
+//	st := etcdstore.New(client, store.WithPrefix("sluice/strict/"))
 //	b := cas.New(st)
 //	defer b.Close()
 //	l, err := sluice.New(sluice.MustParse("50/s burst=5"), sluice.WithBackend(b))
 //
-// or lease.NewZKStore(conn, lease.WithZKPath("/sluice/strict")) for ZooKeeper.
+// or zkstore.New(conn, store.WithPrefix("/sluice/strict")) for ZooKeeper.
 //
 // What it does:
 //

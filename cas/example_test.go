@@ -7,13 +7,13 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/cas"
-	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/store"
 )
 
-// The strict mode on a store: here one in memory; lease.NewEtcdStore(client) or
-// lease.NewZKStore(conn) share the limit across processes and data centres.
+// The strict mode on a store: here one in memory; etcdstore.New(client) or
+// zkstore.New(conn) share the limit across processes and data centres.
 func Example() {
-	b := cas.New(lease.NewMemStore(nil))
+	b := cas.New(store.NewMemory(nil))
 	defer b.Close()
 	l, err := sluice.New(sluice.MustParse("1/min burst=2"), sluice.WithBackend(b), sluice.WithMargin(0))
 	if err != nil {

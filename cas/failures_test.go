@@ -12,26 +12,27 @@ import (
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
-	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/store"
+	etcdstore "github.com/sluicehq/sluice/store/etcd"
 )
 
 var one = []gcra.Limit{{T: int64(time.Second), Tau: int64(5 * time.Second)}}
 
 // TestForeignRecord: a record that is not this mode's fails the calls on its key with
-// lease.ErrBadRecord, and is left as it was; other keys decide on.
+// store.ErrBadRecord, and is left as it was; other keys decide on.
 func TestForeignRecord(t *testing.T) {
 	ctx := context.Background()
-	st := lease.NewMemStore(clock.NewVirtual())
+	st := store.NewMemory(clock.NewVirtual())
 	b := New(st)
 	defer b.Close()
 	id := b.RecordID("k")
-	if _, err := st.Swap(ctx, []lease.Write{{ID: id, Data: []byte("not sluice's")}}); err != nil {
+	if _, err := st.Swap(ctx, []store.Write{{ID: id, Data: []byte("not sluice's")}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Decide(ctx, "k", backend.Request{Limits: one, N: 1}); !errors.Is(err, lease.ErrBadRecord) {
+	if _, err := b.Decide(ctx, "k", backend.Request{Limits: one, N: 1}); !errors.Is(err, store.ErrBadRecord) {
 		t.Errorf("decide on a foreign record: got %v, want ErrBadRecord", err)
 	}
-	if err := b.Penalize(ctx, "k", one, time.Second); !errors.Is(err, lease.ErrBadRecord) {
+	if err := b.Penalize(ctx, "k", one, time.Second); !errors.Is(err, store.ErrBadRecord) {
 		t.Errorf("penalize on a foreign record: got %v, want ErrBadRecord", err)
 	}
 	snap, err := st.Load(ctx, []string{id})
@@ -46,19 +47,19 @@ func TestForeignRecord(t *testing.T) {
 // meddler is a real store that another writer changes between every read and write of
 // the records it names: each call loses its compare-and-set until the writer stops.
 type meddler struct {
-	*lease.MemStore
+	*store.Memory
 	times int // writes left to make
 }
 
-func (m *meddler) Load(ctx context.Context, ids []string) (lease.Snapshot, error) {
-	snap, err := m.MemStore.Load(ctx, ids)
+func (m *meddler) Load(ctx context.Context, ids []string) (store.Snapshot, error) {
+	snap, err := m.Memory.Load(ctx, ids)
 	if err != nil || m.times == 0 {
 		return snap, err
 	}
 	m.times--
 	for i, id := range ids {
 		data := marshal(state{tats: []int64{1}}) // an old TAT: the state decides alike
-		if _, err := m.MemStore.Swap(ctx, []lease.Write{{ID: id, Data: data, Version: snap.Records[i].Version}}); err != nil {
+		if _, err := m.Memory.Swap(ctx, []store.Write{{ID: id, Data: data, Version: snap.Records[i].Version}}); err != nil {
 			return snap, err
 		}
 	}
@@ -70,7 +71,7 @@ func (m *meddler) Load(ctx context.Context, ids []string) (lease.Snapshot, error
 // (the limiter's fail mode answers it), and nothing was granted.
 func TestConflictsRetried(t *testing.T) {
 	ctx := context.Background()
-	m := &meddler{MemStore: lease.NewMemStore(clock.NewVirtual()), times: 3}
+	m := &meddler{Memory: store.NewMemory(clock.NewVirtual()), times: 3}
 	b := New(m)
 	defer b.Close()
 	if g, err := b.Decide(ctx, "k", backend.Request{Limits: one, N: 5}); err != nil || !g.Allowed {
@@ -94,7 +95,7 @@ func TestConflictsRetried(t *testing.T) {
 // within the time-out; when it is back, the calls decide again.
 func TestStoreDown(t *testing.T) {
 	ctx := context.Background()
-	st := lease.NewMemStore(clock.NewVirtual())
+	st := store.NewMemory(clock.NewVirtual())
 	b := New(st, WithTimeout(time.Second))
 	defer b.Close()
 	st.SetDown(true)
@@ -114,7 +115,7 @@ func TestStoreDown(t *testing.T) {
 // errors (or ErrUnsupported) before the store is asked.
 func TestBadRequests(t *testing.T) {
 	ctx := context.Background()
-	st := lease.NewMemStore(clock.NewVirtual())
+	st := store.NewMemory(clock.NewVirtual())
 	b := New(st)
 	defer b.Close()
 	for i, c := range []struct {
@@ -145,7 +146,7 @@ func TestPingBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	b := New(lease.NewEtcdStore(c), WithTimeout(200*time.Millisecond))
+	b := New(etcdstore.New(c), WithTimeout(200*time.Millisecond))
 	defer b.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -156,13 +157,13 @@ func TestPingBounded(t *testing.T) {
 
 // gated is a real store whose reads wait, once armed, until the test opens the gate.
 type gated struct {
-	*lease.MemStore
+	*store.Memory
 	armed chan struct{} // closed: reads wait for open
 	open  chan struct{}
 	in    chan struct{} // a read has begun waiting
 }
 
-func (g *gated) Load(ctx context.Context, ids []string) (lease.Snapshot, error) {
+func (g *gated) Load(ctx context.Context, ids []string) (store.Snapshot, error) {
 	select {
 	case <-g.armed:
 		select {
@@ -172,7 +173,7 @@ func (g *gated) Load(ctx context.Context, ids []string) (lease.Snapshot, error) 
 		<-g.open
 	default:
 	}
-	return g.MemStore.Load(ctx, ids)
+	return g.Memory.Load(ctx, ids)
 }
 
 // TestRiderGivesUp: a call that rides on a round and gives up (its context ends) before
@@ -181,7 +182,7 @@ func (g *gated) Load(ctx context.Context, ids []string) (lease.Snapshot, error) 
 // the round wrote it: seen in CI through ZooKeeper, whose rounds are slow). The round
 // still runs for the calls that stayed.
 func TestRiderGivesUp(t *testing.T) {
-	g := &gated{MemStore: lease.NewMemStore(clock.NewVirtual()), armed: make(chan struct{}),
+	g := &gated{Memory: store.NewMemory(clock.NewVirtual()), armed: make(chan struct{}),
 		open: make(chan struct{}), in: make(chan struct{}, 1)}
 	b := New(g)
 	defer b.Close()

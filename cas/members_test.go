@@ -13,7 +13,9 @@ import (
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
-	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/store"
+	etcdstore "github.com/sluicehq/sluice/store/etcd"
+	zkstore "github.com/sluicehq/sluice/store/zk"
 )
 
 // skewed is a clock offset from another by a constant: a machine whose clock is wrong.
@@ -54,9 +56,9 @@ func TestEtcdSkewedClocks(t *testing.T) {
 	clk.Set(int64(1000 * time.Second))
 	const skew = 30 * time.Millisecond
 	client := etcdClient(t)
-	prefix := lease.WithEtcdPrefix(unique("skew") + "/")
-	ahead := New(lease.NewEtcdStore(client, prefix, lease.WithEtcdClock(skewed{clk, skew})), WithTimeout(10*time.Second))
-	right := New(lease.NewEtcdStore(client, prefix, lease.WithEtcdClock(clk)), WithTimeout(10*time.Second))
+	prefix := store.WithPrefix(unique("skew") + "/")
+	ahead := New(etcdstore.New(client, prefix, store.WithNow(func() int64 { return skewed{clk, skew}.Now().UnixNano() })), WithTimeout(10*time.Second))
+	right := New(etcdstore.New(client, prefix, store.WithNow(func() int64 { return clk.Now().UnixNano() })), WithTimeout(10*time.Second))
 	defer ahead.Close()
 	defer right.Close()
 	l := gcra.Limit{T: int64(20 * time.Millisecond), Tau: int64(20 * time.Millisecond)} // 50/s burst=1
@@ -104,11 +106,11 @@ func TestEtcdSkewAbsorbedByTheMargin(t *testing.T) {
 	clk.Set(int64(1000 * time.Second))
 	const skew = 30 * time.Millisecond
 	client := etcdClient(t)
-	prefix := lease.WithEtcdPrefix(unique("margin") + "/")
+	prefix := store.WithPrefix(unique("margin") + "/")
 	limits := sluice.MustParse("50/s burst=1")
 	var ls []*sluice.Limiter
 	for _, c := range []clock.Clock{skewed{clk, skew}, clk} {
-		b := New(lease.NewEtcdStore(client, prefix, lease.WithEtcdClock(c)), WithTimeout(10*time.Second))
+		b := New(etcdstore.New(client, prefix, store.WithNow(func() int64 { return c.Now().UnixNano() })), WithTimeout(10*time.Second))
 		defer b.Close()
 		l, err := sluice.New(limits, sluice.WithBackend(b), sluice.WithMargin(skew), sluice.WithClock(clk),
 			sluice.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))) // the margin costs 60% of the rate at burst 1: known
@@ -191,11 +193,11 @@ func TestMembersShareALimit(t *testing.T) {
 			var members []*Backend
 			path := unique("/members")
 			for range 4 {
-				var st lease.Store
+				var st store.Store
 				if name == "etcd" {
-					st = lease.NewEtcdStore(etcdClient(t), lease.WithEtcdPrefix(path+"/"))
+					st = etcdstore.New(etcdClient(t), store.WithPrefix(path+"/"))
 				} else {
-					st = lease.NewZKStore(zkConn(t), lease.WithZKPath(path))
+					st = zkstore.New(zkConn(t), store.WithPrefix(path))
 				}
 				m := New(st, WithTimeout(2*time.Second))
 				defer m.Close()

@@ -18,7 +18,9 @@ import (
 
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/testkit/zktest"
-	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/store"
+	etcdstore "github.com/sluicehq/sluice/store/etcd"
+	zkstore "github.com/sluicehq/sluice/store/zk"
 )
 
 // workerEnv, when set, makes the test binary a worker process of TestProcessesShareALimit
@@ -42,7 +44,7 @@ func workerMain() int {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 2
 	}
-	var st lease.Store
+	var st store.Store
 	switch cfg.Store {
 	case "etcd":
 		c, err := clientv3.New(clientv3.Config{Endpoints: []string{cfg.Addr}, DialTimeout: time.Second, Logger: zap.NewNop()})
@@ -51,7 +53,7 @@ func workerMain() int {
 			return 1
 		}
 		defer c.Close()
-		st = lease.NewEtcdStore(c, lease.WithEtcdPrefix(cfg.Path+"/"))
+		st = etcdstore.New(c, store.WithPrefix(cfg.Path+"/"))
 	case "zk":
 		c, _, err := zk.Connect([]string{cfg.Addr}, 4*time.Second, zk.WithLogger(zktest.Quiet{}))
 		if err != nil {
@@ -59,7 +61,7 @@ func workerMain() int {
 			return 1
 		}
 		defer c.Close()
-		st = lease.NewZKStore(c, lease.WithZKPath(cfg.Path))
+		st = zkstore.New(c, store.WithPrefix(cfg.Path))
 	}
 	b := New(st, WithTimeout(2*time.Second))
 	defer b.Close()

@@ -8,7 +8,9 @@ import (
 
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/gcra"
-	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/store"
+	etcdstore "github.com/sluicehq/sluice/store/etcd"
+	zkstore "github.com/sluicehq/sluice/store/zk"
 )
 
 // TestStoreKilledAndRestarted: a member takes permits of 50/s burst=5 through a real etcd
@@ -24,16 +26,16 @@ func TestStoreKilledAndRestarted(t *testing.T) {
 	req := backend.Request{Limits: []gcra.Limit{l}, N: 1}
 	for _, name := range []string{"etcd", "zk"} {
 		t.Run(name, func(t *testing.T) {
-			var st lease.Store
+			var st store.Store
 			var kill func()
 			var restart func() error
 			path := unique("/restart")
 			if name == "etcd" {
 				srv := sharedEtcd(t)
-				st, kill, restart = lease.NewEtcdStore(etcdClient(t), lease.WithEtcdPrefix(path+"/")), srv.Kill, srv.Restart
+				st, kill, restart = etcdstore.New(etcdClient(t), store.WithPrefix(path+"/")), srv.Kill, srv.Restart
 			} else {
 				srv := sharedZK(t)
-				st, kill, restart = lease.NewZKStore(zkConn(t), lease.WithZKPath(path)), srv.Kill, srv.Restart
+				st, kill, restart = zkstore.New(zkConn(t), store.WithPrefix(path)), srv.Kill, srv.Restart
 			}
 			b := New(st, WithTimeout(time.Second))
 			defer b.Close()

@@ -10,7 +10,8 @@ import (
 
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/testkit/slowlink"
-	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/store"
+	etcdstore "github.com/sluicehq/sluice/store/etcd"
 )
 
 // TestAcrossDataCentres: four members share 50/s burst=5 on a real etcd for three
@@ -42,7 +43,7 @@ func TestAcrossDataCentres(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		m := New(lease.NewEtcdStore(c, lease.WithEtcdPrefix(path+"/")), WithTimeout(2*time.Second))
+		m := New(etcdstore.New(c, store.WithPrefix(path+"/")), WithTimeout(2*time.Second))
 		defer m.Close()
 		members = append(members, m)
 	}

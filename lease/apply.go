@@ -11,10 +11,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/rkey"
 	"github.com/sluicehq/sluice/lease/allot"
+	"github.com/sluicehq/sluice/store"
 )
 
 // ErrConflict: a request kept losing the compare-and-set on its record to other members'
@@ -54,7 +56,7 @@ func RecordID(key string, l gcra.Limit) string {
 	return id
 }
 
-// applier applies members' requests to a Store: it reads the records a batch needs with
+// applier applies members' requests to a store.Store: it reads the records a batch needs with
 // the store's time, runs the allocation (allot.State.Apply) on them, and writes back
 // every record whose version is unchanged; the requests on records that changed meanwhile
 // are tried again (read, apply, write), up to MaxAttempts, after a short jittered pause.
@@ -63,7 +65,7 @@ func RecordID(key string, l gcra.Limit) string {
 // expires earlier than one timed at the write, and a lease or quarantine judged ended at
 // the time read has ended by the write.
 type applier struct {
-	store Store
+	store store.Store
 	cfg   Config // the settings of the records it makes
 
 	conflicts atomic.Int64 // writes that lost their compare-and-set
@@ -89,7 +91,7 @@ type group struct {
 
 // apply applies calls and returns one result per call. A non-nil error means the outcome
 // of every call not yet written is unknown (the store was not reached); a call's own
-// failure (ErrStaleEpoch, ErrConflict, ErrBadRecord) is in its result.
+// failure (ErrStaleEpoch, ErrConflict, store.ErrBadRecord) is in its result.
 //
 // The members of one process that share a store (and a Config) combine their rounds: while
 // one round is on its way, the calls that come join the next, which runs as one batch when
@@ -152,7 +154,7 @@ func (a *applier) apply(ctx context.Context, calls []call) ([]result, error) {
 			if errors.Is(ctx.Err(), context.Canceled) {
 				return nil, ctx.Err()
 			}
-			return nil, fmt.Errorf("%w: lease store: %w", ErrUnavailable, ctx.Err())
+			return nil, fmt.Errorf("%w: lease store: %w", backend.ErrUnavailable, ctx.Err())
 		}
 	}
 	if r.err != nil {
@@ -168,7 +170,7 @@ var combining = struct {
 }{m: map[combineKey]*combiner{}}
 
 type combineKey struct {
-	store Store
+	store store.Store
 	cfg   Config
 }
 
@@ -250,9 +252,9 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 		return nil, err
 	}
 	if len(snap.Records) != len(ids) {
-		return nil, fmt.Errorf("%w: the store read %d records of %d", ErrUnavailable, len(snap.Records), len(ids))
+		return nil, fmt.Errorf("%w: the store read %d records of %d", backend.ErrUnavailable, len(snap.Records), len(ids))
 	}
-	var writes []Write
+	var writes []store.Write
 	var written []*group
 	staged := make([]result, len(calls))
 	for k, g := range pending {
@@ -273,7 +275,7 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 			rep, err := st.Apply(now, st.Cfg, calls[i].req)
 			staged[i] = result{rep: rep, err: err}
 		}
-		w := Write{ID: g.id, Version: rec.Version}
+		w := store.Write{ID: g.id, Version: rec.Version}
 		if st.Idle(now) {
 			if rec.Version == 0 {
 				// Nothing to keep: the answers stand as they are.
@@ -298,7 +300,7 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 		return nil, err
 	}
 	if len(vers) != len(writes) {
-		return nil, fmt.Errorf("%w: the store answered %d writes of %d", ErrUnavailable, len(vers), len(writes))
+		return nil, fmt.Errorf("%w: the store answered %d writes of %d", backend.ErrUnavailable, len(vers), len(writes))
 	}
 	var again []*group
 	for k, g := range written {
@@ -322,7 +324,7 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 // than a version a member has seen went back in time (a failover that lost writes, an old
 // copy restored): it is fenced too, and takes a new incarnation, so that registrations it
 // lost can never be mistaken for the ones it has.
-func (a *applier) state(g *group, rec Record, now, since int64, calls []call) (*allot.State, error) {
+func (a *applier) state(g *group, rec store.Record, now, since int64, calls []call) (*allot.State, error) {
 	var seen uint64
 	for _, i := range g.idx {
 		seen = max(seen, calls[i].req.Seen)
@@ -333,7 +335,7 @@ func (a *applier) state(g *group, rec Record, now, since int64, calls []call) (*
 		switch {
 		case seen > 0:
 			fence = cfg.FenceAfterRestart(now)
-		case since != minTime && now < cfg.FenceAfterRestart(since):
+		case since != store.Fresh && now < cfg.FenceAfterRestart(since):
 			fence = cfg.FenceAfterRestart(since)
 		}
 		if fence != 0 {
@@ -352,7 +354,7 @@ func (a *applier) state(g *group, rec Record, now, since int64, calls []call) (*
 		return nil, fmt.Errorf("record %s: %w", g.id, err)
 	}
 	if st.Limit != g.limit {
-		return nil, fmt.Errorf("%w: record %s holds limit %+v", ErrBadRecord, g.id, st.Limit)
+		return nil, fmt.Errorf("%w: record %s holds limit %+v", store.ErrBadRecord, g.id, st.Limit)
 	}
 	if rec.Version < seen {
 		a.fences.Add(1)

@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/lease/allot"
+	"github.com/sluicehq/sluice/store"
 )
 
 // Defaults of the backend beyond MemberConfig.
@@ -27,7 +28,7 @@ const (
 
 // Backend is the lease mode's backend (a backend.Backend for sluice.WithBackend): one
 // member of every limit it decides, deciding in process at memory speed on the share it
-// leases from a Store. One goroutine renews the leases (batched into one store round trip
+// leases from a store.Store. One goroutine renews the leases (batched into one store round trip
 // per renewal for all keys), and Close stops it and hands every share back.
 //
 // It is safe for concurrent use. Make one with New; the zero value is not usable.
@@ -165,7 +166,7 @@ func WithObserver(o Observer) Option { return optionFunc(func(b *Backend) { b.ob
 
 // New returns a member of the limits it will be asked to decide, sharing them through
 // store, and starts its renewal goroutine. Close it to hand its shares back.
-func New(store Store, opts ...Option) (*Backend, error) {
+func New(store store.Store, opts ...Option) (*Backend, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: no store", ErrInvalidConfig)
 	}
@@ -655,10 +656,10 @@ func (b *Backend) round() int64 {
 		cancel()
 		sent := now
 		if err == nil && len(res) != len(calls) {
-			err = fmt.Errorf("%w: lease store: %d answers to %d requests", ErrUnavailable, len(res), len(calls))
+			err = fmt.Errorf("%w: lease store: %d answers to %d requests", backend.ErrUnavailable, len(res), len(calls))
 		}
-		if err != nil && !errors.Is(err, ErrUnavailable) {
-			err = fmt.Errorf("%w: lease store: %w", ErrUnavailable, err)
+		if err != nil && !errors.Is(err, backend.ErrUnavailable) {
+			err = fmt.Errorf("%w: lease store: %w", backend.ErrUnavailable, err)
 		}
 		now = b.clock.Nanotime()
 		for i, p := range owners {
@@ -704,7 +705,7 @@ func (b *Backend) round() int64 {
 }
 
 // Ping reports whether the store answers, if it can say (backend.Pinger: the daemon's
-// /readyz): a RedisStore can; a MemStore always does.
+// /readyz): a RedisStore can; a store.Memory always does.
 func (b *Backend) Ping(ctx context.Context) error {
 	if p, ok := b.apply.store.(backend.Pinger); ok {
 		return p.Ping(ctx)

@@ -16,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/lease/allot"
+	"github.com/sluicehq/sluice/store"
 )
 
 var bg = context.Background()
@@ -28,7 +29,7 @@ func TestConformance(t *testing.T) {
 		c := DefaultConfig()
 		c.TTL = time.Hour
 		c.JoinWindow = 0 // a single member: nobody to share the first burst with
-		b, err := New(NewMemStore(clk), WithConfig(c), WithClock(clk), WithRenewEvery(10*time.Minute), WithIdleAfter(time.Hour))
+		b, err := New(store.NewMemory(clk), WithConfig(c), WithClock(clk), WithRenewEvery(10*time.Minute), WithIdleAfter(time.Hour))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -42,7 +43,7 @@ func TestConformance(t *testing.T) {
 type cluster struct {
 	t       *testing.T
 	clk     *clock.Virtual
-	store   *MemStore
+	store   *store.Memory
 	cfg     Config
 	cut     []*cutStore
 	members []*Backend
@@ -55,20 +56,20 @@ type cluster struct {
 
 // cutStore is a member's link to the store, which a test can cut (a crash or partition).
 type cutStore struct {
-	Store
+	store.Store
 	cut atomic.Bool
 }
 
-func (c *cutStore) Load(ctx context.Context, ids []string) (Snapshot, error) {
+func (c *cutStore) Load(ctx context.Context, ids []string) (store.Snapshot, error) {
 	if c.cut.Load() {
-		return Snapshot{}, ErrUnavailable
+		return store.Snapshot{}, backend.ErrUnavailable
 	}
 	return c.Store.Load(ctx, ids)
 }
 
-func (c *cutStore) Swap(ctx context.Context, ws []Write) ([]uint64, error) {
+func (c *cutStore) Swap(ctx context.Context, ws []store.Write) ([]uint64, error) {
 	if c.cut.Load() {
-		return nil, ErrUnavailable
+		return nil, backend.ErrUnavailable
 	}
 	return c.Store.Swap(ctx, ws)
 }
@@ -82,7 +83,7 @@ func newCluster(t *testing.T, l gcra.Limit, n int, cfg Config) *cluster {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	c := &cluster{t: t, clk: clk, store: NewMemStore(clk), cfg: cfg, limit: l}
+	c := &cluster{t: t, clk: clk, store: store.NewMemory(clk), cfg: cfg, limit: l}
 	for range n {
 		c.add()
 	}
@@ -326,7 +327,7 @@ func TestObserver(t *testing.T) {
 	clk.Advance(time.Second) // so that a request's time is not the zero value
 	cfg := DefaultConfig()
 	cfg.JoinWindow = 0
-	st := NewMemStore(clk)
+	st := store.NewMemory(clk)
 	var mu sync.Mutex
 	var seen []Status
 	b, err := New(st, WithConfig(cfg), WithClock(clk), WithID("obs"), WithObserver(ObserverFunc(func(s Status) {
@@ -353,13 +354,13 @@ func TestObserver(t *testing.T) {
 // gateStore holds the member's store calls while armed, until the test opens the gate: a
 // renewal round stalled (its process paused) between sending and applying.
 type gateStore struct {
-	Store
+	store.Store
 	armed   atomic.Bool
 	entered chan struct{}
 	open    chan struct{}
 }
 
-func (g *gateStore) Load(ctx context.Context, ids []string) (Snapshot, error) {
+func (g *gateStore) Load(ctx context.Context, ids []string) (store.Snapshot, error) {
 	if g.armed.CompareAndSwap(true, false) {
 		g.entered <- struct{}{}
 		<-g.open
@@ -378,7 +379,7 @@ func TestStallAcrossARenewal(t *testing.T) {
 	clk.Set(int64(time.Hour))
 	cfg := DefaultConfig()
 	cfg.JoinWindow = 0
-	gate := &gateStore{Store: NewMemStore(clk), entered: make(chan struct{}), open: make(chan struct{})}
+	gate := &gateStore{Store: store.NewMemory(clk), entered: make(chan struct{}), open: make(chan struct{})}
 	statuses := make(chan Status, 16)
 	b, err := New(gate, WithConfig(cfg), WithClock(clk), WithID("m"), WithRenewEvery(100*time.Millisecond),
 		WithStoreTimeout(time.Hour), WithObserver(ObserverFunc(func(s Status) { statuses <- s })))
@@ -431,7 +432,7 @@ func TestNewRejectsBadSettings(t *testing.T) {
 	if _, err := New(nil); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("no store: %v", err)
 	}
-	st := NewMemStore(nil)
+	st := store.NewMemory(nil)
 	if _, err := New(st, WithRenewEvery(0)); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("zero renewal: %v", err)
 	}

@@ -16,21 +16,23 @@ import (
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
 	"github.com/sluicehq/sluice/lease/allot"
+	"github.com/sluicehq/sluice/store"
+	redisstore "github.com/sluicehq/sluice/store/redis"
 )
 
 // side is one store with its applier and its copies of the members.
 type side struct {
 	name    string
-	store   Store
+	store   store.Store
 	apply   *applier
 	members []*allot.Member
 	inc     uint64
 }
 
-// remote is a real store the differential test runs beside MemStore.
+// remote is a real store the differential test runs beside store.Memory.
 type remote interface {
 	// open makes a store on the test's virtual clock, with nothing in it.
-	open(seed uint64, now func() int64) Store
+	open(seed uint64, now func() int64) store.Store
 	// wipe loses every record, as a restart without its data: the store begins a new
 	// incarnation at its next read.
 	wipe()
@@ -43,13 +45,15 @@ type remote interface {
 // redisRemote is a real Redis: a record is put back with DUMP and RESTORE.
 type redisRemote struct {
 	client *goredis.Client
-	store  *RedisStore
+	store  *redisstore.Store
+	prefix string
 	dump   string
 }
 
-func (r *redisRemote) open(seed uint64, now func() int64) Store {
+func (r *redisRemote) open(seed uint64, now func() int64) store.Store {
 	r.client.FlushAll(context.Background())
-	r.store = NewRedisStore(r.client, WithRedisPrefix(fmt.Sprintf("diff%d:", seed)), withRedisNow(now))
+	r.prefix = fmt.Sprintf("diff%d:", seed)
+	r.store = redisstore.New(r.client, store.WithPrefix(r.prefix), store.WithNow(now))
 	r.dump = ""
 	return r.store
 }
@@ -57,19 +61,19 @@ func (r *redisRemote) open(seed uint64, now func() int64) Store {
 func (r *redisRemote) wipe() { r.client.FlushAll(context.Background()) }
 
 func (r *redisRemote) save(id string) {
-	r.dump, _ = r.client.Dump(context.Background(), r.store.prefix+id).Result()
+	r.dump, _ = r.client.Dump(context.Background(), r.prefix+id).Result()
 }
 
 func (r *redisRemote) rewind(id string) bool {
 	if r.dump == "" {
 		return false
 	}
-	return r.client.RestoreReplace(context.Background(), r.store.prefix+id, 0, r.dump).Err() == nil
+	return r.client.RestoreReplace(context.Background(), r.prefix+id, 0, r.dump).Err() == nil
 }
 
 // TestDifferentialRedisAndMemStore runs the same random sequences of joins, renewals,
 // releases, penalties, crashes, store restarts and rewound records (a failover that lost
-// writes) through the allocation on MemStore and on a real Redis, on the same virtual
+// writes) through the allocation on store.Memory and on a real Redis, on the same virtual
 // clock, and demands the same replies, the same records, and the allocation's invariant
 // after every store operation. The Redis store reads the virtual time the test passes to
 // its scripts (microsecond steps).
@@ -103,8 +107,8 @@ func differentialSequence(t *testing.T, rem remote, seed uint64) int {
 	if rng.IntN(3) == 0 {
 		cfg.Policy = Equal
 	}
-	mem := NewMemStore(clk)
-	mem.since = clk.Now().UnixNano() // as a store seen for the first time: its incarnation begins now
+	mem := store.NewMemory(clk)
+	mem.Restart() // as a store seen for the first time: its incarnation begins now
 	red := rem.open(seed, func() int64 { return clk.Now().UnixNano() })
 	if _, err := red.Load(ctx, nil); err != nil { // its incarnation begins now, when mem's does
 		t.Fatal(err)
@@ -135,7 +139,7 @@ func differentialSequence(t *testing.T, rem remote, seed uint64) int {
 		}
 	}
 	id := RecordID("k", l)
-	var saved Record
+	var saved store.Record
 	steps, ops := 20+rng.IntN(60), 0
 	for step := range steps {
 		clk.Advance(time.Duration(rng.IntN(200)) * time.Millisecond / 4) // microsecond-aligned

@@ -7,9 +7,9 @@
 // lease it holds in one store round trip and hands every share back on Close. The
 // allocation (who gets which share, never more than the limit in rate or in burst, a
 // crashed member's share quarantined before anyone else gets it) runs in Go in every
-// member; a Store only keeps the records, read with the store's time and written back by
-// compare-and-set: MemStore in process, RedisStore (one Redis, Sentinel or Cluster),
-// EtcdStore, ZKStore, or any store that keeps the Store contract.
+// member; a store.Store only keeps the records, read with the store's time and written back by
+// compare-and-set: store.Memory in process, RedisStore (one Redis, Sentinel or Cluster),
+// EtcdStore, ZKStore, or any store that keeps the store.Store contract.
 //
 // docs/lease.md explains the model, the invariants and why they hold, each store's
 // guarantees and costs, and how to choose the settings.

@@ -8,6 +8,9 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluicehq/sluice/store"
+	etcdstore "github.com/sluicehq/sluice/store/etcd"
 )
 
 // etcdRemote is a real etcd for the differential test. A wipe deletes the store's keys,
@@ -19,10 +22,10 @@ type etcdRemote struct {
 	prefix string
 }
 
-func (r *etcdRemote) open(seed uint64, now func() int64) Store {
+func (r *etcdRemote) open(seed uint64, now func() int64) store.Store {
 	r.prefix = fmt.Sprintf("diff%d/", seed)
 	r.wipe()
-	return NewEtcdStore(r.client, WithEtcdPrefix(r.prefix), withEtcdNow(now))
+	return etcdstore.New(r.client, store.WithPrefix(r.prefix), store.WithNow(now))
 }
 
 func (r *etcdRemote) wipe() {
@@ -43,13 +46,13 @@ func TestDifferentialEtcdAndMemStore(t *testing.T) {
 
 // TestEtcdRecordTimeNeverGoesBack: a record written by a member whose clock is ahead is
 // timed, for a member whose clock is behind, no earlier than its writer timed it (the
-// store's time is monotonic per record), and an unreadable record is ErrBadRecord.
+// store's time is monotonic per record), and an unreadable record is store.ErrBadRecord.
 func TestEtcdRecordTimeNeverGoesBack(t *testing.T) {
 	ctx := context.Background()
 	client := etcdClient(t, sharedEtcd(t).Addr())
 	prefix := fmt.Sprintf("skew%d/", time.Now().UnixNano())
-	ahead := NewEtcdStore(client, WithEtcdPrefix(prefix), withEtcdNow(func() int64 { return 1000e9 }))
-	behind := NewEtcdStore(client, WithEtcdPrefix(prefix), withEtcdNow(func() int64 { return 999e9 }))
+	ahead := etcdstore.New(client, store.WithPrefix(prefix), store.WithNow(func() int64 { return 1000e9 }))
+	behind := etcdstore.New(client, store.WithPrefix(prefix), store.WithNow(func() int64 { return 999e9 }))
 	snap, err := ahead.Load(ctx, []string{"r"})
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +60,7 @@ func TestEtcdRecordTimeNeverGoesBack(t *testing.T) {
 	if snap.Now != 1000e9 || snap.Since != 1000e9 {
 		t.Fatalf("the first load read now %d since %d", snap.Now, snap.Since)
 	}
-	if v, err := ahead.Swap(ctx, []Write{{ID: "r", Data: []byte("x")}}); err != nil || v[0] == 0 {
+	if v, err := ahead.Swap(ctx, []store.Write{{ID: "r", Data: []byte("x")}}); err != nil || v[0] == 0 {
 		t.Fatalf("write: %v %v", v, err)
 	}
 	snap, err = behind.Load(ctx, []string{"r", "missing"})
@@ -71,8 +74,8 @@ func TestEtcdRecordTimeNeverGoesBack(t *testing.T) {
 	if _, err := client.Put(ctx, prefix+"bad", "abc"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := behind.Load(ctx, []string{"bad"}); !errors.Is(err, ErrBadRecord) {
-		t.Fatalf("a 3-byte record read as %v, want ErrBadRecord", err)
+	if _, err := behind.Load(ctx, []string{"bad"}); !errors.Is(err, store.ErrBadRecord) {
+		t.Fatalf("a 3-byte record read as %v, want store.ErrBadRecord", err)
 	}
 }
 
@@ -81,12 +84,12 @@ func TestEtcdRecordTimeNeverGoesBack(t *testing.T) {
 func TestEtcdLargeBatches(t *testing.T) {
 	ctx := context.Background()
 	client := etcdClient(t, sharedEtcd(t).Addr())
-	s := NewEtcdStore(client, WithEtcdPrefix(fmt.Sprintf("large%d/", time.Now().UnixNano())))
-	var ws []Write
+	s := etcdstore.New(client, store.WithPrefix(fmt.Sprintf("large%d/", time.Now().UnixNano())))
+	var ws []store.Write
 	var ids []string
 	for i := range 250 {
 		ids = append(ids, fmt.Sprint("r", i))
-		ws = append(ws, Write{ID: ids[i], Data: []byte(fmt.Sprint(i))})
+		ws = append(ws, store.Write{ID: ids[i], Data: []byte(fmt.Sprint(i))})
 	}
 	vs, err := s.Swap(ctx, ws)
 	if err != nil {

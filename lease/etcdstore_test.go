@@ -10,18 +10,20 @@ import (
 	"github.com/sluicehq/sluice/backend/backendtest"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/lease"
-	"github.com/sluicehq/sluice/lease/leasetest"
+	"github.com/sluicehq/sluice/store"
+	etcdstore "github.com/sluicehq/sluice/store/etcd"
+	"github.com/sluicehq/sluice/store/storetest"
 )
 
-func etcdPrefix() lease.EtcdOption {
-	return lease.WithEtcdPrefix(fmt.Sprintf("test%d/", prefixes.Add(1)))
+func etcdPrefix() store.Option {
+	return store.WithPrefix(fmt.Sprintf("test%d/", prefixes.Add(1)))
 }
 
 func TestEtcdStoreConformance(t *testing.T) {
 	srv := lease.SharedEtcd(t)
 	client := lease.EtcdClient(t, srv.Addr())
-	leasetest.Run(t, func(t *testing.T) (lease.Store, func()) {
-		return lease.NewEtcdStore(client, etcdPrefix()), func() {
+	storetest.Run(t, func(t *testing.T) (store.Store, func()) {
+		return etcdstore.New(client, etcdPrefix()), func() {
 			if err := srv.Wipe(); err != nil {
 				t.Fatal(err)
 			}
@@ -40,7 +42,7 @@ func TestConformanceOnEtcd(t *testing.T) {
 		c := lease.DefaultConfig()
 		c.TTL = time.Hour
 		c.JoinWindow = 0
-		st := lease.NewEtcdStore(client, etcdPrefix(), lease.WithEtcdNow(func() int64 { return clk.Now().UnixNano() }))
+		st := etcdstore.New(client, etcdPrefix(), store.WithNow(func() int64 { return clk.Now().UnixNano() }))
 		b, err := lease.New(st, lease.WithConfig(c), lease.WithClock(clk), lease.WithRenewEvery(10*time.Minute), lease.WithIdleAfter(time.Hour))
 		if err != nil {
 			t.Fatal(err)

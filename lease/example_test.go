@@ -7,6 +7,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/store"
 )
 
 // A process joins a limit's pool through a store, and decides in process on its share.
@@ -15,7 +16,7 @@ func ExampleNew() {
 	clk := clock.NewVirtual()
 	cfg := lease.DefaultConfig()
 	cfg.JoinWindow = 0 // one member here: nobody to share the first burst with
-	store := lease.NewMemStore(clk)
+	store := store.NewMemory(clk)
 	member, _ := lease.New(store, lease.WithConfig(cfg), lease.WithClock(clk), lease.WithID("worker-1"))
 	defer member.Close()
 	l, _ := sluice.New(sluice.MustParse("10/s burst=4"), sluice.WithBackend(member), sluice.WithClock(clk))

@@ -1,7 +1,6 @@
 package lease
 
 import (
-	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/lease/allot"
 )
 
@@ -41,15 +40,10 @@ const RateScale = allot.RateScale
 
 // Errors.
 var (
-	// ErrUnavailable (backend.ErrUnavailable): the store could not be reached, or did not
-	// answer in time.
-	ErrUnavailable = backend.ErrUnavailable
 	// ErrStaleEpoch: the member's registration is unknown to the store; it joins again.
 	ErrStaleEpoch = allot.ErrStaleEpoch
 	// ErrInvalidConfig: a Config or MemberConfig that Validate refuses.
 	ErrInvalidConfig = allot.ErrInvalidConfig
-	// ErrBadRecord: a record that does not decode (not Sluice's, or corrupt).
-	ErrBadRecord = allot.ErrBadRecord
 )
 
 // DefaultConfig returns the default allocation settings.

@@ -11,6 +11,9 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/store"
+	etcdstore "github.com/sluicehq/sluice/store/etcd"
+	zkstore "github.com/sluicehq/sluice/store/zk"
 )
 
 // restartable is a store server a test kills and restarts with its data.
@@ -62,7 +65,7 @@ func TestMultiProcessOnEtcdAndZK(t *testing.T) {
 func etcdRun(t *testing.T) *storeRun {
 	srv := lease.SharedEtcd(t)
 	cfg := memberConfig{Store: "etcd", Addrs: []string{srv.Addr()}, Prefix: fmt.Sprintf("mp%d/", time.Now().UnixNano())}
-	st := lease.NewEtcdStore(lease.EtcdClient(t, srv.Addr()), lease.WithEtcdPrefix(cfg.Prefix))
+	st := etcdstore.New(lease.EtcdClient(t, srv.Addr()), store.WithPrefix(cfg.Prefix))
 	return &storeRun{name: "etcd", cfg: cfg, st: st, srv: srv}
 }
 
@@ -70,7 +73,7 @@ func etcdRun(t *testing.T) *storeRun {
 func zkRun(t *testing.T) *storeRun {
 	srv := lease.SharedZK(t)
 	cfg := memberConfig{Store: "zk", Addrs: []string{srv.Addr()}, Prefix: fmt.Sprintf("/mp/%d", time.Now().UnixNano())}
-	st := lease.NewZKStore(lease.ZKClient(t, srv.Addr()), lease.WithZKPath(cfg.Prefix))
+	st := zkstore.New(lease.ZKClient(t, srv.Addr()), store.WithPrefix(cfg.Prefix))
 	return &storeRun{name: "zk", cfg: cfg, st: st, srv: srv, skews: map[int]time.Duration{2: 3 * time.Second}}
 }
 
@@ -78,7 +81,7 @@ func zkRun(t *testing.T) *storeRun {
 type storeRun struct {
 	name           string
 	cfg            memberConfig
-	st             lease.Store
+	st             store.Store
 	srv            restartable
 	skews          map[int]time.Duration
 	ms             []*member

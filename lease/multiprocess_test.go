@@ -33,6 +33,10 @@ import (
 	"github.com/sluicehq/sluice/internal/zkclient"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/lease/allot"
+	"github.com/sluicehq/sluice/store"
+	etcdstore "github.com/sluicehq/sluice/store/etcd"
+	redisstore "github.com/sluicehq/sluice/store/redis"
+	zkstore "github.com/sluicehq/sluice/store/zk"
 )
 
 // TestMain makes the test binary a member process when memberEnv is set, and otherwise
@@ -198,20 +202,20 @@ func realOffset(c clock.Clock) int64 {
 }
 
 // memberStore opens the store a member process leases through.
-func memberStore(cfg memberConfig) (lease.Store, func(), error) {
+func memberStore(cfg memberConfig) (store.Store, func(), error) {
 	switch cfg.Store {
 	case "etcd":
 		c, err := clientv3.New(clientv3.Config{Endpoints: cfg.Addrs, DialTimeout: time.Second, Logger: zap.NewNop()})
 		if err != nil {
 			return nil, nil, err
 		}
-		return lease.NewEtcdStore(c, lease.WithEtcdPrefix(cfg.Prefix)), func() { c.Close() }, nil
+		return etcdstore.New(c, store.WithPrefix(cfg.Prefix)), func() { c.Close() }, nil
 	case "zk":
 		c, _, err := zkclient.Connect(cfg.Addrs, 4*time.Second, log.New(io.Discard, "", 0))
 		if err != nil {
 			return nil, nil, err
 		}
-		return lease.NewZKStore(c.Conn, lease.WithZKPath(cfg.Prefix)), c.Close, nil
+		return zkstore.New(c.Conn, store.WithPrefix(cfg.Prefix)), c.Close, nil
 	}
 	var client goredis.UniversalClient
 	if cfg.Cluster {
@@ -221,7 +225,7 @@ func memberStore(cfg memberConfig) (lease.Store, func(), error) {
 		client = goredis.NewClient(&goredis.Options{Addr: cfg.Addrs[0], MaxRetries: -1, DisableIdentity: true,
 			ReadTimeout: time.Second, WriteTimeout: time.Second})
 	}
-	return lease.NewRedisStore(client, lease.WithRedisPrefix(cfg.Prefix)), func() { client.Close() }, nil
+	return redisstore.New(client, store.WithPrefix(cfg.Prefix)), func() { client.Close() }, nil
 }
 
 // waitReady waits until each of n members has made its file in dir (at its first permit):
@@ -314,11 +318,11 @@ type record struct {
 // (ID:rate/burst of its lease:expires:until:held rate/burst:held until). A failed audit
 // can then be read from the store's side too. readRecord skips these lines.
 type recordLog struct {
-	lease.Store
+	store.Store
 	now atomic.Int64 // the store time of the latest Load
 }
 
-func (s *recordLog) Load(ctx context.Context, ids []string) (lease.Snapshot, error) {
+func (s *recordLog) Load(ctx context.Context, ids []string) (store.Snapshot, error) {
 	snap, err := s.Store.Load(ctx, ids)
 	if err == nil {
 		s.now.Store(snap.Now)
@@ -326,7 +330,7 @@ func (s *recordLog) Load(ctx context.Context, ids []string) (lease.Snapshot, err
 	return snap, err
 }
 
-func (s *recordLog) Swap(ctx context.Context, ws []lease.Write) ([]uint64, error) {
+func (s *recordLog) Swap(ctx context.Context, ws []store.Write) ([]uint64, error) {
 	vers, err := s.Store.Swap(ctx, ws)
 	if err != nil || len(vers) != len(ws) {
 		return vers, err
@@ -479,7 +483,7 @@ func testMultiProcess(t *testing.T, cfg memberConfig, d time.Duration, minUse fl
 		client = goredis.NewClient(&goredis.Options{Addr: cfg.Addrs[0], DisableIdentity: true})
 	}
 	defer client.Close()
-	if err := lease.WaitUnfenced(context.Background(), lease.NewRedisStore(client, lease.WithRedisPrefix(cfg.Prefix)), lease.DefaultConfig()); err != nil {
+	if err := lease.WaitUnfenced(context.Background(), redisstore.New(client, store.WithPrefix(cfg.Prefix)), lease.DefaultConfig()); err != nil {
 		t.Fatal(err)
 	}
 	ms := startMembers(t, 4, cfg, map[int]time.Duration{2: 3 * time.Second})
@@ -528,7 +532,7 @@ func TestRedisKilledAndRestartedEmpty(t *testing.T) {
 	client := goredis.NewClient(&goredis.Options{Addr: srv.Addr(), MaxRetries: -1, DisableIdentity: true,
 		DialTimeout: 200 * time.Millisecond, ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond})
 	defer client.Close()
-	store := lease.NewRedisStore(client, lease.WithRedisPrefix("restart:"))
+	store := redisstore.New(client, store.WithPrefix("restart:"))
 	if err := lease.WaitUnfenced(context.Background(), store, lease.DefaultConfig()); err != nil {
 		t.Fatal(err)
 	}

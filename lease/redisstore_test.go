@@ -16,7 +16,9 @@ import (
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
 	"github.com/sluicehq/sluice/lease"
-	"github.com/sluicehq/sluice/lease/leasetest"
+	"github.com/sluicehq/sluice/store"
+	redisstore "github.com/sluicehq/sluice/store/redis"
+	"github.com/sluicehq/sluice/store/storetest"
 )
 
 var prefixes atomic.Int64
@@ -31,15 +33,15 @@ func redisClient(t testing.TB, srv *redistest.Server) *goredis.Client {
 }
 
 // testPrefix gives each store of a test run its own keys in a shared Redis.
-func testPrefix() lease.RedisOption {
-	return lease.WithRedisPrefix(fmt.Sprintf("test%d:", prefixes.Add(1)))
+func testPrefix() store.Option {
+	return store.WithPrefix(fmt.Sprintf("test%d:", prefixes.Add(1)))
 }
 
 func TestRedisStoreConformance(t *testing.T) {
 	srv := redistest.New(t)
 	client := redisClient(t, srv)
-	leasetest.Run(t, func(t *testing.T) (lease.Store, func()) {
-		return lease.NewRedisStore(client, testPrefix()), func() { client.FlushAll(context.Background()) }
+	storetest.Run(t, func(t *testing.T) (store.Store, func()) {
+		return redisstore.New(client, testPrefix()), func() { client.FlushAll(context.Background()) }
 	})
 }
 
@@ -47,17 +49,17 @@ func TestRedisClusterStoreConformance(t *testing.T) {
 	cl := redistest.NewCluster(t)
 	client := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs(), DisableIdentity: true})
 	t.Cleanup(func() { client.Close() })
-	leasetest.Run(t, func(t *testing.T) (lease.Store, func()) {
-		return lease.NewRedisStore(client, testPrefix()), func() {
+	storetest.Run(t, func(t *testing.T) (store.Store, func()) {
+		return redisstore.New(client, testPrefix()), func() {
 			client.ForEachMaster(context.Background(), func(ctx context.Context, c *goredis.Client) error { return c.FlushAll(ctx).Err() })
 		}
 	})
 }
 
 func TestMemStoreConformance(t *testing.T) {
-	leasetest.Run(t, func(t *testing.T) (lease.Store, func()) {
+	storetest.Run(t, func(t *testing.T) (store.Store, func()) {
 		clk := clock.NewVirtual()
-		s := lease.NewMemStore(clk)
+		s := store.NewMemory(clk)
 		return s, s.Restart
 	})
 }
@@ -72,8 +74,7 @@ func TestConformanceOnRedis(t *testing.T) {
 		c := lease.DefaultConfig()
 		c.TTL = time.Hour
 		c.JoinWindow = 0
-		st := lease.NewRedisStore(client, testPrefix(), lease.WithRedisNow(func() int64 { return clk.Now().UnixNano() }))
-		lease.AssumeFresh(st)
+		st := redisstore.New(client, testPrefix(), store.WithNow(func() int64 { return clk.Now().UnixNano() }), store.WithAssumeFresh())
 		b, err := lease.New(st, lease.WithConfig(c), lease.WithClock(clk), lease.WithRenewEvery(10*time.Minute), lease.WithIdleAfter(time.Hour))
 		if err != nil {
 			t.Fatal(err)
@@ -90,7 +91,7 @@ func TestConformanceOnRedis(t *testing.T) {
 // when two renewals happen to meet.
 func TestMembersStartedTogetherRarelyConflict(t *testing.T) {
 	srv := redistest.New(t)
-	store := &leasetest.Conflicts{Store: lease.NewRedisStore(redisClient(t, srv), testPrefix())}
+	store := &storetest.Conflicts{Store: redisstore.New(redisClient(t, srv), testPrefix())}
 	if err := lease.WaitUnfenced(context.Background(), store, lease.DefaultConfig()); err != nil {
 		t.Fatal(err)
 	}
@@ -134,13 +135,13 @@ func TestMembersStartedTogetherRarelyConflict(t *testing.T) {
 func TestRedisStoreKeepsRecordsLongEnough(t *testing.T) {
 	srv := redistest.New(t)
 	client := redisClient(t, srv)
-	s := lease.NewRedisStore(client, lease.WithRedisPrefix("keep:"))
+	s := redisstore.New(client, store.WithPrefix("keep:"))
 	ctx := context.Background()
 	keep := 1500*time.Millisecond + 900*time.Microsecond
 	for i := 0; i < 5; i++ {
 		id := fmt.Sprint("r", i)
 		before := time.Now()
-		if _, err := s.Swap(ctx, []lease.Write{{ID: id, Data: []byte("x"), Keep: keep}}); err != nil {
+		if _, err := s.Swap(ctx, []store.Write{{ID: id, Data: []byte("x"), Keep: keep}}); err != nil {
 			t.Fatal(err)
 		}
 		at, err := client.PExpireTime(ctx, "keep:"+id).Result()

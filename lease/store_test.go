@@ -9,9 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/lease/allot"
+	"github.com/sluicehq/sluice/store"
 )
 
 const all = RateScale
@@ -28,7 +30,7 @@ func lim(rate int64, period time.Duration, burst int64) gcra.Limit {
 func TestEpochsNeverRepeatAfterAForgottenRecord(t *testing.T) {
 	ctx := context.Background()
 	clk := clock.NewVirtual()
-	s := NewMemStore(clk)
+	s := store.NewMemory(clk)
 	a := &applier{store: s, cfg: DefaultConfig()}
 	l := lim(10, time.Second, 10)
 	apply := func(req allot.Request) (allot.Reply, error) {
@@ -74,29 +76,29 @@ func TestEpochsNeverRepeatAfterAForgottenRecord(t *testing.T) {
 	}
 }
 
-// slowStore is a MemStore with a round trip: etcd's or ZooKeeper's milliseconds.
+// slowStore is a store.Memory with a round trip: etcd's or ZooKeeper's milliseconds.
 type slowStore struct {
-	*MemStore
+	*store.Memory
 	rtt time.Duration
 }
 
-func (s *slowStore) Load(ctx context.Context, ids []string) (Snapshot, error) {
+func (s *slowStore) Load(ctx context.Context, ids []string) (store.Snapshot, error) {
 	time.Sleep(s.rtt)
-	return s.MemStore.Load(ctx, ids)
+	return s.Memory.Load(ctx, ids)
 }
 
-func (s *slowStore) Swap(ctx context.Context, ws []Write) ([]uint64, error) {
+func (s *slowStore) Swap(ctx context.Context, ws []store.Write) ([]uint64, error) {
 	time.Sleep(s.rtt)
-	return s.MemStore.Swap(ctx, ws)
+	return s.Memory.Swap(ctx, ws)
 }
 
 // countingStore counts the writes that lost their compare-and-set.
 type countingStore struct {
-	Store
+	store.Store
 	lost atomic.Int64
 }
 
-func (c *countingStore) Swap(ctx context.Context, ws []Write) ([]uint64, error) {
+func (c *countingStore) Swap(ctx context.Context, ws []store.Write) ([]uint64, error) {
 	vs, err := c.Store.Swap(ctx, ws)
 	for _, v := range vs {
 		if v == 0 {
@@ -111,11 +113,11 @@ func (c *countingStore) Swap(ctx context.Context, ws []Write) ([]uint64, error) 
 // (464 of their writes lost before they combined their rounds), and the process's
 // combiner is dropped once idle.
 func TestMembersOfAProcessCombine(t *testing.T) {
-	store := &countingStore{Store: &slowStore{MemStore: NewMemStore(nil), rtt: 2 * time.Millisecond}}
+	st := &countingStore{Store: &slowStore{Memory: store.NewMemory(nil), rtt: 2 * time.Millisecond}}
 	l := lim(20, time.Second, 10)
 	var bs []*Backend
 	for i := range 8 {
-		b, err := New(store, WithID(fmt.Sprint("m", i)), WithRenewEvery(10*time.Millisecond))
+		b, err := New(st, WithID(fmt.Sprint("m", i)), WithRenewEvery(10*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -139,52 +141,52 @@ func TestMembersOfAProcessCombine(t *testing.T) {
 	for _, b := range bs {
 		b.Close()
 	}
-	if n := store.lost.Load(); n != 0 {
+	if n := st.lost.Load(); n != 0 {
 		t.Errorf("%d writes lost their compare-and-set to a member of the same process", n)
 	}
-	loads, swaps := store.Store.(*slowStore).Ops()
+	loads, swaps := st.Store.(*slowStore).Ops()
 	t.Logf("%d loads, %d swaps for 8 members", loads, swaps)
 	combining.Lock()
 	defer combining.Unlock()
 	for k := range combining.m {
-		if k.store == Store(store) {
+		if k.store == store.Store(st) {
 			t.Error("a combiner kept after its last round")
 		}
 	}
 }
 
 // flakyStore is a store whose first `failures` loads fail as unavailable (as ZooKeeper's
-// client before its first connection, or a Redis restarting), then answers as Store does.
+// client before its first connection, or a Redis restarting), then answers as store.Store does.
 type flakyStore struct {
-	Store
+	store.Store
 	failures int
 	loads    int
 }
 
-func (s *flakyStore) Load(ctx context.Context, ids []string) (Snapshot, error) {
+func (s *flakyStore) Load(ctx context.Context, ids []string) (store.Snapshot, error) {
 	s.loads++
 	if s.loads <= s.failures {
-		return Snapshot{}, fmt.Errorf("lease store: %w: not connected yet", ErrUnavailable)
+		return store.Snapshot{}, fmt.Errorf("lease store: %w: not connected yet", backend.ErrUnavailable)
 	}
 	return s.Store.Load(ctx, ids)
 }
 
 // TestWaitUnfencedAsksAgain: a store that does not answer yet is asked again until ctx
 // ends, and its last error is returned then. The demo's wait gave up at the first
-// ErrUnavailable: under two make test runs at once, a ZooKeeper demo failed so ("zk:
+// backend.ErrUnavailable: under two make test runs at once, a ZooKeeper demo failed so ("zk:
 // could not connect to a server") on its first connection attempt.
 func TestWaitUnfencedAsksAgain(t *testing.T) {
-	s := &flakyStore{Store: NewMemStore(nil), failures: 3}
+	s := &flakyStore{Store: store.NewMemory(nil), failures: 3}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := WaitUnfenced(ctx, s, DefaultConfig()); err != nil || s.loads != 4 {
 		t.Fatalf("after 3 failed loads: %v, %d loads, want nil after 4", err, s.loads)
 	}
-	never := &flakyStore{Store: NewMemStore(nil), failures: 1 << 30}
+	never := &flakyStore{Store: store.NewMemory(nil), failures: 1 << 30}
 	ctx, cancel = context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	err := WaitUnfenced(ctx, never, DefaultConfig())
-	if !errors.Is(err, ErrUnavailable) || never.loads < 2 {
-		t.Fatalf("a store that never answers: %v after %d loads, want ErrUnavailable after several", err, never.loads)
+	if !errors.Is(err, backend.ErrUnavailable) || never.loads < 2 {
+		t.Fatalf("a store that never answers: %v after %d loads, want backend.ErrUnavailable after several", err, never.loads)
 	}
 }

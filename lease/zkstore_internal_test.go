@@ -5,6 +5,9 @@ import (
 	"testing"
 
 	"github.com/go-zookeeper/zk"
+
+	"github.com/sluicehq/sluice/store"
+	zkstore "github.com/sluicehq/sluice/store/zk"
 )
 
 // zkRemote is a real ZooKeeper for the differential test. A wipe deletes the store's
@@ -16,10 +19,10 @@ type zkRemote struct {
 	root string
 }
 
-func (r *zkRemote) open(seed uint64, now func() int64) Store {
+func (r *zkRemote) open(seed uint64, now func() int64) store.Store {
 	r.root = fmt.Sprintf("/diff/%d", seed)
 	r.wipe()
-	return NewZKStore(r.conn, WithZKPath(r.root), withZKNow(now))
+	return zkstore.New(r.conn, store.WithPrefix(r.root), store.WithNow(now))
 }
 
 func (r *zkRemote) wipe() { zkDeleteTree(r.t, r.conn, r.root) }

@@ -11,11 +11,13 @@ import (
 	"github.com/sluicehq/sluice/backend/backendtest"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/lease"
-	"github.com/sluicehq/sluice/lease/leasetest"
+	"github.com/sluicehq/sluice/store"
+	"github.com/sluicehq/sluice/store/storetest"
+	zkstore "github.com/sluicehq/sluice/store/zk"
 )
 
-func zkPath() lease.ZKOption {
-	return lease.WithZKPath(fmt.Sprintf("/test/%d", prefixes.Add(1)))
+func zkPath() store.Option {
+	return store.WithPrefix(fmt.Sprintf("/test/%d", prefixes.Add(1)))
 }
 
 // TestZKStoreConformance: the store contract on a real ZooKeeper. A wipe deletes the
@@ -23,9 +25,9 @@ func zkPath() lease.ZKOption {
 // saw its earlier zxids cannot reach again).
 func TestZKStoreConformance(t *testing.T) {
 	conn := lease.ZKClient(t, lease.SharedZK(t).Addr())
-	leasetest.Run(t, func(t *testing.T) (lease.Store, func()) {
+	storetest.Run(t, func(t *testing.T) (store.Store, func()) {
 		path := fmt.Sprintf("/test/%d", time.Now().UnixNano())
-		return lease.NewZKStore(conn, lease.WithZKPath(path)), func() { lease.ZKDelete(t, conn, path) }
+		return zkstore.New(conn, store.WithPrefix(path)), func() { lease.ZKDelete(t, conn, path) }
 	})
 }
 
@@ -37,8 +39,8 @@ func TestZKStoreConformance(t *testing.T) {
 func TestZKWipedEnsemble(t *testing.T) {
 	srv := lease.SharedZK(t)
 	ctx := context.Background()
-	old := lease.NewZKStore(lease.ZKClient(t, srv.Addr()), zkPath())
-	if _, err := old.Swap(ctx, []lease.Write{{ID: "r", Data: []byte("x")}}); err != nil {
+	old := zkstore.New(lease.ZKClient(t, srv.Addr()), zkPath())
+	if _, err := old.Swap(ctx, []store.Write{{ID: "r", Data: []byte("x")}}); err != nil {
 		t.Fatal(err)
 	}
 	before, err := old.Load(ctx, []string{"r"})
@@ -51,7 +53,7 @@ func TestZKWipedEnsemble(t *testing.T) {
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	fresh := lease.NewZKStore(lease.ZKClient(t, srv.Addr()), zkPath())
+	fresh := zkstore.New(lease.ZKClient(t, srv.Addr()), zkPath())
 	after, err := fresh.Load(ctx, []string{"r"})
 	if err != nil {
 		t.Fatal(err)
@@ -61,8 +63,8 @@ func TestZKWipedEnsemble(t *testing.T) {
 	}
 	short, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if _, err := old.Load(short, []string{"r"}); !errors.Is(err, lease.ErrUnavailable) {
-		t.Fatalf("the old connection read %v, want ErrUnavailable", err)
+	if _, err := old.Load(short, []string{"r"}); !errors.Is(err, backend.ErrUnavailable) {
+		t.Fatalf("the old connection read %v, want backend.ErrUnavailable", err)
 	}
 }
 
@@ -74,7 +76,7 @@ func TestConformanceOnZK(t *testing.T) {
 		c := lease.DefaultConfig()
 		c.TTL = time.Hour
 		c.JoinWindow = 0
-		st := lease.NewZKStore(conn, zkPath(), lease.WithZKNow(func() int64 { return clk.Now().UnixNano() }))
+		st := zkstore.New(conn, zkPath(), store.WithNow(func() int64 { return clk.Now().UnixNano() }))
 		b, err := lease.New(st, lease.WithConfig(c), lease.WithClock(clk), lease.WithRenewEvery(10*time.Minute), lease.WithIdleAfter(time.Hour))
 		if err != nil {
 			t.Fatal(err)

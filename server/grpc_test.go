@@ -29,6 +29,8 @@ import (
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/local"
 	"github.com/sluicehq/sluice/referee"
+	"github.com/sluicehq/sluice/store"
+	redisstore "github.com/sluicehq/sluice/store/redis"
 	"github.com/sluicehq/sluice/strict"
 )
 
@@ -320,7 +322,7 @@ func TestGRPCKeepsTheLimit(t *testing.T) {
 		run(t, lb, "local")
 	})
 	t.Run("lease", func(t *testing.T) {
-		lb, err := lease.New(lease.NewMemStore(clock.Default))
+		lb, err := lease.New(store.NewMemory(clock.Default))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -329,7 +331,7 @@ func TestGRPCKeepsTheLimit(t *testing.T) {
 	})
 	t.Run("redis", func(t *testing.T) {
 		srv := redistest.New(t)
-		o, _ := strict.ClientOptions(srv.URL(), time.Second)
+		o, _ := redisstore.ClientOptions(srv.URL(), time.Second)
 		client := goredis.NewClient(o)
 		defer client.Close()
 		be := strict.New(client, strict.WithTimeout(time.Second), strict.WithPrefix("sluice:test:"+t.Name()+":"))

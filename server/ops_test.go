@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/testkit/proctest"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
+	redisstore "github.com/sluicehq/sluice/store/redis"
 	"github.com/sluicehq/sluice/strict"
 )
 
@@ -128,7 +129,7 @@ func TestUnmatchedTagsCounted(t *testing.T) {
 // sluice_backend_up follows; sluice_keys counts the keys in Redis.
 func TestRedisOutageLoggedOnce(t *testing.T) {
 	srv := redistest.New(t)
-	o, _ := strict.ClientOptions(srv.URL(), 100*time.Millisecond)
+	o, _ := redisstore.ClientOptions(srv.URL(), 100*time.Millisecond)
 	client := goredis.NewClient(o)
 	defer client.Close()
 	be := strict.New(client, strict.WithTimeout(100*time.Millisecond), strict.WithProbeEvery(20*time.Millisecond),

@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
+	redisstore "github.com/sluicehq/sluice/store/redis"
 )
 
 // phase of a fault run, as seen by the callers.
@@ -41,7 +42,7 @@ type faultCounts struct {
 func faultRun(t *testing.T, limit string, failMode sluice.FailMode, opts ...Option) (*faultCounts, *Backend, *goredis.Client, *redistest.Server) {
 	srv := redistest.New(t)
 	const timeout = 200 * time.Millisecond
-	o, err := ClientOptions(srv.URL(), timeout)
+	o, err := redisstore.ClientOptions(srv.URL(), timeout)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
+	redisstore "github.com/sluicehq/sluice/store/redis"
 )
 
 // TestCountKeys counts the keys of one prefix, on one Redis and across a Cluster's
@@ -31,7 +32,7 @@ func TestCountKeys(t *testing.T) {
 	}
 	t.Run("single", func(t *testing.T) {
 		srv := redistest.New(t)
-		o, _ := ClientOptions(srv.URL(), time.Second)
+		o, _ := redisstore.ClientOptions(srv.URL(), time.Second)
 		client := goredis.NewClient(o)
 		defer client.Close()
 		b, other := New(client, WithPrefix("a*[x]:"), WithTimeout(10*time.Second)), New(client, WithPrefix("a:"), WithTimeout(10*time.Second))
@@ -68,7 +69,7 @@ func TestCountKeys(t *testing.T) {
 // interval as its retry hint, so that a caller does not spin.
 func TestUnavailableSaysWhenToRetry(t *testing.T) {
 	srv := redistest.New(t)
-	o, _ := ClientOptions(srv.URL(), 100*time.Millisecond)
+	o, _ := redisstore.ClientOptions(srv.URL(), 100*time.Millisecond)
 	client := goredis.NewClient(o)
 	defer client.Close()
 	b := New(client, WithTimeout(100*time.Millisecond), WithProbeEvery(750*time.Millisecond), WithPrefix(prefix(t)))

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
+	redisstore "github.com/sluicehq/sluice/store/redis"
 )
 
 // shared is the redis-server most tests use; tests that kill a server start their own.
@@ -60,7 +61,7 @@ func waitNoLeaks() error {
 // generous time-out for the race detector on 2 cores; the test closes it.
 func newClient(t testing.TB, url string) *goredis.Client {
 	t.Helper()
-	o, err := ClientOptions(url, 5*time.Second)
+	o, err := redisstore.ClientOptions(url, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

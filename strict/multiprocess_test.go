@@ -24,6 +24,7 @@ import (
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
+	redisstore "github.com/sluicehq/sluice/store/redis"
 )
 
 // workerEnv, when set, makes the test binary a worker process of the multi-process tests
@@ -140,7 +141,7 @@ func workerMain() int {
 	}
 	var client Client
 	if cfg.URL != "" {
-		c, err := NewClient(cfg.URL, 2*time.Second)
+		c, err := redisstore.NewClient(cfg.URL, 2*time.Second)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "worker:", err)
 			return 2
@@ -152,7 +153,7 @@ func workerMain() int {
 		defer c.Close()
 		client = c
 	} else {
-		o, _ := ClientOptions("redis://"+cfg.Addrs[0], 2*time.Second)
+		o, _ := redisstore.ClientOptions("redis://"+cfg.Addrs[0], 2*time.Second)
 		c := goredis.NewClient(o)
 		defer c.Close()
 		client = c

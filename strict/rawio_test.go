@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/rawio"
+	redisstore "github.com/sluicehq/sluice/store/redis"
 )
 
 // TestDialersRawIO: the clients ClientOptions and FailoverOptions make dial plain
@@ -25,7 +26,7 @@ import (
 // encrypted.
 func TestDialersRawIO(t *testing.T) {
 	ctx := context.Background()
-	o, err := ClientOptions(shared.URL(), DefaultTimeout)
+	o, err := redisstore.ClientOptions(shared.URL(), DefaultTimeout)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,19 +73,19 @@ func TestDialersRawIO(t *testing.T) {
 			t.Fatalf("%s: handshake: %v", name, err)
 		}
 	}
-	o, err = ClientOptions("rediss://"+addr, DefaultTimeout)
+	o, err = redisstore.ClientOptions("rediss://"+addr, redisstore.DefaultTimeout)
 	if err != nil {
 		t.Fatal(err)
 	}
 	o.TLSConfig = insecure // after the dialer was made
 	tlsDial("rediss://", o.Dialer)
-	o, err = ClientOptions("redis://"+addr, DefaultTimeout)
+	o, err = redisstore.ClientOptions("redis://"+addr, redisstore.DefaultTimeout)
 	if err != nil {
 		t.Fatal(err)
 	}
 	o.TLSConfig = insecure
 	tlsDial("redis:// with a TLSConfig added", o.Dialer)
-	fo, err := FailoverOptions(SentinelScheme+"://"+addr+"/mymaster", DefaultTimeout)
+	fo, err := redisstore.FailoverOptions(redisstore.SentinelScheme+"://"+addr+"/mymaster", redisstore.DefaultTimeout)
 	if err != nil {
 		t.Fatal(err)
 	}

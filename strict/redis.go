@@ -5,7 +5,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -16,9 +15,9 @@ import (
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
-	"github.com/sluicehq/sluice/internal/rawio"
 	"github.com/sluicehq/sluice/internal/rkey"
 	"github.com/sluicehq/sluice/local"
+	redisstore "github.com/sluicehq/sluice/store/redis"
 )
 
 // FormatVersion is the version of the state format, carried by every key name and by the
@@ -227,45 +226,6 @@ func honoursDeadlines(client Client) bool {
 	return false
 }
 
-// ClientOptions returns go-redis options for url (redis://[user:pass@]host:port[/db],
-// or rediss://) set as the backend wants them: no retries (a retried script may be
-// charged twice, and retries pile up while Redis is down), dial, read and write
-// time-outs of timeout, context deadlines honoured, and go-redis' own dialer with raw
-// I/O on its plain TCP and Unix connections (see rawDialer).
-func ClientOptions(url string, timeout time.Duration) (*goredis.Options, error) {
-	o, err := goredis.ParseURL(url)
-	if err != nil {
-		return nil, fmt.Errorf("sluice redis: bad url: %w", err)
-	}
-	if timeout <= 0 {
-		timeout = DefaultTimeout
-	}
-	o.MaxRetries = -1
-	o.DialTimeout = timeout
-	o.ReadTimeout = timeout
-	o.WriteTimeout = timeout
-	o.PoolTimeout = timeout
-	o.ContextTimeoutEnabled = true
-	o.DisableIdentity = true
-	o.Dialer = rawDialer(func() *goredis.Options { return o })
-	return o, nil
-}
-
-// rawDialer is go-redis' own dialer (goredis.NewDialer: the dial time-out, TCP
-// keep-alives, TLS) for the options opts returns when it dials, so that settings changed
-// after the dialer was made (a TLSConfig added) still apply, with the plain TCP and Unix
-// connections it makes doing their reads and writes as raw system calls: a connection's
-// descriptor never blocks, and the Go scheduler's bookkeeping of a system call that might
-// (waking its monitor thread, handing the processor to another thread while the call
-// lasts) cost more than the call on a virtual machine, where a decision through a local
-// Redis took a third less time without it at one goroutine (docs/redis.md, "Raw I/O").
-// A TLS connection is left as go-redis made it. SLUICE_RAW_IO=off turns it off.
-func rawDialer(opts func() *goredis.Options) rawio.Dial {
-	return rawio.Dialer(func(ctx context.Context, network, addr string) (net.Conn, error) {
-		return goredis.NewDialer(opts())(ctx, network, addr)
-	})
-}
-
 // Dial connects to the Redis at url (redis://, rediss://, or redis-sentinel:// for the
 // master a Sentinel set names: see SentinelScheme) with the settings of ClientOptions,
 // checks that it answers, and returns a backend that owns the client (Close closes it).
@@ -302,7 +262,7 @@ func Open(url string, opts ...Option) (*Backend, error) {
 	for _, o := range opts {
 		o.apply(probe)
 	}
-	c, err := NewClient(url, probe.timeout)
+	c, err := redisstore.NewClient(url, probe.timeout)
 	if err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
+	redisstore "github.com/sluicehq/sluice/store/redis"
 )
 
 // TestWaitWaitsOutAnOutage: while Redis is down, a limiter failing closed makes Wait
@@ -19,7 +20,7 @@ import (
 // Redis is back; a Wait whose deadline comes first returns the failure, with its hint.
 func TestWaitWaitsOutAnOutage(t *testing.T) {
 	srv := redistest.New(t)
-	o, _ := ClientOptions(srv.URL(), 100*time.Millisecond)
+	o, _ := redisstore.ClientOptions(srv.URL(), 100*time.Millisecond)
 	client := goredis.NewClient(o)
 	defer client.Close()
 	const probe = 50 * time.Millisecond

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/store"
 )
 
 // The record a store keeps is a State in a compact binary form: a format byte, then
@@ -29,9 +30,6 @@ const (
 	stateFormat   = 2
 	stateFormatV1 = 1
 )
-
-// ErrBadRecord: a record that does not decode (another program's data, or corruption).
-var ErrBadRecord = errors.New("sluice lease: bad record")
 
 // MarshalState encodes s: the record a store keeps.
 func MarshalState(s *State) []byte {
@@ -112,7 +110,7 @@ func MarshalState(s *State) []byte {
 func UnmarshalState(b []byte) (*State, error) {
 	r := reader{b: b}
 	if len(b) == 0 || (b[0] != stateFormat && b[0] != stateFormatV1) {
-		return nil, fmt.Errorf("%w: format %v", ErrBadRecord, b[:min(len(b), 1)])
+		return nil, fmt.Errorf("%w: format %v", store.ErrBadRecord, b[:min(len(b), 1)])
 	}
 	v2 := b[0] == stateFormat
 	r.b = b[1:]
@@ -141,12 +139,12 @@ func UnmarshalState(b []byte) (*State, error) {
 	s.Booked = r.t()
 	nq := r.u()
 	if nq > uint64(len(r.b)) {
-		return nil, fmt.Errorf("%w: %d waiters in %d bytes", ErrBadRecord, nq, len(r.b))
+		return nil, fmt.Errorf("%w: %d waiters in %d bytes", store.ErrBadRecord, nq, len(r.b))
 	}
 	for range nq {
 		l := r.u()
 		if l > uint64(len(r.b)) {
-			return nil, fmt.Errorf("%w: a waiter name of %d bytes", ErrBadRecord, l)
+			return nil, fmt.Errorf("%w: a waiter name of %d bytes", store.ErrBadRecord, l)
 		}
 		q := Waiter{ID: string(r.b[:l])}
 		r.b = r.b[l:]
@@ -167,14 +165,14 @@ func UnmarshalState(b []byte) (*State, error) {
 	}
 	n := r.u()
 	if n > uint64(len(r.b)) { // every member takes bytes
-		return nil, fmt.Errorf("%w: %d members in %d bytes", ErrBadRecord, n, len(r.b))
+		return nil, fmt.Errorf("%w: %d members in %d bytes", store.ErrBadRecord, n, len(r.b))
 	}
 	s.Members = make([]Entry, 0, n)
 	for range n {
 		var e Entry
 		l := r.u()
 		if l > uint64(len(r.b)) {
-			return nil, fmt.Errorf("%w: a member name of %d bytes", ErrBadRecord, l)
+			return nil, fmt.Errorf("%w: a member name of %d bytes", store.ErrBadRecord, l)
 		}
 		e.ID = string(r.b[:l])
 		r.b = r.b[l:]
@@ -203,22 +201,22 @@ func UnmarshalState(b []byte) (*State, error) {
 		s.Members = append(s.Members, e)
 	}
 	if r.err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadRecord, r.err)
+		return nil, fmt.Errorf("%w: %v", store.ErrBadRecord, r.err)
 	}
 	if len(r.b) != 0 {
-		return nil, fmt.Errorf("%w: %d bytes left over", ErrBadRecord, len(r.b))
+		return nil, fmt.Errorf("%w: %d bytes left over", store.ErrBadRecord, len(r.b))
 	}
 	if err := s.Limit.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadRecord, err)
+		return nil, fmt.Errorf("%w: %v", store.ErrBadRecord, err)
 	}
 	if err := s.Cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadRecord, err)
+		return nil, fmt.Errorf("%w: %v", store.ErrBadRecord, err)
 	}
 	if err := s.checkQuota(); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadRecord, err)
+		return nil, fmt.Errorf("%w: %v", store.ErrBadRecord, err)
 	}
 	if !slices.IsSortedFunc(s.Members, func(a, b Entry) int { return strings.Compare(a.ID, b.ID) }) {
-		return nil, fmt.Errorf("%w: members out of order", ErrBadRecord)
+		return nil, fmt.Errorf("%w: members out of order", store.ErrBadRecord)
 	}
 	return s, nil
 }

@@ -17,6 +17,10 @@ import (
 	"github.com/sluicehq/sluice/internal/testkit/zktest"
 	"github.com/sluicehq/sluice/internal/zkclient"
 	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/store"
+	etcdstore "github.com/sluicehq/sluice/store/etcd"
+	redisstore "github.com/sluicehq/sluice/store/redis"
+	zkstore "github.com/sluicehq/sluice/store/zk"
 )
 
 // storeServer is the real server a run's members share: redis-server, etcd or ZooKeeper
@@ -82,24 +86,24 @@ func startStore(mode Mode) (storeServer, error) {
 // itself) for mode, under prefix, and returns it with the function that closes its
 // client. Calls to it are bounded by the lease backend's store time-out; the clients' own
 // time-outs are short, so that a fault is seen as one.
-func leaseStore(mode Mode, addr, prefix string) (lease.Store, func(), error) {
+func leaseStore(mode Mode, addr, prefix string) (store.Store, func(), error) {
 	switch mode {
 	case ModeLeaseEtcd:
 		c, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}, DialTimeout: 300 * time.Millisecond, Logger: zap.NewNop()})
 		if err != nil {
 			return nil, nil, fmt.Errorf("robust: etcd client: %w", err)
 		}
-		return lease.NewEtcdStore(c, lease.WithEtcdPrefix(prefix)), func() { c.Close() }, nil
+		return etcdstore.New(c, store.WithPrefix(prefix)), func() { c.Close() }, nil
 	case ModeLeaseZK:
 		c, _, err := zkclient.Connect([]string{addr}, 4*time.Second, log.New(io.Discard, "", 0))
 		if err != nil {
 			return nil, nil, fmt.Errorf("robust: ZooKeeper client: %w", err)
 		}
-		return lease.NewZKStore(c.Conn, lease.WithZKPath("/"+strings.TrimSuffix(prefix, ":"))), c.Close, nil
+		return zkstore.New(c.Conn, store.WithPrefix("/"+strings.TrimSuffix(prefix, ":"))), c.Close, nil
 	}
 	c := goredis.NewClient(&goredis.Options{Addr: addr, MaxRetries: -1, DisableIdentity: true,
 		DialTimeout: 300 * time.Millisecond, ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond})
-	return lease.NewRedisStore(c, lease.WithRedisPrefix(prefix)), func() { c.Close() }, nil
+	return redisstore.New(c, store.WithPrefix(prefix)), func() { c.Close() }, nil
 }
 
 // waitUnfenced waits out a new store's fence (lease.WaitUnfenced) before the members

@@ -23,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gossip"
 	"github.com/sluicehq/sluice/lease"
+	redisstore "github.com/sluicehq/sluice/store/redis"
 	"github.com/sluicehq/sluice/strict"
 )
 
@@ -161,7 +162,7 @@ func runMember(cfg MemberConfig) (code int) {
 	}()
 	switch cfg.Mode {
 	case ModeStrict, ModeStrictLocal:
-		o, err := strict.ClientOptions("redis://"+cfg.Addr, strict.DefaultTimeout)
+		o, err := redisstore.ClientOptions("redis://"+cfg.Addr, strict.DefaultTimeout)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "robust member:", err)
 			return 2

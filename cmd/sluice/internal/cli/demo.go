@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/cas"
 	"github.com/sluicehq/sluice/cmd/sluice/internal/demo"
 	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/strict"
 )
 
@@ -66,7 +67,7 @@ func runDemo(ctx context.Context, env Env, args []string) error {
 		if url == "" && flagSet(fs, "redis-url") {
 			url = *redisURL
 		}
-		st, closeStore, err := openLeaseStore(url, fmt.Sprintf("sluice:demo:%d:", time.Now().UnixNano()))
+		st, closeStore, err := openStore(url, fmt.Sprintf("sluice:demo:%d:", time.Now().UnixNano()))
 		if err != nil {
 			return err
 		}
@@ -88,7 +89,7 @@ func runDemo(ctx context.Context, env Env, args []string) error {
 		if *failMode != "closed" && *failMode != "open" {
 			return usagef("--fail-mode %q: the strict mode on a store wants closed or open", *failMode)
 		}
-		st, closeStore, err := openLeaseStore(*storeURL, fmt.Sprintf("sluice:demo:%d:", time.Now().UnixNano()))
+		st, closeStore, err := openStore(*storeURL, fmt.Sprintf("sluice:demo:%d:", time.Now().UnixNano()))
 		if err != nil {
 			return err
 		}
@@ -173,14 +174,14 @@ func redisLimiter(url string, timeout time.Duration, failMode string, share floa
 
 // casLimiter makes the demo's limiter for the strict mode on a store (st nil: one in
 // memory): one backend for the pool, as one process.
-func casLimiter(st lease.Store, failMode string) func(context.Context, sluice.Limits, time.Duration) (*sluice.Limiter, func(), error) {
+func casLimiter(st store.Store, failMode string) func(context.Context, sluice.Limits, time.Duration) (*sluice.Limiter, func(), error) {
 	fm := sluice.FailClosed
 	if failMode == "open" {
 		fm = sluice.FailOpen
 	}
 	return func(ctx context.Context, limits sluice.Limits, margin time.Duration) (*sluice.Limiter, func(), error) {
 		if st == nil {
-			st = lease.NewMemStore(nil)
+			st = store.NewMemory(nil)
 		}
 		b := cas.New(st)
 		if err := b.Ping(ctx); err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice/internal/yamlx"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/server"
+	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/strict"
 )
 
@@ -61,12 +62,12 @@ func serveBackend(cfg server.Config, clk clock.Clock) (backend.Backend, error) {
 		if url == "" {
 			url = cfg.RedisURL
 		}
-		st, closeStore, err := openLeaseStore(url, "sluice:lease:")
+		st, closeStore, err := openStore(url, "sluice:lease:")
 		if err != nil {
 			return nil, err
 		}
 		if st == nil {
-			st = lease.NewMemStore(clk) // one daemon alone: its rules' limits in memory
+			st = store.NewMemory(clk) // one daemon alone: its rules' limits in memory
 		}
 		b, err := lease.New(st, lease.WithClock(clk))
 		if err != nil {
@@ -75,12 +76,12 @@ func serveBackend(cfg server.Config, clk clock.Clock) (backend.Backend, error) {
 		}
 		return closingBackend{b, closeStore}, nil
 	case "strict":
-		st, closeStore, err := openLeaseStore(cfg.Store, "sluice:strict:")
+		st, closeStore, err := openStore(cfg.Store, "sluice:strict:")
 		if err != nil {
 			return nil, err
 		}
 		if st == nil {
-			st = lease.NewMemStore(clk) // one daemon alone
+			st = store.NewMemory(clk) // one daemon alone
 		}
 		return closingCAS{cas.New(st), closeStore}, nil
 	case "gossip":

@@ -25,6 +25,7 @@ import (
 	"github.com/sluicehq/sluice/internal/measure"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/referee"
+	"github.com/sluicehq/sluice/store"
 )
 
 // Config is one demo run.
@@ -53,7 +54,7 @@ type Config struct {
 	// LeaseStore, for lease mode, is the store the members lease through (nil: one in
 	// memory). A shared store (Redis) fences the records it makes for TTL + Grace after
 	// it is first used; the run waits that out before it starts (see lease.WaitUnfenced).
-	LeaseStore lease.Store
+	LeaseStore store.Store
 	// Log, if set, is told what the run does before it starts (a wait for a store).
 	Log func(string)
 	// Adaptive, for adaptive mode, tunes each worker's controller (its strategy among
@@ -380,21 +381,21 @@ func leaseWorkers(cfg Config) (func(context.Context, int, sluice.Limits, time.Du
 	if err := lc.Validate(); err != nil {
 		return nil, err
 	}
-	store := cfg.LeaseStore
-	if store == nil {
-		store = lease.NewMemStore(nil)
+	st := cfg.LeaseStore
+	if st == nil {
+		st = store.NewMemory(nil)
 	} else {
 		if cfg.Log != nil {
 			cfg.Log(fmt.Sprintf("lease: waiting up to %v for the store's records to be made unfenced (a store seen for the first time cannot know no lease was granted from it before)", lc.TTL+lc.Grace))
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*(lc.TTL+lc.Grace)+5*time.Second)
 		defer cancel()
-		if err := lease.WaitUnfenced(ctx, store, lc); err != nil {
+		if err := lease.WaitUnfenced(ctx, st, lc); err != nil {
 			return nil, fmt.Errorf("demo: lease store: %w", err)
 		}
 	}
 	return func(_ context.Context, i int, limits sluice.Limits, margin time.Duration) (*sluice.Limiter, func(), error) {
-		b, err := lease.New(store, lease.WithID(fmt.Sprintf("w%d", i+1)), lease.WithConfig(lc), lease.WithMemberConfig(mc))
+		b, err := lease.New(st, lease.WithID(fmt.Sprintf("w%d", i+1)), lease.WithConfig(lc), lease.WithMemberConfig(mc))
 		if err != nil {
 			return nil, nil, err
 		}

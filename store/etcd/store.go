@@ -1,4 +1,4 @@
-package lease
+package etcd
 
 import (
 	"context"
@@ -12,10 +12,11 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/store"
 )
 
-// EtcdStore keeps the lease records in etcd: each record under its own key below a prefix,
+// Store keeps the lease records in etcd: each record under its own key below a prefix,
 // read in one transaction and written by compare-and-set on the key's mod revision (a
 // record's Version is its mod revision: etcd's revisions only grow, across deletions), one
 // nested transaction per batch, so that a batch of renewals is two round trips whatever its
@@ -33,56 +34,46 @@ import (
 // restored with --bump-revision): a member that has seen a later version of a record
 // fences it. Records are deleted by the allocation once idle; etcd does not expire them.
 //
-// It is safe for concurrent use: the members of a process share one EtcdStore (and the
+// It is safe for concurrent use: the members of a process share one Store (and the
 // caller's client).
-type EtcdStore struct {
+type Store struct {
 	client *clientv3.Client
 	prefix string
 	now    func() int64 // the clock read, Unix nanoseconds (tests: a virtual one)
-	high   atomic.Int64 // the latest time read or seen in a record: what a write stamps
+	high   store.Latest // the latest time read or seen in a record: what a write stamps
 
 	loads, swaps atomic.Int64
 }
 
-var _ Store = (*EtcdStore)(nil)
+var _ store.Store = (*Store)(nil)
 
-// EtcdOption configures an EtcdStore.
-type EtcdOption func(*EtcdStore)
-
-// WithEtcdPrefix sets the prefix of every key the store writes (default "sluice/lease/").
-func WithEtcdPrefix(p string) EtcdOption { return func(s *EtcdStore) { s.prefix = p } }
-
-// WithEtcdClock sets the clock the store reads, its wall time (default the machine's): a
-// skewed or virtual clock, for tests and simulations of members whose clocks disagree.
-func WithEtcdClock(c clock.Clock) EtcdOption {
-	return func(s *EtcdStore) { s.now = func() int64 { return c.Now().UnixNano() } }
-}
-
-// withEtcdNow makes the store read a virtual clock: tests only.
-func withEtcdNow(now func() int64) EtcdOption { return func(s *EtcdStore) { s.now = now } }
-
-// NewEtcdStore returns a store on the caller's etcd client. The caller keeps the client
+// New returns a store on the caller's etcd client. The caller keeps the client
 // and closes it.
-func NewEtcdStore(client *clientv3.Client, opts ...EtcdOption) *EtcdStore {
-	s := &EtcdStore{client: client, prefix: "sluice/lease/", now: func() int64 { return time.Now().UnixNano() }}
-	for _, o := range opts {
-		o(s)
+func New(client *clientv3.Client, opts ...store.Option) *Store {
+	cfg := store.NewConfig(opts...)
+	s := &Store{client: client, prefix: DefaultPrefix, now: cfg.Now}
+	if cfg.Prefix != "" {
+		s.prefix = cfg.Prefix
+	}
+	if s.now == nil {
+		s.now = func() int64 { return time.Now().UnixNano() }
 	}
 	return s
 }
+
+// DefaultPrefix comes before every key the store writes unless store.WithPrefix sets
+// another.
+const DefaultPrefix = "sluice/lease/"
 
 // etcdMaxOps is how many operations the store puts in one transaction: etcd refuses more
 // than its --max-txn-ops (128 by default).
 const etcdMaxOps = 100
 
-// stampLen is the size of the time stamp before each record's data.
-const stampLen = 8
-
 // Ops returns how many Load and Swap calls the store made.
-func (s *EtcdStore) Ops() (loads, swaps int64) { return s.loads.Load(), s.swaps.Load() }
+func (s *Store) Ops() (loads, swaps int64) { return s.loads.Load(), s.swaps.Load() }
 
 // Ping reports whether etcd answers (backend.Pinger, for the daemon's /readyz).
-func (s *EtcdStore) Ping(ctx context.Context) error {
+func (s *Store) Ping(ctx context.Context) error {
 	if _, err := s.client.Get(ctx, s.prefix+"meta"); err != nil {
 		return s.failed(err)
 	}
@@ -90,24 +81,11 @@ func (s *EtcdStore) Ping(ctx context.Context) error {
 }
 
 // clock reads the member's clock, never behind what the store has seen.
-func (s *EtcdStore) clock() int64 { return raise(&s.high, s.now()) }
+func (s *Store) clock() int64 { return s.high.Raise(s.now()) }
 
-// raise makes h at least t and returns its value.
-func raise(h *atomic.Int64, t int64) int64 {
-	for {
-		cur := h.Load()
-		if cur >= t {
-			return cur
-		}
-		if h.CompareAndSwap(cur, t) {
-			return t
-		}
-	}
-}
-
-// Load reads records (see Store): the meta key and every record in one transaction, at one
+// Load reads records (see store.Store): the meta key and every record in one transaction, at one
 // revision; a batch above etcdMaxOps reads the rest at that same revision.
-func (s *EtcdStore) Load(ctx context.Context, ids []string) (Snapshot, error) {
+func (s *Store) Load(ctx context.Context, ids []string) (store.Snapshot, error) {
 	s.loads.Add(1)
 	now := s.clock()
 	meta := s.prefix + "meta"
@@ -122,7 +100,7 @@ func (s *EtcdStore) Load(ctx context.Context, ids []string) (Snapshot, error) {
 	for attempt := 0; ; attempt++ {
 		var err error
 		if resp, err = s.client.Txn(ctx).Then(gets...).Commit(); err != nil {
-			return Snapshot{}, s.failed(err)
+			return store.Snapshot{}, s.failed(err)
 		}
 		if len(resp.Responses) > 0 && len(resp.Responses[0].GetResponseRange().GetKvs()) > 0 || attempt > 0 {
 			break
@@ -130,27 +108,27 @@ func (s *EtcdStore) Load(ctx context.Context, ids []string) (Snapshot, error) {
 		_, err = s.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(meta), "=", 0)).
 			Then(clientv3.OpPut(meta, strconv.FormatInt(now, 10))).Commit()
 		if err != nil {
-			return Snapshot{}, s.failed(err)
+			return store.Snapshot{}, s.failed(err)
 		}
 	}
 	rs := resp.Responses
 	if len(rs) != 1+len(first) {
-		return Snapshot{}, fmt.Errorf("%w: lease store: etcd answered %d reads of %d", ErrUnavailable, len(rs), 1+len(first))
+		return store.Snapshot{}, fmt.Errorf("%w: lease store: etcd answered %d reads of %d", backend.ErrUnavailable, len(rs), 1+len(first))
 	}
-	snap := Snapshot{Now: now, Records: make([]Record, 0, len(ids))}
+	snap := store.Snapshot{Now: now, Records: make([]store.Record, 0, len(ids))}
 	mkv := rs[0].GetResponseRange().GetKvs()
 	if len(mkv) != 1 {
-		return Snapshot{}, fmt.Errorf("%w: lease store: no meta key %q", ErrUnavailable, meta)
+		return store.Snapshot{}, fmt.Errorf("%w: lease store: no meta key %q", backend.ErrUnavailable, meta)
 	}
 	since, err := strconv.ParseInt(string(mkv[0].Value), 10, 64)
 	if err != nil {
-		return Snapshot{}, fmt.Errorf("%w: lease store: meta key %q holds %q", ErrBadRecord, meta, mkv[0].Value)
+		return store.Snapshot{}, fmt.Errorf("%w: lease store: meta key %q holds %q", store.ErrBadRecord, meta, mkv[0].Value)
 	}
 	snap.Since = min(since, now)
 	for _, r := range rs[1:] {
 		rec, err := s.record(r.GetResponseRange().GetKvs(), now)
 		if err != nil {
-			return Snapshot{}, err
+			return store.Snapshot{}, err
 		}
 		snap.Records = append(snap.Records, rec)
 	}
@@ -164,15 +142,15 @@ func (s *EtcdStore) Load(ctx context.Context, ids []string) (Snapshot, error) {
 		}
 		more, err := s.client.Txn(ctx).Then(ops...).Commit()
 		if err != nil {
-			return Snapshot{}, s.failed(err)
+			return store.Snapshot{}, s.failed(err)
 		}
 		if len(more.Responses) != len(part) {
-			return Snapshot{}, fmt.Errorf("%w: lease store: etcd answered %d reads of %d", ErrUnavailable, len(more.Responses), len(part))
+			return store.Snapshot{}, fmt.Errorf("%w: lease store: etcd answered %d reads of %d", backend.ErrUnavailable, len(more.Responses), len(part))
 		}
 		for _, r := range more.Responses {
 			rec, err := s.record(r.GetResponseRange().GetKvs(), now)
 			if err != nil {
-				return Snapshot{}, err
+				return store.Snapshot{}, err
 			}
 			snap.Records = append(snap.Records, rec)
 		}
@@ -181,25 +159,25 @@ func (s *EtcdStore) Load(ctx context.Context, ids []string) (Snapshot, error) {
 }
 
 // record decodes one record as read: its stamp times it no earlier than its writer did.
-func (s *EtcdStore) record(kvs []*mvccpb.KeyValue, now int64) (Record, error) {
+func (s *Store) record(kvs []*mvccpb.KeyValue, now int64) (store.Record, error) {
 	if len(kvs) == 0 {
-		return Record{}, nil
+		return store.Record{}, nil
 	}
 	kv := kvs[0]
-	if len(kv.Value) < stampLen {
-		return Record{}, fmt.Errorf("%w: lease store: key %q holds %d bytes", ErrBadRecord, kv.Key, len(kv.Value))
+	if len(kv.Value) < store.StampLen {
+		return store.Record{}, fmt.Errorf("%w: lease store: key %q holds %d bytes", store.ErrBadRecord, kv.Key, len(kv.Value))
 	}
 	stamp := int64(binary.BigEndian.Uint64(kv.Value))
-	rec := Record{Data: kv.Value[stampLen:], Version: uint64(kv.ModRevision)}
+	rec := store.Record{Data: kv.Value[store.StampLen:], Version: uint64(kv.ModRevision)}
 	if stamp > now {
-		rec.Now = raise(&s.high, stamp)
+		rec.Now = s.high.Raise(stamp)
 	}
 	return rec, nil
 }
 
-// Swap writes records (see Store): one nested transaction per batch (per etcdMaxOps
+// Swap writes records (see store.Store): one nested transaction per batch (per etcdMaxOps
 // writes), each record's own compare-and-set on its mod revision inside it.
-func (s *EtcdStore) Swap(ctx context.Context, writes []Write) ([]uint64, error) {
+func (s *Store) Swap(ctx context.Context, writes []store.Write) ([]uint64, error) {
 	s.swaps.Add(1)
 	stamp := s.high.Load()
 	out := make([]uint64, 0, len(writes))
@@ -219,9 +197,9 @@ func (s *EtcdStore) Swap(ctx context.Context, writes []Write) ([]uint64, error) 
 			if w.Data == nil {
 				op = clientv3.OpDelete(key)
 			} else {
-				v := make([]byte, stampLen+len(w.Data))
+				v := make([]byte, store.StampLen+len(w.Data))
 				binary.BigEndian.PutUint64(v, uint64(stamp))
-				copy(v[stampLen:], w.Data)
+				copy(v[store.StampLen:], w.Data)
 				op = clientv3.OpPut(key, string(v))
 			}
 			ops[i] = clientv3.OpTxn([]clientv3.Cmp{cmp}, []clientv3.Op{op}, nil)
@@ -231,7 +209,7 @@ func (s *EtcdStore) Swap(ctx context.Context, writes []Write) ([]uint64, error) 
 			return nil, s.failed(err)
 		}
 		if len(resp.Responses) != len(part) {
-			return nil, fmt.Errorf("%w: lease store: etcd answered %d writes of %d", ErrUnavailable, len(resp.Responses), len(part))
+			return nil, fmt.Errorf("%w: lease store: etcd answered %d writes of %d", backend.ErrUnavailable, len(resp.Responses), len(part))
 		}
 		rev := uint64(resp.Header.GetRevision())
 		for _, r := range resp.Responses {
@@ -245,11 +223,11 @@ func (s *EtcdStore) Swap(ctx context.Context, writes []Write) ([]uint64, error) 
 	return out, nil
 }
 
-// failed wraps a failure to get an answer from etcd in ErrUnavailable: the members answer
+// failed wraps a failure to get an answer from etcd in backend.ErrUnavailable: the members answer
 // it by their fail mode. One the caller's context caused stays as it is.
-func (s *EtcdStore) failed(err error) error {
+func (s *Store) failed(err error) error {
 	if errors.Is(err, context.Canceled) {
 		return err
 	}
-	return fmt.Errorf("%w: lease store: %w", ErrUnavailable, err)
+	return fmt.Errorf("%w: lease store: %w", backend.ErrUnavailable, err)
 }

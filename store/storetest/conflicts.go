@@ -1,22 +1,22 @@
-package leasetest
+package storetest
 
 import (
 	"context"
 	"sync/atomic"
 
-	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/store"
 )
 
 // Conflicts wraps a store and counts the records written and the writes that lost their
 // compare-and-set (version 0 in Swap's answer: another member wrote the record first, and
 // the member reads and applies again). Tests and benchmarks use it to measure contention.
 type Conflicts struct {
-	lease.Store
+	store.Store
 	writes, lost atomic.Int64
 }
 
 // Swap is the store's Swap, counted.
-func (c *Conflicts) Swap(ctx context.Context, ws []lease.Write) ([]uint64, error) {
+func (c *Conflicts) Swap(ctx context.Context, ws []store.Write) ([]uint64, error) {
 	vs, err := c.Store.Swap(ctx, ws)
 	if err == nil {
 		c.writes.Add(int64(len(ws)))

@@ -1,9 +1,9 @@
-// Package leasetest is the conformance suite of lease.Store: every store (MemStore,
-// RedisStore, and any a user writes) must pass it. It checks the contract the allocation
+// Package leasetest is the conformance suite of store.Store: every store (Memory,
+// the Redis, etcd and ZooKeeper stores, and any a user writes) must pass it. It checks the contract the allocation
 // relies on: records read with the store's time, compare-and-set per record, deletion,
 // versions that never decrease, and an incarnation that begins when the store loses
 // everything.
-package leasetest
+package storetest
 
 import (
 	"bytes"
@@ -13,12 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/store"
 )
 
 // Factory makes an empty store for one test. wipe, if not nil, makes the store lose
 // every record as a restart without persistence does (the suite then checks Since).
-type Factory func(t *testing.T) (s lease.Store, wipe func())
+type Factory func(t *testing.T) (s store.Store, wipe func())
 
 // Run runs the suite.
 func Run(t *testing.T, f Factory) {
@@ -28,7 +28,7 @@ func Run(t *testing.T, f Factory) {
 		n++
 		return fmt.Sprintf("{suite-%s-%d-%d}:1:1", name, time.Now().UnixNano(), n)
 	}
-	load := func(t *testing.T, s lease.Store, ids ...string) lease.Snapshot {
+	load := func(t *testing.T, s store.Store, ids ...string) store.Snapshot {
 		t.Helper()
 		snap, err := s.Load(ctx, ids)
 		if err != nil {
@@ -39,7 +39,7 @@ func Run(t *testing.T, f Factory) {
 		}
 		return snap
 	}
-	swap := func(t *testing.T, s lease.Store, ws ...lease.Write) []uint64 {
+	swap := func(t *testing.T, s store.Store, ws ...store.Write) []uint64 {
 		t.Helper()
 		vs, err := s.Swap(ctx, ws)
 		if err != nil {
@@ -68,22 +68,22 @@ func Run(t *testing.T, f Factory) {
 	t.Run("CompareAndSet", func(t *testing.T) {
 		s, _ := f(t)
 		a := id("cas")
-		v1 := swap(t, s, lease.Write{ID: a, Data: []byte("one"), Keep: time.Minute})[0]
+		v1 := swap(t, s, store.Write{ID: a, Data: []byte("one"), Keep: time.Minute})[0]
 		if v1 == 0 {
 			t.Fatal("creating a missing record with version 0 failed")
 		}
-		if v := swap(t, s, lease.Write{ID: a, Data: []byte("again"), Keep: time.Minute})[0]; v != 0 {
+		if v := swap(t, s, store.Write{ID: a, Data: []byte("again"), Keep: time.Minute})[0]; v != 0 {
 			t.Fatal("creating an existing record succeeded")
 		}
 		r := load(t, s, a).Records[0]
 		if r.Version != v1 || string(r.Data) != "one" {
 			t.Fatalf("read %+v, want version %d data one", r, v1)
 		}
-		v2 := swap(t, s, lease.Write{ID: a, Data: []byte("two \x00 bytes"), Version: v1, Keep: time.Minute})[0]
+		v2 := swap(t, s, store.Write{ID: a, Data: []byte("two \x00 bytes"), Version: v1, Keep: time.Minute})[0]
 		if v2 <= v1 {
 			t.Fatalf("an update gave version %d after %d", v2, v1)
 		}
-		if v := swap(t, s, lease.Write{ID: a, Data: []byte("stale"), Version: v1, Keep: time.Minute})[0]; v != 0 {
+		if v := swap(t, s, store.Write{ID: a, Data: []byte("stale"), Version: v1, Keep: time.Minute})[0]; v != 0 {
 			t.Fatal("a write with a stale version succeeded")
 		}
 		if r := load(t, s, a).Records[0]; r.Version != v2 || !bytes.Equal(r.Data, []byte("two \x00 bytes")) {
@@ -94,15 +94,15 @@ func Run(t *testing.T, f Factory) {
 	t.Run("DeleteAndVersionsNeverDecrease", func(t *testing.T) {
 		s, _ := f(t)
 		a := id("del")
-		v1 := swap(t, s, lease.Write{ID: a, Data: []byte("x"), Keep: time.Minute})[0]
-		vd := swap(t, s, lease.Write{ID: a, Version: v1})[0]
+		v1 := swap(t, s, store.Write{ID: a, Data: []byte("x"), Keep: time.Minute})[0]
+		vd := swap(t, s, store.Write{ID: a, Version: v1})[0]
 		if vd == 0 {
 			t.Fatal("deleting with the right version failed")
 		}
 		if r := load(t, s, a).Records[0]; r.Version != 0 {
 			t.Fatalf("a deleted record read %+v", r)
 		}
-		v3 := swap(t, s, lease.Write{ID: a, Data: []byte("y"), Keep: time.Minute})[0]
+		v3 := swap(t, s, store.Write{ID: a, Data: []byte("y"), Keep: time.Minute})[0]
 		if v3 <= v1 {
 			t.Fatalf("a record made again got version %d, not above %d", v3, v1)
 		}
@@ -111,11 +111,11 @@ func Run(t *testing.T, f Factory) {
 	t.Run("PerRecordInABatch", func(t *testing.T) {
 		s, _ := f(t)
 		a, b, c := id("ba"), id("bb"), id("bc")
-		v := swap(t, s, lease.Write{ID: a, Data: []byte("a"), Keep: time.Minute}, lease.Write{ID: b, Data: []byte("b"), Keep: time.Minute})
+		v := swap(t, s, store.Write{ID: a, Data: []byte("a"), Keep: time.Minute}, store.Write{ID: b, Data: []byte("b"), Keep: time.Minute})
 		vs := swap(t, s,
-			lease.Write{ID: a, Data: []byte("a2"), Version: v[0], Keep: time.Minute},
-			lease.Write{ID: b, Data: []byte("b2"), Version: v[1] + 1000, Keep: time.Minute}, // stale
-			lease.Write{ID: c, Data: []byte("c"), Keep: time.Minute})
+			store.Write{ID: a, Data: []byte("a2"), Version: v[0], Keep: time.Minute},
+			store.Write{ID: b, Data: []byte("b2"), Version: v[1] + 1000, Keep: time.Minute}, // stale
+			store.Write{ID: c, Data: []byte("c"), Keep: time.Minute})
 		if vs[0] == 0 || vs[1] != 0 || vs[2] == 0 {
 			t.Fatalf("versions %v: want the first and last written, the middle refused", vs)
 		}
@@ -128,14 +128,14 @@ func Run(t *testing.T, f Factory) {
 	t.Run("OneWinnerPerVersion", func(t *testing.T) {
 		s, _ := f(t)
 		a := id("race")
-		v0 := swap(t, s, lease.Write{ID: a, Data: []byte("0"), Keep: time.Minute})[0]
+		v0 := swap(t, s, store.Write{ID: a, Data: []byte("0"), Keep: time.Minute})[0]
 		var wg sync.WaitGroup
 		wins := make(chan uint64, 16)
 		for i := range 16 {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				vs, err := s.Swap(ctx, []lease.Write{{ID: a, Data: []byte(fmt.Sprint(i)), Version: v0, Keep: time.Minute}})
+				vs, err := s.Swap(ctx, []store.Write{{ID: a, Data: []byte(fmt.Sprint(i)), Version: v0, Keep: time.Minute}})
 				if err == nil && vs[0] != 0 {
 					wins <- vs[0]
 				}
@@ -154,7 +154,7 @@ func Run(t *testing.T, f Factory) {
 			t.Skip("the factory cannot wipe this store")
 		}
 		a := id("wipe")
-		swap(t, s, lease.Write{ID: a, Data: []byte("x"), Keep: time.Minute})
+		swap(t, s, store.Write{ID: a, Data: []byte("x"), Keep: time.Minute})
 		before := load(t, s, a)
 		wipe()
 		after := load(t, s, a)

@@ -1,4 +1,4 @@
-package lease
+package redis
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/store"
 )
 
 //go:embed load.lua
@@ -25,7 +26,7 @@ var (
 	swapScript = goredis.NewScript(swapSource)
 )
 
-// RedisStore keeps the lease records in Redis: each record under its own key (a string
+// Store keeps the lease records in Redis: each record under its own key (a string
 // "VERSION DATA"), read with Redis' clock (TIME) by one script and written by
 // compare-and-set by another, so that a batch of renewals is two round trips whatever
 // its number of keys. It works with a single Redis, a Sentinel failover client and a
@@ -40,15 +41,15 @@ var (
 // then expire. Redis must not evict them: use maxmemory-policy noeviction (the default)
 // or a volatile-* policy with room to spare (see docs/lease.md).
 //
-// It is safe for concurrent use: the members of a process share one RedisStore (and its
+// It is safe for concurrent use: the members of a process share one Store (and its
 // client's connection pool).
-type RedisStore struct {
+type Store struct {
 	client  goredis.UniversalClient
 	prefix  string
 	cluster bool
 	now     func() int64 // tests only: a virtual now, Unix nanoseconds (microsecond steps)
 	// assumeFresh (tests only) answers Since as a store that knows no lease was granted
-	// before, as a new MemStore does.
+	// before, as a new store.Memory does.
 	assumeFresh bool
 
 	loads, swaps atomic.Int64
@@ -56,53 +57,41 @@ type RedisStore struct {
 	bytesOut     atomic.Int64
 }
 
-var _ Store = (*RedisStore)(nil)
+var _ store.Store = (*Store)(nil)
 
-// RedisOption configures a RedisStore.
-type RedisOption interface{ applyRedis(*RedisStore) }
-
-type redisOptionFunc func(*RedisStore)
-
-func (f redisOptionFunc) applyRedis(s *RedisStore) { f(s) }
-
-// WithRedisPrefix sets the prefix of every key the store writes (default "sluice:lease:").
-func WithRedisPrefix(p string) RedisOption {
-	return redisOptionFunc(func(s *RedisStore) { s.prefix = p })
-}
-
-// withRedisNow makes the scripts use a virtual now instead of Redis TIME: tests only.
-func withRedisNow(now func() int64) RedisOption {
-	return redisOptionFunc(func(s *RedisStore) { s.now = now })
-}
-
-// NewRedisStore returns a store on the caller's go-redis client: a *redis.Client, a
+// New returns a store on the caller's go-redis client: a *redis.Client, a
 // failover (Sentinel) client or a *redis.ClusterClient. The caller keeps the client and
 // closes it. Bound its commands with time-outs (the member's store time-out bounds each
 // call too).
-func NewRedisStore(client goredis.UniversalClient, opts ...RedisOption) *RedisStore {
-	s := &RedisStore{client: client, prefix: "sluice:lease:"}
-	_, s.cluster = client.(*goredis.ClusterClient)
-	for _, o := range opts {
-		o.applyRedis(s)
+func New(client goredis.UniversalClient, opts ...store.Option) *Store {
+	cfg := store.NewConfig(opts...)
+	s := &Store{client: client, prefix: DefaultPrefix, now: cfg.Now, assumeFresh: cfg.AssumeFresh}
+	if cfg.Prefix != "" {
+		s.prefix = cfg.Prefix
 	}
+	_, s.cluster = client.(*goredis.ClusterClient)
 	return s
 }
 
+// DefaultPrefix comes before every key the store writes unless store.WithPrefix sets
+// another.
+const DefaultPrefix = "sluice:lease:"
+
 // Ops returns how many Load and Swap calls the store made.
-func (s *RedisStore) Ops() (loads, swaps int64) { return s.loads.Load(), s.swaps.Load() }
+func (s *Store) Ops() (loads, swaps int64) { return s.loads.Load(), s.swaps.Load() }
 
 // Bytes returns how many bytes of records the store read and wrote.
-func (s *RedisStore) Bytes() (read, written int64) { return s.bytesIn.Load(), s.bytesOut.Load() }
+func (s *Store) Bytes() (read, written int64) { return s.bytesIn.Load(), s.bytesOut.Load() }
 
 // Ping reports whether Redis answers (backend.Pinger, for the daemon's /readyz).
-func (s *RedisStore) Ping(ctx context.Context) error {
+func (s *Store) Ping(ctx context.Context) error {
 	if err := s.client.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("%w: lease store: %w", ErrUnavailable, err)
+		return fmt.Errorf("%w: lease store: %w", backend.ErrUnavailable, err)
 	}
 	return nil
 }
 
-func (s *RedisStore) nowArg() string {
+func (s *Store) nowArg() string {
 	if s.now == nil {
 		return ""
 	}
@@ -110,8 +99,8 @@ func (s *RedisStore) nowArg() string {
 	return strconv.FormatInt(us/1e6, 10) + " " + strconv.FormatInt(us%1e6, 10)
 }
 
-// Load reads records (see Store).
-func (s *RedisStore) Load(ctx context.Context, ids []string) (Snapshot, error) {
+// Load reads records (see store.Store).
+func (s *Store) Load(ctx context.Context, ids []string) (store.Snapshot, error) {
 	s.loads.Add(1)
 	now := s.nowArg()
 	var cmds []*goredis.Cmd
@@ -136,25 +125,25 @@ func (s *RedisStore) Load(ctx context.Context, ids []string) (Snapshot, error) {
 		}
 	})
 	if err != nil {
-		return Snapshot{}, err
+		return store.Snapshot{}, err
 	}
-	snap := Snapshot{Records: make([]Record, 0, len(ids))}
+	snap := store.Snapshot{Records: make([]store.Record, 0, len(ids))}
 	for k, c := range cmds {
 		arr, err := c.Slice()
 		if err != nil {
-			return Snapshot{}, s.failed(err)
+			return store.Snapshot{}, s.failed(err)
 		}
 		want := 4 + 2*len(ids)
 		if s.cluster {
 			want = 6
 		}
 		if len(arr) != want {
-			return Snapshot{}, fmt.Errorf("%w: lease store: a read of %d values", ErrUnavailable, len(arr))
+			return store.Snapshot{}, fmt.Errorf("%w: lease store: a read of %d values", backend.ErrUnavailable, len(arr))
 		}
 		recNow, ok1 := usTime(arr[0], arr[1])
 		since, ok2 := usTime(arr[2], arr[3])
 		if !ok1 || !ok2 {
-			return Snapshot{}, fmt.Errorf("%w: lease store: unreadable time %v", ErrUnavailable, arr[:4])
+			return store.Snapshot{}, fmt.Errorf("%w: lease store: unreadable time %v", backend.ErrUnavailable, arr[:4])
 		}
 		if k == 0 || recNow < snap.Now {
 			snap.Now = recNow // a cluster's nodes: the earliest clock
@@ -165,9 +154,9 @@ func (s *RedisStore) Load(ctx context.Context, ids []string) (Snapshot, error) {
 			data, _ := arr[i+1].(string)
 			v, err := strconv.ParseUint(vs, 10, 64)
 			if err != nil {
-				return Snapshot{}, fmt.Errorf("%w: lease store: version %q", ErrBadRecord, vs)
+				return store.Snapshot{}, fmt.Errorf("%w: lease store: version %q", store.ErrBadRecord, vs)
 			}
-			r := Record{Version: v}
+			r := store.Record{Version: v}
 			if v != 0 {
 				r.Data = []byte(data)
 				s.bytesIn.Add(int64(len(data)))
@@ -182,17 +171,17 @@ func (s *RedisStore) Load(ctx context.Context, ids []string) (Snapshot, error) {
 		snap.Since = snap.Now
 	}
 	if s.assumeFresh {
-		snap.Since = minTime
+		snap.Since = store.Fresh
 	}
 	return snap, nil
 }
 
-// Swap writes records (see Store).
-func (s *RedisStore) Swap(ctx context.Context, writes []Write) ([]uint64, error) {
+// Swap writes records (see store.Store).
+func (s *Store) Swap(ctx context.Context, writes []store.Write) ([]uint64, error) {
 	s.swaps.Add(1)
 	now := s.nowArg()
 	var cmds []*goredis.Cmd
-	args := func(ws []Write) []any {
+	args := func(ws []store.Write) []any {
 		a := make([]any, 0, 1+3*len(ws))
 		a = append(a, now)
 		for _, w := range ws {
@@ -230,20 +219,20 @@ func (s *RedisStore) Swap(ctx context.Context, writes []Write) ([]uint64, error)
 		for _, vs := range arr {
 			v, err := strconv.ParseUint(vs, 10, 64)
 			if err != nil {
-				return nil, fmt.Errorf("%w: lease store: version %q", ErrUnavailable, vs)
+				return nil, fmt.Errorf("%w: lease store: version %q", backend.ErrUnavailable, vs)
 			}
 			out = append(out, v)
 		}
 	}
 	if len(out) != len(writes) {
-		return nil, fmt.Errorf("%w: lease store: %d versions for %d writes", ErrUnavailable, len(out), len(writes))
+		return nil, fmt.Errorf("%w: lease store: %d versions for %d writes", backend.ErrUnavailable, len(out), len(writes))
 	}
 	return out, nil
 }
 
 // run sends the commands fill adds to a pipeline, loading the script first if Redis does
 // not know it (a restarted Redis, a new node) and sending them again.
-func (s *RedisStore) run(ctx context.Context, script *goredis.Script, fill func(goredis.Pipeliner)) error {
+func (s *Store) run(ctx context.Context, script *goredis.Script, fill func(goredis.Pipeliner)) error {
 	for attempt := 0; ; attempt++ {
 		p := s.client.Pipeline()
 		fill(p)
@@ -262,7 +251,7 @@ func (s *RedisStore) run(ctx context.Context, script *goredis.Script, fill func(
 }
 
 // loadScripts loads both scripts, on every master of a cluster.
-func (s *RedisStore) loadScripts(ctx context.Context) error {
+func (s *Store) loadScripts(ctx context.Context) error {
 	load := func(ctx context.Context, c *goredis.Client) error {
 		for _, sc := range []*goredis.Script{loadScript, swapScript} {
 			if err := sc.Load(ctx, c).Err(); err != nil {
@@ -287,9 +276,9 @@ func (s *RedisStore) loadScripts(ctx context.Context) error {
 func isNoScript(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }
 
 // failed wraps a failure to get an answer from Redis (a connection error, a time-out, a
-// Redis loading or without a master, a reply it could not give) in ErrUnavailable: the
+// Redis loading or without a master, a reply it could not give) in backend.ErrUnavailable: the
 // members answer it by their fail mode. One the caller's context caused stays as it is.
-func (s *RedisStore) failed(err error) error {
+func (s *Store) failed(err error) error {
 	if errors.Is(err, context.Canceled) {
 		return err
 	}
@@ -305,7 +294,7 @@ func usTime(a, b any) (int64, bool) {
 		return 0, false
 	}
 	if s < 0 {
-		return minTime, true
+		return store.Fresh, true
 	}
 	return s*1e9 + us*1e3, true
 }

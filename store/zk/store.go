@@ -1,4 +1,4 @@
-package lease
+package zk
 
 import (
 	"context"
@@ -10,10 +10,13 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/go-zookeeper/zk"
+	gozk "github.com/go-zookeeper/zk"
+
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/store"
 )
 
-// ZKStore keeps the lease records in ZooKeeper: each record a znode below a path, written
+// Store keeps the lease records in ZooKeeper: each record a znode below a path, written
 // by compare-and-set on the znode's version. A record's Version is the zxid of its last
 // change (Mzxid: zxids only grow, across deletions), so that versions never decrease.
 //
@@ -25,15 +28,15 @@ import (
 // records are read just after the clock), so the store's time never goes back on a record.
 // Records are deleted by the allocation once idle; ZooKeeper does not expire them.
 //
-// It is safe for concurrent use: the members of a process share one ZKStore (and the
+// It is safe for concurrent use: the members of a process share one Store (and the
 // caller's connection, which pipelines their requests).
-type ZKStore struct {
-	conn  *zk.Conn
+type Store struct {
+	conn  *gozk.Conn
 	root  string
 	clock string
 	now   func() int64 // tests only: a virtual now, Unix nanoseconds (nil: the leader's clock)
 	since atomic.Int64 // tests only, with now: when the clock znode was made
-	high  atomic.Int64 // the latest time read or seen in a record: what a write stamps
+	high  store.Latest // the latest time read or seen in a record: what a write stamps
 
 	mu   sync.Mutex
 	vers map[string]zkVersion // the znode version of each record's Mzxid, as last read
@@ -52,44 +55,40 @@ type zkVersion struct {
 	znode int32
 }
 
-var _ Store = (*ZKStore)(nil)
+var _ store.Store = (*Store)(nil)
 
-// ZKOption configures a ZKStore.
-type ZKOption func(*ZKStore)
-
-// WithZKPath sets the znode under which the store keeps its records (default
-// "/sluice/lease"); it and its parents are made when missing.
-func WithZKPath(p string) ZKOption { return func(s *ZKStore) { s.root = "/" + strings.Trim(p, "/") } }
-
-// withZKNow makes the store read a virtual clock: tests only.
-func withZKNow(now func() int64) ZKOption { return func(s *ZKStore) { s.now = now } }
-
-// NewZKStore returns a store on the caller's ZooKeeper connection. The caller keeps the
+// New returns a store on the caller's ZooKeeper connection. The caller keeps the
 // connection and closes it.
-func NewZKStore(conn *zk.Conn, opts ...ZKOption) *ZKStore {
-	s := &ZKStore{conn: conn, root: "/sluice/lease", vers: map[string]zkVersion{}}
-	for _, o := range opts {
-		o(s)
+func New(conn *gozk.Conn, opts ...store.Option) *Store {
+	cfg := store.NewConfig(opts...)
+	s := &Store{conn: conn, root: DefaultPath, now: cfg.Now, vers: map[string]zkVersion{}}
+	if cfg.Prefix != "" {
+		s.root = "/" + strings.Trim(strings.ReplaceAll(cfg.Prefix, ":", "/"), "/")
 	}
 	s.clock = s.root + "/~clock" // base64url names never hold '~'
 	return s
 }
 
+// DefaultPath is the znode under which the store keeps its records unless
+// store.WithPrefix names another (its colons made slashes); it and its parents are made
+// when missing.
+const DefaultPath = "/sluice/lease"
+
 // Ops returns how many Load and Swap calls the store made.
-func (s *ZKStore) Ops() (loads, swaps int64) { return s.loads.Load(), s.swaps.Load() }
+func (s *Store) Ops() (loads, swaps int64) { return s.loads.Load(), s.swaps.Load() }
 
 // Ping reports whether ZooKeeper answers (backend.Pinger, for the daemon's /readyz).
-func (s *ZKStore) Ping(ctx context.Context) error {
+func (s *Store) Ping(ctx context.Context) error {
 	return s.do(ctx, func() error { _, _, err := s.conn.Exists("/"); return err })
 }
 
-func (s *ZKStore) path(id string) string {
+func (s *Store) path(id string) string {
 	return s.root + "/" + base64.RawURLEncoding.EncodeToString([]byte(id))
 }
 
 // do runs f, ZooKeeper's calls (which take no context), bounded by ctx: a call left
 // running ends when its answer comes or the connection gives up on it.
-func (s *ZKStore) do(ctx context.Context, f func() error) error {
+func (s *Store) do(ctx context.Context, f func() error) error {
 	done := make(chan error, 1)
 	go func() { done <- f() }()
 	select {
@@ -103,29 +102,29 @@ func (s *ZKStore) do(ctx context.Context, f func() error) error {
 	}
 }
 
-// failed wraps a failure to get an answer from ZooKeeper in ErrUnavailable. One the
+// failed wraps a failure to get an answer from ZooKeeper in backend.ErrUnavailable. One the
 // caller's context caused stays as it is.
-func (s *ZKStore) failed(err error) error {
-	if errors.Is(err, context.Canceled) || errors.Is(err, ErrBadRecord) {
+func (s *Store) failed(err error) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, store.ErrBadRecord) {
 		return err
 	}
-	return fmt.Errorf("%w: lease store: %w", ErrUnavailable, err)
+	return fmt.Errorf("%w: lease store: %w", backend.ErrUnavailable, err)
 }
 
 // ensureRoot makes the root znode and its parents, and the clock znode.
-func (s *ZKStore) ensureRoot() error {
+func (s *Store) ensureRoot() error {
 	p := ""
 	for _, part := range strings.Split(strings.Trim(s.root, "/"), "/") {
 		p += "/" + part
-		if _, err := s.conn.Create(p, nil, 0, zk.WorldACL(zk.PermAll)); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+		if _, err := s.conn.Create(p, nil, 0, gozk.WorldACL(gozk.PermAll)); err != nil && !errors.Is(err, gozk.ErrNodeExists) {
 			return err
 		}
 	}
-	_, err := s.conn.Create(s.clock, nil, 0, zk.WorldACL(zk.PermAll))
+	_, err := s.conn.Create(s.clock, nil, 0, gozk.WorldACL(gozk.PermAll))
 	if err == nil && s.now != nil {
 		s.since.Store(s.now())
 	}
-	if errors.Is(err, zk.ErrNodeExists) {
+	if errors.Is(err, gozk.ErrNodeExists) {
 		return nil
 	}
 	return err
@@ -134,14 +133,14 @@ func (s *ZKStore) ensureRoot() error {
 // zkTick is one write of the clock znode, which several loads may share.
 type zkTick struct {
 	done chan struct{}
-	stat *zk.Stat
+	stat *gozk.Stat
 	err  error
 }
 
 // tick returns the stat of a write of the clock znode made after it was called: its Mtime
 // is the leader's time then or later. Loads made while one write is on its way share the
 // next one, so that a process's members add one write per round trip, not one per load.
-func (s *ZKStore) tick() (*zk.Stat, error) {
+func (s *Store) tick() (*gozk.Stat, error) {
 	s.tickMu.Lock()
 	if !s.ticking {
 		s.ticking = true
@@ -160,7 +159,7 @@ func (s *ZKStore) tick() (*zk.Stat, error) {
 }
 
 // runTick makes write t, then the one the loads that came meanwhile wait for, if any.
-func (s *ZKStore) runTick(t *zkTick) {
+func (s *Store) runTick(t *zkTick) {
 	t.stat, t.err = s.writeClock()
 	close(t.done)
 	s.tickMu.Lock()
@@ -174,9 +173,9 @@ func (s *ZKStore) runTick(t *zkTick) {
 }
 
 // writeClock writes the clock znode (making it if missing) and returns its stat.
-func (s *ZKStore) writeClock() (*zk.Stat, error) {
+func (s *Store) writeClock() (*gozk.Stat, error) {
 	st, err := s.conn.Set(s.clock, nil, -1)
-	if errors.Is(err, zk.ErrNoNode) { // the first use, or a wiped ensemble
+	if errors.Is(err, gozk.ErrNoNode) { // the first use, or a wiped ensemble
 		if err := s.ensureRoot(); err != nil {
 			return nil, err
 		}
@@ -185,18 +184,18 @@ func (s *ZKStore) writeClock() (*zk.Stat, error) {
 	return st, err
 }
 
-// Load reads records (see Store): a write of the clock znode (shared with the process's
+// Load reads records (see store.Store): a write of the clock znode (shared with the process's
 // other loads), and every record, all at once, pipelined on the connection. The records
 // may be read before the clock's write: the time is still no earlier than the load's
 // start, which is what the leases need (a member's lease is timed from its request, sent
 // before), and a record that changes after it is read fails its compare-and-set.
-func (s *ZKStore) Load(ctx context.Context, ids []string) (Snapshot, error) {
+func (s *Store) Load(ctx context.Context, ids []string) (store.Snapshot, error) {
 	s.loads.Add(1)
-	var snap Snapshot
+	var snap store.Snapshot
 	err := s.do(ctx, func() error {
 		type got struct {
 			data []byte
-			stat *zk.Stat
+			stat *gozk.Stat
 			err  error
 		}
 		gots := make([]got, len(ids))
@@ -222,7 +221,7 @@ func (s *ZKStore) Load(ctx context.Context, ids []string) (Snapshot, error) {
 				since = now
 			}
 		}
-		snap = Snapshot{Now: raise(&s.high, now), Since: min(since, now), Records: make([]Record, len(ids))}
+		snap = store.Snapshot{Now: s.high.Raise(now), Since: min(since, now), Records: make([]store.Record, len(ids))}
 		for i, g := range gots {
 			if snap.Records[i], err = s.record(ids[i], g.data, g.stat, g.err, snap.Now); err != nil {
 				return err
@@ -231,31 +230,31 @@ func (s *ZKStore) Load(ctx context.Context, ids []string) (Snapshot, error) {
 		return nil
 	})
 	if err != nil {
-		return Snapshot{}, err
+		return store.Snapshot{}, err
 	}
 	return snap, nil
 }
 
 // record decodes one record as read: its stamp times it no earlier than its writer did.
-func (s *ZKStore) record(id string, data []byte, st *zk.Stat, err error, now int64) (Record, error) {
-	if errors.Is(err, zk.ErrNoNode) {
-		return Record{}, nil
+func (s *Store) record(id string, data []byte, st *gozk.Stat, err error, now int64) (store.Record, error) {
+	if errors.Is(err, gozk.ErrNoNode) {
+		return store.Record{}, nil
 	}
 	if err != nil {
-		return Record{}, err
+		return store.Record{}, err
 	}
-	if len(data) < stampLen {
-		return Record{}, fmt.Errorf("%w: lease store: znode %s holds %d bytes", ErrBadRecord, s.path(id), len(data))
+	if len(data) < store.StampLen {
+		return store.Record{}, fmt.Errorf("%w: lease store: znode %s holds %d bytes", store.ErrBadRecord, s.path(id), len(data))
 	}
 	s.remember(id, st)
-	rec := Record{Data: data[stampLen:], Version: uint64(st.Mzxid)}
+	rec := store.Record{Data: data[store.StampLen:], Version: uint64(st.Mzxid)}
 	if stamp := int64(binary.BigEndian.Uint64(data)); stamp > now {
-		rec.Now = raise(&s.high, stamp)
+		rec.Now = s.high.Raise(stamp)
 	}
 	return rec, nil
 }
 
-func (s *ZKStore) remember(id string, st *zk.Stat) {
+func (s *Store) remember(id string, st *gozk.Stat) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.vers) > 100_000 { // ids a process no longer uses: read again when needed
@@ -266,7 +265,7 @@ func (s *ZKStore) remember(id string, st *zk.Stat) {
 
 // znodeVersion returns the znode version of record id at Mzxid v, or ok false if the
 // record has changed since (or is gone).
-func (s *ZKStore) znodeVersion(id string, v uint64) (int32, bool, error) {
+func (s *Store) znodeVersion(id string, v uint64) (int32, bool, error) {
 	s.mu.Lock()
 	zv, ok := s.vers[id]
 	s.mu.Unlock()
@@ -280,9 +279,9 @@ func (s *ZKStore) znodeVersion(id string, v uint64) (int32, bool, error) {
 	return st.Version, st.Mzxid == int64(v), nil
 }
 
-// Swap writes records (see Store): each its own compare-and-set on the znode's version,
+// Swap writes records (see store.Store): each its own compare-and-set on the znode's version,
 // pipelined on the connection.
-func (s *ZKStore) Swap(ctx context.Context, writes []Write) ([]uint64, error) {
+func (s *Store) Swap(ctx context.Context, writes []store.Write) ([]uint64, error) {
 	s.swaps.Add(1)
 	stamp := s.high.Load()
 	out := make([]uint64, len(writes))
@@ -306,28 +305,28 @@ func (s *ZKStore) Swap(ctx context.Context, writes []Write) ([]uint64, error) {
 }
 
 // swap writes one record and returns its new version, or 0 on a conflict.
-func (s *ZKStore) swap(w Write, stamp int64) (uint64, error) {
+func (s *Store) swap(w store.Write, stamp int64) (uint64, error) {
 	path := s.path(w.ID)
 	var data []byte
 	if w.Data != nil {
-		data = make([]byte, stampLen+len(w.Data))
+		data = make([]byte, store.StampLen+len(w.Data))
 		binary.BigEndian.PutUint64(data, uint64(stamp))
-		copy(data[stampLen:], w.Data)
+		copy(data[store.StampLen:], w.Data)
 	}
 	conflict := func(err error) bool {
-		return errors.Is(err, zk.ErrNodeExists) || errors.Is(err, zk.ErrBadVersion) || errors.Is(err, zk.ErrNoNode)
+		return errors.Is(err, gozk.ErrNodeExists) || errors.Is(err, gozk.ErrBadVersion) || errors.Is(err, gozk.ErrNoNode)
 	}
 	if w.Version == 0 {
 		if w.Data == nil {
 			return 0, nil // nothing to delete: the record exists or not, either way not as read
 		}
 		// Made and set at once: the set's stat is the new record's (one zxid for both).
-		create := func() ([]zk.MultiResponse, error) {
-			return s.conn.Multi(&zk.CreateRequest{Path: path, Data: data, Acl: zk.WorldACL(zk.PermAll)},
-				&zk.SetDataRequest{Path: path, Data: data, Version: 0})
+		create := func() ([]gozk.MultiResponse, error) {
+			return s.conn.Multi(&gozk.CreateRequest{Path: path, Data: data, Acl: gozk.WorldACL(gozk.PermAll)},
+				&gozk.SetDataRequest{Path: path, Data: data, Version: 0})
 		}
 		rs, err := create()
-		if errors.Is(err, zk.ErrNoNode) { // the root is gone (a wiped ensemble): make it
+		if errors.Is(err, gozk.ErrNoNode) { // the root is gone (a wiped ensemble): make it
 			if err := s.ensureRoot(); err != nil {
 				return 0, err
 			}
@@ -355,7 +354,7 @@ func (s *ZKStore) swap(w Write, stamp int64) (uint64, error) {
 	if w.Data == nil {
 		// Deleted with a write of the clock in the same transaction, whose zxid is the
 		// deletion's: the version returned.
-		rs, err := s.conn.Multi(&zk.DeleteRequest{Path: path, Version: zv}, &zk.SetDataRequest{Path: s.clock, Version: -1})
+		rs, err := s.conn.Multi(&gozk.DeleteRequest{Path: path, Version: zv}, &gozk.SetDataRequest{Path: s.clock, Version: -1})
 		if conflict(err) {
 			return 0, nil
 		}
