@@ -8,7 +8,7 @@
 package all
 
 import (
-	_ "github.com/sluicehq/sluice/store/etcd" // etcd://
+	_ "github.com/sluicehq/sluice/store/etcd"  // etcd://
 	_ "github.com/sluicehq/sluice/store/redis" // redis://, rediss://, redis-cluster://, redis-sentinel://
 	_ "github.com/sluicehq/sluice/store/zk"    // zk://
 )
