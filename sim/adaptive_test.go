@@ -143,3 +143,19 @@ func TestAdaptiveTargets(t *testing.T) {
 		})
 	}
 }
+
+// TestFormerModeName: adaptive:seed, adaptive:heroku's former name, still reads for one
+// release, and FormerModeName names the mode now; current names are not former ones.
+func TestFormerModeName(t *testing.T) {
+	if err := CheckMode("adaptive:seed"); err != nil {
+		t.Errorf("adaptive:seed refused: %v", err)
+	}
+	if now, ok := FormerModeName("adaptive:seed"); !ok || now != "adaptive:heroku" {
+		t.Errorf("FormerModeName(adaptive:seed) = %q, %v; want adaptive:heroku, true", now, ok)
+	}
+	for _, m := range append(ModeNames(), "adaptive:heroku", "adaptive:cubic", "seed", "adaptive:aimd") {
+		if now, ok := FormerModeName(m); ok {
+			t.Errorf("FormerModeName(%s) = %q, true; want false", m, now)
+		}
+	}
+}

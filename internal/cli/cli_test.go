@@ -156,6 +156,37 @@ func TestSimCommand(t *testing.T) {
 	}
 }
 
+// TestFormerStrategyName: the Heroku strategy's former name, seed, still works for one
+// release, in --modes, in a scenario file's modes and in demo's --strategy, each with one
+// line on stderr that names the new spelling.
+func TestFormerStrategyName(t *testing.T) {
+	code, out, errs := run(t, "sim", "../../scenarios/seed000-timeline.yaml", "--json", "--modes", "adaptive:seed")
+	if code != 0 || !strings.Contains(out, `"adaptive:seed"`) {
+		t.Fatalf("--modes adaptive:seed: exit %d: %s", code, errs)
+	}
+	if want := "sluice: adaptive:seed is deprecated, use adaptive:heroku\n"; errs != want {
+		t.Errorf("--modes adaptive:seed: stderr %q, want %q", errs, want)
+	}
+	if _, _, errs := run(t, "sim", "../../scenarios/seed000-timeline.yaml", "--json", "--modes", "adaptive:heroku"); errs != "" {
+		t.Errorf("--modes adaptive:heroku: stderr %q, want nothing", errs)
+	}
+
+	file := filepath.Join(t.TempDir(), "old.yaml")
+	src := "duration: 20s\nlimit: 1/6s\nmodes: [adaptive:seed]\nmembers:\n  - name: w\n    demand: {pattern: times, times: [2s, 8s]}\n"
+	if err := os.WriteFile(file, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errs = run(t, "sim", file, "--json")
+	if want := "sluice: " + file + ": modes: adaptive:seed is deprecated, use adaptive:heroku\n"; code != 0 || errs != want {
+		t.Errorf("a scenario's modes: exit %d stderr %q, want 0 and %q", code, errs, want)
+	}
+
+	code, _, errs = run(t, "demo", "--mode", "adaptive", "--strategy", "seed", "--duration", "300ms", "--workers", "2", "--json")
+	if want := "sluice: --strategy seed is deprecated, use --strategy heroku\n"; code != 0 || !strings.HasPrefix(errs, want) {
+		t.Errorf("demo --strategy seed: exit %d stderr %q, want 0 and first %q", code, errs, want)
+	}
+}
+
 // TestSimPlotAndHTML: --plot writes the figure in the format its name asks for, --html a
 // page with every mode, alongside the table.
 func TestSimPlotAndHTML(t *testing.T) {
