@@ -9,7 +9,7 @@ import (
 // whole) the two daemons serve all 17 requests at t=0.1 and one more at t=0.2: the API
 // refuses 7; with shares nothing is refused.
 func TestSeed004TwoDaemons(t *testing.T) {
-	sc, err := Load("../scenarios/seed004-two-daemons.yaml")
+	sc, err := Load("../scenarios/gossip-two-daemons.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +27,7 @@ func TestSeed004TwoDaemons(t *testing.T) {
 // over to the healing, within docs/gossip.md's bound of 1,770); the lease mode through the
 // same partitions refuses nothing.
 func TestSeed004FiveDaemons(t *testing.T) {
-	sc, err := Load("../scenarios/seed004-five-daemons.yaml")
+	sc, err := Load("../scenarios/gossip-five-daemons.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
