@@ -74,9 +74,10 @@ func TestDurationsWithDays(t *testing.T) {
 	}
 }
 
-// TestSeed000Timeline: the seed's four requests at t=2, 8, 13, 14 s under 1/6s: the third
-// is denied (and dropped by the pessimistic client), the others are permitted.
-func TestSeed000Timeline(t *testing.T) {
+// TestOneEverySixSecondsTimeline: four requests at t=2, 8, 13, 14 s under one request
+// every 6 seconds (the strict mode's example). The third is denied (and dropped by the
+// pessimistic client); the others are permitted.
+func TestOneEverySixSecondsTimeline(t *testing.T) {
 	sc, err := Load("../scenarios/one-every-6s-timeline.yaml")
 	if err != nil {
 		t.Fatal(err)
