@@ -8,11 +8,11 @@ import (
 	"testing"
 )
 
-// The adaptive mode: seed 003's wished-for behaviour ("How to test this?"), each as a
-// test in virtual time, of the default strategy (Sluice) unless named.
+// The adaptive mode: the behaviour the Heroku client study wished for ("How to test
+// this?"), each as a test in virtual time, of the default strategy (Sluice) unless named.
 
-// seed003 is seed 003's API: 4,500 an hour, answers about 100 ms away.
-const seed003 = `
+// herokuAPI is the Heroku client study's API: 4,500 an hour, answers about 100 ms away.
+const herokuAPI = `
 seed: 1
 limit: 4500/h
 sample: 1m
@@ -27,7 +27,7 @@ client:
 // all available clears them in about the time its round trips allow (100 per second:
 // 45 s), with no refusal.
 func TestAdaptiveLoneClientEatsTheCapacity(t *testing.T) {
-	r := run1(t, parse(t, "duration: 10m"+seed003+`
+	r := run1(t, parse(t, "duration: 10m"+herokuAPI+`
 members:
   - {name: p, goroutines: 10, demand: {pattern: backlog, n: 4500}}
 `), "adaptive")
@@ -41,7 +41,7 @@ members:
 // it: within a sample of the join, the pool holds the limit again, and the newcomer gets
 // its equal share of the rest of the run.
 func TestAdaptiveSlowClientComesDown(t *testing.T) {
-	r := run1(t, parse(t, "duration: 3h"+seed003+`
+	r := run1(t, parse(t, "duration: 3h"+herokuAPI+`
 members:
   - {name: fast, goroutines: 5, demand: {pattern: backlog, n: 1000000}}
   - {name: slow, goroutines: 5, join: 1h, demand: {pattern: backlog, n: 1000000}}
@@ -62,7 +62,7 @@ events:
 // 25 processes of one goroutine for two hours (each with an answer every 20 s only):
 // the refusals are rare, and no client has many more than the others.
 func TestAdaptiveFlappyClientsAreDamped(t *testing.T) {
-	r := run1(t, parse(t, "duration: 2h"+seed003+`
+	r := run1(t, parse(t, "duration: 2h"+herokuAPI+`
 members:
   - {name: p, count: 25, demand: {pattern: backlog, n: 1000000}}
 `), "adaptive")
