@@ -13,7 +13,7 @@ import (
 	"github.com/sluicehq/sluice/clock"
 )
 
-// The seed's timeline: one permit every 6 seconds, requests at t=2, 8, 13 and 14.
+// The strict mode's example: one permit every 6 seconds, requests at t=2, 8, 13 and 14.
 func ExampleLimiter_Allow() {
 	clk := clock.NewVirtual()
 	l := sluice.MustNew(sluice.MustParse("1/6s"), sluice.WithClock(clk))

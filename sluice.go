@@ -222,9 +222,10 @@ func WithMargin(j time.Duration) Option {
 // its rate); default slog.Default(). It logs nothing else.
 func WithLogger(log *slog.Logger) Option { return optionFunc(func(l *Limiter) { l.log = log }) }
 
-// WithMaxWait bounds how far ahead Reserve reserves and how long Wait and Do wait (seed
-// 000's bound on reserved permits: back pressure instead of an unbounded queue). Zero or
-// less means no bound beyond the context's deadline (the default).
+// WithMaxWait bounds how far ahead Reserve reserves and how long Wait and Do wait. It is
+// the bound on reserved permits of the Redis permit design: back pressure instead of an
+// unbounded queue. Zero or less means no bound beyond the context's deadline (the
+// default).
 func WithMaxWait(d time.Duration) Option {
 	return optionFunc(func(l *Limiter) { l.maxWait = d })
 }

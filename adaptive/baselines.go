@@ -8,41 +8,42 @@ import (
 // The published strategies Sluice is measured against, each as its authors wrote it.
 // They pace requests only (a refusal is a refusal, whichever limit made it).
 
-// seedStrategy is seed 003's client (Seed): every goroutine sleeps before each request,
-// from its first refusal on.
-type seedStrategy struct {
+// herokuStrategy is the client of the Heroku client study (Heroku): every goroutine
+// sleeps before each request, from its first refusal on.
+type herokuStrategy struct {
 	sleep      float64 // seconds
 	limited    bool    // refused at least once: the goroutines sleep from now on
 	multiplyAt int64   // the last doubling
 	started    bool
 }
 
-// seedLimit is the limit seed 003 assumes when the answers name none: 4,500 an hour.
-func seedLimit(c *Controller) (count, window float64) {
+// herokuLimit is the limit the Heroku strategy assumes when the answers name none: 4,500
+// an hour.
+func herokuLimit(c *Controller) (count, window float64) {
 	if k := c.q[reqQ]; k.known {
 		return k.count, k.count / k.limit
 	}
 	return 4500, 3600
 }
 
-func (s *seedStrategy) rate(*Controller) float64 {
+func (s *herokuStrategy) rate(*Controller) float64 {
 	if !s.limited || s.sleep <= 0 {
 		return 0
 	}
 	return 1 / s.sleep
 }
 
-func (s *seedStrategy) next(c *Controller, now int64, _ [nQuotas]float64) (int64, Outcome) {
+func (s *herokuStrategy) next(c *Controller, now int64, _ [nQuotas]float64) (int64, Outcome) {
 	if !s.limited {
 		return now, Send
 	}
 	return now + nanos(c.jittered(s.sleep)), Send
 }
 
-func (*seedStrategy) cancel(*Controller, int64, [nQuotas]float64) {}
+func (*herokuStrategy) cancel(*Controller, int64, [nQuotas]float64) {}
 
-func (s *seedStrategy) observe(c *Controller, a *answer) {
-	count, window := seedLimit(c)
+func (s *herokuStrategy) observe(c *Controller, a *answer) {
+	count, window := herokuLimit(c)
 	minSleep := window / count // one emission interval
 	if !s.started {
 		s.started = true

@@ -23,11 +23,12 @@ const (
 	// capacity left stays near a small reserve, and drifts every client towards an equal
 	// share.
 	Sluice Strategy = iota
-	// Seed is seed 003's algorithm as written: each goroutine sleeps before each request;
-	// a 429 doubles the sleep (once per event across the goroutines); each success takes
-	// off remaining × sleep / (limit × time factor), the time factor high just after a
-	// doubling; 0-10% jitter. It does not pace before the first 429.
-	Seed
+	// Heroku is the algorithm of the Heroku client study, as written: each goroutine
+	// sleeps before each request; a 429 doubles the sleep (once per event across the
+	// goroutines); each success takes off remaining × sleep / (limit × time factor), the
+	// time factor high just after a doubling; 0-10% jitter. It does not pace before the
+	// first 429.
+	Heroku
 	// Cubic is the AWS SDKs' adaptive retry rate limiter: a token bucket filled at a
 	// rate cut to 0.7 of the measured send rate on each throttle, and regrown along
 	// CUBIC's curve (C = 0.4) after it; no pacing before the first throttle.
@@ -38,10 +39,18 @@ const (
 	SRE
 )
 
-var strategyNames = [...]string{Sluice: "sluice", Seed: "seed", Cubic: "cubic", SRE: "sre"}
+// Seed is Heroku's former name.
+//
+// Deprecated: use Heroku. Seed is kept for one release.
+const Seed = Heroku
+
+var strategyNames = [...]string{Sluice: "sluice", Heroku: "heroku", Cubic: "cubic", SRE: "sre"}
+
+// formerNames are strategies' former names, still read for one release.
+var formerNames = map[string]Strategy{"seed": Heroku}
 
 // Strategies lists every strategy, the default first.
-func Strategies() []Strategy { return []Strategy{Sluice, Seed, Cubic, SRE} }
+func Strategies() []Strategy { return []Strategy{Sluice, Heroku, Cubic, SRE} }
 
 func (s Strategy) String() string {
 	if int(s) < len(strategyNames) {
@@ -50,14 +59,26 @@ func (s Strategy) String() string {
 	return fmt.Sprintf("Strategy(%d)", uint8(s))
 }
 
-// ParseStrategy reads a strategy's name: sluice, seed, cubic or sre.
+// ParseStrategy reads a strategy's name: sluice, heroku, cubic or sre. It still reads the
+// former name seed as Heroku, for one release; FormerName tells such a name apart.
 func ParseStrategy(name string) (Strategy, error) {
 	for i, n := range strategyNames {
 		if strings.EqualFold(name, n) {
 			return Strategy(i), nil
 		}
 	}
+	if s, ok := FormerName(name); ok {
+		return s, nil
+	}
 	return 0, fmt.Errorf("adaptive: unknown strategy %q (known: %s)", name, strings.Join(strategyNames[:], ", "))
+}
+
+// FormerName reports whether name is a strategy's former name, and the strategy it names.
+// ParseStrategy reads such a name for one release more; a program that reads names from
+// its user should tell them the name now (the strategy's String).
+func FormerName(name string) (Strategy, bool) {
+	s, ok := formerNames[strings.ToLower(name)]
+	return s, ok
 }
 
 // MarshalText writes the strategy's name.
@@ -78,9 +99,9 @@ type Config struct {
 	// Strategy is how the controller learns (default Sluice).
 	Strategy Strategy
 	// Limit is the request limit assumed when the answers do not say the limit's rate
-	// (Heroku sends the remaining count alone; seed 003 assumes its 4,500 an hour). The
-	// zero value: learned from the answers (the IETF draft's RateLimit-Policy; OpenAI's
-	// and Anthropic's fields, which count per minute).
+	// (Heroku sends the remaining count alone; the Heroku strategy then assumes 4,500 an
+	// hour). The zero value: learned from the answers (the IETF draft's RateLimit-Policy;
+	// OpenAI's and Anthropic's fields, which count per minute).
 	Limit sluice.Limit
 	// Reserve is the capacity the Sluice strategy leaves unspent, in time at the limit's
 	// rate (default 16 s, plus a round trip; at most half the burst, at least two
@@ -97,8 +118,8 @@ type Config struct {
 	// takes it back in proportion to each client's pace, which drifts the clients to
 	// equal shares.
 	Fairness float64
-	// Jitter lengthens each pause by up to this part of it, at random (default 0.1,
-	// seed 003's).
+	// Jitter lengthens each pause by up to this part of it, at random (default 0.1, as
+	// in the Heroku client study).
 	Jitter float64
 }
 
@@ -205,8 +226,8 @@ func New(cfg Config, seed uint64) (*Controller, error) {
 		c.q[reqQ].setLimit(float64(l.Rate), l.Period, float64(l.Burst))
 	}
 	switch c.cfg.Strategy {
-	case Seed:
-		c.s = &seedStrategy{}
+	case Heroku:
+		c.s = &herokuStrategy{}
 	case Cubic:
 		c.s = newCubic()
 	case SRE:

@@ -46,6 +46,18 @@ func TestStrategyNames(t *testing.T) {
 	if s, _ := ParseStrategy("SRE"); s != SRE {
 		t.Errorf("names are case-insensitive: got %v", s)
 	}
+	// The Heroku strategy's former name reads for one release, and says it is one.
+	if s, err := ParseStrategy("seed"); err != nil || s != Heroku {
+		t.Errorf("seed: %v, %v; want heroku", s, err)
+	}
+	if s, ok := FormerName("seed"); !ok || s != Heroku {
+		t.Errorf("FormerName(seed) = %v, %v; want heroku, true", s, ok)
+	}
+	for _, s := range Strategies() {
+		if _, ok := FormerName(s.String()); ok {
+			t.Errorf("FormerName(%v): a current name is not a former one", s)
+		}
+	}
 }
 
 func TestConfigValidate(t *testing.T) {
@@ -62,7 +74,7 @@ func TestConfigValidate(t *testing.T) {
 
 // TestOneDecreasePerEvent: the goroutines of a process refused together (their requests
 // sent before the first refusal came back) back off once; a refusal of a request sent
-// after it is a new event. The same for the seed strategy's doubling.
+// after it is a new event. The same for the Heroku strategy's doubling.
 func TestOneDecreasePerEvent(t *testing.T) {
 	c := newC(t, Config{})
 	c.observe(1*sec, 1*sec-1, ok(20, 3, time.Second, 10), 0) // below the reserve: no spare spent
@@ -77,13 +89,13 @@ func TestOneDecreasePerEvent(t *testing.T) {
 		t.Fatalf("step 2: rate %v after a second event, want %v", got, r0/4)
 	}
 
-	s := newC(t, Config{Strategy: Seed})
+	s := newC(t, Config{Strategy: Heroku})
 	s.observe(1*sec, 1*sec-1, ok(4500, 0, time.Hour, 4500), 0)
 	s.observe(2*sec, 2*sec-10, refused(time.Second), 0)
 	r1 := s.Rate() // the sleep is 2 × 0.8 s doubled: 3.2 s
 	s.observe(2*sec+5, 2*sec-5, refused(time.Second), 0)
 	if got := s.Rate(); math.Abs(1/r1-3.2) > 1e-9 || got != r1 {
-		t.Fatalf("seed: sleeps %.3fs then %.3fs, want 3.2s twice (one doubling per event)", 1/r1, 1/got)
+		t.Fatalf("heroku: sleeps %.3fs then %.3fs, want 3.2s twice (one doubling per event)", 1/r1, 1/got)
 	}
 }
 
@@ -178,7 +190,7 @@ func TestTheTighterLimitPaces(t *testing.T) {
 }
 
 // TestLimitAssumed: with Heroku's bare RateLimit-Remaining, the limit Config.Limit names
-// is the one learned; the seed strategy uses it as its MAX_LIMIT.
+// is the one learned; the Heroku strategy uses it as its MAX_LIMIT.
 func TestLimitAssumed(t *testing.T) {
 	bare := ratehdr.Facts{Status: 200, Quotas: []ratehdr.Quota{{Limit: -1, Remaining: 10, Reset: -1, Burst: -1}}}
 	c := newC(t, Config{Limit: sluice.PerHour(4500)})
@@ -193,10 +205,11 @@ func TestLimitAssumed(t *testing.T) {
 	}
 }
 
-// TestSeedDecrease: seed 003's decrease, sleep −= remaining × sleep / (limit × time
-// factor), the time factor 1/(1 − e^(−t/window)) high just after a doubling.
-func TestSeedDecrease(t *testing.T) {
-	c := newC(t, Config{Strategy: Seed})
+// TestHerokuDecrease: the Heroku strategy's decrease, sleep −= remaining × sleep /
+// (limit × time factor), the time factor 1/(1 − e^(−t/window)) high just after a
+// doubling.
+func TestHerokuDecrease(t *testing.T) {
+	c := newC(t, Config{Strategy: Heroku})
 	c.observe(1*sec, 1*sec-1, ok(4500, 4000, time.Hour, 4500), 0)
 	c.observe(10*sec, 10*sec-1, refused(time.Second), 0) // doubles: 3.2 s
 	before := 1 / c.Rate()

@@ -6,9 +6,10 @@
 //
 // Controller is the deterministic core: it takes now and each answer, and says when the
 // next request may go. It learns by one of four strategies: Sluice (the default), and the
-// published designs it is measured against, Seed (seed 003's client), Cubic (the AWS SDKs'
-// adaptive retry) and SRE (Google SRE's client-side throttling). It learns two limits at
-// once when an LLM API names them (requests and tokens a minute), and paces by the tighter.
+// published designs it is measured against, Heroku (the client of the Heroku client
+// study), Cubic (the AWS SDKs' adaptive retry) and SRE (Google SRE's client-side
+// throttling). It learns two limits at once when an LLM API names them (requests and
+// tokens a minute), and paces by the tighter.
 //
 // Transport is an http.RoundTripper that paces requests through one Controller per host
 // (or per key the caller chooses), shared by every goroutine of the process: the

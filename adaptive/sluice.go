@@ -10,8 +10,9 @@ import (
 //
 //   - The pool's spending. Between two of its answers, at t0 and t1, GCRA says the pool
 //     spent S = (R0 − R1 + L·(t1 − t0)) / (t1 − t0), every client together, with no
-//     knowledge of how many they are (seed 003's "what-if": how remaining moves between
-//     a client's own requests). The client measures it over its last few answers.
+//     knowledge of how many they are (the Heroku client study's "what-if": how
+//     remaining moves between a client's own requests). The client measures it over its
+//     last few answers.
 //   - The target. It wants the pool to spend S* = L + (R − reserve)/2T, T the pool's
 //     time scale (the time the limit takes to refill the reserve, at least Horizon, and
 //     at least twice the span the estimate covers): the count left returns to the

@@ -17,9 +17,9 @@ func lim(rate int64, period int64, burst int64) Limit {
 	return Limit{T: t, Tau: burst * t}
 }
 
-// TestSeed000Timeline is the timeline of seed 000: one permit every 6 s, requests at t=2,
-// t=8, t=13 and t=14 (pessimistic: deny rather than reserve).
-func TestSeed000Timeline(t *testing.T) {
+// TestOneEverySixSecondsTimeline is the strict mode's example: one permit every 6 s,
+// requests at t=2, t=8, t=13 and t=14 (pessimistic: deny rather than reserve).
+func TestOneEverySixSecondsTimeline(t *testing.T) {
 	l := lim(1, 6*sec, 1)
 	steps := []struct {
 		at         int64
@@ -45,10 +45,10 @@ func TestSeed000Timeline(t *testing.T) {
 	}
 }
 
-// TestSeed000Reservations is the optimistic side of seed 000: with reservations bounded to
-// one emission interval ahead, the third request reserves the permit at t=14 and a fourth
-// right after it is refused (the bound is reached).
-func TestSeed000Reservations(t *testing.T) {
+// TestBoundedReservations is the optimistic side of the same example: with reservations
+// bounded to one emission interval ahead, the third request reserves the permit at t=14
+// and a fourth right after it is refused (the bound is reached).
+func TestBoundedReservations(t *testing.T) {
 	l := lim(1, 6*sec, 1)
 	steps := []struct {
 		at      int64

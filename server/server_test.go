@@ -82,8 +82,9 @@ func exchange(t *testing.T, c net.Conn, in string, n int) string {
 	return string(buf)
 }
 
-// TestSeedProtocolByteExact speaks seed 004's protocol on a raw socket.
-func TestSeedProtocolByteExact(t *testing.T) {
+// TestLineProtocolByteExact speaks DThrottle's line protocol on a raw socket: `TAG\n` in,
+// `OK\n` or `NO\n` out, byte for byte.
+func TestLineProtocolByteExact(t *testing.T) {
 	s := start(t, testConfig("api=10/s", "slow=1/6s"), WithClock(clock.NewVirtual()))
 	c := dial(t, s)
 	if got := exchange(t, c, "slow\nslow\n", 6); got != "OK\nNO\n" {

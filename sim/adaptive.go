@@ -38,6 +38,21 @@ func parseAdaptive(name string) (adaptive.Strategy, bool, error) {
 	return s, true, err
 }
 
+// FormerModeName reports whether name is a mode's former name, still read for one
+// release, and the mode's name now: adaptive:seed is adaptive:heroku. A program that reads
+// mode names from its user should tell them the name now.
+func FormerModeName(name string) (string, bool) {
+	rest, ok := strings.CutPrefix(name, adaptivePrefix+":")
+	if !ok {
+		return "", false
+	}
+	s, ok := adaptive.FormerName(rest)
+	if !ok {
+		return "", false
+	}
+	return adaptivePrefix + ":" + s.String(), true
+}
+
 func newAdaptiveMode(name string, s adaptive.Strategy) *adaptiveMode {
 	return &adaptiveMode{label: name, strategy: s, h: http.Header{}}
 }

@@ -5,15 +5,14 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 )
 
-// The adaptive mode: seed 003's wished-for behaviour ("How to test this?"), each as a
-// test in virtual time, of the default strategy (Sluice) unless named.
+// The adaptive mode: the behaviour the Heroku client study wished for ("How to test
+// this?"), each as a test in virtual time, of the default strategy (Sluice) unless named.
 
-// seed003 is seed 003's API: 4,500 an hour, answers about 100 ms away.
-const seed003 = `
+// herokuAPI is the Heroku client study's API: 4,500 an hour, answers about 100 ms away.
+const herokuAPI = `
 seed: 1
 limit: 4500/h
 sample: 1m
@@ -28,7 +27,7 @@ client:
 // all available clears them in about the time its round trips allow (100 per second:
 // 45 s), with no refusal.
 func TestAdaptiveLoneClientEatsTheCapacity(t *testing.T) {
-	r := run1(t, parse(t, "duration: 10m"+seed003+`
+	r := run1(t, parse(t, "duration: 10m"+herokuAPI+`
 members:
   - {name: p, goroutines: 10, demand: {pattern: backlog, n: 4500}}
 `), "adaptive")
@@ -42,7 +41,7 @@ members:
 // it: within a sample of the join, the pool holds the limit again, and the newcomer gets
 // its equal share of the rest of the run.
 func TestAdaptiveSlowClientComesDown(t *testing.T) {
-	r := run1(t, parse(t, "duration: 3h"+seed003+`
+	r := run1(t, parse(t, "duration: 3h"+herokuAPI+`
 members:
   - {name: fast, goroutines: 5, demand: {pattern: backlog, n: 1000000}}
   - {name: slow, goroutines: 5, join: 1h, demand: {pattern: backlog, n: 1000000}}
@@ -63,7 +62,7 @@ events:
 // 25 processes of one goroutine for two hours (each with an answer every 20 s only):
 // the refusals are rare, and no client has many more than the others.
 func TestAdaptiveFlappyClientsAreDamped(t *testing.T) {
-	r := run1(t, parse(t, "duration: 2h"+seed003+`
+	r := run1(t, parse(t, "duration: 2h"+herokuAPI+`
 members:
   - {name: p, count: 25, demand: {pattern: backlog, n: 1000000}}
 `), "adaptive")
@@ -78,19 +77,14 @@ members:
 	}
 }
 
-// TestAdaptiveTargets judges the shipped seed-003 scenarios' golden reports (the golden
-// test runs them): the targets (a 429 ratio of at most 1% and a utilization of at least
+// TestAdaptiveTargets judges the golden reports of the four shipped scenarios that run
+// the strategies side by side (the golden test runs them): the targets (a 429 ratio of at most 1% and a utilization of at least
 // 0.9 in the 5×5 day; Jain's index at least 0.95 between the processes of the mixed one,
 // and a pool that holds the limit again within a sample after the join and the leave),
 // and the default strategy ahead of the other three in each: the fewest refusals (fewer
 // by far where there are any), as much of the limit used (within 1%), and fair.
 func TestAdaptiveTargets(t *testing.T) {
-	files, _ := filepath.Glob("../scenarios/seed003-*.yaml")
-	if len(files) < 4 {
-		t.Fatalf("%d seed-003 scenarios, want the 5x5, the mixed, the backlog and the LLM pool", len(files))
-	}
-	for _, f := range files {
-		name := strings.TrimSuffix(filepath.Base(f), ".yaml")
+	for _, name := range []string{"heroku-5x5", "heroku-mixed", "heroku-backlog", "llm-pool"} {
 		t.Run(name, func(t *testing.T) {
 			b, err := os.ReadFile(filepath.Join("testdata", "golden", name+".json"))
 			if err != nil {
@@ -125,21 +119,37 @@ func TestAdaptiveTargets(t *testing.T) {
 				t.Errorf("Jain's index %.4f, want at least 0.95", best.Jain)
 			}
 			switch name {
-			case "seed003-5x5":
+			case "heroku-5x5":
 				if best.Ratio429 > 0.01 || best.Utilization < 0.9 {
 					t.Errorf("429 ratio %.4f and utilization %.4f, want at most 0.01 and at least 0.9", best.Ratio429, best.Utilization)
 				}
-			case "seed003-mixed":
+			case "heroku-mixed":
 				for _, ev := range best.Events {
 					if ev.ConvergenceS < 0 || ev.ConvergenceS > 60 {
 						t.Errorf("%s: converged %v s after it, want within a sample", ev.Event, ev.ConvergenceS)
 					}
 				}
-			case "seed003-backlog":
+			case "heroku-backlog":
 				if best.ClearedS == nil || *best.ClearedS > 84 {
 					t.Errorf("cleared after %v s, want faster than the study's best (84 s)", best.ClearedS)
 				}
 			}
 		})
+	}
+}
+
+// TestFormerModeName: adaptive:seed, adaptive:heroku's former name, still reads for one
+// release, and FormerModeName names the mode now; current names are not former ones.
+func TestFormerModeName(t *testing.T) {
+	if err := CheckMode("adaptive:seed"); err != nil {
+		t.Errorf("adaptive:seed refused: %v", err)
+	}
+	if now, ok := FormerModeName("adaptive:seed"); !ok || now != "adaptive:heroku" {
+		t.Errorf("FormerModeName(adaptive:seed) = %q, %v; want adaptive:heroku, true", now, ok)
+	}
+	for _, m := range append(ModeNames(), "adaptive:heroku", "adaptive:cubic", "seed", "adaptive:aimd") {
+		if now, ok := FormerModeName(m); ok {
+			t.Errorf("FormerModeName(%s) = %q, true; want false", m, now)
+		}
 	}
 }

@@ -5,11 +5,11 @@ import (
 	"testing"
 )
 
-// TestSeed004TwoDaemons: the DThrottle example in the simulator. As written (policy
+// TestDThrottleTwoDaemons: the DThrottle example in the simulator. As written (policy
 // whole) the two daemons serve all 17 requests at t=0.1 and one more at t=0.2: the API
 // refuses 7; with shares nothing is refused.
-func TestSeed004TwoDaemons(t *testing.T) {
-	sc, err := Load("../scenarios/seed004-two-daemons.yaml")
+func TestDThrottleTwoDaemons(t *testing.T) {
+	sc, err := Load("../scenarios/gossip-two-daemons.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -22,12 +22,12 @@ func TestSeed004TwoDaemons(t *testing.T) {
 	}
 }
 
-// TestSeed004FiveDaemons: five gossip daemons through a partition shorter than the hold
+// TestGossipFiveDaemonsThroughPartitions: five gossip daemons through a partition shorter than the hold
 // (no refusal during or after it) and one of 20 s (refusals only from when the hold is
 // over to the healing, within docs/gossip.md's bound of 1,770); the lease mode through the
 // same partitions refuses nothing.
-func TestSeed004FiveDaemons(t *testing.T) {
-	sc, err := Load("../scenarios/seed004-five-daemons.yaml")
+func TestGossipFiveDaemonsThroughPartitions(t *testing.T) {
+	sc, err := Load("../scenarios/gossip-five-daemons.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

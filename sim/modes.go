@@ -42,8 +42,9 @@ type leaseReporter interface {
 }
 
 // ModeNames lists the modes the simulator knows.
-// (adaptive takes a strategy: adaptive:seed, adaptive:cubic, adaptive:sre; plain
-// adaptive is the default, sluice.)
+// (adaptive takes a strategy: adaptive:heroku, adaptive:cubic, adaptive:sre; plain
+// adaptive is the default, sluice. adaptive:seed, adaptive:heroku's former name, still
+// reads for one release: see FormerModeName.)
 // (redis:processes is the redis mode with sluice.FairProcesses: each member holds one place
 // in the store's line at a time.)
 func ModeNames() []string {

@@ -74,10 +74,11 @@ func TestDurationsWithDays(t *testing.T) {
 	}
 }
 
-// TestSeed000Timeline: the seed's four requests at t=2, 8, 13, 14 s under 1/6s: the third
-// is denied (and dropped by the pessimistic client), the others are permitted.
-func TestSeed000Timeline(t *testing.T) {
-	sc, err := Load("../scenarios/seed000-timeline.yaml")
+// TestOneEverySixSecondsTimeline: four requests at t=2, 8, 13, 14 s under one request
+// every 6 seconds (the strict mode's example). The third is denied (and dropped by the
+// pessimistic client); the others are permitted.
+func TestOneEverySixSecondsTimeline(t *testing.T) {
+	sc, err := Load("../scenarios/one-every-6s-timeline.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,8 +303,7 @@ func TestLargeScenarioRuns(t *testing.T) {
 // and store restarts. The scenarios that run the lease mode already run (twice) in the
 // golden test: their golden reports are judged here.
 func TestLeaseKeepsTheLimitEverywhere(t *testing.T) {
-	files, _ := filepath.Glob("../scenarios/*.yaml")
-	for _, f := range files {
+	for _, f := range shippedScenarios(t) {
 		t.Run(filepath.Base(f), func(t *testing.T) {
 			t.Parallel() // each its own simulation: the cores share them
 			sc, err := Load(f)

@@ -17,7 +17,7 @@ import (
 // judged as the golden test (built without -race: a simulated day is slow under it) finds
 // that a run writes it.
 func TestDailyQuotaScenario(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join("testdata", "golden", "seed001-daily-quota.json"))
+	b, err := os.ReadFile(filepath.Join("testdata", "golden", "daily-quota.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +48,7 @@ func TestDailyQuotaScenario(t *testing.T) {
 // renewals, a renewal interval later); and never runs ahead of the line. So does the
 // running total.
 func TestRampScenarioFollowsTheLine(t *testing.T) {
-	sc, err := Load("../scenarios/seed002-ramp.yaml")
+	sc, err := Load("../scenarios/ramp-up.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,8 +9,8 @@ import (
 	"github.com/sluicehq/sluice/strict"
 )
 
-// A pool of processes shares seed 000's limit, one request every 6 seconds, through one
-// Redis: each process makes the same limiter, and Redis decides for all of them.
+// A pool of processes shares one limit, one request every 6 seconds, through one Redis.
+// Each process makes the same limiter, and Redis decides for all of them.
 func Example() {
 	ctx := context.Background()
 	url := strict.SharedURL() // "redis://HOST:PORT" of your Redis

@@ -72,7 +72,7 @@ func Run(t *testing.T, f Factory) {
 	t.Run("OneEverySixSeconds", func(t *testing.T) {
 		b, clk := setup(t)
 		base := clk.Nanotime()
-		runSteps(t, b, clk, key("seed"), []gcra.Limit{lim(1, 6*sec, 1)}, base, []step{
+		runSteps(t, b, clk, key("one-every-6s"), []gcra.Limit{lim(1, 6*sec, 1)}, base, []step{
 			{at: 2 * sec, n: 1, allowed: true},
 			{at: 8 * sec, n: 1, allowed: true},
 			{at: 13 * sec, n: 1, allowed: false},

@@ -257,7 +257,7 @@ func TestSmallLimitIsDecidedAtTheStore(t *testing.T) {
 	}
 }
 
-// TestEqualPolicyAgreement: seed 002's rule. Three members report the pool size they were
+// TestEqualPolicyAgreement: Numaflow's throttler's rule. Three members report the pool size they were
 // told; while they disagree, the largest size reported wins (everyone gets less).
 func TestEqualPolicyAgreement(t *testing.T) {
 	s, _ := NewState(lim(30, time.Second, 30), 1, 0, 0, cfg(Equal))

@@ -44,8 +44,8 @@ var Groups = []Group{
 }
 
 // Margin is the limiters' jitter tolerance (sluice.WithMargin): a permit used later than
-// its slot by more is given up instead (seed 000's permit expiry), so the referee may
-// judge the use times with it.
+// its slot by more is given up instead (permit expiry, as in the Redis permit design), so
+// the referee may judge the use times with it.
 const Margin = 20 * time.Millisecond
 
 // StallTick is how often a member looks at its clock; a look later than StallMin after

@@ -116,7 +116,7 @@ func TestDemoJSON(t *testing.T) {
 }
 
 func TestSimCommand(t *testing.T) {
-	code, out, errs := run(t, "sim", "../../../../scenarios/seed000-timeline.yaml", "--json", "--modes", "redis")
+	code, out, errs := run(t, "sim", "../../../../scenarios/one-every-6s-timeline.yaml", "--json", "--modes", "redis")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
@@ -131,7 +131,7 @@ func TestSimCommand(t *testing.T) {
 			t.Errorf("the report lacks %q", k)
 		}
 	}
-	code, out, _ = run(t, "sim", "--modes", "local", "../../../../scenarios/seed000-timeline.yaml")
+	code, out, _ = run(t, "sim", "--modes", "local", "../../../../scenarios/one-every-6s-timeline.yaml")
 	if code != 0 || !strings.Contains(out, "local") {
 		t.Errorf("flags before the file: %d %q", code, out)
 	}
@@ -141,13 +141,13 @@ func TestSimCommand(t *testing.T) {
 	}{
 		{[]string{"sim"}, "no scenario file"},
 		{[]string{"sim", "nope.yaml"}, "nope.yaml"},
-		{[]string{"sim", "../../../../scenarios/seed000-timeline.yaml", "--modes", "quantum"}, "quantum"},
+		{[]string{"sim", "../../../../scenarios/one-every-6s-timeline.yaml", "--modes", "quantum"}, "quantum"},
 		{[]string{"sim", "a.yaml", "b.yaml"}, "one scenario file"},
-		{[]string{"sim", "../../../../scenarios/seed000-timeline.yaml", "--modes", "local,central"}, "called redis now"},
-		{[]string{"sim", "../../../../scenarios/seed000-timeline.yaml", "--sweep", "name=a/b,a_b", "--csv", "x.csv"}, "two points would write the same files (name=a_b)"},
-		{[]string{"sim", "../../../../scenarios/seed000-timeline.yaml", "--sweep", "client.margin"}, "want KEY=V1,V2"},
-		{[]string{"sim", "../../../../scenarios/seed000-timeline.yaml", "--sweep", "client.margin=later"}, `bad duration "later"`},
-		{[]string{"sim", "../../../../scenarios/seed000-timeline.yaml", "--plot", "out.pdf"}, "--plot: want a file ending in .svg or .png"},
+		{[]string{"sim", "../../../../scenarios/one-every-6s-timeline.yaml", "--modes", "local,central"}, "called redis now"},
+		{[]string{"sim", "../../../../scenarios/one-every-6s-timeline.yaml", "--sweep", "name=a/b,a_b", "--csv", "x.csv"}, "two points would write the same files (name=a_b)"},
+		{[]string{"sim", "../../../../scenarios/one-every-6s-timeline.yaml", "--sweep", "client.margin"}, "want KEY=V1,V2"},
+		{[]string{"sim", "../../../../scenarios/one-every-6s-timeline.yaml", "--sweep", "client.margin=later"}, `bad duration "later"`},
+		{[]string{"sim", "../../../../scenarios/one-every-6s-timeline.yaml", "--plot", "out.pdf"}, "--plot: want a file ending in .svg or .png"},
 	} {
 		code, _, errs := run(t, c.args...)
 		if code != 2 || !strings.Contains(errs, c.want) {
@@ -156,16 +156,47 @@ func TestSimCommand(t *testing.T) {
 	}
 }
 
+// TestFormerStrategyName: the Heroku strategy's former name, seed, still works for one
+// release, in --modes, in a scenario file's modes and in demo's --strategy, each with one
+// line on stderr that names the new spelling.
+func TestFormerStrategyName(t *testing.T) {
+	code, out, errs := run(t, "sim", "../../../../scenarios/one-every-6s-timeline.yaml", "--json", "--modes", "adaptive:seed")
+	if code != 0 || !strings.Contains(out, `"adaptive:seed"`) {
+		t.Fatalf("--modes adaptive:seed: exit %d: %s", code, errs)
+	}
+	if want := "sluice: adaptive:seed is deprecated, use adaptive:heroku\n"; errs != want {
+		t.Errorf("--modes adaptive:seed: stderr %q, want %q", errs, want)
+	}
+	if _, _, errs := run(t, "sim", "../../../../scenarios/one-every-6s-timeline.yaml", "--json", "--modes", "adaptive:heroku"); errs != "" {
+		t.Errorf("--modes adaptive:heroku: stderr %q, want nothing", errs)
+	}
+
+	file := filepath.Join(t.TempDir(), "old.yaml")
+	src := "duration: 20s\nlimit: 1/6s\nmodes: [adaptive:seed]\nmembers:\n  - name: w\n    demand: {pattern: times, times: [2s, 8s]}\n"
+	if err := os.WriteFile(file, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errs = run(t, "sim", file, "--json")
+	if want := "sluice: " + file + ": modes: adaptive:seed is deprecated, use adaptive:heroku\n"; code != 0 || errs != want {
+		t.Errorf("a scenario's modes: exit %d stderr %q, want 0 and %q", code, errs, want)
+	}
+
+	code, _, errs = run(t, "demo", "--mode", "adaptive", "--strategy", "seed", "--duration", "300ms", "--workers", "2", "--json")
+	if want := "sluice: --strategy seed is deprecated, use --strategy heroku\n"; code != 0 || !strings.HasPrefix(errs, want) {
+		t.Errorf("demo --strategy seed: exit %d stderr %q, want 0 and first %q", code, errs, want)
+	}
+}
+
 // TestSimPlotAndHTML: --plot writes the figure in the format its name asks for, --html a
 // page with every mode, alongside the table.
 func TestSimPlotAndHTML(t *testing.T) {
 	dir := t.TempDir()
 	png, svg, page := filepath.Join(dir, "out.png"), filepath.Join(dir, "out.svg"), filepath.Join(dir, "r.html")
-	code, out, errs := run(t, "sim", "../../../../scenarios/seed000-timeline.yaml", "--plot", png, "--html", page)
+	code, out, errs := run(t, "sim", "../../../../scenarios/one-every-6s-timeline.yaml", "--plot", png, "--html", page)
 	if code != 0 || !strings.Contains(out, "violations (429s)") {
 		t.Fatalf("exit %d: %s%s", code, out, errs)
 	}
-	if code, _, errs := run(t, "sim", "../../../../scenarios/seed000-timeline.yaml", "--plot", svg); code != 0 {
+	if code, _, errs := run(t, "sim", "../../../../scenarios/one-every-6s-timeline.yaml", "--plot", svg); code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
 	for file, prefix := range map[string]string{png: "\x89PNG\r\n", svg: "<?xml", page: "<!DOCTYPE html>"} {
@@ -215,7 +246,7 @@ func TestSimSweep(t *testing.T) {
 	if p := j.Points[5]; p.Settings[0].Value != "50ms" || p.Settings[1].Value != "20" || p.Modes[0].Mode != "redis" {
 		t.Errorf("the last point: %+v", p)
 	}
-	code, out, errs := run(t, "sim", "../../../../scenarios/seed000-timeline.yaml", "--sweep", "client.margin=0s,10ms")
+	code, out, errs := run(t, "sim", "../../../../scenarios/one-every-6s-timeline.yaml", "--sweep", "client.margin=0s,10ms")
 	if code != 0 || !strings.Contains(out, "best (fewest violations, then the highest utilization, then the fewest store operations)") {
 		t.Errorf("exit %d: %s%s", code, out, errs)
 	}

@@ -27,7 +27,7 @@ func init() {
 }
 
 func runDemo(ctx context.Context, env Env, args []string) error {
-	fs := newFlags(env, "demo", "demo [--mode local|redis|strict|lease|adaptive] [--strategy sluice|seed|cubic|sre] [--redis-url redis://HOST:PORT | redis-sentinel://HOST:PORT,.../MASTER] [--store URL] [--limit '20/s burst=10'] [--workers 8] [--duration 10s] [--json]")
+	fs := newFlags(env, "demo", "demo [--mode local|redis|strict|lease|adaptive] [--strategy sluice|heroku|cubic|sre] [--redis-url redis://HOST:PORT | redis-sentinel://HOST:PORT,.../MASTER] [--store URL] [--limit '20/s burst=10'] [--workers 8] [--duration 10s] [--json]")
 	limits := sluice.MustParse("20/s burst=10")
 	fs.TextVar(&limits, "limit", limits, "the API's `limit`, enforced by the referee and obeyed by the pool (e.g. '1/6s', '100/s burst=20; 4500/h')")
 	mode := fs.String("mode", "local", "where decisions are made: `local` (one limiter for the pool), redis (in the Redis at --redis-url), strict (by compare-and-set on the state in --store: etcd://, zk://), lease (each worker a member deciding on its share, leased from the store at --store, in memory without one), or adaptive (each worker a client sharing nothing, pacing itself by the API's answers)")
@@ -42,10 +42,19 @@ func runDemo(ctx context.Context, env Env, args []string) error {
 	margin := fs.Duration("margin", 10*time.Millisecond, "the limiter's jitter tolerance (safety margin): 0 decides the limit exactly")
 	seed := fs.Uint64("seed", 1, "seed of the schedule of joins, leaves and bursts")
 	var strategy adaptive.Strategy
-	fs.TextVar(&strategy, "strategy", adaptive.Sluice, "adaptive mode: how each worker learns its pace: `sluice` (the default), seed (seed 003's), cubic (the AWS SDKs') or sre (Google SRE's client-side throttling)")
+	formerStrategy := "" // the strategy's former name, when --strategy gave it
+	fs.Func("strategy", "adaptive mode: how each worker learns its pace: `sluice` (the default), heroku (the Heroku client study's), cubic (the AWS SDKs') or sre (Google SRE's client-side throttling)", func(v string) error {
+		if _, ok := adaptive.FormerName(v); ok {
+			formerStrategy = v
+		}
+		return strategy.UnmarshalText([]byte(v))
+	})
 	asJSON := fs.Bool("json", false, "print the summary as one JSON object")
 	if err := parseFlags(env, fs, args); err != nil {
 		return err
+	}
+	if formerStrategy != "" {
+		fmt.Fprintf(env.Stderr, "sluice: --strategy %s is deprecated, use --strategy %v\n", formerStrategy, strategy)
 	}
 	switch {
 	case *workers < 1 || *workers > 10000:

@@ -28,7 +28,7 @@ func init() {
 
 func runSim(ctx context.Context, env Env, args []string) error {
 	fs := newFlags(env, "sim", "sim SCENARIO.yaml [--modes redis,local] [--json] [--csv FILE]")
-	modes := fs.String("modes", "", "comma-separated `modes` to run side by side (default: the scenario's; known: "+strings.Join(sim.ModeNames(), ", ")+"; adaptive:seed, adaptive:cubic and adaptive:sre for the adaptive mode's other strategies)")
+	modes := fs.String("modes", "", "comma-separated `modes` to run side by side (default: the scenario's; known: "+strings.Join(sim.ModeNames(), ", ")+"; adaptive:heroku, adaptive:cubic and adaptive:sre for the adaptive mode's other strategies)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	csvPath := fs.String("csv", "", "write the time series of every mode to `FILE` as CSV")
 	plotPath := fs.String("plot", "", "draw the report's figure to `FILE` (.svg or .png): per mode, the admitted rate against the limit with the events and 429s, the queue and each member's share")
@@ -66,6 +66,7 @@ func runSim(ctx context.Context, env Env, args []string) error {
 			return usagef("--modes: %v", err)
 		}
 	}
+	warnFormerModes(env, "", opts.Modes)
 	outs := outputs{csv: *csvPath, plot: *plotPath, plotFormat: plotFormat, html: *htmlPath}
 	if len(sweeps) > 0 {
 		return runSweep(env, file, sweeps, opts, *seed, *asJSON, outs)
@@ -74,6 +75,7 @@ func runSim(ctx context.Context, env Env, args []string) error {
 	if err != nil {
 		return usageError{err}
 	}
+	warnFormerModes(env, file+": modes: ", sc.Modes)
 	if *seed != 0 {
 		sc.Seed = *seed
 	}
@@ -95,6 +97,17 @@ func runSim(ctx context.Context, env Env, args []string) error {
 	}
 	rep.WriteText(env.Stdout)
 	return nil
+}
+
+// warnFormerModes prints one line to stderr for each mode named by its former name, which
+// still reads for one release (adaptive:seed, now adaptive:heroku). where says where the
+// name was read ("" for --modes).
+func warnFormerModes(env Env, where string, modes []string) {
+	for _, m := range modes {
+		if now, ok := sim.FormerModeName(m); ok {
+			fmt.Fprintf(env.Stderr, "sluice: %s%s is deprecated, use %s\n", where, m, now)
+		}
+	}
 }
 
 // sweepFlags are the --sweep flags, in order.
@@ -178,6 +191,9 @@ func runSweep(env Env, file string, sweeps []sim.Sweep, opts sim.Options, seed u
 	points, err := sim.SweepGrid(file, src, sweeps, adjust)
 	if err != nil {
 		return usageError{err}
+	}
+	if len(points) > 0 {
+		warnFormerModes(env, file+": modes: ", points[0].Scenario.Modes)
 	}
 	if outs != (outputs{}) {
 		// Two points whose settings differ only in characters a file name replaces

@@ -9,13 +9,13 @@ import (
 
 const sec = int64(time.Second)
 
-// TestSeedWorkedExample replays the DThrottle design's worked example: two daemons, burst
+// TestDThrottleWorkedExample replays the DThrottle design's worked example: two daemons, burst
 // 10, 1 permit per second, an exchange every 5 s, a client whose 17 requests at t=0.1 a
 // load balancer splits 9 and 8. The design as written (policy whole) grants all 17 where
 // one bucket allows 10, refuses at A at t=0.2 after one more, and after the exchange holds
 // both daemons at -3 until t=9.1, as the example's table says. Sluice's policy grants 10:
 // each daemon spends its share of the bucket, within the documented bound.
-func TestSeedWorkedExample(t *testing.T) {
+func TestDThrottleWorkedExample(t *testing.T) {
 	lim := []gcra.Limit{{T: sec, Tau: 10 * sec}}
 	cfg := DefaultConfig()
 	cfg.Interval, cfg.LostAfter, cfg.Hold = 5*time.Second, 20*time.Second, 20*time.Second
