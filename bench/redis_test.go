@@ -197,7 +197,7 @@ func BenchmarkRedis(b *testing.B) {
 				defer be.Close()
 				l := sluice.MustNew(lim, sluice.WithBackend(be))
 				runDecisions(b, g, ks, info, func(k string) bool { return l.Allow(ctx, k) })
-				b.ReportMetric(float64(be.Stats().Failures), "unavailable")
+				b.ReportMetric(float64(be.(*strict.Backend).Stats().Failures), "unavailable")
 			})
 			b.Run(name+"/impl=sluice_decide", func(b *testing.B) {
 				be, err := strict.Dial(ctx, "redis://"+addr, benchTimeout)
@@ -207,7 +207,7 @@ func BenchmarkRedis(b *testing.B) {
 				defer be.Close()
 				l := sluice.MustNew(lim, sluice.WithBackend(be))
 				runDecisions(b, g, ks, info, func(k string) bool { d, _ := l.AllowN(ctx, k, 1); return d.Allowed })
-				b.ReportMetric(float64(be.Stats().Failures), "unavailable")
+				b.ReportMetric(float64(be.(*strict.Backend).Stats().Failures), "unavailable")
 			})
 			b.Run(name+"/impl=redis_rate", func(b *testing.B) {
 				c := goredis.NewClient(&goredis.Options{Addr: addr})
@@ -256,7 +256,7 @@ func TestRedisLibrariesAgree(t *testing.T) {
 	if r, err := rl.Allow(ctx, "fast", redisLimit); err != nil || r.Allowed != 1 {
 		t.Fatalf("redis_rate at the benchmark's limit: %+v %v", r, err)
 	}
-	for _, k := range []string{be.KeyName("fast"), "rate:fast"} {
+	for _, k := range []string{be.(*strict.Backend).KeyName("fast"), "rate:fast"} {
 		if n, err := c.Exists(ctx, k).Result(); err != nil || n != 1 {
 			t.Errorf("at the benchmark's limit, key %q was not written (%d, %v)", k, n, err)
 		}

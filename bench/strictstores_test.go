@@ -15,7 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/sluice/backend"
-	"github.com/sluicehq/sluice/cas"
+	"github.com/sluicehq/sluice/strict/cas"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/testkit/etcdtest"
 	"github.com/sluicehq/sluice/internal/testkit/zktest"

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -26,9 +27,9 @@ type Config struct {
 	ListenAdmin    string       `yaml:"listen_admin"`    // TCP address of /healthz, /readyz and /metrics without the token; "" disables it
 	ListenGRPC     string       `yaml:"listen_grpc"`     // TCP address of Envoy's rate limit service (gRPC); "" disables it
 	GRPC           GRPCConfig   `yaml:"grpc"`            // the gRPC listener's bounds and options
-	Backend        string       `yaml:"backend"`         // local, redis, strict, lease or gossip
-	RedisURL       string       `yaml:"redis_url"`       // redis://host:port/db or redis-sentinel://host:port,.../MASTER, for backend redis (and lease, when store is empty)
-	Store          string       `yaml:"store"`           // backend lease or strict: the store's URL (redis://, redis-cluster://, redis-sentinel://, etcd://, zk://, memory://)
+	Backend        string       `yaml:"backend"`         // local, strict, lease or gossip (redis: deprecated, strict)
+	RedisURL       string       `yaml:"redis_url"`       // deprecated: store
+	Store          string       `yaml:"store"`           // backend strict or lease: the store's URL (redis://, rediss://, redis-cluster://, redis-sentinel://, etcd://, zk://, memory://)
 	FailMode       string       `yaml:"fail_mode"`       // closed, open, or (backend redis) local: the answer when the back end fails
 	FallbackShare  float64      `yaml:"fallback_share"`  // fail_mode local: the share of each limit this daemon uses while Redis is down
 	RedisTimeout   Duration     `yaml:"redis_timeout"`   // backend redis: how long a decision waits for Redis
@@ -48,7 +49,8 @@ type Config struct {
 	Rules          []Rule       `yaml:"rules"`           // first match wins
 	Default        *DefaultRule `yaml:"default"`         // for tags no rule matches; none: such tags are allowed
 
-	file string
+	file     string
+	warnings []string // set by Validate: the deprecated spellings it read
 
 	// RedisAcks (backend redis) is how many replicas must acknowledge each batch's writes
 	// (Redis WAIT, within half the redis_timeout) before its grants are used; 0: none
@@ -122,10 +124,47 @@ func DefaultConfig() Config {
 		Default:       nil,               // tags no rule matches are allowed
 		Rules:         nil,               // no rule: every tag is allowed
 		HTTPTokenFile: "",                // the HTTP API requires no token
-		RedisURL:      "",                // needed only for backend redis
-		Store:         "",                // backend lease: redis_url, if store is empty
+		RedisURL:      "",                // deprecated: store
+		Store:         "",                // needed by backend strict and lease
 		file:          "",                // set by LoadConfig
 	}
+}
+
+// normalize reads the deprecated spellings into the current ones, noting a warning for
+// each (Warnings): backend redis is backend strict, redis_url is store.
+func (c *Config) normalize() {
+	if c.Backend == "redis" {
+		c.Backend = "strict"
+		c.warn("backend redis (--backend redis) is deprecated: use backend strict (--backend strict) with store redis://HOST:PORT (--store)")
+	}
+	if c.RedisURL != "" {
+		switch {
+		case c.Store == "":
+			c.Store = c.RedisURL
+			c.warn("redis_url (--redis-url) is deprecated: use store (--store)")
+		case c.Store != c.RedisURL:
+			c.warn("redis_url (--redis-url) is deprecated and ignored: store (--store) is set")
+		}
+		c.RedisURL = ""
+	}
+}
+
+func (c *Config) warn(s string) {
+	if !slices.Contains(c.warnings, s) {
+		c.warnings = append(c.warnings, s)
+	}
+}
+
+// Warnings lists what Validate read in a deprecated spelling, one line each, for the
+// caller to print: deprecated spellings keep working for one release.
+func (c *Config) Warnings() []string { return c.warnings }
+
+// StrictOnRedis reports whether the config's back end is the strict mode on Redis (the
+// decision script: redis://, rediss:// or redis-sentinel://), which alone takes fail_mode
+// local, redis_timeout and redis_replica_acks.
+func (c *Config) StrictOnRedis() bool {
+	scheme, _, _ := strings.Cut(c.Store, "://")
+	return c.Backend == "strict" && (scheme == "redis" || scheme == "rediss" || scheme == "redis-sentinel")
 }
 
 // Validate reports the first problem in c, naming the field (and, for a loaded file, the
@@ -140,19 +179,16 @@ func (c *Config) Validate() error {
 
 func (c *Config) validate() error {
 	bad := yamlx.AtLine
+	c.normalize()
 	switch c.Backend {
 	case "local":
-	case "redis":
-		if c.RedisURL == "" {
-			return bad(0, "backend redis needs redis_url (--redis-url)")
-		}
 	case "strict":
 		if c.Store == "" {
-			return bad(0, "backend strict needs a store: store (--store), e.g. etcd://HOST:PORT or zk://HOST:PORT")
+			return bad(0, "backend strict needs store (--store): redis://HOST:PORT, redis-sentinel://HOST:PORT,.../MASTER, etcd://HOST:PORT, zk://HOST:PORT or memory://")
 		}
 	case "lease":
-		if c.Store == "" && c.RedisURL == "" {
-			return bad(0, "backend lease needs a store: store (--store) or redis_url (--redis-url)")
+		if c.Store == "" {
+			return bad(0, "backend lease needs store (--store): redis://HOST:PORT, redis-cluster://..., redis-sentinel://..., etcd://HOST:PORT, zk://HOST:PORT or memory://")
 		}
 	case "gossip":
 		g := &c.Gossip
@@ -166,13 +202,13 @@ func (c *Config) validate() error {
 			return bad(0, "gossip.policy: want shares, equal or whole, not %q", g.Policy)
 		}
 	default:
-		return bad(0, "backend: want local, redis, strict, lease or gossip, not %q", c.Backend)
+		return bad(0, "backend: want local, strict, lease or gossip, not %q", c.Backend)
 	}
 	switch c.FailMode {
 	case "closed", "open":
 	case "local":
-		if c.Backend != "redis" {
-			return bad(0, "fail_mode local degrades the redis back end to a local share: it needs backend redis")
+		if !c.StrictOnRedis() {
+			return bad(0, "fail_mode local degrades the strict mode on Redis to a local share: it needs backend strict with a redis:// or redis-sentinel:// store")
 		}
 		if c.FallbackShare <= 0 || c.FallbackShare > 1 {
 			return bad(0, "fail_mode local needs fallback_share in (0, 1] (--fallback-share)")
@@ -183,8 +219,8 @@ func (c *Config) validate() error {
 	if c.RedisTimeout <= 0 {
 		return bad(0, "redis_timeout: want a positive duration")
 	}
-	if c.RedisAcks < 0 || c.RedisAcks > 0 && c.Backend != "redis" {
-		return bad(0, "redis_replica_acks: want 0 or more, and only with backend redis")
+	if c.RedisAcks < 0 || c.RedisAcks > 0 && !c.StrictOnRedis() {
+		return bad(0, "redis_replica_acks: want 0 or more, and only with backend strict on a redis:// or redis-sentinel:// store")
 	}
 	if c.ListenLine == "" && c.ListenHTTP == "" && c.ListenGRPC == "" {
 		return bad(0, "listen_line, listen_http and listen_grpc are all empty: nothing to serve")

@@ -35,6 +35,29 @@ func TestLoadConfig(t *testing.T) {
 	}
 }
 
+// TestConfigDeprecatedSpellings: backend redis and redis_url still read for one release,
+// as backend strict and store, each with a warning that names the new spelling; the new
+// spellings warn of nothing.
+func TestConfigDeprecatedSpellings(t *testing.T) {
+	c, err := ParseConfig("c.yaml", []byte("backend: redis\nredis_url: redis://127.0.0.1:6379\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Backend != "strict" || c.Store != "redis://127.0.0.1:6379" || !c.StrictOnRedis() {
+		t.Errorf("backend %q, store %q: want strict on redis://127.0.0.1:6379", c.Backend, c.Store)
+	}
+	w := strings.Join(c.Warnings(), "\n")
+	for _, want := range []string{"backend redis (--backend redis) is deprecated: use backend strict", "redis_url (--redis-url) is deprecated: use store"} {
+		if !strings.Contains(w, want) {
+			t.Errorf("warnings %q, want %q", w, want)
+		}
+	}
+	c, err = ParseConfig("c.yaml", []byte("backend: strict\nstore: etcd://127.0.0.1:2379\n"))
+	if err != nil || len(c.Warnings()) != 0 || c.StrictOnRedis() {
+		t.Errorf("backend strict on etcd: %v, warnings %q, on Redis %v", err, c.Warnings(), c.StrictOnRedis())
+	}
+}
+
 func TestConfigErrorsNameFileAndLine(t *testing.T) {
 	cases := []struct{ yaml, want string }{
 		{"listen_line: x\nbogus: 1\n", `c.yaml:2: unknown field "bogus"`},
@@ -45,10 +68,13 @@ func TestConfigErrorsNameFileAndLine(t *testing.T) {
 		{"rules:\n  - match: api\n    limit: 1/s\n    colour: red\n", `c.yaml:4: unknown field "colour"`},
 		{"rules:\n  - match: api\n    limit: 1/s\n    shared: true\n", "c.yaml:2: rules[0]: shared only means something for a pattern"},
 		{"fail_mode: sideways\n", "c.yaml: fail_mode: want closed, open or local"},
-		{"fail_mode: local\n", "c.yaml: fail_mode local degrades the redis back end"},
+		{"fail_mode: local\n", "c.yaml: fail_mode local degrades the strict mode on Redis"},
+		{"backend: strict\nstore: etcd://x:1\nfail_mode: local\nfallback_share: 0.5\n", "c.yaml: fail_mode local degrades the strict mode on Redis"},
 		{"backend: redis\nredis_url: redis://x\nfail_mode: local\n", "c.yaml: fail_mode local needs fallback_share"},
-		{"backend: redis\n", "c.yaml: backend redis needs redis_url"},
-		{"redis_replica_acks: 1\n", "c.yaml: redis_replica_acks: want 0 or more, and only with backend redis"},
+		{"backend: redis\n", "c.yaml: backend strict needs store"},
+		{"backend: strict\n", "c.yaml: backend strict needs store"},
+		{"backend: lease\n", "c.yaml: backend lease needs store"},
+		{"redis_replica_acks: 1\n", "c.yaml: redis_replica_acks: want 0 or more, and only with backend strict on a redis"},
 		{"backend: redis\nredis_url: redis://x\nredis_replica_acks: -1\n", "c.yaml: redis_replica_acks: want 0 or more"},
 		{"idle_timeout: soon\n", "c.yaml:1: bad duration"},
 		{"max_line: 5\n", "c.yaml: max_line"},

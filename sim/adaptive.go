@@ -39,9 +39,16 @@ func parseAdaptive(name string) (adaptive.Strategy, bool, error) {
 }
 
 // FormerModeName reports whether name is a mode's former name, still read for one
-// release, and the mode's name now: adaptive:seed is adaptive:heroku. A program that reads
+// release, and the mode's name now: redis is strict, redis:processes is strict:processes,
+// adaptive:seed is adaptive:heroku. A program that reads
 // mode names from its user should tell them the name now.
 func FormerModeName(name string) (string, bool) {
+	switch name {
+	case "redis":
+		return "strict", true
+	case "redis:processes":
+		return "strict:processes", true
+	}
 	rest, ok := strings.CutPrefix(name, adaptivePrefix+":")
 	if !ok {
 		return "", false

@@ -16,7 +16,7 @@ func BenchmarkHerokuDay(b *testing.B) {
 	}
 	var sent int64
 	for b.Loop() {
-		r, err := Run(sc, Options{Modes: []string{"redis"}})
+		r, err := Run(sc, Options{Modes: []string{"strict"}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -58,7 +58,7 @@ func benchPool(b *testing.B, sc *Scenario) {
 	var r *Report
 	var err error
 	for b.Loop() {
-		r, err = Run(sc, Options{Modes: []string{"redis"}})
+		r, err = Run(sc, Options{Modes: []string{"strict"}})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -6,17 +6,17 @@ import (
 )
 
 // TestRedisProcessesShareRoundRobin: seven processes of 1 to 20 goroutines with endless
-// work on 4,500/h for 6 h through the store (scenarios/redis-processes.yaml). In the redis
+// work on 4,500/h for 6 h through the store (scenarios/strict-processes.yaml). In the strict
 // mode every goroutine holds a place in the store's line and the processes get permits
 // in proportion to their goroutines; with redis:processes (sluice.FairProcesses) each holds
 // one place at a time: Jain's index between the processes at least 0.95, the limit kept
 // and used as fully.
 func TestRedisProcessesShareRoundRobin(t *testing.T) {
-	sc, err := Load("../scenarios/redis-processes.yaml")
+	sc, err := Load("../scenarios/strict-processes.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	plain, fair := run1(t, sc, "redis"), run1(t, sc, "redis:processes")
+	plain, fair := run1(t, sc, "strict"), run1(t, sc, "strict:processes")
 	t.Logf("redis: Jain %.4f, utilization %.4f; redis:processes: Jain %.4f, utilization %.4f",
 		plain.Jain, plain.Utilization, fair.Jain, fair.Utilization)
 	if fair.Jain < 0.95 {
@@ -73,7 +73,7 @@ events:
 	}
 	for _, end := range []time.Duration{17 * time.Second, 33 * time.Second, 2 * time.Minute} {
 		sc.Duration = Duration(end)
-		e := newEngine(sc, newMode("redis", sc))
+		e := newEngine(sc, newMode("strict", sc))
 		e.run()
 		var carried int
 		q := &e.events

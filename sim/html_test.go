@@ -71,7 +71,7 @@ func TestChromiumReportsConsoleErrors(t *testing.T) {
 // (the admitted rate's blue on the screenshot).
 func TestHTMLReportInChromium(t *testing.T) {
 	t.Parallel()
-	modes := []string{"local", "redis", "lease"}
+	modes := []string{"local", "strict", "lease"}
 	r, err := Run(parse(t, plotOutage), Options{Modes: modes})
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +94,7 @@ func TestHTMLReportInChromium(t *testing.T) {
 		t.Errorf("console messages: %q", console)
 	}
 	head := regexp.MustCompile(`<thead><tr><th></th>(.*?)</tr></thead>`).FindStringSubmatch(dom)
-	if head == nil || head[1] != `<th class="n">local</th><th class="n">redis</th><th class="n">lease</th>` {
+	if head == nil || head[1] != `<th class="n">local</th><th class="n">strict</th><th class="n">lease</th>` {
 		t.Errorf("the side-by-side table's head: %q", head)
 	}
 	for _, m := range modes {

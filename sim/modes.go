@@ -45,10 +45,10 @@ type leaseReporter interface {
 // (adaptive takes a strategy: adaptive:heroku, adaptive:cubic, adaptive:sre; plain
 // adaptive is the default, sluice. adaptive:seed, adaptive:heroku's former name, still
 // reads for one release: see FormerModeName.)
-// (redis:processes is the redis mode with sluice.FairProcesses: each member holds one place
+// (strict:processes is the strict mode with sluice.FairProcesses: each member holds one place
 // in the store's line at a time.)
 func ModeNames() []string {
-	return []string{"local", "redis", "redis:processes", "lease", "gossip", "adaptive"}
+	return []string{"local", "strict", "strict:processes", "lease", "gossip", "adaptive"}
 }
 
 // CheckMode returns an error naming the known modes when name is not one of them.
@@ -59,19 +59,25 @@ func CheckMode(name string) error {
 	if _, ok, err := parseAdaptive(name); ok {
 		return err
 	}
+	if _, ok := FormerModeName(name); ok {
+		return nil
+	}
 	if name == "central" {
-		return fmt.Errorf("unknown mode %q: it is called redis now, as in sluice demo and serve", name)
+		return fmt.Errorf("unknown mode %q: it is called strict now, as in sluice demo and serve", name)
 	}
 	return fmt.Errorf("unknown mode %q (known: %s)", name, strings.Join(ModeNames(), ", "))
 }
 
 func newMode(name string, sc *Scenario) mode {
+	if now, ok := FormerModeName(name); ok && !strings.HasPrefix(name, adaptivePrefix) {
+		name = now
+	}
 	switch name {
 	case "local":
 		return localMode{}
-	case "redis":
+	case "strict":
 		return centralMode{}
-	case "redis:processes":
+	case "strict:processes":
 		return centralMode{lines: map[int32]*procLine{}}
 	case "lease":
 		return newLeaseMode(sc)
@@ -136,8 +142,8 @@ func (localMode) penalize(e *engine, mi int32, until int64) {
 
 func (localMode) left(*engine, int32, bool) {}
 
-// centralMode is the redis mode: every decision is made at the simulated store, one round
-// trip away, with its time-outs and fail modes. With lines (redis:processes, the library's
+// centralMode is the strict mode: every decision is made at the simulated store, one round
+// trip away, with its time-outs and fail modes. With lines (strict:processes, the library's
 // sluice.FairProcesses), each member asks the store for one permit at a time, for one
 // goroutine, and its other goroutines wait in the member's line (arrival order) until that
 // permit is due or denied: the members share the store's line round robin, whatever their
@@ -146,7 +152,7 @@ type centralMode struct {
 	lines map[int32]*procLine // by member; nil: each goroutine asks on its own
 }
 
-// procLine is a member's own line under redis:processes.
+// procLine is a member's own line under strict:processes.
 type procLine struct {
 	inc    uint32 // the member's incarnation it belongs to
 	busy   bool   // a goroutine holds the member's place (asked, or waits for its permit)
@@ -160,9 +166,9 @@ type parkedG struct {
 
 func (c centralMode) name() string {
 	if c.lines != nil {
-		return "redis:processes"
+		return "strict:processes"
 	}
-	return "redis"
+	return "strict"
 }
 
 // line returns member mi's line, new for each incarnation.

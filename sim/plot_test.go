@@ -18,7 +18,7 @@ name: outage
 duration: 1m
 seed: 1
 limit: 100/s burst=20
-modes: [redis, local]
+modes: [strict, local]
 sample: 1s
 network:
   store: {latency: {dist: uniform, min: 500us, max: 2ms}}
@@ -105,7 +105,7 @@ func TestPlotSVGStructure(t *testing.T) {
 	}
 	for want, n := range map[string]int{
 		"outage: 10 members, limit 100/s burst=20": 1,
-		"redis: ": 1, "local: ": 1, "admitted, ": 2, // the rate panels' titles
+		"strict: ": 1, "local: ": 1, "admitted, ": 2, // the rate panels' titles
 		"requests/s": 2, "time (s)": 4, "admitted": 4, "limit": 3, "429s": 2, "events": 2,
 		"store outage for 10s": 2, "crash m1": 2,
 		"requests waiting": 2, "queued": 2,
@@ -178,7 +178,7 @@ func TestPlotFormat(t *testing.T) {
 	if err := r.WritePlot(io.Discard, "svg"); err == nil {
 		t.Error("a report without modes plotted")
 	}
-	r.Modes = []ModeReport{{Mode: "redis"}}
+	r.Modes = []ModeReport{{Mode: "strict"}}
 	if err := r.WritePlot(io.Discard, "gif"); err == nil || !strings.Contains(err.Error(), "gif") {
 		t.Errorf("gif: %v", err)
 	}
@@ -191,14 +191,14 @@ func TestPlotFormat(t *testing.T) {
 // TestSideBySide: the text report is one table with a column per mode, in the order
 // asked, whose cells are the report's figures, with a row for each event.
 func TestSideBySide(t *testing.T) {
-	r, err := Run(parse(t, plotOutage), Options{Modes: []string{"local", "redis", "lease"}})
+	r, err := Run(parse(t, plotOutage), Options{Modes: []string{"local", "strict", "lease"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var buf bytes.Buffer
 	r.WriteText(&buf)
 	lines := strings.Split(buf.String(), "\n")
-	if head := strings.Fields(lines[2]); !slices.Equal(head, []string{"local", "redis", "lease"}) {
+	if head := strings.Fields(lines[2]); !slices.Equal(head, []string{"local", "strict", "lease"}) {
 		t.Fatalf("header %q, want the modes in order", lines[2])
 	}
 	row := func(label string) []string {
@@ -223,7 +223,7 @@ func TestSideBySide(t *testing.T) {
 		}
 	}
 	if r.Modes[0].StoreOps != 0 || r.Modes[1].StoreOps == 0 {
-		t.Errorf("store ops %d (local) and %d (redis): the local mode has no store", r.Modes[0].StoreOps, r.Modes[1].StoreOps)
+		t.Errorf("store ops %d (local) and %d (strict): the local mode has no store", r.Modes[0].StoreOps, r.Modes[1].StoreOps)
 	}
 	if c := row(`converged after "store outage for 10s" at 20s`); len(c) != 3 {
 		t.Errorf("the outage's row: %q", c)

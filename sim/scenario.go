@@ -296,13 +296,13 @@ func (s *Scenario) check() error {
 		return bad(0, "limit: missing (e.g. limit: '100/s burst=20')")
 	}
 	if len(s.Modes) == 0 {
-		s.Modes = []string{"redis"}
+		s.Modes = []string{"strict"}
 	}
 	for _, m := range s.Modes {
 		if err := CheckMode(m); err != nil {
 			return bad(0, "modes: %v", err)
 		}
-		if kinds := s.Limit.Limits.Windowed() || s.Limit.Limits.RampOver() > 0; kinds && m != "redis" && m != "local" && m != "lease" {
+		if kinds := s.Limit.Limits.Windowed() || s.Limit.Limits.RampOver() > 0; kinds && m != "strict" && m != "redis" && m != "local" && m != "lease" {
 			return bad(0, "modes: %s decides no windowed quota or ramp (limit: %v); use redis, local or lease", m, s.Limit.Limits)
 		}
 		if m == "lease" && s.Limit.Limits.Windowed() {

@@ -82,7 +82,7 @@ func TestOneEverySixSecondsTimeline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, mode := range []string{"redis", "local"} {
+	for _, mode := range []string{"strict", "local"} {
 		r := run1(t, sc, mode)
 		if r.Accepted != 3 || r.Dropped != 1 || r.Violations != 0 {
 			t.Errorf("%s: accepted %d dropped %d violations %d, want 3 1 0", mode, r.Accepted, r.Dropped, r.Violations)
@@ -110,7 +110,7 @@ members:
 // shifted by the same delay, so central decisions with no margin are exact: no
 // violation, and the limit fully used.
 func TestCentralIsExactWithFixedLatency(t *testing.T) {
-	r := run1(t, parse(t, pool), "redis")
+	r := run1(t, parse(t, pool), "strict")
 	if r.Violations != 0 {
 		t.Errorf("violations %d, want 0", r.Violations)
 	}
@@ -123,11 +123,11 @@ func TestCentralIsExactWithFixedLatency(t *testing.T) {
 // limit, and a margin as wide as the spread restores it.
 func TestCentralNeedsAMarginUnderJitter(t *testing.T) {
 	jitter := strings.Replace(pool, "api: {latency: {dist: fixed, value: 10ms}}", "api: {latency: {dist: uniform, min: 5ms, max: 25ms}}", 1)
-	if r := run1(t, parse(t, jitter), "redis"); r.Violations == 0 {
+	if r := run1(t, parse(t, jitter), "strict"); r.Violations == 0 {
 		t.Errorf("no violation under 20 ms of jitter with no margin: the test no longer tests")
 	}
 	withMargin := strings.Replace(jitter, "client: {max_wait: 2s}", "client: {max_wait: 2s, margin: 20ms}", 1)
-	r := run1(t, parse(t, withMargin), "redis")
+	r := run1(t, parse(t, withMargin), "strict")
 	if r.Violations != 0 || r.Utilization < 0.95 {
 		t.Errorf("with a 20 ms margin: violations %d utilization %v, want 0 and at least 0.95", r.Violations, r.Utilization)
 	}
@@ -167,7 +167,7 @@ events:
 
 func TestStoreOutageFailModes(t *testing.T) {
 	get := func(mode string) ModeReport {
-		return run1(t, parse(t, strings.Replace(outage, "FAILMODE", mode, 1)), "redis")
+		return run1(t, parse(t, strings.Replace(outage, "FAILMODE", mode, 1)), "strict")
 	}
 	closed, open, local := get("closed"), get("open"), get("local")
 	if closed.Violations != 0 || closed.Timeouts == 0 {
@@ -198,7 +198,7 @@ func TestPartitionAndPause(t *testing.T) {
   - {at: 10s, partition: [w1, w2], for: 30s}
   - {at: 50s, pause: w3, for: 20s}
 `
-	r := run1(t, parse(t, y), "redis")
+	r := run1(t, parse(t, y), "strict")
 	if r.Violations != 0 {
 		t.Errorf("violations %d", r.Violations)
 	}
@@ -225,7 +225,7 @@ func TestCrashAndRejoin(t *testing.T) {
   - {at: 60s, join: w1}
   - {at: 90s, leave: w4}
 `
-	r := run1(t, parse(t, y), "redis")
+	r := run1(t, parse(t, y), "strict")
 	if r.Violations != 0 || r.Utilization < 0.98 {
 		t.Errorf("violations %d utilization %v", r.Violations, r.Utilization)
 	}
@@ -238,7 +238,7 @@ func TestLimitChange(t *testing.T) {
 	y := pool + `events:
   - {at: 60s, limit: 5/s burst=5}
 `
-	r := run1(t, parse(t, y), "redis")
+	r := run1(t, parse(t, y), "strict")
 	// 10/s for 60 s then 5/s for 60 s: about 5 + 600 + 300.
 	if r.Accepted < 880 || r.Accepted > 920 {
 		t.Errorf("accepted %d, want about 905", r.Accepted)
@@ -258,7 +258,7 @@ func TestHotLoopDoesNotAllocatePerRequest(t *testing.T) {
 		var a, b runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&a)
-		if _, err := Run(sc, Options{Modes: []string{"redis"}}); err != nil {
+		if _, err := Run(sc, Options{Modes: []string{"strict"}}); err != nil {
 			t.Fatal(err)
 		}
 		runtime.ReadMemStats(&b)
@@ -422,7 +422,7 @@ func TestLeaseStoreRestartFences(t *testing.T) {
 // before the drop still land after it (as in the central mode, which decides each one at
 // the store): the lease mode may cause no more such 429s than the central mode.
 func TestLeaseFollowsLimitChanges(t *testing.T) {
-	r, err := Run(parse(t, leasePool+"events:\n  - {at: 60s, limit: 50/s}\n  - {at: 120s, limit: 200/s burst=20}\n"), Options{Modes: []string{"lease", "redis"}})
+	r, err := Run(parse(t, leasePool+"events:\n  - {at: 60s, limit: 50/s}\n  - {at: 120s, limit: 200/s burst=20}\n"), Options{Modes: []string{"lease", "strict"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,7 +25,7 @@ const sweepBase = `
 duration: 30s
 seed: 3
 limit: 50/s burst=10
-modes: [redis, lease]
+modes: [strict, lease]
 network:
   store: {latency: {dist: uniform, min: 500us, max: 2ms}}
   api: {latency: {dist: uniform, min: 5ms, max: 15ms}}
@@ -93,14 +93,14 @@ func TestSweepBest(t *testing.T) {
 		points[i].Settings = []Setting{{Key: "k", Value: string(rune('a' + i))}}
 	}
 	reports := []*Report{
-		rep(ModeReport{Mode: "redis", Violations: 1, Utilization: 1, StoreOps: 1}, ModeReport{Mode: "local", Violations: 5}),
-		rep(ModeReport{Mode: "redis", Violations: 0, Utilization: 0.9, StoreOps: 10}, ModeReport{Mode: "local", Violations: 4}),
-		rep(ModeReport{Mode: "redis", Violations: 0, Utilization: 0.95, StoreOps: 50}, ModeReport{Mode: "local", Violations: 4}),
-		rep(ModeReport{Mode: "redis", Violations: 0, Utilization: 0.95, StoreOps: 20}, ModeReport{Mode: "local", Violations: 9}),
-		rep(ModeReport{Mode: "redis", Violations: 0, Utilization: 0.95, StoreOps: 20}, ModeReport{Mode: "local", Violations: 4}),
+		rep(ModeReport{Mode: "strict", Violations: 1, Utilization: 1, StoreOps: 1}, ModeReport{Mode: "local", Violations: 5}),
+		rep(ModeReport{Mode: "strict", Violations: 0, Utilization: 0.9, StoreOps: 10}, ModeReport{Mode: "local", Violations: 4}),
+		rep(ModeReport{Mode: "strict", Violations: 0, Utilization: 0.95, StoreOps: 50}, ModeReport{Mode: "local", Violations: 4}),
+		rep(ModeReport{Mode: "strict", Violations: 0, Utilization: 0.95, StoreOps: 20}, ModeReport{Mode: "local", Violations: 9}),
+		rep(ModeReport{Mode: "strict", Violations: 0, Utilization: 0.95, StoreOps: 20}, ModeReport{Mode: "local", Violations: 4}),
 	}
 	sr := NewSweepReport([]Sweep{{Key: "k"}}, points, reports)
-	if len(sr.Best) != 2 || sr.Best[0].Mode != "redis" || sr.Best[0].Point != 3 || sr.Best[1].Mode != "local" || sr.Best[1].Point != 1 {
+	if len(sr.Best) != 2 || sr.Best[0].Mode != "strict" || sr.Best[0].Point != 3 || sr.Best[1].Mode != "local" || sr.Best[1].Point != 1 {
 		t.Errorf("best %+v, want redis at point 3 (0 violations, 0.95, 20 ops) and local at 1", sr.Best)
 	}
 	if sr.Best[0].Settings[0].Value != "d" || sr.Best[0].StoreOps != 20 {

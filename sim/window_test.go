@@ -32,7 +32,7 @@ func TestDailyQuotaScenario(t *testing.T) {
 		if m.Violations != 0 || m.Accepted > 10000 {
 			t.Errorf("%s: %d accepted, %d violations, want at most 10000 and none", m.Mode, m.Accepted, m.Violations)
 		}
-		if (m.Mode == "redis" || m.Mode == "lease") && m.Utilization < 0.99 {
+		if (m.Mode == "strict" || m.Mode == "lease") && m.Utilization < 0.99 {
 			t.Errorf("%s: utilization %v, want at least 0.99 of the quota used", m.Mode, m.Utilization)
 		}
 	}
@@ -52,7 +52,7 @@ func TestRampScenarioFollowsTheLine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, mode := range []string{"redis", "local", "lease"} {
+	for _, mode := range []string{"strict", "local", "lease"} {
 		e := newEngine(sc, newMode(mode, sc))
 		e.run()
 		line := func(s float64) float64 { // permits by time s on the ramp

@@ -518,7 +518,7 @@ func TestBatchKeyErrors(t *testing.T) {
 func TestBatchWaitsForTheOneInFlight(t *testing.T) {
 	srv := redistest.New(t)
 	ctx := context.Background()
-	b, err := Dial(ctx, srv.URL(), WithPipelines(2, 64), WithTimeout(20*time.Second))
+	b, err := dialRedis(ctx, srv.URL(), WithPipelines(2, 64), WithTimeout(20*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ func (b *Backend) freeConns() int {
 func TestOwnConnectionsSurviveRestart(t *testing.T) {
 	srv := redistest.New(t)
 	ctx := context.Background()
-	b, err := Dial(ctx, srv.URL(), WithProbeEvery(20*time.Millisecond))
+	b, err := dialRedis(ctx, srv.URL(), WithProbeEvery(20*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +88,7 @@ func TestOwnConnectionsIdleClosed(t *testing.T) {
 	if _, err := srv.Do("CONFIG", "SET", "timeout", "1"); err != nil {
 		t.Fatal(err)
 	}
-	b, err := Dial(ctx, srv.URL())
+	b, err := dialRedis(ctx, srv.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +118,7 @@ func TestDialWaitsForASlowFirstAnswer(t *testing.T) {
 		time.Sleep(400 * time.Millisecond)
 		srv.Resume()
 	}()
-	b, err := Dial(context.Background(), srv.URL())
+	b, err := dialRedis(context.Background(), srv.URL())
 	if err != nil {
 		t.Fatalf("Dial of a Redis paused for 400 ms: %v", err)
 	}
@@ -127,7 +127,7 @@ func TestDialWaitsForASlowFirstAnswer(t *testing.T) {
 	srv.Pause()
 	defer srv.Resume()
 	start := time.Now()
-	if _, err := Dial(context.Background(), srv.URL()); !errors.Is(err, ErrUnavailable) {
+	if _, err := dialRedis(context.Background(), srv.URL()); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("Dial of a paused Redis: %v, want ErrUnavailable", err)
 	}
 	if took := time.Since(start); took < time.Second {
@@ -141,7 +141,7 @@ func TestDialWaitsForASlowFirstAnswer(t *testing.T) {
 // the benchmark at 64 goroutines on 10,000 keys was the one allocation per decision
 // (BENCHMARKS.md).
 func TestAllowAllocations(t *testing.T) {
-	b, err := Dial(ctx, shared.URL(), WithPrefix(prefix(t)), WithTimeout(5*time.Second))
+	b, err := dialRedis(ctx, shared.URL(), WithPrefix(prefix(t)), WithTimeout(5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -297,7 +297,7 @@ func TestFaultUnpayableDebt(t *testing.T) {
 func TestDirectTimeout(t *testing.T) {
 	srv := redistest.New(t)
 	const timeout = 1500 * time.Millisecond
-	b, err := Dial(ctx, srv.URL(), WithTimeout(timeout), WithPipelines(1, 64), WithPrefix(prefix(t)))
+	b, err := dialRedis(ctx, srv.URL(), WithTimeout(timeout), WithPipelines(1, 64), WithPrefix(prefix(t)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,7 @@ func TestDialersRawIO(t *testing.T) {
 	if _, ok := c.(*rawio.Conn); !ok {
 		t.Fatalf("ClientOptions' dialer made a %T, want a *rawio.Conn", c)
 	}
-	b, err := Dial(ctx, shared.URL(), WithPrefix(prefix(t)))
+	b, err := dialRedis(ctx, shared.URL(), WithPrefix(prefix(t)))
 	if err != nil {
 		t.Fatal(err)
 	}

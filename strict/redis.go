@@ -226,15 +226,15 @@ func honoursDeadlines(client Client) bool {
 	return false
 }
 
-// Dial connects to the Redis at url (redis://, rediss://, or redis-sentinel:// for the
-// master a Sentinel set names: see SentinelScheme) with the settings of ClientOptions,
-// checks that it answers, and returns a backend that owns the client (Close closes it).
-// The check allows the longer of the time-out and a second (or ctx's deadline, if
-// sooner), pinging again each time one goes unanswered: the first answer of a Redis that
-// is busy, or reached through Sentinel (a lookup, then a connection), may take longer than
-// the time-out that bounds each decision.
-func Dial(ctx context.Context, url string, opts ...Option) (*Backend, error) {
-	b, err := Open(url, opts...)
+// dialRedis connects to the Redis at url (redis://, rediss://, or redis-sentinel:// for the
+// master a Sentinel set names: see redisstore.SentinelScheme) with the settings of
+// redisstore.ClientOptions, checks that it answers, and returns a backend that owns the
+// client (Close closes it). The check allows the longer of the time-out and a second (or
+// ctx's deadline, if sooner), pinging again each time one goes unanswered: the first
+// answer of a Redis that is busy, or reached through Sentinel (a lookup, then a
+// connection), may take longer than the time-out that bounds each decision.
+func dialRedis(ctx context.Context, url string, opts ...Option) (*Backend, error) {
+	b, err := openRedis(url, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -254,10 +254,9 @@ func Dial(ctx context.Context, url string, opts ...Option) (*Backend, error) {
 	}
 }
 
-// Open is Dial without the first PING: the backend starts even while Redis is down, and
-// answers by its fail mode until Redis returns (the daemon's choice: it serves, and reports
-// not ready). It fails only on a bad URL.
-func Open(url string, opts ...Option) (*Backend, error) {
+// openRedis is dialRedis without the first PING: the backend starts even while Redis is
+// down, and answers by its fail mode until Redis returns. It fails only on a bad URL.
+func openRedis(url string, opts ...Option) (*Backend, error) {
 	probe := &Backend{timeout: DefaultTimeout}
 	for _, o := range opts {
 		o.apply(probe)

@@ -24,7 +24,7 @@ import (
 // is loaded again after NOSCRIPT.
 func TestSentinelFailover(t *testing.T) {
 	set := redistest.NewSentinels(t, redistest.SentinelConfig{})
-	b, err := Dial(ctx, set.URL(), WithPrefix(prefix(t)), WithTimeout(2*time.Second), WithProbeEvery(20*time.Millisecond))
+	b, err := dialRedis(ctx, set.URL(), WithPrefix(prefix(t)), WithTimeout(2*time.Second), WithProbeEvery(20*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}

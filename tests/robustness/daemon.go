@@ -113,7 +113,7 @@ func (r *runner) startDaemons() error {
 				return err
 			}
 			if r.s.Mode == ModeDaemon {
-				args = append(args, "--backend", "redis", "--redis-url", "redis://"+toRedis)
+				args = append(args, "--backend", "strict", "--store", "redis://"+toRedis)
 			} else {
 				args = append(args, "--backend", "lease", "--store", "redis://"+toRedis)
 			}

@@ -148,7 +148,7 @@ func TestServeCheckConfig(t *testing.T) {
 		{[]string{"serve", "--check-config", "--config", good}, nil, 0, "ok: 1 rules"},
 		{[]string{"serve", "--config", bad, "--check-config"}, nil, ExitUsage, `bad.yaml:4: unknown field "extra_key"`},
 		{[]string{"serve", "--check-config"}, map[string]string{"SLUICE_MAX_KEYS": "lots"}, ExitUsage, "SLUICE_MAX_KEYS"},
-		{[]string{"serve", "--check-config"}, map[string]string{"SLUICE_BACKEND": "redis"}, ExitUsage, "redis_url"},
+		{[]string{"serve", "--check-config"}, map[string]string{"SLUICE_BACKEND": "redis"}, ExitUsage, "backend strict needs store"},
 		{[]string{"serve", "--check-config", "--backend", "local"}, map[string]string{"SLUICE_BACKEND": "redis"}, 0, "backend local"},
 		{[]string{"serve", "--check-config", "--config", good}, map[string]string{"SLUICE_BACKEND": "local"}, 0, "backend local"},
 		{[]string{"serve", "--check-config"}, map[string]string{"SLUICE_LIMIT": "a=1/s\nb-*=2/s"}, 0, "ok: 2 rules"},
@@ -159,6 +159,10 @@ func TestServeCheckConfig(t *testing.T) {
 		{[]string{"serve", "--check-config", "--backend", "redis", "--redis-url", "redis://127.0.0.1:1", "--limit", "a=10/s; 100/h window"}, nil, ExitUsage, "beside"},
 		{[]string{"serve", "--check-config", "--backend", "redis", "--redis-url", "redis://127.0.0.1:1", "--limit", "a=100/h window"}, nil, 0, "ok: 1 rules"},
 		{[]string{"serve", "--check-config", "--backend", "lease", "--store", "zk://127.0.0.1:1", "--limit", "a=100/s ramp=10/s..1m"}, nil, 0, "ok: 1 rules"},
+		// The old spellings still start, and say what to write instead.
+		{[]string{"serve", "--check-config", "--config", good}, nil, 0, "backend redis (--backend redis) is deprecated: use backend strict"},
+		{[]string{"serve", "--check-config", "--backend", "redis", "--redis-url", "redis://127.0.0.1:1"}, nil, 0, "redis_url (--redis-url) is deprecated: use store (--store)"},
+		{[]string{"serve", "--check-config", "--backend", "strict", "--store", "redis://127.0.0.1:1", "--limit", "a=100/h window"}, nil, 0, "ok: 1 rules, default rule false, backend strict"},
 	} {
 		for k, v := range c.env {
 			t.Setenv(k, v)

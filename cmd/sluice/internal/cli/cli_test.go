@@ -143,7 +143,7 @@ func TestSimCommand(t *testing.T) {
 		{[]string{"sim", "nope.yaml"}, "nope.yaml"},
 		{[]string{"sim", "../../../../scenarios/one-every-6s-timeline.yaml", "--modes", "quantum"}, "quantum"},
 		{[]string{"sim", "a.yaml", "b.yaml"}, "one scenario file"},
-		{[]string{"sim", "../../../../scenarios/one-every-6s-timeline.yaml", "--modes", "local,central"}, "called redis now"},
+		{[]string{"sim", "../../../../scenarios/one-every-6s-timeline.yaml", "--modes", "local,central"}, "called strict now"},
 		{[]string{"sim", "../../../../scenarios/one-every-6s-timeline.yaml", "--sweep", "name=a/b,a_b", "--csv", "x.csv"}, "two points would write the same files (name=a_b)"},
 		{[]string{"sim", "../../../../scenarios/one-every-6s-timeline.yaml", "--sweep", "client.margin"}, "want KEY=V1,V2"},
 		{[]string{"sim", "../../../../scenarios/one-every-6s-timeline.yaml", "--sweep", "client.margin=later"}, `bad duration "later"`},
@@ -206,7 +206,7 @@ func TestSimPlotAndHTML(t *testing.T) {
 		}
 	}
 	b, _ := os.ReadFile(page)
-	for _, m := range []string{"redis", "local"} {
+	for _, m := range []string{"strict", "local"} {
 		if !strings.Contains(string(b), `<section class="mode" id="mode-`+m+`">`) {
 			t.Errorf("the page has no section for %s", m)
 		}
@@ -243,7 +243,7 @@ func TestSimSweep(t *testing.T) {
 	if len(j.Points) != 6 || len(j.Best) != 2 || strings.Join(j.Keys, " ") != "client.margin members.m.count" {
 		t.Fatalf("keys %v, %d points, %d best: %s", j.Keys, len(j.Points), len(j.Best), a)
 	}
-	if p := j.Points[5]; p.Settings[0].Value != "50ms" || p.Settings[1].Value != "20" || p.Modes[0].Mode != "redis" {
+	if p := j.Points[5]; p.Settings[0].Value != "50ms" || p.Settings[1].Value != "20" || p.Modes[0].Mode != "strict" {
 		t.Errorf("the last point: %+v", p)
 	}
 	code, out, errs := run(t, "sim", "../../../../scenarios/one-every-6s-timeline.yaml", "--sweep", "client.margin=0s,10ms")
@@ -305,20 +305,45 @@ func TestSimSweepWritesEachPoint(t *testing.T) {
 	}
 }
 
-// TestDemoRedis runs the demo in redis mode against a real redis-server: it keeps the
-// limit, and says so as "mode":"redis".
-func TestDemoRedis(t *testing.T) {
+// TestDemoStrictOnRedis runs the demo in the strict mode against a real redis-server: it
+// keeps the limit, and says so as "mode":"strict". The old spelling (--mode redis
+// --redis-url) still works for one release and says what to write instead.
+func TestDemoStrictOnRedis(t *testing.T) {
 	srv := redistest.New(t)
-	code, out, errs := run(t, "demo", "--mode", "redis", "--redis-url", srv.URL(), "--duration", "1s", "--workers", "3", "--margin", demoMargin, "--json")
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, errs)
+	for _, args := range [][]string{{"--mode", "strict", "--store", srv.URL()}, {"--mode", "redis", "--redis-url", srv.URL()}} {
+		code, out, errs := run(t, append([]string{"demo", "--duration", "1s", "--workers", "3", "--margin", demoMargin, "--json"}, args...)...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errs)
+		}
+		var j map[string]any
+		if err := json.Unmarshal([]byte(out), &j); err != nil {
+			t.Fatalf("not JSON: %v: %q", err, out)
+		}
+		if j["mode"] != "strict" || j["violations"] != 0.0 {
+			t.Errorf("%v: mode %v, violations %v: %s", args, j["mode"], j["violations"], out)
+		}
+		old := args[1] == "redis"
+		for _, w := range []string{"--mode redis is deprecated, use --mode strict --store redis://", "--redis-url is deprecated, use --store"} {
+			if strings.Contains(errs, w) != old {
+				t.Errorf("%v: stderr %q: want %q only for the old spelling", args, errs, w)
+			}
+		}
 	}
-	var j map[string]any
-	if err := json.Unmarshal([]byte(out), &j); err != nil {
-		t.Fatalf("not JSON: %v: %q", err, out)
-	}
-	if j["mode"] != "redis" || j["violations"] != 0.0 {
-		t.Errorf("mode %v, violations %v: %s", j["mode"], j["violations"], out)
+}
+
+// TestDemoStrictOnMemoryAndGossip: the strict mode with no store (one in memory) and the
+// gossip mode (each worker a member on loopback) run; the strict mode keeps the limit
+// exactly.
+func TestDemoStrictOnMemoryAndGossip(t *testing.T) {
+	for _, mode := range []string{"strict", "gossip"} {
+		code, out, errs := run(t, "demo", "--mode", mode, "--duration", "1s", "--workers", "3", "--margin", demoMargin, "--json")
+		var j map[string]any
+		if code != 0 || json.Unmarshal([]byte(out), &j) != nil {
+			t.Fatalf("%s: exit %d: %s%s", mode, code, out, errs)
+		}
+		if j["mode"] != mode || j["accepted"].(float64) == 0 || mode == "strict" && j["violations"] != 0.0 {
+			t.Errorf("%s: %s", mode, out)
+		}
 	}
 }
 
@@ -327,7 +352,7 @@ func TestDemoRedis(t *testing.T) {
 func TestDemoRedisUnreachable(t *testing.T) {
 	srv := redistest.New(t)
 	srv.Kill()
-	code, _, errs := run(t, "demo", "--mode", "redis", "--redis-url", srv.URL(), "--duration", "1s")
+	code, _, errs := run(t, "demo", "--mode", "strict", "--store", srv.URL(), "--duration", "1s")
 	if code != 1 || !strings.Contains(errs, "unavailable: redis") {
 		t.Errorf("exit %d, stderr %q; want 1 and a clear error", code, errs)
 	}
@@ -351,13 +376,13 @@ func TestSentinel(t *testing.T) {
 	t.Parallel() // its own servers; mostly waiting on fences and demos
 	set := redistest.NewSentinels(t, redistest.SentinelConfig{})
 	t.Run("DemoRedis", func(t *testing.T) {
-		code, out, errs := run(t, "demo", "--mode", "redis", "--redis-url", set.URL(), "--duration", "1s", "--workers", "3",
+		code, out, errs := run(t, "demo", "--mode", "strict", "--store", set.URL(), "--duration", "1s", "--workers", "3",
 			"--margin", demoMargin, "--json")
 		var j map[string]any
 		if code != 0 || json.Unmarshal([]byte(out), &j) != nil {
 			t.Fatalf("exit %d: %s%s", code, out, errs)
 		}
-		if j["mode"] != "redis" || j["violations"] != 0.0 || j["accepted"].(float64) < 10 {
+		if j["mode"] != "strict" || j["violations"] != 0.0 || j["accepted"].(float64) < 10 {
 			t.Errorf("%s", out)
 		}
 	})

@@ -6,15 +6,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/adaptive"
-	"github.com/sluicehq/sluice/cas"
 	"github.com/sluicehq/sluice/cmd/sluice/internal/demo"
 	"github.com/sluicehq/sluice/lease"
-	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/strict"
 )
 
@@ -27,15 +26,16 @@ func init() {
 }
 
 func runDemo(ctx context.Context, env Env, args []string) error {
-	fs := newFlags(env, "demo", "demo [--mode local|redis|strict|lease|adaptive] [--strategy sluice|heroku|cubic|sre] [--redis-url redis://HOST:PORT | redis-sentinel://HOST:PORT,.../MASTER] [--store URL] [--limit '20/s burst=10'] [--workers 8] [--duration 10s] [--json]")
+	fs := newFlags(env, "demo", "demo [--mode local|strict|lease|gossip|adaptive] [--store URL] [--strategy sluice|heroku|cubic|sre] [--limit '20/s burst=10'] [--workers 8] [--duration 10s] [--json]")
 	limits := sluice.MustParse("20/s burst=10")
 	fs.TextVar(&limits, "limit", limits, "the API's `limit`, enforced by the referee and obeyed by the pool (e.g. '1/6s', '100/s burst=20; 4500/h')")
-	mode := fs.String("mode", "local", "where decisions are made: `local` (one limiter for the pool), redis (in the Redis at --redis-url), strict (by compare-and-set on the state in --store: etcd://, zk://), lease (each worker a member deciding on its share, leased from the store at --store, in memory without one), or adaptive (each worker a client sharing nothing, pacing itself by the API's answers)")
-	redisURL := fs.String("redis-url", "redis://127.0.0.1:6379", "redis mode: the `url` of the Redis that decides (redis://[user:pass@]host:port[/db], or redis-sentinel://[user:pass@]host:port,host:port/MASTER[/db] for the master a Sentinel set names); lease mode: the Redis the members lease through, when given")
-	storeURL := fs.String("store", "", "lease mode: the `url` of the store the members lease through: memory:// (the default), redis://HOST:PORT, redis-cluster://HOST:PORT,..., redis-sentinel://HOST:PORT,.../MASTER, etcd://HOST:PORT or zk://HOST:PORT; strict mode: the store that keeps each key's state (etcd://HOST:PORT, zk://HOST:PORT, ...)")
-	redisTimeout := fs.Duration("redis-timeout", strict.DefaultTimeout, "redis mode: the longest wait for Redis before the fail mode answers")
-	failMode := fs.String("fail-mode", "closed", "redis mode: what answers while Redis is unreachable: `closed` (deny), open (allow) or local (a local limiter at --fallback-share of the limit)")
-	share := fs.Float64("fallback-share", 1, "redis mode with --fail-mode local: this process' `share` of the limit while Redis is unreachable (0 to 1)")
+	mode := fs.String("mode", "local", "where decisions are made: `local` (one limiter for the pool), strict (every decision in the store at --store: Redis by a script, etcd or ZooKeeper by compare-and-set), lease (each worker a member deciding on its share, leased from the store at --store), gossip (each worker a gossip member on loopback, sharing hit counts, no store) or adaptive (each worker a client sharing nothing, pacing itself by the API's answers)")
+	storeURL := fs.String("store", "", "strict and lease modes: the `url` of the store: memory:// (the default: this process), redis://HOST:PORT[/DB], redis-sentinel://HOST:PORT,.../MASTER, redis-cluster://HOST:PORT,... (lease), etcd://HOST:PORT or zk://HOST:PORT")
+	redisURL := fs.String("redis-url", "", "deprecated: --store")
+	storeTimeout := fs.Duration("store-timeout", strict.DefaultTimeout, "strict mode on Redis: the longest wait for Redis before the fail mode answers")
+	redisTimeout := fs.Duration("redis-timeout", 0, "deprecated: --store-timeout")
+	failMode := fs.String("fail-mode", "closed", "strict mode: what answers while the store is unreachable: `closed` (deny), open (allow) or, on Redis, local (a local limiter at --fallback-share of the limit)")
+	share := fs.Float64("fallback-share", 1, "strict mode on Redis with --fail-mode local: this process' `share` of the limit while Redis is unreachable (0 to 1)")
 	leaseRenew := fs.Duration("lease-renew", demoLeaseRenew, "lease mode: how often each member renews its share; shares follow demand at renewals, and the demo's workers switch on and off about every second (the library's default is 250ms)")
 	workers := fs.Int("workers", 8, "workers in the pool (half start at once, the rest join during the first half; two leave early)")
 	dur := fs.Duration("duration", 10*time.Second, "how long the run lasts")
@@ -53,8 +53,28 @@ func runDemo(ctx context.Context, env Env, args []string) error {
 	if err := parseFlags(env, fs, args); err != nil {
 		return err
 	}
+	deprecated := func(old, now string) { fmt.Fprintf(env.Stderr, "sluice: %s is deprecated, use %s\n", old, now) }
 	if formerStrategy != "" {
-		fmt.Fprintf(env.Stderr, "sluice: --strategy %s is deprecated, use --strategy %v\n", formerStrategy, strategy)
+		deprecated("--strategy "+formerStrategy, "--strategy "+strategy.String())
+	}
+	if *mode == "redis" {
+		deprecated("--mode redis", "--mode strict --store redis://HOST:PORT")
+		*mode = "strict"
+		if *storeURL == "" && *redisURL == "" {
+			*redisURL = "redis://127.0.0.1:6379" // the old mode's default
+		}
+	}
+	if flagSet(fs, "redis-url") {
+		deprecated("--redis-url", "--store")
+	}
+	if *storeURL == "" {
+		*storeURL = *redisURL
+	}
+	if flagSet(fs, "redis-timeout") {
+		deprecated("--redis-timeout", "--store-timeout")
+		if !flagSet(fs, "store-timeout") {
+			*storeTimeout = *redisTimeout
+		}
 	}
 	switch {
 	case *workers < 1 || *workers > 10000:
@@ -72,40 +92,24 @@ func runDemo(ctx context.Context, env Env, args []string) error {
 	case "lease":
 		cfg.LeaseMember = lease.DefaultMemberConfig()
 		cfg.LeaseMember.RenewEvery = *leaseRenew
-		url := *storeURL
-		if url == "" && flagSet(fs, "redis-url") {
-			url = *redisURL
-		}
-		st, closeStore, err := openStore(url, fmt.Sprintf("sluice:demo:%d:", time.Now().UnixNano()))
+		st, closeStore, err := openStore(*storeURL, fmt.Sprintf("sluice:demo:%d:", time.Now().UnixNano()))
 		if err != nil {
 			return err
 		}
 		defer closeStore()
 		cfg.LeaseStore = st
 		cfg.Log = func(s string) { fmt.Fprintln(env.Stderr, "sluice demo:", s) }
+	case "gossip":
 	case "adaptive":
 		cfg.Adaptive.Strategy = strategy
-	case "redis":
-		nl, err := redisLimiter(*redisURL, *redisTimeout, *failMode, *share)
+	case "strict":
+		nl, err := strictLimiter(*storeURL, *storeTimeout, *failMode, *share)
 		if err != nil {
 			return err
 		}
 		cfg.NewLimiter = nl
-	case "strict":
-		if *storeURL == "" {
-			return usagef("--mode strict needs --store etcd://HOST:PORT or zk://HOST:PORT (or memory://)")
-		}
-		if *failMode != "closed" && *failMode != "open" {
-			return usagef("--fail-mode %q: the strict mode on a store wants closed or open", *failMode)
-		}
-		st, closeStore, err := openStore(*storeURL, fmt.Sprintf("sluice:demo:%d:", time.Now().UnixNano()))
-		if err != nil {
-			return err
-		}
-		defer closeStore()
-		cfg.NewLimiter = casLimiter(st, *failMode)
 	default:
-		return usagef("--mode %q: want local, redis, strict, lease or adaptive", *mode)
+		return usagef("--mode %q: want local, strict, lease, gossip or adaptive", *mode)
 	}
 	tty := isTerminal(env.Stderr)
 	var nextLine time.Duration
@@ -147,16 +151,30 @@ func runDemo(ctx context.Context, env Env, args []string) error {
 // commands a second per member).
 const demoLeaseRenew = 40 * time.Millisecond
 
-// redisLimiter makes the demo's limiter for the redis mode: its keys under a prefix of
-// their own, so that a run never meets the state of an earlier one.
-func redisLimiter(url string, timeout time.Duration, failMode string, share float64) (func(context.Context, sluice.Limits, time.Duration) (*sluice.Limiter, func(), error), error) {
-	opts := []strict.Option{strict.WithTimeout(timeout), strict.WithPrefix(fmt.Sprintf("sluice:demo:%d:", time.Now().UnixNano()))}
+// strictLimiter makes the demo's limiter for the strict mode on the store url names
+// (memory:// or "": one in this process), its keys under a prefix of their own, so that a
+// run never meets the state of an earlier one: one backend for the pool, as one process.
+func strictLimiter(url string, timeout time.Duration, failMode string, share float64) (func(context.Context, sluice.Limits, time.Duration) (*sluice.Limiter, func(), error), error) {
+	if url == "" {
+		url = "memory://"
+	}
+	onRedis := strings.HasPrefix(url, "redis://") || strings.HasPrefix(url, "rediss://") || strings.HasPrefix(url, "redis-sentinel://")
+	opts := []strict.Option{strict.WithPrefix(fmt.Sprintf("sluice:demo:%d:", time.Now().UnixNano()))}
+	if onRedis {
+		if timeout <= 0 {
+			return nil, usagef("--store-timeout %v: want more than 0", timeout)
+		}
+		opts = append(opts, strict.WithTimeout(timeout))
+	}
 	fm := sluice.FailClosed
 	switch failMode {
 	case "closed":
 	case "open":
 		fm = sluice.FailOpen
 	case "local":
+		if !onRedis {
+			return nil, usagef("--fail-mode local: the strict mode degrades to a local share on Redis only; on %s want closed or open", url)
+		}
 		if share <= 0 || share > 1 {
 			return nil, usagef("--fallback-share %g: want more than 0 and at most 1", share)
 		}
@@ -164,36 +182,9 @@ func redisLimiter(url string, timeout time.Duration, failMode string, share floa
 	default:
 		return nil, usagef("--fail-mode %q: want closed, open or local", failMode)
 	}
-	if timeout <= 0 {
-		return nil, usagef("--redis-timeout %v: want more than 0", timeout)
-	}
 	return func(ctx context.Context, limits sluice.Limits, margin time.Duration) (*sluice.Limiter, func(), error) {
 		b, err := strict.Dial(ctx, url, opts...)
 		if err != nil {
-			return nil, nil, fmt.Errorf("demo: redis mode: %w", err)
-		}
-		l, err := sluice.New(limits, sluice.WithBackend(b), sluice.WithMargin(margin), sluice.WithFailMode(fm))
-		if err != nil {
-			b.Close()
-			return nil, nil, err
-		}
-		return l, func() { l.Close(); b.Close() }, nil
-	}, nil
-}
-
-// casLimiter makes the demo's limiter for the strict mode on a store (st nil: one in
-// memory): one backend for the pool, as one process.
-func casLimiter(st store.Store, failMode string) func(context.Context, sluice.Limits, time.Duration) (*sluice.Limiter, func(), error) {
-	fm := sluice.FailClosed
-	if failMode == "open" {
-		fm = sluice.FailOpen
-	}
-	return func(ctx context.Context, limits sluice.Limits, margin time.Duration) (*sluice.Limiter, func(), error) {
-		if st == nil {
-			st = store.NewMemory(nil)
-		}
-		b := cas.New(st)
-		if err := b.Ping(ctx); err != nil {
 			return nil, nil, fmt.Errorf("demo: strict mode: %w", err)
 		}
 		l, err := sluice.New(limits, sluice.WithBackend(b), sluice.WithMargin(margin), sluice.WithFailMode(fm))
@@ -202,7 +193,7 @@ func casLimiter(st store.Store, failMode string) func(context.Context, sluice.Li
 			return nil, nil, err
 		}
 		return l, func() { l.Close(); b.Close() }, nil
-	}
+	}, nil
 }
 
 func printSummary(w io.Writer, s demo.Summary) {

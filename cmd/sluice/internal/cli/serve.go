@@ -14,7 +14,6 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/backend"
-	"github.com/sluicehq/sluice/cas"
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gossip"
@@ -23,19 +22,21 @@ import (
 	"github.com/sluicehq/sluice/server"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/strict"
+	"github.com/sluicehq/sluice/strict/cas"
 )
 
 // backendLike stands in for the back end a config names in `--check-config`, which
 // reaches none: a nil pointer of the type serveBackend makes, whose method set says which
 // limits it decides (sluice.Supports); nil for local.
-func backendLike(name string) backend.Backend {
-	switch name {
-	case "redis":
-		return (*strict.Backend)(nil)
+func backendLike(cfg server.Config) backend.Backend {
+	switch cfg.Backend {
+	case "strict":
+		if cfg.StrictOnRedis() {
+			return (*strict.Backend)(nil)
+		}
+		return (*cas.Backend)(nil)
 	case "lease":
 		return (*lease.Backend)(nil)
-	case "strict":
-		return (*cas.Backend)(nil)
 	case "gossip":
 		return (*gossip.Backend)(nil)
 	}
@@ -48,21 +49,24 @@ func serveBackend(cfg server.Config, clk clock.Clock) (backend.Backend, error) {
 	switch cfg.Backend {
 	case "local":
 		return nil, nil
-	case "redis":
-		opts := []strict.Option{strict.WithTimeout(cfg.RedisTimeout.D()), strict.WithClock(clk),
-			strict.WithReplicaAcks(cfg.RedisAcks, 0)}
-		if cfg.FailMode == "local" {
-			opts = append(opts, strict.WithFailLocal(cfg.FallbackShare))
+	case "strict":
+		if cfg.Store == "memory://" {
+			return cas.New(store.NewMemory(clk)), nil // one daemon alone
 		}
-		// Open, not Dial: the daemon starts while Redis is down, answers by its fail mode,
-		// and reports not ready (/readyz) until Redis answers.
-		return strict.Open(cfg.RedisURL, opts...)
+		opts := []strict.Option{strict.WithTimeout(cfg.RedisTimeout.D()), strict.WithClock(clk)}
+		if cfg.StrictOnRedis() {
+			opts = append(opts, strict.WithReplicaAcks(cfg.RedisAcks, 0))
+			if cfg.FailMode == "local" {
+				opts = append(opts, strict.WithFailLocal(cfg.FallbackShare))
+			}
+		} else {
+			opts = []strict.Option{strict.WithPrefix("sluice:strict:")}
+		}
+		// Open, not Dial: the daemon starts while its store is down, answers by its fail
+		// mode, and reports not ready (/readyz) until the store answers.
+		return strict.Open(cfg.Store, opts...)
 	case "lease":
-		url := cfg.Store
-		if url == "" {
-			url = cfg.RedisURL
-		}
-		st, closeStore, err := openStore(url, "sluice:lease:")
+		st, closeStore, err := openStore(cfg.Store, "sluice:lease:")
 		if err != nil {
 			return nil, err
 		}
@@ -75,15 +79,6 @@ func serveBackend(cfg server.Config, clk clock.Clock) (backend.Backend, error) {
 			return nil, err
 		}
 		return closingBackend{b, closeStore}, nil
-	case "strict":
-		st, closeStore, err := openStore(cfg.Store, "sluice:strict:")
-		if err != nil {
-			return nil, err
-		}
-		if st == nil {
-			st = store.NewMemory(clk) // one daemon alone
-		}
-		return closingCAS{cas.New(st), closeStore}, nil
 	case "gossip":
 		return openGossip(cfg, clk)
 	}
@@ -97,18 +92,6 @@ type closingBackend struct {
 }
 
 func (c closingBackend) Close() error {
-	err := c.Backend.Close()
-	c.closeStore()
-	return err
-}
-
-// closingCAS closes a store's client after the strict backend on it.
-type closingCAS struct {
-	*cas.Backend
-	closeStore func()
-}
-
-func (c closingCAS) Close() error {
 	err := c.Backend.Close()
 	c.closeStore()
 	return err
@@ -154,7 +137,7 @@ func newServeFlags(env Env) *serveFlags {
 	sf := &serveFlags{}
 	d := server.DefaultConfig()
 	fs := newFlags(env, "serve", "serve [--config FILE] [--listen-line ADDR] [--listen-http ADDR] [--listen-admin ADDR] [--limit 'TAG=LIMIT' ...] [--check-config]\n\n"+
-		"Every flag can also be set from the environment: --redis-url as SLUICE_REDIS_URL, and so on\n"+
+		"Every flag can also be set from the environment: --store as SLUICE_STORE, and so on\n"+
 		"(SLUICE_LIMIT and SLUICE_SHARED_LIMIT: one rule a line). Flags win over the environment,\n"+
 		"which wins over the config file.")
 	fs.StringVar(&sf.config, "config", "", "YAML config `file` (docs/daemon.md); flags override it; SIGHUP, or a change of the file (--watch-config), reloads it")
@@ -173,14 +156,14 @@ func newServeFlags(env Env) *serveFlags {
 	fs.Var(ruleFlags{rules: &sf.rules, shared: true}, "shared-limit", "a pattern rule `PATTERN=LIMIT` whose tags all share one bucket")
 	fs.StringVar(&sf.dflt, "default-limit", "", "`limit` for tags no rule matches (each its own bucket); none: such tags are allowed")
 	fs.BoolVar(&sf.defShare, "default-shared", false, "tags no rule matches share one bucket")
-	fs.String("backend", d.Backend, "where decisions are made: local (in this process), redis (every decision in Redis), strict (every decision by compare-and-set on the state in --store: etcd, ZooKeeper), lease (on a share leased from --store) or gossip (here, shared with --peers; no store)")
-	fs.String("redis-url", d.RedisURL, "Redis `URL` for --backend redis (redis://host:port/db, or redis-sentinel://host:port,host:port/MASTER[/db] for the master a Sentinel set names), and for --backend lease when --store is not given")
-	fs.String("store", d.Store, "--backend lease: the `URL` of the store the daemons lease through (--backend strict: that keeps each key's state): redis://HOST:PORT, redis-cluster://HOST:PORT,..., redis-sentinel://HOST:PORT,.../MASTER, etcd://HOST:PORT,..., zk://HOST:PORT,..., memory://")
+	fs.String("backend", d.Backend, "the mode: local (decisions in this process), strict (every decision in the store at --store: by a script in Redis, by compare-and-set in etcd or ZooKeeper), lease (decisions here, on a share leased from --store) or gossip (decisions here, shared with --peers; no store)")
+	fs.String("redis-url", d.RedisURL, "deprecated: --store")
+	fs.String("store", d.Store, "the `URL` of the store of --backend strict (which keeps each key's state) or lease (which the daemons lease through): redis://HOST:PORT[/DB], rediss://..., redis-sentinel://HOST:PORT,.../MASTER, redis-cluster://HOST:PORT,... (lease), etcd://HOST:PORT,..., zk://HOST:PORT,...[/PATH] or memory://")
 	addGossipFlags(fs, d.Gossip)
-	fs.String("fail-mode", d.FailMode, "answer when the back end cannot decide: closed (NO), open (OK), or local (backend redis: a local share, see --fallback-share)")
+	fs.String("fail-mode", d.FailMode, "answer when the back end cannot decide: closed (NO), open (OK), or local (backend strict on Redis: a local share, see --fallback-share)")
 	fs.Float64("fallback-share", d.FallbackShare, "with --fail-mode local: the share of each limit this daemon uses while Redis is down")
-	fs.Duration("redis-timeout", d.RedisTimeout.D(), "with --backend redis: how long a decision waits for Redis")
-	fs.Int("redis-replica-acks", d.RedisAcks, "with --backend redis: how many replicas must acknowledge each batch's writes (Redis WAIT, within half of --redis-timeout) before its grants are used; else the fail mode answers. 0: none (a failover may lose the last writes; see docs/redis.md)")
+	fs.Duration("redis-timeout", d.RedisTimeout.D(), "with --backend strict on Redis: how long a decision waits for Redis")
+	fs.Int("redis-replica-acks", d.RedisAcks, "with --backend strict on Redis: how many replicas must acknowledge each batch's writes (Redis WAIT, within half of --redis-timeout) before its grants are used; else the fail mode answers. 0: none (a failover may lose the last writes; see docs/redis.md)")
 	fs.Duration("margin", d.Margin.D(), "jitter tolerance applied to every limit (0: exact)")
 	fs.String("http-token-file", d.HTTPTokenFile, "`file` holding a bearer token the HTTP API requires (all but /healthz)")
 	fs.Int("max-connections", d.MaxConnections, "line-protocol connections at once; more are closed at once")
@@ -295,8 +278,8 @@ func (sf *serveFlags) build() (server.Config, error) {
 	return cfg, cfg.Validate()
 }
 
-// envPrefix names the environment variables that set serve's flags: SLUICE_REDIS_URL is
-// --redis-url.
+// envPrefix names the environment variables that set serve's flags: SLUICE_STORE is
+// --store.
 const envPrefix = "SLUICE_"
 
 // envName is the environment variable of a flag.
@@ -368,8 +351,11 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		return usageError{err}
 	}
 	log := server.NewLogger(cfg, env.Stderr)
+	for _, w := range cfg.Warnings() {
+		fmt.Fprintln(env.Stderr, "sluice serve:", w)
+	}
 	if sf.checkConfig {
-		if err := server.CheckOn(cfg, log, backendLike(cfg.Backend)); err != nil {
+		if err := server.CheckOn(cfg, log, backendLike(cfg)); err != nil {
 			return usageError{err}
 		}
 		src := "flags and environment"

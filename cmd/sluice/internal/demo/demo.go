@@ -22,6 +22,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/gossip"
 	"github.com/sluicehq/sluice/internal/measure"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/referee"
@@ -30,7 +31,7 @@ import (
 
 // Config is one demo run.
 type Config struct {
-	Mode     string        // "local", "lease" (through NewWorkerLimiter), "redis" or "strict" (through NewLimiter) or "adaptive" (each worker paced by its own adaptive.Transport)
+	Mode     string        // "local", "strict" (through NewLimiter), "lease" or "gossip" (through NewWorkerLimiter) or "adaptive" (each worker paced by its own adaptive.Transport)
 	Limits   sluice.Limits // the API's limit, enforced by the referee and obeyed by the pool
 	Workers  int           // pool size (default 8)
 	Duration time.Duration // run length (default 10s)
@@ -176,6 +177,9 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 		}
 		cfg.NewWorkerLimiter = f
 	}
+	if cfg.Mode == "gossip" && cfg.NewWorkerLimiter == nil {
+		cfg.NewWorkerLimiter = gossipWorkers()
+	}
 	base := &http.Transport{MaxIdleConnsPerHost: 2 * cfg.Workers, IdleConnTimeout: 30 * time.Second}
 	defer base.CloseIdleConnections()
 	client := func(l *sluice.Limiter) *http.Client {
@@ -216,7 +220,7 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 			lim, err = sluice.New(cfg.Limits, sluice.WithMargin(cfg.Margin))
 			closeLim = func() { lim.Close() }
 		default:
-			err = fmt.Errorf("demo: unknown mode %q (want local, redis, strict, lease or adaptive)", cfg.Mode)
+			err = fmt.Errorf("demo: unknown mode %q (want local, strict, lease, gossip or adaptive)", cfg.Mode)
 		}
 		if err != nil {
 			return Summary{}, err
@@ -406,6 +410,34 @@ func leaseWorkers(cfg Config) (func(context.Context, int, sluice.Limits, time.Du
 		}
 		return l, func() { l.Close(); b.Close() }, nil
 	}, nil
+}
+
+// gossipWorkers makes each worker a gossip member of its own on a loopback port (named
+// w1, w2, ...), joined to the first: processes that share the limit with no store, each
+// deciding at once on its share and reporting its hits to the others every sync interval.
+func gossipWorkers() func(context.Context, int, sluice.Limits, time.Duration) (*sluice.Limiter, func(), error) {
+	var first string // the first member's address, every later member's peer
+	return func(_ context.Context, i int, limits sluice.Limits, margin time.Duration) (*sluice.Limiter, func(), error) {
+		gc := gossip.DefaultConfig()
+		gc.Bind = "127.0.0.1:0"
+		gc.Name = fmt.Sprintf("w%d", i+1)
+		if first != "" {
+			gc.Peers = []string{first}
+		}
+		b, err := gossip.New(gc)
+		if err != nil {
+			return nil, nil, fmt.Errorf("demo: gossip member %s: %w", gc.Name, err)
+		}
+		if first == "" {
+			first = b.Addr()
+		}
+		l, err := sluice.New(limits, sluice.WithMargin(margin), sluice.WithBackend(b))
+		if err != nil {
+			b.Close()
+			return nil, nil, err
+		}
+		return l, func() { l.Close(); b.Close() }, nil
+	}
 }
 
 func minTime(a, b time.Time) time.Time {

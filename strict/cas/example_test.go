@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/cas"
+	"github.com/sluicehq/sluice/strict/cas"
 	"github.com/sluicehq/sluice/store"
 )
 
