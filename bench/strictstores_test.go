@@ -15,7 +15,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/sluice/backend"
-	"github.com/sluicehq/sluice/strict/cas"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/testkit/etcdtest"
 	"github.com/sluicehq/sluice/internal/testkit/zktest"
@@ -24,6 +23,7 @@ import (
 	redisstore "github.com/sluicehq/sluice/store/redis"
 	zkstore "github.com/sluicehq/sluice/store/zk"
 	"github.com/sluicehq/sluice/strict"
+	"github.com/sluicehq/sluice/strict/cas"
 )
 
 // BenchmarkStrictStores: decisions per second of the strict mode on etcd and on ZooKeeper

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/strict/cas"
 	"github.com/sluicehq/sluice/store"
+	"github.com/sluicehq/sluice/strict/cas"
 )
 
 // The strict mode on a store: here one in memory; etcdstore.New(client) or
