@@ -6,14 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/internal/rkey"
 )
@@ -864,16 +862,6 @@ func (g *group) answer(err error) {
 	}
 }
 
-// scriptError is an error the script reported for one record: a key holding another state
-// format, or a value that is not a string. It is Redis' answer, not a sign that Redis is
-// down.
-type scriptError string
-
-func (e scriptError) Error() string { return string(e) }
-
-// RedisError marks it as an error from Redis (goredis.Error).
-func (scriptError) RedisError() {}
-
 // replyErr is a pipelined command's error. A pipeline that could not get a connection
 // (go-redis v9) reports the failure only from Exec and leaves its commands without error
 // and without reply: such a command gets Exec's error. Every reply of the script is
@@ -898,48 +886,3 @@ var timers = sync.Pool{New: func() any {
 	t.Stop()
 	return t
 }}
-
-// ErrUnavailable (backend.ErrUnavailable) wraps every failure to get an answer from Redis in
-// time: a connection error, no answer within the time-out, a Redis that is loading or
-// without a master, or the circuit breaker open after such a failure. The limiter's fail
-// mode answers it.
-var ErrUnavailable = backend.ErrUnavailable
-
-// ReplyError is an answer from Redis that the backend cannot use: an error raised by the
-// script (bad arguments, a key holding another state format) or a reply of the wrong
-// shape. It is not a sign that Redis is down.
-type ReplyError struct {
-	Op    string // the script operation: decide, allow, settle, penalize, probe
-	Key   string
-	Reply any   // the reply received, if it had the wrong shape
-	Err   error // the error Redis returned, if any
-}
-
-func (e *ReplyError) Error() string {
-	if e.Err != nil {
-		return fmt.Sprintf("sluice redis: %s %q: %v", e.Op, e.Key, e.Err)
-	}
-	return fmt.Sprintf("sluice redis: %s %q: unexpected reply %#v", e.Op, e.Key, e.Reply)
-}
-
-func (e *ReplyError) Unwrap() error { return e.Err }
-
-// unavailable reports whether err means that Redis could not decide (as opposed to a
-// decision refused because of its arguments).
-func unavailable(err error) bool {
-	if err == nil {
-		return false
-	}
-	var rerr goredis.Error
-	if errors.As(err, &rerr) && !errors.Is(err, goredis.ErrClosed) {
-		msg := rerr.Error()
-		for _, p := range []string{"LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "OOM", "NOREPLICAS"} {
-			if strings.HasPrefix(msg, p) {
-				return true
-			}
-		}
-		return false
-	}
-	// Anything else is the connection's: refused, reset, closed, timed out.
-	return true
-}
