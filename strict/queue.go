@@ -1,5 +1,9 @@
 package strict
 
+// The batching queue: a call waiting for its answer, and the pipeliner that queues the
+// calls of concurrent goroutines and sends them in batches from its flushers, or at once
+// from a lone caller.
+
 import (
 	"context"
 	"fmt"
