@@ -1,6 +1,7 @@
 # Sluice: the two commands of the README are `go run ./cmd/sluice demo` and `make test`.
 GO            ?= go
 STATICCHECK   ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+APIDIFF       ?= golang.org/x/exp/cmd/apidiff@v0.0.0-20261113113407-e3970619a1a4
 BENCHCOUNT    ?= 6
 BENCHTIME     ?= 1s
 FUZZTIME      ?= 1m
@@ -14,7 +15,7 @@ PKGS          := ./...
 # per core, left a 2-core machine half idle).
 TESTP         ?= 4
 
-.PHONY: all test test-deps test-short bench fuzz soak robustness lint vet fmt tidy clean release
+.PHONY: all test test-deps test-short bench fuzz soak robustness lint api api-base vet fmt tidy clean release
 
 all: lint test
 
@@ -92,12 +93,27 @@ robustness: test-deps
 	  ROBUST_MODE=$(ROBUST_MODE) ROBUST_DUMP=$(ROBUST_DUMP) ROBUST_SLUICE=$(CURDIR)/bench/results/robust-sluice \
 	  bench/results/robust.test -test.run '^(TestRobustness|TestGossipPartitionBites|TestDaemonGossipPartitionBites)$$' -test.timeout 120m
 
-## lint: go vet and staticcheck (installed through the Go toolchain), and gofmt.
+## lint: go vet and staticcheck (installed through the Go toolchain), gofmt, and the API check.
 lint: vet
 	$(GO) run $(STATICCHECK) $(PKGS)
 	cd bench && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...
 	cd tests && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
+	@$(MAKE) --no-print-directory api
+
+## api: the exported API against the last release's (scripts/apicheck, apidiff from
+## golang.org/x/exp run through the Go toolchain): the release is the newest vX.Y.Z tag,
+## else the commit api/BASE names ("none" before the first). An incompatible change fails
+## unless api/next.txt lists it (its line copied from the output): a deliberate break is a
+## one-line edit there. Compatible changes are listed for information.
+api:
+	@GO=$(GO) APIDIFF=$(APIDIFF) scripts/apicheck
+
+## api-base: at a release, record the commit released (HEAD) and its version in api/BASE
+## and empty api/next.txt, then commit both: make api-base API_VERSION=v0.3.0
+api-base:
+	@test -n "$(API_VERSION)" || { echo "make api-base API_VERSION=vX.Y.Z" >&2; exit 2; }
+	@scripts/apicheck record $(API_VERSION)
 
 vet:
 	$(GO) vet $(PKGS)

@@ -27,10 +27,6 @@ var windowSource string
 
 var windowSHA = func() string { h := sha1.Sum([]byte(windowSource)); return hex.EncodeToString(h[:]) }()
 
-// ErrMixedWindows: the redis mode decides a key's windowed quotas only when all its
-// limits are windows.
-var ErrMixedWindows = fmt.Errorf("%w: the redis mode decides a windowed quota only beside other windowed quotas, not beside a rate", backend.ErrUnsupported)
-
 // Windows reports that the backend decides windowed quotas (backend.LimitKinds), on keys
 // whose limits are all windows.
 func (b *Backend) Windows() bool { return true }

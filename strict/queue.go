@@ -1,0 +1,331 @@
+package strict
+
+// The batching queue: a call waiting for its answer, and the pipeliner that queues the
+// calls of concurrent goroutines and sends them in batches from its flushers, or at once
+// from a lone caller.
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/clock"
+)
+
+// maxFields is the most numeric fields one operation carries: a settlement under
+// gcra.MaxLimits limits (sign, k, p, a pair, and two pairs per limit).
+const maxFields = 5 + 4*4
+
+// call is one operation (one record of a batch, see sluice.lua) waiting for its answer.
+type call struct {
+	key     string // the key (its Redis name is written when its batch is built)
+	op      byte   // 'a', 'd', 's' or 'p'
+	nf      int    // fields used in f
+	f       [maxFields]int64
+	virtual bool  // now is a virtual time (tests), not Redis TIME
+	vnow    int64 // the virtual now
+	queued  int64 // when it was made, just before it was submitted (clock.Default's Nanotime)
+
+	state atomic.Int32 // callQueued, callSent or callAbandoned
+	done  chan struct{}
+
+	// The answer, valid after done: the call's results (its part of the reply), Redis'
+	// now when the reply carries it, and the whole reply for error messages; or err.
+	res   []any
+	now   int64
+	reply any
+	err   error
+	one   [1]any // holds a bare reply (a batch of one result), so res needs no allocation
+
+	ki int // index of the call's key in its group (batch building, by the sender)
+}
+
+const (
+	callQueued int32 = iota
+	callSent
+	callAbandoned
+)
+
+var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+
+// sameOp reports whether c repeats d's operation and fields (sent as '=').
+func (c *call) sameOp(d *call) bool {
+	return c.op == d.op && slices.Equal(c.f[:c.nf], d.f[:d.nf])
+}
+
+// results is how many elements c's answer has in a reply (see sluice.lua).
+func (c *call) results() int {
+	if c.op == 'd' {
+		return 3 + 2*int(c.f[3])
+	}
+	return 1
+}
+
+// release recycles a call whose answer was received (never an abandoned one: its
+// pipeline may still write to it).
+func (c *call) release() {
+	c.key, c.res, c.reply, c.err, c.one[0] = "", nil, nil, nil, nil
+	callPool.Put(c)
+}
+
+// pipeliner coalesces the calls of concurrent goroutines into batches. A fixed set of
+// flusher goroutines (owned by the backend, stopped by Close) each take every call queued
+// (up to maxBatch) and send them as one pipeline holding one script call per group of
+// keys that may share one (every key for one Redis, one key otherwise, see groupingOf):
+// the script decides each group's calls in arrival order, reading and writing each key
+// once.
+// A lone caller is sent at once, alone; while batches are in flight, new calls queue and
+// leave together, mostly when a batch returns (see ready for when they leave sooner), so
+// the number of goroutines, not the round trip, sets the throughput.
+type pipeliner struct {
+	client   Client
+	names    string // the start of every key's Redis name (Backend.KeyName)
+	sha, src any    // the script's SHA1 and text (for EVAL after NOSCRIPT), boxed once
+	timeout  time.Duration
+	maxBatch int
+	grouping grouping
+	ctx      context.Context // cancelled by close
+	// acks, if > 0, is how many replicas must acknowledge a batch's writes within ackMs
+	// milliseconds (WAIT, after the script calls in the same pipeline; WithReplicaAcks).
+	acks, ackMs int64
+
+	// direct lets a caller that finds nothing queued and nothing in flight send its own
+	// call, with no hand-off to a flusher (the common case at low concurrency). It is on
+	// only for clients that honour context deadlines, so that the caller still returns
+	// within the time-out. With such a client the pipeliner also answers every call
+	// within the time-out of its submission by itself (see deadline), and a caller waits
+	// without a timer of its own (Backend.await).
+	direct bool
+	// The direct caller's buffers: there is one direct caller at a time (it sends only
+	// when nothing else is in flight, and counts itself in flight meanwhile).
+	directBB batchBuilder
+	one      [1]*call
+
+	// conns, if not nil, are the connections batches are sent on (see conns); set before
+	// the first call.
+	conns *conns
+	// refs makes script calls carry their keys and fields as pointers (see
+	// group.command): only for a client the backend made (no hooks of the caller's) of
+	// one Redis (no routing by key). Set before the first call.
+	refs bool
+
+	// dl is the context of the batches sent lately (see deadline).
+	dl atomic.Pointer[deadlineCtx]
+	// late answers a call whose time-out passed while it was queued (see unexpired).
+	late error
+
+	mu       sync.Mutex
+	cond     *sync.Cond
+	queue    []*call
+	inflight int // batches being sent, by flushers or direct callers
+	flying   int // the calls in those batches
+	eager    int // the calls queued that are not allowances (see ready)
+	closed   bool
+	wg       sync.WaitGroup
+}
+
+func newPipeliner(ctx context.Context, client Client, names, source string, timeout time.Duration, flushers, maxBatch int) *pipeliner {
+	p := &pipeliner{client: client, names: names, sha: goredis.NewScript(source).Hash(), src: source, timeout: timeout,
+		maxBatch: maxBatch, grouping: groupingOf(client), ctx: ctx,
+		late: fmt.Errorf("no answer within %v (queued that long)", timeout)}
+	p.cond = sync.NewCond(&p.mu)
+	p.wg.Add(flushers)
+	for i := 0; i < flushers; i++ {
+		go p.flusher()
+	}
+	return p
+}
+
+// submit queues c, or sends it at once from the caller's goroutine when the direct path
+// applies; either way c.done is signalled when it is answered. It reports false once the
+// pipeliner is closed.
+func (p *pipeliner) submit(c *call) bool {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return false
+	}
+	if p.direct && p.inflight == 0 && len(p.queue) == 0 {
+		p.inflight++
+		p.flying++
+		p.mu.Unlock()
+		c.state.Store(callSent)
+		p.one[0] = c
+		p.directBB.exec(p, p.one[:])
+		p.one[0] = nil
+		p.mu.Lock()
+		p.inflight--
+		p.flying--
+		if len(p.queue) > 0 {
+			p.cond.Signal()
+		}
+		p.mu.Unlock()
+		return true
+	}
+	p.queue = append(p.queue, c)
+	if c.op != 'a' {
+		p.eager++
+	}
+	// A waiting flusher is woken only when it may take the queue: an allowance queued
+	// behind a batch in flight mostly is not (see ready), and waking a flusher that goes
+	// back to sleep cost a goroutine switch per call. Whatever else makes the queue ready
+	// wakes one too: a flusher whose batch returns looks again itself, and a direct
+	// caller, a flusher that leaves calls behind and close signal.
+	if p.ready() {
+		p.cond.Signal()
+	}
+	p.mu.Unlock()
+	return true
+}
+
+// deadlineCtx is a context that ends at a deadline, or when the backend closes.
+type deadlineCtx struct {
+	ctx    context.Context
+	cancel context.CancelFunc // released by the timer at the deadline
+	end    int64              // the deadline (Nanotime)
+}
+
+// deadline returns the context of a batch sent now whose oldest call was submitted at
+// oldest: one that ends within the time-out, or at once when the backend closes. With a
+// client that honours deadlines (direct) the time-out runs from oldest, so that the
+// batch, and every call in it, is answered within the time-out of the oldest call's
+// submission (a call whose time-out passed while it was queued is not sent: see
+// unexpired); its callers wait without timers of their own. With any other client it
+// runs from now, and each caller times its own wait. Batches whose deadlines fall within
+// 1/100 of the time-out of each other share one context (each thus has at least 99% of
+// its time-out), which spares a timer per batch.
+func (p *pipeliner) deadline(oldest int64) context.Context {
+	now := clock.Default.Nanotime()
+	end := now + int64(p.timeout)
+	if p.direct {
+		end = oldest + int64(p.timeout)
+	}
+	if d := p.dl.Load(); d != nil && d.end <= end && d.end > end-int64(p.timeout)/100 {
+		return d.ctx
+	}
+	ctx, cancel := context.WithTimeout(p.ctx, time.Duration(end-now))
+	p.dl.Store(&deadlineCtx{ctx: ctx, cancel: cancel, end: end})
+	return ctx
+}
+
+// unexpired answers, with a client that honours deadlines (direct), the calls of batch
+// whose time-out has passed since they were submitted (they waited in the queue behind
+// batches that took that long), and returns the others and when the oldest of them was
+// submitted.
+func (p *pipeliner) unexpired(batch []*call) ([]*call, int64) {
+	now := clock.Default.Nanotime()
+	if !p.direct {
+		return batch, now
+	}
+	limit, oldest := now-int64(p.timeout), now
+	n := 0
+	for _, c := range batch {
+		if c.queued <= limit {
+			c.err = p.late
+			c.done <- struct{}{}
+			continue
+		}
+		oldest = min(oldest, c.queued)
+		batch[n] = c
+		n++
+	}
+	clear(batch[n:])
+	return batch[:n], oldest
+}
+
+// close stops the flushers after the batches in flight and fails the calls still queued
+// with err.
+func (p *pipeliner) close(err error) {
+	p.mu.Lock()
+	p.closed = true
+	q := p.queue
+	p.queue, p.eager = nil, 0
+	p.cond.Broadcast()
+	p.mu.Unlock()
+	for _, c := range q {
+		if c.state.CompareAndSwap(callQueued, callSent) {
+			c.err = err
+			c.done <- struct{}{}
+		}
+	}
+	p.wg.Wait()
+	if p.conns != nil {
+		p.conns.close()
+	}
+}
+
+// ready reports whether a flusher may take the queue now (p.mu held): when calls are
+// queued and no batch is in flight; or when at least twice as many calls are queued as
+// are in flight, or a whole batch (maxBatch); or when a call other than an allowance is
+// queued. Allowances (Allow: one permit now or never) that arrive behind a batch in
+// flight thus mostly wait for it and leave together when it returns, rather than as a
+// second batch of the first few: on a Redis and clients short of CPU each batch costs
+// both a round trip's system calls and wake-ups and Redis a script call, so fewer, larger
+// batches decide more (at 64 goroutines on 10,000 keys, about 31 calls a batch instead of
+// 20 and less CPU per decision on both sides; BENCHMARKS.md). A crowd behind a lone call
+// (a direct caller's) still leaves at once, as does a whole batch. Other calls do not
+// wait: a reservation is a waiter's place in the key's line across processes (fair
+// waiting), which must reach Redis in the order the waiters came, as soon as it can.
+func (p *pipeliner) ready() bool {
+	n := len(p.queue)
+	return n > 0 && (p.inflight == 0 || p.eager > 0 || n >= 2*p.flying || n >= p.maxBatch)
+}
+
+func (p *pipeliner) flusher() {
+	defer p.wg.Done()
+	batch := make([]*call, 0, p.maxBatch)
+	var bb batchBuilder
+	for {
+		p.mu.Lock()
+		for !p.closed && !p.ready() {
+			p.cond.Wait()
+		}
+		if p.closed {
+			p.mu.Unlock()
+			return
+		}
+		n := min(len(p.queue), p.maxBatch)
+		batch = batch[:0]
+		for _, c := range p.queue[:n] {
+			if c.state.CompareAndSwap(callQueued, callSent) {
+				batch = append(batch, c)
+			}
+		}
+		rest := copy(p.queue, p.queue[n:])
+		clear(p.queue[rest:])
+		p.queue = p.queue[:rest]
+		p.eager = 0
+		for _, c := range p.queue {
+			if c.op != 'a' {
+				p.eager++
+			}
+		}
+		if rest > 0 {
+			p.cond.Signal()
+		}
+		p.inflight++
+		p.flying += len(batch)
+		p.mu.Unlock()
+		if len(batch) > 0 {
+			bb.exec(p, batch)
+		}
+		p.mu.Lock()
+		p.inflight-- // and this flusher takes what queued meanwhile, if it may
+		p.flying -= len(batch)
+		p.mu.Unlock()
+		clear(batch)
+	}
+}
+
+// timers reuses the timers that bound each call's wait (Go 1.23 timers: after Stop, no
+// stale value is received).
+var timers = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}}
