@@ -19,13 +19,8 @@ import (
 	"github.com/sluicehq/sluice/store"
 )
 
-// ErrConflict: a request kept losing the compare-and-set on its record to other members'
-// writes, MaxAttempts times in a row. The member treats it as a failed request and tries
-// again at its next renewal.
-var ErrConflict = errors.New("sluice lease: too many conflicting writes")
-
 // MaxAttempts is how many times a batch is read, applied and written back before the
-// requests whose records keep changing under them get ErrConflict.
+// requests whose records keep changing under them get store.ErrConflict.
 const MaxAttempts = 8
 
 // call is one member's request about the record of key under limit.
@@ -91,7 +86,7 @@ type group struct {
 
 // apply applies calls and returns one result per call. A non-nil error means the outcome
 // of every call not yet written is unknown (the store was not reached); a call's own
-// failure (ErrStaleEpoch, ErrConflict, store.ErrBadRecord) is in its result.
+// failure (ErrStaleEpoch, store.ErrConflict, store.ErrBadRecord) is in its result.
 //
 // The members of one process that share a store (and a Config) combine their rounds: while
 // one round is on its way, the calls that come join the next, which runs as one batch when
@@ -221,7 +216,7 @@ func (a *applier) applyNow(ctx context.Context, calls []call) ([]result, error) 
 		if attempt == MaxAttempts {
 			for _, g := range pending {
 				for _, i := range g.idx {
-					out[i] = result{err: fmt.Errorf("%w (%d attempts)", ErrConflict, MaxAttempts)}
+					out[i] = result{err: fmt.Errorf("%w (%d attempts)", store.ErrConflict, MaxAttempts)}
 				}
 			}
 			break

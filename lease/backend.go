@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	_ "github.com/sluicehq/sluice/store/redis" // redis:// for Dial
+	"io"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -33,6 +35,7 @@ const (
 //
 // It is safe for concurrent use. Make one with New; the zero value is not usable.
 type Backend struct {
+	owned     io.Closer // the store's client, when Dial opened it: closed by Close
 	apply     applier
 	clock     clock.Clock
 	id        string
@@ -167,10 +170,40 @@ func WithObserver(o Observer) Option { return optionFunc(func(b *Backend) { b.ob
 // New returns a member of the limits it will be asked to decide, sharing them through
 // store, and starts its renewal goroutine. Close it to hand its shares back.
 func New(store store.Store, opts ...Option) (*Backend, error) {
+	return newBackend(store, nil, opts)
+}
+
+// DefaultStorePrefix is the prefix of the records in a store that Dial opens.
+const DefaultStorePrefix = "sluice:lease:"
+
+// Dial opens the store url names (store.Open: memory://, redis://, rediss://,
+// redis-cluster://, redis-sentinel://, and etcd:// or zk:// when package store/etcd or
+// store/zk is linked, as store/all links both), its records under DefaultStorePrefix,
+// checks that it answers, and returns a member on it that owns the store's client (Close
+// closes it). strict.Dial takes the same URLs. A store seen for the first time fences its
+// records for TTL + Grace (WaitUnfenced).
+func Dial(ctx context.Context, url string, opts ...Option) (*Backend, error) {
+	h, err := store.Open(ctx, url, store.WithPrefix(DefaultStorePrefix))
+	if err != nil {
+		return nil, err
+	}
+	if err := h.Ping(ctx); err != nil {
+		h.Close()
+		return nil, err
+	}
+	b, err := newBackend(h, h, opts)
+	if err != nil {
+		h.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+func newBackend(store store.Store, owned io.Closer, opts []Option) (*Backend, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: no store", ErrInvalidConfig)
 	}
-	b := &Backend{apply: applier{store: store, cfg: DefaultConfig()}, clock: clock.Default, mcfg: DefaultMemberConfig(), idleAfter: int64(DefaultIdleAfter),
+	b := &Backend{owned: owned, apply: applier{store: store, cfg: DefaultConfig()}, clock: clock.Default, mcfg: DefaultMemberConfig(), idleAfter: int64(DefaultIdleAfter),
 		timeout: DefaultStoreTimeout, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
 	for _, o := range opts {
 		o.apply(b)
@@ -584,6 +617,9 @@ func (b *Backend) Close() error {
 			if _, e := b.apply.apply(ctx, calls); e != nil {
 				err = fmt.Errorf("sluice lease: release on close: %w", e)
 			}
+		}
+		if b.owned != nil {
+			b.owned.Close()
 		}
 	})
 	return err

@@ -166,6 +166,11 @@ func Register(open Opener, schemes ...string) {
 // program's data under the store's prefix, or corruption.
 var ErrBadRecord = errors.New("sluice: bad record")
 
+// ErrConflict is wrapped by the errors of a call that kept losing the compare-and-set on
+// its records to other processes' writes, as many times as its mode tries: the lease
+// mode's allocation and the strict mode's compare-and-set path return it.
+var ErrConflict = errors.New("sluice: too many conflicting writes")
+
 // ErrBadURL is wrapped by Open's errors about a URL it cannot use.
 var ErrBadURL = errors.New("sluice: bad store url")
 

@@ -501,7 +501,7 @@ func TestBatchKeyErrors(t *testing.T) {
 		_, err2 := b.AllowOne(ctx, key, ls[0])
 		for _, err := range []error{err, err2} {
 			var re *ReplyError
-			if !errors.As(err, &re) || !strings.Contains(err.Error(), want) || errors.Is(err, ErrUnavailable) || b.Stats().Down {
+			if !errors.As(err, &re) || !strings.Contains(err.Error(), want) || errors.Is(err, backend.ErrUnavailable) || b.Stats().Down {
 				t.Fatalf("%s: got %v (down %v), want a ReplyError naming %s", key, err, b.Stats().Down, want)
 			}
 		}

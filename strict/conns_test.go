@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/backend"
+
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
 )
@@ -50,8 +52,8 @@ func TestOwnConnectionsSurviveRestart(t *testing.T) {
 		t.Fatalf("after SCRIPT FLUSH: %v %v", ok, err)
 	}
 	srv.Kill()
-	if _, err := b.AllowOne(ctx, "k", l); !errors.Is(err, ErrUnavailable) {
-		t.Fatalf("with Redis killed: %v, want ErrUnavailable", err)
+	if _, err := b.AllowOne(ctx, "k", l); !errors.Is(err, backend.ErrUnavailable) {
+		t.Fatalf("with Redis killed: %v, want backend.ErrUnavailable", err)
 	}
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
@@ -127,8 +129,8 @@ func TestDialWaitsForASlowFirstAnswer(t *testing.T) {
 	srv.Pause()
 	defer srv.Resume()
 	start := time.Now()
-	if _, err := dialRedis(context.Background(), srv.URL()); !errors.Is(err, ErrUnavailable) {
-		t.Errorf("Dial of a paused Redis: %v, want ErrUnavailable", err)
+	if _, err := dialRedis(context.Background(), srv.URL()); !errors.Is(err, backend.ErrUnavailable) {
+		t.Errorf("Dial of a paused Redis: %v, want backend.ErrUnavailable", err)
 	}
 	if took := time.Since(start); took < time.Second {
 		t.Errorf("Dial gave up on a paused Redis after %v, before its second", took)

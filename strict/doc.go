@@ -30,7 +30,7 @@
 //     arrival order.
 //   - Every call returns within the time-out (WithTimeout, 100ms by default), even while
 //     Redis is down. A failure opens a breaker: calls are then answered at once with
-//     ErrUnavailable (the limiter's fail mode, closed or open, decides) or, with
+//     backend.ErrUnavailable (the limiter's fail mode, closed or open, decides) or, with
 //     WithFailLocal, by a local GCRA at a share of the limit whose grants are charged back
 //     to Redis when it returns. One prober goroutine watches for Redis' return.
 //

@@ -13,16 +13,13 @@ import (
 	"github.com/sluicehq/sluice/backend"
 )
 
+// Every failure to get an answer from Redis in time (a connection error, no answer within
+// the time-out, a Redis that is loading or without a master, or the circuit breaker open
+// after such a failure) wraps backend.ErrUnavailable; the limiter's fail mode answers it.
 var (
-	// ErrUnavailable (backend.ErrUnavailable) wraps every failure to get an answer from Redis in
-	// time: a connection error, no answer within the time-out, a Redis that is loading or
-	// without a master, or the circuit breaker open after such a failure. The limiter's fail
-	// mode answers it.
-	ErrUnavailable = backend.ErrUnavailable
-
-	// ErrMixedWindows: the redis mode decides a key's windowed quotas only when all its
-	// limits are windows.
-	ErrMixedWindows = fmt.Errorf("%w: the redis mode decides a windowed quota only beside other windowed quotas, not beside a rate", backend.ErrUnsupported)
+	// ErrMixedWindows: the strict mode on Redis decides a key's windowed quotas only when
+	// all its limits are windows.
+	ErrMixedWindows = fmt.Errorf("%w: the strict mode on Redis decides a windowed quota only beside other windowed quotas, not beside a rate", backend.ErrUnsupported)
 )
 
 // ReplyError is an answer from Redis that the backend cannot use: an error raised by the

@@ -13,7 +13,7 @@ import (
 )
 
 // The breaker. A call that cannot reach Redis (connection error, no answer within the
-// time-out) opens it: from then on calls are answered at once (ErrUnavailable, or the
+// time-out) opens it: from then on calls are answered at once (backend.ErrUnavailable, or the
 // local fallback) instead of each waiting for the time-out, and one prober goroutine
 // checks Redis every probeEvery. When Redis answers, the prober charges the ledger to it
 // and closes the breaker. There are no retries: one probe at a time, whatever the load.
@@ -202,14 +202,14 @@ func (b *Backend) fallbackDecide(ctx context.Context, key string, req backend.Re
 	b.stats.fallbacks.Add(1)
 	scaled := gcra.ShareOf(req.Limits, b.share)
 	if req.N > gcra.MaxCost(scaled) {
-		return backend.Grant{}, fmt.Errorf("%w: redis: cost %d is above the local fallback's burst %d", ErrUnavailable, req.N, gcra.MaxCost(scaled))
+		return backend.Grant{}, fmt.Errorf("%w: redis: cost %d is above the local fallback's burst %d", backend.ErrUnavailable, req.N, gcra.MaxCost(scaled))
 	}
 	g, err := b.fallback.Decide(ctx, key, backend.Request{Limits: scaled, N: req.N, MaxDelay: req.MaxDelay})
 	if err != nil {
 		if errors.Is(err, backend.ErrClosed) {
 			return g, err
 		}
-		return g, fmt.Errorf("%w: redis: local fallback: %w", ErrUnavailable, err)
+		return g, fmt.Errorf("%w: redis: local fallback: %w", backend.ErrUnavailable, err)
 	}
 	if g.Allowed && req.N > 0 {
 		b.charge(key, req.Limits, g.Ticket.At, req.N)

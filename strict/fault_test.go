@@ -150,7 +150,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// TestFaultFailClosed: while Redis is down every call is denied with ErrUnavailable,
+// TestFaultFailClosed: while Redis is down every call is denied with backend.ErrUnavailable,
 // within the time-out; decisions resume from Redis after it returns.
 func TestFaultFailClosed(t *testing.T) {
 	c, _, _, _ := faultRun(t, "1000/s burst=50", sluice.FailClosed)
@@ -291,7 +291,7 @@ func TestFaultUnpayableDebt(t *testing.T) {
 
 // TestDirectTimeout: through a backend made by Dial (whose client honours deadlines, so
 // that its calls wait without a timer of their own), a hung Redis (SIGSTOP) answers no
-// call, and each still returns within the time-out of its own start, with ErrUnavailable:
+// call, and each still returns within the time-out of its own start, with backend.ErrUnavailable:
 // the lone call in flight, a batch sent beside it, and calls queued behind that batch,
 // which leave only when it fails and must not get a whole time-out more.
 func TestDirectTimeout(t *testing.T) {
@@ -317,7 +317,7 @@ func TestDirectTimeout(t *testing.T) {
 			start := time.Now()
 			ok, err := b.AllowOne(ctx, fmt.Sprintf("k%d", i), l)
 			lat := time.Since(start)
-			if ok || !errors.Is(err, ErrUnavailable) {
+			if ok || !errors.Is(err, backend.ErrUnavailable) {
 				t.Errorf("call %d on a hung Redis: %v %v", i, ok, err)
 			}
 			for {

@@ -45,7 +45,7 @@ func (b *Backend) CountKeys(ctx context.Context) (int64, error) {
 		total, err = scanKeys(ctx, b.client.Pipeline, match)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("%w: redis: counting keys: %w", ErrUnavailable, err)
+		return 0, fmt.Errorf("%w: redis: counting keys: %w", backend.ErrUnavailable, err)
 	}
 	return total, nil
 }

@@ -79,8 +79,8 @@ func TestUnavailableSaysWhenToRetry(t *testing.T) {
 	for step := range 2 { // the failure that opens the breaker, then one while it is open
 		_, err := b.Decide(context.Background(), "k", backend.Request{Limits: lim, N: 1})
 		d, ok := backend.RetryAfter(err)
-		if !errors.Is(err, ErrUnavailable) || !ok || d != 750*time.Millisecond {
-			t.Errorf("step %d: got %v, hint %v %v; want ErrUnavailable with a hint of 750ms", step, err, d, ok)
+		if !errors.Is(err, backend.ErrUnavailable) || !ok || d != 750*time.Millisecond {
+			t.Errorf("step %d: got %v, hint %v %v; want backend.ErrUnavailable with a hint of 750ms", step, err, d, ok)
 		}
 	}
 }

@@ -98,7 +98,7 @@ func (f optionFunc) apply(b *Backend) { f(b) }
 func WithPrefix(p string) Option { return optionFunc(func(b *Backend) { b.prefix = p }) }
 
 // WithTimeout bounds how long a call waits for Redis (default DefaultTimeout). A call with
-// no answer by then fails with ErrUnavailable, and the fail mode answers it.
+// no answer by then fails with backend.ErrUnavailable, and the fail mode answers it.
 func WithTimeout(d time.Duration) Option {
 	return optionFunc(func(b *Backend) {
 		if d > 0 {
@@ -140,7 +140,7 @@ func WithClock(c clock.Clock) Option { return optionFunc(func(b *Backend) { b.cl
 
 // WithFailLocal selects the fail mode "local": while Redis is unavailable, this process
 // decides on its own with a local GCRA at share (0 < share <= 1) of each limit's rate and
-// burst (at least one permit of burst), instead of returning ErrUnavailable. What it
+// burst (at least one permit of burst), instead of returning backend.ErrUnavailable. What it
 // admitted is charged back to Redis when Redis returns. With P processes that each run
 // at share s while all are cut off, the pool admits up to P*s of the limit: s = 1/P keeps
 // it within the limit (see docs/redis.md).
@@ -155,7 +155,7 @@ func WithFailLocal(share float64) Option {
 // WithReplicaAcks makes every batch wait, in its own round trip, until n replicas have
 // acknowledged its writes (Redis WAIT n timeout, sent in the same pipeline after the
 // script calls), for at most timeout (at most the backend's time-out; <= 0: half of it).
-// A batch that fewer replicas acknowledge in time fails with ErrUnavailable: its grants
+// A batch that fewer replicas acknowledge in time fails with backend.ErrUnavailable: its grants
 // are not used (they stay booked on the master: capacity wasted, never over-admitted),
 // and the fail mode answers. A grant that is used is then on n replicas, so a Sentinel
 // failover to one of them cannot lose it: what asynchronous replication loses to a
@@ -241,7 +241,7 @@ func dialRedis(ctx context.Context, url string, opts ...Option) (*Backend, error
 	pctx, cancel := context.WithTimeout(ctx, max(b.timeout, time.Second))
 	defer cancel()
 	for {
-		err := b.Ping(pctx) // an ErrUnavailable, if any
+		err := b.Ping(pctx) // an backend.ErrUnavailable, if any
 		if err == nil {
 			return b, nil
 		}
@@ -321,7 +321,7 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 	}
 	c := b.decideCall(key, req)
 	if err := b.run(ctx, key, c); err != nil {
-		if b.fallback != nil && errors.Is(err, ErrUnavailable) {
+		if b.fallback != nil && errors.Is(err, backend.ErrUnavailable) {
 			return b.fallbackDecide(ctx, key, req)
 		}
 		return backend.Grant{}, err
@@ -348,7 +348,7 @@ func (b *Backend) AllowOne(ctx context.Context, key string, l gcra.Limit) (bool,
 	}
 	c := b.allowCall(key, l)
 	if err := b.run(ctx, key, c); err != nil {
-		if b.fallback != nil && errors.Is(err, ErrUnavailable) {
+		if b.fallback != nil && errors.Is(err, backend.ErrUnavailable) {
 			g, err := b.fallbackDecide(ctx, key, backend.Request{Limits: ls[:], N: 1})
 			return g.Allowed, err
 		}
@@ -387,7 +387,7 @@ func (b *Backend) Adjust(ctx context.Context, key string, limits []gcra.Limit, t
 	}
 	c := b.adjustCall(key, limits, t, newN)
 	if err := b.run(ctx, key, c); err != nil {
-		if errors.Is(err, ErrUnavailable) {
+		if errors.Is(err, backend.ErrUnavailable) {
 			return b.degradedAdjust(key, limits, t, newN)
 		}
 		return err
@@ -429,7 +429,7 @@ func (b *Backend) Penalize(ctx context.Context, key string, limits []gcra.Limit,
 	}
 	c := b.penalizeCall(key, limits, int64(d))
 	if err := b.run(ctx, key, c); err != nil {
-		if errors.Is(err, ErrUnavailable) {
+		if errors.Is(err, backend.ErrUnavailable) {
 			return b.degradedPenalize(ctx, key, limits, d)
 		}
 		return err
@@ -450,14 +450,14 @@ func (b *Backend) run(ctx context.Context, key string, c *call) error {
 		if b.isClosed() {
 			return backend.ErrClosed
 		}
-		return b.unavailable(fmt.Errorf("%w: redis: down since a failure, probed every %v", ErrUnavailable, b.probeEvery))
+		return b.unavailable(fmt.Errorf("%w: redis: down since a failure, probed every %v", backend.ErrUnavailable, b.probeEvery))
 	}
 	if !b.p.submit(c) {
 		c.release()
 		return backend.ErrClosed
 	}
 	err := b.await(ctx, key, c)
-	if errors.Is(err, ErrUnavailable) {
+	if errors.Is(err, backend.ErrUnavailable) {
 		b.trip()
 		err = b.unavailable(err)
 	}
@@ -471,7 +471,7 @@ func (b *Backend) unavailable(err error) error {
 }
 
 // await waits for the answer of c (submitted), at most the time-out, and classifies its
-// error: ErrClosed, ErrUnavailable (Redis could not decide) or a *ReplyError. On success
+// error: ErrClosed, backend.ErrUnavailable (Redis could not decide) or a *ReplyError. On success
 // the caller reads c's results and releases it. On failure c is released, or abandoned to
 // the batch that may still answer it.
 func (b *Backend) await(ctx context.Context, key string, c *call) error {
@@ -505,7 +505,7 @@ func (b *Backend) await(ctx context.Context, key string, c *call) error {
 	case <-t.C:
 		timers.Put(t)
 		c.state.CompareAndSwap(callQueued, callAbandoned)
-		return fmt.Errorf("%w: redis: no answer within %v", ErrUnavailable, b.timeout)
+		return fmt.Errorf("%w: redis: no answer within %v", backend.ErrUnavailable, b.timeout)
 	case <-ctx.Done():
 		t.Stop()
 		timers.Put(t)
@@ -526,7 +526,7 @@ func (b *Backend) answered(key string, c *call) error {
 	case errors.Is(err, backend.ErrClosed):
 		return err
 	case unavailable(err):
-		return fmt.Errorf("%w: redis: %w", ErrUnavailable, err)
+		return fmt.Errorf("%w: redis: %w", backend.ErrUnavailable, err)
 	}
 	return &ReplyError{Op: op, Key: key, Err: err}
 }
@@ -574,7 +574,7 @@ func (b *Backend) Reset(ctx context.Context, key string) error {
 	p := b.client.Pipeline()
 	p.Del(ctx, b.KeyName(key), b.windowKey(key))
 	if _, err := p.Exec(ctx); err != nil {
-		return fmt.Errorf("%w: redis: %w", ErrUnavailable, err)
+		return fmt.Errorf("%w: redis: %w", backend.ErrUnavailable, err)
 	}
 	return nil
 }
@@ -587,7 +587,7 @@ func (b *Backend) Ping(ctx context.Context) error {
 	p := b.client.Pipeline()
 	p.Ping(ctx)
 	if _, err := p.Exec(ctx); err != nil {
-		return fmt.Errorf("%w: redis: %w", ErrUnavailable, err)
+		return fmt.Errorf("%w: redis: %w", backend.ErrUnavailable, err)
 	}
 	return nil
 }

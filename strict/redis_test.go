@@ -123,7 +123,7 @@ func TestWrongFormat(t *testing.T) {
 	if !errors.As(err, &re) || !strings.Contains(err.Error(), "format 2") {
 		t.Fatalf("got %v, want a ReplyError naming format 2", err)
 	}
-	if errors.Is(err, ErrUnavailable) || b.Stats().Down {
+	if errors.Is(err, backend.ErrUnavailable) || b.Stats().Down {
 		t.Fatal("a script error was taken for Redis being down")
 	}
 }

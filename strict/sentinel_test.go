@@ -75,7 +75,7 @@ func TestSentinelFailover(t *testing.T) {
 		if err == nil {
 			break
 		}
-		if !errors.Is(err, ErrUnavailable) || time.Now().After(deadline) {
+		if !errors.Is(err, backend.ErrUnavailable) || time.Now().After(deadline) {
 			t.Fatalf("after the failover: %v", err)
 		}
 		failures++

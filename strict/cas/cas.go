@@ -20,14 +20,9 @@ const (
 	DefaultPrefix  = "s1:"                  // the record names' prefix: the format version
 	DefaultTimeout = 500 * time.Millisecond // longest wait for a round of the store
 	// MaxAttempts is how many times a round reads, decides and writes back the keys whose
-	// records keep changing under it before their calls fail with ErrConflict.
+	// records keep changing under it before their calls fail with store.ErrConflict (an ErrUnavailable).
 	MaxAttempts = 8
 )
-
-// ErrConflict: a call kept losing the compare-and-set on its key's record to other
-// processes' writes, MaxAttempts times in a row. It matches backend.ErrUnavailable: the
-// limiter answers it by its fail mode, as a store that cannot be reached.
-var ErrConflict = fmt.Errorf("%w: sluice cas: too many conflicting writes", backend.ErrUnavailable)
 
 // Backend decides permits on state kept in a store.Store, one record per key read with
 // the store's time and written back by compare-and-set: the strict mode on etcd or
@@ -315,7 +310,7 @@ func (b *Backend) run(ctx context.Context, ops []*op) {
 	}
 	for attempt := 0; len(pending) > 0; attempt++ {
 		if attempt == MaxAttempts {
-			fail(pending, fmt.Errorf("%w (%d attempts)", ErrConflict, MaxAttempts))
+			fail(pending, fmt.Errorf("%w: %w (%d attempts)", backend.ErrUnavailable, store.ErrConflict, MaxAttempts))
 			return
 		}
 		if attempt > 0 {

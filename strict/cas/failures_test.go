@@ -82,7 +82,7 @@ func TestConflictsRetried(t *testing.T) {
 	}
 	m.times = MaxAttempts
 	_, err := b.Decide(ctx, "k2", backend.Request{Limits: one, N: 5})
-	if !errors.Is(err, ErrConflict) || !errors.Is(err, backend.ErrUnavailable) {
+	if !errors.Is(err, store.ErrConflict) || !errors.Is(err, backend.ErrUnavailable) {
 		t.Fatalf("after %d conflicts: got %v, want ErrConflict, an ErrUnavailable", MaxAttempts, err)
 	}
 	// The burst is still whole: the lost calls granted nothing.
