@@ -285,7 +285,7 @@ func (ls Limits) CoreAt(margin, elapsed time.Duration) []gcra.Limit {
 }
 
 // CoreRamped is Core with each limit's ramp in core units (gcra.Limit.Ramp), for a
-// backend that ramps limits itself (backend.SharedRamps: the lease mode): the ramp starts
+// backend that ramps limits itself (backend.Capabilities.SharedRamps: the lease mode): the ramp starts
 // at the part of the core's rate that the ramp's start rate is of the limit's rate (the
 // start's interval rounded up: never faster), and rises over the ramp's duration.
 func (ls Limits) CoreRamped(margin time.Duration) []gcra.Limit {

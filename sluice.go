@@ -235,7 +235,7 @@ func WithFailMode(m FailMode) Option { return optionFunc(func(l *Limiter) { l.fa
 // WithRampStart makes the ramps of the limits given to New start at t instead of when
 // New is called: a process that replaces a limiter (a daemon reloading its rules) keeps
 // the ramp where it was (see Limiter.RampStart). A t in the future starts them then. A
-// backend that ramps limits itself (backend.SharedRamps: the lease mode, whose record
+// backend that ramps limits itself (backend.Capabilities.SharedRamps: the lease mode, whose record
 // keeps when the ramp began) ignores it.
 func WithRampStart(t time.Time) Option { return optionFunc(func(l *Limiter) { l.rampFrom = t }) }
 
@@ -291,14 +291,14 @@ func New(limits Limits, opts ...Option) (*Limiter, error) {
 func (l *Limiter) supports(limits Limits) error { return Supports(l.be, limits) }
 
 // Supports returns an error wrapping ErrUnsupported if be cannot decide limits: a
-// windowed quota or a ramp it does not say it decides (backend.LimitKinds), or a windowed
+// windowed quota or a ramp it does not say it decides (backend.Capabilities), or a windowed
 // quota beside a rate where it decides windows only beside windows
-// (backend.WindowsAlone). New and SetLimits refuse such limits with this error. Only be's
-// type matters (its answers are constants), so a backend not connected yet, or a nil
-// pointer of its type, may be asked: `sluice serve --check-config` does so.
+// (Capabilities.WindowsAlone). New and SetLimits refuse such limits with this error. Only
+// be's type matters (its capabilities are constants), so a backend not connected yet, or a
+// nil pointer of its type, may be asked: `sluice serve --check-config` does so.
 func Supports(be backend.Backend, limits Limits) error {
-	k, _ := be.(backend.LimitKinds)
-	if w, ok := be.(backend.WindowsAlone); ok && w.WindowsAlone() && limits.Windowed() {
+	caps := backend.CapabilitiesOf(be)
+	if caps.WindowsAlone && limits.Windowed() {
 		for _, lim := range limits {
 			if !lim.Window {
 				return fmt.Errorf("%w: the %T backend decides windowed quotas only beside other windowed quotas, not beside %s", ErrUnsupported, be, lim)
@@ -306,10 +306,10 @@ func Supports(be backend.Backend, limits Limits) error {
 		}
 	}
 	for _, lim := range limits {
-		if lim.Window && (k == nil || !k.Windows()) {
+		if lim.Window && !caps.Windows {
 			return fmt.Errorf("%w: a windowed quota (%s) is decided by the in-process, redis and lease modes only, not by this backend (%T)", ErrUnsupported, lim, be)
 		}
-		if !lim.Ramp.IsZero() && (k == nil || !k.Ramps()) {
+		if !lim.Ramp.IsZero() && !caps.Ramps {
 			return fmt.Errorf("%w: a ramp (%s) is decided by the in-process, redis and lease modes only, not by this backend (%T)", ErrUnsupported, lim, be)
 		}
 	}
@@ -332,7 +332,7 @@ func (l *Limiter) newShape(limits Limits, prev *shape) *shape {
 	if a, ok := l.be.(backend.Allower); ok && len(sh.core) == 1 {
 		sh.allower = a
 	}
-	if s, ok := l.be.(backend.SharedRamps); ok && s.SharedRamps() {
+	if backend.CapabilitiesOf(l.be).SharedRamps {
 		// The backend ramps the limits itself, from its shared state: it is given the
 		// limits as they are once the ramps are over, with their ramps.
 		for i, lim := range limits {
@@ -434,7 +434,7 @@ func (l *Limiter) Limits() Limits {
 
 // RampStart returns when the ramps of the limits in force started (on the limiter's
 // clock's wall time), and false if none of them ramps or the backend ramps them itself
-// (backend.SharedRamps: the lease mode, whose record keeps when the ramp began).
+// (backend.Capabilities.SharedRamps: the lease mode, whose record keeps when the ramp began).
 func (l *Limiter) RampStart() (time.Time, bool) {
 	sh := l.shape.Load()
 	if sh == nil || sh.rampEnd == 0 {

@@ -137,7 +137,7 @@ func TestRampAdmitsAlongTheLine(t *testing.T) {
 type unkinded struct{ backend.Backend }
 
 // TestUnsupportedKindsRefused: a backend that does not say it decides windows or ramps
-// (backend.LimitKinds) is refused them by New and SetLimits, with ErrUnsupported.
+// (backend.Capable) is refused them by New and SetLimits, with ErrUnsupported.
 func TestUnsupportedKindsRefused(t *testing.T) {
 	be := unkinded{local.New()}
 	defer be.Close()
@@ -175,16 +175,16 @@ func TestWithRampStart(t *testing.T) {
 	}
 }
 
-// sharedRamps is a backend that ramps limits itself (backend.SharedRamps), recording the
+// sharedRamps is a backend that ramps limits itself (backend.Capabilities.SharedRamps), recording the
 // limits it is asked to decide under.
 type sharedRamps struct {
 	backend.Backend
 	seen [][]gcra.Limit
 }
 
-func (s *sharedRamps) Windows() bool     { return true }
-func (s *sharedRamps) Ramps() bool       { return true }
-func (s *sharedRamps) SharedRamps() bool { return true }
+func (s *sharedRamps) Capabilities() backend.Capabilities {
+	return backend.Capabilities{Windows: true, Ramps: true, SharedRamps: true}
+}
 func (s *sharedRamps) Decide(ctx context.Context, key string, req backend.Request) (backend.Grant, error) {
 	s.seen = append(s.seen, slices.Clone(req.Limits))
 	return backend.Grant{Result: gcra.Result{Allowed: true}}, nil
