@@ -243,16 +243,20 @@ func ExampleLimit_window() {
 }
 
 // A ramp: from 10/s to 100/s over a minute, then 100/s, for a downstream that warms up.
+// The burst rises with the rate.
 func ExampleLimit_ramp() {
-	lim, _ := sluice.ParseLimit("100/s ramp=10/s..60s")
-	fmt.Println(lim)
-	for _, at := range []time.Duration{0, 30 * time.Second, time.Minute} {
-		c := lim.CoreAt(0, at)
-		fmt.Printf("at %v: %.0f/s, burst %d\n", at, 1e9/float64(c.T), c.Burst())
+	clk := clock.NewVirtual()
+	l := sluice.MustNew(sluice.MustParse("100/s ramp=10/s..60s"), sluice.WithClock(clk))
+	defer l.Close()
+	fmt.Println(l.Limits())
+	for i, at := range []time.Duration{0, 30 * time.Second, time.Minute} {
+		clk.Set(int64(at))
+		d, _ := l.AllowN(context.Background(), fmt.Sprint("key", i), 0) // a look at a new key
+		fmt.Printf("at %v: burst %d\n", at, d.Remaining)
 	}
 	// Output:
 	// 100/s ramp=10/s..1m
-	// at 0s: 10/s, burst 10
-	// at 30s: 55/s, burst 55
-	// at 1m0s: 100/s, burst 100
+	// at 0s: burst 10
+	// at 30s: burst 55
+	// at 1m0s: burst 100
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/internal/ratehdr"
 )
 
@@ -36,7 +37,7 @@ func SetRateLimitHeaders(h http.Header, limits Limits, d Decision) {
 		pol.WriteString(";w=")
 		pol.WriteString(strconv.FormatInt(ceilSeconds(l.Period), 10))
 		pol.WriteString(";burst=")
-		pol.WriteString(strconv.FormatInt(l.burst(), 10))
+		pol.WriteString(strconv.FormatInt(limitconv.Burst(l), 10))
 	}
 	set(h, kPolicy, pol.String())
 	name := "default"

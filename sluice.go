@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/local"
 )
 
@@ -167,7 +167,7 @@ func (sh *shape) coreAt(now int64) []gcra.Limit {
 	if sh.rampEnd == 0 || now >= sh.rampEnd {
 		return sh.core
 	}
-	c := sh.limits.CoreAt(sh.margin, time.Duration(now-sh.rampStart))
+	c := limitconv.CoreAt(sh.limits, sh.margin, time.Duration(now-sh.rampStart))
 	for i := range c {
 		c[i].Origin = sh.core[i].Origin
 	}
@@ -287,41 +287,24 @@ func New(limits Limits, opts ...Option) (*Limiter, error) {
 	return l, nil
 }
 
-// supports returns an error wrapping ErrUnsupported if the backend cannot decide limits.
-func (l *Limiter) supports(limits Limits) error { return Supports(l.be, limits) }
-
-// Supports returns an error wrapping ErrUnsupported if be cannot decide limits: a
+// supports returns an error wrapping ErrUnsupported if the backend cannot decide limits: a
 // windowed quota or a ramp it does not say it decides (backend.Capabilities), or a windowed
-// quota beside a rate where it decides windows only beside windows
-// (Capabilities.WindowsAlone). New and SetLimits refuse such limits with this error. Only
-// be's type matters (its capabilities are constants), so a backend not connected yet, or a
-// nil pointer of its type, may be asked: `sluice serve --check-config` does so.
-func Supports(be backend.Backend, limits Limits) error {
-	caps := backend.CapabilitiesOf(be)
-	if caps.WindowsAlone && limits.Windowed() {
-		for _, lim := range limits {
-			if !lim.Window {
-				return fmt.Errorf("%w: the %T backend decides windowed quotas only beside other windowed quotas, not beside %s", ErrUnsupported, be, lim)
-			}
-		}
-	}
-	for _, lim := range limits {
-		if lim.Window && !caps.Windows {
-			return fmt.Errorf("%w: a windowed quota (%s) is decided by the in-process, redis and lease modes only, not by this backend (%T)", ErrUnsupported, lim, be)
-		}
-		if !lim.Ramp.IsZero() && !caps.Ramps {
-			return fmt.Errorf("%w: a ramp (%s) is decided by the in-process, redis and lease modes only, not by this backend (%T)", ErrUnsupported, lim, be)
-		}
-	}
-	return nil
-}
+// quota beside a rate where it decides windows only beside windows.
+func (l *Limiter) supports(limits Limits) error { return limitconv.Supports(l.be, limits) }
 
 // newShape derives a shape from limits (valid), warning of a margin that costs much of a
 // limit's rate. Windows are placed on the Unix time of the limiter's clock; ramps start
 // now, or when prev's did if it ramps alike.
 func (l *Limiter) newShape(limits Limits, prev *shape) *shape {
 	now := l.clock.Nanotime()
-	sh := &shape{limits: limits, core: limits.Core(l.margin), margin: l.margin}
+	// A backend that ramps the limits itself, from its shared state, is given the limits as
+	// they are once the ramps are over, with their ramps.
+	shared := backend.CapabilitiesOf(l.be).SharedRamps
+	core := limitconv.Core(limits, l.margin)
+	if shared {
+		core = limitconv.CoreRamped(limits, l.margin)
+	}
+	sh := &shape{limits: limits, core: core, margin: l.margin}
 	origin := l.clock.Now().UnixNano() - now
 	for i := range sh.core {
 		if sh.core[i].Window > 0 {
@@ -332,18 +315,13 @@ func (l *Limiter) newShape(limits Limits, prev *shape) *shape {
 	if a, ok := l.be.(backend.Allower); ok && len(sh.core) == 1 {
 		sh.allower = a
 	}
-	if backend.CapabilitiesOf(l.be).SharedRamps {
-		// The backend ramps the limits itself, from its shared state: it is given the
-		// limits as they are once the ramps are over, with their ramps.
-		for i, lim := range limits {
-			sh.core[i].Ramp = rampOf(lim, sh.core[i])
-		}
+	if shared {
 		return l.finishShape(limits, sh)
 	}
-	if over := limits.RampOver(); over > 0 {
+	if over := limitconv.RampOver(limits); over > 0 {
 		sh.rampStart = now
 		switch {
-		case prev != nil && SameRamps(prev.limits, limits):
+		case prev != nil && limitconv.SameRamps(prev.limits, limits):
 			sh.rampStart = prev.rampStart
 		case prev == nil && !l.rampFrom.IsZero():
 			sh.rampStart = now - int64(l.clock.Now().Sub(l.rampFrom))
@@ -353,39 +331,15 @@ func (l *Limiter) newShape(limits Limits, prev *shape) *shape {
 	return l.finishShape(limits, sh)
 }
 
-// rampOf is lim's ramp in core units (gcra.Ramp) for core, lim's core limit: the ramp
-// starts at the part of core's rate that the ramp's start rate is of lim's rate (T0
-// rounded up: never faster), and rises over the ramp's duration. The zero Ramp if lim
-// does not ramp.
-func rampOf(lim Limit, core gcra.Limit) gcra.Ramp {
-	if lim.Ramp.IsZero() || lim.Window {
-		return gcra.Ramp{}
-	}
-	start := (int64(lim.Ramp.Period) + lim.Ramp.Rate - 1) / lim.Ramp.Rate // the start's interval
-	hi, lo := bits.Mul64(uint64(core.T), uint64(start))
-	iv := uint64(lim.Interval())
-	t0 := int64(math.MaxInt64)
-	if hi < iv {
-		q, r := bits.Div64(hi, lo, iv)
-		if r != 0 {
-			q++
-		}
-		if q <= math.MaxInt64 {
-			t0 = int64(q)
-		}
-	}
-	return gcra.Ramp{T0: max(t0, core.T), Over: int64(lim.Ramp.Over)}
-}
-
 // finishShape completes sh: how late a permit may be handed to its user, and a warning
 // of a margin that costs much of a limit's rate.
 func (l *Limiter) finishShape(limits Limits, sh *shape) *shape {
 	sh.expireAfter = expireAfter(limits, sh.core, l.margin)
 	for i, lim := range limits {
-		if kept := float64(lim.Interval()) / float64(sh.core[i].T); kept < 0.9 {
+		if kept := float64(limitconv.Interval(lim)) / float64(sh.core[i].T); kept < 0.9 {
 			l.log.Warn("sluice: the margin costs a limit much of its rate: with a burst this small, permits are spaced by the interval plus the margin",
 				"limit", lim.String(), "margin", l.margin, "rate_kept", fmt.Sprintf("%.1f%%", 100*kept),
-				"burst_keeping_the_rate", (int64(l.margin)+int64(lim.Interval())-1)/int64(lim.Interval())+1)
+				"burst_keeping_the_rate", (int64(l.margin)+int64(limitconv.Interval(lim))-1)/int64(limitconv.Interval(lim))+1)
 		}
 	}
 	return sh
@@ -441,20 +395,6 @@ func (l *Limiter) RampStart() (time.Time, bool) {
 		return time.Time{}, false
 	}
 	return l.clock.Now().Add(-time.Duration(l.clock.Nanotime() - sh.rampStart)), true
-}
-
-// SameRamps reports whether a and b ramp alike: the same ramps on the same rates, so that
-// a ramp of a goes on as b's (see SetLimits, WithRampStart).
-func SameRamps(a, b Limits) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i].Ramp != b[i].Ramp || a[i].Rate != b[i].Rate || a[i].Period != b[i].Period {
-			return false
-		}
-	}
-	return true
 }
 
 // Expired returns how many reserved permits this limiter did not use because they came to
@@ -803,7 +743,7 @@ func expireAfter(limits Limits, core []gcra.Limit, margin time.Duration) int64 {
 		if lim.Window {
 			continue
 		}
-		t := int64(lim.Interval())
+		t := int64(limitconv.Interval(lim))
 		tolerance := m // the margin spaces the permits
 		if core[i].T <= t && t > 0 {
 			tolerance = (m + t - 1) / t * t // a reserve of whole tokens

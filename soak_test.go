@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/limitconv"
 )
 
 func soakTime(t *testing.T) time.Duration {
@@ -59,7 +60,7 @@ func TestSoakLocalWaiters(t *testing.T) {
 	wg.Wait()
 	end := l.Clock().Nanotime()
 	slices.Sort(permits)
-	core := limit.Core(0)
+	core := limitconv.Core(limit, 0)
 	tats := []int64{0}
 	for i, p := range permits {
 		if r, _, _ := gcra.Decide(tats, core, p, 1, 0); !r.Allowed {

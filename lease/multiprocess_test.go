@@ -29,6 +29,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
 	"github.com/sluicehq/sluice/internal/zkclient"
 	"github.com/sluicehq/sluice/lease"
@@ -584,10 +585,10 @@ func TestRedisKilledAndRestartedEmpty(t *testing.T) {
 	}
 	slices.Sort(ps)
 	slices.Sort(slots)
-	if i := conform(slots, limits.Core(mpMargin)[0], 0); i >= 0 {
+	if i := conform(slots, limitconv.Core(limits, mpMargin)[0], 0); i >= 0 {
 		t.Fatalf("over-admission: slot %d of %d at %v after the kill breaks 100/s burst=10 tightened by the margin", i, len(slots), time.Duration(slots[i]-killed))
 	}
-	if i := conform(ps, limits.Core(0)[0], 0); i >= 0 {
+	if i := conform(ps, limitconv.Core(limits, 0)[0], 0); i >= 0 {
 		t.Fatalf("permit %d of %d used at %v after the kill breaks 100/s burst=10 (as a strict API judges)", i, len(ps), time.Duration(ps[i]-killed))
 	}
 	cfgL := lease.DefaultConfig()

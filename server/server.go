@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/internal/wire"
 	"github.com/sluicehq/sluice/local"
 )
@@ -174,7 +175,7 @@ func Check(cfg Config, log *slog.Logger) error { return CheckOn(cfg, log, nil) }
 
 // CheckOn is Check for a daemon on back end like (nil: the in-process one): it also
 // refuses a rule whose limits like does not decide (a windowed quota or a ramp; see
-// sluice.Supports), as starting on it would. Only like's type is asked: a backend not
+// limitconv.Supports), as starting on it would. Only like's type is asked: a backend not
 // connected, or a nil pointer of its type, will do. `sluice serve --check-config` runs it.
 func CheckOn(cfg Config, log *slog.Logger, like backend.Backend) error {
 	lb := local.New(local.WithMaxKeys(max(cfg.MaxKeys, 1)))
@@ -195,7 +196,7 @@ func CheckOn(cfg Config, log *slog.Logger, like backend.Backend) error {
 		if c.noLimit() {
 			continue
 		}
-		if err := sluice.Supports(like, c.Limit); err != nil {
+		if err := limitconv.Supports(like, c.Limit); err != nil {
 			return fmt.Errorf("rule %q: %w", c.Name, err)
 		}
 	}
@@ -259,7 +260,7 @@ func (s *Server) rampOf(name string, limits sluice.Limits) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	for _, c := range old.rules {
-		if c.Name == name && c.limiter != nil && sluice.SameRamps(c.Limit, limits) {
+		if c.Name == name && c.limiter != nil && limitconv.SameRamps(c.Limit, limits) {
 			return c.limiter.RampStart()
 		}
 	}

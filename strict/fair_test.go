@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/internal/measure"
 )
 
@@ -140,7 +141,7 @@ func TestFairWaitingMultiProcess(t *testing.T) {
 	t.Parallel() // waiting, mostly: these real-time runs overlap each other
 	const workers = 50
 	limits := sluice.MustParse("10/s burst=1")
-	interval := limits[0].Interval()
+	interval := limitconv.Interval(limits[0])
 	for _, giveUp := range []float64{0, 0.1} {
 		t.Run(fmt.Sprintf("give_up=%v", giveUp), func(t *testing.T) {
 			t.Parallel()

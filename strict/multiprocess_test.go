@@ -23,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
 )
 
@@ -305,7 +306,7 @@ func runWorkersOut(t *testing.T, procs int, cfg workerConfig, skews []time.Durat
 // key over the span of its grants.
 func judge(t *testing.T, grants []grantRecord, limits sluice.Limits) map[string]float64 {
 	t.Helper()
-	core := limits.Core(0)
+	core := limitconv.Core(limits, 0)
 	byKey, all := map[string][]grantRecord{}, map[string][]grantRecord{}
 	for _, g := range grants {
 		all[g.key] = append(all[g.key], g)
