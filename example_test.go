@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/httplimit"
 )
 
 // The seed's timeline: one permit every 6 seconds, requests at t=2, 8, 13 and 14.
@@ -210,7 +211,7 @@ func ExampleTransport() {
 func ExampleLimiter_Middleware() {
 	l := sluice.MustNew(sluice.MustParse("2/m"), sluice.WithClock(clock.NewVirtual()))
 	defer l.Close()
-	h := l.Middleware(sluice.KeyByRemoteAddr)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := l.Middleware(httplimit.KeyByRemoteAddr)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, "ok")
 	}))
 	for i := 0; i < 3; i++ {

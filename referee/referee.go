@@ -27,6 +27,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/limitconv"
 )
 
@@ -277,7 +278,7 @@ func (r *Referee) Reset() {
 
 // TokenOf reads a request's API token: the bearer token of Authorization, else the
 // X-Api-Token header.
-func TokenOf(req *http.Request) string { return sluice.KeyByToken(req) }
+func TokenOf(req *http.Request) string { return httplimit.KeyByToken(req) }
 
 // ServeHTTP answers GET /stats with the counts, and every other request as the API: 401
 // without a token, 200 within the limit, 429 past it.

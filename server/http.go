@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/wire"
 )
 
@@ -134,7 +135,7 @@ func (s *Server) handleDecide(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if d.Rule != "" {
-		sluice.SetRateLimitHeaders(w.Header(), d.Limits, d.Decision)
+		httplimit.SetRateLimitHeaders(w.Header(), d.Limits, d.Decision)
 	}
 	writeJSON(w, status, resp)
 }
