@@ -196,9 +196,6 @@ func (ls Limits) Validate() error {
 	return nil
 }
 
-// ErrBadLimit is wrapped by every *LimitError.
-var ErrBadLimit = errors.New("sluice: bad limit")
-
 // LimitError reports a limit that cannot be parsed or used, naming the bad part.
 type LimitError struct {
 	Input  string // the whole text given

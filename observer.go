@@ -1,6 +1,10 @@
 package sluice
 
-import "time"
+import (
+	"time"
+
+	"github.com/sluicehq/sluice/backend"
+)
 
 // EventKind says what an Event reports.
 type EventKind int
@@ -51,7 +55,7 @@ type Event struct {
 	Latency  time.Duration // time the backend took to decide
 	Wait     time.Duration // the wait or penalty length
 	Err      error
-	FailMode FailMode
+	FailMode backend.FailMode
 }
 
 // Observer is told of a limiter's decisions, waits, penalties, settlements and backend

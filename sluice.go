@@ -17,37 +17,24 @@ import (
 	"github.com/sluicehq/sluice/local"
 )
 
-// Errors callers can branch on.
+// Errors the limiter returns, for errors.Is. A failure of the backend is declared where it
+// arises, in package backend (backend.ErrClosed, backend.ErrTooManyKeys,
+// backend.ErrUnavailable with *backend.UnavailableError, backend.ErrUnsupported), and a
+// cost above the burst in package gcra (gcra.ErrCostExceedsBurst).
 var (
 	// ErrThrottled: the request was not granted within the bound the caller set (a
 	// pessimistic call, or a wait longer than allowed). Errors wrapping it are
 	// *ThrottledError values carrying RetryAfter.
 	ErrThrottled = errors.New("sluice: throttled")
-	// ErrCostExceedsBurst: more permits than the smallest burst can ever grant at once.
-	ErrCostExceedsBurst = gcra.ErrCostExceedsBurst
-	// ErrClosed: the limiter has been closed.
-	ErrClosed = backend.ErrClosed
-	// ErrTooManyKeys: the backend holds its maximum number of keys.
-	ErrTooManyKeys = backend.ErrTooManyKeys
-	// ErrUnavailable wraps a backend failure that the fail mode answered with a denial
-	// (whose RetryAfter says when to ask again); see UnavailableError.
-	ErrUnavailable = backend.ErrUnavailable
-	// ErrUnsupported: the backend cannot do what was asked (see Limiter.Reset).
-	ErrUnsupported = backend.ErrUnsupported
 	// ErrPermitExpired: a reserved permit came to be used later than the margin allows
 	// (the lateness its limit tolerates less half the margin, kept for the trip to the
 	// API, and at most the margin: half the margin with burst 1; the caller was paused,
 	// its machine stalled): used now it could reach the API too close to the next one, so
 	// Reservation.Wait gave it back instead (see WithMargin). The caller may ask again.
 	ErrPermitExpired = errors.New("sluice: permit expired")
+	// ErrBadLimit is wrapped by every *LimitError.
+	ErrBadLimit = errors.New("sluice: bad limit")
 )
-
-// UnavailableError is a backend failure that says when to try again: RetryAfter is how
-// long until the backend next tries to reach its shared state (the redis mode: its
-// prober's interval). It matches ErrUnavailable with errors.Is; get it with errors.As.
-// Wait and Do wait such a failure out (within their bounds); a failure without it (a key
-// cap reached) is returned at once.
-type UnavailableError = backend.UnavailableError
 
 // unavailableRetry is the RetryAfter of a failure's denial when the backend gives no hint.
 const unavailableRetry = 100 * time.Millisecond
@@ -65,24 +52,6 @@ func (e *ThrottledError) Error() string {
 
 // Is reports whether target is ErrThrottled.
 func (e *ThrottledError) Is(target error) bool { return target == ErrThrottled }
-
-// FailMode says what a limiter answers when its backend cannot decide (a store or peers
-// unreachable, a key cap reached): see docs/concepts.md, "Fail modes". The limiter itself
-// answers FailClosed (the default) or FailOpen; FailLocal is a backend's (the lease mode's
-// default, the redis mode's WithFailLocal), and a limiter set to it answers a failure its
-// backend could not absorb as FailClosed.
-type FailMode = backend.FailMode
-
-// Fail modes.
-const (
-	FailDefault = backend.FailDefault // FailClosed, for a limiter
-	FailClosed  = backend.FailClosed
-	FailOpen    = backend.FailOpen
-	FailLocal   = backend.FailLocal
-)
-
-// ParseFailMode reads "closed", "open" or "local".
-func ParseFailMode(s string) (FailMode, error) { return backend.ParseFailMode(s) }
 
 // Decision is the answer to a request for permits. Being throttled is a normal result,
 // not an error.
@@ -118,7 +87,7 @@ const DefaultMargin = 0
 
 // Limiter throttles keys to a set of limits, deciding in its backend (in process by
 // default). Its methods are safe for concurrent use. Make one with New; the zero value
-// decides nothing (Allow answers false, the other methods ErrClosed), as does a closed
+// decides nothing (Allow answers false, the other methods backend.ErrClosed), as does a closed
 // limiter.
 type Limiter struct {
 	shape    atomic.Pointer[shape] // the limits in force; nil for the zero value
@@ -127,7 +96,7 @@ type Limiter struct {
 	clock    clock.Clock
 	margin   time.Duration
 	maxWait  time.Duration
-	failMode FailMode
+	failMode backend.FailMode
 	rampFrom time.Time // WithRampStart; zero: ramps start with New
 	observer Observer
 	log      *slog.Logger
@@ -178,7 +147,7 @@ func (sh *shape) coreAt(now int64) []gcra.Limit {
 func (sh *shape) ramping(now int64) bool { return sh.rampEnd != 0 && now < sh.rampEnd }
 
 // errZero is what a zero Limiter answers: it has no limits and no backend.
-var errZero = fmt.Errorf("%w: a zero Limiter decides nothing: make one with New", ErrClosed)
+var errZero = fmt.Errorf("%w: a zero Limiter decides nothing: make one with New", backend.ErrClosed)
 
 // minPenaltySweep is the fewest remembered penalties that make Penalize sweep the ended
 // ones.
@@ -229,8 +198,14 @@ func WithMaxWait(d time.Duration) Option {
 	return optionFunc(func(l *Limiter) { l.maxWait = d })
 }
 
-// WithFailMode sets what the limiter answers when its backend fails (default FailClosed).
-func WithFailMode(m FailMode) Option { return optionFunc(func(l *Limiter) { l.failMode = m }) }
+// WithFailMode sets what the limiter answers when its backend cannot decide (a store or
+// peers unreachable, a key cap reached): see docs/concepts.md, "Fail modes". The limiter
+// itself answers backend.FailClosed (the default) or backend.FailOpen; backend.FailLocal
+// is a backend's (the lease mode's default, the redis mode's WithFailLocal), and a
+// limiter set to it answers a failure its backend could not absorb as FailClosed.
+func WithFailMode(m backend.FailMode) Option {
+	return optionFunc(func(l *Limiter) { l.failMode = m })
+}
 
 // WithRampStart makes the ramps of the limits given to New start at t instead of when
 // New is called: a process that replaces a limiter (a daemon reloading its rules) keeps
@@ -267,8 +242,8 @@ func New(limits Limits, opts ...Option) (*Limiter, error) {
 	for _, o := range opts {
 		o.apply(l)
 	}
-	if l.failMode == FailDefault {
-		l.failMode = FailClosed
+	if l.failMode == backend.FailDefault {
+		l.failMode = backend.FailClosed
 	}
 	if l.log == nil {
 		l.log = slog.Default()
@@ -287,7 +262,7 @@ func New(limits Limits, opts ...Option) (*Limiter, error) {
 	return l, nil
 }
 
-// supports returns an error wrapping ErrUnsupported if the backend cannot decide limits: a
+// supports returns an error wrapping backend.ErrUnsupported if the backend cannot decide limits: a
 // windowed quota or a ramp it does not say it decides (backend.Capabilities), or a windowed
 // quota beside a rate where it decides windows only beside windows.
 func (l *Limiter) supports(limits Limits) error { return limitconv.Supports(l.be, limits) }
@@ -416,7 +391,7 @@ func (l *Limiter) MaxCost() int64 {
 	return 0
 }
 
-// Close closes the backend if the limiter made it. Later calls return ErrClosed.
+// Close closes the backend if the limiter made it. Later calls return backend.ErrClosed.
 func (l *Limiter) Close() error {
 	if l.ownsBE {
 		return l.be.Close()
@@ -428,7 +403,7 @@ func (l *Limiter) Close() error {
 // answers false as well when no permit could be decided: after Close, on a zero Limiter,
 // and when the backend failed and the fail mode is closed (the default). A caller that
 // must tell those apart from being throttled calls AllowN(ctx, key, 1), whose error says
-// (ErrClosed, or an *UnavailableError with when to retry).
+// (backend.ErrClosed, or a *backend.UnavailableError with when to retry).
 func (l *Limiter) Allow(ctx context.Context, key string) bool {
 	sh := l.shape.Load()
 	if sh == nil {
@@ -447,10 +422,11 @@ func (l *Limiter) Allow(ctx context.Context, key string) bool {
 }
 
 // AllowN takes n permits for key if they are available now. The error is non-nil for a
-// bad request (ErrCostExceedsBurst), a closed or zero limiter (ErrClosed), or a backend
-// failure answered by FailClosed (matching ErrUnavailable, with a denial whose RetryAfter
-// says when to ask again: the backend's hint, see UnavailableError, or 100ms); FailOpen
-// answers failures with an allowance and no error.
+// bad request (gcra.ErrCostExceedsBurst), a closed or zero limiter (backend.ErrClosed), or
+// a backend failure answered by FailClosed (matching backend.ErrUnavailable, with a denial
+// whose RetryAfter says when to ask again: the backend's hint, see
+// backend.UnavailableError, or 100ms); FailOpen answers failures with an allowance and no
+// error.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, error) {
 	g, err := l.decide(ctx, key, n, 0)
 	return decisionOf(g.Result), err
@@ -539,9 +515,10 @@ func (l *Limiter) Wait(ctx context.Context, key string) error {
 // real cost is known. Waits for one permit go through the key's waiting room (as Wait);
 // waits for more reserve their own place in arrival order.
 //
-// While the backend is unavailable and says when to try again (an *UnavailableError) and
-// the limiter fails closed, WaitN waits too: it asks again after the error's RetryAfter,
-// as long as its context and maximum wait allow, and returns the error when they do not.
+// While the backend is unavailable and says when to try again (a
+// *backend.UnavailableError) and the limiter fails closed, WaitN waits too: it asks again
+// after the error's RetryAfter, as long as its context and maximum wait allow, and returns
+// the error when they do not.
 func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (*Reservation, error) {
 	if n == 1 && l.shape.Load() != nil {
 		return l.waitFair(ctx, key, l.waitBound(ctx), l.maxWait)
@@ -593,7 +570,7 @@ func (l *Limiter) Penalize(ctx context.Context, key string, until time.Time) err
 
 // Reset forgets key: any penalty on it is lifted and its next request is decided as a new
 // key's, with its whole burst, for every caller that shares the backend's state. It returns
-// ErrUnsupported if the backend cannot forget a key (see backend.Resetter).
+// backend.ErrUnsupported if the backend cannot forget a key (see backend.Resetter).
 func (l *Limiter) Reset(ctx context.Context, key string) error {
 	if l.shape.Load() == nil {
 		return errZero
@@ -603,7 +580,7 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 	}
 	r, ok := l.be.(backend.Resetter)
 	if !ok {
-		return fmt.Errorf("%w: the backend cannot forget a key", ErrUnsupported)
+		return fmt.Errorf("%w: the backend cannot forget a key", backend.ErrUnsupported)
 	}
 	return r.Reset(ctx, key)
 }
@@ -700,17 +677,17 @@ func (l *Limiter) decideIn(ctx context.Context, core []gcra.Limit, key string, n
 func (l *Limiter) failed(key string, n int64, err error) (backend.Grant, error) {
 	switch {
 	case errors.Is(err, gcra.ErrCostExceedsBurst), errors.Is(err, gcra.ErrInvalidCost),
-		errors.Is(err, gcra.ErrInvalidLimits), errors.Is(err, ErrClosed):
+		errors.Is(err, gcra.ErrInvalidLimits), errors.Is(err, backend.ErrClosed):
 		return backend.Grant{}, fmt.Errorf("sluice: key %q, cost %d: %w", key, n, err)
 	}
 	l.observe(Event{Kind: EventError, Key: key, N: n, Err: err, FailMode: l.failMode})
-	if l.failMode == FailOpen {
+	if l.failMode == backend.FailOpen {
 		return backend.Grant{Result: gcra.Result{Allowed: true}}, nil
 	}
-	if errors.Is(err, ErrUnavailable) {
+	if errors.Is(err, backend.ErrUnavailable) {
 		err = fmt.Errorf("sluice: key %q: %w", key, err)
-	} else { // ErrTooManyKeys, or a backend's own failure
-		err = fmt.Errorf("%w: key %q: %w", ErrUnavailable, key, err)
+	} else { // backend.ErrTooManyKeys, or a backend's own failure
+		err = fmt.Errorf("%w: key %q: %w", backend.ErrUnavailable, key, err)
 	}
 	hint, ok := backend.RetryAfter(err)
 	if !ok {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/local"
@@ -51,7 +52,7 @@ func TestAllowNDecision(t *testing.T) {
 	if d.Allowed || d.RetryAfter != 100*time.Millisecond {
 		t.Fatalf("over the burst: got %+v, want denied with RetryAfter 100ms", d)
 	}
-	if _, err := l.AllowN(bg, "k", 6); !errors.Is(err, ErrCostExceedsBurst) {
+	if _, err := l.AllowN(bg, "k", 6); !errors.Is(err, gcra.ErrCostExceedsBurst) {
 		t.Fatalf("cost 6 over burst 5: got %v", err)
 	}
 }
@@ -327,13 +328,13 @@ func TestFailModes(t *testing.T) {
 	closed, _ := newVirtual(t, "1/h", WithMaxKeys(1), WithObserver(obs))
 	closed.Allow(bg, "a")
 	d, err := closed.AllowN(bg, "b", 1)
-	if d.Allowed || !errors.Is(err, ErrUnavailable) || !errors.Is(err, ErrTooManyKeys) {
+	if d.Allowed || !errors.Is(err, backend.ErrUnavailable) || !errors.Is(err, backend.ErrTooManyKeys) {
 		t.Fatalf("fail closed: %+v %v", d, err)
 	}
-	if err := closed.Wait(bg, "b"); !errors.Is(err, ErrUnavailable) {
+	if err := closed.Wait(bg, "b"); !errors.Is(err, backend.ErrUnavailable) {
 		t.Fatalf("fail closed Wait: %v", err)
 	}
-	open, _ := newVirtual(t, "1/h", WithMaxKeys(1), WithFailMode(FailOpen), WithObserver(obs))
+	open, _ := newVirtual(t, "1/h", WithMaxKeys(1), WithFailMode(backend.FailOpen), WithObserver(obs))
 	open.Allow(bg, "a")
 	if d, err := open.AllowN(bg, "b", 1); !d.Allowed || err != nil {
 		t.Fatalf("fail open: %+v %v", d, err)
@@ -341,8 +342,8 @@ func TestFailModes(t *testing.T) {
 	if errs.Load() != 3 {
 		t.Errorf("observer saw %d errors, want 3", errs.Load())
 	}
-	if _, err := ParseFailMode("sideways"); err == nil {
-		t.Error("ParseFailMode accepted a bad mode")
+	if _, err := backend.ParseFailMode("sideways"); err == nil {
+		t.Error("backend.ParseFailMode accepted a bad mode")
 	}
 }
 
@@ -373,7 +374,7 @@ func TestObserverSeesDecisionsAndWaits(t *testing.T) {
 func TestClosedLimiter(t *testing.T) {
 	l, _ := newVirtual(t, "1/s")
 	l.Close()
-	if _, err := l.AllowN(bg, "k", 1); !errors.Is(err, ErrClosed) {
+	if _, err := l.AllowN(bg, "k", 1); !errors.Is(err, backend.ErrClosed) {
 		t.Errorf("after Close: %v", err)
 	}
 }

@@ -137,17 +137,17 @@ func TestRampAdmitsAlongTheLine(t *testing.T) {
 type unkinded struct{ backend.Backend }
 
 // TestUnsupportedKindsRefused: a backend that does not say it decides windows or ramps
-// (backend.Capable) is refused them by New and SetLimits, with ErrUnsupported.
+// (backend.Capable) is refused them by New and SetLimits, with backend.ErrUnsupported.
 func TestUnsupportedKindsRefused(t *testing.T) {
 	be := unkinded{local.New()}
 	defer be.Close()
 	for _, s := range []string{"10/h window", "100/s ramp=1/s..1m", "5/s; 10/h window"} {
-		if _, err := New(MustParse(s), WithBackend(be)); !errors.Is(err, ErrUnsupported) {
-			t.Errorf("New(%q): got %v, want ErrUnsupported", s, err)
+		if _, err := New(MustParse(s), WithBackend(be)); !errors.Is(err, backend.ErrUnsupported) {
+			t.Errorf("New(%q): got %v, want backend.ErrUnsupported", s, err)
 		}
 	}
 	l := MustNew(MustParse("5/s"), WithBackend(be))
-	if err := l.SetLimits(MustParse("10/h window")); !errors.Is(err, ErrUnsupported) || l.Limits().String() != "5/s" {
+	if err := l.SetLimits(MustParse("10/h window")); !errors.Is(err, backend.ErrUnsupported) || l.Limits().String() != "5/s" {
 		t.Errorf("SetLimits to a window: got %v, limits %v", err, l.Limits())
 	}
 }

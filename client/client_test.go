@@ -142,7 +142,7 @@ func TestFailOpenAndBackOff(t *testing.T) {
 		t.Fatal("fail open answered NO")
 	}
 	for i := 0; i < 100; i++ {
-		if _, err := c.Query(bg, "api", 1, 0); !errors.Is(err, client.ErrUnavailable) {
+		if _, err := c.Query(bg, "api", 1, 0); !errors.Is(err, backend.ErrUnavailable) {
 			t.Fatalf("during the back-off: %v", err)
 		}
 	}
@@ -159,7 +159,7 @@ func TestFailOpenAndBackOff(t *testing.T) {
 	}
 	// A failed answer says when the client asks again (its back-off), so a caller that
 	// waits does not spin.
-	if a, err := closed.Query(bg, "api", 1, 0); !a.Failed || a.Allowed || a.RetryAfter < 100*time.Millisecond || !errors.Is(err, client.ErrUnavailable) {
+	if a, err := closed.Query(bg, "api", 1, 0); !a.Failed || a.Allowed || a.RetryAfter < 100*time.Millisecond || !errors.Is(err, backend.ErrUnavailable) {
 		t.Errorf("a failed query: %+v %v, want a denial with RetryAfter >= 100ms", a, err)
 	}
 	// The daemon comes up on that address: after the back-off a probe reaches it.

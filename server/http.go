@@ -11,8 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/wire"
 )
@@ -128,7 +128,7 @@ func (s *Server) handleDecide(w http.ResponseWriter, r *http.Request) {
 	status := http.StatusOK
 	if err != nil {
 		resp.Error = err.Error()
-		if errors.Is(err, sluice.ErrCostExceedsBurst) {
+		if errors.Is(err, gcra.ErrCostExceedsBurst) {
 			status = http.StatusBadRequest
 		} else {
 			status = http.StatusServiceUnavailable

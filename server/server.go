@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/internal/wire"
 	"github.com/sluicehq/sluice/local"
@@ -210,7 +211,7 @@ func (s *Server) apply(cfg Config) error {
 	if err != nil {
 		return err
 	}
-	fm, _ := sluice.ParseFailMode(cfg.FailMode) // local: the back end answers failures itself
+	fm, _ := backend.ParseFailMode(cfg.FailMode) // local: the back end answers failures itself
 	for _, c := range rs.rules {
 		c.counters = s.m.forRule(c.Name)
 		rpu, unit := envoyLimit(c.Limit)
@@ -786,7 +787,7 @@ func (cn *conn) serve() {
 			}
 		default:
 			d, err := s.decide(ctx, string(q.Tag), q.N, time.Duration(q.WaitMs)*time.Millisecond, q.Stamp)
-			if errors.Is(err, sluice.ErrCostExceedsBurst) {
+			if errors.Is(err, gcra.ErrCostExceedsBurst) {
 				s.m.badInput.WithLabelValues("cost_over_burst").Inc()
 				out = wire.AppendRefusal(out, "cost exceeds the burst: it can never be granted")
 				break

@@ -37,7 +37,7 @@ func TestWaitWaitsOutAnOutage(t *testing.T) {
 	short, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	err := lim.Wait(short, "api")
-	if d, ok := backend.RetryAfter(err); !errors.Is(err, sluice.ErrUnavailable) || !ok || d != probe {
+	if d, ok := backend.RetryAfter(err); !errors.Is(err, backend.ErrUnavailable) || !ok || d != probe {
 		t.Fatalf("a Wait whose deadline comes first: %v, want the failure with a hint of %v", err, probe)
 	}
 

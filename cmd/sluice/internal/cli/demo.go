@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/cas"
 	"github.com/sluicehq/sluice/cmd/sluice/internal/demo"
 	"github.com/sluicehq/sluice/lease"
@@ -141,11 +142,11 @@ const demoLeaseRenew = 40 * time.Millisecond
 // their own, so that a run never meets the state of an earlier one.
 func redisLimiter(url string, timeout time.Duration, failMode string, share float64) (func(context.Context, sluice.Limits, time.Duration) (*sluice.Limiter, func(), error), error) {
 	opts := []strict.Option{strict.WithTimeout(timeout), strict.WithPrefix(fmt.Sprintf("sluice:demo:%d:", time.Now().UnixNano()))}
-	fm := sluice.FailClosed
+	fm := backend.FailClosed
 	switch failMode {
 	case "closed":
 	case "open":
-		fm = sluice.FailOpen
+		fm = backend.FailOpen
 	case "local":
 		if share <= 0 || share > 1 {
 			return nil, usagef("--fallback-share %g: want more than 0 and at most 1", share)
@@ -174,9 +175,9 @@ func redisLimiter(url string, timeout time.Duration, failMode string, share floa
 // casLimiter makes the demo's limiter for the strict mode on a store (st nil: one in
 // memory): one backend for the pool, as one process.
 func casLimiter(st lease.Store, failMode string) func(context.Context, sluice.Limits, time.Duration) (*sluice.Limiter, func(), error) {
-	fm := sluice.FailClosed
+	fm := backend.FailClosed
 	if failMode == "open" {
-		fm = sluice.FailOpen
+		fm = backend.FailOpen
 	}
 	return func(ctx context.Context, limits sluice.Limits, margin time.Duration) (*sluice.Limiter, func(), error) {
 		if st == nil {
