@@ -48,7 +48,7 @@ func ExampleLimiter_Reserve() {
 	ctx := context.Background()
 	for i := 0; i < 3; i++ {
 		r, _ := l.Reserve(ctx, "api", 1)
-		fmt.Println(r.OK(), r.Delay)
+		fmt.Println(r.Allowed, r.Delay)
 	}
 	// Output:
 	// true 0s

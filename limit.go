@@ -34,7 +34,8 @@ import (
 //
 // The text form, shared by every interface of Sluice, is RATE/PERIOD with optional
 // options: "100/s", "4500/h", "1/6s", "10/s burst=20", "2/1500ms", "10000/24h window",
-// "100/s ramp=10/s..60s". See ParseLimit.
+// "100/s ramp=10/s..60s". See Parse. In code, a limit is parsed (MustParse("10/s
+// burst=20")) or written as a literal (Limit{Rate: 10, Period: time.Second, Burst: 20}).
 type Limit struct {
 	Rate   int64         // permits per Period, > 0
 	Period time.Duration // > 0
@@ -51,11 +52,8 @@ type Ramp struct {
 	Over   time.Duration // > 0
 }
 
-// IsZero reports whether r is no ramp.
-func (r Ramp) IsZero() bool { return r == Ramp{} }
-
-// String is the ramp's text form without the "ramp=": "10/s..1m".
-func (r Ramp) String() string {
+// text is the ramp's text form without the "ramp=": "10/s..1m".
+func (r Ramp) text() string {
 	return strconv.FormatInt(r.Rate, 10) + "/" + formatPeriod(r.Period) + ".." + formatDuration(r.Over)
 }
 
@@ -63,26 +61,8 @@ func (r Ramp) String() string {
 // 4500/h; 50000/24h"). At most gcra.MaxLimits.
 type Limits []Limit
 
-// PerSecond returns rate permits a second, with a burst of rate.
-func PerSecond(rate int64) Limit { return Limit{Rate: rate, Period: time.Second, Burst: rate} }
-
-// PerMinute returns rate permits a minute, with a burst of rate.
-func PerMinute(rate int64) Limit { return Limit{Rate: rate, Period: time.Minute, Burst: rate} }
-
-// PerHour returns rate permits an hour, with a burst of rate.
-func PerHour(rate int64) Limit { return Limit{Rate: rate, Period: time.Hour, Burst: rate} }
-
-// Every returns one permit every d, with a burst of one: "at most one request every d".
-func Every(d time.Duration) Limit { return Limit{Rate: 1, Period: d, Burst: 1} }
-
-// WithBurst returns a copy of l with the given burst.
-func (l Limit) WithBurst(burst int64) Limit { l.Burst = burst; return l }
-
-// Limits returns l as a one-element Limits.
-func (l Limit) Limits() Limits { return Limits{l} }
-
-// Validate reports whether l is usable, naming the bad part.
-func (l Limit) Validate() error {
+// validate reports whether l is usable, naming the bad part.
+func (l Limit) validate() error {
 	switch {
 	case l.Rate <= 0:
 		return &LimitError{Input: l.String(), Part: strconv.FormatInt(l.Rate, 10), Reason: "the rate must be a positive whole number"}
@@ -98,9 +78,9 @@ func (l Limit) Validate() error {
 		return &LimitError{Input: l.String(), Part: "burst=" + strconv.FormatInt(l.Burst, 10), Reason: "a windowed quota has no burst of its own (its count is its rate)"}
 	case l.Window && int64(l.Period) > gcra.MaxTau:
 		return &LimitError{Input: l.String(), Part: formatPeriod(l.Period), Reason: "a window must be shorter than 36 years"}
-	case l.Window && !l.Ramp.IsZero():
-		return &LimitError{Input: l.String(), Part: "ramp=" + l.Ramp.String(), Reason: "a windowed quota cannot ramp"}
-	case !l.Ramp.IsZero():
+	case l.Window && l.Ramp != (Ramp{}):
+		return &LimitError{Input: l.String(), Part: "ramp=" + l.Ramp.text(), Reason: "a windowed quota cannot ramp"}
+	case l.Ramp != (Ramp{}):
 		return l.Ramp.validate(l)
 	}
 	return nil
@@ -108,7 +88,7 @@ func (l Limit) Validate() error {
 
 func (r Ramp) validate(l Limit) error {
 	bad := func(reason string) error {
-		return &LimitError{Input: l.String(), Part: "ramp=" + r.String(), Reason: reason}
+		return &LimitError{Input: l.String(), Part: "ramp=" + r.text(), Reason: reason}
 	}
 	switch {
 	case r.Rate <= 0 || r.Period <= 0 || r.Over <= 0:
@@ -125,7 +105,7 @@ func (r Ramp) validate(l Limit) error {
 	return nil
 }
 
-// String returns the text form, which ParseLimit reads back to the same Limit.
+// String returns the text form, which Parse reads back to the same Limit.
 func (l Limit) String() string {
 	var sb strings.Builder
 	sb.WriteString(strconv.FormatInt(l.Rate, 10))
@@ -138,24 +118,11 @@ func (l Limit) String() string {
 	if l.Window {
 		sb.WriteString(" window")
 	}
-	if !l.Ramp.IsZero() {
+	if l.Ramp != (Ramp{}) {
 		sb.WriteString(" ramp=")
-		sb.WriteString(l.Ramp.String())
+		sb.WriteString(l.Ramp.text())
 	}
 	return sb.String()
-}
-
-// MarshalText implements encoding.TextMarshaler with the text form.
-func (l Limit) MarshalText() ([]byte, error) { return []byte(l.String()), nil }
-
-// UnmarshalText implements encoding.TextUnmarshaler with ParseLimit.
-func (l *Limit) UnmarshalText(b []byte) error {
-	v, err := ParseLimit(string(b))
-	if err != nil {
-		return err
-	}
-	*l = v
-	return nil
 }
 
 // String joins the limits' text forms with "; ".
@@ -189,7 +156,7 @@ func (ls Limits) Validate() error {
 		return &LimitError{Input: ls.String(), Part: ls.String(), Reason: fmt.Sprintf("more than %d limits on one key", gcra.MaxLimits)}
 	}
 	for _, l := range ls {
-		if err := l.Validate(); err != nil {
+		if err := l.validate(); err != nil {
 			return err
 		}
 	}
@@ -213,7 +180,13 @@ func (e *LimitError) Error() string {
 // Unwrap returns ErrBadLimit.
 func (e *LimitError) Unwrap() error { return ErrBadLimit }
 
-// Parse reads one or more limits joined with ";": "100/s burst=20; 4500/h".
+// Parse reads one or more limits joined with ";": "100/s burst=20; 4500/h". Each is in
+// the text form: RATE/PERIOD, where RATE is a positive whole number and PERIOD a unit (ns,
+// us, ms, s, m, h, d, or second, minute, hour, day) with an optional count before it
+// ("6s", "1500ms", "24h"), then optionally "burst=N", and "window" for a windowed quota
+// ("10000/24h window") or "ramp=RATE/PERIOD..DURATION" for a ramp ("100/s
+// ramp=10/s..60s": from 10/s to 100/s over 60 s; DURATION is a count and a unit as in a
+// period, "90s", "5m", "1h").
 func Parse(s string) (Limits, error) {
 	var ls Limits
 	for part := range strings.SplitSeq(s, ";") {
@@ -239,26 +212,6 @@ func MustParse(s string) Limits {
 		panic(err)
 	}
 	return ls
-}
-
-// ParseLimit reads one limit in the text form: RATE/PERIOD, where RATE is a positive whole
-// number and PERIOD a unit (ns, us, ms, s, m, h, d, or second, minute, hour, day) with an
-// optional count before it ("6s", "1500ms", "24h"), then optionally "burst=N", and
-// "window" for a windowed quota ("10000/24h window") or "ramp=RATE/PERIOD..DURATION" for
-// a ramp ("100/s ramp=10/s..60s": from 10/s to 100/s over 60 s; DURATION is a count and a
-// unit as in a period, "90s", "5m", "1h").
-func ParseLimit(s string) (Limit, error) {
-	l, err := parseOne(s, s)
-	if err != nil {
-		return Limit{}, err
-	}
-	if err := l.Validate(); err != nil {
-		if le, ok := err.(*LimitError); ok {
-			le.Input = s
-		}
-		return Limit{}, err
-	}
-	return l, nil
 }
 
 func parseOne(input, s string) (Limit, error) {
@@ -302,7 +255,7 @@ func parseOne(input, s string) (Limit, error) {
 			}
 			l.Burst = b
 		case ok && k == "ramp":
-			if !l.Ramp.IsZero() {
+			if l.Ramp != (Ramp{}) {
 				return bad(f, "ramp given twice")
 			}
 			r, err := parseRamp(v)

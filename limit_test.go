@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -9,7 +10,7 @@ import (
 	"github.com/sluicehq/sluice/internal/limitconv"
 )
 
-func TestParseLimit(t *testing.T) {
+func TestParseOne(t *testing.T) {
 	cases := []struct {
 		in   string
 		want Limit
@@ -35,7 +36,7 @@ func TestParseLimit(t *testing.T) {
 		{"100/s ramp=100/s..2h", Limit{Rate: 100, Period: time.Second, Burst: 100, Ramp: Ramp{Rate: 100, Period: time.Second, Over: 2 * time.Hour}}, "100/s ramp=100/s..2h"},
 	}
 	for i, c := range cases {
-		got, err := ParseLimit(c.in)
+		got, err := parseLimit(c.in)
 		if err != nil {
 			t.Errorf("case %d %q: %v", i, c.in, err)
 			continue
@@ -46,14 +47,14 @@ func TestParseLimit(t *testing.T) {
 		if got.String() != c.str {
 			t.Errorf("case %d %q: String() = %q, want %q", i, c.in, got.String(), c.str)
 		}
-		back, err := ParseLimit(got.String())
+		back, err := parseLimit(got.String())
 		if err != nil || back != got {
 			t.Errorf("case %d: %q does not round-trip: %+v %v", i, got.String(), back, err)
 		}
 	}
 }
 
-func TestParseLimitErrorsNameThePart(t *testing.T) {
+func TestParseErrorsNameThePart(t *testing.T) {
 	cases := []struct{ in, part string }{
 		{"ten per sec", `"ten"`},
 		{"", "empty"},
@@ -82,7 +83,7 @@ func TestParseLimitErrorsNameThePart(t *testing.T) {
 		{"3/2ns window", "nanosecond"},
 	}
 	for i, c := range cases {
-		_, err := ParseLimit(c.in)
+		_, err := parseLimit(c.in)
 		if err == nil {
 			t.Errorf("case %d %q: no error", i, c.in)
 			continue
@@ -117,25 +118,6 @@ func TestParseSeveral(t *testing.T) {
 	var tl Limits
 	if err := tl.UnmarshalText([]byte("1/6s; 10/m")); err != nil || len(tl) != 2 {
 		t.Errorf("UnmarshalText: %v %v", tl, err)
-	}
-}
-
-func TestConstructors(t *testing.T) {
-	cases := []struct {
-		l   Limit
-		str string
-	}{
-		{PerSecond(100), "100/s"},
-		{PerMinute(6), "6/m"},
-		{PerHour(4500), "4500/h"},
-		{Every(6 * time.Second), "1/6s"},
-		{PerSecond(10).WithBurst(20), "10/s burst=20"},
-		{Limit{Rate: 3, Period: time.Second, Burst: 0}, "3/s"},
-	}
-	for i, c := range cases {
-		if c.l.String() != c.str {
-			t.Errorf("case %d: %q, want %q", i, c.l.String(), c.str)
-		}
 	}
 }
 
@@ -174,4 +156,16 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// parseLimit is Parse for one limit.
+func parseLimit(s string) (Limit, error) {
+	ls, err := Parse(s)
+	if err != nil {
+		return Limit{}, err
+	}
+	if len(ls) != 1 {
+		return Limit{}, fmt.Errorf("%q: %d limits, want one", s, len(ls))
+	}
+	return ls[0], nil
 }

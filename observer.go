@@ -45,8 +45,8 @@ func (k EventKind) String() string {
 	return "unknown"
 }
 
-// Event is what an Observer is told. It is passed by value and holds no reference the
-// observer must release.
+// Event is what an observer (WithObserver) is told. It is passed by value and holds no
+// reference the observer must release.
 type Event struct {
 	Kind     EventKind
 	Key      string
@@ -57,17 +57,3 @@ type Event struct {
 	Err      error
 	FailMode backend.FailMode
 }
-
-// Observer is told of a limiter's decisions, waits, penalties, settlements and backend
-// errors, so library users get metrics without the daemon. Observe is called synchronously
-// on the caller's goroutine, possibly from many goroutines at once: it must be safe for
-// concurrent use and fast (count, do not block).
-type Observer interface {
-	Observe(e Event)
-}
-
-// ObserverFunc adapts a function to an Observer.
-type ObserverFunc func(e Event)
-
-// Observe calls f(e).
-func (f ObserverFunc) Observe(e Event) { f(e) }

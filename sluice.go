@@ -79,12 +79,6 @@ func decisionOf(r gcra.Result) Decision {
 	}
 }
 
-// DefaultMargin is the jitter tolerance a limiter uses unless WithMargin says otherwise:
-// zero, so decisions conform to the limit exactly as given. A pool that calls a strict API
-// over a network should set a margin at least as large as the spread of the delay between
-// a decision and the API seeing the request (see WithMargin).
-const DefaultMargin = 0
-
 // Limiter throttles keys to a set of limits, deciding in its backend (in process by
 // default). Its methods are safe for concurrent use. Make one with New; the zero value
 // decides nothing (Allow answers false, the other methods backend.ErrClosed), as does a closed
@@ -98,7 +92,7 @@ type Limiter struct {
 	maxWait  time.Duration
 	failMode backend.FailMode
 	rampFrom time.Time // WithRampStart; zero: ramps start with New
-	observer Observer
+	observer func(Event)
 	log      *slog.Logger
 	localOpt []local.Option
 
@@ -121,7 +115,6 @@ type Limiter struct {
 type shape struct {
 	limits  Limits
 	core    []gcra.Limit    // limits tightened by the margin, in the core's units (ramps over)
-	maxCost int64           // the most permits one request can be granted
 	allower backend.Allower // the backend's fast path, when it has one and it applies
 	// expireAfter is how late a permit may be handed to its user (see expiredAt and
 	// expireAfter).
@@ -174,7 +167,7 @@ func WithBackend(b backend.Backend) Option {
 func WithClock(c clock.Clock) Option { return optionFunc(func(l *Limiter) { l.clock = c }) }
 
 // WithMargin sets the jitter tolerance J, the safety margin of docs/concepts.md (default
-// DefaultMargin, zero). The API sees each request later than the limiter decided it, by a
+// zero, so that decisions conform to the limits exactly as given). The API sees each request later than the limiter decided it, by a
 // varying delay; decisions then conform to a tightened limit: with Burst > 1, ceil(J/T)
 // permits of the burst are kept in reserve (nearly free); with Burst = 1, permits are
 // spaced T + J apart (costing J/T of the rate). A permit must then be used within J of
@@ -209,13 +202,18 @@ func WithFailMode(m backend.FailMode) Option {
 
 // WithRampStart makes the ramps of the limits given to New start at t instead of when
 // New is called: a process that replaces a limiter (a daemon reloading its rules) keeps
-// the ramp where it was (see Limiter.RampStart). A t in the future starts them then. A
-// backend that ramps limits itself (backend.Capabilities.SharedRamps: the lease mode, whose record
-// keeps when the ramp began) ignores it.
+// the ramp where it was. A t in the future starts them then. A backend that ramps limits
+// itself (backend.Capabilities.SharedRamps: the lease mode, whose record keeps when the
+// ramp began) ignores it.
 func WithRampStart(t time.Time) Option { return optionFunc(func(l *Limiter) { l.rampFrom = t }) }
 
-// WithObserver sets a hook told of every decision, wait, penalty and backend error.
-func WithObserver(o Observer) Option { return optionFunc(func(l *Limiter) { l.observer = o }) }
+// WithObserver sets a hook told of every decision, wait, penalty, settlement, expired
+// permit and backend error, so library users get metrics without the daemon (see Event).
+// It is called synchronously on the caller's goroutine, possibly from many goroutines at
+// once: it must be safe for concurrent use and fast (count, do not block).
+func WithObserver(observe func(Event)) Option {
+	return optionFunc(func(l *Limiter) { l.observer = observe })
+}
 
 // WithMaxKeys caps the keys the default in-process backend holds (default
 // local.DefaultMaxKeys); new keys past the cap, when none is idle, follow the fail mode.
@@ -238,7 +236,7 @@ func New(limits Limits, opts ...Option) (*Limiter, error) {
 	if err := limits.Validate(); err != nil {
 		return nil, err
 	}
-	l := &Limiter{clock: clock.Default, margin: DefaultMargin, maxPen: local.DefaultMaxKeys}
+	l := &Limiter{clock: clock.Default, maxPen: local.DefaultMaxKeys}
 	for _, o := range opts {
 		o.apply(l)
 	}
@@ -286,7 +284,6 @@ func (l *Limiter) newShape(limits Limits, prev *shape) *shape {
 			sh.core[i].Origin = origin
 		}
 	}
-	sh.maxCost = gcra.MaxCost(sh.core)
 	if a, ok := l.be.(backend.Allower); ok && len(sh.core) == 1 {
 		sh.allower = a
 	}
@@ -361,34 +358,15 @@ func (l *Limiter) Limits() Limits {
 	return nil
 }
 
-// RampStart returns when the ramps of the limits in force started (on the limiter's
+// rampStart returns when the ramps of the limits in force started (on the limiter's
 // clock's wall time), and false if none of them ramps or the backend ramps them itself
 // (backend.Capabilities.SharedRamps: the lease mode, whose record keeps when the ramp began).
-func (l *Limiter) RampStart() (time.Time, bool) {
+func (l *Limiter) rampStart() (time.Time, bool) {
 	sh := l.shape.Load()
 	if sh == nil || sh.rampEnd == 0 {
 		return time.Time{}, false
 	}
 	return l.clock.Now().Add(-time.Duration(l.clock.Nanotime() - sh.rampStart)), true
-}
-
-// Expired returns how many reserved permits this limiter did not use because they came to
-// be used more than the margin after their time (see WithMargin and EventExpired).
-func (l *Limiter) Expired() int64 { return l.expired.Load() }
-
-// Backend returns the backend the limiter decides in.
-func (l *Limiter) Backend() backend.Backend { return l.be }
-
-// Clock returns the limiter's clock.
-func (l *Limiter) Clock() clock.Clock { return l.clock }
-
-// MaxCost returns the most permits one request can be granted (the smallest burst, after
-// the margin).
-func (l *Limiter) MaxCost() int64 {
-	if sh := l.shape.Load(); sh != nil {
-		return sh.maxCost
-	}
-	return 0
 }
 
 // Close closes the backend if the limiter made it. Later calls return backend.ErrClosed.
@@ -667,7 +645,7 @@ func (l *Limiter) decideIn(ctx context.Context, core []gcra.Limit, key string, n
 		g, err = l.failed(key, n, err)
 	}
 	if l.observer != nil {
-		l.observer.Observe(Event{Kind: EventDecision, Key: key, N: n, Decision: decisionOf(g.Result),
+		l.observer(Event{Kind: EventDecision, Key: key, N: n, Decision: decisionOf(g.Result),
 			Latency: time.Duration(l.clock.Nanotime() - start), Err: err})
 	}
 	return g, err
@@ -700,7 +678,7 @@ func (l *Limiter) failed(key string, n int64, err error) (backend.Grant, error) 
 
 func (l *Limiter) observe(e Event) {
 	if l.observer != nil {
-		l.observer.Observe(e)
+		l.observer(e)
 	}
 }
 

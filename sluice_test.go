@@ -120,7 +120,7 @@ func TestWaitRefusesPastDeadlineAndMaxWait(t *testing.T) {
 		t.Fatalf("over the max wait: got %v", err)
 	}
 	r, err := l2.Reserve(bg, "k", 1)
-	if err != nil || r.OK() {
+	if err != nil || r.Allowed {
 		t.Fatalf("Reserve over the max wait: %+v %v, want a denial", r, err)
 	}
 }
@@ -164,14 +164,14 @@ func TestWaitersShareFairly(t *testing.T) {
 func TestReservationSettle(t *testing.T) {
 	l, _ := newVirtual(t, "1000/m")
 	r, err := l.Reserve(bg, "llm", 800)
-	if err != nil || !r.OK() || r.Delay != 0 {
+	if err != nil || !r.Allowed || r.Delay != 0 {
 		t.Fatalf("reserve 800: %+v %v", r, err)
 	}
 	if err := r.Settle(bg, 300); err != nil {
 		t.Fatal(err)
 	}
-	if r.N() != 300 {
-		t.Errorf("N after settle = %d", r.N())
+	if r.n() != 300 {
+		t.Errorf("N after settle = %d", r.n())
 	}
 	if d, _ := l.AllowN(bg, "llm", 700); !d.Allowed {
 		t.Fatalf("after settling 800 to 300, 700 more were denied")
@@ -179,8 +179,8 @@ func TestReservationSettle(t *testing.T) {
 	if d, _ := l.AllowN(bg, "llm", 1); d.Allowed {
 		t.Fatalf("the 1001st token was granted")
 	}
-	if err := r.Settle(bg, 1); err != nil || r.N() != 300 {
-		t.Errorf("a second settle acted: N=%d %v", r.N(), err)
+	if err := r.Settle(bg, 1); err != nil || r.n() != 300 {
+		t.Errorf("a second settle acted: N=%d %v", r.n(), err)
 	}
 }
 
@@ -320,11 +320,11 @@ func TestRetryGivesUp(t *testing.T) {
 // fail modes.
 func TestFailModes(t *testing.T) {
 	var errs atomic.Int64
-	obs := ObserverFunc(func(e Event) {
+	obs := func(e Event) {
 		if e.Kind == EventError {
 			errs.Add(1)
 		}
-	})
+	}
 	closed, _ := newVirtual(t, "1/h", WithMaxKeys(1), WithObserver(obs))
 	closed.Allow(bg, "a")
 	d, err := closed.AllowN(bg, "b", 1)
@@ -350,7 +350,7 @@ func TestFailModes(t *testing.T) {
 func TestObserverSeesDecisionsAndWaits(t *testing.T) {
 	var mu sync.Mutex
 	kinds := map[EventKind]int{}
-	obs := ObserverFunc(func(e Event) { mu.Lock(); kinds[e.Kind]++; mu.Unlock() })
+	obs := func(e Event) { mu.Lock(); kinds[e.Kind]++; mu.Unlock() }
 	l, clk := newVirtual(t, "1/s burst=1", WithObserver(obs))
 	l.Allow(bg, "k")
 	l.Allow(bg, "k")
@@ -400,11 +400,11 @@ func TestAllowZeroAllocs(t *testing.T) {
 func TestReserveWithin(t *testing.T) {
 	l, _ := newVirtual(t, "1/s burst=1")
 	l.Allow(bg, "k")
-	if r, err := l.ReserveWithin(bg, "k", 1, 500*time.Millisecond); err != nil || r.OK() {
+	if r, err := l.ReserveWithin(bg, "k", 1, 500*time.Millisecond); err != nil || r.Allowed {
 		t.Fatalf("a permit 1s away within 500ms: %+v %v, want a denial", r, err)
 	}
 	r, err := l.ReserveWithin(bg, "k", 1, time.Second)
-	if err != nil || !r.OK() || r.Delay != time.Second {
+	if err != nil || !r.Allowed || r.Delay != time.Second {
 		t.Fatalf("within 1s: %+v %v", r, err)
 	}
 }
@@ -440,14 +440,14 @@ func TestPenaltiesOnManyKeysStayBounded(t *testing.T) {
 func TestBackoffDelay(t *testing.T) {
 	b := Backoff{Base: 10 * time.Millisecond, Max: 50 * time.Millisecond, Jitter: 0.5}
 	for i, want := range []time.Duration{10, 20, 40, 50, 50} {
-		if got := b.Delay(i+1, 0, 0); got != want*time.Millisecond {
+		if got := b.delay(i+1, 0, 0); got != want*time.Millisecond {
 			t.Errorf("attempt %d: %v, want %v", i+1, got, want*time.Millisecond)
 		}
 	}
-	if got := b.Delay(1, 100*time.Millisecond, 0); got != 100*time.Millisecond {
+	if got := b.delay(1, 100*time.Millisecond, 0); got != 100*time.Millisecond {
 		t.Errorf("a longer Retry-After: %v, want 100ms", got)
 	}
-	if got := b.Delay(2, 0, 0.5); got != 25*time.Millisecond {
+	if got := b.delay(2, 0, 0.5); got != 25*time.Millisecond {
 		t.Errorf("jitter: %v, want 20ms + 0.5 × 0.5 × 20ms", got)
 	}
 }

@@ -38,7 +38,7 @@ func TestSoakLocalWaiters(t *testing.T) {
 	var permits []int64
 	var late []time.Duration
 	var wg sync.WaitGroup
-	start := l.Clock().Nanotime()
+	start := l.clock.Nanotime()
 	for g := 0; g < 64; g++ {
 		wg.Add(1)
 		go func() {
@@ -49,7 +49,7 @@ func TestSoakLocalWaiters(t *testing.T) {
 					return
 				}
 				due := r.ticket.At // the decision's slot, on the backend's (same) clock
-				woke := l.Clock().Nanotime()
+				woke := l.clock.Nanotime()
 				mu.Lock()
 				permits = append(permits, due)
 				late = append(late, time.Duration(woke-due))
@@ -58,7 +58,7 @@ func TestSoakLocalWaiters(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	end := l.Clock().Nanotime()
+	end := l.clock.Nanotime()
 	slices.Sort(permits)
 	core := limitconv.Core(limit, 0)
 	tats := []int64{0}

@@ -328,7 +328,7 @@ func (rm *room) wake() {
 // every waiter is busy the place stays, to be served when the first comes back (it
 // dispatches then). A place past due by more than the margin allows (expiredAt) has
 // expired: used now, its permit could reach the API too close to the next (see
-// WithMargin), so it is given back and counted (Limiter.Expired), and its waiter waits for
+// WithMargin), so it is given back and observed (EventExpired), and its waiter waits for
 // the next place.
 func (l *Limiter) dispatch(ctx context.Context, rm *room) {
 	var cancel []*Reservation
@@ -339,8 +339,8 @@ func (l *Limiter) dispatch(ctx context.Context, rm *room) {
 		r := rm.slots[0]
 		rm.slots = rm.slots[1:]
 		if l.expiredAt(r.due(), now) {
-			l.expire(rm.key, r.N(), r.due(), now)
-			expired += r.N()
+			l.expire(rm.key, r.n(), r.due(), now)
+			expired += r.n()
 			cancel = append(cancel, r)
 			continue
 		}
@@ -388,7 +388,7 @@ func (l *Limiter) expiredAt(due, now int64) bool {
 	return l.margin > 0 && sh != nil && now-due > sh.expireAfter
 }
 
-// expire counts n permits due at `due` that expired at now.
+// expire counts n permits due at `due` that expired at now, and tells the observer.
 func (l *Limiter) expire(key string, n, due, now int64) {
 	l.expired.Add(n)
 	l.observe(Event{Kind: EventExpired, Key: key, N: n, Wait: time.Duration(now - due)})

@@ -167,10 +167,10 @@ func TestWithRampStart(t *testing.T) {
 	if n != 55 {
 		t.Errorf("30 s into the ramp: %d at once, want 55", n)
 	}
-	if at, ok := l.RampStart(); !ok || !at.Equal(began) {
+	if at, ok := l.rampStart(); !ok || !at.Equal(began) {
 		t.Errorf("RampStart: %v %v, want %v", at, ok, began)
 	}
-	if _, ok := MustNew(MustParse("5/s"), WithClock(clk)).RampStart(); ok {
+	if _, ok := MustNew(MustParse("5/s"), WithClock(clk)).rampStart(); ok {
 		t.Error("RampStart of a limit without a ramp reported one")
 	}
 }
@@ -213,7 +213,7 @@ func TestSharedRampsGetTheRampedLimitWhole(t *testing.T) {
 			t.Errorf("decision %d: limits %+v, want %+v", i, got, want)
 		}
 	}
-	if _, ok := l.RampStart(); ok {
+	if _, ok := l.rampStart(); ok {
 		t.Error("RampStart: the limiter reported a ramp start of its own; the backend keeps it")
 	}
 }

@@ -144,17 +144,16 @@ func (b Backoff) Retry(ctx context.Context, f func(context.Context) error) error
 		if errors.As(err, &te) {
 			retryAfter = te.RetryAfter
 		}
-		if err := c.Sleep(ctx, b.Delay(i, retryAfter, rnd())); err != nil {
+		if err := c.Sleep(ctx, b.delay(i, retryAfter, rnd())); err != nil {
 			return err
 		}
 	}
 }
 
-// Delay is the sleep after the attempt-th throttled attempt (1 for the first): the
+// delay is the sleep after the attempt-th throttled attempt (1 for the first): the
 // back-off, Base doubled for each attempt before and capped at Max, or retryAfter if
-// longer, plus Jitter times u (uniform in [0, 1)) of it. Retry sleeps it; a caller with
-// its own retry loop can too.
-func (b Backoff) Delay(attempt int, retryAfter time.Duration, u float64) time.Duration {
+// longer, plus Jitter times u (uniform in [0, 1)) of it.
+func (b Backoff) delay(attempt int, retryAfter time.Duration, u float64) time.Duration {
 	base, maxB, jitter := b.Base, b.Max, b.Jitter
 	if base <= 0 {
 		base = 50 * time.Millisecond

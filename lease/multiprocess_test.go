@@ -91,7 +91,7 @@ func (s skewed) Nanotime() int64 { return s.Clock.Nanotime() + int64(s.off) }
 // PBURST PEND", the lease's sequence number, the share and the end of its use, and an
 // older lease's share still in use for permits booked under it, and until when (ends 0:
 // not in use); with a margin, "e AT N": the permits it gave back so far, handed over too
-// late (Limiter.Expired).
+// late (EventExpired).
 func memberMain() int {
 	var cfg memberConfig
 	if err := json.Unmarshal([]byte(os.Getenv(memberEnv)), &cfg); err != nil {
@@ -135,7 +135,13 @@ func memberMain() int {
 		return 2
 	}
 	defer be.Close()
-	lim, err := sluice.New(sluice.MustParse(cfg.Limits), sluice.WithBackend(be), sluice.WithClock(clk), sluice.WithMargin(cfg.Margin))
+	var expired atomic.Int64 // permits given back late (past the margin)
+	lim, err := sluice.New(sluice.MustParse(cfg.Limits), sluice.WithBackend(be), sluice.WithClock(clk), sluice.WithMargin(cfg.Margin),
+		sluice.WithObserver(func(e sluice.Event) {
+			if e.Kind == sluice.EventExpired {
+				expired.Add(e.N)
+			}
+		}))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "member:", err)
 		return 2
@@ -151,7 +157,7 @@ func memberMain() int {
 			for ctx.Err() == nil {
 				time.Sleep(100 * time.Millisecond)
 				mu.Lock()
-				fmt.Fprintln(os.Stdout, "e", time.Now().UnixNano(), lim.Expired())
+				fmt.Fprintln(os.Stdout, "e", time.Now().UnixNano(), expired.Load())
 				mu.Unlock()
 			}
 		}()

@@ -223,12 +223,15 @@ func (s *Server) apply(cfg Config) error {
 			continue // no bucket, no penalties
 		}
 		opts := []sluice.Option{sluice.WithBackend(s.be), sluice.WithClock(s.clock), sluice.WithFailMode(fm),
-			sluice.WithMargin(cfg.Margin.D()), sluice.WithObserver(sluice.ObserverFunc(s.m.observe)),
+			sluice.WithMargin(cfg.Margin.D()), sluice.WithObserver(s.m.observe),
 			sluice.WithLogger(s.log.With("rule", c.Name)), // a margin that eats a rule's rate is logged
 			sluice.WithMaxKeys(cfg.MaxKeys)}               // bounds the penalties each limiter remembers
-		if at, ok := s.rampOf(c.Name, c.Limit); ok {
-			opts = append(opts, sluice.WithRampStart(at)) // a reload goes on with the rule's ramp
+		at, ok := s.rampOf(c.Name, c.Limit) // a reload goes on with the rule's ramp
+		if !ok {
+			at = s.clock.Now()
 		}
+		c.rampStart = at
+		opts = append(opts, sluice.WithRampStart(at))
 		lim, err := sluice.New(c.Limit, opts...)
 		if err != nil {
 			return fmt.Errorf("rule %q: %w", c.Name, err)
@@ -262,7 +265,7 @@ func (s *Server) rampOf(name string, limits sluice.Limits) (time.Time, bool) {
 	}
 	for _, c := range old.rules {
 		if c.Name == name && c.limiter != nil && limitconv.SameRamps(c.Limit, limits) {
-			return c.limiter.RampStart()
+			return c.rampStart, true
 		}
 	}
 	return time.Time{}, false

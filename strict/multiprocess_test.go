@@ -172,6 +172,9 @@ func workerMain() int {
 	if cfg.FairProcesses {
 		opts = append(opts, sluice.WithFairness(sluice.FairProcesses))
 	}
+	if cfg.Fair {
+		opts = append(opts, sluice.WithObserver(countExpired))
+	}
 	lim, err := sluice.New(sluice.MustParse(cfg.Limits), opts...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
@@ -183,7 +186,7 @@ func workerMain() int {
 	if cfg.Fair {
 		return fairMain(ctx, cfg, lim, rec)
 	}
-	maxN := int(lim.MaxCost())
+	maxN := int(gcra.MaxCost(limitconv.Core(lim.Limits(), cfg.Margin)))
 	var wg sync.WaitGroup
 	var failures sync.Map
 	for g := 0; g < cfg.Goroutines; g++ {
@@ -207,7 +210,7 @@ func workerMain() int {
 						}
 						continue
 					}
-					if r.OK() && r.Delay >= 100*time.Millisecond {
+					if r.Allowed && r.Delay >= 100*time.Millisecond {
 						_ = r.Cancel(ctx)
 					} else {
 						_ = r.Wait(ctx)

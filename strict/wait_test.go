@@ -26,11 +26,11 @@ func TestWaitWaitsOutAnOutage(t *testing.T) {
 	b := New(client, WithTimeout(100*time.Millisecond), WithProbeEvery(probe), WithPrefix(prefix(t)))
 	defer b.Close()
 	var tries atomic.Int64
-	lim := sluice.MustNew(sluice.MustParse("1000/s"), sluice.WithBackend(b), sluice.WithObserver(sluice.ObserverFunc(func(e sluice.Event) {
+	lim := sluice.MustNew(sluice.MustParse("1000/s"), sluice.WithBackend(b), sluice.WithObserver(func(e sluice.Event) {
 		if e.Kind == sluice.EventDecision {
 			tries.Add(1)
 		}
-	})))
+	}))
 	defer lim.Close()
 	srv.Kill()
 
