@@ -163,23 +163,6 @@ func (ls Limits) Validate() error {
 	return nil
 }
 
-// LimitError reports a limit that cannot be parsed or used, naming the bad part.
-type LimitError struct {
-	Input  string // the whole text given
-	Part   string // the part that is wrong
-	Reason string
-}
-
-func (e *LimitError) Error() string {
-	if e.Part == "" {
-		return fmt.Sprintf("sluice: bad limit %q: %s (want RATE/PERIOD [burst=N | window] [ramp=RATE/PERIOD..DURATION], e.g. 100/s, 1/6s, 10/s burst=20, 10000/24h window, 100/s ramp=10/s..60s)", e.Input, e.Reason)
-	}
-	return fmt.Sprintf("sluice: bad limit %q: %q: %s (want RATE/PERIOD [burst=N | window] [ramp=RATE/PERIOD..DURATION], e.g. 100/s, 1/6s, 10/s burst=20, 10000/24h window, 100/s ramp=10/s..60s)", e.Input, e.Part, e.Reason)
-}
-
-// Unwrap returns ErrBadLimit.
-func (e *LimitError) Unwrap() error { return ErrBadLimit }
-
 // Parse reads one or more limits joined with ";": "100/s burst=20; 4500/h". Each is in
 // the text form: RATE/PERIOD, where RATE is a positive whole number and PERIOD a unit (ns,
 // us, ms, s, m, h, d, or second, minute, hour, day) with an optional count before it

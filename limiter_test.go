@@ -15,8 +15,8 @@ import (
 	"github.com/sluicehq/sluice/backend"
 )
 
-// TestZeroLimiter: a zero Limiter answers every call with backend.ErrClosed (false for Allow),
-// never a panic.
+// TestZeroLimiter: a zero Limiter answers every call with backend.ErrClosed (false for
+// Allow), never a panic.
 func TestZeroLimiter(t *testing.T) {
 	var l Limiter
 	if l.Allow(bg, "k") {

@@ -6,6 +6,19 @@ import (
 	"github.com/sluicehq/sluice/backend"
 )
 
+// Event is what an observer (WithObserver) is told. It is passed by value and holds no
+// reference the observer must release.
+type Event struct {
+	Kind     EventKind
+	Key      string
+	N        int64
+	Decision Decision
+	Latency  time.Duration // time the backend took to decide
+	Wait     time.Duration // the wait or penalty length
+	Err      error
+	FailMode backend.FailMode
+}
+
 // EventKind says what an Event reports.
 type EventKind int
 
@@ -27,6 +40,8 @@ const (
 	EventExpired
 )
 
+// String returns the kind's name: "decision", "wait", "error", "penalty", "settle" or
+// "expired".
 func (k EventKind) String() string {
 	switch k {
 	case EventDecision:
@@ -43,17 +58,4 @@ func (k EventKind) String() string {
 		return "expired"
 	}
 	return "unknown"
-}
-
-// Event is what an observer (WithObserver) is told. It is passed by value and holds no
-// reference the observer must release.
-type Event struct {
-	Kind     EventKind
-	Key      string
-	N        int64
-	Decision Decision
-	Latency  time.Duration // time the backend took to decide
-	Wait     time.Duration // the wait or penalty length
-	Err      error
-	FailMode backend.FailMode
 }

@@ -131,8 +131,8 @@ func (r *Reservation) requeue(ctx context.Context) error {
 func (r *Reservation) Cancel(ctx context.Context) error { return r.Settle(ctx, 0) }
 
 // Settle adjusts the reservation to its real cost n: less refunds the difference when it
-// is the key's newest grant (as Cancel), more charges the difference at once. Only the first Cancel or
-// Settle acts.
+// is the key's newest grant (as Cancel), more charges the difference at once. Only the
+// first Cancel or Settle acts.
 func (r *Reservation) Settle(ctx context.Context, n int64) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()

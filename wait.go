@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"context"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -11,27 +12,77 @@ import (
 	"github.com/sluicehq/sluice/internal/fairq"
 )
 
-// Fairness says how a limiter shares a key among the callers that wait on it (Wait, WaitN
-// for one permit, Do and Transport). Whatever it is, the permits a key grants conform to
-// its limits: it only says who gets them. See docs/concepts.md, "Fair waiting".
-type Fairness int
+// Wait blocks until one permit for key is available and takes it, or returns an error:
+// ctx's error if it ends first (its place in the key's line goes to the limiter's other
+// waiters, or is given back when none is left: see Reservation.Cancel for what that gives
+// back), or a *ThrottledError if the permit lies beyond ctx's deadline or the limiter's
+// maximum wait (nothing is taken).
+//
+// The limiter's waiters on a key are served in arrival order, or fairly between members
+// when their contexts carry one (WithMember); see WithFairness and docs/concepts.md, "Fair
+// waiting". A waiter whose permit expires as it is handed over (the process was paused
+// past the margin: ErrPermitExpired) waits for the next instead.
+func (l *Limiter) Wait(ctx context.Context, key string) error {
+	_, err := l.WaitN(ctx, key, 1)
+	return err
+}
 
-const (
-	// FairWaiters (the default): each waiter holds its own place in the key's line, in the
-	// backend, so that waiters are served in the order they came, across every process
-	// that shares the backend. Waiters of one limiter that carry a member (WithMember) are
-	// served by member instead: fairly between members, whatever each one's number of
-	// waiters, and a member whose waits end before its turn is owed it for its next.
-	FairWaiters Fairness = iota
-	// FairProcesses: the limiter holds one place in the key's line at a time, whatever
-	// its number of waiters, and serves its own waiters from it in turn (by member, then
-	// in arrival order). Processes sharing a key through the redis mode then get equal
-	// parts of it, round robin, however many goroutines each one has.
-	FairProcesses
-)
+// WaitN is Wait for n permits. It returns the reservation, which may be settled once the
+// real cost is known. Waits for one permit go through the key's waiting room (as Wait);
+// waits for more reserve their own place in arrival order.
+//
+// While the backend is unavailable and says when to try again (a
+// *backend.UnavailableError) and the limiter fails closed, WaitN waits too: it asks again
+// after the error's RetryAfter, as long as its context and maximum wait allow, and returns
+// the error when they do not.
+func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (*Reservation, error) {
+	if n == 1 && l.shape.Load() != nil {
+		return l.waitFair(ctx, key, l.waitBound(ctx), l.maxWait)
+	}
+	r, err := l.reserveWaiting(ctx, key, n, l.waitBound(ctx))
+	if err != nil {
+		return r, err
+	}
+	if !r.Allowed {
+		return r, &ThrottledError{Key: key, RetryAfter: r.RetryAfter}
+	}
+	return r, r.Wait(ctx)
+}
 
-// WithFairness sets how the limiter shares a key among its waiters (default FairWaiters).
-func WithFairness(f Fairness) Option { return optionFunc(func(l *Limiter) { l.fairness = f }) }
+// reserveWaiting is reserve for callers that wait (Wait, Do): a backend failure answered
+// closed is waited out, asking again after the error's RetryAfter, for as long as the wait
+// bound allows (the limiter's maximum wait, the context's deadline). bound is that bound
+// at the start; each retry asks for what is left of it.
+func (l *Limiter) reserveWaiting(ctx context.Context, key string, n int64, bound time.Duration) (*Reservation, error) {
+	if l.shape.Load() == nil {
+		return l.reserve(ctx, key, n, 0) // errZero
+	}
+	start := l.clock.Nanotime()
+	for {
+		r, err := l.reserve(ctx, key, n, max(bound-time.Duration(l.clock.Nanotime()-start), 0))
+		hint, ok := backend.RetryAfter(err)
+		if !ok || hint > bound-time.Duration(l.clock.Nanotime()-start) {
+			return r, err // a decision, another error, or the bound ends before the retry
+		}
+		if l.clock.Sleep(ctx, hint) != nil { // each failure was observed (EventError)
+			return r, err // the context ended: the backend's failure says more than ctx's
+		}
+	}
+}
+
+// waitBound is how long a wait may last: the limiter's maximum, cut to the context's
+// deadline.
+func (l *Limiter) waitBound(ctx context.Context) time.Duration {
+	md := time.Duration(math.MaxInt64)
+	if l.maxWait > 0 {
+		md = l.maxWait
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		// Context deadlines are real time, whatever the limiter's clock.
+		md = min(md, max(time.Until(dl), 0))
+	}
+	return md
+}
 
 type memberKey struct{}
 

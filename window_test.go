@@ -175,8 +175,8 @@ func TestWithRampStart(t *testing.T) {
 	}
 }
 
-// sharedRamps is a backend that ramps limits itself (backend.Capabilities.SharedRamps), recording the
-// limits it is asked to decide under.
+// sharedRamps is a backend that ramps limits itself (backend.Capabilities.SharedRamps),
+// recording the limits it is asked to decide under.
 type sharedRamps struct {
 	backend.Backend
 	seen [][]gcra.Limit

@@ -9,36 +9,6 @@ import (
 	"github.com/sluicehq/sluice/clock"
 )
 
-// CallOption configures Do and Wrap.
-type CallOption interface{ applyCall(*callConfig) }
-
-type callConfig struct {
-	pessimistic bool
-	maxWait     time.Duration
-	cost        int64
-}
-
-type callOptionFunc func(*callConfig)
-
-func (f callOptionFunc) applyCall(c *callConfig) { f(c) }
-
-// Pessimistic makes the call run only if a permit is available now, and fail with a
-// *ThrottledError (ErrThrottled) otherwise: a pessimistic throttle, which drops the call
-// instead of waiting. Pair it with Retry for jittered back-off.
-func Pessimistic() CallOption { return callOptionFunc(func(c *callConfig) { c.pessimistic = true }) }
-
-// MaxWait makes the call wait for its permit at most d (the optimistic throttle with a
-// bound); a permit further ahead fails with ErrThrottled at once, taking nothing. It
-// narrows the limiter's own maximum wait and the context's deadline.
-func MaxWait(d time.Duration) CallOption {
-	return callOptionFunc(func(c *callConfig) { c.maxWait = d })
-}
-
-// Cost makes each call take n permits (default 1). When the real cost is known only after
-// the call, take an estimate here and settle it inside the call with
-// ReservationFromContext(ctx).Settle.
-func Cost(n int64) CallOption { return callOptionFunc(func(c *callConfig) { c.cost = n }) }
-
 type reservationKey struct{}
 
 // ReservationFromContext returns the reservation Do or Wrap took for the call running with
@@ -93,7 +63,8 @@ func (l *Limiter) Do(ctx context.Context, key string, f func(context.Context) er
 }
 
 // Wrap turns f into a throttled function with the same signature: every call takes key's
-// permit first, as Do does (a decorator: a function in, a throttled function out). A call that is throttled returns the zero R and an error matching ErrThrottled.
+// permit first, as Do does (a decorator: a function in, a throttled function out). A call
+// that is throttled returns the zero R and an error matching ErrThrottled.
 func Wrap[A, R any](l *Limiter, key string, f func(context.Context, A) (R, error), opts ...CallOption) func(context.Context, A) (R, error) {
 	return func(ctx context.Context, a A) (R, error) {
 		var out R

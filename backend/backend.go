@@ -72,9 +72,9 @@ type Allower interface {
 }
 
 // Capabilities says which kinds of limit, beyond plain GCRA limits, a backend decides. Its
-// zero value is plain limits only: a limiter refuses, when it is made or given new limits, a
-// windowed quota (gcra.Limit.Window) or a ramp on a backend that does not say it decides
-// them, rather than let it decide them wrongly.
+// zero value is plain limits only: a limiter refuses, when it is made or given new limits,
+// a windowed quota (gcra.Limit.Window) or a ramp on a backend that does not say it
+// decides them, rather than let it decide them wrongly.
 type Capabilities struct {
 	// Windows: the backend decides windowed quotas.
 	Windows bool

@@ -433,8 +433,8 @@ func (p *pconn) close(err error) {
 // sent as the tag. Reservations travel as the protocol's w= option; Penalize as p=;
 // settling or cancelling a reservation is not carried (backend.ErrUnsupported: the permits
 // stay taken); permits a limiter finds expired are reported (ReportExpired) for the
-// daemon's count. When the daemon fails, decisions are the client's fail mode's, with no error.
-// Closing the backend closes the client; later calls return backend.ErrClosed.
+// daemon's count. When the daemon fails, decisions are the client's fail mode's, with no
+// error. Closing the backend closes the client; later calls return backend.ErrClosed.
 func (c *Client) Backend() backend.Backend { return clientBackend{c} }
 
 type clientBackend struct{ c *Client }

@@ -17,72 +17,10 @@ import (
 	"github.com/sluicehq/sluice/local"
 )
 
-// Errors the limiter returns, for errors.Is. A failure of the backend is declared where it
-// arises, in package backend (backend.ErrClosed, backend.ErrTooManyKeys,
-// backend.ErrUnavailable with *backend.UnavailableError, backend.ErrUnsupported), and a
-// cost above the burst in package gcra (gcra.ErrCostExceedsBurst).
-var (
-	// ErrThrottled: the request was not granted within the bound the caller set (a
-	// pessimistic call, or a wait longer than allowed). Errors wrapping it are
-	// *ThrottledError values carrying RetryAfter.
-	ErrThrottled = errors.New("sluice: throttled")
-	// ErrPermitExpired: a reserved permit came to be used later than the margin allows
-	// (the lateness its limit tolerates less half the margin, kept for the trip to the
-	// API, and at most the margin: half the margin with burst 1; the caller was paused,
-	// its machine stalled): used now it could reach the API too close to the next one, so
-	// Reservation.Wait gave it back instead (see WithMargin). The caller may ask again.
-	ErrPermitExpired = errors.New("sluice: permit expired")
-	// ErrBadLimit is wrapped by every *LimitError.
-	ErrBadLimit = errors.New("sluice: bad limit")
-)
-
-// unavailableRetry is the RetryAfter of a failure's denial when the backend gives no hint.
-const unavailableRetry = 100 * time.Millisecond
-
-// ThrottledError is a denial reported as an error (Wait, Do, Wrap). It matches
-// ErrThrottled with errors.Is.
-type ThrottledError struct {
-	Key        string
-	RetryAfter time.Duration // when the same request could be granted at once
-}
-
-func (e *ThrottledError) Error() string {
-	return fmt.Sprintf("sluice: throttled: key %q: retry after %v", e.Key, e.RetryAfter)
-}
-
-// Is reports whether target is ErrThrottled.
-func (e *ThrottledError) Is(target error) bool { return target == ErrThrottled }
-
-// Decision is the answer to a request for permits. Being throttled is a normal result,
-// not an error.
-type Decision struct {
-	// Allowed reports whether the permits were granted.
-	Allowed bool
-	// Delay is how long to wait before using granted permits (a reservation); 0 when they
-	// may be used at once.
-	Delay time.Duration
-	// Remaining is how many permits could still be granted at once.
-	Remaining int64
-	// RetryAfter is, when denied, how long until the same request would be granted.
-	RetryAfter time.Duration
-	// ResetAfter is how long until the key is back to its full burst.
-	ResetAfter time.Duration
-}
-
-func decisionOf(r gcra.Result) Decision {
-	return Decision{
-		Allowed:    r.Allowed,
-		Delay:      time.Duration(r.Delay),
-		Remaining:  r.Remaining,
-		RetryAfter: time.Duration(r.RetryAfter),
-		ResetAfter: time.Duration(r.ResetAfter),
-	}
-}
-
 // Limiter throttles keys to a set of limits, deciding in its backend (in process by
 // default). Its methods are safe for concurrent use. Make one with New; the zero value
-// decides nothing (Allow answers false, the other methods backend.ErrClosed), as does a closed
-// limiter.
+// decides nothing (Allow answers false, the other methods backend.ErrClosed), as does a
+// closed limiter.
 type Limiter struct {
 	shape    atomic.Pointer[shape] // the limits in force; nil for the zero value
 	be       backend.Backend
@@ -109,6 +47,32 @@ type Limiter struct {
 	rooms    map[string]*room // the keys waited on, each with its waiters and places
 	waitSeq  atomic.Uint64
 	expired  atomic.Int64 // permits not used: past their time by more than the margin
+}
+
+// Decision is the answer to a request for permits. Being throttled is a normal result,
+// not an error.
+type Decision struct {
+	// Allowed reports whether the permits were granted.
+	Allowed bool
+	// Delay is how long to wait before using granted permits (a reservation); 0 when they
+	// may be used at once.
+	Delay time.Duration
+	// Remaining is how many permits could still be granted at once.
+	Remaining int64
+	// RetryAfter is, when denied, how long until the same request would be granted.
+	RetryAfter time.Duration
+	// ResetAfter is how long until the key is back to its full burst.
+	ResetAfter time.Duration
+}
+
+func decisionOf(r gcra.Result) Decision {
+	return Decision{
+		Allowed:    r.Allowed,
+		Delay:      time.Duration(r.Delay),
+		Remaining:  r.Remaining,
+		RetryAfter: time.Duration(r.RetryAfter),
+		ResetAfter: time.Duration(r.ResetAfter),
+	}
 }
 
 // shape is a limiter's limits, and what it derives from them; SetLimits swaps it whole.
@@ -139,97 +103,8 @@ func (sh *shape) coreAt(now int64) []gcra.Limit {
 // ramping reports whether sh has a ramp that has not ended at now.
 func (sh *shape) ramping(now int64) bool { return sh.rampEnd != 0 && now < sh.rampEnd }
 
-// errZero is what a zero Limiter answers: it has no limits and no backend.
-var errZero = fmt.Errorf("%w: a zero Limiter decides nothing: make one with New", backend.ErrClosed)
-
-// minPenaltySweep is the fewest remembered penalties that make Penalize sweep the ended
-// ones.
-const minPenaltySweep = 1024
-
-// penalty is a hold issued at `issued` until `until` (limiter clock Nanotime).
-type penalty struct{ issued, until int64 }
-
-// Option configures a Limiter.
-type Option interface{ apply(*Limiter) }
-
-type optionFunc func(*Limiter)
-
-func (f optionFunc) apply(l *Limiter) { f(l) }
-
-// WithBackend makes the limiter decide in b instead of in process. The limiter does not
-// close b: its owner does.
-func WithBackend(b backend.Backend) Option {
-	return optionFunc(func(l *Limiter) { l.be = b })
-}
-
-// WithClock sets the clock used for waits and, for the default backend, for decisions
-// (default clock.Default).
-func WithClock(c clock.Clock) Option { return optionFunc(func(l *Limiter) { l.clock = c }) }
-
-// WithMargin sets the jitter tolerance J, the safety margin of docs/concepts.md (default
-// zero, so that decisions conform to the limits exactly as given). The API sees each request later than the limiter decided it, by a
-// varying delay; decisions then conform to a tightened limit: with Burst > 1, ceil(J/T)
-// permits of the burst are kept in reserve (nearly free); with Burst = 1, permits are
-// spaced T + J apart (costing J/T of the rate). A permit must then be used within J of
-// its time.
-//
-// A margin that costs a limit more than a tenth of its rate (with burst 1, a margin above a
-// tenth of the interval: WithMargin(time.Second) turns 100/s burst=1 into about 1/s) is
-// logged as a warning (WithLogger), with the burst that would keep the whole rate.
-func WithMargin(j time.Duration) Option {
-	return optionFunc(func(l *Limiter) { l.margin = j })
-}
-
-// WithLogger sets where the limiter logs its warnings (a margin that costs a limit much of
-// its rate); default slog.Default(). It logs nothing else.
-func WithLogger(log *slog.Logger) Option { return optionFunc(func(l *Limiter) { l.log = log }) }
-
-// WithMaxWait bounds how far ahead Reserve reserves and how long Wait and Do wait (seed
-// 000's bound on reserved permits: back pressure instead of an unbounded queue). Zero or
-// less means no bound beyond the context's deadline (the default).
-func WithMaxWait(d time.Duration) Option {
-	return optionFunc(func(l *Limiter) { l.maxWait = d })
-}
-
-// WithFailMode sets what the limiter answers when its backend cannot decide (a store or
-// peers unreachable, a key cap reached): see docs/concepts.md, "Fail modes". The limiter
-// itself answers backend.FailClosed (the default) or backend.FailOpen; backend.FailLocal
-// is a backend's (the lease mode's default, the redis mode's WithFailLocal), and a
-// limiter set to it answers a failure its backend could not absorb as FailClosed.
-func WithFailMode(m backend.FailMode) Option {
-	return optionFunc(func(l *Limiter) { l.failMode = m })
-}
-
-// WithRampStart makes the ramps of the limits given to New start at t instead of when
-// New is called: a process that replaces a limiter (a daemon reloading its rules) keeps
-// the ramp where it was. A t in the future starts them then. A backend that ramps limits
-// itself (backend.Capabilities.SharedRamps: the lease mode, whose record keeps when the
-// ramp began) ignores it.
-func WithRampStart(t time.Time) Option { return optionFunc(func(l *Limiter) { l.rampFrom = t }) }
-
-// WithObserver sets a hook told of every decision, wait, penalty, settlement, expired
-// permit and backend error, so library users get metrics without the daemon (see Event).
-// It is called synchronously on the caller's goroutine, possibly from many goroutines at
-// once: it must be safe for concurrent use and fast (count, do not block).
-func WithObserver(observe func(Event)) Option {
-	return optionFunc(func(l *Limiter) { l.observer = observe })
-}
-
-// WithMaxKeys caps the keys the default in-process backend holds (default
-// local.DefaultMaxKeys); new keys past the cap, when none is idle, follow the fail mode.
-// It also caps the penalties the limiter remembers to re-queue reservations behind (see
-// Reservation.Wait), whatever the backend: past it the oldest are forgotten (the backend
-// still holds every key back; only a reservation made before a forgotten penalty is not
-// re-queued). n <= 0 means no cap.
-func WithMaxKeys(n int) Option {
-	return optionFunc(func(l *Limiter) {
-		l.localOpt = append(l.localOpt, local.WithMaxKeys(n))
-		l.maxPen = int64(n)
-		if n <= 0 {
-			l.maxPen = math.MaxInt64
-		}
-	})
-}
+// unavailableRetry is the RetryAfter of a failure's denial when the backend gives no hint.
+const unavailableRetry = 100 * time.Millisecond
 
 // New returns a limiter that applies limits to every key.
 func New(limits Limits, opts ...Option) (*Limiter, error) {
@@ -260,9 +135,18 @@ func New(limits Limits, opts ...Option) (*Limiter, error) {
 	return l, nil
 }
 
-// supports returns an error wrapping backend.ErrUnsupported if the backend cannot decide limits: a
-// windowed quota or a ramp it does not say it decides (backend.Capabilities), or a windowed
-// quota beside a rate where it decides windows only beside windows.
+// MustNew is New that panics on error, for limits fixed in code.
+func MustNew(limits Limits, opts ...Option) *Limiter {
+	l, err := New(limits, opts...)
+	if err != nil {
+		panic(err)
+	}
+	return l
+}
+
+// supports returns an error wrapping backend.ErrUnsupported if the backend cannot decide
+// limits: a windowed quota or a ramp it does not say it decides (backend.Capabilities), or
+// a windowed quota beside a rate where it decides windows only beside windows.
 func (l *Limiter) supports(limits Limits) error { return limitconv.Supports(l.be, limits) }
 
 // newShape derives a shape from limits (valid), warning of a margin that costs much of a
@@ -317,6 +201,32 @@ func (l *Limiter) finishShape(limits Limits, sh *shape) *shape {
 	return sh
 }
 
+// expireAfter is how late a permit may be handed to its user: the lateness its limits
+// tolerate less half the margin, kept for the trip to the API, and never more than the
+// margin. A limit tolerates the margin where the margin spaces its permits (burst 1: the
+// interval plus the margin), and the whole tokens of its reserve where the margin is a
+// reserve of its burst (k = ceil(margin / interval) tokens: k intervals, at least the
+// margin). So burst-1 limits expire permits at half the margin, and a reserve that
+// rounds well up (20ms of a 50ms interval) lets a permit be the whole margin late with
+// more than half the margin left for the trip. Windowed quotas count permits, not their
+// spacing: they tolerate any lateness.
+func expireAfter(limits Limits, core []gcra.Limit, margin time.Duration) int64 {
+	m := int64(margin)
+	after := m
+	for i, lim := range limits {
+		if lim.Window {
+			continue
+		}
+		t := int64(limitconv.Interval(lim))
+		tolerance := m // the margin spaces the permits
+		if core[i].T <= t && t > 0 {
+			tolerance = (m + t - 1) / t * t // a reserve of whole tokens
+		}
+		after = min(after, tolerance-m/2)
+	}
+	return after
+}
+
 // SetLimits changes the limits of every key, from the next decision on, safely while
 // other goroutines decide (as x/time/rate's SetLimit). A ramp starts when its limit takes
 // effect (New or SetLimits), and goes on from where it was when SetLimits keeps it (the
@@ -341,15 +251,6 @@ func (l *Limiter) SetLimits(limits Limits) error {
 	return nil
 }
 
-// MustNew is New that panics on error, for limits fixed in code.
-func MustNew(limits Limits, opts ...Option) *Limiter {
-	l, err := New(limits, opts...)
-	if err != nil {
-		panic(err)
-	}
-	return l
-}
-
 // Limits returns the limits in force, as given (before any margin); nil for a zero Limiter.
 func (l *Limiter) Limits() Limits {
 	if sh := l.shape.Load(); sh != nil {
@@ -360,7 +261,8 @@ func (l *Limiter) Limits() Limits {
 
 // rampStart returns when the ramps of the limits in force started (on the limiter's
 // clock's wall time), and false if none of them ramps or the backend ramps them itself
-// (backend.Capabilities.SharedRamps: the lease mode, whose record keeps when the ramp began).
+// (backend.Capabilities.SharedRamps: the lease mode, whose record keeps when the ramp
+// began).
 func (l *Limiter) rampStart() (time.Time, bool) {
 	sh := l.shape.Load()
 	if sh == nil || sh.rampEnd == 0 {
@@ -453,78 +355,6 @@ func (l *Limiter) reserve(ctx context.Context, key string, n int64, maxDelay tim
 	return r, err
 }
 
-// reserveWaiting is reserve for callers that wait (Wait, Do): a backend failure answered
-// closed is waited out, asking again after the error's RetryAfter, for as long as the wait
-// bound allows (the limiter's maximum wait, the context's deadline). bound is that bound
-// at the start; each retry asks for what is left of it.
-func (l *Limiter) reserveWaiting(ctx context.Context, key string, n int64, bound time.Duration) (*Reservation, error) {
-	if l.shape.Load() == nil {
-		return l.reserve(ctx, key, n, 0) // errZero
-	}
-	start := l.clock.Nanotime()
-	for {
-		r, err := l.reserve(ctx, key, n, max(bound-time.Duration(l.clock.Nanotime()-start), 0))
-		hint, ok := backend.RetryAfter(err)
-		if !ok || hint > bound-time.Duration(l.clock.Nanotime()-start) {
-			return r, err // a decision, another error, or the bound ends before the retry
-		}
-		if l.clock.Sleep(ctx, hint) != nil { // each failure was observed (EventError)
-			return r, err // the context ended: the backend's failure says more than ctx's
-		}
-	}
-}
-
-// Wait blocks until one permit for key is available and takes it, or returns an error:
-// ctx's error if it ends first (its place in the key's line goes to the limiter's other
-// waiters, or is given back when none is left: see Reservation.Cancel for what that gives
-// back), or a *ThrottledError if the permit lies beyond ctx's deadline or the limiter's
-// maximum wait (nothing is taken).
-//
-// The limiter's waiters on a key are served in arrival order, or fairly between members
-// when their contexts carry one (WithMember); see WithFairness and docs/concepts.md, "Fair
-// waiting". A waiter whose permit expires as it is handed over (the process was paused
-// past the margin: ErrPermitExpired) waits for the next instead.
-func (l *Limiter) Wait(ctx context.Context, key string) error {
-	_, err := l.WaitN(ctx, key, 1)
-	return err
-}
-
-// WaitN is Wait for n permits. It returns the reservation, which may be settled once the
-// real cost is known. Waits for one permit go through the key's waiting room (as Wait);
-// waits for more reserve their own place in arrival order.
-//
-// While the backend is unavailable and says when to try again (a
-// *backend.UnavailableError) and the limiter fails closed, WaitN waits too: it asks again
-// after the error's RetryAfter, as long as its context and maximum wait allow, and returns
-// the error when they do not.
-func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (*Reservation, error) {
-	if n == 1 && l.shape.Load() != nil {
-		return l.waitFair(ctx, key, l.waitBound(ctx), l.maxWait)
-	}
-	r, err := l.reserveWaiting(ctx, key, n, l.waitBound(ctx))
-	if err != nil {
-		return r, err
-	}
-	if !r.Allowed {
-		return r, &ThrottledError{Key: key, RetryAfter: r.RetryAfter}
-	}
-	return r, r.Wait(ctx)
-}
-
-// waitBound is how long a wait may last: the limiter's maximum, cut to the context's
-// deadline.
-func (l *Limiter) waitBound(ctx context.Context) time.Duration {
-	md := time.Duration(math.MaxInt64)
-	if l.maxWait > 0 {
-		md = l.maxWait
-	}
-	if dl, ok := ctx.Deadline(); ok {
-		// Context deadlines are real time, whatever the limiter's clock.
-		md = min(md, max(time.Until(dl), 0))
-	}
-	return md
-}
-
 // Penalize holds every caller of key back until `until`: nothing is granted before then.
 // A worker that got a 429 with Retry-After calls it, and the whole pool that shares the
 // backend's state holds back. With several limits, the shortest is drained so that one
@@ -562,6 +392,13 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 	}
 	return r.Reset(ctx, key)
 }
+
+// minPenaltySweep is the fewest remembered penalties that make Penalize sweep the ended
+// ones.
+const minPenaltySweep = 1024
+
+// penalty is a hold issued at `issued` until `until` (limiter clock Nanotime).
+type penalty struct{ issued, until int64 }
 
 // remember records a penalty issued at now for d, for the reservations made before it.
 func (l *Limiter) remember(key string, now int64, d time.Duration) {
@@ -680,30 +517,4 @@ func (l *Limiter) observe(e Event) {
 	if l.observer != nil {
 		l.observer(e)
 	}
-}
-
-// expireAfter is how late a permit may be handed to its user: the lateness its limits
-// tolerate less half the margin, kept for the trip to the API, and never more than the
-// margin. A limit tolerates the margin where the margin spaces its permits (burst 1: the
-// interval plus the margin), and the whole tokens of its reserve where the margin is a
-// reserve of its burst (k = ceil(margin / interval) tokens: k intervals, at least the
-// margin). So burst-1 limits expire permits at half the margin, and a reserve that
-// rounds well up (20ms of a 50ms interval) lets a permit be the whole margin late with
-// more than half the margin left for the trip. Windowed quotas count permits, not their
-// spacing: they tolerate any lateness.
-func expireAfter(limits Limits, core []gcra.Limit, margin time.Duration) int64 {
-	m := int64(margin)
-	after := m
-	for i, lim := range limits {
-		if lim.Window {
-			continue
-		}
-		t := int64(limitconv.Interval(lim))
-		tolerance := m // the margin spaces the permits
-		if core[i].T <= t && t > 0 {
-			tolerance = (m + t - 1) / t * t // a reserve of whole tokens
-		}
-		after = min(after, tolerance-m/2)
-	}
-	return after
 }
