@@ -10,7 +10,7 @@ import (
 	"github.com/sluicehq/sluice/local"
 )
 
-// Option configures a Limiter.
+// Option configures a Limiter, in New. Every option is a function (With...) returning one.
 type Option interface{ apply(*Limiter) }
 
 type optionFunc func(*Limiter)
@@ -116,7 +116,9 @@ func WithMaxKeys(n int) Option {
 	})
 }
 
-// CallOption configures Do and Wrap.
+// CallOption configures one call of Do, or every call of a function Wrap returns. It is a
+// type of its own, not an Option, so that the compiler refuses an option of the limiter
+// (WithBackend, WithMargin...) in a call, where it would mean nothing, and the reverse.
 type CallOption interface{ applyCall(*callConfig) }
 
 type callConfig struct {
