@@ -17,6 +17,17 @@
 // GCRA arithmetic (package gcra) and the same conformance suite (package
 // backend/backendtest), so a program moves between them by changing one option.
 //
+// Limiter.Transport throttles an http.Client and Limiter.Middleware an http.Handler; the
+// functions that key their requests, the rate-limit header names and their writer and
+// readers are in package httplimit.
+//
+// Errors are declared once, where they arise, and matched with errors.Is: this package
+// declares ErrThrottled (*ThrottledError), ErrPermitExpired and ErrBadLimit (*LimitError);
+// package backend declares the failures of a backend (backend.ErrClosed,
+// backend.ErrTooManyKeys, backend.ErrUnavailable with *backend.UnavailableError,
+// backend.ErrUnsupported) and the fail modes WithFailMode takes (backend.FailClosed,
+// backend.FailOpen, backend.FailLocal); package gcra declares gcra.ErrCostExceedsBurst.
+//
 // Time comes from a clock.Clock; tests and the simulator use clock.Virtual, under which
 // every guarantee is exact.
 package sluice

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/httplimit"
 )
 
 // The strict mode's example: one permit every 6 seconds, requests at t=2, 8, 13 and 14.
@@ -47,7 +48,7 @@ func ExampleLimiter_Reserve() {
 	ctx := context.Background()
 	for i := 0; i < 3; i++ {
 		r, _ := l.Reserve(ctx, "api", 1)
-		fmt.Println(r.OK(), r.Delay)
+		fmt.Println(r.Allowed, r.Delay)
 	}
 	// Output:
 	// true 0s
@@ -210,7 +211,7 @@ func ExampleTransport() {
 func ExampleLimiter_Middleware() {
 	l := sluice.MustNew(sluice.MustParse("2/m"), sluice.WithClock(clock.NewVirtual()))
 	defer l.Close()
-	h := l.Middleware(sluice.KeyByRemoteAddr)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := l.Middleware(httplimit.KeyByRemoteAddr)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, "ok")
 	}))
 	for i := 0; i < 3; i++ {
@@ -243,16 +244,20 @@ func ExampleLimit_window() {
 }
 
 // A ramp: from 10/s to 100/s over a minute, then 100/s, for a downstream that warms up.
+// The burst rises with the rate.
 func ExampleLimit_ramp() {
-	lim, _ := sluice.ParseLimit("100/s ramp=10/s..60s")
-	fmt.Println(lim)
-	for _, at := range []time.Duration{0, 30 * time.Second, time.Minute} {
-		c := lim.CoreAt(0, at)
-		fmt.Printf("at %v: %.0f/s, burst %d\n", at, 1e9/float64(c.T), c.Burst())
+	clk := clock.NewVirtual()
+	l := sluice.MustNew(sluice.MustParse("100/s ramp=10/s..60s"), sluice.WithClock(clk))
+	defer l.Close()
+	fmt.Println(l.Limits())
+	for i, at := range []time.Duration{0, 30 * time.Second, time.Minute} {
+		clk.Set(int64(at))
+		d, _ := l.AllowN(context.Background(), fmt.Sprint("key", i), 0) // a look at a new key
+		fmt.Printf("at %v: burst %d\n", at, d.Remaining)
 	}
 	// Output:
 	// 100/s ramp=10/s..1m
-	// at 0s: 10/s, burst 10
-	// at 30s: 55/s, burst 55
-	// at 1m0s: 100/s, burst 100
+	// at 0s: burst 10
+	// at 30s: burst 55
+	// at 1m0s: burst 100
 }

@@ -3,13 +3,13 @@ package sluice
 import (
 	"errors"
 	"fmt"
-	"math"
 	"math/bits"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/limitconv"
 )
 
 // Limit is one rate limit: Rate permits per Period, with up to Burst permits at once after
@@ -30,11 +30,12 @@ import (
 //     carry over. Its burst is its count (Burst is Rate).
 //   - A ramp ("100/s ramp=10/s..60s", Ramp set): the limit starts at Ramp's rate (the
 //     burst scaled alike) and rises linearly to Rate/Period over Ramp.Over, from when the
-//     limit takes effect (see CoreAt); after that it is the plain limit.
+//     limit takes effect (New or SetLimits); after that it is the plain limit.
 //
 // The text form, shared by every interface of Sluice, is RATE/PERIOD with optional
 // options: "100/s", "4500/h", "1/6s", "10/s burst=20", "2/1500ms", "10000/24h window",
-// "100/s ramp=10/s..60s". See ParseLimit.
+// "100/s ramp=10/s..60s". See Parse. In code, a limit is parsed (MustParse("10/s
+// burst=20")) or written as a literal (Limit{Rate: 10, Period: time.Second, Burst: 20}).
 type Limit struct {
 	Rate   int64         // permits per Period, > 0
 	Period time.Duration // > 0
@@ -51,11 +52,8 @@ type Ramp struct {
 	Over   time.Duration // > 0
 }
 
-// IsZero reports whether r is no ramp.
-func (r Ramp) IsZero() bool { return r == Ramp{} }
-
-// String is the ramp's text form without the "ramp=": "10/s..1m".
-func (r Ramp) String() string {
+// text is the ramp's text form without the "ramp=": "10/s..1m".
+func (r Ramp) text() string {
 	return strconv.FormatInt(r.Rate, 10) + "/" + formatPeriod(r.Period) + ".." + formatDuration(r.Over)
 }
 
@@ -63,46 +61,8 @@ func (r Ramp) String() string {
 // 4500/h; 50000/24h"). At most gcra.MaxLimits.
 type Limits []Limit
 
-// PerSecond returns rate permits a second, with a burst of rate.
-func PerSecond(rate int64) Limit { return Limit{Rate: rate, Period: time.Second, Burst: rate} }
-
-// PerMinute returns rate permits a minute, with a burst of rate.
-func PerMinute(rate int64) Limit { return Limit{Rate: rate, Period: time.Minute, Burst: rate} }
-
-// PerHour returns rate permits an hour, with a burst of rate.
-func PerHour(rate int64) Limit { return Limit{Rate: rate, Period: time.Hour, Burst: rate} }
-
-// Every returns one permit every d, with a burst of one: "at most one request every d".
-func Every(d time.Duration) Limit { return Limit{Rate: 1, Period: d, Burst: 1} }
-
-// WithBurst returns a copy of l with the given burst.
-func (l Limit) WithBurst(burst int64) Limit { l.Burst = burst; return l }
-
-// Limits returns l as a one-element Limits.
-func (l Limit) Limits() Limits { return Limits{l} }
-
-// burst is l.Burst with the default applied.
-func (l Limit) burst() int64 {
-	if l.Burst == 0 {
-		return l.Rate
-	}
-	return l.Burst
-}
-
-// Interval is the emission interval T = Period/Rate, rounded up to a whole nanosecond
-// (down for a windowed quota, so that Rate intervals fit in its window).
-func (l Limit) Interval() time.Duration {
-	if l.Rate <= 0 {
-		return 0
-	}
-	if l.Window {
-		return time.Duration(int64(l.Period) / l.Rate)
-	}
-	return time.Duration((int64(l.Period) + l.Rate - 1) / l.Rate)
-}
-
-// Validate reports whether l is usable, naming the bad part.
-func (l Limit) Validate() error {
+// validate reports whether l is usable, naming the bad part.
+func (l Limit) validate() error {
 	switch {
 	case l.Rate <= 0:
 		return &LimitError{Input: l.String(), Part: strconv.FormatInt(l.Rate, 10), Reason: "the rate must be a positive whole number"}
@@ -112,15 +72,15 @@ func (l Limit) Validate() error {
 		return &LimitError{Input: l.String(), Part: l.String(), Reason: "faster than one permit a nanosecond"}
 	case l.Burst < 0:
 		return &LimitError{Input: l.String(), Part: strconv.FormatInt(l.Burst, 10), Reason: "the burst must be positive"}
-	case l.burst() > gcra.MaxTau/int64(l.Interval()+1):
-		return &LimitError{Input: l.String(), Part: strconv.FormatInt(l.burst(), 10), Reason: "the burst times the interval must stay under 36 years"}
+	case limitconv.Burst(l) > gcra.MaxTau/int64(limitconv.Interval(l)+1):
+		return &LimitError{Input: l.String(), Part: strconv.FormatInt(limitconv.Burst(l), 10), Reason: "the burst times the interval must stay under 36 years"}
 	case l.Window && l.Burst != 0 && l.Burst != l.Rate:
 		return &LimitError{Input: l.String(), Part: "burst=" + strconv.FormatInt(l.Burst, 10), Reason: "a windowed quota has no burst of its own (its count is its rate)"}
 	case l.Window && int64(l.Period) > gcra.MaxTau:
 		return &LimitError{Input: l.String(), Part: formatPeriod(l.Period), Reason: "a window must be shorter than 36 years"}
-	case l.Window && !l.Ramp.IsZero():
-		return &LimitError{Input: l.String(), Part: "ramp=" + l.Ramp.String(), Reason: "a windowed quota cannot ramp"}
-	case !l.Ramp.IsZero():
+	case l.Window && l.Ramp != (Ramp{}):
+		return &LimitError{Input: l.String(), Part: "ramp=" + l.Ramp.text(), Reason: "a windowed quota cannot ramp"}
+	case l.Ramp != (Ramp{}):
 		return l.Ramp.validate(l)
 	}
 	return nil
@@ -128,7 +88,7 @@ func (l Limit) Validate() error {
 
 func (r Ramp) validate(l Limit) error {
 	bad := func(reason string) error {
-		return &LimitError{Input: l.String(), Part: "ramp=" + r.String(), Reason: reason}
+		return &LimitError{Input: l.String(), Part: "ramp=" + r.text(), Reason: reason}
 	}
 	switch {
 	case r.Rate <= 0 || r.Period <= 0 || r.Over <= 0:
@@ -145,57 +105,7 @@ func (r Ramp) validate(l Limit) error {
 	return nil
 }
 
-// Core returns the limit in the GCRA core's units, tightened by a jitter tolerance
-// (docs/concepts.md): with Burst > 1, ceil(margin/T) permits of the burst are held in reserve;
-// with Burst = 1 (or once the reserve would take the whole burst), permits are spaced T
-// plus the rest of the margin apart. A zero margin gives the limit exactly.
-//
-// A windowed quota ignores the margin (a permit decided just before a window's end may be
-// counted by the API in the next window: keep such a pool's quota a little under the
-// API's). A ramp is not applied: Core is the limit once the ramp is over (see CoreAt).
-func (l Limit) Core(margin time.Duration) gcra.Limit {
-	if l.Window {
-		t := int64(l.Interval())
-		return gcra.Limit{T: t, Tau: l.Rate * t, Window: int64(l.Period)}
-	}
-	return coreOf(int64(l.Interval()), l.burst(), margin)
-}
-
-// CoreAt is Core at `elapsed` into the limit's ramp (since the limit took effect): the
-// rate rises linearly from the ramp's to the limit's, and the burst with it (never below
-// one permit); the interval is rounded up, so the ramped limit never exceeds the line.
-// Without a ramp, or once it is over, CoreAt is Core.
-func (l Limit) CoreAt(margin, elapsed time.Duration) gcra.Limit {
-	if l.Ramp.IsZero() || elapsed >= l.Ramp.Over || l.Window {
-		return l.Core(margin)
-	}
-	elapsed = max(elapsed, 0)
-	r0 := float64(l.Ramp.Rate) / float64(l.Ramp.Period) // permits a nanosecond
-	r1 := float64(l.Rate) / float64(l.Period)
-	r := r0 + (r1-r0)*float64(elapsed)/float64(l.Ramp.Over)
-	t := max(int64(math.Ceil(1/r)), int64(l.Interval()))
-	b := max(1, int64(math.Floor(float64(l.burst())*r/r1)))
-	b = min(b, gcra.MaxTau/t)
-	return coreOf(t, b, margin)
-}
-
-// RampOver is how long the limit ramps (0 without a ramp).
-func (l Limit) RampOver() time.Duration { return l.Ramp.Over }
-
-// coreOf is the GCRA limit of interval t and burst b, tightened by margin (see Core).
-func coreOf(t, b int64, margin time.Duration) gcra.Limit {
-	m := int64(max(margin, 0))
-	if m == 0 {
-		return gcra.Limit{T: t, Tau: b * t}
-	}
-	if k := (m + t - 1) / t; k < b {
-		return gcra.Limit{T: t, Tau: (b - k) * t}
-	}
-	t2 := t + m - (b-1)*t
-	return gcra.Limit{T: t2, Tau: t2}
-}
-
-// String returns the text form, which ParseLimit reads back to the same Limit.
+// String returns the text form, which Parse reads back to the same Limit.
 func (l Limit) String() string {
 	var sb strings.Builder
 	sb.WriteString(strconv.FormatInt(l.Rate, 10))
@@ -208,24 +118,11 @@ func (l Limit) String() string {
 	if l.Window {
 		sb.WriteString(" window")
 	}
-	if !l.Ramp.IsZero() {
+	if l.Ramp != (Ramp{}) {
 		sb.WriteString(" ramp=")
-		sb.WriteString(l.Ramp.String())
+		sb.WriteString(l.Ramp.text())
 	}
 	return sb.String()
-}
-
-// MarshalText implements encoding.TextMarshaler with the text form.
-func (l Limit) MarshalText() ([]byte, error) { return []byte(l.String()), nil }
-
-// UnmarshalText implements encoding.TextUnmarshaler with ParseLimit.
-func (l *Limit) UnmarshalText(b []byte) error {
-	v, err := ParseLimit(string(b))
-	if err != nil {
-		return err
-	}
-	*l = v
-	return nil
 }
 
 // String joins the limits' text forms with "; ".
@@ -259,83 +156,20 @@ func (ls Limits) Validate() error {
 		return &LimitError{Input: ls.String(), Part: ls.String(), Reason: fmt.Sprintf("more than %d limits on one key", gcra.MaxLimits)}
 	}
 	for _, l := range ls {
-		if err := l.Validate(); err != nil {
+		if err := l.validate(); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// Core returns the limits in the GCRA core's units, each tightened by margin.
-func (ls Limits) Core(margin time.Duration) []gcra.Limit {
-	out := make([]gcra.Limit, len(ls))
-	for i, l := range ls {
-		out[i] = l.Core(margin)
-	}
-	return out
-}
-
-// CoreAt is Core at `elapsed` into the limits' ramps (Limit.CoreAt).
-func (ls Limits) CoreAt(margin, elapsed time.Duration) []gcra.Limit {
-	out := make([]gcra.Limit, len(ls))
-	for i, l := range ls {
-		out[i] = l.CoreAt(margin, elapsed)
-	}
-	return out
-}
-
-// CoreRamped is Core with each limit's ramp in core units (gcra.Limit.Ramp), for a
-// backend that ramps limits itself (backend.SharedRamps: the lease mode): the ramp starts
-// at the part of the core's rate that the ramp's start rate is of the limit's rate (the
-// start's interval rounded up: never faster), and rises over the ramp's duration.
-func (ls Limits) CoreRamped(margin time.Duration) []gcra.Limit {
-	out := ls.Core(margin)
-	for i, l := range ls {
-		out[i].Ramp = rampOf(l, out[i])
-	}
-	return out
-}
-
-// RampOver is how long the longest of the limits' ramps lasts (0 if none ramps).
-func (ls Limits) RampOver() time.Duration {
-	var d time.Duration
-	for _, l := range ls {
-		d = max(d, l.Ramp.Over)
-	}
-	return d
-}
-
-// Windowed reports whether any of the limits is a windowed quota.
-func (ls Limits) Windowed() bool {
-	for _, l := range ls {
-		if l.Window {
-			return true
-		}
-	}
-	return false
-}
-
-// ErrBadLimit is wrapped by every *LimitError.
-var ErrBadLimit = errors.New("sluice: bad limit")
-
-// LimitError reports a limit that cannot be parsed or used, naming the bad part.
-type LimitError struct {
-	Input  string // the whole text given
-	Part   string // the part that is wrong
-	Reason string
-}
-
-func (e *LimitError) Error() string {
-	if e.Part == "" {
-		return fmt.Sprintf("sluice: bad limit %q: %s (want RATE/PERIOD [burst=N | window] [ramp=RATE/PERIOD..DURATION], e.g. 100/s, 1/6s, 10/s burst=20, 10000/24h window, 100/s ramp=10/s..60s)", e.Input, e.Reason)
-	}
-	return fmt.Sprintf("sluice: bad limit %q: %q: %s (want RATE/PERIOD [burst=N | window] [ramp=RATE/PERIOD..DURATION], e.g. 100/s, 1/6s, 10/s burst=20, 10000/24h window, 100/s ramp=10/s..60s)", e.Input, e.Part, e.Reason)
-}
-
-// Unwrap returns ErrBadLimit.
-func (e *LimitError) Unwrap() error { return ErrBadLimit }
-
-// Parse reads one or more limits joined with ";": "100/s burst=20; 4500/h".
+// Parse reads one or more limits joined with ";": "100/s burst=20; 4500/h". Each is in
+// the text form: RATE/PERIOD, where RATE is a positive whole number and PERIOD a unit (ns,
+// us, ms, s, m, h, d, or second, minute, hour, day) with an optional count before it
+// ("6s", "1500ms", "24h"), then optionally "burst=N", and "window" for a windowed quota
+// ("10000/24h window") or "ramp=RATE/PERIOD..DURATION" for a ramp ("100/s
+// ramp=10/s..60s": from 10/s to 100/s over 60 s; DURATION is a count and a unit as in a
+// period, "90s", "5m", "1h").
 func Parse(s string) (Limits, error) {
 	var ls Limits
 	for part := range strings.SplitSeq(s, ";") {
@@ -361,26 +195,6 @@ func MustParse(s string) Limits {
 		panic(err)
 	}
 	return ls
-}
-
-// ParseLimit reads one limit in the text form: RATE/PERIOD, where RATE is a positive whole
-// number and PERIOD a unit (ns, us, ms, s, m, h, d, or second, minute, hour, day) with an
-// optional count before it ("6s", "1500ms", "24h"), then optionally "burst=N", and
-// "window" for a windowed quota ("10000/24h window") or "ramp=RATE/PERIOD..DURATION" for
-// a ramp ("100/s ramp=10/s..60s": from 10/s to 100/s over 60 s; DURATION is a count and a
-// unit as in a period, "90s", "5m", "1h").
-func ParseLimit(s string) (Limit, error) {
-	l, err := parseOne(s, s)
-	if err != nil {
-		return Limit{}, err
-	}
-	if err := l.Validate(); err != nil {
-		if le, ok := err.(*LimitError); ok {
-			le.Input = s
-		}
-		return Limit{}, err
-	}
-	return l, nil
 }
 
 func parseOne(input, s string) (Limit, error) {
@@ -424,7 +238,7 @@ func parseOne(input, s string) (Limit, error) {
 			}
 			l.Burst = b
 		case ok && k == "ramp":
-			if !l.Ramp.IsZero() {
+			if l.Ramp != (Ramp{}) {
 				return bad(f, "ramp given twice")
 			}
 			r, err := parseRamp(v)

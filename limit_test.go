@@ -2,12 +2,15 @@ package sluice
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/limitconv"
 )
 
-func TestParseLimit(t *testing.T) {
+func TestParseOne(t *testing.T) {
 	cases := []struct {
 		in   string
 		want Limit
@@ -33,7 +36,7 @@ func TestParseLimit(t *testing.T) {
 		{"100/s ramp=100/s..2h", Limit{Rate: 100, Period: time.Second, Burst: 100, Ramp: Ramp{Rate: 100, Period: time.Second, Over: 2 * time.Hour}}, "100/s ramp=100/s..2h"},
 	}
 	for i, c := range cases {
-		got, err := ParseLimit(c.in)
+		got, err := parseLimit(c.in)
 		if err != nil {
 			t.Errorf("case %d %q: %v", i, c.in, err)
 			continue
@@ -44,14 +47,14 @@ func TestParseLimit(t *testing.T) {
 		if got.String() != c.str {
 			t.Errorf("case %d %q: String() = %q, want %q", i, c.in, got.String(), c.str)
 		}
-		back, err := ParseLimit(got.String())
+		back, err := parseLimit(got.String())
 		if err != nil || back != got {
 			t.Errorf("case %d: %q does not round-trip: %+v %v", i, got.String(), back, err)
 		}
 	}
 }
 
-func TestParseLimitErrorsNameThePart(t *testing.T) {
+func TestParseErrorsNameThePart(t *testing.T) {
 	cases := []struct{ in, part string }{
 		{"ten per sec", `"ten"`},
 		{"", "empty"},
@@ -80,7 +83,7 @@ func TestParseLimitErrorsNameThePart(t *testing.T) {
 		{"3/2ns window", "nanosecond"},
 	}
 	for i, c := range cases {
-		_, err := ParseLimit(c.in)
+		_, err := parseLimit(c.in)
 		if err == nil {
 			t.Errorf("case %d %q: no error", i, c.in)
 			continue
@@ -118,52 +121,6 @@ func TestParseSeveral(t *testing.T) {
 	}
 }
 
-func TestConstructors(t *testing.T) {
-	cases := []struct {
-		l    Limit
-		str  string
-		tNs  time.Duration
-		core [2]int64
-	}{
-		{PerSecond(100), "100/s", 10 * time.Millisecond, [2]int64{1e7, 1e9}},
-		{PerMinute(6), "6/m", 10 * time.Second, [2]int64{1e10, 6e10}},
-		{PerHour(4500), "4500/h", 800 * time.Millisecond, [2]int64{8e8, 4500 * 8e8}},
-		{Every(6 * time.Second), "1/6s", 6 * time.Second, [2]int64{6e9, 6e9}},
-		{PerSecond(10).WithBurst(20), "10/s burst=20", 100 * time.Millisecond, [2]int64{1e8, 2e9}},
-		{Limit{Rate: 3, Period: time.Second, Burst: 0}, "3/s", 333333334, [2]int64{333333334, 1000000002}},
-	}
-	for i, c := range cases {
-		if c.l.String() != c.str || c.l.Interval() != c.tNs {
-			t.Errorf("case %d: %q interval %v, want %q %v", i, c.l.String(), c.l.Interval(), c.str, c.tNs)
-		}
-		if core := c.l.Core(0); core.T != c.core[0] || core.Tau != c.core[1] {
-			t.Errorf("case %d: core %+v, want %v", i, core, c.core)
-		}
-	}
-}
-
-func TestMargin(t *testing.T) {
-	ms := time.Millisecond
-	cases := []struct {
-		l      Limit
-		margin time.Duration
-		t, tau int64
-	}{
-		{PerSecond(20).WithBurst(10), 10 * ms, 50e6, 9 * 50e6},       // one permit of the burst held back
-		{PerSecond(20).WithBurst(10), 120 * ms, 50e6, 7 * 50e6},      // ceil(120/50) = 3
-		{Every(6 * time.Second), 10 * ms, 6010e6, 6010e6},            // burst 1: spaced T + J
-		{PerSecond(100).WithBurst(2), 25 * ms, 10e6 + 15e6, 25e6},    // the reserve would take the burst
-		{PerSecond(20).WithBurst(10), 0, 50e6, 10 * 50e6},            // exact
-		{PerSecond(20).WithBurst(10), -time.Second, 50e6, 10 * 50e6}, // negative is zero
-	}
-	for i, c := range cases {
-		got := c.l.Core(c.margin)
-		if got.T != c.t || got.Tau != c.tau {
-			t.Errorf("case %d: %v with margin %v: got T=%d Tau=%d, want %d %d", i, c.l, c.margin, got.T, got.Tau, c.t, c.tau)
-		}
-	}
-}
-
 func FuzzParse(f *testing.F) {
 	for _, s := range []string{"100/s", "4500/h", "1/6s", "10/s burst=20", "2/1500ms", "1000000000/s",
 		"100/s burst=20; 4500/h; 50000/24h", "ten per sec", "5/d",
@@ -193,7 +150,7 @@ func FuzzParse(f *testing.F) {
 			if back[i] != ls[i] {
 				t.Fatalf("%q -> %q: limit %d is %+v, want %+v", s, ls.String(), i, back[i], ls[i])
 			}
-			c := ls[i].Core(0)
+			c := limitconv.Core(ls[i:i+1], 0)[0]
 			if c.Validate() != nil {
 				t.Fatalf("%q: core limit %+v invalid", s, c)
 			}
@@ -201,32 +158,14 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
-// TestCoreAtFollowsTheRamp: the ramped limit's rate is on or under the line from the
-// ramp's rate to the limit's, within one permit's rounding, its burst scaled alike, and
-// the plain limit once the ramp is over.
-func TestCoreAtFollowsTheRamp(t *testing.T) {
-	l := MustParse("100/s ramp=10/s..60s")[0]
-	for _, c := range []struct {
-		at        time.Duration
-		rate      float64 // permits a second on the line
-		wantBurst int64
-	}{
-		{0, 10, 10}, {30 * time.Second, 55, 55}, {59 * time.Second, 98.5, 98}, {60 * time.Second, 100, 100}, {time.Hour, 100, 100},
-	} {
-		g := l.CoreAt(0, c.at)
-		got := 1e9 / float64(g.T)
-		if got > c.rate || got < c.rate*0.999 {
-			t.Errorf("at %v: rate %.3f/s, want %.1f/s (at most)", c.at, got, c.rate)
-		}
-		if g.Burst() != c.wantBurst {
-			t.Errorf("at %v: burst %d, want %d", c.at, g.Burst(), c.wantBurst)
-		}
+// parseLimit is Parse for one limit.
+func parseLimit(s string) (Limit, error) {
+	ls, err := Parse(s)
+	if err != nil {
+		return Limit{}, err
 	}
-	if l.CoreAt(0, time.Minute) != l.Core(0) {
-		t.Error("after the ramp, CoreAt is not Core")
+	if len(ls) != 1 {
+		return Limit{}, fmt.Errorf("%q: %d limits, want one", s, len(ls))
 	}
-	q := MustParse("10000/24h window")[0].Core(time.Second)
-	if q.Window != int64(24*time.Hour) || q.Burst() != 10000 || q.T != 8640*int64(time.Millisecond) {
-		t.Errorf("10000/24h window: core %+v", q)
-	}
+	return ls[0], nil
 }

@@ -11,38 +11,40 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/backend"
 )
 
-// TestZeroLimiter: a zero Limiter answers every call with ErrClosed (false for Allow),
-// never a panic.
+// TestZeroLimiter: a zero Limiter answers every call with backend.ErrClosed (false for
+// Allow), never a panic.
 func TestZeroLimiter(t *testing.T) {
 	var l Limiter
 	if l.Allow(bg, "k") {
 		t.Error("Allow granted")
 	}
-	if _, err := l.AllowN(bg, "k", 1); !errors.Is(err, ErrClosed) {
+	if _, err := l.AllowN(bg, "k", 1); !errors.Is(err, backend.ErrClosed) {
 		t.Errorf("AllowN: %v", err)
 	}
-	if _, err := l.Reserve(bg, "k", 1); !errors.Is(err, ErrClosed) {
+	if _, err := l.Reserve(bg, "k", 1); !errors.Is(err, backend.ErrClosed) {
 		t.Errorf("Reserve: %v", err)
 	}
-	if err := l.Wait(bg, "k"); !errors.Is(err, ErrClosed) {
+	if err := l.Wait(bg, "k"); !errors.Is(err, backend.ErrClosed) {
 		t.Errorf("Wait: %v", err)
 	}
-	if err := l.Do(bg, "k", func(context.Context) error { return nil }); !errors.Is(err, ErrClosed) {
+	if err := l.Do(bg, "k", func(context.Context) error { return nil }); !errors.Is(err, backend.ErrClosed) {
 		t.Errorf("Do: %v", err)
 	}
-	if err := l.Penalize(bg, "k", time.Now().Add(time.Second)); !errors.Is(err, ErrClosed) {
+	if err := l.Penalize(bg, "k", time.Now().Add(time.Second)); !errors.Is(err, backend.ErrClosed) {
 		t.Errorf("Penalize: %v", err)
 	}
-	if err := l.Reset(bg, "k"); !errors.Is(err, ErrClosed) {
+	if err := l.Reset(bg, "k"); !errors.Is(err, backend.ErrClosed) {
 		t.Errorf("Reset: %v", err)
 	}
-	if err := l.SetLimits(MustParse("1/s")); !errors.Is(err, ErrClosed) {
+	if err := l.SetLimits(MustParse("1/s")); !errors.Is(err, backend.ErrClosed) {
 		t.Errorf("SetLimits: %v", err)
 	}
-	if l.Limits() != nil || l.MaxCost() != 0 || l.Close() != nil {
-		t.Errorf("Limits %v, MaxCost %d", l.Limits(), l.MaxCost())
+	if l.Limits() != nil || l.Close() != nil {
+		t.Errorf("Limits %v", l.Limits())
 	}
 	w := httptest.NewRecorder()
 	l.Middleware(nil)(http.NotFoundHandler()).ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
@@ -164,7 +166,7 @@ func TestFailClosedSaysWhenToRetry(t *testing.T) {
 	l, _ := newVirtual(t, "1/h", WithMaxKeys(1))
 	l.Allow(bg, "a")
 	d, err := l.AllowN(bg, "b", 1)
-	if d.Allowed || !errors.Is(err, ErrUnavailable) || d.RetryAfter != unavailableRetry {
+	if d.Allowed || !errors.Is(err, backend.ErrUnavailable) || d.RetryAfter != unavailableRetry {
 		t.Errorf("got %+v %v, want a denial with RetryAfter %v", d, err, unavailableRetry)
 	}
 }

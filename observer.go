@@ -1,6 +1,23 @@
 package sluice
 
-import "time"
+import (
+	"time"
+
+	"github.com/sluicehq/sluice/backend"
+)
+
+// Event is what an observer (WithObserver) is told. It is passed by value and holds no
+// reference the observer must release.
+type Event struct {
+	Kind     EventKind
+	Key      string
+	N        int64
+	Decision Decision
+	Latency  time.Duration // time the backend took to decide
+	Wait     time.Duration // the wait or penalty length
+	Err      error
+	FailMode backend.FailMode
+}
 
 // EventKind says what an Event reports.
 type EventKind int
@@ -23,6 +40,8 @@ const (
 	EventExpired
 )
 
+// String returns the kind's name: "decision", "wait", "error", "penalty", "settle" or
+// "expired".
 func (k EventKind) String() string {
 	switch k {
 	case EventDecision:
@@ -40,30 +59,3 @@ func (k EventKind) String() string {
 	}
 	return "unknown"
 }
-
-// Event is what an Observer is told. It is passed by value and holds no reference the
-// observer must release.
-type Event struct {
-	Kind     EventKind
-	Key      string
-	N        int64
-	Decision Decision
-	Latency  time.Duration // time the backend took to decide
-	Wait     time.Duration // the wait or penalty length
-	Err      error
-	FailMode FailMode
-}
-
-// Observer is told of a limiter's decisions, waits, penalties, settlements and backend
-// errors, so library users get metrics without the daemon. Observe is called synchronously
-// on the caller's goroutine, possibly from many goroutines at once: it must be safe for
-// concurrent use and fast (count, do not block).
-type Observer interface {
-	Observe(e Event)
-}
-
-// ObserverFunc adapts a function to an Observer.
-type ObserverFunc func(e Event)
-
-// Observe calls f(e).
-func (f ObserverFunc) Observe(e Event) { f(e) }

@@ -25,11 +25,8 @@ type Reservation struct {
 	core []gcra.Limit // the limits it was decided under (SetLimits may change the limiter's)
 }
 
-// Key returns the key the reservation is for.
-func (r *Reservation) Key() string { return r.key }
-
-// N returns the permits the reservation holds (its cost, after any settlement).
-func (r *Reservation) N() int64 {
+// n returns the permits the reservation holds (its cost, after any settlement).
+func (r *Reservation) n() int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.ticket.N
@@ -48,9 +45,6 @@ func (r *Reservation) Slot() int64 {
 	}
 	return r.ticket.At
 }
-
-// OK reports whether the permits were granted.
-func (r *Reservation) OK() bool { return r.Allowed }
 
 // TimeToAct returns when the permits may be used, on the limiter's clock.
 func (r *Reservation) TimeToAct() time.Time {
@@ -72,7 +66,7 @@ func (r *Reservation) TimeToAct() time.Time {
 // tolerates less half the margin, kept for the trip to the API, and at most the margin:
 // half the margin with burst 1; see docs/concepts.md, "The jitter tolerance"), because its
 // caller or its machine was paused, the permit has expired: Wait gives it back (Cancel),
-// counts it (Limiter.Expired, EventExpired) and returns ErrPermitExpired; the caller may
+// tells the observer (EventExpired) and returns ErrPermitExpired; the caller may
 // ask again.
 func (r *Reservation) Wait(ctx context.Context) error {
 	if !r.Allowed {
@@ -81,15 +75,15 @@ func (r *Reservation) Wait(ctx context.Context) error {
 	for {
 		left := time.Duration(r.at + int64(r.Delay) - r.l.clock.Nanotime())
 		if left > 0 {
-			r.l.observe(Event{Kind: EventWait, Key: r.key, N: r.N(), Wait: left})
+			r.l.observe(Event{Kind: EventWait, Key: r.key, N: r.n(), Wait: left})
 			if err := r.l.clock.Sleep(ctx, left); err != nil {
 				_ = r.Cancel(context.WithoutCancel(ctx))
-				r.l.observe(Event{Kind: EventWait, Key: r.key, N: r.N(), Wait: left, Err: err})
+				r.l.observe(Event{Kind: EventWait, Key: r.key, N: r.n(), Wait: left, Err: err})
 				return err
 			}
 		}
 		if now := r.l.clock.Nanotime(); r.l.expiredAt(r.due(), now) {
-			n := r.N()
+			n := r.n()
 			r.l.expire(r.key, n, r.due(), now)
 			_ = r.Cancel(context.WithoutCancel(ctx))
 			r.l.reportExpired(ctx, r.key, n)
@@ -137,8 +131,8 @@ func (r *Reservation) requeue(ctx context.Context) error {
 func (r *Reservation) Cancel(ctx context.Context) error { return r.Settle(ctx, 0) }
 
 // Settle adjusts the reservation to its real cost n: less refunds the difference when it
-// is the key's newest grant (as Cancel), more charges the difference at once. Only the first Cancel or
-// Settle acts.
+// is the key's newest grant (as Cancel), more charges the difference at once. Only the
+// first Cancel or Settle acts.
 func (r *Reservation) Settle(ctx context.Context, n int64) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()

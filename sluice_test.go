@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/local"
@@ -51,7 +52,7 @@ func TestAllowNDecision(t *testing.T) {
 	if d.Allowed || d.RetryAfter != 100*time.Millisecond {
 		t.Fatalf("over the burst: got %+v, want denied with RetryAfter 100ms", d)
 	}
-	if _, err := l.AllowN(bg, "k", 6); !errors.Is(err, ErrCostExceedsBurst) {
+	if _, err := l.AllowN(bg, "k", 6); !errors.Is(err, gcra.ErrCostExceedsBurst) {
 		t.Fatalf("cost 6 over burst 5: got %v", err)
 	}
 }
@@ -119,7 +120,7 @@ func TestWaitRefusesPastDeadlineAndMaxWait(t *testing.T) {
 		t.Fatalf("over the max wait: got %v", err)
 	}
 	r, err := l2.Reserve(bg, "k", 1)
-	if err != nil || r.OK() {
+	if err != nil || r.Allowed {
 		t.Fatalf("Reserve over the max wait: %+v %v, want a denial", r, err)
 	}
 }
@@ -163,14 +164,14 @@ func TestWaitersShareFairly(t *testing.T) {
 func TestReservationSettle(t *testing.T) {
 	l, _ := newVirtual(t, "1000/m")
 	r, err := l.Reserve(bg, "llm", 800)
-	if err != nil || !r.OK() || r.Delay != 0 {
+	if err != nil || !r.Allowed || r.Delay != 0 {
 		t.Fatalf("reserve 800: %+v %v", r, err)
 	}
 	if err := r.Settle(bg, 300); err != nil {
 		t.Fatal(err)
 	}
-	if r.N() != 300 {
-		t.Errorf("N after settle = %d", r.N())
+	if r.n() != 300 {
+		t.Errorf("N after settle = %d", r.n())
 	}
 	if d, _ := l.AllowN(bg, "llm", 700); !d.Allowed {
 		t.Fatalf("after settling 800 to 300, 700 more were denied")
@@ -178,8 +179,8 @@ func TestReservationSettle(t *testing.T) {
 	if d, _ := l.AllowN(bg, "llm", 1); d.Allowed {
 		t.Fatalf("the 1001st token was granted")
 	}
-	if err := r.Settle(bg, 1); err != nil || r.N() != 300 {
-		t.Errorf("a second settle acted: N=%d %v", r.N(), err)
+	if err := r.Settle(bg, 1); err != nil || r.n() != 300 {
+		t.Errorf("a second settle acted: N=%d %v", r.n(), err)
 	}
 }
 
@@ -319,21 +320,21 @@ func TestRetryGivesUp(t *testing.T) {
 // fail modes.
 func TestFailModes(t *testing.T) {
 	var errs atomic.Int64
-	obs := ObserverFunc(func(e Event) {
+	obs := func(e Event) {
 		if e.Kind == EventError {
 			errs.Add(1)
 		}
-	})
+	}
 	closed, _ := newVirtual(t, "1/h", WithMaxKeys(1), WithObserver(obs))
 	closed.Allow(bg, "a")
 	d, err := closed.AllowN(bg, "b", 1)
-	if d.Allowed || !errors.Is(err, ErrUnavailable) || !errors.Is(err, ErrTooManyKeys) {
+	if d.Allowed || !errors.Is(err, backend.ErrUnavailable) || !errors.Is(err, backend.ErrTooManyKeys) {
 		t.Fatalf("fail closed: %+v %v", d, err)
 	}
-	if err := closed.Wait(bg, "b"); !errors.Is(err, ErrUnavailable) {
+	if err := closed.Wait(bg, "b"); !errors.Is(err, backend.ErrUnavailable) {
 		t.Fatalf("fail closed Wait: %v", err)
 	}
-	open, _ := newVirtual(t, "1/h", WithMaxKeys(1), WithFailMode(FailOpen), WithObserver(obs))
+	open, _ := newVirtual(t, "1/h", WithMaxKeys(1), WithFailMode(backend.FailOpen), WithObserver(obs))
 	open.Allow(bg, "a")
 	if d, err := open.AllowN(bg, "b", 1); !d.Allowed || err != nil {
 		t.Fatalf("fail open: %+v %v", d, err)
@@ -341,15 +342,15 @@ func TestFailModes(t *testing.T) {
 	if errs.Load() != 3 {
 		t.Errorf("observer saw %d errors, want 3", errs.Load())
 	}
-	if _, err := ParseFailMode("sideways"); err == nil {
-		t.Error("ParseFailMode accepted a bad mode")
+	if _, err := backend.ParseFailMode("sideways"); err == nil {
+		t.Error("backend.ParseFailMode accepted a bad mode")
 	}
 }
 
 func TestObserverSeesDecisionsAndWaits(t *testing.T) {
 	var mu sync.Mutex
 	kinds := map[EventKind]int{}
-	obs := ObserverFunc(func(e Event) { mu.Lock(); kinds[e.Kind]++; mu.Unlock() })
+	obs := func(e Event) { mu.Lock(); kinds[e.Kind]++; mu.Unlock() }
 	l, clk := newVirtual(t, "1/s burst=1", WithObserver(obs))
 	l.Allow(bg, "k")
 	l.Allow(bg, "k")
@@ -373,7 +374,7 @@ func TestObserverSeesDecisionsAndWaits(t *testing.T) {
 func TestClosedLimiter(t *testing.T) {
 	l, _ := newVirtual(t, "1/s")
 	l.Close()
-	if _, err := l.AllowN(bg, "k", 1); !errors.Is(err, ErrClosed) {
+	if _, err := l.AllowN(bg, "k", 1); !errors.Is(err, backend.ErrClosed) {
 		t.Errorf("after Close: %v", err)
 	}
 }
@@ -399,11 +400,11 @@ func TestAllowZeroAllocs(t *testing.T) {
 func TestReserveWithin(t *testing.T) {
 	l, _ := newVirtual(t, "1/s burst=1")
 	l.Allow(bg, "k")
-	if r, err := l.ReserveWithin(bg, "k", 1, 500*time.Millisecond); err != nil || r.OK() {
+	if r, err := l.ReserveWithin(bg, "k", 1, 500*time.Millisecond); err != nil || r.Allowed {
 		t.Fatalf("a permit 1s away within 500ms: %+v %v, want a denial", r, err)
 	}
 	r, err := l.ReserveWithin(bg, "k", 1, time.Second)
-	if err != nil || !r.OK() || r.Delay != time.Second {
+	if err != nil || !r.Allowed || r.Delay != time.Second {
 		t.Fatalf("within 1s: %+v %v", r, err)
 	}
 }
@@ -439,14 +440,14 @@ func TestPenaltiesOnManyKeysStayBounded(t *testing.T) {
 func TestBackoffDelay(t *testing.T) {
 	b := Backoff{Base: 10 * time.Millisecond, Max: 50 * time.Millisecond, Jitter: 0.5}
 	for i, want := range []time.Duration{10, 20, 40, 50, 50} {
-		if got := b.Delay(i+1, 0, 0); got != want*time.Millisecond {
+		if got := b.delay(i+1, 0, 0); got != want*time.Millisecond {
 			t.Errorf("attempt %d: %v, want %v", i+1, got, want*time.Millisecond)
 		}
 	}
-	if got := b.Delay(1, 100*time.Millisecond, 0); got != 100*time.Millisecond {
+	if got := b.delay(1, 100*time.Millisecond, 0); got != 100*time.Millisecond {
 		t.Errorf("a longer Retry-After: %v, want 100ms", got)
 	}
-	if got := b.Delay(2, 0, 0.5); got != 25*time.Millisecond {
+	if got := b.delay(2, 0, 0.5); got != 25*time.Millisecond {
 		t.Errorf("jitter: %v, want 20ms + 0.5 × 0.5 × 20ms", got)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/limitconv"
 )
 
 func soakTime(t *testing.T) time.Duration {
@@ -37,7 +38,7 @@ func TestSoakLocalWaiters(t *testing.T) {
 	var permits []int64
 	var late []time.Duration
 	var wg sync.WaitGroup
-	start := l.Clock().Nanotime()
+	start := l.clock.Nanotime()
 	for g := 0; g < 64; g++ {
 		wg.Add(1)
 		go func() {
@@ -48,7 +49,7 @@ func TestSoakLocalWaiters(t *testing.T) {
 					return
 				}
 				due := r.ticket.At // the decision's slot, on the backend's (same) clock
-				woke := l.Clock().Nanotime()
+				woke := l.clock.Nanotime()
 				mu.Lock()
 				permits = append(permits, due)
 				late = append(late, time.Duration(woke-due))
@@ -57,9 +58,9 @@ func TestSoakLocalWaiters(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	end := l.Clock().Nanotime()
+	end := l.clock.Nanotime()
 	slices.Sort(permits)
-	core := limit.Core(0)
+	core := limitconv.Core(limit, 0)
 	tats := []int64{0}
 	for i, p := range permits {
 		if r, _, _ := gcra.Decide(tats, core, p, 1, 0); !r.Allowed {

@@ -4,37 +4,10 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/ratehdr"
 )
-
-// KeyFunc picks the key a request is throttled under. An empty key means "do not
-// throttle this request".
-type KeyFunc func(*http.Request) string
-
-// KeyByHost throttles by the request's host (the API), the default.
-func KeyByHost(r *http.Request) string {
-	if r.URL != nil && r.URL.Host != "" {
-		return r.URL.Host
-	}
-	return r.Host
-}
-
-// KeyByToken throttles by the request's API token: the bearer token of Authorization, or
-// else the X-Api-Token header. Use it when one limit applies per token.
-func KeyByToken(r *http.Request) string {
-	if a := r.Header.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
-		return strings.TrimSpace(a[7:])
-	}
-	return r.Header.Get("X-Api-Token")
-}
-
-// KeyByHeader throttles by the value of a header.
-func KeyByHeader(name string) KeyFunc {
-	return func(r *http.Request) string { return r.Header.Get(name) }
-}
 
 // Transport is an http.RoundTripper that throttles outbound calls to a shared API: each
 // request waits for its key's permit (bounded by its context and the limiter's maximum
@@ -51,8 +24,9 @@ type Transport struct {
 	Limiter *Limiter
 	// Base sends the requests; nil means http.DefaultTransport.
 	Base http.RoundTripper
-	// Key picks a request's key; nil means KeyByHost.
-	Key KeyFunc
+	// Key picks a request's key (an httplimit.KeyFunc); nil means by host
+	// (httplimit.KeyByHost). An empty key is not throttled.
+	Key func(*http.Request) string
 	// Cost is a request's weight in permits; nil means 1.
 	Cost func(*http.Request) int64
 	// Pessimistic makes a request that has no permit now fail at once with a
@@ -87,7 +61,7 @@ func (l *Limiter) Transport(base http.RoundTripper) *Transport {
 // RoundTrip waits for the request's permit, sends it, reports a 429 to the limiter, and
 // retries an idempotent request after a 429 when Retries allows.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	key := KeyByHost(req)
+	key := ratehdr.HostKey(req)
 	if t.Key != nil {
 		key = t.Key(req)
 	}
@@ -148,7 +122,7 @@ func (t *Transport) permit(ctx context.Context, key string, n int64) error {
 // penalty.
 func (t *Transport) hold(ctx context.Context, key string, resp *http.Response) {
 	now := t.Limiter.clock.Now()
-	d, ok := RetryAfter(resp.Header, now)
+	d, ok := ratehdr.RetryAfter(resp.Header, now)
 	if !ok {
 		d = t.DefaultPenalty
 		if d == 0 {
@@ -171,13 +145,14 @@ func closeBody(r *http.Request) {
 }
 
 // Middleware throttles inbound requests: a request whose key has a permit now goes on to
-// next with the rate-limit headers set; one that has none is answered 429 with
-// Retry-After and the same headers. key nil means the client's address (the host part of
-// RemoteAddr); an empty key is not throttled. A backend failure is answered per the
-// limiter's fail mode (denied requests get 503 when the limiter fails closed).
-func (l *Limiter) Middleware(key KeyFunc) func(http.Handler) http.Handler {
+// next with the rate-limit headers set (httplimit.SetRateLimitHeaders); one that has none
+// is answered 429 with Retry-After and the same headers. key (an httplimit.KeyFunc) picks
+// a request's key; nil means the client's address (httplimit.KeyByRemoteAddr); an empty key
+// is not throttled. A backend failure is answered per the limiter's fail mode (denied
+// requests get 503 when the limiter fails closed).
+func (l *Limiter) Middleware(key func(*http.Request) string) func(http.Handler) http.Handler {
 	if key == nil {
-		key = KeyByRemoteAddr
+		key = ratehdr.RemoteAddrKey
 	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -187,7 +162,7 @@ func (l *Limiter) Middleware(key KeyFunc) func(http.Handler) http.Handler {
 				return
 			}
 			d, err := l.AllowN(r.Context(), k, 1)
-			SetRateLimitHeaders(w.Header(), l.Limits(), d)
+			ratehdr.Write(w.Header(), l.Limits(), d.Allowed, d.Remaining, d.RetryAfter, d.ResetAfter)
 			switch {
 			case err != nil:
 				http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
@@ -198,14 +173,4 @@ func (l *Limiter) Middleware(key KeyFunc) func(http.Handler) http.Handler {
 			}
 		})
 	}
-}
-
-// KeyByRemoteAddr keys a request by the client's IP address (RemoteAddr without the
-// port). Behind a proxy, key by the header the proxy sets instead (KeyByHeader).
-func KeyByRemoteAddr(r *http.Request) string {
-	a := r.RemoteAddr
-	if i := strings.LastIndexByte(a, ':'); i >= 0 && !strings.HasSuffix(a, "]") {
-		a = a[:i]
-	}
-	return strings.Trim(a, "[]")
 }

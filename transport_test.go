@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/referee"
 )
 
@@ -108,7 +109,7 @@ func TestTransport429HoldsThePoolBack(t *testing.T) {
 	defer srv.Close()
 	l := sluice.MustNew(sluice.MustParse("10/s burst=1"), sluice.WithClock(clk))
 	defer l.Close()
-	client := &http.Client{Transport: &sluice.Transport{Limiter: l, Key: sluice.KeyByToken}}
+	client := &http.Client{Transport: &sluice.Transport{Limiter: l, Key: httplimit.KeyByToken}}
 
 	const workers = 4
 	var live atomic.Int64
@@ -212,7 +213,7 @@ func TestMiddleware(t *testing.T) {
 	l := sluice.MustNew(sluice.MustParse("2/s"), sluice.WithClock(clk))
 	defer l.Close()
 	var served atomic.Int64
-	h := l.Middleware(sluice.KeyByHeader("X-Client"))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := l.Middleware(httplimit.KeyByHeader("X-Client"))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		served.Add(1)
 		w.Write([]byte("ok"))
 	}))
@@ -248,55 +249,5 @@ func TestMiddleware(t *testing.T) {
 	clk.Advance(500 * time.Millisecond)
 	if w := call("a"); w.Code != 200 {
 		t.Errorf("after 500ms: %d", w.Code)
-	}
-}
-
-func TestKeyFuncs(t *testing.T) {
-	r := httptest.NewRequest("GET", "http://api.example/x", nil)
-	r.RemoteAddr = "[::1]:5555"
-	r.Header.Set("Authorization", "Bearer abc")
-	if sluice.KeyByHost(r) != "api.example" || sluice.KeyByToken(r) != "abc" || sluice.KeyByRemoteAddr(r) != "::1" {
-		t.Errorf("keys: %q %q %q", sluice.KeyByHost(r), sluice.KeyByToken(r), sluice.KeyByRemoteAddr(r))
-	}
-	r.RemoteAddr = "10.1.2.3:80"
-	if sluice.KeyByRemoteAddr(r) != "10.1.2.3" {
-		t.Errorf("ipv4: %q", sluice.KeyByRemoteAddr(r))
-	}
-}
-
-func TestRetryAfterForms(t *testing.T) {
-	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	cases := []struct {
-		h    map[string]string
-		want time.Duration
-		ok   bool
-	}{
-		{map[string]string{"Retry-After": "3"}, 3 * time.Second, true},
-		{map[string]string{"Retry-After": now.Add(90 * time.Second).Format(http.TimeFormat)}, 90 * time.Second, true},
-		{map[string]string{"Retry-After": now.Add(-time.Hour).Format(http.TimeFormat)}, 0, true},
-		{map[string]string{"Retry-After": "3", "Retry-After-Ms": "250"}, 250 * time.Millisecond, true},
-		{map[string]string{"Retry-After": "soon"}, 0, false},
-		{map[string]string{"Retry-After": "-1"}, 0, false},
-		{map[string]string{}, 0, false},
-	}
-	for i, c := range cases {
-		h := http.Header{}
-		for k, v := range c.h {
-			h.Set(k, v)
-		}
-		d, ok := sluice.RetryAfter(h, now)
-		if d != c.want || ok != c.ok {
-			t.Errorf("case %d %v: got %v %v, want %v %v", i, c.h, d, ok, c.want, c.ok)
-		}
-	}
-	h := http.Header{}
-	h.Set("RateLimit", `"x";r=7;t=3`)
-	if n, ok := sluice.Remaining(h); n != 7 || !ok {
-		t.Errorf("Remaining from RateLimit: %d %v", n, ok)
-	}
-	h = http.Header{}
-	h.Set("X-RateLimit-Remaining", "4")
-	if n, ok := sluice.Remaining(h); n != 4 || !ok {
-		t.Errorf("Remaining from X-RateLimit-Remaining: %d %v", n, ok)
 	}
 }

@@ -2,36 +2,85 @@ package sluice
 
 import (
 	"context"
-	"slices"
+	"math"
 	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice/backend"
-	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/internal/fairq"
 )
 
-// Fairness says how a limiter shares a key among the callers that wait on it (Wait, WaitN
-// for one permit, Do and Transport). Whatever it is, the permits a key grants conform to
-// its limits: it only says who gets them. See docs/concepts.md, "Fair waiting".
-type Fairness int
+// Wait blocks until one permit for key is available and takes it, or returns an error:
+// ctx's error if it ends first (its place in the key's line goes to the limiter's other
+// waiters, or is given back when none is left: see Reservation.Cancel for what that gives
+// back), or a *ThrottledError if the permit lies beyond ctx's deadline or the limiter's
+// maximum wait (nothing is taken).
+//
+// The limiter's waiters on a key are served in arrival order, or fairly between members
+// when their contexts carry one (WithMember); see WithFairness and docs/concepts.md, "Fair
+// waiting". A waiter whose permit expires as it is handed over (the process was paused
+// past the margin: ErrPermitExpired) waits for the next instead.
+func (l *Limiter) Wait(ctx context.Context, key string) error {
+	_, err := l.WaitN(ctx, key, 1)
+	return err
+}
 
-const (
-	// FairWaiters (the default): each waiter holds its own place in the key's line, in the
-	// backend, so that waiters are served in the order they came, across every process
-	// that shares the backend. Waiters of one limiter that carry a member (WithMember) are
-	// served by member instead: fairly between members, whatever each one's number of
-	// waiters, and a member whose waits end before its turn is owed it for its next.
-	FairWaiters Fairness = iota
-	// FairProcesses: the limiter holds one place in the key's line at a time, whatever
-	// its number of waiters, and serves its own waiters from it in turn (by member, then
-	// in arrival order). Processes sharing a key through the redis mode then get equal
-	// parts of it, round robin, however many goroutines each one has.
-	FairProcesses
-)
+// WaitN is Wait for n permits. It returns the reservation, which may be settled once the
+// real cost is known. Waits for one permit go through the key's waiting room (as Wait);
+// waits for more reserve their own place in arrival order.
+//
+// While the backend is unavailable and says when to try again (a
+// *backend.UnavailableError) and the limiter fails closed, WaitN waits too: it asks again
+// after the error's RetryAfter, as long as its context and maximum wait allow, and returns
+// the error when they do not.
+func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (*Reservation, error) {
+	if n == 1 && l.shape.Load() != nil {
+		return l.waitFair(ctx, key, l.waitBound(ctx), l.maxWait)
+	}
+	r, err := l.reserveWaiting(ctx, key, n, l.waitBound(ctx))
+	if err != nil {
+		return r, err
+	}
+	if !r.Allowed {
+		return r, &ThrottledError{Key: key, RetryAfter: r.RetryAfter}
+	}
+	return r, r.Wait(ctx)
+}
 
-// WithFairness sets how the limiter shares a key among its waiters (default FairWaiters).
-func WithFairness(f Fairness) Option { return optionFunc(func(l *Limiter) { l.fairness = f }) }
+// reserveWaiting is reserve for callers that wait (Wait, Do): a backend failure answered
+// closed is waited out, asking again after the error's RetryAfter, for as long as the wait
+// bound allows (the limiter's maximum wait, the context's deadline). bound is that bound
+// at the start; each retry asks for what is left of it.
+func (l *Limiter) reserveWaiting(ctx context.Context, key string, n int64, bound time.Duration) (*Reservation, error) {
+	if l.shape.Load() == nil {
+		return l.reserve(ctx, key, n, 0) // errZero
+	}
+	start := l.clock.Nanotime()
+	for {
+		r, err := l.reserve(ctx, key, n, max(bound-time.Duration(l.clock.Nanotime()-start), 0))
+		hint, ok := backend.RetryAfter(err)
+		if !ok || hint > bound-time.Duration(l.clock.Nanotime()-start) {
+			return r, err // a decision, another error, or the bound ends before the retry
+		}
+		if l.clock.Sleep(ctx, hint) != nil { // each failure was observed (EventError)
+			return r, err // the context ended: the backend's failure says more than ctx's
+		}
+	}
+}
+
+// waitBound is how long a wait may last: the limiter's maximum, cut to the context's
+// deadline.
+func (l *Limiter) waitBound(ctx context.Context) time.Duration {
+	md := time.Duration(math.MaxInt64)
+	if l.maxWait > 0 {
+		md = l.maxWait
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		// Context deadlines are real time, whatever the limiter's clock.
+		md = min(md, max(time.Until(dl), 0))
+	}
+	return md
+}
 
 type memberKey struct{}
 
@@ -50,25 +99,17 @@ func memberOf(ctx context.Context) string {
 	return m
 }
 
-// room is the waiting room of one key: the waiters of this limiter (fairq decides whom
-// to serve) and the places in the key's line the limiter holds for them, each a
-// reservation handed to a waiter when it comes due. A waiter that gives up leaves its
-// place to the others (or to the next to come); the places nobody waits for any more are
-// given back when the last waiter goes.
+// room is the waiting room of one key: its ledger (fairq: the waiters of this limiter,
+// whom to serve, and the places in the key's line the limiter holds for them, each a
+// reservation handed to a waiter when it comes due), and the channels that hand the
+// places over. A waiter that gives up leaves its place to the others (or to the next to
+// come); the places nobody waits for any more are given back when the last waiter goes.
 type room struct {
-	key       string
-	mu        sync.Mutex
-	q         *fairq.Room
-	slots     []*Reservation // places held, earliest first
-	chans     map[uint64]chan served
-	reserving int           // reservations being made for the room
-	added     chan struct{} // closed when a place is added
-	refs      int           // waiters in WaitN for this room
-}
-
-type served struct {
-	r   *Reservation
-	err error
+	key   string
+	mu    sync.Mutex
+	q     *fairq.Ledger[*Reservation]
+	chans map[uint64]chan *Reservation // each waiter's, until it is served or leaves
+	added chan struct{}                // closed when a place is added, or fails to be
 }
 
 // roomOf returns key's room, counting the caller in.
@@ -80,10 +121,12 @@ func (l *Limiter) roomOf(key string) *room {
 	}
 	rm := l.rooms[key]
 	if rm == nil {
-		rm = &room{key: key, q: fairq.New(0), chans: map[uint64]chan served{}}
+		rm = &room{key: key, q: fairq.NewLedger[*Reservation](0, l.fairness == FairProcesses), chans: map[uint64]chan *Reservation{}}
 		l.rooms[key] = rm
 	}
-	rm.refs++
+	rm.mu.Lock()
+	rm.q.Enter()
+	rm.mu.Unlock()
 	return rm
 }
 
@@ -92,18 +135,14 @@ func (l *Limiter) roomOf(key string) *room {
 // when nobody else took one since) and drops the room.
 func (l *Limiter) leaveRoom(ctx context.Context, key string, rm *room) {
 	l.roomsMu.Lock()
-	rm.refs--
-	if rm.refs > 0 {
-		l.roomsMu.Unlock()
-		return
-	}
-	delete(l.rooms, key)
-	l.roomsMu.Unlock()
 	rm.mu.Lock()
-	spare := rm.slots
-	rm.slots = nil
+	spare, last := rm.q.Exit()
 	rm.mu.Unlock()
-	for _, r := range slices.Backward(spare) {
+	if last {
+		delete(l.rooms, key)
+	}
+	l.roomsMu.Unlock()
+	for _, r := range spare {
 		_ = r.Cancel(context.WithoutCancel(ctx))
 	}
 }
@@ -133,158 +172,107 @@ func (l *Limiter) waitFair(ctx context.Context, key string, bound, maxWait time.
 	}
 }
 
-// waitTurn is one wait of waitFair: until a place is served to the caller.
+// waiter is a caller of waitTurn in a room.
+type waiter struct {
+	rm     *room
+	id     uint64
+	ch     chan *Reservation // the place served to it
+	member string
+	start  int64         // when it came, on the limiter's clock
+	end    int64         // its maximum wait's end on the limiter's clock; -1: none
+	bound  time.Duration // how long it may wait (waitBound)
+	expect time.Duration // the wait it first expected, for the observer
+}
+
+// waitTurn is one wait of waitFair: until a place is served to the caller. At each turn
+// the room's ledger says whether the caller takes a place in line for the room, is
+// refused, or sleeps on the clock until the next place comes due (or one is added), when
+// the first awake serves the places due (dispatch). Every waiter wakes for every place, so
+// that a place is served on time whoever waits and whoever left; it costs a wake-up per
+// waiter per permit. Each waiter holds one timer of the limiter's clock, so that
+// virtual-time drivers see it asleep.
 func (l *Limiter) waitTurn(ctx context.Context, key string, bound, maxWait time.Duration) (*Reservation, error) {
-	member := memberOf(ctx)
-	rm := l.roomOf(key)
-	defer l.leaveRoom(ctx, key, rm)
-	id := l.waitSeq.Add(1)
-	ch := make(chan served, 1)
-	start := l.clock.Nanotime()
-
-	rm.mu.Lock()
-	_ = rm.q.Join(id, member) // ids are unique
-	rm.chans[id] = ch
-	rm.mu.Unlock()
-
-	// Each waiter sleeps on the clock until the room's next place comes due, then serves
-	// the places due (the first awake does). Every waiter wakes for every place, so that a
-	// place is served on time whoever waits and whoever left; it costs a wake-up per waiter
-	// per permit. Each waiter holds one timer of the limiter's clock, so that virtual-time
-	// drivers see it asleep.
-	end := int64(-1) // the maximum wait's end on the limiter's clock
+	w := &waiter{rm: l.roomOf(key), id: l.waitSeq.Add(1), ch: make(chan *Reservation, 1), member: memberOf(ctx),
+		start: l.clock.Nanotime(), end: -1, bound: bound}
+	defer l.leaveRoom(ctx, key, w.rm)
 	if maxWait > 0 {
-		end = start + int64(maxWait)
+		w.end = w.start + int64(maxWait)
 	}
-	var err error
-	var expect time.Duration // the wait first expected, for the observer
-	first := true
-wait:
-	for ; ; first = false {
-		// The room holds a place for each of its waiters (FairWaiters), or one
-		// (FairProcesses); a waiter that finds one missing takes it.
-		rm.mu.Lock()
-		need := len(rm.slots)+rm.reserving < rm.q.Waiting()
-		if l.fairness == FairProcesses {
-			need = len(rm.slots)+rm.reserving == 0 && rm.q.Waiting() > 0
+	w.rm.mu.Lock()
+	_ = w.rm.q.Join(w.id, w.member) // ids are unique
+	w.rm.chans[w.id] = w.ch
+	w.rm.mu.Unlock()
+	for first := true; ; first = false {
+		if r, done, err := l.turn(ctx, w, first); done {
+			return r, err
 		}
-		if need {
-			// Busy until its place is taken: a place that comes due meanwhile goes to a
-			// waiter that can take it at once, not to this one, which could not until its
-			// reservation returns (in the lease mode, not before a renewal covers it).
-			rm.reserving++
-			rm.q.Busy(id, true)
-		} else if first && len(rm.slots) > 0 && time.Duration(rm.slots[0].due()-start) > bound {
-			// Even the next place lies beyond the bound: refuse at once.
-			rm.q.Leave(id)
-			delete(rm.chans, id)
-			wait := time.Duration(rm.slots[0].due() - start)
-			rm.mu.Unlock()
-			return &Reservation{l: l, key: key, done: true, Decision: Decision{RetryAfter: wait}}, &ThrottledError{Key: key, RetryAfter: wait}
+		at, added := w.rm.next()
+		if now := l.clock.Nanotime(); first && at > now {
+			w.expect = time.Duration(at - now)
+			l.observe(Event{Kind: EventWait, Key: key, N: 1, Wait: w.expect})
 		}
-		rm.mu.Unlock()
-		if need {
-			// Without a member, the place a newcomer takes is its own turn: refuse it,
-			// taking nothing, if it lies beyond the bound (as Reserve would). Otherwise the
-			// turn is not known yet, and the bound ends the wait.
-			rbound := time.Duration(-1)
-			if first && member == "" && l.fairness == FairWaiters {
-				rbound = bound
-			}
-			r, err := l.reserveFor(ctx, key, rbound, first)
-			rm.mu.Lock()
-			rm.reserving--
-			rm.q.Busy(id, false)
-			if err == nil && r.Allowed {
-				rm.add(r)
-				rm.mu.Unlock()
-			} else {
-				rm.wake() // those waiting for this place take their own
-				left := rm.q.Leave(id)
-				delete(rm.chans, id)
-				rm.mu.Unlock()
-				if left { // not served meanwhile from a place that came due
-					if err == nil {
-						err = &ThrottledError{Key: key, RetryAfter: r.RetryAfter}
-					}
-					l.observe(Event{Kind: EventWait, Key: key, N: 1, Wait: expect, Err: err})
-					return r, err
-				}
-			}
-			l.dispatch(ctx, rm)
+		r, err := l.sleep(ctx, w, added, at)
+		if r != nil {
+			return r, r.Wait(ctx)
 		}
-		rm.mu.Lock()
-		at := int64(-1)
-		var added chan struct{}
-		if len(rm.slots) > 0 {
-			at = rm.slots[0].due()
-		} else { // a place is being taken: wait for it
-			if rm.added == nil {
-				rm.added = make(chan struct{})
-			}
-			added = rm.added
-		}
-		rm.mu.Unlock()
-		if first && at > l.clock.Nanotime() {
-			expect = time.Duration(at - l.clock.Nanotime())
-			l.observe(Event{Kind: EventWait, Key: key, N: 1, Wait: expect})
-		}
-		if end >= 0 && (at < 0 || end < at) {
-			at = end
-		}
-		var tc <-chan time.Time
-		var t clock.Timer
-		if at >= 0 {
-			t = l.clock.NewTimer(time.Duration(at - l.clock.Nanotime()))
-			tc = t.C()
-		}
-		select {
-		case s := <-ch:
-			if t != nil {
-				t.Stop()
-			}
-			if s.err != nil {
-				return s.r, s.err
-			}
-			return s.r, s.r.Wait(ctx)
-		case <-ctx.Done():
-			err = ctx.Err()
-		case <-added:
-			if t != nil {
-				t.Stop()
-			}
-			continue
-		case <-tc:
-			if end >= 0 && l.clock.Nanotime() >= end {
-				err = &ThrottledError{Key: key}
-				break wait
-			}
-			l.dispatch(ctx, rm)
-			continue
-		}
-		if t != nil {
-			t.Stop()
-		}
-		break
-	}
-	rm.mu.Lock()
-	left := rm.q.Leave(id)
-	delete(rm.chans, id)
-	rm.mu.Unlock()
-	if !left { // served as it gave up: the place goes to the next waiter
-		if s := <-ch; s.r != nil {
-			rm.mu.Lock()
-			rm.add(s.r)
-			rm.mu.Unlock()
-			l.dispatch(ctx, rm)
+		if err != nil {
+			return l.giveUp(ctx, w, err)
 		}
 	}
-	l.observe(Event{Kind: EventWait, Key: key, N: 1, Wait: expect, Err: err})
-	r := &Reservation{l: l, key: key, done: true}
-	if te, ok := err.(*ThrottledError); ok {
-		r.RetryAfter = te.RetryAfter
+}
+
+// turn asks the room's ledger what w does next, and does it: refused, or without a place
+// in line and still waiting when it could not take one, w is done with r and err;
+// otherwise it goes on to sleep.
+func (l *Limiter) turn(ctx context.Context, w *waiter, first bool) (r *Reservation, done bool, err error) {
+	w.rm.mu.Lock()
+	act, wait := w.rm.q.Turn(w.id, first, w.start, int64(w.bound))
+	if act == fairq.Refuse {
+		delete(w.rm.chans, w.id)
 	}
-	return r, err
+	w.rm.mu.Unlock()
+	switch act {
+	case fairq.Refuse: // even the next place lies beyond the bound: refuse at once
+		te := &ThrottledError{Key: w.rm.key, RetryAfter: time.Duration(wait)}
+		return &Reservation{l: l, key: w.rm.key, done: true, Decision: Decision{RetryAfter: te.RetryAfter}}, true, te
+	case fairq.Take:
+		// Without a member, the place a newcomer takes is its own turn: refuse it, taking
+		// nothing, if it lies beyond the bound (as Reserve would). Otherwise the turn is not
+		// known yet, and the bound ends the wait.
+		rbound := time.Duration(-1)
+		if first && w.member == "" && l.fairness == FairWaiters {
+			rbound = w.bound
+		}
+		if r, gone, err := l.takePlace(ctx, w, rbound, first); gone {
+			l.observe(Event{Kind: EventWait, Key: w.rm.key, N: 1, Wait: w.expect, Err: err})
+			return r, true, err
+		}
+	}
+	return nil, false, nil
+}
+
+// takePlace takes a place in the key's line for the room, for waiter w (fairq.Take):
+// within rbound (< 0: the limiter's maximum wait alone), waiting out an unavailable
+// backend as Wait does on the waiter's first turn. gone reports that no place was had and
+// the waiter, not served meanwhile, left the room: its wait ends with r and err.
+func (l *Limiter) takePlace(ctx context.Context, w *waiter, rbound time.Duration, first bool) (r *Reservation, gone bool, err error) {
+	r, err = l.reserveFor(ctx, w.rm.key, rbound, first)
+	ok := err == nil && r.Allowed
+	w.rm.mu.Lock()
+	gone = w.rm.q.Took(w.id, r, r.due(), ok)
+	if !ok {
+		delete(w.rm.chans, w.id)
+	}
+	w.rm.wake() // those waiting for this place take their own, or it
+	w.rm.mu.Unlock()
+	if gone {
+		if err == nil {
+			err = &ThrottledError{Key: w.rm.key, RetryAfter: r.RetryAfter}
+		}
+		return r, true, err
+	}
+	l.dispatch(ctx, w.rm)
+	return nil, false, nil
 }
 
 // reserveFor takes a place in key's line for the room: within bound (< 0: the limiter's
@@ -303,16 +291,73 @@ func (l *Limiter) reserveFor(ctx context.Context, key string, bound time.Duratio
 	return l.reserveWaiting(ctx, key, 1, md)
 }
 
-// add inserts the place r in due order. The caller holds rm.mu.
-func (rm *room) add(r *Reservation) {
-	i, _ := slices.BinarySearchFunc(rm.slots, r.due(), func(s *Reservation, due int64) int {
-		if s.due() <= due {
-			return -1
+// next returns when the room's next place is due, or -1 and a channel closed when a place
+// is added while one is being taken.
+func (rm *room) next() (at int64, added chan struct{}) {
+	rm.mu.Lock()
+	defer rm.mu.Unlock()
+	if at, ok := rm.q.Next(); ok {
+		return at, nil
+	}
+	if rm.added == nil {
+		rm.added = make(chan struct{})
+	}
+	return -1, rm.added
+}
+
+// sleep waits until at (< 0: until a place is added), or until w's maximum wait ends:
+// it returns the place served to w, or the error that ends its wait (its context's, or a
+// *ThrottledError at the end), or neither when w must look again (a place was added, or
+// came due and was dispatched).
+func (l *Limiter) sleep(ctx context.Context, w *waiter, added chan struct{}, at int64) (*Reservation, error) {
+	if w.end >= 0 && (at < 0 || w.end < at) {
+		at = w.end
+	}
+	var tc <-chan time.Time
+	if at >= 0 {
+		t := l.clock.NewTimer(time.Duration(at - l.clock.Nanotime()))
+		defer t.Stop()
+		tc = t.C()
+	}
+	select {
+	case r := <-w.ch:
+		return r, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-added:
+		return nil, nil
+	case <-tc:
+		if w.end >= 0 && l.clock.Nanotime() >= w.end {
+			return nil, &ThrottledError{Key: w.rm.key}
 		}
-		return 1
-	})
-	rm.slots = slices.Insert(rm.slots, i, r)
-	rm.wake()
+		l.dispatch(ctx, w.rm)
+		return nil, nil
+	}
+}
+
+// giveUp ends w's wait, which err ended: w leaves the room, and a place served to it as it
+// gave up goes to the next waiter.
+func (l *Limiter) giveUp(ctx context.Context, w *waiter, err error) (*Reservation, error) {
+	rm := w.rm
+	rm.mu.Lock()
+	left := rm.q.Leave(w.id)
+	delete(rm.chans, w.id)
+	rm.mu.Unlock()
+	if !left { // served as it gave up
+		if r := <-w.ch; r != nil {
+			rm.mu.Lock()
+			rm.q.Put(r, r.due())
+			rm.wake()
+			rm.mu.Unlock()
+			l.dispatch(ctx, rm)
+		}
+	}
+	l.observe(Event{Kind: EventWait, Key: rm.key, N: 1, Wait: w.expect, Err: err})
+	r := &Reservation{l: l, key: rm.key, done: true}
+	if te, ok := err.(*ThrottledError); ok {
+		r.RetryAfter = te.RetryAfter
+	}
+	return r, err
 }
 
 // wake wakes the waiters waiting for a place to be taken. The caller holds rm.mu.
@@ -324,38 +369,33 @@ func (rm *room) wake() {
 }
 
 // dispatch serves the places that have come due, each to the waiter the room's rule
-// picks among those free to take it (not still taking a place in line: fairq.Busy); when
-// every waiter is busy the place stays, to be served when the first comes back (it
-// dispatches then). A place past due by more than the margin allows (expiredAt) has
-// expired: used now, its permit could reach the API too close to the next (see
-// WithMargin), so it is given back and counted (Limiter.Expired), and its waiter waits for
-// the next place.
+// picks among those free to take it (not still taking a place in line); when every waiter
+// is busy the place stays, to be served when the first comes back (it dispatches then). A
+// place past due by more than the margin allows (maxLate) has expired: used now, its
+// permit could reach the API too close to the next (see WithMargin), so it is given back
+// and observed (EventExpired), and its waiter waits for the next place.
 func (l *Limiter) dispatch(ctx context.Context, rm *room) {
 	var cancel []*Reservation
 	var expired int64
 	rm.mu.Lock()
-	now := l.clock.Nanotime()
-	for len(rm.slots) > 0 && rm.slots[0].due() <= now {
-		r := rm.slots[0]
-		rm.slots = rm.slots[1:]
-		if l.expiredAt(r.due(), now) {
-			l.expire(rm.key, r.N(), r.due(), now)
-			expired += r.N()
-			cancel = append(cancel, r)
-			continue
-		}
-		id, ok := rm.q.Serve()
-		if !ok && rm.q.Waiting() > 0 { // every waiter busy
-			rm.slots = slices.Insert(rm.slots, 0, r)
+	now, maxLate := l.clock.Nanotime(), l.maxLate()
+	for {
+		out, id, r := rm.q.Pop(now, maxLate)
+		if out == fairq.NotDue {
 			break
 		}
-		if !ok {
+		switch out {
+		case fairq.Served:
+			ch := rm.chans[id]
+			delete(rm.chans, id)
+			ch <- r
+		case fairq.Expired:
+			l.expire(rm.key, r.n(), r.due(), now)
+			expired += r.n()
 			cancel = append(cancel, r)
-			continue
+		case fairq.Spare:
+			cancel = append(cancel, r)
 		}
-		ch := rm.chans[id]
-		delete(rm.chans, id)
-		ch <- served{r: r}
 	}
 	rm.mu.Unlock()
 	for _, r := range cancel {
@@ -375,20 +415,26 @@ func (l *Limiter) reportExpired(ctx context.Context, key string, n int64) {
 	}
 }
 
-// expiredAt reports whether a permit due at `due` (limiter clock) is past use at now: more
-// late than the margin allows. The margin is the tolerance for the whole delay from the
-// permit's time to the API seeing the request, and the limiter sees only the part until
-// the waiter has it: half the margin is kept for the rest, the trip to the API (see
-// expireAfter; on a loaded machine, permits handed over at the margin's very end reached
-// the demo's referee too close to the next one). Without a margin nothing expires (there
-// is no tolerance to keep). It is the one rule of every
-// waiting path (Reservation.Wait, the rooms, the lease and redis modes through them).
-func (l *Limiter) expiredAt(due, now int64) bool {
-	sh := l.shape.Load()
-	return l.margin > 0 && sh != nil && now-due > sh.expireAfter
+// maxLate is how late a permit may be handed to its user, on the limiter's clock: more
+// late than the margin allows, it has expired. The margin is the tolerance for the whole
+// delay from the permit's time to the API seeing the request, and the limiter sees only
+// the part until the waiter has it: half the margin is kept for the rest, the trip to the
+// API (see expireAfter; on a loaded machine, permits handed over at the margin's very end
+// reached the demo's referee too close to the next one). Without a margin nothing expires
+// (there is no tolerance to keep): math.MaxInt64.
+func (l *Limiter) maxLate() int64 {
+	if sh := l.shape.Load(); l.margin > 0 && sh != nil {
+		return sh.expireAfter
+	}
+	return math.MaxInt64
 }
 
-// expire counts n permits due at `due` that expired at now.
+// expiredAt reports whether a permit due at `due` (limiter clock) is past use at now
+// (maxLate). It is the one rule of every waiting path (Reservation.Wait, the rooms, the
+// lease and redis modes through them).
+func (l *Limiter) expiredAt(due, now int64) bool { return now-due > l.maxLate() }
+
+// expire counts n permits due at `due` that expired at now, and tells the observer.
 func (l *Limiter) expire(key string, n, due, now int64) {
 	l.expired.Add(n)
 	l.observe(Event{Kind: EventExpired, Key: key, N: n, Wait: time.Duration(now - due)})

@@ -117,25 +117,25 @@ func TestWaitMembersShare(t *testing.T) {
 func TestPermitExpiresWhenPaused(t *testing.T) {
 	var seen []Event
 	var mu sync.Mutex
-	obs := ObserverFunc(func(e Event) {
+	obs := func(e Event) {
 		if e.Kind == EventExpired {
 			mu.Lock()
 			seen = append(seen, e)
 			mu.Unlock()
 		}
-	})
+	}
 	l, clk := newVirtual(t, "10/s burst=1", WithMargin(10*time.Millisecond), WithObserver(obs))
 	l.Allow(bg, "k")
 	r, err := l.Reserve(bg, "k", 1) // due at 110ms (spacing 100ms + the margin)
-	if err != nil || !r.OK() || r.Delay != 110*time.Millisecond {
+	if err != nil || !r.Allowed || r.Delay != 110*time.Millisecond {
 		t.Fatalf("reserve: %+v %v, want a permit in 110ms", r.Decision, err)
 	}
 	clk.Advance(125 * time.Millisecond) // the holder was paused: 15ms late
 	if err := r.Wait(bg); !errors.Is(err, ErrPermitExpired) {
 		t.Fatalf("15ms late with a 10ms margin: Wait = %v, want ErrPermitExpired", err)
 	}
-	if l.Expired() != 1 || len(seen) != 1 || seen[0].Wait != 15*time.Millisecond {
-		t.Fatalf("Expired() = %d, events %+v: want 1, 15ms late", l.Expired(), seen)
+	if l.expired.Load() != 1 || len(seen) != 1 || seen[0].Wait != 15*time.Millisecond {
+		t.Fatalf("Expired() = %d, events %+v: want 1, 15ms late", l.expired.Load(), seen)
 	}
 	// Given back (it was the key's newest grant): the next permit is due at once.
 	if !l.Allow(bg, "k") {
@@ -189,8 +189,8 @@ func TestPermitExpiresWhenPaused(t *testing.T) {
 	l0.Allow(bg, "k")
 	r, _ = l0.Reserve(bg, "k", 1)
 	clk0.Advance(time.Hour)
-	if err := r.Wait(bg); err != nil || l0.Expired() != 0 {
-		t.Fatalf("no margin: Wait = %v, Expired = %d, want nil and 0", err, l0.Expired())
+	if err := r.Wait(bg); err != nil || l0.expired.Load() != 0 {
+		t.Fatalf("no margin: Wait = %v, Expired = %d, want nil and 0", err, l0.expired.Load())
 	}
 }
 
@@ -227,8 +227,8 @@ func TestWaitExpiredPlaceNotHandedOn(t *testing.T) {
 	clk.Pause(time.Second)              // its place is due at 110ms: the process wakes at 1.11s
 	clk.Advance(110 * time.Millisecond) // the waiter's timer fires
 	r := <-done
-	if l.Expired() != 1 || r.Slot() != int64(1110*time.Millisecond) {
-		t.Fatalf("Expired %d, served the place at %v: want 1 expired, then a fresh place at 1.11s", l.Expired(), time.Duration(r.Slot()))
+	if l.expired.Load() != 1 || r.Slot() != int64(1110*time.Millisecond) {
+		t.Fatalf("Expired %d, served the place at %v: want 1 expired, then a fresh place at 1.11s", l.expired.Load(), time.Duration(r.Slot()))
 	}
 }
 
@@ -349,7 +349,7 @@ func TestWaitPlaceSkipsWaiterStillReserving(t *testing.T) {
 	clk.Advance(60 * time.Millisecond)
 	second := <-out
 	want := []got{{"b", 110e6, 110e6, nil}, {"a", 220e6, 220e6, nil}}
-	if first != want[0] || second != want[1] || l.Expired() != 0 {
-		t.Fatalf("served %+v then %+v, %d expired; want %+v then %+v, none expired", first, second, l.Expired(), want[0], want[1])
+	if first != want[0] || second != want[1] || l.expired.Load() != 0 {
+		t.Fatalf("served %+v then %+v, %d expired; want %+v then %+v, none expired", first, second, l.expired.Load(), want[0], want[1])
 	}
 }

@@ -137,17 +137,17 @@ func TestRampAdmitsAlongTheLine(t *testing.T) {
 type unkinded struct{ backend.Backend }
 
 // TestUnsupportedKindsRefused: a backend that does not say it decides windows or ramps
-// (backend.LimitKinds) is refused them by New and SetLimits, with ErrUnsupported.
+// (backend.Capable) is refused them by New and SetLimits, with backend.ErrUnsupported.
 func TestUnsupportedKindsRefused(t *testing.T) {
 	be := unkinded{local.New()}
 	defer be.Close()
 	for _, s := range []string{"10/h window", "100/s ramp=1/s..1m", "5/s; 10/h window"} {
-		if _, err := New(MustParse(s), WithBackend(be)); !errors.Is(err, ErrUnsupported) {
-			t.Errorf("New(%q): got %v, want ErrUnsupported", s, err)
+		if _, err := New(MustParse(s), WithBackend(be)); !errors.Is(err, backend.ErrUnsupported) {
+			t.Errorf("New(%q): got %v, want backend.ErrUnsupported", s, err)
 		}
 	}
 	l := MustNew(MustParse("5/s"), WithBackend(be))
-	if err := l.SetLimits(MustParse("10/h window")); !errors.Is(err, ErrUnsupported) || l.Limits().String() != "5/s" {
+	if err := l.SetLimits(MustParse("10/h window")); !errors.Is(err, backend.ErrUnsupported) || l.Limits().String() != "5/s" {
 		t.Errorf("SetLimits to a window: got %v, limits %v", err, l.Limits())
 	}
 }
@@ -167,24 +167,24 @@ func TestWithRampStart(t *testing.T) {
 	if n != 55 {
 		t.Errorf("30 s into the ramp: %d at once, want 55", n)
 	}
-	if at, ok := l.RampStart(); !ok || !at.Equal(began) {
+	if at, ok := l.rampStart(); !ok || !at.Equal(began) {
 		t.Errorf("RampStart: %v %v, want %v", at, ok, began)
 	}
-	if _, ok := MustNew(MustParse("5/s"), WithClock(clk)).RampStart(); ok {
+	if _, ok := MustNew(MustParse("5/s"), WithClock(clk)).rampStart(); ok {
 		t.Error("RampStart of a limit without a ramp reported one")
 	}
 }
 
-// sharedRamps is a backend that ramps limits itself (backend.SharedRamps), recording the
-// limits it is asked to decide under.
+// sharedRamps is a backend that ramps limits itself (backend.Capabilities.SharedRamps),
+// recording the limits it is asked to decide under.
 type sharedRamps struct {
 	backend.Backend
 	seen [][]gcra.Limit
 }
 
-func (s *sharedRamps) Windows() bool     { return true }
-func (s *sharedRamps) Ramps() bool       { return true }
-func (s *sharedRamps) SharedRamps() bool { return true }
+func (s *sharedRamps) Capabilities() backend.Capabilities {
+	return backend.Capabilities{Windows: true, Ramps: true, SharedRamps: true}
+}
 func (s *sharedRamps) Decide(ctx context.Context, key string, req backend.Request) (backend.Grant, error) {
 	s.seen = append(s.seen, slices.Clone(req.Limits))
 	return backend.Grant{Result: gcra.Result{Allowed: true}}, nil
@@ -213,7 +213,7 @@ func TestSharedRampsGetTheRampedLimitWhole(t *testing.T) {
 			t.Errorf("decision %d: limits %+v, want %+v", i, got, want)
 		}
 	}
-	if _, ok := l.RampStart(); ok {
+	if _, ok := l.rampStart(); ok {
 		t.Error("RampStart: the limiter reported a ramp start of its own; the backend keeps it")
 	}
 }

@@ -9,36 +9,6 @@ import (
 	"github.com/sluicehq/sluice/clock"
 )
 
-// CallOption configures Do and Wrap.
-type CallOption interface{ applyCall(*callConfig) }
-
-type callConfig struct {
-	pessimistic bool
-	maxWait     time.Duration
-	cost        int64
-}
-
-type callOptionFunc func(*callConfig)
-
-func (f callOptionFunc) applyCall(c *callConfig) { f(c) }
-
-// Pessimistic makes the call run only if a permit is available now, and fail with a
-// *ThrottledError (ErrThrottled) otherwise: a pessimistic throttle, which drops the call
-// instead of waiting. Pair it with Retry for jittered back-off.
-func Pessimistic() CallOption { return callOptionFunc(func(c *callConfig) { c.pessimistic = true }) }
-
-// MaxWait makes the call wait for its permit at most d (the optimistic throttle with a
-// bound); a permit further ahead fails with ErrThrottled at once, taking nothing. It
-// narrows the limiter's own maximum wait and the context's deadline.
-func MaxWait(d time.Duration) CallOption {
-	return callOptionFunc(func(c *callConfig) { c.maxWait = d })
-}
-
-// Cost makes each call take n permits (default 1). When the real cost is known only after
-// the call, take an estimate here and settle it inside the call with
-// ReservationFromContext(ctx).Settle.
-func Cost(n int64) CallOption { return callOptionFunc(func(c *callConfig) { c.cost = n }) }
-
 type reservationKey struct{}
 
 // ReservationFromContext returns the reservation Do or Wrap took for the call running with
@@ -93,7 +63,8 @@ func (l *Limiter) Do(ctx context.Context, key string, f func(context.Context) er
 }
 
 // Wrap turns f into a throttled function with the same signature: every call takes key's
-// permit first, as Do does (a decorator: a function in, a throttled function out). A call that is throttled returns the zero R and an error matching ErrThrottled.
+// permit first, as Do does (a decorator: a function in, a throttled function out). A call
+// that is throttled returns the zero R and an error matching ErrThrottled.
 func Wrap[A, R any](l *Limiter, key string, f func(context.Context, A) (R, error), opts ...CallOption) func(context.Context, A) (R, error) {
 	return func(ctx context.Context, a A) (R, error) {
 		var out R
@@ -144,17 +115,16 @@ func (b Backoff) Retry(ctx context.Context, f func(context.Context) error) error
 		if errors.As(err, &te) {
 			retryAfter = te.RetryAfter
 		}
-		if err := c.Sleep(ctx, b.Delay(i, retryAfter, rnd())); err != nil {
+		if err := c.Sleep(ctx, b.delay(i, retryAfter, rnd())); err != nil {
 			return err
 		}
 	}
 }
 
-// Delay is the sleep after the attempt-th throttled attempt (1 for the first): the
+// delay is the sleep after the attempt-th throttled attempt (1 for the first): the
 // back-off, Base doubled for each attempt before and capped at Max, or retryAfter if
-// longer, plus Jitter times u (uniform in [0, 1)) of it. Retry sleeps it; a caller with
-// its own retry loop can too.
-func (b Backoff) Delay(attempt int, retryAfter time.Duration, u float64) time.Duration {
+// longer, plus Jitter times u (uniform in [0, 1)) of it.
+func (b Backoff) delay(attempt int, retryAfter time.Duration, u float64) time.Duration {
 	base, maxB, jitter := b.Base, b.Max, b.Jitter
 	if base <= 0 {
 		base = 50 * time.Millisecond

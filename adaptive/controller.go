@@ -144,8 +144,8 @@ func (c Config) Validate() error {
 	switch {
 	case int(c.Strategy) >= len(strategyNames):
 		return fmt.Errorf("adaptive: unknown strategy %d", c.Strategy)
-	case c.Limit != (sluice.Limit{}) && c.Limit.Validate() != nil:
-		return fmt.Errorf("adaptive: Limit: %w", c.Limit.Validate())
+	case c.Limit != (sluice.Limit{}) && sluice.Limits{c.Limit}.Validate() != nil:
+		return fmt.Errorf("adaptive: Limit: %w", sluice.Limits{c.Limit}.Validate())
 	case c.Reserve < 0, c.Horizon < 0:
 		return fmt.Errorf("adaptive: Reserve %v and Horizon %v must not be negative", c.Reserve, c.Horizon)
 	case c.Fairness < 0 || c.Fairness > 1:

@@ -67,7 +67,7 @@ func TestConfigValidate(t *testing.T) {
 			t.Errorf("%+v accepted", c)
 		}
 	}
-	if _, err := New(Config{Limit: sluice.PerHour(4500)}, 1); err != nil {
+	if _, err := New(Config{Limit: sluice.Limit{Rate: 4500, Period: time.Hour}}, 1); err != nil {
 		t.Errorf("a valid limit refused: %v", err)
 	}
 }
@@ -193,7 +193,7 @@ func TestTheTighterLimitPaces(t *testing.T) {
 // is the one learned; the Heroku strategy uses it as its MAX_LIMIT.
 func TestLimitAssumed(t *testing.T) {
 	bare := ratehdr.Facts{Status: 200, Quotas: []ratehdr.Quota{{Limit: -1, Remaining: 10, Reset: -1, Burst: -1}}}
-	c := newC(t, Config{Limit: sluice.PerHour(4500)})
+	c := newC(t, Config{Limit: sluice.Limit{Rate: 4500, Period: time.Hour}})
 	c.observe(1*sec, 1*sec-1, bare, 0)
 	if got, want := c.Rate(), 4500.0/3600/16; math.Abs(got-want) > 1e-9 {
 		t.Fatalf("pace %v after a first answer near the reserve, want a sixteenth of the assumed limit (%v)", got, want)

@@ -71,33 +71,41 @@ type Allower interface {
 	AllowOne(ctx context.Context, key string, l gcra.Limit) (bool, error)
 }
 
-// LimitKinds is an optional interface of back ends that decide more than plain GCRA
-// limits. A limiter refuses, when it is made or given new limits, a windowed quota
-// (gcra.Limit.Window) or a ramp on a backend that does not say it decides them, rather
-// than let it decide them wrongly.
-type LimitKinds interface {
-	// Windows reports whether the backend decides windowed quotas.
-	Windows() bool
-	// Ramps reports whether the backend takes limits that change from one decision to the
-	// next (a ramp's, recomputed by the limiter at each decision) as one key's limits.
-	Ramps() bool
+// Capabilities says which kinds of limit, beyond plain GCRA limits, a backend decides. Its
+// zero value is plain limits only: a limiter refuses, when it is made or given new limits,
+// a windowed quota (gcra.Limit.Window) or a ramp on a backend that does not say it
+// decides them, rather than let it decide them wrongly.
+type Capabilities struct {
+	// Windows: the backend decides windowed quotas.
+	Windows bool
+	// Ramps: the backend takes limits that change from one decision to the next (a ramp's,
+	// recomputed by the limiter at each decision) as one key's limits.
+	Ramps bool
+	// SharedRamps: the backend ramps a limit itself, from state its callers share (the
+	// lease mode's allocation ramps the whole pool together, from when the limit's record
+	// was made, so that a caller that restarts does not restart the ramp). The limiter then
+	// passes it the limit as it is once the ramp is over, with the ramp in gcra.Limit.Ramp,
+	// instead of the limit the ramp has reached at each decision.
+	SharedRamps bool
+	// WindowsAlone: the backend decides a key's windowed quotas only when all the key's
+	// limits are windows; a limiter refuses it limits that mix windows and rates.
+	WindowsAlone bool
 }
 
-// SharedRamps is an optional interface of LimitKinds back ends that ramp a limit
-// themselves, from state their callers share (the lease mode's allocation ramps the whole
-// pool together, from when the limit's record was made, so that a caller that restarts
-// does not restart the ramp): the limiter passes such a backend the limit as it is once
-// the ramp is over, with the ramp in gcra.Limit.Ramp, instead of the limit the ramp has
-// reached at each decision.
-type SharedRamps interface {
-	SharedRamps() bool
+// Capable is an optional interface of back ends that decide more than plain GCRA limits.
+// Capabilities must be a constant of the backend's type, answered even on a nil pointer of
+// it: a configuration is checked against a backend not connected yet (`sluice serve
+// --check-config`).
+type Capable interface {
+	Capabilities() Capabilities
 }
 
-// WindowsAlone is an optional interface of a LimitKinds backend that decides a key's
-// windowed quotas only when all the key's limits are windows: a limiter refuses it limits
-// that mix windows and rates.
-type WindowsAlone interface {
-	WindowsAlone() bool
+// CapabilitiesOf returns what be says it decides (Capable), or the zero Capabilities.
+func CapabilitiesOf(be Backend) Capabilities {
+	if c, ok := be.(Capable); ok {
+		return c.Capabilities()
+	}
+	return Capabilities{}
 }
 
 // Resetter is an optional interface of back ends that can forget a key: its next request is

@@ -56,7 +56,7 @@ func newMemStore(b *testing.B) *store.Memory { return store.NewMemory(nil) }
 // BenchmarkLeaseAllowOneKey: Allow on one key from one goroutine, in lease mode (one member
 // holding the whole limit) against x/time/rate.
 func BenchmarkLeaseAllowOneKey(b *testing.B) {
-	limits := sluice.Limits{sluice.PerSecond(ratePerSec).WithBurst(burst)}
+	limits := sluice.Limits{{Rate: ratePerSec, Period: time.Second, Burst: burst}}
 	b.Run("impl=sluice-lease", func(b *testing.B) {
 		l := newLeaseMember(b, newMemStore(b), "m1", limits)
 		b.ReportAllocs()
@@ -70,7 +70,7 @@ func BenchmarkLeaseAllowOneKey(b *testing.B) {
 
 // BenchmarkLeaseAllowParallel: Allow on one key from GOMAXPROCS goroutines of one member.
 func BenchmarkLeaseAllowParallel(b *testing.B) {
-	limits := sluice.Limits{sluice.PerSecond(ratePerSec).WithBurst(burst)}
+	limits := sluice.Limits{{Rate: ratePerSec, Period: time.Second, Burst: burst}}
 	b.Run("impl=sluice-lease", func(b *testing.B) {
 		l := newLeaseMember(b, newMemStore(b), "m1", limits)
 		b.ReportAllocs()
@@ -95,8 +95,8 @@ func BenchmarkLeaseStoreOps(b *testing.B) {
 		paced  bool
 		limits sluice.Limits
 	}{
-		{"decisions=1k", true, sluice.Limits{sluice.PerSecond(2000).WithBurst(200)}},
-		{"decisions=1M", false, sluice.Limits{sluice.PerSecond(ratePerSec).WithBurst(burst)}},
+		{"decisions=1k", true, sluice.Limits{{Rate: 2000, Period: time.Second, Burst: 200}}},
+		{"decisions=1M", false, sluice.Limits{{Rate: ratePerSec, Period: time.Second, Burst: burst}}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			var decisions, trips, seconds float64
@@ -149,7 +149,7 @@ func TestLeaseMemberDecidesAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer be.Close()
-	l, err := sluice.New(sluice.Limits{sluice.PerSecond(1).WithBurst(3)}, sluice.WithBackend(be))
+	l, err := sluice.New(sluice.Limits{{Rate: 1, Period: time.Second, Burst: 3}}, sluice.WithBackend(be))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -205,7 +205,7 @@ func (r leaseRun) report(b *testing.B, members int) {
 // five seconds of real time.
 func BenchmarkLeaseRedisMembers(b *testing.B) {
 	addr := startRedis(b)
-	limits := sluice.Limits{sluice.PerSecond(2000).WithBurst(400)}
+	limits := sluice.Limits{{Rate: 2000, Period: time.Second, Burst: 400}}
 	slow := lease.DefaultConfig()
 	slow.TTL, slow.Grace = 4*time.Second, 2*time.Second
 	for _, tc := range []struct {
@@ -242,7 +242,7 @@ func BenchmarkLeaseRedisMembers(b *testing.B) {
 // serialise on it; conflict% is the share of writes that lost and were retried.
 func BenchmarkLeaseRedisRenewals(b *testing.B) {
 	addr := startRedis(b)
-	limits := sluice.Limits{sluice.PerSecond(2000).WithBurst(400)}
+	limits := sluice.Limits{{Rate: 2000, Period: time.Second, Burst: 400}}
 	const members = 20
 	for _, renew := range []time.Duration{250 * time.Millisecond, 50 * time.Millisecond, 20 * time.Millisecond, 5 * time.Millisecond} {
 		b.Run(fmt.Sprintf("renew=%v", renew), func(b *testing.B) {
@@ -259,7 +259,7 @@ func BenchmarkLeaseRedisRenewals(b *testing.B) {
 // per renewal (one read of every record, one write of those that changed), not one per key.
 func BenchmarkLeaseRedisKeys(b *testing.B) {
 	addr := startRedis(b)
-	limits := sluice.Limits{sluice.PerSecond(100).WithBurst(10)}
+	limits := sluice.Limits{{Rate: 100, Period: time.Second, Burst: 10}}
 	for _, n := range []int{1, 100, 10000} {
 		keys := make([]string, n)
 		for i := range keys {
@@ -305,7 +305,7 @@ func BenchmarkLeaseStores(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer zks.Close()
-	limits := sluice.Limits{sluice.PerSecond(2000).WithBurst(400)}
+	limits := sluice.Limits{{Rate: 2000, Period: time.Second, Burst: 400}}
 	for _, members := range []int{2, 8} {
 		for _, kind := range []string{"redis", "etcd", "zk"} {
 			b.Run(fmt.Sprintf("store=%s/members=%d", kind, members), func(b *testing.B) {

@@ -55,7 +55,7 @@ func (u *uberMap) take(k string) {
 }
 
 func newSluice(b *testing.B) *sluice.Limiter {
-	l, err := sluice.New(sluice.Limits{sluice.PerSecond(ratePerSec).WithBurst(burst)}, sluice.WithMaxKeys(0))
+	l, err := sluice.New(sluice.Limits{{Rate: ratePerSec, Period: time.Second, Burst: burst}}, sluice.WithMaxKeys(0))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func BenchmarkAllow10kKeysParallel(b *testing.B) {
 // every library grants a fresh key's burst and then throttles, so none is measured
 // short-circuiting.
 func TestLibrariesAgree(t *testing.T) {
-	l, err := sluice.New(sluice.Limits{sluice.PerSecond(1).WithBurst(3)})
+	l, err := sluice.New(sluice.Limits{{Rate: 1, Period: time.Second, Burst: 3}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -184,7 +184,7 @@ func BenchmarkRedis(b *testing.B) {
 	info := goredis.NewClient(&goredis.Options{Addr: addr})
 	defer info.Close()
 	ctx := context.Background()
-	lim := sluice.Limits{sluice.PerSecond(int64(redisLimit.Rate)).WithBurst(int64(redisLimit.Burst))}
+	lim := sluice.Limits{{Rate: int64(redisLimit.Rate), Period: time.Second, Burst: int64(redisLimit.Burst)}}
 	for _, nkeys := range []int{1, 10_000} {
 		ks := keys(nkeys)
 		for _, g := range []int{1, 8, 64} {
@@ -233,7 +233,7 @@ func TestRedisLibrariesAgree(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer be.Close()
-	l := sluice.MustNew(sluice.Limits{sluice.PerSecond(1).WithBurst(3)}, sluice.WithBackend(be))
+	l := sluice.MustNew(sluice.Limits{{Rate: 1, Period: time.Second, Burst: 3}}, sluice.WithBackend(be))
 	c := goredis.NewClient(&goredis.Options{Addr: addr})
 	defer c.Close()
 	rl := redis_rate.NewLimiter(c)
@@ -249,7 +249,7 @@ func TestRedisLibrariesAgree(t *testing.T) {
 	if sn != 3 || rn != 3 {
 		t.Fatalf("grants of a fresh key with burst 3: sluice %d, redis_rate %d", sn, rn)
 	}
-	lim := sluice.MustNew(sluice.Limits{sluice.PerSecond(int64(redisLimit.Rate)).WithBurst(int64(redisLimit.Burst))}, sluice.WithBackend(be))
+	lim := sluice.MustNew(sluice.Limits{{Rate: int64(redisLimit.Rate), Period: time.Second, Burst: int64(redisLimit.Burst)}}, sluice.WithBackend(be))
 	if !lim.Allow(ctx, "fast") {
 		t.Fatal("sluice denied at the benchmark's limit")
 	}

@@ -26,21 +26,13 @@ import (
 	"github.com/sluicehq/sluice/internal/wire"
 )
 
-// Errors.
-var (
-	// ErrUnavailable (backend.ErrUnavailable): the daemon did not answer in time, or the
-	// client is backing off after a failure. Calls that return a decision answered it by
-	// the fail mode.
-	ErrUnavailable = backend.ErrUnavailable
-	// ErrClosed (backend.ErrClosed): the client was closed.
-	ErrClosed = backend.ErrClosed
-	// ErrUnsupported (backend.ErrUnsupported): the protocol cannot carry the operation
-	// (settling a reservation).
-	ErrUnsupported = backend.ErrUnsupported
-	// ErrInvalidTag: the tag is empty, not UTF-8, or holds a control character (a line
-	// break would split the query in two); nothing is sent.
-	ErrInvalidTag = errors.New("sluice client: invalid tag")
-)
+// ErrInvalidTag: the tag is empty, not UTF-8, or holds a control character (a line break
+// would split the query in two); nothing is sent. The client's other failures are
+// declared in package backend: backend.ErrUnavailable (the daemon did not answer in time,
+// or the client is backing off after a failure; calls that return a decision answered it
+// by the fail mode), backend.ErrClosed (the client was closed) and backend.ErrUnsupported
+// (the protocol cannot carry the operation: settling a reservation).
+var ErrInvalidTag = errors.New("sluice client: invalid tag")
 
 // Client is a connection pool to one daemon. It is safe for concurrent use.
 type Client struct {
@@ -114,11 +106,11 @@ func New(addr string, opts ...Option) *Client {
 // Failures returns the number of calls the daemon failed (answered by the fail mode).
 func (c *Client) Failures() int64 { return c.failures.Load() }
 
-// Close closes the connections; later calls return ErrClosed.
+// Close closes the connections; later calls return backend.ErrClosed.
 func (c *Client) Close() error {
 	c.closed.Store(true)
 	for _, p := range c.conns {
-		p.close(ErrClosed)
+		p.close(backend.ErrClosed)
 	}
 	return nil
 }
@@ -150,8 +142,8 @@ func (c *Client) Allow(ctx context.Context, tag string) bool {
 
 // Query asks for n permits for tag, now or (maxWait > 0) reserved up to maxWait ahead,
 // with the details of the decision. When the daemon fails, the answer is the fail mode's
-// (Failed set) and the error wraps ErrUnavailable; when ctx ends first, the error is
-// ctx's (the daemon is not held to have failed).
+// (Failed set) and the error wraps backend.ErrUnavailable; when ctx ends first, the error
+// is ctx's (the daemon is not held to have failed).
 func (c *Client) Query(ctx context.Context, tag string, n int64, maxWait time.Duration) (Answer, error) {
 	if !wire.ValidTag(tag) {
 		return Answer{}, fmt.Errorf("%w: %q", ErrInvalidTag, tag)
@@ -166,7 +158,7 @@ func (c *Client) Query(ctx context.Context, tag string, n int64, maxWait time.Du
 	}
 	line := wire.AppendQuery(nil, q)
 	resp, err := c.roundTrip(ctx, line)
-	if errors.Is(err, ErrClosed) {
+	if errors.Is(err, backend.ErrClosed) {
 		return Answer{}, err
 	}
 	if err != nil {
@@ -226,12 +218,12 @@ func (c *Client) ReportExpired(ctx context.Context, tag string, n int64) error {
 // time-out and the back-off.
 func (c *Client) roundTrip(ctx context.Context, line []byte) ([]byte, error) {
 	if c.closed.Load() {
-		return nil, ErrClosed
+		return nil, backend.ErrClosed
 	}
 	if until := c.downUntil.Load(); until != 0 && time.Now().UnixNano() < until {
-		return nil, ErrUnavailable
+		return nil, backend.ErrUnavailable
 	} else if until != 0 && !c.probing.CompareAndSwap(false, true) {
-		return nil, ErrUnavailable // another call is probing
+		return nil, backend.ErrUnavailable // another call is probing
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, c.timeout, errSlow)
 	defer cancel()
@@ -250,7 +242,7 @@ func (c *Client) roundTrip(ctx context.Context, line []byte) ([]byte, error) {
 		c.backoff.Store(b)
 		c.downUntil.Store(time.Now().UnixNano() + b)
 		c.probing.Store(false)
-		return nil, fmt.Errorf("%w: daemon: %v", ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: daemon: %v", backend.ErrUnavailable, err)
 	}
 	if c.downUntil.Load() != 0 {
 		c.downUntil.Store(0)
@@ -328,7 +320,7 @@ func (p *pconn) send(ctx context.Context, line []byte) (*call, error) {
 	c, w, gen, closed := p.c, p.w, p.gen, p.closed
 	p.mu.Unlock()
 	if closed {
-		return nil, ErrClosed
+		return nil, backend.ErrClosed
 	}
 	if c == nil {
 		var d net.Dialer
@@ -340,7 +332,7 @@ func (p *pconn) send(ctx context.Context, line []byte) (*call, error) {
 		if p.closed {
 			p.mu.Unlock()
 			nc.Close()
-			return nil, ErrClosed
+			return nil, backend.ErrClosed
 		}
 		p.gen++
 		p.c, p.w, gen = nc, bufio.NewWriter(nc), p.gen
@@ -439,10 +431,10 @@ func (p *pconn) close(err error) {
 // Backend adapts the client to sluice.WithBackend. The daemon's rules decide, whatever
 // limits the limiter was built with (those only bound the cost of one request): the key is
 // sent as the tag. Reservations travel as the protocol's w= option; Penalize as p=;
-// settling or cancelling a reservation is not carried (ErrUnsupported: the permits stay
-// taken); permits a limiter finds expired are reported (ReportExpired) for the daemon's
-// count. When the daemon fails, decisions are the client's fail mode's, with no error.
-// Closing the backend closes the client; later calls return ErrClosed.
+// settling or cancelling a reservation is not carried (backend.ErrUnsupported: the permits
+// stay taken); permits a limiter finds expired are reported (ReportExpired) for the
+// daemon's count. When the daemon fails, decisions are the client's fail mode's, with no
+// error. Closing the backend closes the client; later calls return backend.ErrClosed.
 func (c *Client) Backend() backend.Backend { return clientBackend{c} }
 
 type clientBackend struct{ c *Client }
@@ -465,9 +457,9 @@ func (b clientBackend) Decide(ctx context.Context, key string, req backend.Reque
 
 func (b clientBackend) Adjust(context.Context, string, []gcra.Limit, gcra.Ticket, int64) error {
 	if b.c.closed.Load() {
-		return ErrClosed
+		return backend.ErrClosed
 	}
-	return ErrUnsupported
+	return backend.ErrUnsupported
 }
 
 func (b clientBackend) Penalize(ctx context.Context, key string, _ []gcra.Limit, d time.Duration) error {
@@ -480,5 +472,5 @@ func (b clientBackend) ReportExpired(ctx context.Context, key string, n int64) e
 
 var _ backend.ExpiryReporter = clientBackend{}
 
-// Close closes the client: later calls return ErrClosed.
+// Close closes the client: later calls return backend.ErrClosed.
 func (b clientBackend) Close() error { return b.c.Close() }

@@ -142,7 +142,7 @@ func TestFailOpenAndBackOff(t *testing.T) {
 		t.Fatal("fail open answered NO")
 	}
 	for i := 0; i < 100; i++ {
-		if _, err := c.Query(bg, "api", 1, 0); !errors.Is(err, client.ErrUnavailable) {
+		if _, err := c.Query(bg, "api", 1, 0); !errors.Is(err, backend.ErrUnavailable) {
 			t.Fatalf("during the back-off: %v", err)
 		}
 	}
@@ -159,7 +159,7 @@ func TestFailOpenAndBackOff(t *testing.T) {
 	}
 	// A failed answer says when the client asks again (its back-off), so a caller that
 	// waits does not spin.
-	if a, err := closed.Query(bg, "api", 1, 0); !a.Failed || a.Allowed || a.RetryAfter < 100*time.Millisecond || !errors.Is(err, client.ErrUnavailable) {
+	if a, err := closed.Query(bg, "api", 1, 0); !a.Failed || a.Allowed || a.RetryAfter < 100*time.Millisecond || !errors.Is(err, backend.ErrUnavailable) {
 		t.Errorf("a failed query: %+v %v, want a denial with RetryAfter >= 100ms", a, err)
 	}
 	// The daemon comes up on that address: after the back-off a probe reaches it.
@@ -329,7 +329,7 @@ func TestBackendClosed(t *testing.T) {
 }
 
 // TestExpiryReportedToTheDaemon: a permit reserved at the daemon (w=) that its worker
-// comes to too late expires in the limiter (ErrPermitExpired, Limiter.Expired), and the
+// comes to too late expires in the limiter (ErrPermitExpired, EventExpired), and the
 // limiter reports it through the client, so that the daemon counts it in its /metrics.
 func TestExpiryReportedToTheDaemon(t *testing.T) {
 	cfg := server.DefaultConfig()
@@ -347,8 +347,13 @@ func TestExpiryReportedToTheDaemon(t *testing.T) {
 	c := client.New(s.LineAddr().String(), client.WithTimeout(2*time.Second))
 	defer c.Close()
 	clk := clock.NewVirtual() // the worker's: it is paused while its permit comes due
+	var expired atomic.Int64
 	l, err := sluice.New(sluice.MustParse("10/s burst=1"), sluice.WithBackend(c.Backend()), sluice.WithClock(clk),
-		sluice.WithMargin(20*time.Millisecond))
+		sluice.WithMargin(20*time.Millisecond), sluice.WithObserver(func(e sluice.Event) {
+			if e.Kind == sluice.EventExpired {
+				expired.Add(e.N)
+			}
+		}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,15 +362,15 @@ func TestExpiryReportedToTheDaemon(t *testing.T) {
 		t.Fatal("the first permit was refused")
 	}
 	r, err := l.Reserve(bg, "api", 1)
-	if err != nil || !r.OK() || r.Delay <= 0 {
+	if err != nil || !r.Allowed || r.Delay <= 0 {
 		t.Fatalf("reserve: %+v %v, want a permit ahead", r.Decision, err)
 	}
 	clk.Advance(r.Delay + 50*time.Millisecond) // 50 ms late with a 20 ms margin
 	if err := r.Wait(bg); !errors.Is(err, sluice.ErrPermitExpired) {
 		t.Fatalf("Wait 50 ms late = %v, want ErrPermitExpired", err)
 	}
-	if l.Expired() != 1 {
-		t.Fatalf("Expired() = %d, want 1", l.Expired())
+	if expired.Load() != 1 {
+		t.Fatalf("expired %d, want 1", expired.Load())
 	}
 	resp, err := http.Get("http://" + s.HTTPAddr().String() + "/metrics")
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/lease"
 )
 
@@ -151,7 +152,7 @@ func reclaimed(r record, gone map[int]bool, from, to int64) int64 {
 // TestAuditCatches: the audit of the multi-process runs finds each kind of over-admission
 // in a made-up record, and passes a record without.
 func TestAuditCatches(t *testing.T) {
-	l := sluice.MustParse("200/s burst=20").Core(0)[0]
+	l := limitconv.Core(sluice.MustParse("200/s burst=20"), 0)[0]
 	const ms = int64(time.Millisecond)
 	half := lease.Share{Rate: lease.RateScale / 2, Burst: 10}
 	// lease returns a status at `at` with share s usable until end.

@@ -56,29 +56,20 @@ type Backend struct {
 }
 
 var (
-	_ backend.Backend      = (*Backend)(nil)
-	_ backend.Allower      = (*Backend)(nil)
-	_ backend.LimitKinds   = (*Backend)(nil)
-	_ backend.WindowsAlone = (*Backend)(nil)
-	_ backend.SharedRamps  = (*Backend)(nil)
+	_ backend.Backend = (*Backend)(nil)
+	_ backend.Allower = (*Backend)(nil)
+	_ backend.Capable = (*Backend)(nil)
 )
 
-// Windows reports that the backend decides windowed quotas (backend.LimitKinds): its
-// members draw tokens of each window's count in chunks (docs/lease.md, "Windowed quotas").
-func (b *Backend) Windows() bool { return true }
-
-// WindowsAlone reports that a key's windowed quotas are decided only beside other windowed
-// quotas, not beside rates (backend.WindowsAlone): tokens drawn for a window and a share
-// of a rate are not granted together.
-func (b *Backend) WindowsAlone() bool { return true }
-
-// Ramps reports that the backend decides ramps (backend.LimitKinds).
-func (b *Backend) Ramps() bool { return true }
-
-// SharedRamps reports that the backend ramps limits itself (backend.SharedRamps): the
+// Capabilities reports what the backend decides (backend.Capable): windowed quotas, whose
+// tokens its members draw in chunks of each window's count (docs/lease.md, "Windowed
+// quotas"), only beside other windowed quotas, not beside rates (tokens drawn for a window
+// and a share of a rate are not granted together); and ramps, which it ramps itself: the
 // allocation ramps the capacity it shares out from when the limit's record was made, so
 // the whole pool ramps together and a member that restarts does not restart the ramp.
-func (b *Backend) SharedRamps() bool { return true }
+func (b *Backend) Capabilities() backend.Capabilities {
+	return backend.Capabilities{Windows: true, Ramps: true, SharedRamps: true, WindowsAlone: true}
+}
 
 // recordLimit is l as the store's record holds it: a windowed quota's windows fall on the
 // store's Unix time, whatever the origin of the caller's clock.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/store"
 	etcdstore "github.com/sluicehq/sluice/store/etcd"
@@ -238,7 +239,7 @@ func judgeRun(t *testing.T, rec record, limits string, margin time.Duration, sta
 		t.Fatal("no permit")
 	}
 	at := func(x int64) time.Duration { return time.Duration(x - start) }
-	core := sluice.MustParse(limits).Core(margin)[0]
+	core := limitconv.Core(sluice.MustParse(limits), margin)[0]
 	if err := auditShares(rec, core); err != nil {
 		t.Errorf("over-admission: %v (%s)", err, marks)
 	}
@@ -269,7 +270,7 @@ func judgeRun(t *testing.T, rec record, limits string, margin time.Duration, sta
 		msg += fmt.Sprintf(", in the 2 s after the store's restart at most %v (p99 %v) over %d", w, p, n)
 	}
 	t.Logf("%s; %d given back late (margin %v)", msg, expired, margin)
-	l := sluice.MustParse(limits).Core(0)[0]
+	l := limitconv.Core(sluice.MustParse(limits), 0)[0]
 	if margin == 0 {
 		need := "more than 1s"
 		for _, j := range []time.Duration{0, 5, 10, 20, 50, 100, 200, 500, 1000} {

@@ -29,6 +29,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
 	"github.com/sluicehq/sluice/internal/zkclient"
 	"github.com/sluicehq/sluice/lease"
@@ -94,7 +95,7 @@ func (s skewed) Nanotime() int64 { return s.Clock.Nanotime() + int64(s.off) }
 // PBURST PEND", the lease's sequence number, the share and the end of its use, and an
 // older lease's share still in use for permits booked under it, and until when (ends 0:
 // not in use); with a margin, "e AT N": the permits it gave back so far, handed over too
-// late (Limiter.Expired).
+// late (EventExpired).
 func memberMain() int {
 	var cfg memberConfig
 	if err := json.Unmarshal([]byte(os.Getenv(memberEnv)), &cfg); err != nil {
@@ -138,7 +139,13 @@ func memberMain() int {
 		return 2
 	}
 	defer be.Close()
-	lim, err := sluice.New(sluice.MustParse(cfg.Limits), sluice.WithBackend(be), sluice.WithClock(clk), sluice.WithMargin(cfg.Margin))
+	var expired atomic.Int64 // permits given back late (past the margin)
+	lim, err := sluice.New(sluice.MustParse(cfg.Limits), sluice.WithBackend(be), sluice.WithClock(clk), sluice.WithMargin(cfg.Margin),
+		sluice.WithObserver(func(e sluice.Event) {
+			if e.Kind == sluice.EventExpired {
+				expired.Add(e.N)
+			}
+		}))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "member:", err)
 		return 2
@@ -154,7 +161,7 @@ func memberMain() int {
 			for ctx.Err() == nil {
 				time.Sleep(100 * time.Millisecond)
 				mu.Lock()
-				fmt.Fprintln(os.Stdout, "e", time.Now().UnixNano(), lim.Expired())
+				fmt.Fprintln(os.Stdout, "e", time.Now().UnixNano(), expired.Load())
 				mu.Unlock()
 			}
 		}()
@@ -588,10 +595,10 @@ func TestRedisKilledAndRestartedEmpty(t *testing.T) {
 	}
 	slices.Sort(ps)
 	slices.Sort(slots)
-	if i := conform(slots, limits.Core(mpMargin)[0], 0); i >= 0 {
+	if i := conform(slots, limitconv.Core(limits, mpMargin)[0], 0); i >= 0 {
 		t.Fatalf("over-admission: slot %d of %d at %v after the kill breaks 100/s burst=10 tightened by the margin", i, len(slots), time.Duration(slots[i]-killed))
 	}
-	if i := conform(ps, limits.Core(0)[0], 0); i >= 0 {
+	if i := conform(ps, limitconv.Core(limits, 0)[0], 0); i >= 0 {
 		t.Fatalf("permit %d of %d used at %v after the kill breaks 100/s burst=10 (as a strict API judges)", i, len(ps), time.Duration(ps[i]-killed))
 	}
 	cfgL := lease.DefaultConfig()

@@ -301,12 +301,12 @@ func (b *Backend) Decide(_ context.Context, key string, req backend.Request) (ba
 	}
 }
 
-// Windows reports that the backend decides windowed quotas (backend.LimitKinds).
-func (b *Backend) Windows() bool { return true }
-
-// Ramps reports that the backend takes a ramp's changing limits (backend.LimitKinds): a
-// key's state is its TATs, whatever limits the next decision brings.
-func (b *Backend) Ramps() bool { return true }
+// Capabilities reports that the backend decides windowed quotas, and takes a ramp's
+// changing limits (backend.Capable): a key's state is its TATs, whatever limits the next
+// decision brings.
+func (b *Backend) Capabilities() backend.Capabilities {
+	return backend.Capabilities{Windows: true, Ramps: true}
+}
 
 // AllowOne takes one permit for key under l if one is free now (backend.Allower).
 func (b *Backend) AllowOne(_ context.Context, key string, l gcra.Limit) (bool, error) {

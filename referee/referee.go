@@ -27,6 +27,8 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/internal/limitconv"
 )
 
 // DefaultMaxTokens caps the tokens a referee tracks; past it, requests with new tokens get
@@ -109,7 +111,7 @@ func New(limits sluice.Limits, opts ...Option) (*Referee, error) {
 	if err := limits.Validate(); err != nil {
 		return nil, err
 	}
-	r := &Referee{limits: limits, core: limits.Core(0), clock: clock.Default, maxTokens: DefaultMaxTokens, tokens: map[string]*token{}}
+	r := &Referee{limits: limits, core: limitconv.Core(limits, 0), clock: clock.Default, maxTokens: DefaultMaxTokens, tokens: map[string]*token{}}
 	for _, o := range opts {
 		o.apply(r)
 	}
@@ -117,7 +119,7 @@ func New(limits sluice.Limits, opts ...Option) (*Referee, error) {
 		if err := r.costs.Validate(); err != nil {
 			return nil, fmt.Errorf("referee: cost limits: %w", err)
 		}
-		r.costCore = r.costs.Core(0)
+		r.costCore = limitconv.Core(r.costs, 0)
 	}
 	if int(r.style) >= len(styleNames) {
 		return nil, fmt.Errorf("referee: unknown style %d", r.style)
@@ -237,7 +239,7 @@ func (r *Referee) SetLimits(limits sluice.Limits) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.limits, r.core = limits, limits.Core(0)
+	r.limits, r.core = limits, limitconv.Core(limits, 0)
 	for _, t := range r.tokens {
 		if len(t.tats) != len(r.core) {
 			tats := make([]int64, len(r.core))
@@ -276,7 +278,7 @@ func (r *Referee) Reset() {
 
 // TokenOf reads a request's API token: the bearer token of Authorization, else the
 // X-Api-Token header.
-func TokenOf(req *http.Request) string { return sluice.KeyByToken(req) }
+func TokenOf(req *http.Request) string { return httplimit.KeyByToken(req) }
 
 // ServeHTTP answers GET /stats with the counts, and every other request as the API: 401
 // without a token, 200 within the limit, 429 past it.

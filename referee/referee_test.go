@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/httplimit"
 )
 
 func get(t *testing.T, url, tok string) *http.Response {
@@ -151,9 +152,9 @@ func TestRetryAfterAsDate(t *testing.T) {
 	if resp.Header.Get("Retry-After-Ms") != "" {
 		t.Errorf("Retry-After-Ms sent with a date")
 	}
-	d, ok := sluice.RetryAfter(resp.Header, clk.Now())
+	d, ok := httplimit.RetryAfter(resp.Header, clk.Now())
 	if !ok || d != 49*time.Second+700*time.Millisecond {
-		t.Errorf("sluice.RetryAfter read %v %v", d, ok)
+		t.Errorf("httplimit.RetryAfter read %v %v", d, ok)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/httplimit"
 )
 
 // HeaderCost is the request header an LLM-style referee reads a request's cost from, in
@@ -89,11 +90,11 @@ func (r *Referee) WriteHeaders(h http.Header, v Verdict, now time.Time) {
 			anthropic(h, "tokens", costs, v.Cost, now)
 		}
 	default:
-		sluice.SetRateLimitHeaders(h, limits, d)
+		httplimit.SetRateLimitHeaders(h, limits, d)
 		if len(costs) > 0 {
 			c := costs[0]
-			h.Set(sluice.HeaderRateLimitPolicy, h.Get(sluice.HeaderRateLimitPolicy)+fmt.Sprintf(`, "tokens";q=%d;w=%d`, c.Rate, ceilSeconds(c.Period)))
-			h.Set(sluice.HeaderRateLimit, h.Get(sluice.HeaderRateLimit)+fmt.Sprintf(`, "tokens";r=%d;t=%d`, v.Cost.Remaining, ceilSeconds(v.Cost.ResetAfter)))
+			h.Set(httplimit.HeaderRateLimitPolicy, h.Get(httplimit.HeaderRateLimitPolicy)+fmt.Sprintf(`, "tokens";q=%d;w=%d`, c.Rate, ceilSeconds(c.Period)))
+			h.Set(httplimit.HeaderRateLimit, h.Get(httplimit.HeaderRateLimit)+fmt.Sprintf(`, "tokens";r=%d;t=%d`, v.Cost.Remaining, ceilSeconds(v.Cost.ResetAfter)))
 		}
 	}
 	if v.Allowed {
@@ -102,13 +103,13 @@ func (r *Referee) WriteHeaders(h http.Header, v Verdict, now time.Time) {
 	if r.dateRetry {
 		// HTTP-dates have whole seconds: round the wait up so the date is never early.
 		until := now.Add(v.RetryAfter + time.Second - 1).UTC().Truncate(time.Second)
-		h.Set(sluice.HeaderRetryAfter, until.Format(http.TimeFormat))
-		h.Del(sluice.HeaderRetryAfterMs)
+		h.Set(httplimit.HeaderRetryAfter, until.Format(http.TimeFormat))
+		h.Del(httplimit.HeaderRetryAfterMs)
 		return
 	}
-	h.Set(sluice.HeaderRetryAfter, strconv.FormatInt(ceilSeconds(v.RetryAfter), 10))
+	h.Set(httplimit.HeaderRetryAfter, strconv.FormatInt(ceilSeconds(v.RetryAfter), 10))
 	if r.style != Anthropic {
-		h.Set(sluice.HeaderRetryAfterMs, strconv.FormatInt(int64((v.RetryAfter+time.Millisecond-1)/time.Millisecond), 10))
+		h.Set(httplimit.HeaderRetryAfterMs, strconv.FormatInt(int64((v.RetryAfter+time.Millisecond-1)/time.Millisecond), 10))
 	}
 }
 

@@ -24,7 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/gcra"
 )
 
 // MaxDescriptors is the most descriptors one ShouldRateLimit request may carry; a request
@@ -267,7 +267,7 @@ func (r *rlsService) ShouldRateLimit(ctx context.Context, req *rls.RateLimitRequ
 		}
 		dec, err := s.decide(ctx, string(buf), n, 0, false)
 		st := &rls.RateLimitResponse_DescriptorStatus{Code: rls.RateLimitResponse_OK}
-		if errors.Is(err, sluice.ErrCostExceedsBurst) {
+		if errors.Is(err, gcra.ErrCostExceedsBurst) {
 			s.m.badInput.WithLabelValues("cost_over_burst").Inc()
 		}
 		if err != nil || !dec.Allowed {

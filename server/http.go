@@ -11,8 +11,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/wire"
 )
 
@@ -127,14 +128,14 @@ func (s *Server) handleDecide(w http.ResponseWriter, r *http.Request) {
 	status := http.StatusOK
 	if err != nil {
 		resp.Error = err.Error()
-		if errors.Is(err, sluice.ErrCostExceedsBurst) {
+		if errors.Is(err, gcra.ErrCostExceedsBurst) {
 			status = http.StatusBadRequest
 		} else {
 			status = http.StatusServiceUnavailable
 		}
 	}
 	if d.Rule != "" {
-		sluice.SetRateLimitHeaders(w.Header(), d.Limits, d.Decision)
+		httplimit.SetRateLimitHeaders(w.Header(), d.Limits, d.Decision)
 	}
 	writeJSON(w, status, resp)
 }

@@ -11,7 +11,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/wire"
 )
 
@@ -137,7 +137,7 @@ func (cn *conn) serve() {
 			}
 		default:
 			d, err := s.decide(ctx, string(q.Tag), q.N, time.Duration(q.WaitMs)*time.Millisecond, q.Stamp)
-			if errors.Is(err, sluice.ErrCostExceedsBurst) {
+			if errors.Is(err, gcra.ErrCostExceedsBurst) {
 				s.m.badInput.WithLabelValues("cost_over_burst").Inc()
 				out = wire.AppendRefusal(out, "cost exceeds the burst: it can never be granted")
 				break

@@ -190,6 +190,7 @@ type compiled struct {
 	envoyRPU  uint32
 	envoyUnit rls.RateLimitResponse_RateLimit_Unit
 	limiter   *sluice.Limiter
+	rampStart time.Time // when the limiter's ramps started (sluice.WithRampStart)
 	counters  ruleCounters
 	keyBase   string // bucket key, or its prefix for per-tag rules
 	prefixOf  string

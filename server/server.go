@@ -22,6 +22,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/local"
 )
 
@@ -175,7 +176,7 @@ func Check(cfg Config, log *slog.Logger) error { return CheckOn(cfg, log, nil) }
 
 // CheckOn is Check for a daemon on back end like (nil: the in-process one): it also
 // refuses a rule whose limits like does not decide (a windowed quota or a ramp; see
-// sluice.Supports), as starting on it would. Only like's type is asked: a backend not
+// limitconv.Supports), as starting on it would. Only like's type is asked: a backend not
 // connected, or a nil pointer of its type, will do. `sluice serve --check-config` runs it.
 func CheckOn(cfg Config, log *slog.Logger, like backend.Backend) error {
 	lb := local.New(local.WithMaxKeys(max(cfg.MaxKeys, 1)))
@@ -196,7 +197,7 @@ func CheckOn(cfg Config, log *slog.Logger, like backend.Backend) error {
 		if c.noLimit() {
 			continue
 		}
-		if err := sluice.Supports(like, c.Limit); err != nil {
+		if err := limitconv.Supports(like, c.Limit); err != nil {
 			return fmt.Errorf("rule %q: %w", c.Name, err)
 		}
 	}
@@ -210,7 +211,7 @@ func (s *Server) apply(cfg Config) error {
 	if err != nil {
 		return err
 	}
-	fm, _ := sluice.ParseFailMode(cfg.FailMode) // local: the back end answers failures itself
+	fm, _ := backend.ParseFailMode(cfg.FailMode) // local: the back end answers failures itself
 	for _, c := range rs.rules {
 		c.counters = s.m.forRule(c.Name)
 		rpu, unit := envoyLimit(c.Limit)
@@ -222,12 +223,15 @@ func (s *Server) apply(cfg Config) error {
 			continue // no bucket, no penalties
 		}
 		opts := []sluice.Option{sluice.WithBackend(s.be), sluice.WithClock(s.clock), sluice.WithFailMode(fm),
-			sluice.WithMargin(cfg.Margin.D()), sluice.WithObserver(sluice.ObserverFunc(s.m.observe)),
+			sluice.WithMargin(cfg.Margin.D()), sluice.WithObserver(s.m.observe),
 			sluice.WithLogger(s.log.With("rule", c.Name)), // a margin that eats a rule's rate is logged
 			sluice.WithMaxKeys(cfg.MaxKeys)}               // bounds the penalties each limiter remembers
-		if at, ok := s.rampOf(c.Name, c.Limit); ok {
-			opts = append(opts, sluice.WithRampStart(at)) // a reload goes on with the rule's ramp
+		at, ok := s.rampOf(c.Name, c.Limit) // a reload goes on with the rule's ramp
+		if !ok {
+			at = s.clock.Now()
 		}
+		c.rampStart = at
+		opts = append(opts, sluice.WithRampStart(at))
 		lim, err := sluice.New(c.Limit, opts...)
 		if err != nil {
 			return fmt.Errorf("rule %q: %w", c.Name, err)
@@ -260,8 +264,8 @@ func (s *Server) rampOf(name string, limits sluice.Limits) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	for _, c := range old.rules {
-		if c.Name == name && c.limiter != nil && sluice.SameRamps(c.Limit, limits) {
-			return c.limiter.RampStart()
+		if c.Name == name && c.limiter != nil && limitconv.SameRamps(c.Limit, limits) {
+			return c.rampStart, true
 		}
 	}
 	return time.Time{}, false

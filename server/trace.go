@@ -14,7 +14,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/stats"
 
-	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/gcra"
 )
 
 // WithTracerProvider traces decisions with tp: a span "sluice.decide" for every decision
@@ -85,11 +86,11 @@ func (s *Server) decideTraced(ctx context.Context, tag string, n int64, maxWait 
 // errorKind names a decision's error without its text.
 func errorKind(err error) string {
 	switch {
-	case errors.Is(err, sluice.ErrCostExceedsBurst):
+	case errors.Is(err, gcra.ErrCostExceedsBurst):
 		return "cost exceeds the burst"
-	case errors.Is(err, sluice.ErrUnavailable):
+	case errors.Is(err, backend.ErrUnavailable):
 		return "back end unavailable"
-	case errors.Is(err, sluice.ErrClosed):
+	case errors.Is(err, backend.ErrClosed):
 		return "closed"
 	}
 	return "error"

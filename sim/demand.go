@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/internal/measure"
 )
 
@@ -75,10 +76,10 @@ func (e *engine) idealAdmit(d *Demand, n int64) {
 			at = tk.At
 		}
 		core := e.idealCore
-		if e.limits.RampOver() > 0 {
+		if limitconv.RampOver(e.limits) > 0 {
 			// A ramp: the limit as of the latest grant (a backlog's are decided all at once
 			// here, ahead of their time), so the ideal follows the ramp a permit behind.
-			core = e.limits.CoreAt(0, time.Duration(max(at, e.idealLast)-e.rampStart))
+			core = limitconv.CoreAt(e.limits, 0, time.Duration(max(at, e.idealLast)-e.rampStart))
 		}
 		res, tk, err := decide(e.ideal, core, at, 1, math.MaxInt64)
 		if err != nil || !res.Allowed || tk.At > e.end || tk.At == e.end && e.windowed {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/internal/measure"
 	"github.com/sluicehq/sluice/referee"
 )
@@ -165,7 +166,7 @@ func newEngine(sc *Scenario, m mode) *engine {
 	opts := []referee.Option{referee.WithMaxTokens(1), referee.WithStyle(sc.Referee.style)}
 	if sc.Referee.Tokens != nil {
 		opts = append(opts, referee.WithCostLimits(sc.Referee.Tokens.Limits))
-		e.idealTokCore = sc.Referee.Tokens.Limits.Core(0)
+		e.idealTokCore = limitconv.Core(sc.Referee.Tokens.Limits, 0)
 		e.idealTok = make([]int64, len(e.idealTokCore))
 		e.idealCosts = rand.NewPCG(0, 0)
 	}
@@ -228,8 +229,8 @@ const rampStep = int64(100 * time.Millisecond)
 func (e *engine) setLimits(ls sluice.Limits) {
 	prev := e.limits
 	e.setCores(ls)
-	if over := ls.RampOver(); over > 0 {
-		if prev == nil || !sluice.SameRamps(prev, ls) {
+	if over := limitconv.RampOver(ls); over > 0 {
+		if prev == nil || !limitconv.SameRamps(prev, ls) {
 			e.rampStart = e.now
 		}
 		e.rampEnd = e.rampStart + int64(over)
@@ -242,8 +243,8 @@ func (e *engine) setLimits(ls sluice.Limits) {
 // applyRamp sets the limits in force at t of a running ramp.
 func (e *engine) applyRamp(t int64) {
 	el := time.Duration(t - e.rampStart)
-	e.core = e.limits.CoreAt(e.sc.Client.Margin.D(), el)
-	e.idealCore = e.limits.CoreAt(0, el)
+	e.core = limitconv.CoreAt(e.limits, e.sc.Client.Margin.D(), el)
+	e.idealCore = limitconv.CoreAt(e.limits, 0, el)
 	e.local = gcra.ShareOf(e.core, wholeIfZero(e.sc.Local.Share))
 	e.fallback = gcra.ShareOf(e.core, wholeIfZero(e.sc.Store.FallbackShare))
 	if t >= e.rampEnd {
@@ -255,12 +256,12 @@ func (e *engine) applyRamp(t int64) {
 // setCores computes the limits' cores, ramps over.
 func (e *engine) setCores(ls sluice.Limits) {
 	e.limits = ls
-	e.windowed = ls.Windowed()
-	e.idealCore = ls.Core(0)
+	e.windowed = limitconv.Windowed(ls)
+	e.idealCore = limitconv.Core(ls, 0)
 	if len(e.ideal) != len(e.idealCore) {
 		e.ideal = resize(e.ideal, len(e.idealCore))
 	}
-	e.core = ls.Core(e.sc.Client.Margin.D())
+	e.core = limitconv.Core(ls, e.sc.Client.Margin.D())
 	e.local = gcra.ShareOf(e.core, wholeIfZero(e.sc.Local.Share))
 	e.fallback = gcra.ShareOf(e.core, wholeIfZero(e.sc.Store.FallbackShare))
 }
@@ -334,12 +335,12 @@ func (e *engine) closeBucket(b int) {
 	// Demand exceeded the limit in the bucket if requests were still waiting at its end
 	// beyond the goroutines' own, or if more arrived than the limit allows.
 	_, rate := measure.Capacity(e.limits, 0)
-	if over := e.limits.RampOver(); over > 0 && int64(b)*e.sample < e.rampStart+int64(over) {
+	if over := limitconv.RampOver(e.limits); over > 0 && int64(b)*e.sample < e.rampStart+int64(over) {
 		// A ramp: the rate of the ideal's limit at the bucket's middle (the plots' limit
 		// line follows the ramp).
 		mid := int64(b)*e.sample + e.sample/2
 		rate = math.Inf(1)
-		for _, c := range e.limits.CoreAt(0, time.Duration(mid-e.rampStart)) {
+		for _, c := range limitconv.CoreAt(e.limits, 0, time.Duration(mid-e.rampStart)) {
 			rate = math.Min(rate, 1e9/float64(c.T))
 		}
 	}

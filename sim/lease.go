@@ -6,6 +6,7 @@ import (
 
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/lease/allot"
 )
 
@@ -103,7 +104,7 @@ func (l *leaseMode) setup(e *engine) {
 	if l.states != nil {
 		return
 	}
-	l.limits = e.limits.CoreRamped(e.sc.Client.Margin.D()) // the allocation ramps a ramp itself
+	l.limits = limitconv.CoreRamped(e.limits, e.sc.Client.Margin.D()) // the allocation ramps a ramp itself
 	l.states = make([]*allot.State, len(l.limits))
 	for i, lim := range l.limits {
 		st, err := allot.NewState(lim, l.inc, e.now, 0, l.cfg)
@@ -565,7 +566,7 @@ func (l *leaseMode) limitChanged(e *engine) {
 			l.waiting[mi][g] = false
 		}
 	}
-	l.limits = e.limits.CoreRamped(e.sc.Client.Margin.D())
+	l.limits = limitconv.CoreRamped(e.limits, e.sc.Client.Margin.D())
 	l.states = make([]*allot.State, len(l.limits))
 	for i, lim := range l.limits {
 		l.states[i], _ = allot.NewState(lim, l.inc, e.now, 0, l.cfg)

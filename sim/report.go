@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/internal/measure"
 )
 
@@ -176,7 +177,7 @@ func (e *engine) report() ModeReport {
 	burst, rate0 := measure.Capacity(e.sc.Limit.Limits, 0)
 	fair := measure.FairShares(rate0, len(e.members), spans)
 	measure.ShareBurst(fair, spans, burst, 0)
-	if e.limits.Windowed() || e.limits.RampOver() > 0 {
+	if limitconv.Windowed(e.limits) || limitconv.RampOver(e.limits) > 0 {
 		// The fair shares are of a constant rate; a ramp's or a window's pool admits what
 		// the ideal throttle does: scale them to it (Jain's index is the same either way).
 		var sum float64

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/gossip/hits"
+	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/internal/yamlx"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/referee"
@@ -302,10 +303,10 @@ func (s *Scenario) check() error {
 		if err := CheckMode(m); err != nil {
 			return bad(0, "modes: %v", err)
 		}
-		if kinds := s.Limit.Limits.Windowed() || s.Limit.Limits.RampOver() > 0; kinds && m != "strict" && m != "redis" && m != "local" && m != "lease" {
+		if kinds := limitconv.Windowed(s.Limit.Limits) || limitconv.RampOver(s.Limit.Limits) > 0; kinds && m != "strict" && m != "redis" && m != "local" && m != "lease" {
 			return bad(0, "modes: %s decides no windowed quota or ramp (limit: %v); use redis, local or lease", m, s.Limit.Limits)
 		}
-		if m == "lease" && s.Limit.Limits.Windowed() {
+		if m == "lease" && limitconv.Windowed(s.Limit.Limits) {
 			for _, l := range s.Limit.Limits {
 				if !l.Window {
 					return bad(0, "modes: lease decides a windowed quota only beside other windowed quotas (limit: %v)", s.Limit.Limits)
@@ -410,7 +411,7 @@ func (s *Scenario) check() error {
 			return err
 		}
 		if t := g.Demand.Tokens; t.Max > 0 && s.Referee.Tokens != nil {
-			if burst := gcra.MaxCost(s.Referee.Tokens.Limits.Core(0)); t.Max > burst {
+			if burst := gcra.MaxCost(limitconv.Core(s.Referee.Tokens.Limits, 0)); t.Max > burst {
 				return bad(g.Demand.line, "tokens: max %d is more than the token limit's burst (%d): such a request can never be accepted", t.Max, burst)
 			}
 		}

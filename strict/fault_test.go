@@ -39,7 +39,7 @@ type faultCounts struct {
 // SIGKILL after a while and restarted later, and reports what the callers saw in each
 // phase. It checks that no call took longer than the time-out (plus scheduling slack)
 // and that decisions come back from Redis after the restart.
-func faultRun(t *testing.T, limit string, failMode sluice.FailMode, opts ...Option) (*faultCounts, *Backend, *goredis.Client, *redistest.Server) {
+func faultRun(t *testing.T, limit string, failMode backend.FailMode, opts ...Option) (*faultCounts, *Backend, *goredis.Client, *redistest.Server) {
 	srv := redistest.New(t)
 	const timeout = 200 * time.Millisecond
 	o, err := redisstore.ClientOptions(srv.URL(), timeout)
@@ -90,7 +90,7 @@ func faultRun(t *testing.T, limit string, failMode sluice.FailMode, opts ...Opti
 				time.Sleep(100 * time.Microsecond)
 				if err != nil {
 					c.errs[p].Add(1)
-					if !errors.Is(err, sluice.ErrUnavailable) && ctx.Err() == nil {
+					if !errors.Is(err, backend.ErrUnavailable) && ctx.Err() == nil {
 						t.Errorf("phase %d: unexpected error %v", p, err)
 					}
 					time.Sleep(time.Millisecond) // a caller backing off, as the demo's workers do
@@ -153,7 +153,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // TestFaultFailClosed: while Redis is down every call is denied with backend.ErrUnavailable,
 // within the time-out; decisions resume from Redis after it returns.
 func TestFaultFailClosed(t *testing.T) {
-	c, _, _, _ := faultRun(t, "1000/s burst=50", sluice.FailClosed)
+	c, _, _, _ := faultRun(t, "1000/s burst=50", backend.FailClosed)
 	if n := c.allowed[phaseDown].Load(); n != 0 {
 		t.Errorf("%d calls allowed while Redis was down, failing closed", n)
 	}
@@ -164,7 +164,7 @@ func TestFaultFailClosed(t *testing.T) {
 
 // TestFaultFailOpen: while Redis is down every call is allowed.
 func TestFaultFailOpen(t *testing.T) {
-	c, _, _, _ := faultRun(t, "1000/s burst=50", sluice.FailOpen)
+	c, _, _, _ := faultRun(t, "1000/s burst=50", backend.FailOpen)
 	if c.errs[phaseDown].Load() != 0 {
 		t.Errorf("%d errors while failing open", c.errs[phaseDown].Load())
 	}
@@ -180,7 +180,7 @@ func TestFaultFailOpen(t *testing.T) {
 // back to Redis when it returns: the hourly limit's TAT in Redis carries it.
 func TestFaultFallback(t *testing.T) {
 	const share = 0.5
-	c, b, client, _ := faultRun(t, "100/s burst=10; 100000/h", sluice.FailClosed, WithFailLocal(share))
+	c, b, client, _ := faultRun(t, "100/s burst=10; 100000/h", backend.FailClosed, WithFailLocal(share))
 	st := b.Stats()
 	if st.Fallbacks == 0 || c.allowed[phaseDown].Load() == 0 {
 		t.Fatalf("the fallback decided nothing: %+v", st)
@@ -240,7 +240,7 @@ func TestFaultTimeout(t *testing.T) {
 				start := time.Now()
 				d, err := lim.AllowN(ctx, "k", 1)
 				lat := time.Since(start)
-				if d.Allowed || !errors.Is(err, sluice.ErrUnavailable) {
+				if d.Allowed || !errors.Is(err, backend.ErrUnavailable) {
 					t.Errorf("hung Redis: %+v %v", d, err)
 				}
 				if int64(lat) > slowest.Load() {

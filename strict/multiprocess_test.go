@@ -23,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
 	redisstore "github.com/sluicehq/sluice/store/redis"
 )
@@ -172,6 +173,9 @@ func workerMain() int {
 	if cfg.FairProcesses {
 		opts = append(opts, sluice.WithFairness(sluice.FairProcesses))
 	}
+	if cfg.Fair {
+		opts = append(opts, sluice.WithObserver(countExpired))
+	}
 	lim, err := sluice.New(sluice.MustParse(cfg.Limits), opts...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
@@ -183,7 +187,7 @@ func workerMain() int {
 	if cfg.Fair {
 		return fairMain(ctx, cfg, lim, rec)
 	}
-	maxN := int(lim.MaxCost())
+	maxN := int(gcra.MaxCost(limitconv.Core(lim.Limits(), cfg.Margin)))
 	var wg sync.WaitGroup
 	var failures sync.Map
 	for g := 0; g < cfg.Goroutines; g++ {
@@ -207,7 +211,7 @@ func workerMain() int {
 						}
 						continue
 					}
-					if r.OK() && r.Delay >= 100*time.Millisecond {
+					if r.Allowed && r.Delay >= 100*time.Millisecond {
 						_ = r.Cancel(ctx)
 					} else {
 						_ = r.Wait(ctx)
@@ -306,7 +310,7 @@ func runWorkersOut(t *testing.T, procs int, cfg workerConfig, skews []time.Durat
 // key over the span of its grants.
 func judge(t *testing.T, grants []grantRecord, limits sluice.Limits) map[string]float64 {
 	t.Helper()
-	core := limits.Core(0)
+	core := limitconv.Core(limits, 0)
 	byKey, all := map[string][]grantRecord{}, map[string][]grantRecord{}
 	for _, g := range grants {
 		all[g.key] = append(all[g.key], g)

@@ -15,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
 )
 
@@ -249,8 +250,8 @@ func TestSentinelFailoverMultiProcess(t *testing.T) {
 				t.Logf("%d failovers in the run", n)
 			}
 			mu.Unlock()
-			excess, at := overAdmitted(grants, limits.Core(0))
-			core := limits.Core(0)[0]
+			excess, at := overAdmitted(grants, limitconv.Core(limits, 0))
+			core := limitconv.Core(limits, 0)[0]
 			failover := tp.Sub(tk)
 			const maxWait = 300 * time.Millisecond                           // the workers' sluice.WithMaxWait
 			bound := 2 * (core.Burst() + int64(failover+maxWait)/core.T + 1) // 2 keys

@@ -27,18 +27,18 @@ func TestWaitWaitsOutAnOutage(t *testing.T) {
 	b := New(client, WithTimeout(100*time.Millisecond), WithProbeEvery(probe), WithPrefix(prefix(t)))
 	defer b.Close()
 	var tries atomic.Int64
-	lim := sluice.MustNew(sluice.MustParse("1000/s"), sluice.WithBackend(b), sluice.WithObserver(sluice.ObserverFunc(func(e sluice.Event) {
+	lim := sluice.MustNew(sluice.MustParse("1000/s"), sluice.WithBackend(b), sluice.WithObserver(func(e sluice.Event) {
 		if e.Kind == sluice.EventDecision {
 			tries.Add(1)
 		}
-	})))
+	}))
 	defer lim.Close()
 	srv.Kill()
 
 	short, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	err := lim.Wait(short, "api")
-	if d, ok := backend.RetryAfter(err); !errors.Is(err, sluice.ErrUnavailable) || !ok || d != probe {
+	if d, ok := backend.RetryAfter(err); !errors.Is(err, backend.ErrUnavailable) || !ok || d != probe {
 		t.Fatalf("a Wait whose deadline comes first: %v, want the failure with a hint of %v", err, probe)
 	}
 

@@ -27,17 +27,12 @@ var windowSource string
 
 var windowSHA = func() string { h := sha1.Sum([]byte(windowSource)); return hex.EncodeToString(h[:]) }()
 
-// Windows reports that the backend decides windowed quotas (backend.LimitKinds), on keys
-// whose limits are all windows.
-func (b *Backend) Windows() bool { return true }
-
-// Ramps reports that the backend takes a ramp's changing limits (backend.LimitKinds): the
-// script reads each call's limits from its arguments.
-func (b *Backend) Ramps() bool { return true }
-
-// WindowsAlone reports that a key's windowed quotas cannot sit beside rate limits here
-// (backend.WindowsAlone).
-func (b *Backend) WindowsAlone() bool { return true }
+// Capabilities reports that the backend decides windowed quotas, on keys whose limits are
+// all windows (they cannot sit beside rate limits here), and takes a ramp's changing
+// limits: the script reads each call's limits from its arguments (backend.Capable).
+func (b *Backend) Capabilities() backend.Capabilities {
+	return backend.Capabilities{Windows: true, Ramps: true, WindowsAlone: true}
+}
 
 // windowed reports whether limits are windows, and an error if only some are, or if a
 // window is not a whole number of microseconds (the script's unit).

@@ -117,7 +117,7 @@ func TestWindowRealTime(t *testing.T) {
 	if d, err := l.AllowN(ctx, "k", 5); err != nil || !d.Allowed {
 		t.Errorf("after Reset: %+v %v", d, err)
 	}
-	if _, err := sluice.New(sluice.MustParse("10/s; 5/24h window"), sluice.WithBackend(b)); !errors.Is(err, sluice.ErrUnsupported) {
+	if _, err := sluice.New(sluice.MustParse("10/s; 5/24h window"), sluice.WithBackend(b)); !errors.Is(err, backend.ErrUnsupported) {
 		t.Errorf("a window beside a rate: got %v, want ErrUnsupported", err)
 	}
 	if _, err := b.Decide(ctx, "m", backend.Request{Limits: []gcra.Limit{win(5, time.Hour), {T: 1e6, Tau: 1e6}}, N: 1}); !errors.Is(err, ErrMixedWindows) {

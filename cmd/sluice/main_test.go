@@ -20,6 +20,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/internal/testkit/proctest"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
 )
@@ -387,7 +388,7 @@ func TestServeSeveralDaemonsShareOneRedis(t *testing.T) {
 	ls := sluice.MustParse(limit)
 	tats := make([]int64, len(ls))
 	for i, at := range slots {
-		if r, _, _ := gcra.Decide(tats, ls.Core(0), at, 1, 0); !r.Allowed {
+		if r, _, _ := gcra.Decide(tats, limitconv.Core(ls, 0), at, 1, 0); !r.Allowed {
 			t.Fatalf("grant %d of %d, at %d, breaks %s", i, len(slots), at, limit)
 		}
 	}

@@ -1,7 +1,9 @@
-// Package fairq is the waiting rule of Sluice's blocking calls: which of the callers
-// waiting on one key gets the next permit when it comes due. It is a pure core (no clock,
-// no goroutines): the limiter's shell tells it who waits and who gave up, and asks it whom
-// to serve each time a permit comes due.
+// Package fairq is the waiting rooms of Sluice's blocking calls as pure state (no clock, no
+// goroutines): which of the callers waiting on one key gets the next permit when it comes
+// due (Room), and the books of a room (Ledger): the places in the key's line held for its
+// waiters, the places being taken, the callers counted in. The limiter's shell tells a
+// Ledger who waits, who gave up and what it got from the backend, and the Ledger says what
+// to do next: take a place in line, refuse a waiter, hand a place over or give it back.
 //
 // The rule is fair queuing by credit. Each time a permit is served, every member waiting
 // then is owed an equal part of it (1/k of a permit when k members wait), and the member
@@ -13,7 +15,7 @@
 // waits keep ending (a deadline) before its turn does not lose its share to those that
 // can wait longer.
 //
-// The cost of each operation is logarithmic in the waiters.
+// The cost of each of Room's operations is logarithmic in the waiters.
 package fairq
 
 import (

@@ -10,6 +10,11 @@
 //
 // It is deterministic (the caller passes now) and never fails: a field that is missing or
 // malformed is left out, and every number is bounded.
+//
+// It is also the one implementation of the rest of Sluice's HTTP side that both the root
+// package and package httplimit use: the writer of the fields a limiter answers with
+// (Write), the keys a request is throttled by by default (HostKey, RemoteAddrKey), and
+// whether a request may be sent again after a 429 (Replayable).
 package ratehdr
 
 import (

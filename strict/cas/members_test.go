@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/store"
 	etcdstore "github.com/sluicehq/sluice/store/etcd"
 	zkstore "github.com/sluicehq/sluice/store/zk"
@@ -134,7 +135,7 @@ func TestEtcdSkewAbsorbedByTheMargin(t *testing.T) {
 			}
 		}
 	}
-	if v := violations(real, limits.Core(0)[0]); v != 0 {
+	if v := violations(real, limitconv.Core(limits, 0)[0]); v != 0 {
 		t.Errorf("on the real time: %d of %d grants break the limit with a margin of the skew, want 0", v, len(real))
 	}
 	t.Logf("%d grants in %v", len(real), 1200*time.Millisecond)

@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/gossip"
 	"github.com/sluicehq/sluice/gossip/hits"
+	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/referee"
 )
@@ -106,7 +107,7 @@ func strictOps(h *History, key string, t0 int64) []porcupine.Operation {
 // the grants Redis decided (those of a local fallback are CheckFallback's). It returns the violations and notes (keys judged by slot order after a time-out).
 func CheckStrict(h *History, t0 int64) (vs []Violation, notes []string) {
 	for _, g := range Groups {
-		core := sluice.MustParse(g.Limits).Core(Margin)
+		core := limitconv.Core(sluice.MustParse(g.Limits), Margin)
 		model := gcraModel(core)
 		for _, key := range g.Keys {
 			ops := strictOps(h, key, t0)
@@ -387,7 +388,7 @@ func CheckFallback(h *History, t0 int64, share float64) []Violation {
 	}
 	var vs []Violation
 	for _, g := range Groups {
-		core := gcra.ShareOf(sluice.MustParse(g.Limits).Core(Margin), share)
+		core := gcra.ShareOf(limitconv.Core(sluice.MustParse(g.Limits), Margin), share)
 		for _, key := range g.Keys {
 			for proc := range 64 {
 				uses := by[pk{proc, key}]

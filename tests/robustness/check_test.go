@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/limitconv"
 )
 
 // The checkers are tested on histories made by hand: each must catch the breach it
@@ -150,7 +151,7 @@ func TestCheckReferee(t *testing.T) {
 }
 
 func TestCheckLeases(t *testing.T) {
-	T := sluice.MustParse("200/s").Core(0)[0].T
+	T := limitconv.Core(sluice.MustParse("200/s"), 0)[0].T
 	h := &History{Leases: []Lease{
 		{Proc: 0, Key: "a0", T: T, Rate: 100, From: 0, Until: 1000 * ms},
 		{Proc: 1, Key: "a0", T: T, Rate: 100, From: 10 * ms, Until: 1000 * ms},

@@ -21,7 +21,9 @@ import (
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/gossip"
+	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/lease"
 	redisstore "github.com/sluicehq/sluice/store/redis"
 	"github.com/sluicehq/sluice/strict"
@@ -391,7 +393,7 @@ func (w *worker) step(run context.Context) {
 	gi := w.rng.IntN(len(Groups))
 	lim, g := w.lims[gi], Groups[gi]
 	key := g.Keys[w.rng.IntN(len(g.Keys))]
-	n := int64(1 + w.rng.IntN(int(min(lim.MaxCost(), 3))))
+	n := int64(1 + w.rng.IntN(int(min(gcra.MaxCost(limitconv.Core(lim.Limits(), Margin)), 3))))
 	ctx, cancel := context.WithTimeout(run, OpTimeout)
 	defer cancel()
 	op := Op{Proc: w.proc, Key: key, N: n, Timeout: OpTimeout, Call: time.Now().UnixNano()}
@@ -405,13 +407,13 @@ func (w *worker) step(run context.Context) {
 	case x < 30: // wait for the permits, as a worker before its API call
 		op.Kind = "wait"
 		r, err = lim.WaitN(ctx, key, n)
-		if err != nil && r != nil && r.OK() {
+		if err != nil && r != nil && r.Allowed {
 			op.Outcome = "cancelled" // granted, and given back as the wait ended
 		}
 	case x < 42: // reserve; give back the far ones at once, wait for the others
 		op.Kind = "reserve"
 		r, err = lim.Reserve(ctx, key, n)
-		if err == nil && r.OK() {
+		if err == nil && r.Allowed {
 			if r.Delay >= 100*time.Millisecond {
 				_ = r.Cancel(ctx)
 				op.Outcome = "cancelled"
@@ -422,7 +424,7 @@ func (w *worker) step(run context.Context) {
 	case x < 49: // hold a reservation and give it up
 		op.Kind = "hold"
 		r, err = lim.ReserveWithin(ctx, key, n, 50*time.Millisecond)
-		if err == nil && r.OK() {
+		if err == nil && r.Allowed {
 			_ = r.Cancel(ctx)
 			op.Outcome = "cancelled"
 		}
@@ -443,7 +445,7 @@ func (w *worker) step(run context.Context) {
 	case op.Outcome != "":
 	case err != nil:
 		op.Outcome = "error:" + errKind(err)
-	case r == nil || !r.OK():
+	case r == nil || !r.Allowed:
 		op.Outcome = "denied"
 		if r != nil {
 			pause += min(r.RetryAfter, 20*time.Millisecond)

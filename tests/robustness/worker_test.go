@@ -19,11 +19,11 @@ func TestServedPlaceRecordedFromItsDecision(t *testing.T) {
 	clk := clock.NewReal()
 	waiting := make(chan struct{}, 2)
 	l, err := sluice.New(sluice.MustParse("5/s burst=1"), sluice.WithClock(clk), sluice.WithMaxWait(2*time.Second),
-		sluice.WithObserver(sluice.ObserverFunc(func(e sluice.Event) {
+		sluice.WithObserver(func(e sluice.Event) {
 			if e.Kind == sluice.EventWait && e.Wait > 0 {
 				waiting <- struct{}{}
 			}
-		})))
+		}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestServedPlaceRecordedFromItsDecision(t *testing.T) {
 	// A grant of the caller's own is recorded from its call.
 	call := time.Now().UnixNano()
 	own, err := l.Reserve(context.Background(), "k", 1)
-	if err != nil || !own.OK() {
+	if err != nil || !own.Allowed {
 		t.Fatalf("own reservation: %v", err)
 	}
 	if got := decidedFrom(call, own, clk, 100*time.Millisecond); got != call {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/cmd/sluice/internal/demo"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/strict"
@@ -166,11 +167,11 @@ func strictLimiter(url string, timeout time.Duration, failMode string, share flo
 		}
 		opts = append(opts, strict.WithTimeout(timeout))
 	}
-	fm := sluice.FailClosed
+	fm := backend.FailClosed
 	switch failMode {
 	case "closed":
 	case "open":
-		fm = sluice.FailOpen
+		fm = backend.FailOpen
 	case "local":
 		if !onRedis {
 			return nil, usagef("--fail-mode local: the strict mode degrades to a local share on Redis only; on %s want closed or open", url)

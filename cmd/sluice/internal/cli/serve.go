@@ -27,7 +27,7 @@ import (
 
 // backendLike stands in for the back end a config names in `--check-config`, which
 // reaches none: a nil pointer of the type serveBackend makes, whose method set says which
-// limits it decides (sluice.Supports); nil for local.
+// limits it decides (backend.Capabilities); nil for local.
 func backendLike(cfg server.Config) backend.Backend {
 	switch cfg.Backend {
 	case "strict":

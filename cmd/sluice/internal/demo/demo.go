@@ -23,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/gossip"
+	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/measure"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/referee"
@@ -183,7 +184,7 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 	base := &http.Transport{MaxIdleConnsPerHost: 2 * cfg.Workers, IdleConnTimeout: 30 * time.Second}
 	defer base.CloseIdleConnections()
 	client := func(l *sluice.Limiter) *http.Client {
-		return &http.Client{Transport: &sluice.Transport{Limiter: l, Base: base, Key: sluice.KeyByToken}}
+		return &http.Client{Transport: &sluice.Transport{Limiter: l, Base: base, Key: httplimit.KeyByToken}}
 	}
 	// One shared limiter (local mode, or NewLimiter), or one per worker.
 	clients := make([]*http.Client, cfg.Workers)

@@ -1,0 +1,180 @@
+package fairq
+
+import "slices"
+
+// Ledger is the waiting room of one key with its books: the waiters (a Room decides whom
+// to serve), the places in the key's line its owner holds for them, the places being
+// taken, and the callers counted in. A place is a handle P of the owner's (package
+// sluice: a reservation in the key's line) due at a time; the room holds one for each of
+// its waiters, or one at a time whatever their number (onePlace), and serves each, when it
+// comes due, to the waiter its rule picks.
+//
+// Like Room it is pure state: no clock (the owner passes times, in nanoseconds on its
+// clock), no goroutines, no I/O. Its methods say what the owner must do (take a place in
+// line, refuse a waiter, hand a place over, give one back); the owner does it and reports
+// back. It is not safe for concurrent use: its owner holds a lock around every call.
+type Ledger[P any] struct {
+	room     *Room
+	places   []place[P] // held, earliest due first
+	taking   int        // places being taken: Turn answered Take, Took not called yet
+	onePlace bool
+	callers  int // counted in by Enter, out by Exit
+}
+
+type place[P any] struct {
+	p   P
+	due int64
+}
+
+// NewLedger returns an empty ledger whose Room remembers at most maxMembers idle named
+// members (see New). With onePlace, the room holds one place in the key's line at a
+// time, whatever its number of waiters; without, one for each waiter.
+func NewLedger[P any](maxMembers int, onePlace bool) *Ledger[P] {
+	return &Ledger[P]{room: New(maxMembers), onePlace: onePlace}
+}
+
+// Enter counts a caller in: the owner keeps the ledger while any caller is in it.
+func (l *Ledger[P]) Enter() { l.callers++ }
+
+// Exit counts a caller out. The last one out (last) gets the places the room still holds,
+// the latest due first, for the owner to give back (so that each is the key's newest grant
+// in turn when nobody else took one since), and the owner may drop the ledger.
+func (l *Ledger[P]) Exit() (spare []P, last bool) {
+	l.callers--
+	if l.callers > 0 {
+		return nil, false
+	}
+	for _, pl := range slices.Backward(l.places) {
+		spare = append(spare, pl.p)
+	}
+	l.places = nil
+	return spare, true
+}
+
+// Join adds waiter id (unique among the room's waiters) of member name ("" for none). It
+// returns an error if id already waits.
+func (l *Ledger[P]) Join(id uint64, name string) error { return l.room.Join(id, name) }
+
+// Waiting returns how many waiters the room holds.
+func (l *Ledger[P]) Waiting() int { return l.room.Waiting() }
+
+// Action is what a waiter does next (Turn).
+type Action int
+
+const (
+	// Wait: sleep until the next place is due (Next), or until one is added when the room
+	// holds none yet (it is being taken); then look again.
+	Wait Action = iota
+	// Take: take a place in the key's line for the room, and report it with Took. The
+	// waiter is busy meanwhile: a place that comes due goes to a waiter that can take it
+	// at once, not to this one, which could not until its place is had.
+	Take
+	// Refuse: the next place lies beyond the waiter's bound; the waiter has left the room.
+	Refuse
+)
+
+// Turn says what waiter id does next. The room lacks a place when it holds (or is taking)
+// fewer than its waiters (with onePlace: none while someone waits): the waiter that finds
+// one missing takes it (Take). Otherwise, on the waiter's first turn (first), a next place
+// due more than bound after start (the waiter's arrival) refuses it at once (Refuse, with
+// that wait: the waiter has left); else it waits (Wait).
+func (l *Ledger[P]) Turn(id uint64, first bool, start, bound int64) (Action, int64) {
+	held := len(l.places) + l.taking
+	need := held < l.room.Waiting()
+	if l.onePlace {
+		need = held == 0 && l.room.Waiting() > 0
+	}
+	switch {
+	case need:
+		l.taking++
+		l.room.Busy(id, true)
+		return Take, 0
+	case first && len(l.places) > 0 && l.places[0].due-start > bound:
+		l.room.Leave(id)
+		return Refuse, l.places[0].due - start
+	}
+	return Wait, 0
+}
+
+// Took reports the place waiter id took (ok: p, due at due) or failed to take (!ok: p and
+// due are ignored). The waiter is no longer busy. One that failed leaves the room, and gone
+// reports whether it was still waiting: false if it was served meanwhile, from a place
+// that came due while it was busy (its place is in the owner's hands then).
+func (l *Ledger[P]) Took(id uint64, p P, due int64, ok bool) (gone bool) {
+	l.taking--
+	l.room.Busy(id, false)
+	if ok {
+		l.Put(p, due)
+		return false
+	}
+	return l.room.Leave(id)
+}
+
+// Put adds place p, due at due, after the places due no later: a place served to a waiter
+// that gave up before it could take it goes back to the room.
+func (l *Ledger[P]) Put(p P, due int64) {
+	i, _ := slices.BinarySearchFunc(l.places, due, func(pl place[P], due int64) int {
+		if pl.due <= due {
+			return -1
+		}
+		return 1
+	})
+	l.places = slices.Insert(l.places, i, place[P]{p, due})
+}
+
+// Next returns when the earliest place is due; ok is false when the room holds none (one
+// is being taken).
+func (l *Ledger[P]) Next() (due int64, ok bool) {
+	if len(l.places) == 0 {
+		return 0, false
+	}
+	return l.places[0].due, true
+}
+
+// Leave removes waiter id, which gives up; it reports false if id was served meanwhile:
+// the place handed to it is the owner's to Put back.
+func (l *Ledger[P]) Leave(id uint64) bool { return l.room.Leave(id) }
+
+// Outcome is what Pop did with the earliest place.
+type Outcome int
+
+const (
+	// NotDue: no place is due, or every waiter is busy (the place stays for the first
+	// free one); nothing was taken.
+	NotDue Outcome = iota
+	// Served: the place goes to the waiter Pop returns, which has left the room.
+	Served
+	// Expired: the place came due longer ago than the lateness allowed; it is out of the
+	// room and serves nobody: the owner gives it back.
+	Expired
+	// Spare: nobody waits; the place is out of the room: the owner gives it back.
+	Spare
+)
+
+// Pop takes the earliest place if it is due at now and says what becomes of it: it
+// expires if it came due more than maxLate before now, else it is served to the waiter
+// the room's rule picks among those not busy. The owner calls it until NotDue.
+func (l *Ledger[P]) Pop(now, maxLate int64) (out Outcome, id uint64, p P) {
+	if len(l.places) == 0 || l.places[0].due > now {
+		return NotDue, 0, p
+	}
+	if now-l.places[0].due > maxLate {
+		return Expired, 0, l.pop()
+	}
+	id, ok := l.room.Serve()
+	switch {
+	case !ok && l.room.Waiting() > 0: // every waiter busy
+		return NotDue, 0, p
+	case !ok:
+		return Spare, 0, l.pop()
+	}
+	return Served, id, l.pop()
+}
+
+// pop removes the earliest place and returns its handle.
+func (l *Ledger[P]) pop() P {
+	p := l.places[0].p
+	l.places[0] = place[P]{} // the handle is the owner's now
+	l.places = l.places[1:]
+	return p
+}
