@@ -34,6 +34,6 @@
 //     WithFailLocal, by a local GCRA at a share of the limit whose grants are charged back
 //     to Redis when it returns. One prober goroutine watches for Redis' return.
 //
-// docs/redis.md describes the design, the clock, failover and the worst-case
+// docs/strict.md describes the design, the clock, failover and the worst-case
 // over-admission of each fail mode.
 package strict
