@@ -8,8 +8,10 @@
 // allocation (who gets which share, never more than the limit in rate or in burst, a
 // crashed member's share quarantined before anyone else gets it) runs in Go in every
 // member; a store.Store only keeps the records, read with the store's time and written back by
-// compare-and-set: store.Memory in process, RedisStore (one Redis, Sentinel or Cluster),
-// EtcdStore, ZKStore, or any store that keeps the store.Store contract.
+// compare-and-set: store.Memory in process, the stores of packages store/redis (one
+// Redis, Sentinel or Cluster), store/etcd and store/zk, or any store that keeps the
+// store.Store contract. Dial opens a member on a store's URL (store.Open's: memory://,
+// redis://, etcd://, zk://, ...); New takes a store.Store the program made.
 //
 // docs/lease.md explains the model, the invariants and why they hold, each store's
 // guarantees and costs, and how to choose the settings.

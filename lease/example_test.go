@@ -16,8 +16,8 @@ func ExampleNew() {
 	clk := clock.NewVirtual()
 	cfg := lease.DefaultConfig()
 	cfg.JoinWindow = 0 // one member here: nobody to share the first burst with
-	store := store.NewMemory(clk)
-	member, _ := lease.New(store, lease.WithConfig(cfg), lease.WithClock(clk), lease.WithID("worker-1"))
+	mem := store.NewMemory(clk)
+	member, _ := lease.New(mem, lease.WithConfig(cfg), lease.WithClock(clk), lease.WithID("worker-1"))
 	defer member.Close()
 	l, _ := sluice.New(sluice.MustParse("10/s burst=4"), sluice.WithBackend(member), sluice.WithClock(clk))
 	defer l.Close()

@@ -54,7 +54,7 @@ type Config struct {
 
 	// RedisAcks (backend redis) is how many replicas must acknowledge each batch's writes
 	// (Redis WAIT, within half the redis_timeout) before its grants are used; 0: none
-	// (strict.WithReplicaAcks; docs/redis.md, "The failover bound").
+	// (strict.WithReplicaAcks; docs/strict.md, "The failover bound").
 	RedisAcks int `yaml:"redis_replica_acks"`
 }
 

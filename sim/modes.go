@@ -334,7 +334,7 @@ func (c centralMode) handle(e *engine, ev *event) {
 // storeCharge counts against the shared state what a member admitted on its fallback
 // while cut off (gcra.Debt.Owed, carried in the ticket's slots). An hourly quota keeps
 // most of that debt; a per-second limit has forgotten nearly all of it, as the API has (the
-// charge-back protects windowed quotas, not a strict API's spacing: docs/redis.md).
+// charge-back protects windowed quotas, not a strict API's spacing: docs/strict.md).
 func (e *engine) storeCharge(owed *gcra.Ticket) {
 	gcra.ChargeOwed(e.storeTats, e.now, &owed.TatAfter)
 }

@@ -28,7 +28,7 @@ import (
 //
 // etcd:// and zk:// need their store's package linked (import _
 // "github.com/sluicehq/sluice/store/etcd", or store/all for every store). The backend owns
-// its client: Close closes it. docs/redis.md and docs/consensus.md state each path's
+// its client: Close closes it. docs/strict.md and docs/consensus.md state each path's
 // guarantee.
 func Dial(ctx context.Context, url string, opts ...Option) (backend.Backend, error) {
 	if isRedisURL(url) {

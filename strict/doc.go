@@ -1,7 +1,14 @@
-// Package strict is the redis mode, the strict mode of Sluice: every decision is made in Redis, atomically
-// per key, by one Lua script with the arithmetic of package gcra and Redis' own clock
-// (TIME), so a pool of processes on many machines obeys one limit exactly, whatever their
-// clocks say.
+// Package strict is Sluice's strict mode: every permit is decided in a store, on the
+// store's clock, so a pool of processes on many machines obeys one limit exactly, whatever
+// their clocks say. Dial and Open take the store's URL, which chooses one of two paths:
+//
+//   - Redis (redis://, rediss://, redis-sentinel://): one Lua script with the arithmetic
+//     of package gcra and Redis' own clock (TIME) decides every call, atomically per key.
+//     This is the package's Backend; New makes one from a go-redis client.
+//   - etcd (etcd://), ZooKeeper (zk://) and memory://: the compare-and-set path of package
+//     strict/cas, on each key's state read with the store's time. etcd:// and zk:// need
+//     their store's package linked: import _ "github.com/sluicehq/sluice/store/etcd" (or
+//     store/zk, or store/all for every store).
 //
 // The backend plugs into a sluice.Limiter:
 //
@@ -13,7 +20,7 @@
 // or takes a go-redis client the program already has (single, Sentinel or Cluster):
 // strict.New(client, opts...).
 //
-// What it does:
+// What the Redis path does:
 //
 //   - One script (sluice.lua, embedded) decides, settles and penalizes. It runs with
 //     EVALSHA, and with EVAL when Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH).
@@ -34,6 +41,7 @@
 //     WithFailLocal, by a local GCRA at a share of the limit whose grants are charged back
 //     to Redis when it returns. One prober goroutine watches for Redis' return.
 //
-// docs/redis.md describes the design, the clock, failover and the worst-case
-// over-admission of each fail mode.
+// docs/strict.md describes the design, the clock, failover and the worst-case
+// over-admission of each fail mode on Redis; docs/consensus.md the compare-and-set path
+// and each store's guarantee.
 package strict

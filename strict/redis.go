@@ -22,7 +22,7 @@ import (
 
 // FormatVersion is the version of the state format, carried by every key name and by the
 // script. A release that changes the format changes it, so that processes of two releases
-// never read each other's state (see docs/redis.md on rolling upgrades).
+// never read each other's state (see docs/strict.md on rolling upgrades).
 const FormatVersion = 1
 
 // scriptSource is the decision script, sent with EVALSHA, and with EVAL after NOSCRIPT.
@@ -110,7 +110,7 @@ func WithTimeout(d time.Duration) Option {
 // WithPipelines sets how many batches may be in flight at once (default DefaultPipelines)
 // and how many calls one batch carries at most (default DefaultMaxBatch). A batch is one
 // pipeline holding one script call per group of keys that may share one (see
-// docs/redis.md). While batches are in flight, allowances queued behind them leave when
+// docs/strict.md). While batches are in flight, allowances queued behind them leave when
 // twice as many calls as are in flight are queued, or a whole batch, or a batch returns;
 // any other call (a reservation) leaves at once. Values <= 0 keep the default.
 func WithPipelines(inFlight, maxBatch int) Option {
@@ -143,7 +143,7 @@ func WithClock(c clock.Clock) Option { return optionFunc(func(b *Backend) { b.cl
 // burst (at least one permit of burst), instead of returning backend.ErrUnavailable. What it
 // admitted is charged back to Redis when Redis returns. With P processes that each run
 // at share s while all are cut off, the pool admits up to P*s of the limit: s = 1/P keeps
-// it within the limit (see docs/redis.md).
+// it within the limit (see docs/strict.md).
 func WithFailLocal(share float64) Option {
 	return optionFunc(func(b *Backend) {
 		if share > 0 && share <= 1 {
@@ -159,7 +159,7 @@ func WithFailLocal(share float64) Option {
 // are not used (they stay booked on the master: capacity wasted, never over-admitted),
 // and the fail mode answers. A grant that is used is then on n replicas, so a Sentinel
 // failover to one of them cannot lose it: what asynchronous replication loses to a
-// promotion (see docs/redis.md, "The failover bound") is never used. The cost is the
+// promotion (see docs/strict.md, "The failover bound") is never used. The cost is the
 // replicas' acknowledgement in every round trip. It needs a client of one Redis or of a
 // Sentinel set's master (*goredis.Client); with any other, every call fails with an
 // error that says so.
@@ -177,7 +177,7 @@ func withNow(now func() int64) Option { return optionFunc(func(b *Backend) { b.n
 
 // New returns a backend deciding in Redis through client. The caller keeps ownership of
 // the client; it should not retry commands itself (go-redis does by default: set
-// MaxRetries to -1, see docs/redis.md), but the backend bounds every call by its time-out
+// MaxRetries to -1, see docs/strict.md), but the backend bounds every call by its time-out
 // whatever the client's settings.
 func New(client Client, opts ...Option) *Backend {
 	b := &Backend{

@@ -135,7 +135,7 @@ func overAdmitted(grants []grantRecord, limits []gcra.Limit) (int64, []int64) {
 // demote it, and what it decided after the promotion is lost). Every grant is judged
 // from its Redis time: the permits granted beyond the limit must lie in the failover
 // window and be at most the documented bound, per key a burst plus the permits of the
-// failover's duration and of the longest reservation (docs/redis.md, "The failover
+// failover's duration and of the longest reservation (docs/strict.md, "The failover
 // bound"); with WithReplicaAcks(1), none at all. The workers must be granted permits on
 // the new master.
 func TestSentinelFailoverMultiProcess(t *testing.T) {

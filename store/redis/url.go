@@ -172,7 +172,7 @@ func ClientOptions(url string, timeout time.Duration) (*goredis.Options, error) 
 // descriptor never blocks, and the Go scheduler's bookkeeping of a system call that might
 // (waking its monitor thread, handing the processor to another thread while the call
 // lasts) cost more than the call on a virtual machine, where a decision through a local
-// Redis took a third less time without it at one goroutine (docs/redis.md, "Raw I/O").
+// Redis took a third less time without it at one goroutine (docs/strict.md, "Raw I/O").
 // A TLS connection is left as go-redis made it. SLUICE_RAW_IO=off turns it off.
 func rawDialer(opts func() *goredis.Options) rawio.Dial {
 	return rawio.Dialer(func(ctx context.Context, network, addr string) (net.Conn, error) {

@@ -1,18 +1,20 @@
-// Package cas is the strict mode on a consensus store: every decision is made by the Go
-// GCRA core (package gcra) on a key's state kept in a register of etcd or ZooKeeper, read
-// with the store's time and written back by compare-and-set, so that processes in several
-// data centres obey one limit through a quorum, exactly as the redis mode's do through one
-// Redis.
+// Package cas is the strict mode's compare-and-set path, for consensus stores: every
+// decision is made by the Go GCRA core (package gcra) on a key's state kept in a register
+// of etcd or ZooKeeper, read with the store's time and written back by compare-and-set, so
+// that processes in several data centres obey one limit through a quorum, as the strict
+// mode on Redis makes them obey it through one Redis.
 //
-// The backend takes any store.Store, the small contract the lease mode's stores keep (read
-// records with the store's time, compare-and-set them):
+// strict.Dial opens it for an etcd:// or zk:// URL (with package store/etcd or store/zk
+// linked). The backend takes any store.Store, the small contract the lease mode's stores
+// keep (read records with the store's time, compare-and-set them), so a program that has
+// its own client makes the store itself (etcdstore is package store/etcd):
 //
 //	st := etcdstore.New(client, store.WithPrefix("sluice/strict/"))
 //	b := cas.New(st)
 //	defer b.Close()
 //	l, err := sluice.New(sluice.MustParse("50/s burst=5"), sluice.WithBackend(b))
 //
-// or zkstore.New(conn, store.WithPrefix("/sluice/strict")) for ZooKeeper.
+// or zkstore.New(conn, store.WithPrefix("/sluice/strict")) for ZooKeeper (package store/zk).
 //
 // What it does:
 //

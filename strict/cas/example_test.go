@@ -10,8 +10,10 @@ import (
 	"github.com/sluicehq/sluice/strict/cas"
 )
 
-// The strict mode on a store: here one in memory; etcdstore.New(client) or
-// zkstore.New(conn) share the limit across processes and data centres.
+// The strict mode's compare-and-set path on a store: here one in memory;
+// etcdstore.New(client) or zkstore.New(conn) (packages store/etcd, store/zk), or
+// strict.Dial with an etcd:// or zk:// URL, share the limit across processes and data
+// centres.
 func Example() {
 	b := cas.New(store.NewMemory(nil))
 	defer b.Close()

@@ -163,7 +163,7 @@ func newServeFlags(env Env) *serveFlags {
 	fs.String("fail-mode", d.FailMode, "answer when the back end cannot decide: closed (NO), open (OK), or local (backend strict on Redis: a local share, see --fallback-share)")
 	fs.Float64("fallback-share", d.FallbackShare, "with --fail-mode local: the share of each limit this daemon uses while Redis is down")
 	fs.Duration("redis-timeout", d.RedisTimeout.D(), "with --backend strict on Redis: how long a decision waits for Redis")
-	fs.Int("redis-replica-acks", d.RedisAcks, "with --backend strict on Redis: how many replicas must acknowledge each batch's writes (Redis WAIT, within half of --redis-timeout) before its grants are used; else the fail mode answers. 0: none (a failover may lose the last writes; see docs/redis.md)")
+	fs.Int("redis-replica-acks", d.RedisAcks, "with --backend strict on Redis: how many replicas must acknowledge each batch's writes (Redis WAIT, within half of --redis-timeout) before its grants are used; else the fail mode answers. 0: none (a failover may lose the last writes; see docs/strict.md)")
 	fs.Duration("margin", d.Margin.D(), "jitter tolerance applied to every limit (0: exact)")
 	fs.String("http-token-file", d.HTTPTokenFile, "`file` holding a bearer token the HTTP API requires (all but /healthz)")
 	fs.Int("max-connections", d.MaxConnections, "line-protocol connections at once; more are closed at once")
