@@ -86,7 +86,7 @@ type group struct {
 
 // apply applies calls and returns one result per call. A non-nil error means the outcome
 // of every call not yet written is unknown (the store was not reached); a call's own
-// failure (ErrStaleEpoch, store.ErrConflict, store.ErrBadRecord) is in its result.
+// failure (allot.ErrStaleEpoch, store.ErrConflict, store.ErrBadRecord) is in its result.
 //
 // The members of one process that share a store (and a Config) combine their rounds: while
 // one round is on its way, the calls that come join the next, which runs as one batch when

@@ -192,7 +192,7 @@ func Dial(ctx context.Context, url string, opts ...Option) (*Backend, error) {
 
 func newBackend(store store.Store, owned io.Closer, opts []Option) (*Backend, error) {
 	if store == nil {
-		return nil, fmt.Errorf("%w: no store", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: no store", allot.ErrInvalidConfig)
 	}
 	b := &Backend{owned: owned, apply: applier{store: store, cfg: DefaultConfig()}, clock: clock.Default, mcfg: DefaultMemberConfig(), idleAfter: int64(DefaultIdleAfter),
 		timeout: DefaultStoreTimeout, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
@@ -206,7 +206,7 @@ func newBackend(store store.Store, owned io.Closer, opts []Option) (*Backend, er
 		return nil, err
 	}
 	if b.timeout <= 0 || b.idleAfter <= 0 {
-		return nil, fmt.Errorf("%w: store timeout and idle time must be positive", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: store timeout and idle time must be positive", allot.ErrInvalidConfig)
 	}
 	if b.id == "" {
 		host, _ := os.Hostname()

@@ -429,14 +429,14 @@ func TestStallAcrossARenewal(t *testing.T) {
 }
 
 func TestNewRejectsBadSettings(t *testing.T) {
-	if _, err := New(nil); !errors.Is(err, ErrInvalidConfig) {
+	if _, err := New(nil); !errors.Is(err, allot.ErrInvalidConfig) {
 		t.Errorf("no store: %v", err)
 	}
 	st := store.NewMemory(nil)
-	if _, err := New(st, WithRenewEvery(0)); !errors.Is(err, ErrInvalidConfig) {
+	if _, err := New(st, WithRenewEvery(0)); !errors.Is(err, allot.ErrInvalidConfig) {
 		t.Errorf("zero renewal: %v", err)
 	}
-	if _, err := New(st, WithConfig(Config{})); !errors.Is(err, ErrInvalidConfig) {
+	if _, err := New(st, WithConfig(Config{})); !errors.Is(err, allot.ErrInvalidConfig) {
 		t.Errorf("zero config: %v", err)
 	}
 }

@@ -38,13 +38,6 @@ const (
 // RateScale is the rate of a whole limit in a Share's units.
 const RateScale = allot.RateScale
 
-// Errors.
-var (
-	// ErrStaleEpoch: the member's registration is unknown to the store; it joins again.
-	ErrStaleEpoch = allot.ErrStaleEpoch
-	// ErrInvalidConfig: a Config or MemberConfig that Validate refuses.
-	ErrInvalidConfig = allot.ErrInvalidConfig
-)
 
 // DefaultConfig returns the default allocation settings.
 func DefaultConfig() Config { return allot.DefaultConfig() }

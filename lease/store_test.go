@@ -71,7 +71,7 @@ func TestEpochsNeverRepeatAfterAForgottenRecord(t *testing.T) {
 		t.Fatalf("epoch %+v issued again (earlier: %+v, %+v)", again.Epoch, old.Epoch, repl.Epoch)
 	}
 	// The old pod comes back from its partition with its first epoch.
-	if rep, err := apply(allot.Request{Op: allot.OpRenew, Member: "pod", Epoch: old.Epoch, Demand: all}); !errors.Is(err, ErrStaleEpoch) {
+	if rep, err := apply(allot.Request{Op: allot.OpRenew, Member: "pod", Epoch: old.Epoch, Demand: all}); !errors.Is(err, allot.ErrStaleEpoch) {
 		t.Fatalf("the old registration's renewal was accepted: %+v, %v", rep, err)
 	}
 }
