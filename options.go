@@ -57,7 +57,7 @@ func WithMaxWait(d time.Duration) Option {
 // WithFailMode sets what the limiter answers when its backend cannot decide (a store or
 // peers unreachable, a key cap reached): see docs/concepts.md, "Fail modes". The limiter
 // itself answers backend.FailClosed (the default) or backend.FailOpen; backend.FailLocal
-// is a backend's (the lease mode's default, the redis mode's WithFailLocal), and a
+// is a backend's (the lease mode's default, the strict mode's strict.WithFailLocal on Redis), and a
 // limiter set to it answers a failure its backend could not absorb as FailClosed.
 func WithFailMode(m backend.FailMode) Option {
 	return optionFunc(func(l *Limiter) { l.failMode = m })
@@ -77,7 +77,7 @@ const (
 	FairWaiters Fairness = iota
 	// FairProcesses: the limiter holds one place in the key's line at a time, whatever
 	// its number of waiters, and serves its own waiters from it in turn (by member, then
-	// in arrival order). Processes sharing a key through the redis mode then get equal
+	// in arrival order). Processes sharing a key through the strict mode then get equal
 	// parts of it, round robin, however many goroutines each one has.
 	FairProcesses
 )

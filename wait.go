@@ -431,7 +431,7 @@ func (l *Limiter) maxLate() int64 {
 
 // expiredAt reports whether a permit due at `due` (limiter clock) is past use at now
 // (maxLate). It is the one rule of every waiting path (Reservation.Wait, the rooms, the
-// lease and redis modes through them).
+// lease mode and the strict mode on Redis through them).
 func (l *Limiter) expiredAt(due, now int64) bool { return now-due > l.maxLate() }
 
 // expire counts n permits due at `due` that expired at now, and tells the observer.

@@ -183,7 +183,7 @@ const (
 	// prefer availability.
 	FailOpen
 	// FailLocal decides locally on a share of the limit: the lease mode runs on its
-	// expired lease for the store's grace (no over-admission); the redis mode decides on a
+	// expired lease for the store's grace (no over-admission); the strict mode on Redis decides on a
 	// configured share and charges it back when Redis returns. A backend offers it or
 	// refuses it; a limiter whose backend still fails answers as FailClosed.
 	FailLocal

@@ -44,7 +44,7 @@ type countedStore interface {
 }
 
 // runLeaseOnRedis runs members lease members through one Redis (see runLease), each
-// member with its own RedisStore on one shared client and connection pool.
+// member with its own Redis store (store/redis) on one shared client and connection pool.
 func runLeaseOnRedis(b *testing.B, addr string, members int, renew time.Duration, cfg lease.Config, limits sluice.Limits, keys []string, pace float64, d time.Duration) leaseRun {
 	client := goredis.NewClient(&goredis.Options{Addr: addr, PoolSize: 64})
 	defer client.Close()

@@ -27,7 +27,7 @@ import (
 )
 
 // BenchmarkStrictStores: decisions per second of the strict mode on etcd and on ZooKeeper
-// (package cas: read, decide in Go, compare-and-set) beside the redis mode's (package
+// (package strict/cas: read, decide in Go, compare-and-set) beside the Redis script's (package
 // strict: one Lua script), in the same run, one process, on one key and on 1,000 keys,
 // from 1 and 8 goroutines. Every decision is a grant (the limit is far above the load), so
 // every one writes: the worst case (a denial writes nothing). Run with -count 6 and

@@ -32,7 +32,7 @@ func BenchmarkWindowLocal(b *testing.B) {
 }
 
 // BenchmarkWindowRedis: windowed-quota decisions on one Redis on this machine, at 1 and 8
-// goroutines on 10,000 keys: impl=sluice_window is the redis mode's window counter
+// goroutines on 10,000 keys: impl=sluice_window is the strict mode's window counter on Redis
 // (window.lua, one round trip per decision, with reservations, weights and the Go core's
 // answers), impl=sluice_gcra the GCRA script at the same rate (batched), impl=incr the
 // fixed window users write by hand: INCRBY on the window's key and PEXPIREAT in one

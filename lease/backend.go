@@ -732,7 +732,7 @@ func (b *Backend) round() int64 {
 }
 
 // Ping reports whether the store answers, if it can say (backend.Pinger: the daemon's
-// /readyz): a RedisStore can; a store.Memory always does.
+// /readyz): a Redis store (store/redis) can; a store.Memory always does.
 func (b *Backend) Ping(ctx context.Context) error {
 	if p, ok := b.apply.store.(backend.Pinger); ok {
 		return p.Ping(ctx)

@@ -38,7 +38,6 @@ const (
 // RateScale is the rate of a whole limit in a Share's units.
 const RateScale = allot.RateScale
 
-
 // DefaultConfig returns the default allocation settings.
 func DefaultConfig() Config { return allot.DefaultConfig() }
 

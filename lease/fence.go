@@ -15,7 +15,7 @@ import (
 // for the first time (a Redis that was just started, or flushed) cannot tell that no lease
 // was granted from it before, so it fences every record it makes for that long; a process
 // that starts a workload on a new store can wait here first. It returns at once for a
-// store that knows it is fresh (a new MemStore) or whose incarnation is old enough, and
+// store that knows it is fresh (a new store.Memory) or whose incarnation is old enough, and
 // waits at most TTL + Grace otherwise (a Redis Cluster, which fences every record it
 // makes, included). A store that does not answer yet (backend.ErrUnavailable: ZooKeeper's client
 // still making its first connection, a Redis restarting) is asked again every 100 ms

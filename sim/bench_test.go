@@ -8,7 +8,7 @@ import (
 )
 
 // BenchmarkHerokuDay is the first target: 24 virtual hours of 25 clients on a
-// 4,500/h limit (the shipped heroku-day scenario, redis mode), under 10 s.
+// 4,500/h limit (the shipped heroku-day scenario, strict mode), under 10 s.
 func BenchmarkHerokuDay(b *testing.B) {
 	sc, err := Load("../scenarios/heroku-day.yaml")
 	if err != nil {
@@ -69,12 +69,12 @@ func benchPool(b *testing.B, sc *Scenario) {
 }
 
 // BenchmarkHour100Members is the second target: one virtual hour of 100 members at 1,000
-// requests/s in all (10/s each, Poisson) against 800/s burst 100, redis mode, under 30 s.
+// requests/s in all (10/s each, Poisson) against 800/s burst 100, strict mode, under 30 s.
 func BenchmarkHour100Members(b *testing.B) { benchPool(b, hourPool(b, 100, "800/s burst=100")) }
 
 // pool1000 is the scenario of scenarios/large/pool-1000-hour.yaml: one virtual hour of
 // 1,000 members at 10,000 requests/s in all (10/s each, Poisson) against 8,000/s burst
-// 1,000, redis mode; run for d of virtual time if d is not 0.
+// 1,000, strict mode; run for d of virtual time if d is not 0.
 func pool1000(b *testing.B, d time.Duration) *Scenario {
 	sc, err := Load("../scenarios/large/pool-1000-hour.yaml")
 	if err != nil {

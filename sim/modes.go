@@ -220,7 +220,7 @@ func (c centralMode) acquire(e *engine, mi, g int32) {
 	ev := event{kind: evStoreReq, m: mi, g: g, op: m.ops[g]}
 	if owed, any := m.debt.Owed(e.now, len(e.core)); any {
 		// Piggy-back the charge-back: per limit, what the fallback admitted that the
-		// limit has not earned back yet (gcra.Debt, as the redis mode's ledger).
+		// limit has not earned back yet (gcra.Debt, as the strict mode's ledger on Redis).
 		ev.charged = true
 		ev.val = int64(e.putTicket(gcra.Ticket{TatAfter: owed}))
 	}

@@ -65,7 +65,7 @@ type Dist struct {
 	line  int
 }
 
-// Store is the simulated central store (the redis mode's model).
+// Store is the simulated central store (the strict mode's model).
 type Store struct {
 	Timeout       Duration `yaml:"timeout"`        // a member gives up on an answer after this
 	FailMode      string   `yaml:"fail_mode"`      // closed, open or local

@@ -419,8 +419,8 @@ func TestLeaseStoreRestartFences(t *testing.T) {
 // TestLeaseFollowsLimitChanges: the limit drops from 100/s to 50/s, then rises to 200/s;
 // the lease mode follows both without a breach of the shares (a member hands its shares of
 // the old limit back and joins the new one's record). Permits granted under the old limit
-// before the drop still land after it (as in the central mode, which decides each one at
-// the store): the lease mode may cause no more such 429s than the central mode.
+// before the drop still land after it (as in the strict mode, which decides each one at
+// the store): the lease mode may cause no more such 429s than the strict mode.
 func TestLeaseFollowsLimitChanges(t *testing.T) {
 	r, err := Run(parse(t, leasePool+"events:\n  - {at: 60s, limit: 50/s}\n  - {at: 120s, limit: 200/s burst=20}\n"), Options{Modes: []string{"lease", "strict"}})
 	if err != nil {

@@ -42,7 +42,7 @@ func TestDailyQuotaScenario(t *testing.T) {
 // lags the ramp's line by at most the longest reservation (max_wait, 1 s: a permit booked
 // ahead is spaced at the rate of when it was booked), one ramp step (a tenth of a second)
 // and the network's latency: the line runs from 10/s to 100/s over 60 s, then 100/s,
-// give or take two permits a deciding state (the redis mode's one; the local mode's four
+// give or take two permits a deciding state (the strict mode's one; the local mode's four
 // pods, each ramping its quarter in step with the others, whose permits land in a second
 // or the next; the lease mode's four members, whose shares follow the ramp at their
 // renewals, a renewal interval later); and never runs ahead of the line. So does the

@@ -42,7 +42,7 @@ func windowed(limits []gcra.Limit) (bool, error) {
 		if l.Window > 0 {
 			w++
 			if l.Window%1000 != 0 {
-				return true, fmt.Errorf("%w: the redis mode's windows are whole microseconds, not %dns", gcra.ErrInvalidLimits, l.Window)
+				return true, fmt.Errorf("%w: the strict mode's windows on Redis are whole microseconds, not %dns", gcra.ErrInvalidLimits, l.Window)
 			}
 		}
 	}

@@ -337,7 +337,7 @@ const (
 	OpPenalize
 	// OpTake takes N permits of a store-decided limit (Reply.Central) from the free
 	// capacity, at once or booked up to MaxDelay ahead: one round trip per decision, as
-	// the redis mode's. It renews the member's liveness too.
+	// the strict mode on Redis'. It renews the member's liveness too.
 	OpTake
 	// OpGive gives back N permits taken and not used (a decision undone).
 	OpGive

@@ -26,7 +26,7 @@ const (
 
 // Backend decides permits on state kept in a store.Store, one record per key read with
 // the store's time and written back by compare-and-set: the strict mode on etcd or
-// ZooKeeper (lease.NewEtcdStore, lease.NewZKStore), or on any store that keeps the
+// ZooKeeper (packages store/etcd and store/zk), or on any store that keeps the
 // store.Store contract. The Go GCRA core (package gcra) decides. It implements
 // backend.Backend, backend.Resetter and backend.Pinger. It is safe for concurrent use; make
 // one with New. Close it when done; the store (and its client) stays the caller's.

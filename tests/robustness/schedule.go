@@ -12,7 +12,7 @@ type Mode string
 // The modes the suite runs.
 const (
 	ModeStrict Mode = "strict" // package strict: every decision in Redis, fail closed
-	ModeLease  Mode = "lease"  // package lease on lease.NewRedisStore
+	ModeLease  Mode = "lease"  // package lease on a Redis store (store/redis)
 	// ModeStrictLocal is package strict with the local fail mode (strict.WithFailLocal at
 	// a share of 1/members): while Redis is out of reach each member decides at its share.
 	ModeStrictLocal Mode = "strict-local"
@@ -24,8 +24,8 @@ const (
 	// ModeDaemon is the daemon (sluice serve, its redis back end, fail closed), one per
 	// member slot, each member's limiter on the daemon through package client.
 	ModeDaemon Mode = "daemon"
-	// ModeLeaseEtcd and ModeLeaseZK are package lease on lease.NewEtcdStore and
-	// lease.NewZKStore: a real etcd or ZooKeeper, each member's client through its own
+	// ModeLeaseEtcd and ModeLeaseZK are package lease on an etcd store (store/etcd) and
+	// a ZooKeeper store (store/zk): a real etcd or ZooKeeper, each member's client through its own
 	// proxy to the store's client port.
 	ModeLeaseEtcd Mode = "lease-etcd"
 	ModeLeaseZK   Mode = "lease-zk"

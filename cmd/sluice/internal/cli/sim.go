@@ -27,7 +27,7 @@ func init() {
 }
 
 func runSim(ctx context.Context, env Env, args []string) error {
-	fs := newFlags(env, "sim", "sim SCENARIO.yaml [--modes redis,local] [--json] [--csv FILE]")
+	fs := newFlags(env, "sim", "sim SCENARIO.yaml [--modes strict,local] [--json] [--csv FILE]")
 	modes := fs.String("modes", "", "comma-separated `modes` to run side by side (default: the scenario's; known: "+strings.Join(sim.ModeNames(), ", ")+"; adaptive:heroku, adaptive:cubic and adaptive:sre for the adaptive mode's other strategies)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	csvPath := fs.String("csv", "", "write the time series of every mode to `FILE` as CSV")
