@@ -52,6 +52,7 @@ var formerNames = map[string]Strategy{"seed": Heroku}
 // Strategies lists every strategy, the default first.
 func Strategies() []Strategy { return []Strategy{Sluice, Heroku, Cubic, SRE} }
 
+// String returns the strategy's name: "sluice", "heroku", "cubic" or "sre".
 func (s Strategy) String() string {
 	if int(s) < len(strategyNames) {
 		return strategyNames[s]

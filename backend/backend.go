@@ -150,6 +150,7 @@ type UnavailableError struct {
 	Err error
 }
 
+// Error names what failed and when the back end next tries to reach its shared state.
 func (e *UnavailableError) Error() string {
 	return fmt.Sprintf("%v (retry after %v)", e.Err, e.RetryAfter)
 }
@@ -189,6 +190,7 @@ const (
 	FailLocal
 )
 
+// String returns the mode's name: "default", "closed", "open" or "local".
 func (m FailMode) String() string {
 	switch m {
 	case FailDefault:

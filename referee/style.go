@@ -39,6 +39,7 @@ const (
 
 var styleNames = [...]string{IETF: "ietf", OpenAI: "openai", Anthropic: "anthropic"}
 
+// String returns the style's name: "ietf", "openai" or "anthropic".
 func (s Style) String() string {
 	if int(s) < len(styleNames) {
 		return styleNames[s]

@@ -120,7 +120,7 @@ func newMetrics(keys, evictedIdle, evictedLive func() float64) *metrics {
 	return m
 }
 
-// A decision's result, as the metrics label it.
+// result is a decision's result, as the metrics label it.
 type result int
 
 const (
@@ -180,9 +180,8 @@ func (tc *tagCounters) count(tag string, r result) {
 	c.count(r)
 }
 
-// observer feeds back-end errors from the limiters to the metrics.
-// observe is every rule's limiter's observer: the decisions' latency (the limiter times
-// each call to the back end) and the back end's failures.
+// observe is every rule's limiter's observer. It feeds the metrics the decisions' latency
+// (the limiter times each call to the back end) and the back end's failures.
 func (m *metrics) observe(e sluice.Event) {
 	switch e.Kind {
 	case sluice.EventDecision:

@@ -57,6 +57,7 @@ func ParsePenaltyCap(s string) (PenaltyCap, error) {
 // IsZero reports whether the cap is unset.
 func (p PenaltyCap) IsZero() bool { return p == PenaltyCap{} }
 
+// String returns the text form: "off", "period", a duration, or "" when the cap is unset.
 func (p PenaltyCap) String() string {
 	switch {
 	case p.off:

@@ -32,6 +32,7 @@ type ReplyError struct {
 	Err   error // the error Redis returned, if any
 }
 
+// Error names the operation, the key, and the error or the reply received.
 func (e *ReplyError) Error() string {
 	if e.Err != nil {
 		return fmt.Sprintf("sluice redis: %s %q: %v", e.Op, e.Key, e.Err)
@@ -39,6 +40,7 @@ func (e *ReplyError) Error() string {
 	return fmt.Sprintf("sluice redis: %s %q: unexpected reply %#v", e.Op, e.Key, e.Reply)
 }
 
+// Unwrap returns the error Redis returned, if any.
 func (e *ReplyError) Unwrap() error { return e.Err }
 
 // unavailable reports whether err means that Redis could not decide (as opposed to a

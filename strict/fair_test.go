@@ -22,10 +22,6 @@ import (
 	"github.com/sluicehq/sluice/internal/measure"
 )
 
-// fairMain is a worker process of the fair-waiting tests: each goroutine waits for one
-// permit of Keys[0] again and again, as a worker before each API call; a wait is given up
-// with probability GiveUp after a random time under 4 s. It prints the backend's grants
-// (as workerMain) and then each permit used: "use goroutine slot wait_ns".
 // expired counts the permits the limiter did not use because they came too late.
 var expired atomic.Int64
 
@@ -35,6 +31,10 @@ func countExpired(e sluice.Event) {
 	}
 }
 
+// fairMain is a worker process of the fair-waiting tests. Each goroutine waits for one
+// permit of Keys[0] again and again, as a worker does before each API call. A wait is
+// given up with probability GiveUp after a random time under 4 s. It prints the backend's
+// grants (as workerMain does) and then each permit used: "use goroutine slot wait_ns".
 func fairMain(ctx context.Context, cfg workerConfig, lim *sluice.Limiter, rec *recorder) int {
 	type use struct {
 		g                int
