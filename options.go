@@ -47,17 +47,18 @@ func WithMargin(j time.Duration) Option {
 // its rate); default slog.Default(). It logs nothing else.
 func WithLogger(log *slog.Logger) Option { return optionFunc(func(l *Limiter) { l.log = log }) }
 
-// WithMaxWait bounds how far ahead Reserve reserves and how long Wait and Do wait (seed
-// 000's bound on reserved permits: back pressure instead of an unbounded queue). Zero or
-// less means no bound beyond the context's deadline (the default).
+// WithMaxWait bounds how far ahead Reserve reserves and how long Wait and Do wait. The
+// bound is back pressure instead of an unbounded queue, as in the Redis permit design
+// (docs/concepts.md, "Where each design came from"). Zero or less means no bound beyond
+// the context's deadline (the default).
 func WithMaxWait(d time.Duration) Option {
 	return optionFunc(func(l *Limiter) { l.maxWait = d })
 }
 
 // WithFailMode sets what the limiter answers when its backend cannot decide (a store or
 // peers unreachable, a key cap reached): see docs/concepts.md, "Fail modes". The limiter
-// itself answers backend.FailClosed (the default) or backend.FailOpen; backend.FailLocal
-// is a backend's (the lease mode's default, the strict mode's strict.WithFailLocal on Redis), and a
+// itself answers backend.FailClosed (the default) or backend.FailOpen. backend.FailLocal
+// is a backend's own mode: the lease mode's default, and strict.WithFailLocal on Redis. A
 // limiter set to it answers a failure its backend could not absorb as FailClosed.
 func WithFailMode(m backend.FailMode) Option {
 	return optionFunc(func(l *Limiter) { l.failMode = m })
