@@ -25,14 +25,11 @@ const (
 	groupEachKey                 // any other client: one key per script call
 )
 
-// groupingOf returns how calls through client may be grouped: every key together on one
-// Redis; one key per script call for anything else. In Redis Cluster, a script call may
-// touch several keys only if they share a hash slot, and even then Redis answers
-// TRYAGAIN while that slot migrates if any of them is missing (idle keys always are),
-// where a single key is redirected (ASK); go-redis retries TRYAGAIN with back-off, so a
-// resharding would run calls into their time-out. With one key per call, a cluster batch
-// is one pipeline of script calls, each deciding all the batch's calls on its key. A
-// Ring shards by its own hash of the key, so it too gets one key per call.
+// groupingOf returns how calls through client may be grouped. On one Redis every key goes
+// in one script call. Any other client (Redis Cluster, Ring) gets one key per script
+// call, each deciding all the batch's calls on its key, in one pipeline. docs/strict.md,
+// "Throughput: batches" ("How calls are grouped"), says why a Cluster gets one call per
+// key rather than per hash slot.
 func groupingOf(client Client) grouping {
 	if _, ok := client.(*goredis.Client); ok {
 		return groupAll
@@ -286,15 +283,13 @@ func (bb *batchBuilder) keyIndex(g *group, key string) int {
 }
 
 // command builds g's script call (see sluice.lua for the arguments): the keys' Redis
-// names, the time mode, and for each key the number of its records and its records, an
-// operation that repeats the previous record's being sent as '='. With p.refs, the names
-// go in as pointers to nameRefs into bb.names and the fields as pointers (*int64) into
-// g's calls, which live until the reply is read: an interface holding a pointer needs no
-// allocation, where one holding a string or an int64 does, once per key and per field.
-// go-redis writes what a pointer refers to, but reads a key given so wrongly where it
-// routes by key (Cluster, Ring) and a hook (tracing) would print the pointer: refs is
-// only for the backend's own client of one Redis (pipeliner.refs). Without it each name
-// is made as a string.
+// names, the time mode, and for each key the number of its records and its records. An
+// operation that repeats the previous record's is sent as '='. With p.refs, the names go
+// in as pointers to nameRefs into bb.names, and the fields as pointers (*int64) into g's
+// calls, which live until the reply is read. An interface holding a pointer needs no
+// allocation, where one holding a string or an int64 does. Without refs each name is made
+// as a string. docs/strict.md, "Throughput: batches" ("What a batch costs"), says why refs
+// is only for the backend's own client of one Redis (pipeliner.refs).
 func (bb *batchBuilder) command(ctx context.Context, p *pipeliner, g *group, name, script any) *goredis.Cmd {
 	n := 4 + 2*len(g.keys)
 	for _, c := range g.calls {

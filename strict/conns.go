@@ -26,15 +26,12 @@ func (p *pipeliner) send(ctx context.Context, cmds []goredis.Cmder) error {
 }
 
 // conns are connections held from a client the backend made itself (Open, Dial), each
-// used by one batch at a time. A command sent on one skips what go-redis v9.7 does to
-// take a connection from its pool for each command: a health check of the connection,
-// which is one system call (a non-blocking read) per command, a tenth of the client's
-// CPU time per lone decision. A connection whose command failed in any way is given back
-// (go-redis drops it if it is broken) and a new one is taken; so is one idle for longer
-// than connIdle, which Redis (its timeout setting), a proxy or a NAT may have closed
-// meanwhile: the pool's health check finds that out as it hands out the next. Only for a
-// client the backend made: a connection taken from a caller's client would not run the
-// hooks (tracing, metrics) the caller added to it.
+// used by one batch at a time. A command sent on one skips the health check that go-redis
+// runs each time its pool hands out a connection. A connection whose command failed in
+// any way is given back to the pool (go-redis drops it if it is broken) and replaced. So
+// is one idle for longer than connIdle, which the pool's check then looks at. A caller's
+// client is not used this way, so that the hooks it added (tracing, metrics) still run.
+// docs/strict.md, "Throughput: batches" ("The lean path"), says what the check costs.
 type conns struct {
 	client *goredis.Client
 	mu     sync.Mutex

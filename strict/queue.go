@@ -171,11 +171,10 @@ func (p *pipeliner) submit(c *call) bool {
 	if c.op != 'a' {
 		p.eager++
 	}
-	// A waiting flusher is woken only when it may take the queue: an allowance queued
-	// behind a batch in flight mostly is not (see ready), and waking a flusher that goes
-	// back to sleep cost a goroutine switch per call. Whatever else makes the queue ready
-	// wakes one too: a flusher whose batch returns looks again itself, and a direct
-	// caller, a flusher that leaves calls behind and close signal.
+	// A waiting flusher is woken only when it may take the queue (see ready): waking one
+	// that goes back to sleep costs a goroutine switch per call. Whatever else makes the
+	// queue ready wakes a flusher too. A flusher whose batch returns looks again itself.
+	// A direct caller, a flusher that leaves calls behind, and close signal one.
 	if p.ready() {
 		p.cond.Signal()
 	}
@@ -259,18 +258,12 @@ func (p *pipeliner) close(err error) {
 	}
 }
 
-// ready reports whether a flusher may take the queue now (p.mu held): when calls are
-// queued and no batch is in flight; or when at least twice as many calls are queued as
-// are in flight, or a whole batch (maxBatch); or when a call other than an allowance is
-// queued. Allowances (Allow: one permit now or never) that arrive behind a batch in
-// flight thus mostly wait for it and leave together when it returns, rather than as a
-// second batch of the first few: on a Redis and clients short of CPU each batch costs
-// both a round trip's system calls and wake-ups and Redis a script call, so fewer, larger
-// batches decide more (at 64 goroutines on 10,000 keys, about 31 calls a batch instead of
-// 20 and less CPU per decision on both sides; BENCHMARKS.md). A crowd behind a lone call
-// (a direct caller's) still leaves at once, as does a whole batch. Other calls do not
-// wait: a reservation is a waiter's place in the key's line across processes (fair
-// waiting), which must reach Redis in the order the waiters came, as soon as it can.
+// ready reports whether a flusher may take the queue now (p.mu held). It may when calls
+// are queued and no batch is in flight. It may when at least twice as many calls are
+// queued as are in flight, or a whole batch (maxBatch). It may when a call other than an
+// allowance is queued. So allowances (Allow: one permit now or never) queued behind a
+// batch in flight mostly leave together when it returns, and a reservation leaves at
+// once. docs/strict.md, "Throughput: batches", says why.
 func (p *pipeliner) ready() bool {
 	n := len(p.queue)
 	return n > 0 && (p.inflight == 0 || p.eager > 0 || n >= 2*p.flying || n >= p.maxBatch)

@@ -237,12 +237,10 @@ func TestRampOnRedis(t *testing.T) {
 }
 
 // TestWindowExpiryAtWindowEnd: in real time, a window counter's key expires exactly when
-// its window ends. The script gave Redis a TTL (PX), rounded up from its own TIME, which
-// Redis adds to a millisecond of its own clock, sampled apart from the script's TIME: the
-// expiry fell a millisecond off the window's end in about one write in a hundred (34 of
-// 4000 here, late by 1 ms). The script now gives the end itself (PXAT). Hour-long windows,
-// so that a window rarely ends between a write and the read of its expiry (a key found
-// gone is skipped).
+// its window ends: the script gives Redis the end itself (PXAT). docs/strict.md,
+// "Windowed quotas: the window counter", says why a TTL (PX) was a millisecond off. The
+// windows are an hour long, so that a window rarely ends between a write and the read of
+// its expiry (a key found gone is skipped).
 func TestWindowExpiryAtWindowEnd(t *testing.T) {
 	c := newClient(t, shared.URL())
 	b := New(c, WithPrefix(prefix(t)), WithTimeout(5*time.Second))
