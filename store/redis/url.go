@@ -166,14 +166,12 @@ func ClientOptions(url string, timeout time.Duration) (*goredis.Options, error) 
 }
 
 // rawDialer is go-redis' own dialer (goredis.NewDialer: the dial time-out, TCP
-// keep-alives, TLS) for the options opts returns when it dials, so that settings changed
-// after the dialer was made (a TLSConfig added) still apply, with the plain TCP and Unix
-// connections it makes doing their reads and writes as raw system calls: a connection's
-// descriptor never blocks, and the Go scheduler's bookkeeping of a system call that might
-// (waking its monitor thread, handing the processor to another thread while the call
-// lasts) cost more than the call on a virtual machine, where a decision through a local
-// Redis took a third less time without it at one goroutine (docs/strict.md, "Raw I/O").
-// A TLS connection is left as go-redis made it. SLUICE_RAW_IO=off turns it off.
+// keep-alives, TLS) for the options opts returns when it dials. So settings changed after
+// the dialer was made (a TLSConfig added) still apply. The plain TCP and Unix connections
+// it makes do their reads and writes as raw system calls, without the Go scheduler's
+// bookkeeping of a call that might block: their descriptors never block. A TLS connection
+// is left as go-redis made it. SLUICE_RAW_IO=off turns raw I/O off. docs/strict.md,
+// "Throughput: batches" ("Raw I/O"), says what the bookkeeping costs on a virtual machine.
 func rawDialer(opts func() *goredis.Options) rawio.Dial {
 	return rawio.Dialer(func(ctx context.Context, network, addr string) (net.Conn, error) {
 		return goredis.NewDialer(opts())(ctx, network, addr)
