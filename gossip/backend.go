@@ -323,30 +323,17 @@ func (b *Backend) loop() {
 }
 
 // RejoinEvery is how often a member exchanges the membership's state with its seed list
-// while it is alone or its count of the pool and the membership's disagree (rejoin). A
-// member cut from every peer counts them again within two rounds of the heal, on a network
-// that delivers: the first tells each side what the other holds about it, the second
-// brings back the incarnations they bumped to refute it. Until then it decides as if
-// alone, so a partition's length P in the documented bound runs until then.
+// while it is alone or its count of the pool and the membership's disagree (rejoin). On a
+// network that delivers, a member cut from every peer counts them again within two rounds
+// of the heal. Until then it decides as if alone, so the partition's length P in the bound
+// of docs/gossip.md, "Partitions", runs until then.
 const RejoinEvery = time.Second
 
-// rejoin pushes and pulls the membership's state with the seed list every second while
-// this member is alone or its count of the pool and memberlist's disagree, and once more
-// after they agree again.
-//
-// Alone is not enough to see a partition end. A member cut from every peer loses their
-// reports and drops them from its pool after the hold, but memberlist holds them suspect
-// for long after (with no peer to confirm the suspicion it waits the longest time-out,
-// about 9 s here), so it does not count itself alone; its peers, which confirm each
-// other, declare it dead in about 2 s. After the heal neither side revives the other:
-// memberlist takes an alive message only at a higher incarnation than the state it
-// holds, and an incarnation is bumped only by the member that hears itself suspected or
-// declared dead, which the cut made sure nobody heard. A push-pull tells each side what
-// the other holds about it: each refutes (bumps its incarnation and says so), and the
-// next push-pull brings the bumped incarnations back, so the exchange after the counts
-// agree again clears what is still suspect. (memberlist's own push-pull runs every
-// PushPullInterval, 15 s here. UpdateNode, which bumps this member's incarnation, would
-// revive it at its peers but not them here, whose incarnations only they can bump.)
+// rejoin pushes and pulls the membership's state with the seed list every RejoinEvery
+// while this member is alone or its count of the pool and memberlist's disagree, and once
+// more after they agree again. The exchange is what revives the peers that memberlist
+// holds suspect or dead after a partition. docs/gossip.md, "Partitions", says why being
+// alone is not enough to see a partition end.
 //
 // It runs apart from loop: a join waits for the seeds it cannot reach (memberlist's TCP
 // time-out), and reports to the peers it can reach must not wait with it.

@@ -11,13 +11,11 @@ import (
 
 // TestRejoinAfterPartition: a member cut from both its peers until they declare it dead
 // and it drops them from its pool counts both again soon after the heal, as they count
-// it, and the counts hold. The cut member's memberlist still holds its peers suspect at
-// the heal (with nobody to confirm the suspicion it waits its longest time-out), and
-// memberlist revives a member it holds dead or suspect only from an alive message of a
-// higher incarnation, which only that member bumps, when it hears itself suspected: see
-// rejoin. The bound is loose (real time, a shared machine): 3 s, where memberlist's
-// failure detection here takes about 2 s; the counts must then hold for 8 s, past the
-// cut member's longest suspicion time-out.
+// it, and the counts hold. At the heal the cut member's memberlist still holds its peers
+// suspect, and only rejoin's exchange revives them (docs/gossip.md, "Partitions"). The
+// bound is loose (real time, a shared machine): 3 s, where memberlist's failure detection
+// here takes about 2 s. The counts must then hold for 8 s, past the cut member's longest
+// suspicion time-out.
 func TestRejoinAfterPartition(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real time")
