@@ -6,36 +6,13 @@ import (
 )
 
 // sluiceStrategy is the Sluice strategy (see Sluice), for each limit whose rate L the
-// answers name (or Config.Limit does):
-//
-//   - The pool's spending. Between two of its answers, at t0 and t1, GCRA says the pool
-//     spent S = (R0 − R1 + L·(t1 − t0)) / (t1 − t0), every client together, with no
-//     knowledge of how many they are (the Heroku client study's "what-if": how
-//     remaining moves between a client's own requests). The client measures it over its
-//     last few answers.
-//   - The target. It wants the pool to spend S* = L + (R − reserve)/2T, T the pool's
-//     time scale (the time the limit takes to refill the reserve, at least Horizon, and
-//     at least twice the span the estimate covers): the count left returns to the
-//     reserve, a small cushion for the requests on their way.
-//   - The correction. It moves its own pace in proportion to it, p ← p·(1 + (S*/S −
-//     1)·dt/T), so that the pool as a whole (not each client) converges on S*, whatever
-//     their number. Each answer with next to nothing left cuts the pace by 0.85 (a
-//     faster client, with more answers, backs off more).
-//   - Equal shares. Every client adds the same Fairness·L a second, whatever its pace;
-//     the correction takes it back in proportion to each pace, which drives the clients
-//     to equal paces, as additive increase and multiplicative decrease do. The drift
-//     fades as the count falls below the reserve, so that however many clients drift
-//     together, they cannot hold it at nothing.
-//   - Room. Well above the reserve (a burst unspent, clients gone), or when the count
-//     was near full between two answers (the refill may have gone to waste unseen, so
-//     the estimate is only a bound), the pace grows by the same step for every client,
-//     and what is left well above the reserve is spent on top of the pace over Horizon
-//     (at least four round trips): a lone client uses a full burst quickly, several
-//     spend it together, each seeing the count fall.
-//   - Refusals. A 429 halves the pace, once per event, and holds the client back for the
-//     Retry-After it names.
-//
+// answers name (or Config.Limit does). From how the remaining count moves between its own
+// answers, it estimates what the whole pool spends. It moves its own pace so that the pool
+// brings the count back to a small reserve, and drifts towards an equal share. A 429
+// halves the pace, once per event, and holds the client back for its Retry-After.
 // Requests do not hold slots far ahead (see Wait): a pace that changes applies at once.
+// docs/adaptive.md, "The strategies", gives the estimate, the target, the correction, and
+// the rules for equal shares and for room.
 type sluiceStrategy struct {
 	q        [nQuotas]sluiceQuota
 	lastSend int64
