@@ -18,10 +18,10 @@ var (
 	// *ThrottledError values carrying RetryAfter.
 	ErrThrottled = errors.New("sluice: throttled")
 	// ErrPermitExpired: a reserved permit came to be used later than the margin allows
-	// (the lateness its limit tolerates less half the margin, kept for the trip to the
-	// API, and at most the margin: half the margin with burst 1; the caller was paused,
-	// its machine stalled): used now it could reach the API too close to the next one, so
-	// Reservation.Wait gave it back instead (see WithMargin). The caller may ask again.
+	// (its caller was paused, its machine stalled). Used now, it could reach the API too
+	// close to the next one, so Reservation.Wait gave it back instead. The lateness
+	// allowed is what the limit tolerates less half the margin, and at most the margin:
+	// half the margin with burst 1 (see WithMargin). The caller may ask again.
 	ErrPermitExpired = errors.New("sluice: permit expired")
 	// ErrBadLimit is wrapped by every *LimitError.
 	ErrBadLimit = errors.New("sluice: bad limit")

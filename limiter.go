@@ -202,14 +202,12 @@ func (l *Limiter) finishShape(limits Limits, sh *shape) *shape {
 }
 
 // expireAfter is how late a permit may be handed to its user: the lateness its limits
-// tolerate less half the margin, kept for the trip to the API, and never more than the
-// margin. A limit tolerates the margin where the margin spaces its permits (burst 1: the
-// interval plus the margin), and the whole tokens of its reserve where the margin is a
-// reserve of its burst (k = ceil(margin / interval) tokens: k intervals, at least the
-// margin). So burst-1 limits expire permits at half the margin, and a reserve that
-// rounds well up (20ms of a 50ms interval) lets a permit be the whole margin late with
-// more than half the margin left for the trip. Windowed quotas count permits, not their
-// spacing: they tolerate any lateness.
+// tolerate, less half the margin kept for the trip to the API, and never more than the
+// margin. A limit whose permits the margin spaces (burst 1) tolerates the margin. A limit
+// whose burst holds the margin in reserve tolerates the reserve's whole tokens: k =
+// ceil(margin / interval) intervals, at least the margin. Windowed quotas count permits,
+// not their spacing: they tolerate any lateness. docs/concepts.md, "The jitter tolerance",
+// works the cases through.
 func expireAfter(limits Limits, core []gcra.Limit, margin time.Duration) int64 {
 	m := int64(margin)
 	after := m

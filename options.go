@@ -27,14 +27,17 @@ func WithBackend(b backend.Backend) Option {
 // (default clock.Default).
 func WithClock(c clock.Clock) Option { return optionFunc(func(l *Limiter) { l.clock = c }) }
 
-// WithMargin sets the jitter tolerance J, the safety margin of docs/concepts.md (default
-// zero, so that decisions conform to the limits exactly as given; a pool that calls a
-// strict API over a network should set a margin at least as large as the spread of the
-// delay between a decision and the API seeing the request). The API sees each request
-// later than the limiter decided it, by a varying delay; decisions then conform to a
-// tightened limit: with Burst > 1, ceil(J/T) permits of the burst are kept in reserve
-// (nearly free); with Burst = 1, permits are spaced T + J apart (costing J/T of the rate).
-// A permit must then be used within J of its time.
+// WithMargin sets the jitter tolerance J, the safety margin of docs/concepts.md, "The
+// jitter tolerance". The API sees each request later than the limiter decided it, by a
+// varying delay. With a margin, decisions conform to a tightened limit. With Burst > 1,
+// ceil(J/T) permits of the burst are kept in reserve, T being the limit's interval
+// (Period/Rate): this costs nearly nothing. With Burst = 1, permits are spaced T + J
+// apart, which costs J/T of the rate. A permit must then reach the API within J of its
+// time (see Reservation.Wait).
+//
+// The default is zero: decisions conform to the limits exactly as given. A pool that
+// calls a strict API over a network should set a margin at least as large as the spread
+// of the delay between a decision and the API seeing the request.
 //
 // A margin that costs a limit more than a tenth of its rate (with burst 1, a margin above a
 // tenth of the interval: WithMargin(time.Second) turns 100/s burst=1 into about 1/s) is

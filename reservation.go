@@ -62,12 +62,12 @@ func (r *Reservation) TimeToAct() time.Time {
 // *ThrottledError.
 //
 // With a margin (WithMargin), a permit must reach the API within the margin of its time.
-// If Wait would return later than the margin allows after it (the lateness the limit
-// tolerates less half the margin, kept for the trip to the API, and at most the margin:
-// half the margin with burst 1; see docs/concepts.md, "The jitter tolerance"), because its
-// caller or its machine was paused, the permit has expired: Wait gives it back (Cancel),
-// tells the observer (EventExpired) and returns ErrPermitExpired; the caller may
-// ask again.
+// If Wait would return later than the margin allows, because its caller or its machine
+// was paused, the permit has expired. Wait then gives it back (Cancel), tells the
+// observer (EventExpired) and returns ErrPermitExpired, and the caller may ask again. The
+// lateness allowed is what the limit tolerates less half the margin, kept for the trip to
+// the API, and at most the margin: half the margin with burst 1 (docs/concepts.md, "The
+// jitter tolerance").
 func (r *Reservation) Wait(ctx context.Context) error {
 	if !r.Allowed {
 		return &ThrottledError{Key: r.key, RetryAfter: r.RetryAfter}

@@ -415,13 +415,12 @@ func (l *Limiter) reportExpired(ctx context.Context, key string, n int64) {
 	}
 }
 
-// maxLate is how late a permit may be handed to its user, on the limiter's clock: more
-// late than the margin allows, it has expired. The margin is the tolerance for the whole
-// delay from the permit's time to the API seeing the request, and the limiter sees only
-// the part until the waiter has it: half the margin is kept for the rest, the trip to the
-// API (see expireAfter; on a loaded machine, permits handed over at the margin's very end
-// reached the demo's referee too close to the next one). Without a margin nothing expires
-// (there is no tolerance to keep): math.MaxInt64.
+// maxLate is how late a permit may be handed to its user, on the limiter's clock. A
+// permit later than that has expired. The margin is the tolerance for the whole delay from
+// the permit's time to the API seeing the request. The limiter sees only the part until
+// the waiter has the permit, so half the margin is kept for the trip to the API (see
+// expireAfter, and docs/concepts.md, "The jitter tolerance", for why). Without a margin
+// nothing expires (there is no tolerance to keep): math.MaxInt64.
 func (l *Limiter) maxLate() int64 {
 	if sh := l.shape.Load(); l.margin > 0 && sh != nil {
 		return sh.expireAfter
