@@ -249,22 +249,21 @@ func AllowOne(tat int64, l Limit, now int64) (int64, bool) {
 	return t + l.T, true
 }
 
-// Adjust settles a grant to its real cost newN at time now: newN = 0 cancels it (the
-// permits were never used), newN < t.N refunds the difference, newN > t.N charges the
+// Adjust settles a grant to its real cost newN at time now. newN = 0 cancels it (the
+// permits were never used). newN < t.N refunds the difference. newN > t.N charges the
 // difference at once (the API has already counted it), saturating at MaxTAT: a count too
 // large to represent holds the key back for good. It returns the updated ticket.
 //
-// A refund is given only by the newest grant on the key, before its slot has passed: for
+// A refund is given only by the newest grant on the key, before its slot has passed. For
 // each limit whose TAT still equals the ticket's TatAfter (nothing was granted, charged or
 // penalized on it since) while now < TatAfter, the TAT goes back by the refund, as if the
-// grant had been for newN; otherwise that limit gives nothing back. A grant that others
-// were stacked on cannot give its place back: they were promised slots on top of it, and
-// when refunds interleave (one lowers the TAT under another open grant's, later grants
-// raise it back) no rule that looks only at the TAT and the ticket can tell what those
-// grants rely on (x/time/rate's CancelAt rule, "the part not covered by later grants",
-// gives back too much then; the property test finds such sequences). Refunds are
-// therefore safe but may be nothing. holdUntil is the end of the key's latest penalty (0
-// if none): a refund never reopens a key before it (see Penalize).
+// grant had been for newN. Any other limit gives nothing back. A grant that others were
+// stacked on cannot give its place back: they were promised slots on top of it. Refunds
+// are therefore safe but may be nothing. docs/architecture.md, "Decisions made while
+// building, and why", says why no rule that gives back more is safe.
+//
+// holdUntil is the end of the key's latest penalty (0 if none): a refund never reopens a
+// key before it (see Penalize).
 func Adjust(tats []int64, limits []Limit, now int64, t Ticket, newN, holdUntil int64) (Ticket, error) {
 	if newN < 0 {
 		return t, ErrInvalidCost
