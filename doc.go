@@ -21,12 +21,12 @@
 // functions that key their requests, the rate-limit header names and their writer and
 // readers are in package httplimit.
 //
-// Errors are declared once, where they arise, and matched with errors.Is: this package
-// declares ErrThrottled (*ThrottledError), ErrPermitExpired and ErrBadLimit (*LimitError);
-// package backend declares the failures of a backend (backend.ErrClosed,
+// Errors are declared once, where they arise, and matched with errors.Is. This package
+// declares ErrThrottled (*ThrottledError), ErrPermitExpired and ErrBadLimit (*LimitError).
+// Package backend declares the failures of a backend (backend.ErrClosed,
 // backend.ErrTooManyKeys, backend.ErrUnavailable with *backend.UnavailableError,
 // backend.ErrUnsupported) and the fail modes WithFailMode takes (backend.FailClosed,
-// backend.FailOpen, backend.FailLocal); package gcra declares gcra.ErrCostExceedsBurst.
+// backend.FailOpen, backend.FailLocal). Package gcra declares gcra.ErrCostExceedsBurst.
 //
 // Time comes from a clock.Clock; tests and the simulator use clock.Virtual, under which
 // every guarantee is exact.

@@ -228,13 +228,13 @@ func expireAfter(limits Limits, core []gcra.Limit, margin time.Duration) int64 {
 // SetLimits changes the limits of every key, from the next decision on, safely while
 // other goroutines decide (as x/time/rate's SetLimit). A ramp starts when its limit takes
 // effect (New or SetLimits), and goes on from where it was when SetLimits keeps it (the
-// same ramps on the same rates). Each key keeps its state, which
-// says when the key is next due: that permit comes on time under the new limits, neither
-// sooner nor later, and the new limits space the ones after it (raising 1/s to 10/s, a
-// key that just took a permit gets the next a second later, then ten a second). Permits
-// already reserved stay reserved, and settle under the limits they were granted under.
-// The margin applies to the new limits as to the first. It returns an error, and changes
-// nothing, if limits are not valid.
+// same ramps on the same rates). Each key keeps its state, which says when the key is
+// next due. That permit comes on time under the new limits, neither sooner nor later, and
+// the new limits space the ones after it: raising 1/s to 10/s, a key that just took a
+// permit gets the next a second later, then ten a second. Permits already reserved stay
+// reserved, and settle under the limits they were granted under. The margin applies to
+// the new limits as to the first. It returns an error, and changes nothing, if limits are
+// not valid.
 func (l *Limiter) SetLimits(limits Limits) error {
 	if l.shape.Load() == nil {
 		return errZero
@@ -301,9 +301,9 @@ func (l *Limiter) Allow(ctx context.Context, key string) bool {
 
 // AllowN takes n permits for key if they are available now. The error is non-nil for a
 // bad request (gcra.ErrCostExceedsBurst), a closed or zero limiter (backend.ErrClosed), or
-// a backend failure answered by FailClosed (matching backend.ErrUnavailable, with a denial
-// whose RetryAfter says when to ask again: the backend's hint, see
-// backend.UnavailableError, or 100ms); FailOpen answers failures with an allowance and no
+// a backend failure answered by FailClosed. Such a failure matches backend.ErrUnavailable,
+// and comes with a denial whose RetryAfter says when to ask again: the backend's hint (see
+// backend.UnavailableError), or 100ms. FailOpen answers failures with an allowance and no
 // error.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, error) {
 	g, err := l.decide(ctx, key, n, 0)

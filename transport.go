@@ -9,10 +9,10 @@ import (
 	"github.com/sluicehq/sluice/internal/ratehdr"
 )
 
-// Transport is an http.RoundTripper that throttles outbound calls to a shared API: each
+// Transport is an http.RoundTripper that throttles outbound calls to a shared API. Each
 // request waits for its key's permit (bounded by its context and the limiter's maximum
-// wait) before it is sent, and a 429 answer is reported to the limiter (Penalize) so
-// that every worker sharing the limiter's state holds back: until its Retry-After, or for
+// wait) before it is sent. A 429 answer is reported to the limiter (Penalize), so that
+// every worker sharing the limiter's state holds back until its Retry-After, or for
 // DefaultPenalty when it has none. Idempotent requests may be retried after a 429
 // (Retries).
 //
@@ -144,12 +144,12 @@ func closeBody(r *http.Request) {
 	}
 }
 
-// Middleware throttles inbound requests: a request whose key has a permit now goes on to
-// next with the rate-limit headers set (httplimit.SetRateLimitHeaders); one that has none
+// Middleware throttles inbound requests. A request whose key has a permit now goes on to
+// next with the rate-limit headers set (httplimit.SetRateLimitHeaders). One that has none
 // is answered 429 with Retry-After and the same headers. key (an httplimit.KeyFunc) picks
-// a request's key; nil means the client's address (httplimit.KeyByRemoteAddr); an empty key
-// is not throttled. A backend failure is answered per the limiter's fail mode (denied
-// requests get 503 when the limiter fails closed).
+// a request's key, and nil means the client's address (httplimit.KeyByRemoteAddr). An
+// empty key is not throttled. A backend failure is answered per the limiter's fail mode
+// (denied requests get 503 when the limiter fails closed).
 func (l *Limiter) Middleware(key func(*http.Request) string) func(http.Handler) http.Handler {
 	if key == nil {
 		key = ratehdr.RemoteAddrKey

@@ -99,11 +99,12 @@ func memberOf(ctx context.Context) string {
 	return m
 }
 
-// room is the waiting room of one key: its ledger (fairq: the waiters of this limiter,
-// whom to serve, and the places in the key's line the limiter holds for them, each a
-// reservation handed to a waiter when it comes due), and the channels that hand the
-// places over. A waiter that gives up leaves its place to the others (or to the next to
-// come); the places nobody waits for any more are given back when the last waiter goes.
+// room is the waiting room of one key: its ledger, and the channels that hand the places
+// over. The ledger (fairq) knows the waiters of this limiter, whom to serve, and the
+// places in the key's line the limiter holds for them. Each place is a reservation, handed
+// to a waiter when it comes due. A waiter that gives up leaves its place to the others (or
+// to the next to come). The places nobody waits for any more are given back when the last
+// waiter goes.
 type room struct {
 	key   string
 	mu    sync.Mutex
@@ -151,9 +152,9 @@ func (l *Limiter) leaveRoom(ctx context.Context, key string, rm *room) {
 func (r *Reservation) due() int64 { return r.at + int64(r.Delay) }
 
 // waitFair is WaitN for one permit: the caller waits in key's room until a place comes due
-// and the room serves it, within bound (the limiter's maximum wait and the context's
-// deadline, as waitBound gives them); maxWait (> 0) is the part of the bound on the
-// limiter's clock, which a timer enforces (the context enforces its own deadline).
+// and the room serves it. It waits within bound: the limiter's maximum wait and the
+// context's deadline, as waitBound gives them. maxWait (> 0) is the part of the bound on
+// the limiter's clock, which a timer enforces; the context enforces its own deadline.
 //
 // A permit that expires as it is handed over (the waiter was not scheduled in time: see
 // ErrPermitExpired) is given back and the waiter waits again, within the same bounds.
@@ -221,9 +222,9 @@ func (l *Limiter) waitTurn(ctx context.Context, key string, bound, maxWait time.
 	}
 }
 
-// turn asks the room's ledger what w does next, and does it: refused, or without a place
-// in line and still waiting when it could not take one, w is done with r and err;
-// otherwise it goes on to sleep.
+// turn asks the room's ledger what w does next, and does it. When w is refused, or could
+// not take a place in line and left the room (see takePlace), w is done with r and err.
+// Otherwise it goes on to sleep.
 func (l *Limiter) turn(ctx context.Context, w *waiter, first bool) (r *Reservation, done bool, err error) {
 	w.rm.mu.Lock()
 	act, wait := w.rm.q.Turn(w.id, first, w.start, int64(w.bound))
@@ -368,11 +369,11 @@ func (rm *room) wake() {
 	}
 }
 
-// dispatch serves the places that have come due, each to the waiter the room's rule
-// picks among those free to take it (not still taking a place in line); when every waiter
+// dispatch serves the places that have come due. Each goes to the waiter the room's rule
+// picks among those free to take it (not still taking a place in line). When every waiter
 // is busy the place stays, to be served when the first comes back (it dispatches then). A
 // place past due by more than the margin allows (maxLate) has expired: used now, its
-// permit could reach the API too close to the next (see WithMargin), so it is given back
+// permit could reach the API too close to the next (see WithMargin). So it is given back
 // and observed (EventExpired), and its waiter waits for the next place.
 func (l *Limiter) dispatch(ctx context.Context, rm *room) {
 	var cancel []*Reservation
