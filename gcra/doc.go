@@ -21,13 +21,13 @@
 // # Fixed windows
 //
 // A Limit with Window > 0 is instead a quota of Burst permits in each fixed window of
-// Window nanoseconds, the windows falling on whole multiples of Window in Unix time (a
-// daily quota resets at 00:00 UTC; Origin places them for a caller whose now is not Unix
-// time). Its T is floor(Window/Burst) and the key's state is still one int64: a window
-// ending at E with u permits counted in it is E + u*T, so a key with permits counted in
+// Window nanoseconds. The windows fall on whole multiples of Window in Unix time, so a
+// daily quota resets at 00:00 UTC. Origin places them for a caller whose now is not Unix
+// time. Its T is floor(Window/Burst), and the key's state is still one int64: a window
+// ending at E with u permits counted in it is E + u*T. So a key with permits counted in
 // its window has a state beyond now, and Idle holds as for GCRA. Decide takes weights,
-// reserves into the first later window with room (usable from its start), Adjust counts
-// a charge in the window up to its count and refunds while the grant's window lasts, and
-// Penalize, when every limit of the key is a window, counts the window of the penalty's
-// end full. Level, AtLevel and Debt are for GCRA limits only.
+// and reserves into the first later window with room, usable from its start. Adjust
+// counts a charge in the window up to its count, and refunds while the grant's window
+// lasts. Penalize, when every limit of the key is a window, counts the window of the
+// penalty's end full. Level, AtLevel and Debt are for GCRA limits only.
 package gcra

@@ -7,12 +7,12 @@
 // reads do not write shared memory.
 //
 // A key whose TAT is in the past is indistinguishable from a new key, so idle keys are
-// forgotten without changing any decision: a background sweep runs at most once per
-// SweepEvery, started by a caller that inserts a key. At the key cap a new key takes the
-// place of an idle key found in a small random sample, at a cost independent of the
-// number of keys; when the sample holds none, the new key gets backend.ErrTooManyKeys and
-// the limiter's fail mode answers it (deny, by default), or, with WithEvictLive, evicts
-// the sampled key closest to idle. Existing keys are unaffected.
+// forgotten without changing any decision. A background sweep forgets them at most once
+// per SweepEvery, started by a caller that inserts a key. At the key cap a new key takes
+// the place of an idle key found in a small random sample, at a cost independent of the
+// number of keys. When the sample holds none, the new key gets backend.ErrTooManyKeys and
+// the limiter's fail mode answers it (deny, by default). With WithEvictLive it evicts the
+// sampled key closest to idle instead. Existing keys are unaffected.
 package local
 
 import (
@@ -154,12 +154,13 @@ func (b *Backend) EvictedLive() int64 { return b.liveEvict.Load() }
 const evictSample = 32
 
 // makeRoom frees one place at the key cap without scanning the map, and reports whether it
-// did. It looks at a sample of evictSample keys taken from a random place (the read-only
-// copy of the single-limit keys, whose iteration starts at random; the map's first keys
-// when there is no copy yet) and evicts an idle one if the sample holds one (an idle key
-// decides as a new one: nothing is lost), else, with WithEvictLive, the one closest to
-// idle (the earliest TAT). Its cost is the sample's, whatever the number of keys: a flood
-// of new keys at the cap never waits for a sweep.
+// did. It looks at up to three samples in turn. The first two are evictSample keys each,
+// from random places in the read-only copy of the single-limit keys (whose iteration
+// starts at random). The third is the map's first 4*evictSample keys, the only sample
+// when there is no copy yet. It evicts an idle key if a sample holds one (an idle key
+// decides as a new one: nothing is lost). Otherwise, with WithEvictLive, it evicts the
+// sample's key closest to idle (the earliest TAT). Its cost is the samples', whatever the
+// number of keys, so a flood of new keys at the cap never waits for a sweep.
 func (b *Backend) makeRoom(now int64) bool {
 	for try := 0; try < 3; try++ {
 		var victimKey, victim any
