@@ -21,10 +21,9 @@ import (
 //   - etcd://, zk:// and any other scheme store.Open knows (memory:// included): the
 //     compare-and-set path of package strict/cas, on the record of each key read with the
 //     store's time (a cas.Backend that closes the store's client). WithPrefix and
-//     WithTimeout apply (the time-out bounds a round of the store; default
-//     cas.DefaultTimeout); the
-//     options of the Redis path alone (WithPipelines, WithProbeEvery, WithFailLocal,
-//     WithReplicaAcks) are refused.
+//     WithTimeout apply; the time-out bounds a round of the store (default
+//     cas.DefaultTimeout). The options of the Redis path alone (WithPipelines,
+//     WithProbeEvery, WithFailLocal, WithReplicaAcks) are refused.
 //
 // etcd:// and zk:// need their store's package linked (import _
 // "github.com/sluicehq/sluice/store/etcd", or store/all for every store). The backend owns

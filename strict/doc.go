@@ -25,7 +25,7 @@
 //   - One script (sluice.lua, embedded) decides, settles and penalizes. It runs with
 //     EVALSHA, and with EVAL when Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH).
 //     Times are exact integer nanoseconds held as (seconds, nanoseconds) pairs, since Lua's
-//     doubles cannot hold Unix nanoseconds; a differential test runs random sequences
+//     doubles cannot hold Unix nanoseconds. A differential test runs random sequences
 //     through the script and the Go core (2,500 by default, 20,000 under make fuzz) and
 //     demands identical decisions.
 //   - A key's state is one Redis string at PREFIX + "v1:{KEY}", versioned and hash-tagged

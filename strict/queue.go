@@ -75,13 +75,13 @@ func (c *call) release() {
 
 // pipeliner coalesces the calls of concurrent goroutines into batches. A fixed set of
 // flusher goroutines (owned by the backend, stopped by Close) each take every call queued
-// (up to maxBatch) and send them as one pipeline holding one script call per group of
-// keys that may share one (every key for one Redis, one key otherwise, see groupingOf):
-// the script decides each group's calls in arrival order, reading and writing each key
-// once.
-// A lone caller is sent at once, alone; while batches are in flight, new calls queue and
-// leave together, mostly when a batch returns (see ready for when they leave sooner), so
-// the number of goroutines, not the round trip, sets the throughput.
+// (up to maxBatch). A flusher sends them as one pipeline holding one script call per
+// group of keys that may share one (every key for one Redis, one key otherwise: see
+// groupingOf). The script decides each group's calls in arrival order, reading and
+// writing each key once. A lone caller is sent at once, alone. While batches are in
+// flight, new calls queue and leave together, mostly when a batch returns (see ready for
+// when they leave sooner). So the number of goroutines, not the round trip, sets the
+// throughput.
 type pipeliner struct {
 	client   Client
 	names    string // the start of every key's Redis name (Backend.KeyName)
@@ -190,14 +190,14 @@ type deadlineCtx struct {
 }
 
 // deadline returns the context of a batch sent now whose oldest call was submitted at
-// oldest: one that ends within the time-out, or at once when the backend closes. With a
-// client that honours deadlines (direct) the time-out runs from oldest, so that the
+// oldest. The context ends within the time-out, or at once when the backend closes. With
+// a client that honours deadlines (direct) the time-out runs from oldest, so that the
 // batch, and every call in it, is answered within the time-out of the oldest call's
-// submission (a call whose time-out passed while it was queued is not sent: see
-// unexpired); its callers wait without timers of their own. With any other client it
-// runs from now, and each caller times its own wait. Batches whose deadlines fall within
-// 1/100 of the time-out of each other share one context (each thus has at least 99% of
-// its time-out), which spares a timer per batch.
+// submission. (A call whose time-out passed while it was queued is not sent: see
+// unexpired.) Its callers then wait without timers of their own. With any other client
+// the time-out runs from now, and each caller times its own wait. Batches whose deadlines
+// fall within 1/100 of the time-out of each other share one context, which spares a
+// timer per batch; each thus has at least 99% of its time-out.
 func (p *pipeliner) deadline(oldest int64) context.Context {
 	now := clock.Default.Nanotime()
 	end := now + int64(p.timeout)

@@ -152,16 +152,16 @@ func WithFailLocal(share float64) Option {
 	})
 }
 
-// WithReplicaAcks makes every batch wait, in its own round trip, until n replicas have
-// acknowledged its writes (Redis WAIT n timeout, sent in the same pipeline after the
-// script calls), for at most timeout (at most the backend's time-out; <= 0: half of it).
-// A batch that fewer replicas acknowledge in time fails with backend.ErrUnavailable: its grants
-// are not used (they stay booked on the master: capacity wasted, never over-admitted),
-// and the fail mode answers. A grant that is used is then on n replicas, so a Sentinel
-// failover to one of them cannot lose it: what asynchronous replication loses to a
-// promotion (see docs/strict.md, "The failover bound") is never used. The cost is the
-// replicas' acknowledgement in every round trip. It needs a client of one Redis or of a
-// Sentinel set's master (*goredis.Client); with any other, every call fails with an
+// WithReplicaAcks makes every batch wait until n replicas have acknowledged its writes
+// (Redis WAIT n timeout, sent in the same pipeline after the script calls). The wait
+// lasts at most timeout, which is at most the backend's time-out (<= 0: half of it). A
+// batch that fewer replicas acknowledge in time fails with backend.ErrUnavailable, and the
+// fail mode answers. Its grants are not used: they stay booked on the master, capacity
+// wasted but never over-admitted. A grant that is used is then on n replicas, so a
+// Sentinel failover to one of them cannot lose it. So what asynchronous replication loses
+// to a promotion (see docs/strict.md, "The failover bound") is never used. The cost is
+// the replicas' acknowledgement in every round trip. It needs a client of one Redis or of
+// a Sentinel set's master (*goredis.Client); with any other, every call fails with an
 // error that says so.
 func WithReplicaAcks(n int, timeout time.Duration) Option {
 	return optionFunc(func(b *Backend) {
