@@ -183,10 +183,10 @@ const (
 	// FailOpen allows: unbounded over-admission while the failure lasts, for callers who
 	// prefer availability.
 	FailOpen
-	// FailLocal decides locally on a share of the limit: the lease mode runs on its
-	// expired lease for the store's grace (no over-admission); the strict mode on Redis decides on a
-	// configured share and charges it back when Redis returns. A backend offers it or
-	// refuses it; a limiter whose backend still fails answers as FailClosed.
+	// FailLocal decides locally on a share of the limit. The lease mode runs on its
+	// expired lease for the store's grace (no over-admission). The strict mode on Redis
+	// decides on a configured share and charges it back when Redis returns. A backend
+	// offers it or refuses it; a limiter whose backend still fails answers as FailClosed.
 	FailLocal
 )
 

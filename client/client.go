@@ -1,12 +1,12 @@
 // Package client talks to a Sluice daemon (`sluice serve`) over its line protocol: a small
-// pool of connections, each pipelined (many goroutines share it; answers come back in
-// order), with a short time-out.
+// pool of connections with a short time-out. Each connection is pipelined: many goroutines
+// share it, and answers come back in order.
 //
-// A daemon that does not answer right away is in trouble, so a call that fails or times out is answered by the client's fail mode (open,
-// allowing the request, by default), and the client stops asking for a while (a back-off
-// that doubles up to a maximum), then probes with one query. The Backend method adapts a
-// Client to sluice.Limiter, so code moves between in-process and daemon use by changing
-// one option.
+// A daemon that does not answer right away is in trouble. So a call that fails or times
+// out is answered by the client's fail mode (open, allowing the request, by default), and
+// the client stops asking for a while, a back-off that doubles up to a maximum. Then it
+// probes with one query. The Backend method adapts a Client to sluice.Limiter, so code
+// moves between in-process and daemon use by changing one option.
 package client
 
 import (
@@ -27,11 +27,13 @@ import (
 )
 
 // ErrInvalidTag: the tag is empty, not UTF-8, or holds a control character (a line break
-// would split the query in two); nothing is sent. The client's other failures are
-// declared in package backend: backend.ErrUnavailable (the daemon did not answer in time,
-// or the client is backing off after a failure; calls that return a decision answered it
-// by the fail mode), backend.ErrClosed (the client was closed) and backend.ErrUnsupported
-// (the protocol cannot carry the operation: settling a reservation).
+// would split the query in two). Nothing is sent. The client's other failures are
+// declared in package backend:
+//   - backend.ErrUnavailable: the daemon did not answer in time, or the client is backing
+//     off after a failure. Calls that return a decision answered it by the fail mode.
+//   - backend.ErrClosed: the client was closed.
+//   - backend.ErrUnsupported: the protocol cannot carry the operation (settling a
+//     reservation).
 var ErrInvalidTag = errors.New("sluice client: invalid tag")
 
 // Client is a connection pool to one daemon. It is safe for concurrent use.
@@ -127,8 +129,8 @@ type Answer struct {
 	Failed bool
 }
 
-// Allow asks the daemon's first question, "serve or throttle?", for tag: one permit, now, in the
-// plain protocol. When the daemon fails it answers by the fail mode.
+// Allow asks the daemon's first question, "serve or throttle?", for tag: one permit, now,
+// in the plain protocol. When the daemon fails it answers by the fail mode.
 func (c *Client) Allow(ctx context.Context, tag string) bool {
 	if !wire.ValidTag(tag) {
 		return false // the daemon refuses such a tag
@@ -428,13 +430,14 @@ func (p *pconn) close(err error) {
 
 // --- the sluice.Limiter adapter ---
 
-// Backend adapts the client to sluice.WithBackend. The daemon's rules decide, whatever
-// limits the limiter was built with (those only bound the cost of one request): the key is
-// sent as the tag. Reservations travel as the protocol's w= option; Penalize as p=;
-// settling or cancelling a reservation is not carried (backend.ErrUnsupported: the permits
-// stay taken); permits a limiter finds expired are reported (ReportExpired) for the
-// daemon's count. When the daemon fails, decisions are the client's fail mode's, with no
-// error. Closing the backend closes the client; later calls return backend.ErrClosed.
+// Backend adapts the client to sluice.WithBackend. The key is sent as the tag, and the
+// daemon's rules decide, whatever limits the limiter was built with (those only bound the
+// cost of one request). Reservations travel as the protocol's w= option, and Penalize as
+// p=. Settling or cancelling a reservation is not carried: it returns
+// backend.ErrUnsupported, and the permits stay taken. Permits a limiter finds expired are
+// reported (ReportExpired) for the daemon's count. When the daemon fails, decisions are
+// the client's fail mode's, with no error. Closing the backend closes the client, and
+// later calls return backend.ErrClosed.
 func (c *Client) Backend() backend.Backend { return clientBackend{c} }
 
 type clientBackend struct{ c *Client }
