@@ -30,9 +30,9 @@ type Config struct {
 	Backend        string       `yaml:"backend"`         // local, strict, lease or gossip (redis: deprecated, strict)
 	RedisURL       string       `yaml:"redis_url"`       // deprecated: store
 	Store          string       `yaml:"store"`           // backend strict or lease: the store's URL (redis://, rediss://, redis-cluster://, redis-sentinel://, etcd://, zk://, memory://)
-	FailMode       string       `yaml:"fail_mode"`       // closed, open, or (backend redis) local: the answer when the back end fails
+	FailMode       string       `yaml:"fail_mode"`       // closed, open, or (the strict mode on Redis) local: the answer when the back end fails
 	FallbackShare  float64      `yaml:"fallback_share"`  // fail_mode local: the share of each limit this daemon uses while Redis is down
-	RedisTimeout   Duration     `yaml:"redis_timeout"`   // backend redis: how long a decision waits for Redis
+	RedisTimeout   Duration     `yaml:"redis_timeout"`   // the strict mode on Redis: how long a decision waits for Redis
 	Margin         Duration     `yaml:"margin"`          // jitter tolerance applied to every rule's limit
 	HTTPTokenFile  string       `yaml:"http_token_file"` // file holding the bearer token the HTTP API requires; "" means no auth
 	MaxConnections int          `yaml:"max_connections"` // line-protocol connections at once
@@ -52,9 +52,9 @@ type Config struct {
 	file     string
 	warnings []string // set by Validate: the deprecated spellings it read
 
-	// RedisAcks (backend redis) is how many replicas must acknowledge each batch's writes
-	// (Redis WAIT, within half the redis_timeout) before its grants are used; 0: none
-	// (strict.WithReplicaAcks; docs/strict.md, "The failover bound").
+	// RedisAcks (the strict mode on Redis) is how many replicas must acknowledge each
+	// batch's writes (Redis WAIT, within half the redis_timeout) before its grants are
+	// used; 0: none (strict.WithReplicaAcks; docs/strict.md, "The failover bound").
 	RedisAcks int `yaml:"redis_replica_acks"`
 }
 
@@ -99,7 +99,7 @@ func DefaultConfig() Config {
 		RedisTimeout:   yamlx.Duration(100 * time.Millisecond), // a decision is a round trip on a LAN
 		RedisAcks:      0,                                      // asynchronous replication: a failover may lose the last writes
 		MaxConnections: 4096,                                   // forked workers on one host, with room
-		MaxKeys:        1 << 20,                                // about 200 MB of buckets at worst
+		MaxKeys:        1 << 20,                                // about 180 MB of heap when full (docs/local.md)
 		MaxLine:        1024,                                   // a tag is an IP, a token, a name: 1 KiB is plenty
 		MaxPending:     64 << 10,                               // 64 KiB of unread answers (about 21,000) per client
 		IdleTimeout:    yamlx.Duration(5 * time.Minute),        // idle clients give their connection back

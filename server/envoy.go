@@ -122,19 +122,22 @@ func LoadEnvoyConfig(path string) (Config, error) {
 	return ParseEnvoyConfig(path, b)
 }
 
-// ParseEnvoyConfig reads a config file in envoyproxy/ratelimit's format (a domain and its
-// nested descriptors, each with a key, an optional value, and an optional rate_limit of
-// requests_per_unit per unit) into the daemon's defaults with one rule for each
-// descriptor that has a rate limit, matching the tags EnvoyTag makes. The rules decide as
-// envoyproxy/ratelimit does: a descriptor's limit applies to requests whose entries walk
-// down to it exactly; at each level an entry with the same key and value wins over a
-// wildcard value ("foo*"), which wins over a key alone (any value, each its own bucket);
-// requests_per_unit 0 denies every request, unlimited allows every one, shadow_mode
-// answers OK but counts the denials, share_threshold makes a wildcard's values share one
-// bucket, and detailed_metric (or value_to_metric) counts decisions by tag. Where
-// envoyproxy/ratelimit counts fixed windows, the daemon keeps the limit with GCRA, with a
-// burst of requests_per_unit. replaces is refused, as is any field the format does not
-// have; every error names file and line.
+// ParseEnvoyConfig reads a config file in envoyproxy/ratelimit's format into the daemon's
+// defaults. The file holds a domain and its nested descriptors, each with a key, an
+// optional value, and an optional rate_limit of requests_per_unit per unit. Each
+// descriptor that has a rate limit becomes one rule, matching the tags EnvoyTag makes.
+// The rules decide as envoyproxy/ratelimit does:
+//   - A descriptor's limit applies to requests whose entries walk down to it exactly.
+//   - At each level an entry with the same key and value wins over a wildcard value
+//     ("foo*"), which wins over a key alone (any value, each its own bucket).
+//   - requests_per_unit 0 denies every request, and unlimited allows every one.
+//   - shadow_mode answers OK but counts the denials.
+//   - share_threshold makes a wildcard's values share one bucket.
+//   - detailed_metric (or value_to_metric) counts decisions by tag.
+//
+// Where envoyproxy/ratelimit counts fixed windows, the daemon keeps the limit with GCRA,
+// with a burst of requests_per_unit. replaces is refused, as is any field the format does
+// not have. Every error names file and line.
 func ParseEnvoyConfig(file string, b []byte) (Config, error) {
 	c := DefaultConfig()
 	if len(b) > 16<<20 {

@@ -192,10 +192,10 @@ func (m *metrics) observe(e sluice.Event) {
 	}
 }
 
-// keyCount is the number of keys a back end holds in shared state (a KeyCounter: Redis),
-// counted when a scrape asks for it and the last count is older than keysEvery; a scrape
-// in between reads the last count. Counting may take a while (a SCAN of Redis): one runs
-// at a time, and a scrape that comes meanwhile reads the last count.
+// keyCount is the number of keys a back end holds in shared state (a KeyCounter: Redis).
+// A scrape counts again when the last count is older than keysEvery, and otherwise reads
+// the last count. Counting may take a while (a SCAN of Redis), so one runs at a time, and
+// a scrape that comes meanwhile reads the last count.
 type keyCount struct {
 	counter backend.KeyCounter
 	mu      sync.Mutex // held while counting

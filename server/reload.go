@@ -9,9 +9,9 @@ import (
 )
 
 // Reload replaces the rules, limits, margin and token with cfg's, keeping every connection
-// and every bucket whose rule keeps its name; the bounds on connections, lines, pending
-// answers and time-outs apply from then on to new connections (and shutdown_grace to the
-// next shutdown). What is set up at start stays as it was, with a warning if cfg changes
+// and every bucket whose rule keeps its name. The bounds on connections, lines, pending
+// answers and time-outs apply from then on to new connections, and shutdown_grace to the
+// next shutdown. What is set up at start stays as it was, with a warning if cfg changes
 // it: the listen addresses, the back end and its Redis settings, the fail mode and
 // fallback share, max_keys and logging. A config with an error is refused (the old one
 // stays), logged and counted, as ReloadFrom does.
@@ -20,7 +20,7 @@ func (s *Server) Reload(cfg Config) error {
 }
 
 // ReloadFrom reloads the config load returns (reading a file: SIGHUP, or the file changed),
-// as Reload does; trigger says what asked, in the log. Every outcome is logged and
+// as Reload does. trigger says what asked, in the log. Every outcome is logged and
 // counted, a config that could not be read or parsed included (sluice_reloads_total,
 // sluice_config_last_reload_successful, and the time of the last success).
 func (s *Server) ReloadFrom(trigger string, load func() (Config, error)) error {

@@ -18,12 +18,12 @@ import (
 	"github.com/sluicehq/sluice/gcra"
 )
 
-// WithTracerProvider traces decisions with tp: a span "sluice.decide" for every decision
-// (line protocol, HTTP and gRPC alike), with the rule, the permits asked, the result and
-// the tag's SHA-256 fingerprint (never the tag); gRPC calls get a server span each, the
-// child of the caller's trace (Envoy's, when it traces), and HTTP decisions continue the
-// trace their traceparent header names. Without it (the default) nothing is traced, at
-// no cost.
+// WithTracerProvider traces decisions with tp. Every decision (line protocol, HTTP and
+// gRPC alike) gets a span "sluice.decide", with the rule, the permits asked, the result
+// and the tag's SHA-256 fingerprint (never the tag). Each gRPC call gets a server span,
+// the child of the caller's trace (Envoy's, when it traces). HTTP decisions continue the
+// trace their traceparent header names. Without it (the default) nothing is traced, at no
+// cost.
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return optionFunc(func(s *Server) {
 		if tp != nil {
