@@ -23,11 +23,11 @@ const (
 	// capacity left stays near a small reserve, and drifts every client towards an equal
 	// share.
 	Sluice Strategy = iota
-	// Heroku is the algorithm of the Heroku client study, as written: each goroutine
-	// sleeps before each request; a 429 doubles the sleep (once per event across the
-	// goroutines); each success takes off remaining × sleep / (limit × time factor), the
-	// time factor high just after a doubling; 0-10% jitter. It does not pace before the
-	// first 429.
+	// Heroku is the algorithm of the Heroku client study, as written. Each goroutine
+	// sleeps before each request. A 429 doubles the sleep, once per event across the
+	// goroutines. Each success takes off remaining × sleep / (limit × time factor), the
+	// time factor being high just after a doubling. Each sleep is lengthened by up to
+	// Config.Jitter (10% by default). It does not pace before the first 429.
 	Heroku
 	// Cubic is the AWS SDKs' adaptive retry rate limiter: a token bucket filled at a
 	// rate cut to 0.7 of the measured send rate on each throttle, and regrown along
@@ -105,10 +105,10 @@ type Config struct {
 	// OpenAI's and Anthropic's fields, which count per minute).
 	Limit sluice.Limit
 	// Reserve is the capacity the Sluice strategy leaves unspent, in time at the limit's
-	// rate (default 16 s, plus a round trip; at most half the burst, at least two
-	// requests): the pool's cushion against the requests other clients send before they
-	// hear of a change. It is spent at the end of a run at most: a constant reserve
-	// costs nothing of the rate.
+	// rate: default 16 s, plus a round trip, at most half the burst and at least two
+	// requests. It is the pool's cushion against the requests other clients send before
+	// they hear of a change. It is spent at the end of a run at most, so a constant
+	// reserve costs nothing of the rate.
 	Reserve time.Duration
 	// Horizon is how fast the Sluice strategy lets a pool spend what is left above the
 	// reserve (default 1 s): a lone client uses a full burst quickly, and several spend
