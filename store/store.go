@@ -21,16 +21,16 @@ import (
 
 // Store keeps small records (a few hundred bytes each) read with the store's time and
 // written by compare-and-set. The modes that share state through a store do their
-// arithmetic in Go, in every member's process: the lease mode's allocation reads the
+// arithmetic in Go, in every member's process. The lease mode's allocation reads the
 // records a batch of requests needs, applies the requests, and writes back every record
-// whose version is unchanged, retrying the others; the strict mode's compare-and-set path
+// whose version is unchanged, retrying the others. The strict mode's compare-and-set path
 // does the same with one GCRA state per key. So a store is only this small contract, the
 // same for Memory (in process), the stores of packages store/redis, store/etcd and
 // store/zk, and any store a user writes. docs/lease.md states what each store guarantees.
 //
 // Both methods are safe for concurrent use, may block for a round trip bounded by ctx,
-// and return backend.ErrUnavailable (wrapped) when the store cannot be reached. They must not
-// retain the slices passed.
+// and return backend.ErrUnavailable (wrapped) when the store cannot be reached. They must
+// not retain the slices passed.
 type Store interface {
 	// Load returns the records named by ids, in the order given (a missing record has
 	// no Data and Version 0), the store's clock, and when the store's current
