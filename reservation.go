@@ -33,10 +33,10 @@ func (r *Reservation) n() int64 {
 }
 
 // Slot returns when the permits may be used, as the backend decided it: nanoseconds in
-// the backend's own time base (Redis TIME for the strict mode on Redis, the process's monotonic
-// clock for the local one). Decisions of one backend can be audited against each other
-// with it: the slots of all grants of a key conform to its limits exactly. Zero for a
-// denial.
+// the backend's own time base (Redis TIME for the strict mode on Redis, the process's
+// monotonic clock for the local one). Decisions of one backend can be audited against
+// each other with it: the slots of all grants of a key conform to its limits exactly.
+// Zero for a denial.
 func (r *Reservation) Slot() int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -9,8 +9,8 @@
 // next request may go. It learns by one of four strategies: Sluice (the default), and the
 // published designs it is measured against, Heroku (the client of the Heroku client
 // study, docs/concepts.md), Cubic (the AWS SDKs' adaptive retry) and SRE (Google SRE's
-// client-side throttling). It learns two limits at once when an LLM API names them (requests and
-// tokens a minute), and paces by the tighter.
+// client-side throttling). It learns two limits at once when an LLM API names them
+// (requests and tokens a minute), and paces by the tighter.
 //
 // Transport is an http.RoundTripper that paces requests through one Controller per host
 // (or per key the caller chooses), shared by every goroutine of the process: the

@@ -311,7 +311,8 @@ func TestCallsReturnWithinTheTimeOut(t *testing.T) {
 	}
 	wg.Wait()
 	t.Logf("%d calls, %d failed, slowest %v", calls.Load(), c.Failures(), time.Duration(worst.Load()))
-	// The slack is for a loaded machine's scheduling; the defect made calls of 290 ms to 120 s.
+	// The slack is for a loaded machine's scheduling. The defect made calls of 290 ms to
+	// 120 s.
 	if w := time.Duration(worst.Load()); w > timeout+250*time.Millisecond {
 		t.Fatalf("a call took %v with a %v time-out", w, timeout)
 	}

@@ -145,7 +145,8 @@ func TestValidate(t *testing.T) {
 	}
 }
 
-// TestDenialConsumesNothing: with several limits, a denial by one leaves every TAT as it was.
+// TestDenialConsumesNothing: with several limits, a denial by one leaves every TAT as it
+// was.
 func TestDenialConsumesNothing(t *testing.T) {
 	ls := []Limit{lim(100, sec, 20), lim(2, sec, 2)}
 	tats := []int64{0, 0}
@@ -251,8 +252,9 @@ func referee(uses []use, ls []Limit) (int, bool) {
 	return 0, true
 }
 
-// countWindow is the conformance of DESIGN.md §1 stated directly: in every window of length
-// w, at most Burst + floor(w/T) permits. It checks windows that start and end at uses.
+// countWindow is the conformance of docs/concepts.md, "Conformance", stated directly: in
+// every window of length w, at most Burst + floor(w/T) permits. It checks windows that
+// start and end at uses.
 func countWindow(uses []use, l Limit) bool {
 	for i := range uses {
 		var sum int64

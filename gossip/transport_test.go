@@ -70,9 +70,10 @@ func (c *cutter) DialTimeout(addr string, d time.Duration) (net.Conn, error) {
 }
 
 // TestWrapTransport: a member's traffic goes through Config.WrapTransport's transport,
-// over the real UDP and TCP underneath: through an open gate it joins its peer and they
-// exchange reports; through a shut one it cannot join, at New or when it retries; Close shuts the transport down
-// (the package's leak check would see its listeners' goroutines otherwise).
+// over the real UDP and TCP underneath. Through an open gate it joins its peer and they
+// exchange reports. Through a shut one it cannot join, at New or when it retries. Close
+// shuts the transport down (the package's leak check would see its listeners' goroutines
+// otherwise).
 func TestWrapTransport(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real time")

@@ -33,7 +33,8 @@ type Rule struct {
 	Unlimited bool `yaml:"unlimited"`
 	Deny      bool `yaml:"deny"`
 	// Shadow decides and counts as usual but answers every denial as allowed (counted as
-	// result "shadowed"): a dry run of a limit. A back-end failure still follows the fail mode.
+	// result "shadowed"): a dry run of a limit. A back-end failure still follows the fail
+	// mode.
 	Shadow bool `yaml:"shadow"`
 	// DetailedMetrics also counts the rule's decisions by tag
 	// (sluice_tag_decisions_total{rule,tag,result}), for the first MaxDetailedTags tags of

@@ -77,7 +77,8 @@ func (f optionFunc) apply(s *Server) { f(s) }
 // stderr).
 func WithLogger(l *slog.Logger) Option { return optionFunc(func(s *Server) { s.log = l }) }
 
-// WithClock sets the clock of the local back end and of decisions (tests use a virtual one).
+// WithClock sets the clock of the local back end and of decisions (tests use a virtual
+// one).
 func WithClock(c clock.Clock) Option { return optionFunc(func(s *Server) { s.clock = c }) }
 
 // WithBackend makes the server decide in b (the caller keeps ownership: Shutdown does not

@@ -112,8 +112,8 @@ func (s *Memory) Rewind(id string, r Record) {
 	s.records[id] = memRecord{data: r.Data, version: r.Version}
 }
 
-// SetDown makes the store unreachable (every call fails with backend.ErrUnavailable) or reachable
-// again, keeping its records: an outage, for tests.
+// SetDown makes the store unreachable (every call fails with backend.ErrUnavailable) or
+// reachable again, keeping its records: an outage, for tests.
 func (s *Memory) SetDown(down bool) {
 	s.mu.Lock()
 	s.down = down

@@ -162,8 +162,8 @@ func (bb *batchBuilder) withAcks(ctx context.Context, p *pipeliner) *goredis.Int
 }
 
 // acked returns nil if wait (nil: none asked for) counted enough replicas, and otherwise
-// an error that is a failure to reach Redis (backend.ErrUnavailable), never a reply error: the
-// writes may be lost to a failover, so their grants must not be used.
+// an error that is a failure to reach Redis (backend.ErrUnavailable), never a reply
+// error: the writes may be lost to a failover, so their grants must not be used.
 func (p *pipeliner) acked(wait *goredis.IntCmd) error {
 	if wait == nil {
 		return nil

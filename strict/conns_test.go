@@ -23,10 +23,10 @@ func (b *Backend) freeConns() int {
 }
 
 // TestOwnConnectionsSurviveRestart: a backend made by Dial sends on connections of its
-// own (kept from one call to the next, not taken from go-redis' pool each time); after a
-// NOSCRIPT it sends the script again; when Redis is killed they break, and once it is back the backend decides again on new ones
-// (a broken connection kept would fail every call from then on), and Close gives them
-// all back.
+// own, kept from one call to the next, not taken from go-redis' pool each time. After a
+// NOSCRIPT it sends the script again. When Redis is killed they break, and once it is
+// back the backend decides again on new ones (a broken connection kept would fail every
+// call from then on). Close gives them all back.
 func TestOwnConnectionsSurviveRestart(t *testing.T) {
 	srv := redistest.New(t)
 	ctx := context.Background()

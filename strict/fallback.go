@@ -13,8 +13,8 @@ import (
 )
 
 // The breaker. A call that cannot reach Redis (connection error, no answer within the
-// time-out) opens it: from then on calls are answered at once (backend.ErrUnavailable, or the
-// local fallback) instead of each waiting for the time-out, and one prober goroutine
+// time-out) opens it: from then on calls are answered at once (backend.ErrUnavailable, or
+// the local fallback) instead of each waiting for the time-out, and one prober goroutine
 // checks Redis every probeEvery. When Redis answers, the prober charges the ledger to it
 // and closes the breaker. There are no retries: one probe at a time, whatever the load.
 

@@ -150,8 +150,9 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// TestFaultFailClosed: while Redis is down every call is denied with backend.ErrUnavailable,
-// within the time-out; decisions resume from Redis after it returns.
+// TestFaultFailClosed: while Redis is down every call is denied with
+// backend.ErrUnavailable, within the time-out. Decisions resume from Redis after it
+// returns.
 func TestFaultFailClosed(t *testing.T) {
 	c, _, _, _ := faultRun(t, "1000/s burst=50", backend.FailClosed)
 	if n := c.allowed[phaseDown].Load(); n != 0 {
@@ -291,9 +292,10 @@ func TestFaultUnpayableDebt(t *testing.T) {
 
 // TestDirectTimeout: through a backend made by Dial (whose client honours deadlines, so
 // that its calls wait without a timer of their own), a hung Redis (SIGSTOP) answers no
-// call, and each still returns within the time-out of its own start, with backend.ErrUnavailable:
-// the lone call in flight, a batch sent beside it, and calls queued behind that batch,
-// which leave only when it fails and must not get a whole time-out more.
+// call. Each call still returns within the time-out of its own start, with
+// backend.ErrUnavailable: the lone call in flight, a batch sent beside it, and calls
+// queued behind that batch, which leave only when it fails and must not get a whole
+// time-out more.
 func TestDirectTimeout(t *testing.T) {
 	srv := redistest.New(t)
 	const timeout = 1500 * time.Millisecond

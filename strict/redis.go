@@ -140,10 +140,11 @@ func WithClock(c clock.Clock) Option { return optionFunc(func(b *Backend) { b.cl
 
 // WithFailLocal selects the fail mode "local": while Redis is unavailable, this process
 // decides on its own with a local GCRA at share (0 < share <= 1) of each limit's rate and
-// burst (at least one permit of burst), instead of returning backend.ErrUnavailable. What it
-// admitted is charged back to Redis when Redis returns. With P processes that each run
+// burst (at least one permit of burst), instead of returning backend.ErrUnavailable. What
+// it admitted is charged back to Redis when Redis returns. With P processes that each run
 // at share s while all are cut off, the pool admits up to P*s of the limit: s = 1/P keeps
-// it within the limit (see docs/strict.md).
+// it within the limit (see docs/strict.md, "Fail modes and their worst-case
+// over-admission").
 func WithFailLocal(share float64) Option {
 	return optionFunc(func(b *Backend) {
 		if share > 0 && share <= 1 {
@@ -273,9 +274,10 @@ func openRedis(url string, opts ...Option) (*Backend, error) {
 }
 
 // KeyName returns the Redis key that holds key's state: prefix, the format version, and
-// the key as a hash tag, so that all of one key's Redis keys share a cluster slot and keys
-// spread over slots. '\' and '}' in the key are escaped (as \\ and \]) and an empty key is
-// written \0, so the tag is never empty nor cut short, and distinct keys never share a name.
+// the key as a hash tag, so that all of one key's Redis keys share a cluster slot and
+// keys spread over slots. '\' and '}' in the key are escaped (as \\ and \]) and an empty
+// key is written \0, so the tag is never empty nor cut short, and distinct keys never
+// share a name.
 func (b *Backend) KeyName(key string) string {
 	return rkey.Name(b.names, key)
 }
@@ -471,9 +473,9 @@ func (b *Backend) unavailable(err error) error {
 }
 
 // await waits for the answer of c (submitted), at most the time-out, and classifies its
-// error: ErrClosed, backend.ErrUnavailable (Redis could not decide) or a *ReplyError. On success
-// the caller reads c's results and releases it. On failure c is released, or abandoned to
-// the batch that may still answer it.
+// error: ErrClosed, backend.ErrUnavailable (Redis could not decide) or a *ReplyError. On
+// success the caller reads c's results and releases it. On failure c is released, or
+// abandoned to the batch that may still answer it.
 func (b *Backend) await(ctx context.Context, key string, c *call) error {
 	if b.p.direct {
 		// The pipeliner answers c within the time-out (see pipeliner.deadline): no timer.

@@ -52,7 +52,8 @@ func windowed(limits []gcra.Limit) (bool, error) {
 	return w > 0, nil
 }
 
-// windowKey is the name of key's window state: beside its GCRA state, in the same hash slot.
+// windowKey is the name of key's window state: beside its GCRA state, in the same hash
+// slot.
 func (b *Backend) windowKey(key string) string { return b.KeyName(key) + ":w" }
 
 // windowState is a window script's reply: allowed, at and now (nanoseconds), and per

@@ -83,8 +83,8 @@ func (s *Store) Ping(ctx context.Context) error {
 // clock reads the member's clock, never behind what the store has seen.
 func (s *Store) clock() int64 { return s.high.Raise(s.now()) }
 
-// Load reads records (see store.Store): the meta key and every record in one transaction, at one
-// revision; a batch above etcdMaxOps reads the rest at that same revision.
+// Load reads records (see store.Store): the meta key and every record in one transaction,
+// at one revision; a batch above etcdMaxOps reads the rest at that same revision.
 func (s *Store) Load(ctx context.Context, ids []string) (store.Snapshot, error) {
 	s.loads.Add(1)
 	now := s.clock()
@@ -223,8 +223,8 @@ func (s *Store) Swap(ctx context.Context, writes []store.Write) ([]uint64, error
 	return out, nil
 }
 
-// failed wraps a failure to get an answer from etcd in backend.ErrUnavailable: the members answer
-// it by their fail mode. One the caller's context caused stays as it is.
+// failed wraps a failure to get an answer from etcd in backend.ErrUnavailable: the
+// members answer it by their fail mode. One the caller's context caused stays as it is.
 func (s *Store) failed(err error) error {
 	if errors.Is(err, context.Canceled) {
 		return err

@@ -275,9 +275,10 @@ func (s *Store) loadScripts(ctx context.Context) error {
 
 func isNoScript(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }
 
-// failed wraps a failure to get an answer from Redis (a connection error, a time-out, a
-// Redis loading or without a master, a reply it could not give) in backend.ErrUnavailable: the
-// members answer it by their fail mode. One the caller's context caused stays as it is.
+// failed wraps a failure to get an answer from Redis in backend.ErrUnavailable: a
+// connection error, a time-out, a Redis loading or without a master, a reply it could not
+// give. The members answer it by their fail mode. One the caller's context caused stays as
+// it is.
 func (s *Store) failed(err error) error {
 	if errors.Is(err, context.Canceled) {
 		return err

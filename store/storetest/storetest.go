@@ -1,8 +1,8 @@
-// Package storetest is the conformance suite of store.Store: every store (Memory,
-// the Redis, etcd and ZooKeeper stores, and any a user writes) must pass it. It checks the contract the allocation
-// relies on: records read with the store's time, compare-and-set per record, deletion,
-// versions that never decrease, and an incarnation that begins when the store loses
-// everything.
+// Package storetest is the conformance suite of store.Store: every store (Memory, the
+// Redis, etcd and ZooKeeper stores, and any a user writes) must pass it. It checks the
+// contract the allocation relies on: records read with the store's time, compare-and-set
+// per record, deletion, versions that never decrease, and an incarnation that begins when
+// the store loses everything.
 package storetest
 
 import (

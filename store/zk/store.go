@@ -184,11 +184,12 @@ func (s *Store) writeClock() (*gozk.Stat, error) {
 	return st, err
 }
 
-// Load reads records (see store.Store): a write of the clock znode (shared with the process's
-// other loads), and every record, all at once, pipelined on the connection. The records
-// may be read before the clock's write: the time is still no earlier than the load's
-// start, which is what the leases need (a member's lease is timed from its request, sent
-// before), and a record that changes after it is read fails its compare-and-set.
+// Load reads records (see store.Store): a write of the clock znode (shared with the
+// process's other loads), and every record, all at once, pipelined on the connection. The
+// records may be read before the clock's write: the time is still no earlier than the
+// load's start, which is what the leases need (a member's lease is timed from its
+// request, sent before), and a record that changes after it is read fails its
+// compare-and-set.
 func (s *Store) Load(ctx context.Context, ids []string) (store.Snapshot, error) {
 	s.loads.Add(1)
 	var snap store.Snapshot
@@ -279,8 +280,8 @@ func (s *Store) znodeVersion(id string, v uint64) (int32, bool, error) {
 	return st.Version, st.Mzxid == int64(v), nil
 }
 
-// Swap writes records (see store.Store): each its own compare-and-set on the znode's version,
-// pipelined on the connection.
+// Swap writes records (see store.Store): each its own compare-and-set on the znode's
+// version, pipelined on the connection.
 func (s *Store) Swap(ctx context.Context, writes []store.Write) ([]uint64, error) {
 	s.swaps.Add(1)
 	stamp := s.high.Load()
