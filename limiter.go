@@ -418,9 +418,9 @@ func (l *Limiter) remember(key string, now int64, d time.Duration) {
 // sweepPenalties forgets the penalties that have ended and, past the cap, the first ones
 // met until a tenth of the cap is free. Only a waiter on the key forgets one otherwise, so
 // without this a flood of penalties on ever new keys (a daemon's clients) would grow the
-// map for good; sweeping when it has doubled since the last sweep or passed the cap keeps
-// it within about twice the penalties in force, and within the cap, at a constant cost
-// per penalty.
+// map for good. Penalize sweeps when the map has doubled since the last sweep or passed
+// the cap. That keeps it within about twice the penalties in force, and within the cap,
+// at a constant cost per penalty.
 func (l *Limiter) sweepPenalties(now int64) {
 	if !l.penMu.TryLock() {
 		return // another goroutine sweeps

@@ -1,6 +1,6 @@
 // Package gossip is the gossip mode: daemons (or processes) that share limits with no
 // store. Each decides on its own, at once, and every sync interval tells its peers the
-// permits it granted per tag; between syncs it spends only its share of each limit, so
+// permits it granted per tag. Between syncs it spends only its share of each limit, so
 // the pool over-admits by at most a small documented bound (docs/gossip.md).
 //
 // Membership is hashicorp/memberlist (SWIM: join, leave, failure detection): peers are

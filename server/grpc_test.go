@@ -258,10 +258,10 @@ func (r *recorder) Decide(ctx context.Context, key string, req backend.Request) 
 	return g, err
 }
 
-// TestGRPCKeepsTheLimit: on the local, lease (one daemon, its store in memory) and redis
-// back ends, 16 concurrent streams ask ShouldRateLimit as fast as they can;
-// the slot of every grant, recorded in the back end, is judged by the referee (strict
-// GCRA at the same limit): none may be over it. Liveness is judged loosely.
+// TestGRPCKeepsTheLimit: on the local, lease (one daemon, its store in memory) and strict
+// (on Redis) back ends, 16 concurrent streams ask ShouldRateLimit as fast as they can. The
+// slot of every grant, recorded in the back end, is judged by the referee (strict GCRA at
+// the same limit): none may be over it. Liveness is judged loosely.
 func TestGRPCKeepsTheLimit(t *testing.T) {
 	const yaml = "domain: rl\ndescriptors:\n  - key: api\n    rate_limit: {unit: second, requests_per_unit: 50}\n"
 	run := func(t *testing.T, be backend.Backend, backendName string) {

@@ -14,8 +14,8 @@ import (
 )
 
 // TestDialChoosesThePath: one Dial for every store URL. A Redis URL gets the decision
-// script (a *Backend); memory:// gets the compare-and-set path, which refuses the options
-// of the Redis path alone; a scheme whose store is not linked says which package to
+// script (a *Backend). memory:// gets the compare-and-set path, which refuses the options
+// of the Redis path alone. A scheme whose store is not linked says which package to
 // import. Each backend decides.
 func TestDialChoosesThePath(t *testing.T) {
 	ctx := context.Background()
