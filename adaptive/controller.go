@@ -23,11 +23,12 @@ const (
 	// capacity left stays near a small reserve, and drifts every client towards an equal
 	// share.
 	Sluice Strategy = iota
-	// Heroku is the algorithm of the Heroku client study, as written. Each goroutine
-	// sleeps before each request. A 429 doubles the sleep, once per event across the
-	// goroutines. Each success takes off remaining × sleep / (limit × time factor), the
-	// time factor being high just after a doubling. Each sleep is lengthened by up to
-	// Config.Jitter (10% by default). It does not pace before the first 429.
+	// Heroku is the algorithm of the Heroku client study (docs/concepts.md, "Where each
+	// design came from"), as written. Each goroutine sleeps before each request. A 429
+	// doubles the sleep, once per event across the goroutines. Each success takes off
+	// remaining × sleep / (limit × time factor), the time factor being high just after a
+	// doubling. Each sleep is lengthened by up to Config.Jitter (10% by default). It does
+	// not pace before the first 429.
 	Heroku
 	// Cubic is the AWS SDKs' adaptive retry rate limiter: a token bucket filled at a
 	// rate cut to 0.7 of the measured send rate on each throttle, and regrown along

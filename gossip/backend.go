@@ -109,9 +109,10 @@ const (
 	// Equal gives each member 1/N of the limit, N the pool size it counts, whatever the
 	// demand.
 	Equal = hits.Equal
-	// Whole is the DThrottle design as written: every member spends from the whole bucket
-	// and hears of the others' hits at the next sync; it over-admits by up to the burst and
-	// a sync interval's refill per member, and is kept for comparison.
+	// Whole is the DThrottle design as written (docs/gossip.md, "The algorithm"). Every
+	// member spends from the whole bucket and hears of the others' hits at the next sync.
+	// It over-admits by up to the burst and a sync interval's refill per member, and is
+	// kept for comparison.
 	Whole = hits.Whole
 )
 
