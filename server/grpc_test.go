@@ -268,7 +268,7 @@ func TestGRPCKeepsTheLimit(t *testing.T) {
 		rec := &recorder{Backend: be}
 		cfg := envoyTestConfig(t, yaml)
 		cfg.Backend = backendName
-		cfg.RedisURL = "redis://unused" // redis and lease: the back end is passed built
+		cfg.Store = "redis://unused" // strict and lease: the back end is passed built
 		s := start(t, cfg, WithBackend(rec))
 		c, _ := rlsClient(t, s)
 		req := &rls.RateLimitRequest{Domain: "rl", Descriptors: []*rlcommon.RateLimitDescriptor{desc("api", "")}}
@@ -329,13 +329,13 @@ func TestGRPCKeepsTheLimit(t *testing.T) {
 		defer lb.Close()
 		run(t, lb, "lease")
 	})
-	t.Run("redis", func(t *testing.T) {
+	t.Run("strict", func(t *testing.T) {
 		srv := redistest.New(t)
 		o, _ := redisstore.ClientOptions(srv.URL(), time.Second)
 		client := goredis.NewClient(o)
 		defer client.Close()
 		be := strict.New(client, strict.WithTimeout(time.Second), strict.WithPrefix("sluice:test:"+t.Name()+":"))
 		defer be.Close()
-		run(t, be, "redis")
+		run(t, be, "strict")
 	})
 }

@@ -138,7 +138,7 @@ func TestRedisOutageLoggedOnce(t *testing.T) {
 	srv.Kill()
 	var logs proctest.LockedBuffer
 	cfg := testConfig("k-*=10/s")
-	cfg.Backend, cfg.RedisURL = "redis", srv.URL()
+	cfg.Backend, cfg.Store = "strict", srv.URL()
 	s := start(t, cfg, WithBackend(be), WithHealthEvery(20*time.Millisecond), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	// Down at start: logged by the time Start returns.
 	if n := strings.Count(logs.String(), "backend unavailable"); n != 1 || !strings.Contains(logs.String(), "fail_mode=closed") {

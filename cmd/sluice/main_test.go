@@ -343,7 +343,7 @@ func TestServeSeveralDaemonsShareOneRedis(t *testing.T) {
 	const limit = "50/s burst=5"
 	var daemons []*daemon
 	for i := 0; i < 3; i++ {
-		daemons = append(daemons, startDaemon(t, "--backend", "redis", "--redis-url", srv.URL(), "--limit", "api="+limit))
+		daemons = append(daemons, startDaemon(t, "--backend", "strict", "--store", srv.URL(), "--limit", "api="+limit))
 	}
 	var mu sync.Mutex
 	var slots []int64
@@ -404,7 +404,7 @@ func TestServeSeveralDaemonsShareOneRedis(t *testing.T) {
 func TestServeRedisDown(t *testing.T) {
 	srv := redistest.New(t)
 	srv.Kill()
-	d := startDaemon(t, "--backend", "redis", "--redis-url", srv.URL(), "--limit", "api=1/h", "--fail-mode", "closed")
+	d := startDaemon(t, "--backend", "strict", "--store", srv.URL(), "--limit", "api=1/h", "--fail-mode", "closed")
 	resp, err := http.Get("http://" + d.http + "/readyz")
 	if err != nil {
 		t.Fatal(err)
