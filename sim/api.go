@@ -21,7 +21,7 @@ func (e *engine) denied(mi, g int32, retryAfter int64) {
 	b := e.sc.Client.Backoff
 	d := max(retryAfter, int64(b.Base))
 	d = min(d, max(int64(b.Max), retryAfter))
-	d += int64(float64(d) * b.Jitter * m.rng.Float64())
+	d += int64(float64(d) * b.Jitter * m.jit.Float64())
 	e.schedule(event{at: e.now + d, kind: evRetry, m: mi, g: g, op: m.ops[g]})
 }
 

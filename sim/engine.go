@@ -43,10 +43,14 @@ type member struct {
 	backlog int64 // backlog requests not yet taken (they arrived at join)
 
 	demand *Demand
-	// rng draws its arrivals and back-offs from pcg: both held in the member, beside what
-	// the same events read, rather than two allocations away.
+	// rng draws its arrivals from pcg, and jit its back-offs' jitter (and a gossip
+	// member's phase) from jpcg: two streams, so that its arrivals are the same whatever
+	// the mode does with them, and the modes are compared on the same arrivals. All are
+	// held in the member, beside what the same events read, rather than allocations away.
 	rng   rand.Rand
 	pcg   rand.PCG
+	jit   rand.Rand
+	jpcg  rand.PCG
 	costs *rand.PCG // draws the tokens of its requests (reseeded at each join)
 	debt  gcra.Debt // fail_mode local: what the fallback admitted, to charge back (as strict.Backend's ledger)
 
@@ -197,6 +201,8 @@ func newEngine(sc *Scenario, m mode) *engine {
 			}
 			mb.pcg.Seed(sc.Seed, uint64(idx)+1)
 			mb.rng = *rand.New(&mb.pcg)
+			mb.jpcg.Seed(sc.Seed^0x6a6974746572, uint64(idx)+1) // "jitter"
+			mb.jit = *rand.New(&mb.jpcg)
 			if e.observer {
 				mb.verdicts = make([]referee.Verdict, g.Goroutines)
 			}
