@@ -99,6 +99,7 @@ type engine struct {
 	// not at every event)
 	checker permitChecker
 	answers answerObserver
+	delayer apiDelayer
 
 	tickets     []gcra.Ticket // carried by the store's messages in flight (putTicket)
 	freeTickets []int32
@@ -164,6 +165,7 @@ func newEngine(sc *Scenario, m mode) *engine {
 	}
 	e.answers, e.observer = m.(answerObserver)
 	e.checker, _ = m.(permitChecker)
+	e.delayer, _ = m.(apiDelayer)
 	e.setLimits(sc.Limit.Limits)
 	e.maxWait = int64(sc.Client.MaxWait)
 	e.margin = int64(sc.Client.Margin)
