@@ -128,10 +128,11 @@ members:
 
 // TestNoModeBeatsTheIdeal: on shipped scenarios with faults (a store outage, crashes, a
 // pause, partitions), a ramp and a daily quota, no mode is accepted more than the ideal,
-// and the ideal is never refused. (Not with token limits, llm-pool.yaml: the ideal serves
-// its line in order, and a mode that floods the API gets more of the cheap requests
-// accepted than the ideal, and a hair more tokens than it, 1.0003 of them, since a refusal
-// of a dear request leaves room for a cheap one.)
+// and the ideal is never refused; each mode's served_vs_ideal is at most 1. (Not with
+// token limits, llm-pool.yaml: the ideal serves its line in order, and a mode that floods
+// the API gets more of the cheap requests accepted than the ideal, and a hair more tokens
+// than it, 1.0003 of them, since a refusal of a dear request leaves room for a cheap
+// one; served_vs_ideal counts tokens there.)
 func TestNoModeBeatsTheIdeal(t *testing.T) {
 	for _, c := range []struct {
 		file  string
@@ -157,13 +158,19 @@ func TestNoModeBeatsTheIdeal(t *testing.T) {
 		if ideal.Violations != 0 {
 			t.Errorf("%s: the ideal was refused %d times", c.file, ideal.Violations)
 		}
+		if ideal.ServedVsIdeal != nil {
+			t.Errorf("%s: the ideal has a served_vs_ideal of its own", c.file)
+		}
 		for _, m := range r.Modes[1:] {
-			t.Logf("%s: %s accepted %d, the ideal %d", c.file, m.Mode, m.Accepted, ideal.Accepted)
-			if m.Accepted > ideal.Accepted {
-				t.Errorf("%s: %s accepted %d, more than the ideal's %d", c.file, m.Mode, m.Accepted, ideal.Accepted)
+			t.Logf("%s: %s accepted %d (served %.4f), the ideal %d", c.file, m.Mode, m.Accepted, *m.ServedVsIdeal, ideal.Accepted)
+			if m.Accepted > ideal.Accepted || *m.ServedVsIdeal > 1 {
+				t.Errorf("%s: %s accepted %d (served %.4f), more than the ideal's %d", c.file, m.Mode, m.Accepted, *m.ServedVsIdeal, ideal.Accepted)
 			}
 			if m.Arrivals != ideal.Arrivals {
 				t.Errorf("%s: %s saw %d arrivals, the ideal %d", c.file, m.Mode, m.Arrivals, ideal.Arrivals)
+			}
+			if got, want := *m.ExtraP99WaitMs, round(m.WaitP99Ms-ideal.WaitP99Ms); got != want {
+				t.Errorf("%s: %s extra wait p99 %v, want %v", c.file, m.Mode, got, want)
 			}
 		}
 	}

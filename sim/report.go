@@ -75,9 +75,17 @@ type ModeReport struct {
 	ClearedS *float64 `json:"cleared_s,omitempty"`
 	// Lease holds the lease mode's own figures (absent for the other modes).
 	Lease *LeaseReport `json:"lease,omitempty"`
+	// ServedVsIdeal is accepted ÷ the ideal mode's accepted on the same arrivals, and
+	// ExtraP50WaitMs and ExtraP99WaitMs the waits less the ideal's, when the ideal ran
+	// beside this mode in the same run (absent otherwise, and for the ideal itself). With
+	// token limits (referee.tokens), served counts tokens, as utilization does.
+	ServedVsIdeal  *float64 `json:"served_vs_ideal,omitempty"`
+	ExtraP50WaitMs *float64 `json:"extra_p50_wait_ms,omitempty"`
+	ExtraP99WaitMs *float64 `json:"extra_p99_wait_ms,omitempty"`
 
-	series []bucket
-	sample time.Duration
+	series      []bucket
+	sample      time.Duration
+	acceptedTok int64 // the tokens of the accepted requests (with token limits; 0 without)
 }
 
 // EventReport is one scenario event and the convergence after it.
@@ -128,8 +136,34 @@ func Run(sc *Scenario, opts Options) (*Report, error) {
 		}
 		r.Modes = append(r.Modes, e.report())
 	}
+	r.compareWithIdeal()
 	return r, nil
 }
+
+// compareWithIdeal gives each mode its figures against the ideal mode's, if it ran.
+func (r *Report) compareWithIdeal() {
+	k := slices.IndexFunc(r.Modes, func(m ModeReport) bool { return m.Mode == "ideal" })
+	if k < 0 {
+		return
+	}
+	ideal := r.Modes[k]
+	for i := range r.Modes {
+		m := &r.Modes[i]
+		if i == k {
+			continue
+		}
+		switch {
+		case ideal.acceptedTok > 0:
+			m.ServedVsIdeal = ptr(round(float64(m.acceptedTok) / float64(ideal.acceptedTok)))
+		case ideal.Accepted > 0:
+			m.ServedVsIdeal = ptr(round(float64(m.Accepted) / float64(ideal.Accepted)))
+		}
+		m.ExtraP50WaitMs = ptr(round(m.WaitP50Ms - ideal.WaitP50Ms))
+		m.ExtraP99WaitMs = ptr(round(m.WaitP99Ms - ideal.WaitP99Ms))
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
 
 // round keeps reports stable to compare: four decimals.
 func round(v float64) float64 {
@@ -148,6 +182,9 @@ func (e *engine) report() ModeReport {
 		WaitP99Ms: round(float64(e.waits.quantile(0.99)) / 1e6),
 		series:    e.series,
 		sample:    time.Duration(e.sample),
+	}
+	if e.idealTokCore != nil {
+		r.acceptedTok = e.acceptedTok
 	}
 	if total := e.accepted + e.rejected; total > 0 {
 		r.Ratio429 = round(float64(e.rejected) / float64(total))
@@ -312,9 +349,31 @@ func (r *Report) SideBySide() []Row {
 	add("strictness", "peak 429s in a sample", func(m *ModeReport) string { return num(m.PeakOverAdmission) })
 	add("utilization", "accepted", func(m *ModeReport) string { return num(m.Accepted) })
 	add("utilization", "utilization", func(m *ModeReport) string { return frac(m.Utilization) })
+	vsIdeal := slices.ContainsFunc(r.Modes, func(m ModeReport) bool { return m.ExtraP50WaitMs != nil })
+	if vsIdeal {
+		add("utilization", "served vs ideal", func(m *ModeReport) string {
+			if m.ServedVsIdeal == nil {
+				return "-"
+			}
+			return frac(*m.ServedVsIdeal)
+		})
+	}
 	add("fairness", "Jain's index", func(m *ModeReport) string { return frac(m.Jain) })
 	add("waits", "wait p50", func(m *ModeReport) string { return waitText(m.WaitP50Ms) })
 	add("waits", "wait p99", func(m *ModeReport) string { return waitText(m.WaitP99Ms) })
+	if vsIdeal {
+		extra := func(v *float64) string {
+			switch {
+			case v == nil:
+				return "-"
+			case *v < 0:
+				return "-" + waitText(-*v)
+			}
+			return "+" + waitText(*v)
+		}
+		add("waits", "wait p50 vs ideal", func(m *ModeReport) string { return extra(m.ExtraP50WaitMs) })
+		add("waits", "wait p99 vs ideal", func(m *ModeReport) string { return extra(m.ExtraP99WaitMs) })
+	}
 	add("waits", "dropped", func(m *ModeReport) string { return num(m.Dropped) })
 	if slices.ContainsFunc(r.Modes, func(m ModeReport) bool { return m.ClearedS != nil }) {
 		add("waits", "backlog cleared in", func(m *ModeReport) string {

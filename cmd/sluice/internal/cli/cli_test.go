@@ -135,6 +135,21 @@ func TestSimCommand(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "local") {
 		t.Errorf("flags before the file: %d %q", code, out)
 	}
+	// The ideal beside other modes: each of them is compared with it.
+	code, out, errs = run(t, "sim", "../../../../scenarios/one-every-6s-timeline.yaml", "--json", "--modes", "ideal,strict")
+	if code != 0 {
+		t.Fatalf("--modes ideal,strict: exit %d: %s", code, errs)
+	}
+	if err := json.Unmarshal([]byte(out), &j); err != nil || len(j.Modes) != 2 || j.Modes[0]["mode"] != "ideal" {
+		t.Fatalf("report %q: %v", out, err)
+	}
+	if j.Modes[1]["served_vs_ideal"] != 0.75 || j.Modes[1]["extra_p50_wait_ms"] == nil || j.Modes[0]["served_vs_ideal"] != nil {
+		t.Errorf("strict against the ideal: %v; the ideal: %v", j.Modes[1], j.Modes[0])
+	}
+	code, out, _ = run(t, "sim", "--modes", "ideal,local", "../../../../scenarios/one-every-6s-timeline.yaml")
+	if code != 0 || !strings.Contains(out, "served vs ideal") || !strings.Contains(out, "wait p99 vs ideal") {
+		t.Errorf("--modes ideal,local: %d %q", code, out)
+	}
 	for _, c := range []struct {
 		args []string
 		want string
