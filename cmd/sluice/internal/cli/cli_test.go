@@ -204,6 +204,69 @@ func TestFormerStrategyName(t *testing.T) {
 
 // TestSimPlotAndHTML: --plot writes the figure in the format its name asks for, --html a
 // page with every mode, alongside the table.
+// TestSimInterrupted: a run of the large scenario (an hour of 1,000 members, most of a
+// minute of work) whose context is cancelled after 300 ms returns within a second of it,
+// exit 130, with the report of what it measured so far, marked partial: as JSON, and as
+// the text table with a line that says so. A sweep stops as soon, with no report.
+func TestSimInterrupted(t *testing.T) {
+	large := "../../../../scenarios/large/pool-1000-hour.yaml"
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"sim", large, "--json"}, `"partial": true`},
+		{[]string{"sim", large}, "interrupted at "},
+		{[]string{"sim", large, "--sweep", "client.margin=5ms,6ms"}, ""},
+	} {
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(300*time.Millisecond, cancel)
+		var out, errb bytes.Buffer
+		start := time.Now()
+		code := Main(ctx, c.args, strings.NewReader(""), &out, &errb)
+		took := time.Since(start)
+		cancel()
+		if took > 1300*time.Millisecond {
+			t.Errorf("%q: returned %v after the start, %v after the cancellation: want within a second", c.args, took, took-300*time.Millisecond)
+		}
+		if code != ExitInterrupted || !strings.Contains(errb.String(), "interrupted") {
+			t.Errorf("%q: exit %d, stderr %q; want %d and the interruption said", c.args, code, errb.String(), ExitInterrupted)
+		}
+		if c.want == "" {
+			if out.Len() != 0 {
+				t.Errorf("%q: a report of an interrupted sweep: %q", c.args, out.String())
+			}
+			continue
+		}
+		if !strings.Contains(out.String(), c.want) {
+			t.Errorf("%q: the output lacks %q: %q", c.args, c.want, out.String())
+		}
+		if !slices.Contains(c.args, "--json") {
+			if !strings.Contains(out.String(), "accepted") {
+				t.Errorf("%q: no table: %q", c.args, out.String())
+			}
+			continue
+		}
+		var r struct {
+			Partial        bool    `json:"partial"`
+			InterruptedAtS float64 `json:"interrupted_at_s"`
+			Modes          []struct {
+				Partial    bool              `json:"partial"`
+				Accepted   int64             `json:"accepted"`
+				Violations int64             `json:"violations"`
+				PerMember  []json.RawMessage `json:"per_member"`
+			} `json:"modes"`
+		}
+		if err := json.Unmarshal(out.Bytes(), &r); err != nil || len(r.Modes) != 1 {
+			t.Fatalf("%q: %v: %q", c.args, err, out.String())
+		}
+		m := r.Modes[0]
+		if !r.Partial || !m.Partial || r.InterruptedAtS <= 0 || r.InterruptedAtS >= 3600 || m.Accepted == 0 || m.Violations != 0 || len(m.PerMember) != 1000 {
+			t.Errorf("%q: partial %v/%v at %v s, accepted %d, %d violations, %d members", c.args, r.Partial, m.Partial,
+				r.InterruptedAtS, m.Accepted, m.Violations, len(m.PerMember))
+		}
+	}
+}
+
 func TestSimPlotAndHTML(t *testing.T) {
 	dir := t.TempDir()
 	png, svg, page := filepath.Join(dir, "out.png"), filepath.Join(dir, "out.svg"), filepath.Join(dir, "r.html")

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 	"unicode"
 
@@ -69,7 +70,7 @@ func runSim(ctx context.Context, env Env, args []string) error {
 	warnFormerModes(env, "", opts.Modes)
 	outs := outputs{csv: *csvPath, plot: *plotPath, plotFormat: plotFormat, html: *htmlPath}
 	if len(sweeps) > 0 {
-		return runSweep(env, file, sweeps, opts, *seed, *asJSON, outs)
+		return runSweep(ctx, env, file, sweeps, opts, *seed, *asJSON, outs)
 	}
 	sc, err := sim.Load(file)
 	if err != nil {
@@ -82,9 +83,19 @@ func runSim(ctx context.Context, env Env, args []string) error {
 	if isTerminal(env.Stderr) {
 		opts.Progress = progressBar(env, time.Now())
 	}
-	rep, err := sim.Run(sc, opts)
+	rep, err := sim.RunContext(ctx, sc, opts)
 	if opts.Progress != nil {
 		fmt.Fprint(env.Stderr, "\r\033[K")
+	}
+	if rep != nil && rep.Partial {
+		// Interrupted (SIGINT, SIGTERM): what was measured so far, marked partial, and no
+		// files (a figure or a page of a large run could outlast the second a stop takes).
+		if *asJSON {
+			_ = rep.WriteJSON(env.Stdout)
+		} else {
+			rep.WriteText(env.Stdout)
+		}
+		return exitError{code: interruptedCode(ctx), msg: err.Error() + " (the report is partial)"}
 	}
 	if err != nil {
 		return err
@@ -97,6 +108,16 @@ func runSim(ctx context.Context, env Env, args []string) error {
 	}
 	rep.WriteText(env.Stdout)
 	return nil
+}
+
+// interruptedCode is the exit code of a command cut short by ctx: 130 after SIGINT (or a
+// cancellation without a signal), 143 after SIGTERM. The signal is read from ctx's cause,
+// which signal.NotifyContext (package main) words "<signal> signal received".
+func interruptedCode(ctx context.Context) int {
+	if c := context.Cause(ctx); c != nil && c.Error() == syscall.SIGTERM.String()+" signal received" {
+		return ExitTerminated
+	}
+	return ExitInterrupted
 }
 
 // warnFormerModes prints one line to stderr for each mode named by its former name, which
@@ -179,7 +200,7 @@ func pointPath(path string, settings []sim.Setting) string {
 // runSweep runs every point of the grid, on all the machine's cores, and prints the
 // figures in the grid's order: each point is deterministic, so the output is too. With
 // --csv, --plot or --html, each point writes its own files (pointPath).
-func runSweep(env Env, file string, sweeps []sim.Sweep, opts sim.Options, seed uint64, asJSON bool, outs outputs) error {
+func runSweep(ctx context.Context, env Env, file string, sweeps []sim.Sweep, opts sim.Options, seed uint64, asJSON bool, outs outputs) error {
 	src, err := os.ReadFile(file)
 	if err != nil {
 		return usageError{err}
@@ -214,7 +235,7 @@ func runSweep(env Env, file string, sweeps []sim.Sweep, opts sim.Options, seed u
 	for range min(runtime.GOMAXPROCS(0), len(points)) {
 		wg.Go(func() {
 			for i := range next {
-				reports[i], errs[i] = sim.Run(points[i].Scenario, opts)
+				reports[i], errs[i] = sim.RunContext(ctx, points[i].Scenario, opts)
 			}
 		})
 	}
@@ -223,6 +244,11 @@ func runSweep(env Env, file string, sweeps []sim.Sweep, opts sim.Options, seed u
 	}
 	close(next)
 	wg.Wait()
+	if ctx.Err() != nil {
+		// Interrupted: the points' runs stopped where they were; a sweep's best points
+		// need them all, so there is no report.
+		return exitError{code: interruptedCode(ctx), msg: fmt.Sprintf("sim: sweep interrupted (%v): no report", context.Cause(ctx))}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
