@@ -691,3 +691,31 @@ func TestServeSeesAChangeMadeWhileItStarts(t *testing.T) {
 		}
 	}
 }
+
+// TestSimMatrix: `sluice sim --matrix --quick --json` prints every cell (mode, shape, pass,
+// in_envelope and the figures) and a summary, and exits 1 while a cell within its mode's
+// envelope fails; --matrix takes no scenario file.
+func TestSimMatrix(t *testing.T) {
+	code, out, errs := run(t, "sim", "--matrix", "--quick", "--json", "--modes", "local,strict")
+	var j struct {
+		Cells []struct {
+			Mode, Shape string
+			Pass        bool
+			InEnvelope  bool     `json:"in_envelope"`
+			Served      *float64 `json:"served_vs_ideal"`
+		}
+		Summary struct{ Cells, Pass, Fail, Outside int }
+	}
+	if err := json.Unmarshal([]byte(out), &j); err != nil {
+		t.Fatalf("exit %d, not JSON: %v: %s%s", code, err, out, errs)
+	}
+	if len(j.Cells) < 18 || j.Summary.Cells != len(j.Cells) || j.Cells[0].Served == nil {
+		t.Errorf("%d cells, summary %+v", len(j.Cells), j.Summary)
+	}
+	if want := map[bool]int{true: 1, false: 0}[j.Summary.Fail > 0]; code != want {
+		t.Errorf("exit %d with %d failing cells, want %d", code, j.Summary.Fail, want)
+	}
+	if code, _, errs := run(t, "sim", "--matrix", "../../../../scenarios/store-outage.yaml"); code != ExitUsage || !strings.Contains(errs, "takes no scenario file") {
+		t.Errorf("--matrix with a file: exit %d, %q", code, errs)
+	}
+}

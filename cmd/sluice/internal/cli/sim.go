@@ -37,9 +37,21 @@ func runSim(ctx context.Context, env Env, args []string) error {
 	var sweeps sweepFlags
 	fs.Var(&sweeps, "sweep", "run the scenario over a grid of settings, `KEY=V1,V2,...` (repeatable; e.g. lease.renew=50ms,250ms, client.margin=5ms,20ms, members.m.count=10,20), in parallel, and name the best point per mode (fewest violations, then utilization, then store operations); with --plot, --html or --csv each point writes its own files, named after its settings")
 	seed := fs.Uint64("seed", 0, "override the scenario's seed")
+	matrix := fs.Bool("matrix", false, "run the guarantee matrix instead of a scenario: every mode (or --modes) on each shape of the matrix file beside the ideal throttle, one cell per mode and shape, judged against it (docs/simulator.md, \"The guarantee matrix\"); with --json every cell's figures and a summary")
+	matrixFile := fs.String("matrix-file", "", "with --matrix: the matrix `file` (default: the shipped sim/matrix.yaml)")
+	quick := fs.Bool("quick", false, "with --matrix: the quick shapes only (small pools and short runs)")
 	rest, err := parseArgs(env, fs, args)
 	if err != nil {
 		return err
+	}
+	if *matrix {
+		if len(rest) > 0 {
+			return usagef("--matrix takes no scenario file (got %q): the shapes come from the matrix file", strings.Join(rest, " "))
+		}
+		return runMatrix(ctx, env, *matrixFile, *quick, *modes, *asJSON)
+	}
+	if *quick || *matrixFile != "" {
+		return usagef("--quick and --matrix-file go with --matrix")
 	}
 	switch {
 	case len(rest) == 0:
@@ -297,4 +309,57 @@ func progressBar(env Env, start time.Time) func(string, float64) {
 		n := int(done * width)
 		fmt.Fprintf(env.Stderr, "\r\033[K  %-8s [%s%s] %3.0f%%", mode, strings.Repeat("=", n), strings.Repeat(" ", width-n), done*100)
 	}
+}
+
+// runMatrix runs the guarantee matrix and prints its table (or JSON); it fails (exit 1)
+// when a cell within its mode's envelope fails.
+func runMatrix(ctx context.Context, env Env, file string, quick bool, modeList string, asJSON bool) error {
+	var m *sim.Matrix
+	var err error
+	if file == "" {
+		m, err = sim.ShippedMatrix()
+	} else {
+		m, err = sim.LoadMatrix(file)
+	}
+	if err != nil {
+		return usageError{err}
+	}
+	modes := sim.MatrixModes()
+	if modeList != "" {
+		modes = nil
+		for _, md := range strings.Split(modeList, ",") {
+			if md = strings.TrimSpace(md); md != "" {
+				if err := sim.CheckMode(md); err != nil {
+					return usagef("--modes: %v", err)
+				}
+				modes = append(modes, md)
+			}
+		}
+	}
+	shapes := m.Select(quick)
+	start := time.Now()
+	rep, err := sim.RunMatrix(ctx, m, shapes, modes, func(i, n int, s sim.MatrixShape) {
+		fmt.Fprintf(env.Stderr, "matrix: %d/%d %s (%s)\n", i+1, n, s.Name(), time.Since(start).Round(time.Second))
+	})
+	if err != nil && rep == nil {
+		return err
+	}
+	if asJSON {
+		enc := json.NewEncoder(env.Stdout)
+		enc.SetIndent("", "  ")
+		if jerr := enc.Encode(rep); jerr != nil {
+			return jerr
+		}
+	} else {
+		fmt.Fprint(env.Stdout, sim.MatrixTable(rep))
+	}
+	switch {
+	case rep.Partial:
+		return exitError{code: interruptedCode(ctx), msg: "interrupted: the matrix is partial"}
+	case err != nil:
+		return err
+	case rep.Summary.Fail > 0:
+		return exitError{code: 1, msg: fmt.Sprintf("matrix: %d cells fail", rep.Summary.Fail)}
+	}
+	return nil
 }
