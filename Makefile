@@ -15,7 +15,7 @@ PKGS          := ./...
 # per core, left a 2-core machine half idle).
 TESTP         ?= 4
 
-.PHONY: all test test-deps test-short bench fuzz soak robustness lint api api-base vet fmt tidy clean release
+.PHONY: all test test-deps test-short bench fuzz soak robustness matrix lint api api-base vet fmt tidy clean release
 
 all: lint test
 
@@ -66,6 +66,11 @@ fuzz:
 	  echo "differential test of the redis script against the core, 20,000 sequences"; \
 	  SLUICE_STRICT_DIFF_SEQS=20000 $(GO) test -count=1 -run '^TestDifferential$$' ./strict || exit 1; \
 	fi
+
+## matrix: the guarantee matrix, every mode on every shape of sim/matrix.yaml beside the
+## ideal throttle (docs/simulator.md, "The guarantee matrix"); ends with its summary line.
+matrix:
+	$(GO) run ./cmd/sluice sim --matrix
 
 ## soak: long real-time runs that judge real decisions exactly (SOAKTIME each).
 soak:

@@ -21,7 +21,7 @@ func (e *engine) denied(mi, g int32, retryAfter int64) {
 	b := e.sc.Client.Backoff
 	d := max(retryAfter, int64(b.Base))
 	d = min(d, max(int64(b.Max), retryAfter))
-	d += int64(float64(d) * b.Jitter * m.rng.Float64())
+	d += int64(float64(d) * b.Jitter * m.jit.Float64())
 	e.schedule(event{at: e.now + d, kind: evRetry, m: mi, g: g, op: m.ops[g]})
 }
 
@@ -35,12 +35,19 @@ func (e *engine) sendToAPI(mi, g int32) {
 	e.waits.add(e.now - s.arrival)
 	e.messages++
 	e.bucket().messages++
-	if e.lost(&e.sc.Network.API) {
+	var lost bool
+	var lat int64
+	if e.delayer != nil {
+		lost, lat = e.delayer.apiDelay(e, mi, g) // drawn when the permit was granted
+	} else if lost = e.lost(&e.sc.Network.API); !lost {
+		lat = e.latency(&e.sc.Network.API)
+	}
+	if lost {
 		// The request never arrives; the goroutine gives up after the store time-out.
 		e.schedule(event{at: e.now + int64(e.sc.Store.Timeout), kind: evStart, m: mi, g: g, op: m.ops[g]})
 		return
 	}
-	e.schedule(event{at: e.now + e.latency(&e.sc.Network.API), kind: evAPIArrive, m: mi, g: g, op: m.ops[g], val2: s.cost})
+	e.schedule(event{at: e.now + lat, kind: evAPIArrive, m: mi, g: g, op: m.ops[g], val2: s.cost})
 }
 
 func (e *engine) apiArrive(ev *event) {

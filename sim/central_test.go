@@ -101,3 +101,25 @@ events:
 		}
 	}
 }
+
+// TestArrivalsAreTheSameInEveryMode: a member's arrivals are drawn apart from its
+// back-offs, so that every mode, whatever it denies and however often its goroutines back
+// off, sees the same requests arrive: the modes are compared on the same demand.
+func TestArrivalsAreTheSameInEveryMode(t *testing.T) {
+	sc, err := Load("../scenarios/store-outage.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Run(sc, Options{Modes: []string{"strict", "local", "lease", "gossip", "adaptive"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range r.Modes[1:] {
+		if m.Arrivals != r.Modes[0].Arrivals {
+			t.Errorf("%s: %d arrivals, %s: %d", m.Mode, m.Arrivals, r.Modes[0].Mode, r.Modes[0].Arrivals)
+		}
+	}
+	if r.Modes[0].Timeouts == 0 {
+		t.Errorf("strict: no store time-out: the outage did not deny anything")
+	}
+}

@@ -90,6 +90,9 @@ func (e *engine) idealAdmit(d *Demand, n int64) {
 		e.idealLast = tk.At
 		e.idealN++
 		e.idealTokN += cost
+		b := &e.series[min(tk.At/e.sample, int64(len(e.series)-1))]
+		b.ideal++
+		b.idealTok += cost
 	}
 }
 

@@ -43,10 +43,14 @@ type member struct {
 	backlog int64 // backlog requests not yet taken (they arrived at join)
 
 	demand *Demand
-	// rng draws its arrivals and back-offs from pcg: both held in the member, beside what
-	// the same events read, rather than two allocations away.
+	// rng draws its arrivals from pcg, and jit its back-offs' jitter (and a gossip
+	// member's phase) from jpcg: two streams, so that its arrivals are the same whatever
+	// the mode does with them, and the modes are compared on the same arrivals. All are
+	// held in the member, beside what the same events read, rather than allocations away.
 	rng   rand.Rand
 	pcg   rand.PCG
+	jit   rand.Rand
+	jpcg  rand.PCG
 	costs *rand.PCG // draws the tokens of its requests (reseeded at each join)
 	debt  gcra.Debt // fail_mode local: what the fallback admitted, to charge back (as strict.Backend's ledger)
 
@@ -95,6 +99,7 @@ type engine struct {
 	// not at every event)
 	checker permitChecker
 	answers answerObserver
+	delayer apiDelayer
 
 	tickets     []gcra.Ticket // carried by the store's messages in flight (putTicket)
 	freeTickets []int32
@@ -134,6 +139,10 @@ type engine struct {
 	eventLog                     []eventRecord
 	progress                     func(float64)
 	nevents                      uint64
+	// done, when it closes, cuts the run short (looked at every checkEvery events):
+	// interrupted, the run ends where it is, and the report covers what was measured.
+	done        <-chan struct{}
+	interrupted bool
 }
 
 // bucket is one sample of the time series.
@@ -142,6 +151,7 @@ type bucket struct {
 	queued, live                                           int64
 	saturated                                              bool
 	capacity                                               float64 // permits the limit in force allowed in the bucket (at its rate)
+	ideal, idealTok                                        int64   // what the ideal throttle admits in the bucket (requests, tokens): a run cut short counts those before its end
 }
 
 type eventRecord struct {
@@ -160,6 +170,7 @@ func newEngine(sc *Scenario, m mode) *engine {
 	}
 	e.answers, e.observer = m.(answerObserver)
 	e.checker, _ = m.(permitChecker)
+	e.delayer, _ = m.(apiDelayer)
 	e.setLimits(sc.Limit.Limits)
 	e.maxWait = int64(sc.Client.MaxWait)
 	e.margin = int64(sc.Client.Margin)
@@ -197,6 +208,8 @@ func newEngine(sc *Scenario, m mode) *engine {
 			}
 			mb.pcg.Seed(sc.Seed, uint64(idx)+1)
 			mb.rng = *rand.New(&mb.pcg)
+			mb.jpcg.Seed(sc.Seed^0x6a6974746572, uint64(idx)+1) // "jitter"
+			mb.jit = *rand.New(&mb.jpcg)
 			if e.observer {
 				mb.verdicts = make([]referee.Verdict, g.Goroutines)
 			}
@@ -278,10 +291,18 @@ func (e *engine) schedule(ev event) {
 	e.events.push(&ev)
 }
 
-// run processes events until the end of the scenario.
+// checkEvery is how many events the engine handles between two looks at done: about a
+// millisecond of a large pool's run.
+const checkEvery = 1 << 12
+
+// run processes events until the end of the scenario, or until done closes.
 func (e *engine) run() {
 	next := uint64(1 << 16)
 	for e.events.len() > 0 {
+		if e.done != nil && e.nevents%checkEvery == 0 && closed(e.done) {
+			e.interrupt()
+			return
+		}
 		// The event lives in the engine, not on the stack: a pointer to a local would
 		// escape through the mode interface and cost an allocation per event.
 		e.events.pop(&e.cur)
@@ -300,6 +321,35 @@ func (e *engine) run() {
 	if e.end%e.sample != 0 || e.end == 0 {
 		e.closeBucket(len(e.series) - 1) // the last, partial sample
 	}
+}
+
+func closed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// interrupt ends a run cut short at now, as if it had been meant to end there: the time
+// series ends with the sample in progress, and utilization's ideal throttle counts what it
+// admitted by now (exactly to the start of that sample, in proportion to its part within
+// it).
+func (e *engine) interrupt() {
+	e.interrupted = true
+	e.end = e.now
+	b := min(e.now/e.sample, int64(len(e.series)-1))
+	e.closeBucket(int(b))
+	e.series = e.series[:b+1]
+	var n, tok float64
+	for i := range e.series[:b] {
+		n += float64(e.series[i].ideal)
+		tok += float64(e.series[i].idealTok)
+	}
+	part := float64(e.now-b*e.sample) / float64(e.sample)
+	e.idealN = int64(math.Round(n + part*float64(e.series[b].ideal)))
+	e.idealTokN = int64(math.Round(tok + part*float64(e.series[b].idealTok)))
 }
 
 // advance moves time forward, closing the time-series buckets on the way.

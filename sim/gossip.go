@@ -59,7 +59,7 @@ func (g *gossipMode) node(e *engine, mi int32) *hits.Node {
 				}
 			}
 		}
-		phase := m.rng.Int64N(int64(g.cfg.Interval))
+		phase := m.jit.Int64N(int64(g.cfg.Interval))
 		e.schedule(event{at: e.now + phase, kind: evGossipTick, m: mi, op: m.inc})
 	}
 	return g.nodes[mi]

@@ -36,6 +36,13 @@ type storeRestarter interface {
 	storeRestart(e *engine)
 }
 
+// apiDelayer is a mode that draws its requests' way to the API itself, when it grants them
+// (the ideal mode): sendToAPI asks it whether goroutine g's request is lost and, if not,
+// its delay, instead of drawing them.
+type apiDelayer interface {
+	apiDelay(e *engine, m, g int32) (lost bool, latency int64)
+}
+
 // leaseReporter is a mode that adds figures of its own to the report.
 type leaseReporter interface {
 	leaseReport(e *engine) *LeaseReport
@@ -47,8 +54,9 @@ type leaseReporter interface {
 // reads for one release: see FormerModeName.)
 // (strict:processes is the strict mode with sluice.FairProcesses: each member holds one place
 // in the store's line at a time.)
+// (ideal is the reference no real system can beat, the others' yardstick: see idealMode.)
 func ModeNames() []string {
-	return []string{"local", "strict", "strict:processes", "lease", "gossip", "adaptive"}
+	return []string{"local", "strict", "strict:processes", "lease", "gossip", "adaptive", "ideal"}
 }
 
 // CheckMode returns an error naming the known modes when name is not one of them.
@@ -83,6 +91,8 @@ func newMode(name string, sc *Scenario) mode {
 		return newLeaseMode(sc)
 	case "gossip":
 		return newGossipMode(sc)
+	case "ideal":
+		return newIdealMode()
 	}
 	if s, ok, err := parseAdaptive(name); ok && err == nil {
 		return newAdaptiveMode(name, s)

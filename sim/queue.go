@@ -29,6 +29,7 @@ const (
 	evLeaseTimeout             // lease mode: member m gives up on a request (g: limit, val2: nonce)
 	evGossipTick               // gossip mode: member m reports (op: incarnation)
 	evGossipMsg                // gossip mode: member m receives a report (val: message slot, op: incarnation)
+	evIdealTick                // ideal mode: the next waiter's permit may be due (op: the tick's generation)
 )
 
 // event is one thing that happens at a time. Events are small values held in the queue's

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
@@ -26,12 +27,19 @@ type Options struct {
 
 // Report is the outcome of a scenario under each of its modes.
 type Report struct {
-	Scenario  string       `json:"scenario"`
-	Seed      uint64       `json:"seed"`
-	DurationS float64      `json:"duration_s"`
-	Limit     string       `json:"limit"`
-	Members   int          `json:"members"`
-	Modes     []ModeReport `json:"modes"`
+	Scenario  string  `json:"scenario"`
+	Seed      uint64  `json:"seed"`
+	DurationS float64 `json:"duration_s"`
+	Limit     string  `json:"limit"`
+	Members   int     `json:"members"`
+	// Partial is set when the run was cut short (RunContext's ctx done): the modes that
+	// ran in full come first, then the one interrupted (its Partial set), measured from
+	// the start to InterruptedAtS of virtual time; the modes after it (NotRun) did not run.
+	Partial         bool         `json:"partial,omitempty"`
+	InterruptedMode string       `json:"interrupted_mode,omitempty"`
+	InterruptedAtS  *float64     `json:"interrupted_at_s,omitempty"`
+	NotRun          []string     `json:"not_run,omitempty"`
+	Modes           []ModeReport `json:"modes"`
 }
 
 // ModeReport is what one mode did, with the figures docs/concepts.md defines.
@@ -75,9 +83,21 @@ type ModeReport struct {
 	ClearedS *float64 `json:"cleared_s,omitempty"`
 	// Lease holds the lease mode's own figures (absent for the other modes).
 	Lease *LeaseReport `json:"lease,omitempty"`
+	// ServedVsIdeal is accepted ÷ the ideal mode's accepted on the same arrivals, and
+	// ExtraP50WaitMs and ExtraP99WaitMs the waits less the ideal's, when the ideal ran
+	// beside this mode in the same run (absent otherwise, and for the ideal itself). With
+	// token limits (referee.tokens), served counts tokens, as utilization does.
+	ServedVsIdeal  *float64 `json:"served_vs_ideal,omitempty"`
+	ExtraP50WaitMs *float64 `json:"extra_p50_wait_ms,omitempty"`
+	ExtraP99WaitMs *float64 `json:"extra_p99_wait_ms,omitempty"`
+	// Partial is set when this mode's run was cut short: its figures are those of the
+	// virtual time it reached (the report's InterruptedAtS).
+	Partial bool `json:"partial,omitempty"`
 
-	series []bucket
-	sample time.Duration
+	series      []bucket
+	sample      time.Duration
+	acceptedTok int64   // the tokens of the accepted requests (with token limits; 0 without)
+	ranS        float64 // the virtual time it ran, in seconds (less than the scenario's if Partial)
 }
 
 // EventReport is one scenario event and the convergence after it.
@@ -102,6 +122,14 @@ type MemberReport struct {
 // Run runs a scenario under each of its modes, one after the other, each from the same
 // seed. The same scenario and options give the same report, to the byte.
 func Run(sc *Scenario, opts Options) (*Report, error) {
+	return RunContext(context.Background(), sc, opts)
+}
+
+// RunContext is Run, cut short when ctx is done: the mode running stops within about a
+// millisecond of work (the engine looks at ctx every few thousand events, and reads no
+// clock), and RunContext returns the report of what was measured so far, marked Partial,
+// with an error that wraps ctx's cause (context.Canceled or a signal's).
+func RunContext(ctx context.Context, sc *Scenario, opts Options) (*Report, error) {
 	modes := sc.Modes
 	if len(opts.Modes) > 0 {
 		modes = opts.Modes
@@ -113,7 +141,7 @@ func Run(sc *Scenario, opts Options) (*Report, error) {
 	for _, g := range sc.Members {
 		r.Members += g.Count
 	}
-	for _, name := range modes {
+	for k, name := range modes {
 		m := newMode(name, sc)
 		if m == nil {
 			return nil, fmt.Errorf("sim: unknown mode %q (known: %v)", name, ModeNames())
@@ -122,14 +150,53 @@ func Run(sc *Scenario, opts Options) (*Report, error) {
 		if opts.Progress != nil {
 			e.progress = func(f float64) { opts.Progress(name, f) }
 		}
+		e.done = ctx.Done()
 		e.run()
+		r.Modes = append(r.Modes, e.report())
+		if e.interrupted {
+			at := round(float64(e.now) / 1e9)
+			r.Partial, r.InterruptedMode, r.InterruptedAtS = true, name, &at
+			r.NotRun = modes[k+1:]
+			r.Modes[len(r.Modes)-1].Partial = true
+			r.compareWithIdeal()
+			return r, fmt.Errorf("sim: interrupted at %v of virtual time in mode %s: %w",
+				time.Duration(e.now).Round(time.Millisecond), name, context.Cause(ctx))
+		}
 		if opts.Progress != nil {
 			opts.Progress(name, 1)
 		}
-		r.Modes = append(r.Modes, e.report())
 	}
+	r.compareWithIdeal()
 	return r, nil
 }
+
+// compareWithIdeal gives each mode its figures against the ideal mode's, if it ran.
+func (r *Report) compareWithIdeal() {
+	k := slices.IndexFunc(r.Modes, func(m ModeReport) bool { return m.Mode == "ideal" })
+	if k < 0 {
+		return
+	}
+	ideal := r.Modes[k]
+	if ideal.Partial {
+		return // the others ran longer: nothing to compare on the same arrivals
+	}
+	for i := range r.Modes {
+		m := &r.Modes[i]
+		if i == k || m.Partial {
+			continue
+		}
+		switch {
+		case ideal.acceptedTok > 0:
+			m.ServedVsIdeal = ptr(round(float64(m.acceptedTok) / float64(ideal.acceptedTok)))
+		case ideal.Accepted > 0:
+			m.ServedVsIdeal = ptr(round(float64(m.Accepted) / float64(ideal.Accepted)))
+		}
+		m.ExtraP50WaitMs = ptr(round(m.WaitP50Ms - ideal.WaitP50Ms))
+		m.ExtraP99WaitMs = ptr(round(m.WaitP99Ms - ideal.WaitP99Ms))
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
 
 // round keeps reports stable to compare: four decimals.
 func round(v float64) float64 {
@@ -148,6 +215,10 @@ func (e *engine) report() ModeReport {
 		WaitP99Ms: round(float64(e.waits.quantile(0.99)) / 1e6),
 		series:    e.series,
 		sample:    time.Duration(e.sample),
+		ranS:      float64(e.end) / 1e9,
+	}
+	if e.idealTokCore != nil {
+		r.acceptedTok = e.acceptedTok
 	}
 	if total := e.accepted + e.rejected; total > 0 {
 		r.Ratio429 = round(float64(e.rejected) / float64(total))
@@ -312,9 +383,31 @@ func (r *Report) SideBySide() []Row {
 	add("strictness", "peak 429s in a sample", func(m *ModeReport) string { return num(m.PeakOverAdmission) })
 	add("utilization", "accepted", func(m *ModeReport) string { return num(m.Accepted) })
 	add("utilization", "utilization", func(m *ModeReport) string { return frac(m.Utilization) })
+	vsIdeal := slices.ContainsFunc(r.Modes, func(m ModeReport) bool { return m.ExtraP50WaitMs != nil })
+	if vsIdeal {
+		add("utilization", "served vs ideal", func(m *ModeReport) string {
+			if m.ServedVsIdeal == nil {
+				return "-"
+			}
+			return frac(*m.ServedVsIdeal)
+		})
+	}
 	add("fairness", "Jain's index", func(m *ModeReport) string { return frac(m.Jain) })
 	add("waits", "wait p50", func(m *ModeReport) string { return waitText(m.WaitP50Ms) })
 	add("waits", "wait p99", func(m *ModeReport) string { return waitText(m.WaitP99Ms) })
+	if vsIdeal {
+		extra := func(v *float64) string {
+			switch {
+			case v == nil:
+				return "-"
+			case *v < 0:
+				return "-" + waitText(-*v)
+			}
+			return "+" + waitText(*v)
+		}
+		add("waits", "wait p50 vs ideal", func(m *ModeReport) string { return extra(m.ExtraP50WaitMs) })
+		add("waits", "wait p99 vs ideal", func(m *ModeReport) string { return extra(m.ExtraP99WaitMs) })
+	}
 	add("waits", "dropped", func(m *ModeReport) string { return num(m.Dropped) })
 	if slices.ContainsFunc(r.Modes, func(m ModeReport) bool { return m.ClearedS != nil }) {
 		add("waits", "backlog cleared in", func(m *ModeReport) string {
@@ -326,10 +419,10 @@ func (r *Report) SideBySide() []Row {
 	}
 	add("store load", "store ops", func(m *ModeReport) string { return num(m.StoreOps) })
 	add("store load", "store ops/member/s", func(m *ModeReport) string {
-		if r.Members == 0 || r.DurationS == 0 {
+		if r.Members == 0 || m.ranS == 0 {
 			return "0"
 		}
-		return strconv.FormatFloat(float64(m.StoreOps)/float64(r.Members)/r.DurationS, 'f', 2, 64)
+		return strconv.FormatFloat(float64(m.StoreOps)/float64(r.Members)/m.ranS, 'f', 2, 64)
 	})
 	add("store load", "messages", func(m *ModeReport) string { return num(m.Messages) })
 	add("faults", "store time-outs", func(m *ModeReport) string { return num(m.Timeouts) })
@@ -364,6 +457,14 @@ func (r *Report) SideBySide() []Row {
 func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "scenario %s: %d members, limit %s, %v of virtual time, seed %d\n\n", r.Scenario, r.Members, r.Limit,
 		time.Duration(r.DurationS*1e9), r.Seed)
+	if r.Partial {
+		fmt.Fprintf(w, "interrupted at %v of virtual time in mode %s: its figures are of that time",
+			time.Duration(*r.InterruptedAtS*1e9).Round(time.Millisecond), r.InterruptedMode)
+		if len(r.NotRun) > 0 {
+			fmt.Fprintf(w, "; not run: %s", strings.Join(r.NotRun, ", "))
+		}
+		fmt.Fprint(w, "\n\n")
+	}
 	rows := r.SideBySide()
 	// The labels flush left (padded here), the figures flush right.
 	width := 0

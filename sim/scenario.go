@@ -303,8 +303,8 @@ func (s *Scenario) check() error {
 		if err := CheckMode(m); err != nil {
 			return bad(0, "modes: %v", err)
 		}
-		if kinds := limitconv.Windowed(s.Limit.Limits) || limitconv.RampOver(s.Limit.Limits) > 0; kinds && m != "strict" && m != "redis" && m != "local" && m != "lease" {
-			return bad(0, "modes: %s decides no windowed quota or ramp (limit: %v); use redis, local or lease", m, s.Limit.Limits)
+		if kinds := limitconv.Windowed(s.Limit.Limits) || limitconv.RampOver(s.Limit.Limits) > 0; kinds && m != "strict" && m != "redis" && m != "local" && m != "lease" && m != "ideal" {
+			return bad(0, "modes: %s decides no windowed quota or ramp (limit: %v); use strict, local, lease or ideal", m, s.Limit.Limits)
 		}
 		if m == "lease" && limitconv.Windowed(s.Limit.Limits) {
 			for _, l := range s.Limit.Limits {

@@ -1,7 +1,9 @@
 package sim
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"os"
 	"path/filepath"
@@ -442,5 +444,39 @@ func TestWaitText(t *testing.T) {
 		if got := waitText(ms); got != want {
 			t.Errorf("waitText(%v) = %q, want %q", ms, got, want)
 		}
+	}
+}
+
+// TestRunContextCutsShort: a run whose context is done stops where it is and reports what
+// it measured, marked partial: the mode interrupted measured up to the time it reached
+// (its time series that long, its utilization against what the ideal throttle admitted by
+// then), the modes after it not run, and the error says so. (The context is cancelled
+// from the progress callback, after 65,536 events, so that the cut is deterministic.)
+func TestRunContextCutsShort(t *testing.T) {
+	sc := parse(t, strings.Replace(strings.Replace(backlogPool, "LATENCY", "{dist: fixed, value: 0s}", 1), "duration: 1m", "duration: 1h", 1))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r, err := RunContext(ctx, sc, Options{Modes: []string{"ideal", "strict"}, Progress: func(string, float64) { cancel() }})
+	if err == nil || !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "interrupted at") {
+		t.Fatalf("error %v, want an interruption that wraps context.Canceled", err)
+	}
+	if !r.Partial || r.InterruptedMode != "ideal" || !slices.Equal(r.NotRun, []string{"strict"}) || len(r.Modes) != 1 || !r.Modes[0].Partial {
+		t.Fatalf("partial %v in %q, not run %q, %d modes", r.Partial, r.InterruptedMode, r.NotRun, len(r.Modes))
+	}
+	at, m := *r.InterruptedAtS, r.Modes[0]
+	if at <= 0 || at >= 3600 {
+		t.Fatalf("interrupted at %v s", at)
+	}
+	// A backlog, the API no time away: the ideal's burst, then one every 100 ms.
+	if want := 5 + int64(at*10); m.Accepted < want-1 || m.Accepted > want || m.Utilization != 1 || m.Violations != 0 {
+		t.Errorf("at %v s: accepted %d (want %d), utilization %v (want 1), %d violations", at, m.Accepted, want, m.Utilization, m.Violations)
+	}
+	if n, want := len(m.series), int(at/sc.Sample.D().Seconds())+1; n != want {
+		t.Errorf("at %v s: %d samples of %v, want %d", at, n, sc.Sample.D(), want)
+	}
+	var text strings.Builder
+	r.WriteText(&text)
+	if !strings.Contains(text.String(), "interrupted at ") || !strings.Contains(text.String(), "not run: strict") {
+		t.Errorf("the text report does not say it was interrupted:\n%s", text.String())
 	}
 }

@@ -68,6 +68,10 @@ const (
 	ExitUsage       = 2 // bad flags, arguments or config
 	ExitUnreachable = 3 // `check`: the daemon did not answer
 	ExitDenied      = ExitFailure
+	// `sim` cut short by a signal, after printing what it measured: 128 + the signal's
+	// number, as a shell reports a process the signal ended.
+	ExitInterrupted = 130 // SIGINT (and a cancellation without a signal)
+	ExitTerminated  = 143 // SIGTERM
 )
 
 // repeatedPrefix is the package prefix the errors of the packages below carry ("sluice:

@@ -135,6 +135,21 @@ func TestSimCommand(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "local") {
 		t.Errorf("flags before the file: %d %q", code, out)
 	}
+	// The ideal beside other modes: each of them is compared with it.
+	code, out, errs = run(t, "sim", "../../../../scenarios/one-every-6s-timeline.yaml", "--json", "--modes", "ideal,strict")
+	if code != 0 {
+		t.Fatalf("--modes ideal,strict: exit %d: %s", code, errs)
+	}
+	if err := json.Unmarshal([]byte(out), &j); err != nil || len(j.Modes) != 2 || j.Modes[0]["mode"] != "ideal" {
+		t.Fatalf("report %q: %v", out, err)
+	}
+	if j.Modes[1]["served_vs_ideal"] != 0.75 || j.Modes[1]["extra_p50_wait_ms"] == nil || j.Modes[0]["served_vs_ideal"] != nil {
+		t.Errorf("strict against the ideal: %v; the ideal: %v", j.Modes[1], j.Modes[0])
+	}
+	code, out, _ = run(t, "sim", "--modes", "ideal,local", "../../../../scenarios/one-every-6s-timeline.yaml")
+	if code != 0 || !strings.Contains(out, "served vs ideal") || !strings.Contains(out, "wait p99 vs ideal") {
+		t.Errorf("--modes ideal,local: %d %q", code, out)
+	}
 	for _, c := range []struct {
 		args []string
 		want string
@@ -189,6 +204,69 @@ func TestFormerStrategyName(t *testing.T) {
 
 // TestSimPlotAndHTML: --plot writes the figure in the format its name asks for, --html a
 // page with every mode, alongside the table.
+// TestSimInterrupted: a run of the large scenario (an hour of 1,000 members, most of a
+// minute of work) whose context is cancelled after 300 ms returns within a second of it,
+// exit 130, with the report of what it measured so far, marked partial: as JSON, and as
+// the text table with a line that says so. A sweep stops as soon, with no report.
+func TestSimInterrupted(t *testing.T) {
+	large := "../../../../scenarios/large/pool-1000-hour.yaml"
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"sim", large, "--json"}, `"partial": true`},
+		{[]string{"sim", large}, "interrupted at "},
+		{[]string{"sim", large, "--sweep", "client.margin=5ms,6ms"}, ""},
+	} {
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(300*time.Millisecond, cancel)
+		var out, errb bytes.Buffer
+		start := time.Now()
+		code := Main(ctx, c.args, strings.NewReader(""), &out, &errb)
+		took := time.Since(start)
+		cancel()
+		if took > 1300*time.Millisecond {
+			t.Errorf("%q: returned %v after the start, %v after the cancellation: want within a second", c.args, took, took-300*time.Millisecond)
+		}
+		if code != ExitInterrupted || !strings.Contains(errb.String(), "interrupted") {
+			t.Errorf("%q: exit %d, stderr %q; want %d and the interruption said", c.args, code, errb.String(), ExitInterrupted)
+		}
+		if c.want == "" {
+			if out.Len() != 0 {
+				t.Errorf("%q: a report of an interrupted sweep: %q", c.args, out.String())
+			}
+			continue
+		}
+		if !strings.Contains(out.String(), c.want) {
+			t.Errorf("%q: the output lacks %q: %q", c.args, c.want, out.String())
+		}
+		if !slices.Contains(c.args, "--json") {
+			if !strings.Contains(out.String(), "accepted") {
+				t.Errorf("%q: no table: %q", c.args, out.String())
+			}
+			continue
+		}
+		var r struct {
+			Partial        bool    `json:"partial"`
+			InterruptedAtS float64 `json:"interrupted_at_s"`
+			Modes          []struct {
+				Partial    bool              `json:"partial"`
+				Accepted   int64             `json:"accepted"`
+				Violations int64             `json:"violations"`
+				PerMember  []json.RawMessage `json:"per_member"`
+			} `json:"modes"`
+		}
+		if err := json.Unmarshal(out.Bytes(), &r); err != nil || len(r.Modes) != 1 {
+			t.Fatalf("%q: %v: %q", c.args, err, out.String())
+		}
+		m := r.Modes[0]
+		if !r.Partial || !m.Partial || r.InterruptedAtS <= 0 || r.InterruptedAtS >= 3600 || m.Accepted == 0 || m.Violations != 0 || len(m.PerMember) != 1000 {
+			t.Errorf("%q: partial %v/%v at %v s, accepted %d, %d violations, %d members", c.args, r.Partial, m.Partial,
+				r.InterruptedAtS, m.Accepted, m.Violations, len(m.PerMember))
+		}
+	}
+}
+
 func TestSimPlotAndHTML(t *testing.T) {
 	dir := t.TempDir()
 	png, svg, page := filepath.Join(dir, "out.png"), filepath.Join(dir, "out.svg"), filepath.Join(dir, "r.html")
@@ -611,5 +689,33 @@ func TestServeSeesAChangeMadeWhileItStarts(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the change made while the daemon started was not reloaded in 10 s: %s", errb.String())
 		}
+	}
+}
+
+// TestSimMatrix: `sluice sim --matrix --quick --json` prints every cell (mode, shape, pass,
+// in_envelope and the figures) and a summary, and exits 1 while a cell within its mode's
+// envelope fails; --matrix takes no scenario file.
+func TestSimMatrix(t *testing.T) {
+	code, out, errs := run(t, "sim", "--matrix", "--quick", "--json", "--modes", "local,strict")
+	var j struct {
+		Cells []struct {
+			Mode, Shape string
+			Pass        bool
+			InEnvelope  bool     `json:"in_envelope"`
+			Served      *float64 `json:"served_vs_ideal"`
+		}
+		Summary struct{ Cells, Pass, Fail, Outside int }
+	}
+	if err := json.Unmarshal([]byte(out), &j); err != nil {
+		t.Fatalf("exit %d, not JSON: %v: %s%s", code, err, out, errs)
+	}
+	if len(j.Cells) < 18 || j.Summary.Cells != len(j.Cells) || j.Cells[0].Served == nil {
+		t.Errorf("%d cells, summary %+v", len(j.Cells), j.Summary)
+	}
+	if want := map[bool]int{true: 1, false: 0}[j.Summary.Fail > 0]; code != want {
+		t.Errorf("exit %d with %d failing cells, want %d", code, j.Summary.Fail, want)
+	}
+	if code, _, errs := run(t, "sim", "--matrix", "../../../../scenarios/store-outage.yaml"); code != ExitUsage || !strings.Contains(errs, "takes no scenario file") {
+		t.Errorf("--matrix with a file: exit %d, %q", code, errs)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 	"unicode"
 
@@ -36,9 +37,21 @@ func runSim(ctx context.Context, env Env, args []string) error {
 	var sweeps sweepFlags
 	fs.Var(&sweeps, "sweep", "run the scenario over a grid of settings, `KEY=V1,V2,...` (repeatable; e.g. lease.renew=50ms,250ms, client.margin=5ms,20ms, members.m.count=10,20), in parallel, and name the best point per mode (fewest violations, then utilization, then store operations); with --plot, --html or --csv each point writes its own files, named after its settings")
 	seed := fs.Uint64("seed", 0, "override the scenario's seed")
+	matrix := fs.Bool("matrix", false, "run the guarantee matrix instead of a scenario: every mode (or --modes) on each shape of the matrix file beside the ideal throttle, one cell per mode and shape, judged against it (docs/simulator.md, \"The guarantee matrix\"); with --json every cell's figures and a summary")
+	matrixFile := fs.String("matrix-file", "", "with --matrix: the matrix `file` (default: the shipped sim/matrix.yaml)")
+	quick := fs.Bool("quick", false, "with --matrix: the quick shapes only (small pools and short runs)")
 	rest, err := parseArgs(env, fs, args)
 	if err != nil {
 		return err
+	}
+	if *matrix {
+		if len(rest) > 0 {
+			return usagef("--matrix takes no scenario file (got %q): the shapes come from the matrix file", strings.Join(rest, " "))
+		}
+		return runMatrix(ctx, env, *matrixFile, *quick, *modes, *asJSON)
+	}
+	if *quick || *matrixFile != "" {
+		return usagef("--quick and --matrix-file go with --matrix")
 	}
 	switch {
 	case len(rest) == 0:
@@ -69,7 +82,7 @@ func runSim(ctx context.Context, env Env, args []string) error {
 	warnFormerModes(env, "", opts.Modes)
 	outs := outputs{csv: *csvPath, plot: *plotPath, plotFormat: plotFormat, html: *htmlPath}
 	if len(sweeps) > 0 {
-		return runSweep(env, file, sweeps, opts, *seed, *asJSON, outs)
+		return runSweep(ctx, env, file, sweeps, opts, *seed, *asJSON, outs)
 	}
 	sc, err := sim.Load(file)
 	if err != nil {
@@ -82,9 +95,19 @@ func runSim(ctx context.Context, env Env, args []string) error {
 	if isTerminal(env.Stderr) {
 		opts.Progress = progressBar(env, time.Now())
 	}
-	rep, err := sim.Run(sc, opts)
+	rep, err := sim.RunContext(ctx, sc, opts)
 	if opts.Progress != nil {
 		fmt.Fprint(env.Stderr, "\r\033[K")
+	}
+	if rep != nil && rep.Partial {
+		// Interrupted (SIGINT, SIGTERM): what was measured so far, marked partial, and no
+		// files (a figure or a page of a large run could outlast the second a stop takes).
+		if *asJSON {
+			_ = rep.WriteJSON(env.Stdout)
+		} else {
+			rep.WriteText(env.Stdout)
+		}
+		return exitError{code: interruptedCode(ctx), msg: err.Error() + " (the report is partial)"}
 	}
 	if err != nil {
 		return err
@@ -97,6 +120,16 @@ func runSim(ctx context.Context, env Env, args []string) error {
 	}
 	rep.WriteText(env.Stdout)
 	return nil
+}
+
+// interruptedCode is the exit code of a command cut short by ctx: 130 after SIGINT (or a
+// cancellation without a signal), 143 after SIGTERM. The signal is read from ctx's cause,
+// which signal.NotifyContext (package main) words "<signal> signal received".
+func interruptedCode(ctx context.Context) int {
+	if c := context.Cause(ctx); c != nil && c.Error() == syscall.SIGTERM.String()+" signal received" {
+		return ExitTerminated
+	}
+	return ExitInterrupted
 }
 
 // warnFormerModes prints one line to stderr for each mode named by its former name, which
@@ -179,7 +212,7 @@ func pointPath(path string, settings []sim.Setting) string {
 // runSweep runs every point of the grid, on all the machine's cores, and prints the
 // figures in the grid's order: each point is deterministic, so the output is too. With
 // --csv, --plot or --html, each point writes its own files (pointPath).
-func runSweep(env Env, file string, sweeps []sim.Sweep, opts sim.Options, seed uint64, asJSON bool, outs outputs) error {
+func runSweep(ctx context.Context, env Env, file string, sweeps []sim.Sweep, opts sim.Options, seed uint64, asJSON bool, outs outputs) error {
 	src, err := os.ReadFile(file)
 	if err != nil {
 		return usageError{err}
@@ -214,7 +247,7 @@ func runSweep(env Env, file string, sweeps []sim.Sweep, opts sim.Options, seed u
 	for range min(runtime.GOMAXPROCS(0), len(points)) {
 		wg.Go(func() {
 			for i := range next {
-				reports[i], errs[i] = sim.Run(points[i].Scenario, opts)
+				reports[i], errs[i] = sim.RunContext(ctx, points[i].Scenario, opts)
 			}
 		})
 	}
@@ -223,6 +256,11 @@ func runSweep(env Env, file string, sweeps []sim.Sweep, opts sim.Options, seed u
 	}
 	close(next)
 	wg.Wait()
+	if ctx.Err() != nil {
+		// Interrupted: the points' runs stopped where they were; a sweep's best points
+		// need them all, so there is no report.
+		return exitError{code: interruptedCode(ctx), msg: fmt.Sprintf("sim: sweep interrupted (%v): no report", context.Cause(ctx))}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
@@ -271,4 +309,57 @@ func progressBar(env Env, start time.Time) func(string, float64) {
 		n := int(done * width)
 		fmt.Fprintf(env.Stderr, "\r\033[K  %-8s [%s%s] %3.0f%%", mode, strings.Repeat("=", n), strings.Repeat(" ", width-n), done*100)
 	}
+}
+
+// runMatrix runs the guarantee matrix and prints its table (or JSON); it fails (exit 1)
+// when a cell within its mode's envelope fails.
+func runMatrix(ctx context.Context, env Env, file string, quick bool, modeList string, asJSON bool) error {
+	var m *sim.Matrix
+	var err error
+	if file == "" {
+		m, err = sim.ShippedMatrix()
+	} else {
+		m, err = sim.LoadMatrix(file)
+	}
+	if err != nil {
+		return usageError{err}
+	}
+	modes := sim.MatrixModes()
+	if modeList != "" {
+		modes = nil
+		for _, md := range strings.Split(modeList, ",") {
+			if md = strings.TrimSpace(md); md != "" {
+				if err := sim.CheckMode(md); err != nil {
+					return usagef("--modes: %v", err)
+				}
+				modes = append(modes, md)
+			}
+		}
+	}
+	shapes := m.Select(quick)
+	start := time.Now()
+	rep, err := sim.RunMatrix(ctx, m, shapes, modes, func(i, n int, s sim.MatrixShape) {
+		fmt.Fprintf(env.Stderr, "matrix: %d/%d %s (%s)\n", i+1, n, s.Name(), time.Since(start).Round(time.Second))
+	})
+	if err != nil && rep == nil {
+		return err
+	}
+	if asJSON {
+		enc := json.NewEncoder(env.Stdout)
+		enc.SetIndent("", "  ")
+		if jerr := enc.Encode(rep); jerr != nil {
+			return jerr
+		}
+	} else {
+		fmt.Fprint(env.Stdout, sim.MatrixTable(rep))
+	}
+	switch {
+	case rep.Partial:
+		return exitError{code: interruptedCode(ctx), msg: "interrupted: the matrix is partial"}
+	case err != nil:
+		return err
+	case rep.Summary.Fail > 0:
+		return exitError{code: 1, msg: fmt.Sprintf("matrix: %d cells fail", rep.Summary.Fail)}
+	}
+	return nil
 }

@@ -1,0 +1,473 @@
+package sim
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"math"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/yamlx"
+)
+
+// The guarantee matrix: every mode across a designed set of pool shapes, each judged
+// against the ideal throttle on the same arrivals (docs/simulator.md, "The guarantee
+// matrix"). A shape is a limit, a pool, a demand and an event, each named in the matrix
+// file; a cell is one mode on one shape.
+
+// Matrix is a matrix file: the values of each dimension and the shapes that combine them.
+type Matrix struct {
+	// Base is scenario YAML every shape starts from (network, client, store settings).
+	Base string `yaml:"base"`
+	// Limits name the limits, each with the virtual time a shape on it runs.
+	Limits map[string]MatrixLimit `yaml:"limits"`
+	// Pools name the pools: groups of members, each with a weight (its part of the demand).
+	Pools map[string][]MatrixGroup `yaml:"pools"`
+	// Shapes are the combinations run; Quick marks those of --quick.
+	Shapes []MatrixShape `yaml:"shapes"`
+
+	file string
+}
+
+// MatrixLimit is one limit of the grid.
+type MatrixLimit struct {
+	Limit    string   `yaml:"limit"`
+	Duration Duration `yaml:"duration"`
+}
+
+// MatrixGroup is a group of identical members of a pool.
+type MatrixGroup struct {
+	Name       string  `yaml:"name"`
+	Count      int     `yaml:"count"`
+	Goroutines int     `yaml:"goroutines"`
+	Weight     float64 `yaml:"weight"` // each member's part of the pool's demand, relative to the others'
+}
+
+// MatrixShape is one combination of the dimensions.
+type MatrixShape struct {
+	Limit  string `yaml:"limit"`
+	Pool   string `yaml:"pool"`
+	Demand string `yaml:"demand"`
+	Event  string `yaml:"event"`
+	Quick  bool   `yaml:"quick"`
+}
+
+// Name is the shape's name in reports: limit/pool/demand/event.
+func (s MatrixShape) Name() string {
+	return s.Limit + "/" + s.Pool + "/" + s.Demand + "/" + s.Event
+}
+
+// Demands lists the demand patterns a shape may name: a backlog (always busy), Poisson at
+// 50, 85 and 120% of the limit, on/off bursts (twice the limit half the time) and a
+// diurnal swing (80% of the limit on average, half of it up and down once a run).
+func Demands() []string {
+	return []string{"backlog", "poisson-50", "poisson-85", "poisson-120", "onoff", "diurnal"}
+}
+
+// Events lists the events a shape may name, each at a fixed fraction of the run: none;
+// churn (a member leaves at 30% and joins again at 60%); a crash (at 40%, back at 60%); a
+// store outage (at 40%, for a tenth of the run); a partition (the first member cut from
+// the store and its peers at 40%, for a tenth of the run); a limit change (halved at 50%).
+func Events() []string {
+	return []string{"none", "churn", "crash", "outage", "partition", "limit-change"}
+}
+
+// matrixFile is the shipped matrix: sim/matrix.yaml.
+//
+//go:embed matrix.yaml
+var matrixFile []byte
+
+// ShippedMatrix returns the matrix that ships with Sluice (sim/matrix.yaml).
+func ShippedMatrix() (*Matrix, error) { return parseMatrix("sim/matrix.yaml", matrixFile) }
+
+// LoadMatrix reads and checks a matrix file.
+func LoadMatrix(path string) (*Matrix, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return parseMatrix(path, b)
+}
+
+func parseMatrix(path string, b []byte) (*Matrix, error) {
+	var m Matrix
+	if err := yamlx.Decode(path, b, &m); err != nil {
+		return nil, err
+	}
+	m.file = path
+	for i, s := range m.Shapes {
+		if _, err := m.Scenario(s); err != nil {
+			return nil, fmt.Errorf("%s: shapes[%d] (%s): %w", path, i, s.Name(), err)
+		}
+	}
+	return &m, nil
+}
+
+// Select returns the shapes to run: the quick ones, or all.
+func (m *Matrix) Select(quick bool) []MatrixShape {
+	var out []MatrixShape
+	for _, s := range m.Shapes {
+		if s.Quick || !quick {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// limitOf reads a shape's limit: the limit and the rate of its tightest part, per second.
+func (m *Matrix) limitOf(s MatrixShape) (MatrixLimit, sluice.Limits, float64, error) {
+	ml, ok := m.Limits[s.Limit]
+	if !ok {
+		return ml, nil, 0, fmt.Errorf("no limit %q", s.Limit)
+	}
+	ls, err := sluice.Parse(ml.Limit)
+	if err != nil {
+		return ml, nil, 0, err
+	}
+	if ml.Duration <= 0 {
+		return ml, nil, 0, fmt.Errorf("limit %q: no duration", s.Limit)
+	}
+	rate := math.Inf(1)
+	for _, l := range ls {
+		rate = min(rate, float64(l.Rate)/l.Period.Seconds())
+	}
+	return ml, ls, rate, nil
+}
+
+// Scenario builds the shape's scenario: the base, the limit and its duration, the pool
+// with each member's demand, and the event.
+func (m *Matrix) Scenario(s MatrixShape) (*Scenario, error) {
+	ml, ls, rate, err := m.limitOf(s)
+	if err != nil {
+		return nil, err
+	}
+	groups, ok := m.Pools[s.Pool]
+	if !ok || len(groups) == 0 {
+		return nil, fmt.Errorf("no pool %q", s.Pool)
+	}
+	dur := ml.Duration.D()
+	var total float64 // the pool's weight
+	for _, g := range groups {
+		total += float64(g.Count) * g.Weight
+	}
+	if total <= 0 {
+		return nil, fmt.Errorf("pool %q: no weight", s.Pool)
+	}
+	burst := 0.0
+	for _, l := range ls {
+		b := l.Burst
+		if b == 0 {
+			b = l.Rate
+		}
+		burst = max(burst, float64(b))
+	}
+	var y strings.Builder
+	fmt.Fprintf(&y, "name: %s\nduration: %s\nseed: 1\nlimit: %q\n", s.Name(), dur, ml.Limit)
+	y.WriteString(m.Base)
+	y.WriteString("\nmembers:\n")
+	for _, g := range groups {
+		part := g.Weight / total // of the pool's demand, per member
+		fmt.Fprintf(&y, "  - {name: %s, count: %d, goroutines: %d, demand: %s}\n", g.Name, g.Count, max(g.Goroutines, 1), demandOf(s.Demand, rate*part, (burst+rate*dur.Seconds())*part, dur))
+	}
+	if ev := eventOf(s.Event, groups[0].Name, ls, dur); ev != "" {
+		y.WriteString("events:\n" + ev)
+	}
+	sc, err := Parse(s.Name(), []byte(y.String()))
+	if err != nil {
+		return nil, fmt.Errorf("%w\n%s", err, y.String())
+	}
+	return sc, nil
+}
+
+// demandOf writes a member's demand: rate is its part of the limit's rate, capacity its
+// part of what the limit admits over the run.
+func demandOf(kind string, rate, capacity float64, dur time.Duration) string {
+	f := func(x float64) string { return fmt.Sprintf("%.6g", x) }
+	switch kind {
+	case "backlog":
+		return fmt.Sprintf("{pattern: backlog, n: %d}", int64(math.Ceil(2*capacity))+2)
+	case "poisson-50", "poisson-85", "poisson-120":
+		var pct float64
+		fmt.Sscanf(strings.TrimPrefix(kind, "poisson-"), "%g", &pct)
+		return "{pattern: poisson, rate: " + f(rate*pct/100) + "}"
+	case "onoff":
+		return fmt.Sprintf("{pattern: onoff, rate: %s, on: %s, off: %s}", f(2*rate), dur/20, dur/20)
+	case "diurnal":
+		return fmt.Sprintf("{pattern: diurnal, rate: %s, swing: 0.5, period: %s}", f(0.8*rate), dur)
+	}
+	return "{pattern: " + kind + "}" // refused by Parse, naming the pattern
+}
+
+// eventOf writes a shape's event, on member first (the pool's first member) where it
+// names one.
+func eventOf(kind, first string, ls sluice.Limits, dur time.Duration) string {
+	at := func(frac float64) time.Duration { return time.Duration(frac * float64(dur)).Round(time.Millisecond) }
+	m := first + "1"
+	switch kind {
+	case "", "none":
+		return ""
+	case "churn":
+		return fmt.Sprintf("  - {at: %s, leave: %s}\n  - {at: %s, join: %s}\n", at(0.3), m, at(0.6), m)
+	case "crash":
+		return fmt.Sprintf("  - {at: %s, crash: [%s]}\n  - {at: %s, join: %s}\n", at(0.4), m, at(0.6), m)
+	case "outage":
+		return fmt.Sprintf("  - {at: %s, store_outage: %s}\n", at(0.4), at(0.1))
+	case "partition":
+		return fmt.Sprintf("  - {at: %s, partition: [%s], for: %s}\n", at(0.4), m, at(0.1))
+	case "limit-change":
+		half := make(sluice.Limits, len(ls))
+		for i, l := range ls {
+			half[i] = l
+			half[i].Rate = max(1, l.Rate/2)
+			if l.Burst > 1 {
+				half[i].Burst = max(1, l.Burst/2)
+			}
+		}
+		return fmt.Sprintf("  - {at: %s, limit: %q}\n", at(0.5), half.String())
+	}
+	return "  - {at: 1s, " + kind + ": true}\n" // refused by Parse, naming the event
+}
+
+// MatrixCell is one mode on one shape, judged against the ideal.
+type MatrixCell struct {
+	Mode  string `json:"mode"`
+	Shape string `json:"shape"`
+	// Pass is whether every criterion held; Why names the first that did not.
+	Pass bool   `json:"pass"`
+	Why  string `json:"why,omitempty"`
+	// InEnvelope is whether the mode claims the shape (docs/guarantees.md); Envelope says
+	// why not when it does not.
+	InEnvelope bool   `json:"in_envelope"`
+	Envelope   string `json:"envelope,omitempty"`
+	// The figures judged.
+	Served         float64 `json:"served_vs_ideal"`
+	ExtraP50WaitMs float64 `json:"extra_p50_wait_ms"`
+	ExtraP99WaitMs float64 `json:"extra_p99_wait_ms"`
+	Jain           float64 `json:"jain"`
+	Violations     int64   `json:"violations"`
+	Ratio429       float64 `json:"ratio_429"`
+	Accepted       int64   `json:"accepted"`
+	IdealAccepted  int64   `json:"ideal_accepted"`
+	Partial        bool    `json:"partial,omitempty"`
+}
+
+// MatrixSummary counts the cells.
+type MatrixSummary struct {
+	Cells   int `json:"cells"`
+	Pass    int `json:"pass"`
+	Fail    int `json:"fail"`
+	Outside int `json:"outside"` // cells outside their mode's envelope (counted apart, pass or not)
+}
+
+// MatrixReport is a matrix run: every cell, and the counts.
+type MatrixReport struct {
+	Cells   []MatrixCell  `json:"cells"`
+	Summary MatrixSummary `json:"summary"`
+	Partial bool          `json:"partial,omitempty"`
+}
+
+// MatrixModes are the modes a matrix judges by default.
+func MatrixModes() []string { return []string{"local", "strict", "lease", "gossip", "adaptive"} }
+
+// RunMatrix runs shapes under modes (and the ideal beside them), judging each cell.
+// progress, if set, is told each shape as it starts. A cancelled ctx ends the run with
+// the cells judged so far, marked partial.
+func RunMatrix(ctx context.Context, m *Matrix, shapes []MatrixShape, modes []string, progress func(i, n int, s MatrixShape)) (*MatrixReport, error) {
+	r := &MatrixReport{}
+	for i, s := range shapes {
+		if progress != nil {
+			progress(i, len(shapes), s)
+		}
+		sc, err := m.Scenario(s)
+		if err != nil {
+			return r, err
+		}
+		rep, err := RunContext(ctx, sc, Options{Modes: append([]string{"ideal"}, modes...)})
+		if rep != nil {
+			r.Cells = append(r.Cells, judge(s, sc, rep)...)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				r.Partial = true
+				break
+			}
+			return r, err
+		}
+	}
+	for _, c := range r.Cells {
+		r.Summary.Cells++
+		switch {
+		case !c.InEnvelope:
+			r.Summary.Outside++
+		case c.Pass:
+			r.Summary.Pass++
+		default:
+			r.Summary.Fail++
+		}
+	}
+	return r, nil
+}
+
+// judge judges each mode of rep on shape s against the ideal's figures.
+func judge(s MatrixShape, sc *Scenario, rep *Report) []MatrixCell {
+	var ideal *ModeReport
+	for i := range rep.Modes {
+		if rep.Modes[i].Mode == "ideal" {
+			ideal = &rep.Modes[i]
+		}
+	}
+	members := 0
+	for _, g := range sc.Members {
+		members += g.Count
+	}
+	var out []MatrixCell
+	for _, mr := range rep.Modes {
+		if mr.Mode == "ideal" {
+			continue
+		}
+		c := MatrixCell{Mode: mr.Mode, Shape: s.Name(), Jain: mr.Jain, Violations: mr.Violations, Ratio429: mr.Ratio429,
+			Accepted: mr.Accepted, Partial: mr.Partial, InEnvelope: true}
+		if ideal != nil {
+			c.IdealAccepted = ideal.Accepted
+		}
+		if mr.ServedVsIdeal != nil {
+			c.Served = *mr.ServedVsIdeal
+		} else if ideal != nil && ideal.Accepted == 0 {
+			c.Served = 1
+		}
+		if mr.ExtraP50WaitMs != nil {
+			c.ExtraP50WaitMs = *mr.ExtraP50WaitMs
+		}
+		if mr.ExtraP99WaitMs != nil {
+			c.ExtraP99WaitMs = *mr.ExtraP99WaitMs
+		}
+		c.InEnvelope, c.Envelope = envelope(mr.Mode, s, members)
+		c.Why = criteria(mr.Mode, s, sc, c)
+		c.Pass = c.Why == "" && !c.Partial
+		out = append(out, c)
+	}
+	return out
+}
+
+// envelope says whether mode claims shape s, and why not when it does not.
+func envelope(mode string, s MatrixShape, members int) (bool, string) {
+	switch base, _, _ := strings.Cut(mode, ":"); base {
+	case "local":
+		if members > 1 {
+			return false, "the local mode is one process: a pool of processes shares a limit through strict, lease or gossip"
+		}
+	}
+	return true, ""
+}
+
+// underLimit reports whether a demand pattern asks at most the limit on average.
+func underLimit(demand string) bool {
+	return demand == "poisson-50" || demand == "poisson-85" || demand == "diurnal"
+}
+
+// criteria returns the first criterion cell c fails, or "" (docs/simulator.md, "The
+// guarantee matrix"): violations within the mode's bound; served at least 0.97 of the
+// ideal where demand is at or under the limit, 0.95 over it (less the share of the run a
+// store outage or partition took from a mode that fails closed without its store);
+// Jain's index at least 0.97; extra p99 wait at most max(1 s, two renewal or sync
+// intervals), except across an outage or partition, whose waits are the fail mode's.
+func criteria(mode string, s MatrixShape, sc *Scenario, c MatrixCell) string {
+	base, _, _ := strings.Cut(mode, ":")
+	switch base {
+	case "adaptive", "gossip":
+		if c.Ratio429 > 0.01 {
+			return fmt.Sprintf("429s %.2f%% of requests (bound 1%%)", 100*c.Ratio429)
+		}
+	default:
+		if c.Violations > 0 {
+			return fmt.Sprintf("%d violations (bound 0)", c.Violations)
+		}
+	}
+	want := 0.95
+	if underLimit(s.Demand) {
+		want = 0.97
+	}
+	faulted := s.Event == "outage" || s.Event == "partition"
+	if faulted && (base == "strict" || base == "lease") {
+		want *= 0.9 // the run's tenth without the store
+	}
+	if c.Served < want {
+		return fmt.Sprintf("served %.3f of the ideal (want %.2f)", c.Served, want)
+	}
+	if c.Jain < 0.97 {
+		return fmt.Sprintf("Jain's index %.3f (want 0.97)", c.Jain)
+	}
+	if !faulted {
+		bound := 1000.0
+		if base == "lease" && sc.Lease.Renew > 0 {
+			bound = max(bound, 2*float64(sc.Lease.Renew.D().Milliseconds()))
+		}
+		if base == "gossip" && sc.Gossip.Interval > 0 {
+			bound = max(bound, 2*float64(sc.Gossip.Interval.D().Milliseconds()))
+		}
+		if c.ExtraP99WaitMs > bound {
+			return fmt.Sprintf("extra p99 wait %.0f ms (bound %.0f ms)", c.ExtraP99WaitMs, bound)
+		}
+	}
+	return ""
+}
+
+// MatrixTable writes the matrix as one table, a row per shape and a column per mode:
+// "pass", "out" (outside the mode's envelope) or the figure that falls short.
+func MatrixTable(r *MatrixReport) string {
+	var shapes, modes []string
+	cell := map[[2]string]MatrixCell{}
+	for _, c := range r.Cells {
+		if !slices.Contains(shapes, c.Shape) {
+			shapes = append(shapes, c.Shape)
+		}
+		if !slices.Contains(modes, c.Mode) {
+			modes = append(modes, c.Mode)
+		}
+		cell[[2]string{c.Shape, c.Mode}] = c
+	}
+	w := 0
+	for _, s := range shapes {
+		w = max(w, len(s))
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-*s", w+2, "shape")
+	for _, m := range modes {
+		fmt.Fprintf(&b, "  %-10s", m)
+	}
+	b.WriteString("\n")
+	var why []string
+	for _, s := range shapes {
+		fmt.Fprintf(&b, "%-*s", w+2, s)
+		for _, m := range modes {
+			c, ok := cell[[2]string{s, m}]
+			v := "-"
+			switch {
+			case !ok:
+			case !c.InEnvelope:
+				v = "out"
+			case c.Pass:
+				v = "pass"
+			default:
+				v = fmt.Sprintf("FAIL[%d]", len(why)+1)
+				why = append(why, fmt.Sprintf("[%d] %s on %s: %s", len(why)+1, m, s, c.Why))
+			}
+			fmt.Fprintf(&b, "  %-10s", v)
+		}
+		b.WriteString("\n")
+	}
+	if len(why) > 0 {
+		b.WriteString("\n" + strings.Join(why, "\n") + "\n")
+	}
+	sum := r.Summary
+	fmt.Fprintf(&b, "\nmatrix: %d cells, %d pass, %d fail, %d outside a mode's envelope", sum.Cells, sum.Pass, sum.Fail, sum.Outside)
+	if r.Partial {
+		b.WriteString(" (interrupted: partial)")
+	}
+	b.WriteString("\n")
+	return b.String()
+}

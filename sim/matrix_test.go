@@ -1,0 +1,141 @@
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"testing"
+)
+
+// TestShippedMatrixCoversTheGrid: the shipped matrix names every value of every dimension
+// in at least one shape (so each meets every mode, which every shape runs), holds at least
+// 150 cells over the five modes, and its quick shapes at least 40; every shape builds a
+// scenario.
+func TestShippedMatrixCoversTheGrid(t *testing.T) {
+	m, err := ShippedMatrix()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]map[string]bool{"limit": {}, "pool": {}, "demand": {}, "event": {}}
+	for _, s := range m.Shapes {
+		seen["limit"][s.Limit], seen["pool"][s.Pool], seen["demand"][s.Demand], seen["event"][s.Event] = true, true, true, true
+	}
+	want := map[string][]string{"demand": Demands(), "event": Events()}
+	for k := range m.Limits {
+		want["limit"] = append(want["limit"], k)
+	}
+	for k := range m.Pools {
+		want["pool"] = append(want["pool"], k)
+	}
+	for dim, vals := range want {
+		for _, v := range vals {
+			if !seen[dim][v] {
+				t.Errorf("the %s %q is in no shape", dim, v)
+			}
+		}
+	}
+	modes := len(MatrixModes())
+	if n := len(m.Select(false)) * modes; n < 150 {
+		t.Errorf("%d cells in the full matrix, want at least 150", n)
+	}
+	if n := len(m.Select(true)) * modes; n < 40 {
+		t.Errorf("%d cells in the quick matrix, want at least 40", n)
+	}
+}
+
+// TestMatrixCriteria: each criterion, at fixed figures, step by step.
+func TestMatrixCriteria(t *testing.T) {
+	m, err := ShippedMatrix()
+	if err != nil {
+		t.Fatal(err)
+	}
+	under := MatrixShape{Limit: "ten-a-second", Pool: "four-unequal", Demand: "poisson-85", Event: "none"}
+	over := under
+	over.Demand = "backlog"
+	outage := over
+	outage.Event = "outage"
+	good := MatrixCell{Served: 1, Jain: 1}
+	for i, c := range []struct {
+		mode  string
+		shape MatrixShape
+		cell  func(MatrixCell) MatrixCell
+		fails bool
+	}{
+		{"strict", under, func(c MatrixCell) MatrixCell { return c }, false},
+		{"strict", under, func(c MatrixCell) MatrixCell { c.Violations = 1; return c }, true},
+		{"gossip", under, func(c MatrixCell) MatrixCell { c.Violations, c.Ratio429 = 1, 0.005; return c }, false},
+		{"adaptive", under, func(c MatrixCell) MatrixCell { c.Ratio429 = 0.02; return c }, true},
+		{"lease", under, func(c MatrixCell) MatrixCell { c.Served = 0.965; return c }, true},
+		{"lease", over, func(c MatrixCell) MatrixCell { c.Served = 0.965; return c }, false},
+		{"lease", over, func(c MatrixCell) MatrixCell { c.Served = 0.94; return c }, true},
+		{"lease", outage, func(c MatrixCell) MatrixCell { c.Served = 0.86; return c }, false},
+		{"gossip", outage, func(c MatrixCell) MatrixCell { c.Served = 0.86; return c }, true},
+		{"strict", under, func(c MatrixCell) MatrixCell { c.Jain = 0.96; return c }, true},
+		{"strict", under, func(c MatrixCell) MatrixCell { c.ExtraP99WaitMs = 1001; return c }, true},
+		{"strict", outage, func(c MatrixCell) MatrixCell { c.ExtraP99WaitMs = 30000; return c }, false},
+	} {
+		sc, err := m.Scenario(c.shape)
+		if err != nil {
+			t.Fatal(err)
+		}
+		why := criteria(c.mode, c.shape, sc, c.cell(good))
+		if (why != "") != c.fails {
+			t.Errorf("step %d: %s on %s: got %q, want a failure: %v", i, c.mode, c.shape.Name(), why, c.fails)
+		}
+	}
+	if in, _ := envelope("local", under, 4); in {
+		t.Error("the local mode claims a pool of four processes")
+	}
+	if in, _ := envelope("local", under, 1); !in {
+		t.Error("the local mode does not claim one process")
+	}
+}
+
+// TestQuickMatrixIsDeterministic: the quick matrix gives every mode a cell on every quick
+// shape, the same to the byte on a second run.
+func TestQuickMatrixIsDeterministic(t *testing.T) {
+	m, err := ShippedMatrix()
+	if err != nil {
+		t.Fatal(err)
+	}
+	shapes := m.Select(true)
+	run := func() []byte {
+		r, err := RunMatrix(context.Background(), m, shapes, MatrixModes(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.Cells) != len(shapes)*len(MatrixModes()) || r.Summary.Cells != len(r.Cells) ||
+			r.Summary.Pass+r.Summary.Fail+r.Summary.Outside != r.Summary.Cells {
+			t.Fatalf("%d cells for %d shapes, summary %+v", len(r.Cells), len(shapes), r.Summary)
+		}
+		for _, mode := range MatrixModes() {
+			if !slices.ContainsFunc(r.Cells, func(c MatrixCell) bool { return c.Mode == mode }) {
+				t.Errorf("no cell of %s", mode)
+			}
+		}
+		b, _ := json.Marshal(r)
+		return b
+	}
+	if a, b := run(), run(); string(a) != string(b) {
+		t.Error("two runs of the quick matrix differ")
+	}
+}
+
+// TestMatrixInterrupted: a cancelled run ends with the cells judged so far, marked
+// partial.
+func TestMatrixInterrupted(t *testing.T) {
+	m, err := ShippedMatrix()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	shapes := m.Select(true)
+	r, _ := RunMatrix(ctx, m, shapes, []string{"strict"}, func(i, n int, s MatrixShape) {
+		if i == 2 {
+			cancel()
+		}
+	})
+	if !r.Partial || len(r.Cells) > 3 {
+		t.Errorf("partial %v, %d cells after a cancel at the third shape", r.Partial, len(r.Cells))
+	}
+}
