@@ -11,9 +11,19 @@ import (
 type gossipMode struct {
 	cfg   hits.Config
 	nodes []*hits.Node
-	inc   []uint32 // the member incarnation each node was made for
-	msgs  [][]byte // reports in flight, by slot
+	inc   []uint32    // the member incarnation each node was made for
+	msgs  []gossipMsg // reports in flight, by slot
 	free  []int32
+	slots []int32 // a tick's parts' slots (reused)
+}
+
+// gossipMsg is one part of a member's report, decoded once for all the members it is
+// sent to (hits.Decode is a function of the part's bytes alone, and Receive reads the
+// reports without changing them): refs of them have it still on its way.
+type gossipMsg struct {
+	reports   []hits.Report
+	malformed bool
+	refs      int
 }
 
 func newGossipMode(sc *Scenario) *gossipMode {
@@ -81,31 +91,45 @@ func (g *gossipMode) handle(e *engine, ev *event) {
 		// In parts of a datagram's size, as the daemon sends them (a part is allocated at
 		// its full size: parts of a mebibyte made the mode's runs a hundred times slower).
 		parts, _ := hits.Encode(&r, gossipPacket)
+		slots := g.slots[:0]
+		for _, p := range parts {
+			rs, err := hits.Decode(p)
+			slots = append(slots, g.put(gossipMsg{reports: rs, malformed: err != nil}))
+		}
+		g.slots = slots
 		for to := range e.members {
 			t := int32(to)
 			if t == ev.m || !e.members[to].present || e.partitioned[t] != e.partitioned[ev.m] {
 				continue
 			}
-			for _, p := range parts {
+			for _, s := range slots {
 				e.messages++
 				e.bucket().messages++
 				if e.lost(&e.sc.Network.Store) {
 					continue
 				}
-				e.schedule(event{at: e.now + e.latency(&e.sc.Network.Store), kind: evGossipMsg, m: t, op: e.members[to].inc, val: int64(g.put(p))})
+				g.msgs[s].refs++
+				e.schedule(event{at: e.now + e.latency(&e.sc.Network.Store), kind: evGossipMsg, m: t, op: e.members[to].inc, val: int64(s)})
+			}
+		}
+		for _, s := range slots {
+			if g.msgs[s].refs == 0 {
+				g.drop(s) // sent to nobody, or lost on every way
 			}
 		}
 		e.schedule(event{at: e.now + int64(g.cfg.Interval), kind: evGossipTick, m: ev.m, op: m.inc})
 	case evGossipMsg:
-		b := g.msgs[ev.val]
-		g.msgs[ev.val] = nil
-		g.free = append(g.free, int32(ev.val))
+		s := int32(ev.val)
+		msg := &g.msgs[s]
+		rs, malformed := msg.reports, msg.malformed
+		if msg.refs--; msg.refs == 0 {
+			g.drop(s)
+		}
 		if !m.present || ev.op != m.inc {
 			return
 		}
-		rs, err := hits.Decode(b)
 		n := g.node(e, ev.m)
-		if err != nil {
+		if malformed {
 			n.CountMalformed()
 			return
 		}
@@ -116,15 +140,21 @@ func (g *gossipMode) handle(e *engine, ev *event) {
 }
 
 // put keeps a message in flight and returns its slot.
-func (g *gossipMode) put(b []byte) int32 {
+func (g *gossipMode) put(msg gossipMsg) int32 {
 	if k := len(g.free); k > 0 {
 		s := g.free[k-1]
 		g.free = g.free[:k-1]
-		g.msgs[s] = b
+		g.msgs[s] = msg
 		return s
 	}
-	g.msgs = append(g.msgs, b)
+	g.msgs = append(g.msgs, msg)
 	return int32(len(g.msgs) - 1)
+}
+
+// drop frees a message's slot once nobody has it on its way.
+func (g *gossipMode) drop(s int32) {
+	g.msgs[s] = gossipMsg{}
+	g.free = append(g.free, s)
 }
 
 func (g *gossipMode) penalize(e *engine, mi int32, until int64) {

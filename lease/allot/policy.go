@@ -2,6 +2,7 @@ package allot
 
 import (
 	"cmp"
+	"math"
 	"slices"
 )
 
@@ -15,7 +16,10 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 	tg = make([]Share, len(s.Members))
 	capa := s.capacity(now) // all of the limit, or the rate a ramp has reached
 	burst := capa.Burst
-	var alive, wanting []int
+	// Room for every member at once: these run at every grant, and growing them by
+	// appends cost a large pool more than the policy's arithmetic.
+	alive := make([]int, 0, len(s.Members))
+	wanting := make([]int, 0, len(s.Members))
 	for i := range s.Members {
 		e := &s.Members[i]
 		if !e.live(now) {
@@ -53,8 +57,7 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 		return tg, live, size
 	}
 	// Fair: water-fill the rate among holders by demand.
-	order := slices.Clone(holders)
-	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(s.Members[a].Demand, s.Members[b].Demand) })
+	order := s.byDemand(holders)
 	left := capa.Rate
 	for k, i := range order {
 		give := min(s.Members[i].Demand, left/int64(len(order)-k))
@@ -83,14 +86,16 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 	}
 	// Bursts: one permit to each holder with a rate, then the rest in proportion to rate.
 	// Members that want capacity come first if the burst cannot cover everyone.
-	var with []int
+	with := make([]int, 0, len(alive))
+	inWith := make([]bool, len(s.Members)) // with holds i (a look-up per member, not a scan)
 	for _, i := range holders {
 		if tg[i].Rate > 0 {
 			with = append(with, i)
+			inWith[i] = true
 		}
 	}
 	for _, i := range alive {
-		if tg[i].Rate > 0 && !slices.Contains(with, i) {
+		if tg[i].Rate > 0 && !inWith[i] {
 			with = append(with, i)
 		}
 	}
@@ -127,14 +132,100 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 			rem[k] = r
 			given += x
 		}
-		idx := make([]int, len(with))
-		for k := range idx {
-			idx[k] = k
-		}
-		slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(rem[b], rem[a]) })
-		for _, k := range idx[:rest-given] {
+		for _, k := range largestRemainders(rem, int(rest-given)) {
 			tg[with[k]].Burst++
 		}
 	}
 	return tg, live, size
+}
+
+// The sorts below run at every grant over every member that wants a share: each packs its
+// key and the member's place into one uint64 and sorts those (ties in the members' order,
+// as a stable sort leaves them), where a stable sort by a comparison that reads each
+// member's entry cost a large pool most of its store's time. Keys that do not fit (never,
+// from Apply: demands are within RateScale, remainders below it) sort the old way.
+
+// byDemand returns holders (in the members' order) by demand, the lowest first.
+func (s *State) byDemand(holders []int) []int {
+	order := slices.Clone(holders)
+	keys := make([]uint64, len(holders))
+	for k, i := range holders {
+		d := s.Members[i].Demand
+		if d < 0 || d > math.MaxUint32 || i > math.MaxUint32 {
+			slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(s.Members[a].Demand, s.Members[b].Demand) })
+			return order
+		}
+		keys[k] = uint64(d)<<32 | uint64(i)
+	}
+	slices.Sort(keys)
+	for k, key := range keys {
+		order[k] = int(key & math.MaxUint32)
+	}
+	return order
+}
+
+// largestRemainders returns the places of the n largest remainders in rem (ties to the
+// earlier place), in no particular order: which places get one more permit, not in what
+// order. It selects them (quickselect, O(len(rem)) on average) rather than sorting rem.
+func largestRemainders(rem []int64, n int) []int {
+	if n <= 0 {
+		return nil
+	}
+	keys := make([]uint64, len(rem))
+	for k, r := range rem {
+		if r < 0 || r > math.MaxUint32 || k > math.MaxUint32 {
+			// Never from Apply (remainders are below RateScale): the places by a stable sort.
+			idx := make([]int, len(rem))
+			for k := range idx {
+				idx[k] = k
+			}
+			slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(rem[b], rem[a]) })
+			return idx[:min(n, len(idx))]
+		}
+		keys[k] = uint64(math.MaxUint32-r)<<32 | uint64(k) // the smallest first, all distinct
+	}
+	if n < len(keys) {
+		selectSmallest(keys, n)
+		keys = keys[:n]
+	}
+	idx := make([]int, len(keys))
+	for k, key := range keys {
+		idx[k] = int(key & math.MaxUint32)
+	}
+	return idx
+}
+
+// selectSmallest reorders keys (all distinct) so that its n smallest come first, in no
+// particular order (0 < n < len(keys)).
+func selectSmallest(keys []uint64, n int) {
+	lo, hi := 0, len(keys)-1
+	for lo < hi {
+		// The median of three as the pivot, then a partition around it (Hoare).
+		mid := lo + (hi-lo)/2
+		a, b, c := keys[lo], keys[mid], keys[hi]
+		pivot := max(min(a, b), min(max(a, b), c))
+		i, j := lo, hi
+		for i <= j {
+			for keys[i] < pivot {
+				i++
+			}
+			for keys[j] > pivot {
+				j--
+			}
+			if i <= j {
+				keys[i], keys[j] = keys[j], keys[i]
+				i++
+				j--
+			}
+		}
+		// keys[lo..j] <= pivot <= keys[i..hi], and keys[j+1..i-1] == pivot.
+		switch {
+		case n-1 <= j:
+			hi = j
+		case n-1 >= i:
+			lo = i
+		default:
+			return
+		}
+	}
 }

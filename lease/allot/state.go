@@ -542,7 +542,7 @@ func (s *State) Apply(now int64, cfg Config, req Request) (Reply, error) {
 		}
 		e := &s.Members[i]
 		e.Demand, e.Wanted = RateScale, now // it asks: it wants as much as it can get
-		s.targets(now, cfg)                 // is the limit still too small to share out?
+		s.updateCentral(now, cfg)           // is the limit still too small to share out?
 		rep.Central = s.Central
 		if req.Op == OpGive {
 			s.giveBack(now, req.N*s.Limit.T)
@@ -964,6 +964,18 @@ func (s *State) take(now int64, id string, n, maxDelay, ttl int64, rep *Reply) {
 		s.Pool -= need
 	}
 	rep.Taken, rep.Wait = true, at-now
+}
+
+// updateCentral sets Central as targets does, without the shares: one pass over the
+// members and nothing allocated, where targets sorts them (each take asks).
+func (s *State) updateCentral(now int64, cfg Config) {
+	var wanting int64
+	for i := range s.Members {
+		if e := &s.Members[i]; e.live(now) && (cfg.Policy == Equal || e.Demand > 0) {
+			wanting++
+		}
+	}
+	s.Central = s.centralWanted(now, cfg, wanting)
 }
 
 // centralWanted says whether the limit is too small to share out among the members that
