@@ -203,6 +203,7 @@ func (m *Member) Receive(now int64, nonce uint64, rep Reply, err error) {
 		m.applyPenalty(now, now+rep.Penalty)
 	}
 	m.view.target, m.view.live, m.view.contended, m.view.central = rep.Target, rep.Live, rep.Contended, rep.Central
+	m.learnPool(now, rep)
 	m.view.retryAt = 0
 	if rep.RetryIn > 0 {
 		m.view.retryAt = now + rep.RetryIn
