@@ -585,6 +585,26 @@ func (b *Backend) Leases() []Status {
 }
 
 // Close stops the renewal goroutine and hands every share back to the store at once (one
+// touch reads the store once when the member starts. A store seen for the first time (a
+// Redis just started or flushed, an etcd or ZooKeeper without the lease mode's meta key)
+// begins its incarnation at its first read, and fences every record it makes for TTL +
+// Grace after that (it cannot tell that no lease was granted from it before): read now,
+// the fence runs from the member's start, not from its first decision, which would
+// otherwise find every limit fenced for its first second and a half. It changes nothing
+// else, and a store that does not answer is asked again by the first round that needs it.
+func (b *Backend) touch() {
+	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-b.quit:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	_, _ = b.apply.store.Load(ctx, nil)
+}
+
 // round trip). Later calls return backend.ErrClosed. It returns the store's error, if the
 // release could not be delivered (the shares then end with their leases).
 func (b *Backend) Close() error {
@@ -624,6 +644,7 @@ func (b *Backend) Close() error {
 // answers, and sleeps until the next due time or a nudge.
 func (b *Backend) run() {
 	defer close(b.done)
+	b.touch()
 	t := b.clock.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
