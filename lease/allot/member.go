@@ -80,6 +80,13 @@ const (
 	probeDen int64 = 2
 )
 
+// borrowsPerWindow is how many borrows a member asks for at most between two of its
+// requests to the store (a renewal interval, or a quarter of one while it borrows): the
+// overflow of Poisson demand needs a few; a member whose demand outgrew its share needs a
+// larger share, which its next renewal brings (it renews early, and reports the rate it
+// was asked in the window rather than a smoothed one), not a store operation per request.
+const borrowsPerWindow = 16
+
 // waitedWindows: a saturated member whose callers were waiting (Wait) at this many
 // renewals in a row (two seconds at the default interval) reports as much as it can get,
 // as one whose callers wait for its share to grow does: workers that always wait for a
@@ -206,6 +213,7 @@ type demandWindow struct {
 	throttled bool  // held back by its share in this window
 	held      bool  // ... and a caller waited, or might have: its asking rate is censored
 	waited    bool  // a caller waited for a share (Wait) in this window
+	borrows   int64 // borrows asked for in this window (startBorrow)
 	saturated bool  // held back, and active ever since
 	heldRuns  int   // windows in a row in which it asked and was held back
 	waitRuns  int   // windows in a row that ended with callers waiting (Wait)

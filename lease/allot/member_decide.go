@@ -328,7 +328,8 @@ func (m *Member) applyPenalty(now, until int64) {
 // (not decided at the store), no penalty holds it back, and the store's last word on the
 // pool, refilled since at the free rate, less what it asked to borrow since, holds them.
 func (m *Member) canBorrow(now, n int64) bool {
-	if m.phase != registered || m.view.central || m.link.failed || m.windowed() || m.bucket.hold > now {
+	if m.phase != registered || m.view.central || m.link.failed || m.windowed() || m.bucket.hold > now ||
+		m.demand.borrows >= borrowsPerWindow {
 		return false
 	}
 	return m.poolLevel(now) >= gcra.MulSat(n, m.limit.T)
@@ -358,6 +359,7 @@ func startBorrow(ms []*Member, n int64) (gcra.Result, gcra.Ticket, Outcome, erro
 	for _, m := range ms {
 		m.link.borrow = true
 		m.view.borrowed = gcra.AddSat(m.view.borrowed, gcra.MulSat(n, m.limit.T))
+		m.demand.borrows++
 	}
 	return gcra.Result{}, gcra.Ticket{}, AtStore, nil
 }

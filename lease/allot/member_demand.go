@@ -37,18 +37,23 @@ func (m *Member) learnThink(now int64) {
 func (m *Member) measure(now int64) int64 {
 	dt := now - m.demand.winStart
 	quiet := !m.active(now)
-	if m.phase == registered && dt < m.cfg.renew/2 && !(m.demand.saturated && quiet) && !(!m.rated() && m.demand.asked > 0) {
+	if m.phase == registered && dt < m.cfg.renew/2 && m.demand.borrows < borrowsPerWindow && !(m.demand.saturated && quiet) && !(!m.rated() && m.demand.asked > 0) {
 		// A request soon after the last (an acknowledgement, a prefetch): too short a
 		// window to measure; the demand stands and the window goes on.
 		return m.demand.reported
 	}
 	if dt > 0 && m.phase == registered {
 		r := float64(m.demand.asked) / float64(dt)
-		if m.demand.measured {
+		switch {
+		case !m.demand.measured:
+			m.demand.rate, m.demand.measured = r, true
+		case m.demand.borrows >= borrowsPerWindow && r > m.demand.rate:
+			// Its share fell well short of its callers in this window (it borrowed for
+			// many of them): its demand grew, and the rate of this window is it.
+			m.demand.rate = r
+		default:
 			w := float64(dt) / float64(dt+4*m.cfg.renew) // smoothing over about four renewals
 			m.demand.rate += w * (r - m.demand.rate)
-		} else {
-			m.demand.rate, m.demand.measured = r, true
 		}
 	}
 	// The rate its callers asked for, refused requests included, without headroom: the
@@ -107,5 +112,6 @@ func (m *Member) measure(now int64) int64 {
 	m.demand.reported = d
 	m.demand.lastUsed, m.demand.lastWin = m.demand.used, dt
 	m.demand.winStart, m.demand.asked, m.demand.used, m.demand.throttled, m.demand.held, m.demand.waited = now, 0, 0, false, false, false
+	m.demand.borrows = 0
 	return d
 }

@@ -164,13 +164,14 @@ func TestIdleMemberHandsItsShareBack(t *testing.T) {
 }
 
 // TestUnequalDemand: a member that asks for a twentieth of the limit gets it, with
-// headroom while the limit has room (half as much again), and the other, which wants all
-// it can get, the rest; once the first member renews, its share is its demand.
+// headroom while the limit has room (half as much again) and two fifths of the burst
+// beyond its first permit (the rest stays free), and the other, which wants all it can
+// get, the rest; once the first member renews, its share is its demand.
 func TestUnequalDemand(t *testing.T) {
 	p := newPool(t, lim(100, time.Second, 10), cfg(Fair), 0)
 	p.run([]step{
-		{at: 0, op: OpJoin, member: "a", demand: all / 20, want: Share{all / 20 * 3 / 2, 1}, fill: 1},
-		{at: 0, op: OpJoin, member: "b", demand: all, want: Share{all - all/20*3/2, 9}, fill: 9},
+		{at: 0, op: OpJoin, member: "a", demand: all / 20, want: Share{all / 20 * 3 / 2, 4}, fill: 4},
+		{at: 0, op: OpJoin, member: "b", demand: all, want: Share{all - all/20*3/2, 6}, fill: 6},
 		{at: 1 * ms, op: OpRenew, member: "a", demand: all / 20, want: Share{all / 20, 1}},
 		{at: 2 * ms, op: OpRenew, member: "a", demand: all / 20, want: Share{all / 20, 1}},
 		{at: 3 * ms, op: OpRenew, member: "b", demand: all, want: Share{all - all/20, 9}},
@@ -187,7 +188,7 @@ func TestUnequalDemand(t *testing.T) {
 func TestDemandBelowTheLimitKeepsAReserve(t *testing.T) {
 	p := newPool(t, lim(100, time.Second, 20), cfg(Fair), 0)
 	p.run([]step{
-		{at: 0, op: OpJoin, member: "a", demand: 300000, want: Share{450000, 6}, fill: 6},
+		{at: 0, op: OpJoin, member: "a", demand: 300000, want: Share{450000, 8}, fill: 8},
 		{at: 0, op: OpJoin, member: "b", demand: 200000, want: Share{240000, 4}, fill: 4},
 		{at: 250 * ms, op: OpRenew, member: "a", demand: 300000, want: Share{360000, 5}},
 		{at: 260 * ms, op: OpRenew, member: "b", demand: 500000, want: Share{375000, 5}, fill: 1},
