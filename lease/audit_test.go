@@ -71,15 +71,27 @@ func statusAt(ls []leaseSeen, x int64) (leaseSeen, bool) {
 // the share they were decided under (its GCRA interval and burst) over each run of
 // decisions under one share. At a change of share the bucket is judged as starting full:
 // how much of its level a member carries over, and what the store's saved burst adds,
-// are not printed, so the check is that much looser there.
+// are not printed, so the check is that much looser there. Permits the member borrowed
+// from the free capacity (decided at the store, apart from its share: r.borrowed) are
+// left to the pool's audit.
 func auditMembers(r record, l gcra.Limit) error {
 	for i, ps := range r.permits {
 		ls := r.leases[i]
 		ps = slices.Clone(ps)
 		slices.SortFunc(ps, func(a, b permit) int { return cmp.Compare(a.slot, b.slot) })
+		borrowed := map[int64]int{}
+		if i < len(r.borrowed) {
+			for _, at := range r.borrowed[i] {
+				borrowed[at]++
+			}
+		}
 		var tat int64
 		var cur lease.Share
 		for k, p := range ps {
+			if borrowed[p.slot] > 0 {
+				borrowed[p.slot]--
+				continue
+			}
 			s, ok := statusAt(ls, p.decided)
 			if !ok || p.slot >= s.end {
 				return fmt.Errorf("member %d: permit %d (slot %d, decided %d) lies past its lease's end %d (its status at %d)",

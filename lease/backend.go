@@ -363,7 +363,11 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 		}
 		res, tk, out, err := decide(ms[:len(rs)], now, req.N, left)
 		if out == allot.AtStore {
+			borrow := rs[0].m.Borrowing()
 			g, err := b.decideAtStore(ctx, key, rs, ms[:len(rs)], now, req.N, left) // unlocks rs
+			if borrow && !g.Allowed && ctx.Err() == nil && !b.closed.Load() {
+				continue // the pool was short (or the store did not answer): decide again on the share
+			}
 			if err != nil || g.Allowed || g.RetryAfter <= 0 || g.RetryAfter > left-(b.clock.Nanotime()-now) {
 				return g, err
 			}
@@ -581,6 +585,26 @@ func (b *Backend) Leases() []Status {
 }
 
 // Close stops the renewal goroutine and hands every share back to the store at once (one
+// touch reads the store once when the member starts. A store seen for the first time (a
+// Redis just started or flushed, an etcd or ZooKeeper without the lease mode's meta key)
+// begins its incarnation at its first read, and fences every record it makes for TTL +
+// Grace after that (it cannot tell that no lease was granted from it before): read now,
+// the fence runs from the member's start, not from its first decision, which would
+// otherwise find every limit fenced for its first second and a half. It changes nothing
+// else, and a store that does not answer is asked again by the first round that needs it.
+func (b *Backend) touch() {
+	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-b.quit:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	_, _ = b.apply.store.Load(ctx, nil)
+}
+
 // round trip). Later calls return backend.ErrClosed. It returns the store's error, if the
 // release could not be delivered (the shares then end with their leases).
 func (b *Backend) Close() error {
@@ -620,6 +644,7 @@ func (b *Backend) Close() error {
 // answers, and sleeps until the next due time or a nudge.
 func (b *Backend) run() {
 	defer close(b.done)
+	b.touch()
 	t := b.clock.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
@@ -753,7 +778,7 @@ func (b *Backend) decideAtStore(ctx context.Context, key string, rs []*rec, ms [
 		if slices.Contains(ms[:i], m) {
 			continue
 		}
-		if m.Central() {
+		if m.Central() || m.Borrowing() {
 			if req, ok := m.TakeRequest(now, n, maxDelay); ok {
 				takes = append(takes, call{key: key, limit: m.Limit(), req: req})
 				at = append(at, i)
@@ -808,14 +833,29 @@ func (b *Backend) decideAtStore(ctx context.Context, key string, rs []*rec, ms [
 		g.Ticket.At = now + g.Delay
 		return g, nil
 	}
+	var borrowed []Status
 	for k, i := range at {
 		var rep allot.Reply
 		e := err
 		if e == nil {
 			rep, e = res[k].rep, res[k].err
 		}
-		ms[i].Took(now, n, rep, e)
+		if !takes[k].req.Borrow {
+			ms[i].Took(now, n, rep, e)
+			continue
+		}
+		ms[i].TookBorrow(now, n, rep, e)
+		if b.observer != nil && e == nil && rep.Taken {
+			st := ms[i].Status(b.clock.Nanotime())
+			st.Key, st.Asked, st.Borrowed = key, takes[k].req.Sent, n // the borrowed permits' slot
+			borrowed = append(borrowed, st)
+		}
 	}
+	defer func() {
+		for _, st := range borrowed {
+			b.observer.ObserveLease(st) // after rs are unlocked
+		}
+	}()
 	if !g.Allowed && len(local) > 0 {
 		_ = allot.Adjust(local, now, ltk, 0) // the local part is given back too
 	}

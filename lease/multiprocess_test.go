@@ -94,8 +94,9 @@ func (s skewed) Nanotime() int64 { return s.Clock.Nanotime() + int64(s.off) }
 // machine's real clock; and each answer from the store: "s AT SEQ RATE BURST END PRATE
 // PBURST PEND", the lease's sequence number, the share and the end of its use, and an
 // older lease's share still in use for permits booked under it, and until when (ends 0:
-// not in use); with a margin, "e AT N": the permits it gave back so far, handed over too
-// late (EventExpired).
+// not in use); "b SLOT N": N permits borrowed from the free capacity (apart from its
+// share) for SLOT; with a margin, "e AT N": the permits it gave back so far, handed over
+// too late (EventExpired).
 func memberMain() int {
 	var cfg memberConfig
 	if err := json.Unmarshal([]byte(os.Getenv(memberEnv)), &cfg); err != nil {
@@ -119,6 +120,13 @@ func memberMain() int {
 	var mu sync.Mutex
 	observe := lease.ObserverFunc(func(st lease.Status) {
 		if st.Key != "api" {
+			return
+		}
+		if st.Borrowed > 0 {
+			// Permits borrowed from the free capacity, apart from the share: their slot.
+			mu.Lock()
+			fmt.Fprintln(os.Stdout, "b", st.Asked+off, st.Borrowed)
+			mu.Unlock()
 			return
 		}
 		now := st.At + off
@@ -315,8 +323,12 @@ func (s leaseSeen) inUse(x int64) lease.Share {
 // printed them) and leases.
 type record struct {
 	permits [][]permit
-	leases  [][]leaseSeen
-	expired []int64 // permits given back late (past the margin), the last count printed
+	// borrowed holds each member's borrowed permits' slots (one per permit): decided at
+	// the store from the free capacity, not on the member's share (the pool's audit
+	// judges them with every other permit).
+	borrowed [][]int64
+	leases   [][]leaseSeen
+	expired  []int64 // permits given back late (past the margin), the last count printed
 }
 
 // recordLog wraps a member's store, with SLUICE_MP_DUMP set, and prints each write of a
@@ -366,7 +378,7 @@ func (s *recordLog) Swap(ctx context.Context, ws []store.Write) ([]uint64, error
 // closer look.
 func readRecord(t *testing.T, ms []*member, killed map[int]bool) record {
 	t.Helper()
-	rec := record{permits: make([][]permit, len(ms)), leases: make([][]leaseSeen, len(ms)), expired: make([]int64, len(ms))}
+	rec := record{permits: make([][]permit, len(ms)), borrowed: make([][]int64, len(ms)), leases: make([][]leaseSeen, len(ms)), expired: make([]int64, len(ms))}
 	for i, m := range ms {
 		err := m.cmd.Wait()
 		if err != nil && !killed[i] {
@@ -401,6 +413,10 @@ func readRecord(t *testing.T, ms []*member, killed map[int]bool) record {
 				rec.permits[i] = append(rec.permits[i], permit{use: n[1], slot: n[2], decided: n[3]})
 			case f[0] == "e" && len(f) == 3:
 				rec.expired[i] = n[2]
+			case f[0] == "b" && len(f) == 3:
+				for range n[2] {
+					rec.borrowed[i] = append(rec.borrowed[i], n[1])
+				}
 			case f[0] == "s" && len(f) == 9:
 				rec.leases[i] = append(rec.leases[i], leaseSeen{at: n[1], seq: uint64(n[2]), share: lease.Share{Rate: n[3], Burst: n[4]},
 					end: n[5], prev: lease.Share{Rate: n[6], Burst: n[7]}, prevEnd: n[8]})

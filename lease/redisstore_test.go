@@ -150,3 +150,25 @@ func TestRedisStoreKeepsRecordsLongEnough(t *testing.T) {
 		}
 	}
 }
+
+// TestMemberStartsANewStoresFence: a store seen for the first time (here, a new prefix in
+// a Redis: no meta key) fences every record it makes for TTL + Grace after its first
+// read. A member reads it when it starts, so a first decision made later than that is not
+// fenced: the daemon's first queries after a start on a new Redis were refused for a
+// second and a half (the fence ran from the first query).
+func TestMemberStartsANewStoresFence(t *testing.T) {
+	srv := redistest.New(t)
+	st := redisstore.New(redisClient(t, srv), testPrefix())
+	cfg := lease.DefaultConfig()
+	b, err := lease.New(st, lease.WithConfig(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	time.Sleep(cfg.TTL + cfg.Grace + 300*time.Millisecond)
+	l := gcra.Limit{T: int64(10 * time.Millisecond), Tau: int64(100 * time.Millisecond)} // 100/s burst 10
+	g, err := b.Decide(context.Background(), "api", backend.Request{Limits: []gcra.Limit{l}, N: 1})
+	if err != nil || !g.Allowed {
+		t.Errorf("the first decision, TTL + Grace after the member started: %+v %v (fenced from the first decision)", g.Result, err)
+	}
+}

@@ -45,6 +45,7 @@ type leaseMode struct {
 	minc    []uint32          // the member's incarnation they were made for
 	parked  [][]int32         // goroutines waiting for a share
 	waiting [][]bool          // goroutines counted as waiting (allot.Member.Wait)
+	again   [][]bool          // goroutines deciding again after a borrow the store refused
 	tickAt  []int64           // when the member's renewal timer is set (0: not set)
 	tickSeq []int64
 	since   []int64 // when the member's lease members were made
@@ -118,6 +119,7 @@ func (l *leaseMode) setup(e *engine) {
 	l.minc = make([]uint32, n)
 	l.parked = make([][]int32, n)
 	l.waiting = make([][]bool, n)
+	l.again = make([][]bool, n)
 	l.tickAt = make([]int64, n)
 	l.tickSeq = make([]int64, n)
 	l.since = make([]int64, n)
@@ -136,6 +138,7 @@ func (l *leaseMode) ensure(e *engine, mi int32) []*allot.Member {
 		l.members[mi], l.minc[mi], l.since[mi] = ms, m.inc, e.now
 		l.parked[mi] = l.parked[mi][:0]
 		l.waiting[mi] = make([]bool, len(m.gs))
+		l.again[mi] = make([]bool, len(m.gs))
 		l.tickAt[mi] = 0
 	}
 	return l.members[mi]
@@ -169,9 +172,10 @@ func (l *leaseMode) acquire(e *engine, mi, g int32) {
 	ms := l.ensure(e, mi)
 	s := &e.members[mi].gs[g]
 	decide := allot.Decide
-	if l.waiting[mi][g] {
-		decide = allot.DecideAgain // the same request, after a wait: counted once
+	if l.waiting[mi][g] || l.again[mi][g] {
+		decide = allot.DecideAgain // the same request, after a wait or a borrow: counted once
 	}
+	l.again[mi][g] = false
 	l.unwait(mi, g)
 	res, tk, out, err := decide(ms, e.now, 1, e.maxWait)
 	switch {
@@ -522,8 +526,22 @@ func fromTakeNonce(n uint64) (int32, uint32, bool) {
 // wait, or backs off.
 func (l *leaseMode) took(e *engine, mi int32, msg leaseMsg) {
 	g, op, _ := fromTakeNonce(msg.rep.Nonce)
-	l.members[mi][msg.limit].Took(e.now, 1, msg.rep, msg.err)
 	m := e.members[mi]
+	if msg.req.Borrow {
+		l.members[mi][msg.limit].TookBorrow(e.now, 1, msg.rep, msg.err)
+		if !m.gs[g].busy || m.ops[g] != op {
+			return // the goroutine gave up meanwhile
+		}
+		if msg.err == nil && msg.rep.Taken {
+			e.permit(mi, g, e.now) // used at once, as a take is
+		} else {
+			l.again[mi][g] = true // the pool was short: decide again on the share
+			l.acquire(e, mi, g)
+		}
+		l.reschedule(e, mi)
+		return
+	}
+	l.members[mi][msg.limit].Took(e.now, 1, msg.rep, msg.err)
 	if !m.gs[g].busy || m.ops[g] != op {
 		return // the goroutine gave up meanwhile
 	}

@@ -68,9 +68,31 @@ func (c MemberConfig) Validate() error {
 	return nil
 }
 
-// headroom is how much more than its measured rate an unthrottled member asks for, so
-// that it can grow before it is held back.
+// headroom is how much more than its measured rate a windowed quota's member draws, so
+// that it can grow before it runs out. (A rate's demand is reported without it: the store
+// adds headroom from what the demands leave free.)
 const headroom = 1.5
+
+// probeNum / probeDen is how much more than its measured rate a saturated member asks for
+// at each renewal.
+const (
+	probeNum int64 = 3
+	probeDen int64 = 2
+)
+
+// borrowsPerWindow is how many borrows a member asks for at most between two of its
+// requests to the store (a renewal interval, or a quarter of one while it borrows): the
+// overflow of Poisson demand needs a few; a member whose demand outgrew its share needs a
+// larger share, which its next renewal brings (it renews early, and reports the rate it
+// was asked in the window rather than a smoothed one), not a store operation per request.
+const borrowsPerWindow = 16
+
+// waitedWindows: a saturated member whose callers were waiting (Wait) at this many
+// renewals in a row (two seconds at the default interval) reports as much as it can get,
+// as one whose callers wait for its share to grow does: workers that always wait for a
+// permit (a backlog) ask no faster than they are served, and half as much again as that
+// may not show the store that they want more than the limit.
+const waitedWindows = 8
 
 // saturation is the fraction of its share's rate a held-back member must ask for to count
 // as saturated (wanting more), rather than bursty.
@@ -189,8 +211,12 @@ type demandWindow struct {
 	asked     int64
 	used      int64
 	throttled bool  // held back by its share in this window
+	held      bool  // ... and a caller waited, or might have: its asking rate is censored
+	waited    bool  // a caller waited for a share (Wait) in this window
+	borrows   int64 // borrows asked for in this window (startBorrow)
 	saturated bool  // held back, and active ever since
 	heldRuns  int   // windows in a row in which it asked and was held back
+	waitRuns  int   // windows in a row that ended with callers waiting (Wait)
 	think     int64 // smoothed time from a permit falling due to the next call (the API's service time)
 	waiting   int   // callers waiting for a share (see Wait)
 	lastCall  int64
@@ -211,6 +237,14 @@ type storeView struct {
 	central   bool  // the limit is decided at the store (Reply.Central)
 	takenTill int64 // a take keeps it alive at the store until then (own clock)
 	settled   bool  // it has had a share, or an answer that promises none soon
+	// What the free capacity had saved up (pool, nanoseconds of the limit's tolerance) and
+	// its rate and burst (free), as the store last said at poolAt (own clock), and what the
+	// member has asked to borrow of it since (borrowed): a member borrows only while it
+	// expects a permit there.
+	pool     int64
+	free     Share
+	poolAt   int64
+	borrowed int64
 }
 
 // link is the state of the exchange with the store.
@@ -222,6 +256,7 @@ type link struct {
 	failed    bool // the last request failed
 	lastErr   error
 	seen      uint64 // the newest version of the record seen (Request.Seen)
+	borrow    bool   // the take Decide asked for (AtStore) is a borrow (Request.Borrow)
 }
 
 // NewMember returns member id's side of limit l, made at now. It holds nothing until it
@@ -314,6 +349,11 @@ type Status struct {
 	// from Member.Status, set by the backend's observer call). A member that acknowledges
 	// a smaller share stops using the bigger one then, before the answer arrives.
 	Asked int64
+	// Borrowed is, for a status that answers a borrow (the backend's observer call), the
+	// permits the member borrowed from the free capacity (Request.Borrow), apart from its
+	// share: decided for the instant the borrow was asked (Asked), their slot. Zero
+	// otherwise.
+	Borrowed int64
 }
 
 // Status returns the member's state at now.

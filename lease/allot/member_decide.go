@@ -59,6 +59,9 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 	if len(ms) == 0 || len(ms) > gcra.MaxLimits {
 		return gcra.Result{}, gcra.Ticket{}, Throttled, gcra.ErrInvalidLimits
 	}
+	for _, m := range ms {
+		m.link.borrow = false // a borrow asked for before and never sent
+	}
 	if ms[0].windowed() {
 		return decideQuota(ms, now, n, count)
 	}
@@ -101,10 +104,17 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 		res, _, err := gcra.Decide(tats[:k], ls[:k], now, 0, 0)
 		return res, gcra.Ticket{}, Granted, err
 	}
+	if !lease && canBorrowAll(ms, now, n) {
+		// No usable share for it (none yet, or one too small for the cost): borrow from
+		// what the free capacity saved up, one round trip.
+		return startBorrow(ms, n)
+	}
 	if !lease {
 		hint := ms[0].waitHint(now)
 		for _, m := range ms {
 			m.demand.throttled = true
+			m.demand.held = m.demand.held || maxDelay > 0
+			m.demand.waited = m.demand.waited || maxDelay > 0
 			// A caller told to come back is still at it until then, and a caller without a
 			// share at all for at least a renewal (it may back off longer than told).
 			m.demand.lastRetry = max(hint, m.cfg.renew)
@@ -126,9 +136,23 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 	if err != nil {
 		return res, tk, Throttled, err
 	}
-	if !res.Allowed || res.Delay > 0 {
+	if (!res.Allowed || res.Delay > ms[0].cfg.horizon) && canBorrowAll(ms, now, n) {
+		// The share refuses the permits, or would have the caller wait longer than a
+		// booking horizon, while the free capacity has saved some up: borrow them there
+		// (one round trip), as one limiter shared by the whole pool would have granted
+		// them. The share's state is unchanged; if the borrow fails, the caller decides
+		// again on the share (DecideAgain).
+		return startBorrow(ms, n)
+	}
+	if !res.Allowed || res.Delay > ms[0].cfg.horizon {
+		// Held back: refused, or kept waiting longer than a booking horizon (a shorter
+		// wait is the share's pacing, which a Poisson caller meets under its share too).
 		for _, m := range ms {
 			m.demand.throttled = true
+			// A caller that waits, or may, is held back: it asks no faster than it is
+			// served. A caller refused that may not wait has asked all the same: its
+			// asking rate is its demand.
+			m.demand.held = m.demand.held || res.Allowed || maxDelay > 0
 			if !res.Allowed && res.RetryAfter > bound {
 				// A caller that may not wait is expected back after RetryAfter; one that
 				// may wait, refused because the permit lies beyond its bound, gave up.
@@ -155,6 +179,7 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 		res.RetryAfter -= horizon // when it will be within the horizon
 		return res, tk, TooFar, nil
 	case res.RetryAfter <= maxDelay:
+		markWaited(ms)
 		return res, tk, LeaseEnds, nil
 	case growing || sliver:
 		// Beyond the caller's bound on the share held now, but the policy means to give
@@ -167,6 +192,7 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 			res.RetryAfter = min(res.RetryAfter, ms[0].cfg.renew)
 		}
 		if maxDelay > 0 {
+			markWaited(ms)
 			return res, tk, LeaseEnds, nil
 		}
 		return res, tk, Throttled, nil
@@ -185,20 +211,29 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 	return res, tk, Granted, nil
 }
 
+// markWaited notes that a caller waits for the members' shares to grow (beyond what they
+// hold, not merely for its turn within them): what it would ask meanwhile is not counted.
+func markWaited(ms []*Member) {
+	for _, m := range ms {
+		m.demand.waited = true
+	}
+}
+
 // AllowOne takes one permit now, or not at all, from a key with one limit: Decide with
 // n = 1 and no reservation, without the decision's details (the hot path). ok is false
-// when the member holds no usable share.
+// when the member holds no usable share, or when its share refuses and it may borrow: the
+// caller then goes the long way (Decide).
 func (m *Member) AllowOne(now int64) (allowed, ok bool) {
 	if !m.usable(now) {
 		return false, false
 	}
+	tat, allowed := gcra.AllowOne(m.bucket.tat, m.lease.local, now)
+	if !allowed && (m.lease.share.Parked() || m.canBorrow(now, 1)) {
+		return false, false // no rate yet (NoLease), or a borrow: the caller goes the long way
+	}
 	m.learnThink(now)
 	m.demand.lastCall = now
 	m.demand.asked++
-	tat, allowed := gcra.AllowOne(m.bucket.tat, m.lease.local, now)
-	if !allowed && m.lease.share.Parked() {
-		return false, false // no rate yet: the caller goes the long way (NoLease)
-	}
 	if !allowed {
 		m.demand.throttled = true
 		m.demand.lastRetry = gcra.Wait(m.bucket.tat, m.lease.local, now, 1)
@@ -288,6 +323,78 @@ func (m *Member) applyPenalty(now, until int64) {
 	}
 }
 
+// canBorrow reports whether the member may borrow n permits from what the free capacity
+// saved up: it is registered with the store and in touch with it, the limit is shared out
+// (not decided at the store), no penalty holds it back, and the store's last word on the
+// pool, refilled since at the free rate, less what it asked to borrow since, holds them.
+func (m *Member) canBorrow(now, n int64) bool {
+	if m.phase != registered || m.view.central || m.link.failed || m.windowed() || m.bucket.hold > now ||
+		m.demand.borrows >= borrowsPerWindow {
+		return false
+	}
+	return m.poolLevel(now) >= gcra.MulSat(n, m.limit.T)
+}
+
+// poolLevel is what the member expects the free capacity to hold at now, in nanoseconds of
+// the limit's tolerance.
+func (m *Member) poolLevel(now int64) int64 {
+	gain, _ := mulDiv(max(now-m.view.poolAt, 0), m.view.free.Rate, RateScale)
+	return min(gcra.AddSat(m.view.pool, gain), gcra.MulSat(m.view.free.Burst, m.limit.T)) - m.view.borrowed
+}
+
+// canBorrowAll reports whether every one of ms (the limits of one key) may borrow n
+// permits: a decision borrows on all its limits or on none.
+func canBorrowAll(ms []*Member, now, n int64) bool {
+	for _, m := range ms {
+		if !m.canBorrow(now, n) {
+			return false
+		}
+	}
+	return true
+}
+
+// startBorrow makes the decision a borrow of n permits at the store on each of ms
+// (AtStore; TakeRequest makes the requests, TookBorrow applies the answers).
+func startBorrow(ms []*Member, n int64) (gcra.Result, gcra.Ticket, Outcome, error) {
+	for _, m := range ms {
+		m.link.borrow = true
+		m.view.borrowed = gcra.AddSat(m.view.borrowed, gcra.MulSat(n, m.limit.T))
+		m.demand.borrows++
+	}
+	return gcra.Result{}, gcra.Ticket{}, AtStore, nil
+}
+
+// learnPool records what the store said of the free capacity.
+func (m *Member) learnPool(now int64, rep Reply) {
+	m.view.pool, m.view.free, m.view.poolAt, m.view.borrowed = rep.Pool, rep.Free, now, 0
+}
+
+// Borrowing reports whether the take Decide asked for (AtStore) is a borrow: the limit is
+// shared out, and the member borrows from what the free capacity saved up.
+func (m *Member) Borrowing() bool { return m.link.borrow }
+
+// TookBorrow applies the store's answer to a borrow of n permits asked at now. Granted,
+// the permits are the member's to use at once; refused (or failed), the caller decides
+// again on the member's share (DecideAgain): the member now knows the pool is short.
+func (m *Member) TookBorrow(now, n int64, rep Reply, err error) {
+	if err != nil {
+		if errors.Is(err, ErrStaleEpoch) && m.phase == registered {
+			m.becomeUnregistered()
+		}
+		m.view.pool, m.view.borrowed = 0, 0
+		m.view.poolAt = now
+		return
+	}
+	m.link.seen = max(m.link.seen, rep.Version)
+	m.view.central = m.view.central || rep.Central
+	m.learnPool(now, rep)
+	if rep.Taken {
+		m.demand.used += n
+		m.pending.lastAt = max(m.pending.lastAt, now)
+		m.pending.busyAt = max(m.pending.busyAt, now)
+	}
+}
+
 // Central reports whether the member's limit is decided at the store (Reply.Central).
 func (m *Member) Central() bool { return m.view.central && m.phase == registered }
 
@@ -298,34 +405,46 @@ func (m *Member) TakeRequest(now, n, maxDelay int64) (Request, bool) {
 	if m.phase != registered {
 		return Request{}, false
 	}
-	return Request{Op: OpTake, Member: m.id, Epoch: m.epoch, N: n, MaxDelay: maxDelay, Sent: now, Seen: m.seenIfHolding(now)}, true
+	borrow := m.link.borrow
+	m.link.borrow = false
+	if borrow {
+		maxDelay = 0 // a borrow is at once or not at all
+	}
+	return Request{Op: OpTake, Member: m.id, Epoch: m.epoch, N: n, MaxDelay: maxDelay, Sent: now, Seen: m.seenIfHolding(now), Borrow: borrow}, true
 }
 
-// GiveRequest returns the request that settles a take at the store: it gives back n
-// permits taken and not used (OpGive) or, with a negative n, charges -n more at once (a
-// settlement up: an OpTake with a negative MaxDelay, which the store never refuses).
+// GiveRequest returns the request that settles a take (or a borrow, on a limit that is
+// shared out) at the store: it gives back n permits taken and not used (OpGive) or, with a
+// negative n, charges -n more at once (a settlement up: an OpTake with a negative
+// MaxDelay, which the store never refuses).
 func (m *Member) GiveRequest(now, n int64) Request {
+	borrow := !m.view.central // permits borrowed on a limit that is shared out
 	if n < 0 {
-		return Request{Op: OpTake, Member: m.id, Epoch: m.epoch, N: -n, MaxDelay: -1, Sent: now} // a charge
+		return Request{Op: OpTake, Member: m.id, Epoch: m.epoch, N: -n, MaxDelay: -1, Sent: now, Borrow: borrow} // a charge
 	}
-	return Request{Op: OpGive, Member: m.id, Epoch: m.epoch, N: n, Sent: now}
+	return Request{Op: OpGive, Member: m.id, Epoch: m.epoch, N: n, Sent: now, Borrow: borrow}
 }
 
 // Took applies the store's answer to a take of n permits asked at now: the member learns
 // whether its limit is still decided at the store, and counts the permits in its demand.
+// An answer to a borrow is TookBorrow's.
 func (m *Member) Took(now, n int64, rep Reply, err error) {
+	if err == nil && rep.Borrow {
+		m.TookBorrow(now, n, rep, nil)
+		return
+	}
 	if err != nil {
 		if errors.Is(err, ErrStaleEpoch) && m.phase == registered {
 			m.becomeUnregistered()
 		}
-		m.demand.throttled = true
+		m.demand.throttled, m.demand.held = true, true
 		return
 	}
 	m.view.central = rep.Central
 	m.view.takenTill = max(m.view.takenTill, rep.Sent+rep.Wait+rep.TTL-m.cfg.margin)
 	m.link.seen = max(m.link.seen, rep.Version)
 	if !rep.Taken {
-		m.demand.throttled = true
+		m.demand.throttled, m.demand.held = true, true
 		return
 	}
 	at := now + rep.Wait

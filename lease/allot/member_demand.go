@@ -33,43 +33,71 @@ func (m *Member) learnThink(now int64) {
 // RateScale: as much as it can get when it joins, has no rate, or is saturated (held back
 // by its share while asking for most of it) and still at it; nothing once it went quiet
 // after being saturated (an on/off caller whose spell ended); otherwise its smoothed
-// asked rate with some headroom.
+// asked rate.
 func (m *Member) measure(now int64) int64 {
 	dt := now - m.demand.winStart
 	quiet := !m.active(now)
-	if m.phase == registered && dt < m.cfg.renew/2 && !(m.demand.saturated && quiet) && !(!m.rated() && m.demand.asked > 0) {
+	if m.phase == registered && dt < m.cfg.renew/2 && m.demand.borrows < borrowsPerWindow && !(m.demand.saturated && quiet) && !(!m.rated() && m.demand.asked > 0) {
 		// A request soon after the last (an acknowledgement, a prefetch): too short a
 		// window to measure; the demand stands and the window goes on.
 		return m.demand.reported
 	}
 	if dt > 0 && m.phase == registered {
 		r := float64(m.demand.asked) / float64(dt)
-		if m.demand.measured {
+		switch {
+		case !m.demand.measured:
+			m.demand.rate, m.demand.measured = r, true
+		case m.demand.borrows >= borrowsPerWindow && r > m.demand.rate:
+			// Its share fell well short of its callers in this window (it borrowed for
+			// many of them): its demand grew, and the rate of this window is it.
+			m.demand.rate = r
+		default:
 			w := float64(dt) / float64(dt+4*m.cfg.renew) // smoothing over about four renewals
 			m.demand.rate += w * (r - m.demand.rate)
-		} else {
-			m.demand.rate, m.demand.measured = r, true
 		}
 	}
-	measured := int64(math.Min(float64(RateScale), m.demand.rate*float64(m.limit.T)*float64(RateScale)*headroom))
+	// The rate its callers asked for, refused requests included, without headroom: the
+	// store gives headroom from what the demands leave free. Headroom asked by every
+	// member would add up past the limit while the demands fit in it, and the water-filling
+	// would then cut the largest members below what they ask.
+	measured := int64(math.Min(float64(RateScale), m.demand.rate*float64(m.limit.T)*float64(RateScale)))
 	// Saturated: held back in two asking windows running, and asking (on average) at least most
 	// of what its share gives (a caller that waits asks no faster than it is served). A
 	// member held back now and then by a burst of requests under its share is not: it
 	// reports its rate.
+	if m.demand.waiting > 0 {
+		m.demand.waitRuns++
+	} else {
+		m.demand.waitRuns = 0
+	}
 	switch {
-	case m.demand.throttled:
+	case m.demand.held:
 		m.demand.heldRuns++
 	case m.demand.asked > 0:
 		m.demand.heldRuns = 0 // asked, and was never held back
 	}
-	sat := m.demand.throttled && (!m.rated() || m.demand.heldRuns >= 2 && m.demand.rate*float64(m.lease.local.T) >= saturation)
+	sat := m.demand.held && (!m.rated() || m.demand.heldRuns >= 2 && m.demand.rate*float64(m.lease.local.T) >= saturation)
 	var d int64
 	switch {
-	case m.phase != registered, !m.rated() && m.demand.asked > 0, (sat || m.demand.saturated) && !quiet:
-		// A member joins because it was asked for permits, one without a rate is asked
-		// for them, and a saturated one wants more: as much as it can get (the policy
-		// gives it at most an equal part of what the others leave).
+	case m.phase != registered, !m.rated() && m.demand.asked > 0:
+		// A member joins because it was asked for permits, and one without a rate is
+		// asked for them: as much as it can get (the policy gives it at most an equal part
+		// of what the others leave).
 		d = RateScale
+	case (sat || m.demand.saturated) && !quiet && (m.demand.waited || m.demand.waitRuns >= waitedWindows):
+		// Saturated, with callers waiting for its share to grow, or waiting at every
+		// renewal for a while (workers that always have a permit to wait for): asked once,
+		// they are not counted again while they wait, so what they want cannot be
+		// measured. As much as it can get (the policy gives it at most an equal part of what
+		// the others leave).
+		d = RateScale
+	case (sat || m.demand.saturated) && !quiet:
+		// Held back by its share, but its callers are counted as they come: it asks for
+		// half as much again as it measured (a multiplicative probe, as Doorman's clients
+		// do), renewal after renewal while it is held back. A member held back now and then
+		// by a burst of Poisson demand asks for its rate with that headroom, not for an
+		// equal part of what members whose demand is known need.
+		d = min(RateScale, max(measured, 1)*probeNum/probeDen)
 	case m.demand.saturated || sat:
 		m.demand.rate = 0 // quiet after being saturated: an on/off caller whose spell ended
 	default:
@@ -80,9 +108,10 @@ func (m *Member) measure(now int64) int64 {
 	}
 	// Still saturated while active and held back whenever it asks (one that asked with no
 	// rate at all is, by definition).
-	m.demand.saturated = (sat || m.demand.saturated) && !quiet && (m.demand.throttled || m.demand.asked == 0)
+	m.demand.saturated = (sat || m.demand.saturated) && !quiet && (m.demand.held || m.demand.asked == 0)
 	m.demand.reported = d
 	m.demand.lastUsed, m.demand.lastWin = m.demand.used, dt
-	m.demand.winStart, m.demand.asked, m.demand.used, m.demand.throttled = now, 0, 0, false
+	m.demand.winStart, m.demand.asked, m.demand.used, m.demand.throttled, m.demand.held, m.demand.waited = now, 0, 0, false, false, false
+	m.demand.borrows = 0
 	return d
 }

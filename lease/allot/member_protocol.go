@@ -51,6 +51,11 @@ func (m *Member) Due(now int64) int64 {
 	if m.demand.saturated && m.rated() && m.demand.waiting == 0 {
 		d = min(d, m.quietAt()+1) // gone idle after being held back: give the share back
 	}
+	if m.demand.borrows >= borrowsPerWindow {
+		// Its share falls well short of its callers: a larger share at the next renewal,
+		// soon, rather than a borrow per request.
+		d = min(d, m.link.lastSent+m.cfg.renew/4)
+	}
 	if m.lease.has && m.growing() && (m.level(now) < prefetchLevel || m.demand.throttled) {
 		// The policy means to give it more, and it needs it: it renews at a quarter of
 		// the interval to pick up capacity as soon as others free it (a prefetch).
@@ -203,6 +208,7 @@ func (m *Member) Receive(now int64, nonce uint64, rep Reply, err error) {
 		m.applyPenalty(now, now+rep.Penalty)
 	}
 	m.view.target, m.view.live, m.view.contended, m.view.central = rep.Target, rep.Live, rep.Contended, rep.Central
+	m.learnPool(now, rep)
 	m.view.retryAt = 0
 	if rep.RetryIn > 0 {
 		m.view.retryAt = now + rep.RetryIn

@@ -2,8 +2,37 @@ package allot
 
 import (
 	"cmp"
-	"math"
 	"slices"
+)
+
+// reserve is the part of the limit's rate (in parts of RateScale) the fair policy keeps
+// free, for members to borrow from, while the members' demands leave room for it.
+// Measured (TestUnequalPoissonDemandBelowTheLimitIsServed: six members of unequal
+// Poisson demand at 85% of 100/s burst 20, answered at once or refused): a reserve of
+// 35% served 0.974 of what one limiter would, 40% 0.978, 45% 0.982, each with a few more
+// borrows (store operations).
+const reserve = RateScale * 40 / 100
+
+// reserveSpan: the reserve shrinks as the demands asked exceed the limit, and is gone
+// once they exceed it by this part of it: members held back by their shares ask half as
+// much again as they are given, and when they all do (a limit too small for everyone)
+// the shares hold the whole limit, as before there was a reserve.
+const reserveSpan = RateScale * 15 / 100
+
+// shareHeadroomNum / shareHeadroomDen is how much more than its demand the fair policy
+// gives a member while the demands leave room (as far as the reserve allows): room to
+// grow before it is held back.
+const (
+	shareHeadroomNum int64 = 3
+	shareHeadroomDen int64 = 2
+)
+
+// burstPartNum / burstPartDen is the part of the burst (beyond each holder's first permit)
+// the shares hold, in proportion to their rates, while the fair policy keeps a reserve;
+// the free capacity keeps the rest, for every member to borrow.
+const (
+	burstPartNum int64 = 2
+	burstPartDen int64 = 5
 )
 
 // targets returns the share the policy wants each member to hold at now (zero for dead
@@ -16,10 +45,7 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 	tg = make([]Share, len(s.Members))
 	capa := s.capacity(now) // all of the limit, or the rate a ramp has reached
 	burst := capa.Burst
-	// Room for every member at once: these run at every grant, and growing them by
-	// appends cost a large pool more than the policy's arithmetic.
-	alive := make([]int, 0, len(s.Members))
-	wanting := make([]int, 0, len(s.Members))
+	var alive, wanting []int
 	for i := range s.Members {
 		e := &s.Members[i]
 		if !e.live(now) {
@@ -56,46 +82,65 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 		}
 		return tg, live, size
 	}
-	// Fair: water-fill the rate among holders by demand.
-	order := s.byDemand(holders)
+	// Fair: water-fill the rate among holders by the demand they report (what their
+	// callers ask, refused requests included; as much as it can get for a member held
+	// back).
+	order := slices.Clone(holders)
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(s.Members[a].Demand, s.Members[b].Demand) })
 	left := capa.Rate
 	for k, i := range order {
 		give := min(s.Members[i].Demand, left/int64(len(order)-k))
 		tg[i].Rate = give
 		left -= give
 	}
-	// What nobody wanting more needs stays with whoever holds it (an idle member keeps
-	// its share, and its saved burst, until someone needs the capacity): nobody gives up
-	// capacity that no one else wants.
-	if left > 0 {
-		var extra []int
-		var sum int64
-		for _, i := range alive {
-			if h := s.Members[i].Lease.Share.Rate; h > tg[i].Rate {
-				extra = append(extra, i)
-				sum += h - tg[i].Rate
-			}
+	// A part of the limit stays free while the demands leave room for it: a reserve, whose
+	// saved burst any member whose share refuses a permit borrows from (OpTake with
+	// Request.Borrow). Each share holds its own demand's rate and burst; the reserve pools
+	// the rest of the burst for everyone, as one limiter would, and a member whose demand
+	// grows gets capacity from it at its next renewal without waiting for others to
+	// shrink. Shares that held the whole limit would leave the pool nothing, and Poisson
+	// demand would be refused by each member's small burst while the limit had room. The
+	// reserve shrinks as the demands asked exceed the limit (members held back ask half
+	// as much again as they measured, so demands somewhat above it are often members held
+	// back by a burst), and is gone once they ask reserveSpan more than the limit, or one
+	// asks for as much as it can get (it joins, or its callers wait for more): then the
+	// shares hold it all, as max-min fair shares of a limit too small for everyone.
+	var asked int64
+	for _, i := range holders {
+		d := s.Members[i].Demand
+		if d >= RateScale {
+			d = 2 * RateScale // more than any reserve allows
 		}
-		for _, i := range extra {
-			x := s.Members[i].Lease.Share.Rate - tg[i].Rate
-			if sum > left {
-				x, _ = mulDiv(x, left, sum)
+		asked += min(d, 2*RateScale)
+	}
+	kept := reserveFor(capa.Rate, asked)
+	if kept > 0 {
+		var sum int64
+		for _, i := range holders {
+			sum += tg[i].Rate
+		}
+		if room := capa.Rate - kept; sum > 0 {
+			// Scale every share by min(headroom, room / sum): headroom above its demand
+			// while the demands leave room, and below it (the rest borrowed) while they
+			// leave less than the reserve free.
+			num, den := shareHeadroomNum, shareHeadroomDen
+			if room*den < sum*num {
+				num, den = room, sum
 			}
-			tg[i].Rate += x
+			for _, i := range holders {
+				r, _ := mulDiv(tg[i].Rate, num, den)
+				tg[i].Rate = max(min(r, capa.Rate), min(tg[i].Rate, 1))
+			}
 		}
 	}
 	// Bursts: one permit to each holder with a rate, then the rest in proportion to rate.
-	// Members that want capacity come first if the burst cannot cover everyone.
-	with := make([]int, 0, len(alive))
-	inWith := make([]bool, len(s.Members)) // with holds i (a look-up per member, not a scan)
+	// While a reserve is kept, the shares hold two fifths of that rest, and the free
+	// capacity keeps what is left: a burst that one member's Poisson arrivals need only
+	// now and then serves them all from the pool, as one limiter's would. Members that
+	// want capacity come first if the burst cannot cover everyone.
+	var with []int
 	for _, i := range holders {
 		if tg[i].Rate > 0 {
-			with = append(with, i)
-			inWith[i] = true
-		}
-	}
-	for _, i := range alive {
-		if tg[i].Rate > 0 && !inWith[i] {
 			with = append(with, i)
 		}
 	}
@@ -122,110 +167,45 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 	}
 	if rest > 0 && rates > 0 {
 		// Largest remainders: floors first, then one more permit each to the largest
-		// fractional parts (ties to the earlier name), so the whole burst is handed out.
+		// fractional parts (ties to the earlier name), so the shares' part is handed out.
+		part := rest // every share together holds the limit: the whole burst
+		if kept > 0 {
+			part, _ = mulDiv(rest, burstPartNum, burstPartDen)
+		}
 		rem := make([]int64, len(with))
 		given := int64(0)
 		for k, i := range with {
-			hi, lo := mul128(rest, tg[i].Rate)
+			hi, lo := mul128(part, tg[i].Rate)
 			x, r := div128(hi, lo, rates)
 			tg[i].Burst += x
 			rem[k] = r
 			given += x
 		}
-		for _, k := range largestRemainders(rem, int(rest-given)) {
+		idx := make([]int, len(with))
+		for k := range idx {
+			idx[k] = k
+		}
+		slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(rem[b], rem[a]) })
+		for _, k := range idx[:max(0, min(part-given, int64(len(idx))))] {
 			tg[with[k]].Burst++
 		}
 	}
 	return tg, live, size
 }
 
-// The sorts below run at every grant over every member that wants a share: each packs its
-// key and the member's place into one uint64 and sorts those (ties in the members' order,
-// as a stable sort leaves them), where a stable sort by a comparison that reads each
-// member's entry cost a large pool most of its store's time. Keys that do not fit (never,
-// from Apply: demands are within RateScale, remainders below it) sort the old way.
-
-// byDemand returns holders (in the members' order) by demand, the lowest first.
-func (s *State) byDemand(holders []int) []int {
-	order := slices.Clone(holders)
-	keys := make([]uint64, len(holders))
-	for k, i := range holders {
-		d := s.Members[i].Demand
-		if d < 0 || d > math.MaxUint32 || i > math.MaxUint32 {
-			slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(s.Members[a].Demand, s.Members[b].Demand) })
-			return order
-		}
-		keys[k] = uint64(d)<<32 | uint64(i)
+// reserveFor is the rate the fair policy keeps free of a capacity of rate capa while the
+// members ask for asked in all: the reserve while that fits the capacity, shrinking to
+// nothing as it grows reserveSpan past it.
+func reserveFor(capa, asked int64) int64 {
+	full, _ := mulDiv(capa, reserve, RateScale)
+	over := asked - capa
+	span, _ := mulDiv(capa, reserveSpan, RateScale)
+	switch {
+	case over <= 0:
+		return full
+	case over >= span:
+		return 0
 	}
-	slices.Sort(keys)
-	for k, key := range keys {
-		order[k] = int(key & math.MaxUint32)
-	}
-	return order
-}
-
-// largestRemainders returns the places of the n largest remainders in rem (ties to the
-// earlier place), in no particular order: which places get one more permit, not in what
-// order. It selects them (quickselect, O(len(rem)) on average) rather than sorting rem.
-func largestRemainders(rem []int64, n int) []int {
-	if n <= 0 {
-		return nil
-	}
-	keys := make([]uint64, len(rem))
-	for k, r := range rem {
-		if r < 0 || r > math.MaxUint32 || k > math.MaxUint32 {
-			// Never from Apply (remainders are below RateScale): the places by a stable sort.
-			idx := make([]int, len(rem))
-			for k := range idx {
-				idx[k] = k
-			}
-			slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(rem[b], rem[a]) })
-			return idx[:min(n, len(idx))]
-		}
-		keys[k] = uint64(math.MaxUint32-r)<<32 | uint64(k) // the smallest first, all distinct
-	}
-	if n < len(keys) {
-		selectSmallest(keys, n)
-		keys = keys[:n]
-	}
-	idx := make([]int, len(keys))
-	for k, key := range keys {
-		idx[k] = int(key & math.MaxUint32)
-	}
-	return idx
-}
-
-// selectSmallest reorders keys (all distinct) so that its n smallest come first, in no
-// particular order (0 < n < len(keys)).
-func selectSmallest(keys []uint64, n int) {
-	lo, hi := 0, len(keys)-1
-	for lo < hi {
-		// The median of three as the pivot, then a partition around it (Hoare).
-		mid := lo + (hi-lo)/2
-		a, b, c := keys[lo], keys[mid], keys[hi]
-		pivot := max(min(a, b), min(max(a, b), c))
-		i, j := lo, hi
-		for i <= j {
-			for keys[i] < pivot {
-				i++
-			}
-			for keys[j] > pivot {
-				j--
-			}
-			if i <= j {
-				keys[i], keys[j] = keys[j], keys[i]
-				i++
-				j--
-			}
-		}
-		// keys[lo..j] <= pivot <= keys[i..hi], and keys[j+1..i-1] == pivot.
-		switch {
-		case n-1 <= j:
-			hi = j
-		case n-1 >= i:
-			lo = i
-		default:
-			return
-		}
-	}
+	r, _ := mulDiv(full, span-over, span)
+	return r
 }

@@ -394,6 +394,12 @@ type Request struct {
 	// or missing, lost what it granted (a failover that lost writes, an old copy restored)
 	// and must fence the limit.
 	Seen uint64 `json:"seen"`
+	// Borrow (take, give): the member borrows N permits from what the free capacity saved
+	// up (or gives back permits it borrowed and did not use), for a decision its share
+	// refused, on a limit that is shared out (not decided at the store): taken at once or
+	// not at all, with no place in a queue, and its demand unchanged (it reports that at
+	// its renewals).
+	Borrow bool `json:"borrow"`
 	// Want, Unused, UnusedOf and Got are a windowed quota's (join, renew, release): the
 	// tokens the member asks for; those it gives up unused, with the end of the window
 	// they are of (Reply.WindowEnd, the store's clock: tokens of another window are
@@ -437,17 +443,21 @@ type Reply struct {
 	// RetryIn is, when the member holds less than its target, how long until capacity
 	// that others hold frees (a quarantine or a fence ends); 0 if that is not known.
 	RetryIn int64 `json:"retry_in"`
-	// Contended says another live member wants as much as it can get (fair policy): a
-	// member that goes idle should give its share back at once (Request.Relinquish).
+	// Contended says another live member is given less than it asks for (fair policy: the
+	// limit cannot meet its demand, or the shares leave the reserve free and it borrows the
+	// rest): a member that goes idle should give its share back at once
+	// (Request.Relinquish), and permits are booked only a horizon ahead.
 	Contended bool `json:"contended"`
 	// Central says the limit is too small to share out (more members want it than it has
 	// permits of burst, or a share would grant less than a permit per lease): nobody holds
 	// a share, and members take each decision's permits at the store (OpTake).
 	Central bool `json:"central"`
 	// Taken and Wait answer a take: granted (usable after Wait), or not (ask again after
-	// Wait: the same take would be granted then).
-	Taken bool  `json:"taken"`
-	Wait  int64 `json:"wait"`
+	// Wait: the same take would be granted then). Borrow says the take was a borrow
+	// (Request.Borrow) on a limit that is shared out.
+	Taken  bool  `json:"taken"`
+	Wait   int64 `json:"wait"`
+	Borrow bool  `json:"borrow"`
 	// Quota, WindowEnd, WindowLeft and Remaining answer a windowed quota's join or
 	// renewal: the tokens handed to the member now, the end of the window they are of
 	// (the store's clock) and how long until then, and what the window has left after.
@@ -455,6 +465,12 @@ type Reply struct {
 	WindowEnd  int64 `json:"window_end"`
 	WindowLeft int64 `json:"window_left"`
 	Remaining  int64 `json:"remaining"`
+	// Pool and Free say what the free capacity (the limit less every share counted) had
+	// saved up after this request, in nanoseconds of the limit's tolerance, and its rate and
+	// burst: a member borrows (Request.Borrow) only while it expects the pool to hold a
+	// permit.
+	Pool int64 `json:"pool"`
+	Free Share `json:"free"`
 	// Version is the record's version after this request (the store fills it in), which
 	// the member presents as Request.Seen from then on.
 	Version uint64 `json:"version"`
@@ -539,6 +555,20 @@ func (s *State) Apply(now int64, cfg Config, req Request) (Reply, error) {
 		}
 		if req.N < 0 || (req.N > s.Limit.Burst() && req.MaxDelay >= 0) {
 			return Reply{}, fmt.Errorf("%w: %d permits of a burst of %d", ErrBadRequest, req.N, s.Limit.Burst())
+		}
+		if req.Borrow && !s.Central {
+			rep.Borrow = true
+			switch {
+			case req.Op == OpGive:
+				s.giveBack(now, gcra.MulSat(req.N, s.Limit.T))
+			case req.MaxDelay < 0:
+				s.charge(now, req.N) // a settlement up: the permits were used already
+				rep.Taken = true
+			default:
+				s.borrow(now, req.N, &rep)
+			}
+			s.hint(now, &rep)
+			return rep, nil
 		}
 		e := &s.Members[i]
 		e.Demand, e.Wanted = RateScale, now // it asks: it wants as much as it can get
@@ -776,6 +806,13 @@ func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
 	}
 	before := e.own(now)
 	n := minShare(target, avail).normalize(s.Limit)
+	if c := e.Lease.Share; cfg.Policy == Fair && !s.Central && c.Rate > 0 && n.Rate > 0 && c.Burst == n.Burst &&
+		c.Rate*8 >= n.Rate*7 && c.Rate*8 <= n.Rate*9 && c.Fits(avail) && now < e.Lease.Until && !s.contendedFor(i, now, targets) {
+		// Within an eighth of the target while every demand is met: the lease stays as it
+		// is. Demand measured over a few renewals moves by a few percent each time, and a
+		// share that changed at every renewal would cost an acknowledgement each time.
+		n = c
+	}
 	holding := e.Lease.Share.Rate > 0
 	if n != e.Lease.Share || e.Lease.Seq == 0 {
 		if e.Lease.Until > now && !e.Lease.Share.IsZero() {
@@ -798,6 +835,7 @@ func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
 	}
 	s.Pool = min(s.Pool, s.capacity(now).sub(others.add(after)).Burst*s.Limit.T)
 
+	s.hint(now, rep)
 	rep.Epoch = e.Epoch
 	rep.Lease.Seq = e.Lease.Seq
 	rep.Lease.Share = n
@@ -806,17 +844,47 @@ func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
 	rep.Penalty = max(0, s.Penalty-now)
 	rep.Central = s.Central
 	if cfg.Policy == Fair {
-		for j := range s.Members {
-			if o := &s.Members[j]; j != i && o.live(now) && o.Demand >= RateScale {
-				rep.Contended = true
-				break
-			}
-		}
+		rep.Contended = s.contendedFor(i, now, targets)
 	}
 	switch {
 	case !target.Fits(n):
 		rep.RetryIn = s.nextFree(i, now)
 	}
+}
+
+// borrow takes n permits at once from what the free capacity saved up, for a member whose
+// share refused them (Request.Borrow), or none: a borrow is never booked ahead, and waits
+// in no queue. The pool is the free capacity's bucket, so taking from it is as safe as any
+// take: tokens move from the pool to the member, which uses them at once.
+func (s *State) borrow(now, n int64, rep *Reply) {
+	need := gcra.MulSat(n, s.Limit.T)
+	if now < s.Open || s.Booked > now || s.Penalty > now || s.Pool < need {
+		return
+	}
+	s.Pool -= need
+	rep.Taken = true
+}
+
+// hint tells a member what the free capacity saved up and at what rate it refills, so that
+// it borrows only when a permit is likely there.
+func (s *State) hint(now int64, rep *Reply) {
+	rep.Free = s.capacity(now).sub(s.Committed(now))
+	rep.Pool = s.Pool
+	if now < s.Open || s.Booked > now || s.Penalty > now || s.Central {
+		// Nothing to borrow: the join window, takes booked ahead, a penalty.
+		rep.Pool, rep.Free = 0, Share{}
+	}
+}
+
+// contendedFor reports whether a live member other than i is given less than it asks for
+// (targets, the fair policy's).
+func (s *State) contendedFor(i int, now int64, targets []Share) bool {
+	for j := range s.Members {
+		if o := &s.Members[j]; j != i && o.live(now) && targets[j].Rate < o.Demand {
+			return true
+		}
+	}
+	return false
 }
 
 // nextFree returns how long until capacity held by a member other than i (a quarantine,

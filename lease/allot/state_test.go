@@ -147,13 +147,15 @@ func TestCrashedMemberIsQuarantined(t *testing.T) {
 	})
 }
 
-// TestIdleMemberKeepsItsShareUntilNeeded: with the fair policy an idle member keeps what
-// nobody else wants, and gives it up at its next renewal once someone does.
-func TestIdleMemberKeepsItsShareUntilNeeded(t *testing.T) {
+// TestIdleMemberHandsItsShareBack: with the fair policy a member that reports no demand
+// gives its share up at that renewal, to the free capacity (where others grow into it,
+// or borrow its saved burst); a newcomer gets it once the idle member has said it uses
+// its new, empty lease.
+func TestIdleMemberHandsItsShareBack(t *testing.T) {
 	p := newPool(t, lim(10, time.Second, 6), cfg(Fair), 0)
 	p.run([]step{
 		{at: 0, op: OpJoin, member: "a", demand: all, want: Share{all, 6}, fill: 6},
-		{at: 250 * ms, op: OpRenew, member: "a", demand: 0, want: Share{all, 6}},
+		{at: 250 * ms, op: OpRenew, member: "a", demand: 0, want: Share{}},
 		{at: 300 * ms, op: OpJoin, member: "b", demand: all, want: Share{}},
 		{at: 500 * ms, op: OpRenew, member: "a", demand: 0, want: Share{}},
 		{at: 501 * ms, op: OpRenew, member: "a", demand: 0, want: Share{}},
@@ -161,17 +163,41 @@ func TestIdleMemberKeepsItsShareUntilNeeded(t *testing.T) {
 	})
 }
 
-// TestUnequalDemand: a member that asks for a tenth of its fair share gets it; the other
-// gets the rest.
+// TestUnequalDemand: a member that asks for a twentieth of the limit gets it, with
+// headroom while the limit has room (half as much again) and two fifths of the burst
+// beyond its first permit (the rest stays free), and the other, which wants all it can
+// get, the rest; once the first member renews, its share is its demand.
 func TestUnequalDemand(t *testing.T) {
 	p := newPool(t, lim(100, time.Second, 10), cfg(Fair), 0)
 	p.run([]step{
-		{at: 0, op: OpJoin, member: "a", demand: all / 20, want: Share{all / 20, 10}, fill: 10},
-		{at: 0, op: OpJoin, member: "b", demand: all, want: Share{all - all/20, 0}.normalize(lim(100, time.Second, 10))},
+		{at: 0, op: OpJoin, member: "a", demand: all / 20, want: Share{all / 20 * 3 / 2, 4}, fill: 4},
+		{at: 0, op: OpJoin, member: "b", demand: all, want: Share{all - all/20*3/2, 6}, fill: 6},
 		{at: 1 * ms, op: OpRenew, member: "a", demand: all / 20, want: Share{all / 20, 1}},
 		{at: 2 * ms, op: OpRenew, member: "a", demand: all / 20, want: Share{all / 20, 1}},
 		{at: 3 * ms, op: OpRenew, member: "b", demand: all, want: Share{all - all/20, 9}},
 	})
+}
+
+// TestDemandBelowTheLimitKeepsAReserve: two members whose demands (30% and 20% of
+// 100/s burst 20) leave room get them with headroom, while 40% of the rate and a part of
+// the burst stay free: the reserve members borrow from. When the second member's demand
+// grows to 50%, the demands (80%) leave less than the reserve free: both shares are scaled
+// to 60% of the limit, below the demands (the rest is borrowed), and the second member's
+// grows at its own renewal, from the free capacity, while the first still holds its older,
+// larger lease (it has not renewed yet).
+func TestDemandBelowTheLimitKeepsAReserve(t *testing.T) {
+	p := newPool(t, lim(100, time.Second, 20), cfg(Fair), 0)
+	p.run([]step{
+		{at: 0, op: OpJoin, member: "a", demand: 300000, want: Share{450000, 8}, fill: 8},
+		{at: 0, op: OpJoin, member: "b", demand: 200000, want: Share{240000, 4}, fill: 4},
+		{at: 250 * ms, op: OpRenew, member: "a", demand: 300000, want: Share{360000, 5}},
+		{at: 260 * ms, op: OpRenew, member: "b", demand: 500000, want: Share{375000, 5}, fill: 1},
+		{at: 500 * ms, op: OpRenew, member: "a", demand: 300000, want: Share{225000, 4}},
+		{at: 510 * ms, op: OpRenew, member: "a", demand: 300000, want: Share{225000, 4}}, // it uses it
+	})
+	if c := p.s.Committed(510 * ms); c != (Share{600000, 9}) {
+		t.Errorf("the shares hold %+v of the limit at 510 ms, want 60%% of its rate and 9 permits of its burst", c)
+	}
 }
 
 // TestFenceAfterRestart: a record made by a store that restarted empty grants nothing
