@@ -806,6 +806,10 @@ func (b *Backend) decideAtStore(ctx context.Context, key string, rs []*rec, ms [
 	b.roundTrips.Add(1)
 	res, err := b.apply.apply(sctx, takes)
 	cancel()
+	// Permits borrowed from the free capacity are the member's from the store's answer on,
+	// not from when it asked: their slot is when the answer arrived (the store took them
+	// from its pool at some instant in between).
+	arrival := b.clock.Nanotime()
 	var g backend.Grant
 	g.Ticket.N, g.Delay, g.Allowed = n, lres.Delay, err == nil
 	for k, i := range localAt {
@@ -825,6 +829,9 @@ func (b *Backend) decideAtStore(ctx context.Context, key string, rs []*rec, ms [
 		}
 		taken = append(taken, k)
 		g.Delay = max(g.Delay, r.rep.Wait)
+		if takes[k].req.Borrow {
+			g.Delay = max(g.Delay, arrival-now)
+		}
 	}
 	if !lock(rs) { // forgotten meanwhile (idle, or closing): what the store said stands
 		if !g.Allowed {
@@ -844,10 +851,10 @@ func (b *Backend) decideAtStore(ctx context.Context, key string, rs []*rec, ms [
 			ms[i].Took(now, n, rep, e)
 			continue
 		}
-		ms[i].TookBorrow(now, n, rep, e)
+		ms[i].TookBorrow(arrival, n, rep, e)
 		if b.observer != nil && e == nil && rep.Taken {
-			st := ms[i].Status(b.clock.Nanotime())
-			st.Key, st.Asked, st.Borrowed = key, takes[k].req.Sent, n // the borrowed permits' slot
+			st := ms[i].Status(arrival) // At: the borrowed permits' slot
+			st.Key, st.Asked, st.Borrowed = key, takes[k].req.Sent, n
 			borrowed = append(borrowed, st)
 		}
 	}

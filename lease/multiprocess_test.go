@@ -125,7 +125,7 @@ func memberMain() int {
 		if st.Borrowed > 0 {
 			// Permits borrowed from the free capacity, apart from the share: their slot.
 			mu.Lock()
-			fmt.Fprintln(os.Stdout, "b", st.Asked+off, st.Borrowed)
+			fmt.Fprintln(os.Stdout, "b", st.At+off, st.Borrowed)
 			mu.Unlock()
 			return
 		}

@@ -480,3 +480,36 @@ func TestRunContextCutsShort(t *testing.T) {
 		t.Errorf("the text report does not say it was interrupted:\n%s", text.String())
 	}
 }
+
+// TestLeaseOnOffAboveTheLimit: eight members with on/off demand far above 20/s burst=10
+// (spells of about 1.25 s at 200/s, pauses of about 0.35 s, one goroutine each, renewals
+// every 40 ms: the demo's pool). The burst has too few spare permits to pool a reserve,
+// and the members held back while the limit is all handed out ask for as much as they can
+// get: at least 0.99 of the limit used. Members that asked half as much again as the rate
+// they were served (which lags the share that serves them) moved the shares at every
+// renewal, and used 0.78 of it.
+func TestLeaseOnOffAboveTheLimit(t *testing.T) {
+	sc := parse(t, `
+duration: 2m
+seed: 1
+limit: 20/s burst=10
+modes: [lease]
+sample: 1s
+network:
+  store: {latency: {dist: uniform, min: 200us, max: 1ms}}
+  api: {latency: {dist: uniform, min: 1ms, max: 3ms}}
+store: {timeout: 100ms}
+client: {max_wait: 2s, margin: 10ms, backoff: {base: 10ms, max: 1s, jitter: 0.5}}
+lease: {renew: 40ms}
+members:
+  - name: w
+    count: 8
+    demand: {pattern: onoff, rate: 200, on: 1250ms, off: 350ms}
+`)
+	r := run1(t, sc, "lease")
+	t.Logf("utilization %.4f jain %.4f store ops/member/s %.2f", r.Utilization, r.Jain, r.Lease.StoreOpsPerMemberS)
+	if r.Violations != 0 || r.Lease.Breaches != 0 || r.Utilization < 0.99 || r.Jain < 0.99 {
+		t.Errorf("violations %d breaches %d utilization %.4f jain %.4f, want 0, 0, at least 0.99 and 0.99",
+			r.Violations, r.Lease.Breaches, r.Utilization, r.Jain)
+	}
+}

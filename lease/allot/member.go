@@ -94,6 +94,16 @@ const borrowsPerWindow = 16
 // may not show the store that they want more than the limit.
 const waitedWindows = 8
 
+// fullWindows: a saturated member held back at this many renewals in a row while the limit
+// was all handed out (no free rate) and others were given less than they asked reports as
+// much as it can get.
+const fullWindows = 2
+
+// heldWindows: a saturated member held back at this many renewals in a row probes from its
+// share (half as much again as the share, if more than its measured rate), not from its
+// measured rate alone.
+const heldWindows = 8
+
 // saturation is the fraction of its share's rate a held-back member must ask for to count
 // as saturated (wanting more), rather than bursty.
 const saturation = 0.8
@@ -217,6 +227,7 @@ type demandWindow struct {
 	saturated bool  // held back, and active ever since
 	heldRuns  int   // windows in a row in which it asked and was held back
 	waitRuns  int   // windows in a row that ended with callers waiting (Wait)
+	fullRuns  int   // windows in a row held back while the limit was all handed out and others wanted more
 	think     int64 // smoothed time from a permit falling due to the next call (the API's service time)
 	waiting   int   // callers waiting for a share (see Wait)
 	lastCall  int64
@@ -351,8 +362,7 @@ type Status struct {
 	Asked int64
 	// Borrowed is, for a status that answers a borrow (the backend's observer call), the
 	// permits the member borrowed from the free capacity (Request.Borrow), apart from its
-	// share: decided for the instant the borrow was asked (Asked), their slot. Zero
-	// otherwise.
+	// share: its from the instant the answer arrived (At), their slot. Zero otherwise.
 	Borrowed int64
 }
 

@@ -144,11 +144,15 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 		// again on the share (DecideAgain).
 		return startBorrow(ms, n)
 	}
+	if !res.Allowed || res.Delay > 0 {
+		for _, m := range ms {
+			m.demand.throttled = true
+		}
+	}
 	if !res.Allowed || res.Delay > ms[0].cfg.horizon {
 		// Held back: refused, or kept waiting longer than a booking horizon (a shorter
 		// wait is the share's pacing, which a Poisson caller meets under its share too).
 		for _, m := range ms {
-			m.demand.throttled = true
 			// A caller that waits, or may, is held back: it asks no faster than it is
 			// served. A caller refused that may not wait has asked all the same: its
 			// asking rate is its demand.

@@ -70,6 +70,11 @@ func (m *Member) measure(now int64) int64 {
 	} else {
 		m.demand.waitRuns = 0
 	}
+	if m.view.contended && m.view.free.Rate == 0 && (m.demand.held || m.demand.asked == 0) {
+		m.demand.fullRuns++
+	} else {
+		m.demand.fullRuns = 0
+	}
 	switch {
 	case m.demand.held:
 		m.demand.heldRuns++
@@ -84,20 +89,29 @@ func (m *Member) measure(now int64) int64 {
 		// asked for them: as much as it can get (the policy gives it at most an equal part
 		// of what the others leave).
 		d = RateScale
-	case (sat || m.demand.saturated) && !quiet && (m.demand.waited || m.demand.waitRuns >= waitedWindows):
+	case (sat || m.demand.saturated) && !quiet &&
+		(m.demand.waited || m.demand.waitRuns >= waitedWindows || m.demand.fullRuns >= fullWindows):
 		// Saturated, with callers waiting for its share to grow, or waiting at every
-		// renewal for a while (workers that always have a permit to wait for): asked once,
-		// they are not counted again while they wait, so what they want cannot be
-		// measured. As much as it can get (the policy gives it at most an equal part of what
-		// the others leave).
+		// renewal for a while (workers that always have a permit to wait for), or held back
+		// at two renewals running while the limit is all handed out and others want more
+		// too (a limit too small for everyone: an equal split is what it gets, and a
+		// demand that moved at each renewal would move the shares with it): as much as it
+		// can get (the policy gives it at most an equal part of what the others leave).
 		d = RateScale
 	case (sat || m.demand.saturated) && !quiet:
 		// Held back by its share, but its callers are counted as they come: it asks for
 		// half as much again as it measured (a multiplicative probe, as Doorman's clients
-		// do), renewal after renewal while it is held back. A member held back now and then
-		// by a burst of Poisson demand asks for its rate with that headroom, not for an
-		// equal part of what members whose demand is known need.
-		d = min(RateScale, max(measured, 1)*probeNum/probeDen)
+		// do), renewal after renewal while it is held back; held back at heldWindows
+		// renewals in a row, half as much again as its share if that is more (callers
+		// that wait for each permit before asking for the next are counted at the rate
+		// they are served, which lags the share that serves them). A member held back now
+		// and then by a burst of Poisson demand asks for its rate with that headroom, not
+		// for an equal part of what members whose demand is known need.
+		base := measured
+		if m.demand.heldRuns >= heldWindows {
+			base = max(base, m.lease.share.Rate)
+		}
+		d = min(RateScale, max(base, 1)*probeNum/probeDen)
 	case m.demand.saturated || sat:
 		m.demand.rate = 0 // quiet after being saturated: an on/off caller whose spell ended
 	default:

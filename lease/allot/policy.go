@@ -114,6 +114,11 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 		asked += min(d, 2*RateScale)
 	}
 	kept := reserveFor(capa.Rate, asked)
+	if 2*(burst-int64(len(holders))) < int64(len(holders)) {
+		// Too little burst beyond each holder's first permit to pool: a reserve's rate
+		// would refill a pool of a permit or two, and mostly go unused.
+		kept = 0
+	}
 	if kept > 0 {
 		var sum int64
 		for _, i := range holders {
