@@ -3,8 +3,13 @@ package sim
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
 )
 
 // TestShippedMatrixCoversTheGrid: the shipped matrix names every value of every dimension
@@ -54,7 +59,10 @@ func TestMatrixCriteria(t *testing.T) {
 	over.Demand = "backlog"
 	outage := over
 	outage.Event = "outage"
+	change := under
+	change.Event = "limit-change"
 	good := MatrixCell{Served: 1, Jain: 1}
+	ptr := func(f float64) *float64 { return &f }
 	for i, c := range []struct {
 		mode  string
 		shape MatrixShape
@@ -73,6 +81,17 @@ func TestMatrixCriteria(t *testing.T) {
 		{"strict", under, func(c MatrixCell) MatrixCell { c.Jain = 0.96; return c }, true},
 		{"strict", under, func(c MatrixCell) MatrixCell { c.ExtraP99WaitMs = 1001; return c }, true},
 		{"strict", outage, func(c MatrixCell) MatrixCell { c.ExtraP99WaitMs = 30000; return c }, false},
+		// a queue the ideal has too: a tenth of its p99 more is within bounds, not more
+		{"lease", under, func(c MatrixCell) MatrixCell { c.IdealP99WaitMs, c.ExtraP99WaitMs = 20000, 1900; return c }, false},
+		{"lease", under, func(c MatrixCell) MatrixCell { c.IdealP99WaitMs, c.ExtraP99WaitMs = 20000, 2100; return c }, true},
+		// the strict mode's default is judged by waiter, strict:processes and lease by member
+		{"strict", under, func(c MatrixCell) MatrixCell { c.Jain, c.JainByWaiter = 0.6, ptr(0.99); return c }, false},
+		{"strict", under, func(c MatrixCell) MatrixCell { c.Jain, c.JainByWaiter = 0.99, ptr(0.6); return c }, true},
+		{"strict:processes", under, func(c MatrixCell) MatrixCell { c.Jain, c.JainByWaiter = 0.6, ptr(0.99); return c }, true},
+		{"lease", under, func(c MatrixCell) MatrixCell { c.Jain, c.JainByWaiter = 0.6, ptr(0.99); return c }, true},
+		// across a limit change, what was granted under the old limit: at most its burst
+		{"strict", change, func(c MatrixCell) MatrixCell { c.Violations = 10; return c }, false},
+		{"strict", change, func(c MatrixCell) MatrixCell { c.Violations = 11; return c }, true},
 	} {
 		sc, err := m.Scenario(c.shape)
 		if err != nil {
@@ -88,6 +107,17 @@ func TestMatrixCriteria(t *testing.T) {
 	}
 	if in, _ := envelope("local", under, 1); !in {
 		t.Error("the local mode does not claim one process")
+	}
+}
+
+// TestMatrixLimitChangeHalves: a limit change halves each limit's rate, where a rate of
+// one becomes one in twice the period, and its burst.
+func TestMatrixLimitChangeHalves(t *testing.T) {
+	for in, want := range map[string]string{"1/s": "1/2s", "10/s": "5/s", "100/s burst=20": "50/s burst=10", "1/6s": "1/12s"} {
+		ev := eventOf("limit-change", "m", sluice.MustParse(in), time.Minute)
+		if !strings.Contains(ev, fmt.Sprintf("limit: %q", want)) {
+			t.Errorf("%s changes as %q, want to %s", in, ev, want)
+		}
 	}
 }
 

@@ -58,6 +58,11 @@ type ModeReport struct {
 	Utilization float64 `json:"utilization"`
 	// Jain is Jain's index over each member's accepted / max-min fair share of its demand.
 	Jain float64 `json:"jain"`
+	// JainByWaiter is Jain's index with each member's fair share weighed by its goroutines:
+	// the fairness of a throttle that serves callers in turn rather than members (the
+	// strict mode's default, sluice.FairWaiters). Absent where every member has as many
+	// goroutines.
+	JainByWaiter *float64 `json:"jain_by_waiter,omitempty"`
 	// Ratio429 is violations / (accepted + violations).
 	Ratio429 float64 `json:"ratio_429"`
 	// WaitP50Ms and WaitP99Ms are the times from a request's arrival at its member to its
@@ -271,6 +276,18 @@ func (e *engine) report() ModeReport {
 		r.PerMember = append(r.PerMember, mr)
 	}
 	r.Jain = round(measure.JainOfShares(granted, fair))
+	weights := make([]float64, len(e.members))
+	unequal := false
+	for i, m := range e.members {
+		weights[i] = float64(len(m.gs))
+		unequal = unequal || weights[i] != weights[0]
+	}
+	if unequal {
+		fairW := measure.FairSharesWeighted(rate0, len(e.members), spans, weights)
+		measure.ShareBurst(fairW, spans, burst, 0)
+		j := round(measure.JainOfShares(granted, fairW))
+		r.JainByWaiter = &j
+	}
 	r.ClearedS = e.cleared()
 	if lr, ok := e.mode.(leaseReporter); ok {
 		r.Lease = lr.leaseReport(e)

@@ -28,20 +28,37 @@ func Jain(x []float64) float64 {
 // MaxMin splits capacity among demands by water-filling: nobody gets more than it asks,
 // and what is left is shared equally among those who want more. Demands may be +Inf.
 func MaxMin(capacity float64, demands []float64) []float64 {
+	return MaxMinWeighted(capacity, demands, nil)
+}
+
+// MaxMinWeighted is MaxMin with weights: what is left is shared among those who want more
+// in proportion to their weights (nil: equal weights; a weight <= 0 counts as 1). It is
+// the fair share of a throttle that serves callers rather than members, each member
+// weighing its callers.
+func MaxMinWeighted(capacity float64, demands, weights []float64) []float64 {
+	w := func(i int) float64 {
+		if weights == nil || weights[i] <= 0 {
+			return 1
+		}
+		return weights[i]
+	}
 	out := make([]float64, len(demands))
 	idx := make([]int, 0, len(demands))
+	var total float64 // the weight of those not yet served
 	for i, d := range demands {
 		if d > 0 {
 			idx = append(idx, i)
+			total += w(i)
 		}
 	}
-	sort.Slice(idx, func(a, b int) bool { return demands[idx[a]] < demands[idx[b]] })
+	sort.Slice(idx, func(a, b int) bool { return demands[idx[a]]/w(idx[a]) < demands[idx[b]]/w(idx[b]) })
 	left := capacity
-	for k, i := range idx {
-		fair := left / float64(len(idx)-k)
+	for _, i := range idx {
+		fair := left * w(i) / total
 		give := math.Min(demands[i], fair)
 		out[i] = give
 		left -= give
+		total -= w(i)
 	}
 	return out
 }
@@ -60,6 +77,12 @@ type Span struct {
 // boundaries in time order, so it costs O(S log S + C·M log M) for S spans, C distinct
 // boundaries and M members.
 func FairShares(capacity float64, members int, spans []Span) []float64 {
+	return FairSharesWeighted(capacity, members, spans, nil)
+}
+
+// FairSharesWeighted is FairShares with each member's share of what is left weighed by
+// weights[member] (MaxMinWeighted; nil: equal).
+func FairSharesWeighted(capacity float64, members int, spans []Span, weights []float64) []float64 {
 	type edge struct {
 		t      float64
 		member int
@@ -107,7 +130,7 @@ func FairShares(capacity float64, members int, spans []Span) []float64 {
 				cur[i] = math.Inf(1)
 			}
 		}
-		for i, v := range MaxMin(capacity, cur) {
+		for i, v := range MaxMinWeighted(capacity, cur, weights) {
 			shares[i] += v * (next - t)
 		}
 	}

@@ -103,3 +103,24 @@ func TestCapacityAndUtilization(t *testing.T) {
 		t.Errorf("zero capacity: %v", u)
 	}
 }
+
+// TestMaxMinWeighted: 12 among weights 1, 2 and 3, the first asking 1: it gets 1, the
+// other two share 11 as 2:3; equal weights are MaxMin.
+func TestMaxMinWeighted(t *testing.T) {
+	inf := math.Inf(1)
+	got := MaxMinWeighted(12, []float64{1, inf, inf}, []float64{1, 2, 3})
+	if !near(got[0], 1) || !near(got[1], 4.4) || !near(got[2], 6.6) {
+		t.Fatalf("weighted shares %v, want [1 4.4 6.6]", got)
+	}
+	// A heavy member asking less than its weighted part gives the rest to the others.
+	got = MaxMinWeighted(12, []float64{inf, 2, inf}, []float64{1, 8, 3})
+	if !near(got[1], 2) || !near(got[0], 2.5) || !near(got[2], 7.5) {
+		t.Fatalf("weighted shares %v, want [2.5 2 7.5]", got)
+	}
+	eq, mm := MaxMinWeighted(10, []float64{1, 5, inf}, nil), MaxMin(10, []float64{1, 5, inf})
+	for i := range eq {
+		if !near(eq[i], mm[i]) || !near(mm[i], []float64{1, 4.5, 4.5}[i]) {
+			t.Fatalf("unweighted %v, MaxMin %v, want [1 4.5 4.5]", eq, mm)
+		}
+	}
+}

@@ -718,4 +718,20 @@ func TestSimMatrix(t *testing.T) {
 	if code, _, errs := run(t, "sim", "--matrix", "../../../../scenarios/store-outage.yaml"); code != ExitUsage || !strings.Contains(errs, "takes no scenario file") {
 		t.Errorf("--matrix with a file: exit %d, %q", code, errs)
 	}
+	// One cell alone: --shape selects, --show prints the scenario, which sluice sim runs.
+	const shape = "one-every-6s/one/backlog/none"
+	code, out, errs = run(t, "sim", "--matrix", "--shape", shape, "--show", "--modes", "strict")
+	if code != 0 || !strings.Contains(out, "name: "+shape) || !strings.Contains(out, "modes: [ideal, strict]") {
+		t.Fatalf("--show: exit %d, %s%s", code, out, errs)
+	}
+	file := filepath.Join(t.TempDir(), "cell.yaml")
+	if err := os.WriteFile(file, []byte(out), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errs := run(t, "sim", file); code != 0 || !strings.Contains(out, "served vs ideal") {
+		t.Errorf("the shown cell did not run: exit %d, %s%s", code, out, errs)
+	}
+	if code, _, errs := run(t, "sim", "--matrix", "--shape", "no-such-shape"); code != ExitUsage || !strings.Contains(errs, "no shape") {
+		t.Errorf("--shape matching nothing: exit %d, %q", code, errs)
+	}
 }

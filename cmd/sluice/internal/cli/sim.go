@@ -40,6 +40,8 @@ func runSim(ctx context.Context, env Env, args []string) error {
 	matrix := fs.Bool("matrix", false, "run the guarantee matrix instead of a scenario: every mode (or --modes) on each shape of the matrix file beside the ideal throttle, one cell per mode and shape, judged against it (docs/simulator.md, \"The guarantee matrix\"); with --json every cell's figures and a summary")
 	matrixFile := fs.String("matrix-file", "", "with --matrix: the matrix `file` (default: the shipped sim/matrix.yaml)")
 	quick := fs.Bool("quick", false, "with --matrix: the quick shapes only (small pools and short runs)")
+	shapeSel := fs.String("shape", "", "with --matrix: only the shapes whose name (limit/pool/demand/event) contains `TEXT`")
+	show := fs.Bool("show", false, "with --matrix: print the selected shapes' scenarios (YAML, one document each) instead of running them, to run a cell alone with `sluice sim FILE`")
 	rest, err := parseArgs(env, fs, args)
 	if err != nil {
 		return err
@@ -48,10 +50,10 @@ func runSim(ctx context.Context, env Env, args []string) error {
 		if len(rest) > 0 {
 			return usagef("--matrix takes no scenario file (got %q): the shapes come from the matrix file", strings.Join(rest, " "))
 		}
-		return runMatrix(ctx, env, *matrixFile, *quick, *modes, *asJSON)
+		return runMatrix(ctx, env, matrixArgs{file: *matrixFile, quick: *quick, shape: *shapeSel, show: *show, modes: *modes, json: *asJSON})
 	}
-	if *quick || *matrixFile != "" {
-		return usagef("--quick and --matrix-file go with --matrix")
+	if *quick || *matrixFile != "" || *shapeSel != "" || *show {
+		return usagef("--quick, --shape, --show and --matrix-file go with --matrix")
 	}
 	switch {
 	case len(rest) == 0:
@@ -311,23 +313,29 @@ func progressBar(env Env, start time.Time) func(string, float64) {
 	}
 }
 
+// matrixArgs are the flags of sluice sim --matrix.
+type matrixArgs struct {
+	file, shape, modes string
+	quick, show, json  bool
+}
+
 // runMatrix runs the guarantee matrix and prints its table (or JSON); it fails (exit 1)
 // when a cell within its mode's envelope fails.
-func runMatrix(ctx context.Context, env Env, file string, quick bool, modeList string, asJSON bool) error {
+func runMatrix(ctx context.Context, env Env, a matrixArgs) error {
 	var m *sim.Matrix
 	var err error
-	if file == "" {
+	if a.file == "" {
 		m, err = sim.ShippedMatrix()
 	} else {
-		m, err = sim.LoadMatrix(file)
+		m, err = sim.LoadMatrix(a.file)
 	}
 	if err != nil {
 		return usageError{err}
 	}
 	modes := sim.MatrixModes()
-	if modeList != "" {
+	if a.modes != "" {
 		modes = nil
-		for _, md := range strings.Split(modeList, ",") {
+		for _, md := range strings.Split(a.modes, ",") {
 			if md = strings.TrimSpace(md); md != "" {
 				if err := sim.CheckMode(md); err != nil {
 					return usagef("--modes: %v", err)
@@ -336,7 +344,26 @@ func runMatrix(ctx context.Context, env Env, file string, quick bool, modeList s
 			}
 		}
 	}
-	shapes := m.Select(quick)
+	shapes := m.Select(a.quick)
+	if a.shape != "" {
+		shapes = slices.DeleteFunc(shapes, func(s sim.MatrixShape) bool { return !strings.Contains(s.Name(), a.shape) })
+		if len(shapes) == 0 {
+			return usagef("--shape %q: no shape of the matrix has it in its name", a.shape)
+		}
+	}
+	if a.show {
+		for i, s := range shapes {
+			y, err := m.ScenarioYAML(s)
+			if err != nil {
+				return err
+			}
+			if i > 0 {
+				fmt.Fprintln(env.Stdout, "---")
+			}
+			fmt.Fprintf(env.Stdout, "# sluice sim --matrix --shape %s --show\nmodes: [ideal, %s]\n%s", s.Name(), strings.Join(modes, ", "), y)
+		}
+		return nil
+	}
 	start := time.Now()
 	rep, err := sim.RunMatrix(ctx, m, shapes, modes, func(i, n int, s sim.MatrixShape) {
 		fmt.Fprintf(env.Stderr, "matrix: %d/%d %s (%s)\n", i+1, n, s.Name(), time.Since(start).Round(time.Second))
@@ -344,7 +371,7 @@ func runMatrix(ctx context.Context, env Env, file string, quick bool, modeList s
 	if err != nil && rep == nil {
 		return err
 	}
-	if asJSON {
+	if a.json {
 		enc := json.NewEncoder(env.Stdout)
 		enc.SetIndent("", "  ")
 		if jerr := enc.Encode(rep); jerr != nil {
