@@ -267,11 +267,11 @@ type MatrixCell struct {
 	// they have as many): the strict mode's default serves waiters, not members, in turn.
 	JainByWaiter   *float64 `json:"jain_by_waiter,omitempty"`
 	IdealP99WaitMs float64  `json:"ideal_p99_wait_ms"`
-	Violations     int64   `json:"violations"`
-	Ratio429       float64 `json:"ratio_429"`
-	Accepted       int64   `json:"accepted"`
-	IdealAccepted  int64   `json:"ideal_accepted"`
-	Partial        bool    `json:"partial,omitempty"`
+	Violations     int64    `json:"violations"`
+	Ratio429       float64  `json:"ratio_429"`
+	Accepted       int64    `json:"accepted"`
+	IdealAccepted  int64    `json:"ideal_accepted"`
+	Partial        bool     `json:"partial,omitempty"`
 }
 
 // MatrixSummary counts the cells.
