@@ -68,9 +68,11 @@ fuzz:
 	fi
 
 ## matrix: the guarantee matrix, every mode on every shape of sim/matrix.yaml beside the
-## ideal throttle (docs/simulator.md, "The guarantee matrix"); ends with its summary line.
+## ideal throttle (docs/simulator.md, "The guarantee matrix"); records the run in
+## sim/testdata/matrix.json, writes docs/guarantees.md from it, and ends with its summary
+## line (exit 1 while a cell within its mode's envelope fails).
 matrix:
-	$(GO) run ./cmd/sluice sim --matrix
+	$(GO) run ./cmd/sluice sim --matrix --record sim/testdata/matrix.json --guarantees docs/guarantees.md
 
 ## soak: long real-time runs that judge real decisions exactly (SOAKTIME each).
 soak:

@@ -419,6 +419,11 @@ func (s *Server) Start() error {
 	s.m.reloadTime.Set(float64(time.Now().UnixNano()) / 1e9)
 	s.log.Info("serving", "line", addrString(s.lineLn), "http", addrString(s.httpLn), "admin", addrString(s.adminLn),
 		"grpc", addrString(s.grpcLn), "backend", cfg.Backend, "rules", len(cfg.Rules), "fail_mode", cfg.FailMode)
+	if cfg.Backend == "local" && len(cfg.Rules) > 0 {
+		// The local mode's envelope is one process (docs/guarantees.md): said at the start,
+		// since two daemons each holding the whole limit cannot see each other.
+		s.log.Info(localAloneNote)
+	}
 	if *s.token.Load() != "" && s.adminLn == nil && s.httpLn != nil {
 		s.log.Info("the HTTP token guards /readyz and /metrics too: set listen_admin (--listen-admin) to serve them without it to probes and scrapers")
 	}
@@ -492,6 +497,9 @@ func listen(addr string) (net.Listener, error) {
 	}
 	return net.Listen("tcp", addr)
 }
+
+// localAloneNote is what a daemon in the local mode says as it starts.
+const localAloneNote = "backend local decides each limit in this daemon alone: daemons or processes that share one limit share it through backend strict, lease or gossip (docs/guarantees.md)"
 
 func addrString(ln net.Listener) string {
 	if ln == nil {

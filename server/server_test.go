@@ -415,3 +415,20 @@ func TestExpiredPermitReports(t *testing.T) {
 		t.Errorf("after the reports, 10 queries: %q, want the burst of 10", got)
 	}
 }
+
+// TestLocalSaysItIsAlone: a daemon in the local mode says at the start that it decides
+// its limits alone, naming the modes that share one; a strict daemon does not.
+func TestLocalSaysItIsAlone(t *testing.T) {
+	var logs bytes.Buffer
+	s, err := New(testConfig("api=10/s"), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s.Shutdown(context.Background())
+	if !strings.Contains(logs.String(), "decides each limit in this daemon alone") || !strings.Contains(logs.String(), "strict, lease or gossip") {
+		t.Errorf("the local daemon's start log does not say it is alone:\n%s", logs.String())
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -146,8 +147,42 @@ func TestQuickMatrixIsDeterministic(t *testing.T) {
 		b, _ := json.Marshal(r)
 		return b
 	}
-	if a, b := run(), run(); string(a) != string(b) {
+	a, b := run(), run()
+	if string(a) != string(b) {
 		t.Error("two runs of the quick matrix differ")
+	}
+	// docs/guarantees.md is what make matrix wrote from the run it recorded, and that
+	// run's quick cells are today's.
+	rec, err := os.ReadFile("testdata/matrix.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recorded, fresh MatrixReport
+	if err := json.Unmarshal(rec, &recorded); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(a, &fresh); err != nil {
+		t.Fatal(err)
+	}
+	doc, err := os.ReadFile("../docs/guarantees.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(doc) != Guarantees(&recorded) {
+		t.Error("docs/guarantees.md is not what the run in sim/testdata/matrix.json gives: run make matrix")
+	}
+	was := map[[2]string]MatrixCell{}
+	for _, c := range recorded.Cells {
+		was[[2]string{c.Mode, c.Shape}] = c
+	}
+	for _, c := range fresh.Cells {
+		old, ok := was[[2]string{c.Mode, c.Shape}]
+		cj, _ := json.Marshal(c)
+		oj, _ := json.Marshal(old)
+		if !ok || string(cj) != string(oj) {
+			t.Errorf("the recorded matrix (sim/testdata/matrix.json, docs/guarantees.md) is stale: run make matrix\n today:    %s\n recorded: %s", cj, oj)
+			break
+		}
 	}
 }
 

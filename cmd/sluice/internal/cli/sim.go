@@ -41,6 +41,8 @@ func runSim(ctx context.Context, env Env, args []string) error {
 	matrixFile := fs.String("matrix-file", "", "with --matrix: the matrix `file` (default: the shipped sim/matrix.yaml)")
 	quick := fs.Bool("quick", false, "with --matrix: the quick shapes only (small pools and short runs)")
 	shapeSel := fs.String("shape", "", "with --matrix: only the shapes whose name (limit/pool/demand/event) contains `TEXT`")
+	record := fs.String("record", "", "with --matrix: also write the run as JSON to `FILE` (make matrix: sim/testdata/matrix.json)")
+	guarantees := fs.String("guarantees", "", "with --matrix: also write what each mode guarantees, from the run, as Markdown to `FILE` (make matrix: docs/guarantees.md)")
 	show := fs.Bool("show", false, "with --matrix: print the selected shapes' scenarios (YAML, one document each) instead of running them, to run a cell alone with `sluice sim FILE`")
 	rest, err := parseArgs(env, fs, args)
 	if err != nil {
@@ -50,10 +52,11 @@ func runSim(ctx context.Context, env Env, args []string) error {
 		if len(rest) > 0 {
 			return usagef("--matrix takes no scenario file (got %q): the shapes come from the matrix file", strings.Join(rest, " "))
 		}
-		return runMatrix(ctx, env, matrixArgs{file: *matrixFile, quick: *quick, shape: *shapeSel, show: *show, modes: *modes, json: *asJSON})
+		return runMatrix(ctx, env, matrixArgs{file: *matrixFile, quick: *quick, shape: *shapeSel, show: *show,
+			modes: *modes, json: *asJSON, record: *record, guarantees: *guarantees})
 	}
-	if *quick || *matrixFile != "" || *shapeSel != "" || *show {
-		return usagef("--quick, --shape, --show and --matrix-file go with --matrix")
+	if *quick || *matrixFile != "" || *shapeSel != "" || *show || *record != "" || *guarantees != "" {
+		return usagef("--quick, --shape, --show, --record, --guarantees and --matrix-file go with --matrix")
 	}
 	switch {
 	case len(rest) == 0:
@@ -316,6 +319,7 @@ func progressBar(env Env, start time.Time) func(string, float64) {
 // matrixArgs are the flags of sluice sim --matrix.
 type matrixArgs struct {
 	file, shape, modes string
+	record, guarantees string // files to write the run to, as JSON and as docs/guarantees.md
 	quick, show, json  bool
 }
 
@@ -370,6 +374,20 @@ func runMatrix(ctx context.Context, env Env, a matrixArgs) error {
 	})
 	if err != nil && rep == nil {
 		return err
+	}
+	if a.record != "" {
+		b, jerr := json.MarshalIndent(rep, "", "  ")
+		if jerr == nil {
+			jerr = os.WriteFile(a.record, append(b, '\n'), 0o644)
+		}
+		if jerr != nil {
+			return jerr
+		}
+	}
+	if a.guarantees != "" {
+		if gerr := os.WriteFile(a.guarantees, []byte(sim.Guarantees(rep)), 0o644); gerr != nil {
+			return gerr
+		}
 	}
 	if a.json {
 		enc := json.NewEncoder(env.Stdout)
