@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/gossip/hits"
 	"github.com/sluicehq/sluice/internal/yamlx"
+	"github.com/sluicehq/sluice/store"
 )
 
 // Duration is a duration in a Config: set it from a time.Duration (Duration(5 *
@@ -186,9 +187,15 @@ func (c *Config) validate() error {
 		if c.Store == "" {
 			return bad(0, "backend strict needs store (--store): redis://HOST:PORT, redis-sentinel://HOST:PORT,.../MASTER, etcd://HOST:PORT, zk://HOST:PORT or memory://")
 		}
+		if err := store.Check(c.Store); err != nil {
+			return bad(0, "store (--store): %s", strings.TrimPrefix(err.Error(), "sluice: "))
+		}
 	case "lease":
 		if c.Store == "" {
 			return bad(0, "backend lease needs store (--store): redis://HOST:PORT, redis-cluster://..., redis-sentinel://..., etcd://HOST:PORT, zk://HOST:PORT or memory://")
+		}
+		if err := store.Check(c.Store); err != nil {
+			return bad(0, "store (--store): %s", strings.TrimPrefix(err.Error(), "sluice: "))
 		}
 	case "gossip":
 		g := &c.Gossip

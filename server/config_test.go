@@ -3,6 +3,8 @@ package server
 import (
 	"strings"
 	"testing"
+
+	_ "github.com/sluicehq/sluice/store/all" // the daemon links every store: Validate checks their URLs
 )
 
 const goodConfig = `

@@ -13,6 +13,7 @@ import (
 	"math"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -142,10 +143,25 @@ type Handle interface {
 // Opener opens a store from a URL of the schemes it was registered for.
 type Opener func(ctx context.Context, url string, cfg Config) (Handle, error)
 
+// Parser reads a URL of the schemes it was registered for as its Opener would, without a
+// client: Check's answer for them.
+type Parser func(url string) error
+
 var (
 	openersMu sync.RWMutex
 	openers   = map[string]Opener{}
+	parsers   = map[string]Parser{}
 )
+
+// RegisterParser makes Check (and so Open, first) read URLs of the given schemes with
+// parse. A store's package registers it beside its Opener.
+func RegisterParser(parse Parser, schemes ...string) {
+	openersMu.Lock()
+	defer openersMu.Unlock()
+	for _, s := range schemes {
+		parsers[s] = parse
+	}
+}
 
 // Register makes Open use open for URLs of the given schemes. The packages of the stores
 // register themselves when imported (store/redis for redis, rediss, redis-cluster and
@@ -207,27 +223,54 @@ func Schemes() []string {
 // answer yet is not an error (ask Ping).
 func Open(ctx context.Context, rawURL string, opts ...Option) (Handle, error) {
 	cfg := NewConfig(opts...)
-	scheme, _, ok := strings.Cut(rawURL, "://")
-	if !ok {
-		if host, port, err := net.SplitHostPort(rawURL); err == nil && host != "" && port != "" {
-			return nil, fmt.Errorf("%w %q: no scheme (write redis://%s for a Redis)", ErrBadURL, rawURL, rawURL)
-		}
-		return nil, fmt.Errorf("%w %q: want SCHEME://... (%s)", ErrBadURL, rawURL, strings.Join(Schemes(), ", "))
+	if err := Check(rawURL); err != nil {
+		return nil, err
 	}
+	scheme, _, _ := strings.Cut(rawURL, "://")
 	if scheme == "memory" {
 		return memoryHandle{NewMemory(nil)}, nil
 	}
 	openersMu.RLock()
 	open := openers[scheme]
 	openersMu.RUnlock()
+	return open(ctx, rawURL, cfg)
+}
+
+// Check reports whether Open would take rawURL: a scheme it knows, whose store is linked,
+// and a URL that store reads (its hosts, ports, names: each store's package registers its
+// reading with RegisterParser). It makes no client and reaches nothing, so a daemon's
+// configuration check gives the answer its start would.
+func Check(rawURL string) error {
+	scheme, _, ok := strings.Cut(rawURL, "://")
+	if !ok {
+		if host, port, err := net.SplitHostPort(rawURL); err == nil && host != "" && port != "" {
+			return fmt.Errorf("%w %q: no scheme (write redis://%s for a Redis)", ErrBadURL, rawURL, rawURL)
+		}
+		return fmt.Errorf("%w %q: want SCHEME://... (%s)", ErrBadURL, rawURL, strings.Join(Schemes(), ", "))
+	}
+	if scheme == "memory" {
+		return nil
+	}
+	openersMu.RLock()
+	open, parse := openers[scheme], parsers[scheme]
+	openersMu.RUnlock()
 	if open == nil {
 		if pkg, known := storePackages[scheme]; known {
-			return nil, fmt.Errorf("%w %q: the %s store is not linked into this program (import _ \"github.com/sluicehq/sluice/%s\")",
+			return fmt.Errorf("%w %q: the %s store is not linked into this program (import _ \"github.com/sluicehq/sluice/%s\")",
 				ErrBadURL, rawURL, scheme, pkg)
 		}
-		return nil, fmt.Errorf("%w %q: unknown scheme %q (known: %s)", ErrBadURL, rawURL, scheme, strings.Join(Schemes(), ", "))
+		return fmt.Errorf("%w %q: unknown scheme %q (known: %s)", ErrBadURL, rawURL, scheme, strings.Join(Schemes(), ", "))
 	}
-	return open(ctx, rawURL, cfg)
+	if parse != nil {
+		if err := parse(rawURL); err != nil {
+			if errors.Is(err, ErrBadURL) {
+				return err
+			}
+			// The store's own words, under ErrBadURL, with one "sluice: " before them.
+			return fmt.Errorf("%w: %s", ErrBadURL, strings.TrimPrefix(err.Error(), "sluice: "))
+		}
+	}
+	return nil
 }
 
 type memoryHandle struct{ *Memory }
@@ -270,4 +313,23 @@ func Hosts(rest string) string {
 		rest = rest[i+1:]
 	}
 	return rest
+}
+
+// CheckHosts checks the hosts of a URL (rest: what follows its scheme's "://"): at least
+// one, each HOST:PORT with a numeric port; want shows the form in the error.
+func CheckHosts(rawURL, rest, want string) error {
+	hosts := Hosts(rest)
+	if hosts == "" {
+		return fmt.Errorf("%w %q: no host (want %s)", ErrBadURL, rawURL, want)
+	}
+	for _, h := range strings.Split(hosts, ",") {
+		host, port, err := net.SplitHostPort(h)
+		if err != nil || host == "" {
+			return fmt.Errorf("%w %q: %q is not HOST:PORT (want %s)", ErrBadURL, rawURL, h, want)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("%w %q: port %q of %q is not a number from 1 to 65535 (want %s)", ErrBadURL, rawURL, port, h, want)
+		}
+	}
+	return nil
 }

@@ -11,7 +11,16 @@ import (
 	"github.com/sluicehq/sluice/store"
 )
 
-func init() { store.Register(open, "etcd") }
+func init() {
+	store.Register(open, "etcd")
+	store.RegisterParser(parse, "etcd")
+}
+
+// parse reads a URL as open does, making no client.
+func parse(raw string) error {
+	_, rest, _ := strings.Cut(raw, "://")
+	return store.CheckHosts(raw, rest, "etcd://HOST:PORT[,HOST:PORT]")
+}
 
 // handle is a Store that owns its client.
 type handle struct {
@@ -26,9 +35,6 @@ func (h handle) Close() error { return h.client.Close() }
 func open(_ context.Context, raw string, cfg store.Config) (store.Handle, error) {
 	_, rest, _ := strings.Cut(raw, "://")
 	hosts := store.Hosts(rest)
-	if hosts == "" {
-		return nil, fmt.Errorf("%w %q: want etcd://HOST:PORT[,HOST:PORT]", store.ErrBadURL, raw)
-	}
 	c, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(hosts, ","), DialTimeout: cfg.Timeout,
 		Logger: zap.NewNop()})
 	if err != nil {

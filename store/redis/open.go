@@ -12,6 +12,21 @@ import (
 
 func init() {
 	store.Register(open, "redis", "rediss", "redis-cluster", SentinelScheme)
+	store.RegisterParser(parse, "redis", "rediss", "redis-cluster", SentinelScheme)
+}
+
+// parse reads a URL as open does, making no client.
+func parse(raw string) error {
+	scheme, rest, _ := strings.Cut(raw, "://")
+	switch scheme {
+	case "redis-cluster":
+		return store.CheckHosts(raw, rest, "redis-cluster://HOST:PORT[,HOST:PORT]")
+	case SentinelScheme:
+		_, err := FailoverOptions(raw, 0)
+		return err
+	}
+	_, err := ClientOptions(raw, 0)
+	return err
 }
 
 // handle is a Store that owns its client.
@@ -30,11 +45,7 @@ func open(_ context.Context, raw string, cfg store.Config) (store.Handle, error)
 	scheme, rest, _ := strings.Cut(raw, "://")
 	switch scheme {
 	case "redis-cluster":
-		hosts := store.Hosts(rest)
-		if hosts == "" {
-			return nil, fmt.Errorf("%w %q: want redis-cluster://HOST:PORT[,HOST:PORT]", store.ErrBadURL, raw)
-		}
-		o := &goredis.ClusterOptions{Addrs: strings.Split(hosts, ","), MaxRetries: -1,
+		o := &goredis.ClusterOptions{Addrs: strings.Split(store.Hosts(rest), ","), MaxRetries: -1,
 			ContextTimeoutEnabled: true, DisableIdentity: true,
 			DialTimeout: cfg.Timeout, ReadTimeout: cfg.Timeout, WriteTimeout: cfg.Timeout, PoolTimeout: cfg.Timeout}
 		c = goredis.NewClusterClient(o)

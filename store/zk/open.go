@@ -3,6 +3,7 @@ package zk
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
@@ -12,7 +13,24 @@ import (
 	"github.com/sluicehq/sluice/store"
 )
 
-func init() { store.Register(open, "zk") }
+func init() {
+	store.Register(open, "zk")
+	store.RegisterParser(parse, "zk")
+}
+
+// parse reads a URL as open does, making no client.
+func parse(raw string) error {
+	_, rest, _ := strings.Cut(raw, "://")
+	hosts, _, _ := strings.Cut(rest, "/")
+	// The client gives a host without a port ZooKeeper's, 2181.
+	withPorts := strings.Split(hosts, ",")
+	for i, h := range withPorts {
+		if _, _, err := net.SplitHostPort(h); err != nil && h != "" && !strings.Contains(h, ":") {
+			withPorts[i] = net.JoinHostPort(h, "2181")
+		}
+	}
+	return store.CheckHosts(raw, strings.Join(withPorts, ","), "zk://HOST[:PORT][,HOST[:PORT]][/PATH]")
+}
 
 // SessionTimeout is the ZooKeeper session time-out of the clients store.Open makes.
 const SessionTimeout = 4 * time.Second
@@ -32,9 +50,6 @@ func (h handle) Close() error { h.close(); return nil }
 func open(ctx context.Context, raw string, cfg store.Config) (store.Handle, error) {
 	_, rest, _ := strings.Cut(raw, "://")
 	hosts, path, _ := strings.Cut(rest, "/")
-	if hosts == "" {
-		return nil, fmt.Errorf("%w %q: want zk://HOST:PORT[,HOST:PORT][/PATH]", store.ErrBadURL, raw)
-	}
 	if path != "" {
 		cfg.Prefix = path
 	}

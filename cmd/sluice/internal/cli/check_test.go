@@ -163,6 +163,14 @@ func TestServeCheckConfig(t *testing.T) {
 		{[]string{"serve", "--check-config", "--config", good}, nil, 0, "backend redis (--backend redis) is deprecated: use backend strict"},
 		{[]string{"serve", "--check-config", "--backend", "redis", "--redis-url", "redis://127.0.0.1:1"}, nil, 0, "redis_url (--redis-url) is deprecated: use store (--store)"},
 		{[]string{"serve", "--check-config", "--backend", "strict", "--store", "redis://127.0.0.1:1", "--limit", "a=100/h window"}, nil, 0, "ok: 1 rules, default rule false, backend strict"},
+		// A store URL start cannot use is refused by the check, as start refuses it (exit 2).
+		{[]string{"serve", "--check-config", "--backend", "strict", "--store", "http://127.0.0.1:16379", "--limit", "a=1/s"}, nil, ExitUsage, `unknown scheme "http"`},
+		{[]string{"serve", "--check-config", "--backend", "strict", "--store", "redis://127.0.0.1:notaport", "--limit", "a=1/s"}, nil, ExitUsage, "invalid port"},
+		{[]string{"serve", "--check-config", "--backend", "strict", "--store", "127.0.0.1:16379", "--limit", "a=1/s"}, nil, ExitUsage, "write redis://127.0.0.1:16379"},
+		{[]string{"serve", "--check-config", "--backend", "strict", "--store", "redis-sentinel://127.0.0.1:1", "--limit", "a=1/s"}, nil, ExitUsage, "no master name"},
+		{[]string{"serve", "--check-config", "--backend", "lease", "--store", "mysql://x", "--limit", "a=1/s"}, nil, ExitUsage, `unknown scheme "mysql"`},
+		{[]string{"serve", "--backend", "lease", "--store", "mysql://x", "--limit", "a=1/s", "--listen-line", "127.0.0.1:0"}, nil, ExitUsage, `unknown scheme "mysql"`},
+		{[]string{"serve", "--backend", "strict", "--store", "redis://127.0.0.1:notaport", "--limit", "a=1/s", "--listen-line", "127.0.0.1:0"}, nil, ExitUsage, "invalid port"},
 	} {
 		for k, v := range c.env {
 			t.Setenv(k, v)
