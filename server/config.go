@@ -51,7 +51,8 @@ type Config struct {
 	Default        *DefaultRule `yaml:"default"`         // for tags no rule matches; none: such tags are allowed
 
 	file     string
-	warnings []string // set by Validate: the deprecated spellings it read
+	lines    map[string]int // the line of each key of the file (keyLines)
+	warnings []string       // set by Validate: the deprecated spellings it read
 
 	// RedisAcks (the strict mode on Redis) is how many replicas must acknowledge each
 	// batch's writes (Redis WAIT, within half the redis_timeout) before its grants are
@@ -85,6 +86,8 @@ type DefaultRule struct {
 	Shared     bool          `yaml:"shared"`
 	MaxPenalty PenaltyCap    `yaml:"max_penalty"` // unset: the server's
 	line       int
+	bad        error // what did not read (a *yaml.TypeError), reported by the check
+	badLimit   bool  // its limit's text did not parse (in bad)
 }
 
 // DefaultConfig returns the defaults, each commented.
@@ -179,123 +182,163 @@ func (c *Config) Validate() error {
 }
 
 func (c *Config) validate() error {
-	bad := yamlx.AtLine
+	var errs []error
+	bad := func(line int, format string, a ...any) { errs = append(errs, yamlx.AtLine(line, format, a...)) }
+	at := c.lineOf // the line of a top-level field in the file, 0 if none
 	c.normalize()
 	switch c.Backend {
 	case "local":
 	case "strict":
 		if c.Store == "" {
-			return bad(0, "backend strict needs store (--store): redis://HOST:PORT, redis-sentinel://HOST:PORT,.../MASTER, etcd://HOST:PORT, zk://HOST:PORT or memory://")
-		}
-		if err := store.Check(c.Store); err != nil {
-			return bad(0, "store (--store): %s", strings.TrimPrefix(err.Error(), "sluice: "))
+			bad(at("backend"), "backend strict needs store (--store): redis://HOST:PORT, redis-sentinel://HOST:PORT,.../MASTER, etcd://HOST:PORT, zk://HOST:PORT or memory://")
+		} else if err := store.Check(c.Store); err != nil {
+			bad(at("store", "redis_url"), "store (--store): %s", strings.TrimPrefix(err.Error(), "sluice: "))
 		}
 	case "lease":
 		if c.Store == "" {
-			return bad(0, "backend lease needs store (--store): redis://HOST:PORT, redis-cluster://..., redis-sentinel://..., etcd://HOST:PORT, zk://HOST:PORT or memory://")
-		}
-		if err := store.Check(c.Store); err != nil {
-			return bad(0, "store (--store): %s", strings.TrimPrefix(err.Error(), "sluice: "))
+			bad(at("backend"), "backend lease needs store (--store): redis://HOST:PORT, redis-cluster://..., redis-sentinel://..., etcd://HOST:PORT, zk://HOST:PORT or memory://")
+		} else if err := store.Check(c.Store); err != nil {
+			bad(at("store", "redis_url"), "store (--store): %s", strings.TrimPrefix(err.Error(), "sluice: "))
 		}
 	case "gossip":
 		g := &c.Gossip
 		if g.Bind == "" {
-			return bad(0, "backend gossip needs gossip.bind (--gossip-bind)")
+			bad(at("gossip.bind", "gossip", "backend"), "backend gossip needs gossip.bind (--gossip-bind)")
 		}
 		if g.Interval < yamlx.Duration(time.Millisecond) || g.Hold < 0 {
-			return bad(0, "gossip.interval: want at least 1ms; gossip.hold: want 0 or more")
+			bad(at("gossip.interval", "gossip.hold", "gossip"), "gossip.interval: want at least 1ms; gossip.hold: want 0 or more")
 		}
 		if _, err := hits.ParsePolicy(g.Policy); err != nil || g.Policy == "" {
-			return bad(0, "gossip.policy: want shares, equal or whole, not %q", g.Policy)
+			bad(at("gossip.policy", "gossip"), "gossip.policy: want shares, equal or whole, not %q", g.Policy)
 		}
 	default:
-		return bad(0, "backend: want local, strict, lease or gossip, not %q", c.Backend)
+		bad(at("backend"), "backend: want local, strict, lease or gossip, not %q", c.Backend)
 	}
 	switch c.FailMode {
 	case "closed", "open":
 	case "local":
 		if !c.StrictOnRedis() {
-			return bad(0, "fail_mode local degrades the strict mode on Redis to a local share: it needs backend strict with a redis:// or redis-sentinel:// store")
+			bad(at("fail_mode"), "fail_mode local degrades the strict mode on Redis to a local share: it needs backend strict with a redis:// or redis-sentinel:// store")
 		}
 		if c.FallbackShare <= 0 || c.FallbackShare > 1 {
-			return bad(0, "fail_mode local needs fallback_share in (0, 1] (--fallback-share)")
+			bad(at("fallback_share", "fail_mode"), "fail_mode local needs fallback_share in (0, 1] (--fallback-share)")
 		}
 	default:
-		return bad(0, "fail_mode: want closed, open or local, not %q", c.FailMode)
+		bad(at("fail_mode"), "fail_mode: want closed, open or local, not %q", c.FailMode)
 	}
 	if c.RedisTimeout <= 0 {
-		return bad(0, "redis_timeout: want a positive duration")
+		bad(at("redis_timeout"), "redis_timeout: want a positive duration")
 	}
 	if c.RedisAcks < 0 || c.RedisAcks > 0 && !c.StrictOnRedis() {
-		return bad(0, "redis_replica_acks: want 0 or more, and only with backend strict on a redis:// or redis-sentinel:// store")
+		bad(at("redis_replica_acks"), "redis_replica_acks: want 0 or more, and only with backend strict on a redis:// or redis-sentinel:// store")
 	}
 	if c.ListenLine == "" && c.ListenHTTP == "" && c.ListenGRPC == "" {
-		return bad(0, "listen_line, listen_http and listen_grpc are all empty: nothing to serve")
+		bad(at("listen_line", "listen_http", "listen_grpc"), "listen_line, listen_http and listen_grpc are all empty: nothing to serve")
 	}
 	if c.GRPC.MaxMessage < 1<<10 || c.GRPC.MaxMessage > 16<<20 {
-		return bad(0, "grpc.max_message: want 1 KiB to 16 MiB")
+		bad(at("grpc.max_message", "grpc"), "grpc.max_message: want 1 KiB to 16 MiB")
 	}
 	if c.GRPC.MaxStreams < 1 {
-		return bad(0, "grpc.max_streams: want at least 1")
+		bad(at("grpc.max_streams", "grpc"), "grpc.max_streams: want at least 1")
 	}
 	switch {
 	case c.MaxConnections < 1:
-		return bad(0, "max_connections: want at least 1")
+		bad(at("max_connections"), "max_connections: want at least 1")
 	case c.MaxKeys < 1:
-		return bad(0, "max_keys: want at least 1")
+		bad(at("max_keys"), "max_keys: want at least 1")
 	case c.MaxLine < 16 || c.MaxLine > 1<<20:
-		return bad(0, "max_line: want 16 bytes to 1 MiB")
+		bad(at("max_line"), "max_line: want 16 bytes to 1 MiB")
 	case c.MaxPending < 64:
-		return bad(0, "max_pending: want at least 64 bytes")
+		bad(at("max_pending"), "max_pending: want at least 64 bytes")
 	case c.IdleTimeout <= 0, c.WriteTimeout <= 0, c.ShutdownGrace <= 0:
-		return bad(0, "idle_timeout, write_timeout and shutdown_grace must be positive")
+		bad(at("idle_timeout", "write_timeout", "shutdown_grace"), "idle_timeout, write_timeout and shutdown_grace must be positive")
 	case c.Margin < 0:
-		return bad(0, "margin: want 0 or more")
+		bad(at("margin"), "margin: want 0 or more")
 	}
 	switch c.LogFormat {
 	case "text", "json":
 	default:
-		return bad(0, "log_format: want text or json, not %q", c.LogFormat)
+		bad(at("log_format"), "log_format: want text or json, not %q", c.LogFormat)
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:
-		return bad(0, "log_level: want debug, info, warn or error, not %q", c.LogLevel)
+		bad(at("log_level"), "log_level: want debug, info, warn or error, not %q", c.LogLevel)
 	}
 	for i := range c.Rules {
 		r := &c.Rules[i]
+		if r.bad != nil {
+			errs = append(errs, r.bad)
+		}
 		if r.Match == "" {
-			return bad(r.line, "rules[%d].match: empty", i)
+			bad(r.line, "rules[%d]: no match (want match: a tag, or a pattern such as user-*)", i)
 		}
 		switch {
 		case r.Unlimited && r.Deny:
-			return bad(r.line, "rules[%d]: unlimited and deny together", i)
+			bad(r.line, "rules[%d]: unlimited and deny together", i)
 		case r.noLimit() && len(r.Limit) > 0:
-			return bad(r.line, "rules[%d]: a limit with unlimited or deny", i)
+			bad(r.line, "rules[%d]: a limit with unlimited or deny", i)
 		case r.noLimit():
+		case r.badLimit: // reported as it was read
 		case len(r.Limit) == 0:
-			return bad(r.line, "rules[%d].limit: missing (or unlimited: true, or deny: true)", i)
+			bad(r.line, "rules[%d].limit: missing (or unlimited: true, or deny: true)", i)
 		default:
 			if err := r.Limit.Validate(); err != nil {
-				return bad(r.line, "rules[%d].limit: %v", i, err)
+				bad(r.line, "rules[%d].limit: %v", i, err)
 			}
 		}
 		if r.Shared && !isPattern(r.Match) {
-			return bad(r.line, "rules[%d]: shared only means something for a pattern (%q has no * or ?)", i, r.Match)
+			bad(r.line, "rules[%d]: shared only means something for a pattern (%q has no * or ?)", i, r.Match)
 		}
 	}
-	if c.Default != nil {
+	if c.Default != nil && c.Default.bad != nil {
+		errs = append(errs, c.Default.bad)
+	}
+	if c.Default != nil && !c.Default.badLimit {
 		if err := c.Default.Limit.Validate(); err != nil {
-			return bad(c.Default.line, "default.limit: %v", err)
+			bad(c.Default.line, "default.limit: %v", err)
 		}
 	}
 	if _, err := c.ruleSet(); err != nil {
 		if errors.As(err, new(*yamlx.LineError)) {
-			return err
+			errs = append(errs, err)
+		} else {
+			bad(at("rules"), "rules: %v", err)
 		}
-		return bad(0, "rules: %v", err)
 	}
-	return nil
+	return errors.Join(errs...)
+}
+
+// lineOf is the line of the first of fields (top-level keys, or SECTION.KEY) the config's
+// file sets, or 0.
+func (c *Config) lineOf(fields ...string) int {
+	for _, f := range fields {
+		if l := c.lines[f]; l > 0 {
+			return l
+		}
+	}
+	return 0
+}
+
+// keyLines maps each key of a YAML document's top-level mapping, and SECTION.KEY of a
+// mapping under one, to its line.
+func keyLines(b []byte) map[string]int {
+	var doc yaml.Node
+	if yaml.Unmarshal(b, &doc) != nil || len(doc.Content) == 0 || doc.Content[0].Kind != yaml.MappingNode {
+		return nil
+	}
+	out := map[string]int{}
+	top := doc.Content[0]
+	for i := 0; i+1 < len(top.Content); i += 2 {
+		k, v := top.Content[i], top.Content[i+1]
+		out[k.Value] = k.Line
+		if v.Kind == yaml.MappingNode {
+			for j := 0; j+1 < len(v.Content); j += 2 {
+				out[k.Value+"."+v.Content[j].Value] = v.Content[j].Line
+			}
+		}
+	}
+	return out
 }
 
 // ruleSet compiles the rules.
@@ -322,11 +365,15 @@ func ParseConfig(file string, b []byte) (Config, error) {
 	if len(b) > 16<<20 {
 		return c, &yamlx.Error{File: file, Msg: "larger than 16 MiB"}
 	}
-	if err := yamlx.Decode(file, b, &c); err != nil {
-		return c, err
-	}
 	c.file = file
-	return c, c.Validate()
+	c.lines = keyLines(b)
+	derr := yamlx.Decode(file, b, &c)
+	if derr != nil && yaml.Unmarshal(b, new(yaml.Node)) != nil {
+		return c, derr // not YAML: nothing more to check
+	}
+	// Every problem at once: the values that did not read, and what the check after
+	// reading finds in the rest (a value that did not read is not reported twice).
+	return c, yamlx.ByLine(errors.Join(derr, c.Validate()))
 }
 
 // UnmarshalYAML reads a rule, keeping its line (and the limit's, for errors).
@@ -343,11 +390,13 @@ func (r *Rule) UnmarshalYAML(n *yaml.Node) error {
 		Shadow          bool         `yaml:"shadow"`
 		DetailedMetrics bool         `yaml:"detailed_metrics"`
 	}
-	if err := yamlx.DecodeMapping(n, &y, &r.line); err != nil {
-		return err
-	}
+	// A rule with a bad value is kept, its problems reported by the check after decoding
+	// (the yaml package drops a list's element that fails, which would renumber the
+	// rules after it), with the rule's other problems but not the bad value's absence.
+	r.bad = yamlx.DecodeMapping(n, &y, &r.line)
 	r.Name, r.Match, r.Limit, r.Shared, r.MaxPenalty = y.Name, y.Match, y.Limit.Limits, y.Shared, y.MaxPenalty
 	r.PathGlob, r.Unlimited, r.Deny, r.Shadow, r.DetailedMetrics = y.PathGlob, y.Unlimited, y.Deny, y.Shadow, y.DetailedMetrics
+	r.badLimit = y.Limit.Bad()
 	return nil
 }
 
@@ -358,10 +407,8 @@ func (d *DefaultRule) UnmarshalYAML(n *yaml.Node) error {
 		Shared     bool         `yaml:"shared"`
 		MaxPenalty PenaltyCap   `yaml:"max_penalty"`
 	}
-	if err := yamlx.DecodeMapping(n, &y, &d.line); err != nil {
-		return err
-	}
-	d.Limit, d.Shared, d.MaxPenalty = y.Limit.Limits, y.Shared, y.MaxPenalty
+	d.bad = yamlx.DecodeMapping(n, &y, &d.line)
+	d.Limit, d.Shared, d.MaxPenalty, d.badLimit = y.Limit.Limits, y.Shared, y.MaxPenalty, y.Limit.Bad()
 	return nil
 }
 

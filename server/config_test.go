@@ -69,28 +69,39 @@ func TestConfigErrorsNameFileAndLine(t *testing.T) {
 		{"rules:\n  - match: api\n", "c.yaml:2: rules[0].limit: missing"},
 		{"rules:\n  - match: api\n    limit: 1/s\n    colour: red\n", `c.yaml:4: unknown field "colour"`},
 		{"rules:\n  - match: api\n    limit: 1/s\n    shared: true\n", "c.yaml:2: rules[0]: shared only means something for a pattern"},
-		{"fail_mode: sideways\n", "c.yaml: fail_mode: want closed, open or local"},
-		{"fail_mode: local\n", "c.yaml: fail_mode local degrades the strict mode on Redis"},
-		{"backend: strict\nstore: etcd://x:1\nfail_mode: local\nfallback_share: 0.5\n", "c.yaml: fail_mode local degrades the strict mode on Redis"},
-		{"backend: redis\nredis_url: redis://x\nfail_mode: local\n", "c.yaml: fail_mode local needs fallback_share"},
-		{"backend: redis\n", "c.yaml: backend strict needs store"},
-		{"backend: strict\n", "c.yaml: backend strict needs store"},
-		{"backend: lease\n", "c.yaml: backend lease needs store"},
-		{"redis_replica_acks: 1\n", "c.yaml: redis_replica_acks: want 0 or more, and only with backend strict on a redis"},
-		{"backend: redis\nredis_url: redis://x\nredis_replica_acks: -1\n", "c.yaml: redis_replica_acks: want 0 or more"},
+		{"fail_mode: sideways\n", "c.yaml:1: fail_mode: want closed, open or local"},
+		{"fail_mode: local\n", "c.yaml:1: fail_mode local degrades the strict mode on Redis"},
+		{"backend: strict\nstore: etcd://x:1\nfail_mode: local\nfallback_share: 0.5\n", "c.yaml:3: fail_mode local degrades the strict mode on Redis"},
+		{"backend: redis\nredis_url: redis://x\nfail_mode: local\n", "c.yaml:3: fail_mode local needs fallback_share"},
+		{"backend: redis\n", "c.yaml:1: backend strict needs store"},
+		{"backend: strict\n", "c.yaml:1: backend strict needs store"},
+		{"backend: lease\n", "c.yaml:1: backend lease needs store"},
+		{"redis_replica_acks: 1\n", "c.yaml:1: redis_replica_acks: want 0 or more, and only with backend strict on a redis"},
+		{"backend: redis\nredis_url: redis://x\nredis_replica_acks: -1\n", "c.yaml:3: redis_replica_acks: want 0 or more"},
 		{"idle_timeout: soon\n", "c.yaml:1: bad duration"},
-		{"max_line: 5\n", "c.yaml: max_line"},
+		{"max_line: 5\n", "c.yaml:1: max_line"},
 		{"rules:\n  - {match: a, limit: 1/s}\n  - {name: a, match: b, limit: 1/s}\n", `c.yaml:3: rules[1]: the name "a" is used twice`},
 		{"rules:\n  - {name: default, match: b, limit: 1/s}\ndefault: {limit: 1/s}\n", `c.yaml:2: default: the name "default" is used twice (by rules[0] too)`},
 		{"", "c.yaml: empty file"},
-		{"backend: gossip\ngossip: {policy: loud}\n", "c.yaml: gossip.policy: want shares, equal or whole"},
-		{"backend: gossip\ngossip: {bind: ''}\n", "c.yaml: backend gossip needs gossip.bind"},
+		{"backend: gossip\ngossip: {policy: loud}\n", "c.yaml:2: gossip.policy: want shares, equal or whole"},
+		{"backend: gossip\ngossip: {bind: ''}\n", "c.yaml:2: backend gossip needs gossip.bind"},
 		{"backend: gossip\ngossip: {colour: red}\n", `c.yaml:2: unknown field "colour"`},
+		// every problem at once, each at its line, in the file's order
+		{"nonsense_key: 1\nbackend: lcoal\nrules:\n  - match: a\n    limit: 1/x\n  - match: b\n    limit: 10/s burst=0\n  - limit: 1/s\nmax_line: 5\n",
+			"c.yaml:1: unknown field \"nonsense_key\"\nc.yaml:2: backend: want local, strict, lease or gossip, not \"lcoal\"\nc.yaml:5: sluice: bad limit \"1/x\""},
+		{"nonsense_key: 1\nbackend: lcoal\nrules:\n  - match: a\n    limit: 1/x\n  - match: b\n    limit: 10/s burst=0\n  - limit: 1/s\nmax_line: 5\n",
+			"c.yaml:7: sluice: bad limit \"10/s burst=0\""},
+		{"nonsense_key: 1\nbackend: lcoal\nrules:\n  - match: a\n    limit: 1/x\n  - match: b\n    limit: 10/s burst=0\n  - limit: 1/s\nmax_line: 5\n",
+			"c.yaml:8: rules[2]: no match (want match: a tag, or a pattern such as user-*)\nc.yaml:9: max_line"},
+		{"rules:\n  - match: x\n    limit: 5/s\n     shared: true\n", "c.yaml:4: mapping values are not allowed"},
 	}
 	for i, c := range cases {
 		_, err := ParseConfig("c.yaml", []byte(c.yaml))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("case %d: got %v, want %q", i, err, c.want)
+		}
+		if err != nil && strings.Contains(err.Error(), "limit: missing") && strings.Contains(err.Error(), "bad limit") {
+			t.Errorf("case %d: a limit that did not read is reported missing too: %v", i, err)
 		}
 	}
 }

@@ -44,8 +44,10 @@ type Rule struct {
 	// guard marks a rule that stops the search: a tag it matches is decided as if no rule
 	// matched (by the default rule, if any). Configs in Envoy's format need them, where a
 	// more specific descriptor hides a less specific one even when it has no limit.
-	guard bool
-	line  int
+	guard    bool
+	line     int
+	bad      error // what did not read from its file (a *yaml.TypeError), reported by the check
+	badLimit bool  // its limit's text did not parse (in bad)
 }
 
 // MaxDetailedTags is how many tags of a rule with DetailedMetrics are counted by name.

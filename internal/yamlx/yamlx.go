@@ -57,6 +57,39 @@ func AtLine(line int, format string, a ...any) error {
 	return &LineError{Line: line, Msg: fmt.Sprintf(format, a...)}
 }
 
+// Soft makes an error of an UnmarshalYAML method one the yaml package collects and goes
+// on after: a *LineError (or several, joined) becomes a *yaml.TypeError, so that one
+// decoding reports every bad value and unknown field, each at its line, rather than the
+// first. Other errors are returned as they are.
+func Soft(err error) error {
+	if err == nil {
+		return nil
+	}
+	var lines []string
+	var walk func(error) bool
+	walk = func(e error) bool {
+		switch x := e.(type) {
+		case *yaml.TypeError:
+			lines = append(lines, x.Errors...)
+		case *LineError:
+			lines = append(lines, fmt.Sprintf("line %d: %s", x.Line, x.Msg))
+		case interface{ Unwrap() []error }:
+			for _, y := range x.Unwrap() {
+				if !walk(y) {
+					return false
+				}
+			}
+		default:
+			return false
+		}
+		return true
+	}
+	if !walk(err) {
+		return err
+	}
+	return &yaml.TypeError{Errors: lines}
+}
+
 // Decode reads b into v strictly; errors name file and line.
 func Decode(file string, b []byte, v any) error {
 	dec := yaml.NewDecoder(bytes.NewReader(b))
@@ -84,12 +117,19 @@ func Wrap(file string, err error) error {
 	if err == nil {
 		return nil
 	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var errs []error
+		for _, e := range j.Unwrap() {
+			errs = append(errs, Wrap(file, e))
+		}
+		return errors.Join(errs...)
+	}
 	var le *LineError
 	if errors.As(err, &le) {
 		return &Error{File: file, Line: le.Line, Msg: le.Msg}
 	}
 	var te *yaml.TypeError
-	if errors.As(err, &te) && len(te.Errors) > 1 {
+	if errors.As(err, &te) && len(te.Errors) > 0 {
 		errs := make([]error, len(te.Errors))
 		for i, e := range te.Errors {
 			errs[i] = wrapOne(file, e)
@@ -98,6 +138,36 @@ func Wrap(file string, err error) error {
 	}
 	msg := strings.TrimPrefix(err.Error(), "yaml: ")
 	return wrapOne(file, strings.TrimPrefix(msg, "unmarshal errors:\n  "))
+}
+
+// ByLine orders joined errors by their line (an *Error's; those at no line first), each
+// once: a file's problems read from its top. A single error is returned as it is.
+func ByLine(err error) error {
+	j, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return err
+	}
+	var flat []error
+	var walk func(error)
+	walk = func(e error) {
+		if j, ok := e.(interface{ Unwrap() []error }); ok {
+			for _, x := range j.Unwrap() {
+				walk(x)
+			}
+		} else if e != nil && !slices.ContainsFunc(flat, func(f error) bool { return f.Error() == e.Error() }) {
+			flat = append(flat, e)
+		}
+	}
+	walk(j.(error))
+	line := func(e error) int {
+		var fe *Error
+		if errors.As(e, &fe) {
+			return fe.Line
+		}
+		return 0
+	}
+	slices.SortStableFunc(flat, func(a, b error) int { return line(a) - line(b) })
+	return errors.Join(flat...)
 }
 
 // wrapOne reads one of the yaml package's messages ("line 4: field x not found in type T").
@@ -121,18 +191,25 @@ func wrapOne(file, msg string) error {
 //		type plain T
 //		return yamlx.DecodeMapping(n, (*plain)(x), &x.line)
 //	}
+//
+// Its errors are *yaml.TypeError (Soft): the decoding goes on, and reports every unknown
+// field and bad value of the file at once.
 func DecodeMapping(n *yaml.Node, v any, line *int) error {
 	if n.Kind != yaml.MappingNode {
-		return At(n, "want a mapping")
+		return Soft(At(n, "want a mapping"))
 	}
 	*line = n.Line
 	fields := fieldNames(v)
+	var errs []error
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		if !slices.Contains(fields, n.Content[i].Value) {
-			return At(n.Content[i], "unknown field %q", n.Content[i].Value)
+			errs = append(errs, At(n.Content[i], "unknown field %q", n.Content[i].Value))
 		}
 	}
-	return n.Decode(v)
+	if err := n.Decode(v); err != nil {
+		errs = append(errs, err)
+	}
+	return Soft(errors.Join(errs...))
 }
 
 // fieldNames lists the yaml names of the fields of the struct v points to.
@@ -160,11 +237,11 @@ func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(),
 // UnmarshalYAML reads a duration.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind != yaml.ScalarNode {
-		return At(n, "want a duration such as 10s, 1h30m or 2d")
+		return Soft(At(n, "want a duration such as 10s, 1h30m or 2d"))
 	}
 	v, err := ParseDuration(n.Value)
 	if err != nil {
-		return At(n, "bad duration %q: want a duration such as 10s, 1h30m or 2d", n.Value)
+		return Soft(At(n, "bad duration %q: want a duration such as 10s, 1h30m or 2d", n.Value))
 	}
 	*d = Duration(v)
 	return nil
@@ -199,16 +276,25 @@ func ParseDuration(s string) (time.Duration, error) {
 }
 
 // Limits is sluice.Limits read from its text form, with the line in its errors.
-type Limits struct{ sluice.Limits }
+type Limits struct {
+	sluice.Limits
+	bad bool // the text did not parse (its error is reported): no limit to check further
+}
+
+// Bad reports whether the limit's text was given and did not parse: the decoding
+// reported it, so a check of the limit's absence should not report it again.
+func (l Limits) Bad() bool { return l.bad }
 
 // UnmarshalYAML reads limits in the text form ("100/s burst=20; 4500/h").
 func (l *Limits) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind != yaml.ScalarNode {
-		return At(n, "want a limit such as '100/s burst=20'")
+		l.bad = true
+		return Soft(At(n, "want a limit such as '100/s burst=20'"))
 	}
 	v, err := sluice.Parse(n.Value)
 	if err != nil {
-		return At(n, "%v", err)
+		l.bad = true
+		return Soft(At(n, "%v", err))
 	}
 	l.Limits = v
 	return nil

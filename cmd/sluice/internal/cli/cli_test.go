@@ -63,7 +63,7 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"demo", "--mode", "lease", "--lease-renew", "0s"}, "--lease-renew"},
 		{[]string{"demo", "--mode", "lease", "--store", "etcd://"}, "etcd://HOST:PORT"},
 		{[]string{"demo", "--mode", "lease", "--store", "consul://h:1"}, "consul://"},
-		{[]string{"demo", "--mode", "lease", "--store", "zk:///path"}, "zk://HOST:PORT"},
+		{[]string{"demo", "--mode", "lease", "--store", "zk:///path"}, "zk://HOST"},
 		{[]string{"demo", "--mode", "lease", "--store", "redis-sentinel://h:1/"}, "no master name"},
 		{[]string{"demo", "--duration", "-1s"}, "--duration"},
 		{[]string{"demo", "--mode", "quantum"}, "quantum"},
