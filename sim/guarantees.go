@@ -34,8 +34,9 @@ and a user cannot walk into it silently (below, per mode).
   (Poisson at 50% and 85%, the diurnal swing), 0.95 over it; for strict and lease, a tenth
   less across a store outage or a partition (the run's tenth without the store, in which
   they fail closed).
-- **Fairness**: Jain's index at least 0.97 over each member's accepted / its max-min fair
-  share of its demand; for ` + "`strict`" + `, whose default serves waiters in turn
+- **Fairness**: Jain's index over each member's accepted / its max-min fair share of its
+  demand at least 0.97 of the ideal's (which serves members round robin: below 1 only where
+  the arrivals' noise departs from the demand's rate); for ` + "`strict`" + `, whose default serves waiters in turn
   (` + "`sluice.FairWaiters`" + `), each member's share weighed by its goroutines.
 - **Waits**: the p99 wait at most max(1 s, two renewal or sync intervals, a tenth of the
   ideal's own p99 wait) above the ideal's, but across an outage or a partition, whose waits

@@ -267,6 +267,7 @@ type MatrixCell struct {
 	// they have as many): the strict mode's default serves waiters, not members, in turn.
 	JainByWaiter   *float64 `json:"jain_by_waiter,omitempty"`
 	IdealP99WaitMs float64  `json:"ideal_p99_wait_ms"`
+	IdealJain      float64  `json:"ideal_jain"`
 	Violations     int64    `json:"violations"`
 	Ratio429       float64  `json:"ratio_429"`
 	Accepted       int64    `json:"accepted"`
@@ -356,6 +357,7 @@ func judge(s MatrixShape, sc *Scenario, rep *Report) []MatrixCell {
 		if ideal != nil {
 			c.IdealAccepted = ideal.Accepted
 			c.IdealP99WaitMs = ideal.WaitP99Ms
+			c.IdealJain = ideal.Jain
 		}
 		if mr.ServedVsIdeal != nil {
 			c.Served = *mr.ServedVsIdeal
@@ -396,8 +398,8 @@ func underLimit(demand string) bool {
 // guarantee matrix"): violations within the mode's bound; served at least 0.97 of the
 // ideal where demand is at or under the limit, 0.95 over it (less the share of the run a
 // store outage or partition took from a mode that fails closed without its store);
-// Jain's index at least 0.97 (by waiter for the strict mode's default, which serves
-// waiters in turn); extra p99 wait at most max(1 s, two renewal or sync intervals, a
+// Jain's index at least 0.97 of the ideal's (by waiter for the strict mode's default,
+// which serves waiters in turn); extra p99 wait at most max(1 s, two renewal or sync intervals, a
 // tenth of the ideal's p99 wait), except across an outage or partition, whose waits are
 // the fail mode's.
 func criteria(mode string, s MatrixShape, sc *Scenario, c MatrixCell) string {
@@ -436,8 +438,15 @@ func criteria(mode string, s MatrixShape, sc *Scenario, c MatrixCell) string {
 		// its fairness is judged by waiter; strict:processes' by member.
 		jain, unit = *c.JainByWaiter, " by waiter"
 	}
-	if jain < 0.97 {
-		return fmt.Sprintf("Jain's index%s %.3f (want 0.97)", unit, jain)
+	// The ideal serves the members round robin: max-min fair by construction. Its own index
+	// is below 1 only where the arrivals' noise departs from the demand's rate (a few
+	// requests a member over a run): a mode is judged against it there.
+	wantJain := 0.97
+	if c.IdealJain > 0 {
+		wantJain = 0.97 * min(1, c.IdealJain)
+	}
+	if jain < wantJain {
+		return fmt.Sprintf("Jain's index%s %.3f (want %.3f)", unit, jain, wantJain)
 	}
 	if !faulted {
 		// A wait the ideal has too is the queue the demand made; a mode a little slower to

@@ -90,6 +90,9 @@ func TestMatrixCriteria(t *testing.T) {
 		{"strict", under, func(c MatrixCell) MatrixCell { c.Jain, c.JainByWaiter = 0.99, ptr(0.6); return c }, true},
 		{"strict:processes", under, func(c MatrixCell) MatrixCell { c.Jain, c.JainByWaiter = 0.6, ptr(0.99); return c }, true},
 		{"lease", under, func(c MatrixCell) MatrixCell { c.Jain, c.JainByWaiter = 0.6, ptr(0.99); return c }, true},
+		// where the ideal's own index is low (arrivals' noise), a mode's is judged against it
+		{"lease", under, func(c MatrixCell) MatrixCell { c.IdealJain, c.Jain = 0.75, 0.74; return c }, false},
+		{"lease", under, func(c MatrixCell) MatrixCell { c.IdealJain, c.Jain = 0.75, 0.72; return c }, true},
 		// across a limit change, what was granted under the old limit: at most its burst
 		{"strict", change, func(c MatrixCell) MatrixCell { c.Violations = 10; return c }, false},
 		{"strict", change, func(c MatrixCell) MatrixCell { c.Violations = 11; return c }, true},
