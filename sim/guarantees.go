@@ -39,8 +39,9 @@ and a user cannot walk into it silently (below, per mode).
   the arrivals' noise departs from the demand's rate); for ` + "`strict`" + `, whose default serves waiters in turn
   (` + "`sluice.FairWaiters`" + `), each member's share weighed by its goroutines.
 - **Waits**: the p99 wait at most max(1 s, two renewal or sync intervals, a tenth of the
-  ideal's own p99 wait) above the ideal's, but across an outage or a partition, whose waits
-  are the fail mode's.
+  ideal's own p99 wait) above the ideal's, where demand is not over the limit (over it, a
+  queue grows whatever the throttle and waits say whose request goes first, which fairness
+  judges) and there is no outage or partition (whose waits are the fail mode's).
 
 `)
 	var modes, shapes []string

@@ -82,6 +82,8 @@ func TestMatrixCriteria(t *testing.T) {
 		{"strict", under, func(c MatrixCell) MatrixCell { c.Jain = 0.96; return c }, true},
 		{"strict", under, func(c MatrixCell) MatrixCell { c.ExtraP99WaitMs = 1001; return c }, true},
 		{"strict", outage, func(c MatrixCell) MatrixCell { c.ExtraP99WaitMs = 30000; return c }, false},
+		// over the limit, waits are not judged (a queue grows whatever the throttle)
+		{"lease", over, func(c MatrixCell) MatrixCell { c.ExtraP99WaitMs = 300000; return c }, false},
 		// a queue the ideal has too: a tenth of its p99 more is within bounds, not more
 		{"lease", under, func(c MatrixCell) MatrixCell { c.IdealP99WaitMs, c.ExtraP99WaitMs = 20000, 1900; return c }, false},
 		{"lease", under, func(c MatrixCell) MatrixCell { c.IdealP99WaitMs, c.ExtraP99WaitMs = 20000, 2100; return c }, true},
