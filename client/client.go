@@ -127,6 +127,11 @@ type Answer struct {
 	// Failed reports that the daemon did not answer: Allowed is the fail mode's answer,
 	// and RetryAfter how long until the client asks the daemon again (its back-off).
 	Failed bool
+	// Why says what decided where no limit did, as the daemon tells it: "no-rule" (no rule
+	// matches the tag: allowed, not limited), "unlimited", "deny" (the tag's rule), or
+	// "down" (the daemon's back end could not decide: its fail mode answered); "" for a
+	// limit's decision, and from a daemon older than this field.
+	Why string
 }
 
 // Allow asks the daemon's first question, "serve or throttle?", for tag: one permit, now,
@@ -171,7 +176,7 @@ func (c *Client) Query(ctx context.Context, tag string, n int64, maxWait time.Du
 		return Answer{}, fmt.Errorf("sluice client: %w", err)
 	}
 	return Answer{Allowed: a.Allowed, Delay: ms(max(a.DelayMs, 0)), Remaining: a.Remaining,
-		RetryAfter: ms(a.RetryMs), ResetAfter: ms(a.ResetMs)}, nil
+		RetryAfter: ms(a.RetryMs), ResetAfter: ms(a.ResetMs), Why: a.Why}, nil
 }
 
 func ms(x int64) time.Duration { return time.Duration(x) * time.Millisecond }

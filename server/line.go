@@ -144,6 +144,9 @@ func (cn *conn) serve() {
 			}
 			a := wire.Answer{Allowed: d.Allowed && err == nil, DelayMs: -1, Verbose: q.Verbose, Remaining: d.Remaining,
 				RetryMs: ceilMs(d.RetryAfter), ResetMs: ceilMs(d.ResetAfter), At: d.Slot}
+			if q.Verbose {
+				a.Why = d.why(err)
+			}
 			if q.WaitMs > 0 {
 				a.DelayMs = ceilMs(d.Delay)
 			}

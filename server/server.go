@@ -23,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/internal/limitconv"
+	"github.com/sluicehq/sluice/internal/wire"
 	"github.com/sluicehq/sluice/local"
 )
 
@@ -292,6 +293,22 @@ type Decision struct {
 	Limits sluice.Limits // that rule's limits
 	Slot   int64         // for a grant asked with a stamp: its slot in the back end's time base
 	rule   *compiled     // the rule that decided, if any
+}
+
+// why says what decided where no limit did (the line protocol's why=): no rule, an
+// unlimited or deny rule, or a back end that could not decide (err); "" for a limit.
+func (d Decision) why(err error) string {
+	switch {
+	case d.rule == nil:
+		return wire.WhyNoRule
+	case d.rule.Unlimited:
+		return wire.WhyUnlimited
+	case d.rule.Deny:
+		return wire.WhyDeny
+	case err != nil:
+		return wire.WhyDown
+	}
+	return ""
 }
 
 // Decide decides n permits for tag (n = 0 is a query of the state), now or, with maxWait

@@ -189,7 +189,18 @@ type Answer struct {
 	ResetMs   int64
 	// At: the decision's slot in the back end's time base (T); -1: none.
 	At int64
+	// Why (verbose answers only) says what decided where no limit did: WhyNoRule,
+	// WhyUnlimited, WhyDeny, WhyDown; "" for a limit's decision.
+	Why string
 }
+
+// The reasons a verbose answer may carry (why=...), where no limit decided.
+const (
+	WhyNoRule    = "no-rule"   // no rule matches the tag: allowed, not limited
+	WhyUnlimited = "unlimited" // its rule is unlimited: allowed
+	WhyDeny      = "deny"      // its rule denies every request
+	WhyDown      = "down"      // the back end could not decide: the fail mode answered
+)
 
 // AppendAnswer writes a's line, '\n' included.
 func AppendAnswer(dst []byte, a Answer) []byte {
@@ -211,6 +222,10 @@ func AppendAnswer(dst []byte, a Answer) []byte {
 		dst = strconv.AppendInt(dst, a.Remaining, 10)
 		dst = append(dst, " t="...)
 		dst = strconv.AppendInt(dst, a.ResetMs, 10)
+		if a.Why != "" {
+			dst = append(dst, " why="...)
+			dst = append(dst, a.Why...)
+		}
 	}
 	if a.At >= 0 && a.Allowed {
 		dst = append(dst, " at="...)
@@ -247,6 +262,10 @@ func ParseAnswer(b []byte) (Answer, error) {
 	for _, f := range bytes.Fields(b[2:]) {
 		k, v, ok := bytes.Cut(f, []byte("="))
 		if !ok {
+			continue
+		}
+		if string(k) == "why" {
+			a.Why = string(v)
 			continue
 		}
 		x, err := strconv.ParseInt(string(v), 10, 64)

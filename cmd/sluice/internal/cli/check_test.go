@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -9,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice/internal/testkit/proctest"
+	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/server"
 )
 
@@ -193,5 +195,59 @@ func TestServeRefusesRuleItsBackendCannotDecide(t *testing.T) {
 		"--listen-http", "127.0.0.1:0", "--limit", "gh=5000/h window")
 	if code != ExitUsage || !strings.Contains(errs, `rule "gh"`) || !strings.Contains(errs, "windowed quota") {
 		t.Fatalf("exit %d, err %q; want %d and the rule refused", code, errs, ExitUsage)
+	}
+}
+
+// TestCheckSaysWhatDecided: sluice check keeps its contract (0 allowed, 1 throttled, 2 bad
+// usage, 3 no answer) on the answers that are not a limit's: an empty tag and a negative
+// --n are bad usage; a cost above the burst is an answer (1, with the reason); an
+// unmatched tag, a deny rule and an unlimited one say what they mean; a back end that is
+// down says so and exits 3.
+func TestCheckSaysWhatDecided(t *testing.T) {
+	start := func(yml string) string {
+		cfg, err := server.ParseConfig("c.yaml", []byte(yml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts := []server.Option{server.WithLogger(slog.New(slog.DiscardHandler))}
+		if cfg.Backend == "strict" {
+			b, err := serveBackend(cfg, clock.Default)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { b.Close() })
+			opts = append(opts, server.WithBackend(b))
+		}
+		srv, err := server.New(cfg, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := srv.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { srv.Shutdown(context.Background()) })
+		return srv.LineAddr().String()
+	}
+	const rules = "listen_line: 127.0.0.1:0\nlisten_http: ''\nrules:\n  - {match: api, limit: 10/s}\n  - {match: bad, deny: true}\n  - {match: free, unlimited: true}\n"
+	addr := start(rules)
+	down := start("backend: strict\nstore: redis://" + proctest.FreeAddr(t) + "\n" + rules)
+	for i, c := range []struct {
+		args []string
+		code int
+		out  string
+	}{
+		{[]string{"check", "", "--addr", addr}, ExitUsage, "want a non-empty"},
+		{[]string{"check", "api", "--n", "-1", "--addr", addr}, ExitUsage, "want 0 to"},
+		{[]string{"check", "api", "--n", "1000", "--addr", addr}, ExitDenied, "NO cost exceeds the burst"},
+		{[]string{"check", "api", "--addr", addr}, ExitOK, "OK remaining=9"},
+		{[]string{"check", "other", "--addr", addr}, ExitOK, "no rule matches this tag"},
+		{[]string{"check", "bad", "--addr", addr}, ExitDenied, "its rule denies every request"},
+		{[]string{"check", "free", "--addr", addr}, ExitOK, "its rule is unlimited"},
+		{[]string{"check", "api", "--addr", down}, ExitUnreachable, "back end is down"},
+	} {
+		code, out, errs := run(t, c.args...)
+		if code != c.code || !strings.Contains(out+errs, c.out) {
+			t.Errorf("case %d %v: exit %d, out %q err %q; want %d and %q", i, c.args, code, out, errs, c.code, c.out)
+		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gossip"
+	"github.com/sluicehq/sluice/internal/wire"
 	"github.com/sluicehq/sluice/internal/yamlx"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/server"
@@ -468,17 +469,48 @@ func runCheck(ctx context.Context, env Env, args []string) error {
 		return usagef("want one tag, got %d: %q", len(rest), strings.Join(rest, " "))
 	}
 	tag := rest[0]
+	switch {
+	case !wire.ValidTag(tag):
+		return usagef("tag %q: want a non-empty UTF-8 tag without control characters", tag)
+	case *n < 0 || *n > wire.MaxN:
+		return usagef("--n %d: want 0 to %d permits", *n, int64(wire.MaxN))
+	}
 	c := client.New(*addr, client.WithTimeout(2*time.Second), client.WithConns(1))
 	defer c.Close()
+	say := func(format string, a ...any) {
+		if !*quiet {
+			fmt.Fprintf(env.Stdout, format, a...)
+		}
+	}
 	a, err := c.Query(ctx, tag, *n, 0)
-	if err != nil {
+	var refused *wire.RefusedError
+	switch {
+	case errors.As(err, &refused):
+		// The daemon answered: the query can never be granted (a cost above the burst).
+		say("NO %s\n", refused.Reason)
+		return exitError{code: ExitDenied}
+	case err != nil:
 		return exitError{code: ExitUnreachable, msg: fmt.Sprintf("check %q at %s: %v", tag, *addr, err)}
 	}
-	if !*quiet {
+	switch a.Why {
+	case wire.WhyNoRule:
+		say("OK no rule matches this tag: it is not limited\n")
+	case wire.WhyUnlimited:
+		say("OK its rule is unlimited\n")
+	case wire.WhyDeny:
+		say("NO its rule denies every request\n")
+	case wire.WhyDown:
+		verdict := "NO"
 		if a.Allowed {
-			fmt.Fprintf(env.Stdout, "OK remaining=%d reset_after=%v\n", a.Remaining, a.ResetAfter)
+			verdict = "OK"
+		}
+		say("%s the daemon's back end is down: its fail mode answered (ask again in %v)\n", verdict, a.RetryAfter)
+		return exitError{code: ExitUnreachable}
+	default:
+		if a.Allowed {
+			say("OK remaining=%d reset_after=%v\n", a.Remaining, a.ResetAfter)
 		} else {
-			fmt.Fprintf(env.Stdout, "NO retry_after=%v remaining=%d reset_after=%v\n", a.RetryAfter, a.Remaining, a.ResetAfter)
+			say("NO retry_after=%v remaining=%d reset_after=%v\n", a.RetryAfter, a.Remaining, a.ResetAfter)
 		}
 	}
 	if !a.Allowed {
