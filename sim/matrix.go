@@ -37,6 +37,10 @@ type Matrix struct {
 type MatrixLimit struct {
 	Limit    string   `yaml:"limit"`
 	Duration Duration `yaml:"duration"`
+	// Goroutines multiplies each member's goroutines on this limit (default 1): a
+	// goroutine waits 10 to 30 ms for each answer, so a pool of a few needs more of them
+	// to use a limit of thousands a second at all, whatever the throttle.
+	Goroutines int `yaml:"goroutines"`
 }
 
 // MatrixGroup is a group of identical members of a pool.
@@ -188,7 +192,7 @@ func (m *Matrix) ScenarioYAML(s MatrixShape) (string, error) {
 	y.WriteString("\nmembers:\n")
 	for _, g := range groups {
 		part := g.Weight / total // of the pool's demand, per member
-		fmt.Fprintf(&y, "  - {name: %s, count: %d, goroutines: %d, demand: %s}\n", g.Name, g.Count, max(g.Goroutines, 1), demandOf(s.Demand, rate*part, (burst+rate*dur.Seconds())*part, dur))
+		fmt.Fprintf(&y, "  - {name: %s, count: %d, goroutines: %d, demand: %s}\n", g.Name, g.Count, max(g.Goroutines, 1)*max(ml.Goroutines, 1), demandOf(s.Demand, rate*part, (burst+rate*dur.Seconds())*part, dur))
 	}
 	if ev := eventOf(s.Event, groups[0].Name, ls, dur); ev != "" {
 		y.WriteString("events:\n" + ev)

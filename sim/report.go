@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"encoding/csv"
 	"encoding/json"
@@ -251,7 +252,15 @@ func (e *engine) report() ModeReport {
 		}
 	}
 	burst, rate0 := measure.Capacity(e.sc.Limit.Limits, 0)
-	fair := measure.FairShares(rate0, len(e.members), spans)
+	steps := []measure.Step{{At: 0, Capacity: rate0}} // the limit's rate over the run
+	for _, ev := range e.sc.Events {
+		if ev.Limit != nil {
+			_, r := measure.Capacity(ev.Limit.Limits, 0)
+			steps = append(steps, measure.Step{At: ev.At.D().Seconds(), Capacity: r})
+		}
+	}
+	slices.SortStableFunc(steps, func(a, b measure.Step) int { return cmp.Compare(a.At, b.At) })
+	fair := measure.FairSharesOver(steps, len(e.members), spans, nil)
 	measure.ShareBurst(fair, spans, burst, 0)
 	if limitconv.Windowed(e.limits) || limitconv.RampOver(e.limits) > 0 {
 		// The fair shares are of a constant rate; a ramp's or a window's pool admits what
@@ -283,7 +292,7 @@ func (e *engine) report() ModeReport {
 		unequal = unequal || weights[i] != weights[0]
 	}
 	if unequal {
-		fairW := measure.FairSharesWeighted(rate0, len(e.members), spans, weights)
+		fairW := measure.FairSharesOver(steps, len(e.members), spans, weights)
 		measure.ShareBurst(fairW, spans, burst, 0)
 		j := round(measure.JainOfShares(granted, fairW))
 		r.JainByWaiter = &j

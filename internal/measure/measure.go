@@ -83,16 +83,41 @@ func FairShares(capacity float64, members int, spans []Span) []float64 {
 // FairSharesWeighted is FairShares with each member's share of what is left weighed by
 // weights[member] (MaxMinWeighted; nil: equal).
 func FairSharesWeighted(capacity float64, members int, spans []Span, weights []float64) []float64 {
+	return FairSharesOver([]Step{{0, capacity}}, members, spans, weights)
+}
+
+// Step is a capacity (permits per second) from time At (seconds) on.
+type Step struct {
+	At       float64
+	Capacity float64
+}
+
+// FairSharesOver is FairSharesWeighted under a capacity that changes: steps, in time
+// order, each from its At until the next's (the first holds before its At too): a limit
+// changed during the run shares what it allows then, not what it allowed at the start.
+func FairSharesOver(steps []Step, members int, spans []Span, weights []float64) []float64 {
 	type edge struct {
 		t      float64
 		member int
 		delta  float64
 	}
-	edges := make([]edge, 0, 2*len(spans))
+	edges := make([]edge, 0, 2*len(spans)+len(steps))
 	for _, s := range spans {
 		if s.End > s.Start && s.Demand > 0 {
 			edges = append(edges, edge{s.Start, s.Member, s.Demand}, edge{s.End, s.Member, -s.Demand})
 		}
+	}
+	for _, st := range steps[1:] {
+		edges = append(edges, edge{st.At, -1, 0}) // a boundary: the capacity changes
+	}
+	capacityAt := func(t float64) float64 {
+		c := steps[0].Capacity
+		for _, st := range steps[1:] {
+			if st.At <= t {
+				c = st.Capacity
+			}
+		}
+		return c
 	}
 	slices.SortStableFunc(edges, func(a, b edge) int {
 		switch {
@@ -112,6 +137,7 @@ func FairSharesWeighted(capacity float64, members int, spans []Span, weights []f
 		for ; k < len(edges) && edges[k].t == t; k++ {
 			e := edges[k]
 			switch {
+			case e.member < 0:
 			case math.IsInf(e.delta, 1):
 				inf[e.member]++
 			case math.IsInf(e.delta, -1):
@@ -130,7 +156,7 @@ func FairSharesWeighted(capacity float64, members int, spans []Span, weights []f
 				cur[i] = math.Inf(1)
 			}
 		}
-		for i, v := range MaxMinWeighted(capacity, cur, weights) {
+		for i, v := range MaxMinWeighted(capacityAt(t), cur, weights) {
 			shares[i] += v * (next - t)
 		}
 	}

@@ -124,3 +124,19 @@ func TestMaxMinWeighted(t *testing.T) {
 		}
 	}
 }
+
+// TestFairSharesOverALimitChange: 10/s for 10 s, then 5/s for 10 s; two members always
+// busy: each gets 50 + 25, not 100 as a constant 10/s would give.
+func TestFairSharesOverALimitChange(t *testing.T) {
+	inf := math.Inf(1)
+	fair := FairSharesOver([]Step{{0, 10}, {10, 5}}, 2, []Span{{0, 0, 20, inf}, {1, 0, 20, inf}}, nil)
+	if !near(fair[0], 75) || !near(fair[1], 75) {
+		t.Fatalf("fair shares %v, want [75 75]", fair)
+	}
+	// One member asking 4/s throughout: all of it before (6 left for the other), an equal
+	// split of 5 after (4 is more than 2.5).
+	fair = FairSharesOver([]Step{{0, 10}, {10, 5}}, 2, []Span{{0, 0, 20, inf}, {1, 0, 20, 4}}, nil)
+	if !near(fair[0], 60+25) || !near(fair[1], 40+25) {
+		t.Fatalf("fair shares %v, want [85 65]", fair)
+	}
+}
