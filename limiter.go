@@ -42,7 +42,9 @@ type Limiter struct {
 	penMu     sync.Mutex   // one such sweep at a time
 	maxPen    int64        // most entries in penalties (WithMaxKeys)
 
-	fairness Fairness
+	fairness    Fairness
+	fairnessSet bool         // by WithFairness; else the backend's default (New)
+	placeRTT    atomic.Int64 // a place's round trip to the backend, smoothed, in ns (placesFor)
 	roomsMu  sync.Mutex
 	rooms    map[string]*room // the keys waited on, each with its waiters and places
 	waitSeq  atomic.Uint64
@@ -124,6 +126,9 @@ func New(limits Limits, opts ...Option) (*Limiter, error) {
 	if l.be == nil {
 		l.be = local.New(append([]local.Option{local.WithClock(l.clock)}, l.localOpt...)...)
 		l.ownsBE = true
+	}
+	if !l.fairnessSet && backend.CapabilitiesOf(l.be).SharedLine {
+		l.fairness = FairProcesses // processes share the key's line: share it by process
 	}
 	if err := l.supports(limits); err != nil {
 		if l.ownsBE {

@@ -73,21 +73,30 @@ func WithFailMode(m backend.FailMode) Option {
 type Fairness int
 
 const (
-	// FairWaiters (the default): each waiter holds its own place in the key's line, in the
-	// backend, so that waiters are served in the order they came, across every process
-	// that shares the backend. Waiters of one limiter that carry a member (WithMember) are
-	// served by member instead: fairly between members, whatever each one's number of
-	// waiters, and a member whose waits end before its turn is owed it for its next.
+	// FairWaiters (the default of a backend in the process: local, lease, gossip): each
+	// waiter holds its own place in the key's line, in the backend, so that waiters are
+	// served in the order they came, across every process that shares the backend.
+	// Waiters of one limiter that carry a member (WithMember) are served by member
+	// instead: fairly between members, whatever each one's number of waiters, and a
+	// member whose waits end before its turn is owed it for its next.
 	FairWaiters Fairness = iota
-	// FairProcesses: the limiter holds one place in the key's line at a time, whatever
-	// its number of waiters, and serves its own waiters from it in turn (by member, then
-	// in arrival order). Processes sharing a key through the strict mode then get equal
-	// parts of it, round robin, however many goroutines each one has.
+	// FairProcesses (the default of a backend whose line every process shares: the
+	// strict mode, a daemon; backend.Capabilities.SharedLine): the limiter holds a few
+	// places in the key's line at a time, whatever its number of waiters, and serves its
+	// own waiters from them in turn (by member, then in arrival order). Processes sharing
+	// a key then get equal parts of it, round robin, however many goroutines each one has.
+	// It holds one place where a permit's interval is longer than two of its round trips
+	// to the line (a tight limit: exact turns), and as many as the permits two round
+	// trips last otherwise (a fast limit: one process is not held to a permit a round
+	// trip), at most 64.
 	FairProcesses
 )
 
-// WithFairness sets how the limiter shares a key among its waiters (default FairWaiters).
-func WithFairness(f Fairness) Option { return optionFunc(func(l *Limiter) { l.fairness = f }) }
+// WithFairness sets how the limiter shares a key among its waiters (default: FairProcesses
+// where the backend's line is shared by every process, FairWaiters otherwise).
+func WithFairness(f Fairness) Option {
+	return optionFunc(func(l *Limiter) { l.fairness, l.fairnessSet = f, true })
+}
 
 // WithRampStart makes the ramps of the limits given to New start at t instead of when
 // New is called: a process that replaces a limiter (a daemon reloading its rules) keeps

@@ -226,7 +226,14 @@ func (l *Limiter) waitTurn(ctx context.Context, key string, bound, maxWait time.
 // not take a place in line and left the room (see takePlace), w is done with r and err.
 // Otherwise it goes on to sleep.
 func (l *Limiter) turn(ctx context.Context, w *waiter, first bool) (r *Reservation, done bool, err error) {
+	places := 0
+	if l.fairness == FairProcesses {
+		places = l.placesFor()
+	}
 	w.rm.mu.Lock()
+	if places > 0 {
+		w.rm.q.SetPlaces(places)
+	}
 	act, wait := w.rm.q.Turn(w.id, first, w.start, int64(w.bound))
 	if act == fairq.Refuse {
 		delete(w.rm.chans, w.id)
@@ -257,7 +264,11 @@ func (l *Limiter) turn(ctx context.Context, w *waiter, first bool) (r *Reservati
 // backend as Wait does on the waiter's first turn. gone reports that no place was had and
 // the waiter, not served meanwhile, left the room: its wait ends with r and err.
 func (l *Limiter) takePlace(ctx context.Context, w *waiter, rbound time.Duration, first bool) (r *Reservation, gone bool, err error) {
+	sent := l.clock.Nanotime()
 	r, err = l.reserveFor(ctx, w.rm.key, rbound, first)
+	if err == nil {
+		l.notePlaceRTT(l.clock.Nanotime() - sent)
+	}
 	ok := err == nil && r.Allowed
 	w.rm.mu.Lock()
 	gone = w.rm.q.Took(w.id, r, r.due(), ok)
@@ -451,4 +462,46 @@ func (l *Limiter) waiting(key string) int {
 	rm.mu.Lock()
 	defer rm.mu.Unlock()
 	return rm.q.Waiting()
+}
+
+// maxPlaces is the most places a FairProcesses limiter holds in a key's line at once.
+const maxPlaces = 64
+
+// placesFor is how many places a FairProcesses room holds in a key's line: the permits two
+// round trips to the line last at the tightest limit's rate (so that one process's
+// waiters are not held to one permit a round trip), at least one (a limit whose interval
+// is longer: the processes take exact turns), at most maxPlaces.
+func (l *Limiter) placesFor() int {
+	sh := l.shape.Load()
+	rtt := l.placeRTT.Load()
+	if sh == nil || rtt <= 0 {
+		return 1
+	}
+	core := sh.core
+	if sh.rampEnd != 0 {
+		core = sh.coreAt(l.clock.Nanotime())
+	}
+	var t int64 // the longest interval: the tightest rate
+	for _, c := range core {
+		t = max(t, c.T)
+	}
+	if t <= 0 {
+		return 1
+	}
+	return int(min(maxPlaces, max(1, (2*rtt+t-1)/t)))
+}
+
+// notePlaceRTT folds a place's round trip (d ns) into the smoothed one (an eighth of the
+// news at a time, as TCP's smoothed round trip).
+func (l *Limiter) notePlaceRTT(d int64) {
+	for {
+		old := l.placeRTT.Load()
+		nu := d
+		if old > 0 {
+			nu = old + (d-old)/8
+		}
+		if l.placeRTT.CompareAndSwap(old, nu) {
+			return
+		}
+	}
 }

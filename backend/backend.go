@@ -90,6 +90,12 @@ type Capabilities struct {
 	// WindowsAlone: the backend decides a key's windowed quotas only when all the key's
 	// limits are windows; a limiter refuses it limits that mix windows and rates.
 	WindowsAlone bool
+	// SharedLine: the backend decides each permit in one line per key that every process
+	// shares (a store, or a daemon): where several processes wait on a key, a limiter then
+	// shares it between processes by default, each holding a few places in the line
+	// whatever its number of waiters (sluice.FairProcesses), rather than one place per
+	// waiter, which gives a process of many goroutines most of the key.
+	SharedLine bool
 }
 
 // Capable is an optional interface of back ends that decide more than plain GCRA limits.

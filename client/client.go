@@ -447,6 +447,12 @@ func (c *Client) Backend() backend.Backend { return clientBackend{c} }
 
 type clientBackend struct{ c *Client }
 
+// Capabilities reports that every process asking the daemon shares each key's line there
+// (backend.Capable).
+func (clientBackend) Capabilities() backend.Capabilities {
+	return backend.Capabilities{SharedLine: true}
+}
+
 func (b clientBackend) Decide(ctx context.Context, key string, req backend.Request) (backend.Grant, error) {
 	a, err := b.c.Query(ctx, key, req.N, req.MaxDelay)
 	if err != nil && !a.Failed {

@@ -39,15 +39,16 @@ func parseAdaptive(name string) (adaptive.Strategy, bool, error) {
 }
 
 // FormerModeName reports whether name is a mode's former name, still read for one
-// release, and the mode's name now: redis is strict, redis:processes is strict:processes,
+// release, and the mode's name now: redis is strict, redis:processes and strict:processes
+// are strict (which shares the store's line by process, as the library does by default),
 // adaptive:seed is adaptive:heroku. A program that reads
 // mode names from its user should tell them the name now.
 func FormerModeName(name string) (string, bool) {
 	switch name {
 	case "redis":
 		return "strict", true
-	case "redis:processes":
-		return "strict:processes", true
+	case "redis:processes", "strict:processes":
+		return "strict", true
 	}
 	rest, ok := strings.CutPrefix(name, adaptivePrefix+":")
 	if !ok {

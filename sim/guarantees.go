@@ -36,8 +36,7 @@ and a user cannot walk into it silently (below, per mode).
   they fail closed).
 - **Fairness**: Jain's index over each member's accepted / its max-min fair share of its
   demand at least 0.97 of the ideal's (which serves members round robin: below 1 only where
-  the arrivals' noise departs from the demand's rate); for ` + "`strict`" + `, whose default serves waiters in turn
-  (` + "`sluice.FairWaiters`" + `), each member's share weighed by its goroutines.
+  the arrivals' noise departs from the demand's rate).
 - **Waits**: the p99 wait at most max(1 s, two renewal or sync intervals, a tenth of the
   ideal's own p99 wait) above the ideal's, where demand is not over the limit (over it, a
   queue grows whatever the throttle and waits say whose request goes first, which fairness
@@ -84,11 +83,7 @@ and a user cannot walk into it silently (below, per mode).
 			}
 			figures++
 			worst.served = min(worst.served, c.Served)
-			j := c.Jain
-			if mode == "strict" && c.JainByWaiter != nil {
-				j = *c.JainByWaiter
-			}
-			worst.jain = min(worst.jain, j)
+			worst.jain = min(worst.jain, c.Jain)
 			worst.extra = max(worst.extra, c.ExtraP99WaitMs)
 		}
 		fmt.Fprintf(&b, "\n### %s\n\n%s\n\n", mode, modeClaim(mode))
@@ -160,11 +155,9 @@ func modeClaim(mode string) string {
 			"`sluice serve --backend local` says so when it starts, naming strict, lease and gossip for a pool."
 	case "strict":
 		return "Every permit decided in a store on the store's clock (Redis by a script; etcd and ZooKeeper by compare-and-set): " +
-			"no violation with any pool, limit or demand, fair by waiter (`sluice.FairWaiters`, its default: waiters are served in " +
-			"the order they came, across processes); it fails closed while its store is unreachable."
-	case "strict:processes":
-		return "The strict mode with `sluice.WithFairness(sluice.FairProcesses)`: each process holds one place in the key's line, " +
-			"so processes share the limit equally (max-min) whatever their goroutines."
+			"no violation with any pool, limit or demand, fair between processes whatever their goroutines (`sluice.FairProcesses`, " +
+			"its default: each process holds a few places in the key's line at a time); it fails closed while its store is unreachable. " +
+			"`sluice.WithFairness(sluice.FairWaiters)` serves waiters in arrival order instead (`--modes strict:waiters`)."
 	case "lease":
 		return "Decisions in process on shares leased from a store: no violation, the shares follow the members' demands " +
 			"(max-min fair), and what the shares leave free is borrowed at once; it fails closed past its lease's grace " +

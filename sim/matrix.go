@@ -267,9 +267,6 @@ type MatrixCell struct {
 	ExtraP50WaitMs float64 `json:"extra_p50_wait_ms"`
 	ExtraP99WaitMs float64 `json:"extra_p99_wait_ms"`
 	Jain           float64 `json:"jain"`
-	// JainByWaiter is Jain's index with members weighed by their goroutines (absent where
-	// they have as many): the strict mode's default serves waiters, not members, in turn.
-	JainByWaiter   *float64 `json:"jain_by_waiter,omitempty"`
 	IdealP99WaitMs float64  `json:"ideal_p99_wait_ms"`
 	IdealJain      float64  `json:"ideal_jain"`
 	Violations     int64    `json:"violations"`
@@ -295,10 +292,7 @@ type MatrixReport struct {
 }
 
 // MatrixModes are the modes a matrix judges by default.
-// strict:processes beside strict: the strict mode fair by process (sluice.FairProcesses).
-func MatrixModes() []string {
-	return []string{"local", "strict", "strict:processes", "lease", "gossip", "adaptive"}
-}
+func MatrixModes() []string { return []string{"local", "strict", "lease", "gossip", "adaptive"} }
 
 // RunMatrix runs shapes under modes (and the ideal beside them), judging each cell.
 // progress, if set, is told each shape as it starts. A cancelled ctx ends the run with
@@ -356,7 +350,7 @@ func judge(s MatrixShape, sc *Scenario, rep *Report) []MatrixCell {
 		if mr.Mode == "ideal" {
 			continue
 		}
-		c := MatrixCell{Mode: mr.Mode, Shape: s.Name(), Jain: mr.Jain, JainByWaiter: mr.JainByWaiter, Violations: mr.Violations,
+		c := MatrixCell{Mode: mr.Mode, Shape: s.Name(), Jain: mr.Jain, Violations: mr.Violations,
 			Ratio429: mr.Ratio429, Accepted: mr.Accepted, Partial: mr.Partial, InEnvelope: true}
 		if ideal != nil {
 			c.IdealAccepted = ideal.Accepted
@@ -402,8 +396,7 @@ func underLimit(demand string) bool {
 // guarantee matrix"): violations within the mode's bound; served at least 0.97 of the
 // ideal where demand is at or under the limit, 0.95 over it (less the share of the run a
 // store outage or partition took from a mode that fails closed without its store);
-// Jain's index at least 0.97 of the ideal's (by waiter for the strict mode's default,
-// which serves waiters in turn); extra p99 wait at most max(1 s, two renewal or sync intervals, a
+// Jain's index at least 0.97 of the ideal's; extra p99 wait at most max(1 s, two renewal or sync intervals, a
 // tenth of the ideal's p99 wait) where demand is not over the limit (a backlog, Poisson
 // at 120%: a queue grows whatever the throttle) and there is no outage or partition
 // (whose waits are the fail mode's).
@@ -437,12 +430,7 @@ func criteria(mode string, s MatrixShape, sc *Scenario, c MatrixCell) string {
 	if c.Served < want {
 		return fmt.Sprintf("served %.3f of the ideal (want %.2f)", c.Served, want)
 	}
-	jain, unit := c.Jain, ""
-	if mode == "strict" && c.JainByWaiter != nil {
-		// The strict mode's default (sluice.FairWaiters) serves each waiter in turn:
-		// its fairness is judged by waiter; strict:processes' by member.
-		jain, unit = *c.JainByWaiter, " by waiter"
-	}
+	jain := c.Jain
 	// The ideal serves the members round robin: max-min fair by construction. Its own index
 	// is below 1 only where the arrivals' noise departs from the demand's rate (a few
 	// requests a member over a run): a mode is judged against it there.
@@ -451,7 +439,7 @@ func criteria(mode string, s MatrixShape, sc *Scenario, c MatrixCell) string {
 		wantJain = 0.97 * min(1, c.IdealJain)
 	}
 	if jain < wantJain {
-		return fmt.Sprintf("Jain's index%s %.3f (want %.3f)", unit, jain, wantJain)
+		return fmt.Sprintf("Jain's index %.3f (want %.3f)", jain, wantJain)
 	}
 	// Over the limit (a backlog, Poisson at 120%) a queue grows whatever the throttle, up
 	// to the longest wait: waits then say whose request is served first, which fairness

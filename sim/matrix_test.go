@@ -63,7 +63,6 @@ func TestMatrixCriteria(t *testing.T) {
 	change := under
 	change.Event = "limit-change"
 	good := MatrixCell{Served: 1, Jain: 1}
-	ptr := func(f float64) *float64 { return &f }
 	for i, c := range []struct {
 		mode  string
 		shape MatrixShape
@@ -87,11 +86,6 @@ func TestMatrixCriteria(t *testing.T) {
 		// a queue the ideal has too: a tenth of its p99 more is within bounds, not more
 		{"lease", under, func(c MatrixCell) MatrixCell { c.IdealP99WaitMs, c.ExtraP99WaitMs = 20000, 1900; return c }, false},
 		{"lease", under, func(c MatrixCell) MatrixCell { c.IdealP99WaitMs, c.ExtraP99WaitMs = 20000, 2100; return c }, true},
-		// the strict mode's default is judged by waiter, strict:processes and lease by member
-		{"strict", under, func(c MatrixCell) MatrixCell { c.Jain, c.JainByWaiter = 0.6, ptr(0.99); return c }, false},
-		{"strict", under, func(c MatrixCell) MatrixCell { c.Jain, c.JainByWaiter = 0.99, ptr(0.6); return c }, true},
-		{"strict:processes", under, func(c MatrixCell) MatrixCell { c.Jain, c.JainByWaiter = 0.6, ptr(0.99); return c }, true},
-		{"lease", under, func(c MatrixCell) MatrixCell { c.Jain, c.JainByWaiter = 0.6, ptr(0.99); return c }, true},
 		// where the ideal's own index is low (arrivals' noise), a mode's is judged against it
 		{"lease", under, func(c MatrixCell) MatrixCell { c.IdealJain, c.Jain = 0.75, 0.74; return c }, false},
 		{"lease", under, func(c MatrixCell) MatrixCell { c.IdealJain, c.Jain = 0.75, 0.72; return c }, true},

@@ -52,11 +52,13 @@ type leaseReporter interface {
 // (adaptive takes a strategy: adaptive:heroku, adaptive:cubic, adaptive:sre; plain
 // adaptive is the default, sluice. adaptive:seed, adaptive:heroku's former name, still
 // reads for one release: see FormerModeName.)
-// (strict:processes is the strict mode with sluice.FairProcesses: each member holds one place
-// in the store's line at a time.)
+// (strict is the strict mode as the library defaults it, sluice.FairProcesses: each member
+// holds a few places in the store's line at a time, whatever its goroutines; strict:waiters
+// is sluice.FairWaiters: each goroutine its own place. strict:processes, strict's former
+// name for the first, still reads for one release: see FormerModeName.)
 // (ideal is the reference no real system can beat, the others' yardstick: see idealMode.)
 func ModeNames() []string {
-	return []string{"local", "strict", "strict:processes", "lease", "gossip", "adaptive", "ideal"}
+	return []string{"local", "strict", "strict:waiters", "lease", "gossip", "adaptive", "ideal"}
 }
 
 // CheckMode returns an error naming the known modes when name is not one of them.
@@ -84,9 +86,9 @@ func newMode(name string, sc *Scenario) mode {
 	case "local":
 		return localMode{}
 	case "strict":
-		return centralMode{}
-	case "strict:processes":
 		return centralMode{lines: map[int32]*procLine{}}
+	case "strict:waiters":
+		return centralMode{}
 	case "lease":
 		return newLeaseMode(sc)
 	case "gossip":
@@ -153,20 +155,37 @@ func (localMode) penalize(e *engine, mi int32, until int64) {
 func (localMode) left(*engine, int32, bool) {}
 
 // centralMode is the strict mode: every decision is made at the simulated store, one round
-// trip away, with its time-outs and fail modes. With lines (strict:processes, the library's
-// sluice.FairProcesses), each member asks the store for one permit at a time, for one
-// goroutine, and its other goroutines wait in the member's line (arrival order) until that
-// permit is due or denied: the members share the store's line round robin, whatever their
-// goroutines.
+// trip away, with its time-outs and fail modes. With lines (strict, the library's default
+// sluice.FairProcesses), each member holds at most a few places in the store's line (as
+// the library's placesFor counts them: the permits two of its round trips last, at least
+// one), each for one goroutine, and its other goroutines wait in the member's line
+// (arrival order) until a place's permit is due or denied: the members share the store's
+// line by turns, whatever their goroutines. Without (strict:waiters, sluice.FairWaiters),
+// each goroutine asks on its own.
 type centralMode struct {
 	lines map[int32]*procLine // by member; nil: each goroutine asks on its own
 }
 
 // procLine is a member's own line under strict:processes.
 type procLine struct {
-	inc    uint32 // the member's incarnation it belongs to
-	busy   bool   // a goroutine holds the member's place (asked, or waits for its permit)
-	parked []parkedG
+	inc    uint32  // the member's incarnation it belongs to
+	held   int     // places the member's goroutines hold (asked, or wait for their permits)
+	rtt    int64   // the member's round trip to the store, smoothed (as the library's)
+	sent   []int64 // when each goroutine last asked the store
+	parked fifo[parkedG]
+}
+
+// places is how many places the member may hold: as sluice's placesFor, the permits two
+// round trips last at the tightest limit's rate, at least one, at most 64.
+func (ln *procLine) places(e *engine) int {
+	var t int64
+	for _, c := range e.core {
+		t = max(t, c.T)
+	}
+	if ln.rtt <= 0 || t <= 0 {
+		return 1
+	}
+	return int(min(64, max(1, (2*ln.rtt+t-1)/t)))
 }
 
 type parkedG struct {
@@ -176,9 +195,9 @@ type parkedG struct {
 
 func (c centralMode) name() string {
 	if c.lines != nil {
-		return "strict:processes"
+		return "strict"
 	}
-	return "strict"
+	return "strict:waiters"
 }
 
 // line returns member mi's line, new for each incarnation.
@@ -199,14 +218,13 @@ func (c centralMode) release(e *engine, mi int32) {
 		return
 	}
 	ln := c.line(e, mi)
-	ln.busy = false
+	ln.held = max(ln.held-1, 0)
 	m := e.members[mi]
-	for len(ln.parked) > 0 {
-		p := ln.parked[0]
-		ln.parked = ln.parked[1:]
+	for ln.parked.len() > 0 && ln.held < ln.places(e) {
+		p := *ln.parked.front()
+		ln.parked.pop()
 		if m.present && m.ops[p.g] == p.op {
 			c.acquire(e, mi, p.g)
-			return
 		}
 	}
 }
@@ -221,11 +239,15 @@ func (c centralMode) acquire(e *engine, mi, g int32) {
 	m := e.members[mi]
 	if c.lines != nil {
 		ln := c.line(e, mi)
-		if ln.busy {
-			ln.parked = append(ln.parked, parkedG{g, m.ops[g]})
+		if ln.held >= ln.places(e) {
+			ln.parked.push(parkedG{g, m.ops[g]})
 			return
 		}
-		ln.busy = true
+		ln.held++
+		if len(ln.sent) < len(m.gs) {
+			ln.sent = make([]int64, len(m.gs))
+		}
+		ln.sent[g] = e.now
 	}
 	ev := event{kind: evStoreReq, m: mi, g: g, op: m.ops[g]}
 	if owed, any := m.debt.Owed(e.now, len(e.core)); any {
@@ -297,6 +319,15 @@ func (c centralMode) handle(e *engine, ev *event) {
 		m := e.members[ev.m]
 		if ev.charged {
 			m.debt = gcra.Debt{} // the store has it now
+		}
+		if c.lines != nil {
+			if ln := c.line(e, ev.m); int(ev.g) < len(ln.sent) {
+				d := e.now - ln.sent[ev.g]
+				if ln.rtt > 0 {
+					d = ln.rtt + (d-ln.rtt)/8
+				}
+				ln.rtt = d
+			}
 		}
 		s := &m.gs[ev.g]
 		if ev.ok {

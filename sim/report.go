@@ -60,8 +60,8 @@ type ModeReport struct {
 	// Jain is Jain's index over each member's accepted / max-min fair share of its demand.
 	Jain float64 `json:"jain"`
 	// JainByWaiter is Jain's index with each member's fair share weighed by its goroutines:
-	// the fairness of a throttle that serves callers in turn rather than members (the
-	// strict mode's default, sluice.FairWaiters). Absent where every member has as many
+	// the fairness of a throttle that serves callers in turn rather than members
+	// (strict:waiters, sluice.FairWaiters). Absent where every member has as many
 	// goroutines.
 	JainByWaiter *float64 `json:"jain_by_waiter,omitempty"`
 	// Ratio429 is violations / (accepted + violations).

@@ -29,9 +29,10 @@ var windowSHA = func() string { h := sha1.Sum([]byte(windowSource)); return hex.
 
 // Capabilities reports that the backend decides windowed quotas, on keys whose limits are
 // all windows (they cannot sit beside rate limits here), and takes a ramp's changing
-// limits: the script reads each call's limits from its arguments (backend.Capable).
+// limits: the script reads each call's limits from its arguments (backend.Capable); and
+// that every process shares each key's line in Redis (SharedLine).
 func (b *Backend) Capabilities() backend.Capabilities {
-	return backend.Capabilities{Windows: true, Ramps: true, WindowsAlone: true}
+	return backend.Capabilities{Windows: true, Ramps: true, WindowsAlone: true, SharedLine: true}
 }
 
 // windowed reports whether limits are windows, and an error if only some are, or if a

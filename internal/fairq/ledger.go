@@ -6,7 +6,8 @@ import "slices"
 // to serve), the places in the key's line its owner holds for them, the places being
 // taken, and the callers counted in. A place is a handle P of the owner's (package
 // sluice: a reservation in the key's line) due at a time; the room holds one for each of
-// its waiters, or one at a time whatever their number (onePlace), and serves each, when it
+// its waiters, or a few at a time whatever their number (bounded: one by default, see
+// SetPlaces), and serves each, when it
 // comes due, to the waiter its rule picks.
 //
 // Like Room it is pure state: no clock (the owner passes times, in nanoseconds on its
@@ -17,7 +18,8 @@ type Ledger[P any] struct {
 	room     *Room
 	places   []place[P] // held, earliest due first
 	taking   int        // places being taken: Turn answered Take, Took not called yet
-	onePlace bool
+	bounded  bool // at most `most` places held, whatever the waiters
+	most     int
 	callers  int // counted in by Enter, out by Exit
 }
 
@@ -27,11 +29,18 @@ type place[P any] struct {
 }
 
 // NewLedger returns an empty ledger whose Room remembers at most maxMembers idle named
-// members (see New). With onePlace, the room holds one place in the key's line at a
-// time, whatever its number of waiters; without, one for each waiter.
-func NewLedger[P any](maxMembers int, onePlace bool) *Ledger[P] {
-	return &Ledger[P]{room: New(maxMembers), onePlace: onePlace}
+// members (see New). When bounded, the room holds one place in the key's line at a time
+// (or as many as SetPlaces says), whatever its number of waiters; otherwise one for each
+// waiter.
+func NewLedger[P any](maxMembers int, bounded bool) *Ledger[P] {
+	return &Ledger[P]{room: New(maxMembers), bounded: bounded, most: 1}
 }
+
+// SetPlaces sets how many places a bounded room holds at most (at least 1): enough for
+// the permits one round trip to the key's line lasts, so that one process's waiters are
+// not held to one permit a round trip, and few enough that processes share the line by
+// turns.
+func (l *Ledger[P]) SetPlaces(n int) { l.most = max(n, 1) }
 
 // Enter counts a caller in: the owner keeps the ledger while any caller is in it.
 func (l *Ledger[P]) Enter() { l.callers++ }
@@ -74,15 +83,15 @@ const (
 )
 
 // Turn says what waiter id does next. The room lacks a place when it holds (or is taking)
-// fewer than its waiters (with onePlace: none while someone waits): the waiter that finds
+// fewer than its waiters (bounded: fewer than its places, while someone waits): the waiter that finds
 // one missing takes it (Take). Otherwise, on the waiter's first turn (first), a next place
 // due more than bound after start (the waiter's arrival) refuses it at once (Refuse, with
 // that wait: the waiter has left); else it waits (Wait).
 func (l *Ledger[P]) Turn(id uint64, first bool, start, bound int64) (Action, int64) {
 	held := len(l.places) + l.taking
 	need := held < l.room.Waiting()
-	if l.onePlace {
-		need = held == 0 && l.room.Waiting() > 0
+	if l.bounded {
+		need = held < min(l.most, l.room.Waiting())
 	}
 	switch {
 	case need:

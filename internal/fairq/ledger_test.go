@@ -178,3 +178,29 @@ func TestLedgerCallers(t *testing.T) {
 		t.Fatal("places left after the last exit")
 	}
 }
+
+// TestLedgerSomePlaces: a bounded room with two places takes a second while the first is
+// held, never a third, and never more than its waiters.
+func TestLedgerSomePlaces(t *testing.T) {
+	l := NewLedger[string](0, true)
+	l.SetPlaces(2)
+	runSteps(t, l, []step{
+		join(1, ""), join(2, ""), join(3, ""),
+		turn(1, true, 0, 100, "take 0"),
+		turn(2, true, 0, 100, "take 0"), // a second place, while the first is taken
+		turn(3, true, 0, 100, "wait 0"), // two: enough
+		took(1, "a", 10, true, false),
+		took(2, "b", 20, true, false),
+		turn(3, false, 0, 100, "wait 0"),
+		pop(10, never, "served 1 a"),
+		turn(3, false, 0, 100, "take 0"), // one held, three... two waiters: a second
+	})
+	one := NewLedger[string](0, true)
+	one.SetPlaces(5)
+	runSteps(t, one, []step{
+		join(1, ""),
+		turn(1, true, 0, 100, "take 0"),
+		took(1, "a", 10, true, false),
+		turn(1, false, 0, 100, "wait 0"), // one waiter: one place
+	})
+}

@@ -145,6 +145,10 @@ func checkRequest(limits []gcra.Limit, n int64) error {
 }
 
 // Decide decides req for key on its record, at the store's time.
+// Capabilities reports that every process shares each key's line in the store
+// (backend.Capable): plain limits only.
+func (*Backend) Capabilities() backend.Capabilities { return backend.Capabilities{SharedLine: true} }
+
 func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (backend.Grant, error) {
 	if err := checkRequest(req.Limits, req.N); err != nil {
 		return backend.Grant{}, err
