@@ -45,10 +45,10 @@ type Limiter struct {
 	fairness    Fairness
 	fairnessSet bool         // by WithFairness; else the backend's default (New)
 	placeRTT    atomic.Int64 // a place's round trip to the backend, smoothed, in ns (placesFor)
-	roomsMu  sync.Mutex
-	rooms    map[string]*room // the keys waited on, each with its waiters and places
-	waitSeq  atomic.Uint64
-	expired  atomic.Int64 // permits not used: past their time by more than the margin
+	roomsMu     sync.Mutex
+	rooms       map[string]*room // the keys waited on, each with its waiters and places
+	waitSeq     atomic.Uint64
+	expired     atomic.Int64 // permits not used: past their time by more than the margin
 }
 
 // Decision is the answer to a request for permits. Being throttled is a normal result,

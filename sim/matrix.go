@@ -267,13 +267,13 @@ type MatrixCell struct {
 	ExtraP50WaitMs float64 `json:"extra_p50_wait_ms"`
 	ExtraP99WaitMs float64 `json:"extra_p99_wait_ms"`
 	Jain           float64 `json:"jain"`
-	IdealP99WaitMs float64  `json:"ideal_p99_wait_ms"`
-	IdealJain      float64  `json:"ideal_jain"`
-	Violations     int64    `json:"violations"`
-	Ratio429       float64  `json:"ratio_429"`
-	Accepted       int64    `json:"accepted"`
-	IdealAccepted  int64    `json:"ideal_accepted"`
-	Partial        bool     `json:"partial,omitempty"`
+	IdealP99WaitMs float64 `json:"ideal_p99_wait_ms"`
+	IdealJain      float64 `json:"ideal_jain"`
+	Violations     int64   `json:"violations"`
+	Ratio429       float64 `json:"ratio_429"`
+	Accepted       int64   `json:"accepted"`
+	IdealAccepted  int64   `json:"ideal_accepted"`
+	Partial        bool    `json:"partial,omitempty"`
 }
 
 // MatrixSummary counts the cells.

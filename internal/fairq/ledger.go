@@ -15,12 +15,12 @@ import "slices"
 // line, refuse a waiter, hand a place over, give one back); the owner does it and reports
 // back. It is not safe for concurrent use: its owner holds a lock around every call.
 type Ledger[P any] struct {
-	room     *Room
-	places   []place[P] // held, earliest due first
-	taking   int        // places being taken: Turn answered Take, Took not called yet
-	bounded  bool // at most `most` places held, whatever the waiters
-	most     int
-	callers  int // counted in by Enter, out by Exit
+	room    *Room
+	places  []place[P] // held, earliest due first
+	taking  int        // places being taken: Turn answered Take, Took not called yet
+	bounded bool       // at most `most` places held, whatever the waiters
+	most    int
+	callers int // counted in by Enter, out by Exit
 }
 
 type place[P any] struct {
