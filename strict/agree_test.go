@@ -105,7 +105,7 @@ func testAgree(t *testing.T, s agreetest.Shape) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sims, err := s.Simulate("strict")
+	sims, err := s.Simulate("strict", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
