@@ -21,24 +21,26 @@ import (
 
 // TestAgreesWithSimulator: the lease mode's real processes agree with the simulator on
 // two shapes of the guarantee matrix (docs/simulator.md, "The real processes agree"). Four
-// OS processes (lease.Dial on one real Redis, the lease package's defaults, no margin) of
-// 1, 2, 4 and 8 goroutines start together and serve the demand the simulator generates
-// for the shape's scenario (agreetest), which the simulator runs too, with 8 seeds:
+// OS processes (lease.Dial on one real Redis, the lease package's defaults, the matrix's
+// margin of 12 ms) of 1, 2, 4 and 8 goroutines start together and serve the demand the
+// simulator generates for the shape's scenario (agreetest), which the simulator runs too,
+// with the same margin and 8 seeds:
 //
 //   - unequal-poisson-85: Poisson demand at 85% of 100/s burst=20 in the proportions
 //     1:2:4:8, for 10 s. The served fraction (granted / arrivals) within 0.05 of the
 //     simulator's range, the p50 wait within 50 ms of it.
-//   - many-waiters: every goroutine always busy on 5/s burst=2, for 12 s. The permits
-//     granted within 10% of the simulator's range; each member's part of them within 0.05
-//     of the simulator's range (the lease shares follow demand, from an equal start: in 12
-//     s the member of one goroutine gets about a tenth, the others about 0.2 to 0.4).
+//   - many-waiters: every goroutine always busy on 5/s burst=2, for 12 s: too small a
+//     burst to share out among four, so decided at the store and served in turn by member.
+//     The permits granted within 10% of the simulator's range; Jain's index by member at
+//     least the simulator's lowest less 0.05 (the real pool is a little fairer than the
+//     simulator's: agreetest.JainTol).
 //
-// Safety is exact: the members' decisions are audited (judgeRun: each member's permits
-// within its lease, the leases within the limit, the slots within the limit) and every
-// slot is judged by the referee, a strict GCRA that judges each at its instant, as the
-// simulator's API does: no violation. The tolerances are loose (a shared 2-core machine,
-// race-built processes, seconds of real time, samples of 60 permits or 850 requests) but
-// a share that lags its demand, or parts split by waiter, break them.
+// Safety is exact: every permit used is judged by the referee, a strict GCRA that judges
+// each at its instant, as the simulator's API does (no violation); where the limit is
+// shared out the members' decisions are audited too (judgeRun). The tolerances are loose
+// (a shared 2-core machine, race-built processes, seconds of real time, samples of 60
+// permits or 850 requests) but a share that lags its demand, or parts split by waiter,
+// break them.
 func TestAgreesWithSimulator(t *testing.T) {
 	if testing.Short() {
 		t.Skip("four processes for 10 s, twice")
