@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -30,6 +31,7 @@ import (
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/limitconv"
+	"github.com/sluicehq/sluice/internal/testkit/agreetest"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
 	"github.com/sluicehq/sluice/internal/zkclient"
 	"github.com/sluicehq/sluice/lease"
@@ -74,6 +76,16 @@ type memberConfig struct {
 	Skew       time.Duration `json:"skew"`      // offset of this process' clock
 	ReadyDir   string        `json:"ready_dir"` // if set, the member makes a file there at its first permit
 	Margin     time.Duration `json:"margin"`    // the limiter's jitter tolerance (sluice.WithMargin)
+	// The agreement tests' (agree_test.go): if URL is set, the member is lease.Dial's on
+	// it, with the lease package's default renewal interval (100 ms otherwise); if Gate
+	// is set, it waits at agreetest.Gate before its run; if Demand is set, its goroutines
+	// serve that demand (agreetest.Run) instead of asking permit again and again, and each
+	// permit's line ends with its request's arrival.
+	URL     string            `json:"url,omitempty"`
+	Gate    string            `json:"gate,omitempty"`
+	Demand  *agreetest.Demand `json:"demand,omitempty"`
+	Seed    uint64            `json:"seed,omitempty"`
+	MaxWait time.Duration     `json:"max_wait,omitempty"`
 }
 
 // skewed is a clock offset from the real one by a constant: a machine whose clock is
@@ -91,7 +103,8 @@ func (s skewed) Nanotime() int64 { return s.Clock.Nanotime() + int64(s.off) }
 // API calls, and print each permit at once (a process killed with SIGKILL has reported
 // every permit it used): "p USE SLOT DECIDED", the real time it was used, its slot (when
 // the member's GCRA, on its share, made it due) and when it was decided, all on the
-// machine's real clock; and each answer from the store: "s AT SEQ RATE BURST END PRATE
+// machine's real clock (with a Demand, then its request's arrival; and each arrival: "a
+// AT"); and each answer from the store: "s AT SEQ RATE BURST END PRATE
 // PBURST PEND", the lease's sequence number, the share and the end of its use, and an
 // older lease's share still in use for permits booked under it, and until when (ends 0:
 // not in use); "b SLOT N": N permits borrowed from the free capacity (apart from its
@@ -102,15 +115,6 @@ func memberMain() int {
 	if err := json.Unmarshal([]byte(os.Getenv(memberEnv)), &cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "member:", err)
 		return 2
-	}
-	store, closeStore, err := memberStore(cfg)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "member:", err)
-		return 2
-	}
-	defer closeStore()
-	if os.Getenv("SLUICE_MP_DUMP") != "" {
-		store = &recordLog{Store: store}
 	}
 	clk := skewed{clock.NewReal(), cfg.Skew}
 	// off turns the member's clock (its monotonic time, skewed) into the machine's real
@@ -141,7 +145,24 @@ func memberMain() int {
 		fmt.Fprintln(os.Stdout, "s", now, st.Seq, st.Share.Rate, st.Share.Burst, end, st.Prev.Rate, st.Prev.Burst, prevEnd)
 		mu.Unlock()
 	})
-	be, err := lease.New(store, lease.WithID(cfg.ID), lease.WithClock(clk), lease.WithRenewEvery(100*time.Millisecond), lease.WithObserver(observe))
+	opts := []lease.Option{lease.WithID(cfg.ID), lease.WithClock(clk), lease.WithObserver(observe)}
+	var be *lease.Backend
+	var err error
+	if cfg.URL != "" {
+		be, err = lease.Dial(context.Background(), cfg.URL, opts...)
+	} else {
+		var st store.Store
+		var closeStore func()
+		if st, closeStore, err = memberStore(cfg); err != nil {
+			fmt.Fprintln(os.Stderr, "member:", err)
+			return 2
+		}
+		defer closeStore()
+		if os.Getenv("SLUICE_MP_DUMP") != "" {
+			st = &recordLog{Store: st}
+		}
+		be, err = lease.New(st, append(opts, lease.WithRenewEvery(100*time.Millisecond))...)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "member:", err)
 		return 2
@@ -149,7 +170,7 @@ func memberMain() int {
 	defer be.Close()
 	var expired atomic.Int64 // permits given back late (past the margin)
 	lim, err := sluice.New(sluice.MustParse(cfg.Limits), sluice.WithBackend(be), sluice.WithClock(clk), sluice.WithMargin(cfg.Margin),
-		sluice.WithObserver(func(e sluice.Event) {
+		sluice.WithMaxWait(cfg.MaxWait), sluice.WithObserver(func(e sluice.Event) {
 			if e.Kind == sluice.EventExpired {
 				expired.Add(e.N)
 			}
@@ -159,6 +180,13 @@ func memberMain() int {
 		return 2
 	}
 	defer lim.Close()
+	if cfg.Gate != "" {
+		if err := agreetest.Gate(cfg.Gate, cfg.ID); err != nil {
+			fmt.Fprintln(os.Stderr, "member:", err)
+			return 2
+		}
+	}
+	start := time.Now().UnixNano()
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -173,6 +201,29 @@ func memberMain() int {
 				mu.Unlock()
 			}
 		}()
+	}
+	if cfg.Demand != nil {
+		agreetest.Run(ctx, *cfg.Demand, cfg.Seed, start, func(ctx context.Context, arrival int64) bool {
+			r, err := lim.WaitN(ctx, "api", 1)
+			for errors.Is(err, sluice.ErrPermitExpired) && ctx.Err() == nil {
+				r, err = lim.WaitN(ctx, "api", 1) // handed over too late and given back: ask again
+			}
+			if err != nil {
+				return false
+			}
+			at := time.Now().UnixNano()
+			slot := r.Slot() + off
+			mu.Lock()
+			fmt.Fprintln(os.Stdout, "p", at, slot, slot-int64(r.Delay), arrival)
+			mu.Unlock()
+			return true
+		}, func(at int64) {
+			mu.Lock()
+			fmt.Fprintln(os.Stdout, "a", at)
+			mu.Unlock()
+		})
+		wg.Wait()
+		return 0
 	}
 	for range cfg.Goroutines {
 		wg.Add(1)
@@ -260,43 +311,60 @@ func waitReady(t *testing.T, dir string, n int) {
 // member is one running member process.
 type member struct {
 	cmd *exec.Cmd
+	in  io.WriteCloser // its standard input, if it waits at a gate
 	out bytes.Buffer
 	err bytes.Buffer
 }
 
 func startMembers(t *testing.T, n int, cfg memberConfig, skews map[int]time.Duration) []*member {
 	t.Helper()
+	cfgs := make([]memberConfig, n)
+	for i := range cfgs {
+		cfgs[i] = cfg
+		cfgs[i].ID = fmt.Sprint("proc", i)
+		cfgs[i].Skew = skews[i]
+	}
+	return startMemberProcs(t, cfgs)
+}
+
+// startMemberProcs starts a member process for each config.
+func startMemberProcs(t *testing.T, cfgs []memberConfig) []*member {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	ms := make([]*member, n)
-	for i := range ms {
-		c := cfg
-		c.ID = fmt.Sprint("proc", i)
-		c.Skew = skews[i]
+	ms := make([]*member, len(cfgs))
+	t.Cleanup(func() {
+		for _, m := range ms {
+			if m != nil {
+				m.cmd.Process.Kill()
+				m.cmd.Wait()
+			}
+		}
+	})
+	for i, c := range cfgs {
 		js, _ := json.Marshal(c)
 		m := &member{cmd: exec.Command(exe, "-test.run", "^$")}
 		m.cmd.Env = append(os.Environ(), memberEnv+"="+string(js))
 		m.cmd.Stdout, m.cmd.Stderr = &m.out, &m.err
+		if c.Gate != "" {
+			if m.in, err = m.cmd.StdinPipe(); err != nil {
+				t.Fatal(err)
+			}
+		}
 		if err := m.cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
 		ms[i] = m
 	}
-	t.Cleanup(func() {
-		for _, m := range ms {
-			m.cmd.Process.Kill()
-			m.cmd.Wait()
-		}
-	})
 	return ms
 }
 
 // permit is one permit a member used: the real time it was used, its slot (when the
 // member's GCRA made it due, on its share) and when it was decided, on the machine's
 // real clock.
-type permit struct{ use, slot, decided int64 }
+type permit struct{ use, slot, decided, arrival int64 } // arrival: with a Demand
 
 // leaseSeen is a member's lease after one answer from the store (its "s" line): the share
 // and the end of its use, and an older lease's share still in use and until when (ends
@@ -328,7 +396,8 @@ type record struct {
 	// judges them with every other permit).
 	borrowed [][]int64
 	leases   [][]leaseSeen
-	expired  []int64 // permits given back late (past the margin), the last count printed
+	expired  []int64   // permits given back late (past the margin), the last count printed
+	arrivals [][]int64 // with a Demand: each member's requests' arrivals
 }
 
 // recordLog wraps a member's store, with SLUICE_MP_DUMP set, and prints each write of a
@@ -378,7 +447,7 @@ func (s *recordLog) Swap(ctx context.Context, ws []store.Write) ([]uint64, error
 // closer look.
 func readRecord(t *testing.T, ms []*member, killed map[int]bool) record {
 	t.Helper()
-	rec := record{permits: make([][]permit, len(ms)), borrowed: make([][]int64, len(ms)), leases: make([][]leaseSeen, len(ms)), expired: make([]int64, len(ms))}
+	rec := record{permits: make([][]permit, len(ms)), borrowed: make([][]int64, len(ms)), leases: make([][]leaseSeen, len(ms)), expired: make([]int64, len(ms)), arrivals: make([][]int64, len(ms))}
 	for i, m := range ms {
 		err := m.cmd.Wait()
 		if err != nil && !killed[i] {
@@ -411,6 +480,10 @@ func readRecord(t *testing.T, ms []*member, killed map[int]bool) record {
 				// a line cut by SIGKILL
 			case f[0] == "p" && len(f) == 4:
 				rec.permits[i] = append(rec.permits[i], permit{use: n[1], slot: n[2], decided: n[3]})
+			case f[0] == "p" && len(f) == 5:
+				rec.permits[i] = append(rec.permits[i], permit{use: n[1], slot: n[2], decided: n[3], arrival: n[4]})
+			case f[0] == "a" && len(f) == 2:
+				rec.arrivals[i] = append(rec.arrivals[i], n[1])
 			case f[0] == "e" && len(f) == 3:
 				rec.expired[i] = n[2]
 			case f[0] == "b" && len(f) == 3:

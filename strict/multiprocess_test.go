@@ -24,6 +24,7 @@ import (
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/limitconv"
+	"github.com/sluicehq/sluice/internal/testkit/agreetest"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
 	redisstore "github.com/sluicehq/sluice/store/redis"
 )
@@ -56,6 +57,10 @@ type workerConfig struct {
 	Margin  time.Duration `json:"margin,omitempty"`
 	StopAt  time.Duration `json:"stop_at,omitempty"`
 	StopFor time.Duration `json:"stop_for,omitempty"`
+	// Agree makes the worker one of the agreement tests' (agreeMain): it serves that
+	// demand, after waiting at the gate Gate.
+	Agree *agreetest.Demand `json:"agree,omitempty"`
+	Gate  string            `json:"gate,omitempty"`
 }
 
 // grantRecord is one grant as the backend saw it: its Redis time (the ticket's At) and
@@ -139,6 +144,9 @@ func workerMain() int {
 	if err := json.Unmarshal([]byte(os.Getenv(workerEnv)), &cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 2
+	}
+	if cfg.Agree != nil {
+		return agreeMain(cfg)
 	}
 	var client Client
 	if cfg.URL != "" {
