@@ -20,7 +20,7 @@ import (
 )
 
 // agreeMain is a worker process of the agreement tests: one limiter on strict.Dial's
-// backend (the library's defaults: fair by waiter), waiting at the gate, then serving the
+// backend (the library's defaults: fair by process), waiting at the gate, then serving the
 // demand cfg.Agree until cfg.Duration has passed. It prints, at the end, each arrival ("a
 // AT") and each permit: "p USE SLOT ARRIVAL", the real time it was used, its slot (Redis
 // time, as the script decided it) and its request's arrival (real time).
@@ -69,7 +69,7 @@ func agreeMain(cfg workerConfig) int {
 
 // TestAgreesWithSimulator: the strict mode's real processes agree with the simulator on
 // two shapes of the guarantee matrix (docs/simulator.md, "The real processes agree"). Four
-// OS processes (strict.Dial on one real Redis, the library's defaults: fair by waiter, no
+// OS processes (strict.Dial on one real Redis, the library's defaults: fair by process, no
 // margin) of 1, 2, 4 and 8 goroutines start together and serve the demand the simulator
 // generates for the shape's scenario (agreetest), which the simulator runs too, with 8
 // seeds:
@@ -79,13 +79,13 @@ func agreeMain(cfg workerConfig) int {
 //     simulator's range, the p50 wait within 50 ms of it.
 //   - many-waiters: every goroutine always busy on 5/s burst=2, for 12 s. The permits
 //     granted within 10% of the simulator's range; each member's part of them within 0.05
-//     of the simulator's range (by waiter: about 1:2:4:8).
+//     of the simulator's range (by process, the default: about a quarter each).
 //
 // Safety is exact: every permit's slot (its Redis time, as the script decided it) is
 // judged by the referee, a strict GCRA that judges each at its instant, as the
 // simulator's API does: no violation. The tolerances are loose (a shared 2-core machine,
 // race-built processes, seconds of real time, samples of 60 permits or 850 requests) but
-// parts split by process rather than by waiter, or a throttle that lets requests queue,
+// parts split by waiter rather than by process, or a throttle that lets requests queue,
 // break them.
 func TestAgreesWithSimulator(t *testing.T) {
 	if testing.Short() {
