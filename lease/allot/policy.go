@@ -221,7 +221,7 @@ func reserveFor(capa, asked int64) int64 {
 type scratch struct {
 	alive, wanting, with, order, idx []int
 	rem                              []int64
-	keys                             []uint64
+	keys, keys2                      []uint64
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
@@ -248,25 +248,64 @@ func getScratch(n int) *scratch {
 // the old way.
 
 // byDemand returns holders (in the members' order) by demand, the lowest first, as a stable
-// sort by demand orders them. The result is sc's.
+// sort by demand orders them: a radix sort of the demands (within RateScale: 20 bits),
+// stable, in two passes of 10 bits, either skipped when every demand has the same digit
+// there. The result is sc's.
 func (s *State) byDemand(holders []int, sc *scratch) []int {
 	order := append(sc.order[:0], holders...)
 	sc.order = order
 	keys := sc.keys[:0]
+	var or, and uint64 = 0, math.MaxUint64
 	for _, i := range holders {
 		d := s.Members[i].Demand
-		if d < 0 || d > math.MaxUint32 || i > math.MaxUint32 {
+		if d < 0 || d >= 1<<(2*radixBits) || i > math.MaxUint32 {
 			slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(s.Members[a].Demand, s.Members[b].Demand) })
 			return order
 		}
-		keys = append(keys, uint64(d)<<32|uint64(i))
+		k := uint64(d)<<32 | uint64(i)
+		keys = append(keys, k)
+		or, and = or|k, and&k
 	}
 	sc.keys = keys
-	slices.Sort(keys)
-	for k, key := range keys {
+	out := keys
+	other := sc.tmpKeys(len(keys))
+	for pass := range 2 {
+		shift := 32 + uint(pass)*radixBits
+		if (or^and)>>shift&(1<<radixBits-1) == 0 {
+			continue // every key has the same digit: the pass would keep the order
+		}
+		var count [1 << radixBits]int
+		for _, k := range out {
+			count[k>>shift&(1<<radixBits-1)]++
+		}
+		sum := 0
+		for d, c := range count {
+			count[d] = sum
+			sum += c
+		}
+		for _, k := range out {
+			d := k >> shift & (1<<radixBits - 1)
+			other[count[d]] = k
+			count[d]++
+		}
+		out, other = other, out
+	}
+	for k, key := range out {
 		order[k] = int(key & math.MaxUint32)
 	}
 	return order
+}
+
+// radixBits is the digit of byDemand's radix sort: two digits hold any demand up to
+// RateScale.
+const radixBits = 10
+
+// tmpKeys returns a second key list of n entries, for a radix sort's passes.
+func (sc *scratch) tmpKeys(n int) []uint64 {
+	if cap(sc.keys2) < n {
+		sc.keys2 = make([]uint64, n)
+	}
+	return sc.keys2[:n]
 }
 
 // largestRemainders returns the places of the n largest remainders in rem (ties to the

@@ -49,7 +49,7 @@ func TestByDemandMatchesAStableSort(t *testing.T) {
 	for trial := range 500 {
 		s := &State{Members: make([]Entry, 1+rng.IntN(300))}
 		for i := range s.Members {
-			s.Members[i].Demand = rng.Int64N([]int64{2, 10, RateScale + 1}[trial%3])
+			s.Members[i].Demand = rng.Int64N([]int64{2, 10, RateScale + 1, 1 << 40}[trial%4])
 		}
 		var holders []int
 		for i := range s.Members {
