@@ -729,37 +729,50 @@ func (s *State) Check(now int64) error {
 // the instants at which held capacity is freed (a quarantine ends, an older lease stops
 // counting, a fence falls), and entries with nothing left counting are removed.
 func (s *State) advance(now int64) {
-	for {
-		next := int64(-1)
-		consider := func(t int64) {
-			if t > s.PoolAt && t <= now && (next < 0 || t < next) {
-				next = t
-			}
+	// The instants in (PoolAt, now], in order: refill changes neither them nor which fall
+	// in the span, so one pass over the members finds them all (a pass per instant cost a
+	// large pool a pass over every member per renewal that ended since the last request).
+	sc := scratchPool.Get().(*scratch)
+	at := sc.keys[:0]
+	consider := func(t int64) {
+		if t > s.PoolAt && t <= now {
+			at = append(at, uint64(t))
 		}
-		consider(s.Fence)
-		for i := range s.Members {
-			consider(s.Members[i].Lease.Until)
-			consider(s.Members[i].HeldUntil)
-			consider(s.Members[i].RetiredUntil)
-		}
-		if next < 0 {
-			break
-		}
-		s.refill(next)
 	}
+	consider(s.Fence)
+	for i := range s.Members {
+		consider(s.Members[i].Lease.Until)
+		consider(s.Members[i].HeldUntil)
+		consider(s.Members[i].RetiredUntil)
+	}
+	slices.Sort(at)
+	for _, t := range at {
+		s.refill(int64(t)) // a repeated instant refills nothing
+	}
+	sc.keys = at
+	scratchPool.Put(sc)
 	s.refill(now)
+	// Ended older and retired leases are cleared (a later merge must not revive them), and
+	// entries with nothing left counting removed, in one pass.
+	kept := 0
 	for i := range s.Members {
 		e := &s.Members[i]
 		if e.HeldUntil <= now {
-			e.Held, e.HeldUntil = Share{}, 0 // ended: a later merge must not revive it
+			e.Held, e.HeldUntil = Share{}, 0
 		}
 		if e.RetiredUntil <= now {
 			e.Retired, e.RetiredUntil = Share{}, 0
 		}
+		if e.Lease.Until <= now && e.HeldUntil <= now && e.RetiredUntil <= now && e.AliveUntil <= now {
+			continue
+		}
+		if kept != i {
+			s.Members[kept] = *e
+		}
+		kept++
 	}
-	s.Members = slices.DeleteFunc(s.Members, func(e Entry) bool {
-		return e.Lease.Until <= now && e.HeldUntil <= now && e.RetiredUntil <= now && e.AliveUntil <= now
-	})
+	clear(s.Members[kept:]) // as slices.DeleteFunc leaves the tail
+	s.Members = s.Members[:kept]
 	if s.Penalty <= now {
 		s.Penalty = 0
 	}
