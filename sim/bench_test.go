@@ -123,7 +123,7 @@ func BenchmarkMinute1000Members(b *testing.B) { benchMode(b, minute1000(b, 0, 0)
 // members (the gossip mode's reports grow as their square).
 func BenchmarkMembersScale(b *testing.B) {
 	for _, mode := range []string{"lease", "gossip"} {
-		for _, n := range []int{100, 200, 400} {
+		for _, n := range []int{100, 200, 400, 1000} {
 			b.Run(fmt.Sprintf("%s/members=%d", mode, n), func(b *testing.B) {
 				benchMode(b, minute1000(b, n, 10*time.Second), mode)
 			})

@@ -508,6 +508,9 @@ func (e *engine) scenarioEvent(ev *event) {
 			if m.present {
 				m.paused = e.now + int64(se.For)
 				e.schedule(event{at: m.paused, kind: evResume, m: mi, op: m.inc})
+				if p, ok := e.mode.(pauseObserver); ok {
+					p.paused(e, mi)
+				}
 			}
 		}
 	case se.StoreOutage != nil:

@@ -43,6 +43,12 @@ type apiDelayer interface {
 	apiDelay(e *engine, m, g int32) (lost bool, latency int64)
 }
 
+// pauseObserver is a mode told when member m's process is paused (m.paused is set): its
+// events wait for the process from then on.
+type pauseObserver interface {
+	paused(e *engine, m int32)
+}
+
 // leaseReporter is a mode that adds figures of its own to the report.
 type leaseReporter interface {
 	leaseReport(e *engine) *LeaseReport
