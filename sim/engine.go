@@ -453,6 +453,9 @@ func (e *engine) handle(ev *event) {
 		m := e.members[ev.m]
 		if m.present && ev.op == m.inc {
 			m.paused = 0
+			if p, ok := e.mode.(pauseObserver); ok {
+				p.resumed(e, ev.m)
+			}
 			e.wake(ev.m)
 		}
 	case evHeal:

@@ -31,6 +31,10 @@ type gossipMode struct {
 
 	inbox [][]inboxMsg // per member: reports on their way to its node, by arrival time
 	head  []int        // per member: the first of its inbox not yet received
+	// open: per member, whether reports to it go to its inbox: it is present, its node
+	// running and its process not paused. A tick reads it for every member (a byte each,
+	// where the member's own record is a cache miss).
+	open []bool
 }
 
 // inboxMsg is a report's part on its way to a member's node: it arrives at at.
@@ -75,6 +79,7 @@ func (g *gossipMode) node(e *engine, mi int32) *hits.Node {
 		g.inc = append(g.inc, make([]uint32, len(e.members)-len(g.inc))...)
 		g.inbox = append(g.inbox, make([][]inboxMsg, len(e.members)-len(g.inbox))...)
 		g.head = append(g.head, make([]int, len(e.members)-len(g.head))...)
+		g.open = append(g.open, make([]bool, len(e.members)-len(g.open))...)
 	}
 	m := e.members[mi]
 	if g.nodes[mi] == nil || g.inc[mi] != m.inc {
@@ -84,6 +89,7 @@ func (g *gossipMode) node(e *engine, mi int32) *hits.Node {
 		}
 		g.discard(mi) // reports to an earlier node of the member (none: it left)
 		g.nodes[mi], g.inc[mi] = n, m.inc
+		g.open[mi] = m.paused == 0
 		// The membership: the newcomer learns the pool, the pool learns of it (memberlist's
 		// join, modelled as instant).
 		for j, o := range e.members {
@@ -194,12 +200,18 @@ func (g *gossipMode) paused(e *engine, mi int32) {
 	if g.running(e, mi) == nil {
 		return
 	}
+	g.open[mi] = false
 	g.deliver(e, mi)
 	in := g.inbox[mi]
 	for _, x := range in[g.head[mi]:] {
 		e.schedule(event{at: x.at, kind: evGossipMsg, m: mi, op: e.members[mi].inc, val: int64(x.slot)})
 	}
 	g.inbox[mi], g.head[mi] = in[:0], 0
+}
+
+// resumed: member mi's process runs again; reports to its node go to its inbox again.
+func (g *gossipMode) resumed(e *engine, mi int32) {
+	g.open[mi] = g.running(e, mi) != nil
 }
 
 func (g *gossipMode) acquire(e *engine, mi, gi int32) {
@@ -224,12 +236,16 @@ func (g *gossipMode) handle(e *engine, ev *event) {
 			slots = append(slots, g.put(gossipMsg{reports: rs, malformed: err != nil}))
 		}
 		g.slots = slots
-		for to, o := range e.members {
-			t := int32(to)
-			if t == ev.m || !o.present || e.partitioned[t] != e.partitioned[ev.m] {
+		part := e.partitioned[ev.m]
+		for to := range e.members {
+			t, inbox := int32(to), g.open[to]
+			if t == ev.m || e.partitioned[t] != part {
 				continue
 			}
-			inbox := o.paused == 0 && g.running(e, t) != nil
+			o := e.members[to]
+			if !inbox && !o.present {
+				continue
+			}
 			for _, s := range slots {
 				e.messages++
 				e.bucket().messages++
@@ -285,6 +301,9 @@ func (g *gossipMode) penalize(e *engine, mi int32, until int64) {
 // left: a graceful leave is announced (the membership does): the others let its share go
 // at once. A crash is not: they hear nothing more and hold its share.
 func (g *gossipMode) left(e *engine, mi int32, graceful bool) {
+	if int(mi) < len(g.open) {
+		g.open[mi] = false
+	}
 	g.discard(mi) // what was still on its way arrives after it left: nowhere
 	if !graceful || int(mi) >= len(g.nodes) || g.nodes[mi] == nil {
 		return
