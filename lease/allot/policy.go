@@ -44,7 +44,7 @@ const (
 // should grant at least a permit per lease: when more members want the limit than that
 // allows, it is decided at the store instead (centralWanted) and nobody holds a share.
 func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
-	tg = make([]Share, len(s.Members))
+	tg = getTargets(len(s.Members))
 	capa := s.capacity(now) // all of the limit, or the rate a ramp has reached
 	burst := capa.Burst
 	// The index lists run at every grant over every member: they are scratch, reused
@@ -225,6 +225,24 @@ type scratch struct {
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+// targetsPool holds the lists of shares targets returns, for the next grant once the last
+// is done with them (putTargets): a list of every member's share allocated afresh at
+// every grant kept a large pool's garbage collector busy.
+var targetsPool sync.Pool
+
+// getTargets returns a list of n zero shares.
+func getTargets(n int) []Share {
+	if p, ok := targetsPool.Get().(*[]Share); ok && cap(*p) >= n {
+		tg := (*p)[:n]
+		clear(tg)
+		return tg
+	}
+	return make([]Share, n)
+}
+
+// putTargets gives a list targets returned back, once nothing reads it any more.
+func putTargets(tg []Share) { targetsPool.Put(&tg) }
 
 // getScratch returns scratch lists, empty, with room for n members each.
 func getScratch(n int) *scratch {

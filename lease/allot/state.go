@@ -798,6 +798,16 @@ func (s *State) refill(t int64) {
 // ends), so a share that shrinks frees nothing before the member has stopped using it.
 func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
 	targets, live, size := s.targets(now, cfg)
+	defer putTargets(targets)
+	// Whether another member is held back: asked at most once a grant (a pass over every
+	// member), as member i's own lease, the only one that changes here, does not count.
+	var contended, known bool
+	isContended := func() bool {
+		if !known {
+			contended, known = s.contendedFor(i, now, targets), true
+		}
+		return contended
+	}
 	e := &s.Members[i]
 	target := targets[i]
 	others := e.retired(now)
@@ -820,7 +830,7 @@ func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
 	before := e.own(now)
 	n := minShare(target, avail).normalize(s.Limit)
 	if c := e.Lease.Share; cfg.Policy == Fair && !s.Central && c.Rate > 0 && n.Rate > 0 && c.Burst == n.Burst &&
-		c.Rate*8 >= n.Rate*7 && c.Rate*8 <= n.Rate*9 && c.Fits(avail) && now < e.Lease.Until && !s.contendedFor(i, now, targets) {
+		c.Rate*8 >= n.Rate*7 && c.Rate*8 <= n.Rate*9 && c.Fits(avail) && now < e.Lease.Until && !isContended() {
 		// Within an eighth of the target while every demand is met: the lease stays as it
 		// is. Demand measured over a few renewals moves by a few percent each time, and a
 		// share that changed at every renewal would cost an acknowledgement each time.
@@ -857,7 +867,7 @@ func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
 	rep.Penalty = max(0, s.Penalty-now)
 	rep.Central = s.Central
 	if cfg.Policy == Fair {
-		rep.Contended = s.contendedFor(i, now, targets)
+		rep.Contended = isContended()
 	}
 	switch {
 	case !target.Fits(n):
