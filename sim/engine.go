@@ -453,6 +453,9 @@ func (e *engine) handle(ev *event) {
 		m := e.members[ev.m]
 		if m.present && ev.op == m.inc {
 			m.paused = 0
+			if p, ok := e.mode.(pauseObserver); ok {
+				p.resumed(e, ev.m)
+			}
 			e.wake(ev.m)
 		}
 	case evHeal:
@@ -508,6 +511,9 @@ func (e *engine) scenarioEvent(ev *event) {
 			if m.present {
 				m.paused = e.now + int64(se.For)
 				e.schedule(event{at: m.paused, kind: evResume, m: mi, op: m.inc})
+				if p, ok := e.mode.(pauseObserver); ok {
+					p.paused(e, mi)
+				}
 			}
 		}
 	case se.StoreOutage != nil:

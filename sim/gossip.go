@@ -8,6 +8,19 @@ import (
 // alone, and reports its hits to every other member at each sync over the simulated
 // network (the store link's latency and loss); a partition cuts its members from the
 // others. A crashed member falls silent; one that leaves is let go at once.
+//
+// A report on its way to a member whose node is running waits in that member's inbox
+// rather than in the event queue: the node receives it, at its own arrival time, just
+// before the node's next call (a decision, a report, a penalty, a change of membership,
+// or a report that came through the queue), which is when the queue would have delivered
+// it. All-to-all reports are members² messages an interval (about 10 million a virtual
+// second for 1,000 members): each an event of its own cost most of the mode's run, in
+// the queue and in reading a node cold from memory for every message; an inbox costs a
+// few slots, and each node receives its reports in a batch, warm. What the nodes decide
+// is the same, but for a report that arrives at the very nanosecond of another event of
+// its member: it is received first (the queue ordered such ties by when they were
+// scheduled). A report to a member without a running node (it has not decided yet, or
+// it rejoined) or paused goes through the queue as before.
 type gossipMode struct {
 	cfg   hits.Config
 	nodes []*hits.Node
@@ -15,6 +28,19 @@ type gossipMode struct {
 	msgs  []gossipMsg // reports in flight, by slot
 	free  []int32
 	slots []int32 // a tick's parts' slots (reused)
+
+	inbox [][]inboxMsg // per member: reports on their way to its node, by arrival time
+	head  []int        // per member: the first of its inbox not yet received
+	// open: per member, whether reports to it go to its inbox: it is present, its node
+	// running and its process not paused. A tick reads it for every member (a byte each,
+	// where the member's own record is a cache miss).
+	open []bool
+}
+
+// inboxMsg is a report's part on its way to a member's node: it arrives at at.
+type inboxMsg struct {
+	at   int64
+	slot int32
 }
 
 // gossipMsg is one part of a member's report, decoded once for all the members it is
@@ -51,6 +77,9 @@ func (g *gossipMode) node(e *engine, mi int32) *hits.Node {
 	if len(g.nodes) < len(e.members) {
 		g.nodes = append(g.nodes, make([]*hits.Node, len(e.members)-len(g.nodes))...)
 		g.inc = append(g.inc, make([]uint32, len(e.members)-len(g.inc))...)
+		g.inbox = append(g.inbox, make([][]inboxMsg, len(e.members)-len(g.inbox))...)
+		g.head = append(g.head, make([]int, len(e.members)-len(g.head))...)
+		g.open = append(g.open, make([]bool, len(e.members)-len(g.open))...)
 	}
 	m := e.members[mi]
 	if g.nodes[mi] == nil || g.inc[mi] != m.inc {
@@ -58,13 +87,16 @@ func (g *gossipMode) node(e *engine, mi int32) *hits.Node {
 		if err != nil {
 			panic(err) // the settings were checked
 		}
+		g.discard(mi) // reports to an earlier node of the member (none: it left)
 		g.nodes[mi], g.inc[mi] = n, m.inc
+		g.open[mi] = m.paused == 0
 		// The membership: the newcomer learns the pool, the pool learns of it (memberlist's
 		// join, modelled as instant).
 		for j, o := range e.members {
 			if int32(j) != mi && o.present {
 				n.Join(o.name, e.now)
 				if p := g.nodes[j]; p != nil && g.inc[j] == o.inc {
+					g.deliver(e, int32(j))
 					p.Join(m.name, e.now)
 				}
 			}
@@ -75,8 +107,115 @@ func (g *gossipMode) node(e *engine, mi int32) *hits.Node {
 	return g.nodes[mi]
 }
 
+// running returns member mi's node if it is running (made for the member's incarnation
+// now), or nil.
+func (g *gossipMode) running(e *engine, mi int32) *hits.Node {
+	if int(mi) < len(g.nodes) && g.nodes[mi] != nil && g.inc[mi] == e.members[mi].inc {
+		return g.nodes[mi]
+	}
+	return nil
+}
+
+// ready returns member mi's node (made if need be) with every report that arrived for it
+// by now received: what the node knows when the queue would have run its call.
+func (g *gossipMode) ready(e *engine, mi int32) *hits.Node {
+	n := g.node(e, mi)
+	g.deliver(e, mi)
+	return n
+}
+
+// deliver has member mi's node receive the reports in its inbox that arrived by now, in
+// the order they arrived (at their arrival times).
+func (g *gossipMode) deliver(e *engine, mi int32) {
+	in, h := g.inbox[mi], g.head[mi]
+	if h == len(in) || in[h].at > e.now {
+		return
+	}
+	n := g.nodes[mi]
+	for ; h < len(in) && in[h].at <= e.now; h++ {
+		g.receive(n, in[h].at, in[h].slot)
+	}
+	switch {
+	case h == len(in):
+		g.inbox[mi], g.head[mi] = in[:0], 0
+	case h >= 256 && h >= len(in)/2:
+		g.inbox[mi], g.head[mi] = in[:copy(in, in[h:])], 0
+	default:
+		g.head[mi] = h
+	}
+}
+
+// receive has node n receive the report in slot s at at, and lets the slot go once every
+// member it was sent to has it.
+func (g *gossipMode) receive(n *hits.Node, at int64, s int32) {
+	msg := &g.msgs[s]
+	rs, malformed := msg.reports, msg.malformed
+	if msg.refs--; msg.refs == 0 {
+		g.drop(s)
+	}
+	if n == nil {
+		return
+	}
+	if malformed {
+		n.CountMalformed()
+		return
+	}
+	for i := range rs {
+		n.Receive(at, &rs[i])
+	}
+}
+
+// post puts the report in slot s into member to's inbox, arriving at at.
+func (g *gossipMode) post(to int32, at int64, s int32) {
+	in := append(g.inbox[to], inboxMsg{at: at, slot: s})
+	// In order of arrival, ties in the order sent: the latest sent goes after every
+	// report that arrives no later (a few at most: latencies differ by less than a
+	// sync interval).
+	k := len(in) - 1
+	for k > g.head[to] && in[k-1].at > at {
+		in[k] = in[k-1]
+		k--
+	}
+	in[k] = inboxMsg{at: at, slot: s}
+	g.inbox[to] = in
+}
+
+// discard drops member mi's inbox: its node is gone (the member left or crashed), and
+// reports to it arrive nowhere.
+func (g *gossipMode) discard(mi int32) {
+	if int(mi) >= len(g.inbox) {
+		return
+	}
+	in := g.inbox[mi]
+	for _, x := range in[g.head[mi]:] {
+		g.receive(nil, x.at, x.slot)
+	}
+	g.inbox[mi], g.head[mi] = in[:0], 0
+}
+
+// paused: member mi's process is paused. Its node receives what arrived so far, and the
+// reports still on their way go through the queue, which holds them, as every event of a
+// paused process, until it resumes.
+func (g *gossipMode) paused(e *engine, mi int32) {
+	if g.running(e, mi) == nil {
+		return
+	}
+	g.open[mi] = false
+	g.deliver(e, mi)
+	in := g.inbox[mi]
+	for _, x := range in[g.head[mi]:] {
+		e.schedule(event{at: x.at, kind: evGossipMsg, m: mi, op: e.members[mi].inc, val: int64(x.slot)})
+	}
+	g.inbox[mi], g.head[mi] = in[:0], 0
+}
+
+// resumed: member mi's process runs again; reports to its node go to its inbox again.
+func (g *gossipMode) resumed(e *engine, mi int32) {
+	g.open[mi] = g.running(e, mi) != nil
+}
+
 func (g *gossipMode) acquire(e *engine, mi, gi int32) {
-	res, _, err := g.node(e, mi).Decide(gossipTag, e.core, e.now, 1, e.maxWait)
+	res, _, err := g.ready(e, mi).Decide(gossipTag, e.core, e.now, 1, e.maxWait)
 	e.decided(mi, gi, res, err)
 }
 
@@ -87,7 +226,7 @@ func (g *gossipMode) handle(e *engine, ev *event) {
 		if !m.present || ev.op != m.inc {
 			return
 		}
-		r := g.node(e, ev.m).Report(e.now)
+		r := g.ready(e, ev.m).Report(e.now)
 		// In parts of a datagram's size, as the daemon sends them (a part is allocated at
 		// its full size: parts of a mebibyte made the mode's runs a hundred times slower).
 		parts, _ := hits.Encode(&r, gossipPacket)
@@ -97,9 +236,14 @@ func (g *gossipMode) handle(e *engine, ev *event) {
 			slots = append(slots, g.put(gossipMsg{reports: rs, malformed: err != nil}))
 		}
 		g.slots = slots
+		part := e.partitioned[ev.m]
 		for to := range e.members {
-			t := int32(to)
-			if t == ev.m || !e.members[to].present || e.partitioned[t] != e.partitioned[ev.m] {
+			t, inbox := int32(to), g.open[to]
+			if t == ev.m || e.partitioned[t] != part {
+				continue
+			}
+			o := e.members[to]
+			if !inbox && !o.present {
 				continue
 			}
 			for _, s := range slots {
@@ -109,7 +253,12 @@ func (g *gossipMode) handle(e *engine, ev *event) {
 					continue
 				}
 				g.msgs[s].refs++
-				e.schedule(event{at: e.now + e.latency(&e.sc.Network.Store), kind: evGossipMsg, m: t, op: e.members[to].inc, val: int64(s)})
+				at := e.now + e.latency(&e.sc.Network.Store)
+				if inbox {
+					g.post(t, at, s)
+				} else {
+					e.schedule(event{at: at, kind: evGossipMsg, m: t, op: o.inc, val: int64(s)})
+				}
 			}
 		}
 		for _, s := range slots {
@@ -119,23 +268,11 @@ func (g *gossipMode) handle(e *engine, ev *event) {
 		}
 		e.schedule(event{at: e.now + int64(g.cfg.Interval), kind: evGossipTick, m: ev.m, op: m.inc})
 	case evGossipMsg:
-		s := int32(ev.val)
-		msg := &g.msgs[s]
-		rs, malformed := msg.reports, msg.malformed
-		if msg.refs--; msg.refs == 0 {
-			g.drop(s)
+		var n *hits.Node
+		if m.present && ev.op == m.inc {
+			n = g.ready(e, ev.m)
 		}
-		if !m.present || ev.op != m.inc {
-			return
-		}
-		n := g.node(e, ev.m)
-		if malformed {
-			n.CountMalformed()
-			return
-		}
-		for i := range rs {
-			n.Receive(e.now, &rs[i])
-		}
+		g.receive(n, e.now, int32(ev.val))
 	}
 }
 
@@ -158,18 +295,25 @@ func (g *gossipMode) drop(s int32) {
 }
 
 func (g *gossipMode) penalize(e *engine, mi int32, until int64) {
-	_ = g.node(e, mi).Penalize(gossipTag, e.core, e.now, until)
+	_ = g.ready(e, mi).Penalize(gossipTag, e.core, e.now, until)
 }
 
 // left: a graceful leave is announced (the membership does): the others let its share go
 // at once. A crash is not: they hear nothing more and hold its share.
 func (g *gossipMode) left(e *engine, mi int32, graceful bool) {
+	if int(mi) < len(g.open) {
+		g.open[mi] = false
+	}
+	g.discard(mi) // what was still on its way arrives after it left: nowhere
 	if !graceful || int(mi) >= len(g.nodes) || g.nodes[mi] == nil {
 		return
 	}
 	name := g.nodes[mi].Name()
 	for i, n := range g.nodes {
 		if n != nil && int32(i) != mi && e.members[i].present {
+			if g.running(e, int32(i)) != nil {
+				g.deliver(e, int32(i))
+			}
 			n.Leave(name, e.now, true)
 		}
 	}

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -299,24 +301,88 @@ func MatrixModes() []string { return []string{"local", "strict", "lease", "gossi
 // the cells judged so far, marked partial.
 func RunMatrix(ctx context.Context, m *Matrix, shapes []MatrixShape, modes []string, progress func(i, n int, s MatrixShape)) (*MatrixReport, error) {
 	r := &MatrixReport{}
-	for i, s := range shapes {
-		if progress != nil {
-			progress(i, len(shapes), s)
+	all := append([]string{"ideal"}, modes...)
+	for _, md := range all {
+		if err := CheckMode(md); err != nil {
+			return r, err
 		}
+	}
+	scs := make([]*Scenario, len(shapes))
+	for i, s := range shapes {
 		sc, err := m.Scenario(s)
 		if err != nil {
 			return r, err
 		}
-		rep, err := RunContext(ctx, sc, Options{Modes: append([]string{"ideal"}, modes...)})
-		if rep != nil {
-			r.Cells = append(r.Cells, judge(s, sc, rep)...)
+		scs[i] = sc
+	}
+	// Every cell (a shape under one mode) runs alone, on all the machine's cores, the
+	// cells taken in order; each is deterministic, and the reports are put together in
+	// order, so the matrix is the same whatever the cores.
+	type cell struct {
+		rep *ModeReport
+		ok  bool
+	}
+	cells := make([][]cell, len(shapes))
+	for i := range cells {
+		cells[i] = make([]cell, len(all))
+	}
+	var mu sync.Mutex
+	next, started := 0, -1
+	take := func() (int, int, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if next == len(shapes)*len(all) || ctx.Err() != nil {
+			return 0, 0, false
 		}
-		if err != nil {
-			if ctx.Err() != nil {
-				r.Partial = true
+		i, k := next/len(all), next%len(all)
+		next++
+		if i > started {
+			started = i
+			if progress != nil {
+				progress(i, len(shapes), shapes[i])
+			}
+		}
+		return i, k, true
+	}
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(shapes)*len(all)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i, k, ok := take()
+				if !ok {
+					return
+				}
+				rep, done := runMode(ctx, scs[i], all[k], nil)
+				cells[i][k] = cell{rep, done}
+			}
+		}()
+	}
+	wg.Wait()
+	for i, s := range shapes {
+		rep := newReport(scs[i])
+		var err error
+		for k, c := range cells[i] {
+			if c.rep == nil { // never started: the run was cut short before
+				rep.Partial, rep.NotRun = true, all[k:]
 				break
 			}
-			return r, err
+			rep.Modes = append(rep.Modes, *c.rep)
+			if !c.ok {
+				err = rep.interrupted(ctx, all[k], all[k+1:])
+				break
+			}
+		}
+		if !rep.Partial {
+			rep.compareWithIdeal()
+		}
+		if len(rep.Modes) > 0 {
+			r.Cells = append(r.Cells, judge(s, scs[i], rep)...)
+		}
+		if rep.Partial || err != nil {
+			r.Partial = true
+			break
 		}
 	}
 	for _, c := range r.Cells {

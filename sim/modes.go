@@ -43,6 +43,13 @@ type apiDelayer interface {
 	apiDelay(e *engine, m, g int32) (lost bool, latency int64)
 }
 
+// pauseObserver is a mode told when member m's process is paused (m.paused is set): its
+// events wait for the process from then on; and when it resumes (m.paused is 0 again).
+type pauseObserver interface {
+	paused(e *engine, m int32)
+	resumed(e *engine, m int32)
+}
+
 // leaseReporter is a mode that adds figures of its own to the report.
 type leaseReporter interface {
 	leaseReport(e *engine) *LeaseReport

@@ -104,6 +104,8 @@ type ModeReport struct {
 	sample      time.Duration
 	acceptedTok int64   // the tokens of the accepted requests (with token limits; 0 without)
 	ranS        float64 // the virtual time it ran, in seconds (less than the scenario's if Partial)
+
+	interruptedAt int64 // when it was cut short (Partial), in virtual nanoseconds
 }
 
 // EventReport is one scenario event and the convergence after it.
@@ -140,33 +142,15 @@ func RunContext(ctx context.Context, sc *Scenario, opts Options) (*Report, error
 	if len(opts.Modes) > 0 {
 		modes = opts.Modes
 	}
-	r := &Report{Scenario: sc.Name, Seed: sc.Seed, DurationS: sc.Duration.D().Seconds(), Limit: sc.Limit.String()}
-	if r.Scenario == "" {
-		r.Scenario = sc.file
-	}
-	for _, g := range sc.Members {
-		r.Members += g.Count
-	}
+	r := newReport(sc)
 	for k, name := range modes {
-		m := newMode(name, sc)
-		if m == nil {
+		mr, ok := runMode(ctx, sc, name, opts.Progress)
+		if mr == nil {
 			return nil, fmt.Errorf("sim: unknown mode %q (known: %v)", name, ModeNames())
 		}
-		e := newEngine(sc, m)
-		if opts.Progress != nil {
-			e.progress = func(f float64) { opts.Progress(name, f) }
-		}
-		e.done = ctx.Done()
-		e.run()
-		r.Modes = append(r.Modes, e.report())
-		if e.interrupted {
-			at := round(float64(e.now) / 1e9)
-			r.Partial, r.InterruptedMode, r.InterruptedAtS = true, name, &at
-			r.NotRun = modes[k+1:]
-			r.Modes[len(r.Modes)-1].Partial = true
-			r.compareWithIdeal()
-			return r, fmt.Errorf("sim: interrupted at %v of virtual time in mode %s: %w",
-				time.Duration(e.now).Round(time.Millisecond), name, context.Cause(ctx))
+		r.Modes = append(r.Modes, *mr)
+		if !ok {
+			return r, r.interrupted(ctx, name, modes[k+1:])
 		}
 		if opts.Progress != nil {
 			opts.Progress(name, 1)
@@ -174,6 +158,52 @@ func RunContext(ctx context.Context, sc *Scenario, opts Options) (*Report, error
 	}
 	r.compareWithIdeal()
 	return r, nil
+}
+
+// newReport returns the report of sc without its modes.
+func newReport(sc *Scenario) *Report {
+	r := &Report{Scenario: sc.Name, Seed: sc.Seed, DurationS: sc.Duration.D().Seconds(), Limit: sc.Limit.String()}
+	if r.Scenario == "" {
+		r.Scenario = sc.file
+	}
+	for _, g := range sc.Members {
+		r.Members += g.Count
+	}
+	return r
+}
+
+// runMode runs sc under one mode; ok is false if ctx cut it short (the report is then
+// marked Partial), and the report nil for an unknown mode. sc is only read: modes may run
+// at once on one scenario.
+func runMode(ctx context.Context, sc *Scenario, name string, progress func(string, float64)) (mr *ModeReport, ok bool) {
+	m := newMode(name, sc)
+	if m == nil {
+		return nil, false
+	}
+	e := newEngine(sc, m)
+	if progress != nil {
+		e.progress = func(f float64) { progress(name, f) }
+	}
+	e.done = ctx.Done()
+	e.run()
+	rep := e.report()
+	if e.interrupted {
+		rep.Partial = true
+		rep.interruptedAt = e.now
+	}
+	return &rep, !e.interrupted
+}
+
+// interrupted marks r, whose last mode was cut short, partial: the modes after it did not
+// run. It returns the error that says so.
+func (r *Report) interrupted(ctx context.Context, name string, notRun []string) error {
+	last := &r.Modes[len(r.Modes)-1]
+	at := round(float64(last.interruptedAt) / 1e9)
+	r.Partial, r.InterruptedMode, r.InterruptedAtS = true, name, &at
+	r.NotRun = notRun
+	r.compareWithIdeal()
+	return fmt.Errorf("sim: interrupted at %v of virtual time in mode %s: %w",
+		time.Duration(last.interruptedAt).Round(time.Millisecond), name, context.Cause(ctx))
 }
 
 // compareWithIdeal gives each mode its figures against the ideal mode's, if it ran.

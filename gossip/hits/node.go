@@ -476,7 +476,10 @@ func (n *Node) peerSlot(name string, now int64) int {
 	if i, ok := n.slot[name]; ok {
 		return i
 	}
-	i := slices.Index(n.peers, nil)
+	i := -1
+	if len(n.slot) < len(n.peers) { // a slot is free (slot maps every peer held)
+		i = slices.Index(n.peers, nil)
+	}
 	if i < 0 {
 		if len(n.peers) >= n.cfg.MaxPeers {
 			return -1

@@ -2,7 +2,9 @@ package allot
 
 import (
 	"cmp"
+	"math"
 	"slices"
+	"sync"
 )
 
 // reserve is the part of the limit's rate (in parts of RateScale) the fair policy keeps
@@ -42,10 +44,14 @@ const (
 // should grant at least a permit per lease: when more members want the limit than that
 // allows, it is decided at the store instead (centralWanted) and nobody holds a share.
 func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
-	tg = make([]Share, len(s.Members))
+	tg = getTargets(len(s.Members))
 	capa := s.capacity(now) // all of the limit, or the rate a ramp has reached
 	burst := capa.Burst
-	var alive, wanting []int
+	// The index lists run at every grant over every member: they are scratch, reused
+	// from one grant to the next, with room for every member from the start.
+	sc := getScratch(len(s.Members))
+	defer scratchPool.Put(sc)
+	alive, wanting := sc.alive, sc.wanting
 	for i := range s.Members {
 		e := &s.Members[i]
 		if !e.live(now) {
@@ -85,8 +91,7 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 	// Fair: water-fill the rate among holders by the demand they report (what their
 	// callers ask, refused requests included; as much as it can get for a member held
 	// back).
-	order := slices.Clone(holders)
-	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(s.Members[a].Demand, s.Members[b].Demand) })
+	order := s.byDemand(holders, sc)
 	left := capa.Rate
 	for k, i := range order {
 		give := min(s.Members[i].Demand, left/int64(len(order)-k))
@@ -143,7 +148,7 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 	// capacity keeps what is left: a burst that one member's Poisson arrivals need only
 	// now and then serves them all from the pool, as one limiter's would. Members that
 	// want capacity come first if the burst cannot cover everyone.
-	var with []int
+	with := sc.with
 	for _, i := range holders {
 		if tg[i].Rate > 0 {
 			with = append(with, i)
@@ -177,7 +182,7 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 		if kept > 0 {
 			part, _ = mulDiv(rest, burstPartNum, burstPartDen)
 		}
-		rem := make([]int64, len(with))
+		rem := sc.rem[:len(with)]
 		given := int64(0)
 		for k, i := range with {
 			hi, lo := mul128(part, tg[i].Rate)
@@ -186,12 +191,7 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 			rem[k] = r
 			given += x
 		}
-		idx := make([]int, len(with))
-		for k := range idx {
-			idx[k] = k
-		}
-		slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(rem[b], rem[a]) })
-		for _, k := range idx[:max(0, min(part-given, int64(len(idx))))] {
+		for _, k := range largestRemainders(rem, int(max(0, min(part-given, int64(len(rem))))), sc) {
 			tg[with[k]].Burst++
 		}
 	}
@@ -213,4 +213,185 @@ func reserveFor(capa, asked int64) int64 {
 	}
 	r, _ := mulDiv(full, span-over, span)
 	return r
+}
+
+// scratch holds the index lists targets works with, reused from one grant to the next
+// (scratchPool): a grant runs over every member, and lists allocated afresh at each cost a
+// large pool more than the policy's arithmetic.
+type scratch struct {
+	alive, wanting, with, order, idx []int
+	rem                              []int64
+	keys, keys2                      []uint64
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+// targetsPool holds the lists of shares targets returns, for the next grant once the last
+// is done with them (putTargets): a list of every member's share allocated afresh at
+// every grant kept a large pool's garbage collector busy.
+var targetsPool sync.Pool
+
+// getTargets returns a list of n zero shares.
+func getTargets(n int) []Share {
+	if p, ok := targetsPool.Get().(*[]Share); ok && cap(*p) >= n {
+		tg := (*p)[:n]
+		clear(tg)
+		return tg
+	}
+	return make([]Share, n)
+}
+
+// putTargets gives a list targets returned back, once nothing reads it any more.
+func putTargets(tg []Share) { targetsPool.Put(&tg) }
+
+// getScratch returns scratch lists, empty, with room for n members each.
+func getScratch(n int) *scratch {
+	sc := scratchPool.Get().(*scratch)
+	if cap(sc.alive) < n {
+		c := max(n, 2*cap(sc.alive))
+		*sc = scratch{
+			alive: make([]int, 0, c), wanting: make([]int, 0, c), with: make([]int, 0, c),
+			order: make([]int, 0, c), idx: make([]int, 0, c), rem: make([]int64, c), keys: make([]uint64, 0, c),
+		}
+	}
+	sc.alive, sc.wanting, sc.with = sc.alive[:0], sc.wanting[:0], sc.with[:0]
+	return sc
+}
+
+// The sorts below run at every grant over every member that wants a share: each packs its
+// key and the member's place into one uint64 and sorts those (ties in the members' order,
+// as a stable sort leaves them), where a stable sort by a comparison that reads each
+// member's entry cost a large pool most of its store's time. Keys that do not fit (never,
+// from Apply: demands are within RateScale, remainders below the sum of the rates) sort
+// the old way.
+
+// byDemand returns holders (in the members' order) by demand, the lowest first, as a stable
+// sort by demand orders them: a radix sort of the demands (within RateScale: 20 bits),
+// stable, in two passes of 10 bits, either skipped when every demand has the same digit
+// there. The result is sc's.
+func (s *State) byDemand(holders []int, sc *scratch) []int {
+	order := append(sc.order[:0], holders...)
+	sc.order = order
+	keys := sc.keys[:0]
+	var or, and uint64 = 0, math.MaxUint64
+	for _, i := range holders {
+		d := s.Members[i].Demand
+		if d < 0 || d >= 1<<(2*radixBits) || i > math.MaxUint32 {
+			slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(s.Members[a].Demand, s.Members[b].Demand) })
+			return order
+		}
+		k := uint64(d)<<32 | uint64(i)
+		keys = append(keys, k)
+		or, and = or|k, and&k
+	}
+	sc.keys = keys
+	out := keys
+	other := sc.tmpKeys(len(keys))
+	for pass := range 2 {
+		shift := 32 + uint(pass)*radixBits
+		if (or^and)>>shift&(1<<radixBits-1) == 0 {
+			continue // every key has the same digit: the pass would keep the order
+		}
+		var count [1 << radixBits]int
+		for _, k := range out {
+			count[k>>shift&(1<<radixBits-1)]++
+		}
+		sum := 0
+		for d, c := range count {
+			count[d] = sum
+			sum += c
+		}
+		for _, k := range out {
+			d := k >> shift & (1<<radixBits - 1)
+			other[count[d]] = k
+			count[d]++
+		}
+		out, other = other, out
+	}
+	for k, key := range out {
+		order[k] = int(key & math.MaxUint32)
+	}
+	return order
+}
+
+// radixBits is the digit of byDemand's radix sort: two digits hold any demand up to
+// RateScale.
+const radixBits = 10
+
+// tmpKeys returns a second key list of n entries, for a radix sort's passes.
+func (sc *scratch) tmpKeys(n int) []uint64 {
+	if cap(sc.keys2) < n {
+		sc.keys2 = make([]uint64, n)
+	}
+	return sc.keys2[:n]
+}
+
+// largestRemainders returns the places of the n largest remainders in rem (ties to the
+// earlier place), in no particular order: which places get one more permit, not in what
+// order. It selects them (quickselect, O(len(rem)) on average) rather than sorting rem.
+// The result is sc's.
+func largestRemainders(rem []int64, n int, sc *scratch) []int {
+	if n <= 0 {
+		return nil
+	}
+	keys := sc.keys[:0]
+	for k, r := range rem {
+		if r < 0 || r > math.MaxUint32 || k > math.MaxUint32 {
+			// Never from Apply: the places by a stable sort.
+			idx := sc.idx[:0]
+			for k := range rem {
+				idx = append(idx, k)
+			}
+			sc.idx = idx
+			slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(rem[b], rem[a]) })
+			return idx[:min(n, len(idx))]
+		}
+		keys = append(keys, uint64(math.MaxUint32-r)<<32|uint64(k)) // the largest first, all distinct
+	}
+	sc.keys = keys
+	if n < len(keys) {
+		selectSmallest(keys, n)
+		keys = keys[:n]
+	}
+	idx := sc.idx[:0]
+	for _, key := range keys {
+		idx = append(idx, int(key&math.MaxUint32))
+	}
+	sc.idx = idx
+	return idx
+}
+
+// selectSmallest reorders keys (all distinct) so that its n smallest come first, in no
+// particular order (0 < n < len(keys)).
+func selectSmallest(keys []uint64, n int) {
+	lo, hi := 0, len(keys)-1
+	for lo < hi {
+		// The median of three as the pivot, then a partition around it (Hoare).
+		mid := lo + (hi-lo)/2
+		a, b, c := keys[lo], keys[mid], keys[hi]
+		pivot := max(min(a, b), min(max(a, b), c))
+		i, j := lo, hi
+		for i <= j {
+			for keys[i] < pivot {
+				i++
+			}
+			for keys[j] > pivot {
+				j--
+			}
+			if i <= j {
+				keys[i], keys[j] = keys[j], keys[i]
+				i++
+				j--
+			}
+		}
+		// keys[lo..j] <= pivot <= keys[i..hi], and keys[j+1..i-1] == pivot.
+		switch {
+		case n-1 <= j:
+			hi = j
+		case n-1 >= i:
+			lo = i
+		default:
+			return
+		}
+	}
 }

@@ -729,37 +729,50 @@ func (s *State) Check(now int64) error {
 // the instants at which held capacity is freed (a quarantine ends, an older lease stops
 // counting, a fence falls), and entries with nothing left counting are removed.
 func (s *State) advance(now int64) {
-	for {
-		next := int64(-1)
-		consider := func(t int64) {
-			if t > s.PoolAt && t <= now && (next < 0 || t < next) {
-				next = t
-			}
+	// The instants in (PoolAt, now], in order: refill changes neither them nor which fall
+	// in the span, so one pass over the members finds them all (a pass per instant cost a
+	// large pool a pass over every member per renewal that ended since the last request).
+	sc := scratchPool.Get().(*scratch)
+	at := sc.keys[:0]
+	consider := func(t int64) {
+		if t > s.PoolAt && t <= now {
+			at = append(at, uint64(t))
 		}
-		consider(s.Fence)
-		for i := range s.Members {
-			consider(s.Members[i].Lease.Until)
-			consider(s.Members[i].HeldUntil)
-			consider(s.Members[i].RetiredUntil)
-		}
-		if next < 0 {
-			break
-		}
-		s.refill(next)
 	}
+	consider(s.Fence)
+	for i := range s.Members {
+		consider(s.Members[i].Lease.Until)
+		consider(s.Members[i].HeldUntil)
+		consider(s.Members[i].RetiredUntil)
+	}
+	slices.Sort(at)
+	for _, t := range at {
+		s.refill(int64(t)) // a repeated instant refills nothing
+	}
+	sc.keys = at
+	scratchPool.Put(sc)
 	s.refill(now)
+	// Ended older and retired leases are cleared (a later merge must not revive them), and
+	// entries with nothing left counting removed, in one pass.
+	kept := 0
 	for i := range s.Members {
 		e := &s.Members[i]
 		if e.HeldUntil <= now {
-			e.Held, e.HeldUntil = Share{}, 0 // ended: a later merge must not revive it
+			e.Held, e.HeldUntil = Share{}, 0
 		}
 		if e.RetiredUntil <= now {
 			e.Retired, e.RetiredUntil = Share{}, 0
 		}
+		if e.Lease.Until <= now && e.HeldUntil <= now && e.RetiredUntil <= now && e.AliveUntil <= now {
+			continue
+		}
+		if kept != i {
+			s.Members[kept] = *e
+		}
+		kept++
 	}
-	s.Members = slices.DeleteFunc(s.Members, func(e Entry) bool {
-		return e.Lease.Until <= now && e.HeldUntil <= now && e.RetiredUntil <= now && e.AliveUntil <= now
-	})
+	clear(s.Members[kept:]) // as slices.DeleteFunc leaves the tail
+	s.Members = s.Members[:kept]
 	if s.Penalty <= now {
 		s.Penalty = 0
 	}
@@ -785,6 +798,16 @@ func (s *State) refill(t int64) {
 // ends), so a share that shrinks frees nothing before the member has stopped using it.
 func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
 	targets, live, size := s.targets(now, cfg)
+	defer putTargets(targets)
+	// Whether another member is held back: asked at most once a grant (a pass over every
+	// member), as member i's own lease, the only one that changes here, does not count.
+	var contended, known bool
+	isContended := func() bool {
+		if !known {
+			contended, known = s.contendedFor(i, now, targets), true
+		}
+		return contended
+	}
 	e := &s.Members[i]
 	target := targets[i]
 	others := e.retired(now)
@@ -807,7 +830,7 @@ func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
 	before := e.own(now)
 	n := minShare(target, avail).normalize(s.Limit)
 	if c := e.Lease.Share; cfg.Policy == Fair && !s.Central && c.Rate > 0 && n.Rate > 0 && c.Burst == n.Burst &&
-		c.Rate*8 >= n.Rate*7 && c.Rate*8 <= n.Rate*9 && c.Fits(avail) && now < e.Lease.Until && !s.contendedFor(i, now, targets) {
+		c.Rate*8 >= n.Rate*7 && c.Rate*8 <= n.Rate*9 && c.Fits(avail) && now < e.Lease.Until && !isContended() {
 		// Within an eighth of the target while every demand is met: the lease stays as it
 		// is. Demand measured over a few renewals moves by a few percent each time, and a
 		// share that changed at every renewal would cost an acknowledgement each time.
@@ -844,7 +867,7 @@ func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
 	rep.Penalty = max(0, s.Penalty-now)
 	rep.Central = s.Central
 	if cfg.Policy == Fair {
-		rep.Contended = s.contendedFor(i, now, targets)
+		rep.Contended = isContended()
 	}
 	switch {
 	case !target.Fits(n):
