@@ -38,7 +38,7 @@ and a user cannot walk into it silently (below, per mode).
   demand at least 0.97 of the ideal's (which serves members round robin: below 1 only where
   the arrivals' noise departs from the demand's rate).
 - **Waits**: the p99 wait at most max(1 s, two renewal or sync intervals, a tenth of the
-  ideal's own p99 wait) above the ideal's, where demand is not over the limit (over it, a
+  ideal's own p99 wait, three of the limit's intervals: a few turns) above the ideal's, where demand is not over the limit (over it, a
   queue grows whatever the throttle and waits say whose request goes first, which fairness
   judges) and there is no outage or partition (whose waits are the fail mode's).
 

@@ -462,8 +462,8 @@ func underLimit(demand string) bool {
 // guarantee matrix"): violations within the mode's bound; served at least 0.97 of the
 // ideal where demand is at or under the limit, 0.95 over it (less the share of the run a
 // store outage or partition took from a mode that fails closed without its store);
-// Jain's index at least 0.97 of the ideal's; extra p99 wait at most max(1 s, two renewal or sync intervals, a
-// tenth of the ideal's p99 wait) where demand is not over the limit (a backlog, Poisson
+// Jain's index at least 0.97 of the ideal's; extra p99 wait at most max(1 s, two renewal
+// or sync intervals, a tenth of the ideal's p99 wait, three of the limit's intervals) where demand is not over the limit (a backlog, Poisson
 // at 120%: a queue grows whatever the throttle) and there is no outage or partition
 // (whose waits are the fail mode's).
 func criteria(mode string, s MatrixShape, sc *Scenario, c MatrixCell) string {
@@ -512,8 +512,11 @@ func criteria(mode string, s MatrixShape, sc *Scenario, c MatrixCell) string {
 	// judges. Across an outage or partition, waits are the fail mode's.
 	if !faulted && s.Demand != "backlog" && s.Demand != "poisson-120" {
 		// A wait the ideal has too is the queue the demand made; a mode a little slower to
-		// drain it waits a little longer in proportion: a tenth of the ideal's own p99.
-		bound := max(1000.0, c.IdealP99WaitMs/10)
+		// drain it waits a little longer in proportion: a tenth of the ideal's own p99. And
+		// a turn is a permit's interval: in a line of tens, a mode whose turns fall a round
+		// trip later than the ideal's (which decides for the instant a request arrives)
+		// moves its tail by a few of them: three.
+		bound := max(1000.0, c.IdealP99WaitMs/10, 3*intervalMs(sc.Limit.Limits))
 		if base == "lease" && sc.Lease.Renew > 0 {
 			bound = max(bound, 2*float64(sc.Lease.Renew.D().Milliseconds()))
 		}
@@ -525,6 +528,15 @@ func criteria(mode string, s MatrixShape, sc *Scenario, c MatrixCell) string {
 		}
 	}
 	return ""
+}
+
+// intervalMs is the longest interval between permits of ls (its tightest rate's), in ms.
+func intervalMs(ls sluice.Limits) float64 {
+	var ms float64
+	for _, l := range ls {
+		ms = max(ms, float64(l.Period.Milliseconds())/float64(l.Rate))
+	}
+	return ms
 }
 
 // burstOf is the largest burst of ls, in requests.

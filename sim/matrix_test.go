@@ -62,6 +62,7 @@ func TestMatrixCriteria(t *testing.T) {
 	outage.Event = "outage"
 	change := under
 	change.Event = "limit-change"
+	slow := MatrixShape{Limit: "one-every-6s", Pool: "four-unequal", Demand: "poisson-85", Event: "none"}
 	good := MatrixCell{Served: 1, Jain: 1}
 	for i, c := range []struct {
 		mode  string
@@ -81,6 +82,9 @@ func TestMatrixCriteria(t *testing.T) {
 		{"strict", under, func(c MatrixCell) MatrixCell { c.Jain = 0.96; return c }, true},
 		{"strict", under, func(c MatrixCell) MatrixCell { c.ExtraP99WaitMs = 1001; return c }, true},
 		{"strict", outage, func(c MatrixCell) MatrixCell { c.ExtraP99WaitMs = 30000; return c }, false},
+		// three of the limit's intervals: on 1/6s a tail 17 s longer is a few turns, 19 s is not
+		{"strict", slow, func(c MatrixCell) MatrixCell { c.ExtraP99WaitMs = 17000; return c }, false},
+		{"strict", slow, func(c MatrixCell) MatrixCell { c.ExtraP99WaitMs = 19000; return c }, true},
 		// over the limit, waits are not judged (a queue grows whatever the throttle)
 		{"lease", over, func(c MatrixCell) MatrixCell { c.ExtraP99WaitMs = 300000; return c }, false},
 		// a queue the ideal has too: a tenth of its p99 more is within bounds, not more
