@@ -4,6 +4,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -31,7 +32,7 @@ func (s *Server) newHTTPServer() *httpServer {
 	mux.HandleFunc("GET /v1/keys", s.handleKeys)
 	mux.HandleFunc("DELETE /v1/penalties/{tag...}", s.handleLift)
 	s.handleAdmin(mux)
-	return newHTTPServer(s.auth(mux))
+	return newHTTPServer(jsonErrors(s.auth(mux)))
 }
 
 // newAdminServer serves what probes and scrapers ask, without the token: /healthz,
@@ -39,7 +40,69 @@ func (s *Server) newHTTPServer() *httpServer {
 func (s *Server) newAdminServer() *httpServer {
 	mux := http.NewServeMux()
 	s.handleAdmin(mux)
-	return newHTTPServer(mux)
+	return newHTTPServer(jsonErrors(mux))
+}
+
+// ErrorResponse is the body of every error the HTTP API answers, whatever the endpoint and
+// the status (400, 401, 404, 405, 501, 503).
+type ErrorResponse struct {
+	Error string `json:"error"`
+}
+
+// writeError answers status with msg in the one error shape.
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, ErrorResponse{Error: msg})
+}
+
+// jsonErrors turns the mux's own plain-text answers (404 for a path it does not serve, 405
+// for a method a path does not take, with its Allow header) into the API's error shape.
+func jsonErrors(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(&muxErrorWriter{ResponseWriter: w, r: r}, r)
+	})
+}
+
+// muxErrorWriter rewrites a plain-text 404 or 405 as JSON; anything else passes.
+type muxErrorWriter struct {
+	http.ResponseWriter
+	r       *http.Request
+	rewrote bool
+	decided bool
+}
+
+func (m *muxErrorWriter) WriteHeader(status int) {
+	if !m.decided {
+		m.decided = true
+		ct := m.Header().Get("Content-Type")
+		if (status == http.StatusNotFound || status == http.StatusMethodNotAllowed) && strings.HasPrefix(ct, "text/plain") {
+			m.rewrote = true
+			msg := "no such endpoint: " + m.r.URL.Path
+			if status == http.StatusMethodNotAllowed {
+				msg = fmt.Sprintf("method %s not allowed on %s (allowed: %s)", m.r.Method, m.r.URL.Path, m.Header().Get("Allow"))
+			}
+			m.Header().Del("X-Content-Type-Options")
+			writeError(m.ResponseWriter, status, msg)
+			return
+		}
+	}
+	m.ResponseWriter.WriteHeader(status)
+}
+
+func (m *muxErrorWriter) Write(b []byte) (int, error) {
+	if !m.decided {
+		m.WriteHeader(http.StatusOK)
+	}
+	if m.rewrote {
+		return len(b), nil // the mux's text: the JSON was written instead
+	}
+	return m.ResponseWriter.Write(b)
+}
+
+// Flush lets streaming handlers (none today) flush through the rewriter.
+func (m *muxErrorWriter) Flush() {
+	if f, ok := m.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
 }
 
 // handleAdmin adds the health and metrics endpoints to mux.
@@ -65,7 +128,7 @@ func (s *Server) auth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/healthz" && !s.tokenOK(r.Header.Get("Authorization")) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
-			http.Error(w, "sluice: a bearer token is required", http.StatusUnauthorized)
+			writeError(w, http.StatusUnauthorized, "a bearer token is required (Authorization: Bearer TOKEN)")
 			return
 		}
 		next.ServeHTTP(w, r)
@@ -89,15 +152,47 @@ type DecideRequest struct {
 	N   *int64 `json:"n,omitempty"` // default 1; 0 asks for the state without taking anything
 }
 
-// DecideResponse is its answer.
+// DecideResponse is its answer. Times are whole milliseconds, rounded up (a client that
+// waits that long is never early).
 type DecideResponse struct {
-	Key          string  `json:"key"`
-	Rule         string  `json:"rule"` // "" if no rule matched (allowed)
-	Allowed      bool    `json:"allowed"`
-	Remaining    int64   `json:"remaining"`
-	RetryAfterMs float64 `json:"retry_after_ms"`
-	ResetAfterMs float64 `json:"reset_after_ms"`
-	Error        string  `json:"error,omitempty"` // a back-end failure, answered per the fail mode
+	Key          string `json:"key"`
+	Rule         string `json:"rule"`             // "" if no rule matched (allowed)
+	Bucket       string `json:"bucket,omitempty"` // the bucket the rule keeps for the key: the tag, or the rule's shared one
+	Allowed      bool   `json:"allowed"`
+	Remaining    int64  `json:"remaining"`
+	RetryAfterMs int64  `json:"retry_after_ms"`
+	ResetAfterMs int64  `json:"reset_after_ms"`
+	Why          string `json:"why,omitempty"`   // where no limit decided: no-rule, unlimited, deny, down (the line protocol's why=)
+	Error        string `json:"error,omitempty"` // a back-end failure, answered per the fail mode
+}
+
+// decideResponse is the answer to a decision d for tag (n permits; err from Decide).
+func (s *Server) decideResponse(tag string, n int64, d Decision, err error) DecideResponse {
+	resp := DecideResponse{Key: tag, Rule: d.Rule, Allowed: d.Allowed && err == nil, Remaining: d.Remaining,
+		RetryAfterMs: ceilMs(d.RetryAfter), ResetAfterMs: ceilMs(d.ResetAfter), Why: d.why(err)}
+	if d.rule != nil && !d.rule.Unlimited && !d.rule.Deny {
+		resp.Bucket = tag
+		if d.rule.Shared && d.rule.pattern {
+			resp.Bucket = d.rule.Name + " (shared)"
+		}
+	}
+	if err != nil {
+		resp.Error = publicError(tag, n, d, err)
+	}
+	return resp
+}
+
+// publicError says what went wrong in a decision for tag in the API's words: no internal
+// key encoding, one "sluice:" at most.
+func publicError(tag string, n int64, d Decision, err error) string {
+	if errors.Is(err, gcra.ErrCostExceedsBurst) {
+		return fmt.Sprintf("cost %d exceeds the burst of rule %q: it can never be granted", n, d.Rule)
+	}
+	msg := err.Error()
+	if d.rule != nil {
+		msg = strings.ReplaceAll(msg, strconv.Quote(d.rule.key(tag)), strconv.Quote(tag))
+	}
+	return strings.ReplaceAll(msg, "sluice: ", "")
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -111,7 +206,7 @@ func (s *Server) handleDecide(w http.ResponseWriter, r *http.Request) {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "sluice: bad request body: " + err.Error()})
+		writeError(w, http.StatusBadRequest, "bad request body: "+err.Error()+` (want {"key": "TAG", "n": N})`)
 		return
 	}
 	n := int64(1)
@@ -119,15 +214,13 @@ func (s *Server) handleDecide(w http.ResponseWriter, r *http.Request) {
 		n = *req.N
 	}
 	if !wire.ValidTag([]byte(req.Key)) || n < 0 || len(req.Key) > s.Config().MaxLine {
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "sluice: want a non-empty UTF-8 key without control characters, and n >= 0"})
+		writeError(w, http.StatusBadRequest, "want a non-empty UTF-8 key without control characters, and n >= 0")
 		return
 	}
 	d, err := s.Decide(s.httpContext(r), req.Key, n, 0)
-	resp := DecideResponse{Key: req.Key, Rule: d.Rule, Allowed: d.Allowed && err == nil, Remaining: d.Remaining,
-		RetryAfterMs: float64(d.RetryAfter) / 1e6, ResetAfterMs: float64(d.ResetAfter) / 1e6}
+	resp := s.decideResponse(req.Key, n, d, err)
 	status := http.StatusOK
 	if err != nil {
-		resp.Error = err.Error()
 		if errors.Is(err, gcra.ErrCostExceedsBurst) {
 			status = http.StatusBadRequest
 		} else {
@@ -179,15 +272,12 @@ func (s *Server) handleRules(w http.ResponseWriter, r *http.Request) {
 func (s *Server) handleKeys(w http.ResponseWriter, r *http.Request) {
 	if tag := r.URL.Query().Get("tag"); tag != "" {
 		if !wire.ValidTag([]byte(tag)) {
-			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "sluice: bad tag"})
+			writeError(w, http.StatusBadRequest, "want a non-empty UTF-8 tag without control characters")
 			return
 		}
 		d, err := s.Decide(r.Context(), tag, 0, 0)
-		resp := DecideResponse{Key: tag, Rule: d.Rule, Allowed: d.Allowed && err == nil, Remaining: d.Remaining,
-			ResetAfterMs: float64(d.ResetAfter) / 1e6}
-		if err != nil {
-			resp.Error = err.Error()
-		}
+		resp := s.decideResponse(tag, 0, d, err)
+		resp.RetryAfterMs = 0 // a look, not a request
 		writeJSON(w, http.StatusOK, resp)
 		return
 	}
@@ -204,8 +294,9 @@ func (s *Server) handleKeys(w http.ResponseWriter, r *http.Request) {
 	if s.local != nil {
 		out.Held = s.local.Len()
 		out.Keys = s.local.Keys(limit)
+		rs := s.rules.Load()
 		for i, k := range out.Keys {
-			out.Keys[i] = strings.Replace(k, "\x1f", ":", 1) // rule:tag
+			out.Keys[i] = rs.bucketName(k)
 		}
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -213,12 +304,12 @@ func (s *Server) handleKeys(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 	if s.closing.Load() {
-		http.Error(w, "shutting down\n", http.StatusServiceUnavailable)
+		writeError(w, http.StatusServiceUnavailable, "shutting down")
 		return
 	}
 	if p, ok := s.be.(backend.Pinger); ok {
 		if err := p.Ping(r.Context()); err != nil {
-			http.Error(w, "backend: "+err.Error()+"\n", http.StatusServiceUnavailable)
+			writeError(w, http.StatusServiceUnavailable, "back end not ready: "+strings.ReplaceAll(err.Error(), "sluice: ", ""))
 			return
 		}
 	}
@@ -231,17 +322,17 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 func (s *Server) handleLift(w http.ResponseWriter, r *http.Request) {
 	tag := r.PathValue("tag")
 	if !wire.ValidTag(tag) {
-		http.Error(w, "sluice: invalid tag", http.StatusBadRequest)
+		writeError(w, http.StatusBadRequest, "want a non-empty UTF-8 tag without control characters")
 		return
 	}
 	found, err := s.Lift(r.Context(), tag)
 	switch {
 	case !found:
-		http.Error(w, "sluice: no rule matches the tag", http.StatusNotFound)
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no rule matches the tag %q", tag))
 	case errors.Is(err, backend.ErrUnsupported):
-		http.Error(w, "sluice: "+err.Error(), http.StatusNotImplemented)
+		writeError(w, http.StatusNotImplemented, strings.ReplaceAll(err.Error(), "sluice: ", ""))
 	case err != nil:
-		http.Error(w, "sluice: "+err.Error(), http.StatusServiceUnavailable)
+		writeError(w, http.StatusServiceUnavailable, strings.ReplaceAll(err.Error(), "sluice: ", ""))
 	default:
 		w.WriteHeader(http.StatusNoContent)
 	}

@@ -349,3 +349,25 @@ func (c *compiled) key(tag string) string {
 	}
 	return c.keyBase + tag
 }
+
+// bucketName says a bucket's key in the API's words: RULE:TAG for a tag's own bucket (an
+// exact rule's tag is its match), RULE (shared) for a pattern's shared one.
+func (rs *ruleSet) bucketName(key string) string {
+	rule, tag, ok := strings.Cut(key, "\x1f")
+	if !ok {
+		return key
+	}
+	if tag == "" {
+		for _, c := range rs.rules {
+			if c.Name != rule {
+				continue
+			}
+			if c.pattern {
+				return rule + " (shared)"
+			}
+			tag = c.Match
+			break
+		}
+	}
+	return rule + ":" + tag
+}

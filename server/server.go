@@ -22,6 +22,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/internal/wire"
 	"github.com/sluicehq/sluice/local"
@@ -305,7 +306,7 @@ func (d Decision) why(err error) string {
 		return wire.WhyUnlimited
 	case d.rule.Deny:
 		return wire.WhyDeny
-	case err != nil:
+	case err != nil && !errors.Is(err, gcra.ErrCostExceedsBurst): // that one is the request's
 		return wire.WhyDown
 	}
 	return ""

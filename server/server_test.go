@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -430,5 +431,67 @@ func TestLocalSaysItIsAlone(t *testing.T) {
 	s.Shutdown(context.Background())
 	if !strings.Contains(logs.String(), "decides each limit in this daemon alone") || !strings.Contains(logs.String(), "strict, lease or gossip") {
 		t.Errorf("the local daemon's start log does not say it is alone:\n%s", logs.String())
+	}
+}
+
+// TestHTTPErrorsAreOneShape: every error of the HTTP API, on every endpoint and method
+// (the mux's own 404 and 405 included), is JSON {"error": "..."}, with no internal key
+// encoding and no doubled "sluice:"; times are whole milliseconds; a tag's answer names
+// its bucket, and the buckets listed name the exact rule's tag.
+func TestHTTPErrorsAreOneShape(t *testing.T) {
+	s := start(t, testConfig("api=10/s", "team-*=5/s"))
+	base := "http://" + s.HTTPAddr().String()
+	do := func(method, path, body string) (int, http.Header, map[string]any) {
+		t.Helper()
+		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		var j map[string]any
+		if err := json.Unmarshal(b, &j); err != nil {
+			t.Errorf("%s %s: %d, not JSON: %q", method, path, resp.StatusCode, b)
+		}
+		if strings.Contains(string(b), `\u001f`) || strings.Count(string(b), "sluice:") > 1 {
+			t.Errorf("%s %s: %s", method, path, b)
+		}
+		return resp.StatusCode, resp.Header, j
+	}
+	for _, c := range []struct {
+		method, path, body string
+		status             int
+		says               string
+	}{
+		{"GET", "/v1/decide", "", 405, "not allowed"},
+		{"DELETE", "/v1/keys", "", 405, "not allowed"},
+		{"GET", "/nope", "", 404, "no such endpoint"},
+		{"POST", "/v1/decide", "{bad", 400, "bad request body"},
+		{"POST", "/v1/decide", `{"key":""}`, 400, "non-empty"},
+		{"POST", "/v1/decide", `{"key":"api","n":1000}`, 400, `cost 1000 exceeds the burst of rule "api"`},
+		{"DELETE", "/v1/penalties/zzz", "", 404, "no rule matches"},
+	} {
+		status, h, j := do(c.method, c.path, c.body)
+		if msg, _ := j["error"].(string); status != c.status || !strings.Contains(msg, c.says) {
+			t.Errorf("%s %s: %d %v, want %d saying %q", c.method, c.path, status, j, c.status, c.says)
+		}
+		if status == 405 && h.Get("Allow") == "" {
+			t.Errorf("%s %s: a 405 without Allow", c.method, c.path)
+		}
+	}
+	_, _, j := do("POST", "/v1/decide", `{"key":"team-a"}`)
+	if j["bucket"] != "team-a" || j["reset_after_ms"] != float64(int64(j["reset_after_ms"].(float64))) {
+		t.Errorf("a pattern's tag: %v", j)
+	}
+	_, _, j = do("POST", "/v1/decide", `{"key":"zzz"}`)
+	if j["why"] != "no-rule" || j["allowed"] != true {
+		t.Errorf("an unmatched tag: %v", j)
+	}
+	do("POST", "/v1/decide", `{"key":"api"}`)
+	_, _, j = do("GET", "/v1/keys", "")
+	keys, _ := j["keys"].([]any)
+	if !slices.Contains(keys, any("api:api")) || !slices.Contains(keys, any("team-*:team-a")) {
+		t.Errorf("buckets listed: %v, want api:api and team-*:team-a", keys)
 	}
 }
