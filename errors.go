@@ -49,12 +49,19 @@ type LimitError struct {
 	Reason string
 }
 
-// Error names the limit, its bad part and why, with the text form's grammar.
+// Error names the limit, what is wrong in it and where, with the text form's grammar.
 func (e *LimitError) Error() string {
-	if e.Part == "" {
-		return fmt.Sprintf("sluice: bad limit %q: %s (want RATE/PERIOD [burst=N | window] [ramp=RATE/PERIOD..DURATION], e.g. 100/s, 1/6s, 10/s burst=20, 10000/24h window, 100/s ramp=10/s..60s)", e.Input, e.Reason)
+	return fmt.Sprintf("sluice: bad limit %q: %s", e.Input, e.Detail())
+}
+
+// Detail is what is wrong, naming the bad part once (not the whole limit, which the
+// caller may already name: a flag's value), with the text form's grammar.
+func (e *LimitError) Detail() string {
+	const grammar = " (want RATE/PERIOD [burst=N | window] [ramp=RATE/PERIOD..DURATION], e.g. 100/s, 1/6s, 10/s burst=20, 10000/24h window, 100/s ramp=10/s..60s)"
+	if e.Part == "" || e.Part == e.Input {
+		return e.Reason + grammar
 	}
-	return fmt.Sprintf("sluice: bad limit %q: %q: %s (want RATE/PERIOD [burst=N | window] [ramp=RATE/PERIOD..DURATION], e.g. 100/s, 1/6s, 10/s burst=20, 10000/24h window, 100/s ramp=10/s..60s)", e.Input, e.Part, e.Reason)
+	return fmt.Sprintf("%s: %q%s", e.Reason, e.Part, grammar)
 }
 
 // Unwrap returns ErrBadLimit.

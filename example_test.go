@@ -106,7 +106,7 @@ func ExampleParse() {
 	fmt.Println(err)
 	// Output:
 	// 100/s burst=20; 4500/h <nil>
-	// sluice: bad limit "ten per sec": "ten": no '/' between rate and period (want RATE/PERIOD [burst=N | window] [ramp=RATE/PERIOD..DURATION], e.g. 100/s, 1/6s, 10/s burst=20, 10000/24h window, 100/s ramp=10/s..60s)
+	// sluice: bad limit "ten per sec": no '/' between rate and period: "ten" (want RATE/PERIOD [burst=N | window] [ramp=RATE/PERIOD..DURATION], e.g. 100/s, 1/6s, 10/s burst=20, 10000/24h window, 100/s ramp=10/s..60s)
 }
 
 func ExampleBackoff_Retry() {

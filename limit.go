@@ -203,6 +203,9 @@ func parseOne(input, s string) (Limit, error) {
 	}
 	fields := strings.Fields(s)
 	if len(fields) == 0 {
+		if strings.Contains(input, ";") {
+			return bad("", "an empty limit between or after ';' (write '10/s', or '10/s; 1000/h')")
+		}
 		return bad("", "empty")
 	}
 	rate, period, ok := strings.Cut(fields[0], "/")

@@ -425,7 +425,10 @@ func ParseRuleFlag(s string, shared bool) (Rule, error) {
 		return Rule{}, fmt.Errorf("--limit %q: want TAG=LIMIT, e.g. api=10/s or 'user-*=5/s burst=10'", s)
 	}
 	ls, err := sluice.Parse(limit)
-	if err != nil {
+	if le := (*sluice.LimitError)(nil); errors.As(err, &le) {
+		// The flag's value named once: what is wrong, and where in it.
+		return Rule{}, fmt.Errorf("--limit %q: %s%w", s, le.Detail(), errSilent{le})
+	} else if err != nil {
 		return Rule{}, fmt.Errorf("--limit %q: %w", s, err)
 	}
 	if shared && !isPattern(match) {
@@ -449,3 +452,10 @@ func readToken(path string) (string, error) {
 	}
 	return t, nil
 }
+
+// errSilent wraps an error that a message has already said: errors.Is and As see it, its
+// text adds nothing.
+type errSilent struct{ err error }
+
+func (e errSilent) Error() string { return "" }
+func (e errSilent) Unwrap() error { return e.err }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -147,7 +148,7 @@ func TestServeCheckConfig(t *testing.T) {
 		code int
 		out  string
 	}{
-		{[]string{"serve", "--check-config", "--config", good}, nil, 0, "ok: 1 rules"},
+		{[]string{"serve", "--check-config", "--config", good}, nil, 0, "ok: 1 rule,"},
 		{[]string{"serve", "--config", bad, "--check-config"}, nil, ExitUsage, `bad.yaml:4: unknown field "extra_key"`},
 		{[]string{"serve", "--check-config"}, map[string]string{"SLUICE_MAX_KEYS": "lots"}, ExitUsage, "SLUICE_MAX_KEYS"},
 		{[]string{"serve", "--check-config"}, map[string]string{"SLUICE_BACKEND": "redis"}, ExitUsage, "backend strict needs store"},
@@ -159,12 +160,12 @@ func TestServeCheckConfig(t *testing.T) {
 		{[]string{"serve", "--check-config", "--backend", "gossip", "--limit", "gh=5000/h window"}, nil, ExitUsage, `rule "gh"`},
 		{[]string{"serve", "--check-config", "--backend", "strict", "--store", "etcd://127.0.0.1:1", "--limit", "a=100/s ramp=10/s..1m"}, nil, ExitUsage, "ramp"},
 		{[]string{"serve", "--check-config", "--backend", "redis", "--redis-url", "redis://127.0.0.1:1", "--limit", "a=10/s; 100/h window"}, nil, ExitUsage, "beside"},
-		{[]string{"serve", "--check-config", "--backend", "redis", "--redis-url", "redis://127.0.0.1:1", "--limit", "a=100/h window"}, nil, 0, "ok: 1 rules"},
-		{[]string{"serve", "--check-config", "--backend", "lease", "--store", "zk://127.0.0.1:1", "--limit", "a=100/s ramp=10/s..1m"}, nil, 0, "ok: 1 rules"},
+		{[]string{"serve", "--check-config", "--backend", "redis", "--redis-url", "redis://127.0.0.1:1", "--limit", "a=100/h window"}, nil, 0, "ok: 1 rule,"},
+		{[]string{"serve", "--check-config", "--backend", "lease", "--store", "zk://127.0.0.1:1", "--limit", "a=100/s ramp=10/s..1m"}, nil, 0, "ok: 1 rule,"},
 		// The old spellings still start, and say what to write instead.
 		{[]string{"serve", "--check-config", "--config", good}, nil, 0, "backend redis (--backend redis) is deprecated: use backend strict"},
 		{[]string{"serve", "--check-config", "--backend", "redis", "--redis-url", "redis://127.0.0.1:1"}, nil, 0, "redis_url (--redis-url) is deprecated: use store (--store)"},
-		{[]string{"serve", "--check-config", "--backend", "strict", "--store", "redis://127.0.0.1:1", "--limit", "a=100/h window"}, nil, 0, "ok: 1 rules, default rule false, backend strict"},
+		{[]string{"serve", "--check-config", "--backend", "strict", "--store", "redis://127.0.0.1:1", "--limit", "a=100/h window"}, nil, 0, "ok: 1 rule, no default rule, backend strict"},
 		// A store URL start cannot use is refused by the check, as start refuses it (exit 2).
 		{[]string{"serve", "--check-config", "--backend", "strict", "--store", "http://127.0.0.1:16379", "--limit", "a=1/s"}, nil, ExitUsage, `unknown scheme "http"`},
 		{[]string{"serve", "--check-config", "--backend", "strict", "--store", "redis://127.0.0.1:notaport", "--limit", "a=1/s"}, nil, ExitUsage, "invalid port"},
@@ -248,6 +249,28 @@ func TestCheckSaysWhatDecided(t *testing.T) {
 		code, out, errs := run(t, c.args...)
 		if code != c.code || !strings.Contains(out+errs, c.out) {
 			t.Errorf("case %d %v: exit %d, out %q err %q; want %d and %q", i, c.args, code, out, errs, c.code, c.out)
+		}
+	}
+}
+
+// TestFlagErrorsSayTheValueOnce: a bad flag value is named once, as the flag's, with what
+// is wrong in it: not the flag package's prefix and the limit's own quote of it again.
+func TestFlagErrorsSayTheValueOnce(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve", "--limit", "api=10/x", "--check-config"}, `sluice: --limit "api=10/x": unknown period unit (use ns, us, ms, s, m, h or d): "x" (want`},
+		{[]string{"serve", "--limit", "api=10/s;", "--check-config"}, `an empty limit between or after ';'`},
+		{[]string{"demo", "--limit", "10/x"}, `sluice: --limit "10/x": unknown period unit`},
+		{[]string{"demo", "--workers", "x"}, `sluice: --workers "x": not a number`},
+	} {
+		code, _, errs := run(t, c.args...)
+		if code != ExitUsage || !strings.Contains(errs, c.want) || strings.Contains(errs, "invalid value") {
+			t.Errorf("%v: exit %d, %q; want %d and %q", c.args, code, errs, ExitUsage, c.want)
+		}
+		if v := c.args[2]; strings.Count(errs, strconv.Quote(v)) != 1 {
+			t.Errorf("%v: the value is quoted %d times: %q", c.args, strings.Count(errs, strconv.Quote(v)), errs)
 		}
 	}
 }

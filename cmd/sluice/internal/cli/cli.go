@@ -10,6 +10,7 @@ import (
 	"io"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -185,7 +186,7 @@ func parseArgs(env Env, fs *flag.FlagSet, args []string) ([]string, error) {
 	var rest []string
 	for {
 		if err := fs.Parse(args); err != nil {
-			return nil, usageError{err}
+			return nil, usageError{flagError(err)}
 		}
 		left := fs.Args()
 		if n := len(args) - len(left); n > 0 && args[n-1] == "--" {
@@ -196,4 +197,31 @@ func parseArgs(env Env, fs *flag.FlagSet, args []string) ([]string, error) {
 		}
 		rest, args = append(rest, left[0]), left[1:]
 	}
+}
+
+// flagError drops the flag package's prefix, `invalid value "V" for flag -F: `, from the
+// error of a flag whose own error names it already (`--limit "V": ...`), so that the
+// value is said once.
+func flagError(err error) error {
+	var value, name string
+	msg := err.Error()
+	if _, scanErr := fmt.Sscanf(msg, "invalid value %q for flag -%s", &value, &name); scanErr != nil {
+		return err
+	}
+	name = strings.TrimSuffix(name, ":")
+	_, inner, ok := strings.Cut(msg, ": ")
+	switch {
+	case !ok:
+		return err
+	case strings.HasPrefix(inner, "--"):
+		return errors.New(inner)
+	}
+	// A limit's own error names the value again: say it once, as the flag's.
+	if rest, ok := strings.CutPrefix(inner, "sluice: bad limit "+strconv.Quote(value)+": "); ok {
+		return fmt.Errorf("--%s %q: %s", name, value, rest)
+	}
+	if inner == "parse error" { // the flag package's word for a number it cannot read
+		inner = "not a number"
+	}
+	return fmt.Errorf("--%s %q: %s", name, value, strings.TrimPrefix(inner, "sluice: "))
 }

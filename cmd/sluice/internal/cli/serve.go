@@ -363,7 +363,15 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		if sf.config != "" {
 			src = sf.config
 		}
-		fmt.Fprintf(env.Stdout, "%s: ok: %d rules, default rule %v, backend %s\n", src, len(cfg.Rules), cfg.Default != nil, cfg.Backend)
+		rules := fmt.Sprintf("%d rules", len(cfg.Rules))
+		if len(cfg.Rules) == 1 {
+			rules = "1 rule"
+		}
+		dflt := "no default rule"
+		if cfg.Default != nil {
+			dflt = "a default rule"
+		}
+		fmt.Fprintf(env.Stdout, "%s: ok: %s, %s, backend %s\n", src, rules, dflt, cfg.Backend)
 		return nil
 	}
 	opts := []server.Option{server.WithLogger(log)}
