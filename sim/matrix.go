@@ -60,6 +60,9 @@ type MatrixShape struct {
 	Demand string `yaml:"demand"`
 	Event  string `yaml:"event"`
 	Quick  bool   `yaml:"quick"`
+	// Duration, if set, is the shape's run instead of its limit's: a large pool makes
+	// thousands of decisions a second, and its figures settle in a shorter run.
+	Duration Duration `yaml:"duration"`
 }
 
 // Name is the shape's name in reports: limit/pool/demand/event.
@@ -180,6 +183,9 @@ func (m *Matrix) ScenarioYAML(s MatrixShape) (string, error) {
 		return "", fmt.Errorf("no pool %q", s.Pool)
 	}
 	dur := ml.Duration.D()
+	if s.Duration > 0 {
+		dur = s.Duration.D()
+	}
 	var total float64 // the pool's weight
 	for _, g := range groups {
 		total += float64(g.Count) * g.Weight
