@@ -7,6 +7,7 @@ import (
 	"fmt"
 	_ "github.com/sluicehq/sluice/store/redis" // redis:// for Dial
 	"io"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -43,6 +44,8 @@ type Backend struct {
 	idleAfter int64
 	timeout   time.Duration
 	observer  Observer
+	log       *slog.Logger
+	crowded   sync.Map // key -> struct{}: the keys warned of as shared by too many members
 
 	recs       sync.Map // recordKey -> *rec
 	keyLimits  sync.Map // key -> []gcra.Limit: the limits it was last decided under
@@ -157,6 +160,18 @@ func WithStoreTimeout(d time.Duration) Option {
 // It is called from the renewal goroutine, before the calls waiting for that answer go
 // on, so it should be quick.
 func WithObserver(o Observer) Option { return optionFunc(func(b *Backend) { b.observer = o }) }
+
+// WithLogger sets where the backend says what an operator should know (default
+// slog.Default()): a limit shared by more members than the mode claims to serve
+// (MaxMembers).
+func WithLogger(l *slog.Logger) Option { return optionFunc(func(b *Backend) { b.log = l }) }
+
+// MaxMembers is the most members the lease mode claims to serve on one limit
+// (docs/guarantees.md): every member writes the limit's one record, and on a real store
+// their writes collide past about this many (docs/lease.md, "The costs"). The backend
+// logs a warning, once per key, when a limit's record holds more, naming the strict mode,
+// which decides each permit in the store whatever the pool.
+const MaxMembers = 100
 
 // New returns a member of the limits it will be asked to decide, sharing them through
 // store, and starts its renewal goroutine. Close it to hand its shares back.
@@ -726,6 +741,7 @@ func (b *Backend) round() int64 {
 			p.r.mu.Lock()
 			at := b.clock.Nanotime() // read under the lock: every decision on the record before it was on the old lease
 			p.r.m.Receive(at, p.nonce, rep, e)
+			live := p.r.m.Live()
 			changed := p.r.changed // nil if nobody waits
 			p.r.changed = nil
 			var st Status
@@ -736,6 +752,9 @@ func (b *Backend) round() int64 {
 			p.r.mu.Unlock()
 			if b.observer != nil {
 				b.observer.ObserveLease(st) // before the waiters wake: they see it observed
+			}
+			if live > MaxMembers {
+				b.warnCrowded(p.r.key, live)
 			}
 			if changed != nil {
 				close(changed)
@@ -895,4 +914,18 @@ func (b *Backend) giveBack(takes []call, granted []int) {
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
 	_, _ = b.apply.apply(ctx, gives) // a lost give-back only wastes permits
+}
+
+// warnCrowded says, once per key, that a limit is shared by more members than the mode
+// claims to serve.
+func (b *Backend) warnCrowded(key string, live int64) {
+	if _, dup := b.crowded.LoadOrStore(key, struct{}{}); dup {
+		return
+	}
+	log := b.log
+	if log == nil {
+		log = slog.Default()
+	}
+	log.Warn("lease: a limit shared by more members than the lease mode serves well: their writes to its one record collide on a real store; share it through the strict mode (docs/guarantees.md)",
+		"key", key, "members", live, "most", MaxMembers)
 }

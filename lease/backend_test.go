@@ -1,11 +1,14 @@
 package lease
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -538,3 +541,68 @@ func TestLimitChangeHandsTheOldShareBack(t *testing.T) {
 		}
 	}
 }
+
+// TestWarnsOfACrowdedLimit: a limit whose record holds more members than the mode
+// serves (MaxMembers) is logged once, naming the strict mode; one within it is not.
+func TestWarnsOfACrowdedLimit(t *testing.T) {
+	clk := clock.NewVirtual()
+	clk.Advance(time.Second)
+	cfg := DefaultConfig()
+	cfg.JoinWindow = 0
+	st := store.NewMemory(clk)
+	var logs syncBuffer
+	l := lim(10000, time.Second, 1000)
+	var members []*Backend
+	defer func() {
+		for _, b := range members {
+			b.Close()
+		}
+	}()
+	join := func(n int, log *slog.Logger) {
+		for i := 0; i < n; i++ {
+			opts := []Option{WithConfig(cfg), WithClock(clk), WithID(fmt.Sprintf("m%d", len(members)))}
+			if log != nil {
+				opts = append(opts, WithLogger(log))
+			}
+			b, err := New(st, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			members = append(members, b)
+			if _, err := b.AllowOne(bg, "k", l); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	join(MaxMembers, nil)
+	watch := slog.New(slog.NewTextHandler(&logs, nil))
+	join(1, watch) // the 101st: one too many
+	join(1, watch)
+	if _, err := members[MaxMembers].AllowOne(bg, "k", l); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(logs.String(), "more members than the lease mode serves well"); n != 2 || !strings.Contains(logs.String(), "strict mode") {
+		t.Fatalf("the crowded limit was logged %d times: %q", n, logs.String())
+	}
+	for _, b := range members[MaxMembers:] {
+		b.crowded.Range(func(k, _ any) bool {
+			if k != "k" {
+				t.Errorf("warned of %v", k)
+			}
+			return true
+		})
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }

@@ -161,7 +161,9 @@ func modeClaim(mode string) string {
 	case "lease":
 		return "Decisions in process on shares leased from a store: no violation, the shares follow the members' demands " +
 			"(max-min fair), and what the shares leave free is borrowed at once; it fails closed past its lease's grace " +
-			"while its store is unreachable."
+			"while its store is unreachable. Its envelope is at most 100 members on one limit (`lease.MaxMembers`): past it, " +
+			"the members' writes to the limit's one record collide on a real store (which the simulator's does not show), and " +
+			"the backend logs a warning naming the strict mode."
 	case "gossip":
 		return "Peer daemons with no store that decide locally and exchange hit counts: 429s within the bound of docs/gossip.md."
 	case "adaptive":

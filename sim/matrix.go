@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/internal/yamlx"
 )
 
@@ -454,6 +455,13 @@ func envelope(mode string, s MatrixShape, members int) (bool, string) {
 	case "local":
 		if members > 1 {
 			return false, "the local mode is one process: a pool of processes shares a limit through strict, lease or gossip"
+		}
+	case "lease":
+		if members > lease.MaxMembers {
+			// The simulated store serialises writes at no cost; a real one does not: every
+			// member writes the limit's one record, and past about a hundred their writes
+			// collide (BENCHMARKS.md). The backend warns of it, naming strict.
+			return false, fmt.Sprintf("the lease mode claims %d members on one limit: a larger pool's writes to its one record collide on a real store (the backend warns, naming strict)", lease.MaxMembers)
 		}
 	}
 	return true, ""

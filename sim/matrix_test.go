@@ -112,6 +112,12 @@ func TestMatrixCriteria(t *testing.T) {
 	if in, _ := envelope("local", under, 1); !in {
 		t.Error("the local mode does not claim one process")
 	}
+	if in, why := envelope("lease", under, 200); in || !strings.Contains(why, "strict") {
+		t.Errorf("the lease mode claims 200 members on one limit (%q)", why)
+	}
+	if in, _ := envelope("lease", under, 24); !in {
+		t.Error("the lease mode does not claim 24 members")
+	}
 }
 
 // TestMatrixLimitChangeHalves: a limit change halves each limit's rate, where a rate of

@@ -385,3 +385,6 @@ func (m *Member) Status(now int64) Status {
 	}
 	return st
 }
+
+// Live is how many members hold the limit, as the store last said (0 before any answer).
+func (m *Member) Live() int64 { return m.view.live }

@@ -212,7 +212,7 @@ func TestCheckSaysWhatDecided(t *testing.T) {
 		}
 		opts := []server.Option{server.WithLogger(slog.New(slog.DiscardHandler))}
 		if cfg.Backend == "strict" {
-			b, err := serveBackend(cfg, clock.Default)
+			b, err := serveBackend(cfg, clock.Default, slog.New(slog.DiscardHandler))
 			if err != nil {
 				t.Fatal(err)
 			}

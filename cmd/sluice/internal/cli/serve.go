@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -46,7 +47,7 @@ func backendLike(cfg server.Config) backend.Backend {
 
 // serveBackend builds the back end a config names, other than local (which the server
 // builds itself): nil for local. The caller closes it after the server's shutdown.
-func serveBackend(cfg server.Config, clk clock.Clock) (backend.Backend, error) {
+func serveBackend(cfg server.Config, clk clock.Clock, log *slog.Logger) (backend.Backend, error) {
 	switch cfg.Backend {
 	case "local":
 		return nil, nil
@@ -74,7 +75,7 @@ func serveBackend(cfg server.Config, clk clock.Clock) (backend.Backend, error) {
 		if st == nil {
 			st = store.NewMemory(clk) // one daemon alone: its rules' limits in memory
 		}
-		b, err := lease.New(st, lease.WithClock(clk))
+		b, err := lease.New(st, lease.WithClock(clk), lease.WithLogger(log))
 		if err != nil {
 			closeStore()
 			return nil, err
@@ -390,7 +391,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	if tel.tp != nil {
 		opts = append(opts, server.WithTracerProvider(tel.tp))
 	}
-	be, err := serveBackend(cfg, clock.Default)
+	be, err := serveBackend(cfg, clock.Default, log)
 	if err != nil {
 		return fmt.Errorf("serve: backend %s: %w", cfg.Backend, err)
 	}
