@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/internal/yamlx"
+	"github.com/sluicehq/sluice/lease"
 )
 
 // The guarantee matrix: every mode across a designed set of pool shapes, each judged
