@@ -15,7 +15,7 @@ PKGS          := ./...
 # per core, left a 2-core machine half idle).
 TESTP         ?= 4
 
-.PHONY: all test test-deps test-short bench fuzz soak robustness matrix lint api api-base vet fmt tidy clean release
+.PHONY: all test test-deps test-short bench fuzz soak robustness matrix lint api api-base vet fmt tidy clean release image
 
 all: lint test
 
@@ -148,6 +148,14 @@ release:
 	    -ldflags "-s -w -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COMMIT)" -o $$out ./cmd/sluice || exit 1; \
 	done
 	cd dist && sha256sum sluice-* > SHA256SUMS && cat SHA256SUMS
+
+## image: the daemon's container image from deploy/Dockerfile, named IMAGE (required: nothing
+## is published; e.g. make image IMAGE=registry.example.com/sluice:v0.3.0), with the version
+## and commit stamped in; push it where your cluster pulls from and set it in
+## deploy/kubernetes/sluice.yaml.
+image:
+	@test -n "$(IMAGE)" || { echo "make image: set IMAGE, e.g. make image IMAGE=registry.example.com/sluice:$(VERSION)" >&2; exit 2; }
+	docker build -f deploy/Dockerfile --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) -t $(IMAGE) .
 
 clean:
 	rm -f bench/results/bench.test bench/results/robust.test bench/results/robust-sluice bench/results/*.prof

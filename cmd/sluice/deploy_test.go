@@ -101,7 +101,7 @@ func loadManifests(t *testing.T) map[string]k8sObject {
 		}
 		objs[o.Kind] = o
 	}
-	for _, k := range []string{"Namespace", "ConfigMap", "DaemonSet", "Service"} {
+	for _, k := range []string{"Namespace", "ConfigMap", "DaemonSet", "Service", "NetworkPolicy"} {
 		if _, ok := objs[k]; !ok {
 			t.Fatalf("deploy/kubernetes/sluice.yaml has no %s", k)
 		}
@@ -275,17 +275,33 @@ func TestSystemdUnit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "sluice.yaml")
 	if err := os.WriteFile(cfg, []byte(loadManifests(t)["ConfigMap"].Data["sluice.yaml"]), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	n := 0
+	// The token as systemd hands it over: a credential in $CREDENTIALS_DIRECTORY.
+	creds := filepath.Join(dir, "credentials")
+	if err := os.Mkdir(creds, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(creds, "http-token"), []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n, loads := 0, false
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		key, cmdline, ok := strings.Cut(sc.Text(), "=")
+		if key == "LoadCredential" && strings.HasPrefix(cmdline, "http-token:") {
+			loads = true
+		}
 		if !ok || !strings.HasPrefix(key, "Exec") || !strings.HasPrefix(cmdline, "/usr/local/bin/sluice ") {
 			continue
 		}
+		if !strings.Contains(cmdline, "--http-token-file ${CREDENTIALS_DIRECTORY}/http-token") {
+			t.Errorf("%s does not read the token from its credential: %s", key, cmdline)
+		}
+		cmdline = strings.ReplaceAll(cmdline, "${CREDENTIALS_DIRECTORY}", creds)
 		args := strings.Fields(strings.Replace(cmdline, "/etc/sluice/sluice.yaml", cfg, 1))[1:]
 		if i := slices.Index(args, "--check-config"); i >= 0 {
 			args = append(args[:i], args[i+1:]...)
@@ -295,5 +311,66 @@ func TestSystemdUnit(t *testing.T) {
 	}
 	if n < 2 {
 		t.Errorf("found %d sluice command lines in the unit, want ExecStart and its checks", n)
+	}
+	if !loads {
+		t.Error("the unit loads no http-token credential (LoadCredential=http-token:...)")
+	}
+}
+
+// TestKubernetesPolicyAndRollout: the NetworkPolicy selects the daemons and lets through
+// the container's line and admin ports only; the DaemonSet rolls a node over without a gap
+// (maxSurge 1, maxUnavailable 0: a node's clients reach only their node's daemon); the
+// image is one the user names (nothing is published), not a registry's latest.
+func TestKubernetesPolicyAndRollout(t *testing.T) {
+	b, err := os.ReadFile("../../deploy/kubernetes/sluice.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs := map[string]map[string]any{}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	for {
+		var d map[string]any
+		if err := dec.Decode(&d); err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			t.Fatal(err)
+		}
+		docs[d["kind"].(string)] = d
+	}
+	get := func(v any, path ...string) any {
+		for _, p := range path {
+			m, ok := v.(map[string]any)
+			if !ok {
+				return nil
+			}
+			v = m[p]
+		}
+		return v
+	}
+	np := docs["NetworkPolicy"]
+	if get(np, "spec", "podSelector", "matchLabels", "app.kubernetes.io/name") != "sluice" {
+		t.Errorf("the NetworkPolicy does not select the daemons: %v", get(np, "spec", "podSelector"))
+	}
+	var ports []string
+	for _, rule := range get(np, "spec", "ingress").([]any) {
+		if get(rule, "from") == nil {
+			t.Errorf("an ingress rule from anywhere: %v", rule)
+		}
+		for _, p := range get(rule, "ports").([]any) {
+			ports = append(ports, get(p, "port").(string))
+		}
+	}
+	slices.Sort(ports)
+	if !slices.Equal(ports, []string{"admin", "line"}) {
+		t.Errorf("the NetworkPolicy lets through ports %v, want admin and line", ports)
+	}
+	ru := get(docs["DaemonSet"], "spec", "updateStrategy", "rollingUpdate")
+	if get(ru, "maxSurge") != 1 || get(ru, "maxUnavailable") != 0 {
+		t.Errorf("rolling update %v: want maxSurge 1 and maxUnavailable 0", ru)
+	}
+	c := get(docs["DaemonSet"], "spec", "template", "spec", "containers").([]any)[0]
+	if img := get(c, "image").(string); strings.HasSuffix(img, ":latest") || strings.HasPrefix(img, "ghcr.io/") {
+		t.Errorf("image %q: nothing is published; the manifest names the user's own", img)
 	}
 }
