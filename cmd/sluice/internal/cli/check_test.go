@@ -274,3 +274,24 @@ func TestFlagErrorsSayTheValueOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestHelpWritesFlagsAsTheREADME: every command's --help lists its flags as --name, with
+// what each takes named in capitals (never its default), and its default quoted.
+func TestHelpWritesFlagsAsTheREADME(t *testing.T) {
+	for name := range commands {
+		code, out, errs := run(t, name, "--help")
+		if code != ExitOK && code != ExitUsage {
+			t.Errorf("%s --help: exit %d %s", name, code, errs)
+			continue
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if strings.HasPrefix(line, "  -") && !strings.HasPrefix(line, "  --") {
+				t.Errorf("%s --help: %q is not written --flag", name, line)
+			}
+		}
+	}
+	_, out, _ := run(t, "demo", "--help")
+	if !strings.Contains(out, "  --mode VALUE\n") || !strings.Contains(out, `(default "local")`) || strings.Contains(out, "  --mode local\n") {
+		t.Errorf("demo --help:\n%s", out)
+	}
+}

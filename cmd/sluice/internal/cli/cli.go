@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Env is what a command runs with: its streams. Tests run commands in process with buffers.
@@ -146,7 +147,7 @@ func newFlags(env Env, name, usage string) *flag.FlagSet {
 			fmt.Fprintln(out)
 		}
 		fmt.Fprintln(out, "Flags:")
-		fs.PrintDefaults()
+		printFlags(out, fs)
 	}
 	if collect != nil {
 		collect(fs)
@@ -224,4 +225,47 @@ func flagError(err error) error {
 		inner = "not a number"
 	}
 	return fmt.Errorf("--%s %q: %s", name, value, strings.TrimPrefix(inner, "sluice: "))
+}
+
+// printFlags lists fs's flags as the README writes them: --name VALUE, where VALUE names
+// what the flag takes (the usage's `backquoted` word, or its type, never a default that
+// would read as one), then the usage and the default.
+func printFlags(out io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		name, usage := flag.UnquoteUsage(f)
+		if name == f.DefValue || name == "value" || name == "string" {
+			name = valueKind(f)
+		}
+		line := "  --" + f.Name
+		if name != "" {
+			line += " " + strings.ToUpper(name)
+		}
+		fmt.Fprintln(out, line)
+		fmt.Fprintf(out, "    \t%s", strings.ReplaceAll(usage, "\n", "\n    \t"))
+		if d := f.DefValue; d != "" && d != "0" && d != "false" && d != "0s" && d != "[]" {
+			fmt.Fprintf(out, " (default %s)", strconv.Quote(d))
+		}
+		fmt.Fprintln(out)
+	})
+}
+
+// valueKind names what a flag takes by its type: "" for a switch.
+func valueKind(f *flag.Flag) string {
+	type boolFlag interface{ IsBoolFlag() bool }
+	if b, ok := f.Value.(boolFlag); ok && b.IsBoolFlag() {
+		return ""
+	}
+	g, ok := f.Value.(flag.Getter)
+	if !ok {
+		return "VALUE"
+	}
+	switch g.Get().(type) {
+	case int, int64, uint, uint64:
+		return "N"
+	case float64:
+		return "NUMBER"
+	case time.Duration:
+		return "DURATION"
+	}
+	return "VALUE"
 }
