@@ -186,7 +186,7 @@ func TestDemandIsWhatCallersAsk(t *testing.T) {
 }
 
 // TestShareCutForTheReserveIsNotSaturation: four members whose callers wait (up to a
-// minute), with Poisson demand of 0.57, 1.13, 2.27 and 4.53 a second on 10/s (85% of it),
+// minute), with Poisson demand of 1.13, 2.27, 4.53 and 9.07 a second on 20/s (85% of it),
 // are given shares below their demands while the store keeps a reserve free: the rest is
 // borrowed. Held back by such a share when the pool is short, a member is not saturated:
 // the store knows its demand. It used to count as saturated, probe half as much again,
@@ -194,10 +194,10 @@ func TestDemandIsWhatCallersAsk(t *testing.T) {
 // (and the pool the borrows need) away; the shares then held the whole limit, split
 // equally among members that mostly wanted less, for the rest of the run.
 func TestShareCutForTheReserveIsNotSaturation(t *testing.T) {
-	l := lim(10, time.Second, 10)
+	l := lim(20, time.Second, 20)
 	cfg := DefaultConfig()
 	st, _ := NewState(l, 1, 0, 0, cfg)
-	rates := []float64{0.5667, 1.1333, 2.2667, 4.5333}
+	rates := []float64{1.1333, 2.2667, 4.5333, 9.0667}
 	type caller struct {
 		m       *Member
 		retries []int64 // callers waiting to decide again, by when
