@@ -46,6 +46,7 @@ type leaseMode struct {
 	parked  [][]int32         // goroutines waiting for a share
 	waiting [][]bool          // goroutines counted as waiting (allot.Member.Wait)
 	again   [][]bool          // goroutines deciding again after a borrow the store refused
+	asking  [][]bool          // goroutines with a request decided and not yet granted or denied
 	tickAt  []int64           // when the member's renewal timer is set (0: not set)
 	tickSeq []int64
 	since   []int64 // when the member's lease members were made
@@ -120,6 +121,7 @@ func (l *leaseMode) setup(e *engine) {
 	l.parked = make([][]int32, n)
 	l.waiting = make([][]bool, n)
 	l.again = make([][]bool, n)
+	l.asking = make([][]bool, n)
 	l.tickAt = make([]int64, n)
 	l.tickSeq = make([]int64, n)
 	l.since = make([]int64, n)
@@ -139,6 +141,7 @@ func (l *leaseMode) ensure(e *engine, mi int32) []*allot.Member {
 		l.parked[mi] = l.parked[mi][:0]
 		l.waiting[mi] = make([]bool, len(m.gs))
 		l.again[mi] = make([]bool, len(m.gs))
+		l.asking[mi] = make([]bool, len(m.gs))
 		l.tickAt[mi] = 0
 	}
 	return l.members[mi]
@@ -176,23 +179,24 @@ func (l *leaseMode) acquire(e *engine, mi, g int32) {
 		decide = allot.DecideAgain // the same request, after a wait or a borrow: counted once
 	}
 	l.again[mi][g] = false
+	l.asking[mi][g] = true
 	l.unwait(mi, g)
 	res, tk, out, err := decide(ms, e.now, 1, e.maxWait)
 	switch {
 	case err != nil:
-		e.denied(mi, g, 0)
+		l.deny(e, mi, g, 0)
 	case out == allot.Granted:
 		e.members[mi].tickets[g], s.hasTk = tk, true
-		e.permit(mi, g, e.now+res.Delay)
+		l.grant(e, mi, g, e.now+res.Delay)
 	case out == allot.Throttled:
-		e.denied(mi, g, res.RetryAfter)
+		l.deny(e, mi, g, res.RetryAfter)
 	case out == allot.AtStore:
 		// The limit is decided at the store: take the permit there, one round trip.
 		// (Keys with several limits, some decided at the store, are not modelled: the
 		// goroutine backs off.)
 		req, ok := ms[0].TakeRequest(e.now, 1, e.maxWait)
 		if len(ms) != 1 || !ok {
-			e.denied(mi, g, 0)
+			l.deny(e, mi, g, 0)
 			break
 		}
 		req.Nonce = takeNonce(g, e.members[mi].ops[g])
@@ -202,7 +206,7 @@ func (l *leaseMode) acquire(e *engine, mi, g int32) {
 		l.wait(mi, g)
 		e.schedule(event{at: e.now + max(res.RetryAfter, 1), kind: evRetry, m: mi, g: g, op: e.members[mi].ops[g]})
 	case e.maxWait == 0 && !joining(ms) && !drawing(ms, e.now):
-		e.denied(mi, g, res.RetryAfter) // no share (yet): a pessimistic client backs off
+		l.deny(e, mi, g, res.RetryAfter) // no share (yet): a pessimistic client backs off
 	default:
 		// No share (yet), or the permit falls after the lease's end: wait for an answer
 		// from the store, then ask again.
@@ -210,6 +214,34 @@ func (l *leaseMode) acquire(e *engine, mi, g int32) {
 		l.parked[mi] = append(l.parked[mi], g)
 	}
 	l.reschedule(e, mi)
+}
+
+// grant hands goroutine g's permit, due at at, to the member's request that has waited
+// longest: the limiter's waiting room serves a key's waiters in arrival order
+// (docs/concepts.md, "Fair waiting"), whichever of them the decision was made for. The
+// goroutines swap the requests they carry; the one left waiting goes on waiting for the
+// next permit as it was.
+func (l *leaseMode) grant(e *engine, mi, g int32, at int64) {
+	m := e.members[mi]
+	h := g
+	for k := range m.gs {
+		if l.asking[mi][k] && m.gs[k].busy && !m.gs[k].hasTk && m.gs[k].arrival < m.gs[h].arrival {
+			h = int32(k)
+		}
+	}
+	if h != g {
+		a, b := &m.gs[g], &m.gs[h]
+		a.arrival, b.arrival = b.arrival, a.arrival
+		a.cost, b.cost = b.cost, a.cost
+	}
+	l.asking[mi][g] = false
+	e.permit(mi, g, at)
+}
+
+// deny answers goroutine g's request with a denial (it backs off and asks again).
+func (l *leaseMode) deny(e *engine, mi, g int32, retryAfter int64) {
+	l.asking[mi][g] = false
+	e.denied(mi, g, retryAfter)
 }
 
 // wake makes the goroutines waiting for a share ask again.
@@ -313,7 +345,7 @@ func (l *leaseMode) handle(e *engine, ev *event) {
 		e.timeouts++
 		if g, op, ok := fromTakeNonce(uint64(ev.val2)); ok {
 			if m := e.members[ev.m]; m.gs[g].busy && m.ops[g] == op {
-				e.denied(ev.m, g, 0) // the take got no answer in time
+				l.deny(e, ev.m, g, 0) // the take got no answer in time
 			}
 			return
 		}
@@ -533,7 +565,7 @@ func (l *leaseMode) took(e *engine, mi int32, msg leaseMsg) {
 			return // the goroutine gave up meanwhile
 		}
 		if msg.err == nil && msg.rep.Taken {
-			e.permit(mi, g, e.now) // used at once, as a take is
+			l.grant(e, mi, g, e.now) // used at once, as a take is
 		} else {
 			l.again[mi][g] = true // the pool was short: decide again on the share
 			l.acquire(e, mi, g)
@@ -547,14 +579,14 @@ func (l *leaseMode) took(e *engine, mi int32, msg leaseMsg) {
 	}
 	switch {
 	case msg.err == nil && msg.rep.Taken:
-		e.permit(mi, g, e.now+msg.rep.Wait)
+		l.grant(e, mi, g, e.now+msg.rep.Wait)
 	case msg.err == nil && msg.rep.Wait <= e.maxWait:
 		// A caller that may wait that long keeps its place in the store's line and asks
 		// again when told, as the backend does.
 		l.wait(mi, g)
 		e.schedule(event{at: e.now + max(msg.rep.Wait, 1), kind: evRetry, m: mi, g: g, op: m.ops[g]})
 	default:
-		e.denied(mi, g, msg.rep.Wait)
+		l.deny(e, mi, g, msg.rep.Wait)
 	}
 	l.reschedule(e, mi)
 }

@@ -3,6 +3,7 @@ package allot
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -181,5 +182,106 @@ func TestDemandIsWhatCallersAsk(t *testing.T) {
 	}
 	if s.Share.Rate < 280000 || s.Share.Rate > 320000 {
 		t.Errorf("share %+v, want about 300000 ppm (the demand and half as much again)", s.Share)
+	}
+}
+
+// TestShareCutForTheReserveIsNotSaturation: four members whose callers wait (up to a
+// minute), with Poisson demand of 1.13, 2.27, 4.53 and 9.07 a second on 20/s (85% of it),
+// are given shares below their demands while the store keeps a reserve free: the rest is
+// borrowed. Held back by such a share when the pool is short, a member is not saturated:
+// the store knows its demand. It used to count as saturated, probe half as much again,
+// then ask for as much as it could get while its callers waited, which took the reserve
+// (and the pool the borrows need) away; the shares then held the whole limit, split
+// equally among members that mostly wanted less, for the rest of the run.
+func TestShareCutForTheReserveIsNotSaturation(t *testing.T) {
+	l := lim(20, time.Second, 20)
+	cfg := DefaultConfig()
+	st, _ := NewState(l, 1, 0, 0, cfg)
+	rates := []float64{1.1333, 2.2667, 4.5333, 9.0667}
+	type caller struct {
+		m       *Member
+		retries []int64 // callers waiting to decide again, by when
+		next    int64   // the next arrival
+		all     int     // renewals reporting as much as it can get, after the first 20 s
+		renews  int
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	var cs []*caller
+	for i := range rates {
+		cs = append(cs, &caller{m: NewMember(fmt.Sprintf("m%d", i), l, DefaultMemberConfig(), 0)})
+	}
+	apply := func(now int64, req Request) Reply {
+		t.Helper()
+		rep, err := st.Apply(now, cfg, req)
+		if err != nil {
+			t.Fatalf("at %v: %v", time.Duration(now), err)
+		}
+		if err := st.Check(now); err != nil {
+			t.Fatalf("at %v: %v", time.Duration(now), err)
+		}
+		return rep
+	}
+	decide := func(c *caller, now int64, again bool) {
+		d := Decide
+		if again {
+			d = DecideAgain
+		}
+		res, _, out, err := d([]*Member{c.m}, now, 1, 60*sec)
+		switch {
+		case err != nil:
+			t.Fatalf("at %v: %v", time.Duration(now), err)
+		case out == AtStore && c.m.Borrowing():
+			req, _ := c.m.TakeRequest(now, 1, 60*sec)
+			rep := apply(now, req)
+			c.m.TookBorrow(now, 1, rep, nil)
+			if !rep.Taken {
+				c.m.Wait(1)
+				c.retries = append(c.retries, now)
+			}
+		case out == TooFar || out == LeaseEnds || out == NoLease:
+			c.m.Wait(1)
+			c.retries = append(c.retries, now+max(res.RetryAfter, ms))
+		}
+	}
+	for now := int64(0); now < 120*sec; now += ms {
+		for i, c := range cs {
+			if req, ok := c.m.Request(now, 0); ok {
+				rep := apply(now, req)
+				c.m.Receive(now, req.Nonce, rep, nil)
+				if now >= 20*sec && req.Op == OpRenew {
+					c.renews++
+					if req.Demand == RateScale {
+						c.all++
+					}
+				}
+			}
+			var due int
+			c.retries = slices.DeleteFunc(c.retries, func(at int64) bool {
+				if at <= now {
+					due++
+					return true
+				}
+				return false
+			})
+			for range due {
+				c.m.Wait(-1)
+				decide(c, now, true)
+			}
+			for now >= c.next {
+				if c.next > 0 {
+					decide(c, now, false)
+				}
+				c.next += int64(rng.ExpFloat64() * float64(sec) / rates[i])
+			}
+		}
+	}
+	all, renews := 0, 0
+	for _, c := range cs {
+		all += c.all
+		renews += c.renews
+		t.Logf("%s: as much as it can get at %d of %d renewals", c.m.ID(), c.all, c.renews)
+	}
+	if all*100 > 15*renews {
+		t.Errorf("the members asked for as much as they could get at %d of their %d renewals after the first 20 s (want at most 15%%: demand is 85%% of the limit)", all, renews)
 	}
 }

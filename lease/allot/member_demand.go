@@ -82,6 +82,15 @@ func (m *Member) measure(now int64) int64 {
 		m.demand.heldRuns = 0 // asked, and was never held back
 	}
 	sat := m.demand.held && (!m.rated() || m.demand.heldRuns >= 2 && m.demand.rate*float64(m.lease.local.T) >= saturation)
+	if m.cutForReserve() {
+		// Held back by a share the store cut below the rate it reported, to keep a reserve
+		// free (the rest is borrowed): the store knows its demand, and the reserve serves
+		// the rest. Counted saturated, it would probe half as much again and then, with its
+		// callers waiting for the borrows, ask for as much as it can get, which takes the
+		// reserve (and the pool the borrows draw on) away from every member.
+		sat = false
+		m.demand.saturated = false
+	}
 	var d int64
 	switch {
 	case m.phase != registered, !m.rated() && m.demand.asked > 0:
@@ -128,4 +137,11 @@ func (m *Member) measure(now int64) int64 {
 	m.demand.winStart, m.demand.asked, m.demand.used, m.demand.throttled, m.demand.held, m.demand.waited = now, 0, 0, false, false, false
 	m.demand.borrows = 0
 	return d
+}
+
+// cutForReserve reports whether the member's share is below the measured rate it last
+// reported because the store keeps a reserve free (the last answer had a free rate): its
+// demand is known, and what the share does not grant is borrowed.
+func (m *Member) cutForReserve() bool {
+	return m.view.free.Rate > 0 && m.rated() && m.lease.share.Rate < m.demand.reported && m.demand.reported < RateScale
 }

@@ -543,3 +543,63 @@ func TestJoinWindowSharesTheFirstBurst(t *testing.T) {
 		t.Errorf("in the window: RetryIn %v, want 30ms", time.Duration(rep.RetryIn))
 	}
 }
+
+// TestTurnsAtTheStoreAreFairToMembersWithOneCaller: a limit decided at the store (2/s, a
+// burst of one, four members) serves waiting members in turn. A member with one caller,
+// whose take is booked ahead (up to TTL + Grace), is out of line while that caller waits
+// for its permit; without a place kept for it, it missed its next turn to members whose
+// other callers were in line, and got about half what each of them did.
+func TestTurnsAtTheStoreAreFairToMembersWithOneCaller(t *testing.T) {
+	c := cfg(Fair)
+	c.JoinWindow = 0
+	s, _ := NewState(lim(2, time.Second, 1), 1, 0, 0, c)
+	apply := func(at int64, req Request) Reply {
+		t.Helper()
+		rep, err := s.Apply(at, c, req)
+		if err != nil {
+			t.Fatalf("at %v %v: %v", time.Duration(at), req.Op, err)
+		}
+		if err := s.Check(at); err != nil {
+			t.Fatalf("at %v: %v", time.Duration(at), err)
+		}
+		return rep
+	}
+	callers := map[string]int{"a": 1, "b": 2, "c": 4, "d": 8}
+	names := []string{"a", "b", "c", "d"}
+	epochs := map[string]Epoch{}
+	asks := map[string][]int64{} // when each caller asks next
+	got := map[string]int{}
+	for _, id := range names {
+		epochs[id] = apply(0, Request{Op: OpJoin, Member: id, Demand: all}).Epoch
+		asks[id] = make([]int64, callers[id])
+	}
+	for now := int64(0); now < 120*sec; now += ms {
+		if now%(200*ms) == 0 {
+			for _, id := range names {
+				apply(now, Request{Op: OpRenew, Member: id, Epoch: epochs[id], Demand: all})
+			}
+		}
+		for _, id := range names {
+			for k, at := range asks[id] {
+				if at > now {
+					continue
+				}
+				r := apply(now, Request{Op: OpTake, Member: id, Epoch: epochs[id], N: 1, MaxDelay: 60 * sec})
+				switch {
+				case r.Taken:
+					got[id]++
+					asks[id][k] = now + r.Wait + 10*ms // it uses the permit, then asks again
+				default:
+					asks[id][k] = now + max(r.Wait, ms)
+				}
+			}
+		}
+	}
+	total := got["a"] + got["b"] + got["c"] + got["d"]
+	t.Logf("permits: %v", got)
+	for _, id := range names {
+		if got[id]*4*10 < total*9 {
+			t.Errorf("%s (%d callers) got %d of %d permits, want at least 0.9 of a quarter", id, callers[id], got[id], total)
+		}
+	}
+}
