@@ -315,3 +315,29 @@ func TestFastClientBacksOffMore(t *testing.T) {
 		t.Fatalf("the fast client kept %.3f of its pace, the slow one %.3f: want the fast to come down by more (and stay faster)", f, s)
 	}
 }
+
+// TestCancelKeepsThePace: a slot given back is the next request's, at its time: the
+// chain of slots goes on from it, and the next request does not go at once (a cancelled
+// slot is not a reset of the pace).
+func TestCancelKeepsThePace(t *testing.T) {
+	c := newC(t, Config{Jitter: 1e-9})
+	c.observe(1*sec, 1*sec-1, ok(10, 2, time.Second, 10), 0)
+	at1, out := c.Next(2*sec, 0)
+	if out != Send {
+		t.Fatalf("first request: %v", out)
+	}
+	at2, out := c.Next(2*sec, 0)
+	if out != Send || at2 <= at1 {
+		t.Fatalf("second request: slot %v (%v), want one after %v", at2, out, at1)
+	}
+	c.Cancel(at2, 0) // its context ended before the slot
+	if at3, out := c.Next(2*sec+1, 0); out == Send && at3 < at2 {
+		t.Fatalf("after the cancel: a slot at %v, before the cancelled one's %v: the pace was reset", time.Duration(at3-2*sec), time.Duration(at2-2*sec))
+	}
+	// Given back twice in a row, the slot is still not earlier.
+	at3 := send(t, c, 2*sec+2, 0)
+	c.Cancel(at3, 0)
+	if at4 := send(t, c, 2*sec+3, 0); at4 < at2 {
+		t.Fatalf("after two cancels: a slot at %v, before %v", time.Duration(at4-2*sec), time.Duration(at2-2*sec))
+	}
+}

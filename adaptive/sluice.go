@@ -35,6 +35,7 @@ type sluiceSlot struct {
 	cost   float64
 	jitter float64
 	probe  bool // reserved before the pace was known: the next follows by probe
+	free   bool // given back (its request's context ended first): the next request's
 }
 
 // sample is the remaining count an answer reported, and when its request was sent.
@@ -97,6 +98,8 @@ func (q *sluiceQuota) next() int64 {
 	switch {
 	case sl.cost == 0:
 		return math.MinInt64
+	case sl.free:
+		return sl.at // given back: the next request takes it, and the chain goes on from it
 	case sl.probe || q.pace <= 0:
 		return sl.at + int64(probe)
 	}
@@ -108,8 +111,10 @@ func (s *sluiceStrategy) cancel(_ *Controller, at int64, cost [nQuotas]float64) 
 		return // a later slot was reserved since: this one's place stays taken
 	}
 	for i := range s.q {
-		if cost[i] > 0 {
-			s.q[i].slot = sluiceSlot{} // the last slot reserved: its place is free again
+		if cost[i] > 0 && s.q[i].slot.cost > 0 {
+			// The last slot reserved: the next request in line takes it, at its time (a
+			// slot given back is not a reset of the pace: the chain goes on from it).
+			s.q[i].slot.free = true
 		}
 	}
 }
