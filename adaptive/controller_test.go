@@ -341,3 +341,37 @@ func TestCancelKeepsThePace(t *testing.T) {
 		t.Fatalf("after two cancels: a slot at %v, before %v", time.Duration(at4-2*sec), time.Duration(at2-2*sec))
 	}
 }
+
+// TestRefusalHalvesInEveryState: a 429 halves the pace, whatever the controller knows:
+// with the limit's rate named, and with none (the pace grows until refused), where it
+// used to drop to nothing and start again at one request a second.
+func TestRefusalHalvesInEveryState(t *testing.T) {
+	bare := func(r int64) ratehdr.Facts {
+		return ratehdr.Facts{Status: 200, Quotas: []ratehdr.Quota{{Limit: -1, Remaining: r, Reset: -1, Burst: -1}}}
+	}
+	u := newC(t, Config{})
+	for i := int64(1); i <= 10; i++ {
+		u.observe(i*sec, i*sec-1, bare(50), 0)
+	}
+	before := u.Rate()
+	if before <= 1 {
+		t.Fatalf("pace %v after ten answers with room, want it grown above 1/s", before)
+	}
+	f := ratehdr.Facts{Status: 429, RetryAfter: time.Second, HasRetryAfter: true, Quotas: []ratehdr.Quota{{Limit: -1, Remaining: 0, Reset: -1, Burst: -1}}}
+	u.observe(11*sec, 11*sec-1, f, 0)
+	if got := u.Rate(); math.Abs(got-before/2) > 1e-9 {
+		t.Fatalf("no limit known: pace %v after a 429, want %v (halved)", got, before/2)
+	}
+	u.observe(13*sec, 13*sec-1, bare(1), 0)
+	if got := u.Rate(); got < before/2 || got > before {
+		t.Fatalf("no limit known: pace %v after the next 200, want it to grow from %v, not start again", got, before/2)
+	}
+
+	k := newC(t, Config{})
+	k.observe(1*sec, 1*sec-1, ok(20, 3, time.Second, 10), 0)
+	before = k.Rate()
+	k.observe(2*sec, 2*sec-1, refused(time.Second), 0)
+	if got := k.Rate(); math.Abs(got-before/2) > 1e-9 {
+		t.Fatalf("limit known: pace %v after a 429, want %v", got, before/2)
+	}
+}

@@ -148,8 +148,18 @@ func unit(c *Controller, i int) float64 {
 
 func (s *sluiceStrategy) observe(c *Controller, a *answer) {
 	if a.newEvent {
+		// A refusal halves the pace, whatever the controller knows (the spare being spent
+		// on top of the base is dropped too). Before any pace, it halves the one the
+		// controller would start at.
 		for i := range s.q {
 			q := &s.q[i]
+			if q.base <= 0 && i == reqQ {
+				q.base = 1 // unknownLimit's start
+				if k := c.q[i]; k.known {
+					q.base = k.limit / 16 // learn's start
+				}
+				q.updated = a.sent
+			}
 			q.base /= 2
 			q.pace = q.base
 		}
@@ -174,15 +184,16 @@ func (s *sluiceStrategy) observe(c *Controller, a *answer) {
 // tenth a second; a refusal halves it.
 func (s *sluiceStrategy) unknownLimit(c *Controller, a *answer) {
 	q := &s.q[reqQ]
-	if q.pace == 0 {
-		q.pace, q.updated = 1, a.sent
+	if q.base == 0 {
+		q.base, q.pace, q.updated = 1, 1, a.sent
 		return
 	}
 	dt := float64(a.sent-q.updated) / 1e9
 	if dt > 0 {
-		q.pace *= math.Pow(1.1, min(dt, 60))
+		q.base *= math.Pow(1.1, min(dt, 60))
 		q.updated = a.sent
 	}
+	q.pace = q.base
 }
 
 // learn moves the pace under one limit from one answer's remaining count r, its request
