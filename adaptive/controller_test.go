@@ -375,3 +375,31 @@ func TestRefusalHalvesInEveryState(t *testing.T) {
 		t.Fatalf("limit known: pace %v after a 429, want %v", got, before/2)
 	}
 }
+
+// TestBackFromIdleToAFullLimit: a client quiet for a while starts again gently, unless
+// the first answer after its quiet finds the limit full: nobody took its pace up, and
+// it has it again (a lone client with on and off demand does not lose each spell's
+// start to growing back).
+func TestBackFromIdleToAFullLimit(t *testing.T) {
+	for _, full := range []bool{true, false} {
+		c := newC(t, Config{Jitter: 1e-9})
+		c.observe(1*sec, 1*sec-1, ok(10, 3, time.Second, 10), 0)
+		s := c.s.(*sluiceStrategy)
+		s.q[reqQ].base, s.q[reqQ].pace = 8, 8
+		at := send(t, c, 2*sec, 0)
+		c.observe(at+sec/50, at, ok(10, 3, time.Second, 10), 0)
+		before := c.Rate()
+		at = send(t, c, 12*sec, 0) // ten seconds quiet
+		if got := c.Rate(); got >= before/2 {
+			t.Fatalf("pace %v after ten seconds quiet, want a restart well below %v", got, before)
+		}
+		left := int64(9) // the limit full: nobody spent from it
+		if !full {
+			left = 2 // others spent it meanwhile
+		}
+		c.observe(at+sec/50, at, ok(10, left, time.Second, 10), 0)
+		if got := c.Rate(); full && got < before || !full && got >= before/2 {
+			t.Errorf("full %v: pace %v after the first answer, was %v before the quiet", full, got, before)
+		}
+	}
+}

@@ -24,6 +24,7 @@ type sluiceQuota struct {
 	base    float64    // the pace without the spare being spent
 	slot    sluiceSlot // the last slot reserved under this limit
 	updated int64      // when the pace last changed (the sent time of that answer)
+	idle    float64    // the base before a restart after idle, until the next answer
 	hist    [16]sample
 	n, head int
 }
@@ -141,7 +142,8 @@ func (s *sluiceStrategy) cancel(_ *Controller, at int64, cost [nQuotas]float64) 
 // measured of the pool is old. (A client held back by its goroutines, all waiting for
 // answers, is not quiet: the gap must also exceed Horizon.) Its pace halves for every
 // Horizon quiet, down to a sixteenth of the limit; the answers raise it again as fast as
-// there is room.
+// there is room. If the first answer after it finds the limit full (nobody spent from it
+// for a refill's time), nobody took up its pace: it is the pace before again.
 func (s *sluiceStrategy) restart(c *Controller, now int64) {
 	gap := float64(now - s.lastSend)
 	for i := range s.q {
@@ -149,6 +151,7 @@ func (s *sluiceStrategy) restart(c *Controller, now int64) {
 		if q.pace <= 0 || !k.known || gap <= max(2e9/q.pace*unit(c, i), float64(c.cfg.Horizon)) {
 			continue
 		}
+		q.idle = max(q.idle, q.base)
 		q.base = max(q.base*math.Exp2(-gap/float64(c.cfg.Horizon)), min(q.base, k.limit/16))
 		q.pace = q.base
 		q.n = 0 // the history no longer says what the pool spends now
@@ -254,6 +257,12 @@ func (q *sluiceQuota) learn(c *Controller, i int, t int64, r float64) {
 		spent, span, full = old.r-r+L*d, d, old.r+L*d >= k.burst-u
 	}
 	q.push(sample{t, r})
+	if q.idle > 0 {
+		if r+u >= k.burst-1e-9 {
+			q.base = max(q.base, q.idle) // back from idle to a full limit: nobody took its pace up
+		}
+		q.idle = 0
+	}
 	// No faster than the estimate is new: acting on it sooner would answer the same news
 	// twice.
 	T := max(T0, 2*span)
