@@ -274,3 +274,81 @@ func TestTransportShortTimeOutsKeepThePace(t *testing.T) {
 		}
 	})
 }
+
+// TestTransportNoBurstWhenWaitsEnd: twenty goroutines held back by their client's pace
+// (a referee of 5/s burst 5) for thirty seconds of fake time, then their waits end with
+// the run's context (and, halfway, with a per-request time-out of their own for a few
+// seconds). A client that was held back does not spend a stored allowance at once when
+// its goroutines stop waiting: the API receives at most its burst plus its rate in any
+// second, judged exactly from the times the requests reached it.
+func TestTransportNoBurstWhenWaitsEnd(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := clock.NewReal()
+		ref, err := referee.New(sluice.MustParse("5/s burst=5"), referee.WithClock(clk))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mu sync.Mutex
+		var arrived []int64
+		base := roundTripper(func(req *http.Request) (*http.Response, error) {
+			mu.Lock()
+			arrived = append(arrived, clk.Nanotime())
+			mu.Unlock()
+			return inProcess{ref}.RoundTrip(req)
+		})
+		client := &http.Client{Transport: &adaptive.Transport{Base: base, Clock: clk}}
+		start := clk.Nanotime()
+		run, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		var wg sync.WaitGroup
+		for range 20 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for run.Err() == nil {
+					ctx, cancel := run, context.CancelFunc(func() {})
+					if d := time.Duration(clk.Nanotime() - start); d > 12*time.Second && d < 18*time.Second {
+						ctx, cancel = context.WithTimeout(run, 300*time.Millisecond)
+					}
+					req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://api.test/v1/x", nil)
+					req.Header.Set("Authorization", "Bearer t")
+					if resp, err := client.Do(req); err == nil {
+						resp.Body.Close()
+					} else {
+						<-ctx.Done()
+					}
+					cancel()
+				}
+			}()
+		}
+		wg.Wait()
+		// Then the same goroutines come back once more, after the run, together.
+		for range 20 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				req, _ := http.NewRequest(http.MethodGet, "http://api.test/v1/x", nil)
+				req.Header.Set("Authorization", "Bearer t")
+				if resp, err := client.Do(req); err == nil {
+					resp.Body.Close()
+				}
+			}()
+		}
+		wg.Wait()
+		most, at := 0, int64(0)
+		for i := range arrived {
+			n := 0
+			for j := i; j < len(arrived) && arrived[j]-arrived[i] < int64(time.Second); j++ {
+				n++
+			}
+			if n > most {
+				most, at = n, arrived[i]-start
+			}
+		}
+		st := ref.Stats()
+		t.Logf("%d requests, %d refused; at most %d in a second (from %v)", len(arrived), st.Rejected, most, time.Duration(at))
+		if most > 5+5 {
+			t.Errorf("%d requests reached the API in the second from %v, want at most 10 (burst 5 + 5/s)", most, time.Duration(at))
+		}
+	})
+}
