@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/internal/yamlx"
 )
 
@@ -290,9 +291,12 @@ type MatrixReport struct {
 }
 
 // MatrixModes are the modes a matrix judges by default.
-// strict:processes beside strict: the strict mode fair by process (sluice.FairProcesses).
+// strict:processes beside strict: the strict mode fair by process (sluice.FairProcesses);
+// the adaptive mode's three published strategies beside its default, reported for
+// comparison (outside their envelope: they claim nothing).
 func MatrixModes() []string {
-	return []string{"local", "strict", "strict:processes", "lease", "gossip", "adaptive"}
+	return []string{"local", "strict", "strict:processes", "lease", "gossip", "adaptive",
+		"adaptive:heroku", "adaptive:cubic", "adaptive:sre"}
 }
 
 // RunMatrix runs shapes under modes (and the ideal beside them), judging each cell.
@@ -382,6 +386,10 @@ func envelope(mode string, s MatrixShape, members int) (bool, string) {
 	case "local":
 		if members > 1 {
 			return false, "the local mode is one process: a pool of processes shares a limit through strict, lease or gossip"
+		}
+	case adaptivePrefix:
+		if s, ok, _ := parseAdaptive(mode); ok && s != adaptive.Sluice {
+			return false, "a published design the adaptive mode's default strategy is measured against (docs/adaptive.md), reported beside it: it claims nothing"
 		}
 	}
 	return true, ""

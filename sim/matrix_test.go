@@ -109,6 +109,16 @@ func TestMatrixCriteria(t *testing.T) {
 	if in, _ := envelope("local", under, 1); !in {
 		t.Error("the local mode does not claim one process")
 	}
+	// The adaptive mode's published strategies are reported beside its default, and
+	// claim nothing.
+	for _, mode := range []string{"adaptive:heroku", "adaptive:cubic", "adaptive:sre"} {
+		if in, why := envelope(mode, under, 4); in || why == "" {
+			t.Errorf("%s claims a shape (%q)", mode, why)
+		}
+	}
+	if in, _ := envelope("adaptive", under, 4); !in {
+		t.Error("the adaptive mode's default does not claim its shapes")
+	}
 }
 
 // TestMatrixLimitChangeHalves: a limit change halves each limit's rate, where a rate of
