@@ -478,7 +478,9 @@ func burstOf(ls sluice.Limits) int64 {
 }
 
 // MatrixTable writes the matrix as one table, a row per shape and a column per mode:
-// "pass", "out" (outside the mode's envelope) or the figure that falls short.
+// "pass", "out" (outside the mode's envelope: "out:pass" or "out:fail", how it would be
+// judged, so that modes reported for comparison are compared) or the figure that falls
+// short.
 func MatrixTable(r *MatrixReport) string {
 	var shapes, modes []string
 	cell := map[[2]string]MatrixCell{}
@@ -509,8 +511,10 @@ func MatrixTable(r *MatrixReport) string {
 			v := "-"
 			switch {
 			case !ok:
+			case !c.InEnvelope && c.Pass:
+				v = "out:pass"
 			case !c.InEnvelope:
-				v = "out"
+				v = "out:fail"
 			case c.Pass:
 				v = "pass"
 			default:
