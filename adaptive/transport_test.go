@@ -352,3 +352,29 @@ func TestTransportNoBurstWhenWaitsEnd(t *testing.T) {
 		}
 	})
 }
+
+// TestTransportSmallLimitInRealTime: one goroutine through the Transport against the
+// referee over real TCP, on 1/s and on 1/s burst 2, for four seconds: it uses the limit
+// (at least three accepted; five at most are possible) where it used to send one request
+// in about sixteen seconds, and is refused at most once (real time: the scheduler's
+// delays are not the controller's).
+func TestTransportSmallLimitInRealTime(t *testing.T) {
+	for _, lim := range []string{"1/s", "1/s burst=2"} {
+		t.Run(lim, func(t *testing.T) {
+			ref, err := referee.New(sluice.MustParse(lim))
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(ref)
+			defer srv.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+			defer cancel()
+			pool(ctx, t, 1, 1, func() *adaptive.Transport { return &adaptive.Transport{} }, srv.URL+"/v1/work", nil)
+			st := ref.Stats()
+			t.Logf("accepted %d, refused %d", st.Accepted, st.Rejected)
+			if st.Accepted < 3 || st.Rejected > 1 {
+				t.Errorf("accepted %d, refused %d in 4 s on %s: want at least 3 and at most 1", st.Accepted, st.Rejected, lim)
+			}
+		})
+	}
+}
