@@ -228,10 +228,11 @@ func (q *sluiceQuota) learn(c *Controller, i int, t int64, r float64) {
 	k := &c.q[i]
 	L, u := k.limit, unit(c, i)
 	// The reserve, plus what the pool has on its way at the limit's rate (the answers
-	// are a round trip old). It scales with the burst: half of what the burst holds above one request, so that a
-	// small limit's reserve is not its whole burst. A burst too small to count in (fewer
-	// than four requests: the count left, in whole requests, is then mostly noise of the
-	// answers' round trips) has none: only refusals tell of others.
+	// are a round trip old). It scales with the burst: at most half of what the burst
+	// holds above one request, so that a small limit's reserve is not its whole burst. A
+	// burst too small to count in (fewer than four requests: the count left, in whole
+	// requests, is then mostly noise of the answers' round trips) has none: only
+	// refusals tell of others.
 	reserve := min(max(k.burst-u, 0)/2, max(L*c.cfg.Reserve.Seconds(), 2*u)+L*c.rtt)
 	tiny := k.burst < 4*u
 	if tiny {
