@@ -106,10 +106,11 @@ type Config struct {
 	// OpenAI's and Anthropic's fields, which count per minute).
 	Limit sluice.Limit
 	// Reserve is the capacity the Sluice strategy leaves unspent, in time at the limit's
-	// rate: default 16 s, plus a round trip, at most half the burst and at least two
-	// requests. It is the pool's cushion against the requests other clients send before
-	// they hear of a change. It is spent at the end of a run at most, so a constant
-	// reserve costs nothing of the rate.
+	// rate: default 16 s, plus a round trip, at least two requests, and at most half of
+	// what the burst holds above one request (none for a burst of fewer than four). It
+	// is the pool's cushion against the requests other clients send before they hear of
+	// a change. It is spent at the end of a run at most, so a constant reserve costs
+	// nothing of the rate.
 	Reserve time.Duration
 	// Horizon is how fast the Sluice strategy lets a pool spend what is left above the
 	// reserve (default 1 s): a lone client uses a full burst quickly, and several spend

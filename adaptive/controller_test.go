@@ -315,3 +315,91 @@ func TestFastClientBacksOffMore(t *testing.T) {
 		t.Fatalf("the fast client kept %.3f of its pace, the slow one %.3f: want the fast to come down by more (and stay faster)", f, s)
 	}
 }
+
+// TestCancelKeepsThePace: a slot given back is the next request's, at its time: the
+// chain of slots goes on from it, and the next request does not go at once (a cancelled
+// slot is not a reset of the pace).
+func TestCancelKeepsThePace(t *testing.T) {
+	c := newC(t, Config{Jitter: 1e-9})
+	c.observe(1*sec, 1*sec-1, ok(10, 2, time.Second, 10), 0)
+	at1, out := c.Next(2*sec, 0)
+	if out != Send {
+		t.Fatalf("first request: %v", out)
+	}
+	at2, out := c.Next(2*sec, 0)
+	if out != Send || at2 <= at1 {
+		t.Fatalf("second request: slot %v (%v), want one after %v", at2, out, at1)
+	}
+	c.Cancel(at2, 0) // its context ended before the slot
+	if at3, out := c.Next(2*sec+1, 0); out == Send && at3 < at2 {
+		t.Fatalf("after the cancel: a slot at %v, before the cancelled one's %v: the pace was reset", time.Duration(at3-2*sec), time.Duration(at2-2*sec))
+	}
+	// Given back twice in a row, the slot is still not earlier.
+	at3 := send(t, c, 2*sec+2, 0)
+	c.Cancel(at3, 0)
+	if at4 := send(t, c, 2*sec+3, 0); at4 < at2 {
+		t.Fatalf("after two cancels: a slot at %v, before %v", time.Duration(at4-2*sec), time.Duration(at2-2*sec))
+	}
+}
+
+// TestRefusalHalvesInEveryState: a 429 halves the pace, whatever the controller knows:
+// with the limit's rate named, and with none (the pace grows until refused), where it
+// used to drop to nothing and start again at one request a second.
+func TestRefusalHalvesInEveryState(t *testing.T) {
+	bare := func(r int64) ratehdr.Facts {
+		return ratehdr.Facts{Status: 200, Quotas: []ratehdr.Quota{{Limit: -1, Remaining: r, Reset: -1, Burst: -1}}}
+	}
+	u := newC(t, Config{})
+	for i := int64(1); i <= 10; i++ {
+		u.observe(i*sec, i*sec-1, bare(50), 0)
+	}
+	before := u.Rate()
+	if before <= 1 {
+		t.Fatalf("pace %v after ten answers with room, want it grown above 1/s", before)
+	}
+	f := ratehdr.Facts{Status: 429, RetryAfter: time.Second, HasRetryAfter: true, Quotas: []ratehdr.Quota{{Limit: -1, Remaining: 0, Reset: -1, Burst: -1}}}
+	u.observe(11*sec, 11*sec-1, f, 0)
+	if got := u.Rate(); math.Abs(got-before/2) > 1e-9 {
+		t.Fatalf("no limit known: pace %v after a 429, want %v (halved)", got, before/2)
+	}
+	u.observe(13*sec, 13*sec-1, bare(1), 0)
+	if got := u.Rate(); got < before/2 || got > before {
+		t.Fatalf("no limit known: pace %v after the next 200, want it to grow from %v, not start again", got, before/2)
+	}
+
+	k := newC(t, Config{})
+	k.observe(1*sec, 1*sec-1, ok(20, 3, time.Second, 10), 0)
+	before = k.Rate()
+	k.observe(2*sec, 2*sec-1, refused(time.Second), 0)
+	if got := k.Rate(); math.Abs(got-before/2) > 1e-9 {
+		t.Fatalf("limit known: pace %v after a 429, want %v", got, before/2)
+	}
+}
+
+// TestBackFromIdleToAFullLimit: a client quiet for a while starts again gently, unless
+// the first answer after its quiet finds the limit full: nobody took its pace up, and
+// it has it again (a lone client with on and off demand does not lose each spell's
+// start to growing back).
+func TestBackFromIdleToAFullLimit(t *testing.T) {
+	for _, full := range []bool{true, false} {
+		c := newC(t, Config{Jitter: 1e-9})
+		c.observe(1*sec, 1*sec-1, ok(10, 3, time.Second, 10), 0)
+		s := c.s.(*sluiceStrategy)
+		s.q[reqQ].base, s.q[reqQ].pace = 8, 8
+		at := send(t, c, 2*sec, 0)
+		c.observe(at+sec/50, at, ok(10, 3, time.Second, 10), 0)
+		before := c.Rate()
+		at = send(t, c, 12*sec, 0) // ten seconds quiet
+		if got := c.Rate(); got >= before/2 {
+			t.Fatalf("pace %v after ten seconds quiet, want a restart well below %v", got, before)
+		}
+		left := int64(9) // the limit full: nobody spent from it
+		if !full {
+			left = 2 // others spent it meanwhile
+		}
+		c.observe(at+sec/50, at, ok(10, left, time.Second, 10), 0)
+		if got := c.Rate(); full && got < before || !full && got >= before/2 {
+			t.Errorf("full %v: pace %v after the first answer, was %v before the quiet", full, got, before)
+		}
+	}
+}

@@ -24,6 +24,7 @@ type sluiceQuota struct {
 	base    float64    // the pace without the spare being spent
 	slot    sluiceSlot // the last slot reserved under this limit
 	updated int64      // when the pace last changed (the sent time of that answer)
+	idle    float64    // the base before a restart after idle, until the next answer
 	hist    [16]sample
 	n, head int
 }
@@ -35,6 +36,7 @@ type sluiceSlot struct {
 	cost   float64
 	jitter float64
 	probe  bool // reserved before the pace was known: the next follows by probe
+	free   bool // given back (its request's context ended first): the next request's
 }
 
 // sample is the remaining count an answer reported, and when its request was sent.
@@ -64,7 +66,7 @@ func (s *sluiceStrategy) next(c *Controller, now int64, cost [nQuotas]float64) (
 	for i := range s.q {
 		q := &s.q[i]
 		if cost[i] > 0 && (i == reqQ || c.q[i].known) {
-			at = max(at, q.next())
+			at = max(at, q.next(c, i))
 			if q.pace > 0 {
 				gap = max(gap, cost[i]/q.pace*1e9)
 			}
@@ -80,7 +82,13 @@ func (s *sluiceStrategy) next(c *Controller, now int64, cost [nQuotas]float64) (
 		// change before it comes).
 		return at - int64(gap), Wait
 	}
-	j := 1 + c.cfg.Jitter*c.random()
+	jit := c.cfg.Jitter
+	if k := c.q[reqQ]; k.known && s.q[reqQ].pace >= k.limit {
+		// A client at the limit's whole rate has it to itself (or will be refused and
+		// halve): the jitter that spreads the clients of a pool would only waste it.
+		jit /= 10
+	}
+	j := 1 + jit*c.random()
 	for i := range s.q {
 		if cost[i] > 0 && (i == reqQ || c.q[i].known) {
 			s.q[i].slot = sluiceSlot{at: at, cost: cost[i], jitter: j, probe: s.q[i].pace <= 0}
@@ -92,15 +100,28 @@ func (s *sluiceStrategy) next(c *Controller, now int64, cost [nQuotas]float64) (
 
 // next is when the slot after the last one reserved begins, at the pace now (a pace
 // that changes moves it).
-func (q *sluiceQuota) next() int64 {
+func (q *sluiceQuota) next(c *Controller, i int) int64 {
 	sl := q.slot
+	var guard int64
+	if k := c.q[i]; k.known && k.burst < 2*sl.cost {
+		// No burst to absorb it: the next request must not reach the API sooner than the
+		// limit allows because its way there was shorter than the last one's (a one-way
+		// trip's spread is at most a round trip).
+		guard = int64(c.rtt * 1e9)
+	}
 	switch {
 	case sl.cost == 0:
 		return math.MinInt64
-	case sl.probe || q.pace <= 0:
+	case sl.free:
+		return sl.at // given back: the next request takes it, and the chain goes on from it
+	case q.pace <= 0:
 		return sl.at + int64(probe)
+	case sl.probe:
+		// Reserved before the pace was known: the pace known since spaces the next (a
+		// probe's 100 ms would overrun a small limit).
+		return sl.at + int64(min(sl.cost/q.pace*1e9, maxPause)) + guard
 	}
-	return sl.at + int64(min(sl.cost/q.pace*1e9*sl.jitter, maxPause))
+	return sl.at + int64(min(sl.cost/q.pace*1e9*sl.jitter, maxPause)) + guard
 }
 
 func (s *sluiceStrategy) cancel(_ *Controller, at int64, cost [nQuotas]float64) {
@@ -108,8 +129,10 @@ func (s *sluiceStrategy) cancel(_ *Controller, at int64, cost [nQuotas]float64) 
 		return // a later slot was reserved since: this one's place stays taken
 	}
 	for i := range s.q {
-		if cost[i] > 0 {
-			s.q[i].slot = sluiceSlot{} // the last slot reserved: its place is free again
+		if cost[i] > 0 && s.q[i].slot.cost > 0 {
+			// The last slot reserved: the next request in line takes it, at its time (a
+			// slot given back is not a reset of the pace: the chain goes on from it).
+			s.q[i].slot.free = true
 		}
 	}
 }
@@ -119,7 +142,8 @@ func (s *sluiceStrategy) cancel(_ *Controller, at int64, cost [nQuotas]float64) 
 // measured of the pool is old. (A client held back by its goroutines, all waiting for
 // answers, is not quiet: the gap must also exceed Horizon.) Its pace halves for every
 // Horizon quiet, down to a sixteenth of the limit; the answers raise it again as fast as
-// there is room.
+// there is room. If the first answer after it finds the limit full (nobody spent from it
+// for a refill's time), nobody took up its pace: it is the pace before again.
 func (s *sluiceStrategy) restart(c *Controller, now int64) {
 	gap := float64(now - s.lastSend)
 	for i := range s.q {
@@ -127,6 +151,7 @@ func (s *sluiceStrategy) restart(c *Controller, now int64) {
 		if q.pace <= 0 || !k.known || gap <= max(2e9/q.pace*unit(c, i), float64(c.cfg.Horizon)) {
 			continue
 		}
+		q.idle = max(q.idle, q.base)
 		q.base = max(q.base*math.Exp2(-gap/float64(c.cfg.Horizon)), min(q.base, k.limit/16))
 		q.pace = q.base
 		q.n = 0 // the history no longer says what the pool spends now
@@ -143,8 +168,21 @@ func unit(c *Controller, i int) float64 {
 
 func (s *sluiceStrategy) observe(c *Controller, a *answer) {
 	if a.newEvent {
+		// A refusal halves the pace, whatever the controller knows (the spare being spent
+		// on top of the base is dropped too). Before any pace, it halves the one the
+		// controller would start at.
 		for i := range s.q {
 			q := &s.q[i]
+			if q.base <= 0 && i == reqQ {
+				q.base = 1 // unknownLimit's start
+				if k := c.q[i]; k.known {
+					q.base = k.limit / 16 // learn's start
+					if k.burst < 4 {
+						q.base = k.limit // a burst too small to count in: learn's start
+					}
+				}
+				q.updated = a.sent
+			}
 			q.base /= 2
 			q.pace = q.base
 		}
@@ -169,15 +207,16 @@ func (s *sluiceStrategy) observe(c *Controller, a *answer) {
 // tenth a second; a refusal halves it.
 func (s *sluiceStrategy) unknownLimit(c *Controller, a *answer) {
 	q := &s.q[reqQ]
-	if q.pace == 0 {
-		q.pace, q.updated = 1, a.sent
+	if q.base == 0 {
+		q.base, q.pace, q.updated = 1, 1, a.sent
 		return
 	}
 	dt := float64(a.sent-q.updated) / 1e9
 	if dt > 0 {
-		q.pace *= math.Pow(1.1, min(dt, 60))
+		q.base *= math.Pow(1.1, min(dt, 60))
 		q.updated = a.sent
 	}
+	q.pace = q.base
 }
 
 // learn moves the pace under one limit from one answer's remaining count r, its request
@@ -189,8 +228,16 @@ func (q *sluiceQuota) learn(c *Controller, i int, t int64, r float64) {
 	k := &c.q[i]
 	L, u := k.limit, unit(c, i)
 	// The reserve, plus what the pool has on its way at the limit's rate (the answers
-	// are a round trip old); at most half the burst.
-	reserve := min(k.burst/2, max(L*c.cfg.Reserve.Seconds(), 2*u)+L*c.rtt)
+	// are a round trip old). It scales with the burst: at most half of what the burst
+	// holds above one request, so that a small limit's reserve is not its whole burst. A
+	// burst too small to count in (fewer than four requests: the count left, in whole
+	// requests, is then mostly noise of the answers' round trips) has none: only
+	// refusals tell of others.
+	reserve := min(max(k.burst-u, 0)/2, max(L*c.cfg.Reserve.Seconds(), 2*u)+L*c.rtt)
+	tiny := k.burst < 4*u
+	if tiny {
+		reserve = 0
+	}
 	x := r - reserve
 	// Above the reserve by more than this, the spare is spent on top of the pace.
 	spend := min(reserve, (k.burst-reserve)/2)
@@ -211,6 +258,12 @@ func (q *sluiceQuota) learn(c *Controller, i int, t int64, r float64) {
 		spent, span, full = old.r-r+L*d, d, old.r+L*d >= k.burst-u
 	}
 	q.push(sample{t, r})
+	if q.idle > 0 {
+		if r+u >= k.burst-1e-9 {
+			q.base = max(q.base, q.idle) // back from idle to a full limit: nobody took its pace up
+		}
+		q.idle = 0
+	}
 	// No faster than the estimate is new: acting on it sooner would answer the same news
 	// twice.
 	T := max(T0, 2*span)
@@ -221,24 +274,43 @@ func (q *sluiceQuota) learn(c *Controller, i int, t int64, r float64) {
 	switch {
 	case q.base == 0:
 		// The first answer: start low; what is left well above the reserve is spent on
-		// top, and the answers raise the pace as fast as there is room.
+		// top, and the answers raise the pace as fast as there is room. A burst too small
+		// to count in (fewer than four requests) found full says no more: nobody spent
+		// from it for a refill's time, and only a refusal will tell of others. The client
+		// takes the whole rate, as a lone client must to fill it, and halves if refused.
 		q.base = L / 16
-	case x > 0 && (x > spend || full || r > k.burst-u-1):
-		// Room, and either much of it or the pool's spending unknown: grow with the
-		// room, by the same step for every client (growing does not favour the fast).
-		q.base += growth * L * min(x/reserve, 1) * min(dt, T) / T
+		if tiny && r+u >= k.burst-1e-9 {
+			q.base = L
+		}
+	case x > 0 && (x > spend || full || r > k.burst-u-1), x >= 0 && reserve == 0:
+		// Room, and either much of it or the pool's spending unknown (a burst of one
+		// says nothing but refusals): grow with the room, by the same step for every
+		// client (growing does not favour the fast).
+		q.base += growth * L * room(x, reserve) * min(dt, T) / T
 	case span > 0:
 		target := L + x/(2*T)
 		f := 1 + (target/max(spent/span, L/1000)-1)*min(dt, T)/T
-		if r < 2*u {
+		if r < min(2*u, reserve) {
 			f = min(f, 0.85) // next to nothing left: a refusal is imminent
 		}
 		q.base *= min(max(f, 0.5), 1.5)
 	}
-	q.base += c.cfg.Fairness * L * dt * min(max(1+x/reserve, 0), 1) * (T0 / T)
-	q.base = min(max(q.base, L/1000), 2*L)
+	q.base += c.cfg.Fairness * L * dt * room(x+reserve, reserve) * (T0 / T)
+	// No client can keep up more than the limit's rate: the spare is spent on top.
+	q.base = min(max(q.base, L/1000), L)
 	q.pace = q.base + max(x-spend, 0)/(c.cfg.Horizon.Seconds()+4*c.rtt)
 	q.updated = t
+}
+
+// room is x as a part of the reserve, in [0, 1] (with no reserve: 1 if x >= 0).
+func room(x, reserve float64) float64 {
+	if reserve <= 0 {
+		if x >= 0 {
+			return 1
+		}
+		return 0
+	}
+	return min(max(x/reserve, 0), 1)
 }
 
 func (q *sluiceQuota) push(s sample) {

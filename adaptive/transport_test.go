@@ -232,3 +232,149 @@ func TestTransportPacesOverTCP(t *testing.T) {
 		t.Errorf("accepted %d, refused %d: not paced to the limit", st.Accepted, st.Rejected)
 	}
 }
+
+// TestTransportShortTimeOutsKeepThePace: eight goroutines whose requests each have 50 ms
+// to get their slot (shorter than the pace's pause), on a limit of 10/s told to the
+// controllers, for three seconds of fake time: a slot given back when a request's
+// context ends is not a reset of the pace, so the API receives no more than the limit
+// allows (burst 10 + 10/s × 3 s), where it used to receive thousands.
+func TestTransportShortTimeOutsKeepThePace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := clock.NewReal()
+		ref, err := referee.New(sluice.MustParse("10/s"), referee.WithClock(clk))
+		if err != nil {
+			t.Fatal(err)
+		}
+		client := &http.Client{Transport: &adaptive.Transport{Base: inProcess{ref}, Clock: clk,
+			Config: adaptive.Config{Limit: sluice.Limit{Rate: 10, Period: time.Second}}}}
+		run, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for run.Err() == nil {
+					ctx, cancel := context.WithTimeout(run, 50*time.Millisecond)
+					req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://api.test/v1/x", nil)
+					req.Header.Set("Authorization", "Bearer t")
+					if resp, err := client.Do(req); err == nil {
+						resp.Body.Close()
+					}
+					<-ctx.Done() // the caller's time for this request is spent
+					cancel()
+				}
+			}()
+		}
+		wg.Wait()
+		st := ref.Stats()
+		t.Logf("the API received %d (accepted %d, refused %d)", st.Accepted+st.Rejected, st.Accepted, st.Rejected)
+		if got := st.Accepted + st.Rejected; got > 10+10*3+1 {
+			t.Fatalf("the API received %d requests in 3 s, want at most 41 (burst 10 + 10/s × 3 s)", got)
+		}
+	})
+}
+
+// TestTransportNoBurstWhenWaitsEnd: twenty goroutines held back by their client's pace
+// (a referee of 5/s burst 5) for thirty seconds of fake time, then their waits end with
+// the run's context (and, halfway, with a per-request time-out of their own for a few
+// seconds). A client that was held back does not spend a stored allowance at once when
+// its goroutines stop waiting: the API receives at most its burst plus its rate in any
+// second, judged exactly from the times the requests reached it.
+func TestTransportNoBurstWhenWaitsEnd(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := clock.NewReal()
+		ref, err := referee.New(sluice.MustParse("5/s burst=5"), referee.WithClock(clk))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mu sync.Mutex
+		var arrived []int64
+		base := roundTripper(func(req *http.Request) (*http.Response, error) {
+			mu.Lock()
+			arrived = append(arrived, clk.Nanotime())
+			mu.Unlock()
+			return inProcess{ref}.RoundTrip(req)
+		})
+		client := &http.Client{Transport: &adaptive.Transport{Base: base, Clock: clk}}
+		start := clk.Nanotime()
+		run, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		var wg sync.WaitGroup
+		for range 20 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for run.Err() == nil {
+					ctx, cancel := run, context.CancelFunc(func() {})
+					if d := time.Duration(clk.Nanotime() - start); d > 12*time.Second && d < 18*time.Second {
+						ctx, cancel = context.WithTimeout(run, 300*time.Millisecond)
+					}
+					req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://api.test/v1/x", nil)
+					req.Header.Set("Authorization", "Bearer t")
+					if resp, err := client.Do(req); err == nil {
+						resp.Body.Close()
+					} else {
+						<-ctx.Done()
+					}
+					cancel()
+				}
+			}()
+		}
+		wg.Wait()
+		// Then the same goroutines come back once more, after the run, together.
+		for range 20 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				req, _ := http.NewRequest(http.MethodGet, "http://api.test/v1/x", nil)
+				req.Header.Set("Authorization", "Bearer t")
+				if resp, err := client.Do(req); err == nil {
+					resp.Body.Close()
+				}
+			}()
+		}
+		wg.Wait()
+		most, at := 0, int64(0)
+		for i := range arrived {
+			n := 0
+			for j := i; j < len(arrived) && arrived[j]-arrived[i] < int64(time.Second); j++ {
+				n++
+			}
+			if n > most {
+				most, at = n, arrived[i]-start
+			}
+		}
+		st := ref.Stats()
+		t.Logf("%d requests, %d refused; at most %d in a second (from %v)", len(arrived), st.Rejected, most, time.Duration(at))
+		if most > 5+5 {
+			t.Errorf("%d requests reached the API in the second from %v, want at most 10 (burst 5 + 5/s)", most, time.Duration(at))
+		}
+	})
+}
+
+// TestTransportSmallLimitInRealTime: one goroutine through the Transport against the
+// referee over real TCP, on 1/s and on 1/s burst 2, for four seconds: it uses the limit
+// (at least three accepted; five at most are possible) where it used to send one request
+// in about sixteen seconds, and is refused at most once (real time: the scheduler's
+// delays are not the controller's).
+func TestTransportSmallLimitInRealTime(t *testing.T) {
+	for _, lim := range []string{"1/s", "1/s burst=2"} {
+		t.Run(lim, func(t *testing.T) {
+			ref, err := referee.New(sluice.MustParse(lim))
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(ref)
+			defer srv.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+			defer cancel()
+			pool(ctx, t, 1, 1, func() *adaptive.Transport { return &adaptive.Transport{} }, srv.URL+"/v1/work", nil)
+			st := ref.Stats()
+			t.Logf("accepted %d, refused %d", st.Accepted, st.Rejected)
+			if st.Accepted < 3 || st.Rejected > 1 {
+				t.Errorf("accepted %d, refused %d in 4 s on %s: want at least 3 and at most 1", st.Accepted, st.Rejected, lim)
+			}
+		})
+	}
+}

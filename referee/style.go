@@ -35,11 +35,17 @@ const (
 	// limits counted per minute and the resets as RFC 3339 times; Retry-After on a
 	// refusal.
 	Anthropic
+	// Heroku: RateLimit-Remaining alone, as Heroku's API answers (no limit, no window, no
+	// Retry-After): a client must learn the rate from how the count moves.
+	Heroku
+	// Bare: no field but Retry-After (and Retry-After-Ms) on a refusal: a client learns
+	// from its 429s alone.
+	Bare
 )
 
-var styleNames = [...]string{IETF: "ietf", OpenAI: "openai", Anthropic: "anthropic"}
+var styleNames = [...]string{IETF: "ietf", OpenAI: "openai", Anthropic: "anthropic", Heroku: "heroku", Bare: "bare"}
 
-// String returns the style's name: "ietf", "openai" or "anthropic".
+// String returns the style's name: "ietf", "openai", "anthropic", "heroku" or "bare".
 func (s Style) String() string {
 	if int(s) < len(styleNames) {
 		return styleNames[s]
@@ -47,7 +53,7 @@ func (s Style) String() string {
 	return fmt.Sprintf("Style(%d)", uint8(s))
 }
 
-// ParseStyle reads a style's name: ietf, openai or anthropic.
+// ParseStyle reads a style's name: ietf, openai, anthropic, heroku or bare.
 func ParseStyle(name string) (Style, error) {
 	for i, n := range styleNames {
 		if strings.EqualFold(name, n) {
@@ -90,6 +96,10 @@ func (r *Referee) WriteHeaders(h http.Header, v Verdict, now time.Time) {
 		if len(costs) > 0 {
 			anthropic(h, "tokens", costs, v.Cost, now)
 		}
+	case Heroku:
+		h.Set(httplimit.HeaderRemaining, strconv.FormatInt(v.Requests.Remaining, 10))
+		return
+	case Bare:
 	default:
 		httplimit.SetRateLimitHeaders(h, limits, d)
 		if len(costs) > 0 {

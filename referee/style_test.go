@@ -103,3 +103,42 @@ func TestBadCost(t *testing.T) {
 		t.Error("an unknown style name accepted")
 	}
 }
+
+// TestHerokuAndBareStyles: the heroku style answers RateLimit-Remaining alone, a refusal
+// too (no limit, no window, no Retry-After); the bare style answers nothing but
+// Retry-After on a refusal.
+func TestHerokuAndBareStyles(t *testing.T) {
+	for _, style := range []Style{Heroku, Bare} {
+		t.Run(style.String(), func(t *testing.T) {
+			clk := clock.NewVirtual()
+			ref, err := New(sluice.MustParse("2/m"), WithClock(clk), WithStyle(style))
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(ref)
+			defer srv.Close()
+			for i, want := range []int{200, 200, 429} {
+				resp := call(t, srv.URL, "")
+				var fields []string
+				for k := range resp.Header {
+					switch k {
+					case "Content-Type", "Content-Length", "Date", "X-Content-Type-Options":
+					default:
+						fields = append(fields, k)
+					}
+				}
+				f := ratehdr.Read(resp.StatusCode, resp.Header, clk.Now())
+				switch {
+				case resp.StatusCode != want:
+					t.Errorf("step %d: status %d, want %d", i, resp.StatusCode, want)
+				case style == Heroku && (len(fields) != 1 || fields[0] != "Ratelimit-Remaining" || len(f.Quotas) != 1 || f.Quotas[0].Remaining != int64(1-min(i, 1)) || f.Quotas[0].Limit > 0):
+					t.Errorf("step %d: fields %v, read %+v; want RateLimit-Remaining alone", i, fields, f.Quotas)
+				case style == Bare && want == 200 && len(fields) != 0:
+					t.Errorf("step %d: fields %v on a 200, want none", i, fields)
+				case style == Bare && want == 429 && (!f.HasRetryAfter || len(f.Quotas) != 0):
+					t.Errorf("step %d: fields %v on a 429, want Retry-After alone", i, fields)
+				}
+			}
+		})
+	}
+}

@@ -60,7 +60,8 @@ and a user cannot walk into it silently (below, per mode).
 		var fails []string
 		outs := map[string][]string{} // the shapes outside the envelope, by why
 		worst := struct{ served, jain, extra float64 }{served: 2, jain: 2}
-		var violations int64
+		var violations, outViolations int64
+		outPass := 0
 		figures := 0 // passing cells with no outage or partition, whose figures are quoted
 		for _, c := range r.Cells {
 			if c.Mode != mode {
@@ -69,6 +70,10 @@ and a user cannot walk into it silently (below, per mode).
 			if !c.InEnvelope {
 				out++
 				outs[c.Envelope] = append(outs[c.Envelope], "`"+c.Shape+"`")
+				outViolations += c.Violations
+				if c.Pass {
+					outPass++
+				}
 				continue
 			}
 			in++
@@ -87,11 +92,13 @@ and a user cannot walk into it silently (below, per mode).
 			worst.extra = max(worst.extra, c.ExtraP99WaitMs)
 		}
 		fmt.Fprintf(&b, "\n### %s\n\n%s\n\n", mode, modeClaim(mode))
-		fmt.Fprintf(&b, "In the matrix: %d of its %d cells pass", pass, in)
-		if out > 0 {
-			fmt.Fprintf(&b, "; %d outside its envelope", out)
+		b.WriteString("In the matrix:")
+		if in > 0 {
+			fmt.Fprintf(&b, " %d of its %d cells pass (violations in them: %d).", pass, in, violations)
 		}
-		fmt.Fprintf(&b, " (violations in all its cells: %d).", violations)
+		if out > 0 {
+			fmt.Fprintf(&b, " %d outside its envelope: %d would pass (violations in them: %d).", out, outPass, outViolations)
+		}
 		if figures > 0 {
 			fmt.Fprintf(&b, " Over the %d that pass with no outage or partition: served at least %.3f of the ideal, Jain's index at least %.3f, p99 wait at most %.0f ms above the ideal's.",
 				figures, worst.served, worst.jain, worst.extra)
@@ -112,7 +119,7 @@ and a user cannot walk into it silently (below, per mode).
 			fmt.Fprintf(&b, "\nOutside its envelope (%s): %s.\n", why, strings.Join(outs[why], ", "))
 		}
 	}
-	b.WriteString("\n## Every cell\n\n`pass`, `out` (outside the mode's envelope), or the first criterion the cell fails.\n\n")
+	b.WriteString("\n## Every cell\n\n`pass`, or the first criterion the cell fails; `out:` before either, outside the mode's envelope.\n\n")
 	b.WriteString("| shape |")
 	for _, m := range modes {
 		b.WriteString(" " + m + " |")
@@ -129,8 +136,10 @@ and a user cannot walk into it silently (below, per mode).
 			v := "-"
 			switch {
 			case !ok:
+			case !c.InEnvelope && c.Pass:
+				v = "out: pass"
 			case !c.InEnvelope:
-				v = "out"
+				v = "out: " + c.Why
 			case c.Pass:
 				v = "pass"
 			default:
@@ -168,6 +177,9 @@ func modeClaim(mode string) string {
 		return "Peer daemons with no store that decide locally and exchange hit counts: 429s within the bound of docs/gossip.md."
 	case "adaptive":
 		return "Clients that know nothing of each other and learn a safe rate from the API's answers: at most 1% of requests refused."
+	case "adaptive:heroku", "adaptive:cubic", "adaptive:sre":
+		return "A published design the adaptive mode's default strategy is measured against (docs/adaptive.md, \"The strategies\"), " +
+			"as its authors describe it: reported beside the default for comparison, it claims nothing."
 	}
 	return ""
 }

@@ -118,6 +118,16 @@ func TestMatrixCriteria(t *testing.T) {
 	if in, _ := envelope("lease", under, 24); !in {
 		t.Error("the lease mode does not claim 24 members")
 	}
+	// The adaptive mode's published strategies are reported beside its default, and
+	// claim nothing.
+	for _, mode := range []string{"adaptive:heroku", "adaptive:cubic", "adaptive:sre"} {
+		if in, why := envelope(mode, under, 4); in || why == "" {
+			t.Errorf("%s claims a shape (%q)", mode, why)
+		}
+	}
+	if in, _ := envelope("adaptive", under, 4); !in {
+		t.Error("the adaptive mode's default does not claim its shapes")
+	}
 }
 
 // TestMatrixLimitChangeHalves: a limit change halves each limit's rate, where a rate of

@@ -127,7 +127,7 @@ func (x *Gossip) UnmarshalYAML(n *yaml.Node) error {
 // Referee is how the API answers: the header fields it writes, and an LLM-style API's
 // limits on tokens, each request costing its demand's tokens.
 type Referee struct {
-	Style  string  `yaml:"style"`  // ietf (default), openai or anthropic
+	Style  string  `yaml:"style"`  // ietf (default), openai, anthropic, heroku (RateLimit-Remaining alone) or bare (Retry-After alone)
 	Tokens *Limits `yaml:"tokens"` // e.g. 40000/m: tokens per minute
 	style  referee.Style
 	line   int
@@ -488,7 +488,7 @@ func (l *Lease) check() error {
 func (r *Referee) check() error {
 	st, err := referee.ParseStyle(r.Style)
 	if r.Style != "" && err != nil {
-		return yamlx.AtLine(r.line, "referee.style: want ietf, openai or anthropic, not %q", r.Style)
+		return yamlx.AtLine(r.line, "referee.style: want ietf, openai, anthropic, heroku or bare, not %q", r.Style)
 	}
 	r.style = st
 	return nil

@@ -52,7 +52,7 @@ func TestScenarioErrorsNameFileAndLine(t *testing.T) {
 		{"duration: 10s\nlimit: 1/s\nnetwork:\n  api: {latency: {dist: gamma}}\nmembers:\n  - name: w\n    demand: {pattern: constant, rate: 1}\n", "test.yaml:4: dist: want fixed"},
 		{"duration: 10s\nlimit: 1/s\nmodes: [quantum]\nmembers:\n  - name: w\n    demand: {pattern: constant, rate: 1}\n", "test.yaml: modes: unknown mode \"quantum\""},
 		{"duration: 10s\nlimit: 1/s\nmodes: [adaptive:aimd]\nmembers:\n  - name: w\n    demand: {pattern: constant, rate: 1}\n", "test.yaml: modes: adaptive: unknown strategy \"aimd\""},
-		{"duration: 10s\nlimit: 1/s\nreferee: {style: azure}\nmembers:\n  - name: w\n    demand: {pattern: constant, rate: 1}\n", "test.yaml:3: referee.style: want ietf, openai or anthropic"},
+		{"duration: 10s\nlimit: 1/s\nreferee: {style: azure}\nmembers:\n  - name: w\n    demand: {pattern: constant, rate: 1}\n", "test.yaml:3: referee.style: want ietf, openai, anthropic, heroku or bare"},
 		{"duration: 10s\nlimit: 1/s\nreferee: {tokens: 100/s}\nmembers:\n  - name: w\n    demand: {pattern: constant, rate: 1, tokens: {min: 1, max: 200}}\n", "test.yaml:6: tokens: max 200 is more than the token limit's burst (100)"},
 		{"duration: 10s\nlimit: 1/s\nmembers:\n  - name: w\n    demand: {pattern: constant, rate: 1, tokens: {min: 9, max: 2}}\n", "test.yaml:5: tokens: want 0 <= min <= max"},
 		{"duration: 10s\nlimit: 1/s\n", "test.yaml: members: none"},

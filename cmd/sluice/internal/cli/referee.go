@@ -30,7 +30,7 @@ func runReferee(ctx context.Context, env Env, args []string) error {
 	var costs sluice.Limits
 	fs.TextVar(&costs, "tokens", sluice.Limits(nil), "an LLM-style API: also limit what requests cost, each request's cost in tokens read from its X-Cost header (e.g. '40000/m': tokens a minute)")
 	var style referee.Style
-	fs.TextVar(&style, "style", referee.IETF, "the answers' header `fields`: ietf (RateLimit-Policy, RateLimit, RateLimit-Remaining), openai (x-ratelimit-*-requests and -tokens) or anthropic (anthropic-ratelimit-*)")
+	fs.TextVar(&style, "style", referee.IETF, "the answers' header `fields`: ietf (RateLimit-Policy, RateLimit, RateLimit-Remaining), openai (x-ratelimit-*-requests and -tokens) anthropic (anthropic-ratelimit-*), heroku (RateLimit-Remaining alone) or bare (Retry-After alone, on a 429)")
 	if err := parseFlags(env, fs, args); err != nil {
 		return err
 	}
