@@ -1,4 +1,4 @@
-package store_test
+package all_test
 
 import (
 	"errors"
@@ -6,11 +6,12 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice/store"
-	_ "github.com/sluicehq/sluice/store/all"
+	_ "github.com/sluicehq/sluice/store/all" // every store linked, as in the daemon
 )
 
-// TestCheckReadsAsOpenDoes: Check refuses, without reaching anything, every URL Open
-// refuses for its form, each with what to write, and takes those Open takes.
+// TestCheckReadsAsOpenDoes: where every store is linked (here, as in the daemon), Check
+// refuses, without reaching anything, every URL Open refuses for its form, each with what
+// to write, and takes those Open takes.
 func TestCheckReadsAsOpenDoes(t *testing.T) {
 	for url, want := range map[string]string{
 		"http://127.0.0.1:16379":       `unknown scheme "http"`,
