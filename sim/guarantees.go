@@ -136,6 +136,8 @@ and a user cannot walk into it silently (below, per mode).
 			v := "-"
 			switch {
 			case !ok:
+			case c.NotRun:
+				v = "out: not run"
 			case !c.InEnvelope && c.Pass:
 				v = "out: pass"
 			case !c.InEnvelope:

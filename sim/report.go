@@ -64,6 +64,9 @@ type ModeReport struct {
 	// (strict:waiters, sluice.FairWaiters). Absent where every member has as many
 	// goroutines.
 	JainByWaiter *float64 `json:"jain_by_waiter,omitempty"`
+	// NotRun: the guarantee matrix did not run this mode on the shape (outside its
+	// envelope, and too costly to simulate); the figures are empty.
+	NotRun bool `json:"not_run,omitempty"`
 	// Ratio429 is violations / (accepted + violations).
 	Ratio429 float64 `json:"ratio_429"`
 	// WaitP50Ms and WaitP99Ms are the times from a request's arrival at its member to its
