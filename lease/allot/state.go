@@ -1036,7 +1036,6 @@ func (s *State) take(now int64, id string, n, maxDelay, ttl int64, rep *Reply) {
 	if s.Booked <= now && s.Penalty <= now && s.Pool >= need {
 		s.Pool -= need
 		rep.Taken = true
-		s.requeue(id, now, now, ttl)
 		return
 	}
 	// Booked after the permits booked before (at the free rate of now: a rate that grows
@@ -1056,17 +1055,6 @@ func (s *State) take(now int64, id string, n, maxDelay, ttl int64, rep *Reply) {
 		s.Pool -= need
 	}
 	rep.Taken, rep.Wait = true, at-now
-	s.requeue(id, now, at, ttl)
-}
-
-// requeue keeps a member whose turn was just served in line, last, while others wait,
-// to come back once its permit is due (at): a member whose only caller waits for the
-// permit booked for it is not in line meanwhile, and without its place it would miss its
-// next turn to members with callers to spare (who always have one in line).
-func (s *State) requeue(id string, now, at, ttl int64) {
-	if len(s.Queue) > 0 && !slices.ContainsFunc(s.Queue, func(w Waiter) bool { return w.ID == id }) {
-		s.Queue = append(s.Queue, wait(id, now, at, ttl))
-	}
 }
 
 // updateCentral sets Central as targets does, without the shares: one pass over the
