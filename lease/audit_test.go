@@ -239,4 +239,36 @@ func TestAuditCatches(t *testing.T) {
 	if got := reclaimed(r, map[int]bool{1: true}, 0, 1550*ms); got != -1 {
 		t.Errorf("reclaimed before 1.55s at %v, want never (-1)", time.Duration(got))
 	}
+	// Or used all the same: 200/s from 1 s on (a permit every 5 ms), the shares short of
+	// the whole rate (a reserve kept free, the rest borrowed); 150/s is not enough.
+	var full, short []int64
+	for x := int64(0); x < 3000*ms; x += 5 * ms {
+		if x >= 1000*ms {
+			full = append(full, x)
+		}
+		if (x/(5*ms))%4 != 0 {
+			short = append(short, x)
+		}
+	}
+	if got := reclaimedOrUsed(r, map[int]bool{1: true}, full, 200, 0, 1550*ms); got < 950*ms || got > 1000*ms {
+		t.Errorf("used in full at %v, want from the half second that holds 95 of them, about 1s", time.Duration(got))
+	}
+	if got := reclaimedOrUsed(r, map[int]bool{1: true}, short, 200, 0, 1550*ms); got != -1 {
+		t.Errorf("three quarters of the rate counted as reclaimed at %v", time.Duration(got))
+	}
+}
+
+// reclaimedOrUsed is when, from from on and before to, the members not gone hold the whole
+// rate between them (reclaimed), or use it all the same, at least 0.95 of perSec over half
+// a second of uses (sorted use times): where the store keeps a reserve free because their
+// demands leave room, they borrow what their shares do not grant. -1: neither.
+func reclaimedOrUsed(r record, gone map[int]bool, uses []int64, perSec float64, from, to int64) int64 {
+	back := reclaimed(r, gone, from, to)
+	const win = int64(500 * time.Millisecond)
+	for x := from; x+win <= to && (back < 0 || x < back); x += int64(10 * time.Millisecond) {
+		if float64(between(uses, x, x+win)) >= 0.95*perSec*0.5 {
+			return x
+		}
+	}
+	return back
 }
