@@ -36,7 +36,11 @@ func (r *Reservation) n() int64 {
 // the backend's own time base (Redis TIME for the strict mode on Redis, the process's
 // monotonic clock for the local one). Decisions of one backend can be audited against
 // each other with it: the slots of all grants of a key conform to its limits exactly.
-// Zero for a denial.
+// Not so for the lease mode's permits decided at the store (a limit too small to share
+// out, a borrow): the member slots them on its own clock from when it sent its request,
+// up to a store round trip before the store booked them, so their slots may sit that much
+// early against each other; their use counts from the answer and is never early (audit
+// the permits' use there: docs/lease.md). Zero for a denial.
 func (r *Reservation) Slot() int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
