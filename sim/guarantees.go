@@ -134,18 +134,14 @@ and a user cannot walk into it silently (below, per mode).
 		for _, m := range modes {
 			c, ok := cell[[2]string{s, m}]
 			v := "-"
-			switch {
+			switch o := c.outcome(); {
 			case !ok:
-			case c.NotRun:
-				v = "out: not run"
-			case !c.InEnvelope && c.Pass:
-				v = "out: pass"
-			case !c.InEnvelope:
-				v = "out: " + c.Why
-			case c.Pass:
-				v = "pass"
-			default:
+			case o == "fail":
 				v = c.Why
+			case o == "out:fail":
+				v = "out: " + c.Why
+			default:
+				v = strings.Replace(o, "out:", "out: ", 1)
 			}
 			b.WriteString(" " + v + " |")
 		}

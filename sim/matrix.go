@@ -603,6 +603,23 @@ func burstOf(ls sluice.Limits) int64 {
 	return b
 }
 
+// outcome names a cell's result, as the tables show it: "pass" or "fail", and for a cell
+// outside its mode's envelope how it would be judged, "out:pass" or "out:fail", or
+// "out:not run".
+func (c MatrixCell) outcome() string {
+	switch {
+	case c.NotRun:
+		return "out:not run"
+	case !c.InEnvelope && c.Pass:
+		return "out:pass"
+	case !c.InEnvelope:
+		return "out:fail"
+	case c.Pass:
+		return "pass"
+	}
+	return "fail"
+}
+
 // MatrixTable writes the matrix as one table, a row per shape and a column per mode:
 // "pass", "out" (outside the mode's envelope: "out:pass" or "out:fail", how it would be
 // judged, so that modes reported for comparison are compared) or the figure that falls
@@ -637,14 +654,8 @@ func MatrixTable(r *MatrixReport) string {
 			v := "-"
 			switch {
 			case !ok:
-			case c.NotRun:
-				v = "out:not run"
-			case !c.InEnvelope && c.Pass:
-				v = "out:pass"
-			case !c.InEnvelope:
-				v = "out:fail"
-			case c.Pass:
-				v = "pass"
+			case c.outcome() != "fail":
+				v = c.outcome()
 			default:
 				v = fmt.Sprintf("FAIL[%d]", len(why)+1)
 				why = append(why, fmt.Sprintf("[%d] %s on %s: %s", len(why)+1, m, s, c.Why))

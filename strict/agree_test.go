@@ -89,18 +89,7 @@ func agreeMain(cfg workerConfig) int {
 // race-built processes, seconds of real time, samples of 60 permits or 850 requests) but
 // parts split by waiter rather than by process, or a throttle that lets requests queue,
 // break them.
-func TestAgreesWithSimulator(t *testing.T) {
-	if testing.Short() {
-		t.Skip("four processes for 10 s, twice")
-	}
-	t.Parallel()
-	for _, s := range []agreetest.Shape{agreetest.UnequalPoisson, agreetest.ManyWaiters} {
-		t.Run(s.Name, func(t *testing.T) {
-			t.Parallel()
-			testAgree(t, s)
-		})
-	}
-}
+func TestAgreesWithSimulator(t *testing.T) { agreetest.RunShapes(t, testAgree) }
 
 func testAgree(t *testing.T, s agreetest.Shape) {
 	ds, err := s.Members()

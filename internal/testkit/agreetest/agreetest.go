@@ -412,3 +412,18 @@ func Describe(ds []Demand) string {
 	}
 	return strings.Join(parts, "; ")
 }
+
+// RunShapes runs test on each shape of the agreement tests, in parallel (skipped with
+// -short): the body of a mode's TestAgreesWithSimulator.
+func RunShapes(t *testing.T, test func(t *testing.T, s Shape)) {
+	if testing.Short() {
+		t.Skip("four processes for 10 s, twice")
+	}
+	t.Parallel()
+	for _, s := range []Shape{UnequalPoisson, ManyWaiters} {
+		t.Run(s.Name, func(t *testing.T) {
+			t.Parallel()
+			test(t, s)
+		})
+	}
+}
