@@ -36,7 +36,7 @@ type Config struct {
 	Key       []byte        // shared key (16, 24 or 32 bytes: AES-128, -192, -256); nil: traffic in clear
 	Interval  time.Duration // sync interval: how often hits are reported
 	Hold      time.Duration // how long a lost peer keeps its share
-	Policy    Policy        // Shares (by demand), Equal (1/N) or Whole (the DThrottle design as written)
+	Policy    Policy        // Auto, Owner (the key's owner decides), Shares (by demand), Equal (1/N) or Whole (the DThrottle design as written)
 	MaxTags   int           // tags held at once
 	Logger    *slog.Logger  // nil: discard
 	Clock     clock.Clock   // nil: clock.Default
@@ -52,7 +52,7 @@ func DefaultConfig() Config {
 		Bind:     "127.0.0.1:7946", // loopback: other hosts must be allowed explicitly
 		Interval: h.Interval,       // 100ms: the excess between syncs scales with it
 		Hold:     h.Hold,           // 2s: a partition shorter than this does not multiply the limit
-		Policy:   hits.Shares,      // spend only this member's share between syncs
+		Policy:   hits.Auto,        // the key's owner decides small limits, shares large ones
 		MaxTags:  h.MaxTags,        // about 1M tags
 	}
 }
@@ -103,8 +103,15 @@ func splitHostPort(s string) (string, int, error) {
 type Policy = hits.Policy
 
 const (
-	// Shares (the default): a member spends only its share of the tag's limit, from the
-	// demand its peers and it reported.
+	// Auto (the default) decides a tag at its owner when each member would hold less than
+	// hits.AutoBurst permits of its burst (a small limit, or a large pool), and by Shares
+	// otherwise.
+	Auto = hits.Auto
+	// Owner: one member decides each tag, exactly: its owner, by rendezvous hashing over
+	// the membership. The others forward their requests to it (one datagram each way).
+	Owner = hits.Owner
+	// Shares: a member spends only its share of the tag's limit, from the demand its peers
+	// and it reported.
 	Shares = hits.Shares
 	// Equal gives each member 1/N of the limit, N the pool size it counts, whatever the
 	// demand.
@@ -116,7 +123,7 @@ const (
 	Whole = hits.Whole
 )
 
-// ParsePolicy reads a policy's name: "shares" (or ""), "equal" or "whole".
+// ParsePolicy reads a policy's name: "auto" (or ""), "owner", "shares", "equal" or "whole".
 func ParsePolicy(s string) (Policy, error) { return hits.ParsePolicy(s) }
 
 // ReadKey reads a shared key from a file: 16, 24 or 32 bytes, raw or as base64 or hex
@@ -161,6 +168,50 @@ type Backend struct {
 	closed  atomic.Bool
 	leaving atomic.Bool // set by Close: the node's meta says so (leavingMeta)
 	stats   counters
+
+	asks asks // requests forwarded to their keys' owners, awaiting answers
+}
+
+// ForwardTimeout is how long a member waits for the owner's answer to a forwarded request
+// (or less, the caller's context) before it answers ErrUnavailable: the request or the
+// answer was lost, or the owner is down (peers route to it until it is let go: Hold after
+// the membership finds it dead).
+const ForwardTimeout = 250 * time.Millisecond
+
+// asks are the forwarded requests awaiting their owners' answers, by id.
+type asks struct {
+	mu   sync.Mutex
+	next uint64
+	wait map[uint64]chan hits.Answer
+}
+
+func (a *asks) add() (uint64, chan hits.Answer) {
+	ch := make(chan hits.Answer, 1)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.wait == nil {
+		a.wait = map[uint64]chan hits.Answer{}
+	}
+	a.next++
+	a.wait[a.next] = ch
+	return a.next, ch
+}
+
+func (a *asks) done(id uint64) {
+	a.mu.Lock()
+	delete(a.wait, id)
+	a.mu.Unlock()
+}
+
+// answer hands an answer to its waiting request, if it still waits.
+func (a *asks) answer(ans hits.Answer) {
+	a.mu.Lock()
+	ch := a.wait[ans.ID]
+	delete(a.wait, ans.ID)
+	a.mu.Unlock()
+	if ch != nil {
+		ch <- ans
+	}
 }
 
 // nShards is how many cores a member runs, each with the same peers and its own tags,
@@ -189,6 +240,7 @@ func (b *Backend) each(f func(i int, n *hits.Node)) {
 
 type counters struct {
 	msgsSent, msgsRecv, bytesSent, bytesRecv, sendErrs, streams atomic.Uint64
+	forwarded, forwardTimeouts                                  atomic.Uint64
 }
 
 var (
@@ -405,16 +457,26 @@ func (b *Backend) send(r *hits.Report) {
 	}
 }
 
-// receive applies a message from a peer.
+// receive applies a message from a peer: a report, a forwarded request (decided here, as
+// the key's owner, and answered) or an owner's answer.
 func (b *Backend) receive(msg []byte) {
 	b.stats.msgsRecv.Add(1)
 	b.stats.bytesRecv.Add(uint64(len(msg)))
+	switch hits.MessageKind(msg) {
+	case hits.KindAsk:
+		b.answer(msg)
+		return
+	case hits.KindAnswer:
+		if a, err := hits.DecodeAnswer(msg); err == nil {
+			b.asks.answer(a)
+		} else {
+			b.malformed()
+		}
+		return
+	}
 	rs, err := hits.Decode(msg)
 	if err != nil {
-		s := &b.shards[0]
-		s.mu.Lock()
-		s.node.CountMalformed()
-		s.mu.Unlock()
+		b.malformed()
 		return
 	}
 	now := b.clock.Nanotime()
@@ -430,6 +492,98 @@ func (b *Backend) receive(msg []byte) {
 			r.Entries = parts[k]
 			n.Receive(now, &r)
 		})
+	}
+}
+
+func (b *Backend) malformed() {
+	s := &b.shards[0]
+	s.mu.Lock()
+	s.node.CountMalformed()
+	s.mu.Unlock()
+}
+
+// answer decides a request a peer forwarded here, as its key's owner, and sends the
+// decision back.
+func (b *Backend) answer(msg []byte) {
+	a, err := hits.DecodeAsk(msg)
+	if err != nil {
+		b.malformed()
+		return
+	}
+	ans := hits.Answer{ID: a.ID}
+	now := b.clock.Nanotime()
+	s := b.shard(a.Tag)
+	var tk gcra.Ticket
+	s.mu.Lock()
+	err = s.node.DecideTo(&ans.Result, &tk, a.Tag, a.Limits, now, a.N, a.MaxDelay)
+	s.mu.Unlock()
+	switch {
+	case errors.Is(err, hits.ErrTooManyTags):
+		ans.Outcome = hits.TooMany
+	case err != nil:
+		ans.Outcome = hits.Malformed
+	case ans.Result.Allowed:
+		ans.Outcome = hits.Granted
+	}
+	b.sendTo(a.From, hits.EncodeAnswer(&ans))
+}
+
+// sendTo sends one message to the named peer: as a datagram when it fits one, over a
+// stream otherwise. It reports whether it was sent.
+func (b *Backend) sendTo(name string, msg []byte) bool {
+	b.peersMu.Lock()
+	n, ok := b.peers[name]
+	b.peersMu.Unlock()
+	if !ok {
+		b.stats.sendErrs.Add(1)
+		return false
+	}
+	var err error
+	if len(msg) <= packetMax {
+		err = b.ml.SendBestEffort(&n, msg)
+	} else {
+		err = b.ml.SendReliable(&n, msg)
+		b.stats.streams.Add(1)
+	}
+	if err != nil {
+		b.stats.sendErrs.Add(1)
+		return false
+	}
+	b.stats.msgsSent.Add(1)
+	b.stats.bytesSent.Add(uint64(len(msg)))
+	return true
+}
+
+// forward asks key's owner to decide req, and waits for its answer: at most
+// ForwardTimeout or ctx's deadline. No answer is ErrUnavailable (the server's fail mode
+// then answers). A grant's Delay counts from the answer's arrival here, later than the
+// owner's decision: a caller that waits it waits no less than the owner booked.
+func (b *Backend) forward(ctx context.Context, owner, key string, req backend.Request) (backend.Grant, error) {
+	id, ch := b.asks.add()
+	defer b.asks.done(id)
+	msg := hits.EncodeAsk(&hits.Ask{ID: id, From: b.self, Tag: key, N: req.N, MaxDelay: int64(req.MaxDelay), Limits: req.Limits})
+	if !b.sendTo(owner, msg) {
+		return backend.Grant{}, backend.ErrUnavailable
+	}
+	b.stats.forwarded.Add(1)
+	t := b.clock.NewTimer(ForwardTimeout)
+	defer t.Stop()
+	select {
+	case a := <-ch:
+		switch a.Outcome {
+		case hits.TooMany:
+			return backend.Grant{}, backend.ErrTooManyKeys
+		case hits.Malformed:
+			return backend.Grant{}, fmt.Errorf("sluice: gossip: the owner %s refused the request", owner)
+		}
+		return backend.Grant{Result: a.Result}, nil
+	case <-t.C():
+		b.stats.forwardTimeouts.Add(1)
+		return backend.Grant{}, backend.ErrUnavailable
+	case <-ctx.Done():
+		return backend.Grant{}, ctx.Err()
+	case <-b.stop:
+		return backend.Grant{}, backend.ErrClosed
 	}
 }
 
@@ -498,7 +652,7 @@ func (w slogWriter) Write(p []byte) (int, error) {
 
 // Decide decides a request locally: on the pool's bucket as this member knows it and on
 // its share.
-func (b *Backend) Decide(_ context.Context, key string, req backend.Request) (backend.Grant, error) {
+func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (backend.Grant, error) {
 	if b.closed.Load() {
 		return backend.Grant{}, backend.ErrClosed
 	}
@@ -506,6 +660,10 @@ func (b *Backend) Decide(_ context.Context, key string, req backend.Request) (ba
 	now := b.clock.Nanotime() // outside the lock: reading the clock is a fair part of a decision
 	s := b.shard(key)
 	s.mu.Lock()
+	if owner := s.node.Route(key, req.Limits); owner != "" {
+		s.mu.Unlock()
+		return b.forward(ctx, owner, key, req)
+	}
 	err := s.node.DecideTo(&g.Result, &g.Ticket, key, req.Limits, now, req.N, int64(req.MaxDelay))
 	s.mu.Unlock()
 	if errors.Is(err, hits.ErrTooManyTags) {
@@ -516,7 +674,7 @@ func (b *Backend) Decide(_ context.Context, key string, req backend.Request) (ba
 
 // AllowOne is Decide for one permit under one limit, now or not at all: the limiter's
 // fast path for Allow.
-func (b *Backend) AllowOne(_ context.Context, key string, l gcra.Limit) (bool, error) {
+func (b *Backend) AllowOne(ctx context.Context, key string, l gcra.Limit) (bool, error) {
 	if b.closed.Load() {
 		return false, backend.ErrClosed
 	}
@@ -526,6 +684,11 @@ func (b *Backend) AllowOne(_ context.Context, key string, l gcra.Limit) (bool, e
 	now := b.clock.Nanotime()
 	s := b.shard(key)
 	s.mu.Lock()
+	if owner := s.node.Route(key, ls[:]); owner != "" {
+		s.mu.Unlock()
+		g, err := b.forward(ctx, owner, key, backend.Request{Limits: ls[:], N: 1})
+		return g.Allowed, err
+	}
 	err := s.node.DecideTo(&res, &tk, key, ls[:], now, 1, 0)
 	s.mu.Unlock()
 	if errors.Is(err, hits.ErrTooManyTags) {

@@ -6,11 +6,11 @@ import (
 	"github.com/sluicehq/sluice/gossip"
 )
 
-// A policy is named from outside the module: the default spends a member's share of each
-// tag's limit; Equal gives each member 1/N.
+// A policy is named from outside the module: the default (Auto) has each small limit
+// decided at its key's owner and each large one by shares; Equal gives each member 1/N.
 func ExamplePolicy() {
 	cfg := gossip.DefaultConfig()
-	fmt.Println(cfg.Policy == gossip.Shares)
+	fmt.Println(cfg.Policy == gossip.Auto)
 	cfg.Policy = gossip.Equal
 	p, err := gossip.ParsePolicy("whole")
 	fmt.Println(cfg.Policy, p, err)

@@ -46,11 +46,13 @@ var (
 	descLocal     = prometheus.NewDesc("sluice_gossip_local_hits_total", "Permits granted here, all tags.", nil, nil)
 	descRemote    = prometheus.NewDesc("sluice_gossip_remote_hits_total", "Permits peers reported, all tags.", nil, nil)
 	descUncharged = prometheus.NewDesc("sluice_gossip_uncharged_hits_total", "Peers' hits beyond a burst of debt, not charged (after a partition).", nil, nil)
+	descForwarded = prometheus.NewDesc("sluice_gossip_forwarded_total", "Requests forwarded to their keys' owners.", nil, nil)
+	descFwdLate   = prometheus.NewDesc("sluice_gossip_forward_timeouts_total", "Forwarded requests the owner did not answer in time (answered unavailable).", nil, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (b *Backend) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descMembers, descPeers, descMsgs, descBytes, descMalformed, descSendErrs, descStreams, descReports, descDropped, descTags, descHits, descLocal, descRemote, descUncharged} {
+	for _, d := range []*prometheus.Desc{descMembers, descPeers, descMsgs, descBytes, descMalformed, descSendErrs, descStreams, descReports, descDropped, descTags, descHits, descLocal, descRemote, descUncharged, descForwarded, descFwdLate} {
 		ch <- d
 	}
 }
@@ -106,6 +108,8 @@ func (b *Backend) Collect(ch chan<- prometheus.Metric) {
 	c(descLocal, st.LocalHits)
 	c(descRemote, st.RemoteHits)
 	c(descUncharged, st.ExcessCharged)
+	c(descForwarded, b.stats.forwarded.Load())
+	c(descFwdLate, b.stats.forwardTimeouts.Load())
 	for _, t := range th {
 		c(descHits, t.local, label(t.tag), "local")
 		c(descHits, t.remote, label(t.tag), "remote")

@@ -68,7 +68,7 @@ type GossipConfig struct {
 	KeyFile   string   `yaml:"key_file"`  // file holding the shared key (16, 24 or 32 bytes; raw, base64 or hex); "": traffic in clear
 	Interval  Duration `yaml:"interval"`  // sync interval
 	Hold      Duration `yaml:"hold"`      // how long a lost peer keeps its share
-	Policy    string   `yaml:"policy"`    // shares (by demand), equal (1/N) or whole (the DThrottle design as written)
+	Policy    string   `yaml:"policy"`    // auto (owner for small limits, shares for large), owner, shares (by demand), equal (1/N) or whole (the DThrottle design as written)
 }
 
 // GRPCConfig are the gRPC listener's settings (docs/envoy.md).
@@ -119,7 +119,7 @@ func DefaultConfig() Config {
 			Bind:     "127.0.0.1:7946",                       // loopback: other hosts must be allowed explicitly
 			Interval: yamlx.Duration(100 * time.Millisecond), // the excess between syncs scales with it
 			Hold:     yamlx.Duration(2 * time.Second),        // a partition shorter than this does not multiply the limit
-			Policy:   "shares",                               // spend only this daemon's share between syncs
+			Policy:   "auto",                                 // each small limit decided at its key's owner, large ones by shares
 		},
 		LogFormat:     "text",            // log/slog's text handler
 		LogLevel:      "info",            // startup, reloads, shutdown, errors
@@ -209,7 +209,7 @@ func (c *Config) validate() error {
 			bad(at("gossip.interval", "gossip.hold", "gossip"), "gossip.interval: want at least 1ms; gossip.hold: want 0 or more")
 		}
 		if _, err := hits.ParsePolicy(g.Policy); err != nil || g.Policy == "" {
-			bad(at("gossip.policy", "gossip"), "gossip.policy: want shares, equal or whole, not %q", g.Policy)
+			bad(at("gossip.policy", "gossip"), "gossip.policy: want auto, owner, shares, equal or whole, not %q", g.Policy)
 		}
 	default:
 		bad(at("backend"), "backend: want local, strict, lease or gossip, not %q", c.Backend)

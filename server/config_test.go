@@ -83,7 +83,7 @@ func TestConfigErrorsNameFileAndLine(t *testing.T) {
 		{"rules:\n  - {match: a, limit: 1/s}\n  - {name: a, match: b, limit: 1/s}\n", `c.yaml:3: rules[1]: the name "a" is used twice`},
 		{"rules:\n  - {name: default, match: b, limit: 1/s}\ndefault: {limit: 1/s}\n", `c.yaml:2: default: the name "default" is used twice (by rules[0] too)`},
 		{"", "c.yaml: empty file"},
-		{"backend: gossip\ngossip: {policy: loud}\n", "c.yaml:2: gossip.policy: want shares, equal or whole"},
+		{"backend: gossip\ngossip: {policy: loud}\n", "c.yaml:2: gossip.policy: want auto, owner, shares, equal or whole"},
 		{"backend: gossip\ngossip: {bind: ''}\n", "c.yaml:2: backend gossip needs gossip.bind"},
 		{"backend: gossip\ngossip: {colour: red}\n", `c.yaml:2: unknown field "colour"`},
 		// every problem at once, each at its line, in the file's order

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/gossip/hits"
 )
 
@@ -35,6 +36,8 @@ type gossipMode struct {
 	// running and its process not paused. A tick reads it for every member (a byte each,
 	// where the member's own record is a cache miss).
 	open []bool
+
+	byName map[string]int32 // member indexes by name: the owners requests are forwarded to
 }
 
 // inboxMsg is a report's part on its way to a member's node: it arrives at at.
@@ -214,9 +217,76 @@ func (g *gossipMode) resumed(e *engine, mi int32) {
 	g.open[mi] = g.running(e, mi) != nil
 }
 
+// acquire decides at the member, or forwards the request to the key's owner when the
+// member's node routes it there (hits.Node.Route): over the store link's network (the
+// daemons' own), with the store's time-out for an answer that does not come.
 func (g *gossipMode) acquire(e *engine, mi, gi int32) {
-	res, _, err := g.ready(e, mi).Decide(gossipTag, e.core, e.now, 1, e.maxWait)
+	n := g.ready(e, mi)
+	if o := n.Route(gossipTag, e.core); o != "" {
+		g.forward(e, mi, gi, o)
+		return
+	}
+	res, _, err := n.Decide(gossipTag, e.core, e.now, 1, e.maxWait)
 	e.decided(mi, gi, res, err)
+}
+
+// forward sends goroutine gi's request to the member named owner.
+func (g *gossipMode) forward(e *engine, mi, gi int32, owner string) {
+	to := g.member(e, owner)
+	ask := event{kind: evGossipAsk, m: to, g: gi, op: e.members[mi].ops[gi], val: int64(mi), val2: e.now}
+	e.messages++
+	e.bucket().messages++
+	if to < 0 || e.partitioned[to] != e.partitioned[mi] || e.lost(&e.sc.Network.Store) {
+		g.late(e, &ask)
+		return
+	}
+	ask.at = e.now + e.latency(&e.sc.Network.Store)
+	e.schedule(ask)
+}
+
+// member returns the index of the member named name (-1: none).
+func (g *gossipMode) member(e *engine, name string) int32 {
+	if len(g.byName) != len(e.members) {
+		g.byName = make(map[string]int32, len(e.members))
+		for i, m := range e.members {
+			g.byName[m.name] = int32(i)
+		}
+	}
+	if i, ok := g.byName[name]; ok {
+		return i
+	}
+	return -1
+}
+
+// late schedules the asking goroutine's time-out for a forwarded request that gets no
+// answer in time (only those that get none schedule one).
+func (g *gossipMode) late(e *engine, ask *event) {
+	e.schedule(event{at: ask.val2 + int64(e.sc.Store.Timeout), kind: evStoreTimeout, m: int32(ask.val), g: ask.g, op: ask.op})
+}
+
+// ask: the owner decides a forwarded request and answers it.
+func (g *gossipMode) ask(e *engine, ev *event) {
+	from := int32(ev.val)
+	if !e.members[ev.m].present || e.partitioned[ev.m] != e.partitioned[from] {
+		g.late(e, ev) // no answer: the asking goroutine times out
+		return
+	}
+	res, _, err := g.ready(e, ev.m).Decide(gossipTag, e.core, e.now, 1, e.maxWait)
+	if err != nil {
+		res = gcra.Result{}
+	}
+	ans := event{kind: evGossipAnswer, m: from, g: ev.g, op: ev.op, ok: res.Allowed, val2: res.RetryAfter}
+	if res.Allowed {
+		ans.val2 = res.Delay
+	}
+	e.messages++
+	e.bucket().messages++
+	ans.at = e.now + e.latency(&e.sc.Network.Store)
+	if e.lost(&e.sc.Network.Store) || ans.at > ev.val2+int64(e.sc.Store.Timeout) {
+		g.late(e, ev) // the grant, if any, is never used (as a crashed member's is)
+		return
+	}
+	e.schedule(ans)
 }
 
 func (g *gossipMode) handle(e *engine, ev *event) {
@@ -267,6 +337,25 @@ func (g *gossipMode) handle(e *engine, ev *event) {
 			}
 		}
 		e.schedule(event{at: e.now + int64(g.cfg.Interval), kind: evGossipTick, m: ev.m, op: m.inc})
+	case evGossipAsk:
+		g.ask(e, ev)
+	case evGossipAnswer:
+		if e.stale(ev) {
+			return
+		}
+		if ev.ok {
+			// The delay counts from the answer's arrival, as at a forwarding daemon.
+			e.permit(ev.m, ev.g, e.now+ev.val2)
+		} else {
+			e.denied(ev.m, ev.g, ev.val2)
+		}
+	case evStoreTimeout:
+		if e.stale(ev) {
+			return
+		}
+		e.timeouts++
+		e.members[ev.m].ops[ev.g]++ // a late answer no longer applies
+		e.denied(ev.m, ev.g, 0)
 	case evGossipMsg:
 		var n *hits.Node
 		if m.present && ev.op == m.inc {

@@ -172,7 +172,7 @@ func modeClaim(mode string) string {
 			"the members' writes to the limit's one record collide on a real store (which the simulator's does not show), and " +
 			"the backend logs a warning naming the strict mode."
 	case "gossip":
-		return "Peer daemons with no store that decide locally and exchange hit counts: 429s within the bound of docs/gossip.md."
+		return "Peer daemons with no store: a small limit decided exactly at its key's owner (the others forward to it), a large one by shares with hit counts exchanged: 429s within the bound of docs/gossip.md."
 	case "adaptive":
 		return "Clients that know nothing of each other and learn a safe rate from the API's answers: at most 1% of requests refused."
 	case "adaptive:heroku", "adaptive:cubic", "adaptive:sre":

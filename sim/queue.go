@@ -29,6 +29,8 @@ const (
 	evLeaseTimeout             // lease mode: member m gives up on a request (g: limit, val2: nonce)
 	evGossipTick               // gossip mode: member m reports (op: incarnation)
 	evGossipMsg                // gossip mode: member m receives a report (val: message slot, op: incarnation)
+	evGossipAsk                // gossip mode: owner m receives goroutine g's forwarded request (val: its member, val2: sent at, op: g's operation)
+	evGossipAnswer             // gossip mode: g receives the owner's answer (ok: granted; val2: delay or retry-after)
 	evIdealTick                // ideal mode: the next waiter's permit may be due (op: the tick's generation)
 )
 

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/sluicehq/sluice/gcra"
 )
 
 // The wire form of a report, one codec for every transport (UDP packets, streams, the
@@ -13,9 +15,14 @@ import (
 //
 //	version 1 | kind 1 | uvarint len, from | uvarint inc | uvarint seq | uvarint n | n entries
 //	entry: uvarint len, tag | uvarint gen | uvarint hits | uvarint recent | uvarint demand | uvarint hold_ns
+//
+// A report with an owner's bookings (an entry whose Booked is set) is of kind 2, its
+// entries each followed by uvarint booked_ns; a node that knows only kind 1 counts such a
+// report as malformed (docs/gossip.md: upgrade a pool's daemons together).
 const (
 	Version    = 1
 	kindReport = 1
+	kindBooked = 2
 
 	// MaxName bounds a node's name on the wire.
 	MaxName = 255
@@ -34,6 +41,7 @@ var ErrMalformed = errors.New("sluice: gossip: malformed message")
 // stream with a larger max. max must hold a header (at least MaxName + 40 bytes).
 func Encode(r *Report, max int) (parts [][]byte, skipped int) {
 	head := appendHeader(nil, r)
+	kind := head[1]
 	var cur []byte
 	var n int
 	var countAt int
@@ -52,7 +60,7 @@ func Encode(r *Report, max int) (parts [][]byte, skipped int) {
 	}
 	var buf []byte
 	for i := range r.Entries {
-		buf = appendEntry(buf[:0], &r.Entries[i])
+		buf = appendEntry(buf[:0], &r.Entries[i], kind)
 		if len(head)+5+len(buf) > max {
 			skipped++
 			continue
@@ -81,21 +89,35 @@ func appendHeader(b []byte, r *Report) []byte {
 	if len(from) > MaxName {
 		from = from[:MaxName]
 	}
-	b = append(b, Version, kindReport)
+	b = append(b, Version, reportKind(r))
 	b = binary.AppendUvarint(b, uint64(len(from)))
 	b = append(b, from...)
 	b = binary.AppendUvarint(b, r.Inc)
 	return binary.AppendUvarint(b, r.Seq)
 }
 
-func appendEntry(b []byte, e *Entry) []byte {
+// reportKind is kind 2 when an entry carries a booking, kind 1 otherwise.
+func reportKind(r *Report) byte {
+	for i := range r.Entries {
+		if r.Entries[i].Booked > 0 {
+			return kindBooked
+		}
+	}
+	return kindReport
+}
+
+func appendEntry(b []byte, e *Entry, kind byte) []byte {
 	b = binary.AppendUvarint(b, uint64(len(e.Tag)))
 	b = append(b, e.Tag...)
 	b = binary.AppendUvarint(b, e.Gen)
 	b = binary.AppendUvarint(b, e.Hits)
 	b = binary.AppendUvarint(b, e.Recent)
 	b = binary.AppendUvarint(b, e.Demand)
-	return binary.AppendUvarint(b, uint64(max(0, e.Hold)))
+	b = binary.AppendUvarint(b, uint64(max(0, e.Hold)))
+	if kind == kindBooked {
+		b = binary.AppendUvarint(b, uint64(max(0, e.Booked)))
+	}
+	return b
 }
 
 // patchCount writes n into the 5 bytes reserved at at, as a padded uvarint (continuation
@@ -166,7 +188,8 @@ func decodePart(b []byte) (Report, []byte, error) {
 	if b[0] != Version {
 		return Report{}, nil, fmt.Errorf("%w: version %d (this node speaks %d)", ErrMalformed, b[0], Version)
 	}
-	if b[1] != kindReport {
+	kind := b[1]
+	if kind != kindReport && kind != kindBooked {
 		return Report{}, nil, fmt.Errorf("%w: kind %d", ErrMalformed, b[1])
 	}
 	rd := reader{b: b[2:]}
@@ -198,10 +221,143 @@ func decodePart(b []byte) (Report, []byte, error) {
 			h = 1 << 62
 		}
 		e.Hold = int64(h)
+		if kind == kindBooked {
+			e.Booked = int64(min(rd.uvarint(), 1<<62))
+		}
 		r.Entries = append(r.Entries, e)
 	}
 	if rd.err != nil {
 		return Report{}, nil, rd.err
 	}
 	return r, rd.b, nil
+}
+
+// Forwarded decisions (Policy Owner and Auto): a node asks a tag's owner, the owner
+// answers. Each is one message of its own kind, in a datagram unless the tag is long:
+//
+//	ask:    version 1 | kind 3 | uvarint id | uvarint len, from | uvarint len, tag |
+//	        uvarint n | uvarint max_delay_ns | uvarint k | k × (uvarint t_ns | uvarint tau_ns)
+//	answer: version 1 | kind 4 | uvarint id | byte outcome | uvarint delay_ns |
+//	        uvarint retry_after_ns | uvarint remaining | uvarint reset_after_ns
+const (
+	KindAsk    = 3
+	KindAnswer = 4
+)
+
+// Ask is a request forwarded to a tag's owner: Decide's arguments but now, which is the
+// owner's. Its limits are GCRA limits (no window: Route keeps windowed limits here).
+type Ask struct {
+	ID       uint64 // the asker's, echoed in the answer
+	From     string // the asker's node name: where the answer goes
+	Tag      string
+	N        int64
+	MaxDelay int64
+	Limits   []gcra.Limit
+}
+
+// Outcomes of an Answer.
+const (
+	Denied    = 0 // not granted (Result.RetryAfter says when to ask again)
+	Granted   = 1
+	TooMany   = 2 // the owner holds MaxTags: ErrTooManyTags
+	Malformed = 3 // the owner refused the ask's arguments (bad limits or cost)
+)
+
+// Answer is an owner's decision of an Ask.
+type Answer struct {
+	ID      uint64
+	Outcome byte
+	Result  gcra.Result // Allowed is Outcome == Granted; Delay counts from the owner's decision
+}
+
+// MessageKind returns the kind of message b is: a report's (1 or 2), an ask's (3) or an
+// answer's (4); 0 if it is none.
+func MessageKind(b []byte) byte {
+	if len(b) < 2 || b[0] != Version {
+		return 0
+	}
+	return b[1]
+}
+
+// EncodeAsk writes a.
+func EncodeAsk(a *Ask) []byte {
+	b := make([]byte, 0, 32+len(a.From)+len(a.Tag)+10*len(a.Limits))
+	b = append(b, Version, KindAsk)
+	b = binary.AppendUvarint(b, a.ID)
+	b = binary.AppendUvarint(b, uint64(len(a.From)))
+	b = append(b, a.From...)
+	b = binary.AppendUvarint(b, uint64(len(a.Tag)))
+	b = append(b, a.Tag...)
+	b = binary.AppendUvarint(b, uint64(max(0, a.N)))
+	b = binary.AppendUvarint(b, uint64(max(0, a.MaxDelay)))
+	b = binary.AppendUvarint(b, uint64(len(a.Limits)))
+	for _, l := range a.Limits {
+		b = binary.AppendUvarint(b, uint64(l.T))
+		b = binary.AppendUvarint(b, uint64(l.Tau))
+	}
+	return b
+}
+
+// DecodeAsk reads an ask; its limits are checked by the owner's Decide.
+func DecodeAsk(b []byte) (Ask, error) {
+	if MessageKind(b) != KindAsk {
+		return Ask{}, fmt.Errorf("%w: not an ask", ErrMalformed)
+	}
+	rd := reader{b: b[2:]}
+	var a Ask
+	a.ID = rd.uvarint()
+	a.From = rd.bytes(MaxName)
+	a.Tag = rd.bytes(MaxTag)
+	a.N = int64(min(rd.uvarint(), 1<<62))
+	a.MaxDelay = int64(min(rd.uvarint(), 1<<62))
+	k := rd.uvarint()
+	if rd.err == nil && (k < 1 || k > gcra.MaxLimits) {
+		return Ask{}, fmt.Errorf("%w: %d limits", ErrMalformed, k)
+	}
+	for range k {
+		if rd.err != nil {
+			break
+		}
+		a.Limits = append(a.Limits, gcra.Limit{T: int64(min(rd.uvarint(), 1<<62)), Tau: int64(min(rd.uvarint(), 1<<62))})
+	}
+	if rd.err == nil && (a.From == "" || len(rd.b) != 0) {
+		return Ask{}, fmt.Errorf("%w: ask", ErrMalformed)
+	}
+	return a, rd.err
+}
+
+// EncodeAnswer writes a.
+func EncodeAnswer(a *Answer) []byte {
+	b := make([]byte, 0, 48)
+	b = append(b, Version, KindAnswer)
+	b = binary.AppendUvarint(b, a.ID)
+	b = append(b, a.Outcome)
+	r := &a.Result
+	b = binary.AppendUvarint(b, uint64(max(0, r.Delay)))
+	b = binary.AppendUvarint(b, uint64(max(0, r.RetryAfter)))
+	b = binary.AppendUvarint(b, uint64(max(0, r.Remaining)))
+	return binary.AppendUvarint(b, uint64(max(0, r.ResetAfter)))
+}
+
+// DecodeAnswer reads an answer.
+func DecodeAnswer(b []byte) (Answer, error) {
+	if MessageKind(b) != KindAnswer || len(b) < 4 {
+		return Answer{}, fmt.Errorf("%w: not an answer", ErrMalformed)
+	}
+	rd := reader{b: b[2:]}
+	var a Answer
+	a.ID = rd.uvarint()
+	if rd.err == nil && len(rd.b) > 0 {
+		a.Outcome = rd.b[0]
+		rd.b = rd.b[1:]
+	}
+	a.Result.Allowed = a.Outcome == Granted
+	a.Result.Delay = int64(min(rd.uvarint(), 1<<62))
+	a.Result.RetryAfter = int64(min(rd.uvarint(), 1<<62))
+	a.Result.Remaining = int64(min(rd.uvarint(), 1<<62))
+	a.Result.ResetAfter = int64(min(rd.uvarint(), 1<<62))
+	if rd.err == nil && (a.Outcome > Malformed || len(rd.b) != 0) {
+		return Answer{}, fmt.Errorf("%w: answer", ErrMalformed)
+	}
+	return a, rd.err
 }

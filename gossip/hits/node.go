@@ -25,23 +25,44 @@ const (
 	// largest recently known membership), whatever the demand: the store-less "use the
 	// pod count" of Numaflow's throttling.
 	Equal
+	// Owner: one node decides each tag, exactly, and the others forward their requests to
+	// it: the tag's owner, chosen by rendezvous hashing over the nodes of the membership
+	// (Owner). A node that starts owning a tag another may have decided fences it first
+	// (no burst granted twice). See docs/gossip.md, "Deciding at the owner".
+	Owner
+	// Auto (the default) decides a tag at its owner when the pool's nodes would each hold
+	// less than AutoBurst permits of its burst, and by Shares otherwise.
+	Auto
 )
 
-// ParsePolicy reads "shares", "equal" or "whole".
+// AutoBurst is the burst per node below which Auto decides a tag at its owner: sub-buckets
+// smaller than this queue requests that one bucket would serve at once (the guarantee
+// matrix's shares cells: docs/gossip.md).
+const AutoBurst = 32
+
+// ParsePolicy reads "auto" (or ""), "owner", "shares", "equal" or "whole".
 func ParsePolicy(s string) (Policy, error) {
 	switch s {
-	case "shares", "":
+	case "auto", "":
+		return Auto, nil
+	case "owner":
+		return Owner, nil
+	case "shares":
 		return Shares, nil
 	case "whole":
 		return Whole, nil
 	case "equal":
 		return Equal, nil
 	}
-	return 0, fmt.Errorf("sluice: gossip policy %q: want shares, equal or whole", s)
+	return 0, fmt.Errorf("sluice: gossip policy %q: want auto, owner, shares, equal or whole", s)
 }
 
 func (p Policy) String() string {
 	switch p {
+	case Auto:
+		return "auto"
+	case Owner:
+		return "owner"
 	case Whole:
 		return "whole"
 	case Equal:
@@ -57,7 +78,7 @@ type Config struct {
 	LostAfter time.Duration // a peer not heard from for this long is lost
 	MaxTags   int           // tags held at once
 	MaxPeers  int           // peers tracked at once
-	Policy    Policy        // Shares, Equal or Whole
+	Policy    Policy        // Auto, Owner, Shares, Equal or Whole
 }
 
 // DefaultConfig returns the defaults, each commented.
@@ -68,7 +89,7 @@ func DefaultConfig() Config {
 		LostAfter: 500 * time.Millisecond, // five silent intervals
 		MaxTags:   1 << 20,                // as the daemon's max_keys
 		MaxPeers:  256,                    // far more daemons than one limit is shared by
-		Policy:    Shares,                 // spend only the node's share between syncs
+		Policy:    Auto,                   // the owner decides small limits, shares large ones
 	}
 }
 
@@ -110,6 +131,14 @@ type Node struct {
 	slot   map[string]int
 	ws     []float64 // scratch: demands for a share
 	stats  Stats
+
+	// The ring (Policy Owner and Auto): this node and every peer held, by rendezvous hash.
+	born   int64  // when the node was made
+	hash   uint64 // its name's hash
+	ring   uint64 // bumped at every change of the peers held: owners cached before are stale
+	npeers int    // peers held
+	dropAt int64  // when a peer was last let go (its tags moved); 0: never
+	elder  bool   // a peer had reported for longer than this node when it first heard it
 }
 
 // Stats are a node's counters, for metrics.
@@ -129,6 +158,7 @@ type Stats struct {
 
 type peer struct {
 	name  string
+	hash  uint64 // the name's hash, for the ring
 	inc   uint64
 	heard int64
 	lost  int64 // 0: live; otherwise when it was lost
@@ -156,6 +186,14 @@ type tag struct {
 	pendAt  int64
 	used    int64 // last activity, local or remote
 	peers   []peerTag
+
+	hk    uint64 // the tag's hash, for the ring
+	ring  uint64 // the ring version owner was computed at (0: not yet)
+	owner int    // the tag's owner: -1 this node, otherwise a peer's slot
+	owned bool   // this node has decided the tag as its owner since it last owned it
+	other bool   // another node owned the tag while this node knew it
+
+	bookedTo int64 // the latest booking an owner reported (Entry.Booked), as a time
 }
 
 // peerTag is what a peer reported about a tag.
@@ -172,7 +210,8 @@ func New(name string, inc uint64, cfg Config, now int64) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Node{name: name, inc: inc, cfg: cfg, last: now, tags: map[string]*tag{}, slot: map[string]int{}}, nil
+	return &Node{name: name, inc: inc, cfg: cfg, last: now, tags: map[string]*tag{}, slot: map[string]int{},
+		born: now, hash: strHash(name), ring: 1}, nil
 }
 
 // Name returns the node's name.
@@ -197,7 +236,7 @@ func (n *Node) CountMalformed() { n.stats.Malformed++ }
 // Members returns the pool size this node counts on at now: itself and every peer live or
 // held (lost less than Hold ago). It is the largest recently known membership: a peer that
 // vanishes is still counted until its hold ends.
-func (n *Node) Members() int { return 1 + n.Stats().Peers }
+func (n *Node) Members() int { return 1 + n.npeers }
 
 // TagHits returns a tag's hits granted here and reported by peers (cumulative), for
 // metrics, and whether the tag is held.
@@ -241,7 +280,7 @@ func (n *Node) get(key string, now int64) (*tag, error) {
 		return nil, ErrTooManyTags
 	}
 	n.gen++
-	t := &tag{gen: n.gen, at: now, used: now, share: -1}
+	t := &tag{gen: n.gen, at: now, used: now, share: -1, hk: strHash(key)}
 	n.tags[key] = t
 	return t, nil
 }
@@ -269,6 +308,28 @@ func (n *Node) know(t *tag, limits []gcra.Limit, now int64) {
 	if t.pend > 0 {
 		n.charge(t, t.pend, t.pendAt)
 		t.pend = 0
+	}
+	t.book(t.bookedTo)
+}
+
+// booked is how long from now the node's view of the pool's bucket is booked beyond its
+// burst: the latest of its limits' TAT less tau (0: a permit of burst is free).
+func (t *tag) booked(now int64) int64 {
+	var b int64
+	for i := range t.k {
+		b = max(b, t.view[i]-t.lim[i].Tau-now)
+	}
+	return b
+}
+
+// book takes an owner's booking: the pool's bucket holds no burst before until.
+func (t *tag) book(until int64) {
+	if until <= 0 {
+		return
+	}
+	t.bookedTo = max(t.bookedTo, until)
+	for i := range t.k {
+		t.view[i] = max(t.view[i], gcra.After(until, t.lim[i].Tau))
 	}
 }
 
@@ -348,6 +409,12 @@ func (n *Node) DecideTo(res *gcra.Result, tk *gcra.Ticket, key string, limits []
 	if cost > 1 && cost > gcra.MaxCost(limits) {
 		return gcra.ErrCostExceedsBurst
 	}
+	routed := n.routes(limits)
+	if routed && !n.claim(t, limits, now) {
+		res.RetryAfter = int64(n.cfg.Interval)
+		n.fill(t, res, now, routed)
+		return nil
+	}
 	t.used = now
 	t.asked += cost
 	t.refill(now)
@@ -358,7 +425,7 @@ func (n *Node) DecideTo(res *gcra.Result, tk *gcra.Ticket, key string, limits []
 	}
 	delay = max(delay, t.hold-now)
 	own := t.ownWait(cost)
-	if n.cfg.Policy == Whole || t.share >= 1 {
+	if n.cfg.Policy == Whole || t.share >= 1 || routed {
 		own = 0 // the whole limit: the pool's bucket decides alone
 	}
 	if own < 0 {
@@ -375,7 +442,7 @@ func (n *Node) DecideTo(res *gcra.Result, tk *gcra.Ticket, key string, limits []
 		if res.RetryAfter == 0 {
 			res.RetryAfter = delay
 		}
-		n.fill(t, res, now)
+		n.fill(t, res, now, routed)
 		return nil
 	}
 	res.Allowed, res.Delay = true, delay
@@ -384,25 +451,153 @@ func (n *Node) DecideTo(res *gcra.Result, tk *gcra.Ticket, key string, limits []
 		for i, l := range limits {
 			view[i] = max(view[i], tk.At) + cost*l.T
 			tk.TatAfter[i] = view[i]
-			if n.cfg.Policy != Whole {
+			if n.cfg.Policy != Whole && !routed {
 				t.level[i] -= float64(cost)
 			}
 		}
 		t.hits += uint64(cost)
 		n.stats.LocalHits += uint64(cost)
 	}
-	n.fill(t, res, now)
+	n.fill(t, res, now, routed)
 	return nil
 }
 
+// routes reports whether a tag under limits is decided at its owner: always with Owner;
+// with Auto when the pool's nodes would each hold less than AutoBurst permits of the
+// tightest burst.
+func (n *Node) routes(limits []gcra.Limit) bool {
+	if n.cfg.Policy != Owner && n.cfg.Policy != Auto {
+		return false
+	}
+	for _, l := range limits {
+		if l.Window > 0 {
+			return false // a window's origin is in the caller's time base: decided here
+		}
+	}
+	if n.cfg.Policy == Owner {
+		return true
+	}
+	for _, l := range limits {
+		if l.Burst() < AutoBurst*int64(1+n.npeers) {
+			return true
+		}
+	}
+	return false
+}
+
+// Route returns the node that decides key's permits under limits: "" when this node does
+// (by its share, or as the key's owner), otherwise the owner's name, to which the caller
+// forwards the request (Decide there). The owner is the node, of this one and every peer
+// held (live, or lost less than Hold ago), whose name hashes highest with the key
+// (rendezvous hashing): the nodes agree on it while they agree on the membership, and a
+// change of membership moves only the keys of the node that came or went.
+func (n *Node) Route(key string, limits []gcra.Limit) string {
+	if !n.routes(limits) {
+		return ""
+	}
+	t := n.tags[key]
+	var o int
+	if t != nil {
+		o = n.ownerOf(t)
+	} else {
+		o = n.pick(strHash(key))
+	}
+	if o < 0 {
+		return ""
+	}
+	return n.peers[o].name
+}
+
+// ownerOf returns t's owner (-1: this node), cached until the ring changes. Seeing
+// another owner clears the claim: the next owner decision here is fenced.
+func (n *Node) ownerOf(t *tag) int {
+	if t.ring != n.ring {
+		t.owner, t.ring = n.pick(t.hk), n.ring
+		if t.owner >= 0 {
+			t.owned, t.other = false, true
+		}
+	}
+	return t.owner
+}
+
+// pick is the rendezvous: the highest score of the key's hash with each node's.
+func (n *Node) pick(hk uint64) int {
+	best, o := mix(hk^n.hash), -1
+	for i, p := range n.peers {
+		if p != nil {
+			if sc := mix(hk ^ p.hash); sc > best || (sc == best && p.name > n.name) {
+				best, o = sc, i
+			}
+		}
+	}
+	return o
+}
+
+// claim is called before this node decides t as its owner. The first such decision since
+// it last owned t is fenced (the pool's bucket taken as empty: no burst is granted twice)
+// when another node may have decided t lately and not yet told it: another node owned t
+// in this node's ring; or a node was let go (its keys moved) less than a fence's length
+// ago; or this node joined a pool that was deciding before it, less than a fence's length
+// ago (it may be the restart of t's owner). A fence's length is Hold + LostAfter + the
+// bucket's time to refill (its tau). In a pool that starts together, nothing is fenced.
+// Until a young node has heard every peer once it cannot tell (nor has it heard the hits
+// its peers granted lately): claim reports false, and it decides nothing yet.
+func (n *Node) claim(t *tag, limits []gcra.Limit, now int64) bool {
+	n.ownerOf(t)
+	if t.owned {
+		return true
+	}
+	var tau int64
+	for _, l := range limits {
+		tau = max(tau, l.Tau)
+	}
+	fence := int64(n.cfg.Hold) + int64(n.cfg.LostAfter) + tau
+	young := now-n.born < fence
+	if young {
+		for _, p := range n.peers {
+			if p != nil && p.inc == 0 && p.lost == 0 {
+				return false // not heard yet
+			}
+		}
+	}
+	t.owned = true
+	if !t.other && (n.dropAt == 0 || now-n.dropAt >= fence) && (!n.elder || !young) {
+		return true
+	}
+	for i, l := range limits {
+		t.view[i] = max(t.view[i], gcra.After(now, l.Tau))
+	}
+	return true
+}
+
+// strHash is FNV-1a, 64 bits: the same in every process (the ring's nodes must agree).
+func strHash(s string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= 1099511628211
+	}
+	return h
+}
+
+// mix is splitmix64's finalizer: a key's score with each node spreads evenly.
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
 // fill sets a result's Remaining and ResetAfter from the pool's view and the node's share.
-func (n *Node) fill(t *tag, res *gcra.Result, now int64) {
+func (n *Node) fill(t *tag, res *gcra.Result, now int64, routed bool) {
 	res.Remaining = math.MaxInt64
 	for i := range t.k {
 		l := t.lim[i]
 		v := max(t.view[i], now)
 		res.Remaining = min(res.Remaining, max(0, (now+l.Tau-v)/l.T))
-		if n.cfg.Policy != Whole {
+		if n.cfg.Policy != Whole && !routed {
 			res.Remaining = min(res.Remaining, max(0, int64(t.level[i])))
 		}
 		res.ResetAfter = max(res.ResetAfter, v-now)
@@ -488,16 +683,21 @@ func (n *Node) peerSlot(name string, now int64) int {
 		n.epochs = append(n.epochs, 0)
 		i = len(n.peers) - 1
 	}
-	n.peers[i] = &peer{name: name, heard: now}
+	n.peers[i] = &peer{name: name, hash: strHash(name), heard: now}
 	n.slot[name] = i
+	n.npeers++
+	n.ring++
 	return i
 }
 
 // dropPeer forgets the peer in slot i: its per-tag entries become stale.
-func (n *Node) dropPeer(i int) {
+func (n *Node) dropPeer(i int, now int64) {
 	delete(n.slot, n.peers[i].name)
 	n.peers[i] = nil
 	n.epochs[i]++
+	n.npeers--
+	n.ring++
+	n.dropAt = now
 }
 
 // Join tells the node that the membership sees peer name alive. A peer counts in the pool
@@ -525,7 +725,7 @@ func (n *Node) Leave(name string, now int64, graceful bool) {
 		return
 	}
 	if graceful {
-		n.dropPeer(i)
+		n.dropPeer(i, now)
 		return
 	}
 	if p := n.peers[i]; p.lost == 0 {
@@ -550,6 +750,10 @@ type Entry struct {
 	Recent uint64 // of them, those granted in its last three reports' intervals
 	Demand uint64 // permits per second asked at the sender, smoothed, in thousandths
 	Hold   int64  // a penalty's time left at the sender, nanoseconds; 0: none
+	// Booked: when the sender decides the tag as its owner, how long from now the pool's
+	// bucket is booked beyond its burst (permits granted ahead, to callers that wait for
+	// them), nanoseconds; 0: none. Whoever owns the tag next grants nothing before then.
+	Booked int64
 }
 
 // demandAlpha is the weight of the last interval in the smoothed demand.
@@ -571,7 +775,7 @@ func (n *Node) Report(now int64) Report {
 			p.lost = now
 		}
 		if p.lost != 0 && now-p.lost >= int64(n.cfg.Hold) {
-			n.dropPeer(i)
+			n.dropPeer(i, now)
 		}
 	}
 	rep := Report{From: n.name, Inc: n.inc, Seq: n.seq}
@@ -603,6 +807,9 @@ func (n *Node) Report(now int64) Report {
 			e := Entry{Tag: key, Gen: t.gen, Hits: t.hits, Recent: t.hits - t.sent[history-1], Demand: uint64(d * 1000)}
 			if t.hold > now {
 				e.Hold = t.hold - now
+			}
+			if t.owned {
+				e.Booked = t.booked(now)
 			}
 			rep.Entries = append(rep.Entries, e)
 		} else if now-t.used > idleAfter && n.idle(t, now) {
@@ -655,6 +862,9 @@ func (n *Node) Receive(now int64, r *Report) {
 			n.epochs[i]++
 		}
 		p.inc = r.Inc
+		if r.Seq > n.seq+history {
+			n.elder = true // it was deciding before this node was: see claim
+		}
 	}
 	p.heard, p.lost = now, 0
 	n.stats.Received++
@@ -690,6 +900,9 @@ func (n *Node) Receive(now int64, r *Report) {
 		}
 		if e.Hold > 0 {
 			n.hold(t, now, gcra.After(now, e.Hold))
+		}
+		if e.Booked > 0 {
+			t.book(gcra.After(now, e.Booked))
 		}
 	}
 }

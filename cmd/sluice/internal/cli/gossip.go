@@ -22,7 +22,7 @@ func addGossipFlags(fs *flag.FlagSet, d server.GossipConfig) {
 	fs.String("gossip-key-file", d.KeyFile, "--backend gossip: `file` holding the shared key (16, 24 or 32 bytes; raw, base64 or hex) that encrypts and authenticates the daemons' traffic")
 	fs.Duration("gossip-interval", d.Interval.D(), "--backend gossip: sync interval (the excess between syncs scales with it)")
 	fs.Duration("gossip-hold", d.Hold.D(), "--backend gossip: how long a lost peer keeps its share (a partition shorter than this does not multiply the limit)")
-	fs.String("gossip-policy", d.Policy, "--backend gossip: shares (spend only this daemon's share, by demand, between syncs), equal (1/N of each limit, N the daemons counted: no demand needed) or whole (the DThrottle design as written, for comparison)")
+	fs.String("gossip-policy", d.Policy, "--backend gossip: auto (each small limit decided at its key's owner, large ones by shares), owner (every limit decided at its key's owner: the daemon the key hashes to; the others forward), shares (spend only this daemon's share, by demand, between syncs), equal (1/N of each limit, N the daemons counted: no demand needed) or whole (the DThrottle design as written, for comparison)")
 }
 
 // setGossip applies one gossip flag that was set.

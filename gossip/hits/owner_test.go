@@ -1,0 +1,169 @@
+package hits
+
+import (
+	"reflect"
+	"testing"
+
+	"github.com/sluicehq/sluice/gcra"
+)
+
+// ownerPool makes n nodes under the Owner policy that know each other and have heard
+// each other once (a pool that started together: nothing is fenced).
+func ownerPool(t *testing.T, n int) []*Node {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Policy = Owner
+	var nodes []*Node
+	for i := range n {
+		nd, err := New(string(rune('a'+i)), uint64(i+1), cfg, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes = append(nodes, nd)
+	}
+	for _, a := range nodes {
+		for _, b := range nodes {
+			if a != b {
+				a.Join(b.Name(), 0)
+			}
+		}
+	}
+	exchange(nodes, 1)
+	return nodes
+}
+
+// exchange has every node report at now and every other node receive it at once.
+func exchange(nodes []*Node, now int64) {
+	var reps []Report
+	for _, n := range nodes {
+		reps = append(reps, n.Report(now))
+	}
+	for _, n := range nodes {
+		for i := range reps {
+			n.Receive(now, &reps[i])
+		}
+	}
+}
+
+func byName(nodes []*Node, name string) *Node {
+	for _, n := range nodes {
+		if n.Name() == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// TestOwnerAgreesAndMovesFenced: the nodes agree on a key's owner (rendezvous hashing);
+// the others route to it and it decides alone. When it leaves, the next owner grants no
+// permit before the bookings the old owner reported (callers wait for them) and no burst
+// again.
+func TestOwnerAgreesAndMovesFenced(t *testing.T) {
+	nodes := ownerPool(t, 3)
+	lim := []gcra.Limit{{T: sec, Tau: 5 * sec}} // 1/s burst 5
+	owner := ""
+	for _, n := range nodes {
+		o := n.Route("api", lim)
+		if o == "" {
+			o = n.Name()
+		}
+		if owner != "" && o != owner {
+			t.Fatalf("%s routes api to %s, another to %s", n.Name(), o, owner)
+		}
+		owner = o
+	}
+	old := byName(nodes, owner)
+	now := 2 * sec
+	// The burst at once, then fifteen more reserved ahead (callers that wait up to 20 s):
+	// further than the two bursts of debt a peer's hits are charged up to.
+	for i := range 20 {
+		res, _, err := old.Decide("api", lim, now, 1, 20*sec)
+		if err != nil || !res.Allowed {
+			t.Fatalf("grant %d at the owner: %+v %v", i, res, err)
+		}
+	}
+	exchange(nodes, now+sec/10) // the owner's report, with its bookings
+	var rest []*Node
+	for _, n := range nodes {
+		if n != old {
+			n.Leave(owner, now+sec/5, true)
+			rest = append(rest, n)
+		}
+	}
+	next := rest[0].Route("api", lim)
+	if next == "" {
+		next = rest[0].Name()
+	}
+	heir := byName(rest, next)
+	// The old owner booked the bucket 15 s ahead: nothing before then, then one a second.
+	at := now + sec/5
+	res, _, _ := heir.Decide("api", lim, at, 1, 0)
+	if res.Allowed {
+		t.Fatalf("the next owner granted at once what the old owner had booked: %+v", res)
+	}
+	granted := 0
+	for ; at < now+18*sec; at += sec / 10 {
+		if r, _, _ := heir.Decide("api", lim, at, 1, 0); r.Allowed {
+			granted++
+			if at < now+15*sec-sec/2 {
+				t.Fatalf("the next owner granted at %.1f s, within the old owner's bookings (to %.1f s)", float64(at)/1e9, float64(now+15*sec)/1e9)
+			}
+		}
+	}
+	if granted < 2 || granted > 4 {
+		t.Errorf("the next owner granted %d in the 3 s after the bookings, want about one a second", granted)
+	}
+}
+
+// TestOwnerOnlyForSmallLimitsUnderAuto: Auto routes a limit whose burst gives each node
+// less than AutoBurst permits, and decides a large one by shares; windows never route.
+func TestOwnerOnlyForSmallLimitsUnderAuto(t *testing.T) {
+	nodes := ownerPool(t, 3)
+	for _, n := range nodes {
+		n.cfg.Policy = Auto
+	}
+	small := []gcra.Limit{{T: sec / 100, Tau: 20 * sec / 100}}    // 100/s burst 20
+	large := []gcra.Limit{{T: sec / 1000, Tau: 400 * sec / 1000}} // 1000/s burst 400
+	window := []gcra.Limit{{T: sec / 100, Tau: 20 * sec / 100, Window: 20 * sec / 100}}
+	routed := 0
+	for _, n := range nodes {
+		if n.Route("k", small) != "" {
+			routed++
+		}
+		if o := n.Route("k", large); o != "" {
+			t.Errorf("%s routes a 400-permit burst over 3 nodes to %s, want shares", n.Name(), o)
+		}
+		if o := n.Route("k", window); o != "" {
+			t.Errorf("%s routes a window to %s, want it decided here", n.Name(), o)
+		}
+	}
+	if routed != 2 {
+		t.Errorf("%d of 3 nodes route a small limit elsewhere, want 2 (all but its owner)", routed)
+	}
+}
+
+// TestAskAnswerRoundTrip: a forwarded request and its answer survive the codec, and bad
+// bytes are refused.
+func TestAskAnswerRoundTrip(t *testing.T) {
+	a := Ask{ID: 7, From: "10.0.0.1:7946", Tag: "api", N: 2, MaxDelay: 3 * sec, Limits: []gcra.Limit{{T: sec, Tau: 5 * sec}, {T: sec / 10, Tau: sec}}}
+	got, err := DecodeAsk(EncodeAsk(&a))
+	if err != nil || !reflect.DeepEqual(got, a) {
+		t.Errorf("ask: got %+v, %v; want %+v", got, err, a)
+	}
+	ans := Answer{ID: 7, Outcome: Granted, Result: gcra.Result{Allowed: true, Delay: 12, Remaining: 3, ResetAfter: 99}}
+	gotA, err := DecodeAnswer(EncodeAnswer(&ans))
+	if err != nil || !reflect.DeepEqual(gotA, ans) {
+		t.Errorf("answer: got %+v, %v; want %+v", gotA, err, ans)
+	}
+	if MessageKind(EncodeAsk(&a)) != KindAsk || MessageKind(EncodeAnswer(&ans)) != KindAnswer {
+		t.Error("MessageKind does not tell an ask from an answer")
+	}
+	for _, b := range [][]byte{nil, {Version}, {Version, KindAsk}, {Version, KindAsk, 1, 0}, {Version, KindAnswer, 1, 9, 0, 0, 0, 0}, append(EncodeAsk(&a), 0)} {
+		if _, err := DecodeAsk(b); err == nil && MessageKind(b) == KindAsk {
+			t.Errorf("DecodeAsk(%v): no error", b)
+		}
+		if _, err := DecodeAnswer(b); err == nil && MessageKind(b) == KindAnswer {
+			t.Errorf("DecodeAnswer(%v): no error", b)
+		}
+	}
+}
