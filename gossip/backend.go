@@ -240,14 +240,23 @@ func (b *Backend) each(f func(i int, n *hits.Node)) {
 
 type counters struct {
 	msgsSent, msgsRecv, bytesSent, bytesRecv, sendErrs, streams atomic.Uint64
-	forwarded, forwardTimeouts                                  atomic.Uint64
+	forwarded, forwardResent, forwardTimeouts                   atomic.Uint64
 }
 
 var (
 	_ backend.Backend  = (*Backend)(nil)
 	_ backend.Allower  = (*Backend)(nil)
 	_ backend.Resetter = (*Backend)(nil)
+	_ backend.Capable  = (*Backend)(nil)
 )
+
+// Capabilities: a key decided at its owner is one line that every process's callers share
+// (SharedLine), so a limiter on this backend shares a key by process by default, each
+// process holding a few places in the owner's line whatever its number of waiters
+// (sluice.FairProcesses). Windowed quotas and ramps are not decided here.
+func (*Backend) Capabilities() backend.Capabilities {
+	return backend.Capabilities{SharedLine: true}
+}
 
 // New starts a member: it binds, joins the peers it can reach (and exchanges state with
 // the seed list again every second while it is alone or counts the pool differently from
@@ -566,24 +575,34 @@ func (b *Backend) forward(ctx context.Context, owner, key string, req backend.Re
 		return backend.Grant{}, backend.ErrUnavailable
 	}
 	b.stats.forwarded.Add(1)
-	t := b.clock.NewTimer(ForwardTimeout)
+	// A datagram may be lost (a full socket buffer will do it on a loaded host): the ask
+	// goes again, once, after a quarter of the time-out. Both may arrive: the owner then
+	// decides it twice, and the second grant goes unused (never more admitted).
+	t := b.clock.NewTimer(ForwardTimeout / 4)
 	defer t.Stop()
-	select {
-	case a := <-ch:
-		switch a.Outcome {
-		case hits.TooMany:
-			return backend.Grant{}, backend.ErrTooManyKeys
-		case hits.Malformed:
-			return backend.Grant{}, fmt.Errorf("sluice: gossip: the owner %s refused the request", owner)
+	for again := true; ; again = false {
+		select {
+		case a := <-ch:
+			switch a.Outcome {
+			case hits.TooMany:
+				return backend.Grant{}, backend.ErrTooManyKeys
+			case hits.Malformed:
+				return backend.Grant{}, fmt.Errorf("sluice: gossip: the owner %s refused the request", owner)
+			}
+			return backend.Grant{Result: a.Result}, nil
+		case <-t.C():
+			if !again {
+				b.stats.forwardTimeouts.Add(1)
+				return backend.Grant{}, backend.ErrUnavailable
+			}
+			b.stats.forwardResent.Add(1)
+			b.sendTo(owner, msg)
+			t.Reset(ForwardTimeout - ForwardTimeout/4)
+		case <-ctx.Done():
+			return backend.Grant{}, ctx.Err()
+		case <-b.stop:
+			return backend.Grant{}, backend.ErrClosed
 		}
-		return backend.Grant{Result: a.Result}, nil
-	case <-t.C():
-		b.stats.forwardTimeouts.Add(1)
-		return backend.Grant{}, backend.ErrUnavailable
-	case <-ctx.Done():
-		return backend.Grant{}, ctx.Err()
-	case <-b.stop:
-		return backend.Grant{}, backend.ErrClosed
 	}
 }
 

@@ -38,6 +38,7 @@ type gossipMode struct {
 	open []bool
 
 	byName map[string]int32 // member indexes by name: the owners requests are forwarded to
+	lines  procLines        // each member's line to the keys' owners
 }
 
 // inboxMsg is a report's part on its way to a member's node: it arrives at at.
@@ -56,7 +57,7 @@ type gossipMsg struct {
 }
 
 func newGossipMode(sc *Scenario) *gossipMode {
-	g := &gossipMode{cfg: hits.DefaultConfig()}
+	g := &gossipMode{cfg: hits.DefaultConfig(), lines: procLines{}}
 	if sc.Gossip.Interval > 0 {
 		g.cfg.Interval = sc.Gossip.Interval.D()
 		g.cfg.LostAfter = 5 * g.cfg.Interval
@@ -220,14 +221,39 @@ func (g *gossipMode) resumed(e *engine, mi int32) {
 // acquire decides at the member, or forwards the request to the key's owner when the
 // member's node routes it there (hits.Node.Route): over the store link's network (the
 // daemons' own), with the store's time-out for an answer that does not come.
+//
+// A key decided at an owner is one line that every member shares (gossip.Backend's
+// backend.Capabilities.SharedLine): each member holds a few places in it, as the library's
+// sluice.FairProcesses does, whoever the owner is (procLines).
 func (g *gossipMode) acquire(e *engine, mi, gi int32) {
 	n := g.ready(e, mi)
-	if o := n.Route(gossipTag, e.core); o != "" {
+	o, routed := n.Route(gossipTag, e.core), n.Routes(e.core)
+	if routed && !g.lines.admit(e, mi, gi) {
+		return // parked in the member's line
+	}
+	if o != "" {
 		g.forward(e, mi, gi, o)
 		return
 	}
 	res, _, err := n.Decide(gossipTag, e.core, e.now, 1, e.maxWait)
+	if routed {
+		g.lines.answered(e, mi, gi)
+		if err != nil || !res.Allowed {
+			g.release(e, mi)
+		}
+	}
 	e.decided(mi, gi, res, err)
+}
+
+// release ends member mi's hold on a place in an owner's line.
+func (g *gossipMode) release(e *engine, mi int32) { g.lines.release(e, mi, g.acquire) }
+
+// permitOK releases the member's place as its permit falls due (the permit is used).
+func (g *gossipMode) permitOK(e *engine, ev *event) bool {
+	if ln := g.lines[ev.m]; ln != nil && ln.held > 0 {
+		g.release(e, ev.m)
+	}
+	return true
 }
 
 // forward sends goroutine gi's request to the member named owner.
@@ -343,10 +369,12 @@ func (g *gossipMode) handle(e *engine, ev *event) {
 		if e.stale(ev) {
 			return
 		}
+		g.lines.answered(e, ev.m, ev.g)
 		if ev.ok {
 			// The delay counts from the answer's arrival, as at a forwarding daemon.
 			e.permit(ev.m, ev.g, e.now+ev.val2)
 		} else {
+			g.release(e, ev.m)
 			e.denied(ev.m, ev.g, ev.val2)
 		}
 	case evStoreTimeout:
@@ -355,6 +383,7 @@ func (g *gossipMode) handle(e *engine, ev *event) {
 		}
 		e.timeouts++
 		e.members[ev.m].ops[ev.g]++ // a late answer no longer applies
+		g.release(e, ev.m)
 		e.denied(ev.m, ev.g, 0)
 	case evGossipMsg:
 		var n *hits.Node

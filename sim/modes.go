@@ -93,7 +93,7 @@ func newMode(name string, sc *Scenario) mode {
 	case "local":
 		return localMode{}
 	case "strict":
-		return centralMode{lines: map[int32]*procLine{}}
+		return centralMode{lines: procLines{}}
 	case "strict:waiters":
 		return centralMode{}
 	case "lease":
@@ -170,15 +170,22 @@ func (localMode) left(*engine, int32, bool) {}
 // line by turns, whatever their goroutines. Without (strict:waiters, sluice.FairWaiters),
 // each goroutine asks on its own.
 type centralMode struct {
-	lines map[int32]*procLine // by member; nil: each goroutine asks on its own
+	lines procLines // by member; nil: each goroutine asks on its own
 }
 
-// procLine is a member's own line under strict:processes.
+// procLines are the members' own lines (the library's sluice.FairProcesses, where a
+// backend's line is shared by every process: backend.Capabilities.SharedLine): each member
+// holds at most a few places in the shared line, each for one goroutine, and its other
+// goroutines wait in the member's line (arrival order) until a place's permit is due or
+// denied. The strict mode's store and the gossip mode's key owners keep such a line.
+type procLines map[int32]*procLine
+
+// procLine is a member's own line.
 type procLine struct {
 	inc    uint32  // the member's incarnation it belongs to
 	held   int     // places the member's goroutines hold (asked, or wait for their permits)
-	rtt    int64   // the member's round trip to the store, smoothed (as the library's)
-	sent   []int64 // when each goroutine last asked the store
+	rtt    int64   // the member's round trip to the line, smoothed (as the library's)
+	sent   []int64 // when each goroutine last asked
 	parked fifo[parkedG]
 }
 
@@ -200,6 +207,59 @@ type parkedG struct {
 	op uint32
 }
 
+// line returns member mi's line, new for each incarnation.
+func (ls procLines) line(e *engine, mi int32) *procLine {
+	m := e.members[mi]
+	ln := ls[mi]
+	if ln == nil || ln.inc != m.inc {
+		ln = &procLine{inc: m.inc}
+		ls[mi] = ln
+	}
+	return ln
+}
+
+// admit takes a place for goroutine g of member mi, or parks it (false) until one is free.
+func (ls procLines) admit(e *engine, mi, g int32) bool {
+	m := e.members[mi]
+	ln := ls.line(e, mi)
+	if ln.held >= ln.places(e) {
+		ln.parked.push(parkedG{g, m.ops[g]})
+		return false
+	}
+	ln.held++
+	if len(ln.sent) < len(m.gs) {
+		ln.sent = make([]int64, len(m.gs))
+	}
+	ln.sent[g] = e.now
+	return true
+}
+
+// answered: goroutine g of member mi has the line's answer: its round trip counts.
+func (ls procLines) answered(e *engine, mi, g int32) {
+	if ln := ls.line(e, mi); int(g) < len(ln.sent) {
+		d := e.now - ln.sent[g]
+		if ln.rtt > 0 {
+			d = ln.rtt + (d-ln.rtt)/8
+		}
+		ln.rtt = d
+	}
+}
+
+// release ends the member's hold on a place (its permit is due, or it was denied) and
+// has the first parked goroutine still waiting ask again, through acquire.
+func (ls procLines) release(e *engine, mi int32, acquire func(e *engine, mi, g int32)) {
+	ln := ls.line(e, mi)
+	ln.held = max(ln.held-1, 0)
+	m := e.members[mi]
+	for ln.parked.len() > 0 && ln.held < ln.places(e) {
+		p := *ln.parked.front()
+		ln.parked.pop()
+		if m.present && m.ops[p.g] == p.op {
+			acquire(e, mi, p.g)
+		}
+	}
+}
+
 func (c centralMode) name() string {
 	if c.lines != nil {
 		return "strict"
@@ -207,32 +267,10 @@ func (c centralMode) name() string {
 	return "strict:waiters"
 }
 
-// line returns member mi's line, new for each incarnation.
-func (c centralMode) line(e *engine, mi int32) *procLine {
-	m := e.members[mi]
-	ln := c.lines[mi]
-	if ln == nil || ln.inc != m.inc {
-		ln = &procLine{inc: m.inc}
-		c.lines[mi] = ln
-	}
-	return ln
-}
-
-// release ends the member's hold on its place (its permit is due, or it was denied) and
-// lets the first parked goroutine still waiting ask.
+// release ends the member's hold on its place, with lines.
 func (c centralMode) release(e *engine, mi int32) {
-	if c.lines == nil {
-		return
-	}
-	ln := c.line(e, mi)
-	ln.held = max(ln.held-1, 0)
-	m := e.members[mi]
-	for ln.parked.len() > 0 && ln.held < ln.places(e) {
-		p := *ln.parked.front()
-		ln.parked.pop()
-		if m.present && m.ops[p.g] == p.op {
-			c.acquire(e, mi, p.g)
-		}
+	if c.lines != nil {
+		c.lines.release(e, mi, c.acquire)
 	}
 }
 
@@ -244,17 +282,8 @@ func (c centralMode) permitOK(e *engine, ev *event) bool {
 
 func (c centralMode) acquire(e *engine, mi, g int32) {
 	m := e.members[mi]
-	if c.lines != nil {
-		ln := c.line(e, mi)
-		if ln.held >= ln.places(e) {
-			ln.parked.push(parkedG{g, m.ops[g]})
-			return
-		}
-		ln.held++
-		if len(ln.sent) < len(m.gs) {
-			ln.sent = make([]int64, len(m.gs))
-		}
-		ln.sent[g] = e.now
+	if c.lines != nil && !c.lines.admit(e, mi, g) {
+		return
 	}
 	ev := event{kind: evStoreReq, m: mi, g: g, op: m.ops[g]}
 	if owed, any := m.debt.Owed(e.now, len(e.core)); any {
@@ -328,13 +357,7 @@ func (c centralMode) handle(e *engine, ev *event) {
 			m.debt = gcra.Debt{} // the store has it now
 		}
 		if c.lines != nil {
-			if ln := c.line(e, ev.m); int(ev.g) < len(ln.sent) {
-				d := e.now - ln.sent[ev.g]
-				if ln.rtt > 0 {
-					d = ln.rtt + (d-ln.rtt)/8
-				}
-				ln.rtt = d
-			}
+			c.lines.answered(e, ev.m, ev.g)
 		}
 		s := &m.gs[ev.g]
 		if ev.ok {

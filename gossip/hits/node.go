@@ -485,6 +485,10 @@ func (n *Node) routes(limits []gcra.Limit) bool {
 	return false
 }
 
+// Routes reports whether a key under limits is decided at its owner (Route names it):
+// one line that every node's callers share.
+func (n *Node) Routes(limits []gcra.Limit) bool { return n.routes(limits) }
+
 // Route returns the node that decides key's permits under limits: "" when this node does
 // (by its share, or as the key's owner), otherwise the owner's name, to which the caller
 // forwards the request (Decide there). The owner is the node, of this one and every peer
