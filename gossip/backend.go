@@ -175,8 +175,12 @@ type Backend struct {
 // ForwardTimeout is how long a member waits for the owner's answer to a forwarded request
 // (or less, the caller's context) before it answers ErrUnavailable: the request or the
 // answer was lost, or the owner is down (peers route to it until it is let go: Hold after
-// the membership finds it dead).
-const ForwardTimeout = 250 * time.Millisecond
+// the membership finds it dead). The request goes again every ForwardResend meanwhile.
+const ForwardTimeout = time.Second
+
+// ForwardResend is how long a member waits for the owner's answer before it sends the
+// request again (a datagram lost, or a loaded owner late).
+const ForwardResend = 200 * time.Millisecond
 
 // asks are the forwarded requests awaiting their owners' answers, by id.
 type asks struct {
@@ -576,11 +580,11 @@ func (b *Backend) forward(ctx context.Context, owner, key string, req backend.Re
 	}
 	b.stats.forwarded.Add(1)
 	// A datagram may be lost (a full socket buffer will do it on a loaded host): the ask
-	// goes again, once, after a quarter of the time-out. Both may arrive: the owner then
+	// goes again every ForwardResend until ForwardTimeout. Two may arrive: the owner then
 	// decides it twice, and the second grant goes unused (never more admitted).
-	t := b.clock.NewTimer(ForwardTimeout / 4)
+	t := b.clock.NewTimer(ForwardResend)
 	defer t.Stop()
-	for again := true; ; again = false {
+	for left := ForwardTimeout - ForwardResend; ; left -= ForwardResend {
 		select {
 		case a := <-ch:
 			switch a.Outcome {
@@ -591,13 +595,13 @@ func (b *Backend) forward(ctx context.Context, owner, key string, req backend.Re
 			}
 			return backend.Grant{Result: a.Result}, nil
 		case <-t.C():
-			if !again {
+			if left <= 0 {
 				b.stats.forwardTimeouts.Add(1)
 				return backend.Grant{}, backend.ErrUnavailable
 			}
 			b.stats.forwardResent.Add(1)
 			b.sendTo(owner, msg)
-			t.Reset(ForwardTimeout - ForwardTimeout/4)
+			t.Reset(min(ForwardResend, left))
 		case <-ctx.Done():
 			return backend.Grant{}, ctx.Err()
 		case <-b.stop:

@@ -52,11 +52,23 @@ func TestLimitersShareAnOwnersLineByProcess(t *testing.T) {
 	var mu sync.Mutex
 	count := map[*sluice.Limiter]int{}
 	var wg sync.WaitGroup
+	errs := 0
 	run := func(l *sluice.Limiter) {
-		for l.Wait(ctx, "api") == nil {
+		for ctx.Err() == nil {
+			err := l.Wait(ctx, "api")
 			mu.Lock()
-			count[l]++
+			if err == nil {
+				count[l]++
+			} else if ctx.Err() == nil {
+				errs++ // the owner unreachable for a moment (a loaded machine): ask again
+				if errs == 1 {
+					t.Logf("first error: %v", err)
+				}
+			}
 			mu.Unlock()
+			if err != nil {
+				time.Sleep(10 * time.Millisecond)
+			}
 		}
 	}
 	for range 5 {
@@ -65,7 +77,7 @@ func TestLimitersShareAnOwnersLineByProcess(t *testing.T) {
 	wg.Go(func() { run(one) })
 	wg.Wait()
 	total := count[many] + count[one]
-	t.Logf("five waiters: %d permits; one waiter: %d", count[many], count[one])
+	t.Logf("five waiters: %d permits; one waiter: %d; errors %d", count[many], count[one], errs)
 	if total < 20 {
 		t.Fatalf("%d permits in 3 s of 20/s, want at least 20 (loose: real time)", total)
 	}

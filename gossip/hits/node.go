@@ -30,14 +30,17 @@ const (
 	// (Owner). A node that starts owning a tag another may have decided fences it first
 	// (no burst granted twice). See docs/gossip.md, "Deciding at the owner".
 	Owner
-	// Auto (the default) decides a tag at its owner when the pool's nodes would each hold
-	// less than AutoBurst permits of its burst, and by Shares otherwise.
+	// Auto (the default) decides a tag by Shares where the tag is hot and its burst large:
+	// when the pool's nodes would each hold at least AutoBurst permits of its burst and
+	// each get as many at its rate in a sync interval; at its owner otherwise.
 	Auto
 )
 
-// AutoBurst is the burst per node below which Auto decides a tag at its owner: sub-buckets
-// smaller than this queue requests that one bucket would serve at once (the guarantee
-// matrix's shares cells: docs/gossip.md).
+// AutoBurst is the permits per node, of burst and of refill per sync interval, below which
+// Auto decides a tag at its owner: smaller sub-buckets queue requests that one bucket
+// would serve at once, and shares of a slow rate follow demand too slowly (the guarantee
+// matrix's shares cells: docs/gossip.md). Above it, the owner's hop per decision is what
+// shares save.
 const AutoBurst = 32
 
 // ParsePolicy reads "auto" (or ""), "owner", "shares", "equal" or "whole".
@@ -477,8 +480,9 @@ func (n *Node) routes(limits []gcra.Limit) bool {
 	if n.cfg.Policy == Owner {
 		return true
 	}
+	nodes := AutoBurst * int64(1+n.npeers)
 	for _, l := range limits {
-		if l.Burst() < AutoBurst*int64(1+n.npeers) {
+		if l.Burst() < nodes || int64(n.cfg.Interval)/l.T < nodes {
 			return true
 		}
 	}
@@ -792,7 +796,7 @@ func (n *Node) Report(now int64) Report {
 			}
 		}
 		t.asked = 0
-		d := math.Round(t.ewma*1000) / 1000
+		d := math.Round((t.ewma+t.unmet(now, dt))*1000) / 1000
 		if d != t.dem[0] || t.hits != t.sent[0] {
 			t.changed = n.seq
 		}
@@ -823,6 +827,23 @@ func (n *Node) Report(now int64) Report {
 	}
 	n.stats.Reports++
 	return rep
+}
+
+// unmet is the demand the node's share leaves waiting, permits per second: the permits
+// its callers have booked ahead of its own bucket (reservations beyond the share's
+// refill), to be served within the next interval dt. Callers that wait ask once and then
+// wait: what they ask is what they are granted, so the asked rate alone cannot tell a
+// daemon whose callers wait long from one that needs nothing more.
+func (t *tag) unmet(now int64, dt float64) float64 {
+	if t.k == 0 || dt <= 0 {
+		return 0
+	}
+	t.refill(now)
+	var b float64
+	for i := range t.k {
+		b = max(b, -t.level[i])
+	}
+	return b / dt
 }
 
 // idle reports whether forgetting t changes nothing: its buckets full, no penalty, no

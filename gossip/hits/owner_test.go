@@ -115,8 +115,9 @@ func TestOwnerAgreesAndMovesFenced(t *testing.T) {
 	}
 }
 
-// TestOwnerOnlyForSmallLimitsUnderAuto: Auto routes a limit whose burst gives each node
-// less than AutoBurst permits, and decides a large one by shares; windows never route.
+// TestOwnerOnlyForSmallLimitsUnderAuto: Auto routes a limit whose burst, or refill in a
+// sync interval, gives each node less than AutoBurst permits, and decides a large and hot
+// one by shares; windows never route.
 func TestOwnerOnlyForSmallLimitsUnderAuto(t *testing.T) {
 	nodes := ownerPool(t, 3)
 	for _, n := range nodes {
@@ -125,6 +126,7 @@ func TestOwnerOnlyForSmallLimitsUnderAuto(t *testing.T) {
 	small := []gcra.Limit{{T: sec / 100, Tau: 20 * sec / 100}}    // 100/s burst 20
 	large := []gcra.Limit{{T: sec / 1000, Tau: 400 * sec / 1000}} // 1000/s burst 400
 	window := []gcra.Limit{{T: sec / 100, Tau: 20 * sec / 100, Window: 20 * sec / 100}}
+	slow := []gcra.Limit{{T: sec * 4 / 5, Tau: 4500 * sec * 4 / 5}} // 4,500/h: a large burst, a slow rate
 	routed := 0
 	for _, n := range nodes {
 		if n.Route("k", small) != "" {
@@ -135,6 +137,9 @@ func TestOwnerOnlyForSmallLimitsUnderAuto(t *testing.T) {
 		}
 		if o := n.Route("k", window); o != "" {
 			t.Errorf("%s routes a window to %s, want it decided here", n.Name(), o)
+		}
+		if !n.Routes(slow) {
+			t.Errorf("%s decides 4,500/h by shares, want it at the owner (each node refills less than AutoBurst a sync interval)", n.Name())
 		}
 	}
 	if routed != 2 {
@@ -165,5 +170,59 @@ func TestAskAnswerRoundTrip(t *testing.T) {
 		if _, err := DecodeAnswer(b); err == nil && MessageKind(b) == KindAnswer {
 			t.Errorf("DecodeAnswer(%v): no error", b)
 		}
+	}
+}
+
+// TestSharesFollowWaitingCallers: two nodes decide a hot limit by shares; their callers
+// wait for reservations and ask again once served (a closed loop: what a node asks is what
+// it is granted), 16 at one node (up to 1,600/s) and 128 at the other, each busy 10 ms after its
+// permit. Shares follow the callers left waiting (the permits booked ahead of a node's
+// share), so both get about half of the limit; counted by what was asked alone, the
+// shares lock at whatever they started from.
+func TestSharesFollowWaitingCallers(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Policy = Shares
+	lim := []gcra.Limit{{T: sec / 2000, Tau: 400 * sec / 2000}} // 2000/s burst 400
+	var nodes []*Node
+	for i := range 2 {
+		nd, err := New(string(rune('a'+i)), uint64(i+1), cfg, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes = append(nodes, nd)
+	}
+	nodes[0].Join("b", 0)
+	nodes[1].Join("a", 0)
+	callers := [][]int64{make([]int64, 16), make([]int64, 128)} // when each asks next
+	var granted [2]int
+	const step = sec / 1000
+	for now := step; now <= 30*sec; now += step {
+		if now%(sec/10) == 0 {
+			exchange(nodes, now)
+		}
+		for i, cs := range callers {
+			for c := range cs {
+				if cs[c] > now {
+					continue
+				}
+				res, _, err := nodes[i].Decide("api", lim, now, 1, sec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !res.Allowed {
+					cs[c] = now + max(res.RetryAfter, step)
+					continue
+				}
+				cs[c] = now + res.Delay + 10*step
+				if now > 10*sec {
+					granted[i]++
+				}
+			}
+		}
+	}
+	ratio := float64(granted[0]) / float64(granted[1])
+	t.Logf("over the last 20 s: 16 callers %d, 128 callers %d (ratio %.2f)", granted[0], granted[1], ratio)
+	if ratio < 0.8 || ratio > 1.25 {
+		t.Errorf("16 callers got %d and 128 callers %d: want about half each", granted[0], granted[1])
 	}
 }
