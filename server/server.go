@@ -201,7 +201,7 @@ func CheckOn(cfg Config, log *slog.Logger, like backend.Backend) error {
 			continue
 		}
 		if err := limitconv.Supports(like, c.Limit); err != nil {
-			return fmt.Errorf("rule %q: %w", c.Name, err)
+			return fmt.Errorf("rule %q: %w (--backend %s)", c.Name, err, cfg.Backend)
 		}
 	}
 	return nil

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/internal/yamlx"
 	"github.com/sluicehq/sluice/lease"
 )
@@ -461,7 +462,7 @@ func judge(s MatrixShape, sc *Scenario, rep *Report) []MatrixCell {
 		if mr.ExtraP99WaitMs != nil {
 			c.ExtraP99WaitMs = *mr.ExtraP99WaitMs
 		}
-		c.InEnvelope, c.Envelope = envelope(mr.Mode, s, members)
+		c.InEnvelope, c.Envelope = envelope(mr.Mode, s, members, sc)
 		if mr.NotRun {
 			c.NotRun, c.Why = true, "not run: "+c.Envelope
 			out = append(out, c)
@@ -482,9 +483,14 @@ func skipsCell(mode string, members int) bool {
 	return mode == "lease" && members > lease.MaxMembers
 }
 
-// envelope says whether mode claims shape s, and why not when it does not.
-func envelope(mode string, s MatrixShape, members int) (bool, string) {
+// envelope says whether mode claims shape s (run as sc), and why not when it does not.
+func envelope(mode string, s MatrixShape, members int, sc *Scenario) (bool, string) {
 	switch base, _, _ := strings.Cut(mode, ":"); base {
+	case "gossip":
+		if sc != nil && (limitconv.Windowed(sc.Limit.Limits) || limitconv.RampOver(sc.Limit.Limits) > 0) {
+			// As a scenario file with this limit is refused (Parse).
+			return false, "the gossip mode decides no windowed quota or ramp: `sluice serve --backend gossip` refuses the rule at configuration (--check-config too), naming the strict, local and lease modes"
+		}
 	case "local":
 		if members > 1 {
 			return false, "the local mode is one process: a pool of processes shares a limit through strict, lease or gossip"

@@ -106,27 +106,38 @@ func TestMatrixCriteria(t *testing.T) {
 			t.Errorf("step %d: %s on %s: got %q, want a failure: %v", i, c.mode, c.shape.Name(), why, c.fails)
 		}
 	}
-	if in, _ := envelope("local", under, 4); in {
+	if in, _ := envelope("local", under, 4, nil); in {
 		t.Error("the local mode claims a pool of four processes")
 	}
-	if in, _ := envelope("local", under, 1); !in {
+	if in, _ := envelope("local", under, 1, nil); !in {
 		t.Error("the local mode does not claim one process")
 	}
-	if in, why := envelope("lease", under, 200); in || !strings.Contains(why, "strict") {
+	if in, why := envelope("lease", under, 200, nil); in || !strings.Contains(why, "strict") {
 		t.Errorf("the lease mode claims 200 members on one limit (%q)", why)
 	}
-	if in, _ := envelope("lease", under, 24); !in {
+	if in, _ := envelope("lease", under, 24, nil); !in {
 		t.Error("the lease mode does not claim 24 members")
 	}
 	// The adaptive mode's published strategies are reported beside its default, and
 	// claim nothing.
 	for _, mode := range []string{"adaptive:heroku", "adaptive:cubic", "adaptive:sre"} {
-		if in, why := envelope(mode, under, 4); in || why == "" {
+		if in, why := envelope(mode, under, 4, nil); in || why == "" {
 			t.Errorf("%s claims a shape (%q)", mode, why)
 		}
 	}
-	if in, _ := envelope("adaptive", under, 4); !in {
+	if in, _ := envelope("adaptive", under, 4, nil); !in {
 		t.Error("the adaptive mode's default does not claim its shapes")
+	}
+	// The gossip mode refuses windowed quotas and ramps at configuration (the daemon, and
+	// a scenario file): outside its envelope, as any limit is inside it.
+	for lim, want := range map[string]bool{"10000/24h window": false, "100/s ramp=10/s..1m": false, "100/s burst=20": true} {
+		sc, err := Parse("x.yaml", []byte("duration: 1m\nlimit: '"+lim+"'\nmembers:\n  - {name: a, demand: {pattern: poisson, rate: 1}}\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if in, why := envelope("gossip", under, 4, sc); in != want || (!in && !strings.Contains(why, "--check-config")) {
+			t.Errorf("gossip on %s: in its envelope %v (%q), want %v", lim, in, why, want)
+		}
 	}
 }
 

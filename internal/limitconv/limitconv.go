@@ -218,17 +218,17 @@ func Supports[L ~Fields[R], R ~RampFields](be backend.Backend, limits []L) error
 	if caps.WindowsAlone && Windowed(limits) {
 		for _, lim := range limits {
 			if f, _ := fields(lim); !f.Window {
-				return fmt.Errorf("%w: the %T backend decides windowed quotas only beside other windowed quotas, not beside %v", backend.ErrUnsupported, be, lim)
+				return fmt.Errorf("%w: this backend decides windowed quotas only beside other windowed quotas, not beside %v", backend.ErrUnsupported, lim)
 			}
 		}
 	}
 	for _, lim := range limits {
 		f, r := fields(lim)
 		if f.Window && !caps.Windows {
-			return fmt.Errorf("%w: a windowed quota (%v) is decided by the in-process, redis and lease modes only, not by this backend (%T)", backend.ErrUnsupported, lim, be)
+			return fmt.Errorf("%w: a windowed quota (%v) is decided by the local, strict and lease modes only", backend.ErrUnsupported, lim)
 		}
 		if r != (RampFields{}) && !caps.Ramps {
-			return fmt.Errorf("%w: a ramp (%v) is decided by the in-process, redis and lease modes only, not by this backend (%T)", backend.ErrUnsupported, lim, be)
+			return fmt.Errorf("%w: a ramp (%v) is decided by the local, strict and lease modes only", backend.ErrUnsupported, lim)
 		}
 	}
 	return nil
