@@ -277,3 +277,32 @@ func TestFloodAtTheCapNeverSweeps(t *testing.T) {
 		})
 	}
 }
+
+// TestHotKeyOutlivesAFlood: at the cap with WithEvictLive, a key in use is never evicted
+// by a flood of new keys used once. The hot key is throttled for the whole flood (an
+// eviction would grant it a fresh burst), and its TAT is the earliest of all, so the rule
+// "evict the sampled key closest to idle" alone took it as soon as a sample held it.
+func TestHotKeyOutlivesAFlood(t *testing.T) {
+	clk := clock.NewVirtual()
+	const maxKeys, flood = 1000, 50_000
+	b := New(WithClock(clk), WithMaxKeys(maxKeys), WithEvictLive(), WithSweepEvery(100*time.Hour))
+	defer b.Close()
+	ls := one(1, time.Hour, 1)
+	if ok, err := b.AllowOne(ctx, "hot", ls[0]); err != nil || !ok {
+		t.Fatalf("hot key's first permit: %v %v", ok, err)
+	}
+	for i := 0; i < flood; i++ {
+		clk.Advance(time.Millisecond)
+		if g, err := b.Decide(ctx, fmt.Sprint("cold", i), backend.Request{Limits: ls, N: 1}); err != nil || !g.Allowed {
+			t.Fatalf("cold key %d: %+v %v", i, g, err)
+		}
+		if i%10 == 0 {
+			if ok, err := b.AllowOne(ctx, "hot", ls[0]); err != nil || ok {
+				t.Fatalf("step %d: hot key allowed (%v, %v): it was evicted", i, ok, err)
+			}
+		}
+	}
+	if b.Len() != maxKeys || b.EvictedLive() < flood-maxKeys {
+		t.Errorf("Len %d EvictedLive %d, want %d and at least %d", b.Len(), b.EvictedLive(), maxKeys, flood-maxKeys)
+	}
+}
