@@ -1,0 +1,300 @@
+// Package keytable is the per-key table of Sluice's modes: a concurrent map from a string
+// key to an entry holding that key's state, whose memory follows the keys it holds.
+//
+// Lookups take no lock and write no shared memory, but for an entry's last-use mark, at
+// most once per AgeUnit new keys (see Age). Inserts and deletes lock one of many
+// shards. Each shard is an open-addressed array of slots (a key's hash beside a pointer to
+// its entry), grown by doubling and shrunk by halving, one shard at a time: the table never
+// holds two copies of itself, and its memory is that of its entries plus 16 bytes a slot,
+// with 1/4 to 3/4 of the slots full (a shard is halved below 1/4 full).
+//
+// An entry, once in the table, stays the same entry until it is deleted: callers keep the
+// key's state in it (atomics, or a mutex of their own) and update it in place. A lookup
+// may return an entry that a concurrent Delete is removing. Callers that need to know mark
+// a removed entry's state as dead before deleting it (see the local mode's TAT).
+package keytable
+
+import (
+	"hash/maphash"
+	"iter"
+	"math/bits"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+)
+
+// Entry is one key and its state. Its key never changes; Val is the caller's, updated in
+// place under the caller's own synchronization.
+type Entry[V any] struct {
+	key  string
+	used atomic.Uint32 // the table's tick at its insert or latest lookup
+	Val  V
+}
+
+// Key returns the entry's key.
+func (e *Entry[V]) Key() string { return e.key }
+
+// AgeUnit is how many new keys make one unit of an entry's age.
+const AgeUnit = 64
+
+// Age returns how long ago e was last used (inserted or looked up), counted in new keys
+// the table took since, in units of AgeUnit. An eviction that takes the oldest of a sample
+// keeps a key in use through a flood of keys used once (the sampled least-recently-used
+// rule): the flood's keys grow old as new ones come, the key in use stays young.
+func (t *Table[V]) Age(e *Entry[V]) uint32 { return t.tick.Load() - e.used.Load() }
+
+// Table maps string keys to entries. Make one with New; it is safe for concurrent use.
+type Table[V any] struct {
+	seed   maphash.Seed
+	shards []shard[V]
+	shift  uint // the hash's top bits pick the shard
+	count  atomic.Int64
+	adds   atomic.Uint64 // inserts so far
+	tick   atomic.Uint32 // adds / AgeUnit: the clock of entries' ages (wraps)
+	tomb   *Entry[V]     // marks a deleted slot: probes go past it
+}
+
+// shard is the part of the table whose keys' hashes share their top bits.
+type shard[V any] struct {
+	mu    sync.Mutex // held by inserts and deletes
+	slots atomic.Pointer[[]slot[V]]
+	live  int // entries in slots (under mu)
+	used  int // slots not empty: entries and tombstones (under mu)
+	_     [32]byte
+}
+
+// slot holds an entry and its key's hash; an empty slot (nil) ends a probe.
+type slot[V any] struct {
+	hash atomic.Uint64
+	e    atomic.Pointer[Entry[V]]
+}
+
+const (
+	minSlots = 8
+	nShards  = 64
+)
+
+// New returns an empty table.
+func New[V any]() *Table[V] {
+	t := &Table[V]{seed: maphash.MakeSeed(), shards: make([]shard[V], nShards), shift: uint(64 - bits.TrailingZeros(nShards)), tomb: &Entry[V]{}}
+	for i := range t.shards {
+		s := make([]slot[V], minSlots)
+		t.shards[i].slots.Store(&s)
+	}
+	return t
+}
+
+// Len returns the number of entries.
+func (t *Table[V]) Len() int { return int(t.count.Load()) }
+
+func (t *Table[V]) hash(key string) uint64 { return maphash.String(t.seed, key) }
+
+func (t *Table[V]) shardOf(h uint64) *shard[V] { return &t.shards[h>>t.shift] }
+
+// Load returns key's entry, or nil. It marks the entry as recently used.
+func (t *Table[V]) Load(key string) *Entry[V] {
+	h := t.hash(key)
+	ss := *t.shardOf(h).slots.Load()
+	mask := uint64(len(ss) - 1)
+	for i := h & mask; ; i = (i + 1) & mask {
+		s := &ss[i]
+		e := s.e.Load()
+		if e == nil {
+			return nil
+		}
+		if s.hash.Load() == h && e != t.tomb && e.key == key {
+			if tick := t.tick.Load(); e.used.Load() != tick {
+				e.used.Store(tick)
+			}
+			return e
+		}
+	}
+}
+
+// LoadOrStore returns key's entry if it has one (loaded true); otherwise it makes one,
+// lets init set its state before any other caller can see it, and stores it.
+func (t *Table[V]) LoadOrStore(key string, init func(*V)) (e *Entry[V], loaded bool) {
+	h := t.hash(key)
+	sh := t.shardOf(h)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.find(h, key, t.tomb); e != nil {
+		return e, true
+	}
+	e = &Entry[V]{key: key}
+	if init != nil {
+		init(&e.Val)
+	}
+	if t.adds.Add(1)%AgeUnit == 0 {
+		t.tick.Add(1)
+	}
+	e.used.Store(t.tick.Load())
+	t.put(sh, h, e)
+	return e, false
+}
+
+// Replace replaces old, if it is still its key's entry, with a new entry for the same key
+// whose state init sets, and returns the new entry (nil if old was not in the table).
+func (t *Table[V]) Replace(old *Entry[V], init func(*V)) *Entry[V] {
+	h := t.hash(old.key)
+	sh := t.shardOf(h)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	s := sh.slotOf(h, old)
+	if s == nil {
+		return nil
+	}
+	e := &Entry[V]{key: old.key}
+	init(&e.Val)
+	e.used.Store(old.used.Load())
+	s.e.Store(e)
+	return e
+}
+
+// Delete removes e if it is still its key's entry, and reports whether it did.
+func (t *Table[V]) Delete(e *Entry[V]) bool {
+	h := t.hash(e.key)
+	sh := t.shardOf(h)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	s := sh.slotOf(h, e)
+	if s == nil {
+		return false
+	}
+	s.e.Store(t.tomb)
+	sh.live--
+	t.count.Add(-1)
+	if ss := *sh.slots.Load(); len(ss) > minSlots && sh.live < len(ss)/4 {
+		sh.resize(len(ss)/2, t.tomb) // under 1/4 full: halve it (then under 1/2)
+	}
+	return true
+}
+
+// find returns key's entry in sh, or nil; sh.mu is held.
+func (sh *shard[V]) find(h uint64, key string, tomb *Entry[V]) *Entry[V] {
+	ss := *sh.slots.Load()
+	mask := uint64(len(ss) - 1)
+	for i := h & mask; ; i = (i + 1) & mask {
+		e := ss[i].e.Load()
+		if e == nil {
+			return nil
+		}
+		if e != tomb && ss[i].hash.Load() == h && e.key == key {
+			return e
+		}
+	}
+}
+
+// slotOf returns the slot holding e, or nil; sh.mu is held.
+func (sh *shard[V]) slotOf(h uint64, e *Entry[V]) *slot[V] {
+	ss := *sh.slots.Load()
+	mask := uint64(len(ss) - 1)
+	for i := h & mask; ; i = (i + 1) & mask {
+		switch ss[i].e.Load() {
+		case nil:
+			return nil
+		case e:
+			return &ss[i]
+		}
+	}
+}
+
+// put stores a new entry in sh, first growing it or clearing its tombstones if that would
+// fill more than 3/4 of its slots; sh.mu is held. It doubles a shard over 5/8 full of
+// entries, so that a cleared one has 1/8 of its slots free at least: a table kept at a
+// size by deleting a key for each new one moves at most 8 slots a key.
+func (t *Table[V]) put(sh *shard[V], h uint64, e *Entry[V]) {
+	ss := *sh.slots.Load()
+	if (sh.used+1)*4 > len(ss)*3 {
+		n := len(ss)
+		if (sh.live+1)*8 > n*5 {
+			n *= 2
+		}
+		sh.resize(n, t.tomb)
+		ss = *sh.slots.Load()
+	}
+	mask := uint64(len(ss) - 1)
+	for i := h & mask; ; i = (i + 1) & mask {
+		s := &ss[i]
+		old := s.e.Load()
+		if old == nil || old == t.tomb {
+			s.hash.Store(h) // before the entry: a reader that sees it sees its hash
+			s.e.Store(e)
+			if old == nil {
+				sh.used++
+			}
+			sh.live++
+			t.count.Add(1)
+			return
+		}
+	}
+}
+
+// resize moves sh's entries to a fresh array of n slots, without tombstones; sh.mu is
+// held. Lookups go on in the old array until the new one is stored: it holds the same
+// entries.
+func (sh *shard[V]) resize(n int, tomb *Entry[V]) {
+	old := *sh.slots.Load()
+	ss := make([]slot[V], n)
+	mask := uint64(n - 1)
+	for k := range old {
+		e := old[k].e.Load()
+		if e == nil || e == tomb {
+			continue
+		}
+		h := old[k].hash.Load()
+		i := h & mask
+		for ss[i].e.Load() != nil {
+			i = (i + 1) & mask
+		}
+		ss[i].hash.Store(h)
+		ss[i].e.Store(e)
+	}
+	sh.used = sh.live
+	sh.slots.Store(&ss)
+}
+
+// All yields every entry in the table, each once if it stays in it during the walk;
+// entries inserted or deleted meanwhile may be yielded or not. It takes no lock: the
+// caller may insert and delete as it goes.
+func (t *Table[V]) All() iter.Seq[*Entry[V]] {
+	return func(yield func(*Entry[V]) bool) {
+		for k := range t.shards {
+			ss := *t.shards[k].slots.Load()
+			for i := range ss {
+				if e := ss[i].e.Load(); e != nil && e != t.tomb && !yield(e) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// Sample yields up to n entries from a random place in the table, at a cost independent
+// of its size (bar empty stretches), for eviction: each shard's slots hold at least 3/8
+// entries once it has grown past its first size.
+func (t *Table[V]) Sample(n int) iter.Seq[*Entry[V]] {
+	return func(yield func(*Entry[V]) bool) {
+		if n <= 0 || t.count.Load() == 0 {
+			return
+		}
+		start := rand.Uint64()
+		seen := 0
+		for k := range t.shards {
+			ss := *t.shards[(start+uint64(k))%uint64(len(t.shards))].slots.Load()
+			at := int(start>>32) % len(ss)
+			for j := range ss {
+				e := ss[(at+j)%len(ss)].e.Load()
+				if e == nil || e == t.tomb {
+					continue
+				}
+				if !yield(e) {
+					return
+				}
+				if seen++; seen >= n {
+					return
+				}
+			}
+		}
+	}
+}
