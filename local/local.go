@@ -159,7 +159,7 @@ func (b *Backend) makeRoom(now int64) bool {
 		var victim *entry
 		var age uint32
 		best := int64(math.MaxInt64)
-		for e := range b.keys.Sample(evictSample) {
+		for e, a := range b.keys.Sample(evictSample) {
 			t := entryTAT(e)
 			if t == dead {
 				continue
@@ -168,7 +168,7 @@ func (b *Backend) makeRoom(now int64) bool {
 				victim, best = e, t
 				break
 			}
-			if a := b.keys.Age(e); victim == nil || a > age || (a == age && t < best) {
+			if victim == nil || a > age || (a == age && t < best) {
 				victim, age, best = e, a, t
 			}
 		}

@@ -165,8 +165,8 @@ func TestMemoryPerKey(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	per := float64(after.HeapAlloc-before.HeapAlloc) / n
 	t.Logf("heap per single-limit key (14-byte key, string owned by the caller): %.0f bytes", per)
-	if per > 120 {
-		t.Errorf("heap per key %.0f bytes, want at most 120", per)
+	if per > 100 {
+		t.Errorf("heap per key %.0f bytes, want at most 100", per)
 	}
 	runtime.KeepAlive(keys)
 	runtime.KeepAlive(b)

@@ -1,12 +1,13 @@
 // Package keytable is the per-key table of Sluice's modes: a concurrent map from a string
 // key to an entry holding that key's state, whose memory follows the keys it holds.
 //
-// Lookups take no lock and write no shared memory, but for an entry's last-use mark, at
-// most once per AgeUnit new keys (see Age). Inserts and deletes lock one of many
-// shards. Each shard is an open-addressed array of slots (a key's hash beside a pointer to
-// its entry), grown by doubling and shrunk by halving, one shard at a time: the table never
-// holds two copies of itself, and its memory is that of its entries plus 16 bytes a slot,
-// with 1/4 to 3/4 of the slots full (a shard is halved below 1/4 full).
+// Lookups take no lock and write no shared memory, but for a slot's last-use mark, at
+// most once per AgeUnit new keys (see Sample). Inserts and deletes lock one of many
+// shards. Each shard is an open-addressed array of slots (part of a key's hash and its
+// last use, beside a pointer to its entry), grown by doubling and shrunk by halving, one
+// shard at a time: the table never holds two copies of itself, and its memory is that of
+// its entries plus 16 bytes a slot, with 1/4 to 3/4 of the slots full (a shard is halved
+// below 1/4 full).
 //
 // An entry, once in the table, stays the same entry until it is deleted: callers keep the
 // key's state in it (atomics, or a mutex of their own) and update it in place. A lookup
@@ -17,6 +18,7 @@ package keytable
 import (
 	"hash/maphash"
 	"iter"
+	"math"
 	"math/bits"
 	"math/rand/v2"
 	"sync"
@@ -26,9 +28,8 @@ import (
 // Entry is one key and its state. Its key never changes; Val is the caller's, updated in
 // place under the caller's own synchronization.
 type Entry[V any] struct {
-	key  string
-	used atomic.Uint32 // the table's tick at its insert or latest lookup
-	Val  V
+	key string
+	Val V
 }
 
 // Key returns the entry's key.
@@ -36,12 +37,6 @@ func (e *Entry[V]) Key() string { return e.key }
 
 // AgeUnit is how many new keys make one unit of an entry's age.
 const AgeUnit = 64
-
-// Age returns how long ago e was last used (inserted or looked up), counted in new keys
-// the table took since, in units of AgeUnit. An eviction that takes the oldest of a sample
-// keeps a key in use through a flood of keys used once (the sampled least-recently-used
-// rule): the flood's keys grow old as new ones come, the key in use stays young.
-func (t *Table[V]) Age(e *Entry[V]) uint32 { return t.tick.Load() - e.used.Load() }
 
 // Table maps string keys to entries. Make one with New; it is safe for concurrent use.
 type Table[V any] struct {
@@ -63,11 +58,17 @@ type shard[V any] struct {
 	_     [32]byte
 }
 
-// slot holds an entry and its key's hash; an empty slot (nil) ends a probe.
+// slot holds an entry, and in meta the top half of its key's hash (high 32 bits) and the
+// table's tick at the entry's insert or latest lookup (low 32 bits); an empty slot (nil)
+// ends a probe.
 type slot[V any] struct {
-	hash atomic.Uint64
+	meta atomic.Uint64
 	e    atomic.Pointer[Entry[V]]
 }
+
+// The slot index is the top half of the hash below the shard's bits, which meta keeps, so
+// that a resize needs no key's hash again.
+func index(h32 uint32, mask uint64) uint64 { return uint64(h32) & mask }
 
 const (
 	minSlots = 8
@@ -87,24 +88,27 @@ func New[V any]() *Table[V] {
 // Len returns the number of entries.
 func (t *Table[V]) Len() int { return int(t.count.Load()) }
 
-func (t *Table[V]) hash(key string) uint64 { return maphash.String(t.seed, key) }
+// hash returns the top half of key's hash, and its shard.
+func (t *Table[V]) hash(key string) (uint32, *shard[V]) {
+	h := maphash.String(t.seed, key)
+	return uint32(h >> 32), &t.shards[h>>t.shift]
+}
 
-func (t *Table[V]) shardOf(h uint64) *shard[V] { return &t.shards[h>>t.shift] }
-
-// Load returns key's entry, or nil. It marks the entry as recently used.
+// Load returns key's entry, or nil. It marks the entry as used now.
 func (t *Table[V]) Load(key string) *Entry[V] {
-	h := t.hash(key)
-	ss := *t.shardOf(h).slots.Load()
+	h, sh := t.hash(key)
+	ss := *sh.slots.Load()
 	mask := uint64(len(ss) - 1)
-	for i := h & mask; ; i = (i + 1) & mask {
+	for i := index(h, mask); ; i = (i + 1) & mask {
 		s := &ss[i]
 		e := s.e.Load()
 		if e == nil {
 			return nil
 		}
-		if s.hash.Load() == h && e != t.tomb && e.key == key {
-			if tick := t.tick.Load(); e.used.Load() != tick {
-				e.used.Store(tick)
+		if m := s.meta.Load(); uint32(m>>32) == h && e != t.tomb && e.key == key {
+			if tick := t.tick.Load(); uint32(m) != tick {
+				// Compare-and-swap: the slot may hold another key by now.
+				s.meta.CompareAndSwap(m, m&^math.MaxUint32|uint64(tick))
 			}
 			return e
 		}
@@ -114,8 +118,7 @@ func (t *Table[V]) Load(key string) *Entry[V] {
 // LoadOrStore returns key's entry if it has one (loaded true); otherwise it makes one,
 // lets init set its state before any other caller can see it, and stores it.
 func (t *Table[V]) LoadOrStore(key string, init func(*V)) (e *Entry[V], loaded bool) {
-	h := t.hash(key)
-	sh := t.shardOf(h)
+	h, sh := t.hash(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if e := sh.find(h, key, t.tomb); e != nil {
@@ -128,16 +131,14 @@ func (t *Table[V]) LoadOrStore(key string, init func(*V)) (e *Entry[V], loaded b
 	if t.adds.Add(1)%AgeUnit == 0 {
 		t.tick.Add(1)
 	}
-	e.used.Store(t.tick.Load())
-	t.put(sh, h, e)
+	t.put(sh, uint64(h)<<32|uint64(t.tick.Load()), e)
 	return e, false
 }
 
 // Replace replaces old, if it is still its key's entry, with a new entry for the same key
 // whose state init sets, and returns the new entry (nil if old was not in the table).
 func (t *Table[V]) Replace(old *Entry[V], init func(*V)) *Entry[V] {
-	h := t.hash(old.key)
-	sh := t.shardOf(h)
+	h, sh := t.hash(old.key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	s := sh.slotOf(h, old)
@@ -146,15 +147,13 @@ func (t *Table[V]) Replace(old *Entry[V], init func(*V)) *Entry[V] {
 	}
 	e := &Entry[V]{key: old.key}
 	init(&e.Val)
-	e.used.Store(old.used.Load())
 	s.e.Store(e)
 	return e
 }
 
 // Delete removes e if it is still its key's entry, and reports whether it did.
 func (t *Table[V]) Delete(e *Entry[V]) bool {
-	h := t.hash(e.key)
-	sh := t.shardOf(h)
+	h, sh := t.hash(e.key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	s := sh.slotOf(h, e)
@@ -171,25 +170,25 @@ func (t *Table[V]) Delete(e *Entry[V]) bool {
 }
 
 // find returns key's entry in sh, or nil; sh.mu is held.
-func (sh *shard[V]) find(h uint64, key string, tomb *Entry[V]) *Entry[V] {
+func (sh *shard[V]) find(h uint32, key string, tomb *Entry[V]) *Entry[V] {
 	ss := *sh.slots.Load()
 	mask := uint64(len(ss) - 1)
-	for i := h & mask; ; i = (i + 1) & mask {
+	for i := index(h, mask); ; i = (i + 1) & mask {
 		e := ss[i].e.Load()
 		if e == nil {
 			return nil
 		}
-		if e != tomb && ss[i].hash.Load() == h && e.key == key {
+		if e != tomb && uint32(ss[i].meta.Load()>>32) == h && e.key == key {
 			return e
 		}
 	}
 }
 
 // slotOf returns the slot holding e, or nil; sh.mu is held.
-func (sh *shard[V]) slotOf(h uint64, e *Entry[V]) *slot[V] {
+func (sh *shard[V]) slotOf(h uint32, e *Entry[V]) *slot[V] {
 	ss := *sh.slots.Load()
 	mask := uint64(len(ss) - 1)
-	for i := h & mask; ; i = (i + 1) & mask {
+	for i := index(h, mask); ; i = (i + 1) & mask {
 		switch ss[i].e.Load() {
 		case nil:
 			return nil
@@ -203,7 +202,7 @@ func (sh *shard[V]) slotOf(h uint64, e *Entry[V]) *slot[V] {
 // fill more than 3/4 of its slots; sh.mu is held. It doubles a shard over 5/8 full of
 // entries, so that a cleared one has 1/8 of its slots free at least: a table kept at a
 // size by deleting a key for each new one moves at most 8 slots a key.
-func (t *Table[V]) put(sh *shard[V], h uint64, e *Entry[V]) {
+func (t *Table[V]) put(sh *shard[V], meta uint64, e *Entry[V]) {
 	ss := *sh.slots.Load()
 	if (sh.used+1)*4 > len(ss)*3 {
 		n := len(ss)
@@ -214,11 +213,11 @@ func (t *Table[V]) put(sh *shard[V], h uint64, e *Entry[V]) {
 		ss = *sh.slots.Load()
 	}
 	mask := uint64(len(ss) - 1)
-	for i := h & mask; ; i = (i + 1) & mask {
+	for i := index(uint32(meta>>32), mask); ; i = (i + 1) & mask {
 		s := &ss[i]
 		old := s.e.Load()
 		if old == nil || old == t.tomb {
-			s.hash.Store(h) // before the entry: a reader that sees it sees its hash
+			s.meta.Store(meta) // before the entry: a reader that sees it sees its hash
 			s.e.Store(e)
 			if old == nil {
 				sh.used++
@@ -242,12 +241,12 @@ func (sh *shard[V]) resize(n int, tomb *Entry[V]) {
 		if e == nil || e == tomb {
 			continue
 		}
-		h := old[k].hash.Load()
-		i := h & mask
+		m := old[k].meta.Load() // a lookup's mark may come after: at worst a use is lost
+		i := index(uint32(m>>32), mask)
 		for ss[i].e.Load() != nil {
 			i = (i + 1) & mask
 		}
-		ss[i].hash.Store(h)
+		ss[i].meta.Store(m)
 		ss[i].e.Store(e)
 	}
 	sh.used = sh.live
@@ -270,25 +269,31 @@ func (t *Table[V]) All() iter.Seq[*Entry[V]] {
 	}
 }
 
-// Sample yields up to n entries from a random place in the table, at a cost independent
-// of its size (bar empty stretches), for eviction: each shard's slots hold at least 3/8
-// entries once it has grown past its first size.
-func (t *Table[V]) Sample(n int) iter.Seq[*Entry[V]] {
-	return func(yield func(*Entry[V]) bool) {
+// Sample yields up to n entries from a random place in the table, each with its age, at a
+// cost independent of the table's size (bar empty stretches: a shard past its first size
+// is a quarter full at least). An entry's age is how long ago it was last used (inserted
+// or looked up), counted in new keys the table took since, in units of AgeUnit. An
+// eviction that takes the oldest of a sample keeps a key in use through a flood of keys
+// used once (the sampled least-recently-used rule): the flood's keys grow old as new ones
+// come, while the key in use stays young.
+func (t *Table[V]) Sample(n int) iter.Seq2[*Entry[V], uint32] {
+	return func(yield func(*Entry[V], uint32) bool) {
 		if n <= 0 || t.count.Load() == 0 {
 			return
 		}
+		tick := t.tick.Load()
 		start := rand.Uint64()
 		seen := 0
 		for k := range t.shards {
 			ss := *t.shards[(start+uint64(k))%uint64(len(t.shards))].slots.Load()
 			at := int(start>>32) % len(ss)
 			for j := range ss {
-				e := ss[(at+j)%len(ss)].e.Load()
+				s := &ss[(at+j)%len(ss)]
+				e := s.e.Load()
 				if e == nil || e == t.tomb {
 					continue
 				}
-				if !yield(e) {
+				if !yield(e, tick-uint32(s.meta.Load())) {
 					return
 				}
 				if seen++; seen >= n {
