@@ -52,7 +52,7 @@ type Table[V any] struct {
 // shard is the part of the table whose keys' hashes share their top bits.
 type shard[V any] struct {
 	mu    sync.Mutex // held by inserts and deletes
-	slots atomic.Pointer[[]slot[V]]
+	slots atomic.Pointer[[]slot[V]] // nil until its first key
 	live  int // entries in slots (under mu)
 	used  int // slots not empty: entries and tombstones (under mu)
 	_     [32]byte
@@ -77,12 +77,7 @@ const (
 
 // New returns an empty table.
 func New[V any]() *Table[V] {
-	t := &Table[V]{seed: maphash.MakeSeed(), shards: make([]shard[V], nShards), shift: uint(64 - bits.TrailingZeros(nShards)), tomb: &Entry[V]{}}
-	for i := range t.shards {
-		s := make([]slot[V], minSlots)
-		t.shards[i].slots.Store(&s)
-	}
-	return t
+	return &Table[V]{seed: maphash.MakeSeed(), shards: make([]shard[V], nShards), shift: uint(64 - bits.TrailingZeros(nShards)), tomb: &Entry[V]{}}
 }
 
 // Len returns the number of entries.
@@ -97,7 +92,11 @@ func (t *Table[V]) hash(key string) (uint32, *shard[V]) {
 // Load returns key's entry, or nil. It marks the entry as used now.
 func (t *Table[V]) Load(key string) *Entry[V] {
 	h, sh := t.hash(key)
-	ss := *sh.slots.Load()
+	p := sh.slots.Load()
+	if p == nil {
+		return nil
+	}
+	ss := *p
 	mask := uint64(len(ss) - 1)
 	for i := index(h, mask); ; i = (i + 1) & mask {
 		s := &ss[i]
@@ -163,15 +162,26 @@ func (t *Table[V]) Delete(e *Entry[V]) bool {
 	s.e.Store(t.tomb)
 	sh.live--
 	t.count.Add(-1)
-	if ss := *sh.slots.Load(); len(ss) > minSlots && sh.live < len(ss)/4 {
+	if ss := sh.array(); len(ss) > minSlots && sh.live < len(ss)/4 {
 		sh.resize(len(ss)/2, t.tomb) // under 1/4 full: halve it (then under 1/2)
 	}
 	return true
 }
 
+// array returns sh's slots (nil before its first key).
+func (sh *shard[V]) array() []slot[V] {
+	if p := sh.slots.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
 // find returns key's entry in sh, or nil; sh.mu is held.
 func (sh *shard[V]) find(h uint32, key string, tomb *Entry[V]) *Entry[V] {
-	ss := *sh.slots.Load()
+	ss := sh.array()
+	if ss == nil {
+		return nil
+	}
 	mask := uint64(len(ss) - 1)
 	for i := index(h, mask); ; i = (i + 1) & mask {
 		e := ss[i].e.Load()
@@ -186,7 +196,10 @@ func (sh *shard[V]) find(h uint32, key string, tomb *Entry[V]) *Entry[V] {
 
 // slotOf returns the slot holding e, or nil; sh.mu is held.
 func (sh *shard[V]) slotOf(h uint32, e *Entry[V]) *slot[V] {
-	ss := *sh.slots.Load()
+	ss := sh.array()
+	if ss == nil {
+		return nil
+	}
 	mask := uint64(len(ss) - 1)
 	for i := index(h, mask); ; i = (i + 1) & mask {
 		switch ss[i].e.Load() {
@@ -203,14 +216,14 @@ func (sh *shard[V]) slotOf(h uint32, e *Entry[V]) *slot[V] {
 // entries, so that a cleared one has 1/8 of its slots free at least: a table kept at a
 // size by deleting a key for each new one moves at most 8 slots a key.
 func (t *Table[V]) put(sh *shard[V], meta uint64, e *Entry[V]) {
-	ss := *sh.slots.Load()
+	ss := sh.array()
 	if (sh.used+1)*4 > len(ss)*3 {
-		n := len(ss)
+		n := max(len(ss), minSlots)
 		if (sh.live+1)*8 > n*5 {
 			n *= 2
 		}
 		sh.resize(n, t.tomb)
-		ss = *sh.slots.Load()
+		ss = sh.array()
 	}
 	mask := uint64(len(ss) - 1)
 	for i := index(uint32(meta>>32), mask); ; i = (i + 1) & mask {
@@ -233,7 +246,7 @@ func (t *Table[V]) put(sh *shard[V], meta uint64, e *Entry[V]) {
 // held. Lookups go on in the old array until the new one is stored: it holds the same
 // entries.
 func (sh *shard[V]) resize(n int, tomb *Entry[V]) {
-	old := *sh.slots.Load()
+	old := sh.array()
 	ss := make([]slot[V], n)
 	mask := uint64(n - 1)
 	for k := range old {
@@ -259,7 +272,7 @@ func (sh *shard[V]) resize(n int, tomb *Entry[V]) {
 func (t *Table[V]) All() iter.Seq[*Entry[V]] {
 	return func(yield func(*Entry[V]) bool) {
 		for k := range t.shards {
-			ss := *t.shards[k].slots.Load()
+			ss := t.shards[k].array()
 			for i := range ss {
 				if e := ss[i].e.Load(); e != nil && e != t.tomb && !yield(e) {
 					return
@@ -285,7 +298,10 @@ func (t *Table[V]) Sample(n int) iter.Seq2[*Entry[V], uint32] {
 		start := rand.Uint64()
 		seen := 0
 		for k := range t.shards {
-			ss := *t.shards[(start+uint64(k))%uint64(len(t.shards))].slots.Load()
+			ss := t.shards[(start+uint64(k))%uint64(len(t.shards))].array()
+			if len(ss) == 0 {
+				continue
+			}
 			at := int(start>>32) % len(ss)
 			for j := range ss {
 				s := &ss[(at+j)%len(ss)]

@@ -77,8 +77,8 @@ func TestGrowAndShrink(t *testing.T) {
 	if tb.Len() != 0 {
 		t.Fatalf("Len %d after deleting every key", tb.Len())
 	}
-	if s := tb.slots(); s != nShards*minSlots {
-		t.Errorf("%d slots left after every key went, want %d", s, nShards*minSlots)
+	if s := tb.slots(); s > nShards*minSlots {
+		t.Errorf("%d slots left after every key went, want at most %d", s, nShards*minSlots)
 	}
 }
 
@@ -86,7 +86,7 @@ func TestGrowAndShrink(t *testing.T) {
 func (t *Table[V]) slots() int {
 	n := 0
 	for k := range t.shards {
-		n += len(*t.shards[k].slots.Load())
+		n += len(t.shards[k].array())
 	}
 	return n
 }
