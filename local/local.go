@@ -62,9 +62,9 @@ type Backend struct {
 	swept     int64 // entries sweeps have looked at (under sweepMu): their cost
 	bgSweep   atomic.Bool
 	evicted   atomic.Int64
-	evictLive bool         // at the cap, evict a live key instead of refusing new ones
-	liveEvict atomic.Int64 // live keys evicted
-	holds     sync.Map     // string -> int64: end of the key's latest penalty
+	evictLive bool                          // at the cap, evict a live key instead of refusing new ones
+	liveEvict atomic.Int64                  // live keys evicted
+	holds     *keytable.Table[atomic.Int64] // the end of each key's latest penalty (dead once forgotten)
 	closed    atomic.Bool
 }
 
@@ -114,7 +114,7 @@ func WithSweepEvery(d time.Duration) Option {
 
 // New returns an in-process backend.
 func New(opts ...Option) *Backend {
-	b := &Backend{clock: clock.Default, maxKeys: DefaultMaxKeys, sweepEvery: int64(DefaultSweepEvery), keys: keytable.New[state]()}
+	b := &Backend{clock: clock.Default, maxKeys: DefaultMaxKeys, sweepEvery: int64(DefaultSweepEvery), keys: keytable.New[state](), holds: keytable.New[atomic.Int64]()}
 	for _, o := range opts {
 		o.apply(b)
 	}
@@ -178,7 +178,7 @@ func (b *Backend) makeRoom(now int64) bool {
 		if !kill(victim, best) {
 			continue
 		}
-		b.holds.Delete(victim.Key()) // a penalty goes with its key
+		b.dropHold(victim.Key()) // a penalty goes with its key
 		if !b.drop(victim) {
 			continue // deleted meanwhile by a caller that found it dead
 		}
@@ -333,14 +333,19 @@ func (b *Backend) Penalize(_ context.Context, key string, limits []gcra.Limit, d
 	}
 	now := b.clock.Nanotime()
 	until := gcra.After(now, int64(d))
-	fresh := false
+	var fresh *keytable.Entry[atomic.Int64]
 	for {
-		v, loaded := b.holds.LoadOrStore(key, until)
+		e, loaded := b.holds.LoadOrStore(key, func(v *atomic.Int64) { v.Store(until) })
 		if !loaded {
-			fresh = true
+			fresh = e
 			break
 		}
-		if old := v.(int64); old >= until || b.holds.CompareAndSwap(key, old, until) {
+		old := e.Val.Load()
+		if old == dead {
+			b.holds.Delete(e) // being forgotten: take a fresh entry
+			continue
+		}
+		if old >= until || e.Val.CompareAndSwap(old, until) {
 			break
 		}
 	}
@@ -348,10 +353,10 @@ func (b *Backend) Penalize(_ context.Context, key string, limits []gcra.Limit, d
 		gcra.Penalize(tats, limits, now, until)
 		return nil
 	})
-	if err != nil && fresh {
+	if err != nil && fresh != nil {
 		// The key could not be held (the backend is full): no hold without its key, so
 		// that a flood of penalties on new keys stays within the key cap.
-		b.holds.CompareAndDelete(key, until)
+		b.dropHoldIf(fresh, until)
 	}
 	return err
 }
@@ -362,7 +367,7 @@ func (b *Backend) Reset(_ context.Context, key string) error {
 	if b.closed.Load() {
 		return backend.ErrClosed
 	}
-	b.holds.Delete(key)
+	b.dropHold(key)
 	for {
 		e := b.keys.Load(key)
 		if e == nil {
@@ -376,7 +381,7 @@ func (b *Backend) Reset(_ context.Context, key string) error {
 			continue
 		}
 		b.drop(e)
-		b.holds.Delete(key) // a penalty set meanwhile goes too
+		b.dropHold(key) // a penalty set meanwhile goes too
 		return nil
 	}
 }
@@ -405,15 +410,33 @@ func (b *Backend) background(flag *atomic.Bool, f func()) {
 
 // hold returns the end of key's penalty if it is still in force, and forgets it otherwise.
 func (b *Backend) hold(key string, now int64) int64 {
-	v, ok := b.holds.Load(key)
-	if !ok {
+	e := b.holds.Load(key)
+	if e == nil {
 		return 0
 	}
-	if until := v.(int64); until > now {
+	until := e.Val.Load()
+	if until > now {
 		return until
 	}
-	b.holds.CompareAndDelete(key, v)
+	if until != dead {
+		b.dropHoldIf(e, until)
+	}
 	return 0
+}
+
+// dropHold forgets key's penalty.
+func (b *Backend) dropHold(key string) {
+	if e := b.holds.Load(key); e != nil {
+		e.Val.Store(dead)
+		b.holds.Delete(e)
+	}
+}
+
+// dropHoldIf forgets the penalty of e if it still ends at until.
+func (b *Backend) dropHoldIf(e *keytable.Entry[atomic.Int64], until int64) {
+	if e.Val.CompareAndSwap(until, dead) {
+		b.holds.Delete(e)
+	}
 }
 
 // update applies f to key's state (one TAT per limit) atomically.
@@ -571,12 +594,11 @@ func (b *Backend) sweep() {
 			b.drop(e)
 		}
 	}
-	b.holds.Range(func(k, v any) bool {
-		if v.(int64) <= now {
-			b.holds.CompareAndDelete(k, v)
+	for e := range b.holds.All() {
+		if until := e.Val.Load(); until != dead && until <= now {
+			b.dropHoldIf(e, until)
 		}
-		return true
-	})
+	}
 }
 
 // drop deletes a dead entry from the table and reports whether it did.

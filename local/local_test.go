@@ -80,9 +80,7 @@ func TestKeyCap(t *testing.T) {
 			t.Fatalf("penalty on a new key at the cap: got %v, want ErrTooManyKeys", err)
 		}
 	}
-	holds := 0
-	b.holds.Range(func(_, _ any) bool { holds++; return true })
-	if holds != 0 {
+	if holds := b.holds.Len(); holds != 0 {
 		t.Errorf("%d holds kept for keys the backend refused", holds)
 	}
 	// Once keys go idle, a new key at the cap takes the place of one of them.
