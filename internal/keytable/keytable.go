@@ -16,7 +16,6 @@
 package keytable
 
 import (
-	"hash/maphash"
 	"iter"
 	"math"
 	"math/bits"
@@ -40,7 +39,7 @@ const AgeUnit = 64
 
 // Table maps string keys to entries. Make one with New; it is safe for concurrent use.
 type Table[V any] struct {
-	seed   maphash.Seed
+	hasher hasher
 	shards []shard[V]
 	shift  uint // the hash's top bits pick the shard
 	count  atomic.Int64
@@ -51,10 +50,10 @@ type Table[V any] struct {
 
 // shard is the part of the table whose keys' hashes share their top bits.
 type shard[V any] struct {
-	mu    sync.Mutex // held by inserts and deletes
+	mu    sync.Mutex                // held by inserts and deletes
 	slots atomic.Pointer[[]slot[V]] // nil until its first key
-	live  int // entries in slots (under mu)
-	used  int // slots not empty: entries and tombstones (under mu)
+	live  int                       // entries in slots (under mu)
+	used  int                       // slots not empty: entries and tombstones (under mu)
 	_     [32]byte
 }
 
@@ -77,7 +76,7 @@ const (
 
 // New returns an empty table.
 func New[V any]() *Table[V] {
-	return &Table[V]{seed: maphash.MakeSeed(), shards: make([]shard[V], nShards), shift: uint(64 - bits.TrailingZeros(nShards)), tomb: &Entry[V]{}}
+	return &Table[V]{hasher: newHasher(), shards: make([]shard[V], nShards), shift: uint(64 - bits.TrailingZeros(nShards)), tomb: &Entry[V]{}}
 }
 
 // Len returns the number of entries.
@@ -85,7 +84,7 @@ func (t *Table[V]) Len() int { return int(t.count.Load()) }
 
 // hash returns the top half of key's hash, and its shard.
 func (t *Table[V]) hash(key string) (uint32, *shard[V]) {
-	h := maphash.String(t.seed, key)
+	h := t.hasher.hash(key)
 	return uint32(h >> 32), &t.shards[h>>t.shift]
 }
 

@@ -278,3 +278,36 @@ func TestMemoryPerKey(t *testing.T) {
 	runtime.KeepAlive(keys)
 	runtime.KeepAlive(tb)
 }
+
+// TestHashSpreads: the hash of keys that differ in a few characters spreads them evenly
+// over the shards and, within one, over the slots, at every key length; two tables hash
+// apart.
+func TestHashSpreads(t *testing.T) {
+	k, other := newHasher(), newHasher()
+	for _, format := range []string{"%d", "k%05d", "tenant-%06d", "rule\x1fuser-%012d", "a-much-longer-key-of-some-tenant-%020d"} {
+		const n, buckets = 64_000, 64
+		var shards, slots [buckets]int
+		same := 0
+		for i := 0; i < n; i++ {
+			key := fmt.Sprintf(format, i)
+			h := k.hash(key)
+			shards[h>>58]++
+			slots[uint32(h>>32)%buckets]++
+			if h == other.hash(key) {
+				same++
+			}
+			if h != k.hash(key) {
+				t.Fatalf("%q: two hashes", key)
+			}
+		}
+		for b := 0; b < buckets; b++ {
+			// n/buckets = 1000 each; a fair spread stays well within ±20%.
+			if shards[b] < 800 || shards[b] > 1200 || slots[b] < 800 || slots[b] > 1200 {
+				t.Errorf("%s: bucket %d got %d keys by shard and %d by slot, want about %d", format, b, shards[b], slots[b], n/buckets)
+			}
+		}
+		if same > 0 {
+			t.Errorf("%s: %d keys hash alike in two tables", format, same)
+		}
+	}
+}
