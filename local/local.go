@@ -102,7 +102,8 @@ func WithMaxKeys(n int) Option {
 
 // WithEvictLive makes a full backend evict a live key to make room for a new one, instead
 // of refusing the new key with backend.ErrTooManyKeys (the default). The victim is, among
-// a sample of keys, the one closest to idle (the earliest TAT): the least state is lost.
+// a sample of keys, the one least recently used, and of those used as long ago the one
+// closest to idle (the earliest TAT): a key in use outlives a flood of keys used once.
 // An evicted key starts again with its full burst: over-admission of at most one burst per
 // eviction, the price of accepting every new key under a flood. The daemon uses it.
 func WithEvictLive() Option { return optionFunc(func(b *Backend) { b.evictLive = true }) }
