@@ -291,8 +291,9 @@ func (b *Backend) records(key string, limits []gcra.Limit, out *[gcra.MaxLimits]
 		for i, l := range limits {
 			if rs[i] = k.find(l); rs[i] == nil {
 				rs[i] = &rec{key: key, limit: l, m: allot.NewMember(b.id, recordLimit(l), b.mcfg, b.clock.Nanotime())}
-				list = append(slices.Clip(list), rs[i])
-				k.recs.Store(&list)
+				next := append(slices.Clip(list), rs[i]) // a new slice: lookups read the old one
+				k.recs.Store(&next)
+				list = next
 				added = true
 			}
 		}
