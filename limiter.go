@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/keytable"
 	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/local"
 )
@@ -34,10 +35,10 @@ type Limiter struct {
 	log      *slog.Logger
 	localOpt []local.Option
 
-	// penalties remembers the penalties issued through this limiter (key -> penalty), so
-	// that callers already holding a reservation made before one re-queue behind it.
-	penalties sync.Map
-	npen      atomic.Int64 // entries in penalties: Wait skips the lookup when zero
+	// penalties remembers the penalties issued through this limiter, so that callers
+	// already holding a reservation made before one re-queue behind it. Wait skips the
+	// lookup while it is empty.
+	penalties *keytable.Table[penState]
 	penSweep  atomic.Int64 // entries past which Penalize forgets the ended penalties
 	penMu     sync.Mutex   // one such sweep at a time
 	maxPen    int64        // most entries in penalties (WithMaxKeys)
@@ -113,7 +114,7 @@ func New(limits Limits, opts ...Option) (*Limiter, error) {
 	if err := limits.Validate(); err != nil {
 		return nil, err
 	}
-	l := &Limiter{clock: clock.Default, maxPen: local.DefaultMaxKeys}
+	l := &Limiter{clock: clock.Default, maxPen: local.DefaultMaxKeys, penalties: keytable.New[penState]()}
 	for _, o := range opts {
 		o.apply(l)
 	}
@@ -386,8 +387,9 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 	if l.shape.Load() == nil {
 		return errZero
 	}
-	if v, ok := l.penalties.LoadAndDelete(key); ok && v != nil {
-		l.npen.Add(-1)
+	if e := l.penalties.Load(key); e != nil {
+		e.Val.p.Store(nil)
+		l.penalties.Delete(e)
 	}
 	r, ok := l.be.(backend.Resetter)
 	if !ok {
@@ -403,27 +405,43 @@ const minPenaltySweep = 1024
 // penalty is a hold issued at `issued` until `until` (limiter clock Nanotime).
 type penalty struct{ issued, until int64 }
 
+// penState is a key's latest penalty; nil once it is being forgotten (a caller that finds
+// it so takes a fresh entry).
+type penState struct{ p atomic.Pointer[penalty] }
+
 // remember records a penalty issued at now for d, for the reservations made before it.
 func (l *Limiter) remember(key string, now int64, d time.Duration) {
-	p := penalty{issued: now, until: gcra.AddSat(now, int64(d))}
+	p := &penalty{issued: now, until: gcra.AddSat(now, int64(d))}
 	for {
-		v, loaded := l.penalties.LoadOrStore(key, p)
+		e, loaded := l.penalties.LoadOrStore(key, func(s *penState) { s.p.Store(p) })
 		if !loaded {
-			if n := l.npen.Add(1); n >= max(minPenaltySweep, l.penSweep.Load()) || n > l.maxPen {
+			if n := int64(l.penalties.Len()); n >= max(minPenaltySweep, l.penSweep.Load()) || n > l.maxPen {
 				l.sweepPenalties(now)
 			}
 			return
 		}
-		if old := v.(penalty); old.until >= p.until || l.penalties.CompareAndSwap(key, old, p) {
+		old := e.Val.p.Load()
+		if old == nil {
+			l.penalties.Delete(e) // being forgotten: take a fresh entry
+			continue
+		}
+		if old.until >= p.until || e.Val.p.CompareAndSwap(old, p) {
 			return
 		}
+	}
+}
+
+// forgetPenalty forgets key's penalty p, unless a later one replaced it.
+func (l *Limiter) forgetPenalty(e *keytable.Entry[penState], p *penalty) {
+	if e.Val.p.CompareAndSwap(p, nil) {
+		l.penalties.Delete(e)
 	}
 }
 
 // sweepPenalties forgets the penalties that have ended and, past the cap, the first ones
 // met until a tenth of the cap is free. Only a waiter on the key forgets one otherwise, so
 // without this a flood of penalties on ever new keys (a daemon's clients) would grow the
-// map for good. Penalize sweeps when the map has doubled since the last sweep or passed
+// table for good. Penalize sweeps when the table has doubled since the last sweep or passed
 // the cap. That keeps it within about twice the penalties in force, and within the cap,
 // at a constant cost per penalty.
 func (l *Limiter) sweepPenalties(now int64) {
@@ -432,30 +450,30 @@ func (l *Limiter) sweepPenalties(now int64) {
 	}
 	defer l.penMu.Unlock()
 	keep := l.maxPen - l.maxPen/10
-	l.penalties.Range(func(k, v any) bool {
-		if (v.(penalty).until <= now || l.npen.Load() > keep) && l.penalties.CompareAndDelete(k, v) {
-			l.npen.Add(-1)
+	for e := range l.penalties.All() {
+		if p := e.Val.p.Load(); p != nil && (p.until <= now || int64(l.penalties.Len()) > keep) {
+			l.forgetPenalty(e, p)
 		}
-		return true
-	})
-	l.penSweep.Store(2 * l.npen.Load())
+	}
+	l.penSweep.Store(2 * int64(l.penalties.Len()))
 }
 
 // penalizedSince reports whether a penalty on key was issued after `since` and is still
 // in force at now.
 func (l *Limiter) penalizedSince(key string, since, now int64) bool {
-	if l.npen.Load() == 0 {
+	if l.penalties == nil || l.penalties.Len() == 0 {
 		return false
 	}
-	v, ok := l.penalties.Load(key)
-	if !ok {
+	e := l.penalties.Load(key)
+	if e == nil {
 		return false
 	}
-	p := v.(penalty)
+	p := e.Val.p.Load()
+	if p == nil {
+		return false
+	}
 	if p.until <= now {
-		if l.penalties.CompareAndDelete(key, v) {
-			l.npen.Add(-1)
-		}
+		l.forgetPenalty(e, p)
 		return false
 	}
 	return p.issued > since

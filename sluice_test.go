@@ -420,9 +420,11 @@ func TestPenaltiesOnManyKeysStayBounded(t *testing.T) {
 		clk.Advance(2 * time.Millisecond)
 	}
 	n := 0
-	l.penalties.Range(func(_, _ any) bool { n++; return true })
-	if n > minPenaltySweep || l.npen.Load() != int64(n) {
-		t.Errorf("%d penalties remembered (count %d), want at most %d: ended ones are forgotten", n, l.npen.Load(), minPenaltySweep)
+	for range l.penalties.All() {
+		n++
+	}
+	if n > minPenaltySweep || l.penalties.Len() != n {
+		t.Errorf("%d penalties remembered (count %d), want at most %d: ended ones are forgotten", n, l.penalties.Len(), minPenaltySweep)
 	}
 	// One in force is kept through the sweeps.
 	if err := l.Penalize(bg, "held", clk.Now().Add(time.Hour)); err != nil {
@@ -564,13 +566,15 @@ func TestPenaltiesOnNewKeysStayBounded(t *testing.T) {
 			for i := 0; i < 20_000; i++ {
 				l.Penalize(bg, fmt.Sprint("tag-", i), clk.Now().Add(7*24*time.Hour))
 			}
-			if n := l.npen.Load(); n > 1000 {
+			if n := l.penalties.Len(); n > 1000 {
 				t.Fatalf("%d penalties remembered with a key cap of 1000", n)
 			}
 			held := 0
-			l.penalties.Range(func(_, _ any) bool { held++; return true })
-			if int64(held) != l.npen.Load() {
-				t.Fatalf("count %d, map %d", l.npen.Load(), held)
+			for range l.penalties.All() {
+				held++
+			}
+			if held != l.penalties.Len() {
+				t.Fatalf("count %d, table %d", l.penalties.Len(), held)
 			}
 		})
 	}

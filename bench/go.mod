@@ -7,6 +7,8 @@ require (
 	github.com/go-redis/redis_rate/v10 v10.0.1
 	github.com/go-zookeeper/zk v1.0.4
 	github.com/gubernator-io/gubernator/v2 v2.13.0
+	github.com/maypok86/otter/v2 v2.4.0
+	github.com/puzpuzpuz/xsync/v4 v4.5.0
 	github.com/redis/go-redis/v9 v9.7.3
 	github.com/sirupsen/logrus v1.9.2
 	github.com/sluicehq/sluice v0.0.0

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	_ "github.com/sluicehq/sluice/store/redis" // redis:// for Dial
 	"io"
 	"log/slog"
 	"math"
@@ -16,9 +15,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	_ "github.com/sluicehq/sluice/store/redis" // redis:// for Dial
+
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/keytable"
 	"github.com/sluicehq/sluice/lease/allot"
 	"github.com/sluicehq/sluice/store"
 )
@@ -47,8 +49,7 @@ type Backend struct {
 	log       *slog.Logger
 	crowded   sync.Map // key -> struct{}: the keys warned of as shared by too many members
 
-	recs       sync.Map // recordKey -> *rec
-	keyLimits  sync.Map // key -> []gcra.Limit: the limits it was last decided under
+	keys       *keytable.Table[keyRecs] // each key's records
 	wake       chan struct{}
 	sleepUntil atomic.Int64 // when the renewal goroutine wakes by itself (MaxInt64 while awake)
 	quit       chan struct{}
@@ -81,15 +82,33 @@ func recordLimit(l gcra.Limit) gcra.Limit {
 	return l
 }
 
-// recordKey names one key's limit.
-type recordKey struct {
-	key   string
-	limit gcra.Limit
+// keyRecs is what the member holds of one key: a record for each limit it decides the key
+// under. Its entry leaves the table with its last record.
+type keyRecs struct {
+	recs   atomic.Pointer[[]*rec] // replaced whole under mu: lookups read it without a lock
+	mu     sync.Mutex
+	gone   bool         // the entry left the table: records go to a fresh one (under mu)
+	limits []gcra.Limit // the limits the key was last decided under (under mu)
+}
+
+type keyEntry = keytable.Entry[keyRecs]
+
+// find returns the record of limit l, or nil.
+func (k *keyRecs) find(l gcra.Limit) *rec {
+	if rs := k.recs.Load(); rs != nil {
+		for _, r := range *rs {
+			if r.limit == l {
+				return r
+			}
+		}
+	}
+	return nil
 }
 
 // rec is the member's side of one key's limit.
 type rec struct {
 	key     string
+	limit   gcra.Limit // as asked (the member's record holds recordLimit of it)
 	mu      sync.Mutex
 	stale   atomic.Bool // the key is decided under other limits now: release at once
 	m       *allot.Member
@@ -210,7 +229,7 @@ func newBackend(store store.Store, owned io.Closer, opts []Option) (*Backend, er
 		return nil, fmt.Errorf("%w: no store", allot.ErrInvalidConfig)
 	}
 	b := &Backend{owned: owned, apply: applier{store: store, cfg: DefaultConfig()}, clock: clock.Default, mcfg: DefaultMemberConfig(), idleAfter: int64(DefaultIdleAfter),
-		timeout: DefaultStoreTimeout, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
+		timeout: DefaultStoreTimeout, wake: make(chan struct{}, 1), keys: keytable.New[keyRecs](), quit: make(chan struct{}), done: make(chan struct{})}
 	for _, o := range opts {
 		o.apply(b)
 	}
@@ -237,54 +256,99 @@ func (b *Backend) ID() string { return b.id }
 // RoundTrips returns how many round trips to the store the backend has made.
 func (b *Backend) RoundTrips() int64 { return b.roundTrips.Load() }
 
-// rec returns the record of key under l, creating it.
-func (b *Backend) rec(key string, l gcra.Limit) *rec {
-	k := recordKey{key, l}
-	if v, ok := b.recs.Load(k); ok {
-		return v.(*rec)
-	}
-	r := &rec{key: key, m: allot.NewMember(b.id, recordLimit(l), b.mcfg, b.clock.Nanotime())}
-	v, loaded := b.recs.LoadOrStore(k, r)
-	if !loaded {
-		b.nudge()
-	}
-	return v.(*rec)
-}
-
-// supersede marks the records of key under limits it was decided under before, and no
-// longer is, as stale: the key's limits changed (a reload), and the shares of the old ones
-// go back at the next round, not after they idle out.
-func (b *Backend) supersede(key string, limits []gcra.Limit) {
-	ls := slices.Clone(limits)
-	v, loaded := b.keyLimits.Swap(key, ls)
-	if !loaded {
-		return
-	}
-	for _, old := range v.([]gcra.Limit) {
-		if slices.Contains(limits, old) {
-			continue
-		}
-		if r, ok := b.recs.Load(recordKey{key, old}); ok {
-			r.(*rec).stale.Store(true)
-			b.nudge()
-		}
-	}
-}
-
-// records returns key's records for limits, in the order of limits, using out's storage.
+// records returns key's records for limits, in the order of limits, using out's storage,
+// creating those it lacks. A key that gets a record is marked as decided under limits: the
+// records of the limits it was decided under before, and no longer is, are marked stale
+// (the key's limits changed: a reload), and their shares go back at the next round, not
+// after they idle out.
 func (b *Backend) records(key string, limits []gcra.Limit, out *[gcra.MaxLimits]*rec) []*rec {
 	rs := out[:len(limits)]
-	fresh := false
-	for i, l := range limits {
-		if _, ok := b.recs.Load(recordKey{key, l}); !ok {
-			fresh = true
+	if e := b.keys.Load(key); e != nil {
+		all := true
+		for i, l := range limits {
+			if rs[i] = e.Val.find(l); rs[i] == nil {
+				all = false
+				break
+			}
 		}
-		rs[i] = b.rec(key, l)
+		if all {
+			return rs
+		}
 	}
-	if fresh {
-		b.supersede(key, limits)
+	for {
+		e, _ := b.keys.LoadOrStore(key, nil)
+		k := &e.Val
+		k.mu.Lock()
+		if k.gone {
+			k.mu.Unlock()
+			continue // it left the table meanwhile
+		}
+		var list []*rec
+		if p := k.recs.Load(); p != nil {
+			list = *p
+		}
+		added := false
+		for i, l := range limits {
+			if rs[i] = k.find(l); rs[i] == nil {
+				rs[i] = &rec{key: key, limit: l, m: allot.NewMember(b.id, recordLimit(l), b.mcfg, b.clock.Nanotime())}
+				next := append(slices.Clip(list), rs[i]) // a new slice: lookups read the old one
+				k.recs.Store(&next)
+				list = next
+				added = true
+			}
+		}
+		if added {
+			for _, old := range k.limits {
+				if !slices.Contains(limits, old) {
+					if r := k.find(old); r != nil {
+						r.stale.Store(true)
+					}
+				}
+			}
+			k.limits = slices.Clone(limits)
+		}
+		k.mu.Unlock()
+		if added {
+			b.nudge()
+		}
+		return rs
 	}
-	return rs
+}
+
+// forget takes r, released, out of its key's records, and the key's entry out of the
+// table with its last record; r.mu is held, so that a caller that finds r released and
+// looks again does not find it.
+func (b *Backend) forget(e *keyEntry, r *rec) {
+	k := &e.Val
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.gone {
+		return
+	}
+	var list []*rec
+	for _, x := range *k.recs.Load() {
+		if x != r {
+			list = append(list, x)
+		}
+	}
+	k.recs.Store(&list)
+	if len(list) == 0 {
+		k.gone = true
+		b.keys.Delete(e) // its limits are forgotten with it (bounded memory)
+	}
+}
+
+// allRecords yields every record the member holds, with its key's entry.
+func (b *Backend) allRecords(yield func(*keyEntry, *rec) bool) {
+	for e := range b.keys.All() {
+		if p := e.Val.recs.Load(); p != nil {
+			for _, r := range *p {
+				if !yield(e, r) {
+					return
+				}
+			}
+		}
+	}
 }
 
 // lock locks rs (once each: two equal limits are one record) in a fixed order, and
@@ -483,16 +547,17 @@ func (b *Backend) AllowOne(ctx context.Context, key string, l gcra.Limit) (bool,
 	if b.closed.Load() {
 		return false, backend.ErrClosed
 	}
-	if v, ok := b.recs.Load(recordKey{key, l}); ok {
-		r := v.(*rec)
-		r.mu.Lock()
-		if !r.m.Released() {
-			if allowed, ok := r.m.AllowOne(b.clock.Nanotime()); ok {
-				r.mu.Unlock()
-				return allowed, nil
+	if e := b.keys.Load(key); e != nil {
+		if r := e.Val.find(l); r != nil {
+			r.mu.Lock()
+			if !r.m.Released() {
+				if allowed, ok := r.m.AllowOne(b.clock.Nanotime()); ok {
+					r.mu.Unlock()
+					return allowed, nil
+				}
 			}
+			r.mu.Unlock()
 		}
-		r.mu.Unlock()
 	}
 	g, err := b.Decide(ctx, key, backend.Request{Limits: []gcra.Limit{l}, N: 1})
 	return g.Allowed, err
@@ -581,15 +646,13 @@ func (b *Backend) Penalize(ctx context.Context, key string, limits []gcra.Limit,
 func (b *Backend) Leases() []Status {
 	now := b.clock.Nanotime()
 	var out []Status
-	b.recs.Range(func(_, v any) bool {
-		r := v.(*rec)
+	for _, r := range b.allRecords {
 		r.mu.Lock()
 		st := r.m.Status(now)
 		r.mu.Unlock()
 		st.Key = r.key
 		out = append(out, st)
-		return true
-	})
+	}
 	slices.SortFunc(out, func(a, b Status) int {
 		if c := cmp.Compare(a.Key, b.Key); c != 0 {
 			return c
@@ -630,16 +693,14 @@ func (b *Backend) Close() error {
 		<-b.done
 		now := b.clock.Nanotime()
 		var calls []call
-		b.recs.Range(func(k, v any) bool {
-			r := v.(*rec)
+		for e, r := range b.allRecords {
 			r.mu.Lock()
 			if req, ok := r.m.Release(now); ok {
 				calls = append(calls, call{key: r.key, limit: r.m.Limit(), req: req})
 			}
-			b.recs.Delete(k) // under the lock, as round does: a released record is never found
+			b.forget(e, r) // under the lock, as round does: a released record is never found
 			r.mu.Unlock()
-			return true
-		})
+		}
 		if len(calls) > 0 {
 			ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 			defer cancel()
@@ -693,29 +754,27 @@ func (b *Backend) round() int64 {
 	early := int64(b.mcfg.RenewEvery) / 4
 	var calls []call
 	var owners []pending
-	b.recs.Range(func(k, v any) bool {
-		r := v.(*rec)
+	for e, r := range b.allRecords {
 		r.mu.Lock()
-		defer r.mu.Unlock()
 		if r.m.Released() {
-			return true
+			r.mu.Unlock()
+			continue
 		}
 		if r.m.Idle(now, b.idleAfter) || (r.stale.Load() && r.m.Idle(now, 0)) {
 			if req, ok := r.m.Release(now); ok {
 				calls = append(calls, call{key: r.key, limit: r.m.Limit(), req: req})
 				owners = append(owners, pending{})
 			}
-			if b.recs.CompareAndDelete(k, r) {
-				b.keyLimits.Delete(r.key) // forgotten with its records (bounded memory)
-			}
-			return true
+			b.forget(e, r)
+			r.mu.Unlock()
+			continue
 		}
 		if req, ok := r.m.Request(now, early); ok {
 			calls = append(calls, call{key: r.key, limit: r.m.Limit(), req: req})
 			owners = append(owners, pending{r, req.Nonce})
 		}
-		return true
-	})
+		r.mu.Unlock()
+	}
 	if len(calls) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 		b.roundTrips.Add(1)
@@ -762,13 +821,11 @@ func (b *Backend) round() int64 {
 		}
 	}
 	next := int64(math.MaxInt64)
-	b.recs.Range(func(_, v any) bool {
-		r := v.(*rec)
+	for _, r := range b.allRecords {
 		r.mu.Lock()
 		next = min(next, r.m.Due(now), r.m.LastCall()+b.idleAfter)
 		r.mu.Unlock()
-		return true
-	})
+	}
 	if next == math.MaxInt64 {
 		next = now + int64(time.Hour)
 	}

@@ -606,3 +606,58 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 	return s.b.Write(p)
 }
 func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// TestNewKeyRecordsOnce: callers that decide new keys under two limits at once, in either
+// order, each get the same record for a key's limit, made once, while the others read the
+// key's records (run it with -race: a record list published and then changed in place was
+// a data race). The limits are the same for every caller: a key decided under other limits
+// retires the records of its old ones, which is not this test's.
+func TestNewKeyRecordsOnce(t *testing.T) {
+	b, err := New(store.NewMemory(nil), WithID("m"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	l0, l1 := gcra.Limit{T: 1e6, Tau: 1e8}, gcra.Limit{T: 1e7, Tau: 1e9}
+	shapes := [][]gcra.Limit{{l0, l1}, {l1, l0}}
+	const keys, callers = 200, 8
+	got := make([][keys][2]*rec, callers)
+	var wg sync.WaitGroup
+	for c := 0; c < callers; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var buf [gcra.MaxLimits]*rec
+			for i := 0; i < keys; i++ {
+				ls := shapes[(c+i)%len(shapes)]
+				for j, r := range b.records(fmt.Sprint("k", i), ls, &buf) {
+					k := 0
+					if ls[j] == l1 {
+						k = 1
+					}
+					got[c][i][k] = r
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for i := 0; i < keys; i++ {
+		for k := 0; k < 2; k++ {
+			var first *rec
+			for c := 0; c < callers; c++ {
+				r := got[c][i][k]
+				if r == nil {
+					continue
+				}
+				if first == nil {
+					first = r
+				} else if r != first {
+					t.Fatalf("key %d limit %d: two records made", i, k)
+				}
+			}
+		}
+		if e := b.keys.Load(fmt.Sprint("k", i)); e == nil || len(*e.Val.recs.Load()) != 2 {
+			t.Fatalf("key %d: not two records in the table", i)
+		}
+	}
+}

@@ -3,8 +3,8 @@
 //
 // Keys with one limit are decided lock-free: the key's state is one atomic int64 (its TAT)
 // updated by compare-and-swap, so parallel callers never share a lock, not even on the
-// same key. Keys with several limits take a per-key mutex. Keys live in a sync.Map, whose
-// reads do not write shared memory.
+// same key. Keys with several limits take a per-key mutex. Keys live in a table whose
+// lookups take no lock (internal/keytable), its memory that of the keys it holds.
 //
 // A key whose TAT is in the past is indistinguishable from a new key, so idle keys are
 // forgotten without changing any decision. A background sweep forgets them at most once
@@ -12,7 +12,7 @@
 // the place of an idle key found in a small random sample, at a cost independent of the
 // number of keys. When the sample holds none, the new key gets backend.ErrTooManyKeys and
 // the limiter's fail mode answers it (deny, by default). With WithEvictLive it evicts the
-// sampled key closest to idle instead. Existing keys are unaffected.
+// sampled key least recently used instead. Existing keys are unaffected.
 package local
 
 import (
@@ -25,11 +25,12 @@ import (
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/keytable"
 )
 
 // Defaults.
 const (
-	DefaultMaxKeys    = 1 << 20          // keys held at once (about 180 MB of heap when full: docs/local.md)
+	DefaultMaxKeys    = 1 << 20          // keys held at once (about 100 MB of heap when full: docs/local.md)
 	DefaultSweepEvery = 10 * time.Second // how often idle keys are forgotten
 	minSweepGap       = 50 * time.Millisecond
 )
@@ -38,34 +39,33 @@ const (
 // a fresh entry.
 const dead = math.MinInt64
 
+// state is a key's state: for one limit its TAT, updated by compare-and-swap (dead once
+// removed); for several, their TATs under a mutex (m, never nil then).
+type state struct {
+	tat atomic.Int64
+	m   *multi
+}
+
+type entry = keytable.Entry[state]
+
 // Backend is the in-process backend. Use New; it is safe for concurrent use.
 type Backend struct {
 	clock      clock.Clock
 	maxKeys    int64
 	sweepEvery int64
 
-	keys  sync.Map // string -> *single | *multi: the authority
-	count atomic.Int64
+	keys *keytable.Table[state]
 
-	// snap is a read-only copy of the single-limit entries of keys, rebuilt in the
-	// background once misses pass snapLimit. A plain Go map is read in about half the time
-	// of sync.Map's trie on many keys; it holds the same *single values, so a decision made
-	// through it updates the same state. Entries may be stale (dead): callers then fall back
-	// to keys.
-	snap       atomic.Pointer[map[string]*single]
-	misses     atomic.Int64
-	snapLimit  atomic.Int64
-	rebuilding atomic.Bool
-	wg         sync.WaitGroup // background sweeps and rebuilds
-	lastSweep  atomic.Int64
-	sweepMu    sync.Mutex
-	swept      int64 // entries sweeps have looked at (under sweepMu): their cost
-	bgSweep    atomic.Bool
-	evicted    atomic.Int64
-	evictLive  bool         // at the cap, evict a live key instead of refusing new ones
-	liveEvict  atomic.Int64 // live keys evicted
-	holds      sync.Map     // string -> int64: end of the key's latest penalty
-	closed     atomic.Bool
+	wg        sync.WaitGroup // background sweeps
+	lastSweep atomic.Int64
+	sweepMu   sync.Mutex
+	swept     int64 // entries sweeps have looked at (under sweepMu): their cost
+	bgSweep   atomic.Bool
+	evicted   atomic.Int64
+	evictLive bool                          // at the cap, evict a live key instead of refusing new ones
+	liveEvict atomic.Int64                  // live keys evicted
+	holds     *keytable.Table[atomic.Int64] // the end of each key's latest penalty (dead once forgotten)
+	closed    atomic.Bool
 }
 
 var (
@@ -73,8 +73,6 @@ var (
 	_ backend.Allower  = (*Backend)(nil)
 	_ backend.Resetter = (*Backend)(nil)
 )
-
-type single struct{ tat atomic.Int64 }
 
 type multi struct {
 	mu   sync.Mutex
@@ -104,7 +102,8 @@ func WithMaxKeys(n int) Option {
 
 // WithEvictLive makes a full backend evict a live key to make room for a new one, instead
 // of refusing the new key with backend.ErrTooManyKeys (the default). The victim is, among
-// a sample of keys, the one closest to idle (the earliest TAT): the least state is lost.
+// a sample of keys, the one least recently used, and of those used as long ago the one
+// closest to idle (the earliest TAT): a key in use outlives a flood of keys used once.
 // An evicted key starts again with its full burst: over-admission of at most one burst per
 // eviction, the price of accepting every new key under a flood. The daemon uses it.
 func WithEvictLive() Option { return optionFunc(func(b *Backend) { b.evictLive = true }) }
@@ -116,31 +115,26 @@ func WithSweepEvery(d time.Duration) Option {
 
 // New returns an in-process backend.
 func New(opts ...Option) *Backend {
-	b := &Backend{clock: clock.Default, maxKeys: DefaultMaxKeys, sweepEvery: int64(DefaultSweepEvery)}
+	b := &Backend{clock: clock.Default, maxKeys: DefaultMaxKeys, sweepEvery: int64(DefaultSweepEvery), keys: keytable.New[state](), holds: keytable.New[atomic.Int64]()}
 	for _, o := range opts {
 		o.apply(b)
 	}
 	b.lastSweep.Store(b.clock.Nanotime())
-	b.snapLimit.Store(minSnapMisses)
 	return b
 }
 
-// minSnapMisses is how many misses of the read-only copy trigger its first rebuild.
-const minSnapMisses = 256
-
 // Len returns the number of keys held.
-func (b *Backend) Len() int { return int(b.count.Load()) }
+func (b *Backend) Len() int { return b.keys.Len() }
 
 // Keys returns up to n of the keys held, in no particular order.
 func (b *Backend) Keys(n int) []string {
 	out := []string{}
-	b.keys.Range(func(k, _ any) bool {
+	for e := range b.keys.All() {
 		if len(out) >= n {
-			return false
+			break
 		}
-		out = append(out, k.(string))
-		return true
-	})
+		out = append(out, e.Key())
+	}
 	return out
 }
 
@@ -151,76 +145,43 @@ func (b *Backend) Evicted() int64 { return b.evicted.Load() }
 func (b *Backend) EvictedLive() int64 { return b.liveEvict.Load() }
 
 // evictSample is how many keys an eviction looks at.
-const evictSample = 32
+const evictSample = 8
 
-// makeRoom frees one place at the key cap without scanning the map, and reports whether it
-// did. It looks at up to three samples in turn. The first two are evictSample keys each,
-// from random places in the read-only copy of the single-limit keys (whose iteration
-// starts at random). The third is the map's first 4*evictSample keys, the only sample
-// when there is no copy yet. It evicts an idle key if a sample holds one (an idle key
-// decides as a new one: nothing is lost). Otherwise, with WithEvictLive, it evicts the
-// sample's key closest to idle (the earliest TAT). Its cost is the samples', whatever the
-// number of keys, so a flood of new keys at the cap never waits for a sweep.
+// makeRoom frees one place at the key cap without scanning the table, and reports whether
+// it did. It looks at evictSample keys from a random place, twice at most. It evicts an
+// idle key if the sample holds one (an idle key decides as a new one: nothing is lost).
+// Otherwise, with WithEvictLive, it evicts the sample's least recently used key, and of
+// those used as long ago, the one closest to idle (the earliest TAT: the least state lost).
+// A key in use thus outlives a flood of new keys used once, which grow old as the flood
+// goes on. Its cost is the sample's, whatever the number of keys, so a flood of new keys
+// at the cap never waits for a sweep.
 func (b *Backend) makeRoom(now int64) bool {
-	for try := 0; try < 3; try++ {
-		var victimKey, victim any
+	for try := 0; try < 2; try++ {
+		var victim *entry
+		var age uint32
 		best := int64(math.MaxInt64)
-		consider := func(k, v any) {
-			t := entryTAT(v)
-			if t != dead && t < best {
-				best, victimKey, victim = t, k, v
-			}
-		}
-		if try < 2 { // two samples from random places in the copy, then the map's first keys
-			m := b.snap.Load()
-			if m == nil {
+		for e, a := range b.keys.Sample(evictSample) {
+			t := entryTAT(e)
+			if t == dead {
 				continue
 			}
-			seen, visited := 0, 0
-			for k, e := range *m { // Go starts a map's iteration at a random place
-				visited++
-				if e.tat.Load() == dead { // gone since the copy was made
-					if visited >= 4*evictSample {
-						break
-					}
-					continue
-				}
-				consider(k, e)
-				if seen++; seen >= evictSample || visited >= 4*evictSample {
-					break
-				}
+			if t <= now { // idle: evict it, nothing is lost
+				victim, best = e, t
+				break
 			}
-			if visited > 2*seen { // a stale copy: make a fresh one
-				b.background(&b.rebuilding, b.rebuild)
+			if victim == nil || a > age || (a == age && t < best) {
+				victim, age, best = e, a, t
 			}
-		} else {
-			seen := 0
-			b.keys.Range(func(k, v any) bool {
-				consider(k, v)
-				seen++
-				return seen < 4*evictSample
-			})
 		}
 		if victim == nil || (best > now && !b.evictLive) {
 			continue
 		}
-		switch e := victim.(type) {
-		case *single:
-			if !e.tat.CompareAndSwap(best, dead) {
-				continue
-			}
-		case *multi:
-			e.mu.Lock()
-			if e.tats == nil {
-				e.mu.Unlock()
-				continue
-			}
-			e.tats = nil
-			e.mu.Unlock()
+		if !kill(victim, best) {
+			continue
 		}
-		b.holds.Delete(victimKey) // a penalty goes with its key
-		if !b.drop(victimKey, victim) {
-			continue // a stale copy's entry: it was not in the map any more
+		b.dropHold(victim.Key()) // a penalty goes with its key
+		if !b.drop(victim) {
+			continue // deleted meanwhile by a caller that found it dead
 		}
 		if best <= now {
 			b.evicted.Add(1)
@@ -232,24 +193,36 @@ func (b *Backend) makeRoom(now int64) bool {
 	return false
 }
 
-// entryTAT returns the latest TAT of an entry (dead if it was removed).
-func entryTAT(v any) int64 {
-	switch e := v.(type) {
-	case *single:
-		return e.tat.Load()
-	case *multi:
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		if e.tats == nil {
-			return dead
+// kill marks e as removed if its latest TAT is still tat, and reports whether it did.
+func kill(e *entry, tat int64) bool {
+	if m := e.Val.m; m != nil {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.tats == nil {
+			return false
 		}
-		t := int64(math.MinInt64 + 1)
-		for _, x := range e.tats {
-			t = max(t, x)
-		}
-		return t
+		m.tats = nil
+		return true
 	}
-	return dead
+	return e.Val.tat.CompareAndSwap(tat, dead)
+}
+
+// entryTAT returns the latest TAT of an entry (dead if it was removed).
+func entryTAT(e *entry) int64 {
+	m := e.Val.m
+	if m == nil {
+		return e.Val.tat.Load()
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.tats == nil {
+		return dead
+	}
+	t := int64(math.MinInt64 + 1)
+	for _, x := range m.tats {
+		t = max(t, x)
+	}
+	return t
 }
 
 // Decide decides req for key at the backend clock's now.
@@ -267,16 +240,16 @@ func (b *Backend) Decide(_ context.Context, key string, req backend.Request) (ba
 				return backend.Grant{}, err
 			}
 			for {
-				old := e.tat.Load()
+				old := e.Val.tat.Load()
 				if old == dead {
-					b.drop(key, e)
+					b.drop(e)
 					break
 				}
 				tat, res, err := gcra.DecideOne(old, l, now, req.N, md)
 				if err != nil || !res.Allowed || req.N == 0 {
 					return backend.Grant{Result: res}, err
 				}
-				if e.tat.CompareAndSwap(old, tat) {
+				if e.Val.tat.CompareAndSwap(old, tat) {
 					return backend.Grant{Result: res, Ticket: gcra.TicketOne(req.N, now+res.Delay, tat)}, nil
 				}
 			}
@@ -290,14 +263,15 @@ func (b *Backend) Decide(_ context.Context, key string, req backend.Request) (ba
 		if err != nil {
 			return backend.Grant{}, err
 		}
-		e.mu.Lock()
-		if e.tats == nil {
-			e.mu.Unlock()
-			b.drop(key, e)
+		m := e.Val.m
+		m.mu.Lock()
+		if m.tats == nil {
+			m.mu.Unlock()
+			b.drop(e)
 			continue
 		}
-		res, tk, err := gcra.Decide(e.tats, req.Limits, now, req.N, md)
-		e.mu.Unlock()
+		res, tk, err := gcra.Decide(m.tats, req.Limits, now, req.N, md)
+		m.mu.Unlock()
 		return backend.Grant{Result: res, Ticket: tk}, err
 	}
 }
@@ -321,16 +295,16 @@ func (b *Backend) AllowOne(_ context.Context, key string, l gcra.Limit) (bool, e
 			return false, err
 		}
 		for {
-			old := e.tat.Load()
+			old := e.Val.tat.Load()
 			if old == dead {
-				b.drop(key, e)
+				b.drop(e)
 				break
 			}
 			tat, ok := gcra.AllowOne(old, l, now)
 			if !ok {
 				return false, nil
 			}
-			if e.tat.CompareAndSwap(old, tat) {
+			if e.Val.tat.CompareAndSwap(old, tat) {
 				return true, nil
 			}
 		}
@@ -360,14 +334,19 @@ func (b *Backend) Penalize(_ context.Context, key string, limits []gcra.Limit, d
 	}
 	now := b.clock.Nanotime()
 	until := gcra.After(now, int64(d))
-	fresh := false
+	var fresh *keytable.Entry[atomic.Int64]
 	for {
-		v, loaded := b.holds.LoadOrStore(key, until)
+		e, loaded := b.holds.LoadOrStore(key, func(v *atomic.Int64) { v.Store(until) })
 		if !loaded {
-			fresh = true
+			fresh = e
 			break
 		}
-		if old := v.(int64); old >= until || b.holds.CompareAndSwap(key, old, until) {
+		old := e.Val.Load()
+		if old == dead {
+			b.holds.Delete(e) // being forgotten: take a fresh entry
+			continue
+		}
+		if old >= until || e.Val.CompareAndSwap(old, until) {
 			break
 		}
 	}
@@ -375,10 +354,10 @@ func (b *Backend) Penalize(_ context.Context, key string, limits []gcra.Limit, d
 		gcra.Penalize(tats, limits, now, until)
 		return nil
 	})
-	if err != nil && fresh {
+	if err != nil && fresh != nil {
 		// The key could not be held (the backend is full): no hold without its key, so
 		// that a flood of penalties on new keys stays within the key cap.
-		b.holds.CompareAndDelete(key, until)
+		b.dropHoldIf(fresh, until)
 	}
 	return err
 }
@@ -389,31 +368,27 @@ func (b *Backend) Reset(_ context.Context, key string) error {
 	if b.closed.Load() {
 		return backend.ErrClosed
 	}
-	b.holds.Delete(key)
+	b.dropHold(key)
 	for {
-		v, ok := b.keys.Load(key)
-		if !ok {
+		e := b.keys.Load(key)
+		if e == nil {
 			return nil
 		}
-		switch e := v.(type) {
-		case *single:
-			old := e.tat.Load()
-			if old != dead && !e.tat.CompareAndSwap(old, dead) {
-				continue
-			}
-		case *multi:
-			e.mu.Lock()
-			e.tats = nil
-			e.mu.Unlock()
+		if m := e.Val.m; m != nil {
+			m.mu.Lock()
+			m.tats = nil
+			m.mu.Unlock()
+		} else if old := e.Val.tat.Load(); old != dead && !e.Val.tat.CompareAndSwap(old, dead) {
+			continue
 		}
-		b.drop(key, v)
-		b.holds.Delete(key) // a penalty set meanwhile goes too
+		b.drop(e)
+		b.dropHold(key) // a penalty set meanwhile goes too
 		return nil
 	}
 }
 
-// Close makes later calls return backend.ErrClosed and waits for a background sweep or
-// rebuild in progress to end.
+// Close makes later calls return backend.ErrClosed and waits for a background sweep in
+// progress to end.
 func (b *Backend) Close() error {
 	b.closed.Store(true)
 	b.wg.Wait()
@@ -434,32 +409,35 @@ func (b *Backend) background(flag *atomic.Bool, f func()) {
 	}()
 }
 
-// rebuild makes a fresh read-only copy of the live single-limit entries. The next rebuild
-// waits for as many misses as the copy has keys, so the work is amortized.
-func (b *Backend) rebuild() {
-	m := make(map[string]*single, b.count.Load())
-	b.keys.Range(func(k, v any) bool {
-		if e, ok := v.(*single); ok && e.tat.Load() != dead {
-			m[k.(string)] = e
-		}
-		return true
-	})
-	b.snap.Store(&m)
-	b.misses.Store(0)
-	b.snapLimit.Store(max(int64(len(m)), minSnapMisses))
-}
-
 // hold returns the end of key's penalty if it is still in force, and forgets it otherwise.
 func (b *Backend) hold(key string, now int64) int64 {
-	v, ok := b.holds.Load(key)
-	if !ok {
+	e := b.holds.Load(key)
+	if e == nil {
 		return 0
 	}
-	if until := v.(int64); until > now {
+	until := e.Val.Load()
+	if until > now {
 		return until
 	}
-	b.holds.CompareAndDelete(key, v)
+	if until != dead {
+		b.dropHoldIf(e, until)
+	}
 	return 0
+}
+
+// dropHold forgets key's penalty.
+func (b *Backend) dropHold(key string) {
+	if e := b.holds.Load(key); e != nil {
+		e.Val.Store(dead)
+		b.holds.Delete(e)
+	}
+}
+
+// dropHoldIf forgets the penalty of e if it still ends at until.
+func (b *Backend) dropHoldIf(e *keytable.Entry[atomic.Int64], until int64) {
+	if e.Val.CompareAndSwap(until, dead) {
+		b.holds.Delete(e)
+	}
 }
 
 // update applies f to key's state (one TAT per limit) atomically.
@@ -471,16 +449,16 @@ func (b *Backend) update(key string, nlimits int, now int64, f func(tats []int64
 				return err
 			}
 			for {
-				old := e.tat.Load()
+				old := e.Val.tat.Load()
 				if old == dead {
-					b.drop(key, e)
+					b.drop(e)
 					break
 				}
 				tats := [1]int64{old}
 				if err := f(tats[:]); err != nil {
 					return err
 				}
-				if e.tat.CompareAndSwap(old, tats[0]) {
+				if e.Val.tat.CompareAndSwap(old, tats[0]) {
 					return nil
 				}
 			}
@@ -491,114 +469,98 @@ func (b *Backend) update(key string, nlimits int, now int64, f func(tats []int64
 		if err != nil {
 			return err
 		}
-		e.mu.Lock()
-		if e.tats == nil {
-			e.mu.Unlock()
-			b.drop(key, e)
+		m := e.Val.m
+		m.mu.Lock()
+		if m.tats == nil {
+			m.mu.Unlock()
+			b.drop(e)
 			continue
 		}
-		err = f(e.tats)
-		e.mu.Unlock()
+		err = f(m.tats)
+		m.mu.Unlock()
 		return err
 	}
 }
 
 // singleFor returns key's single-limit entry, creating it (or converting a multi-limit one)
 // as needed.
-func (b *Backend) singleFor(key string, now int64) (*single, error) {
-	if m := b.snap.Load(); m != nil {
-		if e := (*m)[key]; e != nil && e.tat.Load() != dead {
-			return e, nil
-		}
-	}
-	if b.misses.Add(1) >= b.snapLimit.Load() {
-		b.background(&b.rebuilding, b.rebuild)
-	}
+func (b *Backend) singleFor(key string, now int64) (*entry, error) {
 	for {
-		v, ok := b.keys.Load(key)
-		if !ok {
-			e := &single{}
-			v2, err := b.insert(key, e, now)
-			if err != nil {
+		e := b.keys.Load(key)
+		if e == nil {
+			var err error
+			if e, err = b.insert(key, nil, now); err != nil {
 				return nil, err
 			}
-			v = v2
 		}
-		if e, ok := v.(*single); ok {
+		m := e.Val.m
+		if m == nil {
 			return e, nil
 		}
 		// The key's limits changed from several to one: carry the first TAT over.
-		m := v.(*multi)
 		m.mu.Lock()
 		tats := m.tats
 		m.tats = nil
 		m.mu.Unlock()
-		if tats != nil {
-			e := &single{}
-			e.tat.Store(tats[0])
-			if b.keys.CompareAndSwap(key, m, e) {
-				return e, nil
-			}
-		} else {
-			b.drop(key, m)
+		if tats == nil {
+			b.drop(e)
+			continue
+		}
+		if e := b.keys.Replace(e, func(s *state) { s.tat.Store(tats[0]) }); e != nil {
+			return e, nil
 		}
 	}
 }
 
 // multiFor returns key's multi-limit entry with n limits, creating or converting as needed.
 // A key whose number of limits changed keeps the TATs it had for the limits that remain.
-func (b *Backend) multiFor(key string, n int, now int64) (*multi, error) {
+func (b *Backend) multiFor(key string, n int, now int64) (*entry, error) {
 	for {
-		v, ok := b.keys.Load(key)
-		if !ok {
-			v2, err := b.insert(key, &multi{tats: make([]int64, n)}, now)
-			if err != nil {
+		e := b.keys.Load(key)
+		if e == nil {
+			var err error
+			if e, err = b.insert(key, &multi{tats: make([]int64, n)}, now); err != nil {
 				return nil, err
 			}
-			v = v2
 		}
-		switch e := v.(type) {
-		case *multi:
-			e.mu.Lock()
-			if e.tats != nil && len(e.tats) != n {
+		if m := e.Val.m; m != nil {
+			m.mu.Lock()
+			if m.tats != nil && len(m.tats) != n {
 				tats := make([]int64, n)
-				copy(tats, e.tats)
-				e.tats = tats
+				copy(tats, m.tats)
+				m.tats = tats
 			}
-			e.mu.Unlock()
+			m.mu.Unlock()
 			return e, nil
-		case *single:
-			// The key's limits changed from one to several: carry the TAT over.
-			old := e.tat.Load()
-			if old == dead {
-				b.drop(key, e)
-				continue
-			}
-			if !e.tat.CompareAndSwap(old, dead) {
-				continue
-			}
-			m := &multi{tats: make([]int64, n)}
-			m.tats[0] = old
-			b.keys.CompareAndSwap(key, e, m)
 		}
+		// The key's limits changed from one to several: carry the TAT over.
+		old := e.Val.tat.Load()
+		if old == dead {
+			b.drop(e)
+			continue
+		}
+		if !e.Val.tat.CompareAndSwap(old, dead) {
+			continue
+		}
+		m := &multi{tats: make([]int64, n)}
+		m.tats[0] = old
+		b.keys.Replace(e, func(s *state) { s.m = m })
 	}
 }
 
-// insert stores a new entry for key unless one appeared meanwhile, enforcing the cap. It
-// starts a background sweep every SweepEvery; at the cap it makes room by sampling
-// (makeRoom), never by sweeping on the caller's goroutine.
-func (b *Backend) insert(key string, e any, now int64) (any, error) {
+// insert stores a new entry for key (several limits: m; one: a TAT of 0) unless one
+// appeared meanwhile, enforcing the cap. It starts a background sweep every SweepEvery; at
+// the cap it makes room by sampling (makeRoom), never by sweeping on the caller's
+// goroutine.
+func (b *Backend) insert(key string, m *multi, now int64) (*entry, error) {
 	if last := b.lastSweep.Load(); now-last >= b.sweepEvery && b.lastSweep.CompareAndSwap(last, now) {
 		b.background(&b.bgSweep, func() { b.sweepMu.Lock(); defer b.sweepMu.Unlock(); b.sweep() })
 	}
-	if b.count.Load() >= b.maxKeys && !b.makeRoom(now) && b.count.Load() >= b.maxKeys {
+	if int64(b.keys.Len()) >= b.maxKeys && !b.makeRoom(now) && int64(b.keys.Len()) >= b.maxKeys {
 		return nil, backend.ErrTooManyKeys // (unless a sweep running meanwhile made room)
 	}
-	v, loaded := b.keys.LoadOrStore(key, e)
-	if !loaded {
-		b.count.Add(1)
-	}
-	return v, nil
+	e, _ := b.keys.LoadOrStore(key, func(s *state) { s.m = m })
+	return e, nil
 }
 
 // Sweep forgets every idle key (one whose state is in the past) and every expired
@@ -613,44 +575,32 @@ func (b *Backend) Sweep() {
 func (b *Backend) sweep() {
 	now := b.clock.Nanotime()
 	b.lastSweep.Store(max(b.lastSweep.Load(), now))
-	b.keys.Range(func(k, v any) bool {
+	for e := range b.keys.All() {
 		b.swept++
-		switch e := v.(type) {
-		case *single:
-			old := e.tat.Load()
-			if old != dead && old <= now && e.tat.CompareAndSwap(old, dead) {
-				b.evicted.Add(1)
-				b.drop(k, v)
-			}
-		case *multi:
-			e.mu.Lock()
-			idle := e.tats != nil && gcra.Idle(e.tats, now)
+		if m := e.Val.m; m != nil {
+			m.mu.Lock()
+			idle := m.tats != nil && gcra.Idle(m.tats, now)
 			if idle {
-				e.tats = nil
+				m.tats = nil
 			}
-			e.mu.Unlock()
+			m.mu.Unlock()
 			if idle {
 				b.evicted.Add(1)
-				b.drop(k, v)
+				b.drop(e)
 			}
+			continue
 		}
-		return true
-	})
-	b.holds.Range(func(k, v any) bool {
-		if v.(int64) <= now {
-			b.holds.CompareAndDelete(k, v)
+		if old := e.Val.tat.Load(); old != dead && old <= now && e.Val.tat.CompareAndSwap(old, dead) {
+			b.evicted.Add(1)
+			b.drop(e)
 		}
-		return true
-	})
+	}
+	for e := range b.holds.All() {
+		if until := e.Val.Load(); until != dead && until <= now {
+			b.dropHoldIf(e, until)
+		}
+	}
 }
 
-// drop deletes a dead entry from the map and reports whether it did. Whoever deletes it
-// counts it: a caller that found it dead may have deleted it before the sweep that killed
-// it.
-func (b *Backend) drop(k, v any) bool {
-	if b.keys.CompareAndDelete(k, v) {
-		b.count.Add(-1)
-		return true
-	}
-	return false
-}
+// drop deletes a dead entry from the table and reports whether it did.
+func (b *Backend) drop(e *entry) bool { return b.keys.Delete(e) }

@@ -6,6 +6,6 @@ import (
 	"go.uber.org/goleak"
 )
 
-// TestMain fails the package if any test leaves a goroutine behind: background sweeps and
-// rebuilds must end by Close.
+// TestMain fails the package if any test leaves a goroutine behind: background sweeps
+// must end by Close.
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
