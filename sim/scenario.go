@@ -109,7 +109,8 @@ type Lease struct {
 }
 
 // Gossip are the gossip mode's settings: the sync interval, how long a lost peer keeps
-// its share, and the policy (shares, or whole: the DThrottle design as written). Zero
+// its share, and the policy (auto, owner, shares, equal, or whole: the DThrottle design as
+// written). Zero
 // values take the defaults. Members' reports travel over the store link (its latency and
 // loss); a partition cuts its members from those outside it.
 type Gossip struct {
@@ -372,7 +373,7 @@ func (s *Scenario) check() error {
 		return bad(0, "local.share: want a fraction in (0, 1]")
 	}
 	if _, err := hits.ParsePolicy(s.Gossip.Policy); err != nil || s.Gossip.Interval < 0 || s.Gossip.Hold < 0 {
-		return yamlx.AtLine(s.Gossip.line, "gossip: policy shares, equal or whole, interval and hold 0 (the default) or more")
+		return yamlx.AtLine(s.Gossip.line, "gossip: policy auto, owner, shares, equal or whole, interval and hold 0 (the default) or more")
 	}
 	if err := s.Lease.check(); err != nil {
 		return err
