@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"reflect"
 	"strconv"
@@ -66,6 +67,9 @@ type applier struct {
 	conflicts atomic.Int64 // writes that lost their compare-and-set
 	fences    atomic.Int64 // records made or found fenced (a lost or rewound record)
 
+	log    *slog.Logger  // where a fence is said (nil: slog.Default())
+	fenced atomic.Uint64 // the store incarnation (its Since, as a uint64) a fence was last said for
+
 	newInc func() uint64 // tests only: deterministic incarnations (nil: allot.NewIncarnation)
 }
 
@@ -74,6 +78,22 @@ func (a *applier) incarnation() uint64 {
 		return a.newInc()
 	}
 	return allot.NewIncarnation()
+}
+
+// sayFenced logs, once per store incarnation (since: when it began, or when a record was
+// found lost), that a record is fenced until fence: no permit of its limit before then.
+// A daemon or a library that answers no for a second or two after it meets a new store
+// would otherwise say nothing of why.
+func (a *applier) sayFenced(id string, since, now, fence int64) {
+	if a.fenced.Swap(uint64(since)) == uint64(since) {
+		return
+	}
+	log := a.log
+	if log == nil {
+		log = slog.Default()
+	}
+	log.Warn("lease: limits fenced: the store has no record of the leases granted from it before (a first use, a restart or a flush, which it cannot tell apart), so no permit of a limit it makes is granted until every such lease has ended (TTL + grace); lease.WaitUnfenced waits it out before a workload starts (docs/lease.md)",
+		"record", id, "for", time.Duration(fence-now).Round(time.Millisecond))
 }
 
 // group is the calls of one batch on one record.
@@ -335,6 +355,7 @@ func (a *applier) state(g *group, rec store.Record, now, since int64, calls []ca
 		}
 		if fence != 0 {
 			a.fences.Add(1)
+			a.sayFenced(g.id, since, now, fence)
 		}
 		st, err := allot.NewState(g.limit, a.incarnation(), now, fence, cfg)
 		if err == nil && seen > 0 {
@@ -355,6 +376,7 @@ func (a *applier) state(g *group, rec store.Record, now, since int64, calls []ca
 		a.fences.Add(1)
 		st.Incarnation = a.incarnation()
 		st.Fence = max(st.Fence, st.Cfg.FenceAfterRestart(now))
+		a.sayFenced(g.id, now, now, st.Fence)
 		st.Pool, st.PoolAt = 0, max(st.PoolAt, now) // its burst refills after the fence
 		st.SpendWindow(st.PoolAt)                   // a windowed quota: what it handed out since is unknown
 	}

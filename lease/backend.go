@@ -181,7 +181,8 @@ func WithStoreTimeout(d time.Duration) Option {
 func WithObserver(o Observer) Option { return optionFunc(func(b *Backend) { b.observer = o }) }
 
 // WithLogger sets where the backend says what an operator should know (default
-// slog.Default()): a limit shared by more members than the mode claims to serve
+// slog.Default()): a store met cold, whose limits are fenced for TTL + grace; a limit
+// shared by more members than the mode claims to serve
 // (MaxMembers).
 func WithLogger(l *slog.Logger) Option { return optionFunc(func(b *Backend) { b.log = l }) }
 
@@ -233,6 +234,7 @@ func newBackend(store store.Store, owned io.Closer, opts []Option) (*Backend, er
 	for _, o := range opts {
 		o.apply(b)
 	}
+	b.apply.log = b.log
 	if err := b.mcfg.Validate(); err != nil {
 		return nil, err
 	}

@@ -661,3 +661,39 @@ func TestNewKeyRecordsOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestLogsAColdStoresFence: on a store seen for the first time that cannot tell so (a
+// Redis just started or flushed, here store.Memory after Restart), the first decision
+// finds its limit fenced; the backend says so once, with how long and what to do, rather
+// than answering no in silence. A fresh store (one that knows it is new) fences nothing
+// and logs nothing.
+func TestLogsAColdStoresFence(t *testing.T) {
+	for _, cold := range []bool{true, false} {
+		clk := clock.NewVirtual()
+		clk.Advance(time.Second)
+		st := store.NewMemory(clk)
+		if cold {
+			st.Restart()
+		}
+		cfg := DefaultConfig()
+		cfg.JoinWindow = 0
+		var logs syncBuffer
+		b, err := New(st, WithConfig(cfg), WithClock(clk), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, key := range []string{"a", "b", "c"} {
+			if _, err := b.AllowOne(bg, key, lim(10, time.Second, 10)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b.Close()
+		n := strings.Count(logs.String(), "limits fenced")
+		switch {
+		case cold && (n != 1 || !strings.Contains(logs.String(), "WaitUnfenced")):
+			t.Errorf("a cold store's fence logged %d times (want once, naming lease.WaitUnfenced): %q", n, logs.String())
+		case !cold && n != 0:
+			t.Errorf("a fresh store logged a fence: %q", logs.String())
+		}
+	}
+}
