@@ -255,14 +255,27 @@ func runBatches(b *Backend, bb *batchBuilder, client *goredis.Client, now *atomi
 		ps := make([]pending, 0, size)
 		var last *pending
 		if ls := keys[0].limits[0]; len(keys) > 1 && len(ls) == 1 && rng.IntN(3) == 0 {
-			// The script's lean batch: each key once, in any order, an allowance under
-			// one limit (keys whose state is not the common one go on to its general path).
+			// The script's lean batches: each key once, in any order, an allowance under
+			// one limit, or a decision of n > 0 permits under one limit with one maxDelay
+			// (keys whose state is not the common one go on to its general path).
+			decide := rng.IntN(2) == 0
+			n, md := int64(1), int64(0)
+			if decide {
+				n = 1 + rng.Int64N(min(gcra.MaxCost(ls), 6))
+				if rng.IntN(2) == 0 {
+					md = rng.Int64N(4 * ls[0].Tau)
+				}
+			}
 			for _, i := range rng.Perm(len(keys)) {
 				k := keys[i]
 				v := k.m.view(1)
-				p := pending{k: k, ls: ls, what: "decide", n: 1, allow: true}
-				p.want, p.wantTk, _ = gcra.Decide(v, ls, at, 1, 0)
-				p.c = b.allowCall(k.name, ls[0])
+				p := pending{k: k, ls: ls, what: "decide", n: n, md: md, allow: !decide}
+				p.want, p.wantTk, _ = gcra.Decide(v, ls, at, n, md)
+				if decide {
+					p.c = b.decideCall(k.name, backend.Request{Limits: ls, N: n, MaxDelay: time.Duration(md)})
+				} else {
+					p.c = b.allowCall(k.name, ls[0])
+				}
 				if p.want.Allowed {
 					k.m.tats = v
 				}
@@ -494,6 +507,35 @@ func TestBatchKeyErrors(t *testing.T) {
 	}
 	if typ := c.Type(ctx, b.KeyName("hash")).Val(); typ != "hash" {
 		t.Errorf("the hash became a %s", typ)
+	}
+	// The lean batches (each key once, in real time): the hash, which MGET reads as a
+	// missing key, fails its call and stays a hash.
+	for _, op := range []byte{'a', 'd'} {
+		lean := []string{"fresh-" + string(op), "hash", "ok2"}
+		for i, k := range lean {
+			if op == 'a' {
+				calls[i] = b.allowCall(k, ls[0])
+			} else {
+				calls[i] = b.decideCall(k, backend.Request{Limits: ls, N: 1})
+			}
+			calls[i].state.Store(callSent)
+		}
+		bb.exec(b.p, calls[:len(lean)])
+		for i, cl := range calls[:len(lean)] {
+			<-cl.done
+			if lean[i] == "hash" {
+				if cl.err == nil || !strings.Contains(cl.err.Error(), "WRONGTYPE") {
+					t.Errorf("lean batch %c: call on the hash: error %v, want WRONGTYPE", op, cl.err)
+				}
+				continue
+			}
+			if cl.err != nil {
+				t.Errorf("lean batch %c: call on %s: %v", op, lean[i], cl.err)
+			}
+		}
+		if typ := c.Type(ctx, b.KeyName("hash")).Val(); typ != "hash" {
+			t.Errorf("lean batch %c: the hash became a %s", op, typ)
+		}
 	}
 	// Through the API, alone: a ReplyError, and the breaker stays closed.
 	for key, want := range map[string]string{"hash": "WRONGTYPE", "v2": "format 2"} {
