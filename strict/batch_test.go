@@ -643,3 +643,82 @@ func TestBatchWaitsForTheOneInFlight(t *testing.T) {
 		t.Errorf("script calls for 3 allowances (one alone, then two together) and a reservation: %q, want 3", calls)
 	}
 }
+
+// TestBatchDecisionsNowOrNeverWait: a decision that never waits (AllowN: maxDelay 0)
+// queued behind a batch in flight waits as an allowance does, and leaves with the next
+// (Redis is stopped to hold the batches in flight): a lone call, then two such decisions
+// that leave together, in 2 script calls.
+func TestBatchDecisionsNowOrNeverWait(t *testing.T) {
+	srv := redistest.New(t)
+	ctx := context.Background()
+	b, err := dialRedis(ctx, srv.URL(), WithPipelines(2, 64), WithTimeout(20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	l := gcra.Limit{T: 1000, Tau: 1_000_000}
+	if ok, err := b.AllowOne(ctx, "warm", l); err != nil || !ok { // loads the script
+		t.Fatalf("first call: %v %v", ok, err)
+	}
+	if _, err := srv.Do("CONFIG", "RESETSTAT"); err != nil {
+		t.Fatal(err)
+	}
+	state := func() (inflight, queued int) {
+		b.p.mu.Lock()
+		defer b.p.mu.Unlock()
+		return b.p.inflight, len(b.p.queue)
+	}
+	waitFor := func(what string, cond func(inflight, queued int) bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !cond(state()) {
+			if time.Now().After(deadline) {
+				in, q := state()
+				t.Fatalf("%s: after 10 s, %d batches in flight and %d calls queued", what, in, q)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	errs := make(chan error, 3)
+	decide := func(i int) {
+		go func() {
+			g, err := b.Decide(ctx, fmt.Sprintf("k%d", i), backend.Request{Limits: []gcra.Limit{l}, N: 1})
+			if err == nil && !g.Allowed {
+				err = fmt.Errorf("decision %d denied", i)
+			}
+			errs <- err
+		}()
+	}
+	decide(0)
+	waitFor("the first call in flight", func(in, q int) bool { return in == 1 && q == 0 })
+	decide(1)
+	waitFor("a decision queued behind it", func(in, q int) bool { return q == 1 })
+	if in, q := state(); in != 1 || q != 1 {
+		t.Fatalf("with a decision now or never queued behind a lone one: %d batches in flight, %d queued; want 1 and 1 (it waits)", in, q)
+	}
+	decide(2)
+	waitFor("two decisions sent together beside the first", func(in, q int) bool { return in == 2 && q == 0 })
+	srv.Resume()
+	resumed = true
+	for i := 0; i < 3; i++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	info, err := srv.Do("INFO", "commandstats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, _ := strings.Cut(info, "cmdstat_evalsha:calls=")
+	calls, _, _ := strings.Cut(after, ",")
+	if calls != "2" {
+		t.Errorf("script calls for 3 decisions now or never (one alone, then two together): %q, want 2", calls)
+	}
+}
