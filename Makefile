@@ -57,7 +57,7 @@ bench:
 ## scripts/fuzz builds each package's instrumented test binary once and runs its targets
 ## (what go test -fuzz does, one link per package instead of one per target); it also
 ## handles Go 1.26's fuzz deadline race (go.dev/issue/75804).
-FUZZ_TARGETS := .:FuzzParse ./internal/wire:FuzzQueryRoundTrip ./internal/wire:FuzzAnswerRoundTrip ./server:FuzzParseConfig ./server:FuzzGlobMatch ./internal/wire:FuzzValidTag ./lease/allot:FuzzStateCodec ./internal/ratehdr:FuzzRead ./gossip/hits:FuzzDecode ./server:FuzzParseEnvoyConfig ./strict/cas:FuzzCodec
+FUZZ_TARGETS := .:FuzzParse ./internal/wire:FuzzQueryRoundTrip ./internal/wire:FuzzAnswerRoundTrip ./server:FuzzParseConfig ./server:FuzzGlobMatch ./internal/wire:FuzzValidTag ./lease/allot:FuzzStateCodec ./internal/ratehdr:FuzzRead ./gossip/hits:FuzzDecode ./server:FuzzParseEnvoyConfig ./strict/cas:FuzzCodec ./server:FuzzRequestDecoding
 fuzz:
 	@GO=$(GO) scripts/fuzz $(FUZZTIME) $(FUZZ_TARGETS)
 	@if [ "$(PROPERTY_TRIALS)" != 0 ]; then \

@@ -77,14 +77,20 @@ func redisCPU(c *goredis.Client) time.Duration {
 // every command, as this did until 2026-11-26, counted each script's SET, GET, MGET and
 // TIME twice (BENCHMARKS.md).
 func redisCommandTime(c *goredis.Client) (time.Duration, int64) {
+	return commandTime(c, "cmdstat_evalsha", "cmdstat_eval")
+}
+
+// commandTime is the time Redis spent executing the commands of INFO commandstats named
+// (cmdstat_NAME), in usec, and how many of them it ran.
+func commandTime(c *goredis.Client, names ...string) (time.Duration, int64) {
 	info, err := c.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		return 0, 0
 	}
-	var total, scripts int64
+	var total, calls int64
 	for _, line := range strings.Split(info, "\n") {
 		name, stats, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_eval") {
+		if !ok || !slices.Contains(names, name) {
 			continue
 		}
 		for _, kv := range strings.Split(stats, ",") {
@@ -94,11 +100,11 @@ func redisCommandTime(c *goredis.Client) (time.Duration, int64) {
 			}
 			if v, ok := strings.CutPrefix(kv, "calls="); ok {
 				n, _ := strconv.ParseInt(v, 10, 64)
-				scripts += n
+				calls += n
 			}
 		}
 	}
-	return time.Duration(total) * time.Microsecond, scripts
+	return time.Duration(total) * time.Microsecond, calls
 }
 
 // processCPU is this process' CPU time (user + system).

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -22,7 +23,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluicehq/sluice/gcra"
 )
@@ -30,6 +30,9 @@ import (
 // MaxDescriptors is the most descriptors one ShouldRateLimit request may carry; a request
 // with more is refused (InvalidArgument).
 const MaxDescriptors = 64
+
+// grpcWorkersPerCPU is how many goroutines per CPU serve gRPC calls (grpc.NumStreamWorkers).
+const grpcWorkersPerCPU = 4
 
 // rlsServiceName is Envoy's rate limit service, as the health service names it.
 const rlsServiceName = "envoy.service.ratelimit.v3.RateLimitService"
@@ -53,12 +56,26 @@ func (s *Server) newGRPCServer(cfg Config) *grpcServer {
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: cfg.IdleTimeout.D()}),
 		grpc.ChainUnaryInterceptor(g.authUnary),
 		grpc.ChainStreamInterceptor(g.authStream),
+		// Calls are served by long-lived goroutines instead of one new goroutine each,
+		// whose stack grew on every call (a tenth of the server's CPU); a call that finds
+		// every worker busy, as while the strict mode waits for Redis, still gets its own.
+		grpc.NumStreamWorkers(uint32(grpcWorkersPerCPU * runtime.GOMAXPROCS(0))),
 	}
 	if s.tracer != nil {
 		opts = append(opts, grpc.StatsHandler(s.tracer.grpcHandler()))
 	}
+	svc := &rlsService{s: s, pooled: s.tracer == nil}
+	// The rate limit service's codec, and its handler with messages kept from one call to
+	// the next (see rlscodec.go). A stats handler (the tracer's) may read a response after
+	// it is encoded: then responses are not recycled.
+	opts = append(opts, grpc.ForceServerCodecV2(newRLSCodec()))
 	g.srv = grpc.NewServer(opts...)
-	rls.RegisterRateLimitServiceServer(g.srv, &rlsService{s: s})
+	g.srv.RegisterService(&grpc.ServiceDesc{
+		ServiceName: rlsServiceName,
+		HandlerType: (*rls.RateLimitServiceServer)(nil),
+		Methods:     []grpc.MethodDesc{{MethodName: "ShouldRateLimit", Handler: svc.handle}},
+		Metadata:    "envoy/service/ratelimit/v3/rls.proto",
+	}, svc)
 	healthpb.RegisterHealthServer(g.srv, g.health)
 	g.setServing(s.down.Load() == nil)
 	if cfg.GRPC.Reflection {
@@ -145,6 +162,9 @@ func (g *grpcServer) authorized(ctx context.Context, method string) error {
 	if len(method) > len(healthPrefix) && method[:len(healthPrefix)] == healthPrefix {
 		return nil
 	}
+	if *g.s.token.Load() == "" {
+		return nil // no token to check: the metadata is not read (its copy costs allocations)
+	}
 	var got string
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
 		if v := md.Get("authorization"); len(v) > 0 {
@@ -195,7 +215,40 @@ func newGRPCCounters(vec *prometheus.CounterVec) (c [nGRPCOutcomes]prometheus.Co
 // rlsService is Envoy's rate limit service over the server's rules.
 type rlsService struct {
 	rls.UnimplementedRateLimitServiceServer
-	s *Server
+	s      *Server
+	pooled bool // handle answers with recycled responses (*rlsAnswer)
+}
+
+// requests are ShouldRateLimit's requests, kept from one call to the next with their
+// descriptors and entries (the codec decodes into them: see decodeRequest).
+var requests = sync.Pool{New: func() any { return new(rls.RateLimitRequest) }}
+
+// shouldRateLimitInfo is the UnaryServerInfo of every call, made once.
+var shouldRateLimitInfo = &grpc.UnaryServerInfo{FullMethod: rls.RateLimitService_ShouldRateLimit_FullMethodName}
+
+// handle is ShouldRateLimit's gRPC handler (a grpc.MethodHandler): the generated one's
+// work, with a request from the pool, and a recycled response (an *rlsAnswer, which the
+// codec encodes and recycles) when r.pooled.
+func (r *rlsService) handle(_ any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+	in := requests.Get().(*rls.RateLimitRequest)
+	defer requests.Put(in) // the answer holds nothing of it
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return r.answerAny(ctx, in)
+	}
+	return interceptor(ctx, in, shouldRateLimitInfo, r.answerAny)
+}
+
+// answerAny answers req (an *rls.RateLimitRequest): an *rlsAnswer when r.pooled, else its
+// response.
+func (r *rlsService) answerAny(ctx context.Context, req any) (any, error) {
+	a, err := r.answer(ctx, req.(*rls.RateLimitRequest))
+	if err != nil || r.pooled {
+		return a, err
+	}
+	return &a.resp, nil
 }
 
 // envoyUnitEnum maps the units of envoyUnits to the API's.
@@ -225,6 +278,15 @@ func (r *rlsService) invalid(reason, format string, a ...any) error {
 // Each descriptor is decided on its own: one that allows the request is charged even if
 // another refuses it, as envoyproxy/ratelimit does.
 func (r *rlsService) ShouldRateLimit(ctx context.Context, req *rls.RateLimitRequest) (*rls.RateLimitResponse, error) {
+	a, err := r.answer(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &a.resp, nil // never recycled
+}
+
+// answer is ShouldRateLimit's answer to req, in an answer from the pool (nil on error).
+func (r *rlsService) answer(ctx context.Context, req *rls.RateLimitRequest) (*rlsAnswer, error) {
 	s := r.s
 	switch n := len(req.GetDescriptors()); {
 	case req.GetDomain() == "":
@@ -239,17 +301,23 @@ func (r *rlsService) ShouldRateLimit(ctx context.Context, req *rls.RateLimitRequ
 	if hits == 0 {
 		hits = 1
 	}
-	resp := &rls.RateLimitResponse{OverallCode: rls.RateLimitResponse_OK, Statuses: make([]*rls.RateLimitResponse_DescriptorStatus, len(req.Descriptors))}
+	a := newAnswer(len(req.Descriptors))
+	resp := &a.resp
+	invalid := func(reason, format string, args ...any) (*rlsAnswer, error) {
+		a.release()
+		return nil, r.invalid(reason, format, args...)
+	}
 	var tightest *rls.RateLimitResponse_DescriptorStatus
-	buf := make([]byte, 0, 128)
+	var tag [128]byte
+	buf := tag[:0]
 	for i, d := range req.Descriptors {
 		switch {
 		case len(d.GetEntries()) == 0:
-			return nil, r.invalid("grpc_bad_request", "descriptors[%d]: no entries", i)
+			return invalid("grpc_bad_request", "descriptors[%d]: no entries", i)
 		case d.GetLimit() != nil:
-			return nil, r.invalid("grpc_bad_request", "descriptors[%d].limit: limit overrides are not supported: the daemon's rules decide", i)
+			return invalid("grpc_bad_request", "descriptors[%d].limit: limit overrides are not supported: the daemon's rules decide", i)
 		case d.GetIsNegativeHits():
-			return nil, r.invalid("grpc_bad_request", "descriptors[%d].is_negative_hits: not supported: permits are not given back", i)
+			return invalid("grpc_bad_request", "descriptors[%d].is_negative_hits: not supported: permits are not given back", i)
 		}
 		n := hits
 		if h := d.GetHitsAddend(); h != nil {
@@ -258,15 +326,15 @@ func (r *rlsService) ShouldRateLimit(ctx context.Context, req *rls.RateLimitRequ
 		buf = appendTagPart(buf[:0], req.Domain)
 		for j, e := range d.Entries {
 			if e.GetKey() == "" {
-				return nil, r.invalid("grpc_bad_request", "descriptors[%d].entries[%d].key: empty", i, j)
+				return invalid("grpc_bad_request", "descriptors[%d].entries[%d].key: empty", i, j)
 			}
 			buf = appendEntry(buf, e.Key, e.Value)
 			if len(buf) >= live.maxLine {
-				return nil, r.invalid("too_long", "descriptors[%d]: its tag is longer than max_line (%d bytes)", i, live.maxLine-1)
+				return invalid("too_long", "descriptors[%d]: its tag is longer than max_line (%d bytes)", i, live.maxLine-1)
 			}
 		}
 		dec, err := s.decide(ctx, string(buf), n, 0, false)
-		st := &rls.RateLimitResponse_DescriptorStatus{Code: rls.RateLimitResponse_OK}
+		st := resp.Statuses[i]
 		if errors.Is(err, gcra.ErrCostExceedsBurst) {
 			s.m.badInput.WithLabelValues("cost_over_burst").Inc()
 		}
@@ -275,14 +343,15 @@ func (r *rlsService) ShouldRateLimit(ctx context.Context, req *rls.RateLimitRequ
 			resp.OverallCode = rls.RateLimitResponse_OVER_LIMIT
 		}
 		if c := dec.rule; c != nil && !c.Unlimited {
-			st.CurrentLimit = &rls.RateLimitResponse_RateLimit{Name: c.Name, RequestsPerUnit: c.envoyRPU, Unit: c.envoyUnit}
+			l, reset := a.limits[i], a.resets[i]
+			l.Name, l.RequestsPerUnit, l.Unit = c.Name, c.envoyRPU, c.envoyUnit
+			reset.Seconds, reset.Nanos = durationParts(dec.ResetAfter)
+			st.CurrentLimit, st.DurationUntilReset = l, reset
 			st.LimitRemaining = uint32(min(max(dec.Remaining, 0), math.MaxUint32))
-			st.DurationUntilReset = durationpb.New(dec.ResetAfter)
 			if tightest == nil || st.LimitRemaining < tightest.LimitRemaining {
 				tightest = st
 			}
 		}
-		resp.Statuses[i] = st
 	}
 	if live.grpcHeaders && tightest != nil {
 		resp.ResponseHeadersToAdd = rateLimitHeaders(tightest)
@@ -292,7 +361,13 @@ func (r *rlsService) ShouldRateLimit(ctx context.Context, req *rls.RateLimitRequ
 	} else {
 		s.m.grpcCalls[grpcOverLimit].Inc()
 	}
-	return resp, nil
+	return a, nil
+}
+
+// durationParts is d as durationpb.New writes it: whole seconds, and nanoseconds of the
+// same sign.
+func durationParts(d time.Duration) (int64, int32) {
+	return int64(d / time.Second), int32(d % time.Second)
 }
 
 // rateLimitHeaders are the x-ratelimit-* headers of a descriptor's status, in the form

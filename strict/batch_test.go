@@ -255,14 +255,27 @@ func runBatches(b *Backend, bb *batchBuilder, client *goredis.Client, now *atomi
 		ps := make([]pending, 0, size)
 		var last *pending
 		if ls := keys[0].limits[0]; len(keys) > 1 && len(ls) == 1 && rng.IntN(3) == 0 {
-			// The script's lean batch: each key once, in any order, an allowance under
-			// one limit (keys whose state is not the common one go on to its general path).
+			// The script's lean batches: each key once, in any order, an allowance under
+			// one limit, or a decision of n > 0 permits under one limit with one maxDelay
+			// (keys whose state is not the common one go on to its general path).
+			decide := rng.IntN(2) == 0
+			n, md := int64(1), int64(0)
+			if decide {
+				n = 1 + rng.Int64N(min(gcra.MaxCost(ls), 6))
+				if rng.IntN(2) == 0 {
+					md = rng.Int64N(4 * ls[0].Tau)
+				}
+			}
 			for _, i := range rng.Perm(len(keys)) {
 				k := keys[i]
 				v := k.m.view(1)
-				p := pending{k: k, ls: ls, what: "decide", n: 1, allow: true}
-				p.want, p.wantTk, _ = gcra.Decide(v, ls, at, 1, 0)
-				p.c = b.allowCall(k.name, ls[0])
+				p := pending{k: k, ls: ls, what: "decide", n: n, md: md, allow: !decide}
+				p.want, p.wantTk, _ = gcra.Decide(v, ls, at, n, md)
+				if decide {
+					p.c = b.decideCall(k.name, backend.Request{Limits: ls, N: n, MaxDelay: time.Duration(md)})
+				} else {
+					p.c = b.allowCall(k.name, ls[0])
+				}
 				if p.want.Allowed {
 					k.m.tats = v
 				}
@@ -495,6 +508,35 @@ func TestBatchKeyErrors(t *testing.T) {
 	if typ := c.Type(ctx, b.KeyName("hash")).Val(); typ != "hash" {
 		t.Errorf("the hash became a %s", typ)
 	}
+	// The lean batches (each key once, in real time): the hash, which MGET reads as a
+	// missing key, fails its call and stays a hash.
+	for _, op := range []byte{'a', 'd'} {
+		lean := []string{"fresh-" + string(op), "hash", "ok2"}
+		for i, k := range lean {
+			if op == 'a' {
+				calls[i] = b.allowCall(k, ls[0])
+			} else {
+				calls[i] = b.decideCall(k, backend.Request{Limits: ls, N: 1})
+			}
+			calls[i].state.Store(callSent)
+		}
+		bb.exec(b.p, calls[:len(lean)])
+		for i, cl := range calls[:len(lean)] {
+			<-cl.done
+			if lean[i] == "hash" {
+				if cl.err == nil || !strings.Contains(cl.err.Error(), "WRONGTYPE") {
+					t.Errorf("lean batch %c: call on the hash: error %v, want WRONGTYPE", op, cl.err)
+				}
+				continue
+			}
+			if cl.err != nil {
+				t.Errorf("lean batch %c: call on %s: %v", op, lean[i], cl.err)
+			}
+		}
+		if typ := c.Type(ctx, b.KeyName("hash")).Val(); typ != "hash" {
+			t.Errorf("lean batch %c: the hash became a %s", op, typ)
+		}
+	}
 	// Through the API, alone: a ReplyError, and the breaker stays closed.
 	for key, want := range map[string]string{"hash": "WRONGTYPE", "v2": "format 2"} {
 		_, err := b.Decide(ctx, key, backend.Request{Limits: ls, N: 1})
@@ -599,5 +641,84 @@ func TestBatchWaitsForTheOneInFlight(t *testing.T) {
 	calls, _, _ := strings.Cut(after, ",")
 	if calls != "3" {
 		t.Errorf("script calls for 3 allowances (one alone, then two together) and a reservation: %q, want 3", calls)
+	}
+}
+
+// TestBatchDecisionsNowOrNeverWait: a decision that never waits (AllowN: maxDelay 0)
+// queued behind a batch in flight waits as an allowance does, and leaves with the next
+// (Redis is stopped to hold the batches in flight): a lone call, then two such decisions
+// that leave together, in 2 script calls.
+func TestBatchDecisionsNowOrNeverWait(t *testing.T) {
+	srv := redistest.New(t)
+	ctx := context.Background()
+	b, err := dialRedis(ctx, srv.URL(), WithPipelines(2, 64), WithTimeout(20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	l := gcra.Limit{T: 1000, Tau: 1_000_000}
+	if ok, err := b.AllowOne(ctx, "warm", l); err != nil || !ok { // loads the script
+		t.Fatalf("first call: %v %v", ok, err)
+	}
+	if _, err := srv.Do("CONFIG", "RESETSTAT"); err != nil {
+		t.Fatal(err)
+	}
+	state := func() (inflight, queued int) {
+		b.p.mu.Lock()
+		defer b.p.mu.Unlock()
+		return b.p.inflight, len(b.p.queue)
+	}
+	waitFor := func(what string, cond func(inflight, queued int) bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !cond(state()) {
+			if time.Now().After(deadline) {
+				in, q := state()
+				t.Fatalf("%s: after 10 s, %d batches in flight and %d calls queued", what, in, q)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	errs := make(chan error, 3)
+	decide := func(i int) {
+		go func() {
+			g, err := b.Decide(ctx, fmt.Sprintf("k%d", i), backend.Request{Limits: []gcra.Limit{l}, N: 1})
+			if err == nil && !g.Allowed {
+				err = fmt.Errorf("decision %d denied", i)
+			}
+			errs <- err
+		}()
+	}
+	decide(0)
+	waitFor("the first call in flight", func(in, q int) bool { return in == 1 && q == 0 })
+	decide(1)
+	waitFor("a decision queued behind it", func(in, q int) bool { return q == 1 })
+	if in, q := state(); in != 1 || q != 1 {
+		t.Fatalf("with a decision now or never queued behind a lone one: %d batches in flight, %d queued; want 1 and 1 (it waits)", in, q)
+	}
+	decide(2)
+	waitFor("two decisions sent together beside the first", func(in, q int) bool { return in == 2 && q == 0 })
+	srv.Resume()
+	resumed = true
+	for i := 0; i < 3; i++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	info, err := srv.Do("INFO", "commandstats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, _ := strings.Cut(info, "cmdstat_evalsha:calls=")
+	calls, _, _ := strings.Cut(after, ",")
+	if calls != "2" {
+		t.Errorf("script calls for 3 decisions now or never (one alone, then two together): %q, want 2", calls)
 	}
 }

@@ -58,6 +58,20 @@ func (c *call) sameOp(d *call) bool {
 	return c.op == d.op && slices.Equal(c.f[:c.nf], d.f[:d.nf])
 }
 
+// eager reports whether c leaves the queue at once, even behind a batch in flight: any
+// call but a decision now or never (an allowance, or a decision of maxDelay 0: Allow and
+// AllowN). A reservation (maxDelay > 0) is a waiter's place in the key's line, which must
+// reach Redis as soon as it can; a settlement or a penalty is rare.
+func (c *call) eager() bool {
+	switch c.op {
+	case 'a':
+		return false
+	case 'd':
+		return c.f[1] != 0 || c.f[2] != 0 // maxDelay, a pair (see Backend.decideCall)
+	}
+	return true
+}
+
 // results is how many elements c's answer has in a reply (see sluice.lua).
 func (c *call) results() int {
 	if c.op == 'd' {
@@ -124,7 +138,7 @@ type pipeliner struct {
 	queue    []*call
 	inflight int // batches being sent, by flushers or direct callers
 	flying   int // the calls in those batches
-	eager    int // the calls queued that are not allowances (see ready)
+	eager    int // the calls queued that leave at once (call.eager, see ready)
 	closed   bool
 	wg       sync.WaitGroup
 }
@@ -168,7 +182,7 @@ func (p *pipeliner) submit(c *call) bool {
 		return true
 	}
 	p.queue = append(p.queue, c)
-	if c.op != 'a' {
+	if c.eager() {
 		p.eager++
 	}
 	// A waiting flusher is woken only when it may take the queue (see ready): waking one
@@ -260,10 +274,10 @@ func (p *pipeliner) close(err error) {
 
 // ready reports whether a flusher may take the queue now (p.mu held). It may when calls
 // are queued and no batch is in flight. It may when at least twice as many calls are
-// queued as are in flight, or a whole batch (maxBatch). It may when a call other than an
-// allowance is queued. So allowances (Allow: one permit now or never) queued behind a
-// batch in flight mostly leave together when it returns, and a reservation leaves at
-// once. docs/strict.md, "Throughput: batches", says why.
+// queued as are in flight, or a whole batch (maxBatch). It may when an eager call is
+// queued (call.eager). So decisions now or never (Allow, AllowN) queued behind a batch
+// in flight mostly leave together when it returns, and a reservation leaves at once.
+// docs/strict.md, "Throughput: batches", says why.
 func (p *pipeliner) ready() bool {
 	n := len(p.queue)
 	return n > 0 && (p.inflight == 0 || p.eager > 0 || n >= 2*p.flying || n >= p.maxBatch)
@@ -294,7 +308,7 @@ func (p *pipeliner) flusher() {
 		p.queue = p.queue[:rest]
 		p.eager = 0
 		for _, c := range p.queue {
-			if c.op != 'a' {
+			if c.eager() {
 				p.eager++
 			}
 		}

@@ -144,9 +144,10 @@ func TestRequestErrors(t *testing.T) {
 }
 
 // TestAllowExpiry: in real time, a key in the common state written by an allowance (the
-// lone call's path and the lean batch's) or a decision under one limit carries the
-// expiry mark ("1 0 00 ...") and expires exactly at the start of the second two seconds
-// after its TAT's second: between one and two seconds after its TAT, never sooner.
+// lone call's path and the lean batch's) or a decision under one limit (alone or in a
+// lean batch) carries the expiry mark ("1 0 00 ...") and expires exactly at the start of
+// the second two seconds after its TAT's second: between one and two seconds after its
+// TAT, never sooner.
 func TestAllowExpiry(t *testing.T) {
 	c := newClient(t, shared.URL())
 	b := New(c, WithPrefix(prefix(t)), WithTimeout(5*time.Second))
@@ -166,8 +167,10 @@ func TestAllowExpiry(t *testing.T) {
 	if g, err := b.Decide(ctx, "d", backend.Request{Limits: []gcra.Limit{slow}, N: 2}); err != nil || !g.Allowed {
 		t.Fatalf("decision: %+v %v", g, err) // the shortcut of a decision under one limit: TAT now + 3 s
 	}
+	runDecisions(t, b, backend.Request{Limits: []gcra.Limit{slow}, N: 2}, "d1", "d2") // the lean batch of decisions
+	runDecisions(t, b, backend.Request{Limits: []gcra.Limit{fast}, N: 1}, "d3", "d4", "d5")
 	now := time.Now()
-	for _, k := range []string{"lone", "f1", "f2", "f3", "s1", "s2", "s3", "s4", "s5", "d"} {
+	for _, k := range []string{"lone", "f1", "f2", "f3", "s1", "s2", "s3", "s4", "s5", "d", "d1", "d2", "d3", "d4", "d5"} {
 		tat := markedExpiry(t, c, b.KeyName(k))
 		if lo, hi := now, now.Add(5*time.Second); tat.Before(lo.Add(-time.Second)) || tat.After(hi) {
 			t.Errorf("%s: TAT %v, not around now (%v)", k, tat, now)
@@ -206,6 +209,25 @@ func allowances(t *testing.T, b *Backend, l gcra.Limit, keys ...string) []bool {
 		granted[i] = ok
 	}
 	return granted
+}
+
+// runDecisions decides req on each of keys in one batch (several keys: the lean batch of
+// decisions), and fails unless each is granted.
+func runDecisions(t *testing.T, b *Backend, req backend.Request, keys ...string) {
+	t.Helper()
+	var bb batchBuilder
+	calls := make([]*call, len(keys))
+	for i, k := range keys {
+		calls[i] = b.decideCall(k, req)
+		calls[i].state.Store(callSent)
+	}
+	bb.exec(b.p, calls)
+	for i, cl := range calls {
+		g, ok := decodeDecision(cl.res, cl.now, req.Limits, req.N)
+		if cl.err != nil || !ok || !g.Allowed {
+			t.Fatalf("decision on %s: %+v %v %v", keys[i], g, ok, cl.err)
+		}
+	}
 }
 
 // markedExpiry checks that the key name holds the common state with the expiry mark and

@@ -16,11 +16,14 @@
 -- Sums, differences, comparisons and maxima of pairs are exact over the whole int64 range
 -- (s stays below 2^34). The script never multiplies or divides: the caller passes n*T per
 -- limit, and derives Remaining and ResetAfter from the TATs returned. It is written for
--- speed (it runs on Redis' one thread): four small helpers (expiry, late, charge, allowed)
--- and no other closures, no number formatting but two string.format per key written, one
--- pattern match per key read, tables made at their usual size (growing one costs more
--- than a decision), and shortcuts for the two commonest calls alone (an allowance, first
--- and inline; a decision under one limit).
+-- speed (it runs on Redis' one thread): no number formatting but two string.format per
+-- key written, one pattern match per key read, tables made at their usual size (growing
+-- one costs more than a decision), and shortcuts, inline and before any helper is made,
+-- for the commonest calls: an allowance or a decision under one limit, alone or in a
+-- batch of distinct keys (a lean batch). Each shortcut writes a key as soon as it is
+-- decided, and the commands a Redis call makes cost the most: a shortcut's decision is
+-- a GET (or its share of one MGET) and a SET, and its batch one TIME. The general path
+-- has four small helpers (expiry, late, charge, allowed) and no other closures.
 --
 -- KEYS     the batch's keys, each holding a key's state "1 HOLD TAT1 [TAT2 ...]" with each
 --          time as "s ns": the format, the end of the key's latest penalty (0 0 if none),
@@ -62,6 +65,9 @@
 
 local B = 1000000000
 local tonumber, argv, keys = tonumber, ARGV, KEYS
+-- The paths for the commonest calls turn a string of digits into a number by arithmetic
+-- (s + 0): tonumber(s)'s conversion without its function call, which costs Redis as much
+-- again.
 local match, format, ceil = string.match, string.format, math.ceil
 -- A key lives at least this long (ms) after its last write (after the now of the script
 -- that wrote it, for a marked write), however soon it is idle: an idle key decides
@@ -76,7 +82,7 @@ local virtual = false
 local mode = argv[1]
 if mode == '' or mode == '+' then
   local t = redis.call('TIME')
-  nh, nl = tonumber(t[1]), tonumber(t[2]) * 1000
+  nh, nl = t[1] + 0, t[2] * 1000
 else
   local a, b = match(mode, '^(%-?%d+) (%d+)$')
   nh, nl = tonumber(a), tonumber(b)
@@ -99,16 +105,16 @@ if #argv == 7 and argv[3] == 'a' and #keys == 1 then
   elseif type(first) == 'string' then
     local z, c, d = match(first, '^1 0 (00?) (%-?%d+) (%d+)$')
     if c then
-      th, tl = tonumber(c), tonumber(d)
+      th, tl = c + 0, d + 0
       if z == '00' then mh = th end
     end
   end
   if th then
     -- x = max(tat, now) + T; granted if x - Tau <= now.
     if th < nh or (th == nh and tl < nl) then th, tl = nh, nl end
-    th, tl = th + tonumber(argv[6]), tl + tonumber(argv[7])
+    th, tl = th + argv[6], tl + argv[7]
     if tl >= B then th, tl = th + 1, tl - B end
-    local zh, zl = th - tonumber(argv[4]), tl - tonumber(argv[5])
+    local zh, zl = th - argv[4], tl - argv[5]
     if zl < 0 then zh, zl = zh - 1, zl + B end
     local r = 0
     if not (nh < zh or (nh == zh and nl < zl)) then
@@ -133,7 +139,267 @@ if #argv == 7 and argv[3] == 'a' and #keys == 1 then
   end
 end
 
+-- The lone decision: a decision under one limit alone (argv: mode, 1, 'd', n, maxDelay,
+-- 1, Tau, n*T), the commonest call behind Envoy's API (Limiter.AllowN with nothing else
+-- queued), on a key in the common state or none, decided here with the arithmetic inline,
+-- before any helper is made (as the lone allowance above). It is the 'd' record of the
+-- general path below, written out; a key in another state goes on there with its value
+-- (first) read.
+if #argv == 11 and argv[3] == 'd' and argv[7] == '1' and #keys == 1 then
+  first = redis.pcall('GET', keys[1])
+  local th, tl
+  local mh = false -- the TAT's second of a marked value
+  if not first then
+    th, tl = 0, 0
+  elseif type(first) == 'string' then
+    local z, c, d = match(first, '^1 0 (00?) (%-?%d+) (%d+)$')
+    if c then
+      th, tl = c + 0, d + 0
+      if z == '00' then mh = th end
+    end
+  end
+  if th then
+    local ch, cl = argv[10] + 0, argv[11] + 0
+    -- delay = max(0, max(tat, now) + n*T - Tau - now) if n > 0, else 0.
+    local dh, dl = 0, 0
+    if argv[4] ~= '0' then
+      local xh, xl = th, tl
+      if xh < nh or (xh == nh and xl < nl) then xh, xl = nh, nl end
+      xh, xl = xh + ch - argv[8] - nh, xl + cl - argv[9] - nl
+      if xl < 0 then
+        xh, xl = xh - 1, xl + B
+        if xl < 0 then xh, xl = xh - 1, xl + B end
+      elseif xl >= B then
+        xh, xl = xh + 1, xl - B
+      end
+      if xh >= 0 then dh, dl = xh, xl end
+    end
+    local wh, wl = argv[5] + 0, argv[6] + 0
+    local r = 1
+    if wh < dh or (wh == dh and wl < dl) then
+      r = 0
+    elseif argv[4] ~= '0' then
+      -- Granted: tat = max(tat, now + delay) + n*T, after now, so the key is not idle.
+      local ah, al = nh + dh, nl + dl
+      if al >= B then ah, al = ah + 1, al - B end
+      if th < ah or (th == ah and tl < al) then th, tl = ah, al end
+      th, tl = th + ch, tl + cl
+      if tl >= B then th, tl = th + 1, tl - B end
+      if virtual then
+        -- Unmarked, its TTL as expiry() below says.
+        local eh, el = th - nh, tl - nl
+        if el < 0 then eh, el = eh - 1, el + B end
+        local ms = eh * 1000 + ceil(el / 1000000)
+        if ms < MINTTL then ms = MINTTL end
+        ms = ms + 3600000
+        redis.call('SET', keys[1], format('1 0 0 %d %d', th, tl), 'PX', format('%d', ms))
+      elseif mh == th then
+        redis.call('SET', keys[1], format('1 0 00 %d %d', th, tl), 'KEEPTTL')
+      else
+        redis.call('SET', keys[1], format('1 0 00 %d %d', th, tl), 'PXAT', format('%d', (th + 2) * 1000))
+      end
+    end
+    if mode == '' then return { r, dh, dl, th, tl } end
+    return { nh, nl, r, dh, dl, th, tl }
+  end
+end
+
 local nkeys = #keys
+
+local out, no
+if mode == '' then
+  out, no = { 0 }, 0
+else
+  out, no = { nh, nl, 0 }, 2
+end
+
+
+-- With several keys, the states are read with MGET, in chunks (unpack's limit). MGET
+-- gives nil (false) for a key that holds another type, as for a missing one. The lean
+-- batches below need not tell them apart: they write such a key with SET ... GET, which
+-- refuses a key of another type (WRONGTYPE) and writes nothing, and take its error as
+-- the record's result. The general path tells them apart before it decides (EXISTS).
+local vals
+-- The first key whose value, if MGET read nothing, may be of another type: before it, a
+-- lean batch that stopped has told them apart (with SET ... GET), and vals says.
+local unsure = 1
+if nkeys > 1 then
+  for c = 1, nkeys, 1000 do
+    local e = math.min(c + 999, nkeys)
+    local got = redis.call('MGET', unpack(keys, c, e))
+    if c == 1 then
+      vals = got
+    else
+      for j = 1, e - c + 1 do vals[c + j - 1] = got[j] end
+    end
+  end
+end
+
+-- vttl is the TTL (PX), as text, of a key written under a virtual now whose TAT is (h, l)
+-- > now, as expiry() below says; nil in real time.
+local vttl
+if virtual and nkeys > 1 then
+  vttl = function(h, l)
+    local dh, dl = h - nh, l - nl
+    if dl < 0 then dh, dl = dh - 1, dl + B end
+    local ms = dh * 1000 + ceil(dl / 1000000)
+    if ms < MINTTL then ms = MINTTL end
+    return format('%d', ms + 3600000)
+  end
+end
+
+-- The lean batches below decide each key and write it at once (there is no later record
+-- on it). If a key turns out to be in another state than the common one, they stop and
+-- the general path decides the whole batch from the values read (and what SET ... GET
+-- found of the keys MGET read nothing at), as if they had not run: it decides the keys
+-- they wrote as they did (same state, same now, same records) and writes the same TATs
+-- again (unmarked).
+
+-- The lean batch: every key once, each with one allowance under the same limit (argv:
+-- mode, 1, 'a', Tau, T, then '=' for each further key; no other shape has that many
+-- arguments): Limiter.Allow from many goroutines on many keys. If every key is in the
+-- common state or none, the batch is decided here in one pass with the arithmetic inline
+-- (the general path below spends about twice as long per key).
+--
+-- In real time its writes are marked (see the expiry mark above): each keeps the key's
+-- expiry or sets it as a time (PXAT), one string for every key whose TAT is in now's
+-- second (all of them, on a fast limit). Under a virtual now, unmarked, as expiry() says.
+if nkeys > 1 and #argv == nkeys + 6 and argv[2] == '1' and argv[3] == 'a' then
+  local uh, ul, ch, cl = argv[4] + 0, argv[5] + 0, argv[6] + 0, argv[7] + 0
+  local soon = format('%d', (nh + 2) * 1000)
+  local o = no
+  local common = true
+  for ki = 1, nkeys do
+    -- x = max(tat, now) + T (a missing key's tat is 0 0); granted if x - Tau <= now (the
+    -- 'a' record below).
+    local v = vals[ki]
+    local xh, xl = 0, 0
+    local mh = false -- the TAT's second of a marked value
+    if v then
+      local z, c, d
+      if type(v) == 'string' then z, c, d = match(v, '^1 0 (00?) (%-?%d+) (%d+)$') end
+      if not c then
+        common, unsure = false, ki
+        break
+      end
+      xh, xl = c + 0, d + 0
+      if z == '00' then mh = xh end
+    end
+    if xh < nh or (xh == nh and xl < nl) then xh, xl = nh, nl end
+    xh, xl = xh + ch, xl + cl
+    if xl >= B then xh, xl = xh + 1, xl - B end
+    local zh, zl = xh - uh, xl - ul
+    if zl < 0 then zh, zl = zh - 1, zl + B end
+    if not (nh < zh or (nh == zh and nl < zl)) then
+      -- Granted: the TAT x is after now, so the key is not idle.
+      out[o + ki] = 1
+      local s, ex, at
+      if vttl then
+        s, ex, at = format('1 0 0 %d %d', xh, xl), 'PX', vttl(xh, xl)
+      else
+        s, ex = format('1 0 00 %d %d', xh, xl), 'PXAT'
+        if mh ~= xh then at = xh == nh and soon or format('%d', (xh + 2) * 1000) end
+      end
+      if not v then
+        local r = redis.pcall('SET', keys[ki], s, ex, at, 'GET')
+        if type(r) == 'table' then out[o + ki], vals[ki] = r.err, r end
+      elseif at then
+        redis.call('SET', keys[ki], s, ex, at)
+      else
+        redis.call('SET', keys[ki], s, 'KEEPTTL')
+      end
+    elseif v then
+      out[o + ki] = 0
+    else
+      -- A fresh key denied (never, with checked arguments): the general path finds
+      -- whether it holds another type.
+      common, unsure = false, ki
+      break
+    end
+  end
+  if common then return out end
+end
+
+-- The lean batch of decisions: every key once, each with one decision of n > 0 permits
+-- under the same limit and with the same maxDelay (argv: mode, 1, 'd', n, maxDelay, 1,
+-- Tau, n*T, then '=' for each further key; no other shape has that many arguments):
+-- Limiter.AllowN from concurrent callers on many keys, as behind Envoy's API. As the lean
+-- batch above, and each record's result is the 'd' record's: allowed, delay and the TAT.
+-- A fresh key's decision (n at most the burst) is a grant.
+if nkeys > 1 and #argv == nkeys + 10 and argv[2] == '1' and argv[3] == 'd' and argv[7] == '1' and argv[4] ~= '0' then
+  local wh, wl = argv[5] + 0, argv[6] + 0
+  local uh, ul, ch, cl = argv[8] + 0, argv[9] + 0, argv[10] + 0, argv[11] + 0
+  local soon = format('%d', (nh + 2) * 1000)
+  local o = no
+  local common = true
+  for ki = 1, nkeys do
+    local v = vals[ki]
+    local th, tl = 0, 0
+    local mh = false -- the TAT's second of a marked value
+    if v then
+      local z, c, d
+      if type(v) == 'string' then z, c, d = match(v, '^1 0 (00?) (%-?%d+) (%d+)$') end
+      if not c then
+        common, unsure = false, ki
+        break
+      end
+      th, tl = c + 0, d + 0
+      if z == '00' then mh = th end
+    end
+    -- delay = max(0, max(tat, now) + n*T - Tau - now)
+    local dh, dl = th, tl
+    if dh < nh or (dh == nh and dl < nl) then dh, dl = nh, nl end
+    dh, dl = dh + ch - uh - nh, dl + cl - ul - nl
+    if dl < 0 then
+      dh, dl = dh - 1, dl + B
+      if dl < 0 then dh, dl = dh - 1, dl + B end
+    elseif dl >= B then
+      dh, dl = dh + 1, dl - B
+    end
+    if dh < 0 then dh, dl = 0, 0 end
+    local r = 1
+    if wh < dh or (wh == dh and wl < dl) then
+      if not v then
+        -- A fresh key denied (never, with checked arguments): see the lean batch above.
+        common, unsure = false, ki
+        break
+      end
+      r = 0
+    else
+      -- Granted: tat = max(tat, now + delay) + n*T, after now, so the key is not idle.
+      local ah, al = nh + dh, nl + dl
+      if al >= B then ah, al = ah + 1, al - B end
+      if th < ah or (th == ah and tl < al) then th, tl = ah, al end
+      th, tl = th + ch, tl + cl
+      if tl >= B then th, tl = th + 1, tl - B end
+      local s, ex, at
+      if vttl then
+        s, ex, at = format('1 0 0 %d %d', th, tl), 'PX', vttl(th, tl)
+      else
+        s, ex = format('1 0 00 %d %d', th, tl), 'PXAT'
+        if mh ~= th then at = th == nh and soon or format('%d', (th + 2) * 1000) end
+      end
+      if not v then
+        local e = redis.pcall('SET', keys[ki], s, ex, at, 'GET')
+        if type(e) == 'table' then r, vals[ki] = e.err, e end
+      elseif at then
+        redis.call('SET', keys[ki], s, ex, at)
+      else
+        redis.call('SET', keys[ki], s, 'KEEPTTL')
+      end
+    end
+    if r == 0 or r == 1 then
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = r, dh, dl, th, tl
+      o = o + 5
+    else
+      -- A key of another type: its result is the error's text.
+      out[o + 1] = r
+      o = o + 1
+    end
+  end
+  if common then return out end
+end
+
 
 -- expiry is the expiry, as text for the SET option EX, of an unmarked key whose latest
 -- time is (h, l) > now. In real time a time (PXAT): the later of (h, l) and MINTTL after
@@ -198,63 +464,6 @@ local function charge(th, tl, ah, al, ch, cl)
   return th, tl
 end
 
--- A shortcut for a lone decision under one limit (argv: mode, 1, 'd', n, maxDelay, 1,
--- Tau, n*T) on one key in the common state (no penalty, one limit) or none. The general
--- path below gives the same answers, more slowly; any other state goes on to it with the
--- value read.
-local fh, fl -- its TAT, in the common state or none
-local fm = false -- the TAT's second of a marked value
-local short = nkeys == 1 and #argv == 11 and argv[3] == 'd' and argv[7] == '1'
-if short then
-  first = redis.pcall('GET', keys[1])
-  if not first then
-    fh, fl = 0, 0
-  elseif type(first) == 'string' then
-    local z, c, d = match(first, '^1 0 (00?) (%-?%d+) (%d+)$')
-    if c then
-      fh, fl = tonumber(c), tonumber(d)
-      if z == '00' then fm = fh end
-    end
-  end
-end
-
-if fh then -- a decision under one limit
-  local th1, tl1 = fh, fl
-  local n = tonumber(argv[4])
-  local ch, cl = tonumber(argv[10]), tonumber(argv[11])
-  local dh, dl = 0, 0
-  if n > 0 then
-    local xh, xl = late(th1, tl1, tonumber(argv[8]), tonumber(argv[9]), ch, cl)
-    if dh < xh or (dh == xh and dl < xl) then dh, dl = xh, xl end
-  end
-  local mh, ml = tonumber(argv[5]), tonumber(argv[6])
-  local r = 1
-  if mh < dh or (mh == dh and ml < dl) then
-    r = 0
-  elseif n > 0 then
-    local ah, al = nh + dh, nl + dl
-    if al >= B then ah, al = ah + 1, al - B end
-    th1, tl1 = charge(th1, tl1, ah, al, ch, cl)
-    -- Granted: the TAT is after now, so the key is not idle.
-    if virtual then
-      redis.call('SET', keys[1], format('1 0 0 %d %d', th1, tl1), EX, expiry(th1, tl1))
-    elseif fm == th1 then
-      redis.call('SET', keys[1], format('1 0 00 %d %d', th1, tl1), 'KEEPTTL')
-    else
-      redis.call('SET', keys[1], format('1 0 00 %d %d', th1, tl1), 'PXAT', format('%d', (th1 + 2) * 1000))
-    end
-  end
-  if mode == '' then return { r, dh, dl, th1, tl1 } end
-  return { nh, nl, r, dh, dl, th1, tl1 }
-end
-
-local out, no
-if mode == '' then
-  out, no = { 0 }, 0
-else
-  out, no = { nh, nl, 0 }, 2
-end
-
 local i = 2
 -- The operation in force ('=' repeats it): op, k, and its fields: Tau and T of 'a' in
 -- locals, the others' in f.
@@ -264,104 +473,32 @@ local f
 -- The key in hand's TATs (pairs): n of them, those beyond fresh (0 0).
 local th, tl = { 0, 0, 0, 0 }, { 0, 0, 0, 0 }
 local n = 0
--- With several keys, the writes wait until every record is decided: each key's new value
--- (false: delete) and TTL; a lone key is written once its records are decided. The
--- states are read with MGET, in chunks (unpack's limit). MGET gives nil for a key that
--- holds another type, as for a missing one: if EXISTS finds more keys than MGET values,
--- the nil ones are read again with GET for their error.
-local wv, wt, vals
+-- The general path reads again, with GET, each key MGET read nothing at if EXISTS finds
+-- more keys than MGET values, for its error (from the first unsure key: a stopped lean
+-- batch may have written those before it).
 if nkeys > 1 then
-  wv, wt = {}, {}
-  for c = 1, nkeys, 1000 do
+  for c = unsure, nkeys, 1000 do
     local e = math.min(c + 999, nkeys)
-    local got = redis.call('MGET', unpack(keys, c, e))
     local found = 0
-    for j = 1, e - c + 1 do
-      if got[j] then found = found + 1 end
+    for j = c, e do
+      if vals[j] then found = found + 1 end
     end
     if found <= e - c and redis.call('EXISTS', unpack(keys, c, e)) > found then
-      for j = 1, e - c + 1 do
-        if not got[j] then got[j] = redis.pcall('GET', keys[c + j - 1]) end
+      for j = c, e do
+        if not vals[j] then vals[j] = redis.pcall('GET', keys[j]) end
       end
-    end
-    if c == 1 then
-      vals = got
-    else
-      for j = 1, e - c + 1 do vals[c + j - 1] = got[j] end
     end
   end
 end
 
--- The lean batch: every key once, each with one allowance under the same limit (argv:
--- mode, 1, 'a', Tau, T, then '=' for each further key; no other shape has that many
--- arguments): Limiter.Allow from many goroutines on many keys. If every key is in the
--- common state or none, the batch is decided here in one pass with the arithmetic inline
--- (the general path below spends about twice as long per key), the grants' writes after
--- it; else it goes on there, from the values read, as if this had not run.
---
--- In real time its writes are marked (see the expiry mark above): each keeps the key's
--- expiry or sets it as a time (PXAT), one string for every key whose TAT is in now's
--- second (all of them, on a fast limit). Under a virtual now, unmarked, as expiry() says.
-if nkeys > 1 and #argv == nkeys + 6 and argv[2] == '1' and argv[3] == 'a' then
-  local uh, ul, ch, cl = tonumber(argv[4]), tonumber(argv[5]), tonumber(argv[6]), tonumber(argv[7])
-  local soon = format('%d', (nh + 2) * 1000)
-  local o = no
-  local common = true
-  for ki = 1, nkeys do
-    -- x = max(tat, now) + T (a missing key's tat is 0 0); granted if x - Tau <= now (the
-    -- 'a' record below).
-    local v = vals[ki]
-    local xh, xl = 0, 0
-    local mh = false -- the TAT's second of a marked value
-    if v then
-      local z, c, d
-      if type(v) == 'string' then z, c, d = match(v, '^1 0 (00?) (%-?%d+) (%d+)$') end
-      if not c then
-        common = false
-        break
-      end
-      xh, xl = tonumber(c), tonumber(d)
-      if z == '00' then mh = xh end
-    end
-    if xh < nh or (xh == nh and xl < nl) then xh, xl = nh, nl end
-    xh, xl = xh + ch, xl + cl
-    if xl >= B then xh, xl = xh + 1, xl - B end
-    local zh, zl = xh - uh, xl - ul
-    if zl < 0 then zh, zl = zh - 1, zl + B end
-    if nh < zh or (nh == zh and nl < zl) then
-      out[o + ki] = 0
-    else
-      -- Granted: the TAT x is after now, so the key is not idle.
-      out[o + ki] = 1
-      if virtual then
-        wv[ki], wt[ki] = format('1 0 0 %d %d', xh, xl), expiry(xh, xl)
-      else
-        wv[ki] = format('1 0 00 %d %d', xh, xl)
-        if mh == xh then
-          wt[ki] = true -- KEEPTTL
-        elseif xh == nh then
-          wt[ki] = soon
-        else
-          wt[ki] = format('%d', (xh + 2) * 1000)
-        end
-      end
-    end
-  end
-  if common then
-    for ki = 1, nkeys do
-      local v = wv[ki]
-      if v then
-        local e = wt[ki]
-        if e == true then
-          redis.call('SET', keys[ki], v, 'KEEPTTL')
-        else
-          redis.call('SET', keys[ki], v, EX, e)
-        end
-      end
-    end
-    return out
-  end
+-- With several keys, the general path's writes wait until every record is decided: each
+-- key's new value (false: delete) and TTL; a lone key is written once its records are
+-- decided.
+local wv, wt
+if nkeys > 1 then
   wv, wt = {}, {}
+  -- A lean batch that stopped may have written some of the reply: it is written anew.
+  for j = no + 1, #out do out[j] = nil end
 end
 
 for ki = 1, nkeys do
