@@ -90,10 +90,10 @@ section { margin-top: 2.5em; }
 {{- if .Events}}
 <h3>Events</h3>
 <table class="events">
-<thead><tr><th>at</th><th>event</th><th>converged</th></tr></thead>
+<thead><tr><th>at</th><th>event</th><th>ended</th><th>converged</th></tr></thead>
 <tbody>
 {{- range .Events}}
-<tr><td class="n">{{at .AtS}}</td><td>{{.Event}}</td><td>{{conv .ConvergenceS}}</td></tr>
+<tr><td class="n">{{at .AtS}}</td><td>{{.Event}}</td><td class="n">{{at .EndS}}</td><td>{{conv .ConvergenceS}}</td></tr>
 {{- end}}
 </tbody>
 </table>

@@ -83,7 +83,9 @@ type ModeReport struct {
 	// Events are the scenario's events with the time the pool took to converge after
 	// each ended (an outage's end; a crash's instant): until the first window of 20
 	// emission intervals (at least one sample) with no violation and, where demand
-	// exceeded the limit, at least 90% of it used. -1: never within the run.
+	// exceeded the limit, at least 90% of it used. -1: never within the run. It is the
+	// throttle's recovery, not the queue's: a backlog the event left may drain for long
+	// after the pool converged (the time series' queued column shows it).
 	Events    []EventReport  `json:"events"`
 	PerMember []MemberReport `json:"per_member"`
 	// ClearedS is how long the pool took to have every backlog answered: from the first
@@ -113,12 +115,17 @@ type ModeReport struct {
 
 // EventReport is one scenario event and the convergence after it.
 type EventReport struct {
-	AtS          float64 `json:"at_s"`
-	Event        string  `json:"event"`
+	AtS   float64 `json:"at_s"`
+	Event string  `json:"event"`
+	// EndS is when its effect ended: an outage's, a partition's or a pause's end; AtS for
+	// an instant one (a crash, a leave, a limit change).
+	EndS float64 `json:"end_s"`
+	// ConvergenceS is measured from EndS (see ModeReport.Events).
 	ConvergenceS float64 `json:"convergence_s"`
-
-	endS float64 // when its effect ended (an outage's end; at, for an instant one): the figure shades the span
 }
+
+// lasts reports whether the event has a span (an outage, a partition, a pause).
+func (ev EventReport) lasts() bool { return ev.EndS > ev.AtS }
 
 // MemberReport is one member's part.
 type MemberReport struct {
@@ -340,8 +347,8 @@ func (e *engine) report() ModeReport {
 		window = max(1, int(math.Ceil(20*float64(t)/float64(e.sample))))
 	}
 	for _, ev := range e.eventLog {
-		r.Events = append(r.Events, EventReport{AtS: round(float64(ev.at) / 1e9), Event: ev.what, ConvergenceS: e.convergence(ev.end, window),
-			endS: float64(ev.end) / 1e9})
+		r.Events = append(r.Events, EventReport{AtS: round(float64(ev.at) / 1e9), Event: ev.what,
+			EndS: round(float64(ev.end) / 1e9), ConvergenceS: e.convergence(ev.end, window)})
 	}
 	if r.Events == nil {
 		r.Events = []EventReport{}
@@ -488,7 +495,12 @@ func (r *Report) SideBySide() []Row {
 	add("faults", "sent without a permit", func(m *ModeReport) string { return num(m.FailOpen) })
 	if len(r.Modes) > 0 {
 		for k, ev := range r.Modes[0].Events {
+			// Convergence counts from the event's end: a lasting one is labelled with it,
+			// so that "0s" reads as "at once after the outage", not "at its start".
 			label := fmt.Sprintf("converged after %q at %s", ev.Event, time.Duration(ev.AtS*1e9))
+			if ev.lasts() {
+				label = fmt.Sprintf("converged after %q ended at %s", ev.Event, time.Duration(ev.EndS*1e9))
+			}
 			add("faults", label, func(m *ModeReport) string {
 				if k >= len(m.Events) {
 					return ""
