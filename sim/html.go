@@ -86,6 +86,9 @@ section { margin-top: 2.5em; }
 {{range .Sections}}
 <section class="mode" id="mode-{{.Mode}}">
 <h2>{{.Mode}}</h2>
+{{- if .Models}}
+<p class="models">{{.Mode}}: {{.Models}}.</p>
+{{- end}}
 <p><img class="figure" alt="{{.Mode}}: the admitted rate against the limit, the queue and each member's share" src="{{.Figure}}"></p>
 {{- if .Events}}
 <h3>Events</h3>

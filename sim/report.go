@@ -46,6 +46,10 @@ type Report struct {
 // ModeReport is what one mode did, with the figures docs/concepts.md defines.
 type ModeReport struct {
 	Mode string `json:"mode"`
+	// Models says what the mode simulates where its name alone could mislead: the local
+	// mode's, whose members each decide alone (sluice demo's local mode is one process).
+	// Empty for the other modes.
+	Models string `json:"models,omitempty"`
 	// Accepted and Violations are counted by the referee where the API would be: a
 	// violation is a request it rejected (a 429).
 	Accepted   int64 `json:"accepted"`
@@ -338,6 +342,9 @@ func (e *engine) report() ModeReport {
 		r.JainByWaiter = &j
 	}
 	r.ClearedS = e.cleared()
+	if _, ok := e.mode.(localMode); ok {
+		r.Models = localModels(e.sc)
+	}
 	if lr, ok := e.mode.(leaseReporter); ok {
 		r.Lease = lr.leaseReport(e)
 	}
@@ -354,6 +361,30 @@ func (e *engine) report() ModeReport {
 		r.Events = []EventReport{}
 	}
 	return r
+}
+
+// localModels says what the local mode simulates in sc: each member a process of its own
+// with its own limiter, none coordinating, unlike sluice demo's local mode, one process
+// whose workers share one limiter.
+func localModels(sc *Scenario) string {
+	n := 0
+	for _, g := range sc.Members {
+		n += g.Count
+	}
+	share := "the whole limit"
+	if sc.Local.Share > 0 && sc.Local.Share < 1 {
+		share = strconv.FormatFloat(sc.Local.Share, 'g', -1, 64) + " of the limit"
+	}
+	if n == 1 {
+		return "one process with its own limiter on " + share + " (local.share), as sluice demo --mode local"
+	}
+	together := "their shares summing to at most the limit"
+	if total := float64(n) * wholeIfZero(sc.Local.Share); total > 1 {
+		together = "so together they may admit " + strconv.FormatFloat(total, 'g', 4, 64) + " times it"
+	}
+	return fmt.Sprintf("each of the %d members a process of its own with its own limiter on %s (local.share), "+
+		"none coordinating, %s; sluice demo --mode local is one process whose workers share one limiter "+
+		"(here, one member of many goroutines)", n, share, together)
 }
 
 // cleared is how long the backlogs took to clear (nil if none did, or one did not).
@@ -557,6 +588,11 @@ func (r *Report) WriteText(w io.Writer) {
 		fmt.Fprintf(tw, "%-*s\t%s\t\n", width, "  "+row.Label, strings.Join(row.Cells, "\t"))
 	}
 	tw.Flush()
+	for _, m := range r.Modes {
+		if m.Models != "" {
+			fmt.Fprintf(w, "\n%s: %s.\n", m.Mode, m.Models)
+		}
+	}
 }
 
 // WriteCSV writes the time series of every mode: one row per mode and sample.
