@@ -86,14 +86,17 @@ section { margin-top: 2.5em; }
 {{range .Sections}}
 <section class="mode" id="mode-{{.Mode}}">
 <h2>{{.Mode}}</h2>
+{{- if .Models}}
+<p class="models">{{.Mode}}: {{.Models}}.</p>
+{{- end}}
 <p><img class="figure" alt="{{.Mode}}: the admitted rate against the limit, the queue and each member's share" src="{{.Figure}}"></p>
 {{- if .Events}}
 <h3>Events</h3>
 <table class="events">
-<thead><tr><th>at</th><th>event</th><th>converged</th></tr></thead>
+<thead><tr><th>at</th><th>event</th><th>ended</th><th>converged</th></tr></thead>
 <tbody>
 {{- range .Events}}
-<tr><td class="n">{{at .AtS}}</td><td>{{.Event}}</td><td>{{conv .ConvergenceS}}</td></tr>
+<tr><td class="n">{{at .AtS}}</td><td>{{.Event}}</td><td class="n">{{at .EndS}}</td><td>{{conv .ConvergenceS}}</td></tr>
 {{- end}}
 </tbody>
 </table>

@@ -98,10 +98,13 @@ func TestHTMLReportInChromium(t *testing.T) {
 		t.Errorf("the side-by-side table's head: %q", head)
 	}
 	for _, m := range modes {
-		sec := regexp.MustCompile(`<section class="mode" id="mode-` + m + `">\s*<h2>` + m + `</h2>\s*<p><img class="figure" alt="[^"]*" src="data:image/svg\+xml;base64,`)
+		sec := regexp.MustCompile(`<section class="mode" id="mode-` + m + `">\s*<h2>` + m + `</h2>\s*(<p class="models">[^<]*</p>\s*)?<p><img class="figure" alt="[^"]*" src="data:image/svg\+xml;base64,`)
 		if !sec.MatchString(dom) {
 			t.Errorf("no section for %s with its figure", m)
 		}
+	}
+	if !strings.Contains(dom, `<p class="models">local: each of the`) {
+		t.Error("the local mode's section does not say what it simulates")
 	}
 	if n := strings.Count(dom, "store outage for 10s"); n < 3 {
 		t.Errorf("the outage in %d places, want the table's row and each mode's events", n)

@@ -299,9 +299,9 @@ func (ev *eventMarks) Plot(c draw.Canvas, p *plot.Plot) {
 	ts.Font.Size = 9
 	for i, e := range ev.events {
 		x := trX(e.AtS / ev.u.s)
-		if e.endS > e.AtS {
+		if e.lasts() {
 			// An event that lasts (an outage, a partition, a pause): its span shaded.
-			x2 := trX(e.endS / ev.u.s)
+			x2 := trX(e.EndS / ev.u.s)
 			c.FillPolygon(colEventSpan, c.ClipPolygonX([]vg.Point{{X: x, Y: c.Min.Y}, {X: x2, Y: c.Min.Y}, {X: x2, Y: c.Max.Y}, {X: x, Y: c.Max.Y}}))
 		}
 		c.StrokeLine2(ls, x, c.Min.Y, x, c.Max.Y)

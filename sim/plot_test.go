@@ -225,11 +225,21 @@ func TestSideBySide(t *testing.T) {
 	if r.Modes[0].StoreOps != 0 || r.Modes[1].StoreOps == 0 {
 		t.Errorf("store ops %d (local) and %d (strict): the local mode has no store", r.Modes[0].StoreOps, r.Modes[1].StoreOps)
 	}
-	if c := row(`converged after "store outage for 10s" at 20s`); len(c) != 3 {
+	// Convergence counts from an event's end: a lasting event's row is labelled with it.
+	if c := row(`converged after "store outage for 10s" ended at 30s`); len(c) != 3 {
 		t.Errorf("the outage's row: %q", c)
+	}
+	if ev := r.Modes[1].Events[0]; ev.AtS != 20 || ev.EndS != 30 {
+		t.Errorf("the outage at %vs to %vs, want 20 to 30 (events[].end_s, from which convergence_s counts)", ev.AtS, ev.EndS)
 	}
 	if c := row(`converged after "crash m1" at 40s`); len(c) != 3 {
 		t.Errorf("the crash's row: %q", c)
+	}
+	// The simulator's local mode is each member alone on its limiter, not sluice demo's
+	// one process: the report says so.
+	if m := r.Modes[0].Models; !strings.Contains(m, "each of the 10 members a process of its own") ||
+		!strings.Contains(buf.String(), "\nlocal: "+m+".\n") || r.Modes[1].Models != "" || r.Modes[2].Models != "" {
+		t.Errorf("what the modes model: %q, %q, %q; the text report:\n%s", m, r.Modes[1].Models, r.Modes[2].Models, buf.String())
 	}
 	if c := row("share breaches"); !slices.Equal(c, []string{"-", "-", "0"}) {
 		t.Errorf("lease breaches: %q, want - - 0", c)

@@ -46,6 +46,10 @@ type Report struct {
 // ModeReport is what one mode did, with the figures docs/concepts.md defines.
 type ModeReport struct {
 	Mode string `json:"mode"`
+	// Models says what the mode simulates where its name alone could mislead: the local
+	// mode's, whose members each decide alone (sluice demo's local mode is one process).
+	// Empty for the other modes.
+	Models string `json:"models,omitempty"`
 	// Accepted and Violations are counted by the referee where the API would be: a
 	// violation is a request it rejected (a 429).
 	Accepted   int64 `json:"accepted"`
@@ -83,7 +87,9 @@ type ModeReport struct {
 	// Events are the scenario's events with the time the pool took to converge after
 	// each ended (an outage's end; a crash's instant): until the first window of 20
 	// emission intervals (at least one sample) with no violation and, where demand
-	// exceeded the limit, at least 90% of it used. -1: never within the run.
+	// exceeded the limit, at least 90% of it used. -1: never within the run. It is the
+	// throttle's recovery, not the queue's: a backlog the event left may drain for long
+	// after the pool converged (the time series' queued column shows it).
 	Events    []EventReport  `json:"events"`
 	PerMember []MemberReport `json:"per_member"`
 	// ClearedS is how long the pool took to have every backlog answered: from the first
@@ -113,12 +119,17 @@ type ModeReport struct {
 
 // EventReport is one scenario event and the convergence after it.
 type EventReport struct {
-	AtS          float64 `json:"at_s"`
-	Event        string  `json:"event"`
+	AtS   float64 `json:"at_s"`
+	Event string  `json:"event"`
+	// EndS is when its effect ended: an outage's, a partition's or a pause's end; AtS for
+	// an instant one (a crash, a leave, a limit change).
+	EndS float64 `json:"end_s"`
+	// ConvergenceS is measured from EndS (see ModeReport.Events).
 	ConvergenceS float64 `json:"convergence_s"`
-
-	endS float64 // when its effect ended (an outage's end; at, for an instant one): the figure shades the span
 }
+
+// lasts reports whether the event has a span (an outage, a partition, a pause).
+func (ev EventReport) lasts() bool { return ev.EndS > ev.AtS }
 
 // MemberReport is one member's part.
 type MemberReport struct {
@@ -331,6 +342,9 @@ func (e *engine) report() ModeReport {
 		r.JainByWaiter = &j
 	}
 	r.ClearedS = e.cleared()
+	if _, ok := e.mode.(localMode); ok {
+		r.Models = localModels(e.sc)
+	}
 	if lr, ok := e.mode.(leaseReporter); ok {
 		r.Lease = lr.leaseReport(e)
 	}
@@ -340,13 +354,37 @@ func (e *engine) report() ModeReport {
 		window = max(1, int(math.Ceil(20*float64(t)/float64(e.sample))))
 	}
 	for _, ev := range e.eventLog {
-		r.Events = append(r.Events, EventReport{AtS: round(float64(ev.at) / 1e9), Event: ev.what, ConvergenceS: e.convergence(ev.end, window),
-			endS: float64(ev.end) / 1e9})
+		r.Events = append(r.Events, EventReport{AtS: round(float64(ev.at) / 1e9), Event: ev.what,
+			EndS: round(float64(ev.end) / 1e9), ConvergenceS: e.convergence(ev.end, window)})
 	}
 	if r.Events == nil {
 		r.Events = []EventReport{}
 	}
 	return r
+}
+
+// localModels says what the local mode simulates in sc: each member a process of its own
+// with its own limiter, none coordinating, unlike sluice demo's local mode, one process
+// whose workers share one limiter.
+func localModels(sc *Scenario) string {
+	n := 0
+	for _, g := range sc.Members {
+		n += g.Count
+	}
+	share := "the whole limit"
+	if sc.Local.Share > 0 && sc.Local.Share < 1 {
+		share = strconv.FormatFloat(sc.Local.Share, 'g', -1, 64) + " of the limit"
+	}
+	if n == 1 {
+		return "one process with its own limiter on " + share + " (local.share), as sluice demo --mode local"
+	}
+	together := "their shares summing to at most the limit"
+	if total := float64(n) * wholeIfZero(sc.Local.Share); total > 1 {
+		together = "so together they may admit " + strconv.FormatFloat(total, 'g', 4, 64) + " times it"
+	}
+	return fmt.Sprintf("each of the %d members a process of its own with its own limiter on %s (local.share), "+
+		"none coordinating, %s; sluice demo --mode local is one process whose workers share one limiter "+
+		"(here, one member of many goroutines)", n, share, together)
 }
 
 // cleared is how long the backlogs took to clear (nil if none did, or one did not).
@@ -488,7 +526,12 @@ func (r *Report) SideBySide() []Row {
 	add("faults", "sent without a permit", func(m *ModeReport) string { return num(m.FailOpen) })
 	if len(r.Modes) > 0 {
 		for k, ev := range r.Modes[0].Events {
+			// Convergence counts from the event's end: a lasting one is labelled with it,
+			// so that "0s" reads as "at once after the outage", not "at its start".
 			label := fmt.Sprintf("converged after %q at %s", ev.Event, time.Duration(ev.AtS*1e9))
+			if ev.lasts() {
+				label = fmt.Sprintf("converged after %q ended at %s", ev.Event, time.Duration(ev.EndS*1e9))
+			}
 			add("faults", label, func(m *ModeReport) string {
 				if k >= len(m.Events) {
 					return ""
@@ -545,6 +588,11 @@ func (r *Report) WriteText(w io.Writer) {
 		fmt.Fprintf(tw, "%-*s\t%s\t\n", width, "  "+row.Label, strings.Join(row.Cells, "\t"))
 	}
 	tw.Flush()
+	for _, m := range r.Modes {
+		if m.Models != "" {
+			fmt.Fprintf(w, "\n%s: %s.\n", m.Mode, m.Models)
+		}
+	}
 }
 
 // WriteCSV writes the time series of every mode: one row per mode and sample.

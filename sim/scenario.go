@@ -75,7 +75,7 @@ type Store struct {
 
 // Client is how members ask for permits: the limiter's settings.
 type Client struct {
-	MaxWait Duration `yaml:"max_wait"` // bound on reservations; 0 is pessimistic
+	MaxWait Duration `yaml:"max_wait"` // how far ahead a decision may reserve (not a bound on a request's wait); 0 is pessimistic
 	Margin  Duration `yaml:"margin"`   // jitter tolerance
 	OnDeny  string   `yaml:"on_deny"`  // retry (with back-off) or drop
 	Backoff Backoff  `yaml:"backoff"`

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -51,15 +52,21 @@ type Setting struct {
 	Value string `json:"value"`
 }
 
-// SweepPoint is one point of the grid: its settings and its scenario.
+// SweepPoint is one point of the grid: its settings and its scenario, or, for a point
+// that is not a valid scenario, why (Err; Scenario is nil).
 type SweepPoint struct {
 	Settings []Setting
 	Scenario *Scenario
+	Err      error
 }
 
 // SweepGrid builds every point of the grid from a scenario's source (file names it in
 // errors), the first key varying slowest; adjust, if set, changes each point's scenario
-// after it is read (the command line's --seed). Each point is checked as a scenario file is.
+// after it is read (the command line's --seed). Each point is checked as a scenario file
+// is: a point that fails is kept with its error (SweepPoint.Err), to be skipped, so that
+// one bad value does not cost the others their runs. SweepGrid fails when the grid itself
+// is wrong (a key given twice, too many points, a base file that is not a scenario) or no
+// point is valid (with the first point's error).
 func SweepGrid(file string, src []byte, sweeps []Sweep, adjust func(*Scenario)) ([]SweepPoint, error) {
 	if len(sweeps) == 0 {
 		return nil, fmt.Errorf("sim: a sweep needs at least one KEY=V1,V2")
@@ -89,28 +96,17 @@ func SweepGrid(file string, src []byte, sweeps []Sweep, adjust func(*Scenario)) 
 		pt := SweepPoint{}
 		for k, sw := range sweeps {
 			v := sw.Values[idx[k]]
-			if err := setPath(&doc, sw.Key, v); err != nil {
-				return nil, fmt.Errorf("--sweep %s=%s: %w", sw.Key, v, err)
+			if err := setPath(&doc, sw.Key, v); err != nil && pt.Err == nil {
+				pt.Err = &pointError{where: "--sweep " + sw.Key + "=" + v, err: err}
 			}
 			pt.Settings = append(pt.Settings, Setting{Key: sw.Key, Value: v})
 		}
-		b, err := yaml.Marshal(&doc)
-		if err != nil {
-			return nil, err
+		if pt.Err == nil {
+			pt.Scenario, pt.Err = pointScenario(file, &doc, pt.Settings)
 		}
-		sc, err := Parse(file, b)
-		if err != nil {
-			// The line is the rewritten document's, not the file's: the message alone.
-			var ye *yamlx.Error
-			if errors.As(err, &ye) {
-				err = errors.New(ye.Msg)
-			}
-			return nil, fmt.Errorf("--sweep %s: %s: %w", settingsText(pt.Settings), file, err)
+		if pt.Scenario != nil && adjust != nil {
+			adjust(pt.Scenario)
 		}
-		if adjust != nil {
-			adjust(sc)
-		}
-		pt.Scenario = sc
 		points = append(points, pt)
 		// The next point: the last key varies fastest.
 		for k := len(idx) - 1; k >= 0; k-- {
@@ -120,8 +116,40 @@ func SweepGrid(file string, src []byte, sweeps []Sweep, adjust func(*Scenario)) 
 			idx[k] = 0
 		}
 	}
+	if k := slices.IndexFunc(points, func(p SweepPoint) bool { return p.Err == nil }); k < 0 {
+		return nil, points[0].Err
+	}
 	return points, nil
 }
+
+// pointScenario reads a point's document, the file's with the point's settings, as a
+// scenario.
+func pointScenario(file string, doc *yaml.Node, settings []Setting) (*Scenario, error) {
+	b, err := yaml.Marshal(doc)
+	if err != nil {
+		return nil, err
+	}
+	sc, err := Parse(file, b)
+	if err != nil {
+		// The line is the rewritten document's, not the file's: the message alone.
+		var ye *yamlx.Error
+		if errors.As(err, &ye) {
+			err = errors.New(ye.Msg)
+		}
+		return nil, &pointError{where: "--sweep " + settingsText(settings) + ": " + file, err: err}
+	}
+	return sc, nil
+}
+
+// pointError is why a point of a sweep is not a valid scenario: where names the point
+// (and the file), err is the reason.
+type pointError struct {
+	where string
+	err   error
+}
+
+func (e *pointError) Error() string { return e.where + ": " + e.err.Error() }
+func (e *pointError) Unwrap() error { return e.err }
 
 func settingsText(ss []Setting) string {
 	var parts []string
@@ -204,14 +232,21 @@ func elementOf(seq *yaml.Node, seg string) (int, error) {
 	return 0, fmt.Errorf("no element named %q (or an index below %d) in the list", seg, len(seq.Content))
 }
 
-// SweepReport is a sweep's outcome: each point's figures per mode, and the best point
-// per mode.
+// SweepReport is a sweep's outcome: each point's figures per mode, the best point per
+// mode, and the points skipped because they are not valid scenarios.
 type SweepReport struct {
-	Scenario  string      `json:"scenario"`
-	Keys      []string    `json:"keys"`
-	Objective string      `json:"objective"`
-	Points    []PointFigs `json:"points"`
-	Best      []BestPoint `json:"best"`
+	Scenario  string         `json:"scenario"`
+	Keys      []string       `json:"keys"`
+	Objective string         `json:"objective"`
+	Points    []PointFigs    `json:"points"`
+	Best      []BestPoint    `json:"best"`
+	Skipped   []SkippedPoint `json:"skipped,omitempty"`
+}
+
+// SkippedPoint is a point of the grid that did not run, and why.
+type SkippedPoint struct {
+	Settings []Setting `json:"settings"`
+	Reason   string    `json:"reason"`
 }
 
 // PointFigs is one point of the grid and its figures under each mode.
@@ -252,8 +287,9 @@ func better(a, b ModeFigs) bool {
 	return a.StoreOps < b.StoreOps
 }
 
-// NewSweepReport gathers the reports of a grid's points (reports[i] is points[i]'s), in
-// the grid's order, and picks the best point per mode (the first of equals).
+// NewSweepReport gathers the reports of a grid's points (reports[i] is points[i]'s, nil
+// for a point skipped: SweepPoint.Err), in the grid's order, and picks the best point per
+// mode (the first of equals).
 func NewSweepReport(sweeps []Sweep, points []SweepPoint, reports []*Report) *SweepReport {
 	sr := &SweepReport{Objective: Objective}
 	for _, sw := range sweeps {
@@ -262,21 +298,26 @@ func NewSweepReport(sweeps []Sweep, points []SweepPoint, reports []*Report) *Swe
 	best := map[string]int{}
 	var order []string
 	for i, r := range reports {
-		if i == 0 {
+		if points[i].Err != nil || r == nil {
+			sr.Skipped = append(sr.Skipped, SkippedPoint{Settings: points[i].Settings, Reason: skipReason(points[i].Err)})
+			continue
+		}
+		if sr.Scenario == "" {
 			sr.Scenario = r.Scenario
 		}
 		pf := PointFigs{Settings: points[i].Settings}
+		k := len(sr.Points) // the point's index in sr.Points
 		for _, m := range r.Modes {
 			f := ModeFigs{Mode: m.Mode, Violations: m.Violations, Utilization: m.Utilization, Jain: m.Jain, StoreOps: m.StoreOps, WaitP99Ms: m.WaitP99Ms}
 			pf.Modes = append(pf.Modes, f)
 			b, ok := best[m.Mode]
 			if !ok {
 				order = append(order, m.Mode)
-				best[m.Mode] = i
+				best[m.Mode] = k
 				continue
 			}
 			if better(f, figsOf(sr.Points[b], m.Mode)) {
-				best[m.Mode] = i
+				best[m.Mode] = k
 			}
 		}
 		sr.Points = append(sr.Points, pf)
@@ -286,6 +327,18 @@ func NewSweepReport(sweeps []Sweep, points []SweepPoint, reports []*Report) *Swe
 		sr.Best = append(sr.Best, BestPoint{Mode: mode, Point: i, Settings: sr.Points[i].Settings, ModeFigs: figsOf(sr.Points[i], mode)})
 	}
 	return sr
+}
+
+// skipReason is a skipped point's error as the report words it.
+func skipReason(err error) string {
+	var pe *pointError
+	switch {
+	case err == nil:
+		return "not run"
+	case errors.As(err, &pe):
+		return pe.err.Error() // the settings are the point's own
+	}
+	return err.Error()
 }
 
 func figsOf(p PointFigs, mode string) ModeFigs {
@@ -299,7 +352,11 @@ func figsOf(p PointFigs, mode string) ModeFigs {
 
 // WriteText writes a row per point and mode, then the best point per mode.
 func (sr *SweepReport) WriteText(w io.Writer) {
-	fmt.Fprintf(w, "sweep of %s: %d points\n\n", sr.Scenario, len(sr.Points))
+	fmt.Fprintf(w, "sweep of %s: %d points", sr.Scenario, len(sr.Points))
+	if len(sr.Skipped) > 0 {
+		fmt.Fprintf(w, " (%d more skipped: not valid scenarios, listed below)", len(sr.Skipped))
+	}
+	fmt.Fprint(w, "\n\n")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	for _, k := range sr.Keys {
 		fmt.Fprintf(tw, "%s\t", k)
@@ -317,5 +374,11 @@ func (sr *SweepReport) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "\nbest (%s):\n", sr.Objective)
 	for _, b := range sr.Best {
 		fmt.Fprintf(w, "  %-10s %s: %d violations, utilization %.4f, %d store ops\n", b.Mode, settingsText(b.Settings), b.Violations, b.Utilization, b.StoreOps)
+	}
+	if len(sr.Skipped) > 0 {
+		fmt.Fprintf(w, "\nskipped (not valid scenarios): %d of %d points\n", len(sr.Skipped), len(sr.Skipped)+len(sr.Points))
+		for _, p := range sr.Skipped {
+			fmt.Fprintf(w, "  %s: %s\n", settingsText(p.Settings), p.Reason)
+		}
 	}
 }

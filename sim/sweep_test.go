@@ -71,7 +71,7 @@ func TestSweepGrid(t *testing.T) {
 		want   string
 	}{
 		{[]Sweep{{Key: "client.nope", Values: []string{"1"}}}, `--sweep client.nope=1: s.yaml: unknown field "nope"`},
-		{[]Sweep{{Key: "client.margin", Values: []string{"5ms", "soon"}}}, `--sweep client.margin=soon: s.yaml: bad duration "soon"`},
+		{[]Sweep{{Key: "client.margin", Values: []string{"soon"}}}, `--sweep client.margin=soon: s.yaml: bad duration "soon"`},
 		{[]Sweep{{Key: "members.c.count", Values: []string{"1"}}}, `no element named "c"`},
 		{[]Sweep{{Key: "seed.x", Values: []string{"1"}}}, "seed is a value, not a section"},
 		{[]Sweep{{Key: "seed", Values: []string{"1"}}, {Key: "seed", Values: []string{"2"}}}, "given twice"},
@@ -81,6 +81,40 @@ func TestSweepGrid(t *testing.T) {
 		if _, err := SweepGrid("s.yaml", []byte(sweepBase), c.sweeps, nil); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v, want %q", c.sweeps, err, c.want)
 		}
+	}
+}
+
+// TestSweepSkipsInvalidPoints: a point that is not a valid scenario is kept with its
+// reason and skipped; the others run, and the report lists it.
+func TestSweepSkipsInvalidPoints(t *testing.T) {
+	sweeps := []Sweep{{Key: "client.margin", Values: []string{"5ms", "soon", "20ms"}}}
+	points, err := SweepGrid("s.yaml", []byte(sweepBase), sweeps, nil)
+	if err != nil {
+		t.Fatalf("one bad value of three: %v", err)
+	}
+	if len(points) != 3 || points[0].Err != nil || points[2].Err != nil || points[1].Scenario != nil ||
+		points[1].Err == nil || !strings.Contains(points[1].Err.Error(), `--sweep client.margin=soon: s.yaml: bad duration "soon"`) {
+		t.Fatalf("points %+v, want the second skipped with its reason", points)
+	}
+	reports := make([]*Report, len(points))
+	for i, p := range points {
+		if p.Err == nil {
+			if reports[i], err = Run(p.Scenario, Options{Modes: []string{"strict"}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	sr := NewSweepReport(sweeps, points, reports)
+	if len(sr.Points) != 2 || sr.Points[1].Settings[0].Value != "20ms" || len(sr.Best) != 1 || sr.Best[0].Point > 1 {
+		t.Errorf("points %+v, best %+v: want the two valid points", sr.Points, sr.Best)
+	}
+	if len(sr.Skipped) != 1 || sr.Skipped[0].Settings[0].Value != "soon" || !strings.HasPrefix(sr.Skipped[0].Reason, `bad duration "soon"`) {
+		t.Errorf("skipped %+v, want client.margin=soon with its reason", sr.Skipped)
+	}
+	var buf bytes.Buffer
+	sr.WriteText(&buf)
+	if !strings.Contains(buf.String(), "skipped (not valid scenarios): 1 of 3 points\n  client.margin=soon: bad duration \"soon\"") {
+		t.Errorf("the text report does not list the skipped point:\n%s", buf.String())
 	}
 }
 

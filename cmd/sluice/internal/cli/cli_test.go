@@ -328,6 +328,20 @@ func TestSimSweep(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "best (fewest violations, then the highest utilization, then the fewest store operations)") {
 		t.Errorf("exit %d: %s%s", code, out, errs)
 	}
+	// A point that is not a valid scenario is skipped with its reason; the others run.
+	code, out, errs = run(t, "sim", "../../../../scenarios/one-every-6s-timeline.yaml", "--json", "--sweep", "client.margin=0s,later,10ms")
+	var sk struct {
+		Points  []json.RawMessage
+		Skipped []struct {
+			Settings []struct{ Key, Value string }
+			Reason   string
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &sk); code != 0 || err != nil || len(sk.Points) != 2 || len(sk.Skipped) != 1 ||
+		sk.Skipped[0].Settings[0].Value != "later" || !strings.Contains(sk.Skipped[0].Reason, `bad duration "later"`) ||
+		!strings.Contains(errs, "skipped: --sweep client.margin=later") {
+		t.Errorf("a sweep with one bad value: exit %d, %v: %s%s", code, err, out, errs)
+	}
 }
 
 // TestSimSweepWritesEachPoint: with --csv, --plot and --html a sweep writes each point's

@@ -29,7 +29,7 @@ func init() {
 
 func runSim(ctx context.Context, env Env, args []string) error {
 	fs := newFlags(env, "sim", "sim SCENARIO.yaml [--modes strict,local] [--json] [--csv FILE]")
-	modes := fs.String("modes", "", "comma-separated `modes` to run side by side (default: the scenario's; known: "+strings.Join(sim.ModeNames(), ", ")+"; adaptive:heroku, adaptive:cubic and adaptive:sre for the adaptive mode's other strategies)")
+	modes := fs.String("modes", "", "comma-separated `modes` to run side by side (default: the scenario's; known: "+strings.Join(sim.ModeNames(), ", ")+"; adaptive:heroku, adaptive:cubic and adaptive:sre for the adaptive mode's other strategies; local is every member a process alone on its own limiter, unlike sluice demo's one process)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	csvPath := fs.String("csv", "", "write the time series of every mode to `FILE` as CSV")
 	plotPath := fs.String("plot", "", "draw the report's figure to `FILE` (.svg or .png): per mode, the admitted rate against the limit with the events and 429s, the queue and each member's share")
@@ -230,14 +230,24 @@ func runSweep(ctx context.Context, env Env, file string, sweeps []sim.Sweep, opt
 	if err != nil {
 		return usageError{err}
 	}
-	if len(points) > 0 {
-		warnFormerModes(env, file+": modes: ", points[0].Scenario.Modes)
+	// A point that is not a valid scenario is skipped with its reason (SweepGrid fails
+	// when none is valid): one bad value costs the others nothing.
+	valid := slices.IndexFunc(points, func(p sim.SweepPoint) bool { return p.Err == nil })
+	warnFormerModes(env, file+": modes: ", points[valid].Scenario.Modes)
+	for _, p := range points {
+		if p.Err != nil && asJSON {
+			// The JSON's "skipped" has it too; the text report lists them at its end.
+			fmt.Fprintf(env.Stderr, "sluice: skipped: %v\n", p.Err)
+		}
 	}
 	if outs != (outputs{}) {
 		// Two points whose settings differ only in characters a file name replaces
 		// would write the same files: refuse before running.
 		seen := map[string]bool{}
 		for _, p := range points {
+			if p.Err != nil {
+				continue
+			}
 			name := pointPath("x", p.Settings)
 			if seen[name] {
 				return usagef("--sweep: two points would write the same files (%s): their values differ only in characters a file name leaves out", name[2:])
@@ -252,7 +262,9 @@ func runSweep(ctx context.Context, env Env, file string, sweeps []sim.Sweep, opt
 	for range min(runtime.GOMAXPROCS(0), len(points)) {
 		wg.Go(func() {
 			for i := range next {
-				reports[i], errs[i] = sim.RunContext(ctx, points[i].Scenario, opts)
+				if points[i].Err == nil {
+					reports[i], errs[i] = sim.RunContext(ctx, points[i].Scenario, opts)
+				}
 			}
 		})
 	}
@@ -270,6 +282,9 @@ func runSweep(ctx context.Context, env Env, file string, sweeps []sim.Sweep, opt
 		return err
 	}
 	for i, p := range points {
+		if p.Err != nil {
+			continue
+		}
 		if err := outs.write(reports[i], p.Settings); err != nil {
 			return err
 		}
