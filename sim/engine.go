@@ -157,6 +157,7 @@ type bucket struct {
 type eventRecord struct {
 	at, end int64 // end: when the event's effect stops (an outage's end), at for instant ones
 	what    string
+	store   bool // an event of the store's (an outage, a restart): nothing to a mode without one
 }
 
 func newEngine(sc *Scenario, m mode) *engine {
@@ -555,7 +556,7 @@ func (e *engine) scenarioEvent(ev *event) {
 			}
 		}
 	}
-	e.eventLog = append(e.eventLog, eventRecord{at: e.now, end: end, what: what})
+	e.eventLog = append(e.eventLog, eventRecord{at: e.now, end: end, what: what, store: se.StoreOutage != nil || se.StoreRestart})
 }
 
 func resize(s []int64, n int) []int64 {

@@ -3,6 +3,7 @@ package sim
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"image/png"
 	"os"
 	"os/exec"
@@ -141,3 +142,77 @@ func TestHTMLReportInChromium(t *testing.T) {
 }
 
 func absDiff(a uint32, b uint8) int { return max(int(a)-int(b), int(b)-int(a)) }
+
+// TestPlotLegendFitsInChromium: the figure's legend, as headless Chromium lays it out
+// (the SVG inline in a page, each text's rendered width measured by the page's script):
+// no legend text runs over its line sample. The figure is laid out with the metrics of
+// its own font; a browser that has not that font draws the text in another, wider one,
+// unless the SVG carries it.
+func TestPlotLegendFitsInChromium(t *testing.T) {
+	t.Parallel()
+	r, err := Run(parse(t, plotOutage), Options{Modes: []string{"strict"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var svg bytes.Buffer
+	if err := r.WritePlot(&svg, "svg"); err != nil {
+		t.Fatal(err)
+	}
+	body := svg.String()
+	body = body[strings.Index(body, "<svg"):]
+	// Each legend entry of the rate and queue panels is a sample (a 20-unit horizontal
+	// line) and its text just before it; the script finds them in the rendered page and
+	// reports, for each text, by how much its right end passes the sample's left end (in
+	// the SVG's units). (The members' panel's samples are glyphs, laid out alike.)
+	const script = `<script>
+window.addEventListener('load', () => {
+  const out = [];
+  const paths = [...document.querySelectorAll('svg path')];
+  for (const t of document.querySelectorAll('svg text')) {
+    const name = t.textContent;
+    if (!['admitted', 'limit', '429s', 'events', 'queued'].includes(name)) continue;
+    const y = -parseFloat(t.getAttribute('y'));
+    const x = parseFloat(t.getAttribute('x'));
+    const sample = paths.find(p => {
+      const m = /^M([\d.]+),([\d.]+)L([\d.]+),([\d.]+)$/.exec(p.getAttribute('d'));
+      return m && Math.abs(parseFloat(m[2]) - y) < 6 && m[2] === m[4] && Math.abs(parseFloat(m[3]) - parseFloat(m[1]) - 20) < 0.5 && parseFloat(m[1]) > x;
+    });
+    if (!sample) { out.push(name + ' nosample'); continue; }
+    const left = parseFloat(/^M([\d.]+)/.exec(sample.getAttribute('d'))[1]);
+    out.push(name + ' ' + (x + t.getComputedTextLength() - left).toFixed(2));
+  }
+  const pre = document.createElement('pre');
+  pre.id = 'legend';
+  pre.textContent = out.join('\n');
+  document.body.appendChild(pre);
+});
+</script>`
+	page := filepath.Join(t.TempDir(), "plot.html")
+	if err := os.WriteFile(page, []byte("<!doctype html><html><body>"+body+script+"</body></html>"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dom, console := chromium(t, page, "--dump-dom")
+	if len(console) > 0 {
+		t.Errorf("console messages: %q", console)
+	}
+	m := regexp.MustCompile(`(?s)<pre id="legend">(.*?)</pre>`).FindStringSubmatch(dom)
+	if m == nil || strings.TrimSpace(m[1]) == "" {
+		t.Fatalf("the page measured no legend: %q", dom[max(0, len(dom)-300):])
+	}
+	lines := strings.Split(strings.TrimSpace(m[1]), "\n")
+	if len(lines) < 5 {
+		t.Errorf("the page measured %d legend entries, want the 5 of the rate and queue panels: %q", len(lines), lines)
+	}
+	for _, l := range lines {
+		name, over, _ := strings.Cut(l, " ")
+		if over == "nosample" {
+			t.Errorf("legend %q: no line sample beside it", name)
+			continue
+		}
+		var d float64
+		fmt.Sscan(over, &d)
+		if d > 0 {
+			t.Errorf("legend %q runs %.2f units over its line sample in Chromium", name, d)
+		}
+	}
+}

@@ -71,7 +71,9 @@ func (r *Report) writeFigure(w io.Writer, format string, modes []ModeReport) err
 	var c vg.CanvasWriterTo
 	switch format {
 	case "svg":
-		c = vgsvg.New(width, height)
+		// With its fonts: a browser that lacks them draws the text in wider ones, over the
+		// legend's samples (laid out with these fonts' metrics).
+		c = vgsvg.NewWith(vgsvg.UseWH(width, height), vgsvg.EmbedFonts(true))
 	case "png":
 		c = vgimg.PngCanvas{Canvas: vgimg.NewWith(vgimg.UseWH(width, height), vgimg.UseDPI(figDPI))}
 	default:
@@ -190,11 +192,12 @@ func (r *Report) ratePanel(m *ModeReport, u unit) *plot.Plot {
 	p.Legend.Add("limit", ll)
 	p.Legend.Add("429s", lr)
 	if len(m.Events) > 0 {
-		ev := &eventMarks{events: m.Events, u: u}
+		ev := &eventMarks{events: m.Events, u: u, store: hasStore(m.Mode)}
 		p.Add(ev)
 		p.Legend.Add("events", ev)
 	}
 	p.X.Min, p.X.Max = 0, r.DurationS/u.s
+	p.X.Tick.Marker = timeTicks(m.Events, u)
 	// The axis holds the limit and all but the highest 1% of the points: an initial burst
 	// of many times the rate (a backlog's first second) would flatten the rest.
 	top := headroom(limit, quantileXY(0.99, admitted, refused))
@@ -242,7 +245,39 @@ func queuePanel(m *ModeReport, u unit, durationS float64) *plot.Plot {
 		p.Y.Max = headroom(queued)
 	}
 	p.X.Min, p.X.Max = 0, durationS/u.s
+	p.X.Tick.Marker = timeTicks(m.Events, u)
 	return p
+}
+
+// timeTicker marks a time axis in whole units (seconds, minutes or hours: a default tick
+// between two whole ones keeps its mark, not its label) and, unlabelled, at each event.
+type timeTicker struct{ at []float64 }
+
+func timeTicks(events []EventReport, u unit) timeTicker {
+	var at []float64
+	for _, e := range events {
+		at = append(at, e.AtS/u.s)
+		if e.lasts() {
+			at = append(at, e.EndS/u.s)
+		}
+	}
+	return timeTicker{at}
+}
+
+func (tt timeTicker) Ticks(lo, hi float64) []plot.Tick {
+	var ts []plot.Tick
+	for _, t := range (plot.DefaultTicks{}).Ticks(lo, hi) {
+		if t.Label != "" && t.Value != math.Trunc(t.Value) {
+			t.Label = ""
+		}
+		ts = append(ts, t)
+	}
+	for _, a := range tt.at {
+		if a >= lo && a <= hi {
+			ts = append(ts, plot.Tick{Value: a})
+		}
+	}
+	return ts
 }
 
 func memberPanel(m *ModeReport) *plot.Plot {
@@ -272,6 +307,12 @@ func memberPanel(m *ModeReport) *plot.Plot {
 	return p
 }
 
+// hasStore reports whether a mode decides with a store: its outages and restarts touch it.
+func hasStore(mode string) bool {
+	base, _, _ := strings.Cut(mode, ":")
+	return base == "strict" || base == "lease"
+}
+
 // plainTicks are the default ticks with large values written out whole (2500000, not
 // 2500000.00).
 type plainTicks struct{}
@@ -286,10 +327,13 @@ func (plainTicks) Ticks(min, max float64) []plot.Tick {
 	return ts
 }
 
-// eventMarks draws each event as a vertical line across the panel, labelled.
+// eventMarks draws each event as a vertical line across the panel, labelled; a lasting
+// one's span shaded, but a store's event on a mode that has no store (nothing happened
+// to it then).
 type eventMarks struct {
 	events []EventReport
 	u      unit
+	store  bool // the mode has a store
 }
 
 func (ev *eventMarks) Plot(c draw.Canvas, p *plot.Plot) {
@@ -299,7 +343,7 @@ func (ev *eventMarks) Plot(c draw.Canvas, p *plot.Plot) {
 	ts.Font.Size = 9
 	for i, e := range ev.events {
 		x := trX(e.AtS / ev.u.s)
-		if e.lasts() {
+		if e.lasts() && (ev.store || !e.store) {
 			// An event that lasts (an outage, a partition, a pause): its span shaded.
 			x2 := trX(e.EndS / ev.u.s)
 			c.FillPolygon(colEventSpan, c.ClipPolygonX([]vg.Point{{X: x, Y: c.Min.Y}, {X: x2, Y: c.Min.Y}, {X: x2, Y: c.Max.Y}, {X: x, Y: c.Max.Y}}))

@@ -6,6 +6,7 @@ import (
 	"image/color"
 	"image/png"
 	"io"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -243,5 +244,50 @@ func TestSideBySide(t *testing.T) {
 	}
 	if c := row("share breaches"); !slices.Equal(c, []string{"-", "-", "0"}) {
 		t.Errorf("lease breaches: %q, want - - 0", c)
+	}
+}
+
+// TestPlotShadesAStoreOutageOnlyWhereThereIsAStore: a store outage's span is shaded in
+// the rate panel of a mode with a store (strict), not in that of one without (local),
+// though both mark when it happened.
+func TestPlotShadesAStoreOutageOnlyWhereThereIsAStore(t *testing.T) {
+	r, err := Run(parse(t, plotOutage), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range r.Modes {
+		var b bytes.Buffer
+		if err := r.WriteModePlot(&b, "svg", i); err != nil {
+			t.Fatal(err)
+		}
+		shaded := strings.Count(b.String(), "fill-opacity:0.13333")
+		marked := strings.Count(b.String(), ">store outage for 10s</text>")
+		want := 0
+		if m.Mode == "strict" {
+			want = 1 // the rate panel
+		}
+		if shaded != want || marked == 0 {
+			t.Errorf("%s: the outage shaded %d times (want %d), named %d times", m.Mode, shaded, want, marked)
+		}
+	}
+}
+
+// TestTimeTicksAreWholeUnitsAndEvents: a time axis labels whole units only, and marks each
+// event's start and a lasting one's end.
+func TestTimeTicksAreWholeUnitsAndEvents(t *testing.T) {
+	tt := timeTicks([]EventReport{{AtS: 75, EndS: 105, Event: "store outage for 30s"}, {AtS: 150, EndS: 150}}, unit{"min", 60})
+	var marks []float64
+	for _, tk := range tt.Ticks(0, 3.5) {
+		if tk.Label != "" && tk.Value != math.Trunc(tk.Value) {
+			t.Errorf("tick %v labelled %q: want whole minutes only", tk.Value, tk.Label)
+		}
+		if tk.Label == "" {
+			marks = append(marks, tk.Value)
+		}
+	}
+	for _, want := range []float64{1.25, 1.75, 2.5} {
+		if !slices.Contains(marks, want) {
+			t.Errorf("no mark at %v min (the events'), marks %v", want, marks)
+		}
 	}
 }

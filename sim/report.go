@@ -126,6 +126,7 @@ type EventReport struct {
 	EndS float64 `json:"end_s"`
 	// ConvergenceS is measured from EndS (see ModeReport.Events).
 	ConvergenceS float64 `json:"convergence_s"`
+	store        bool    // the store's event (an outage, a restart)
 }
 
 // lasts reports whether the event has a span (an outage, a partition, a pause).
@@ -355,7 +356,7 @@ func (e *engine) report() ModeReport {
 	}
 	for _, ev := range e.eventLog {
 		r.Events = append(r.Events, EventReport{AtS: round(float64(ev.at) / 1e9), Event: ev.what,
-			EndS: round(float64(ev.end) / 1e9), ConvergenceS: e.convergence(ev.end, window)})
+			EndS: round(float64(ev.end) / 1e9), ConvergenceS: e.convergence(ev.end, window), store: ev.store})
 	}
 	if r.Events == nil {
 		r.Events = []EventReport{}
