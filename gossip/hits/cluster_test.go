@@ -13,7 +13,7 @@ import (
 // cluster runs nodes in virtual time, 1 ms steps, over a network with latency, loss and
 // partitions, every message through the codec.
 type cluster struct {
-	t       *testing.T
+	t       testing.TB
 	nodes   []*Node
 	phase   []int64 // each node's report offset in the interval
 	down    []bool  // crashed: no decisions, no reports
@@ -27,6 +27,7 @@ type cluster struct {
 	pending []delivery
 	grants  []int64 // grant times, all nodes
 	bytes   int64
+	tags    []string // the tags arrivals ask for, one at random each; nil: "api"
 }
 
 type delivery struct {
@@ -35,7 +36,7 @@ type delivery struct {
 	data []byte
 }
 
-func newCluster(t *testing.T, n int, lim []gcra.Limit, cfg Config, seed uint64) *cluster {
+func newCluster(t testing.TB, n int, lim []gcra.Limit, cfg Config, seed uint64) *cluster {
 	c := &cluster{t: t, lim: lim, rng: rand.New(rand.NewPCG(seed, 1)), minLat: 200_000, maxLat: 2_000_000}
 	for i := range n {
 		nd, err := New(string(rune('a'+i)), 1, cfg, 0)
@@ -119,14 +120,17 @@ func (c *cluster) run(until int64, rate float64) {
 // owner when i routes it there (an owner that is down or across a partition does not
 // answer: no permit). The network's latency is left out: the owner decides at once.
 func (c *cluster) decide(from int) bool {
-	i := from
-	if o := c.nodes[from].Route("api", c.lim); o != "" {
+	i, tag := from, "api"
+	if len(c.tags) > 0 {
+		tag = c.tags[c.rng.IntN(len(c.tags))]
+	}
+	if o := c.nodes[from].Route(tag, c.lim); o != "" {
 		i = slices.IndexFunc(c.nodes, func(n *Node) bool { return n.Name() == o })
 		if i < 0 || c.down[i] || c.side[i] != c.side[from] {
 			return false
 		}
 	}
-	res, _, err := c.nodes[i].Decide("api", c.lim, c.now, 1, 0)
+	res, _, err := c.nodes[i].Decide(tag, c.lim, c.now, 1, 0)
 	if err != nil {
 		c.t.Fatal(err)
 	}
