@@ -182,11 +182,23 @@ const ForwardTimeout = time.Second
 // request again (a datagram lost, or a loaded owner late).
 const ForwardResend = 200 * time.Millisecond
 
-// asks are the forwarded requests awaiting their owners' answers, by id.
+// asks are the forwarded requests awaiting their owners' answers, by id, and the asks
+// waiting to go to each owner.
 type asks struct {
 	mu   sync.Mutex
 	next uint64
 	wait map[uint64]chan hits.Answer
+	out  map[string]*outbox // by owner
+}
+
+// outbox is the asks waiting to go to one owner. The caller that finds it idle sends them,
+// with every ask queued while it sends: callers that come while a message is on its way
+// out go together in the next (one datagram for many decisions), and a lone caller's ask
+// goes at once.
+type outbox struct {
+	mu      sync.Mutex
+	pending []hits.Ask
+	sending bool
 }
 
 func (a *asks) add() (uint64, chan hits.Answer) {
@@ -207,7 +219,28 @@ func (a *asks) done(id uint64) {
 	a.mu.Unlock()
 }
 
-// answer hands an answer to its waiting request, if it still waits.
+// outbox returns owner's outbox, made if need be.
+func (a *asks) outbox(owner string) *outbox {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.out == nil {
+		a.out = map[string]*outbox{}
+	}
+	ob := a.out[owner]
+	if ob == nil {
+		ob = &outbox{}
+		a.out[owner] = ob
+	}
+	return ob
+}
+
+// forget drops a gone peer's outbox (an ask still in it was sent, or is being).
+func (a *asks) forget(owner string) {
+	a.mu.Lock()
+	delete(a.out, owner)
+	a.mu.Unlock()
+}
+
 func (a *asks) answer(ans hits.Answer) {
 	a.mu.Lock()
 	ch := a.wait[ans.ID]
@@ -244,7 +277,7 @@ func (b *Backend) each(f func(i int, n *hits.Node)) {
 
 type counters struct {
 	msgsSent, msgsRecv, bytesSent, bytesRecv, sendErrs, streams atomic.Uint64
-	forwarded, forwardResent, forwardTimeouts                   atomic.Uint64
+	forwarded, forwardResent, forwardTimeouts, askMessages      atomic.Uint64
 }
 
 var (
@@ -480,10 +513,12 @@ func (b *Backend) receive(msg []byte) {
 		b.answer(msg)
 		return
 	case hits.KindAnswer:
-		if a, err := hits.DecodeAnswer(msg); err == nil {
-			b.asks.answer(a)
-		} else {
+		as, err := hits.DecodeAnswers(msg)
+		if err != nil {
 			b.malformed()
+		}
+		for _, a := range as {
+			b.asks.answer(a)
 		}
 		return
 	}
@@ -515,30 +550,87 @@ func (b *Backend) malformed() {
 	s.mu.Unlock()
 }
 
-// answer decides a request a peer forwarded here, as its key's owner, and sends the
-// decision back.
+// answer decides the requests a peer forwarded here, as their keys' owner, and sends the
+// decisions back, as many to a datagram as fit.
 func (b *Backend) answer(msg []byte) {
-	a, err := hits.DecodeAsk(msg)
+	from, asks, err := hits.DecodeAsks(msg)
 	if err != nil {
 		b.malformed()
 		return
 	}
-	ans := hits.Answer{ID: a.ID}
-	now := b.clock.Nanotime()
-	s := b.shard(a.Tag)
-	var tk gcra.Ticket
-	s.mu.Lock()
-	err = s.node.DecideTo(&ans.Result, &tk, a.Tag, a.Limits, now, a.N, a.MaxDelay)
-	s.mu.Unlock()
-	switch {
-	case errors.Is(err, hits.ErrTooManyTags):
-		ans.Outcome = hits.TooMany
-	case err != nil:
-		ans.Outcome = hits.Malformed
-	case ans.Result.Allowed:
-		ans.Outcome = hits.Granted
+	out := make([]hits.Answer, 0, len(asks))
+	for i := range asks {
+		a := &asks[i]
+		ans := hits.Answer{ID: a.ID}
+		now := b.clock.Nanotime()
+		s := b.shard(a.Tag)
+		var tk gcra.Ticket
+		s.mu.Lock()
+		err := s.node.DecideTo(&ans.Result, &tk, a.Tag, a.Limits, now, a.N, a.MaxDelay)
+		s.mu.Unlock()
+		switch {
+		case errors.Is(err, hits.ErrTooManyTags):
+			ans.Outcome = hits.TooMany
+		case err != nil:
+			ans.Outcome = hits.Malformed
+		case ans.Result.Allowed:
+			ans.Outcome = hits.Granted
+		}
+		out = append(out, ans)
 	}
-	b.sendTo(a.From, hits.EncodeAnswer(&ans))
+	for len(out) > 0 {
+		k := min(len(out), answersPerMessage)
+		b.sendTo(from, hits.EncodeAnswers(out[:k]))
+		out = out[k:]
+	}
+}
+
+// answersPerMessage: an answer is at most 2 + 1 + 4×10 bytes; so many fit a datagram.
+const answersPerMessage = (packetMax - 8) / 43
+
+// post queues an ask for owner and, if nobody is sending to it, sends the outbox's asks,
+// again while more came meanwhile.
+func (b *Backend) post(owner string, a hits.Ask) {
+	ob := b.asks.outbox(owner)
+	ob.mu.Lock()
+	ob.pending = append(ob.pending, a)
+	if ob.sending {
+		ob.mu.Unlock()
+		return
+	}
+	ob.sending = true
+	for len(ob.pending) > 0 {
+		batch := ob.pending
+		ob.pending = nil
+		ob.mu.Unlock()
+		b.sendAsks(owner, batch)
+		ob.mu.Lock()
+	}
+	ob.sending = false
+	ob.mu.Unlock()
+}
+
+// sendAsks sends asks to owner, as many to a datagram as fit (an ask too large for one
+// goes alone, over a stream).
+func (b *Backend) sendAsks(owner string, asks []hits.Ask) {
+	head := hits.AsksHeader(len(b.self))
+	var buf []byte
+	for len(asks) > 0 {
+		k, size := 0, head
+		for k < len(asks) {
+			buf = hits.AppendAsk(buf[:0], &asks[k])
+			if k > 0 && size+len(buf) > packetMax {
+				break
+			}
+			size += len(buf)
+			k++
+		}
+		if !b.sendTo(owner, hits.EncodeAsks(b.self, asks[:k])) {
+			return // the callers time out (or are sent again)
+		}
+		b.stats.askMessages.Add(1)
+		asks = asks[k:]
+	}
 }
 
 // sendTo sends one message to the named peer: as a datagram when it fits one, over a
@@ -574,10 +666,14 @@ func (b *Backend) sendTo(name string, msg []byte) bool {
 func (b *Backend) forward(ctx context.Context, owner, key string, req backend.Request) (backend.Grant, error) {
 	id, ch := b.asks.add()
 	defer b.asks.done(id)
-	msg := hits.EncodeAsk(&hits.Ask{ID: id, From: b.self, Tag: key, N: req.N, MaxDelay: int64(req.MaxDelay), Limits: req.Limits})
-	if !b.sendTo(owner, msg) {
+	ask := hits.Ask{ID: id, Tag: key, N: req.N, MaxDelay: int64(req.MaxDelay), Limits: req.Limits}
+	b.peersMu.Lock()
+	_, known := b.peers[owner]
+	b.peersMu.Unlock()
+	if !known {
 		return backend.Grant{}, backend.ErrUnavailable
 	}
+	b.post(owner, ask)
 	b.stats.forwarded.Add(1)
 	// A datagram may be lost (a full socket buffer will do it on a loaded host): the ask
 	// goes again every ForwardResend until ForwardTimeout. Two may arrive: the owner then
@@ -600,7 +696,7 @@ func (b *Backend) forward(ctx context.Context, owner, key string, req backend.Re
 				return backend.Grant{}, backend.ErrUnavailable
 			}
 			b.stats.forwardResent.Add(1)
-			b.sendTo(owner, msg)
+			b.post(owner, ask)
 			t.Reset(min(ForwardResend, left))
 		case <-ctx.Done():
 			return backend.Grant{}, ctx.Err()
@@ -649,6 +745,7 @@ func (e events) NotifyLeave(n *memberlist.Node) {
 	e.b.peersMu.Lock()
 	delete(e.b.peers, n.Name)
 	e.b.peersMu.Unlock()
+	e.b.asks.forget(n.Name)
 	graceful := bytes.Equal(n.Meta, leavingMeta)
 	now := e.b.clock.Nanotime()
 	e.b.each(func(_ int, h *hits.Node) { h.Leave(n.Name, now, graceful) })

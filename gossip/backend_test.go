@@ -2,6 +2,7 @@ package gossip
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"slices"
 	"strings"
@@ -249,5 +250,63 @@ func TestSendWhilePeersRefresh(t *testing.T) {
 func TestShardIsOneCacheLine(t *testing.T) {
 	if got := unsafe.Sizeof(shard{}); got != 64 {
 		t.Fatalf("a shard is %d bytes, want 64", got)
+	}
+}
+
+// TestForwardsTogether: 32 callers at one member decide a small limit whose owner is the
+// other member, at once and again for a second (real UDP on loopback): the asks that wait
+// while one message is sent go together in the next, so fewer messages carry them than
+// there are asks, and each caller gets its own answer (the grants stay within the limit).
+func TestForwardsTogether(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real time")
+	}
+	a := member(t, nil)
+	b := member(t, func(c *Config) { c.Peers = []string{a.Addr()} })
+	waitFor(t, "two members", func() bool { return a.Members() == 2 && b.Members() == 2 })
+	time.Sleep(300 * time.Millisecond)                       // each hears the other once
+	lim := []gcra.Limit{{T: sec / 200, Tau: 20 * sec / 200}} // 200/s burst 20
+	key := ""
+	for i := 0; key == ""; i++ {
+		k := fmt.Sprintf("k%d", i)
+		s := b.shard(k)
+		s.mu.Lock()
+		if s.node.Route(k, lim) == a.Name() {
+			key = k
+		}
+		s.mu.Unlock()
+	}
+	var mu sync.Mutex
+	var grants []int64
+	var errs int
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range 32 {
+		wg.Go(func() {
+			for time.Since(start) < time.Second {
+				g, err := b.Decide(context.Background(), key, backend.Request{Limits: lim, N: 1})
+				mu.Lock()
+				if err != nil {
+					errs++
+				} else if g.Allowed {
+					grants = append(grants, time.Now().UnixNano())
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	fwd, msgs := b.stats.forwarded.Load(), b.stats.askMessages.Load()
+	t.Logf("%d asks forwarded in %d messages; %d granted, %d errors", fwd, msgs, len(grants), errs)
+	if fwd < 100 || float64(msgs) > 0.9*float64(fwd) {
+		t.Errorf("%d asks in %d messages: want them together (at most 0.9 a message an ask)", fwd, msgs)
+	}
+	// Counted whole (each grant is stamped when its answer arrives, a scheduler's delay
+	// after the owner's decision, so windows shorter than that delay are not judged here).
+	if most := 20 + 200*time.Since(start).Seconds(); float64(len(grants)) > most {
+		t.Errorf("%d granted, more than burst + rate × time (%.0f): an answer went to two callers?", len(grants), most)
+	}
+	if float64(errs) > 0.01*float64(fwd) {
+		t.Errorf("%d of %d forwarded asks failed", errs, fwd)
 	}
 }

@@ -47,13 +47,14 @@ var (
 	descRemote    = prometheus.NewDesc("sluice_gossip_remote_hits_total", "Permits peers reported, all tags.", nil, nil)
 	descUncharged = prometheus.NewDesc("sluice_gossip_uncharged_hits_total", "Peers' hits beyond a burst of debt, not charged (after a partition).", nil, nil)
 	descForwarded = prometheus.NewDesc("sluice_gossip_forwarded_total", "Requests forwarded to their keys' owners.", nil, nil)
+	descAskMsgs   = prometheus.NewDesc("sluice_gossip_ask_messages_total", "Messages that carried forwarded requests (several to a message when callers forward at once).", nil, nil)
 	descFwdAgain  = prometheus.NewDesc("sluice_gossip_forward_resent_total", "Forwarded requests sent again, the owner's answer late (a datagram lost).", nil, nil)
 	descFwdLate   = prometheus.NewDesc("sluice_gossip_forward_timeouts_total", "Forwarded requests the owner did not answer in time (answered unavailable).", nil, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (b *Backend) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descMembers, descPeers, descMsgs, descBytes, descMalformed, descSendErrs, descStreams, descReports, descDropped, descTags, descHits, descLocal, descRemote, descUncharged, descForwarded, descFwdAgain, descFwdLate} {
+	for _, d := range []*prometheus.Desc{descMembers, descPeers, descMsgs, descBytes, descMalformed, descSendErrs, descStreams, descReports, descDropped, descTags, descHits, descLocal, descRemote, descUncharged, descForwarded, descAskMsgs, descFwdAgain, descFwdLate} {
 		ch <- d
 	}
 }
@@ -110,6 +111,7 @@ func (b *Backend) Collect(ch chan<- prometheus.Metric) {
 	c(descRemote, st.RemoteHits)
 	c(descUncharged, st.ExcessCharged)
 	c(descForwarded, b.stats.forwarded.Load())
+	c(descAskMsgs, b.stats.askMessages.Load())
 	c(descFwdAgain, b.stats.forwardResent.Load())
 	c(descFwdLate, b.stats.forwardTimeouts.Load())
 	for _, t := range th {

@@ -233,12 +233,15 @@ func decodePart(b []byte) (Report, []byte, error) {
 }
 
 // Forwarded decisions (Policy Owner and Auto): a node asks a tag's owner, the owner
-// answers. Each is one message of its own kind, in a datagram unless the tag is long:
+// answers. A message carries the asks a node had for one owner at once, and the owner
+// answers them in one message; each fits a datagram unless a tag is long:
 //
-//	ask:    version 1 | kind 3 | uvarint id | uvarint len, from | uvarint len, tag |
-//	        uvarint n | uvarint max_delay_ns | uvarint k | k × (uvarint t_ns | uvarint tau_ns)
-//	answer: version 1 | kind 4 | uvarint id | byte outcome | uvarint delay_ns |
-//	        uvarint retry_after_ns | uvarint remaining | uvarint reset_after_ns
+//	asks:    version 1 | kind 3 | uvarint len, from | uvarint n | n asks
+//	ask:     uvarint id | uvarint len, tag | uvarint n | uvarint max_delay_ns | uvarint k |
+//	         k × (uvarint t_ns | uvarint tau_ns)
+//	answers: version 1 | kind 4 | uvarint n | n answers
+//	answer:  uvarint id | byte outcome | uvarint delay_ns | uvarint retry_after_ns |
+//	         uvarint remaining | uvarint reset_after_ns
 const (
 	KindAsk    = 3
 	KindAnswer = 4
@@ -248,7 +251,6 @@ const (
 // owner's. Its limits are GCRA limits (no window: Route keeps windowed limits here).
 type Ask struct {
 	ID       uint64 // the asker's, echoed in the answer
-	From     string // the asker's node name: where the answer goes
 	Tag      string
 	N        int64
 	MaxDelay int64
@@ -270,8 +272,8 @@ type Answer struct {
 	Result  gcra.Result // Allowed is Outcome == Granted; Delay counts from the owner's decision
 }
 
-// MessageKind returns the kind of message b is: a report's (1 or 2), an ask's (3) or an
-// answer's (4); 0 if it is none.
+// MessageKind returns the kind of message b is: a report's (1 or 2), asks (3) or answers
+// (4); 0 if it is none.
 func MessageKind(b []byte) byte {
 	if len(b) < 2 || b[0] != Version {
 		return 0
@@ -279,13 +281,14 @@ func MessageKind(b []byte) byte {
 	return b[1]
 }
 
-// EncodeAsk writes a.
-func EncodeAsk(a *Ask) []byte {
-	b := make([]byte, 0, 32+len(a.From)+len(a.Tag)+10*len(a.Limits))
-	b = append(b, Version, KindAsk)
+// AsksHeader is the bytes of an asks message before its asks, for a sender name of n
+// bytes (at most): a sender packs asks while the message fits a datagram.
+func AsksHeader(n int) int { return 2 + 2 + n + 5 }
+
+// AppendAsk appends one ask's wire form to b (for sizing a batch: AsksHeader plus the
+// asks' forms is the message's size).
+func AppendAsk(b []byte, a *Ask) []byte {
 	b = binary.AppendUvarint(b, a.ID)
-	b = binary.AppendUvarint(b, uint64(len(a.From)))
-	b = append(b, a.From...)
 	b = binary.AppendUvarint(b, uint64(len(a.Tag)))
 	b = append(b, a.Tag...)
 	b = binary.AppendUvarint(b, uint64(max(0, a.N)))
@@ -298,66 +301,125 @@ func EncodeAsk(a *Ask) []byte {
 	return b
 }
 
-// DecodeAsk reads an ask; its limits are checked by the owner's Decide.
-func DecodeAsk(b []byte) (Ask, error) {
+// EncodeAsks writes asks from the node named from as one message.
+func EncodeAsks(from string, asks []Ask) []byte {
+	b := make([]byte, 0, AsksHeader(len(from))+32*len(asks))
+	b = append(b, Version, KindAsk)
+	b = binary.AppendUvarint(b, uint64(len(from)))
+	b = append(b, from...)
+	b = binary.AppendUvarint(b, uint64(len(asks)))
+	for i := range asks {
+		b = AppendAsk(b, &asks[i])
+	}
+	return b
+}
+
+// DecodeAsks reads an asks message: its sender and asks (their limits are checked by the
+// owner's Decide).
+func DecodeAsks(b []byte) (from string, asks []Ask, err error) {
 	if MessageKind(b) != KindAsk {
-		return Ask{}, fmt.Errorf("%w: not an ask", ErrMalformed)
+		return "", nil, fmt.Errorf("%w: not asks", ErrMalformed)
 	}
 	rd := reader{b: b[2:]}
-	var a Ask
-	a.ID = rd.uvarint()
-	a.From = rd.bytes(MaxName)
-	a.Tag = rd.bytes(MaxTag)
-	a.N = int64(min(rd.uvarint(), 1<<62))
-	a.MaxDelay = int64(min(rd.uvarint(), 1<<62))
-	k := rd.uvarint()
-	if rd.err == nil && (k < 1 || k > gcra.MaxLimits) {
-		return Ask{}, fmt.Errorf("%w: %d limits", ErrMalformed, k)
+	from = rd.bytes(MaxName)
+	n := rd.uvarint()
+	if rd.err == nil && (from == "" || n == 0 || n > uint64(len(rd.b)/minAsk)) {
+		return "", nil, fmt.Errorf("%w: %d asks in %d bytes", ErrMalformed, n, len(rd.b))
 	}
-	for range k {
+	for range n {
 		if rd.err != nil {
 			break
 		}
-		a.Limits = append(a.Limits, gcra.Limit{T: int64(min(rd.uvarint(), 1<<62)), Tau: int64(min(rd.uvarint(), 1<<62))})
+		var a Ask
+		a.ID = rd.uvarint()
+		a.Tag = rd.bytes(MaxTag)
+		a.N = int64(min(rd.uvarint(), 1<<62))
+		a.MaxDelay = int64(min(rd.uvarint(), 1<<62))
+		k := rd.uvarint()
+		if rd.err == nil && (k < 1 || k > gcra.MaxLimits) {
+			return "", nil, fmt.Errorf("%w: %d limits", ErrMalformed, k)
+		}
+		for range k {
+			if rd.err != nil {
+				break
+			}
+			a.Limits = append(a.Limits, gcra.Limit{T: int64(min(rd.uvarint(), 1<<62)), Tau: int64(min(rd.uvarint(), 1<<62))})
+		}
+		asks = append(asks, a)
 	}
-	if rd.err == nil && (a.From == "" || len(rd.b) != 0) {
-		return Ask{}, fmt.Errorf("%w: ask", ErrMalformed)
+	if rd.err == nil && len(rd.b) != 0 {
+		return "", nil, fmt.Errorf("%w: %d bytes after the asks", ErrMalformed, len(rd.b))
 	}
-	return a, rd.err
+	if rd.err != nil {
+		return "", nil, rd.err
+	}
+	return from, asks, nil
 }
 
-// EncodeAnswer writes a.
-func EncodeAnswer(a *Answer) []byte {
-	b := make([]byte, 0, 48)
+// minAsk is the smallest ask: five one-byte fields and one limit of two.
+const minAsk = 7
+
+// EncodeAnswers writes answers as one message.
+func EncodeAnswers(as []Answer) []byte {
+	b := make([]byte, 0, 8+24*len(as))
 	b = append(b, Version, KindAnswer)
-	b = binary.AppendUvarint(b, a.ID)
-	b = append(b, a.Outcome)
-	r := &a.Result
-	b = binary.AppendUvarint(b, uint64(max(0, r.Delay)))
-	b = binary.AppendUvarint(b, uint64(max(0, r.RetryAfter)))
-	b = binary.AppendUvarint(b, uint64(max(0, r.Remaining)))
-	return binary.AppendUvarint(b, uint64(max(0, r.ResetAfter)))
+	b = binary.AppendUvarint(b, uint64(len(as)))
+	for i := range as {
+		a := &as[i]
+		b = binary.AppendUvarint(b, a.ID)
+		b = append(b, a.Outcome)
+		r := &a.Result
+		b = binary.AppendUvarint(b, uint64(max(0, r.Delay)))
+		b = binary.AppendUvarint(b, uint64(max(0, r.RetryAfter)))
+		b = binary.AppendUvarint(b, uint64(max(0, r.Remaining)))
+		b = binary.AppendUvarint(b, uint64(max(0, r.ResetAfter)))
+	}
+	return b
 }
 
-// DecodeAnswer reads an answer.
-func DecodeAnswer(b []byte) (Answer, error) {
-	if MessageKind(b) != KindAnswer || len(b) < 4 {
-		return Answer{}, fmt.Errorf("%w: not an answer", ErrMalformed)
+// DecodeAnswers reads an answers message.
+func DecodeAnswers(b []byte) ([]Answer, error) {
+	if MessageKind(b) != KindAnswer {
+		return nil, fmt.Errorf("%w: not answers", ErrMalformed)
 	}
 	rd := reader{b: b[2:]}
-	var a Answer
-	a.ID = rd.uvarint()
-	if rd.err == nil && len(rd.b) > 0 {
-		a.Outcome = rd.b[0]
-		rd.b = rd.b[1:]
+	n := rd.uvarint()
+	if rd.err == nil && (n == 0 || n > uint64(len(rd.b)/minAnswer)) {
+		return nil, fmt.Errorf("%w: %d answers in %d bytes", ErrMalformed, n, len(rd.b))
 	}
-	a.Result.Allowed = a.Outcome == Granted
-	a.Result.Delay = int64(min(rd.uvarint(), 1<<62))
-	a.Result.RetryAfter = int64(min(rd.uvarint(), 1<<62))
-	a.Result.Remaining = int64(min(rd.uvarint(), 1<<62))
-	a.Result.ResetAfter = int64(min(rd.uvarint(), 1<<62))
-	if rd.err == nil && (a.Outcome > Malformed || len(rd.b) != 0) {
-		return Answer{}, fmt.Errorf("%w: answer", ErrMalformed)
+	var out []Answer
+	for range n {
+		if rd.err != nil {
+			break
+		}
+		var a Answer
+		a.ID = rd.uvarint()
+		if rd.err == nil {
+			if len(rd.b) == 0 {
+				rd.err = fmt.Errorf("%w: answer", ErrMalformed)
+				break
+			}
+			a.Outcome = rd.b[0]
+			rd.b = rd.b[1:]
+		}
+		a.Result.Allowed = a.Outcome == Granted
+		a.Result.Delay = int64(min(rd.uvarint(), 1<<62))
+		a.Result.RetryAfter = int64(min(rd.uvarint(), 1<<62))
+		a.Result.Remaining = int64(min(rd.uvarint(), 1<<62))
+		a.Result.ResetAfter = int64(min(rd.uvarint(), 1<<62))
+		if rd.err == nil && a.Outcome > Malformed {
+			return nil, fmt.Errorf("%w: outcome %d", ErrMalformed, a.Outcome)
+		}
+		out = append(out, a)
 	}
-	return a, rd.err
+	if rd.err == nil && len(rd.b) != 0 {
+		return nil, fmt.Errorf("%w: %d bytes after the answers", ErrMalformed, len(rd.b))
+	}
+	if rd.err != nil {
+		return nil, rd.err
+	}
+	return out, nil
 }
+
+// minAnswer is the smallest answer: six one-byte fields.
+const minAnswer = 6

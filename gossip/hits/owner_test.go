@@ -147,28 +147,42 @@ func TestOwnerOnlyForSmallLimitsUnderAuto(t *testing.T) {
 	}
 }
 
-// TestAskAnswerRoundTrip: a forwarded request and its answer survive the codec, and bad
-// bytes are refused.
+// TestAskAnswerRoundTrip: forwarded requests and their answers survive the codec, one or
+// several to a message, and bad bytes are refused.
 func TestAskAnswerRoundTrip(t *testing.T) {
-	a := Ask{ID: 7, From: "10.0.0.1:7946", Tag: "api", N: 2, MaxDelay: 3 * sec, Limits: []gcra.Limit{{T: sec, Tau: 5 * sec}, {T: sec / 10, Tau: sec}}}
-	got, err := DecodeAsk(EncodeAsk(&a))
-	if err != nil || !reflect.DeepEqual(got, a) {
-		t.Errorf("ask: got %+v, %v; want %+v", got, err, a)
+	asks := []Ask{
+		{ID: 7, Tag: "api", N: 2, MaxDelay: 3 * sec, Limits: []gcra.Limit{{T: sec, Tau: 5 * sec}, {T: sec / 10, Tau: sec}}},
+		{ID: 8, Tag: "tenant-42", N: 1, Limits: []gcra.Limit{{T: sec / 100, Tau: sec / 5}}},
 	}
-	ans := Answer{ID: 7, Outcome: Granted, Result: gcra.Result{Allowed: true, Delay: 12, Remaining: 3, ResetAfter: 99}}
-	gotA, err := DecodeAnswer(EncodeAnswer(&ans))
-	if err != nil || !reflect.DeepEqual(gotA, ans) {
-		t.Errorf("answer: got %+v, %v; want %+v", gotA, err, ans)
-	}
-	if MessageKind(EncodeAsk(&a)) != KindAsk || MessageKind(EncodeAnswer(&ans)) != KindAnswer {
-		t.Error("MessageKind does not tell an ask from an answer")
-	}
-	for _, b := range [][]byte{nil, {Version}, {Version, KindAsk}, {Version, KindAsk, 1, 0}, {Version, KindAnswer, 1, 9, 0, 0, 0, 0}, append(EncodeAsk(&a), 0)} {
-		if _, err := DecodeAsk(b); err == nil && MessageKind(b) == KindAsk {
-			t.Errorf("DecodeAsk(%v): no error", b)
+	for n := 1; n <= len(asks); n++ {
+		msg := EncodeAsks("10.0.0.1:7946", asks[:n])
+		from, got, err := DecodeAsks(msg)
+		if err != nil || from != "10.0.0.1:7946" || !reflect.DeepEqual(got, asks[:n]) {
+			t.Errorf("%d asks: got %q %+v, %v; want %+v", n, from, got, err, asks[:n])
 		}
-		if _, err := DecodeAnswer(b); err == nil && MessageKind(b) == KindAnswer {
-			t.Errorf("DecodeAnswer(%v): no error", b)
+		if size := AsksHeader(len(from)); len(msg) > size+len(AppendAsk(AppendAsk(nil, &asks[0]), &asks[1])) {
+			t.Errorf("%d asks: %d bytes, more than the header and the asks' forms", n, len(msg))
+		}
+	}
+	answers := []Answer{
+		{ID: 7, Outcome: Granted, Result: gcra.Result{Allowed: true, Delay: 12, Remaining: 3, ResetAfter: 99}},
+		{ID: 8, Outcome: Denied, Result: gcra.Result{RetryAfter: 5}},
+	}
+	gotA, err := DecodeAnswers(EncodeAnswers(answers))
+	if err != nil || !reflect.DeepEqual(gotA, answers) {
+		t.Errorf("answers: got %+v, %v; want %+v", gotA, err, answers)
+	}
+	if MessageKind(EncodeAsks("a", asks)) != KindAsk || MessageKind(EncodeAnswers(answers)) != KindAnswer {
+		t.Error("MessageKind does not tell asks from answers")
+	}
+	bad := [][]byte{nil, {Version}, {Version, KindAsk}, {Version, KindAsk, 1, 'a', 0}, {Version, KindAsk, 1, 'a', 1, 7, 0},
+		{Version, KindAnswer, 1, 9, 9, 0, 0, 0, 0}, {Version, KindAnswer, 0}, append(EncodeAsks("a", asks), 0), append(EncodeAnswers(answers), 0)}
+	for _, b := range bad {
+		if _, _, err := DecodeAsks(b); err == nil {
+			t.Errorf("DecodeAsks(%v): no error", b)
+		}
+		if _, err := DecodeAnswers(b); err == nil {
+			t.Errorf("DecodeAnswers(%v): no error", b)
 		}
 	}
 }
