@@ -780,7 +780,7 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 	now := b.clock.Nanotime() // outside the lock: reading the clock is a fair part of a decision
 	s := b.shard(key)
 	s.mu.Lock()
-	if owner := s.node.Route(key, req.Limits); owner != "" {
+	if owner, _ := s.node.Route(key, req.Limits); owner != "" {
 		s.mu.Unlock()
 		return b.forward(ctx, owner, key, req)
 	}
@@ -804,7 +804,7 @@ func (b *Backend) AllowOne(ctx context.Context, key string, l gcra.Limit) (bool,
 	now := b.clock.Nanotime()
 	s := b.shard(key)
 	s.mu.Lock()
-	if owner := s.node.Route(key, ls[:]); owner != "" {
+	if owner, _ := s.node.Route(key, ls[:]); owner != "" {
 		s.mu.Unlock()
 		g, err := b.forward(ctx, owner, key, backend.Request{Limits: ls[:], N: 1})
 		return g.Allowed, err

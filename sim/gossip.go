@@ -227,7 +227,7 @@ func (g *gossipMode) resumed(e *engine, mi int32) {
 // sluice.FairProcesses does, whoever the owner is (procLines).
 func (g *gossipMode) acquire(e *engine, mi, gi int32) {
 	n := g.ready(e, mi)
-	o, routed := n.Route(gossipTag, e.core), n.Routes(e.core)
+	o, routed := n.Route(gossipTag, e.core)
 	if routed && !g.lines.admit(e, mi, gi) {
 		return // parked in the member's line
 	}

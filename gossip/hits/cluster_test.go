@@ -124,7 +124,7 @@ func (c *cluster) decide(from int) bool {
 	if len(c.tags) > 0 {
 		tag = c.tags[c.rng.IntN(len(c.tags))]
 	}
-	if o := c.nodes[from].Route(tag, c.lim); o != "" {
+	if o, _ := c.nodes[from].Route(tag, c.lim); o != "" {
 		i = slices.IndexFunc(c.nodes, func(n *Node) bool { return n.Name() == o })
 		if i < 0 || c.down[i] || c.side[i] != c.side[from] {
 			return false

@@ -489,19 +489,16 @@ func (n *Node) routes(limits []gcra.Limit) bool {
 	return false
 }
 
-// Routes reports whether a key under limits is decided at its owner (Route names it):
-// one line that every node's callers share.
-func (n *Node) Routes(limits []gcra.Limit) bool { return n.routes(limits) }
-
 // Route returns the node that decides key's permits under limits: "" when this node does
 // (by its share, or as the key's owner), otherwise the owner's name, to which the caller
-// forwards the request (Decide there). The owner is the node, of this one and every peer
+// forwards the request (Decide there); and whether the key is decided at an owner at all
+// (one line that every node's callers share, this node's included). The owner is the node, of this one and every peer
 // held (live, or lost less than Hold ago), whose name hashes highest with the key
 // (rendezvous hashing): the nodes agree on it while they agree on the membership, and a
 // change of membership moves only the keys of the node that came or went.
-func (n *Node) Route(key string, limits []gcra.Limit) string {
+func (n *Node) Route(key string, limits []gcra.Limit) (owner string, routed bool) {
 	if !n.routes(limits) {
-		return ""
+		return "", false
 	}
 	t := n.tags[key]
 	var o int
@@ -511,9 +508,9 @@ func (n *Node) Route(key string, limits []gcra.Limit) string {
 		o = n.pick(strHash(key))
 	}
 	if o < 0 {
-		return ""
+		return "", true
 	}
-	return n.peers[o].name
+	return n.peers[o].name, true
 }
 
 // ownerOf returns t's owner (-1: this node), cached until the ring changes. Seeing
