@@ -38,9 +38,29 @@ func runMatrixCell(t *testing.T, shape, mode string) MatrixCell {
 // permit its turn brought went to whichever of them asked first, not to the request that
 // had waited longest: p99 wait 10.2 s over the ideal's (the bound is 1.45 s), where the
 // library's waiting room serves a key's waiters in arrival order.
+//
+// two-burst-two/four-unequal/backlog/churn: 2/s burst=2 decided at the store, members of
+// 1, 2, 4 and 8 goroutines with a backlog. Each goroutine booked its own permit ahead at
+// the store, so the store served the pool by goroutine, not by member: Jain's index over
+// the members 0.943 (the bound 0.958), where the strict mode's processes, holding a few
+// places in the line each, get 1.000.
+//
+// ten-a-second/four-unequal/poisson-85/none: 10/s among four members was shared out, two
+// or three permits a lease each, which the first Poisson arrivals spent while the rest
+// waited for renewals: p99 wait 2.8 s over the ideal's (bound 1 s). It is decided at the
+// store now (TestSharesGrantAFewPermitsPerLease).
+//
+// one-every-6s/three-sizes-24/poisson-85/churn: 24 members on 1/6s, idle between Poisson
+// requests. The record went back to shares whenever fewer than two wanted it, and the
+// next member to want it waited 1.25 s for that share to end
+// (TestStoreDecidedLimitStaysWhileMembersComeAndGo); with the members' few places in the
+// line, the p99 wait rose past its bound (21.5 s over the ideal's, bound 18 s).
 func TestLeaseMatrixCells(t *testing.T) {
 	for _, shape := range []string{
 		"one-a-second/four-unequal/poisson-50/limit-change",
+		"two-burst-two/four-unequal/backlog/churn",
+		"ten-a-second/four-unequal/poisson-85/none",
+		"one-every-6s/three-sizes-24/poisson-85/churn",
 	} {
 		t.Run(shape, func(t *testing.T) {
 			c := runMatrixCell(t, shape, "lease")

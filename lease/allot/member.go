@@ -140,6 +140,7 @@ type Member struct {
 	demand   demandWindow
 	view     storeView
 	link     link
+	line     storeLine // its places in a store-decided limit's line
 	quota    quotaHeld // a windowed quota's tokens (limit.Window > 0)
 }
 
@@ -256,6 +257,17 @@ type storeView struct {
 	free     Share
 	poolAt   int64
 	borrowed int64
+}
+
+// storeLine is what a member holds in a store-decided limit's line (Central): each take it
+// sent and has no answer to yet (until the answer, or a renewal interval after it sent it),
+// and each permit booked ahead for it (until the permit falls due). A member holds at most
+// the permits of a booking horizon there at once, at least one (places): its other callers
+// wait in the process, so the store serves the pool by member, as the strict mode's
+// processes share its line (sluice.FairProcesses), not by goroutine.
+type storeLine struct {
+	inflight []int64 // the send time of each take in flight
+	booked   []int64 // when each permit booked ahead falls due
 }
 
 // link is the state of the exchange with the store.

@@ -5,6 +5,8 @@ package allot
 import (
 	"errors"
 	"math"
+	"slices"
+	"time"
 
 	"github.com/sluicehq/sluice/gcra"
 )
@@ -95,6 +97,15 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 	}
 	k := len(ms)
 	if central && n > 0 {
+		if maxDelay > 0 {
+			// A caller that may wait: while the member holds all its places in the store's
+			// line, it waits in the process for one to free (then decides again).
+			for _, m := range ms {
+				if wait, full := m.lineFull(now); full {
+					return gcra.Result{RetryAfter: wait}, gcra.Ticket{}, TooFar, nil
+				}
+			}
+		}
 		return gcra.Result{}, gcra.Ticket{}, AtStore, nil
 	}
 	if n == 0 {
@@ -413,6 +424,8 @@ func (m *Member) TakeRequest(now, n, maxDelay int64) (Request, bool) {
 	m.link.borrow = false
 	if borrow {
 		maxDelay = 0 // a borrow is at once or not at all
+	} else if maxDelay > 0 {
+		m.line.inflight = append(m.line.inflight, now)
 	}
 	return Request{Op: OpTake, Member: m.id, Epoch: m.epoch, N: n, MaxDelay: maxDelay, Sent: now, Seen: m.seenIfHolding(now), Borrow: borrow}, true
 }
@@ -437,6 +450,12 @@ func (m *Member) Took(now, n int64, rep Reply, err error) {
 		m.TookBorrow(now, n, rep, nil)
 		return
 	}
+	if i := slices.IndexFunc(m.line.inflight, func(sent int64) bool { return sent <= now }); i >= 0 {
+		m.line.inflight = slices.Delete(m.line.inflight, i, i+1)
+		if err == nil && rep.Taken && rep.Wait > 0 {
+			m.line.booked = append(m.line.booked, now+rep.Wait)
+		}
+	}
 	if err != nil {
 		if errors.Is(err, ErrStaleEpoch) && m.phase == registered {
 			m.becomeUnregistered()
@@ -456,3 +475,38 @@ func (m *Member) Took(now, n int64, rep Reply, err error) {
 	m.pending.lastAt = max(m.pending.lastAt, at)
 	m.pending.busyAt = max(m.pending.busyAt, at)
 }
+
+// lineFull reports whether the member holds all its places in its store-decided limit's
+// line at now (storeLine), and if so how long until one may free: when the first booked
+// permit falls due, or soon, while a take is in flight (its answer frees or books it).
+func (m *Member) lineFull(now int64) (wait int64, full bool) {
+	m.line.inflight = slices.DeleteFunc(m.line.inflight, func(sent int64) bool { return now-sent >= m.cfg.renew })
+	m.line.booked = slices.DeleteFunc(m.line.booked, func(due int64) bool { return due <= now })
+	if len(m.line.inflight)+len(m.line.booked) < m.places() {
+		return 0, false
+	}
+	wait = math.MaxInt64
+	if len(m.line.inflight) > 0 {
+		wait = inflightPoll
+	}
+	for _, due := range m.line.booked {
+		wait = min(wait, due-now)
+	}
+	return max(wait, 1), true
+}
+
+// places is how many places the member may hold in a store-decided limit's line: the
+// permits of its booking horizon at the limit's rate, at least one, at most maxPlaces.
+func (m *Member) places() int {
+	if m.limit.T <= 0 {
+		return 1
+	}
+	return int(min(maxPlaces, max(1, m.cfg.horizon/m.limit.T)))
+}
+
+// maxPlaces is the most places a member holds in a store-decided limit's line.
+const maxPlaces = 64
+
+// inflightPoll is how soon a caller waiting for a place held by a take in flight asks
+// again (a store round trip is a millisecond or two).
+const inflightPoll = int64(time.Millisecond)

@@ -225,3 +225,54 @@ func TestShrunkShareDoesNotSendCallersAwayForLong(t *testing.T) {
 		t.Fatalf("at an equal split (2.5/s), the first permit is 0.4 s after the share began: %+v", res)
 	}
 }
+
+// TestMemberHoldsFewPlacesInTheStoresLine: a member of a limit decided at the store holds
+// at most the permits of its booking horizon in the store's line at once (one, on 2/s):
+// while a take is in flight or a permit booked for it is not yet due, its other callers that
+// may wait are told to wait in the process (TooFar), so that the store serves the pool by
+// member. Each caller booked its own permit before: on 2/s burst=2, members of 1, 2, 4 and
+// 8 goroutines with a backlog got permits in proportion to their goroutines (Jain's index
+// over the members 0.943 in the matrix, 1.000 now). A caller that may not wait still asks.
+func TestMemberHoldsFewPlacesInTheStoresLine(t *testing.T) {
+	m := NewMember("m", lim(2, time.Second, 2), MemberConfig{RenewEvery: 250 * time.Millisecond}, 0)
+	join, ok := m.Request(0, 0)
+	if !ok || join.Op != OpJoin {
+		t.Fatalf("join: %+v %v", join, ok)
+	}
+	m.Receive(1*ms, join.Nonce, Reply{Epoch: Epoch{Incarnation: 1, N: 1}, Sent: join.Sent, Nonce: join.Nonce,
+		TTL: int64(time.Second), Grace: int64(500 * time.Millisecond), Live: 2, Central: true, Version: 1}, nil)
+	if !m.Central() {
+		t.Fatal("the member does not know its limit is decided at the store")
+	}
+	ms1 := []*Member{m}
+	wait := int64(10 * time.Second)
+	decide := func(now, maxDelay int64) (int64, Outcome) {
+		t.Helper()
+		res, _, out, err := DecideAgain(ms1, now, 1, maxDelay)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.RetryAfter, out
+	}
+	if _, out := decide(10*ms, wait); out != AtStore {
+		t.Fatalf("first caller: %v, want AtStore", out)
+	}
+	take, ok := m.TakeRequest(10*ms, 1, wait)
+	if !ok {
+		t.Fatal("no take request")
+	}
+	if after, out := decide(11*ms, wait); out != TooFar || after <= 0 || after > int64(time.Millisecond) {
+		t.Fatalf("second caller while the take is in flight: %v after %v, want TooFar within a millisecond", out, time.Duration(after))
+	}
+	if _, out := decide(11*ms, 0); out != AtStore {
+		t.Fatalf("a caller that may not wait: %v, want AtStore", out)
+	}
+	// The take is booked 400 ms ahead: the place is held until then.
+	m.Took(take.Sent, 1, Reply{Epoch: Epoch{Incarnation: 1, N: 1}, Central: true, Taken: true, Wait: 400 * ms, Sent: take.Sent, TTL: int64(time.Second)}, nil)
+	if after, out := decide(20*ms, wait); out != TooFar || after != 390*ms {
+		t.Fatalf("second caller while the permit is booked: %v after %v, want TooFar after 390ms", out, time.Duration(after))
+	}
+	if _, out := decide(410*ms, wait); out != AtStore {
+		t.Fatalf("second caller once the permit is due: %v, want AtStore", out)
+	}
+}

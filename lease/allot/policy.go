@@ -41,7 +41,7 @@ const (
 // members), the number of live members, and the pool size the shares are based on.
 //
 // Every member that holds a share needs at least one permit of burst, and a share
-// should grant at least a permit per lease: when more members want the limit than that
+// should grant a few permits per lease (minPermitsPerLease): when more members want the limit than that
 // allows, it is decided at the store instead (centralWanted) and nobody holds a share.
 func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 	tg = getTargets(len(s.Members))
@@ -64,7 +64,7 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 	}
 	live = int64(len(alive))
 	size = live
-	s.Central = s.centralWanted(now, cfg, int64(len(wanting)))
+	s.Central = s.centralWanted(now, cfg, int64(len(wanting)), int64(len(alive)))
 	if live == 0 || s.Central {
 		return tg, live, size // decided at the store: nobody holds a share
 	}
