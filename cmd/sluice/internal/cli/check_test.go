@@ -296,6 +296,8 @@ func TestFlagErrorsSayTheValueOnce(t *testing.T) {
 		{[]string{"serve", "--limit", "api=10/s;", "--check-config"}, `an empty limit between or after ';'`},
 		{[]string{"demo", "--limit", "10/x"}, `sluice: --limit "10/x": unknown period unit`},
 		{[]string{"demo", "--workers", "x"}, `sluice: --workers "x": not a number`},
+		{[]string{"demo", "--duration", "10"}, `sluice: --duration "10": not a duration (e.g. 500ms, 10s or 1m30s)`},
+		{[]string{"serve", "--max-penalty", "soon", "--check-config"}, `sluice: --max-penalty "soon": want off, period or a positive duration`},
 	} {
 		code, _, errs := run(t, c.args...)
 		if code != ExitUsage || !strings.Contains(errs, c.want) || strings.Contains(errs, "invalid value") {
@@ -348,8 +350,8 @@ func TestHelpWritesFlagsAsTheREADME(t *testing.T) {
 }
 
 // TestOneDashLongFlags: the spellings the standard flag package read, a long flag with one
-// dash (-mode, -json=false, -help), still read as the flag; a value that starts with a
-// dash stays a value.
+// dash (-mode, -workers=0, -help, -n), still read as the flag, and -h is still help; a
+// value that starts with a dash stays a value.
 func TestOneDashLongFlags(t *testing.T) {
 	for i, c := range []struct {
 		args []string
@@ -360,7 +362,8 @@ func TestOneDashLongFlags(t *testing.T) {
 		{[]string{"demo", "-workers=0"}, ExitUsage, "--workers 0"},
 		{[]string{"demo", "-help"}, ExitOK, "Usage: sluice demo"},
 		{[]string{"serve", "-check-config", "-limit", "a=1/s", "-default-shared=false"}, ExitOK, "ok: 1 rule,"},
-		{[]string{"check", "api", "--n", "-1"}, ExitUsage, "--n -1: want 0 to"},
+		{[]string{"check", "api", "-n", "-1"}, ExitUsage, "--n -1: want 0 to"},
+		{[]string{"check", "api", "-h"}, ExitOK, "Usage: sluice check"},
 		{[]string{"sim", "--", "-modes"}, ExitUsage, "-modes"}, // after "--": a file name
 	} {
 		code, out, errs := run(t, c.args...)

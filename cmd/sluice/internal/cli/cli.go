@@ -181,8 +181,9 @@ func noArgs(_ *cobra.Command, args []string) error {
 }
 
 // oneDashFlags rewrites the spellings the standard flag package read, a long flag with
-// one dash (-mode local, -json=false), to the two pflag reads, for the flags c defines. A
-// flag's value is left as it is, and so is everything after "--".
+// one dash (-mode local, -json=false, -n 5), to the two pflag reads, for the flags c
+// defines (a shorthand, -h, stays one). A flag's value is left as it is, and so is
+// everything after "--".
 func oneDashFlags(c *cobra.Command, args []string) []string {
 	c.InitDefaultHelpFlag()
 	out := make([]string, 0, len(args))
@@ -193,7 +194,8 @@ func oneDashFlags(c *cobra.Command, args []string) []string {
 		}
 		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
 		f := c.Flags().Lookup(name)
-		if f != nil && len(name) > 1 && strings.HasPrefix(a, "-") && !strings.HasPrefix(a, "--") {
+		long := f != nil && (len(name) > 1 || c.Flags().ShorthandLookup(name) == nil)
+		if long && strings.HasPrefix(a, "-") && !strings.HasPrefix(a, "--") {
 			a = "-" + a
 		}
 		out = append(out, a)
