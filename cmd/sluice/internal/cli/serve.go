@@ -187,7 +187,7 @@ which wins over the config file.`,
 	fs.Int("max-keys", d.MaxKeys, "buckets held at once; past it the one closest to idle is evicted")
 	fs.Int("max-line", d.MaxLine, "bytes in one query line; a longer one is answered NO and its connection closed")
 	mp := d.MaxPenalty
-	fs.Var(penaltyFlag{&mp}, "max-penalty", "the longest hold a client may put on a tag (p=), its `limit`: off, period (the rule's longest period) or a duration")
+	fs.Var(penaltyFlag{&mp}, "max-penalty", "the longest `hold` a client may put on a tag (p=): off, period (the rule's longest period) or a duration")
 	fs.Duration("idle-timeout", d.IdleTimeout.D(), "close a connection idle this long")
 	fs.Duration("write-timeout", d.WriteTimeout.D(), "drop a client that does not take its answers for this long")
 	fs.Duration("shutdown-grace", d.ShutdownGrace.D(), "on SIGTERM, time to answer the queries already read")

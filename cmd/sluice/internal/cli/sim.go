@@ -67,7 +67,6 @@ type simArgs struct {
 }
 
 func runSim(ctx context.Context, env Env, a simArgs, rest []string) error {
-	var err error
 	if a.matrix {
 		if len(rest) > 0 {
 			return usagef("--matrix takes no scenario file (got %q): the shapes come from the matrix file", strings.Join(rest, " "))
@@ -87,6 +86,7 @@ func runSim(ctx context.Context, env Env, a simArgs, rest []string) error {
 	file := rest[0]
 	plotFormat := ""
 	if a.plot != "" {
+		var err error
 		if plotFormat, err = sim.PlotFormat(a.plot); err != nil {
 			return usagef("--plot: %v", err)
 		}
