@@ -158,7 +158,7 @@ func writeHelp(w io.Writer, c *cobra.Command) {
 		fmt.Fprintf(w, "%s\n\nUsage: sluice COMMAND [flags]\n\nCommands:\n", c.Long)
 		for _, sub := range c.Commands() {
 			if sub.IsAvailableCommand() && sub.Name() != "help" {
-				fmt.Fprintf(w, "  %-10s %s\n", sub.Name(), sub.Short)
+				fmt.Fprintf(w, "  %-*s %s\n", sub.NamePadding(), sub.Name(), sub.Short)
 			}
 		}
 		fmt.Fprintln(w, "\nRun 'sluice COMMAND --help' for a command's flags.")
