@@ -286,7 +286,8 @@ func TestCheckSaysWhatDecided(t *testing.T) {
 }
 
 // TestFlagErrorsSayTheValueOnce: a bad flag value is named once, as the flag's, with what
-// is wrong in it: not the flag package's prefix and the limit's own quote of it again.
+// is wrong in it: not the flag package's prefix (pflag's, `invalid argument "V" for
+// "--F" flag`) and the limit's own quote of it again.
 func TestFlagErrorsSayTheValueOnce(t *testing.T) {
 	for _, c := range []struct {
 		args []string
@@ -300,7 +301,7 @@ func TestFlagErrorsSayTheValueOnce(t *testing.T) {
 		{[]string{"serve", "--max-penalty", "soon", "--check-config"}, `sluice: --max-penalty "soon": want off, period or a positive duration`},
 	} {
 		code, _, errs := run(t, c.args...)
-		if code != ExitUsage || !strings.Contains(errs, c.want) || strings.Contains(errs, "invalid value") {
+		if code != ExitUsage || !strings.Contains(errs, c.want) || strings.Contains(errs, "invalid value") || strings.Contains(errs, "invalid argument") {
 			t.Errorf("%v: exit %d, %q; want %d and %q", c.args, code, errs, ExitUsage, c.want)
 		}
 		if v := c.args[2]; strings.Count(errs, strconv.Quote(v)) != 1 {
