@@ -6,9 +6,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/spf13/pflag"
 
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/internal/testkit/proctest"
@@ -85,52 +88,81 @@ func TestErrorsSayTheirPrefixOnce(t *testing.T) {
 	}
 }
 
-// TestCompletion: the scripts are valid bash and zsh, name every command, and bash
-// completes a command's flags and a flag's values.
+// TestCompletion: `sluice completion SHELL` prints cobra's script for bash, zsh, fish and
+// PowerShell (bash and zsh check its syntax), and refuses another shell. The scripts ask
+// the binary what to complete (its hidden __complete command), which completes the
+// commands, a command's flags and a flag's values; bash, given its script and the binary
+// on its PATH, completes through it.
 func TestCompletion(t *testing.T) {
 	dir := t.TempDir()
-	for _, sh := range []string{"bash", "zsh"} {
-		code, out, errs := run(t, "completion", sh)
-		if code != 0 {
-			t.Fatalf("completion %s: exit %d: %s", sh, code, errs)
+	for _, c := range []struct{ shell, has string }{
+		{"bash", "complete -o default -F __start_sluice sluice"},
+		{"zsh", "#compdef sluice"},
+		{"fish", "complete -c sluice"},
+		{"powershell", "Register-ArgumentCompleter"},
+	} {
+		code, out, errs := run(t, "completion", c.shell)
+		if code != 0 || !strings.Contains(out, c.has) || !strings.Contains(out, "__complete") {
+			t.Errorf("completion %s: exit %d, stderr %q; want 0 and a script with %q that asks sluice __complete", c.shell, code, errs, c.has)
+			continue
 		}
-		for name := range commands {
-			if !strings.Contains(out, name) {
-				t.Errorf("the %s script lacks the command %s", sh, name)
-			}
+		if c.shell != "bash" && c.shell != "zsh" {
+			continue
 		}
-		f := filepath.Join(dir, "sluice."+sh)
+		f := filepath.Join(dir, "sluice."+c.shell)
 		if err := os.WriteFile(f, []byte(out), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if b, err := exec.Command(sh, "-n", f).CombinedOutput(); err != nil {
-			t.Errorf("%s -n: %v: %s", sh, err, b)
+		if b, err := exec.Command(c.shell, "-n", f).CombinedOutput(); err != nil {
+			t.Errorf("%s -n: %v: %s", c.shell, err, b)
 		}
 	}
-	complete := func(line string) string {
-		words := strings.Fields(line)
-		if strings.HasSuffix(line, " ") {
-			words = append(words, "")
-		}
-		script := `source "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); _sluice; echo "${COMPREPLY[*]}"`
-		b, err := exec.Command("bash", append([]string{"-c", script, "bash", filepath.Join(dir, "sluice.bash")}, words...)...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("bash: %v: %s", err, b)
-		}
-		return strings.TrimSpace(string(b))
+	if code, _, errs := run(t, "completion", "tcsh"); code != ExitUsage || !strings.Contains(errs, "powershell") {
+		t.Errorf("completion tcsh: exit %d, stderr %q; want %d and the shells it knows", code, errs, ExitUsage)
 	}
-	for i, c := range []struct{ line, want string }{
-		{"sluice se", "serve"},
-		{"sluice check --q", "--quiet"},
-		{"sluice serve --backend le", "lease"},
-		{"sluice serve --check-c", "--check-config"},
-	} {
-		if got := complete(c.line); got != c.want {
-			t.Errorf("case %d %q: completed %q, want %q", i, c.line, got, c.want)
+	steps := []struct {
+		words     []string // after "sluice"; the last is the word being completed
+		want, not string
+	}{
+		{[]string{"se"}, "serve", "sim"},
+		{[]string{"check", "--q"}, "--quiet", "--addr"},
+		{[]string{"serve", "--backend", "le"}, "lease", "local"},
+		{[]string{"serve", "--check-c"}, "--check-config", "--config"},
+		{[]string{"demo", "--mode", ""}, "adaptive", "--json"},
+		{[]string{"completion", "p"}, "powershell", "bash"},
+	}
+	for i, s := range steps {
+		code, out, errs := run(t, append([]string{"__completeNoDesc"}, s.words...)...)
+		var got []string
+		for _, line := range strings.Split(out, "\n") {
+			if line != "" && !strings.HasPrefix(line, ":") { // ":N" ends the list: the directive
+				got = append(got, line)
+			}
+		}
+		if code != 0 || !slices.Contains(got, s.want) || slices.Contains(got, s.not) {
+			t.Errorf("step %d: __complete %q: exit %d, got %q (%s), want %q and not %q", i, s.words, code, got, errs, s.want, s.not)
 		}
 	}
-	if code, _, _ := run(t, "completion", "fish"); code != ExitUsage {
-		t.Errorf("completion fish: exit %d, want %d", code, ExitUsage)
+	if testing.Short() {
+		t.Skip("builds the binary for bash to run")
+	}
+	bin := t.TempDir()
+	if b, err := exec.Command("go", "build", "-o", filepath.Join(bin, "sluice"), "github.com/sluicehq/sluice/cmd/sluice").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v: %s", err, b)
+	}
+	// The script takes the words from bash-completion's _get_comp_words_by_ref, which a
+	// system with bash completion has: this stand-in splits as bash does here.
+	const script = `_get_comp_words_by_ref() { cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]} words=("${COMP_WORDS[@]}") cword=$COMP_CWORD; }
+source "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); COMP_LINE="$*"; COMP_POINT=${#COMP_LINE}
+__start_sluice; printf '%s\n' "${COMPREPLY[@]}"`
+	for i, s := range steps {
+		cmd := exec.Command("bash", append([]string{"-c", script, "bash", filepath.Join(dir, "sluice.bash"), "sluice"}, s.words...)...)
+		cmd.Env = append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+		b, err := cmd.CombinedOutput()
+		got := strings.Fields(string(b))
+		if err != nil || !slices.Contains(got, s.want) || slices.Contains(got, s.not) {
+			t.Errorf("step %d: bash completes sluice %q: %v, got %q, want %q and not %q", i, s.words, err, got, s.want, s.not)
+		}
 	}
 }
 
@@ -254,7 +286,8 @@ func TestCheckSaysWhatDecided(t *testing.T) {
 }
 
 // TestFlagErrorsSayTheValueOnce: a bad flag value is named once, as the flag's, with what
-// is wrong in it: not the flag package's prefix and the limit's own quote of it again.
+// is wrong in it: not the flag package's prefix (pflag's, `invalid argument "V" for
+// "--F" flag`) and the limit's own quote of it again.
 func TestFlagErrorsSayTheValueOnce(t *testing.T) {
 	for _, c := range []struct {
 		args []string
@@ -264,9 +297,11 @@ func TestFlagErrorsSayTheValueOnce(t *testing.T) {
 		{[]string{"serve", "--limit", "api=10/s;", "--check-config"}, `an empty limit between or after ';'`},
 		{[]string{"demo", "--limit", "10/x"}, `sluice: --limit "10/x": unknown period unit`},
 		{[]string{"demo", "--workers", "x"}, `sluice: --workers "x": not a number`},
+		{[]string{"demo", "--duration", "10"}, `sluice: --duration "10": not a duration (e.g. 500ms, 10s or 1m30s)`},
+		{[]string{"serve", "--max-penalty", "soon", "--check-config"}, `sluice: --max-penalty "soon": want off, period or a positive duration`},
 	} {
 		code, _, errs := run(t, c.args...)
-		if code != ExitUsage || !strings.Contains(errs, c.want) || strings.Contains(errs, "invalid value") {
+		if code != ExitUsage || !strings.Contains(errs, c.want) || strings.Contains(errs, "invalid value") || strings.Contains(errs, "invalid argument") {
 			t.Errorf("%v: exit %d, %q; want %d and %q", c.args, code, errs, ExitUsage, c.want)
 		}
 		if v := c.args[2]; strings.Count(errs, strconv.Quote(v)) != 1 {
@@ -275,23 +310,66 @@ func TestFlagErrorsSayTheValueOnce(t *testing.T) {
 	}
 }
 
-// TestHelpWritesFlagsAsTheREADME: every command's --help lists its flags as --name, with
-// what each takes named in capitals (never its default), and its default quoted.
+// TestHelpWritesFlagsAsTheREADME: every command's --help lists its flags as GNU tools do
+// and the README writes them, --name (never -name), each with what it takes named by a
+// word of its own (--mode mode: never its default, which would read as the kind of value,
+// as --mode local did) and its default after.
 func TestHelpWritesFlagsAsTheREADME(t *testing.T) {
-	for name := range commands {
+	for name, newCmd := range commands {
 		code, out, errs := run(t, name, "--help")
-		if code != ExitOK && code != ExitUsage {
+		if code != ExitOK {
 			t.Errorf("%s --help: exit %d %s", name, code, errs)
 			continue
 		}
 		for _, line := range strings.Split(out, "\n") {
-			if strings.HasPrefix(line, "  -") && !strings.HasPrefix(line, "  --") {
+			flag := strings.TrimLeft(line, " ")
+			if indent := len(line) - len(flag); indent > 6 || !strings.HasPrefix(flag, "-") {
+				continue // not a flag's line: a description, or the rest of one
+			}
+			if !strings.HasPrefix(line, "      --") && !strings.HasPrefix(line, "  -h, --help ") {
 				t.Errorf("%s --help: %q is not written --flag", name, line)
 			}
 		}
+		newCmd(Env{}).Flags().VisitAll(func(f *pflag.Flag) {
+			value, _ := pflag.UnquoteUsage(f)
+			switch {
+			case f.Value.Type() == "bool":
+				return
+			case value == "" || value == f.DefValue:
+				t.Errorf("%s --%s: its value is named %q (default %q)", name, f.Name, value, f.DefValue)
+			case !strings.Contains(out, "      --"+f.Name+" "+value+" "):
+				t.Errorf("%s --help does not list --%s %s:\n%s", name, f.Name, value, out)
+			}
+		})
 	}
 	_, out, _ := run(t, "demo", "--help")
-	if !strings.Contains(out, "  --mode VALUE\n") || !strings.Contains(out, `(default "local")`) || strings.Contains(out, "  --mode local\n") {
-		t.Errorf("demo --help:\n%s", out)
+	for _, want := range []string{"      --mode mode ", `(default "local")`, "      --duration duration ", "(default 10s)", "      --workers int "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("demo --help lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestOneDashLongFlags: the spellings the standard flag package read, a long flag with one
+// dash (-mode, -workers=0, -help, -n), still read as the flag, and -h is still help; a
+// value that starts with a dash stays a value.
+func TestOneDashLongFlags(t *testing.T) {
+	for i, c := range []struct {
+		args []string
+		code int
+		out  string
+	}{
+		{[]string{"demo", "-mode", "quantum"}, ExitUsage, `--mode "quantum"`},
+		{[]string{"demo", "-workers=0"}, ExitUsage, "--workers 0"},
+		{[]string{"demo", "-help"}, ExitOK, "Usage: sluice demo"},
+		{[]string{"serve", "-check-config", "-limit", "a=1/s", "-default-shared=false"}, ExitOK, "ok: 1 rule,"},
+		{[]string{"check", "api", "-n", "-1"}, ExitUsage, "--n -1: want 0 to"},
+		{[]string{"check", "api", "-h"}, ExitOK, "Usage: sluice check"},
+		{[]string{"sim", "--", "-modes"}, ExitUsage, "-modes"}, // after "--": a file name
+	} {
+		code, out, errs := run(t, c.args...)
+		if code != c.code || !strings.Contains(out+errs, c.out) {
+			t.Errorf("case %d %q: exit %d, out %q err %q; want %d and %q", i, c.args, code, out, errs, c.code, c.out)
+		}
 	}
 }

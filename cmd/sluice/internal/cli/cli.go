@@ -1,18 +1,23 @@
-// Package cli is the sluice command: one binary with subcommands, each with --help. It
-// uses the standard flag package, one FlagSet per subcommand.
+// Package cli is the sluice command: one binary with subcommands, each with --help, on
+// spf13/cobra: GNU flags (spf13/pflag) before, between or after the arguments, and shell
+// completion generated from the commands' own flags.
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"regexp"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
-	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/sluicehq/sluice"
 )
 
 // Env is what a command runs with: its streams. Tests run commands in process with buffers.
@@ -22,15 +27,15 @@ type Env struct {
 	Stderr io.Writer
 }
 
-type command struct {
-	name    string
-	summary string
-	run     func(ctx context.Context, env Env, args []string) error
+// commands are the subcommands by name, each a function that builds it for one run: its
+// flags bound to variables of that run alone, so that runs at once (the tests') share
+// nothing.
+var commands = map[string]func(Env) *cobra.Command{}
+
+// register adds a command under the name its Use line starts with.
+func register(newCmd func(Env) *cobra.Command) {
+	commands[newCmd(Env{}).Name()] = newCmd
 }
-
-var commands = map[string]command{}
-
-func register(c command) { commands[c.name] = c }
 
 // usageError is a bad flag or argument: exit code 2, with the message.
 type usageError struct{ err error }
@@ -47,7 +52,7 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	err := Run(ctx, env, args)
 	var ec interface{ ExitCode() int }
 	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
+	case err == nil, errors.Is(err, pflag.ErrHelp):
 		return 0
 	case errors.As(err, &ec):
 		if msg := err.Error(); msg != "" {
@@ -88,184 +93,179 @@ func message(err error) string {
 
 // Run runs one command.
 func Run(ctx context.Context, env Env, args []string) error {
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
-		if len(args) > 1 {
-			if c, ok := commands[args[1]]; ok {
-				return c.run(ctx, env, []string{"--help"})
-			}
-		}
-		printUsage(env.Stdout)
-		if len(args) == 0 {
-			return usagef("no command given")
-		}
-		return nil
+	root := newRoot(env)
+	if len(args) == 0 {
+		writeHelp(env.Stdout, root)
+		return usagef("no command given")
 	}
-	if args[0] == "--version" || args[0] == "-version" || args[0] == "-v" {
+	switch args[0] {
+	case "--version", "-version", "-v":
 		args = append([]string{"version"}, args[1:]...) // the flag spellings users try first
+	case cobra.ShellCompRequestCmd, cobra.ShellCompNoDescRequestCmd:
+		registerCompletions(root)
 	}
-	c, ok := commands[args[0]]
-	if !ok {
-		printUsage(env.Stderr)
-		return usagef("unknown command %q", args[0])
+	if c, _, err := root.Find(args[:1]); err == nil && c != root {
+		args = append([]string{args[0]}, oneDashFlags(c, args[1:])...)
 	}
-	return c.run(ctx, env, args[1:])
+	root.SetArgs(args)
+	c, err := root.ExecuteContextC(ctx)
+	if err != nil && c == root && !errors.As(err, new(usageError)) {
+		// The root runs nothing: its error is cobra's, that args[0] names no command.
+		writeHelp(env.Stderr, root)
+		msg := fmt.Sprintf("unknown command %q", args[0])
+		if s := root.SuggestionsFor(args[0]); len(s) > 0 {
+			msg += fmt.Sprintf(" (did you mean %s?)", strings.Join(s, " or "))
+		}
+		return usagef("%s", msg)
+	}
+	return err
 }
 
-func printUsage(w io.Writer) {
-	fmt.Fprintln(w, "Sluice makes a pool of workers obey one shared rate limit together.")
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Usage: sluice COMMAND [flags]")
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Commands:")
-	for _, n := range commandNames() {
-		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
+// newRoot builds the sluice command and its subcommands for one run on env's streams.
+func newRoot(env Env) *cobra.Command {
+	root := &cobra.Command{
+		Use:               "sluice",
+		Long:              "Sluice makes a pool of workers obey one shared rate limit together.",
+		SilenceErrors:     true,                                             // Main prints the error once, with its exit code
+		SilenceUsage:      true,                                             // the error says what is wrong; --help shows the flags
+		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true}, // our own: `sluice completion SHELL`
 	}
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Run 'sluice COMMAND --help' for a command's flags.")
-}
-
-// commandNames lists the commands' names in order.
-func commandNames() []string {
+	root.SetIn(env.Stdin)
+	root.SetOut(env.Stdout)
+	root.SetErr(env.Stderr)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{flagError(err)} })
+	help := func(c *cobra.Command, _ []string) { writeHelp(c.OutOrStdout(), c) }
+	root.SetHelpFunc(help)
+	root.SetUsageFunc(func(c *cobra.Command) error { help(c, nil); return nil })
 	names := make([]string, 0, len(commands))
 	for n := range commands {
 		names = append(names, n)
 	}
-	sort.Strings(names)
-	return names
+	slices.Sort(names)
+	for _, n := range names {
+		root.AddCommand(commands[n](env))
+	}
+	return root
 }
 
-// newFlags returns a FlagSet that prints its usage to env.Stderr (or Stdout for --help)
-// with a summary line.
-func newFlags(env Env, name, usage string) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(env.Stderr)
-	fs.Usage = func() {
-		out := fs.Output()
-		fmt.Fprintf(out, "Usage: sluice %s\n\n", usage)
-		if c, ok := commands[name]; ok {
-			fmt.Fprintln(out, c.summary)
-			fmt.Fprintln(out)
+// helpWidth is the width help wraps the flags' descriptions to.
+const helpWidth = 100
+
+// writeHelp prints c's help: for the root, the commands; for a command, its usage line,
+// what it does and its flags, as GNU tools write them (--name VALUE, then the default).
+func writeHelp(w io.Writer, c *cobra.Command) {
+	if !c.HasParent() {
+		fmt.Fprintf(w, "%s\n\nUsage: sluice COMMAND [flags]\n\nCommands:\n", c.Long)
+		for _, sub := range c.Commands() {
+			if sub.IsAvailableCommand() && sub.Name() != "help" {
+				fmt.Fprintf(w, "  %-*s %s\n", sub.NamePadding(), sub.Name(), sub.Short)
+			}
 		}
-		fmt.Fprintln(out, "Flags:")
-		printFlags(out, fs)
+		fmt.Fprintln(w, "\nRun 'sluice COMMAND --help' for a command's flags.")
+		return
 	}
-	if collect != nil {
-		collect(fs)
+	fmt.Fprintf(w, "Usage: %s\n\n%s\n", c.UseLine(), cmp.Or(c.Long, c.Short))
+	if c.Example != "" {
+		fmt.Fprintf(w, "\nExamples:\n%s\n", c.Example)
 	}
-	return fs
+	c.InitDefaultHelpFlag()
+	fmt.Fprintf(w, "\nFlags:\n%s", c.LocalFlags().FlagUsagesWrapped(helpWidth))
 }
 
-// parseFlags parses args, sending --help to stdout and turning errors into usage errors.
-// Arguments that are not flags are refused.
-func parseFlags(env Env, fs *flag.FlagSet, args []string) error {
-	rest, err := parseArgs(env, fs, args)
-	if err != nil {
-		return err
-	}
-	if len(rest) > 0 {
-		return usagef("unexpected argument %q", strings.Join(rest, " "))
+// noArgs refuses the arguments of a command that takes none.
+func noArgs(_ *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usagef("unexpected argument %q", strings.Join(args, " "))
 	}
 	return nil
 }
 
-// parseArgs parses the flags in args wherever they stand, before, between or after the
-// other arguments (`sluice check api --n 5` as `sluice check --n 5 api`), and returns the
-// other arguments in order; those after a "--" are never read as flags.
-func parseArgs(env Env, fs *flag.FlagSet, args []string) ([]string, error) {
-	for _, a := range args {
+// oneDashFlags rewrites the spellings the standard flag package read, a long flag with
+// one dash (-mode local, -json=false, -n 5), to the two pflag reads, for the flags c
+// defines (a shorthand, -h, stays one). A flag's value is left as it is, and so is
+// everything after "--".
+func oneDashFlags(c *cobra.Command, args []string) []string {
+	c.InitDefaultHelpFlag()
+	out := make([]string, 0, len(args))
+	for i := 0; i < len(args); i++ {
+		a := args[i]
 		if a == "--" {
-			break
+			return append(out, args[i:]...)
 		}
-		if a == "-h" || a == "--help" || a == "-help" {
-			fs.SetOutput(env.Stdout)
-			fs.Usage()
-			return nil, flag.ErrHelp
+		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		f := c.Flags().Lookup(name)
+		long := f != nil && (len(name) > 1 || c.Flags().ShorthandLookup(name) == nil)
+		if long && strings.HasPrefix(a, "-") && !strings.HasPrefix(a, "--") {
+			a = "-" + a
+		}
+		out = append(out, a)
+		if f != nil && strings.HasPrefix(a, "--") && !hasValue && f.NoOptDefVal == "" && i+1 < len(args) {
+			i++
+			out = append(out, args[i]) // the flag's value
 		}
 	}
-	fs.Usage = func() {}     // the error message is enough; --help shows the flags
-	fs.SetOutput(io.Discard) // Main prints the error once
-	var rest []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, usageError{flagError(err)}
-		}
-		left := fs.Args()
-		if n := len(args) - len(left); n > 0 && args[n-1] == "--" {
-			return append(rest, left...), nil // the flag package ate the "--"
-		}
-		if len(left) == 0 {
-			return rest, nil
-		}
-		rest, args = append(rest, left[0]), left[1:]
-	}
+	return out
 }
 
-// flagError drops the flag package's prefix, `invalid value "V" for flag -F: `, from the
-// error of a flag whose own error names it already (`--limit "V": ...`), so that the
-// value is said once.
+// flagError says a bad flag value once, as the flag's (`--workers "x": not a number`),
+// not as pflag's `invalid argument "x" for "--workers" flag: strconv.ParseInt: ...`.
+// pflag's other errors (an unknown flag, a missing value) are clear as they are.
 func flagError(err error) error {
-	var value, name string
+	var bad *pflag.InvalidValueError
+	if !errors.As(err, &bad) {
+		return err
+	}
+	name, v := bad.GetFlag().Name, bad.GetValue()
+	return fmt.Errorf("--%s %q: %s", name, v, valueProblem(v, bad.Unwrap()))
+}
+
+// valueProblem is what is wrong in a flag's value v, said without v, which the caller
+// names.
+func valueProblem(v string, err error) string {
+	var num *strconv.NumError
+	var bad *sluice.LimitError
 	msg := err.Error()
-	if _, scanErr := fmt.Sscanf(msg, "invalid value %q for flag -%s", &value, &name); scanErr != nil {
-		return err
-	}
-	name = strings.TrimSuffix(name, ":")
-	_, inner, ok := strings.Cut(msg, ": ")
 	switch {
-	case !ok:
-		return err
-	case strings.HasPrefix(inner, "--"):
-		return errors.New(inner)
+	case errors.As(err, &num) && num.Func == "ParseBool":
+		return "want true or false"
+	case errors.As(err, &num) && errors.Is(num.Err, strconv.ErrRange):
+		return "out of range"
+	case errors.As(err, &num):
+		return "not a number"
+	case strings.HasPrefix(msg, "time: "): // time.ParseDuration's
+		return "not a duration (e.g. 500ms, 10s or 1m30s)"
 	}
-	// A limit's own error names the value again: say it once, as the flag's.
-	if rest, ok := strings.CutPrefix(inner, "sluice: bad limit "+strconv.Quote(value)+": "); ok {
-		return fmt.Errorf("--%s %q: %s", name, value, rest)
+	// The value's own error that names it after one word: `--limit "V": ...`,
+	// `max_penalty "V": ...`.
+	if word, rest, ok := strings.Cut(msg, " "+strconv.Quote(v)+": "); ok && !strings.Contains(word, " ") {
+		return rest
 	}
-	if inner == "parse error" { // the flag package's word for a number it cannot read
-		inner = "not a number"
+	if errors.As(err, &bad) { // `sluice: bad limit "V": ...`
+		return bad.Detail()
 	}
-	return fmt.Errorf("--%s %q: %s", name, value, strings.TrimPrefix(inner, "sluice: "))
+	return strings.TrimPrefix(msg, "sluice: ")
 }
 
-// printFlags lists fs's flags as the README writes them: --name VALUE, where VALUE names
-// what the flag takes (the usage's `backquoted` word, or its type, never a default that
-// would read as one), then the usage and the default.
-func printFlags(out io.Writer, fs *flag.FlagSet) {
-	fs.VisitAll(func(f *flag.Flag) {
-		name, usage := flag.UnquoteUsage(f)
-		if name == f.DefValue || name == "value" || name == "string" {
-			name = valueKind(f)
-		}
-		line := "  --" + f.Name
-		if name != "" {
-			line += " " + strings.ToUpper(name)
-		}
-		fmt.Fprintln(out, line)
-		fmt.Fprintf(out, "    \t%s", strings.ReplaceAll(usage, "\n", "\n    \t"))
-		if d := f.DefValue; d != "" && d != "0" && d != "false" && d != "0s" && d != "[]" {
-			fmt.Fprintf(out, " (default %s)", strconv.Quote(d))
-		}
-		fmt.Fprintln(out)
-	})
+// completeWith makes the shells complete the value of the flag name from words: it is
+// noted on the flag, and registered with cobra (registerCompletions) only by a run that
+// completes, as cobra keeps what is registered for the life of the process.
+func completeWith(c *cobra.Command, name string, words ...string) {
+	if err := c.Flags().SetAnnotation(name, completeAnnotation, words); err != nil {
+		panic(err) // no such flag: a mistake in the command's definition
+	}
 }
 
-// valueKind names what a flag takes by its type: "" for a switch.
-func valueKind(f *flag.Flag) string {
-	type boolFlag interface{ IsBoolFlag() bool }
-	if b, ok := f.Value.(boolFlag); ok && b.IsBoolFlag() {
-		return ""
+const completeAnnotation = "sluice_complete_words"
+
+// registerCompletions registers the words completeWith noted on every command's flags.
+func registerCompletions(root *cobra.Command) {
+	for _, c := range root.Commands() {
+		c.Flags().VisitAll(func(f *pflag.Flag) {
+			if words, ok := f.Annotations[completeAnnotation]; ok {
+				_ = c.RegisterFlagCompletionFunc(f.Name, func(_ *cobra.Command, _ []string, prefix string) ([]string, cobra.ShellCompDirective) {
+					return slices.DeleteFunc(slices.Clone(words), func(w string) bool { return !strings.HasPrefix(w, prefix) }), cobra.ShellCompDirectiveNoFileComp
+				})
+			}
+		})
 	}
-	g, ok := f.Value.(flag.Getter)
-	if !ok {
-		return "VALUE"
-	}
-	switch g.Get().(type) {
-	case int, int64, uint, uint64:
-		return "N"
-	case float64:
-		return "NUMBER"
-	case time.Duration:
-		return "DURATION"
-	}
-	return "VALUE"
 }

@@ -10,6 +10,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/backend"
@@ -18,82 +21,109 @@ import (
 	"github.com/sluicehq/sluice/strict"
 )
 
-func init() {
-	register(command{
-		name:    "demo",
-		summary: "run a pool of workers against a local referee through one shared limiter, and report",
-		run:     runDemo,
-	})
+func init() { register(newDemoCmd) }
+
+func newDemoCmd(env Env) *cobra.Command {
+	a := demoArgs{limits: sluice.MustParse("20/s burst=10")}
+	cmd := &cobra.Command{
+		Use:               "demo",
+		Short:             "run a pool of workers against a local referee through one shared limiter, and report",
+		Example:           "  sluice demo\n  sluice demo --mode lease --store redis://127.0.0.1:6379 --workers 8 --duration 10s\n  sluice demo --mode adaptive --strategy cubic --limit '1/6s' --json",
+		Args:              noArgs,
+		ValidArgsFunction: cobra.NoFileCompletions,
+		RunE:              func(cmd *cobra.Command, _ []string) error { return runDemo(cmd.Context(), env, &a, cmd.Flags()) },
+	}
+	fs := cmd.Flags()
+	fs.TextVar(&a.limits, "limit", a.limits, "the API's `limit`, enforced by the referee and obeyed by the pool (e.g. '1/6s', '100/s burst=20; 4500/h')")
+	fs.StringVar(&a.mode, "mode", "local", "where decisions are made (the `mode`): local (one limiter for the pool), strict (every decision in the store at --store: Redis by a script, etcd or ZooKeeper by compare-and-set), lease (each worker a member deciding on its share, leased from the store at --store), gossip (each worker a gossip member on loopback, sharing hit counts, no store) or adaptive (each worker a client sharing nothing, pacing itself by the API's answers)")
+	fs.StringVar(&a.storeURL, "store", "", "strict and lease modes: the `url` of the store: memory:// (the default: this process), redis://HOST:PORT[/DB], redis-sentinel://HOST:PORT,.../MASTER, redis-cluster://HOST:PORT,... (lease), etcd://HOST:PORT or zk://HOST:PORT")
+	fs.StringVar(&a.redisURL, "redis-url", "", "deprecated: --store")
+	fs.DurationVar(&a.storeTimeout, "store-timeout", strict.DefaultTimeout, "strict mode on Redis: the longest wait for Redis before the fail mode answers")
+	fs.DurationVar(&a.redisTimeout, "redis-timeout", 0, "deprecated: --store-timeout")
+	fs.StringVar(&a.failMode, "fail-mode", "closed", "strict mode: what answers while the store is unreachable (the `mode`): closed (deny), open (allow) or, on Redis, local (a local limiter at --fallback-share of the limit)")
+	fs.Float64Var(&a.share, "fallback-share", 1, "strict mode on Redis with --fail-mode local: this process' `share` of the limit while Redis is unreachable (0 to 1)")
+	fs.DurationVar(&a.leaseRenew, "lease-renew", demoLeaseRenew, "lease mode: how often each member renews its share; shares follow demand at renewals, and the demo's workers switch on and off about every second (the library's default is 250ms)")
+	fs.IntVar(&a.workers, "workers", 8, "workers in the pool (half start at once, the rest join during the first half; two leave early)")
+	fs.DurationVar(&a.dur, "duration", 10*time.Second, "how long the run lasts")
+	fs.DurationVar(&a.margin, "margin", 10*time.Millisecond, "the limiter's jitter tolerance (safety margin): 0 decides the limit exactly")
+	fs.Uint64Var(&a.seed, "seed", 1, "seed of the schedule of joins, leaves and bursts")
+	fs.Var(strategyFlag{&a}, "strategy", "adaptive mode: how each worker learns its pace (the `strategy`): sluice, heroku (the Heroku client study's), cubic (the AWS SDKs') or sre (Google SRE's client-side throttling)")
+	fs.BoolVar(&a.asJSON, "json", false, "print the summary as one JSON object")
+	completeWith(cmd, "mode", "local", "strict", "lease", "gossip", "adaptive")
+	completeWith(cmd, "fail-mode", "closed", "open", "local")
+	completeWith(cmd, "strategy", "sluice", "heroku", "cubic", "sre")
+	return cmd
 }
 
-func runDemo(ctx context.Context, env Env, args []string) error {
-	fs := newFlags(env, "demo", "demo [--mode local|strict|lease|gossip|adaptive] [--store URL] [--strategy sluice|heroku|cubic|sre] [--limit '20/s burst=10'] [--workers 8] [--duration 10s] [--json]")
-	limits := sluice.MustParse("20/s burst=10")
-	fs.TextVar(&limits, "limit", limits, "the API's `limit`, enforced by the referee and obeyed by the pool (e.g. '1/6s', '100/s burst=20; 4500/h')")
-	mode := fs.String("mode", "local", "where decisions are made: `local` (one limiter for the pool), strict (every decision in the store at --store: Redis by a script, etcd or ZooKeeper by compare-and-set), lease (each worker a member deciding on its share, leased from the store at --store), gossip (each worker a gossip member on loopback, sharing hit counts, no store) or adaptive (each worker a client sharing nothing, pacing itself by the API's answers)")
-	storeURL := fs.String("store", "", "strict and lease modes: the `url` of the store: memory:// (the default: this process), redis://HOST:PORT[/DB], redis-sentinel://HOST:PORT,.../MASTER, redis-cluster://HOST:PORT,... (lease), etcd://HOST:PORT or zk://HOST:PORT")
-	redisURL := fs.String("redis-url", "", "deprecated: --store")
-	storeTimeout := fs.Duration("store-timeout", strict.DefaultTimeout, "strict mode on Redis: the longest wait for Redis before the fail mode answers")
-	redisTimeout := fs.Duration("redis-timeout", 0, "deprecated: --store-timeout")
-	failMode := fs.String("fail-mode", "closed", "strict mode: what answers while the store is unreachable: `closed` (deny), open (allow) or, on Redis, local (a local limiter at --fallback-share of the limit)")
-	share := fs.Float64("fallback-share", 1, "strict mode on Redis with --fail-mode local: this process' `share` of the limit while Redis is unreachable (0 to 1)")
-	leaseRenew := fs.Duration("lease-renew", demoLeaseRenew, "lease mode: how often each member renews its share; shares follow demand at renewals, and the demo's workers switch on and off about every second (the library's default is 250ms)")
-	workers := fs.Int("workers", 8, "workers in the pool (half start at once, the rest join during the first half; two leave early)")
-	dur := fs.Duration("duration", 10*time.Second, "how long the run lasts")
-	margin := fs.Duration("margin", 10*time.Millisecond, "the limiter's jitter tolerance (safety margin): 0 decides the limit exactly")
-	seed := fs.Uint64("seed", 1, "seed of the schedule of joins, leaves and bursts")
-	var strategy adaptive.Strategy
-	formerStrategy := "" // the strategy's former name, when --strategy gave it
-	fs.Func("strategy", "adaptive mode: how each worker learns its pace: `sluice` (the default), heroku (the Heroku client study's), cubic (the AWS SDKs') or sre (Google SRE's client-side throttling)", func(v string) error {
-		if _, ok := adaptive.FormerName(v); ok {
-			formerStrategy = v
-		}
-		return strategy.UnmarshalText([]byte(v))
-	})
-	asJSON := fs.Bool("json", false, "print the summary as one JSON object")
-	if err := parseFlags(env, fs, args); err != nil {
-		return err
+// demoArgs are the flags of sluice demo.
+type demoArgs struct {
+	limits                                 sluice.Limits
+	mode, storeURL, redisURL, failMode     string
+	storeTimeout, redisTimeout, leaseRenew time.Duration
+	dur, margin                            time.Duration
+	share                                  float64
+	workers                                int
+	seed                                   uint64
+	strategy                               adaptive.Strategy
+	formerStrategy                         string // the strategy's former name, when --strategy gave it
+	asJSON                                 bool
+}
+
+// strategyFlag is --strategy: an adaptive.Strategy, by its name or its former name.
+type strategyFlag struct{ a *demoArgs }
+
+func (f strategyFlag) String() string { return f.a.strategy.String() }
+
+func (f strategyFlag) Set(v string) error {
+	if _, ok := adaptive.FormerName(v); ok {
+		f.a.formerStrategy = v
 	}
+	return f.a.strategy.UnmarshalText([]byte(v))
+}
+
+func (strategyFlag) Type() string { return "strategy" }
+
+func runDemo(ctx context.Context, env Env, a *demoArgs, fs *pflag.FlagSet) error {
 	deprecated := func(old, now string) { fmt.Fprintf(env.Stderr, "sluice: %s is deprecated, use %s\n", old, now) }
-	if formerStrategy != "" {
-		deprecated("--strategy "+formerStrategy, "--strategy "+strategy.String())
+	if a.formerStrategy != "" {
+		deprecated("--strategy "+a.formerStrategy, "--strategy "+a.strategy.String())
 	}
-	if *mode == "redis" {
+	if a.mode == "redis" {
 		deprecated("--mode redis", "--mode strict --store redis://HOST:PORT")
-		*mode = "strict"
-		if *storeURL == "" && *redisURL == "" {
-			*redisURL = "redis://127.0.0.1:6379" // the old mode's default
+		a.mode = "strict"
+		if a.storeURL == "" && a.redisURL == "" {
+			a.redisURL = "redis://127.0.0.1:6379" // the old mode's default
 		}
 	}
-	if flagSet(fs, "redis-url") {
+	if fs.Changed("redis-url") {
 		deprecated("--redis-url", "--store")
 	}
-	if *storeURL == "" {
-		*storeURL = *redisURL
+	if a.storeURL == "" {
+		a.storeURL = a.redisURL
 	}
-	if flagSet(fs, "redis-timeout") {
+	if fs.Changed("redis-timeout") {
 		deprecated("--redis-timeout", "--store-timeout")
-		if !flagSet(fs, "store-timeout") {
-			*storeTimeout = *redisTimeout
+		if !fs.Changed("store-timeout") {
+			a.storeTimeout = a.redisTimeout
 		}
 	}
 	switch {
-	case *workers < 1 || *workers > 10000:
-		return usagef("--workers %d: want 1 to 10000", *workers)
-	case *dur <= 0 || *dur > 24*time.Hour:
-		return usagef("--duration %v: want more than 0 and at most 24h", *dur)
-	case *margin < 0:
-		return usagef("--margin %v: want 0 or more", *margin)
-	case *leaseRenew < time.Millisecond || *leaseRenew > time.Minute:
-		return usagef("--lease-renew %v: want 1ms to 1m", *leaseRenew)
+	case a.workers < 1 || a.workers > 10000:
+		return usagef("--workers %d: want 1 to 10000", a.workers)
+	case a.dur <= 0 || a.dur > 24*time.Hour:
+		return usagef("--duration %v: want more than 0 and at most 24h", a.dur)
+	case a.margin < 0:
+		return usagef("--margin %v: want 0 or more", a.margin)
+	case a.leaseRenew < time.Millisecond || a.leaseRenew > time.Minute:
+		return usagef("--lease-renew %v: want 1ms to 1m", a.leaseRenew)
 	}
-	cfg := demo.Config{Mode: *mode, Limits: limits, Workers: *workers, Duration: *dur, Margin: *margin, Seed: *seed}
-	switch *mode {
+	cfg := demo.Config{Mode: a.mode, Limits: a.limits, Workers: a.workers, Duration: a.dur, Margin: a.margin, Seed: a.seed}
+	switch a.mode {
 	case "local":
 	case "lease":
 		cfg.LeaseMember = lease.DefaultMemberConfig()
-		cfg.LeaseMember.RenewEvery = *leaseRenew
-		st, closeStore, err := openStore(*storeURL, fmt.Sprintf("sluice:demo:%d:", time.Now().UnixNano()))
+		cfg.LeaseMember.RenewEvery = a.leaseRenew
+		st, closeStore, err := openStore(a.storeURL, fmt.Sprintf("sluice:demo:%d:", time.Now().UnixNano()))
 		if err != nil {
 			return err
 		}
@@ -102,15 +132,15 @@ func runDemo(ctx context.Context, env Env, args []string) error {
 		cfg.Log = func(s string) { fmt.Fprintln(env.Stderr, "sluice demo:", s) }
 	case "gossip":
 	case "adaptive":
-		cfg.Adaptive.Strategy = strategy
+		cfg.Adaptive.Strategy = a.strategy
 	case "strict":
-		nl, err := strictLimiter(*storeURL, *storeTimeout, *failMode, *share)
+		nl, err := strictLimiter(a.storeURL, a.storeTimeout, a.failMode, a.share)
 		if err != nil {
 			return err
 		}
 		cfg.NewLimiter = nl
 	default:
-		return usagef("--mode %q: want local, strict, lease, gossip or adaptive", *mode)
+		return usagef("--mode %q: want local, strict, lease, gossip or adaptive", a.mode)
 	}
 	tty := isTerminal(env.Stderr)
 	var nextLine time.Duration
@@ -138,7 +168,7 @@ func runDemo(ctx context.Context, env Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *asJSON {
+	if a.asJSON {
 		enc := json.NewEncoder(env.Stdout)
 		return enc.Encode(sum)
 	}

@@ -1,10 +1,10 @@
 package cli
 
 import (
-	"flag"
 	"os"
 	"strings"
-	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
@@ -15,18 +15,18 @@ import (
 )
 
 // addGossipFlags adds the gossip back end's flags (docs/gossip.md).
-func addGossipFlags(fs *flag.FlagSet, d server.GossipConfig) {
+func addGossipFlags(fs *pflag.FlagSet, d server.GossipConfig) {
 	fs.String("gossip-bind", d.Bind, "--backend gossip: `host:port` of the membership's UDP and TCP listeners")
 	fs.String("gossip-advertise", d.Advertise, "--backend gossip: `host:port` peers reach this daemon at (default: --gossip-bind)")
 	fs.String("peers", "", "--backend gossip: seed list `host:port,...` of daemons to join (a DNS name with several addresses joins each)")
 	fs.String("gossip-key-file", d.KeyFile, "--backend gossip: `file` holding the shared key (16, 24 or 32 bytes; raw, base64 or hex) that encrypts and authenticates the daemons' traffic")
 	fs.Duration("gossip-interval", d.Interval.D(), "--backend gossip: sync interval (the excess between syncs scales with it)")
 	fs.Duration("gossip-hold", d.Hold.D(), "--backend gossip: how long a lost peer keeps its share (a partition shorter than this does not multiply the limit)")
-	fs.String("gossip-policy", d.Policy, "--backend gossip: auto (each small limit decided at its key's owner, large ones by shares), owner (every limit decided at its key's owner: the daemon the key hashes to; the others forward), shares (spend only this daemon's share, by demand, between syncs), equal (1/N of each limit, N the daemons counted: no demand needed) or whole (the DThrottle design as written, for comparison)")
+	fs.String("gossip-policy", d.Policy, "--backend gossip: the `policy`: auto (each small limit decided at its key's owner, large ones by shares), owner (every limit decided at its key's owner: the daemon the key hashes to; the others forward), shares (spend only this daemon's share, by demand, between syncs), equal (1/N of each limit, N the daemons counted: no demand needed) or whole (the DThrottle design as written, for comparison)")
 }
 
-// setGossip applies one gossip flag that was set.
-func setGossip(g *server.GossipConfig, f *flag.Flag) {
+// setGossip applies one gossip flag of fs that was set.
+func setGossip(g *server.GossipConfig, fs *pflag.FlagSet, f *pflag.Flag) {
 	v := f.Value.String()
 	switch f.Name {
 	case "gossip-bind":
@@ -45,7 +45,7 @@ func setGossip(g *server.GossipConfig, f *flag.Flag) {
 	case "gossip-policy":
 		g.Policy = v
 	case "gossip-interval", "gossip-hold":
-		d := yamlx.Duration(f.Value.(flag.Getter).Get().(time.Duration))
+		d := yamlx.Duration(must(fs.GetDuration(f.Name)))
 		if f.Name == "gossip-interval" {
 			g.Interval = d
 		} else {

@@ -8,53 +8,66 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/referee"
 )
 
-func init() {
-	register(command{
-		name:    "referee",
-		summary: "serve a strict rate-limited API stand-in that counts violations (GET /stats)",
-		run:     runReferee,
-	})
+func init() { register(newRefereeCmd) }
+
+func newRefereeCmd(env Env) *cobra.Command {
+	var a refereeArgs
+	cmd := &cobra.Command{
+		Use:               "referee",
+		Short:             "serve a strict rate-limited API stand-in that counts violations (GET /stats)",
+		Example:           "  sluice referee --limit '1/6s' --listen 127.0.0.1:8429\n  sluice referee --limit '60/m' --tokens '40000/m' --style openai",
+		Args:              noArgs,
+		ValidArgsFunction: cobra.NoFileCompletions,
+		RunE:              func(cmd *cobra.Command, _ []string) error { return runReferee(cmd.Context(), env, a) },
+	}
+	fs := cmd.Flags()
+	fs.TextVar(&a.limits, "limit", sluice.MustParse("1/6s"), "the `limit` enforced per token (e.g. '1/6s', '4500/h', '100/s burst=20; 4500/h')")
+	fs.StringVar(&a.listen, "listen", "127.0.0.1:8429", "`address` to listen on (loopback unless told otherwise)")
+	fs.BoolVar(&a.dateRetry, "retry-after-date", false, "send Retry-After as an HTTP-date instead of seconds")
+	fs.IntVar(&a.maxTokens, "max-tokens", referee.DefaultMaxTokens, "most tokens tracked; requests with new tokens past it get 503")
+	fs.TextVar(&a.costs, "tokens", sluice.Limits(nil), "an LLM-style API: also limit what requests cost, a `limit` in tokens (e.g. '40000/m': tokens a minute), each request's cost read from its X-Cost header")
+	fs.TextVar(&a.style, "style", referee.IETF, "the answers' header `fields`: ietf (RateLimit-Policy, RateLimit, RateLimit-Remaining), openai (x-ratelimit-*-requests and -tokens) anthropic (anthropic-ratelimit-*), heroku (RateLimit-Remaining alone) or bare (Retry-After alone, on a 429)")
+	completeWith(cmd, "style", "ietf", "openai", "anthropic", "heroku", "bare")
+	return cmd
 }
 
-func runReferee(ctx context.Context, env Env, args []string) error {
-	fs := newFlags(env, "referee", "referee --limit '1/6s' [--tokens '40000/m' --style openai] [--listen 127.0.0.1:8429]")
-	var limits sluice.Limits
-	fs.TextVar(&limits, "limit", sluice.MustParse("1/6s"), "the `limit` enforced per token (e.g. '1/6s', '4500/h', '100/s burst=20; 4500/h')")
-	listen := fs.String("listen", "127.0.0.1:8429", "`address` to listen on (loopback unless told otherwise)")
-	dateRetry := fs.Bool("retry-after-date", false, "send Retry-After as an HTTP-date instead of seconds")
-	maxTokens := fs.Int("max-tokens", referee.DefaultMaxTokens, "most tokens tracked; requests with new tokens past it get 503")
-	var costs sluice.Limits
-	fs.TextVar(&costs, "tokens", sluice.Limits(nil), "an LLM-style API: also limit what requests cost, each request's cost in tokens read from its X-Cost header (e.g. '40000/m': tokens a minute)")
-	var style referee.Style
-	fs.TextVar(&style, "style", referee.IETF, "the answers' header `fields`: ietf (RateLimit-Policy, RateLimit, RateLimit-Remaining), openai (x-ratelimit-*-requests and -tokens) anthropic (anthropic-ratelimit-*), heroku (RateLimit-Remaining alone) or bare (Retry-After alone, on a 429)")
-	if err := parseFlags(env, fs, args); err != nil {
-		return err
+// refereeArgs are the flags of sluice referee.
+type refereeArgs struct {
+	limits, costs sluice.Limits
+	listen        string
+	dateRetry     bool
+	maxTokens     int
+	style         referee.Style
+}
+
+func runReferee(ctx context.Context, env Env, a refereeArgs) error {
+	opts := []referee.Option{referee.WithMaxTokens(a.maxTokens), referee.WithStyle(a.style)}
+	if len(a.costs) > 0 {
+		opts = append(opts, referee.WithCostLimits(a.costs))
 	}
-	opts := []referee.Option{referee.WithMaxTokens(*maxTokens), referee.WithStyle(style)}
-	if len(costs) > 0 {
-		opts = append(opts, referee.WithCostLimits(costs))
-	}
-	if *dateRetry {
+	if a.dateRetry {
 		opts = append(opts, referee.WithDateRetryAfter())
 	}
-	ref, err := referee.New(limits, opts...)
+	ref, err := referee.New(a.limits, opts...)
 	if err != nil {
 		return usageError{err}
 	}
-	ln, err := net.Listen("tcp", *listen)
+	ln, err := net.Listen("tcp", a.listen)
 	if err != nil {
 		return fmt.Errorf("referee: %w", err)
 	}
 	srv := &http.Server{Handler: ref, ReadHeaderTimeout: 10 * time.Second}
-	what := limits.String()
-	if len(costs) > 0 {
-		what += ", and " + costs.String() + " in tokens (X-Cost),"
+	what := a.limits.String()
+	if len(a.costs) > 0 {
+		what += ", and " + a.costs.String() + " in tokens (X-Cost),"
 	}
-	fmt.Fprintf(env.Stderr, "sluice referee: %s per API token on http://%s, %s fields (GET /stats for counts)\n", what, ln.Addr(), style)
+	fmt.Fprintf(env.Stderr, "sluice referee: %s per API token on http://%s, %s fields (GET /stats for counts)\n", what, ln.Addr(), a.style)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

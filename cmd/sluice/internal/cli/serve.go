@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -12,6 +11,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/backend"
@@ -99,13 +101,7 @@ func (c closingBackend) Close() error {
 	return err
 }
 
-func init() {
-	register(command{
-		name:    "serve",
-		summary: "run the daemon: the line protocol (TAG -> OK/NO), the HTTP API and /metrics",
-		run:     runServe,
-	})
-}
+func init() { register(func(env Env) *cobra.Command { return newServeFlags(env).cmd }) }
 
 // ruleFlags collects repeated --limit / --shared-limit flags, in order.
 type ruleFlags struct {
@@ -114,6 +110,8 @@ type ruleFlags struct {
 }
 
 func (f ruleFlags) String() string { return "" }
+
+func (f ruleFlags) Type() string { return "rule" }
 
 func (f ruleFlags) Set(s string) error {
 	r, err := server.ParseRuleFlag(s, f.shared)
@@ -124,8 +122,14 @@ func (f ruleFlags) Set(s string) error {
 	return nil
 }
 
+// penaltyFlag is --max-penalty.
+type penaltyFlag struct{ *server.PenaltyCap }
+
+func (penaltyFlag) Type() string { return "penalty" }
+
 type serveFlags struct {
-	fs          *flag.FlagSet
+	cmd         *cobra.Command
+	fs          *pflag.FlagSet
 	config      string
 	format      string
 	rules       []server.Rule
@@ -135,15 +139,26 @@ type serveFlags struct {
 	watch       time.Duration
 }
 
+// newServeFlags builds the serve command, its flags in sf.fs.
 func newServeFlags(env Env) *serveFlags {
 	sf := &serveFlags{}
 	d := server.DefaultConfig()
-	fs := newFlags(env, "serve", "serve [--config FILE] [--listen-line ADDR] [--listen-http ADDR] [--listen-admin ADDR] [--limit 'TAG=LIMIT' ...] [--check-config]\n\n"+
-		"Every flag can also be set from the environment: --store as SLUICE_STORE, and so on\n"+
-		"(SLUICE_LIMIT and SLUICE_SHARED_LIMIT: one rule a line). Flags win over the environment,\n"+
-		"which wins over the config file.")
+	sf.cmd = &cobra.Command{
+		Use:   "serve",
+		Short: "run the daemon: the line protocol (TAG -> OK/NO), the HTTP API and /metrics",
+		Long: `run the daemon: the line protocol (TAG -> OK/NO), the HTTP API and /metrics
+
+Every flag can also be set from the environment: --store as SLUICE_STORE, and so on
+(SLUICE_LIMIT and SLUICE_SHARED_LIMIT: one rule a line). Flags win over the environment,
+which wins over the config file.`,
+		Example:           "  sluice serve --limit 'api=10/s' --limit 'user-*=5/s burst=10'\n  sluice serve --config /etc/sluice/sluice.yaml --check-config",
+		Args:              noArgs,
+		ValidArgsFunction: cobra.NoFileCompletions,
+		RunE:              func(cmd *cobra.Command, _ []string) error { return sf.run(cmd.Context(), env) },
+	}
+	fs := sf.cmd.Flags()
 	fs.StringVar(&sf.config, "config", "", "YAML config `file` (docs/daemon.md); flags override it; SIGHUP, or a change of the file (--watch-config), reloads it")
-	fs.StringVar(&sf.format, "config-format", "sluice", "format of --config: sluice (the daemon's YAML) or envoy (envoyproxy/ratelimit's: a domain and its descriptors, read into rules; the daemon's other settings from flags and the environment; docs/envoy.md)")
+	fs.StringVar(&sf.format, "config-format", "sluice", "the `format` of --config: sluice (the daemon's YAML) or envoy (envoyproxy/ratelimit's: a domain and its descriptors, read into rules; the daemon's other settings from flags and the environment; docs/envoy.md)")
 	fs.BoolVar(&sf.checkConfig, "check-config", false, "check the config (file, environment and flags) and exit: 0 if it would start, 2 with its errors (file:line) if not; nothing listens or connects")
 	fs.DurationVar(&sf.watch, "watch-config", 10*time.Second, "how often to look for a change of the config file (and the token file) and reload it, as a Kubernetes ConfigMap update needs; 0: on SIGHUP only")
 	fs.String("listen-line", d.ListenLine, "line protocol `address`: host:port, or a Unix socket path; empty disables it")
@@ -154,16 +169,16 @@ func newServeFlags(env Env) *serveFlags {
 	fs.Uint("grpc-max-streams", uint(d.GRPC.MaxStreams), "concurrent gRPC calls on one connection")
 	fs.Bool("grpc-reflection", d.GRPC.Reflection, "serve gRPC server reflection (for grpcurl)")
 	fs.Bool("grpc-response-headers", d.GRPC.ResponseHeaders, "ShouldRateLimit answers carry x-ratelimit-limit, -remaining and -reset for Envoy to add to its response")
-	fs.Var(ruleFlags{rules: &sf.rules}, "limit", "a rule `TAG=LIMIT`, repeatable, first match wins: an exact tag (api=10/s) or a pattern with * and ? ('user-*=5/s burst=10') giving each tag its own bucket")
-	fs.Var(ruleFlags{rules: &sf.rules, shared: true}, "shared-limit", "a pattern rule `PATTERN=LIMIT` whose tags all share one bucket")
+	fs.Var(ruleFlags{rules: &sf.rules}, "limit", "a rule `tag=limit`, repeatable, first match wins: an exact tag (api=10/s) or a pattern with * and ? ('user-*=5/s burst=10') giving each tag its own bucket")
+	fs.Var(ruleFlags{rules: &sf.rules, shared: true}, "shared-limit", "a pattern rule `pattern=limit` whose tags all share one bucket")
 	fs.StringVar(&sf.dflt, "default-limit", "", "`limit` for tags no rule matches (each its own bucket); none: such tags are allowed")
 	fs.BoolVar(&sf.defShare, "default-shared", false, "tags no rule matches share one bucket")
-	fs.String("backend", d.Backend, "the mode: local (decisions in this process), strict (every decision in the store at --store: by a script in Redis, by compare-and-set in etcd or ZooKeeper), lease (decisions here, on a share leased from --store) or gossip (decisions here, shared with --peers; no store)")
-	fs.String("redis-url", d.RedisURL, "deprecated: --store")
-	fs.String("store", d.Store, "the `URL` of the store of --backend strict (which keeps each key's state) or lease (which the daemons lease through): redis://HOST:PORT[/DB], rediss://..., redis-sentinel://HOST:PORT,.../MASTER, redis-cluster://HOST:PORT,... (lease), etcd://HOST:PORT,..., zk://HOST:PORT,...[/PATH] or memory://")
+	fs.String("backend", d.Backend, "the `mode`: local (decisions in this process), strict (every decision in the store at --store: by a script in Redis, by compare-and-set in etcd or ZooKeeper), lease (decisions here, on a share leased from --store) or gossip (decisions here, shared with --peers; no store)")
+	fs.String("redis-url", d.RedisURL, "deprecated: --store (a `url`)")
+	fs.String("store", d.Store, "the `url` of the store of --backend strict (which keeps each key's state) or lease (which the daemons lease through): redis://HOST:PORT[/DB], rediss://..., redis-sentinel://HOST:PORT,.../MASTER, redis-cluster://HOST:PORT,... (lease), etcd://HOST:PORT,..., zk://HOST:PORT,...[/PATH] or memory://")
 	addGossipFlags(fs, d.Gossip)
-	fs.String("fail-mode", d.FailMode, "answer when the back end cannot decide: closed (NO), open (OK), or local (backend strict on Redis: a local share, see --fallback-share)")
-	fs.Float64("fallback-share", d.FallbackShare, "with --fail-mode local: the share of each limit this daemon uses while Redis is down")
+	fs.String("fail-mode", d.FailMode, "the answer when the back end cannot decide (the `mode`): closed (NO), open (OK), or local (backend strict on Redis: a local share, see --fallback-share)")
+	fs.Float64("fallback-share", d.FallbackShare, "with --fail-mode local: the `share` of each limit this daemon uses while Redis is down")
 	fs.Duration("redis-timeout", d.RedisTimeout.D(), "with --backend strict on Redis: how long a decision waits for Redis")
 	fs.Int("redis-replica-acks", d.RedisAcks, "with --backend strict on Redis: how many replicas must acknowledge each batch's writes (Redis WAIT, within half of --redis-timeout) before its grants are used; else the fail mode answers. 0: none (a failover may lose the last writes; see docs/strict.md)")
 	fs.Duration("margin", d.Margin.D(), "jitter tolerance applied to every limit (0: exact)")
@@ -172,12 +187,21 @@ func newServeFlags(env Env) *serveFlags {
 	fs.Int("max-keys", d.MaxKeys, "buckets held at once; past it the one closest to idle is evicted")
 	fs.Int("max-line", d.MaxLine, "bytes in one query line; a longer one is answered NO and its connection closed")
 	mp := d.MaxPenalty
-	fs.Var(&mp, "max-penalty", "the longest hold a client may put on a tag (p=): off, period (the rule's longest period) or a duration")
+	fs.Var(penaltyFlag{&mp}, "max-penalty", "the longest `hold` a client may put on a tag (p=): off, period (the rule's longest period) or a duration")
 	fs.Duration("idle-timeout", d.IdleTimeout.D(), "close a connection idle this long")
 	fs.Duration("write-timeout", d.WriteTimeout.D(), "drop a client that does not take its answers for this long")
 	fs.Duration("shutdown-grace", d.ShutdownGrace.D(), "on SIGTERM, time to answer the queries already read")
-	fs.String("log-format", d.LogFormat, "log format: text or json")
-	fs.String("log-level", d.LogLevel, "log level: debug, info, warn or error")
+	fs.String("log-format", d.LogFormat, "log `format`: text or json")
+	fs.String("log-level", d.LogLevel, "log `level`: debug, info, warn or error")
+	for _, name := range []string{"config", "http-token-file", "gossip-key-file"} {
+		_ = sf.cmd.MarkFlagFilename(name)
+	}
+	completeWith(sf.cmd, "config-format", "sluice", "envoy")
+	completeWith(sf.cmd, "backend", "local", "strict", "lease", "gossip")
+	completeWith(sf.cmd, "fail-mode", "closed", "open", "local")
+	completeWith(sf.cmd, "gossip-policy", "auto", "owner", "shares", "equal", "whole")
+	completeWith(sf.cmd, "log-format", "text", "json")
+	completeWith(sf.cmd, "log-level", "debug", "info", "warn", "error")
 	sf.fs = fs
 	return sf
 }
@@ -200,7 +224,7 @@ func (sf *serveFlags) build() (server.Config, error) {
 			return cfg, err
 		}
 	}
-	sf.fs.Visit(func(f *flag.Flag) {
+	sf.fs.Visit(func(f *pflag.Flag) {
 		v := f.Value.String()
 		switch f.Name {
 		case "listen-line":
@@ -212,13 +236,13 @@ func (sf *serveFlags) build() (server.Config, error) {
 		case "listen-grpc":
 			cfg.ListenGRPC = v
 		case "grpc-max-message":
-			cfg.GRPC.MaxMessage = f.Value.(flag.Getter).Get().(int)
+			cfg.GRPC.MaxMessage = must(sf.fs.GetInt(f.Name))
 		case "grpc-max-streams":
-			cfg.GRPC.MaxStreams = uint32(min(f.Value.(flag.Getter).Get().(uint), 1<<32-1))
+			cfg.GRPC.MaxStreams = uint32(min(must(sf.fs.GetUint(f.Name)), 1<<32-1))
 		case "grpc-reflection":
-			cfg.GRPC.Reflection = f.Value.(flag.Getter).Get().(bool)
+			cfg.GRPC.Reflection = must(sf.fs.GetBool(f.Name))
 		case "grpc-response-headers":
-			cfg.GRPC.ResponseHeaders = f.Value.(flag.Getter).Get().(bool)
+			cfg.GRPC.ResponseHeaders = must(sf.fs.GetBool(f.Name))
 		case "backend":
 			cfg.Backend = v
 		case "redis-url":
@@ -234,14 +258,13 @@ func (sf *serveFlags) build() (server.Config, error) {
 		case "log-level":
 			cfg.LogLevel = v
 		case "gossip-bind", "gossip-advertise", "peers", "gossip-key-file", "gossip-interval", "gossip-hold", "gossip-policy":
-			setGossip(&cfg.Gossip, f)
+			setGossip(&cfg.Gossip, sf.fs, f)
 		case "max-penalty":
-			cfg.MaxPenalty = *f.Value.(*server.PenaltyCap)
+			cfg.MaxPenalty = *f.Value.(penaltyFlag).PenaltyCap
 		case "fallback-share":
-			cfg.FallbackShare = f.Value.(flag.Getter).Get().(float64)
+			cfg.FallbackShare = must(sf.fs.GetFloat64(f.Name))
 		case "margin", "idle-timeout", "write-timeout", "shutdown-grace", "redis-timeout":
-			d := f.Value.(flag.Getter).Get().(interface{ Nanoseconds() int64 })
-			dur := yamlx.Duration(d.Nanoseconds())
+			dur := yamlx.Duration(must(sf.fs.GetDuration(f.Name)))
 			switch f.Name {
 			case "margin":
 				cfg.Margin = dur
@@ -255,9 +278,9 @@ func (sf *serveFlags) build() (server.Config, error) {
 				cfg.RedisTimeout = dur
 			}
 		case "redis-replica-acks":
-			cfg.RedisAcks = f.Value.(flag.Getter).Get().(int)
+			cfg.RedisAcks = must(sf.fs.GetInt(f.Name))
 		case "max-connections", "max-keys", "max-line":
-			n := f.Value.(flag.Getter).Get().(int)
+			n := must(sf.fs.GetInt(f.Name))
 			switch f.Name {
 			case "max-connections":
 				cfg.MaxConnections = n
@@ -289,14 +312,24 @@ func envName(flagName string) string {
 	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
+// must returns v; err is a flag read as a type it was not defined with, a mistake in the
+// command's definition.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
 // fromEnv sets the flags not given on the command line from the environment (as if they
 // had been): flags win over the environment, which wins over the config file. A rule flag
-// takes one rule a line. --check-config is a command, not a setting: it is not read.
+// takes one rule a line. --check-config and --help are commands, not settings: they are
+// not read.
 func (sf *serveFlags) fromEnv(lookup func(string) (string, bool)) error {
-	given := map[string]bool{"check-config": true}
-	sf.fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	given := map[string]bool{"check-config": true, "help": true}
+	sf.fs.Visit(func(f *pflag.Flag) { given[f.Name] = true })
 	var err error
-	sf.fs.VisitAll(func(f *flag.Flag) {
+	sf.fs.VisitAll(func(f *pflag.Flag) {
 		v, ok := lookup(envName(f.Name))
 		if !ok || given[f.Name] || err != nil {
 			return
@@ -306,8 +339,12 @@ func (sf *serveFlags) fromEnv(lookup func(string) (string, bool)) error {
 			vals = strings.FieldsFunc(v, func(r rune) bool { return r == '\n' })
 		}
 		for _, v := range vals {
-			if serr := sf.fs.Set(f.Name, strings.TrimSpace(v)); serr != nil {
-				err = usagef("%s=%q (--%s): %v", envName(f.Name), v, f.Name, serr)
+			v = strings.TrimSpace(v)
+			if serr := sf.fs.Set(f.Name, v); serr != nil {
+				if bad := (*pflag.InvalidValueError)(nil); errors.As(serr, &bad) {
+					serr = bad.Unwrap()
+				}
+				err = usagef("%s=%q (--%s): %s", envName(f.Name), v, f.Name, valueProblem(v, serr))
 				return
 			}
 		}
@@ -337,11 +374,7 @@ func fingerprint(paths ...string) string {
 // files.
 var testHookServing func()
 
-func runServe(ctx context.Context, env Env, args []string) error {
-	sf := newServeFlags(env)
-	if err := parseFlags(env, sf.fs, args); err != nil {
-		return err
-	}
+func (sf *serveFlags) run(ctx context.Context, env Env) error {
 	if err := sf.fromEnv(os.LookupEnv); err != nil {
 		return err
 	}
@@ -445,12 +478,29 @@ func runServe(ctx context.Context, env Env, args []string) error {
 }
 
 // check asks a running daemon from the shell.
-func init() {
-	register(command{
-		name:    "check",
-		summary: "ask a running daemon about a tag: prints OK or NO (exit 0 allowed, 1 throttled, 2 bad usage, 3 no answer)",
-		run:     runCheck,
-	})
+func init() { register(newCheckCmd) }
+
+func newCheckCmd(env Env) *cobra.Command {
+	var a checkArgs
+	cmd := &cobra.Command{
+		Use:               "check TAG",
+		Short:             "ask a running daemon about a tag: prints OK or NO (exit 0 allowed, 1 throttled, 2 bad usage, 3 no answer)",
+		Example:           "  sluice check api\n  sluice check api --n 5 --addr 127.0.0.1:7070 --quiet",
+		ValidArgsFunction: cobra.NoFileCompletions,
+		RunE:              func(cmd *cobra.Command, args []string) error { return runCheck(cmd.Context(), env, a, args) },
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&a.addr, "addr", server.DefaultConfig().ListenLine, "the daemon's line protocol `address` (host:port or a Unix socket path)")
+	fs.Int64Var(&a.n, "n", 1, "permits to take (0 asks without taking)")
+	fs.BoolVar(&a.quiet, "quiet", false, "print nothing; the exit code says it")
+	return cmd
+}
+
+// checkArgs are the flags of sluice check.
+type checkArgs struct {
+	addr  string
+	n     int64
+	quiet bool
 }
 
 // exitError ends a command with a given exit code (and a message, if any).
@@ -462,15 +512,7 @@ type exitError struct {
 func (e exitError) Error() string { return e.msg }
 func (e exitError) ExitCode() int { return e.code }
 
-func runCheck(ctx context.Context, env Env, args []string) error {
-	fs := newFlags(env, "check", "check TAG [--addr 127.0.0.1:7070] [--n 1] [--quiet]")
-	addr := fs.String("addr", server.DefaultConfig().ListenLine, "the daemon's line protocol `address` (host:port or a Unix socket path)")
-	n := fs.Int64("n", 1, "permits to take (0 asks without taking)")
-	quiet := fs.Bool("quiet", false, "print nothing; the exit code says it")
-	rest, err := parseArgs(env, fs, args)
-	if err != nil {
-		return err
-	}
+func runCheck(ctx context.Context, env Env, a checkArgs, rest []string) error {
 	switch {
 	case len(rest) == 0:
 		return usagef("no tag given (e.g. sluice check api)")
@@ -481,17 +523,17 @@ func runCheck(ctx context.Context, env Env, args []string) error {
 	switch {
 	case !wire.ValidTag(tag):
 		return usagef("tag %q: want a non-empty UTF-8 tag without control characters", tag)
-	case *n < 0 || *n > wire.MaxN:
-		return usagef("--n %d: want 0 to %d permits", *n, int64(wire.MaxN))
+	case a.n < 0 || a.n > wire.MaxN:
+		return usagef("--n %d: want 0 to %d permits", a.n, int64(wire.MaxN))
 	}
-	c := client.New(*addr, client.WithTimeout(2*time.Second), client.WithConns(1))
+	c := client.New(a.addr, client.WithTimeout(2*time.Second), client.WithConns(1))
 	defer c.Close()
-	say := func(format string, a ...any) {
-		if !*quiet {
-			fmt.Fprintf(env.Stdout, format, a...)
+	say := func(format string, args ...any) {
+		if !a.quiet {
+			fmt.Fprintf(env.Stdout, format, args...)
 		}
 	}
-	a, err := c.Query(ctx, tag, *n, 0)
+	ans, err := c.Query(ctx, tag, a.n, 0)
 	var refused *wire.RefusedError
 	switch {
 	case errors.As(err, &refused):
@@ -499,9 +541,9 @@ func runCheck(ctx context.Context, env Env, args []string) error {
 		say("NO %s\n", refused.Reason)
 		return exitError{code: ExitDenied}
 	case err != nil:
-		return exitError{code: ExitUnreachable, msg: fmt.Sprintf("check %q at %s: %v", tag, *addr, err)}
+		return exitError{code: ExitUnreachable, msg: fmt.Sprintf("check %q at %s: %v", tag, a.addr, err)}
 	}
-	switch a.Why {
+	switch ans.Why {
 	case wire.WhyNoRule:
 		say("OK no rule matches this tag: it is not limited\n")
 	case wire.WhyUnlimited:
@@ -510,19 +552,19 @@ func runCheck(ctx context.Context, env Env, args []string) error {
 		say("NO its rule denies every request\n")
 	case wire.WhyDown:
 		verdict := "NO"
-		if a.Allowed {
+		if ans.Allowed {
 			verdict = "OK"
 		}
-		say("%s the daemon's back end is down: its fail mode answered (ask again in %v)\n", verdict, a.RetryAfter)
+		say("%s the daemon's back end is down: its fail mode answered (ask again in %v)\n", verdict, ans.RetryAfter)
 		return exitError{code: ExitUnreachable}
 	default:
-		if a.Allowed {
-			say("OK remaining=%d reset_after=%v\n", a.Remaining, a.ResetAfter)
+		if ans.Allowed {
+			say("OK remaining=%d reset_after=%v\n", ans.Remaining, ans.ResetAfter)
 		} else {
-			say("NO retry_after=%v remaining=%d reset_after=%v\n", a.RetryAfter, a.Remaining, a.ResetAfter)
+			say("NO retry_after=%v remaining=%d reset_after=%v\n", ans.RetryAfter, ans.Remaining, ans.ResetAfter)
 		}
 	}
-	if !a.Allowed {
+	if !ans.Allowed {
 		return exitError{code: ExitDenied}
 	}
 	return nil

@@ -16,46 +16,65 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/spf13/cobra"
+
 	"github.com/sluicehq/sluice/sim"
 )
 
-func init() {
-	register(command{
-		name:    "sim",
-		summary: "simulate a scenario (a YAML file) in virtual time under one or more modes, and report",
-		run:     runSim,
-	})
+func init() { register(newSimCmd) }
+
+func newSimCmd(env Env) *cobra.Command {
+	var a simArgs
+	cmd := &cobra.Command{
+		Use:   "sim SCENARIO.yaml",
+		Short: "simulate a scenario (a YAML file) in virtual time under one or more modes, and report",
+		Example: "  sluice sim scenarios/store-outage.yaml --modes strict,lease,local\n" +
+			"  sluice sim scenarios/store-outage.yaml --sweep lease.renew=50ms,250ms --html report.html\n" +
+			"  sluice sim --matrix --quick",
+		ValidArgsFunction: func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+			return []string{"yaml", "yml"}, cobra.ShellCompDirectiveFilterFileExt
+		},
+		RunE: func(cmd *cobra.Command, args []string) error { return runSim(cmd.Context(), env, a, args) },
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&a.modes, "modes", "", "comma-separated `modes` to run side by side (default: the scenario's; known: "+strings.Join(sim.ModeNames(), ", ")+"; adaptive:heroku, adaptive:cubic and adaptive:sre for the adaptive mode's other strategies; local is every member a process alone on its own limiter, unlike sluice demo's one process)")
+	fs.BoolVar(&a.json, "json", false, "print the report as JSON")
+	fs.StringVar(&a.csv, "csv", "", "write the time series of every mode to `file` as CSV")
+	fs.StringVar(&a.plot, "plot", "", "draw the report's figure to `file` (.svg or .png): per mode, the admitted rate against the limit with the events and 429s, the queue and each member's share")
+	fs.StringVar(&a.html, "html", "", "write the report as one self-contained HTML page to `file`: the modes side by side, each mode's figure, its events' convergence and its members")
+	fs.Var(&a.sweeps, "sweep", "run the scenario over a grid of settings, `key=v1,v2,...` (repeatable; e.g. lease.renew=50ms,250ms, client.margin=5ms,20ms, members.m.count=10,20), in parallel, and name the best point per mode (fewest violations, then utilization, then store operations); with --plot, --html or --csv each point writes its own files, named after its settings")
+	fs.Uint64Var(&a.seed, "seed", 0, "override the scenario's seed")
+	fs.BoolVar(&a.matrix, "matrix", false, "run the guarantee matrix instead of a scenario: every mode (or --modes) on each shape of the matrix file beside the ideal throttle, one cell per mode and shape, judged against it (docs/simulator.md, \"The guarantee matrix\"); with --json every cell's figures and a summary")
+	fs.StringVar(&a.matrixFile, "matrix-file", "", "with --matrix: the matrix `file` (default: the shipped sim/matrix.yaml)")
+	fs.BoolVar(&a.quick, "quick", false, "with --matrix: the quick shapes only (small pools and short runs)")
+	fs.StringVar(&a.shape, "shape", "", "with --matrix: only the shapes whose name (limit/pool/demand/event) contains `text`")
+	fs.StringVar(&a.record, "record", "", "with --matrix: also write the run as JSON to `file` (make matrix: sim/testdata/matrix.json)")
+	fs.StringVar(&a.guarantees, "guarantees", "", "with --matrix: also write what each mode guarantees, from the run, as Markdown to `file` (make matrix: docs/guarantees.md)")
+	fs.BoolVar(&a.show, "show", false, "with --matrix: print the selected shapes' scenarios (YAML, one document each) instead of running them, to run a cell alone with 'sluice sim FILE'")
+	for _, name := range []string{"csv", "plot", "html", "matrix-file", "record", "guarantees"} {
+		_ = cmd.MarkFlagFilename(name)
+	}
+	return cmd
 }
 
-func runSim(ctx context.Context, env Env, args []string) error {
-	fs := newFlags(env, "sim", "sim SCENARIO.yaml [--modes strict,local] [--json] [--csv FILE]")
-	modes := fs.String("modes", "", "comma-separated `modes` to run side by side (default: the scenario's; known: "+strings.Join(sim.ModeNames(), ", ")+"; adaptive:heroku, adaptive:cubic and adaptive:sre for the adaptive mode's other strategies; local is every member a process alone on its own limiter, unlike sluice demo's one process)")
-	asJSON := fs.Bool("json", false, "print the report as JSON")
-	csvPath := fs.String("csv", "", "write the time series of every mode to `FILE` as CSV")
-	plotPath := fs.String("plot", "", "draw the report's figure to `FILE` (.svg or .png): per mode, the admitted rate against the limit with the events and 429s, the queue and each member's share")
-	htmlPath := fs.String("html", "", "write the report as one self-contained HTML page to `FILE`: the modes side by side, each mode's figure, its events' convergence and its members")
-	var sweeps sweepFlags
-	fs.Var(&sweeps, "sweep", "run the scenario over a grid of settings, `KEY=V1,V2,...` (repeatable; e.g. lease.renew=50ms,250ms, client.margin=5ms,20ms, members.m.count=10,20), in parallel, and name the best point per mode (fewest violations, then utilization, then store operations); with --plot, --html or --csv each point writes its own files, named after its settings")
-	seed := fs.Uint64("seed", 0, "override the scenario's seed")
-	matrix := fs.Bool("matrix", false, "run the guarantee matrix instead of a scenario: every mode (or --modes) on each shape of the matrix file beside the ideal throttle, one cell per mode and shape, judged against it (docs/simulator.md, \"The guarantee matrix\"); with --json every cell's figures and a summary")
-	matrixFile := fs.String("matrix-file", "", "with --matrix: the matrix `file` (default: the shipped sim/matrix.yaml)")
-	quick := fs.Bool("quick", false, "with --matrix: the quick shapes only (small pools and short runs)")
-	shapeSel := fs.String("shape", "", "with --matrix: only the shapes whose name (limit/pool/demand/event) contains `TEXT`")
-	record := fs.String("record", "", "with --matrix: also write the run as JSON to `FILE` (make matrix: sim/testdata/matrix.json)")
-	guarantees := fs.String("guarantees", "", "with --matrix: also write what each mode guarantees, from the run, as Markdown to `FILE` (make matrix: docs/guarantees.md)")
-	show := fs.Bool("show", false, "with --matrix: print the selected shapes' scenarios (YAML, one document each) instead of running them, to run a cell alone with `sluice sim FILE`")
-	rest, err := parseArgs(env, fs, args)
-	if err != nil {
-		return err
-	}
-	if *matrix {
+// simArgs are the flags of sluice sim.
+type simArgs struct {
+	modes, csv, plot, html                string
+	matrixFile, shape, record, guarantees string
+	json, matrix, quick, show             bool
+	seed                                  uint64
+	sweeps                                sweepFlags
+}
+
+func runSim(ctx context.Context, env Env, a simArgs, rest []string) error {
+	if a.matrix {
 		if len(rest) > 0 {
 			return usagef("--matrix takes no scenario file (got %q): the shapes come from the matrix file", strings.Join(rest, " "))
 		}
-		return runMatrix(ctx, env, matrixArgs{file: *matrixFile, quick: *quick, shape: *shapeSel, show: *show,
-			modes: *modes, json: *asJSON, record: *record, guarantees: *guarantees})
+		return runMatrix(ctx, env, matrixArgs{file: a.matrixFile, quick: a.quick, shape: a.shape, show: a.show,
+			modes: a.modes, json: a.json, record: a.record, guarantees: a.guarantees})
 	}
-	if *quick || *matrixFile != "" || *shapeSel != "" || *show || *record != "" || *guarantees != "" {
+	if a.quick || a.matrixFile != "" || a.shape != "" || a.show || a.record != "" || a.guarantees != "" {
 		return usagef("--quick, --shape, --show, --record, --guarantees and --matrix-file go with --matrix")
 	}
 	switch {
@@ -66,14 +85,15 @@ func runSim(ctx context.Context, env Env, args []string) error {
 	}
 	file := rest[0]
 	plotFormat := ""
-	if *plotPath != "" {
-		if plotFormat, err = sim.PlotFormat(*plotPath); err != nil {
+	if a.plot != "" {
+		var err error
+		if plotFormat, err = sim.PlotFormat(a.plot); err != nil {
 			return usagef("--plot: %v", err)
 		}
 	}
 	var opts sim.Options
-	if *modes != "" {
-		for _, m := range strings.Split(*modes, ",") {
+	if a.modes != "" {
+		for _, m := range strings.Split(a.modes, ",") {
 			if m = strings.TrimSpace(m); m != "" {
 				opts.Modes = append(opts.Modes, m)
 			}
@@ -85,17 +105,17 @@ func runSim(ctx context.Context, env Env, args []string) error {
 		}
 	}
 	warnFormerModes(env, "", opts.Modes)
-	outs := outputs{csv: *csvPath, plot: *plotPath, plotFormat: plotFormat, html: *htmlPath}
-	if len(sweeps) > 0 {
-		return runSweep(ctx, env, file, sweeps, opts, *seed, *asJSON, outs)
+	outs := outputs{csv: a.csv, plot: a.plot, plotFormat: plotFormat, html: a.html}
+	if len(a.sweeps) > 0 {
+		return runSweep(ctx, env, file, a.sweeps, opts, a.seed, a.json, outs)
 	}
 	sc, err := sim.Load(file)
 	if err != nil {
 		return usageError{err}
 	}
 	warnFormerModes(env, file+": modes: ", sc.Modes)
-	if *seed != 0 {
-		sc.Seed = *seed
+	if a.seed != 0 {
+		sc.Seed = a.seed
 	}
 	if isTerminal(env.Stderr) {
 		opts.Progress = progressBar(env, time.Now())
@@ -107,7 +127,7 @@ func runSim(ctx context.Context, env Env, args []string) error {
 	if rep != nil && rep.Partial {
 		// Interrupted (SIGINT, SIGTERM): what was measured so far, marked partial, and no
 		// files (a figure or a page of a large run could outlast the second a stop takes).
-		if *asJSON {
+		if a.json {
 			_ = rep.WriteJSON(env.Stdout)
 		} else {
 			rep.WriteText(env.Stdout)
@@ -120,7 +140,7 @@ func runSim(ctx context.Context, env Env, args []string) error {
 	if err := outs.write(rep, nil); err != nil {
 		return err
 	}
-	if *asJSON {
+	if a.json {
 		return rep.WriteJSON(env.Stdout)
 	}
 	rep.WriteText(env.Stdout)
@@ -152,6 +172,8 @@ func warnFormerModes(env Env, where string, modes []string) {
 type sweepFlags []sim.Sweep
 
 func (s *sweepFlags) String() string { return "" }
+
+func (s *sweepFlags) Type() string { return "sweep" }
 
 func (s *sweepFlags) Set(v string) error {
 	sw, err := sim.ParseSweep(v)

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"flag"
 	"time"
 
 	"github.com/sluicehq/sluice/store"
@@ -25,11 +24,4 @@ func openStore(raw, prefix string) (store.Store, func(), error) {
 		return nil, nil, usagef("store: %v", err)
 	}
 	return h, func() { h.Close() }, nil
-}
-
-// flagSet reports whether the flag name was given on the command line.
-func flagSet(fs *flag.FlagSet, name string) bool {
-	set := false
-	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	return set
 }

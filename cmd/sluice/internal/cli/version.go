@@ -1,21 +1,24 @@
 package cli
 
 import (
-	"context"
 	"fmt"
+
+	"github.com/spf13/cobra"
 
 	"github.com/sluicehq/sluice/internal/buildinfo"
 )
 
-func init() {
-	register(command{name: "version", summary: "print the version and commit of this build", run: runVersion})
-}
+func init() { register(newVersionCmd) }
 
-func runVersion(_ context.Context, env Env, args []string) error {
-	fs := newFlags(env, "version", "version")
-	if err := parseFlags(env, fs, args); err != nil {
-		return err
+func newVersionCmd(env Env) *cobra.Command {
+	return &cobra.Command{
+		Use:               "version",
+		Short:             "print the version and commit of this build",
+		Args:              noArgs,
+		ValidArgsFunction: cobra.NoFileCompletions,
+		RunE: func(*cobra.Command, []string) error {
+			fmt.Fprintln(env.Stdout, buildinfo.Read())
+			return nil
+		},
 	}
-	fmt.Fprintln(env.Stdout, buildinfo.Read())
-	return nil
 }
