@@ -16,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice/internal/keytable"
 	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/local"
+	"github.com/sluicehq/sluice/priority"
 )
 
 // Limiter throttles keys to a set of limits, deciding in its backend (in process by
@@ -50,6 +51,16 @@ type Limiter struct {
 	rooms       map[string]*room // the keys waited on, each with its waiters and places
 	waitSeq     atomic.Uint64
 	expired     atomic.Int64 // permits not used: past their time by more than the margin
+
+	// The classes (priority.go): the headroom decisions that do not wait keep for higher
+	// classes, and when each class last asked for each key (made on the first call that
+	// carries a class; nil while none did, or when the backend cannot keep headroom).
+	headroom    priority.Headroom
+	headroomSet bool
+	seen        atomic.Pointer[keytable.Table[classSeen]]
+	seenOnce    sync.Once
+	seenMu      sync.Mutex // one sweep of seen at a time
+	maxSeen     int
 }
 
 // Decision is the answer to a request for permits. Being throttled is a normal result,
@@ -120,6 +131,12 @@ func New(limits Limits, opts ...Option) (*Limiter, error) {
 	}
 	if l.failMode == backend.FailDefault {
 		l.failMode = backend.FailClosed
+	}
+	if !l.headroomSet {
+		l.headroom = priority.DefaultHeadroom
+	}
+	if err := l.headroom.Validate(); err != nil {
+		return nil, err
 	}
 	if l.log == nil {
 		l.log = slog.Default()
@@ -293,7 +310,8 @@ func (l *Limiter) Allow(ctx context.Context, key string) bool {
 	if sh == nil {
 		return false
 	}
-	if sh.allower != nil && l.observer == nil && (sh.rampEnd == 0 || !sh.ramping(l.clock.Nanotime())) {
+	if sh.allower != nil && l.observer == nil && (sh.rampEnd == 0 || !sh.ramping(l.clock.Nanotime())) &&
+		l.seen.Load() == nil && priority.Of(ctx) == priority.Standard {
 		ok, err := sh.allower.AllowOne(ctx, key, sh.core[0])
 		if err != nil {
 			g, _ := l.failed(key, 1, err)
@@ -341,6 +359,12 @@ func (l *Limiter) ReserveWithin(ctx context.Context, key string, n int64, maxWai
 }
 
 func (l *Limiter) reserve(ctx context.Context, key string, n int64, maxDelay time.Duration) (*Reservation, error) {
+	return l.reserveKeeping(ctx, key, n, maxDelay, true)
+}
+
+// reserveKeeping is reserve; a place the waiting room takes keeps no headroom (keep false:
+// see keepFor).
+func (l *Limiter) reserveKeeping(ctx context.Context, key string, n int64, maxDelay time.Duration, keep bool) (*Reservation, error) {
 	sh := l.shape.Load()
 	if sh == nil {
 		return &Reservation{l: l, key: key, done: true}, errZero
@@ -349,7 +373,7 @@ func (l *Limiter) reserve(ctx context.Context, key string, n int64, maxDelay tim
 	if sh.rampEnd != 0 {
 		core = sh.coreAt(l.clock.Nanotime())
 	}
-	g, err := l.decideIn(ctx, core, key, n, maxDelay)
+	g, err := l.decideKeeping(ctx, core, key, n, maxDelay, keep)
 	// The delay counts from the backend's now, which is no later than the answer's arrival:
 	// counting it from the arrival puts the permit at or after its slot, never before.
 	r := &Reservation{l: l, key: key, Decision: decisionOf(g.Result), core: core, ticket: g.Ticket, at: l.clock.Nanotime()}
@@ -492,11 +516,32 @@ func (l *Limiter) decide(ctx context.Context, key string, n int64, maxDelay time
 	return l.decideIn(ctx, core, key, n, maxDelay)
 }
 
-// decideIn is decide under the core limits given.
+// decideIn is decide under the core limits given, less the headroom the caller's class
+// keeps for higher ones (keepFor).
 func (l *Limiter) decideIn(ctx context.Context, core []gcra.Limit, key string, n int64, maxDelay time.Duration) (backend.Grant, error) {
+	return l.decideKeeping(ctx, core, key, n, maxDelay, true)
+}
+
+// decideKeeping is decideIn; a place the waiting room takes keeps no headroom (keep false).
+func (l *Limiter) decideKeeping(ctx context.Context, core []gcra.Limit, key string, n int64, maxDelay time.Duration, keep bool) (backend.Grant, error) {
 	var start int64
 	if l.observer != nil {
 		start = l.clock.Nanotime()
+	}
+	var buf [gcra.MaxLimits]gcra.Limit
+	if p := priority.Of(ctx); p != priority.Standard || l.seen.Load() != nil {
+		if p != priority.Standard {
+			l.prioritize()
+		}
+		ls, ok, retry := l.keepFor(p, key, core, l.clock.Nanotime(), keep, &buf)
+		if !ok {
+			g := backend.Grant{Result: gcra.Result{RetryAfter: retry}}
+			if l.observer != nil {
+				l.observer(Event{Kind: EventDecision, Key: key, N: n, Decision: decisionOf(g.Result), Err: nil})
+			}
+			return g, nil
+		}
+		core = ls
 	}
 	g, err := l.be.Decide(ctx, key, backend.Request{Limits: core, N: n, MaxDelay: maxDelay})
 	if err != nil {

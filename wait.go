@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/internal/fairq"
+	"github.com/sluicehq/sluice/priority"
 )
 
 // Wait blocks until one permit for key is available and takes it, or returns an error:
@@ -52,12 +53,18 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (*Reservation,
 // bound allows (the limiter's maximum wait, the context's deadline). bound is that bound
 // at the start; each retry asks for what is left of it.
 func (l *Limiter) reserveWaiting(ctx context.Context, key string, n int64, bound time.Duration) (*Reservation, error) {
+	return l.reserveWaitingKeeping(ctx, key, n, bound, true)
+}
+
+// reserveWaitingKeeping is reserveWaiting; a place the waiting room takes keeps no
+// headroom (keep false: see keepFor).
+func (l *Limiter) reserveWaitingKeeping(ctx context.Context, key string, n int64, bound time.Duration, keep bool) (*Reservation, error) {
 	if l.shape.Load() == nil {
 		return l.reserve(ctx, key, n, 0) // errZero
 	}
 	start := l.clock.Nanotime()
 	for {
-		r, err := l.reserve(ctx, key, n, max(bound-time.Duration(l.clock.Nanotime()-start), 0))
+		r, err := l.reserveKeeping(ctx, key, n, max(bound-time.Duration(l.clock.Nanotime()-start), 0), keep)
 		hint, ok := backend.RetryAfter(err)
 		if !ok || hint > bound-time.Duration(l.clock.Nanotime()-start) {
 			return r, err // a decision, another error, or the bound ends before the retry
@@ -200,7 +207,7 @@ func (l *Limiter) waitTurn(ctx context.Context, key string, bound, maxWait time.
 		w.end = w.start + int64(maxWait)
 	}
 	w.rm.mu.Lock()
-	_ = w.rm.q.Join(w.id, w.member) // ids are unique
+	_ = w.rm.q.JoinClass(w.id, w.member, fairClass(priority.Of(ctx))) // ids are unique
 	w.rm.chans[w.id] = w.ch
 	w.rm.mu.Unlock()
 	for first := true; ; first = false {
@@ -298,9 +305,9 @@ func (l *Limiter) reserveFor(ctx context.Context, key string, bound time.Duratio
 		md = min(md, bound)
 	}
 	if !wait {
-		return l.reserve(ctx, key, 1, md)
+		return l.reserveKeeping(ctx, key, 1, md, false)
 	}
-	return l.reserveWaiting(ctx, key, 1, md)
+	return l.reserveWaitingKeeping(ctx, key, 1, md, false)
 }
 
 // next returns when the room's next place is due, or -1 and a channel closed when a place

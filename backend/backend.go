@@ -96,6 +96,10 @@ type Capabilities struct {
 	// whatever its number of waiters (sluice.FairProcesses), rather than one place per
 	// waiter, which gives a process of many goroutines most of the key.
 	SharedLine bool
+	// ByValue: the backend keeps a key's state apart from its limits, so that the limits of
+	// one decision may differ from the next and apply to it alone: a lower priority's
+	// decision under limits that keep part of the burst for higher ones (sluice.Headroom).
+	ByValue bool
 }
 
 // Capable is an optional interface of back ends that decide more than plain GCRA limits.

@@ -87,6 +87,23 @@ func (r Ramp) IsZero() bool { return r == Ramp{} }
 // Burst is the number of permits the limit grants at once after an idle spell.
 func (l Limit) Burst() int64 { return l.Tau / l.T }
 
+// Keeping returns l for a decision that must leave keep (a fraction, 0 to 1) of the burst
+// unspent: its tolerance less keep × Burst permits, rounded up to whole permits, so that a
+// grant leaves at least that many at its slot. ok is false when that leaves less than one
+// permit: the decision can grant nothing. A windowed quota is returned as it is (its
+// tolerance is part of its windows' arithmetic: see the package documentation).
+func (l Limit) Keeping(keep float64) (kept Limit, ok bool) {
+	if keep <= 0 || l.Window > 0 || l.T <= 0 {
+		return l, true
+	}
+	k := int64(math.Ceil(min(keep, 1) * float64(l.Burst())))
+	if k >= l.Burst() {
+		return l, false
+	}
+	l.Tau -= k * l.T
+	return l, true
+}
+
 // Share is the limit scaled to a share (0 < share <= 1) of its rate and burst: T / share,
 // rounded up, and the burst times share, rounded down but at least one permit (a share of
 // a limit never exceeds it, and can always grant one permit).

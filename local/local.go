@@ -280,7 +280,7 @@ func (b *Backend) Decide(_ context.Context, key string, req backend.Request) (ba
 // changing limits (backend.Capable): a key's state is its TATs, whatever limits the next
 // decision brings.
 func (b *Backend) Capabilities() backend.Capabilities {
-	return backend.Capabilities{Windows: true, Ramps: true}
+	return backend.Capabilities{Windows: true, Ramps: true, ByValue: true}
 }
 
 // AllowOne takes one permit for key under l if one is free now (backend.Allower).

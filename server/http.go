@@ -16,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/wire"
+	"github.com/sluicehq/sluice/priority"
 )
 
 var errHTTPClosed = http.ErrServerClosed
@@ -150,6 +151,9 @@ func (s *Server) tokenOK(auth string) bool {
 type DecideRequest struct {
 	Key string `json:"key"`
 	N   *int64 `json:"n,omitempty"` // default 1; 0 asks for the state without taking anything
+	// Priority is the request's class: critical, standard (the default) or sheddable
+	// (docs/priorities.md).
+	Priority string `json:"priority,omitempty"`
 }
 
 // DecideResponse is its answer. Times are whole milliseconds, rounded up (a client that
@@ -217,7 +221,16 @@ func (s *Server) handleDecide(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "want a non-empty UTF-8 key without control characters, and n >= 0")
 		return
 	}
-	d, err := s.Decide(s.httpContext(r), req.Key, n, 0)
+	prio, perr := priority.Parse(req.Priority)
+	if perr != nil {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("unknown priority %q: want critical, standard or sheddable", req.Priority))
+		return
+	}
+	ctx := s.httpContext(r)
+	if prio != priority.Standard {
+		ctx = priority.With(ctx, prio)
+	}
+	d, err := s.Decide(ctx, req.Key, n, 0)
 	resp := s.decideResponse(req.Key, n, d, err)
 	status := http.StatusOK
 	if err != nil {

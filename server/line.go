@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/wire"
+	"github.com/sluicehq/sluice/priority"
 )
 
 type conn struct {
@@ -136,7 +137,11 @@ func (cn *conn) serve() {
 				out = append(out, "OK\n"...)
 			}
 		default:
-			d, err := s.decide(ctx, string(q.Tag), q.N, time.Duration(q.WaitMs)*time.Millisecond, q.Stamp)
+			dctx := ctx
+			if q.Priority != 0 {
+				dctx = priority.With(ctx, priority.Class(q.Priority))
+			}
+			d, err := s.decide(dctx, string(q.Tag), q.N, time.Duration(q.WaitMs)*time.Millisecond, q.Stamp)
 			if errors.Is(err, gcra.ErrCostExceedsBurst) {
 				s.m.badInput.WithLabelValues("cost_over_burst").Inc()
 				out = wire.AppendRefusal(out, "cost exceeds the burst: it can never be granted")

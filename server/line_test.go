@@ -32,10 +32,10 @@ func TestBadInputHasDefinedAnswers(t *testing.T) {
 		{"~v api\n", "OK r=5 t=500\n"}, // details
 		{"~n=20,v api\n", "ER cost exceeds the burst: it can never be granted\n"},
 		{"~w=1000,v api\n", "OK d=0 r=4 t=600\n"},
-		{"~n=x api\n", "ER bad options: want ~OPTS TAG with OPTS such as n=5,v or w=500 or p=1000\n"},
+		{"~n=x api\n", "ER bad options: want ~OPTS TAG with OPTS such as n=5,v or w=500 or p=1000 or c=critical\n"},
 		{"~v\n", "ER no tag after the options\n"},
 		{"~v \n", "ER bad tag: empty, not UTF-8, or with control characters\n"},
-		{"~ api\n", "ER bad options: want ~OPTS TAG with OPTS such as n=5,v or w=500 or p=1000\n"},
+		{"~ api\n", "ER bad options: want ~OPTS TAG with OPTS such as n=5,v or w=500 or p=1000 or c=critical\n"},
 		{"~p=2000 api\n", "OK\n"},
 		{"api\n", "NO\n"}, // penalized for 2 s
 	}
@@ -137,5 +137,36 @@ func TestMaxConnectionsAndIdleTimeout(t *testing.T) {
 	a.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := a.Read(make([]byte, 1)); err == nil {
 		t.Errorf("an idle connection was not closed")
+	}
+}
+
+// TestLinePriorities: c=CLASS on the line protocol. On api=10/s burst=10 (virtual time,
+// nothing refills), a critical query takes a permit; a sheddable flood then leaves 4 of the
+// 9 left (40% of the burst, issue [24]), which critical queries take; a bad class is an ER.
+func TestLinePriorities(t *testing.T) {
+	clk := clock.NewVirtual()
+	s := start(t, testConfig("api=10/s"), WithClock(clk))
+	c := dial(t, s)
+	if got := exchange(t, c, "~c=critical api\n", 3); got != "OK\n" {
+		t.Fatalf("critical: %q", got)
+	}
+	shed := 0
+	for range 20 {
+		if exchange(t, c, "~c=sheddable api\n", 3) == "OK\n" {
+			shed++
+		}
+	}
+	crit := 0
+	for range 6 {
+		if exchange(t, c, "~c=critical api\n", 3) == "OK\n" {
+			crit++
+		}
+	}
+	if shed != 5 || crit != 4 {
+		t.Errorf("sheddable flood granted %d, critical after it %d; want 5 and the 4 kept", shed, crit)
+	}
+	want := "ER bad options: want ~OPTS TAG with OPTS such as n=5,v or w=500 or p=1000 or c=critical\n"
+	if got := exchange(t, c, "~c=urgent api\n", len(want)); got != want {
+		t.Errorf("a bad class: %q", got)
 	}
 }

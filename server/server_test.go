@@ -244,8 +244,8 @@ func TestHTTPAPI(t *testing.T) {
 		rule    string
 	}{
 		{`{"key":"api"}`, 200, true, "api"},
-		{`{"key":"api","n":1}`, 200, true, "api"},
-		{`{"key":"api"}`, 200, false, "api"},
+		{`{"key":"api","n":1,"priority":"critical"}`, 200, true, "api"},
+		{`{"key":"api","priority":"sheddable"}`, 200, false, "api"},
 		{`{"key":"user-7"}`, 200, true, "user-*"},
 		{`{"key":"zed"}`, 200, true, "default"},
 		{`{"key":"api","n":5}`, 400, false, "api"},
@@ -470,6 +470,7 @@ func TestHTTPErrorsAreOneShape(t *testing.T) {
 		{"POST", "/v1/decide", "{bad", 400, "bad request body"},
 		{"POST", "/v1/decide", `{"key":""}`, 400, "non-empty"},
 		{"POST", "/v1/decide", `{"key":"api","n":1000}`, 400, `cost 1000 exceeds the burst of rule "api"`},
+		{"POST", "/v1/decide", `{"key":"api","priority":"urgent"}`, 400, `unknown priority "urgent"`},
 		{"DELETE", "/v1/penalties/zzz", "", 404, "no rule matches"},
 	} {
 		status, h, j := do(c.method, c.path, c.body)

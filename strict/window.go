@@ -32,7 +32,7 @@ var windowSHA = func() string { h := sha1.Sum([]byte(windowSource)); return hex.
 // limits: the script reads each call's limits from its arguments (backend.Capable); and
 // that every process shares each key's line in Redis (SharedLine).
 func (b *Backend) Capabilities() backend.Capabilities {
-	return backend.Capabilities{Windows: true, Ramps: true, WindowsAlone: true, SharedLine: true}
+	return backend.Capabilities{Windows: true, Ramps: true, WindowsAlone: true, SharedLine: true, ByValue: true}
 }
 
 // windowed reports whether limits are windows, and an error if only some are, or if a

@@ -15,6 +15,10 @@
 // waits keep ending (a deadline) before its turn does not lose its share to those that
 // can wait longer.
 //
+// Waiters come in classes (priorities): a waiter of a higher class is always served
+// before one of a lower class, and the rule above holds within each class. A member's
+// waiters of different classes are counted apart, as members of their own.
+//
 // The cost of each of Room's operations is logarithmic in the waiters.
 package fairq
 
@@ -29,14 +33,24 @@ const MaxOwed = 2
 // DefaultMaxMembers is the most named members a Room remembers while they do not wait.
 const DefaultMaxMembers = 4096
 
+// Class is a waiter's class: a lower number is served first. Standard is the class of Join.
+type Class uint8
+
+// The classes, first served first.
+const (
+	Critical Class = iota
+	Standard
+	Sheddable
+)
+
 // Room is the waiting room of one key. The zero value is not usable: make one with New.
 // It is not safe for concurrent use: its owner holds a lock around every call.
 type Room struct {
 	acc     float64 // credit each member waiting since the start was owed: Σ 1/k per serve
 	seq     uint64
 	waiters map[uint64]*waiter
-	active  memberHeap         // the members with waiters, most owed first
-	byName  map[string]*member // named members, waiting or remembered
+	active  memberHeap            // the members with waiters, most owed first
+	byName  map[memberKey]*member // named members, waiting or remembered
 	max     int
 }
 
@@ -46,8 +60,15 @@ type waiter struct {
 	busy    bool // it cannot take a permit now (see Busy)
 }
 
+// memberKey names a member: its name, in one class.
+type memberKey struct {
+	name  string
+	class Class
+}
+
 type member struct {
-	name  string  // "" for an anonymous waiter's own member
+	name  string // "" for an anonymous waiter's own member
+	class Class
 	key   float64 // credit = acc + key while waiting
 	owed  float64 // credit kept while not waiting
 	queue []*waiter
@@ -61,24 +82,28 @@ func New(maxMembers int) *Room {
 	if maxMembers <= 0 {
 		maxMembers = DefaultMaxMembers
 	}
-	return &Room{waiters: map[uint64]*waiter{}, byName: map[string]*member{}, max: maxMembers}
+	return &Room{waiters: map[uint64]*waiter{}, byName: map[memberKey]*member{}, max: maxMembers}
 }
 
-// Join adds waiter id (unique among the room's waiters) of member name ("" for none). It
-// returns an error if id already waits.
-func (r *Room) Join(id uint64, name string) error {
+// Join adds waiter id (unique among the room's waiters) of member name ("" for none), of
+// class Standard. It returns an error if id already waits.
+func (r *Room) Join(id uint64, name string) error { return r.JoinClass(id, name, Standard) }
+
+// JoinClass is Join for a waiter of class c.
+func (r *Room) JoinClass(id uint64, name string, c Class) error {
 	if _, ok := r.waiters[id]; ok {
 		return fmt.Errorf("fairq: waiter %d already waits", id)
 	}
 	var m *member
 	if name != "" {
-		m = r.byName[name]
+		k := memberKey{name, c}
+		m = r.byName[k]
 		if m == nil {
-			m = &member{name: name, index: -1}
-			r.byName[name] = m
+			m = &member{name: name, class: c, index: -1}
+			r.byName[k] = m
 		}
 	} else {
-		m = &member{index: -1}
+		m = &member{class: c, index: -1}
 	}
 	r.seq++
 	w := &waiter{id: id, seq: r.seq, m: m}
@@ -187,10 +212,10 @@ func (r *Room) Serve() (id uint64, ok bool) {
 // Waiting returns how many waiters the room holds.
 func (r *Room) Waiting() int { return len(r.waiters) }
 
-// Credit returns what member name is owed now, in permits (negative: served ahead of its
-// share); 0 for a member the room does not know.
+// Credit returns what member name (of class Standard) is owed now, in permits (negative:
+// served ahead of its share); 0 for a member the room does not know.
 func (r *Room) Credit(name string) float64 {
-	m := r.byName[name]
+	m := r.byName[memberKey{name, Standard}]
 	switch {
 	case m == nil:
 		return 0
@@ -216,7 +241,7 @@ func (r *Room) idle(m *member) {
 	m.owed = min(r.acc+m.key, MaxOwed)
 	if m.owed > -1e-9 && m.owed < 1e-9 {
 		m.owed = 0
-		delete(r.byName, m.name) // owed nothing: as good as new
+		delete(r.byName, memberKey{m.name, m.class}) // owed nothing: as good as new
 		return
 	}
 	if len(r.byName) > r.max {
@@ -226,18 +251,22 @@ func (r *Room) idle(m *member) {
 
 // forgetIdle forgets every named member that does not wait.
 func (r *Room) forgetIdle() {
-	for name, m := range r.byName {
+	for k, m := range r.byName {
 		if m.index < 0 {
-			delete(r.byName, name)
+			delete(r.byName, k)
 		}
 	}
 }
 
-// memberHeap orders the waiting members: most owed first, then the oldest waiter.
+// memberHeap orders the waiting members: the first class first, then most owed, then the
+// oldest waiter.
 type memberHeap []*member
 
 func (h memberHeap) Len() int { return len(h) }
 func (h memberHeap) Less(i, j int) bool {
+	if h[i].class != h[j].class {
+		return h[i].class < h[j].class
+	}
 	if h[i].key != h[j].key {
 		return h[i].key > h[j].key
 	}

@@ -64,6 +64,11 @@ func (l *Ledger[P]) Exit() (spare []P, last bool) {
 // returns an error if id already waits.
 func (l *Ledger[P]) Join(id uint64, name string) error { return l.room.Join(id, name) }
 
+// JoinClass is Join for a waiter of class c: the room serves higher classes first.
+func (l *Ledger[P]) JoinClass(id uint64, name string, c Class) error {
+	return l.room.JoinClass(id, name, c)
+}
+
 // Waiting returns how many waiters the room holds.
 func (l *Ledger[P]) Waiting() int { return l.room.Waiting() }
 

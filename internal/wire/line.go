@@ -23,6 +23,8 @@ import (
 //	                       end's time base (Redis TIME for the redis back end), for audits
 //	                 p=MS  penalize: hold the tag back for MS milliseconds (a 429 with
 //	                       Retry-After seen by a worker); answered "OK"
+//	                 c=CLASS  the query's priority: critical, standard (the default) or
+//	                       sheddable (docs/priorities.md)
 //
 // An extension line that cannot be read is answered "ER reason". A plain line is only
 // ever answered OK or NO: an empty tag, a tag with control characters or one that is not
@@ -50,16 +52,19 @@ type Query struct {
 	// Expired (x): a report instead of a decision: N permits of a reservation for the tag
 	// came too late to be used (past the client's margin) and were not used.
 	Expired bool
+	// Priority (c=): 1 critical, 0 standard (the default), -1 sheddable, as
+	// sluice.Priority.
+	Priority int8
 }
 
 // Plain reports whether q needs no option: it travels as the bare tag.
 func (q Query) Plain() bool {
-	return q.N == 1 && !q.Verbose && !q.Stamp && q.WaitMs == 0 && q.PenaltyMs == 0 && !q.Expired
+	return q.N == 1 && !q.Verbose && !q.Stamp && q.WaitMs == 0 && q.PenaltyMs == 0 && !q.Expired && q.Priority == 0
 }
 
 // Errors of extension lines, answered "ER ..." (plain lines never error).
 var (
-	ErrBadOptions = errors.New("bad options: want ~OPTS TAG with OPTS such as n=5,v or w=500 or p=1000")
+	ErrBadOptions = errors.New("bad options: want ~OPTS TAG with OPTS such as n=5,v or w=500 or p=1000 or c=critical")
 	ErrNoTag      = errors.New("no tag after the options")
 	ErrBadTag     = errors.New("bad tag: empty, not UTF-8, or with control characters")
 )
@@ -110,6 +115,17 @@ func ParseQuery(line []byte) (q Query, ok bool, err error) {
 				return q, false, ErrBadOptions
 			}
 			q.WaitMs = ms
+		case len(opt) > 2 && opt[0] == 'c' && opt[1] == '=':
+			switch string(opt[2:]) {
+			case "critical":
+				q.Priority = 1
+			case "standard":
+				q.Priority = 0
+			case "sheddable":
+				q.Priority = -1
+			default:
+				return q, false, ErrBadOptions
+			}
 		case len(opt) > 2 && opt[0] == 'p' && opt[1] == '=':
 			ms, perr := strconv.ParseInt(string(opt[2:]), 10, 64)
 			if perr != nil || ms <= 0 || ms > MaxPenaltyMs {
@@ -120,7 +136,7 @@ func ParseQuery(line []byte) (q Query, ok bool, err error) {
 			return q, false, ErrBadOptions
 		}
 	}
-	if q.Expired && (q.Verbose || q.Stamp || q.WaitMs > 0 || q.PenaltyMs > 0 || q.N == 0) {
+	if q.Expired && (q.Verbose || q.Stamp || q.WaitMs > 0 || q.PenaltyMs > 0 || q.N == 0 || q.Priority != 0) {
 		return q, false, ErrBadOptions // a report takes n= alone
 	}
 	if !ValidTag(tag) {
@@ -164,6 +180,12 @@ func AppendQuery(dst []byte, q Query) []byte {
 	if q.WaitMs > 0 {
 		opt("w=")
 		dst = strconv.AppendInt(dst, q.WaitMs, 10)
+	}
+	switch {
+	case q.Priority > 0:
+		opt("c=critical")
+	case q.Priority < 0:
+		opt("c=sheddable")
 	}
 	if q.Verbose {
 		opt("v")

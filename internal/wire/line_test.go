@@ -137,3 +137,34 @@ func FuzzAnswerRoundTrip(f *testing.F) {
 		}
 	})
 }
+
+// TestPriorityOption: c=critical|standard|sheddable reads as the query's class and writes
+// back the same; anything else is a bad option.
+func TestPriorityOption(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		prio int8
+		err  bool
+	}{
+		{in: "~c=critical api", prio: 1},
+		{in: "~c=sheddable,n=2 api", prio: -1},
+		{in: "~c=standard api", prio: 0},
+		{in: "~c=urgent api", err: true},
+		{in: "~c= api", err: true},
+		{in: "~x,c=critical api", err: true},
+	} {
+		q, ok, err := ParseQuery([]byte(c.in))
+		if (err != nil) != c.err || !c.err && (!ok || q.Priority != c.prio || string(q.Tag) != "api") {
+			t.Errorf("%q: got %+v ok=%v err=%v", c.in, q, ok, err)
+			continue
+		}
+		if c.err || c.prio == 0 {
+			continue
+		}
+		line := AppendQuery(nil, q)
+		back, _, err := ParseQuery(line[:len(line)-1])
+		if err != nil || back.Priority != q.Priority || back.N != q.N {
+			t.Errorf("%q written as %q, read back as %+v, %v", c.in, line, back, err)
+		}
+	}
+}

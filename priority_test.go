@@ -1,0 +1,186 @@
+package sluice
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/fairq"
+	"github.com/sluicehq/sluice/priority"
+)
+
+func TestKeeping(t *testing.T) {
+	l := gcra.Limit{T: 10, Tau: 200} // burst 20
+	for _, tc := range []struct {
+		keep float64
+		tau  int64
+		ok   bool
+	}{{0, 200, true}, {0.15, 170, true}, {0.40, 120, true}, {0.99, 0, false}, {1, 0, false}} {
+		k, ok := l.Keeping(tc.keep)
+		if ok != tc.ok || ok && k.Tau != tc.tau {
+			t.Errorf("Keeping(%v) = Tau %d, %v; want %d, %v", tc.keep, k.Tau, ok, tc.tau, tc.ok)
+		}
+	}
+	if k, ok := (gcra.Limit{T: 10, Tau: 10}).Keeping(0.15); ok {
+		t.Errorf("burst 1 keeping 15%%: %+v granted, want nothing (a whole permit is kept)", k)
+	}
+}
+
+// TestHeadroomForHigherClasses: on 10/s burst=10, while a critical caller asked recently, a
+// sheddable caller that does not wait leaves 4 permits of the burst (40%) and a standard one
+// 2 (15% of 10, rounded up to whole permits); the critical caller takes what is left. With
+// no critical caller for longer than the burst takes to refill (1 s), a sheddable caller
+// takes the whole burst.
+func TestHeadroomForHigherClasses(t *testing.T) {
+	clk := clock.NewVirtual()
+	l, err := New(MustParse("10/s burst=10"), WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	crit := priority.With(bg, priority.Critical)
+	std := priority.With(bg, priority.Standard)
+	shed := priority.With(bg, priority.Sheddable)
+	count := func(ctx context.Context, key string) int {
+		n := 0
+		for l.Allow(ctx, key) {
+			n++
+		}
+		return n
+	}
+	// No critical caller yet: the sheddable flood takes the whole burst.
+	if n := count(shed, "a"); n != 10 {
+		t.Fatalf("sheddable alone took %d, want the whole burst of 10", n)
+	}
+	// A critical caller takes one permit of key b's burst of 10: a sheddable flood then
+	// leaves 4 of the other 9, which the critical caller has.
+	l.Allow(crit, "b")
+	if n := count(shed, "b"); n != 5 {
+		t.Fatalf("sheddable beside a critical caller took %d, want 5 (4 kept)", n)
+	}
+	if n := count(crit, "b"); n != 4 {
+		t.Fatalf("critical took %d after the sheddable flood, want the 4 kept", n)
+	}
+	l.Allow(crit, "c")
+	if n := count(std, "c"); n != 7 {
+		t.Fatalf("standard beside a critical caller took %d, want 7 (2 kept)", n)
+	}
+	// Standard callers recent: a sheddable one keeps 40% for them.
+	l.Allow(std, "d")
+	if n := count(shed, "d"); n != 5 {
+		t.Fatalf("sheddable beside a standard caller took %d, want 5 (the standard one took 1, 4 kept)", n)
+	}
+	// The classes stop being recent after the time the burst takes to refill (1 s).
+	clk.Advance(1500 * time.Millisecond)
+	if n := count(shed, "b"); n != 10 {
+		t.Fatalf("sheddable 1.5 s after the critical caller took %d, want the whole burst", n)
+	}
+}
+
+// TestHeadroomRefusalSaysWhenToRetry: on 1/s (burst 1) a critical caller keeps the only
+// permit from standard callers for a second after it asked: they are refused, told to
+// come back when the critical caller stops being recent.
+func TestHeadroomRefusalSaysWhenToRetry(t *testing.T) {
+	clk := clock.NewVirtual()
+	l, err := New(MustParse("1/s"), WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if !l.Allow(priority.With(bg, priority.Critical), "k") {
+		t.Fatal("critical refused")
+	}
+	clk.Advance(1200 * time.Millisecond) // the permit is back; the critical caller was 1.2 s ago
+	d, err := l.AllowN(bg, "k", 1)
+	if err != nil || !d.Allowed {
+		t.Fatalf("standard 1.2 s after the critical caller: %+v, %v; want granted", d, err)
+	}
+	clk.Advance(800 * time.Millisecond)
+	l.Allow(priority.With(bg, priority.Critical), "k") // at 2.0 s: refused (the permit is back at 2.2 s), but seen
+	clk.Advance(500 * time.Millisecond)
+	d, _ = l.AllowN(bg, "k", 1)
+	if d.Allowed || d.RetryAfter != 500*time.Millisecond {
+		t.Fatalf("standard 0.5 s after a critical caller on a burst of 1: %+v, want refused, to retry in 0.5 s", d)
+	}
+	clk.Advance(500 * time.Millisecond)
+	if d, _ = l.AllowN(bg, "k", 1); !d.Allowed {
+		t.Fatalf("standard 1 s after the critical caller: %+v, want granted", d)
+	}
+	if l2, err := New(MustParse("1/s"), WithHeadroom(priority.Headroom{Sheddable: 1.5})); err == nil {
+		l2.Close()
+		t.Fatal("a headroom of 150%: no error")
+	}
+}
+
+// TestWaitingRoomServesHigherClassesFirst: on 10/s burst=1, five sheddable waiters and
+// then one critical waiter: the critical one is served with the next permit.
+func TestWaitingRoomServesHigherClassesFirst(t *testing.T) {
+	clk := clock.NewVirtual()
+	l, err := New(MustParse("10/s burst=1"), WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if !l.Allow(bg, "k") {
+		t.Fatal("first permit refused")
+	}
+	ctx, cancel := context.WithCancel(bg)
+	defer cancel()
+	var mu sync.Mutex
+	var order []priority.Class
+	var wg sync.WaitGroup
+	wait := func(p priority.Class) {
+		defer wg.Done()
+		if err := l.Wait(priority.With(ctx, p), "k"); err == nil {
+			mu.Lock()
+			order = append(order, p)
+			mu.Unlock()
+		}
+	}
+	wg.Add(5)
+	for range 5 {
+		go wait(priority.Sheddable)
+	}
+	waitFor(t, "five sheddable waiters", func() bool { return l.waiting("k") == 5 && clk.Pending() >= 5 })
+	wg.Add(1)
+	go wait(priority.Critical)
+	waitFor(t, "the critical waiter", func() bool { return l.waiting("k") == 6 && clk.Pending() >= 6 })
+	clk.Advance(100 * time.Millisecond)
+	waitFor(t, "one served", func() bool { mu.Lock(); defer mu.Unlock(); return len(order) >= 1 })
+	mu.Lock()
+	first := order[0]
+	mu.Unlock()
+	if first != priority.Critical {
+		t.Fatalf("served first: %v, want the critical waiter (it came last)", first)
+	}
+	cancel()
+	wg.Wait()
+}
+
+func TestFairqClassesServeHigherFirst(t *testing.T) {
+	r := fairq.New(0)
+	_ = r.JoinClass(1, "a", fairq.Sheddable)
+	_ = r.JoinClass(2, "b", fairq.Standard)
+	_ = r.JoinClass(3, "a", fairq.Critical)
+	_ = r.JoinClass(4, "", fairq.Critical)
+	var got []uint64
+	for {
+		id, ok := r.Serve()
+		if !ok {
+			break
+		}
+		got = append(got, id)
+	}
+	want := []uint64{3, 4, 2, 1}
+	if len(got) != len(want) {
+		t.Fatalf("served %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("served %v, want %v", got, want)
+		}
+	}
+}
