@@ -32,9 +32,9 @@ func WithHeadroom(h priority.Headroom) Option {
 	return optionFunc(func(l *Limiter) { l.headroom, l.headroomSet = h, true })
 }
 
-// classSeen is when a key's Critical and Standard callers last asked (limiter clock), plus
-// one: 0 is never.
-type classSeen struct{ critical, standard atomic.Int64 }
+// classSeen is when a key's Critical and Standard callers last asked and when the limiter
+// first saw the key (limiter clock), each plus one: 0 is never.
+type classSeen struct{ critical, standard, born atomic.Int64 }
 
 // recentFor is how long a class seen asking for a key counts as recent: the time its
 // tightest limit takes to refill its burst, at least a second, at most a minute.
@@ -61,7 +61,7 @@ func (l *Limiter) keepFor(p priority.Class, key string, core []gcra.Limit, now i
 	}
 	e := seen.Load(key)
 	if e == nil {
-		e, _ = seen.LoadOrStore(key, nil)
+		e, _ = seen.LoadOrStore(key, func(c *classSeen) { c.born.Store(now + 1) })
 		if seen.Len() > l.maxSeen {
 			l.sweepSeen(seen, now)
 		}
@@ -88,6 +88,13 @@ func (l *Limiter) keepFor(p priority.Class, key string, core []gcra.Limit, now i
 	if s := e.Val.standard.Load() - 1; p == priority.Sheddable && s >= 0 && now-s < recent {
 		frac, until = l.headroom.Sheddable, max(until, s+recent)
 	}
+	if b := e.Val.born.Load() - 1; frac == 0 && p == priority.Sheddable && now-b < recent {
+		// The key has not been watched for a whole window yet: a higher class may be about
+		// to ask (a critical client's first query beside a sheddable flood that started
+		// first). For sheddable work unknown is not absent: its headroom holds until the
+		// window has passed. (A standard caller yields on evidence only.)
+		frac, until = l.headroom.Sheddable, b+recent
+	}
 	if frac <= 0 {
 		return core, true, 0
 	}
@@ -110,7 +117,7 @@ func (l *Limiter) sweepSeen(seen *keytable.Table[classSeen], now int64) {
 	defer l.seenMu.Unlock()
 	keep := l.maxSeen - l.maxSeen/10
 	for e := range seen.All() {
-		last := max(e.Val.critical.Load(), e.Val.standard.Load()) - 1
+		last := max(e.Val.critical.Load(), e.Val.standard.Load(), e.Val.born.Load()) - 1
 		if now-last > int64(time.Minute) || seen.Len() > keep {
 			seen.Delete(e)
 		}

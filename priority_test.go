@@ -33,7 +33,8 @@ func TestKeeping(t *testing.T) {
 // sheddable caller that does not wait leaves 4 permits of the burst (40%) and a standard one
 // 2 (15% of 10, rounded up to whole permits); the critical caller takes what is left. With
 // no critical caller for longer than the burst takes to refill (1 s), a sheddable caller
-// takes the whole burst.
+// takes the whole burst; on a key seen for less than that, it keeps the headroom all the
+// same (a critical caller may be about to ask).
 func TestHeadroomForHigherClasses(t *testing.T) {
 	clk := clock.NewVirtual()
 	l, err := New(MustParse("10/s burst=10"), WithClock(clk))
@@ -51,9 +52,15 @@ func TestHeadroomForHigherClasses(t *testing.T) {
 		}
 		return n
 	}
-	// No critical caller yet: the sheddable flood takes the whole burst.
+	// A key seen for the first time: for a window (1 s) a sheddable flood keeps 40% all the
+	// same, for a critical caller that may be about to ask; then, with none seen, it takes
+	// the whole burst.
+	if n := count(shed, "a"); n != 6 {
+		t.Fatalf("sheddable on a new key took %d, want 6 (4 kept)", n)
+	}
+	clk.Advance(1500 * time.Millisecond)
 	if n := count(shed, "a"); n != 10 {
-		t.Fatalf("sheddable alone took %d, want the whole burst of 10", n)
+		t.Fatalf("sheddable alone for 1.5 s took %d, want the whole burst of 10", n)
 	}
 	// A critical caller takes one permit of key b's burst of 10: a sheddable flood then
 	// leaves 4 of the other 9, which the critical caller has.
