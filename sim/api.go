@@ -33,6 +33,9 @@ func (e *engine) sendToAPI(mi, g int32) {
 	e.sent++
 	e.bucket().sent++
 	e.waits.add(e.now - s.arrival)
+	if e.classes {
+		e.byClass[1-m.class].waits.add(e.now - s.arrival)
+	}
 	e.messages++
 	e.bucket().messages++
 	var lost bool
@@ -64,6 +67,9 @@ func (e *engine) apiArrive(ev *event) {
 		e.accepted++
 		e.acceptedTok += ev.val2
 		b.accepted++
+		if e.classes {
+			e.byClass[1-e.members[ev.m].class].accepted++
+		}
 		reply.val = 1
 	} else {
 		e.rejected++

@@ -165,6 +165,9 @@ func (e *engine) arrival(ev *event) {
 	}
 	e.arrivals++
 	e.bucket().arrivals++
+	if e.classes {
+		e.byClass[1-m.class].arrivals++
+	}
 	e.idealAdmit(m.demand, 1)
 	e.enqueue(m, e.now)
 	e.nextArrival(ev.m)

@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/internal/measure"
+	"github.com/sluicehq/sluice/priority"
 	"github.com/sluicehq/sluice/referee"
 )
 
@@ -62,6 +63,7 @@ type member struct {
 
 	name   string
 	group  int
+	class  int8 // its calls' priority.Class
 	joined int64
 	on     bool // onoff: in an on spell
 	times  int  // times: next index
@@ -72,6 +74,12 @@ type member struct {
 
 	spanStart float64 // start of the open demand span (seconds), -1 if none
 	spans     []measure.Span
+}
+
+// classCounts is one priority class's part of a run.
+type classCounts struct {
+	arrivals, accepted int64
+	waits              hist
 }
 
 // engine runs one scenario under one mode.
@@ -129,10 +137,14 @@ type engine struct {
 	arrivals, sent, accepted, rejected, dropped int64
 	storeOps, messages, timeouts, failOpen      int64
 	waits                                       hist
-	series                                      []bucket
-	cb                                          *bucket // now's sample (bucket)
-	nextSample                                  int64   // when the next sample starts
-	sample                                      int64
+	// classes: the scenario names a priority; byClass then counts each class's part,
+	// indexed by 1 - priority.Class (critical, standard, sheddable).
+	classes    bool
+	byClass    [3]classCounts
+	series     []bucket
+	cb         *bucket // now's sample (bucket)
+	nextSample int64   // when the next sample starts
+	sample     int64
 	// A ramp runs from rampStart to rampEnd (0: none running); the limits follow it in
 	// steps of rampStep, the next at rampNext.
 	rampStart, rampEnd, rampNext int64
@@ -193,10 +205,13 @@ func newEngine(sc *Scenario, m mode) *engine {
 	idx := int32(0)
 	for gi := range sc.Members {
 		g := &sc.Members[gi]
+		class, _ := priority.Parse(g.Priority) // validated
+		e.classes = e.classes || g.Priority != ""
 		for k := 1; k <= g.Count; k++ {
 			mb := &member{
 				name:      g.Name + strconv.Itoa(k),
 				group:     gi,
+				class:     int8(class),
 				demand:    &g.Demand,
 				costs:     rand.NewPCG(0, 0),
 				gs:        make([]gslot, g.Goroutines),

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/internal/measure"
+	"github.com/sluicehq/sluice/priority"
 )
 
 // Options changes how a scenario runs.
@@ -92,6 +93,10 @@ type ModeReport struct {
 	// after the pool converged (the time series' queued column shows it).
 	Events    []EventReport  `json:"events"`
 	PerMember []MemberReport `json:"per_member"`
+	// PerClass is each priority class's part, where the scenario names one (members'
+	// priority): its demand (requests that arrived), those the API accepted, served =
+	// accepted ÷ demand, and the p99 wait for a permit.
+	PerClass map[string]ClassReport `json:"per_class,omitempty"`
 	// ClearedS is how long the pool took to have every backlog answered: from the first
 	// join of a member with a backlog to the last answer of the last backlog. Absent
 	// when there is no backlog, or one was not cleared within the run.
@@ -131,6 +136,14 @@ type EventReport struct {
 
 // lasts reports whether the event has a span (an outage, a partition, a pause).
 func (ev EventReport) lasts() bool { return ev.EndS > ev.AtS }
+
+// ClassReport is one priority class's part of a mode's run.
+type ClassReport struct {
+	Demand    int64   `json:"demand"`
+	Granted   int64   `json:"granted"`
+	Served    float64 `json:"served"`
+	WaitP99Ms float64 `json:"wait_p99_ms"`
+}
 
 // MemberReport is one member's part.
 type MemberReport struct {
@@ -270,6 +283,20 @@ func (e *engine) report() ModeReport {
 	}
 	if e.idealTokCore != nil {
 		r.acceptedTok = e.acceptedTok
+	}
+	if e.classes {
+		r.PerClass = map[string]ClassReport{}
+		for i := range e.byClass {
+			c := &e.byClass[i]
+			if c.arrivals == 0 && c.accepted == 0 {
+				continue
+			}
+			cr := ClassReport{Demand: c.arrivals, Granted: c.accepted, WaitP99Ms: round(float64(c.waits.quantile(0.99)) / 1e6)}
+			if c.arrivals > 0 {
+				cr.Served = round(float64(c.accepted) / float64(c.arrivals))
+			}
+			r.PerClass[priority.Class(1-i).String()] = cr
+		}
 	}
 	if total := e.accepted + e.rejected; total > 0 {
 		r.Ratio429 = round(float64(e.rejected) / float64(total))

@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/internal/yamlx"
 	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/priority"
 	"github.com/sluicehq/sluice/referee"
 )
 
@@ -149,7 +150,10 @@ type Group struct {
 	Demand     Demand   `yaml:"demand"`
 	Join       Duration `yaml:"join"`
 	Leave      Duration `yaml:"leave"` // 0: stays
-	line       int
+	// Priority is the class of the members' calls: critical, standard (the default) or
+	// sheddable (docs/priorities.md); the report then gives each class's part (per_class).
+	Priority string `yaml:"priority"`
+	line     int
 }
 
 // Demand is a member's pattern of requests.
@@ -410,6 +414,9 @@ func (s *Scenario) check() error {
 		}
 		if err := g.Demand.check(); err != nil {
 			return err
+		}
+		if _, err := priority.Parse(g.Priority); err != nil {
+			return bad(g.line, "members[%d].priority: %q: want critical, standard or sheddable", i, g.Priority)
 		}
 		if t := g.Demand.Tokens; t.Max > 0 && s.Referee.Tokens != nil {
 			if burst := gcra.MaxCost(limitconv.Core(s.Referee.Tokens.Limits, 0)); t.Max > burst {

@@ -55,6 +55,7 @@ func TestScenarioErrorsNameFileAndLine(t *testing.T) {
 		{"duration: 10s\nlimit: 1/s\nreferee: {style: azure}\nmembers:\n  - name: w\n    demand: {pattern: constant, rate: 1}\n", "test.yaml:3: referee.style: want ietf, openai, anthropic, heroku or bare"},
 		{"duration: 10s\nlimit: 1/s\nreferee: {tokens: 100/s}\nmembers:\n  - name: w\n    demand: {pattern: constant, rate: 1, tokens: {min: 1, max: 200}}\n", "test.yaml:6: tokens: max 200 is more than the token limit's burst (100)"},
 		{"duration: 10s\nlimit: 1/s\nmembers:\n  - name: w\n    demand: {pattern: constant, rate: 1, tokens: {min: 9, max: 2}}\n", "test.yaml:5: tokens: want 0 <= min <= max"},
+		{"duration: 10s\nlimit: 1/s\nmembers:\n  - name: w\n    priority: urgent\n    demand: {pattern: constant, rate: 1}\n", "test.yaml:4: members[0].priority: \"urgent\": want critical, standard or sheddable"},
 		{"duration: 10s\nlimit: 1/s\n", "test.yaml: members: none"},
 		{"", "test.yaml: empty file"},
 		{"duration: 10s\nlimit: 1/s\nmembers: [\n", "test.yaml:3:"},
@@ -520,5 +521,27 @@ members:
 	if r.Violations != 0 || r.Lease.Breaches != 0 || r.Utilization < 0.99 || r.Jain < 0.99 {
 		t.Errorf("violations %d breaches %d utilization %.4f jain %.4f, want 0, 0, at least 0.99 and 0.99",
 			r.Violations, r.Lease.Breaches, r.Utilization, r.Jain)
+	}
+}
+
+// TestPerClassReport: a scenario whose members name a priority reports each class's part,
+// and the parts add up to the run's; one that names none reports no per_class.
+func TestPerClassReport(t *testing.T) {
+	sc, err := Load("../scenarios/priorities.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.Duration = Duration(30 * time.Second)
+	r := run1(t, sc, "strict")
+	crit, shed := r.PerClass["critical"], r.PerClass["sheddable"]
+	if len(r.PerClass) != 2 || crit.Demand+shed.Demand != r.Arrivals || crit.Granted+shed.Granted != r.Accepted {
+		t.Fatalf("per_class %+v: the classes do not add up to the run's %d arrivals and %d accepted", r.PerClass, r.Arrivals, r.Accepted)
+	}
+	if crit.Served < 0.99 || shed.Served > 0.6 {
+		t.Errorf("critical served %.3f, sheddable %.3f: want the critical processes' demand served (at most an equal part each)", crit.Served, shed.Served)
+	}
+	sc.Members[0].Priority, sc.Members[1].Priority = "", ""
+	if r := run1(t, sc, "strict"); r.PerClass != nil {
+		t.Errorf("no priority named, per_class %+v", r.PerClass)
 	}
 }
