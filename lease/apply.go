@@ -69,6 +69,10 @@ type applier struct {
 
 	log    *slog.Logger  // where a fence is said (nil: slog.Default())
 	fenced atomic.Uint64 // the store incarnation (its Since, as a uint64) a fence was last said for
+	// fencedTill is when the latest fence the store made (or its young incarnation would
+	// make) ends, on clock: /readyz says so until then (Backend.Ping).
+	fencedTill atomic.Int64
+	clock      clock.Clock
 
 	newInc func() uint64 // tests only: deterministic incarnations (nil: allot.NewIncarnation)
 }
@@ -85,6 +89,7 @@ func (a *applier) incarnation() uint64 {
 // A daemon or a library that answers no for a second or two after it meets a new store
 // would otherwise say nothing of why.
 func (a *applier) sayFenced(id string, since, now, fence int64) {
+	a.noteFence(now, fence)
 	if a.fenced.Swap(uint64(since)) == uint64(since) {
 		return
 	}
@@ -381,4 +386,27 @@ func (a *applier) state(g *group, rec store.Record, now, since int64, calls []ca
 		st.SpendWindow(st.PoolAt)                   // a windowed quota: what it handed out since is unknown
 	}
 	return st, nil
+}
+
+// noteFence records that the store fences records until fence (its clock; now is its
+// clock's time), on the applier's clock.
+func (a *applier) noteFence(now, fence int64) {
+	if fence <= now || a.clock == nil {
+		return
+	}
+	till := a.clock.Nanotime() + (fence - now)
+	for {
+		old := a.fencedTill.Load()
+		if old >= till || a.fencedTill.CompareAndSwap(old, till) {
+			return
+		}
+	}
+}
+
+// fenceLeft is how long the store's latest fence still lasts (0: none).
+func (a *applier) fenceLeft() time.Duration {
+	if a.clock == nil {
+		return 0
+	}
+	return time.Duration(max(a.fencedTill.Load()-a.clock.Nanotime(), 0))
 }

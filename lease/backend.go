@@ -235,6 +235,7 @@ func newBackend(store store.Store, owned io.Closer, opts []Option) (*Backend, er
 		o.apply(b)
 	}
 	b.apply.log = b.log
+	b.apply.clock = b.clock
 	if err := b.mcfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -682,7 +683,9 @@ func (b *Backend) touch() {
 		case <-ctx.Done():
 		}
 	}()
-	_, _ = b.apply.store.Load(ctx, nil)
+	if snap, err := b.apply.store.Load(ctx, nil); err == nil && snap.Since != store.Fresh {
+		b.apply.noteFence(snap.Now, b.apply.cfg.FenceAfterRestart(snap.Since))
+	}
 }
 
 // round trip). Later calls return backend.ErrClosed. It returns the store's error, if the
@@ -834,11 +837,21 @@ func (b *Backend) round() int64 {
 	return next
 }
 
-// Ping reports whether the store answers, if it can say (backend.Pinger: the daemon's
-// /readyz): a Redis store (store/redis) can; a store.Memory always does.
+// Ping reports whether the store answers, if it can say (a Redis store can; a
+// store.Memory always does), and whether the store fences the limits it makes
+// (backend.Pinger: the daemon's /readyz answers 503 with the reason meanwhile). A store
+// seen for the first time (a new Redis, or one flushed or restarted empty) fences every
+// limit for TTL + grace, since it cannot tell that no lease was granted from it before;
+// `sluice store init` prepares a new store so that it does not.
 func (b *Backend) Ping(ctx context.Context) error {
 	if p, ok := b.apply.store.(backend.Pinger); ok {
-		return p.Ping(ctx)
+		if err := p.Ping(ctx); err != nil {
+			return err
+		}
+	}
+	if left := b.apply.fenceLeft(); left > 0 {
+		return fmt.Errorf("%w: lease: limits fenced for %v more: the store has no record of the leases granted from it before (a first use, a restart or a flush); a new store prepared with `sluice store init` is not fenced (docs/lease.md)",
+			backend.ErrUnavailable, left.Round(time.Millisecond))
 	}
 	return nil
 }

@@ -697,3 +697,40 @@ func TestLogsAColdStoresFence(t *testing.T) {
 		}
 	}
 }
+
+// TestPingSaysFenced: a backend on a store seen cold (a new Redis, a flush, a restart)
+// answers Ping (the daemon's /readyz) with the fence and how long it lasts, until it ends;
+// on a fresh store it is ready at once. It answered ready while every limit was refused.
+func TestPingSaysFenced(t *testing.T) {
+	for _, cold := range []bool{true, false} {
+		clk := clock.NewVirtual()
+		clk.Advance(time.Second)
+		st := store.NewMemory(clk)
+		if cold {
+			st.Restart()
+		}
+		b, err := New(st, WithClock(clk))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The member reads the store when it starts (touch): wait for that read.
+		for deadline := time.Now().Add(10 * time.Second); cold && b.apply.fencedTill.Load() == 0; {
+			if time.Now().After(deadline) {
+				t.Fatal("the member never read the store")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		err = b.Ping(bg)
+		switch {
+		case cold && (err == nil || !strings.Contains(err.Error(), "fenced for 1.5s")):
+			t.Errorf("a cold store: Ping %v, want the fence and how long it lasts", err)
+		case !cold && err != nil:
+			t.Errorf("a fresh store: Ping %v", err)
+		}
+		clk.Advance(1600 * time.Millisecond)
+		if err := b.Ping(bg); err != nil {
+			t.Errorf("cold %v, after the fence: Ping %v", cold, err)
+		}
+		b.Close()
+	}
+}
