@@ -172,3 +172,22 @@ func TestMemberStartsANewStoresFence(t *testing.T) {
 		t.Errorf("the first decision, TTL + Grace after the member started: %+v %v (fenced from the first decision)", g.Result, err)
 	}
 }
+
+// TestRedisStoreMetaKeyExpires: the meta key that marks a Redis store's incarnation
+// outlives the last read by a day, then goes: a demo's own prefix (sluice demo --mode
+// lease --store redis://...) left its meta key in the user's Redis for good.
+func TestRedisStoreMetaKeyExpires(t *testing.T) {
+	srv := redistest.New(t)
+	client := redisClient(t, srv)
+	s := redisstore.New(client, store.WithPrefix("meta-ttl:"))
+	ctx := context.Background()
+	for range 2 { // made, then read again
+		if _, err := s.Load(ctx, []string{"r"}); err != nil {
+			t.Fatal(err)
+		}
+		ttl, err := client.PTTL(ctx, "meta-ttl:meta").Result()
+		if err != nil || ttl <= 23*time.Hour || ttl > 24*time.Hour {
+			t.Fatalf("meta key TTL %v (%v), want about a day", ttl, err)
+		}
+	}
+}

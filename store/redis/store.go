@@ -59,6 +59,11 @@ type Store struct {
 
 var _ store.Store = (*Store)(nil)
 
+// metaKeepMs is how long the meta key outlives the store's last read (load.lua): a day.
+// A store nobody read for a day is marked anew at its next read, and fences its records
+// for TTL + Grace as a store seen for the first time does.
+const metaKeepMs = 24 * 3600 * 1000
+
 // New returns a store on the caller's go-redis client: a *redis.Client, a
 // failover (Sentinel) client or a *redis.ClusterClient. The caller keeps the client and
 // closes it. Bound its commands with time-outs (the member's store time-out bounds each
@@ -117,7 +122,7 @@ func (s *Store) Load(ctx context.Context, ids []string) (store.Snapshot, error) 
 	err := s.run(ctx, loadScript, func(p goredis.Pipeliner) {
 		cmds = cmds[:0]
 		if !s.cluster {
-			cmds = append(cmds, loadScript.EvalSha(ctx, p, keysOf(ids, true), now, "m"))
+			cmds = append(cmds, loadScript.EvalSha(ctx, p, keysOf(ids, true), now, "m", metaKeepMs))
 			return
 		}
 		for _, id := range ids {
