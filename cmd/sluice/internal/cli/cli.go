@@ -165,6 +165,14 @@ func writeHelp(w io.Writer, c *cobra.Command) {
 		return
 	}
 	fmt.Fprintf(w, "Usage: %s\n\n%s\n", c.UseLine(), cmp.Or(c.Long, c.Short))
+	if c.HasAvailableSubCommands() {
+		fmt.Fprintln(w, "\nCommands:")
+		for _, sub := range c.Commands() {
+			if sub.IsAvailableCommand() {
+				fmt.Fprintf(w, "  %-*s %s\n", sub.NamePadding(), sub.Name(), sub.Short)
+			}
+		}
+	}
 	if c.Example != "" {
 		fmt.Fprintf(w, "\nExamples:\n%s\n", c.Example)
 	}
@@ -178,6 +186,16 @@ func noArgs(_ *cobra.Command, args []string) error {
 		return usagef("unexpected argument %q", strings.Join(args, " "))
 	}
 	return nil
+}
+
+// exactArgs refuses anything but n arguments, saying what is wanted.
+func exactArgs(n int, want string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usagef("%s", want)
+		}
+		return nil
+	}
 }
 
 // oneDashFlags rewrites the spellings the standard flag package read, a long flag with

@@ -21,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice/internal/testkit/proctest"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
 	"github.com/sluicehq/sluice/internal/testkit/zktest"
+	"github.com/sluicehq/sluice/lease"
 )
 
 // demoMargin is the jitter tolerance of the demos these tests run: they check the wiring
@@ -747,5 +748,46 @@ func TestSimMatrix(t *testing.T) {
 	}
 	if code, _, errs := run(t, "sim", "--matrix", "--shape", "no-such-shape"); code != ExitUsage || !strings.Contains(errs, "no shape") {
 		t.Errorf("--shape matching nothing: exit %d, %q", code, errs)
+	}
+}
+
+// TestStoreInit: `sluice store init URL` marks a new Redis and waits out its fence (TTL +
+// grace), so that a lease member started after it is not fenced; run again it says the
+// store was marked already, at once. Bad URLs are usage errors; a Redis Cluster is refused
+// with why.
+func TestStoreInit(t *testing.T) {
+	srv := redistest.New(t)
+	start := time.Now()
+	code, out, errs := run(t, "store", "init", srv.URL(), "--lease-ttl", "300ms", "--lease-grace", "100ms")
+	if code != 0 || !strings.Contains(out, "fence waited out") || time.Since(start) < 400*time.Millisecond {
+		t.Fatalf("store init on a new Redis: exit %d, %q %q after %v", code, out, errs, time.Since(start))
+	}
+	if code, out, errs = run(t, "store", "init", srv.URL(), "--lease-ttl", "300ms", "--lease-grace", "100ms"); code != 0 || !strings.Contains(out, "marked already") {
+		t.Fatalf("store init again: exit %d, %q %q", code, out, errs)
+	}
+	st, closeStore, err := openStore(srv.URL(), "sluice:lease:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeStore()
+	cfg := lease.DefaultConfig()
+	cfg.TTL, cfg.Grace = 300*time.Millisecond, 100*time.Millisecond
+	snap, err := st.Load(context.Background(), nil)
+	if err != nil || snap.Now < cfg.FenceAfterRestart(snap.Since) {
+		t.Errorf("after store init the store still fences: %+v %v", snap, err)
+	}
+	for _, c := range []struct {
+		args []string
+		code int
+		says string
+	}{
+		{[]string{"store", "init"}, 2, "want the store's URL"},
+		{[]string{"store", "init", "127.0.0.1:6379"}, 2, "write redis://127.0.0.1:6379"},
+		{[]string{"store", "init", "memory://"}, 2, "never fenced"},
+		{[]string{"store", "init", "redis-cluster://127.0.0.1:1"}, 1, "keeps no incarnation mark"},
+	} {
+		if code, _, errs := run(t, c.args...); code != c.code || !strings.Contains(errs, c.says) {
+			t.Errorf("%v: exit %d, %q; want %d saying %q", c.args, code, errs, c.code, c.says)
+		}
 	}
 }
