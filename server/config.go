@@ -77,6 +77,10 @@ type GRPCConfig struct {
 	MaxStreams      uint32 `yaml:"max_streams"`      // concurrent calls on one connection
 	Reflection      bool   `yaml:"reflection"`       // serve gRPC server reflection (grpcurl lists the services)
 	ResponseHeaders bool   `yaml:"response_headers"` // answer x-ratelimit-limit, -remaining and -reset for Envoy to add to the response
+	// PriorityEntry names the descriptor entry that carries a request's class (critical,
+	// standard or sheddable: docs/priorities.md); it is not part of the descriptor's tag.
+	// "": none.
+	PriorityEntry string `yaml:"priority_entry"`
 }
 
 // DefaultRule is the rule for tags that no other rule matches. Each tag gets its own
@@ -114,6 +118,7 @@ func DefaultConfig() Config {
 			MaxStreams:      1024,     // calls in flight on one connection (Envoy multiplexes)
 			Reflection:      false,    // off: the service is known to its callers
 			ResponseHeaders: false,    // off: Envoy adds no x-ratelimit-* headers
+			PriorityEntry:   "",       // none: every descriptor is standard
 		},
 		Gossip: GossipConfig{
 			Bind:     "127.0.0.1:7946",                       // loopback: other hosts must be allowed explicitly

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/priority"
 )
 
 // MaxDescriptors is the most descriptors one ShouldRateLimit request may carry; a request
@@ -324,16 +325,29 @@ func (r *rlsService) answer(ctx context.Context, req *rls.RateLimitRequest) (*rl
 			n = int64(min(h.GetValue(), math.MaxInt64))
 		}
 		buf = appendTagPart(buf[:0], req.Domain)
+		class := priority.Standard
 		for j, e := range d.Entries {
 			if e.GetKey() == "" {
 				return invalid("grpc_bad_request", "descriptors[%d].entries[%d].key: empty", i, j)
+			}
+			if live.priorityEntry != "" && e.Key == live.priorityEntry {
+				c, err := priority.Parse(e.Value)
+				if err != nil {
+					return invalid("grpc_bad_request", "descriptors[%d].entries[%d]: %s %q: want critical, standard or sheddable", i, j, e.Key, e.Value)
+				}
+				class = c
+				continue // the class, not part of the tag
 			}
 			buf = appendEntry(buf, e.Key, e.Value)
 			if len(buf) >= live.maxLine {
 				return invalid("too_long", "descriptors[%d]: its tag is longer than max_line (%d bytes)", i, live.maxLine-1)
 			}
 		}
-		dec, err := s.decide(ctx, string(buf), n, 0, false)
+		dctx := ctx
+		if class != priority.Standard {
+			dctx = priority.With(ctx, class)
+		}
+		dec, err := s.decide(dctx, string(buf), n, 0, false)
 		st := resp.Statuses[i]
 		if errors.Is(err, gcra.ErrCostExceedsBurst) {
 			s.m.badInput.WithLabelValues("cost_over_burst").Inc()

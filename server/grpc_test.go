@@ -339,3 +339,47 @@ func TestGRPCKeepsTheLimit(t *testing.T) {
 		run(t, be, "strict")
 	})
 }
+
+// TestGRPCPriorityEntry: with grpc.priority_entry set, a descriptor entry of that key is the
+// request's class and not part of its tag. On a burst of 10 a minute, a critical request
+// takes one; a sheddable flood then leaves 4 (40%), which critical requests take. An unknown
+// class is INVALID_ARGUMENT.
+func TestGRPCPriorityEntry(t *testing.T) {
+	cfg := envoyTestConfig(t, `
+domain: edge
+descriptors:
+  - key: api
+    rate_limit: {unit: minute, requests_per_unit: 10}
+`)
+	cfg.GRPC.PriorityEntry = "criticality"
+	s := start(t, cfg)
+	c, _ := rlsClient(t, s)
+	ctx := context.Background()
+	ask := func(class string) rls.RateLimitResponse_Code {
+		t.Helper()
+		resp, err := c.ShouldRateLimit(ctx, &rls.RateLimitRequest{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{desc("api", "", "criticality", class)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.OverallCode
+	}
+	if ask("critical") != rls.RateLimitResponse_OK {
+		t.Fatal("the first critical request is over the limit")
+	}
+	count := func(class string, n int) int {
+		ok := 0
+		for range n {
+			if ask(class) == rls.RateLimitResponse_OK {
+				ok++
+			}
+		}
+		return ok
+	}
+	if shed, crit := count("sheddable", 20), count("critical", 6); shed != 5 || crit != 4 {
+		t.Errorf("sheddable flood granted %d, critical after it %d; want 5 and the 4 kept (one bucket: the class is not part of the tag)", shed, crit)
+	}
+	_, err := c.ShouldRateLimit(ctx, &rls.RateLimitRequest{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{desc("api", "", "criticality", "urgent")}})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), `criticality "urgent"`) {
+		t.Errorf("an unknown class: %v, want INVALID_ARGUMENT naming it", err)
+	}
+}

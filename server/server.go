@@ -254,7 +254,7 @@ func (s *Server) apply(cfg Config) error {
 	}
 	s.rules.Store(rs)
 	s.token.Store(&tok)
-	s.live.Store(&liveConfig{maxLine: cfg.MaxLine, grpcHeaders: cfg.GRPC.ResponseHeaders})
+	s.live.Store(&liveConfig{maxLine: cfg.MaxLine, grpcHeaders: cfg.GRPC.ResponseHeaders, priorityEntry: cfg.GRPC.PriorityEntry})
 	s.cfg = cfg
 	return nil
 }
@@ -276,8 +276,9 @@ func (s *Server) rampOf(name string, limits sluice.Limits) (time.Time, bool) {
 
 // liveConfig is what requests read of the config in force.
 type liveConfig struct {
-	maxLine     int  // the longest tag, newline included
-	grpcHeaders bool // gRPC answers carry x-ratelimit-* headers
+	maxLine       int    // the longest tag, newline included
+	grpcHeaders   bool   // gRPC answers carry x-ratelimit-* headers
+	priorityEntry string // the descriptor entry that carries a request's class ("": none)
 }
 
 // Config returns the config in force.

@@ -169,6 +169,7 @@ which wins over the config file.`,
 	fs.Uint("grpc-max-streams", uint(d.GRPC.MaxStreams), "concurrent gRPC calls on one connection")
 	fs.Bool("grpc-reflection", d.GRPC.Reflection, "serve gRPC server reflection (for grpcurl)")
 	fs.Bool("grpc-response-headers", d.GRPC.ResponseHeaders, "ShouldRateLimit answers carry x-ratelimit-limit, -remaining and -reset for Envoy to add to its response")
+	fs.String("grpc-priority-entry", d.GRPC.PriorityEntry, "the descriptor entry `key` whose value is a request's class (critical, standard or sheddable; docs/priorities.md), left out of its tag; empty: none")
 	fs.Var(ruleFlags{rules: &sf.rules}, "limit", "a rule `tag=limit`, repeatable, first match wins: an exact tag (api=10/s) or a pattern with * and ? ('user-*=5/s burst=10') giving each tag its own bucket")
 	fs.Var(ruleFlags{rules: &sf.rules, shared: true}, "shared-limit", "a pattern rule `pattern=limit` whose tags all share one bucket")
 	fs.StringVar(&sf.dflt, "default-limit", "", "`limit` for tags no rule matches (each its own bucket); none: such tags are allowed")
@@ -243,6 +244,8 @@ func (sf *serveFlags) build() (server.Config, error) {
 			cfg.GRPC.Reflection = must(sf.fs.GetBool(f.Name))
 		case "grpc-response-headers":
 			cfg.GRPC.ResponseHeaders = must(sf.fs.GetBool(f.Name))
+		case "grpc-priority-entry":
+			cfg.GRPC.PriorityEntry = v
 		case "backend":
 			cfg.Backend = v
 		case "redis-url":
