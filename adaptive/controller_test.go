@@ -403,3 +403,54 @@ func TestBackFromIdleToAFullLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestLateSendMovesTheChain: a request sent later than its slot (a timer that fired late,
+// a busy machine) is where the next interval counts from: on a burst of one, the next
+// request must not reach the API an interval after the slot when the request went later.
+func TestLateSendMovesTheChain(t *testing.T) {
+	c := newC(t, Config{})
+	c.observe(sec/100, 0, ok(1, 0, time.Second, 1), 0) // 1/s, burst 1: nothing left
+	at1 := send(t, c, sec/100, 0)
+	late := at1 + 300*int64(time.Millisecond)
+	c.observe(late+sec/100, late, ok(1, 0, time.Second, 1), 0)
+	at2 := send(t, c, late+sec/100, 0)
+	if at2 < late+sec {
+		t.Fatalf("the request of the slot at %v went at %v; the next slot is at %v, want at least %v (an interval after it went)",
+			time.Duration(at1), time.Duration(late), time.Duration(at2), time.Duration(late+sec))
+	}
+}
+
+// TestLoneClientOnASmallLimitRecovers: a lone client on 1/s refused once (a request that
+// reached the API early) halves its pace, and has the limit's whole rate again within
+// ten seconds: a burst too small to count in tells of others by refusals alone, so the
+// time it takes to grow back does not stretch with the answers' spacing.
+func TestLoneClientOnASmallLimitRecovers(t *testing.T) {
+	c := newC(t, Config{})
+	rtt := sec / 100
+	c.observe(rtt, 0, ok(1, 0, time.Second, 1), 0)
+	now := rtt
+	for i := 0; now < 60*sec; i++ {
+		at := send(t, c, now, 0)
+		f := ok(1, 0, time.Second, 1)
+		if i == 20 {
+			f = refused(500 * time.Millisecond)
+			f.Quotas = ok(1, 0, time.Second, 1).Quotas
+		}
+		c.observe(at+rtt, at, f, 0)
+		now = at + rtt
+		if i == 20 {
+			if got := c.Rate(); got > 0.6 {
+				t.Fatalf("pace %v after the 429, want it halved", got)
+			}
+			for now < at+10*sec {
+				a := send(t, c, now, 0)
+				c.observe(a+rtt, a, ok(1, 0, time.Second, 1), 0)
+				now = a + rtt
+			}
+			if got := c.Rate(); got < 0.9 {
+				t.Fatalf("pace %v ten seconds after the 429, want at least 0.9 of the limit's 1/s", got)
+			}
+			return
+		}
+	}
+}

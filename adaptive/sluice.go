@@ -167,6 +167,13 @@ func unit(c *Controller, i int) float64 {
 }
 
 func (s *sluiceStrategy) observe(c *Controller, a *answer) {
+	for i := range s.q {
+		if sl := &s.q[i].slot; sl.cost > 0 && !sl.free && a.sent > sl.at {
+			// Its request went later than the last slot reserved (a timer that fired late):
+			// the next interval counts from when it went.
+			sl.at = a.sent
+		}
+	}
 	if a.newEvent {
 		// A refusal halves the pace, whatever the controller knows (the spare being spent
 		// on top of the base is dropped too). Before any pace, it halves the one the
@@ -265,8 +272,13 @@ func (q *sluiceQuota) learn(c *Controller, i int, t int64, r float64) {
 		q.idle = 0
 	}
 	// No faster than the estimate is new: acting on it sooner would answer the same news
-	// twice.
+	// twice. (A burst too small to count in has no estimate: only refusals tell of others,
+	// and its pace grows back from one at the pool's time scale, however far apart its
+	// answers.)
 	T := max(T0, 2*span)
+	if tiny {
+		T = T0
+	}
 	dt := 0.0
 	if q.base > 0 {
 		dt = float64(t-q.updated) / 1e9
