@@ -454,3 +454,35 @@ func TestLoneClientOnASmallLimitRecovers(t *testing.T) {
 		}
 	}
 }
+
+// TestUnusedPaceDoesNotGrow: a client whose requests never wait for their slots (it
+// asks less than its pace allows) does not grow its pace, however much room the answers
+// show, as TCP does not grow a window it does not fill (RFC 7661): a pool of such
+// clients would otherwise hold paces far above what each sends, and overrun the limit
+// together when their demand rises (24 clients on 100/s burst 20, their demand swinging
+// over the limit: 1.26% refused, 0.91% now).
+func TestUnusedPaceDoesNotGrow(t *testing.T) {
+	c := newC(t, Config{})
+	c.observe(sec/100, 0, ok(100, 19, time.Second, 20), 0)
+	start := c.Rate()
+	for now := sec; now <= 60*sec; now += sec { // one request a second, far below its pace
+		at := send(t, c, now, 0)
+		if at != now {
+			t.Fatalf("step %d: a request at %v waited until %v", now/sec, time.Duration(now), time.Duration(at))
+		}
+		c.observe(at+sec/100, at, ok(100, 19, time.Second, 20), 0)
+	}
+	if got := c.Rate(); got > 1.5*start {
+		t.Fatalf("pace %.1f after a minute of one request a second, from %.1f: want it not grown", got, start)
+	}
+	// Once its requests wait, it grows with the room.
+	now := 61 * sec
+	for range 200 {
+		at := send(t, c, now, 0)
+		c.observe(at+sec/100, at, ok(100, 19, time.Second, 20), 0)
+		now = at
+	}
+	if got := c.Rate(); got < 2*start {
+		t.Fatalf("pace %.1f after 200 requests that waited for their slots, from %.1f: want it grown", got, start)
+	}
+}

@@ -25,6 +25,7 @@ type sluiceQuota struct {
 	slot    sluiceSlot // the last slot reserved under this limit
 	updated int64      // when the pace last changed (the sent time of that answer)
 	idle    float64    // the base before a restart after idle, until the next answer
+	held    bool       // a request waited for its slot under this limit since the last answer
 	hist    [16]sample
 	n, head int
 }
@@ -66,7 +67,10 @@ func (s *sluiceStrategy) next(c *Controller, now int64, cost [nQuotas]float64) (
 	for i := range s.q {
 		q := &s.q[i]
 		if cost[i] > 0 && (i == reqQ || c.q[i].known) {
-			at = max(at, q.next(c, i))
+			if qn := q.next(c, i); qn > now {
+				at = max(at, qn)
+				q.held = true
+			}
 			if q.pace > 0 {
 				gap = max(gap, cost[i]/q.pace*1e9)
 			}
@@ -283,6 +287,12 @@ func (q *sluiceQuota) learn(c *Controller, i int, t int64, r float64) {
 	if q.base > 0 {
 		dt = float64(t-q.updated) / 1e9
 	}
+	// A pace the client does not use (none of its requests waited for a slot since the
+	// last answer) does not grow, as TCP does not grow a window it does not fill (RFC
+	// 7661): clients asking less than their paces would hold them far above what they
+	// send, and overrun the limit together when their demand rises.
+	used := q.held
+	q.held = false
 	switch {
 	case q.base == 0:
 		// The first answer: start low; what is left well above the reserve is spent on
@@ -295,6 +305,9 @@ func (q *sluiceQuota) learn(c *Controller, i int, t int64, r float64) {
 			q.base = L
 		}
 	case x > 0 && (x > spend || full || r > k.burst-u-1), x >= 0 && reserve == 0:
+		if !used {
+			break
+		}
 		// Room, and either much of it or the pool's spending unknown (a burst of one
 		// says nothing but refusals): grow with the room, by the same step for every
 		// client (growing does not favour the fast).
@@ -305,9 +318,14 @@ func (q *sluiceQuota) learn(c *Controller, i int, t int64, r float64) {
 		if r < min(2*u, reserve) {
 			f = min(f, 0.85) // next to nothing left: a refusal is imminent
 		}
+		if !used {
+			f = min(f, 1)
+		}
 		q.base *= min(max(f, 0.5), 1.5)
 	}
-	q.base += c.cfg.Fairness * L * dt * room(x+reserve, reserve) * (T0 / T)
+	if used {
+		q.base += c.cfg.Fairness * L * dt * room(x+reserve, reserve) * (T0 / T)
+	}
 	// No client can keep up more than the limit's rate: the spare is spent on top.
 	q.base = min(max(q.base, L/1000), L)
 	q.pace = q.base + max(x-spend, 0)/(c.cfg.Horizon.Seconds()+4*c.rtt)
