@@ -389,9 +389,9 @@ func TestBackFromIdleToAFullLimit(t *testing.T) {
 		at := send(t, c, 2*sec, 0)
 		c.observe(at+sec/50, at, ok(10, 3, time.Second, 10), 0)
 		before := c.Rate()
-		at = send(t, c, 12*sec, 0) // ten seconds quiet
+		at = send(t, c, 42*sec, 0) // forty seconds quiet
 		if got := c.Rate(); got >= before/2 {
-			t.Fatalf("pace %v after ten seconds quiet, want a restart well below %v", got, before)
+			t.Fatalf("pace %v after forty seconds quiet, want a restart well below %v", got, before)
 		}
 		left := int64(9) // the limit full: nobody spent from it
 		if !full {
@@ -484,5 +484,48 @@ func TestUnusedPaceDoesNotGrow(t *testing.T) {
 	}
 	if got := c.Rate(); got < 2*start {
 		t.Fatalf("pace %.1f after 200 requests that waited for their slots, from %.1f: want it grown", got, start)
+	}
+}
+
+// TestSlowStart: a client whose requests wait for their slots, and whose answers show
+// room, doubles its pace every Horizon from its cautious start (a sixteenth of the
+// limit), as TCP's slow start does: most of the limit within two seconds. (It grew by a
+// fifth of the limit per time constant, which stretched with its answers' spacing: 5.2
+// a second after two seconds, 9 after four; four clients of Poisson demand at 85% of
+// 10/s waited up to 5 s at their start.)
+func TestSlowStart(t *testing.T) {
+	c := newC(t, Config{})
+	rtt := sec / 100
+	c.observe(rtt, 0, ok(10, 7, time.Second, 10), 0)
+	now := rtt
+	for now < 2*sec {
+		at := send(t, c, now, 0)
+		c.observe(at+rtt, at, ok(10, 9, time.Second, 10), 0)
+		now = at + rtt
+	}
+	if got := c.Rate(); got < 8 {
+		t.Fatalf("pace %.2f after two seconds of room, want at least 8 of the limit's 10/s", got)
+	}
+	// Slow start ends when the count falls to the reserve: the pace is then steady.
+	c.observe(now+rtt, now, ok(10, 3, time.Second, 10), 0)
+	if s := c.s.(*sluiceStrategy); s.q[reqQ].phase != steady {
+		t.Fatalf("phase %v after the count fell to the reserve, want steady", s.q[reqQ].phase)
+	}
+}
+
+// TestShortQuietKeepsThePace: a client whose demand pauses for two seconds comes back at
+// most of the pace it used (it halves every sixteen Horizons quiet, not every one: a pace
+// is grown only while used, so the pace it kept is one it used).
+func TestShortQuietKeepsThePace(t *testing.T) {
+	c := newC(t, Config{Jitter: 1e-9})
+	c.observe(1*sec, 1*sec-1, ok(10, 3, time.Second, 10), 0)
+	s := c.s.(*sluiceStrategy)
+	s.q[reqQ].base, s.q[reqQ].pace = 8, 8
+	at := send(t, c, 2*sec, 0)
+	c.observe(at+sec/50, at, ok(10, 3, time.Second, 10), 0)
+	before := c.Rate()
+	send(t, c, at+2*sec, 0) // two seconds quiet
+	if got := c.Rate(); got < 0.85*before {
+		t.Fatalf("pace %.2f after two seconds quiet, was %.2f: want at least 0.85 of it", got, before)
 	}
 }

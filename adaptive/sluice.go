@@ -26,9 +26,23 @@ type sluiceQuota struct {
 	updated int64      // when the pace last changed (the sent time of that answer)
 	idle    float64    // the base before a restart after idle, until the next answer
 	held    bool       // a request waited for its slot under this limit since the last answer
+	phase   sluicePhase
 	hist    [16]sample
 	n, head int
 }
+
+// sluicePhase is where a limit's pace stands: growing from its start, or steady.
+type sluicePhase uint8
+
+const (
+	// steady: the pace follows the pool's spending (the correction, the equal-share step).
+	steady sluicePhase = iota
+	// slowStart: from a client's first answer (and after a restart after idle) until the
+	// count first falls to the reserve or a request is refused, the pace also doubles
+	// every Horizon while there is room, as TCP's slow start doubles its window every
+	// round trip.
+	slowStart
+)
 
 // sluiceSlot is a slot reserved: when, for what cost, and its jitter (the next slot
 // follows it by cost / pace × jitter, at the pace of the moment).
@@ -49,6 +63,12 @@ type sample struct {
 // growth is how much a client's pace grows while room is left, per time constant, as a
 // part of the limit's rate.
 const growth = 0.2
+
+// restartHalving is how many Horizons quiet halve a client's pace. A pace is grown only
+// while used (see learn), so a quiet client's pace is one it used; it once halved every
+// Horizon (RFC 2861), and a client whose Poisson demand paused for two seconds came
+// back at a quarter of its pace and waited seconds for it to grow back.
+const restartHalving = 16
 
 // minSamples is the fewest of its own earlier answers a client measures the pool over.
 const minSamples = 3
@@ -145,8 +165,8 @@ func (s *sluiceStrategy) cancel(_ *Controller, at int64, cost [nQuotas]float64) 
 // 2861's restart after idle): others have taken up its pace meanwhile, and what it
 // measured of the pool is old. (A client held back by its goroutines, all waiting for
 // answers, is not quiet: the gap must also exceed Horizon.) Its pace halves for every
-// Horizon quiet, down to a sixteenth of the limit; the answers raise it again as fast as
-// there is room. If the first answer after it finds the limit full (nobody spent from it
+// restartHalving Horizons quiet, down to a sixteenth of the limit, and it starts slowly
+// again (slowStart): the answers raise it as fast as there is room. If the first answer after it finds the limit full (nobody spent from it
 // for a refill's time), nobody took up its pace: it is the pace before again.
 func (s *sluiceStrategy) restart(c *Controller, now int64) {
 	gap := float64(now - s.lastSend)
@@ -155,8 +175,15 @@ func (s *sluiceStrategy) restart(c *Controller, now int64) {
 		if q.pace <= 0 || !k.known || gap <= max(2e9/q.pace*unit(c, i), float64(c.cfg.Horizon)) {
 			continue
 		}
+		halving := float64(c.cfg.Horizon)
+		if k.burst >= 4*unit(c, i) {
+			// A burst too small to count in halves every Horizon still: its clients
+			// learn of each other by refusals alone.
+			halving *= restartHalving
+			q.phase = slowStart
+		}
 		q.idle = max(q.idle, q.base)
-		q.base = max(q.base*math.Exp2(-gap/float64(c.cfg.Horizon)), min(q.base, k.limit/16))
+		q.base = max(q.base*math.Exp2(-gap/halving), min(q.base, k.limit/16))
 		q.pace = q.base
 		q.n = 0 // the history no longer says what the pool spends now
 	}
@@ -196,6 +223,7 @@ func (s *sluiceStrategy) observe(c *Controller, a *answer) {
 			}
 			q.base /= 2
 			q.pace = q.base
+			q.phase = steady
 		}
 	}
 	if a.throttled {
@@ -287,6 +315,9 @@ func (q *sluiceQuota) learn(c *Controller, i int, t int64, r float64) {
 	if q.base > 0 {
 		dt = float64(t-q.updated) / 1e9
 	}
+	if x <= 0 {
+		q.phase = steady // the count is down to the reserve: the pool is using the limit
+	}
 	// A pace the client does not use (none of its requests waited for a slot since the
 	// last answer) does not grow, as TCP does not grow a window it does not fill (RFC
 	// 7661): clients asking less than their paces would hold them far above what they
@@ -301,6 +332,9 @@ func (q *sluiceQuota) learn(c *Controller, i int, t int64, r float64) {
 		// from it for a refill's time, and only a refusal will tell of others. The client
 		// takes the whole rate, as a lone client must to fill it, and halves if refused.
 		q.base = L / 16
+		if !tiny {
+			q.phase = slowStart
+		}
 		if tiny && r+u >= k.burst-1e-9 {
 			q.base = L
 		}
@@ -312,6 +346,11 @@ func (q *sluiceQuota) learn(c *Controller, i int, t int64, r float64) {
 		// says nothing but refusals): grow with the room, by the same step for every
 		// client (growing does not favour the fast).
 		q.base += growth * L * room(x, reserve) * min(dt, T) / T
+		if q.phase == slowStart {
+			// Doubling every Horizon, however far apart the answers of a client that
+			// starts slowly.
+			q.base *= math.Exp2(min(dt, T0) / T0)
+		}
 	case span > 0:
 		target := L + x/(2*T)
 		f := 1 + (target/max(spent/span, L/1000)-1)*min(dt, T)/T
