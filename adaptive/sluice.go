@@ -17,6 +17,7 @@ type sluiceStrategy struct {
 	q        [nQuotas]sluiceQuota
 	lastSend int64
 	sent     bool
+	countMax float64 // with no rate known: the most the count has shown, plus one
 }
 
 type sluiceQuota struct {
@@ -237,23 +238,45 @@ func (s *sluiceStrategy) observe(c *Controller, a *answer) {
 		}
 	}
 	if !c.q[reqQ].known {
-		s.unknownLimit(c, a)
+		s.unknownLimit(a)
 	}
 }
 
-// unknownLimit paces a client whose answers name no rate (and Config.Limit none): it
-// can only grow until refused. Its pace starts at one request a second and grows by a
-// tenth a second; a refusal halves it.
-func (s *sluiceStrategy) unknownLimit(c *Controller, a *answer) {
+// unknownLimit paces a client whose answers name no rate (and Config.Limit none). Its
+// pace starts at one request a second, and a refusal halves it. It grows only while used
+// (see learn). With no count in the answers (only refusals tell), it doubles every
+// second until its first refusal (slow start), then grows by 1% a second. With a count
+// (Heroku's RateLimit-Remaining alone), it follows the count before any refusal: it grows
+// by a tenth a second while the count is near the most it has shown (nobody spends it),
+// by 1% a second above a tenth of that, and below it (or two requests) each answer cuts
+// it by 5%. docs/adaptive.md, "No limit known", gives the figures.
+func (s *sluiceStrategy) unknownLimit(a *answer) {
 	q := &s.q[reqQ]
+	r := a.remaining[reqQ]
+	s.countMax = max(s.countMax, r+1)
 	if q.base == 0 {
-		q.base, q.pace, q.updated = 1, 1, a.sent
+		q.base, q.pace, q.updated, q.phase = 1, 1, a.sent, slowStart
 		return
 	}
-	dt := float64(a.sent-q.updated) / 1e9
-	if dt > 0 {
-		q.base *= math.Pow(1.1, min(dt, 60))
-		q.updated = a.sent
+	dt := 0.0
+	if a.sent > q.updated {
+		dt, q.updated = float64(a.sent-q.updated)/1e9, a.sent
+	}
+	used := q.held
+	q.held = false
+	growth := 1.01 // a second
+	switch {
+	case r >= 0 && r < max(2, s.countMax/10):
+		q.base *= 0.95
+		q.phase = steady
+		growth = 1
+	case r < 0 && q.phase == slowStart:
+		growth = 2
+	case r >= 0.9*s.countMax:
+		growth = 1.1
+	}
+	if used {
+		q.base *= math.Pow(growth, min(dt, 60))
 	}
 	q.pace = q.base
 }
