@@ -28,8 +28,11 @@ type sluiceQuota struct {
 	idle    float64    // the base before a restart after idle, until the next answer
 	held    bool       // a request waited for its slot under this limit since the last answer
 	phase   sluicePhase
-	hist    [16]sample
-	n, head int
+	// contended: a refusal told of another client's slot (see observe); a burst too small
+	// to count in then grows back slowly
+	contended bool
+	hist      [16]sample
+	n, head   int
 }
 
 // sluicePhase is where a limit's pace stands: growing from its start, or steady.
@@ -225,6 +228,12 @@ func (s *sluiceStrategy) observe(c *Controller, a *answer) {
 			q.base /= 2
 			q.pace = q.base
 			q.phase = steady
+			if k := c.q[i]; k.known && (a.retryAfter < 0 || float64(a.retryAfter)*k.limit >= 1e8*unit(c, i)) {
+				// Refused for longer than a tenth of the limit's interval: another client
+				// holds the slot (a request that only arrived early, its way there shorter
+				// than the last one's, is refused for the few milliseconds it was early).
+				q.contended = true
+			}
 		}
 	}
 	if a.throttled {
@@ -327,11 +336,12 @@ func (q *sluiceQuota) learn(c *Controller, i int, t int64, r float64) {
 		q.idle = 0
 	}
 	// No faster than the estimate is new: acting on it sooner would answer the same news
-	// twice. (A burst too small to count in has no estimate: only refusals tell of others,
-	// and its pace grows back from one at the pool's time scale, however far apart its
-	// answers.)
+	// twice. (A burst too small to count in has no estimate: only refusals tell of others.
+	// A client refused only for arriving early grows back at the pool's time scale,
+	// however far apart its answers; one that met another client's slot, as slowly as its
+	// answers come.)
 	T := max(T0, 2*span)
-	if tiny {
+	if tiny && !q.contended {
 		T = T0
 	}
 	dt := 0.0
