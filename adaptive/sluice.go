@@ -17,6 +17,7 @@ type sluiceStrategy struct {
 	q        [nQuotas]sluiceQuota
 	lastSend int64
 	sent     bool
+	countMax float64 // with no rate known: the most the count has shown, plus one
 }
 
 type sluiceQuota struct {
@@ -25,9 +26,27 @@ type sluiceQuota struct {
 	slot    sluiceSlot // the last slot reserved under this limit
 	updated int64      // when the pace last changed (the sent time of that answer)
 	idle    float64    // the base before a restart after idle, until the next answer
-	hist    [16]sample
-	n, head int
+	held    bool       // a request waited for its slot under this limit since the last answer
+	phase   sluicePhase
+	// contended: a refusal told of another client's slot (see observe); a burst too small
+	// to count in then grows back slowly
+	contended bool
+	hist      [16]sample
+	n, head   int
 }
+
+// sluicePhase is where a limit's pace stands: growing from its start, or steady.
+type sluicePhase uint8
+
+const (
+	// steady: the pace follows the pool's spending (the correction, the equal-share step).
+	steady sluicePhase = iota
+	// slowStart: from a client's first answer (and after a restart after idle) until the
+	// count first falls to the reserve or a request is refused, the pace also doubles
+	// every Horizon while there is room, as TCP's slow start doubles its window every
+	// round trip.
+	slowStart
+)
 
 // sluiceSlot is a slot reserved: when, for what cost, and its jitter (the next slot
 // follows it by cost / pace × jitter, at the pace of the moment).
@@ -49,6 +68,12 @@ type sample struct {
 // part of the limit's rate.
 const growth = 0.2
 
+// restartHalving is how many Horizons quiet halve a client's pace. A pace is grown only
+// while used (see learn), so a quiet client's pace is one it used; it once halved every
+// Horizon (RFC 2861), and a client whose Poisson demand paused for two seconds came
+// back at a quarter of its pace and waited seconds for it to grow back.
+const restartHalving = 16
+
 // minSamples is the fewest of its own earlier answers a client measures the pool over.
 const minSamples = 3
 
@@ -66,7 +91,10 @@ func (s *sluiceStrategy) next(c *Controller, now int64, cost [nQuotas]float64) (
 	for i := range s.q {
 		q := &s.q[i]
 		if cost[i] > 0 && (i == reqQ || c.q[i].known) {
-			at = max(at, q.next(c, i))
+			if qn := q.next(c, i); qn > now {
+				at = max(at, qn)
+				q.held = true
+			}
 			if q.pace > 0 {
 				gap = max(gap, cost[i]/q.pace*1e9)
 			}
@@ -141,8 +169,8 @@ func (s *sluiceStrategy) cancel(_ *Controller, at int64, cost [nQuotas]float64) 
 // 2861's restart after idle): others have taken up its pace meanwhile, and what it
 // measured of the pool is old. (A client held back by its goroutines, all waiting for
 // answers, is not quiet: the gap must also exceed Horizon.) Its pace halves for every
-// Horizon quiet, down to a sixteenth of the limit; the answers raise it again as fast as
-// there is room. If the first answer after it finds the limit full (nobody spent from it
+// restartHalving Horizons quiet, down to a sixteenth of the limit, and it starts slowly
+// again (slowStart): the answers raise it as fast as there is room. If the first answer after it finds the limit full (nobody spent from it
 // for a refill's time), nobody took up its pace: it is the pace before again.
 func (s *sluiceStrategy) restart(c *Controller, now int64) {
 	gap := float64(now - s.lastSend)
@@ -151,8 +179,15 @@ func (s *sluiceStrategy) restart(c *Controller, now int64) {
 		if q.pace <= 0 || !k.known || gap <= max(2e9/q.pace*unit(c, i), float64(c.cfg.Horizon)) {
 			continue
 		}
+		halving := float64(c.cfg.Horizon)
+		if k.burst >= 4*unit(c, i) {
+			// A burst too small to count in halves every Horizon still: its clients
+			// learn of each other by refusals alone.
+			halving *= restartHalving
+			q.phase = slowStart
+		}
 		q.idle = max(q.idle, q.base)
-		q.base = max(q.base*math.Exp2(-gap/float64(c.cfg.Horizon)), min(q.base, k.limit/16))
+		q.base = max(q.base*math.Exp2(-gap/halving), min(q.base, k.limit/16))
 		q.pace = q.base
 		q.n = 0 // the history no longer says what the pool spends now
 	}
@@ -167,6 +202,13 @@ func unit(c *Controller, i int) float64 {
 }
 
 func (s *sluiceStrategy) observe(c *Controller, a *answer) {
+	for i := range s.q {
+		if sl := &s.q[i].slot; sl.cost > 0 && !sl.free && a.sent > sl.at {
+			// Its request went later than the last slot reserved (a timer that fired late):
+			// the next interval counts from when it went.
+			sl.at = a.sent
+		}
+	}
 	if a.newEvent {
 		// A refusal halves the pace, whatever the controller knows (the spare being spent
 		// on top of the base is dropped too). Before any pace, it halves the one the
@@ -185,6 +227,13 @@ func (s *sluiceStrategy) observe(c *Controller, a *answer) {
 			}
 			q.base /= 2
 			q.pace = q.base
+			q.phase = steady
+			if k := c.q[i]; k.known && (a.retryAfter < 0 || float64(a.retryAfter)*k.limit >= 1e8*unit(c, i)) {
+				// Refused for longer than a tenth of the limit's interval: another client
+				// holds the slot (a request that only arrived early, its way there shorter
+				// than the last one's, is refused for the few milliseconds it was early).
+				q.contended = true
+			}
 		}
 	}
 	if a.throttled {
@@ -198,23 +247,45 @@ func (s *sluiceStrategy) observe(c *Controller, a *answer) {
 		}
 	}
 	if !c.q[reqQ].known {
-		s.unknownLimit(c, a)
+		s.unknownLimit(a)
 	}
 }
 
-// unknownLimit paces a client whose answers name no rate (and Config.Limit none): it
-// can only grow until refused. Its pace starts at one request a second and grows by a
-// tenth a second; a refusal halves it.
-func (s *sluiceStrategy) unknownLimit(c *Controller, a *answer) {
+// unknownLimit paces a client whose answers name no rate (and Config.Limit none). Its
+// pace starts at one request a second, and a refusal halves it. It grows only while used
+// (see learn). With no count in the answers (only refusals tell), it doubles every
+// second until its first refusal (slow start), then grows by 1% a second. With a count
+// (Heroku's RateLimit-Remaining alone), it follows the count before any refusal: it grows
+// by a tenth a second while the count is near the most it has shown (nobody spends it),
+// by 1% a second above a tenth of that, and below it (or two requests) each answer cuts
+// it by 5%. docs/adaptive.md, "No limit known", gives the figures.
+func (s *sluiceStrategy) unknownLimit(a *answer) {
 	q := &s.q[reqQ]
+	r := a.remaining[reqQ]
+	s.countMax = max(s.countMax, r+1)
 	if q.base == 0 {
-		q.base, q.pace, q.updated = 1, 1, a.sent
+		q.base, q.pace, q.updated, q.phase = 1, 1, a.sent, slowStart
 		return
 	}
-	dt := float64(a.sent-q.updated) / 1e9
-	if dt > 0 {
-		q.base *= math.Pow(1.1, min(dt, 60))
-		q.updated = a.sent
+	dt := 0.0
+	if a.sent > q.updated {
+		dt, q.updated = float64(a.sent-q.updated)/1e9, a.sent
+	}
+	used := q.held
+	q.held = false
+	growth := 1.01 // a second
+	switch {
+	case r >= 0 && r < max(2, s.countMax/10):
+		q.base *= 0.95
+		q.phase = steady
+		growth = 1
+	case r < 0 && q.phase == slowStart:
+		growth = 2
+	case r >= 0.9*s.countMax:
+		growth = 1.1
+	}
+	if used {
+		q.base *= math.Pow(growth, min(dt, 60))
 	}
 	q.pace = q.base
 }
@@ -265,12 +336,27 @@ func (q *sluiceQuota) learn(c *Controller, i int, t int64, r float64) {
 		q.idle = 0
 	}
 	// No faster than the estimate is new: acting on it sooner would answer the same news
-	// twice.
+	// twice. (A burst too small to count in has no estimate: only refusals tell of others.
+	// A client refused only for arriving early grows back at the pool's time scale,
+	// however far apart its answers; one that met another client's slot, as slowly as its
+	// answers come.)
 	T := max(T0, 2*span)
+	if tiny && !q.contended {
+		T = T0
+	}
 	dt := 0.0
 	if q.base > 0 {
 		dt = float64(t-q.updated) / 1e9
 	}
+	if x <= 0 {
+		q.phase = steady // the count is down to the reserve: the pool is using the limit
+	}
+	// A pace the client does not use (none of its requests waited for a slot since the
+	// last answer) does not grow, as TCP does not grow a window it does not fill (RFC
+	// 7661): clients asking less than their paces would hold them far above what they
+	// send, and overrun the limit together when their demand rises.
+	used := q.held
+	q.held = false
 	switch {
 	case q.base == 0:
 		// The first answer: start low; what is left well above the reserve is spent on
@@ -279,23 +365,39 @@ func (q *sluiceQuota) learn(c *Controller, i int, t int64, r float64) {
 		// from it for a refill's time, and only a refusal will tell of others. The client
 		// takes the whole rate, as a lone client must to fill it, and halves if refused.
 		q.base = L / 16
+		if !tiny {
+			q.phase = slowStart
+		}
 		if tiny && r+u >= k.burst-1e-9 {
 			q.base = L
 		}
 	case x > 0 && (x > spend || full || r > k.burst-u-1), x >= 0 && reserve == 0:
+		if !used {
+			break
+		}
 		// Room, and either much of it or the pool's spending unknown (a burst of one
 		// says nothing but refusals): grow with the room, by the same step for every
 		// client (growing does not favour the fast).
 		q.base += growth * L * room(x, reserve) * min(dt, T) / T
+		if q.phase == slowStart {
+			// Doubling every Horizon, however far apart the answers of a client that
+			// starts slowly.
+			q.base *= math.Exp2(min(dt, T0) / T0)
+		}
 	case span > 0:
 		target := L + x/(2*T)
 		f := 1 + (target/max(spent/span, L/1000)-1)*min(dt, T)/T
 		if r < min(2*u, reserve) {
 			f = min(f, 0.85) // next to nothing left: a refusal is imminent
 		}
+		if !used {
+			f = min(f, 1)
+		}
 		q.base *= min(max(f, 0.5), 1.5)
 	}
-	q.base += c.cfg.Fairness * L * dt * room(x+reserve, reserve) * (T0 / T)
+	if used {
+		q.base += c.cfg.Fairness * L * dt * room(x+reserve, reserve) * (T0 / T)
+	}
 	// No client can keep up more than the limit's rate: the spare is spent on top.
 	q.base = min(max(q.base, L/1000), L)
 	q.pace = q.base + max(x-spend, 0)/(c.cfg.Horizon.Seconds()+4*c.rtt)

@@ -165,6 +165,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			closeBody(req)
 			return nil, err
 		}
+		// The request goes now: later than its slot if the timer fired late, and the next
+		// interval counts from now.
+		sent := max(at, clk.Nanotime())
 		resp, err := base.RoundTrip(req)
 		if err != nil {
 			return nil, err
@@ -177,7 +180,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 		}
 		t.mu.Lock()
-		c.observe(clk.Nanotime(), at, facts, used)
+		c.observe(clk.Nanotime(), sent, facts, used)
 		t.mu.Unlock()
 		if !facts.Throttled() || attempt >= t.Retries || !(ratehdr.Replayable(req) || t.RetryAny && bodyReplayable(req)) {
 			return resp, nil

@@ -91,6 +91,32 @@ func TestTransportSharesTheLimit(t *testing.T) {
 	})
 }
 
+// TestTransportNoLimitKnown: the same pool against a referee that answers with the
+// count left alone (Heroku's RateLimit-Remaining: no limit, no window, no Retry-After),
+// no Limit configured, for twenty minutes of fake time: they use most of the limit, and
+// the referee refuses few of their requests.
+func TestTransportNoLimitKnown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := clock.NewReal()
+		ref, err := referee.New(sluice.MustParse("20/s burst=10"), referee.WithClock(clk), referee.WithStyle(referee.Heroku))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+		defer cancel()
+		pool(ctx, t, 3, 4, func() *adaptive.Transport {
+			return &adaptive.Transport{Base: inProcess{ref}, Clock: clk}
+		}, "http://api.test/v1/work", nil)
+		st := ref.Stats()
+		capacity := 10 + 20*1200.0
+		ratio := float64(st.Rejected) / float64(st.Accepted+st.Rejected)
+		t.Logf("accepted %d of %.0f, refused %d (%.4f)", st.Accepted, capacity, st.Rejected, ratio)
+		if u := float64(st.Accepted) / capacity; u < 0.9 || ratio > 0.01 {
+			t.Errorf("utilization %.3f, 429 ratio %.4f: want at least 0.9 and at most 0.01", u, ratio)
+		}
+	})
+}
+
 // TestTransportLearnsTokenLimits: an LLM-style API (60 requests and 12,000 tokens a
 // minute, OpenAI's fields); two clients of three goroutines send requests of 100 to 1,000
 // tokens for twenty minutes of fake time, each request's cost given by Transport.Cost. The

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -176,6 +177,30 @@ members:
 			t.Logf("%s: %d accepted (ideal %d: %.3f), 429 ratio %.4f", c.limit, r.Accepted, ideal.Accepted, served, r.Ratio429)
 			if served < 0.9 || r.Ratio429 > 0.02 {
 				t.Errorf("served %.3f of the ideal, 429 ratio %.4f: want at least 0.9 and at most 0.02", served, r.Ratio429)
+			}
+		})
+	}
+}
+
+// TestAdaptiveNoLimitKnown: with no Limit configured and answers that carry the count
+// left alone (the referee's heroku style, as Heroku answers), five processes of five
+// goroutines, always busy, are refused at most 1% of the time and use at least 0.95 of
+// the limit, on 4,500 an hour (four hours: a tenth of its burst is left unspent at the
+// end), 600 a minute and 10 a second (an hour). With only 429s and Retry-After (the bare
+// style), at most 1% on the two faster limits. (Growing by a tenth a second until
+// refused: 6.4% to 19.6%.)
+func TestAdaptiveNoLimitKnown(t *testing.T) {
+	for _, c := range []struct{ style, limit, dur string }{
+		{"heroku", "4500/h", "4h"}, {"heroku", "600/m", "1h"}, {"heroku", "10/s", "1h"}, {"bare", "600/m", "1h"}, {"bare", "10/s", "1h"},
+	} {
+		t.Run(c.style+" "+c.limit, func(t *testing.T) {
+			r := run1(t, parse(t, "duration: "+c.dur+"\nlimit: \""+c.limit+"\"\nreferee: {style: "+c.style+"}"+herokuAPI[strings.Index(herokuAPI, "\nsample:"):]+`
+members:
+  - {name: p, count: 5, goroutines: 5, demand: {pattern: backlog, n: 1000000}}
+`), "adaptive")
+			t.Logf("%d accepted, 429 ratio %.4f, utilization %.4f, Jain %.4f", r.Accepted, r.Ratio429, r.Utilization, r.Jain)
+			if r.Ratio429 > 0.01 || r.Utilization < 0.95 {
+				t.Errorf("429 ratio %.4f, utilization %.4f: want at most 0.01 and at least 0.95", r.Ratio429, r.Utilization)
 			}
 		})
 	}
