@@ -506,8 +506,24 @@ func envelope(mode string, s MatrixShape, members int, sc *Scenario) (bool, stri
 		if s, ok, _ := parseAdaptive(mode); ok && s != adaptive.Sluice {
 			return false, "a published design the adaptive mode's default strategy is measured against (docs/adaptive.md), reported beside it: it claims nothing"
 		}
+		if sc != nil && members > 1 && minBurst(sc.Limit.Limits) < adaptiveMinSharedBurst {
+			return false, fmt.Sprintf("several clients on a burst under %d: on a burst of one or two a 200 tells a client nothing of the others, so independent clients collide whatever they do (docs/adaptive.md, \"What it does not do\"); `sluice demo --mode adaptive` warns of it; such a pool shares a store (lease or strict)", adaptiveMinSharedBurst)
+		}
 	}
 	return true, ""
+}
+
+// adaptiveMinSharedBurst is the least burst the adaptive mode claims for a limit several
+// independent clients share (docs/adaptive.md).
+const adaptiveMinSharedBurst = 4
+
+// minBurst is the smallest burst of ls (a windowed quota's count is its burst).
+func minBurst(ls sluice.Limits) int64 {
+	b := int64(math.MaxInt64)
+	for _, l := range ls {
+		b = min(b, limitconv.Burst(l))
+	}
+	return b
 }
 
 // underLimit reports whether a demand pattern asks at most the limit on average.

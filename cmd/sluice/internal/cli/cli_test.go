@@ -791,3 +791,18 @@ func TestStoreInit(t *testing.T) {
 		}
 	}
 }
+
+// TestDemoAdaptiveWarnsOutsideItsEnvelope: several adaptive clients on a burst under 4 are
+// outside the adaptive mode's envelope (they collide whatever they do): the demo says so
+// before it runs; one client, or a burst of 4 or more, it does not.
+func TestDemoAdaptiveWarnsOutsideItsEnvelope(t *testing.T) {
+	for _, c := range []struct {
+		limit, workers string
+		warn           bool
+	}{{"2/s burst=2", "3", true}, {"4/s burst=4", "3", false}, {"1/s", "1", false}} {
+		code, _, errs := run(t, "demo", "--mode", "adaptive", "--limit", c.limit, "--workers", c.workers, "--duration", "300ms", "--json")
+		if code != 0 || strings.Contains(errs, "collide") != c.warn {
+			t.Errorf("--limit %q --workers %s: exit %d, stderr %q; want a warning %v", c.limit, c.workers, code, errs, c.warn)
+		}
+	}
+}

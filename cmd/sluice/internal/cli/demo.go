@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/cmd/sluice/internal/demo"
+	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/strict"
 )
@@ -133,6 +134,10 @@ func runDemo(ctx context.Context, env Env, a *demoArgs, fs *pflag.FlagSet) error
 	case "gossip":
 	case "adaptive":
 		cfg.Adaptive.Strategy = a.strategy
+		if b := minLimitBurst(a.limits); a.workers > 1 && b < 4 {
+			// Outside the adaptive mode's envelope (docs/adaptive.md): said, not refused.
+			fmt.Fprintf(env.Stderr, "sluice demo: warning: %d adaptive clients on a burst of %d: a 200 tells a client nothing of the others, so they collide (expect 429s well above 1%%); the adaptive mode claims several clients on a burst of 4 or more, or one client on any limit (--workers 1); a pool on a smaller burst shares a store (--mode lease or strict)\n", a.workers, b)
+		}
 	case "strict":
 		nl, err := strictLimiter(a.storeURL, a.storeTimeout, a.failMode, a.share)
 		if err != nil {
@@ -260,4 +265,15 @@ func isTerminal(w io.Writer) bool {
 	}
 	st, err := f.Stat()
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// minLimitBurst is the smallest burst of ls (0 for none).
+func minLimitBurst(ls sluice.Limits) int64 {
+	var b int64
+	for i, l := range ls {
+		if lb := limitconv.Burst(l); i == 0 || lb < b {
+			b = lb
+		}
+	}
+	return b
 }
