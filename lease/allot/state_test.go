@@ -228,17 +228,7 @@ func TestSmallLimitIsDecidedAtTheStore(t *testing.T) {
 	c.TTL, c.Grace = 10*time.Second, time.Second // members that need not renew between the steps
 	l := lim(1, 6*time.Second, 1)
 	s, _ := NewState(l, 1, 0, 0, c)
-	apply := func(at int64, req Request) Reply {
-		t.Helper()
-		rep, err := s.Apply(at, c, req)
-		if err != nil {
-			t.Fatalf("at %v %v: %v", time.Duration(at), req.Op, err)
-		}
-		if err := s.Check(at); err != nil {
-			t.Fatalf("at %v: %v", time.Duration(at), err)
-		}
-		return rep
-	}
+	apply := checkedApply(t, s, c)
 	a := apply(0, Request{Op: OpJoin, Member: "a", Demand: all})
 	if a.Lease.Share != (Share{Rate: all, Burst: 1}) || a.Central {
 		t.Fatalf("a alone: %+v", a)
@@ -555,17 +545,7 @@ func TestStoreDecidedLimitStaysWhileMembersComeAndGo(t *testing.T) {
 	c.JoinWindow = 0
 	c.TTL, c.Grace = 10*time.Second, time.Second
 	s, _ := NewState(lim(1, 6*time.Second, 1), 1, 0, 0, c)
-	apply := func(at int64, req Request) Reply {
-		t.Helper()
-		rep, err := s.Apply(at, c, req)
-		if err != nil {
-			t.Fatalf("at %v %v: %v", time.Duration(at), req.Op, err)
-		}
-		if err := s.Check(at); err != nil {
-			t.Fatalf("at %v: %v", time.Duration(at), err)
-		}
-		return rep
-	}
+	apply := checkedApply(t, s, c)
 	a := apply(0, Request{Op: OpJoin, Member: "a", Demand: all})
 	b := apply(1*ms, Request{Op: OpJoin, Member: "b", Demand: all})
 	x := apply(2*ms, Request{Op: OpJoin, Member: "c", Demand: all})
@@ -618,5 +598,21 @@ func TestSharesGrantAFewPermitsPerLease(t *testing.T) {
 			t.Errorf("10/s among %d members (%.1f permits a lease each): central %v, want %v",
 				tc.members, 10/float64(tc.members)*c.TTL.Seconds(), rep.Central, tc.central)
 		}
+	}
+}
+
+// checkedApply returns a function that applies a request to s at a time, failing the test
+// on an error or a broken invariant after it.
+func checkedApply(t *testing.T, s *State, c Config) func(at int64, req Request) Reply {
+	return func(at int64, req Request) Reply {
+		t.Helper()
+		rep, err := s.Apply(at, c, req)
+		if err != nil {
+			t.Fatalf("at %v %v: %v", time.Duration(at), req.Op, err)
+		}
+		if err := s.Check(at); err != nil {
+			t.Fatalf("at %v: %v", time.Duration(at), err)
+		}
+		return rep
 	}
 }
