@@ -249,6 +249,16 @@ func (c *Controller) Strategy() Strategy { return c.cfg.Strategy }
 // refusal).
 func (c *Controller) Rate() float64 { return c.s.rate(c) }
 
+// interval is one interval of the pace, in nanoseconds: at least a millisecond, a second
+// while the controller has no rate.
+func (c *Controller) interval() int64 {
+	r := c.Rate()
+	if !(r > 0) {
+		return int64(time.Second)
+	}
+	return max(int64(1e9/r), int64(time.Millisecond))
+}
+
 // Outcome is what Next decided for a request.
 type Outcome uint8
 

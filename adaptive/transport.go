@@ -10,6 +10,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/internal/ratehdr"
+	"github.com/sluicehq/sluice/priority"
 )
 
 // ErrRejected is returned (wrapped) by Transport for a request its controller rejected
@@ -26,6 +27,13 @@ const DefaultMaxKeys = 1024
 // request's slot (or the end of the request's context), sends it, and feeds the answer
 // back to the Controller. The goroutines of a process that use one Transport are one
 // client.
+//
+// Requests carry a class (priority.With on their context: docs/priorities.md). A lower
+// class gives way when the pace holds requests back: a sheddable request takes no slot
+// while the slots taken reach more than one interval of the pace ahead (it waits until
+// they do not), nor does a standard one while a critical request went through the key
+// within the last few seconds, so that a higher class's request takes the next slot
+// rather than queue behind theirs.
 //
 // Its zero value is usable: the Sluice strategy, the host as the key, no retries. It
 // must not be copied after first use.
@@ -62,9 +70,20 @@ type Transport struct {
 }
 
 type keyed struct {
-	c    *Controller
-	used int64
+	c        *Controller
+	used     int64
+	critical int64 // when a critical request last asked (0: never)
+	last     int64 // the latest slot Next gave on the key
+	// asking counts the requests of each class (by rank: critical, standard, sheddable)
+	// that asked for a slot and have none yet.
+	asking [3]int
 }
+
+// rank is a class's index in keyed.asking, the highest first.
+func rank(c priority.Class) int { return 1 - int(max(min(c, priority.Critical), priority.Sheddable)) }
+
+// criticalRecent is how long a critical request makes standard ones give way.
+const criticalRecent = int64(5 * time.Second)
 
 var _ http.RoundTripper = (*Transport)(nil)
 
@@ -123,15 +142,40 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		base = http.DefaultTransport
 	}
 	clk := t.clock()
+	class := priority.Of(req.Context())
+	var asking *keyed // while the request asks for a slot and has none: counted in it
+	defer func() {
+		if asking != nil {
+			t.mu.Lock()
+			asking.asking[rank(class)]--
+			t.mu.Unlock()
+		}
+	}()
 	var notBefore int64 // a retry waits for the Retry-After its refusal named
 	for attempt := 0; ; attempt++ {
 		t.mu.Lock()
 		now := clk.Nanotime()
 		c, err := t.controller(key, now)
+		if k := t.ctrls[key]; err == nil && asking != k {
+			if asking != nil {
+				asking.asking[rank(class)]--
+			}
+			asking = k
+			k.asking[rank(class)]++
+		}
 		var at int64
 		var out Outcome
 		if err == nil {
-			at, out = c.Next(now, cost)
+			if wake, ok := t.givesWay(key, class, now, c); ok {
+				// A lower class takes no slot far ahead: it waits until the slots taken are
+				// near, behind any higher class's request that takes one meanwhile.
+				at, out = wake, Wait
+			} else if at, out = c.Next(now, cost); out == Send {
+				k := t.ctrls[key]
+				k.last = max(k.last, at)
+				k.asking[rank(class)]--
+				asking = nil
+			}
 		}
 		t.mu.Unlock()
 		if err != nil {
@@ -207,4 +251,30 @@ func closeBody(r *http.Request) {
 	if r.Body != nil {
 		r.Body.Close()
 	}
+}
+
+// givesWay reports whether a request of class at now waits rather than take a slot of c
+// (see Transport), and until when: a sheddable one while the slots taken reach more than
+// an interval ahead, and a standard one too while a critical request asked for key
+// recently. It notes a critical request. t.mu must be held.
+func (t *Transport) givesWay(key string, class priority.Class, now int64, c *Controller) (wake int64, ok bool) {
+	k := t.ctrls[key]
+	switch {
+	case class == priority.Critical:
+		k.critical = now
+		return 0, false
+	case class == priority.Standard && (k.critical == 0 || now-k.critical > criticalRecent):
+		return 0, false
+	}
+	iv := c.interval()
+	higher := k.asking[0] > 0 || class == priority.Sheddable && k.asking[1] > 0
+	if higher {
+		// A higher class's request asks for a slot (the controller told it to wait for
+		// one): it goes first.
+		return now + iv, true
+	}
+	if k.last-now <= iv {
+		return 0, false
+	}
+	return k.last - iv, true
 }

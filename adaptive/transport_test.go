@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/priority"
 	"github.com/sluicehq/sluice/referee"
 )
 
@@ -403,4 +405,73 @@ func TestTransportSmallLimitInRealTime(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestTransportLowerClassGivesWay: one client, its pace known (10/s burst 10), sixteen
+// goroutines flooding sheddable requests and one critical request a second, for a minute
+// of fake time. The sheddable requests hold no slot more than an interval ahead, so each
+// critical request takes the next slot: it waits at most a few intervals, where behind the
+// flood's slots it waited about as long as they (sixteen goroutines' worth, 1.6 s).
+func TestTransportLowerClassGivesWay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := clock.NewReal()
+		ref, err := referee.New(sluice.MustParse("10/s burst=10"), referee.WithClock(clk))
+		if err != nil {
+			t.Fatal(err)
+		}
+		client := &http.Client{Transport: &adaptive.Transport{Base: inProcess{ref}, Clock: clk,
+			Config: adaptive.Config{Limit: sluice.Limit{Rate: 10, Period: time.Second, Burst: 10}}}}
+		run, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		call := func(ctx context.Context) error {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://api.test/v1/x", nil)
+			req.Header.Set("Authorization", "Bearer t")
+			resp, err := client.Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			return err
+		}
+		var wg sync.WaitGroup
+		for range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx := priority.With(run, priority.Sheddable)
+				for run.Err() == nil {
+					if err := call(ctx); errors.Is(err, sluice.ErrThrottled) {
+						<-run.Done() // the slot lies past the run's end
+					}
+				}
+			}()
+		}
+		var waits []time.Duration
+		crit := priority.With(run, priority.Critical)
+		begin := time.Now()
+		time.Sleep(5 * time.Second) // the flood has the pace
+		for run.Err() == nil {
+			start := time.Now()
+			if err := call(crit); err != nil {
+				if run.Err() == nil {
+					t.Errorf("a critical request failed at %v: %v", time.Since(begin), err)
+				}
+				break
+			}
+			waits = append(waits, time.Since(start))
+			time.Sleep(time.Second)
+		}
+		wg.Wait()
+		if len(waits) == 0 {
+			t.Fatal("no critical request served")
+		}
+		slices.Sort(waits)
+		worst := waits[len(waits)-1]
+		t.Logf("%d critical requests, waits %v (median) to %v", len(waits), waits[len(waits)/2], worst)
+		if len(waits) < 40 || worst > 400*time.Millisecond {
+			t.Errorf("%d critical requests, the longest waited %v: want each served within a few intervals (0.4 s) beside the flood", len(waits), worst)
+		}
+		if st := ref.Stats(); st.Rejected > st.Accepted/100 {
+			t.Errorf("the referee refused %d of %d", st.Rejected, st.Accepted+st.Rejected)
+		}
+	})
 }
