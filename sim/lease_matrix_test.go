@@ -45,11 +45,6 @@ func runMatrixCell(t *testing.T, shape, mode string) MatrixCell {
 // the members 0.943 (the bound 0.958), where the strict mode's processes, holding a few
 // places in the line each, get 1.000.
 //
-// ten-a-second/four-unequal/poisson-85/none: 10/s among four members was shared out, two
-// or three permits a lease each, which the first Poisson arrivals spent while the rest
-// waited for renewals: p99 wait 2.8 s over the ideal's (bound 1 s). It is decided at the
-// store now (TestSharesGrantAFewPermitsPerLease).
-//
 // one-every-6s/three-sizes-24/poisson-85/churn: 24 members on 1/6s, idle between Poisson
 // requests. The record went back to shares whenever fewer than two wanted it, and the
 // next member to want it waited 1.25 s for that share to end
@@ -59,7 +54,6 @@ func TestLeaseMatrixCells(t *testing.T) {
 	for _, shape := range []string{
 		"one-a-second/four-unequal/poisson-50/limit-change",
 		"two-burst-two/four-unequal/backlog/churn",
-		"ten-a-second/four-unequal/poisson-85/none",
 		"one-every-6s/three-sizes-24/poisson-85/churn",
 	} {
 		t.Run(shape, func(t *testing.T) {

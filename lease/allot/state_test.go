@@ -572,35 +572,6 @@ func TestStoreDecidedLimitStaysWhileMembersComeAndGo(t *testing.T) {
 	}
 }
 
-// TestSharesGrantAFewPermitsPerLease: a limit whose shares would grant fewer than
-// minPermitsPerLease (three) permits a lease to the members that want it is decided at
-// the store.
-// 10/s among four members (2.5 permits a lease of 1 s each) was shared out: each share's
-// two or three permits were spent by the first Poisson arrivals, and the rest waited for a
-// renewal (the matrix's ten-a-second/four-unequal/poisson-85: p99 wait 2.8 s over the
-// ideal throttle's, 0.23 s decided at the store).
-func TestSharesGrantAFewPermitsPerLease(t *testing.T) {
-	c := cfg(Fair)
-	c.JoinWindow = 0
-	for _, tc := range []struct {
-		members int
-		central bool
-	}{{2, false}, {3, false}, {4, true}} {
-		s, _ := NewState(lim(10, time.Second, 10), 1, 0, 0, c)
-		var rep Reply
-		for i := range tc.members {
-			var err error
-			if rep, err = s.Apply(int64(i)*ms, c, Request{Op: OpJoin, Member: string(rune('a' + i)), Demand: all}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if rep.Central != tc.central {
-			t.Errorf("10/s among %d members (%.1f permits a lease each): central %v, want %v",
-				tc.members, 10/float64(tc.members)*c.TTL.Seconds(), rep.Central, tc.central)
-		}
-	}
-}
-
 // checkedApply returns a function that applies a request to s at a time, failing the test
 // on an error or a broken invariant after it.
 func checkedApply(t *testing.T, s *State, c Config) func(at int64, req Request) Reply {
