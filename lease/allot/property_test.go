@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -99,6 +100,17 @@ func (w *world) check(what string) {
 			if st := sm.m.Status(w.now); st.inUse() != in {
 				w.t.Fatalf("t=%v after %s: %s's status says it uses %+v (share %+v for %v, older %+v for %v), InUse %+v",
 					time.Duration(w.now), what, sm.name, st.inUse(), st.Share, st.Expires, st.Prev, st.PrevLeft, in)
+			}
+			if in2, until := sm.m.InUseUntil(w.now); in2 != in || until < w.now {
+				w.t.Fatalf("t=%v after %s: %s's InUseUntil %+v until %v, InUse %+v", time.Duration(w.now), what, sm.name, in2, time.Duration(until), in)
+			} else if until > w.now && until < math.MaxInt64 {
+				// Until then InUse says the same (and reads no pending permits: asking
+				// ahead changes nothing).
+				for _, at := range []int64{w.now + (until-w.now)/2, until - 1} {
+					if got := sm.m.InUse(at); got != in {
+						w.t.Fatalf("t=%v after %s: %s's InUse at %v is %+v, not %+v until %v", time.Duration(w.now), what, sm.name, time.Duration(at), got, in, time.Duration(until))
+					}
+				}
 			}
 			sum = sum.add(in)
 		}
