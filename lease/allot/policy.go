@@ -222,6 +222,7 @@ type scratch struct {
 	alive, wanting, with, order, idx []int
 	rem                              []int64
 	keys, keys2                      []uint64
+	steps                            []freeing
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}

@@ -1,6 +1,7 @@
 package allot
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -484,7 +485,7 @@ type Reply struct {
 // clock that steps back is treated as standing still.
 func (s *State) Apply(now int64, cfg Config, req Request) (Reply, error) {
 	now = max(now, s.PoolAt)
-	s.advance(now)
+	counted := s.advance(now)
 	s.roll(now)
 	if s.Limit.Window > 0 && req.Seen > 0 && !req.Epoch.IsZero() && req.Epoch.Incarnation != s.Incarnation {
 		// A member holds tokens drawn in this window from a record this one replaced (the
@@ -507,6 +508,12 @@ func (s *State) Apply(now int64, cfg Config, req Request) (Reply, error) {
 		return Reply{}, fmt.Errorf("%w: no member name", ErrBadRequest)
 	}
 	i, found := s.find(req.Member)
+	// What the members other than i hold against the limit: only entry i changes from
+	// here to its grant.
+	others := counted
+	if found {
+		others = others.diff(s.Members[i].counted(now))
+	}
 	switch req.Op {
 	case OpJoin:
 		if found {
@@ -607,7 +614,7 @@ func (s *State) Apply(now int64, cfg Config, req Request) (Reply, error) {
 		e.Wanted = now
 	}
 	e.Lease.Expires = now + int64(cfg.TTL) // alive: it just spoke (grant sets Until to match)
-	s.grant(i, now, cfg, &rep)
+	s.grant(i, now, cfg, others, &rep)
 	return rep, nil
 }
 
@@ -727,36 +734,48 @@ func (s *State) Check(now int64) error {
 
 // advance brings the pool up to now: the free capacity refills it, piece by piece between
 // the instants at which held capacity is freed (a quarantine ends, an older lease stops
-// counting, a fence falls), and entries with nothing left counting are removed.
-func (s *State) advance(now int64) {
-	// The instants in (PoolAt, now], in order: refill changes neither them nor which fall
-	// in the span, so one pass over the members finds them all (a pass per instant cost a
-	// large pool a pass over every member per renewal that ended since the last request).
+// counting, a fence falls), and entries with nothing left counting are removed. It returns
+// the shares counted against the limit at now.
+//
+// One pass over the members finds the instants in (PoolAt, now] and what each entry
+// stops counting at each, and removes the entries done with: refill changes neither the
+// instants nor what counts, so the sums between them follow from those steps (a pass per
+// instant cost a large pool a pass over every member per renewal that ended since the
+// last request).
+func (s *State) advance(now int64) Share {
+	from := s.PoolAt
+	in := func(t int64) bool { return t > from && t <= now }
 	sc := scratchPool.Get().(*scratch)
-	at := sc.keys[:0]
-	consider := func(t int64) {
-		if t > s.PoolAt && t <= now {
-			at = append(at, uint64(t))
-		}
+	steps := sc.steps[:0]
+	if in(s.Fence) {
+		steps = append(steps, freeing{at: s.Fence})
 	}
-	consider(s.Fence)
-	for i := range s.Members {
-		consider(s.Members[i].Lease.Until)
-		consider(s.Members[i].HeldUntil)
-		consider(s.Members[i].RetiredUntil)
-	}
-	slices.Sort(at)
-	for _, t := range at {
-		s.refill(int64(t)) // a repeated instant refills nothing
-	}
-	sc.keys = at
-	scratchPool.Put(sc)
-	s.refill(now)
-	// Ended older and retired leases are cleared (a later merge must not revive them), and
-	// entries with nothing left counting removed, in one pass.
+	var counted Share // at from
 	kept := 0
 	for i := range s.Members {
 		e := &s.Members[i]
+		prev := e.counted(from)
+		counted = counted.add(prev)
+		// The entry's instants in (from, now], in order, and what it stops counting at each.
+		var ts [3]int64
+		n := 0
+		for _, t := range [3]int64{e.Lease.Until, e.HeldUntil, e.RetiredUntil} {
+			if in(t) {
+				k := n
+				for ; k > 0 && ts[k-1] > t; k-- {
+					ts[k] = ts[k-1]
+				}
+				ts[k] = t
+				n++
+			}
+		}
+		for _, t := range ts[:n] {
+			c := e.counted(t)
+			steps = append(steps, freeing{at: t, d: prev.diff(c)})
+			prev = c
+		}
+		// Ended older and retired leases are cleared (a later merge must not revive them),
+		// and entries with nothing left counting removed.
 		if e.HeldUntil <= now {
 			e.Held, e.HeldUntil = Share{}, 0
 		}
@@ -773,17 +792,41 @@ func (s *State) advance(now int64) {
 	}
 	clear(s.Members[kept:]) // as slices.DeleteFunc leaves the tail
 	s.Members = s.Members[:kept]
+	slices.SortFunc(steps, func(a, b freeing) int { return cmp.Compare(a.at, b.at) })
+	for k := 0; k < len(steps); {
+		t := steps[k].at
+		s.refill(t, counted) // what counts at PoolAt
+		for ; k < len(steps) && steps[k].at == t; k++ {
+			counted = counted.diff(steps[k].d)
+		}
+	}
+	s.refill(now, counted)
+	sc.steps = steps
+	scratchPool.Put(sc)
 	if s.Penalty <= now {
 		s.Penalty = 0
 	}
+	return counted
 }
 
-// refill moves PoolAt to t, adding what the free capacity (as counted at PoolAt) saved up.
-func (s *State) refill(t int64) {
+// freeing is what the members stop counting against the limit at an instant.
+type freeing struct {
+	at int64
+	d  Share
+}
+
+// refill moves PoolAt to t, adding what the free capacity saved up: the limit less what
+// is committed at PoolAt, counted (the members' shares counted then; the whole limit
+// while a fence stands).
+func (s *State) refill(t int64, counted Share) {
 	if t <= s.PoolAt {
 		return
 	}
-	free := s.capacity(s.PoolAt).sub(s.Committed(s.PoolAt))
+	committed := counted
+	if s.PoolAt < s.Fence {
+		committed = s.capacity(s.PoolAt)
+	}
+	free := s.capacity(s.PoolAt).sub(committed)
 	dt := min(t-max(s.PoolAt, s.Booked), 1<<42) // about 73 minutes: more can only fill the pool
 	if free.Rate > 0 && dt > 0 {                // the rate booked ahead refills nothing until then
 		gain, _ := mulDiv(dt, free.Rate, RateScale)
@@ -796,7 +839,9 @@ func (s *State) refill(t int64) {
 // grant gives entry i its share for now: the policy's target, grown only from what is
 // free. The lease it had before keeps counting until the member says it switched (or it
 // ends), so a share that shrinks frees nothing before the member has stopped using it.
-func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
+//
+// rest is what the members other than i hold against the limit at now.
+func (s *State) grant(i int, now int64, cfg Config, rest Share, rep *Reply) {
 	targets, live, size := s.targets(now, cfg)
 	defer putTargets(targets)
 	// Whether another member is held back: asked at most once a grant (a pass over every
@@ -810,15 +855,9 @@ func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
 	}
 	e := &s.Members[i]
 	target := targets[i]
-	others := e.retired(now)
+	others := e.retired(now).add(rest)
 	if now < s.Fence {
 		others = s.capacity(now)
-	} else {
-		for j := range s.Members {
-			if j != i {
-				others = others.add(s.Members[j].counted(now))
-			}
-		}
 	}
 	avail := s.capacity(now).sub(others)
 	if now < s.Open {
@@ -858,7 +897,11 @@ func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
 	}
 	s.Pool = min(s.Pool, s.capacity(now).sub(others.add(after)).Burst*s.Limit.T)
 
-	s.hint(now, rep)
+	committed := others.add(after) // every member's, i's as it is now
+	if now < s.Fence {
+		committed = s.capacity(now)
+	}
+	s.hintWith(now, committed, rep)
 	rep.Epoch = e.Epoch
 	rep.Lease.Seq = e.Lease.Seq
 	rep.Lease.Share = n
@@ -890,8 +933,11 @@ func (s *State) borrow(now, n int64, rep *Reply) {
 
 // hint tells a member what the free capacity saved up and at what rate it refills, so that
 // it borrows only when a permit is likely there.
-func (s *State) hint(now int64, rep *Reply) {
-	rep.Free = s.capacity(now).sub(s.Committed(now))
+func (s *State) hint(now int64, rep *Reply) { s.hintWith(now, s.Committed(now), rep) }
+
+// hintWith is hint with what is committed at now.
+func (s *State) hintWith(now int64, committed Share, rep *Reply) {
+	rep.Free = s.capacity(now).sub(committed)
 	rep.Pool = s.Pool
 	if now < s.Open || s.Booked > now || s.Penalty > now || s.Central {
 		// Nothing to borrow: the join window, takes booked ahead, a penalty.
