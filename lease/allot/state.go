@@ -842,18 +842,15 @@ func (s *State) refill(t int64, counted Share) {
 //
 // rest is what the members other than i hold against the limit at now.
 func (s *State) grant(i int, now int64, cfg Config, rest Share, rep *Reply) {
-	targets, live, size := s.targets(now, cfg)
+	targets, live, size, short := s.targets(now, cfg)
 	defer putTargets(targets)
-	// Whether another member is held back: asked at most once a grant (a pass over every
-	// member), as member i's own lease, the only one that changes here, does not count.
-	var contended, known bool
-	isContended := func() bool {
-		if !known {
-			contended, known = s.contendedFor(i, now, targets), true
-		}
-		return contended
-	}
 	e := &s.Members[i]
+	// Whether another live member is given less than it asks for: member i's own lease,
+	// the only one that changes here, does not count.
+	if e.live(now) && targets[i].Rate < e.Demand {
+		short--
+	}
+	isContended := func() bool { return short > 0 }
 	target := targets[i]
 	others := e.retired(now).add(rest)
 	if now < s.Fence {
@@ -943,17 +940,6 @@ func (s *State) hintWith(now int64, committed Share, rep *Reply) {
 		// Nothing to borrow: the join window, takes booked ahead, a penalty.
 		rep.Pool, rep.Free = 0, Share{}
 	}
-}
-
-// contendedFor reports whether a live member other than i is given less than it asks for
-// (targets, the fair policy's).
-func (s *State) contendedFor(i int, now int64, targets []Share) bool {
-	for j := range s.Members {
-		if o := &s.Members[j]; j != i && o.live(now) && targets[j].Rate < o.Demand {
-			return true
-		}
-	}
-	return false
 }
 
 // nextFree returns how long until capacity held by a member other than i (a quarantine,
