@@ -56,12 +56,16 @@ type leaseMode struct {
 
 	// The shares the members have in use, summed for checkMembers: each member's as last
 	// asked (per limit), until when it holds (math.MinInt64: the member was called since,
-	// ask again), and the sums per limit. A check asks only the members called since the
-	// last or whose shares changed with time, where asking all of them after every answer
-	// cost a large pool a pass over every member per renewal.
+	// ask again), the sums per limit, the members called since the last check, and the
+	// earliest instant a member's share may change by itself (usedNext). A check asks
+	// only the members called since the last or whose shares changed with time, where
+	// asking all of them after every answer cost a large pool a pass over every member per
+	// renewal.
 	used      [][]allot.Share
 	usedUntil []int64
 	usedSum   []allot.Share
+	usedDirty []int32
+	usedNext  int64
 
 	memberSeconds float64
 	crashes       []pendingCrash
@@ -403,8 +407,9 @@ func (l *leaseMode) store(e *engine, ev *event) {
 // touch says member mi was called (or made, or let go): the next check asks it again
 // what it has in use.
 func (l *leaseMode) touch(mi int32) {
-	if int(mi) < len(l.usedUntil) {
+	if int(mi) < len(l.usedUntil) && l.usedUntil[mi] != math.MinInt64 {
 		l.usedUntil[mi] = math.MinInt64
+		l.usedDirty = append(l.usedDirty, mi)
 	}
 }
 
@@ -416,32 +421,51 @@ func (l *leaseMode) sumInUse(e *engine) {
 		l.usedSum = make([]allot.Share, len(l.limits))
 		l.used = make([][]allot.Share, len(l.members))
 		l.usedUntil = make([]int64, len(l.members))
+		l.usedDirty = l.usedDirty[:0]
 		for mi := range l.usedUntil {
 			l.usedUntil[mi] = math.MinInt64
+			l.usedDirty = append(l.usedDirty, int32(mi))
+		}
+		l.usedNext = math.MaxInt64
+	}
+	for _, mi := range l.usedDirty {
+		l.askInUse(e, mi)
+	}
+	l.usedDirty = l.usedDirty[:0]
+	if e.now < l.usedNext {
+		return
+	}
+	// A member's share may have changed by itself: ask those whose instant has come, and
+	// find the next such instant.
+	l.usedNext = math.MaxInt64
+	for mi := range l.members {
+		if e.now >= l.usedUntil[mi] {
+			l.askInUse(e, int32(mi))
+		}
+		l.usedNext = min(l.usedNext, l.usedUntil[mi])
+	}
+}
+
+// askInUse asks member mi what it has in use (every limit), into the sums.
+func (l *leaseMode) askInUse(e *engine, mi int32) {
+	used := l.used[mi]
+	for k, in := range used {
+		l.usedSum[k].Rate -= in.Rate
+		l.usedSum[k].Burst -= in.Burst
+	}
+	until := int64(math.MaxInt64)
+	used = used[:0]
+	if ms := l.members[mi]; ms != nil && e.members[mi].present && l.minc[mi] == e.members[mi].inc {
+		for k := range l.limits {
+			in, u := ms[k].InUseUntil(e.now)
+			used = append(used, in)
+			l.usedSum[k].Rate += in.Rate
+			l.usedSum[k].Burst += in.Burst
+			until = min(until, u)
 		}
 	}
-	for mi, ms := range l.members {
-		if e.now < l.usedUntil[mi] {
-			continue
-		}
-		used := l.used[mi]
-		for k, in := range used {
-			l.usedSum[k].Rate -= in.Rate
-			l.usedSum[k].Burst -= in.Burst
-		}
-		until := int64(math.MaxInt64)
-		used = used[:0]
-		if ms != nil && e.members[mi].present && l.minc[mi] == e.members[mi].inc {
-			for k := range l.limits {
-				in, u := ms[k].InUseUntil(e.now)
-				used = append(used, in)
-				l.usedSum[k].Rate += in.Rate
-				l.usedSum[k].Burst += in.Burst
-				until = min(until, u)
-			}
-		}
-		l.used[mi], l.usedUntil[mi] = used, until
-	}
+	l.used[mi], l.usedUntil[mi] = used, until
+	l.usedNext = min(l.usedNext, until)
 }
 
 // checkMembers checks, for every limit, that the shares the members have in use sum to
