@@ -62,6 +62,7 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short in
 	for i := range s.Members {
 		e := &s.Members[i]
 		if !e.live(now) {
+			dm[i] = 0 // wants nothing (byDemand reads the holders from dm)
 			continue
 		}
 		alive = append(alive, i)
@@ -152,6 +153,7 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short in
 		}
 	}
 	with := sc.with
+	var rates int64
 	for _, i := range holders {
 		if scale {
 			r, _ := mulDiv(tg[i].Rate, num, den)
@@ -159,6 +161,8 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short in
 		}
 		if tg[i].Rate > 0 {
 			with = append(with, i)
+			tg[i].Burst = 1
+			rates += tg[i].Rate
 		}
 	}
 	sc.with = with
@@ -171,11 +175,10 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short in
 			tg[i] = Share{}
 		}
 		with = with[:burst]
-	}
-	var rates int64
-	for _, i := range with {
-		tg[i].Burst = 1
-		rates += tg[i].Rate
+		rates = 0
+		for _, i := range with {
+			rates += tg[i].Rate
+		}
 	}
 	rest := burst - int64(len(with))
 	// An idle member keeps the one permit it parked (a share without rate), while the
@@ -272,7 +275,6 @@ type scratch struct {
 	hint    []int
 	hintOf  *State
 	hintLen int
-	mark    []bool // all false between calls
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
@@ -303,7 +305,7 @@ func getScratch(n int) *scratch {
 		*sc = scratch{
 			alive: make([]int, 0, c), wanting: make([]int, 0, c), idle: make([]int, 0, c), with: make([]int, 0, c),
 			order: make([]int, 0, c), idx: make([]int, 0, c), rem: make([]int64, c), dm: make([]int64, c),
-			keys: make([]uint64, 0, c), mark: make([]bool, c), steps: sc.steps,
+			keys: make([]uint64, 0, c), steps: sc.steps,
 		}
 	}
 	sc.alive, sc.wanting, sc.idle, sc.with = sc.alive[:0], sc.wanting[:0], sc.idle[:0], sc.with[:0]
@@ -317,8 +319,9 @@ func getScratch(n int) *scratch {
 // from Apply: demands are within RateScale, remainders below the sum of the rates) sort
 // the old way.
 
-// byDemand returns holders (in the members' order) by demand dm (by member), the lowest
-// first, as a stable sort by demand orders them. The result is sc's.
+// byDemand returns holders, the members with a positive demand in dm (by member; in the
+// members' order), by demand, the lowest first, as a stable sort by demand orders them.
+// The result is sc's.
 //
 // From one grant to the next the holders are mostly the same and a few demands move:
 // the order of the last grant on the same record, its keys brought up to date, is
@@ -327,20 +330,18 @@ func getScratch(n int) *scratch {
 // of the demands (within RateScale: 20 bits), stable, in two passes of 10 bits, either
 // skipped when every demand has the same digit there.
 func (s *State) byDemand(holders []int, dm []int64, sc *scratch) []int {
-	for _, i := range holders {
-		if d := dm[i]; d < 0 || d >= 1<<(2*radixBits) || i > math.MaxUint32 {
-			order := append(sc.order[:0], holders...)
-			sc.order = order
-			slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(dm[a], dm[b]) })
-			sc.hintOf = nil
-			return order
-		}
-	}
 	if order, ok := s.byHint(holders, dm, sc); ok {
 		return order
 	}
 	order := append(sc.order[:0], holders...)
 	sc.order = order
+	for _, i := range holders {
+		if d := dm[i]; d < 0 || d >= 1<<(2*radixBits) || i > math.MaxUint32 {
+			slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(dm[a], dm[b]) })
+			sc.hintOf = nil
+			return order
+		}
+	}
 	keys := sc.keys[:0]
 	var or, and uint64 = 0, math.MaxUint64
 	for _, i := range holders {
@@ -379,31 +380,25 @@ func (s *State) byDemand(holders []int, dm []int64, sc *scratch) []int {
 	return order
 }
 
-// byHint is byDemand from the order it returned last for s, if that is at hand and
-// close enough to sorted (ok).
+// byHint is byDemand from the order it returned last for s, if that is at hand, holds
+// the same members, and is close enough to sorted (ok).
 func (s *State) byHint(holders []int, dm []int64, sc *scratch) (order []int, ok bool) {
-	if sc.hintOf != s || sc.hintLen != len(s.Members) {
+	if sc.hintOf != s || sc.hintLen != len(s.Members) || len(sc.hint) != len(holders) {
 		return nil, false
-	}
-	// The keys of the last order's members that still hold, then of the new holders.
-	mark := sc.mark[:len(s.Members)]
-	for _, i := range holders {
-		mark[i] = true
 	}
 	keys := sc.keys[:0]
 	for _, i := range sc.hint {
-		if mark[i] {
-			keys = append(keys, uint64(dm[i])<<32|uint64(i))
-			mark[i] = false
-		}
-	}
-	for _, i := range holders {
-		if mark[i] {
-			keys = append(keys, uint64(dm[i])<<32|uint64(i))
-			mark[i] = false
+		if d := dm[i]; d > 0 {
+			if d > math.MaxUint32 {
+				return nil, false
+			}
+			keys = append(keys, uint64(d)<<32|uint64(i))
 		}
 	}
 	sc.keys = keys
+	if len(keys) != len(holders) {
+		return nil, false // members came or went: the last order's holders are not these
+	}
 	// Insertion sort, given up past a few moves a key (a radix sort costs about that).
 	moves, most := 0, 4*len(keys)+64
 	for k := 1; k < len(keys); k++ {
@@ -421,14 +416,14 @@ func (s *State) byHint(holders []int, dm []int64, sc *scratch) (order []int, ok 
 	for _, key := range keys {
 		order = append(order, int(key&math.MaxUint32))
 	}
-	sc.order = order
 	sc.keepHint(s, order)
 	return order, true
 }
 
-// keepHint keeps order, of record s, as the hint for byDemand's next sort.
+// keepHint keeps order, of record s, as the hint for byDemand's next sort (order's list
+// becomes the hint's, and the hint's the next order's).
 func (sc *scratch) keepHint(s *State, order []int) {
-	sc.hint = append(sc.hint[:0], order...)
+	sc.order, sc.hint = sc.hint[:0], order
 	sc.hintOf, sc.hintLen = s, len(s.Members)
 }
 

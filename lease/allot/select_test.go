@@ -42,10 +42,10 @@ func TestLargestRemaindersMatchesAStableSort(t *testing.T) {
 	}
 }
 
-// TestByDemandMatchesAStableSort: byDemand orders the holders as a stable sort by demand
-// does (ties in the members' order), from scratch and from the hint of its last sort: the
-// same record with a few demands moved (or many), holders come and gone, or members
-// added.
+// TestByDemandMatchesAStableSort: byDemand orders the holders (the members with a
+// positive demand) as a stable sort by demand does (ties in the members' order), from
+// scratch and from the hint of its last sort: the same record with a few demands moved
+// (or many), holders come and gone, or members added.
 func TestByDemandMatchesAStableSort(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for trial := range 500 {
@@ -55,6 +55,10 @@ func TestByDemandMatchesAStableSort(t *testing.T) {
 			s.Members[i].Demand = rng.Int64N(spread)
 		}
 		sc := getScratch(len(s.Members) + 1)
+		holds := make([]bool, len(s.Members)+1) // which members hold, if their demand is positive
+		for i := range holds {
+			holds[i] = rng.IntN(4) > 0
+		}
 		for round := range 6 {
 			switch round {
 			case 1: // a few demands move
@@ -69,17 +73,15 @@ func TestByDemandMatchesAStableSort(t *testing.T) {
 				s.Members = append(s.Members, Entry{Demand: rng.Int64N(spread)})
 			}
 			var holders []int
-			for i := range s.Members {
-				if rng.IntN(4) > 0 || round == 4 {
-					holders = append(holders, i)
-				}
-			}
 			dm := make([]int64, len(s.Members))
 			for i := range s.Members {
-				dm[i] = s.Members[i].Demand
+				if d := s.Members[i].Demand; d > 0 && (round == 5 || holds[i] != (round == 4)) {
+					holders = append(holders, i)
+					dm[i] = d
+				}
 			}
 			want := slices.Clone(holders)
-			slices.SortStableFunc(want, func(a, b int) int { return cmp.Compare(s.Members[a].Demand, s.Members[b].Demand) })
+			slices.SortStableFunc(want, func(a, b int) int { return cmp.Compare(dm[a], dm[b]) })
 			if got := s.byDemand(holders, dm, sc); !slices.Equal(got, want) {
 				t.Fatalf("trial %d round %d: got %v, want %v", trial, round, got, want)
 			}
