@@ -744,10 +744,9 @@ func (s *State) Check(now int64) error {
 // last request).
 func (s *State) advance(now int64) Share {
 	from := s.PoolAt
-	in := func(t int64) bool { return t > from && t <= now }
 	sc := scratchPool.Get().(*scratch)
 	steps := sc.steps[:0]
-	if in(s.Fence) {
+	if s.Fence > from && s.Fence <= now {
 		steps = append(steps, freeing{at: s.Fence})
 	}
 	var counted Share // at from
@@ -756,33 +755,29 @@ func (s *State) advance(now int64) Share {
 		e := &s.Members[i]
 		prev := e.counted(from)
 		counted = counted.add(prev)
-		// The entry's instants in (from, now], in order, and what it stops counting at each.
-		var ts [3]int64
-		n := 0
-		for _, t := range [3]int64{e.Lease.Until, e.HeldUntil, e.RetiredUntil} {
-			if in(t) {
-				k := n
-				for ; k > 0 && ts[k-1] > t; k-- {
-					ts[k] = ts[k-1]
+		lu, hu, ru := e.Lease.Until, e.HeldUntil, e.RetiredUntil
+		if lu > from && lu <= now || hu > from && hu <= now || ru > from && ru <= now {
+			// The entry's instants in (from, now], in order, and what it stops counting
+			// at each.
+			ts := [3]int64{lu, hu, ru}
+			slices.Sort(ts[:])
+			for _, t := range ts {
+				if t > from && t <= now {
+					c := e.counted(t)
+					steps = append(steps, freeing{at: t, d: prev.diff(c)})
+					prev = c
 				}
-				ts[k] = t
-				n++
 			}
-		}
-		for _, t := range ts[:n] {
-			c := e.counted(t)
-			steps = append(steps, freeing{at: t, d: prev.diff(c)})
-			prev = c
 		}
 		// Ended older and retired leases are cleared (a later merge must not revive them),
 		// and entries with nothing left counting removed.
-		if e.HeldUntil <= now {
+		if hu <= now && (hu != 0 || !e.Held.IsZero()) {
 			e.Held, e.HeldUntil = Share{}, 0
 		}
-		if e.RetiredUntil <= now {
+		if ru <= now && (ru != 0 || !e.Retired.IsZero()) {
 			e.Retired, e.RetiredUntil = Share{}, 0
 		}
-		if e.Lease.Until <= now && e.HeldUntil <= now && e.RetiredUntil <= now && e.AliveUntil <= now {
+		if lu <= now && e.HeldUntil <= now && e.RetiredUntil <= now && e.AliveUntil <= now {
 			continue
 		}
 		if kept != i {
