@@ -389,8 +389,9 @@ func (l *leaseMode) store(e *engine, ev *event) {
 	e.storeOps++
 	e.bucket().storeOps++
 	st := l.states[msg.limit]
-	msg.rep, msg.err = st.Apply(e.now, l.cfg, msg.req)
-	if st.Check(e.now) != nil {
+	var check error
+	msg.rep, msg.err, check = st.ApplyChecked(e.now, l.cfg, msg.req)
+	if check != nil {
 		l.rep.Breaches++
 	}
 	if !reply {

@@ -137,7 +137,10 @@ func (w *world) deliver() {
 		w.msgs = w.msgs[1:]
 		if m.to < 0 {
 			before := w.state.Clone()
-			rep, err := w.state.Apply(m.at, w.cfg, m.call)
+			rep, err, check := w.state.ApplyChecked(m.at, w.cfg, m.call)
+			if full := w.state.Check(m.at); fmt.Sprint(check) != fmt.Sprint(full) {
+				w.t.Fatalf("t=%v: ApplyChecked's check %v, Check's %v", time.Duration(m.at), check, full)
+			}
 			if w.trace != nil && before.Pool != w.state.Pool {
 				w.trace(fmt.Sprintf("%v %s %s: pool %d@%v -> %d@%v central %v return %d err %v", time.Duration(w.now), m.call.Op, m.call.Member,
 					before.Pool, time.Duration(before.PoolAt), w.state.Pool, time.Duration(w.state.PoolAt), w.state.Central, m.call.Return, err))

@@ -484,8 +484,38 @@ type Reply struct {
 // deterministic: the same record, now, settings and request give the same result. A
 // clock that steps back is treated as standing still.
 func (s *State) Apply(now int64, cfg Config, req Request) (Reply, error) {
+	var a applied
+	return s.apply(now, cfg, req, &a)
+}
+
+// ApplyChecked is Apply followed by Check at now, whose error it returns as check: for a
+// store that checks the invariant after every request (the simulator), without Check's
+// pass over every member (Apply knows what they hold).
+func (s *State) ApplyChecked(now int64, cfg Config, req Request) (rep Reply, err, check error) {
+	var a applied
+	rep, err = s.apply(now, cfg, req, &a)
+	if now < s.PoolAt { // the clock stepped back: Apply stood still
+		return rep, err, s.Check(now)
+	}
+	c := a.rest
+	if i, ok := s.find(a.id); a.id != "" && ok {
+		c = c.add(s.Members[i].counted(now))
+	}
+	return rep, err, s.check(now, c)
+}
+
+// applied is what apply tells ApplyChecked: what the members other than id (the one the
+// request is about, if any) hold against the limit at now; only id's entry changes after
+// they are summed.
+type applied struct {
+	rest Share
+	id   string
+}
+
+func (s *State) apply(now int64, cfg Config, req Request, a *applied) (Reply, error) {
 	now = max(now, s.PoolAt)
 	counted := s.advance(now)
+	a.rest = counted
 	s.roll(now)
 	if s.Limit.Window > 0 && req.Seen > 0 && !req.Epoch.IsZero() && req.Epoch.Incarnation != s.Incarnation {
 		// A member holds tokens drawn in this window from a record this one replaced (the
@@ -514,6 +544,7 @@ func (s *State) Apply(now int64, cfg Config, req Request) (Reply, error) {
 	if found {
 		others = others.diff(s.Members[i].counted(now))
 	}
+	a.rest, a.id = others, req.Member
 	switch req.Op {
 	case OpJoin:
 		if found {
@@ -713,9 +744,11 @@ func (s *State) counted(now int64) Share {
 
 // Check verifies the invariant at now: the counted shares sum to at most the limit in rate
 // and in burst, and the pool holds no more than the free burst.
-func (s *State) Check(now int64) error {
+func (s *State) Check(now int64) error { return s.check(now, s.counted(now)) }
+
+// check is Check with the shares counted at now.
+func (s *State) check(now int64, c Share) error {
 	capa := s.capacity(now)
-	c := s.counted(now)
 	if !c.Fits(capa) {
 		return fmt.Errorf("sluice lease: leases sum to rate %d/%d burst %d/%d", c.Rate, RateScale, c.Burst, capa.Burst)
 	}
