@@ -3,6 +3,7 @@ package allot
 import (
 	"cmp"
 	"math"
+	"math/bits"
 	"slices"
 	"sync"
 )
@@ -164,6 +165,9 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short in
 			tg[i].Burst = 1
 			rates += tg[i].Rate
 		}
+		if tg[i].Rate < dm[i] {
+			short++ // (the live members that want nothing are not short)
+		}
 	}
 	sc.with = with
 	// While a reserve is kept, the shares hold two fifths of the burst beyond the first
@@ -179,6 +183,7 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short in
 		for _, i := range with {
 			rates += tg[i].Rate
 		}
+		short = shortOf()
 	}
 	rest := burst - int64(len(with))
 	// An idle member keeps the one permit it parked (a share without rate), while the
@@ -211,7 +216,7 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short in
 			tg[with[k]].Burst++
 		}
 	}
-	return tg, live, size, shortOf()
+	return tg, live, size, short
 }
 
 // waterfill gives each member of order (by demand, the lowest first) the rate
@@ -441,17 +446,18 @@ func (sc *scratch) tmpKeys(n int) []uint64 {
 
 // largestRemainders returns the places of the n largest remainders in rem (ties to the
 // earlier place), in no particular order: which places get one more permit, not in what
-// order. It selects them (quickselect, O(len(rem)) on average) rather than sorting rem.
-// The result is sc's.
+// order. It selects them rather than sorting rem: a count of the remainders by their
+// leading bits finds the group the n-th largest falls in, the places of the groups above
+// are all taken, and a quickselect picks the rest from that group. The result is sc's.
 func largestRemainders(rem []int64, n int, sc *scratch) []int {
 	if n <= 0 {
 		return nil
 	}
-	keys := sc.keys[:0]
-	for k, r := range rem {
-		if r < 0 || r > math.MaxUint32 || k > math.MaxUint32 {
+	idx := sc.idx[:0]
+	var most int64
+	for _, r := range rem {
+		if r < 0 || r > math.MaxUint32 || len(rem) > math.MaxUint32 {
 			// Never from Apply: the places by a stable sort.
-			idx := sc.idx[:0]
 			for k := range rem {
 				idx = append(idx, k)
 			}
@@ -459,20 +465,47 @@ func largestRemainders(rem []int64, n int, sc *scratch) []int {
 			slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(rem[b], rem[a]) })
 			return idx[:min(n, len(idx))]
 		}
-		keys = append(keys, uint64(math.MaxUint32-r)<<32|uint64(k)) // the largest first, all distinct
+		most = max(most, r)
 	}
-	sc.keys = keys
-	if n < len(keys) {
-		selectSmallest(keys, n)
-		keys = keys[:n]
+	if n >= len(rem) {
+		for k := range rem {
+			idx = append(idx, k)
+		}
+		sc.idx = idx
+		return idx
 	}
-	idx := sc.idx[:0]
+	shift := max(bits.Len64(uint64(most))-selectBits, 0)
+	var count [1 << selectBits]int
+	for _, r := range rem {
+		count[r>>shift]++
+	}
+	group, above := int64(len(count)-1), 0
+	for above+count[group] < n {
+		above += count[group]
+		group--
+	}
+	keys := sc.keys[:0]
+	for k, r := range rem {
+		switch g := r >> shift; {
+		case g > group:
+			idx = append(idx, k)
+		case g == group:
+			keys = append(keys, uint64(math.MaxUint32-r)<<32|uint64(k)) // the largest first, all distinct
+		}
+	}
+	if need := n - above; need < len(keys) {
+		selectSmallest(keys, need)
+		keys = keys[:need]
+	}
 	for _, key := range keys {
 		idx = append(idx, int(key&math.MaxUint32))
 	}
-	sc.idx = idx
+	sc.keys, sc.idx = keys, idx
 	return idx
 }
+
+// selectBits is the leading bits of the remainders largestRemainders counts them by.
+const selectBits = 11
 
 // selectSmallest reorders keys (all distinct) so that its n smallest come first, in no
 // particular order (0 < n < len(keys)).
