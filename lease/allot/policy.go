@@ -3,7 +3,6 @@ package allot
 import (
 	"cmp"
 	"math"
-	"math/bits"
 	"slices"
 	"sync"
 )
@@ -155,10 +154,16 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short in
 	}
 	with := sc.with
 	var rates int64
+	var scaled divMemo
 	for _, i := range holders {
 		if scale {
-			r, _ := mulDiv(tg[i].Rate, num, den)
-			tg[i].Rate = max(min(r, capa.Rate), min(tg[i].Rate, 1))
+			x := tg[i].Rate
+			r, _, ok := scaled.get(x)
+			if !ok {
+				r, _ = mulDiv(x, num, den)
+				scaled.put(x, r, 0)
+			}
+			tg[i].Rate = max(min(r, capa.Rate), min(x, 1))
 		}
 		if tg[i].Rate > 0 {
 			with = append(with, i)
@@ -205,9 +210,15 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short in
 		}
 		rem := sc.rem[:len(with)]
 		given := int64(0)
+		var split divMemo
 		for k, i := range with {
-			hi, lo := mul128(part, tg[i].Rate)
-			x, r := div128(hi, lo, rates)
+			rate := tg[i].Rate
+			x, r, ok := split.get(rate)
+			if !ok {
+				hi, lo := mul128(part, rate)
+				x, r = div128(hi, lo, rates)
+				split.put(rate, x, r)
+			}
 			tg[i].Burst += x
 			rem[k] = r
 			given += x
@@ -217,6 +228,28 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short in
 		}
 	}
 	return tg, live, size, short
+}
+
+// divMemo remembers the last quotients and remainders of one division that a pass over
+// the members makes by their rates: the members held back share a rate or two (the level
+// and one more), and a division costs several times a look-up.
+type divMemo struct {
+	key, q, r [4]int64
+	set       [4]bool
+}
+
+// get returns the quotient and remainder remembered for key, if any (ok).
+func (m *divMemo) get(key int64) (q, r int64, ok bool) {
+	if k := key & 3; m.set[k] && m.key[k] == key {
+		return m.q[k], m.r[k], true
+	}
+	return 0, 0, false
+}
+
+// put remembers quotient q and remainder r for key.
+func (m *divMemo) put(key, q, r int64) {
+	k := key & 3
+	m.key[k], m.q[k], m.r[k], m.set[k] = key, q, r, true
 }
 
 // waterfill gives each member of order (by demand, the lowest first) the rate
@@ -446,18 +479,17 @@ func (sc *scratch) tmpKeys(n int) []uint64 {
 
 // largestRemainders returns the places of the n largest remainders in rem (ties to the
 // earlier place), in no particular order: which places get one more permit, not in what
-// order. It selects them rather than sorting rem: a count of the remainders by their
-// leading bits finds the group the n-th largest falls in, the places of the groups above
-// are all taken, and a quickselect picks the rest from that group. The result is sc's.
+// order. It selects them (quickselect, O(len(rem)) on average) rather than sorting rem.
+// The result is sc's.
 func largestRemainders(rem []int64, n int, sc *scratch) []int {
 	if n <= 0 {
 		return nil
 	}
-	idx := sc.idx[:0]
-	var most int64
-	for _, r := range rem {
-		if r < 0 || r > math.MaxUint32 || len(rem) > math.MaxUint32 {
+	keys := sc.keys[:0]
+	for k, r := range rem {
+		if r < 0 || r > math.MaxUint32 || k > math.MaxUint32 {
 			// Never from Apply: the places by a stable sort.
+			idx := sc.idx[:0]
 			for k := range rem {
 				idx = append(idx, k)
 			}
@@ -465,47 +497,20 @@ func largestRemainders(rem []int64, n int, sc *scratch) []int {
 			slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(rem[b], rem[a]) })
 			return idx[:min(n, len(idx))]
 		}
-		most = max(most, r)
+		keys = append(keys, uint64(math.MaxUint32-r)<<32|uint64(k)) // the largest first, all distinct
 	}
-	if n >= len(rem) {
-		for k := range rem {
-			idx = append(idx, k)
-		}
-		sc.idx = idx
-		return idx
+	sc.keys = keys
+	if n < len(keys) {
+		selectSmallest(keys, n)
+		keys = keys[:n]
 	}
-	shift := max(bits.Len64(uint64(most))-selectBits, 0)
-	var count [1 << selectBits]int
-	for _, r := range rem {
-		count[r>>shift]++
-	}
-	group, above := int64(len(count)-1), 0
-	for above+count[group] < n {
-		above += count[group]
-		group--
-	}
-	keys := sc.keys[:0]
-	for k, r := range rem {
-		switch g := r >> shift; {
-		case g > group:
-			idx = append(idx, k)
-		case g == group:
-			keys = append(keys, uint64(math.MaxUint32-r)<<32|uint64(k)) // the largest first, all distinct
-		}
-	}
-	if need := n - above; need < len(keys) {
-		selectSmallest(keys, need)
-		keys = keys[:need]
-	}
+	idx := sc.idx[:0]
 	for _, key := range keys {
 		idx = append(idx, int(key&math.MaxUint32))
 	}
-	sc.keys, sc.idx = keys, idx
+	sc.idx = idx
 	return idx
 }
-
-// selectBits is the leading bits of the remainders largestRemainders counts them by.
-const selectBits = 11
 
 // selectSmallest reorders keys (all distinct) so that its n smallest come first, in no
 // particular order (0 < n < len(keys)).
