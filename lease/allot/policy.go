@@ -208,8 +208,10 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short in
 		if kept > 0 {
 			part, _ = mulDiv(rest, burstPartNum, burstPartDen)
 		}
-		rem := sc.rem[:len(with)]
-		given := int64(0)
+		// The remainders go straight into largestRemainders' keys (remKey), unless one
+		// does not fit (never from Apply).
+		rem, keys := sc.rem[:len(with)], sc.keys[:0]
+		given, fits := int64(0), len(with) <= math.MaxUint32
 		var split divMemo
 		for k, i := range with {
 			rate := tg[i].Rate
@@ -222,9 +224,19 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short in
 			tg[i].Burst += x
 			rem[k] = r
 			given += x
+			fits = fits && r >= 0 && r <= math.MaxUint32
+			keys = append(keys, remKey(r, k))
 		}
-		for _, k := range largestRemainders(rem, int(max(0, min(part-given, int64(len(rem))))), sc) {
-			tg[with[k]].Burst++
+		sc.keys = keys
+		n := int(max(0, min(part-given, int64(len(rem)))))
+		if !fits {
+			for _, k := range largestRemainders(rem, n, sc) {
+				tg[with[k]].Burst++
+			}
+		} else {
+			for _, key := range smallestKeys(keys, n) {
+				tg[with[key&math.MaxUint32]].Burst++
+			}
 		}
 	}
 	return tg, live, size, short
@@ -424,31 +436,33 @@ func (s *State) byHint(holders []int, dm []int64, sc *scratch) (order []int, ok 
 	if sc.hintOf != s || sc.hintLen != len(s.Members) || len(sc.hint) != len(holders) {
 		return nil, false
 	}
+	// The keys of the last order's members, brought up to date, each put in its place
+	// among those before it (an insertion sort, given up past a few moves a key: a radix
+	// sort costs about that).
 	keys := sc.keys[:0]
+	moves, most := 0, 4*len(holders)+64
 	for _, i := range sc.hint {
-		if d := dm[i]; d > 0 {
-			if d > math.MaxUint32 {
-				return nil, false
-			}
-			keys = append(keys, uint64(d)<<32|uint64(i))
+		d := dm[i]
+		if d <= 0 {
+			continue
+		}
+		if d > math.MaxUint32 {
+			return nil, false
+		}
+		x := uint64(d)<<32 | uint64(i)
+		j := len(keys)
+		keys = append(keys, x)
+		for ; j > 0 && keys[j-1] > x; j-- {
+			keys[j] = keys[j-1]
+		}
+		keys[j] = x
+		if moves += len(keys) - 1 - j; moves > most {
+			return nil, false
 		}
 	}
 	sc.keys = keys
 	if len(keys) != len(holders) {
 		return nil, false // members came or went: the last order's holders are not these
-	}
-	// Insertion sort, given up past a few moves a key (a radix sort costs about that).
-	moves, most := 0, 4*len(keys)+64
-	for k := 1; k < len(keys); k++ {
-		x := keys[k]
-		j := k
-		for ; j > 0 && keys[j-1] > x; j-- {
-			keys[j] = keys[j-1]
-		}
-		keys[j] = x
-		if moves += k - j; moves > most {
-			return nil, false
-		}
 	}
 	order = sc.order[:0]
 	for _, key := range keys {
@@ -497,19 +511,32 @@ func largestRemainders(rem []int64, n int, sc *scratch) []int {
 			slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(rem[b], rem[a]) })
 			return idx[:min(n, len(idx))]
 		}
-		keys = append(keys, uint64(math.MaxUint32-r)<<32|uint64(k)) // the largest first, all distinct
+		keys = append(keys, remKey(r, k))
 	}
 	sc.keys = keys
-	if n < len(keys) {
-		selectSmallest(keys, n)
-		keys = keys[:n]
-	}
 	idx := sc.idx[:0]
-	for _, key := range keys {
+	for _, key := range smallestKeys(keys, n) {
 		idx = append(idx, int(key&math.MaxUint32))
 	}
 	sc.idx = idx
 	return idx
+}
+
+// remKey is the key of remainder r (at most math.MaxUint32) at place k: the largest
+// remainders have the smallest keys, ties to the earlier place, all distinct.
+func remKey(r int64, k int) uint64 { return uint64(math.MaxUint32-r)<<32 | uint64(k) }
+
+// smallestKeys reorders keys (all distinct) so that its n smallest come first, and
+// returns them, in no particular order.
+func smallestKeys(keys []uint64, n int) []uint64 {
+	if n <= 0 {
+		return nil
+	}
+	if n < len(keys) {
+		selectSmallest(keys, n)
+		return keys[:n]
+	}
+	return keys
 }
 
 // selectSmallest reorders keys (all distinct) so that its n smallest come first, in no
