@@ -605,7 +605,11 @@ func (s *State) apply(now int64, cfg Config, req Request, a *applied) (Reply, er
 			default:
 				s.borrow(now, req.N, &rep)
 			}
-			s.hint(now, &rep)
+			committed := counted // no entry changed since advance: what it counted at now
+			if now < s.Fence {
+				committed = s.capacity(now)
+			}
+			s.hintWith(now, committed, &rep)
 			return rep, nil
 		}
 		e := &s.Members[i]
