@@ -333,6 +333,9 @@ func (g *gossipMode) handle(e *engine, ev *event) {
 		}
 		g.slots = slots
 		part := e.partitioned[ev.m]
+		link := &e.sc.Network.Store
+		latency := e.latencyOf(link)
+		sent := int64(0)
 		for to := range e.members {
 			t, inbox := int32(to), g.open[to]
 			if t == ev.m || e.partitioned[t] != part {
@@ -343,13 +346,12 @@ func (g *gossipMode) handle(e *engine, ev *event) {
 				continue
 			}
 			for _, s := range slots {
-				e.messages++
-				e.bucket().messages++
-				if e.lost(&e.sc.Network.Store) {
+				sent++
+				if e.lost(link) {
 					continue
 				}
 				g.msgs[s].refs++
-				at := e.now + e.latency(&e.sc.Network.Store)
+				at := e.now + latency()
 				if inbox {
 					g.post(t, at, s)
 				} else {
@@ -357,6 +359,8 @@ func (g *gossipMode) handle(e *engine, ev *event) {
 				}
 			}
 		}
+		e.messages += sent
+		e.bucket().messages += sent
 		for _, s := range slots {
 			if g.msgs[s].refs == 0 {
 				g.drop(s) // sent to nobody, or lost on every way

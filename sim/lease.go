@@ -54,6 +54,19 @@ type leaseMode struct {
 	msgs []leaseMsg
 	free []int32
 
+	// The shares the members have in use, summed for checkMembers: each member's as last
+	// asked (per limit), until when it holds (math.MinInt64: the member was called since,
+	// ask again), the sums per limit, the members called since the last check, and the
+	// earliest instant a member's share may change by itself (usedNext). A check asks
+	// only the members called since the last or whose shares changed with time, where
+	// asking all of them after every answer cost a large pool a pass over every member per
+	// renewal.
+	used      [][]allot.Share
+	usedUntil []int64
+	usedSum   []allot.Share
+	usedDirty []int32
+	usedNext  int64
+
 	memberSeconds float64
 	crashes       []pendingCrash
 	rep           LeaseReport
@@ -138,6 +151,7 @@ func (l *leaseMode) ensure(e *engine, mi int32) []*allot.Member {
 			ms[i] = allot.NewMember(m.name, lim, l.mcfg, e.now)
 		}
 		l.members[mi], l.minc[mi], l.since[mi] = ms, m.inc, e.now
+		l.touch(mi)
 		l.parked[mi] = l.parked[mi][:0]
 		l.waiting[mi] = make([]bool, len(m.gs))
 		l.again[mi] = make([]bool, len(m.gs))
@@ -173,6 +187,7 @@ func (l *leaseMode) unwait(mi, g int32) {
 
 func (l *leaseMode) acquire(e *engine, mi, g int32) {
 	ms := l.ensure(e, mi)
+	l.touch(mi)
 	s := &e.members[mi].gs[g]
 	decide := allot.Decide
 	if l.waiting[mi][g] || l.again[mi][g] {
@@ -309,6 +324,7 @@ func (l *leaseMode) timeout(e *engine, mi int32, k int, sent int64, nonce uint64
 }
 
 func (l *leaseMode) handle(e *engine, ev *event) {
+	l.touch(ev.m)
 	switch ev.kind {
 	case evLeaseTick:
 		if !l.current(e, ev) || ev.val != l.tickSeq[ev.m] {
@@ -373,8 +389,9 @@ func (l *leaseMode) store(e *engine, ev *event) {
 	e.storeOps++
 	e.bucket().storeOps++
 	st := l.states[msg.limit]
-	msg.rep, msg.err = st.Apply(e.now, l.cfg, msg.req)
-	if st.Check(e.now) != nil {
+	var check error
+	msg.rep, msg.err, check = st.ApplyChecked(e.now, l.cfg, msg.req)
+	if check != nil {
 		l.rep.Breaches++
 	}
 	if !reply {
@@ -388,18 +405,76 @@ func (l *leaseMode) store(e *engine, ev *event) {
 	}
 }
 
+// touch says member mi was called (or made, or let go): the next check asks it again
+// what it has in use.
+func (l *leaseMode) touch(mi int32) {
+	if int(mi) < len(l.usedUntil) && l.usedUntil[mi] != math.MinInt64 {
+		l.usedUntil[mi] = math.MinInt64
+		l.usedDirty = append(l.usedDirty, mi)
+	}
+}
+
+// sumInUse brings the sums of the shares the members have in use (usedSum) up to now:
+// the members touched since the last check, or whose shares may have changed with time,
+// are asked again (Member.InUseUntil); the others' stand.
+func (l *leaseMode) sumInUse(e *engine) {
+	if len(l.usedSum) != len(l.limits) || len(l.usedUntil) != len(l.members) {
+		l.usedSum = make([]allot.Share, len(l.limits))
+		l.used = make([][]allot.Share, len(l.members))
+		l.usedUntil = make([]int64, len(l.members))
+		l.usedDirty = l.usedDirty[:0]
+		for mi := range l.usedUntil {
+			l.usedUntil[mi] = math.MinInt64
+			l.usedDirty = append(l.usedDirty, int32(mi))
+		}
+		l.usedNext = math.MaxInt64
+	}
+	for _, mi := range l.usedDirty {
+		l.askInUse(e, mi)
+	}
+	l.usedDirty = l.usedDirty[:0]
+	if e.now < l.usedNext {
+		return
+	}
+	// A member's share may have changed by itself: ask those whose instant has come, and
+	// find the next such instant.
+	l.usedNext = math.MaxInt64
+	for mi := range l.members {
+		if e.now >= l.usedUntil[mi] {
+			l.askInUse(e, int32(mi))
+		}
+		l.usedNext = min(l.usedNext, l.usedUntil[mi])
+	}
+}
+
+// askInUse asks member mi what it has in use (every limit), into the sums.
+func (l *leaseMode) askInUse(e *engine, mi int32) {
+	used := l.used[mi]
+	for k, in := range used {
+		l.usedSum[k].Rate -= in.Rate
+		l.usedSum[k].Burst -= in.Burst
+	}
+	until := int64(math.MaxInt64)
+	used = used[:0]
+	if ms := l.members[mi]; ms != nil && e.members[mi].present && l.minc[mi] == e.members[mi].inc {
+		for k := range l.limits {
+			in, u := ms[k].InUseUntil(e.now)
+			used = append(used, in)
+			l.usedSum[k].Rate += in.Rate
+			l.usedSum[k].Burst += in.Burst
+			until = min(until, u)
+		}
+	}
+	l.used[mi], l.usedUntil[mi] = used, until
+	l.usedNext = min(l.usedNext, until)
+}
+
 // checkMembers checks, for every limit, that the shares the members have in use sum to
 // at most the limit, and follows the reclaim of crashed members' shares.
 func (l *leaseMode) checkMembers(e *engine) {
+	l.sumInUse(e)
 	for k, lim := range l.limits {
-		var sum allot.Share
-		for mi, ms := range l.members {
-			if ms != nil && e.members[mi].present && l.minc[mi] == e.members[mi].inc {
-				in := ms[k].InUse(e.now)
-				sum.Rate += in.Rate
-				sum.Burst += in.Burst
-			}
-		}
+		sum := l.usedSum[k]
 		if !sum.Fits(allot.Share{Rate: allot.RateScale, Burst: lim.Burst()}) {
 			l.rep.Breaches++
 		}
@@ -436,6 +511,7 @@ func (l *leaseMode) permitOK(e *engine, ev *event) bool {
 	if e.now <= ev.val+e.margin {
 		return true
 	}
+	l.touch(ev.m)
 	s := &e.members[ev.m].gs[ev.g]
 	if s.hasTk && l.members[ev.m] != nil && l.minc[ev.m] == e.members[ev.m].inc {
 		_ = allot.Adjust(l.members[ev.m], e.now, e.members[ev.m].tickets[ev.g], 0)
@@ -447,12 +523,14 @@ func (l *leaseMode) permitOK(e *engine, ev *event) bool {
 
 func (l *leaseMode) penalize(e *engine, mi int32, until int64) {
 	ms := l.ensure(e, mi)
+	l.touch(mi)
 	if k := allot.Penalize(ms, e.now, until); k >= 0 {
 		l.send(e, mi, k, ms[k].PenalizeRequest(e.now, until), false)
 	}
 }
 
 func (l *leaseMode) left(e *engine, mi int32, graceful bool) {
+	l.touch(mi)
 	if l.members == nil || l.members[mi] == nil || l.minc[mi] != e.members[mi].inc {
 		return
 	}
@@ -621,5 +699,6 @@ func (l *leaseMode) limitChanged(e *engine) {
 	for i, lim := range l.limits {
 		l.states[i], _ = allot.NewState(lim, l.inc, e.now, 0, l.cfg)
 	}
+	l.usedSum = nil // every member asked again, of the new limits
 	l.rep.Burst = l.limits[0].Burst()
 }

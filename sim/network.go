@@ -18,6 +18,16 @@ func (e *engine) latency(l *Link) int64 {
 	return 0
 }
 
+// latencyOf returns a function that draws l's latencies as latency does, with the
+// distribution's kind read once: for the many messages of a gossip member's report.
+func (e *engine) latencyOf(l *Link) func() int64 {
+	if d := &l.Latency; d.Kind == "uniform" {
+		lo, span := int64(d.Min), float64(d.Max-d.Min)
+		return func() int64 { return lo + int64(e.rng.Float64()*span) }
+	}
+	return func() int64 { return e.latency(l) }
+}
+
 func (e *engine) lost(l *Link) bool { return l.Loss > 0 && e.rng.Float64() < l.Loss }
 
 // toStore sends a message from member mi to the store; it reports whether it will arrive.

@@ -3,6 +3,8 @@ package allot
 // The lease a member holds: its use, the permits pending on it, and the move to the next.
 
 import (
+	"math"
+
 	"github.com/sluicehq/sluice/gcra"
 )
 
@@ -86,6 +88,26 @@ func (m *Member) InUse(now int64) Share {
 		c = maxShare(c, m.handover.prevShare)
 	}
 	return c
+}
+
+// InUseUntil returns InUse(now) and the instant until which InUse returns the same share,
+// as long as nothing else is called on the member: a caller that sums every member's
+// InUse after each change asks again only the members it called since, or whose instant
+// has come. It is now while InUse reads the permits pending beyond the lease's end (it
+// may then change at any instant).
+func (m *Member) InUseUntil(now int64) (Share, int64) {
+	c := m.InUse(now)
+	until := int64(math.MaxInt64)
+	if m.lease.has {
+		until = now
+		if now < m.lease.end {
+			until = m.lease.end
+		}
+	}
+	if now < m.handover.prevUntil {
+		until = min(until, m.handover.prevUntil)
+	}
+	return c, until
 }
 
 // tokens returns the permits the member could take now, in nanoseconds of the limit

@@ -38,35 +38,63 @@ const (
 )
 
 // targets returns the share the policy wants each member to hold at now (zero for dead
-// members), the number of live members, and the pool size the shares are based on.
+// members), the number of live members, the pool size the shares are based on, and the
+// number of live members given less rate than they ask for (short: the fair policy's
+// contention).
 //
 // Every member that holds a share needs at least one permit of burst, and a share
 // should grant a few permits per lease (minPermitsPerLease): when more members want the limit than that
 // allows, it is decided at the store instead (centralWanted) and nobody holds a share.
-func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
+//
+// It runs at every grant over every member: it reads each entry once, into lists of
+// the members' places and demands (scratch, reused from one grant to the next), and
+// works on those.
+func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short int64) {
 	tg = getTargets(len(s.Members))
 	capa := s.capacity(now) // all of the limit, or the rate a ramp has reached
 	burst := capa.Burst
-	// The index lists run at every grant over every member: they are scratch, reused
-	// from one grant to the next, with room for every member from the start.
 	sc := getScratch(len(s.Members))
 	defer scratchPool.Put(sc)
-	alive, wanting := sc.alive, sc.wanting
+	alive, wanting, idle, dm := sc.alive, sc.wanting, sc.idle, sc.dm[:len(s.Members)]
+	// asked is what the members that want capacity ask for in all (fair policy): one
+	// asking for as much as it can get counts as more than any reserve allows.
+	var asked int64
 	for i := range s.Members {
 		e := &s.Members[i]
 		if !e.live(now) {
+			dm[i] = 0 // wants nothing (byDemand reads the holders from dm)
 			continue
 		}
 		alive = append(alive, i)
-		if cfg.Policy == Equal || e.Demand > 0 {
+		d := e.Demand
+		dm[i] = d
+		switch {
+		case cfg.Policy == Equal || d > 0:
 			wanting = append(wanting, i)
+			if d >= RateScale {
+				d = 2 * RateScale
+			}
+			asked += min(d, 2*RateScale)
+		case d == 0 && e.Lease.Share.Parked():
+			idle = append(idle, i) // it keeps the permit it parked while the burst allows
 		}
+	}
+	sc.alive, sc.wanting, sc.idle = alive, wanting, idle
+	// shortOf counts the live members given less rate than they ask for.
+	shortOf := func() int64 {
+		var n int64
+		for _, i := range alive {
+			if tg[i].Rate < dm[i] {
+				n++
+			}
+		}
+		return n
 	}
 	live = int64(len(alive))
 	size = live
 	s.Central = s.centralWanted(now, cfg, int64(len(wanting)), int64(len(alive)))
 	if live == 0 || s.Central {
-		return tg, live, size // decided at the store: nobody holds a share
+		return tg, live, size, shortOf() // decided at the store: nobody holds a share
 	}
 	holders := wanting
 	if cfg.Policy == Equal {
@@ -86,18 +114,13 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 		for _, i := range holders {
 			tg[i] = Share{Rate: capa.Rate / d, Burst: burst / d}
 		}
-		return tg, live, size
+		return tg, live, size, shortOf()
 	}
 	// Fair: water-fill the rate among holders by the demand they report (what their
 	// callers ask, refused requests included; as much as it can get for a member held
 	// back).
-	order := s.byDemand(holders, sc)
-	left := capa.Rate
-	for k, i := range order {
-		give := min(s.Members[i].Demand, left/int64(len(order)-k))
-		tg[i].Rate = give
-		left -= give
-	}
+	order := s.byDemand(holders, dm, sc)
+	left := waterfill(order, dm, capa.Rate, tg)
 	// A part of the limit stays free while the demands leave room for it: a reserve, whose
 	// saved burst any member whose share refuses a permit borrows from (OpTake with
 	// Request.Borrow). Each share holds its own demand's rate and burst; the reserve pools
@@ -110,70 +133,73 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 	// back by a burst), and is gone once they ask reserveSpan more than the limit, or one
 	// asks for as much as it can get (it joins, or its callers wait for more): then the
 	// shares hold it all, as max-min fair shares of a limit too small for everyone.
-	var asked int64
-	for _, i := range holders {
-		d := s.Members[i].Demand
-		if d >= RateScale {
-			d = 2 * RateScale // more than any reserve allows
-		}
-		asked += min(d, 2*RateScale)
-	}
 	kept := reserveFor(capa.Rate, asked)
 	if 2*(burst-int64(len(holders))) < int64(len(holders)) {
 		// Too little burst beyond each holder's first permit to pool: a reserve's rate
 		// would refill a pool of a permit or two, and mostly go unused.
 		kept = 0
 	}
-	if kept > 0 {
-		var sum int64
-		for _, i := range holders {
-			sum += tg[i].Rate
-		}
-		if room := capa.Rate - kept; sum > 0 {
-			// Scale every share by min(headroom, room / sum): headroom above its demand
-			// while the demands leave room, and below it (the rest borrowed) while they
-			// leave less than the reserve free.
-			num, den := shareHeadroomNum, shareHeadroomDen
-			if room*den < sum*num {
-				num, den = room, sum
-			}
-			for _, i := range holders {
-				r, _ := mulDiv(tg[i].Rate, num, den)
-				tg[i].Rate = max(min(r, capa.Rate), min(tg[i].Rate, 1))
-			}
+	// Scale every share by num / den: min(headroom, room / sum), headroom above its
+	// demand while the demands leave room, and below it (the rest borrowed) while they
+	// leave less than the reserve free. Bursts then: one permit to each holder with a
+	// rate, the rest in proportion to rate.
+	num, den := int64(1), int64(1)
+	scale := false
+	if sum, room := capa.Rate-left, capa.Rate-kept; kept > 0 && sum > 0 { // sum: every give
+		scale = true
+		num, den = shareHeadroomNum, shareHeadroomDen
+		if room*den < sum*num {
+			num, den = room, sum
 		}
 	}
-	// Bursts: one permit to each holder with a rate, then the rest in proportion to rate.
-	// While a reserve is kept, the shares hold two fifths of that rest, and the free
-	// capacity keeps what is left: a burst that one member's Poisson arrivals need only
-	// now and then serves them all from the pool, as one limiter's would. Members that
-	// want capacity come first if the burst cannot cover everyone.
 	with := sc.with
+	var rates int64
+	var scaled divMemo
 	for _, i := range holders {
+		if scale {
+			x := tg[i].Rate
+			r, _, ok := scaled.get(x)
+			if !ok {
+				r, _ = mulDiv(x, num, den)
+				scaled.put(x, r, 0)
+			}
+			tg[i].Rate = max(min(r, capa.Rate), min(x, 1))
+		}
 		if tg[i].Rate > 0 {
 			with = append(with, i)
+			tg[i].Burst = 1
+			rates += tg[i].Rate
+		}
+		if tg[i].Rate < dm[i] {
+			short++ // (the live members that want nothing are not short)
 		}
 	}
+	sc.with = with
+	// While a reserve is kept, the shares hold two fifths of the burst beyond the first
+	// permits, and the free capacity keeps what is left: a burst that one member's Poisson
+	// arrivals need only now and then serves them all from the pool, as one limiter's
+	// would. Members that want capacity come first if the burst cannot cover everyone.
 	if int64(len(with)) > burst {
 		for _, i := range with[burst:] {
 			tg[i] = Share{}
 		}
 		with = with[:burst]
-	}
-	var rates int64
-	for _, i := range with {
-		tg[i].Burst = 1
-		rates += tg[i].Rate
+		rates = 0
+		for _, i := range with {
+			rates += tg[i].Rate
+		}
+		short = shortOf()
 	}
 	rest := burst - int64(len(with))
 	// An idle member keeps the one permit it parked (a share without rate), while the
 	// burst left after every holder's first permit covers it: its next request is then
 	// served at once while it asks for a rate again.
-	for _, i := range alive {
-		if e := &s.Members[i]; rest > 0 && tg[i].Rate == 0 && e.Demand == 0 && e.Lease.Share.Parked() {
-			tg[i].Burst = 1
-			rest--
+	for _, i := range idle {
+		if rest <= 0 {
+			break
 		}
+		tg[i].Burst = 1
+		rest--
 	}
 	if rest > 0 && rates > 0 {
 		// Largest remainders: floors first, then one more permit each to the largest
@@ -182,20 +208,91 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size int64) {
 		if kept > 0 {
 			part, _ = mulDiv(rest, burstPartNum, burstPartDen)
 		}
-		rem := sc.rem[:len(with)]
-		given := int64(0)
+		// The remainders go straight into largestRemainders' keys (remKey), unless one
+		// does not fit (never from Apply).
+		rem, keys := sc.rem[:len(with)], sc.keys[:0]
+		given, fits := int64(0), len(with) <= math.MaxUint32
+		var split divMemo
 		for k, i := range with {
-			hi, lo := mul128(part, tg[i].Rate)
-			x, r := div128(hi, lo, rates)
+			rate := tg[i].Rate
+			x, r, ok := split.get(rate)
+			if !ok {
+				hi, lo := mul128(part, rate)
+				x, r = div128(hi, lo, rates)
+				split.put(rate, x, r)
+			}
 			tg[i].Burst += x
 			rem[k] = r
 			given += x
+			fits = fits && r >= 0 && r <= math.MaxUint32
+			keys = append(keys, remKey(r, k))
 		}
-		for _, k := range largestRemainders(rem, int(max(0, min(part-given, int64(len(rem))))), sc) {
-			tg[with[k]].Burst++
+		sc.keys = keys
+		n := int(max(0, min(part-given, int64(len(rem)))))
+		if !fits {
+			for _, k := range largestRemainders(rem, n, sc) {
+				tg[with[k]].Burst++
+			}
+		} else {
+			for _, key := range smallestKeys(keys, n) {
+				tg[with[key&math.MaxUint32]].Burst++
+			}
 		}
 	}
-	return tg, live, size
+	return tg, live, size, short
+}
+
+// divMemo remembers the last quotients and remainders of one division that a pass over
+// the members makes by their rates: the members held back share a rate or two (the level
+// and one more), and a division costs several times a look-up.
+type divMemo struct {
+	key, q, r [4]int64
+	set       [4]bool
+}
+
+// get returns the quotient and remainder remembered for key, if any (ok).
+func (m *divMemo) get(key int64) (q, r int64, ok bool) {
+	if k := key & 3; m.set[k] && m.key[k] == key {
+		return m.q[k], m.r[k], true
+	}
+	return 0, 0, false
+}
+
+// put remembers quotient q and remainder r for key.
+func (m *divMemo) put(key, q, r int64) {
+	k := key & 3
+	m.key[k], m.q[k], m.r[k], m.set[k] = key, q, r, true
+}
+
+// waterfill gives each member of order (by demand, the lowest first) the rate
+// min(its demand dm, an even part of what is left of capa), in that order, into tg, and
+// returns what is left.
+//
+// Once one is held back (its demand above its even part), so are all after it (their
+// demands are no lower, their even parts no higher than one more): the last r of them,
+// r the remainder of what is left divided evenly, get one more than the others, as the
+// division one member at a time gives them. Only the members below that level cost a
+// test each, and none a division.
+func waterfill(order []int, dm []int64, capa int64, tg []Share) (left int64) {
+	left = capa
+	for k, i := range order {
+		m, d := int64(len(order)-k), dm[i]
+		if 0 <= d && d < 1<<31 && m < 1<<31 && d*m <= left || d <= left/m { // d at most its even part
+			tg[i].Rate = d
+			left -= d
+			continue
+		}
+		tail := order[k:]
+		q, r := left/m, left%m
+		for j, i := range tail {
+			tg[i].Rate = q
+			if int64(j) >= m-r {
+				tg[i].Rate = q + 1
+			}
+		}
+		return 0 // q(m-r) + (q+1)r: all of it
+	}
+	return left
 }
 
 // reserveFor is the rate the fair policy keeps free of a capacity of rate capa while the
@@ -219,9 +316,15 @@ func reserveFor(capa, asked int64) int64 {
 // (scratchPool): a grant runs over every member, and lists allocated afresh at each cost a
 // large pool more than the policy's arithmetic.
 type scratch struct {
-	alive, wanting, with, order, idx []int
-	rem                              []int64
-	keys, keys2                      []uint64
+	alive, wanting, idle, with, order, idx []int
+	rem, dm                                []int64
+	keys, keys2                            []uint64
+	steps                                  []freeing
+	// The order byDemand last returned, of a record of hintLen entries (hintOf), as a
+	// hint for the next: from one grant to the next, a few demands move.
+	hint    []int
+	hintOf  *State
+	hintLen int
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
@@ -250,11 +353,12 @@ func getScratch(n int) *scratch {
 	if cap(sc.alive) < n {
 		c := max(n, 2*cap(sc.alive))
 		*sc = scratch{
-			alive: make([]int, 0, c), wanting: make([]int, 0, c), with: make([]int, 0, c),
-			order: make([]int, 0, c), idx: make([]int, 0, c), rem: make([]int64, c), keys: make([]uint64, 0, c),
+			alive: make([]int, 0, c), wanting: make([]int, 0, c), idle: make([]int, 0, c), with: make([]int, 0, c),
+			order: make([]int, 0, c), idx: make([]int, 0, c), rem: make([]int64, c), dm: make([]int64, c),
+			keys: make([]uint64, 0, c), steps: sc.steps,
 		}
 	}
-	sc.alive, sc.wanting, sc.with = sc.alive[:0], sc.wanting[:0], sc.with[:0]
+	sc.alive, sc.wanting, sc.idle, sc.with = sc.alive[:0], sc.wanting[:0], sc.idle[:0], sc.with[:0]
 	return sc
 }
 
@@ -265,22 +369,33 @@ func getScratch(n int) *scratch {
 // from Apply: demands are within RateScale, remainders below the sum of the rates) sort
 // the old way.
 
-// byDemand returns holders (in the members' order) by demand, the lowest first, as a stable
-// sort by demand orders them: a radix sort of the demands (within RateScale: 20 bits),
-// stable, in two passes of 10 bits, either skipped when every demand has the same digit
-// there. The result is sc's.
-func (s *State) byDemand(holders []int, sc *scratch) []int {
+// byDemand returns holders, the members with a positive demand in dm (by member; in the
+// members' order), by demand, the lowest first, as a stable sort by demand orders them.
+// The result is sc's.
+//
+// From one grant to the next the holders are mostly the same and a few demands move:
+// the order of the last grant on the same record, its keys brought up to date, is
+// nearly sorted, and an insertion sort finishes it in a pass and a few moves. Without
+// that hint (the members came or went, another record, or too many moves), a radix sort
+// of the demands (within RateScale: 20 bits), stable, in two passes of 10 bits, either
+// skipped when every demand has the same digit there.
+func (s *State) byDemand(holders []int, dm []int64, sc *scratch) []int {
+	if order, ok := s.byHint(holders, dm, sc); ok {
+		return order
+	}
 	order := append(sc.order[:0], holders...)
 	sc.order = order
+	for _, i := range holders {
+		if d := dm[i]; d < 0 || d >= 1<<(2*radixBits) || i > math.MaxUint32 {
+			slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(dm[a], dm[b]) })
+			sc.hintOf = nil
+			return order
+		}
+	}
 	keys := sc.keys[:0]
 	var or, and uint64 = 0, math.MaxUint64
 	for _, i := range holders {
-		d := s.Members[i].Demand
-		if d < 0 || d >= 1<<(2*radixBits) || i > math.MaxUint32 {
-			slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(s.Members[a].Demand, s.Members[b].Demand) })
-			return order
-		}
-		k := uint64(d)<<32 | uint64(i)
+		k := uint64(dm[i])<<32 | uint64(i)
 		keys = append(keys, k)
 		or, and = or|k, and&k
 	}
@@ -311,7 +426,57 @@ func (s *State) byDemand(holders []int, sc *scratch) []int {
 	for k, key := range out {
 		order[k] = int(key & math.MaxUint32)
 	}
+	sc.keepHint(s, order)
 	return order
+}
+
+// byHint is byDemand from the order it returned last for s, if that is at hand, holds
+// the same members, and is close enough to sorted (ok).
+func (s *State) byHint(holders []int, dm []int64, sc *scratch) (order []int, ok bool) {
+	if sc.hintOf != s || sc.hintLen != len(s.Members) || len(sc.hint) != len(holders) {
+		return nil, false
+	}
+	// The keys of the last order's members, brought up to date, each put in its place
+	// among those before it (an insertion sort, given up past a few moves a key: a radix
+	// sort costs about that).
+	keys := sc.keys[:0]
+	moves, most := 0, 4*len(holders)+64
+	for _, i := range sc.hint {
+		d := dm[i]
+		if d <= 0 {
+			continue
+		}
+		if d > math.MaxUint32 {
+			return nil, false
+		}
+		x := uint64(d)<<32 | uint64(i)
+		j := len(keys)
+		keys = append(keys, x)
+		for ; j > 0 && keys[j-1] > x; j-- {
+			keys[j] = keys[j-1]
+		}
+		keys[j] = x
+		if moves += len(keys) - 1 - j; moves > most {
+			return nil, false
+		}
+	}
+	sc.keys = keys
+	if len(keys) != len(holders) {
+		return nil, false // members came or went: the last order's holders are not these
+	}
+	order = sc.order[:0]
+	for _, key := range keys {
+		order = append(order, int(key&math.MaxUint32))
+	}
+	sc.keepHint(s, order)
+	return order, true
+}
+
+// keepHint keeps order, of record s, as the hint for byDemand's next sort (order's list
+// becomes the hint's, and the hint's the next order's).
+func (sc *scratch) keepHint(s *State, order []int) {
+	sc.order, sc.hint = sc.hint[:0], order
+	sc.hintOf, sc.hintLen = s, len(s.Members)
 }
 
 // radixBits is the digit of byDemand's radix sort: two digits hold any demand up to
@@ -346,19 +511,32 @@ func largestRemainders(rem []int64, n int, sc *scratch) []int {
 			slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(rem[b], rem[a]) })
 			return idx[:min(n, len(idx))]
 		}
-		keys = append(keys, uint64(math.MaxUint32-r)<<32|uint64(k)) // the largest first, all distinct
+		keys = append(keys, remKey(r, k))
 	}
 	sc.keys = keys
-	if n < len(keys) {
-		selectSmallest(keys, n)
-		keys = keys[:n]
-	}
 	idx := sc.idx[:0]
-	for _, key := range keys {
+	for _, key := range smallestKeys(keys, n) {
 		idx = append(idx, int(key&math.MaxUint32))
 	}
 	sc.idx = idx
 	return idx
+}
+
+// remKey is the key of remainder r (at most math.MaxUint32) at place k: the largest
+// remainders have the smallest keys, ties to the earlier place, all distinct.
+func remKey(r int64, k int) uint64 { return uint64(math.MaxUint32-r)<<32 | uint64(k) }
+
+// smallestKeys reorders keys (all distinct) so that its n smallest come first, and
+// returns them, in no particular order.
+func smallestKeys(keys []uint64, n int) []uint64 {
+	if n <= 0 {
+		return nil
+	}
+	if n < len(keys) {
+		selectSmallest(keys, n)
+		return keys[:n]
+	}
+	return keys
 }
 
 // selectSmallest reorders keys (all distinct) so that its n smallest come first, in no

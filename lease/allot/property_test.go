@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -100,6 +101,17 @@ func (w *world) check(what string) {
 				w.t.Fatalf("t=%v after %s: %s's status says it uses %+v (share %+v for %v, older %+v for %v), InUse %+v",
 					time.Duration(w.now), what, sm.name, st.inUse(), st.Share, st.Expires, st.Prev, st.PrevLeft, in)
 			}
+			if in2, until := sm.m.InUseUntil(w.now); in2 != in || until < w.now {
+				w.t.Fatalf("t=%v after %s: %s's InUseUntil %+v until %v, InUse %+v", time.Duration(w.now), what, sm.name, in2, time.Duration(until), in)
+			} else if until > w.now && until < math.MaxInt64 {
+				// Until then InUse says the same (and reads no pending permits: asking
+				// ahead changes nothing).
+				for _, at := range []int64{w.now + (until-w.now)/2, until - 1} {
+					if got := sm.m.InUse(at); got != in {
+						w.t.Fatalf("t=%v after %s: %s's InUse at %v is %+v, not %+v until %v", time.Duration(w.now), what, sm.name, time.Duration(at), got, in, time.Duration(until))
+					}
+				}
+			}
 			sum = sum.add(in)
 		}
 	}
@@ -125,7 +137,10 @@ func (w *world) deliver() {
 		w.msgs = w.msgs[1:]
 		if m.to < 0 {
 			before := w.state.Clone()
-			rep, err := w.state.Apply(m.at, w.cfg, m.call)
+			rep, err, check := w.state.ApplyChecked(m.at, w.cfg, m.call)
+			if full := w.state.Check(m.at); fmt.Sprint(check) != fmt.Sprint(full) {
+				w.t.Fatalf("t=%v: ApplyChecked's check %v, Check's %v", time.Duration(m.at), check, full)
+			}
 			if w.trace != nil && before.Pool != w.state.Pool {
 				w.trace(fmt.Sprintf("%v %s %s: pool %d@%v -> %d@%v central %v return %d err %v", time.Duration(w.now), m.call.Op, m.call.Member,
 					before.Pool, time.Duration(before.PoolAt), w.state.Pool, time.Duration(w.state.PoolAt), w.state.Central, m.call.Return, err))

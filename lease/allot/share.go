@@ -31,6 +31,10 @@ func minShare(a, b Share) Share { return Share{min(a.Rate, b.Rate), min(a.Burst,
 func (s Share) add(o Share) Share {
 	return Share{s.Rate + o.Rate, s.Burst + o.Burst}
 }
+
+// diff is s - o, exactly (sub stops at zero).
+func (s Share) diff(o Share) Share { return Share{s.Rate - o.Rate, s.Burst - o.Burst} }
+
 func (s Share) sub(o Share) Share {
 	return Share{max(0, s.Rate-o.Rate), max(0, s.Burst-o.Burst)}
 }

@@ -1,6 +1,7 @@
 package allot
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -483,8 +484,38 @@ type Reply struct {
 // deterministic: the same record, now, settings and request give the same result. A
 // clock that steps back is treated as standing still.
 func (s *State) Apply(now int64, cfg Config, req Request) (Reply, error) {
+	var a applied
+	return s.apply(now, cfg, req, &a)
+}
+
+// ApplyChecked is Apply followed by Check at now, whose error it returns as check: for a
+// store that checks the invariant after every request (the simulator), without Check's
+// pass over every member (Apply knows what they hold).
+func (s *State) ApplyChecked(now int64, cfg Config, req Request) (rep Reply, err, check error) {
+	var a applied
+	rep, err = s.apply(now, cfg, req, &a)
+	if now < s.PoolAt { // the clock stepped back: Apply stood still
+		return rep, err, s.Check(now)
+	}
+	c := a.rest
+	if i, ok := s.find(a.id); a.id != "" && ok {
+		c = c.add(s.Members[i].counted(now))
+	}
+	return rep, err, s.check(now, c)
+}
+
+// applied is what apply tells ApplyChecked: what the members other than id (the one the
+// request is about, if any) hold against the limit at now; only id's entry changes after
+// they are summed.
+type applied struct {
+	rest Share
+	id   string
+}
+
+func (s *State) apply(now int64, cfg Config, req Request, a *applied) (Reply, error) {
 	now = max(now, s.PoolAt)
-	s.advance(now)
+	counted := s.advance(now)
+	a.rest = counted
 	s.roll(now)
 	if s.Limit.Window > 0 && req.Seen > 0 && !req.Epoch.IsZero() && req.Epoch.Incarnation != s.Incarnation {
 		// A member holds tokens drawn in this window from a record this one replaced (the
@@ -507,6 +538,13 @@ func (s *State) Apply(now int64, cfg Config, req Request) (Reply, error) {
 		return Reply{}, fmt.Errorf("%w: no member name", ErrBadRequest)
 	}
 	i, found := s.find(req.Member)
+	// What the members other than i hold against the limit: only entry i changes from
+	// here to its grant.
+	others := counted
+	if found {
+		others = others.diff(s.Members[i].counted(now))
+	}
+	a.rest, a.id = others, req.Member
 	switch req.Op {
 	case OpJoin:
 		if found {
@@ -567,7 +605,11 @@ func (s *State) Apply(now int64, cfg Config, req Request) (Reply, error) {
 			default:
 				s.borrow(now, req.N, &rep)
 			}
-			s.hint(now, &rep)
+			committed := counted // no entry changed since advance: what it counted at now
+			if now < s.Fence {
+				committed = s.capacity(now)
+			}
+			s.hintWith(now, committed, &rep)
 			return rep, nil
 		}
 		e := &s.Members[i]
@@ -607,7 +649,7 @@ func (s *State) Apply(now int64, cfg Config, req Request) (Reply, error) {
 		e.Wanted = now
 	}
 	e.Lease.Expires = now + int64(cfg.TTL) // alive: it just spoke (grant sets Until to match)
-	s.grant(i, now, cfg, &rep)
+	s.grant(i, now, cfg, others, &rep)
 	return rep, nil
 }
 
@@ -706,9 +748,11 @@ func (s *State) counted(now int64) Share {
 
 // Check verifies the invariant at now: the counted shares sum to at most the limit in rate
 // and in burst, and the pool holds no more than the free burst.
-func (s *State) Check(now int64) error {
+func (s *State) Check(now int64) error { return s.check(now, s.counted(now)) }
+
+// check is Check with the shares counted at now.
+func (s *State) check(now int64, c Share) error {
 	capa := s.capacity(now)
-	c := s.counted(now)
 	if !c.Fits(capa) {
 		return fmt.Errorf("sluice lease: leases sum to rate %d/%d burst %d/%d", c.Rate, RateScale, c.Burst, capa.Burst)
 	}
@@ -727,43 +771,50 @@ func (s *State) Check(now int64) error {
 
 // advance brings the pool up to now: the free capacity refills it, piece by piece between
 // the instants at which held capacity is freed (a quarantine ends, an older lease stops
-// counting, a fence falls), and entries with nothing left counting are removed.
-func (s *State) advance(now int64) {
-	// The instants in (PoolAt, now], in order: refill changes neither them nor which fall
-	// in the span, so one pass over the members finds them all (a pass per instant cost a
-	// large pool a pass over every member per renewal that ended since the last request).
+// counting, a fence falls), and entries with nothing left counting are removed. It returns
+// the shares counted against the limit at now.
+//
+// One pass over the members finds the instants in (PoolAt, now] and what each entry
+// stops counting at each, and removes the entries done with: refill changes neither the
+// instants nor what counts, so the sums between them follow from those steps (a pass per
+// instant cost a large pool a pass over every member per renewal that ended since the
+// last request).
+func (s *State) advance(now int64) Share {
+	from := s.PoolAt
 	sc := scratchPool.Get().(*scratch)
-	at := sc.keys[:0]
-	consider := func(t int64) {
-		if t > s.PoolAt && t <= now {
-			at = append(at, uint64(t))
-		}
+	steps := sc.steps[:0]
+	if s.Fence > from && s.Fence <= now {
+		steps = append(steps, freeing{at: s.Fence})
 	}
-	consider(s.Fence)
-	for i := range s.Members {
-		consider(s.Members[i].Lease.Until)
-		consider(s.Members[i].HeldUntil)
-		consider(s.Members[i].RetiredUntil)
-	}
-	slices.Sort(at)
-	for _, t := range at {
-		s.refill(int64(t)) // a repeated instant refills nothing
-	}
-	sc.keys = at
-	scratchPool.Put(sc)
-	s.refill(now)
-	// Ended older and retired leases are cleared (a later merge must not revive them), and
-	// entries with nothing left counting removed, in one pass.
+	var counted Share // at from
 	kept := 0
 	for i := range s.Members {
 		e := &s.Members[i]
-		if e.HeldUntil <= now {
+		prev := e.counted(from)
+		counted = counted.add(prev)
+		lu, hu, ru := e.Lease.Until, e.HeldUntil, e.RetiredUntil
+		if lu > from && lu <= now || hu > from && hu <= now || ru > from && ru <= now {
+			// The entry's instants in (from, now], in order, and what it stops counting
+			// at each.
+			ts := [3]int64{lu, hu, ru}
+			slices.Sort(ts[:])
+			for _, t := range ts {
+				if t > from && t <= now {
+					c := e.counted(t)
+					steps = append(steps, freeing{at: t, d: prev.diff(c)})
+					prev = c
+				}
+			}
+		}
+		// Ended older and retired leases are cleared (a later merge must not revive them),
+		// and entries with nothing left counting removed.
+		if hu <= now && (hu != 0 || !e.Held.IsZero()) {
 			e.Held, e.HeldUntil = Share{}, 0
 		}
-		if e.RetiredUntil <= now {
+		if ru <= now && (ru != 0 || !e.Retired.IsZero()) {
 			e.Retired, e.RetiredUntil = Share{}, 0
 		}
-		if e.Lease.Until <= now && e.HeldUntil <= now && e.RetiredUntil <= now && e.AliveUntil <= now {
+		if lu <= now && e.HeldUntil <= now && e.RetiredUntil <= now && e.AliveUntil <= now {
 			continue
 		}
 		if kept != i {
@@ -773,17 +824,41 @@ func (s *State) advance(now int64) {
 	}
 	clear(s.Members[kept:]) // as slices.DeleteFunc leaves the tail
 	s.Members = s.Members[:kept]
+	slices.SortFunc(steps, func(a, b freeing) int { return cmp.Compare(a.at, b.at) })
+	for k := 0; k < len(steps); {
+		t := steps[k].at
+		s.refill(t, counted) // what counts at PoolAt
+		for ; k < len(steps) && steps[k].at == t; k++ {
+			counted = counted.diff(steps[k].d)
+		}
+	}
+	s.refill(now, counted)
+	sc.steps = steps
+	scratchPool.Put(sc)
 	if s.Penalty <= now {
 		s.Penalty = 0
 	}
+	return counted
 }
 
-// refill moves PoolAt to t, adding what the free capacity (as counted at PoolAt) saved up.
-func (s *State) refill(t int64) {
+// freeing is what the members stop counting against the limit at an instant.
+type freeing struct {
+	at int64
+	d  Share
+}
+
+// refill moves PoolAt to t, adding what the free capacity saved up: the limit less what
+// is committed at PoolAt, counted (the members' shares counted then; the whole limit
+// while a fence stands).
+func (s *State) refill(t int64, counted Share) {
 	if t <= s.PoolAt {
 		return
 	}
-	free := s.capacity(s.PoolAt).sub(s.Committed(s.PoolAt))
+	committed := counted
+	if s.PoolAt < s.Fence {
+		committed = s.capacity(s.PoolAt)
+	}
+	free := s.capacity(s.PoolAt).sub(committed)
 	dt := min(t-max(s.PoolAt, s.Booked), 1<<42) // about 73 minutes: more can only fill the pool
 	if free.Rate > 0 && dt > 0 {                // the rate booked ahead refills nothing until then
 		gain, _ := mulDiv(dt, free.Rate, RateScale)
@@ -796,29 +871,22 @@ func (s *State) refill(t int64) {
 // grant gives entry i its share for now: the policy's target, grown only from what is
 // free. The lease it had before keeps counting until the member says it switched (or it
 // ends), so a share that shrinks frees nothing before the member has stopped using it.
-func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
-	targets, live, size := s.targets(now, cfg)
+//
+// rest is what the members other than i hold against the limit at now.
+func (s *State) grant(i int, now int64, cfg Config, rest Share, rep *Reply) {
+	targets, live, size, short := s.targets(now, cfg)
 	defer putTargets(targets)
-	// Whether another member is held back: asked at most once a grant (a pass over every
-	// member), as member i's own lease, the only one that changes here, does not count.
-	var contended, known bool
-	isContended := func() bool {
-		if !known {
-			contended, known = s.contendedFor(i, now, targets), true
-		}
-		return contended
-	}
 	e := &s.Members[i]
+	// Whether another live member is given less than it asks for: member i's own lease,
+	// the only one that changes here, does not count.
+	if e.live(now) && targets[i].Rate < e.Demand {
+		short--
+	}
+	isContended := func() bool { return short > 0 }
 	target := targets[i]
-	others := e.retired(now)
+	others := e.retired(now).add(rest)
 	if now < s.Fence {
 		others = s.capacity(now)
-	} else {
-		for j := range s.Members {
-			if j != i {
-				others = others.add(s.Members[j].counted(now))
-			}
-		}
 	}
 	avail := s.capacity(now).sub(others)
 	if now < s.Open {
@@ -858,7 +926,11 @@ func (s *State) grant(i int, now int64, cfg Config, rep *Reply) {
 	}
 	s.Pool = min(s.Pool, s.capacity(now).sub(others.add(after)).Burst*s.Limit.T)
 
-	s.hint(now, rep)
+	committed := others.add(after) // every member's, i's as it is now
+	if now < s.Fence {
+		committed = s.capacity(now)
+	}
+	s.hintWith(now, committed, rep)
 	rep.Epoch = e.Epoch
 	rep.Lease.Seq = e.Lease.Seq
 	rep.Lease.Share = n
@@ -890,24 +962,16 @@ func (s *State) borrow(now, n int64, rep *Reply) {
 
 // hint tells a member what the free capacity saved up and at what rate it refills, so that
 // it borrows only when a permit is likely there.
-func (s *State) hint(now int64, rep *Reply) {
-	rep.Free = s.capacity(now).sub(s.Committed(now))
+func (s *State) hint(now int64, rep *Reply) { s.hintWith(now, s.Committed(now), rep) }
+
+// hintWith is hint with what is committed at now.
+func (s *State) hintWith(now int64, committed Share, rep *Reply) {
+	rep.Free = s.capacity(now).sub(committed)
 	rep.Pool = s.Pool
 	if now < s.Open || s.Booked > now || s.Penalty > now || s.Central {
 		// Nothing to borrow: the join window, takes booked ahead, a penalty.
 		rep.Pool, rep.Free = 0, Share{}
 	}
-}
-
-// contendedFor reports whether a live member other than i is given less than it asks for
-// (targets, the fair policy's).
-func (s *State) contendedFor(i int, now int64, targets []Share) bool {
-	for j := range s.Members {
-		if o := &s.Members[j]; j != i && o.live(now) && targets[j].Rate < o.Demand {
-			return true
-		}
-	}
-	return false
 }
 
 // nextFree returns how long until capacity held by a member other than i (a quarantine,
