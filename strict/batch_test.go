@@ -558,46 +558,8 @@ func TestBatchKeyErrors(t *testing.T) {
 // makes two, which leave together; then a reservation, which leaves at once: 3 script
 // calls for the 4 calls.
 func TestBatchWaitsForTheOneInFlight(t *testing.T) {
-	srv := redistest.New(t)
-	ctx := context.Background()
-	b, err := dialRedis(ctx, srv.URL(), WithPipelines(2, 64), WithTimeout(20*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	l := gcra.Limit{T: 1000, Tau: 1_000_000}
-	if ok, err := b.AllowOne(ctx, "warm", l); err != nil || !ok { // loads the script
-		t.Fatalf("first call: %v %v", ok, err)
-	}
-	if _, err := srv.Do("CONFIG", "RESETSTAT"); err != nil {
-		t.Fatal(err)
-	}
-	state := func() (inflight, queued int) {
-		b.p.mu.Lock()
-		defer b.p.mu.Unlock()
-		return b.p.inflight, len(b.p.queue)
-	}
-	waitFor := func(what string, cond func(inflight, queued int) bool) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			in, q := state()
-			if cond(in, q) {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: after 10 s, %d batches in flight and %d calls queued", what, in, q)
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
-	srv.Pause()
-	resumed := false
-	defer func() {
-		if !resumed {
-			srv.Resume()
-		}
-	}()
+	r := newHeldBatches(t)
+	ctx, b, l := context.Background(), r.b, r.l
 	errs := make(chan error, 4)
 	call := func(i int) {
 		go func() {
@@ -609,14 +571,14 @@ func TestBatchWaitsForTheOneInFlight(t *testing.T) {
 		}()
 	}
 	call(0)
-	waitFor("the first call in flight", func(in, q int) bool { return in == 1 && q == 0 })
+	r.waitFor("the first call in flight", func(in, q int) bool { return in == 1 && q == 0 })
 	call(1)
-	waitFor("a call queued behind it", func(in, q int) bool { return q == 1 })
-	if in, q := state(); in != 1 || q != 1 {
+	r.waitFor("a call queued behind it", func(in, q int) bool { return q == 1 })
+	if in, q := r.state(); in != 1 || q != 1 {
 		t.Fatalf("with a call queued behind a lone one: %d batches in flight, %d queued; want 1 and 1 (it waits)", in, q)
 	}
 	call(2)
-	waitFor("two calls sent together beside the first", func(in, q int) bool { return in == 2 && q == 0 })
+	r.waitFor("two calls sent together beside the first", func(in, q int) bool { return in == 2 && q == 0 })
 	// A reservation (a waiter's place in line) does not wait: the free flusher sends it.
 	go func() {
 		g, err := b.Decide(ctx, "r", backend.Request{Limits: []gcra.Limit{l}, N: 1, MaxDelay: time.Second})
@@ -625,21 +587,14 @@ func TestBatchWaitsForTheOneInFlight(t *testing.T) {
 		}
 		errs <- err
 	}()
-	waitFor("a reservation sent at once", func(in, q int) bool { return in == 3 && q == 0 })
-	srv.Resume()
-	resumed = true
+	r.waitFor("a reservation sent at once", func(in, q int) bool { return in == 3 && q == 0 })
+	r.resume()
 	for i := 0; i < 4; i++ {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
 	}
-	info, err := srv.Do("INFO", "commandstats")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, after, _ := strings.Cut(info, "cmdstat_evalsha:calls=")
-	calls, _, _ := strings.Cut(after, ",")
-	if calls != "3" {
+	if calls := r.scriptCalls(); calls != "3" {
 		t.Errorf("script calls for 3 allowances (one alone, then two together) and a reservation: %q, want 3", calls)
 	}
 }
@@ -649,43 +604,8 @@ func TestBatchWaitsForTheOneInFlight(t *testing.T) {
 // (Redis is stopped to hold the batches in flight): a lone call, then two such decisions
 // that leave together, in 2 script calls.
 func TestBatchDecisionsNowOrNeverWait(t *testing.T) {
-	srv := redistest.New(t)
-	ctx := context.Background()
-	b, err := dialRedis(ctx, srv.URL(), WithPipelines(2, 64), WithTimeout(20*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	l := gcra.Limit{T: 1000, Tau: 1_000_000}
-	if ok, err := b.AllowOne(ctx, "warm", l); err != nil || !ok { // loads the script
-		t.Fatalf("first call: %v %v", ok, err)
-	}
-	if _, err := srv.Do("CONFIG", "RESETSTAT"); err != nil {
-		t.Fatal(err)
-	}
-	state := func() (inflight, queued int) {
-		b.p.mu.Lock()
-		defer b.p.mu.Unlock()
-		return b.p.inflight, len(b.p.queue)
-	}
-	waitFor := func(what string, cond func(inflight, queued int) bool) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !cond(state()) {
-			if time.Now().After(deadline) {
-				in, q := state()
-				t.Fatalf("%s: after 10 s, %d batches in flight and %d calls queued", what, in, q)
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
-	srv.Pause()
-	resumed := false
-	defer func() {
-		if !resumed {
-			srv.Resume()
-		}
-	}()
+	r := newHeldBatches(t)
+	ctx, b, l := context.Background(), r.b, r.l
 	errs := make(chan error, 3)
 	decide := func(i int) {
 		go func() {
@@ -697,28 +617,93 @@ func TestBatchDecisionsNowOrNeverWait(t *testing.T) {
 		}()
 	}
 	decide(0)
-	waitFor("the first call in flight", func(in, q int) bool { return in == 1 && q == 0 })
+	r.waitFor("the first call in flight", func(in, q int) bool { return in == 1 && q == 0 })
 	decide(1)
-	waitFor("a decision queued behind it", func(in, q int) bool { return q == 1 })
-	if in, q := state(); in != 1 || q != 1 {
+	r.waitFor("a decision queued behind it", func(in, q int) bool { return q == 1 })
+	if in, q := r.state(); in != 1 || q != 1 {
 		t.Fatalf("with a decision now or never queued behind a lone one: %d batches in flight, %d queued; want 1 and 1 (it waits)", in, q)
 	}
 	decide(2)
-	waitFor("two decisions sent together beside the first", func(in, q int) bool { return in == 2 && q == 0 })
-	srv.Resume()
-	resumed = true
+	r.waitFor("two decisions sent together beside the first", func(in, q int) bool { return in == 2 && q == 0 })
+	r.resume()
 	for i := 0; i < 3; i++ {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
 	}
-	info, err := srv.Do("INFO", "commandstats")
+	if calls := r.scriptCalls(); calls != "2" {
+		t.Errorf("script calls for 3 decisions now or never (one alone, then two together): %q, want 2", calls)
+	}
+}
+
+// heldBatches is a backend on a Redis that is stopped (SIGSTOP) to hold its batches in
+// flight, its script loaded and its command counts reset: the tests of how calls wait for
+// the batch in flight.
+type heldBatches struct {
+	t       *testing.T
+	srv     *redistest.Server
+	b       *Backend
+	l       gcra.Limit
+	resumed bool
+}
+
+func newHeldBatches(t *testing.T) *heldBatches {
+	t.Helper()
+	srv := redistest.New(t)
+	ctx := context.Background()
+	b, err := dialRedis(ctx, srv.URL(), WithPipelines(2, 64), WithTimeout(20*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { b.Close() })
+	l := gcra.Limit{T: 1000, Tau: 1_000_000}
+	if ok, err := b.AllowOne(ctx, "warm", l); err != nil || !ok { // loads the script
+		t.Fatalf("first call: %v %v", ok, err)
+	}
+	if _, err := srv.Do("CONFIG", "RESETSTAT"); err != nil {
+		t.Fatal(err)
+	}
+	r := &heldBatches{t: t, srv: srv, b: b, l: l}
+	srv.Pause()
+	t.Cleanup(r.resume)
+	return r
+}
+
+// resume lets Redis answer again (once).
+func (r *heldBatches) resume() {
+	if !r.resumed {
+		r.resumed = true
+		r.srv.Resume()
+	}
+}
+
+// state is how many batches are in flight and how many calls queued.
+func (r *heldBatches) state() (inflight, queued int) {
+	r.b.p.mu.Lock()
+	defer r.b.p.mu.Unlock()
+	return r.b.p.inflight, len(r.b.p.queue)
+}
+
+// waitFor waits (10 s at most) until cond holds of the batches in flight and the calls queued.
+func (r *heldBatches) waitFor(what string, cond func(inflight, queued int) bool) {
+	r.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond(r.state()) {
+		if time.Now().After(deadline) {
+			in, q := r.state()
+			r.t.Fatalf("%s: after 10 s, %d batches in flight and %d calls queued", what, in, q)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// scriptCalls is how many script calls Redis ran since the counts were reset.
+func (r *heldBatches) scriptCalls() string {
+	info, err := r.srv.Do("INFO", "commandstats")
+	if err != nil {
+		r.t.Fatal(err)
+	}
 	_, after, _ := strings.Cut(info, "cmdstat_evalsha:calls=")
 	calls, _, _ := strings.Cut(after, ",")
-	if calls != "2" {
-		t.Errorf("script calls for 3 decisions now or never (one alone, then two together): %q, want 2", calls)
-	}
+	return calls
 }
