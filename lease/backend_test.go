@@ -669,12 +669,7 @@ func TestNewKeyRecordsOnce(t *testing.T) {
 // and logs nothing.
 func TestLogsAColdStoresFence(t *testing.T) {
 	for _, cold := range []bool{true, false} {
-		clk := clock.NewVirtual()
-		clk.Advance(time.Second)
-		st := store.NewMemory(clk)
-		if cold {
-			st.Restart()
-		}
+		clk, st := memoryStore(cold)
 		cfg := DefaultConfig()
 		cfg.JoinWindow = 0
 		var logs syncBuffer
@@ -703,12 +698,7 @@ func TestLogsAColdStoresFence(t *testing.T) {
 // on a fresh store it is ready at once. It answered ready while every limit was refused.
 func TestPingSaysFenced(t *testing.T) {
 	for _, cold := range []bool{true, false} {
-		clk := clock.NewVirtual()
-		clk.Advance(time.Second)
-		st := store.NewMemory(clk)
-		if cold {
-			st.Restart()
-		}
+		clk, st := memoryStore(cold)
 		b, err := New(st, WithClock(clk))
 		if err != nil {
 			t.Fatal(err)
@@ -733,4 +723,17 @@ func TestPingSaysFenced(t *testing.T) {
 		}
 		b.Close()
 	}
+}
+
+// memoryStore returns a virtual clock a second on and a store.Memory on it: seen cold (as
+// a Redis just started or flushed: it cannot tell that no lease was granted from it) if
+// cold, else fresh.
+func memoryStore(cold bool) (*clock.Virtual, *store.Memory) {
+	clk := clock.NewVirtual()
+	clk.Advance(time.Second)
+	st := store.NewMemory(clk)
+	if cold {
+		st.Restart()
+	}
+	return clk, st
 }
