@@ -529,23 +529,20 @@ func (l *Limiter) decideKeeping(ctx context.Context, core []gcra.Limit, key stri
 		start = l.clock.Nanotime()
 	}
 	var buf [gcra.MaxLimits]gcra.Limit
+	var g backend.Grant
+	var err error
+	ok := true // the headroom for a higher class leaves something to grant
 	if p := priority.Of(ctx); p != priority.Standard || l.seen.Load() != nil {
 		if p != priority.Standard {
 			l.prioritize()
 		}
-		ls, ok, retry := l.keepFor(p, key, core, l.clock.Nanotime(), keep, &buf)
-		if !ok {
-			g := backend.Grant{Result: gcra.Result{RetryAfter: retry}}
-			if l.observer != nil {
-				l.observer(Event{Kind: EventDecision, Key: key, N: n, Decision: decisionOf(g.Result), Err: nil})
-			}
-			return g, nil
-		}
-		core = ls
+		core, ok, g.RetryAfter = l.keepFor(p, key, core, l.clock.Nanotime(), keep, &buf)
 	}
-	g, err := l.be.Decide(ctx, key, backend.Request{Limits: core, N: n, MaxDelay: maxDelay})
-	if err != nil {
-		g, err = l.failed(key, n, err)
+	if ok {
+		g, err = l.be.Decide(ctx, key, backend.Request{Limits: core, N: n, MaxDelay: maxDelay})
+		if err != nil {
+			g, err = l.failed(key, n, err)
+		}
 	}
 	if l.observer != nil {
 		l.observer(Event{Kind: EventDecision, Key: key, N: n, Decision: decisionOf(g.Result),
