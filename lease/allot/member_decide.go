@@ -414,7 +414,8 @@ func (m *Member) TookBorrow(now, n int64, rep Reply, err error) {
 func (m *Member) Central() bool { return m.view.central && m.phase == registered }
 
 // TakeRequest returns the request that takes n permits of a store-decided limit at the
-// store, at once or booked up to maxDelay ahead (OpTake); ok is false when the member is
+// store, at once or booked up to maxDelay (at most the member's booking horizon) ahead
+// (OpTake); ok is false when the member is
 // not registered (it must join first: the caller waits for its next renewal).
 func (m *Member) TakeRequest(now, n, maxDelay int64) (Request, bool) {
 	if m.phase != registered {
@@ -425,6 +426,11 @@ func (m *Member) TakeRequest(now, n, maxDelay int64) (Request, bool) {
 	if borrow {
 		maxDelay = 0 // a borrow is at once or not at all
 	} else if maxDelay > 0 {
+		// Booked at most a booking horizon ahead: a permit booked further ahead is lost
+		// when its caller gives up before its slot (the store cannot give back a slot
+		// that later ones follow without crowding them), where a caller waiting in the
+		// store's line for its turn leaves nothing behind.
+		maxDelay = min(maxDelay, max(m.cfg.horizon, 1))
 		m.line.inflight = append(m.line.inflight, now)
 	}
 	return Request{Op: OpTake, Member: m.id, Epoch: m.epoch, N: n, MaxDelay: maxDelay, Sent: now, Seen: m.seenIfHolding(now), Borrow: borrow}, true

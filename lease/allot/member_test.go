@@ -276,3 +276,68 @@ func TestMemberHoldsFewPlacesInTheStoresLine(t *testing.T) {
 		t.Fatalf("second caller once the permit is due: %v, want AtStore", out)
 	}
 }
+
+// TestTakesAreBookedWithinTheHorizon: a member's take on a store-decided limit is booked
+// no further than its booking horizon ahead; further, it waits its turn in the store's
+// line. A permit booked far ahead is lost when its caller gives up before the slot (the
+// store cannot give back a slot that later ones follow): sluice demo's lease workers,
+// whose spells end while they wait, used 0.84 of a limit decided at the store.
+func TestTakesAreBookedWithinTheHorizon(t *testing.T) {
+	c := cfg(Fair)
+	c.JoinWindow = 0
+	s, _ := NewState(lim(2, time.Second, 1), 1, 0, 0, c)
+	apply := checkedApply(t, s, c)
+	mcfg := MemberConfig{RenewEvery: 200 * time.Millisecond} // horizon 50 ms
+	members := map[string]*Member{}
+	for _, id := range []string{"a", "b", "c"} {
+		m := NewMember(id, s.Limit, mcfg, 0)
+		join, _ := m.Request(0, 0)
+		join.Demand = all // each wants all it can get
+		m.Receive(1*ms, join.Nonce, apply(0, join), nil)
+		members[id] = m
+	}
+	// They renew until the shares granted before the limit went to the store have ended.
+	for at := 200 * ms; at <= 2000*ms; at += 200 * ms {
+		for _, m := range members {
+			if req, ok := m.Request(at, 0); ok {
+				req.Demand = all
+				m.Receive(at+1*ms, req.Nonce, apply(at, req), nil)
+			}
+		}
+	}
+	take := func(id string, at int64) Reply {
+		t.Helper()
+		m := members[id]
+		req, ok := m.TakeRequest(at, 1, int64(10*time.Second))
+		if !ok {
+			t.Fatalf("%s: no take request", id)
+		}
+		rep := apply(at, req)
+		m.Took(at, 1, rep, nil)
+		return rep
+	}
+	if rep := take("a", 2010*ms); !rep.Central || !rep.Taken || rep.Wait != 0 {
+		t.Fatalf("a: %+v, want its permit at once, decided at the store (three members on a burst of one)", rep)
+	}
+	// b's permit is 500 ms away, c's 1 s: neither is booked; each is told when to come
+	// back, in turn.
+	rb, rc := take("b", 2011*ms), take("c", 2012*ms)
+	if rb.Taken || rc.Taken || rb.Wait <= 0 || rc.Wait <= rb.Wait {
+		t.Fatalf("b %+v, c %+v: want both told to come back, b first", rb, rc)
+	}
+	// b comes back as told, until its permit is within its horizon: booked then.
+	at := 2011*ms + rb.Wait
+	for i := 0; ; i++ {
+		rep := take("b", at)
+		if rep.Taken {
+			if rep.Wait > 50*ms {
+				t.Fatalf("b booked %v ahead, want at most its 50 ms horizon", time.Duration(rep.Wait))
+			}
+			break
+		}
+		if i == 10 || rep.Wait <= 0 {
+			t.Fatalf("b at %v: %+v, want it booked within ten visits", time.Duration(at), rep)
+		}
+		at += rep.Wait
+	}
+}

@@ -1156,14 +1156,14 @@ func (s *State) centralWanted(now int64, cfg Config, wanting, live int64) bool {
 }
 
 // minPermitsPerLease: a limit is shared out only while each member that wants it would get
-// at least this many permits per lease. One: more would move limits whose shares grant a
-// few permits a lease to the store's line, where members that come and go in spells shorter
-// than a lease are served worse (sluice demo's eight lease workers on 20/s burst=10, 2.5
-// permits a lease each, used 0.70-0.79 of the limit decided at the store, 0.965 in shares;
-// three was tried for the matrix's ten-a-second/four-unequal/poisson-85, whose p99 wait it
-// brought from 2.8 s to 0.23 s over the ideal's, and undone: the store's line must first
-// stop holding places for members gone quiet).
-const minPermitsPerLease = 1
+// at least this many permits per lease. With fewer, the first arrivals of a Poisson member
+// spend its share and the rest wait for its renewal (10/s among four unequal Poisson
+// members, 2.5 permits a lease each: p99 wait 2.8 s over the ideal throttle's; 0.23 s
+// decided at the store). The store's line serves members that come and go in short spells
+// as well as shares do since a take is booked no further than a booking horizon ahead
+// (TakeRequest): sluice demo's eight lease workers on 20/s burst=10 used 0.70-0.79 of the
+// limit decided at the store when callers that gave up left their booked permits unused.
+const minPermitsPerLease = 3
 
 // charge counts n permits already used against the free capacity (a settlement up of a
 // take): from the pool, else booked ahead of any later take, at the free rate (the whole
