@@ -939,7 +939,7 @@ func (b *Backend) decideAtStore(ctx context.Context, key string, rs []*rec, ms [
 			rep, e = res[k].rep, res[k].err
 		}
 		if !takes[k].req.Borrow {
-			ms[i].Took(now, n, rep, e)
+			ms[i].Took(now, arrival, n, rep, e)
 			continue
 		}
 		ms[i].TookBorrow(arrival, n, rep, e)

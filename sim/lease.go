@@ -651,7 +651,7 @@ func (l *leaseMode) took(e *engine, mi int32, msg leaseMsg) {
 		l.reschedule(e, mi)
 		return
 	}
-	l.members[mi][msg.limit].Took(msg.req.Sent, 1, msg.rep, msg.err) // asked at Sent, as the backend says
+	l.members[mi][msg.limit].Took(msg.req.Sent, e.now, 1, msg.rep, msg.err) // asked at Sent, as the backend says
 	if !m.gs[g].busy || m.ops[g] != op {
 		return // the goroutine gave up meanwhile
 	}

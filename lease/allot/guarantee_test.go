@@ -126,7 +126,7 @@ func TestUnequalPoissonDemandBelowTheLimitIsServed(t *testing.T) {
 						t.Fatal("a member asked to decide at the store is not registered")
 					}
 					rep, err := st.Apply(now, cfg, req)
-					m.Took(now, 1, rep, err)
+					m.Took(now, now, 1, rep, err)
 					if err == nil && rep.Taken {
 						out = Granted
 					} else {

@@ -261,13 +261,14 @@ type storeView struct {
 
 // storeLine is what a member holds in a store-decided limit's line (Central): each take it
 // sent and has no answer to yet (until the answer, or a renewal interval after it sent it),
-// and each permit booked ahead for it (until the permit falls due). A member holds at most
+// each permit booked ahead for it (until the permit falls due), and its place among the
+// store's waiters (until it was told to come back). A member holds at most
 // the permits of a booking horizon there at once, at least one (places): its other callers
 // wait in the process, so the store serves the pool by member, as the strict mode's
 // processes share its line (sluice.FairProcesses), not by goroutine.
 type storeLine struct {
 	inflight []int64 // the send time of each take in flight
-	booked   []int64 // when each permit booked ahead falls due
+	booked   []int64 // when each permit booked ahead falls due, or its place among the waiters is its to claim
 }
 
 // link is the state of the exchange with the store.
@@ -280,6 +281,12 @@ type link struct {
 	lastErr   error
 	seen      uint64 // the newest version of the record seen (Request.Seen)
 	borrow    bool   // the take Decide asked for (AtStore) is a borrow (Request.Borrow)
+	rtt       int64  // the store's round trip: the longest of late, decaying by an eighth an answer
+}
+
+// sawRoundTrip counts an answer that took d to come back from the store.
+func (l *link) sawRoundTrip(d int64) {
+	l.rtt = max(d, l.rtt-l.rtt/8)
 }
 
 // NewMember returns member id's side of limit l, made at now. It holds nothing until it

@@ -414,7 +414,8 @@ func (m *Member) TookBorrow(now, n int64, rep Reply, err error) {
 func (m *Member) Central() bool { return m.view.central && m.phase == registered }
 
 // TakeRequest returns the request that takes n permits of a store-decided limit at the
-// store, at once or booked up to maxDelay (at most the member's booking horizon) ahead
+// store, at once or booked up to maxDelay (at most the member's booking horizon, or two
+// round trips to the store) ahead
 // (OpTake); ok is false when the member is
 // not registered (it must join first: the caller waits for its next renewal).
 func (m *Member) TakeRequest(now, n, maxDelay int64) (Request, bool) {
@@ -426,11 +427,13 @@ func (m *Member) TakeRequest(now, n, maxDelay int64) (Request, bool) {
 	if borrow {
 		maxDelay = 0 // a borrow is at once or not at all
 	} else if maxDelay > 0 {
-		// Booked at most a booking horizon ahead: a permit booked further ahead is lost
-		// when its caller gives up before its slot (the store cannot give back a slot
-		// that later ones follow without crowding them), where a caller waiting in the
-		// store's line for its turn leaves nothing behind.
-		maxDelay = min(maxDelay, max(m.cfg.horizon, 1))
+		// Booked at most a booking horizon ahead (or two round trips to the store, if
+		// longer: a member that comes back to book its turn must reach the store before
+		// it): a permit booked further ahead is lost when its caller gives up before its
+		// slot (the store cannot give back a slot that later ones follow without crowding
+		// them), where a caller waiting in the store's line for its turn leaves nothing
+		// behind.
+		maxDelay = min(maxDelay, max(m.cfg.horizon, 2*m.link.rtt, 1))
 		m.line.inflight = append(m.line.inflight, now)
 	}
 	return Request{Op: OpTake, Member: m.id, Epoch: m.epoch, N: n, MaxDelay: maxDelay, Sent: now, Seen: m.seenIfHolding(now), Borrow: borrow}, true
@@ -448,17 +451,23 @@ func (m *Member) GiveRequest(now, n int64) Request {
 	return Request{Op: OpGive, Member: m.id, Epoch: m.epoch, N: n, Sent: now, Borrow: borrow}
 }
 
-// Took applies the store's answer to a take of n permits asked at now: the member learns
-// whether its limit is still decided at the store, and counts the permits in its demand.
-// An answer to a borrow is TookBorrow's.
-func (m *Member) Took(now, n int64, rep Reply, err error) {
+// Took applies the store's answer, arrived at arrival, to a take of n permits asked at now:
+// the member learns whether its limit is still decided at the store and how long the store
+// takes to answer, and counts the permits in its demand. An answer to a borrow is
+// TookBorrow's.
+func (m *Member) Took(now, arrival, n int64, rep Reply, err error) {
 	if err == nil && rep.Borrow {
-		m.TookBorrow(now, n, rep, nil)
+		m.TookBorrow(arrival, n, rep, nil)
 		return
+	}
+	if err == nil {
+		m.link.sawRoundTrip(arrival - now)
 	}
 	if i := slices.IndexFunc(m.line.inflight, func(sent int64) bool { return sent <= now }); i >= 0 {
 		m.line.inflight = slices.Delete(m.line.inflight, i, i+1)
-		if err == nil && rep.Taken && rep.Wait > 0 {
+		if err == nil && rep.Wait > 0 {
+			// A permit booked ahead, or a place in the store's line that it was told to
+			// come back for: its other callers wait in the process until then.
 			m.line.booked = append(m.line.booked, now+rep.Wait)
 		}
 	}

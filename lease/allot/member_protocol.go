@@ -172,6 +172,7 @@ func (m *Member) Receive(now int64, nonce uint64, rep Reply, err error) {
 		return
 	}
 	m.link.failed, m.link.lastErr = false, nil
+	m.link.sawRoundTrip(now - m.link.lastSent)
 	m.link.seen = max(m.link.seen, rep.Version)
 	newEpoch := m.phase != registered || rep.Epoch != m.epoch
 	if newEpoch {

@@ -268,7 +268,7 @@ func TestMemberHoldsFewPlacesInTheStoresLine(t *testing.T) {
 		t.Fatalf("a caller that may not wait: %v, want AtStore", out)
 	}
 	// The take is booked 400 ms ahead: the place is held until then.
-	m.Took(take.Sent, 1, Reply{Epoch: Epoch{Incarnation: 1, N: 1}, Central: true, Taken: true, Wait: 400 * ms, Sent: take.Sent, TTL: int64(time.Second)}, nil)
+	m.Took(take.Sent, take.Sent+1*ms, 1, Reply{Epoch: Epoch{Incarnation: 1, N: 1}, Central: true, Taken: true, Wait: 400 * ms, Sent: take.Sent, TTL: int64(time.Second)}, nil)
 	if after, out := decide(20*ms, wait); out != TooFar || after != 390*ms {
 		t.Fatalf("second caller while the permit is booked: %v after %v, want TooFar after 390ms", out, time.Duration(after))
 	}
@@ -313,7 +313,7 @@ func TestTakesAreBookedWithinTheHorizon(t *testing.T) {
 			t.Fatalf("%s: no take request", id)
 		}
 		rep := apply(at, req)
-		m.Took(at, 1, rep, nil)
+		m.Took(at, at+1*ms, 1, rep, nil)
 		return rep
 	}
 	if rep := take("a", 2010*ms); !rep.Central || !rep.Taken || rep.Wait != 0 {

@@ -229,7 +229,7 @@ func (w *world) step() {
 								before.Pool, time.Duration(before.PoolAt), w.state.Pool, time.Duration(w.state.PoolAt), w.state.Central, rep.Taken, time.Duration(rep.Wait), err, len(w.state.Members), time.Duration(w.state.Fence)))
 						}
 						w.check("store take")
-						m.Took(w.now, n, rep, err)
+						m.Took(w.now, w.now, n, rep, err)
 						if err == nil && rep.Taken {
 							sm.seq++
 							k := ticketKey{sm.name, sm.gen, sm.seq, w.now + rep.Wait}
