@@ -3,6 +3,7 @@ package sluice
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -215,5 +216,39 @@ func TestSharedRampsGetTheRampedLimitWhole(t *testing.T) {
 	}
 	if _, ok := l.rampStart(); ok {
 		t.Error("RampStart: the limiter reported a ramp start of its own; the backend keeps it")
+	}
+}
+
+// TestRampBookingsFollowTheRamp: permits booked far ahead on a ramp are spaced at the
+// ramp's pace where each falls, not at the pace of the instant they were booked: a
+// thousand permits reserved at once on "100/s ramp=10/s..60s" come along the ramp's line
+// (the k-th by when the line has admitted k, less the burst of 10, give or take a
+// permit's interval at the start, 0.1 s), never ahead of it. Booked at the start's pace
+// (10/s) they lagged the line by up to 37 s (the 1,000th at 99 s instead of 31 s).
+func TestRampBookingsFollowTheRamp(t *testing.T) {
+	l, _ := newVirtual(t, "100/s ramp=10/s..60s")
+	line := func(s float64) float64 { // permits the ramp's line admits by time s
+		if s <= 60 {
+			return 10*s + 0.75*s*s
+		}
+		return 3300 + 100*(s-60)
+	}
+	due := func(k float64) float64 { // when the line has admitted k
+		if k > 3300 {
+			return 60 + (k-3300)/100
+		}
+		return (-10 + math.Sqrt(100+3*k)) / 1.5
+	}
+	bad := 0
+	for k := 1; k <= 4000; k++ {
+		r, err := l.Reserve(bg, "k", 1)
+		if err != nil || !r.Allowed {
+			t.Fatalf("permit %d: %+v %v", k, r.Decision, err)
+		}
+		at := r.Delay.Seconds()
+		if lag := at - due(max(0, float64(k-10))); (lag > 0.1 || float64(k) > line(at)+10+1) && bad < 5 {
+			bad++
+			t.Errorf("permit %d at %.3f s: the line admits %.1f by then (and a burst of 10), and reaches %d at %.3f s", k, at, line(at), k-10, due(float64(k-10)))
+		}
 	}
 }

@@ -96,3 +96,51 @@ func TestWindowAndRampNeedTheirModes(t *testing.T) {
 		}
 	}
 }
+
+// TestRampBookingsFollowTheLine: a thousand processes always busy on "100/s
+// ramp=10/s..1m" (the matrix's ramp/thousand/backlog/crash) book permits up to a minute
+// ahead. The store spaces each booking at the ramp's pace where it falls, so what the API
+// accepts follows the ramp's line second by second, a second behind it at most, never
+// ahead, and the pool is served what the ideal throttle serves. Spaced at the pace of the
+// decision (10/s at the start, bookings a minute ahead), the line was never reached:
+// 0.427 of the ideal.
+func TestRampBookingsFollowTheLine(t *testing.T) {
+	m, err := ShippedMatrix()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, ok := m.Shape("ramp/thousand/backlog/crash")
+	if !ok {
+		t.Fatal("no shape ramp/thousand/backlog/crash in the shipped matrix")
+	}
+	sc, err := m.Scenario(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := func(s float64) float64 { // permits by time s on the ramp
+		if s <= 60 {
+			return 10*s + 0.75*s*s
+		}
+		return 3300 + 100*(s-60)
+	}
+	for _, mode := range []string{"strict", "strict:waiters"} {
+		e := newEngine(sc, newMode(mode, sc))
+		e.run()
+		if e.ref.Stats().Rejected != 0 {
+			t.Errorf("%s: %d requests refused by the API", mode, e.ref.Stats().Rejected)
+		}
+		if served := float64(e.accepted) / float64(e.idealN); served < 0.97 {
+			t.Errorf("%s: served %.3f of the ideal (%d of %d), want at least 0.97", mode, served, e.accepted, e.idealN)
+		}
+		bad := 0
+		for k := 2; k < len(e.series)-1; k++ {
+			got := float64(e.series[k].accepted)
+			lo := line(float64(k)-1) - line(float64(k)-2)
+			hi := line(float64(k+1)) - line(float64(k))
+			if (got < lo-2 || got > hi+2) && bad < 5 {
+				bad++
+				t.Errorf("%s: second %d: %v accepted, want %.1f to %.1f", mode, k, got, lo, hi)
+			}
+		}
+	}
+}
