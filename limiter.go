@@ -102,12 +102,14 @@ type shape struct {
 	rampStart, rampEnd int64
 }
 
-// coreAt is the core in force at now: sh.core, or the ramp's limits while it runs.
+// coreAt is the core in force at now: sh.core, or while a ramp runs the ramp's limits,
+// each carrying its ramp (gcra.Limit.Rise) so that a backend that books permits ahead
+// spaces each at the ramp's pace where it falls.
 func (sh *shape) coreAt(now int64) []gcra.Limit {
 	if sh.rampEnd == 0 || now >= sh.rampEnd {
 		return sh.core
 	}
-	c := limitconv.CoreAt(sh.limits, sh.margin, time.Duration(now-sh.rampStart))
+	c := limitconv.CoreRising(sh.limits, sh.margin, time.Duration(now-sh.rampStart))
 	for i := range c {
 		c[i].Origin = sh.core[i].Origin
 	}

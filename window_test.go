@@ -246,6 +246,9 @@ func TestRampBookingsFollowTheRamp(t *testing.T) {
 			t.Fatalf("permit %d: %+v %v", k, r.Decision, err)
 		}
 		at := r.Delay.Seconds()
+		if k == 1000 {
+			t.Logf("the 1,000th permit at %.3f s (the line reaches 990 at %.3f s)", at, due(990))
+		}
 		if lag := at - due(max(0, float64(k-10))); (lag > 0.1 || float64(k) > line(at)+10+1) && bad < 5 {
 			bad++
 			t.Errorf("permit %d at %.3f s: the line admits %.1f by then (and a burst of 10), and reaches %d at %.3f s", k, at, line(at), k-10, due(float64(k-10)))

@@ -79,7 +79,10 @@ type Capabilities struct {
 	// Windows: the backend decides windowed quotas.
 	Windows bool
 	// Ramps: the backend takes limits that change from one decision to the next (a ramp's,
-	// recomputed by the limiter at each decision) as one key's limits.
+	// recomputed by the limiter at each decision) as one key's limits. Each such limit
+	// carries its ramp (gcra.Limit.Rise): a backend that books permits ahead should space
+	// them at the ramp's limit where they fall, as gcra.Decide does; one that ignores it
+	// decides at the limit of the instant, which is safe but keeps the ramp's early pace.
 	Ramps bool
 	// SharedRamps: the backend ramps a limit itself, from state its callers share (the
 	// lease mode's allocation ramps the whole pool together, from when the limit's record

@@ -68,6 +68,10 @@ type Limit struct {
 	Window int64 // 0 for GCRA; else the window's length in nanoseconds, >= Tau and <= MaxTau
 	Origin int64 // with Window: the Unix time in nanoseconds of the caller's now = 0
 	Ramp   Ramp  // the zero value: no ramp, or one the caller applies itself (see Ramp)
+	// Rise, when not nil, is the ramp this limit is at a point of (T and Tau are the
+	// limit in force at now): Decide spaces a booking at the limit in force where it
+	// falls (see Rise). Owned by the caller, read only.
+	Rise *Rise
 }
 
 // Ramp is a limit's ramp-up for a backend that applies it itself from shared state (the
@@ -90,7 +94,8 @@ func (l Limit) Burst() int64 { return l.Tau / l.T }
 // Keeping returns l for a decision that must leave keep (a fraction, 0 to 1) of the burst
 // unspent: its tolerance less keep × Burst permits, rounded up to whole permits, so that a
 // grant leaves at least that many at its slot. ok is false when that leaves less than one
-// permit: the decision can grant nothing. A windowed quota is returned as it is (its
+// permit: the decision can grant nothing. A limit that keeps permits loses its Rise: it
+// is decided at the limit in force at now. A windowed quota is returned as it is (its
 // tolerance is part of its windows' arithmetic: see the package documentation).
 func (l Limit) Keeping(keep float64) (kept Limit, ok bool) {
 	if keep <= 0 || l.Window > 0 || l.T <= 0 {
@@ -101,6 +106,7 @@ func (l Limit) Keeping(keep float64) (kept Limit, ok bool) {
 		return l, false
 	}
 	l.Tau -= k * l.T
+	l.Rise = nil // the ramp's later limits do not keep the reserve: decided at now's limit
 	return l, true
 }
 
@@ -126,6 +132,9 @@ func (l Limit) Validate() error {
 	}
 	if !l.Ramp.IsZero() && (l.Ramp.T0 < l.T || l.Ramp.Over <= 0) {
 		return fmt.Errorf("%w: ramp from T0=%d over %d (T=%d)", ErrInvalidLimits, l.Ramp.T0, l.Ramp.Over, l.T)
+	}
+	if l.Rise != nil && (l.Window > 0 || !l.Rise.Valid()) {
+		return fmt.Errorf("%w: rise %+v (T=%d Window=%d)", ErrInvalidLimits, *l.Rise, l.T, l.Window)
 	}
 	return nil
 }
@@ -191,11 +200,14 @@ func Decide(tats []int64, limits []Limit, now, n, maxDelay int64) (Result, Ticke
 		return Result{}, Ticket{}, ErrInvalidCost
 	}
 	var delay int64
+	var ts [MaxLimits]int64 // each limit's emission interval for this booking (see Rise)
 	for i, l := range limits {
 		if n > l.Tau/l.T {
 			return Result{}, Ticket{}, ErrCostExceedsBurst
 		}
-		delay = max(delay, Wait(tats[i], l, now, n))
+		var w int64
+		w, ts[i] = waitAt(tats[i], l, now, n)
+		delay = max(delay, w)
 	}
 	if n == 0 {
 		delay = 0
@@ -212,7 +224,9 @@ func Decide(tats []int64, limits []Limit, now, n, maxDelay int64) (Result, Ticke
 	res := Result{Allowed: true, Delay: delay, Remaining: math.MaxInt64}
 	tk := Ticket{N: n, At: now + delay}
 	for i, l := range limits {
-		if n > 0 {
+		if n > 0 && l.Rise != nil {
+			tats[i] = max(tats[i], tk.At) + n*ts[i]
+		} else if n > 0 {
 			tats[i] = take(tats[i], l, tk.At, n)
 		}
 		tk.TatAfter[i] = tats[i]
@@ -232,7 +246,7 @@ func DecideOne(tat int64, l Limit, now, n, maxDelay int64) (int64, Result, error
 	if n > 1 && n > l.Tau/l.T {
 		return tat, Result{}, ErrCostExceedsBurst
 	}
-	if l.Window > 0 {
+	if l.Window > 0 || l.Rise != nil {
 		tats := [1]int64{tat}
 		res, _, err := Decide(tats[:], []Limit{l}, now, n, maxDelay)
 		return tats[0], res, err
@@ -314,7 +328,7 @@ func Adjust(tats []int64, limits []Limit, now int64, t Ticket, newN, holdUntil i
 			if tats[i] != t.TatAfter[i] || passed || t.TatAfter[i] >= MaxTAT {
 				continue // not the newest grant, its slot or window has passed, or its size was lost to saturation
 			}
-			tats[i] -= MulSat(t.N-newN, l.T)
+			tats[i] -= MulSat(t.N-newN, l.MinT()) // never more than the grant took (a Rise's)
 			t.TatAfter[i] = tats[i]
 		}
 	}
@@ -388,6 +402,17 @@ func Wait(tat int64, l Limit, now, n int64) int64 {
 		return at - now
 	}
 	return max(0, max(tat, now)+n*l.T-l.Tau-now)
+}
+
+// waitAt is Wait for a booking under l that may carry a Rise, and the emission interval
+// the booking is spaced at: with a Rise, the limit in force where the booking falls (see
+// spacing), and never a slot before that point.
+func waitAt(tat int64, l Limit, now, n int64) (wait, t int64) {
+	if l.Rise == nil {
+		return Wait(tat, l, now, n), l.T
+	}
+	t, tau, x := spacing(tat, l, now)
+	return max(x, max(tat, now)+n*t-tau) - now, t
 }
 
 // TicketOne is the ticket of a grant of n permits, usable at `at`, under one limit whose

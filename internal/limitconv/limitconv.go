@@ -107,13 +107,19 @@ func CoreAt[L ~Fields[R], R ~RampFields](ls []L, margin, elapsed time.Duration) 
 	return out
 }
 
-// coreAt is one limit of CoreAt.
+// coreAt is one limit of CoreAt: its Rise's limit at elapsed (gcra.Rise.At, the
+// arithmetic every strict store applies), or for a ramp too large for a Rise's exact
+// doubles the same formula with the burst capped at gcra.MaxTau.
 func coreAt[L ~Fields[R], R ~RampFields](l L, margin, elapsed time.Duration) gcra.Limit {
 	f, r := fields(l)
 	if r == (RampFields{}) || elapsed >= r.Over || f.Window {
 		return core(l, margin)
 	}
 	elapsed = max(elapsed, 0)
+	if rs := riseOf(l, margin, elapsed); rs.Valid() {
+		t, tau := rs.At(0)
+		return gcra.Limit{T: t, Tau: tau}
+	}
 	r0 := float64(r.Rate) / float64(r.Period) // permits a nanosecond
 	r1 := float64(f.Rate) / float64(f.Period)
 	rate := r0 + (r1-r0)*float64(elapsed)/float64(r.Over)
@@ -121,6 +127,38 @@ func coreAt[L ~Fields[R], R ~RampFields](l L, margin, elapsed time.Duration) gcr
 	b := max(1, int64(math.Floor(float64(Burst(l))*rate/r1)))
 	b = min(b, gcra.MaxTau/t)
 	return tightened(t, b, margin)
+}
+
+// CoreRising is CoreAt with each limit whose ramp runs at elapsed carrying the ramp
+// (gcra.Limit.Rise), for a backend that spaces bookings at the limit in force where each
+// falls (the strict mode's stores): a booking far ahead on a ramp is then spaced at the
+// ramp's pace there, not at now's. A ramp whose numbers a Rise cannot hold exactly
+// (gcra.Rise.Valid) is left without one: its bookings are spaced at now's limit, as
+// CoreAt's.
+func CoreRising[L ~Fields[R], R ~RampFields](ls []L, margin, elapsed time.Duration) []gcra.Limit {
+	out := CoreAt(ls, margin, elapsed)
+	for i, l := range ls {
+		f, r := fields(l)
+		if r == (RampFields{}) || elapsed >= r.Over || f.Window {
+			continue
+		}
+		if rs := riseOf(l, margin, max(elapsed, 0)); rs.Valid() {
+			out[i].Rise = &rs
+		}
+	}
+	return out
+}
+
+// riseOf is l's ramp as a gcra.Rise at elapsed into it (l ramps).
+func riseOf[L ~Fields[R], R ~RampFields](l L, margin, elapsed time.Duration) gcra.Rise {
+	f, r := fields(l)
+	return gcra.Rise{
+		Elapsed: int64(elapsed), Over: int64(r.Over),
+		Rate0: r.Rate, Period0: int64(r.Period),
+		Rate: f.Rate, Period: int64(f.Period),
+		Burst: Burst(l), Interval: int64(Interval(l)),
+		Margin: int64(max(margin, 0)),
+	}
 }
 
 // CoreRamped is Core with each limit's ramp in core units (gcra.Limit.Ramp), for a backend
@@ -158,17 +196,11 @@ func rampOf[L ~Fields[R], R ~RampFields](l L, c gcra.Limit) gcra.Ramp {
 	return gcra.Ramp{T0: max(t0, c.T), Over: int64(r.Over)}
 }
 
-// tightened is the GCRA limit of interval t and burst b, tightened by margin (see Core).
+// tightened is the GCRA limit of interval t and burst b, tightened by margin (see Core
+// and gcra.Tightened).
 func tightened(t, b int64, margin time.Duration) gcra.Limit {
-	m := int64(max(margin, 0))
-	if m == 0 {
-		return gcra.Limit{T: t, Tau: b * t}
-	}
-	if k := (m + t - 1) / t; k < b {
-		return gcra.Limit{T: t, Tau: (b - k) * t}
-	}
-	t2 := t + m - (b-1)*t
-	return gcra.Limit{T: t2, Tau: t2}
+	t, tau := gcra.Tightened(t, b, int64(margin))
+	return gcra.Limit{T: t, Tau: tau}
 }
 
 // RampOver is how long the longest of the limits' ramps lasts (0 if none ramps).
