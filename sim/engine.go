@@ -269,10 +269,13 @@ func (e *engine) setLimits(ls sluice.Limits) {
 	}
 }
 
-// applyRamp sets the limits in force at t of a running ramp.
+// applyRamp sets the limits in force at t of a running ramp. The store's limits carry
+// the ramp (gcra.Limit.Rise, from t: a decision in the step after t follows it up to a
+// step behind), so that it spaces a booking at the ramp's pace where the booking falls, as
+// the strict mode's stores do.
 func (e *engine) applyRamp(t int64) {
 	el := time.Duration(t - e.rampStart)
-	e.core = limitconv.CoreAt(e.limits, e.sc.Client.Margin.D(), el)
+	e.core = limitconv.CoreRising(e.limits, e.sc.Client.Margin.D(), el)
 	e.idealCore = limitconv.CoreAt(e.limits, 0, el)
 	e.local = gcra.ShareOf(e.core, wholeIfZero(e.sc.Local.Share))
 	e.fallback = gcra.ShareOf(e.core, wholeIfZero(e.sc.Store.FallbackShare))
