@@ -372,7 +372,7 @@ func (bb *batchBuilder) command(ctx context.Context, p *pipeliner, g *group, nam
 var (
 	argEvalsha, argEval         any = "evalsha", "eval"
 	opAllow, opDecide, opSettle any = "a", "d", "s"
-	opPenalize                  any = "p"
+	opPenalize, opRamped        any = "p", "r"
 )
 
 // opArg is op's argument in a script call.
@@ -384,6 +384,8 @@ func opArg(op byte) any {
 		return opDecide
 	case 's':
 		return opSettle
+	case 'r':
+		return opRamped
 	}
 	return opPenalize
 }

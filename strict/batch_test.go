@@ -149,7 +149,7 @@ func (m *model) view(k int) []int64 {
 // script call at one virtual now, and through the Go core applied to the batch's
 // operations in order: decisions on one key or on several keys with their own limits,
 // repeated operations (sent as '='), settlements of earlier grants, penalties, queries,
-// cost errors. Decisions, tickets and the final states must be identical.
+// cost errors, keys on a ramp. Decisions, tickets and the final states must be identical.
 func TestDifferentialBatches(t *testing.T) {
 	sequences := 2_000
 	if raceEnabled {
@@ -218,6 +218,9 @@ func runBatches(b *Backend, bb *batchBuilder, client *goredis.Client, now *atomi
 	keys := make([]*batchKey, 1+rng.IntN(5))
 	for i := range keys {
 		k := &batchKey{name: fmt.Sprintf("%d.%d", seq, i), limits: [][]gcra.Limit{randomLimits(rng)}}
+		if seq%3 == 0 && rng.IntN(2) == 0 {
+			randomRises(rng, k.limits[0]) // a ramp's decisions ('r' records) among the others
+		}
 		if i > 0 && rng.IntN(3) == 0 {
 			k.limits[0] = keys[0].limits[0] // keys sharing limits: their operations repeat as '='
 		}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -61,6 +62,58 @@ func randomLimits(rng *rand.Rand) []gcra.Limit {
 		ls[i] = gcra.Limit{T: t, Tau: burst * t}
 	}
 	return ls
+}
+
+// randomRises gives some of ls a ramp (gcra.Limit.Rise) at a random point of it, each
+// such limit being the ramp's limit there (gcra.Rise.At(0)), as the limiter sends them:
+// starts from 1 to the limit's rate, per second, minute or hour, ramps of a millisecond
+// to a day, bursts from 1 to 200, margins from none to a second.
+func randomRises(rng *rand.Rand, ls []gcra.Limit) {
+	for i := range ls {
+		if rng.IntN(2) == 0 {
+			continue
+		}
+		period := []int64{1e9, 60e9, 3600e9, 1e9 + rng.Int64N(1e9)}[rng.IntN(4)]
+		rate := 1 + rng.Int64N(1000)
+		r := gcra.Rise{
+			Over:    []int64{1e6, 1e9, 60e9, 3600e9, 86400e9, 1 + rng.Int64N(1e12)}[rng.IntN(6)],
+			Rate0:   1 + rng.Int64N(rate),
+			Period0: period,
+			Rate:    rate,
+			Period:  period,
+			Burst:   []int64{1, 1 + rng.Int64N(10), 1 + rng.Int64N(200)}[rng.IntN(3)],
+			Margin:  []int64{0, 0, 1e6, 12e6, 1e9, rng.Int64N(1e8)}[rng.IntN(6)],
+		}
+		if rng.IntN(4) == 0 { // a start per a longer period: 10/m up to 100/s
+			r.Period0 = 60 * period
+		}
+		r.Interval = (r.Period + r.Rate - 1) / r.Rate
+		r.Elapsed = rng.Int64N(r.Over)
+		if !r.Valid() {
+			continue
+		}
+		ls[i].T, ls[i].Tau = r.At(0)
+		ls[i].Rise = &r
+	}
+}
+
+// riseLater moves each ramp of ls on by d (as the limiter's next decision would see it,
+// d later), or ends it: the limit as it is then.
+func riseLater(ls []gcra.Limit, d int64) []gcra.Limit {
+	out := slices.Clone(ls)
+	for i, l := range out {
+		if l.Rise == nil {
+			continue
+		}
+		r := *l.Rise
+		r.Elapsed += d
+		out[i].T, out[i].Tau = r.At(0)
+		out[i].Rise = nil
+		if r.Elapsed < r.Over {
+			out[i].Rise = &r
+		}
+	}
+	return out
 }
 
 // randomBase is the start of a sequence: virtual times near zero, Unix nanoseconds of
@@ -144,6 +197,9 @@ func idleSame(tk gcra.Ticket, now int64) gcra.Ticket {
 func runSequence(b *Backend, client *goredis.Client, now *atomic.Int64, seq int64) (int, error) {
 	rng := rand.New(rand.NewPCG(uint64(seq), 0xd1ff))
 	ls := randomLimits(rng)
+	if seq%3 == 0 {
+		randomRises(rng, ls) // a third of the sequences ramp: the script's 'r' records
+	}
 	key := strconv.FormatInt(seq, 10)
 	m := model{tats: make([]int64, len(ls))}
 	now.Store(randomBase(rng))
@@ -171,6 +227,9 @@ func runSequence(b *Backend, client *goredis.Client, now *atomic.Int64, seq int6
 		at := now.Load()
 		fail := func(format string, a ...any) error {
 			return fmt.Errorf("step %d (limits %v, now %d): %s", step, ls, at, fmt.Sprintf(format, a...))
+		}
+		if rng.IntN(4) == 0 { // a ramp moves on, as it does between a limiter's decisions
+			ls = riseLater(ls, rng.Int64N(2*T))
 		}
 		switch op := rng.IntN(10); {
 		case op < 6: // decide

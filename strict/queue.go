@@ -15,16 +15,17 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/gcra"
 )
 
-// maxFields is the most numeric fields one operation carries: a settlement under
-// gcra.MaxLimits limits (sign, k, p, a pair, and two pairs per limit).
-const maxFields = 5 + 4*4
+// maxFields is the most numeric fields one operation carries: a decision on a ramp under
+// gcra.MaxLimits limits (n, a pair, k, and per limit two pairs and the ramp's nine).
+const maxFields = 4 + 13*gcra.MaxLimits
 
 // call is one operation (one record of a batch, see sluice.lua) waiting for its answer.
 type call struct {
 	key     string // the key (its Redis name is written when its batch is built)
-	op      byte   // 'a', 'd', 's' or 'p'
+	op      byte   // 'a', 'd', 'r', 's' or 'p'
 	nf      int    // fields used in f
 	f       [maxFields]int64
 	virtual bool  // now is a virtual time (tests), not Redis TIME
@@ -66,7 +67,7 @@ func (c *call) eager() bool {
 	switch c.op {
 	case 'a':
 		return false
-	case 'd':
+	case 'd', 'r':
 		return c.f[1] != 0 || c.f[2] != 0 // maxDelay, a pair (see Backend.decideCall)
 	}
 	return true
@@ -74,7 +75,7 @@ func (c *call) eager() bool {
 
 // results is how many elements c's answer has in a reply (see sluice.lua).
 func (c *call) results() int {
-	if c.op == 'd' {
+	if c.op == 'd' || c.op == 'r' {
 		return 3 + 2*int(c.f[3])
 	}
 	return 1

@@ -31,6 +31,9 @@ func TestConformance(t *testing.T) { backendtest.Run(t, virtualFactory) }
 
 func TestAllower(t *testing.T) { backendtest.RunAllower(t, virtualFactory) }
 
+// TestRampBookings: the script spaces bookings on a ramp where they fall, as the core.
+func TestRampBookings(t *testing.T) { backendtest.RunRamps(t, virtualFactory) }
+
 func TestKeyName(t *testing.T) {
 	b := New(newClient(t, shared.URL()))
 	defer b.Close()

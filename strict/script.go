@@ -57,15 +57,31 @@ func (b *Backend) newCall(key string, op byte) *call {
 	return c
 }
 
-// decideCall is a decision of req (checked).
+// decideCall is a decision of req (checked): 'd', or 'r' if a limit carries a ramp
+// (gcra.Limit.Rise), each limit's ramp after its Tau and n*T (Over 0: none).
 func (b *Backend) decideCall(key string, req backend.Request) *call {
-	c := b.newCall(key, 'd')
+	op := byte('d')
+	for _, l := range req.Limits {
+		if l.Rise != nil {
+			op = 'r'
+		}
+	}
+	c := b.newCall(key, op)
 	c.field(req.N)
 	c.pair(int64(max(req.MaxDelay, 0)))
 	c.field(int64(len(req.Limits)))
 	for _, l := range req.Limits {
 		c.pair(l.Tau)
 		c.pair(req.N * l.T)
+		if op == 'r' {
+			var r gcra.Rise
+			if l.Rise != nil {
+				r = *l.Rise
+			}
+			for _, x := range [...]int64{r.Elapsed, r.Over, r.Rate0, r.Period0, r.Rate, r.Period, r.Burst, r.Interval, r.Margin} {
+				c.field(x)
+			}
+		}
 	}
 	return c
 }
@@ -150,6 +166,9 @@ func (b *Backend) adjustCall(key string, limits []gcra.Limit, t gcra.Ticket, new
 	var deltas [gcra.MaxLimits]int64
 	for i, l := range limits {
 		deltas[i] = gcra.MulSat(d, l.T) // the script saturates the TAT at gcra.MaxTAT
+		if sign < 0 {
+			deltas[i] = gcra.MulSat(d, l.MinT()) // never more than the grant took (a ramp's)
+		}
 		if sign < 0 && t.TatAfter[i] >= gcra.MaxTAT {
 			deltas[i] = 0 // a saturated charge's size is lost: nothing to give back (gcra.Adjust)
 		}
@@ -190,7 +209,7 @@ func (b *Backend) penalizeCall(key string, limits []gcra.Limit, d int64) *call {
 
 func opName(op byte) string {
 	switch op {
-	case 'd':
+	case 'd', 'r':
 		return "decide"
 	case 'a':
 		return "allow"

@@ -14,8 +14,9 @@
 -- of whole seconds and 0 <= ns < 1e9, value = s*1e9 + ns: the caller passes each as two
 -- arguments, the state stores each as two fields, replies carry each as two integers.
 -- Sums, differences, comparisons and maxima of pairs are exact over the whole int64 range
--- (s stays below 2^34). The script never multiplies or divides: the caller passes n*T per
--- limit, and derives Remaining and ResetAfter from the TATs returned. It is written for
+-- (s stays below 2^34). The script multiplies or divides only a ramp's numbers (an 'r'
+-- record's, all below 2^53: see rise): the caller passes n*T per limit, and derives
+-- Remaining and ResetAfter from the TATs returned. It is written for
 -- speed (it runs on Redis' one thread): no number formatting but two string.format per
 -- key written, one pattern match per key read, tables made at their usual size (growing
 -- one costs more than a decision), and shortcuts, inline and before any helper is made,
@@ -37,6 +38,10 @@
 --   a  allow:    one permit now or never under one limit: Tau, T (pairs). Result: 1 or 0.
 --   d  decide:   n, maxDelay (pair), k, then per limit Tau, n*T (pairs). Result: allowed,
 --                delay (RetryAfter when denied) and TAT1..TATk (pairs).
+--   r  decide on a ramp: as d, each limit's Tau and n*T (those at now) followed by its
+--                ramp (gcra.Rise): Elapsed, Over, Rate0, Period0, Rate, Period, Burst,
+--                Interval, Margin (numbers; Over 0: the limit does not ramp). A booking is
+--                spaced at the limit in force where it falls (see rise below). Result: d's.
 --   s  settle:   1 (charge), -1 (refund) or 0, k, p, Tau_p - T_p (pair), then per limit the
 --                charge or refund and the ticket's TAT after the grant (pairs). p is the
 --                limit a penalty drains (the smallest Tau). Result: 1.
@@ -464,12 +469,46 @@ local function charge(th, tl, ah, al, ch, cl)
   return th, tl
 end
 
+-- An operation's fields (but an allowance's), read from its record.
+local f
+
+-- rise is the emission interval and tolerance of the ramped limit whose fields start at
+-- f[o + 1] (an 'r' record's), d nanoseconds after now: gcra.Rise.At, the same operations
+-- in the same order (doubles, exact below 2^53, which the caller's checks ensure, and one
+-- rounding each where rates are divided), so the very same numbers.
+local floor = math.floor
+local function rise(o, d)
+  local over = f[o + 6]
+  if d > over then d = over end
+  local e = f[o + 5] + d
+  local t, b
+  if e >= over then
+    t, b = f[o + 12], f[o + 11]
+  else
+    local r0 = f[o + 7] / f[o + 8]
+    local r1 = f[o + 9] / f[o + 10]
+    local rate = r0 + (r1 - r0) * e / over
+    t = ceil(1 / rate)
+    if t < f[o + 12] then t = f[o + 12] end
+    b = floor(f[o + 11] * rate / r1)
+    if b < 1 then b = 1 end
+  end
+  local m = f[o + 13]
+  if m == 0 then return t, b * t end
+  local kk = floor((m + t - 1) / t)
+  if kk < b then return t, (b - kk) * t end
+  local t2 = t + m - (b - 1) * t
+  return t2, t2
+end
+
+-- The charges (n*T, pairs) of an 'r' record's limits, as its booking spaces them.
+local rh, rl = { 0, 0, 0, 0 }, { 0, 0, 0, 0 }
+
 local i = 2
 -- The operation in force ('=' repeats it): op, k, and its fields: Tau and T of 'a' in
 -- locals, the others' in f.
 local op, k = nil, 1
 local a1, a2, a3, a4
-local f
 -- The key in hand's TATs (pairs): n of them, those beyond fresh (0 0).
 local th, tl = { 0, 0, 0, 0 }, { 0, 0, 0, 0 }
 local n = 0
@@ -578,6 +617,10 @@ for ki = 1, nkeys do
           k = tonumber(argv[i + 3])
           for j = 1, 4 + 4 * k do f[j] = tonumber(argv[i + j - 1]) end
           i = i + 4 + 4 * k
+        elseif o == 'r' then
+          k = tonumber(argv[i + 3])
+          for j = 1, 4 + 13 * k do f[j] = tonumber(argv[i + j - 1]) end
+          i = i + 4 + 13 * k
         elseif o == 's' then
           k = tonumber(argv[i + 1])
           for j = 1, 5 + 4 * k do f[j] = tonumber(argv[i + j - 1]) end
@@ -622,6 +665,55 @@ for ki = 1, nkeys do
         if al >= B then ah, al = ah + 1, al - B end
         for j = 1, k do
           th[j], tl[j] = charge(th[j], tl[j], ah, al, f[4 * j + 3], f[4 * j + 4])
+        end
+        write = true
+      end
+      if granted then out[no] = 1 else out[no] = 0 end
+      out[no + 1], out[no + 2] = dh, dl
+      no = no + 2
+      for j = 1, k do
+        out[no + 1], out[no + 2] = th[j], tl[j]
+        no = no + 2
+      end
+    elseif op == 'r' then
+      -- As 'd', but a ramped limit j (fields from f[o + 1], o = 4 + 13(j - 1)) spaces the
+      -- booking at its limit at x = max(now, tat - Tau) (Tau at now), and the slot is never
+      -- before x (gcra's waitAt): the booking follows the ramp where it falls.
+      local dh, dl = 0, 0
+      for j = 1, k do
+        local o = 4 + 13 * (j - 1)
+        local uh, ul, ch, cl = f[o + 1], f[o + 2], f[o + 3], f[o + 4]
+        local xh, xl = 0, 0 -- x - now
+        if f[o + 6] > 0 then
+          local yh, yl = th[j] - uh - nh, tl[j] - ul - nl
+          if yl < 0 then
+            yh, yl = yh - 1, yl + B
+            if yl < 0 then yh, yl = yh - 1, yl + B end
+          end
+          if yh >= 0 then xh, xl = yh, yl end
+          -- x - now as a number: exact below 2^53 ns (104 days); a ramp is shorter.
+          local d = f[o + 6]
+          if xh < 9000000 then d = xh * B + xl end
+          local t, tau = rise(o, d)
+          local c = f[1] * t
+          ch = floor(c / B)
+          cl = c - ch * B
+          uh = floor(tau / B)
+          ul = tau - uh * B
+        end
+        rh[j], rl[j] = ch, cl
+        if f[1] > 0 then
+          local wh, wl = late(th[j], tl[j], uh, ul, ch, cl)
+          if wh < xh or (wh == xh and wl < xl) then wh, wl = xh, xl end
+          if dh < wh or (dh == wh and dl < wl) then dh, dl = wh, wl end
+        end
+      end
+      local granted = not (f[2] < dh or (f[2] == dh and f[3] < dl))
+      if granted and f[1] > 0 then
+        local ah, al = nh + dh, nl + dl
+        if al >= B then ah, al = ah + 1, al - B end
+        for j = 1, k do
+          th[j], tl[j] = charge(th[j], tl[j], ah, al, rh[j], rl[j])
         end
         write = true
       end

@@ -29,7 +29,9 @@ var windowSHA = func() string { h := sha1.Sum([]byte(windowSource)); return hex.
 
 // Capabilities reports that the backend decides windowed quotas, on keys whose limits are
 // all windows (they cannot sit beside rate limits here), and takes a ramp's changing
-// limits: the script reads each call's limits from its arguments (backend.Capable); and
+// limits: the script reads each call's limits from its arguments, with their ramp
+// (gcra.Limit.Rise), and spaces a booking at the ramp's limit where it falls
+// (backend.Capable); and
 // that every process shares each key's line in Redis (SharedLine).
 func (b *Backend) Capabilities() backend.Capabilities {
 	return backend.Capabilities{Windows: true, Ramps: true, WindowsAlone: true, SharedLine: true, ByValue: true}

@@ -356,3 +356,73 @@ func RunAllower(t *testing.T, f Factory) {
 		}
 	}
 }
+
+// RunRamps checks a backend that spaces bookings on a ramp where they fall (limits that
+// carry a gcra.Limit.Rise: the strict mode's stores). 1,000 permits booked at once on a
+// ramp from 10/s to 100/s over a minute (burst 100, a 12 ms margin) come along the ramp's
+// line, not at the start's pace: each decision as the Go core makes it (gcra.Decide, the
+// same delays), the 1,000th within 0.1 s of when the line has admitted it less the burst
+// of 9 at the start, none ahead of the line. A cancelled booking, the newest, gives back no
+// more than it took: the next booking comes no earlier than it did. Those booked 20 s into
+// the ramp are spaced at the ramp's pace from there on.
+func RunRamps(t *testing.T, f Factory) {
+	ctx := context.Background()
+	clk := clock.NewVirtual()
+	clk.Set(1000 * sec)
+	b := f(t, clk)
+	defer b.Close()
+	key := fmt.Sprintf("ramps-%d", time.Now().UnixNano())
+	rise := func(elapsed int64) []gcra.Limit {
+		r := &gcra.Rise{Elapsed: elapsed, Over: 60 * sec, Rate0: 10, Period0: sec, Rate: 100, Period: sec,
+			Burst: 100, Interval: sec / 100, Margin: int64(12 * time.Millisecond)}
+		l := gcra.Limit{Rise: r}
+		l.T, l.Tau = r.At(0)
+		return []gcra.Limit{l}
+	}
+	line := func(s float64) float64 { return 10*s + 0.75*s*s } // permits by s seconds in
+	due := func(k float64) float64 { return (-10 + math.Sqrt(100+3*k)) / 1.5 }
+	base := clk.Nanotime()
+	model := make([]int64, 1)
+	var last gcra.Ticket
+	for k := 1; k <= 1000; k++ {
+		ls := rise(0)
+		g, err := b.Decide(ctx, key, backend.Request{Limits: ls, N: 1, MaxDelay: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _, _ := gcra.Decide(model, ls, base, 1, int64(time.Hour))
+		if g.Allowed != want.Allowed || g.Delay != want.Delay {
+			t.Fatalf("booking %d: allowed %v delay %v, the core %v %v", k, g.Allowed, time.Duration(g.Delay), want.Allowed, time.Duration(want.Delay))
+		}
+		at := float64(g.Delay) / 1e9
+		if at-due(max(0, float64(k-9))) > 0.1 || float64(k) > line(at)+9+1 {
+			t.Fatalf("booking %d at %.3f s: the line admits %.1f by then (and a burst of 9), %d at %.3f s", k, at, line(at), k-9, due(float64(k-9)))
+		}
+		last = g.Ticket
+	}
+	if err := b.Adjust(ctx, key, rise(0), last, 0); err != nil {
+		t.Fatal(err)
+	}
+	g, err := b.Decide(ctx, key, backend.Request{Limits: rise(0), N: 1, MaxDelay: time.Hour})
+	if err != nil || !g.Allowed || g.Ticket.At < last.At {
+		t.Fatalf("after cancelling the newest booking (at %v): %+v %v, want a booking no earlier", time.Duration(last.At-base), g, err)
+	}
+	// 20 s on, the ramp is at 40/s: bookings behind the line (at about 31 s) are spaced at
+	// the ramp's pace there, about 1/57 s (less where the burst, scaled with the rate,
+	// grows by a permit), not at 1/40 s.
+	clk.Set(base + 20*sec)
+	var first, prev int64
+	for k := range 50 {
+		g, err := b.Decide(ctx, key, backend.Request{Limits: rise(20 * sec), N: 1, MaxDelay: time.Hour})
+		if err != nil || !g.Allowed {
+			t.Fatalf("20 s in, booking %d: %+v %v", k, g, err)
+		}
+		if k == 0 {
+			first = g.Ticket.At
+		}
+		prev = g.Ticket.At
+	}
+	if gap := time.Duration((prev - first) / 49); gap < 16*time.Millisecond || gap > 19*time.Millisecond {
+		t.Errorf("20 s in: bookings %v apart on average, want the ramp's interval where they fall (16 to 19 ms)", gap)
+	}
+}

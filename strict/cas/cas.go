@@ -145,9 +145,13 @@ func checkRequest(limits []gcra.Limit, n int64) error {
 }
 
 // Decide decides req for key on its record, at the store's time.
-// Capabilities reports that every process shares each key's line in the store
-// (backend.Capable): plain limits only.
-func (*Backend) Capabilities() backend.Capabilities { return backend.Capabilities{SharedLine: true} }
+// Capabilities reports that every process shares each key's line in the store, and that
+// the backend decides ramps (backend.Capable): the limiter sends each decision the limit
+// of its instant with its ramp (gcra.Limit.Rise), which the Go core applies as the Redis
+// script does. Windowed quotas are not decided here.
+func (*Backend) Capabilities() backend.Capabilities {
+	return backend.Capabilities{SharedLine: true, Ramps: true}
+}
 
 func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (backend.Grant, error) {
 	if err := checkRequest(req.Limits, req.N); err != nil {

@@ -67,6 +67,19 @@ func TestConformance(t *testing.T) {
 	}
 }
 
+// TestRampBookings: on each store, bookings on a ramp are spaced where they fall, as the
+// core spaces them (the core decides here).
+func TestRampBookings(t *testing.T) {
+	for _, s := range stores(t) {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			backendtest.RunRamps(t, func(t *testing.T, clk *clock.Virtual) backend.Backend {
+				return New(s.make(t, clk), WithTimeout(10*time.Second))
+			})
+		})
+	}
+}
+
 // TestDifferential runs the same random calls at the same virtual times through the
 // backend on each store and through the in-process backend (package local, the Go core
 // in memory), and demands the same decisions.
