@@ -190,7 +190,8 @@ func TestServeCheckConfig(t *testing.T) {
 		{[]string{"serve", "--check-config"}, map[string]string{"SLUICE_CHECK_CONFIG": "false"}, 0, "ok:"},
 		// A rule its back end does not decide is refused by the check as by the start.
 		{[]string{"serve", "--check-config", "--backend", "gossip", "--limit", "gh=5000/h window"}, nil, ExitUsage, `rule "gh"`},
-		{[]string{"serve", "--check-config", "--backend", "strict", "--store", "etcd://127.0.0.1:1", "--limit", "a=100/s ramp=10/s..1m"}, nil, ExitUsage, "ramp"},
+		{[]string{"serve", "--check-config", "--backend", "strict", "--store", "etcd://127.0.0.1:1", "--limit", "a=100/h window"}, nil, ExitUsage, "windowed quota"},
+		{[]string{"serve", "--check-config", "--backend", "strict", "--store", "etcd://127.0.0.1:1", "--limit", "a=100/s ramp=10/s..1m"}, nil, 0, "ok: 1 rule,"},
 		{[]string{"serve", "--check-config", "--backend", "redis", "--redis-url", "redis://127.0.0.1:1", "--limit", "a=10/s; 100/h window"}, nil, ExitUsage, "beside"},
 		{[]string{"serve", "--check-config", "--backend", "redis", "--redis-url", "redis://127.0.0.1:1", "--limit", "a=100/h window"}, nil, 0, "ok: 1 rule,"},
 		{[]string{"serve", "--check-config", "--backend", "lease", "--store", "zk://127.0.0.1:1", "--limit", "a=100/s ramp=10/s..1m"}, nil, 0, "ok: 1 rule,"},
