@@ -36,7 +36,9 @@ and a user cannot walk into it silently (below, per mode).
   they fail closed).
 - **Fairness**: Jain's index over each member's accepted / its max-min fair share of its
   demand at least 0.97 of the ideal's (which serves members round robin: below 1 only where
-  the arrivals' noise departs from the demand's rate).
+  the arrivals' noise departs from the demand's rate). In a pool of classes (critical
+  members beside sheddable ones, docs/priorities.md), the critical members served at least
+  0.99 of their demand instead: the lower class yields.
 - **Waits**: the p99 wait at most max(1 s, two renewal or sync intervals, a tenth of the
   ideal's own p99 wait, three of the limit's intervals: a few turns) above the ideal's, where demand is not over the limit (over it, a
   queue grows whatever the throttle and waits say whose request goes first, which fairness

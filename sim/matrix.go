@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/priority"
+
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/internal/limitconv"
@@ -54,6 +56,9 @@ type MatrixGroup struct {
 	Count      int     `yaml:"count"`
 	Goroutines int     `yaml:"goroutines"`
 	Weight     float64 `yaml:"weight"` // each member's part of the pool's demand, relative to the others'
+	// Priority is the class of the members' calls (critical, standard, sheddable; the
+	// default standard): a pool with a critical group is judged on that group too.
+	Priority string `yaml:"priority"`
 }
 
 // MatrixShape is one combination of the dimensions.
@@ -203,7 +208,11 @@ func (m *Matrix) ScenarioYAML(s MatrixShape) (string, error) {
 	y.WriteString("\nmembers:\n")
 	for _, g := range groups {
 		part := g.Weight / total // of the pool's demand, per member
-		fmt.Fprintf(&y, "  - {name: %s, count: %d, goroutines: %d, demand: %s}\n", g.Name, g.Count, max(g.Goroutines, 1)*max(ml.Goroutines, 1), demandOf(s.Demand, rate*part, (burst+rate*dur.Seconds())*part, dur))
+		class := ""
+		if g.Priority != "" {
+			class = ", priority: " + g.Priority
+		}
+		fmt.Fprintf(&y, "  - {name: %s, count: %d, goroutines: %d%s, demand: %s}\n", g.Name, g.Count, max(g.Goroutines, 1)*max(ml.Goroutines, 1), class, demandOf(s.Demand, rate*part, (burst+rate*dur.Seconds())*part, dur))
 	}
 	if ev := eventOf(s.Event, groups[0].Name, ls, dur); ev != "" {
 		y.WriteString("events:\n" + ev)
@@ -285,6 +294,10 @@ type MatrixCell struct {
 	Accepted       int64   `json:"accepted"`
 	IdealAccepted  int64   `json:"ideal_accepted"`
 	Partial        bool    `json:"partial,omitempty"`
+	// CriticalServed and CriticalP99WaitMs are the critical class's part, in a pool with a
+	// critical group: its granted ÷ its demand, and its p99 wait.
+	CriticalServed    *float64 `json:"critical_served,omitempty"`
+	CriticalP99WaitMs *float64 `json:"critical_p99_wait_ms,omitempty"`
 	// NotRun: outside the mode's envelope and too costly to simulate: no figures.
 	NotRun bool `json:"not_run,omitempty"`
 }
@@ -462,6 +475,9 @@ func judge(s MatrixShape, sc *Scenario, rep *Report) []MatrixCell {
 		if mr.ExtraP99WaitMs != nil {
 			c.ExtraP99WaitMs = *mr.ExtraP99WaitMs
 		}
+		if cr, ok := mr.PerClass[priority.Critical.String()]; ok {
+			c.CriticalServed, c.CriticalP99WaitMs = &cr.Served, &cr.WaitP99Ms
+		}
 		c.InEnvelope, c.Envelope = envelope(mr.Mode, s, members, sc)
 		if mr.NotRun {
 			c.NotRun, c.Why = true, "not run: "+c.Envelope
@@ -569,6 +585,14 @@ func criteria(mode string, s MatrixShape, sc *Scenario, c MatrixCell) string {
 	if c.Served < want {
 		return fmt.Sprintf("served %.3f of the ideal (want %.2f)", c.Served, want)
 	}
+	if c.CriticalServed != nil {
+		// Classes: the critical members are served first, at least 0.99 of their demand
+		// (docs/priorities.md); the lower classes yield to them, so the pool is not judged
+		// by fairness across its members.
+		if *c.CriticalServed < minCriticalServed {
+			return fmt.Sprintf("critical served %.3f of its demand (want %.2f)", *c.CriticalServed, minCriticalServed)
+		}
+	}
 	jain := c.Jain
 	// The ideal serves the members round robin: max-min fair by construction. Its own index
 	// is below 1 only where the arrivals' noise departs from the demand's rate (a few
@@ -577,7 +601,7 @@ func criteria(mode string, s MatrixShape, sc *Scenario, c MatrixCell) string {
 	if c.IdealJain > 0 {
 		wantJain = 0.97 * min(1, c.IdealJain)
 	}
-	if jain < wantJain {
+	if c.CriticalServed == nil && jain < wantJain {
 		return fmt.Sprintf("Jain's index %.3f (want %.3f)", jain, wantJain)
 	}
 	// Over the limit (a backlog, Poisson at 120%) a queue grows whatever the throttle, up
@@ -602,6 +626,10 @@ func criteria(mode string, s MatrixShape, sc *Scenario, c MatrixCell) string {
 	}
 	return ""
 }
+
+// minCriticalServed is the part of its demand the critical class of a pool with classes
+// must be served.
+const minCriticalServed = 0.99
 
 // intervalMs is the longest interval between permits of ls (its tightest rate's), in ms.
 func intervalMs(ls sluice.Limits) float64 {
