@@ -65,6 +65,7 @@ func (c *cluster) run(until int64, rate float64) {
 	for c.now < until {
 		c.now += int64(time.Millisecond)
 		keep := c.pending[:0]
+		var relays []int // nodes that received a report: their relays go once the deliveries are done
 		for _, d := range c.pending {
 			if d.at > c.now {
 				keep = append(keep, d)
@@ -80,26 +81,17 @@ func (c *cluster) run(until int64, rate float64) {
 			for i := range rs {
 				c.nodes[d.to].Receive(c.now, &rs[i])
 			}
+			relays = append(relays, d.to)
 		}
 		c.pending = keep
+		for _, i := range relays {
+			c.send(i, c.nodes[i].Relays())
+		}
 		for i, n := range c.nodes {
 			if c.down[i] || (c.now-c.phase[i])%iv != 0 {
 				continue
 			}
-			r := n.Report(c.now)
-			parts, _ := Encode(&r, 1200)
-			for j := range c.nodes {
-				if j == i || c.side[j] != c.side[i] {
-					continue
-				}
-				for _, p := range parts {
-					c.bytes += int64(len(p))
-					if c.loss > 0 && c.rng.Float64() < c.loss {
-						continue
-					}
-					c.pending = append(c.pending, delivery{at: c.now + c.minLat + c.rng.Int64N(c.maxLat-c.minLat), to: j, data: p})
-				}
-			}
+			c.send(i, n.Sync(c.now))
 		}
 		// Poisson arrivals in this millisecond.
 		for k := poisson(c.rng, rate/1000); k > 0; k-- {
@@ -111,6 +103,26 @@ func (c *cluster) run(until int64, rate float64) {
 			}
 			if c.decide(live[c.rng.IntN(len(live))]) {
 				c.grants = append(c.grants, c.now)
+			}
+		}
+	}
+}
+
+// send sends node i's reports: each to its To, or to every node on i's side.
+func (c *cluster) send(i int, rs []Report) {
+	for k := range rs {
+		r := &rs[k]
+		parts, _ := Encode(r, 1200)
+		for j := range c.nodes {
+			if j == i || c.side[j] != c.side[i] || r.To != "" && r.To != c.nodes[j].Name() {
+				continue
+			}
+			for _, p := range parts {
+				c.bytes += int64(len(p))
+				if c.loss > 0 && c.rng.Float64() < c.loss {
+					continue
+				}
+				c.pending = append(c.pending, delivery{at: c.now + c.minLat + c.rng.Int64N(c.maxLat-c.minLat), to: j, data: p})
 			}
 		}
 	}
@@ -254,3 +266,69 @@ func fiveDaemons(t *testing.T, p Policy) {
 }
 
 func mathExp(x float64) float64 { return math.Exp(x) }
+
+// membership tells every live node what the membership would: the nodes it can reach
+// are alive, the others dead (memberlist's failure detection, instant here).
+func (c *cluster) membership() {
+	for i, a := range c.nodes {
+		if c.down[i] {
+			continue
+		}
+		for j, b := range c.nodes {
+			switch {
+			case i == j:
+			case c.down[j] || c.side[j] != c.side[i]:
+				a.Leave(b.Name(), c.now, false)
+			default:
+				a.Join(b.Name(), c.now)
+			}
+		}
+	}
+}
+
+// TestTreeDaemons: 40 daemons, more than MeshMax, report over each tag's tree (Fanout 4:
+// three levels below the root) and share 4000/s burst 800, load 8000/s spread at random.
+// By shares, over-admission stays within the bound (a permit per daemon) and utilization
+// is at least 0.95; at the owner, nothing is over-admitted. A daemon killed (the
+// membership declares it dead 2 s later) changes neither.
+func TestTreeDaemons(t *testing.T) {
+	for _, p := range []Policy{Shares, Owner} {
+		t.Run(p.String(), func(t *testing.T) {
+			const n, rate, burst = 40, 4000.0, 800
+			lim := []gcra.Limit{{T: sec / 4000, Tau: burst * sec / 4000}}
+			cfg := DefaultConfig()
+			cfg.Policy, cfg.Fanout = p, 4
+			c := newCluster(t, n, lim, cfg, 7)
+			if c.nodes[0].meshed() || c.nodes[0].hist() != 7 {
+				t.Fatalf("meshed %v, history %d; want a tree of depth 3 (history 7)", c.nodes[0].meshed(), c.nodes[0].hist())
+			}
+			c.run(10*sec, 2*rate)
+			b := BoundParams{Nodes: n, Burst: burst, Rate: rate}
+			e := excess(c.grants, 0, 10*sec, burst, rate)
+			util := float64(count(c.grants, 3*sec, 10*sec)) / (rate * 7)
+			t.Logf("steady: excess %.1f permits (bound %.0f), utilization from 3 s %.3f, %.0f bytes/s per daemon", e, Bound(b), util, float64(c.bytes)/10/n)
+			if e > Bound(b) {
+				t.Errorf("steady: excess %.1f, want within the bound %.0f", e, Bound(b))
+			}
+			if p == Owner && e >= 1 {
+				t.Errorf("steady, at the owner: excess %.1f, want none", e)
+			}
+			if util < 0.95 {
+				t.Errorf("steady: utilization %.3f, want at least 0.95", util)
+			}
+			c.down[5] = true
+			c.run(12*sec, 2*rate)
+			c.membership()
+			c.run(20*sec, 2*rate)
+			e = excess(c.grants, 0, 20*sec, burst, rate)
+			util = float64(count(c.grants, 16*sec, 20*sec)) / (rate * 4)
+			t.Logf("after the kill: excess %.1f, utilization from 16 s %.3f", e, util)
+			if e > Bound(b) {
+				t.Errorf("after the kill: excess %.1f, want within %.0f", e, Bound(b))
+			}
+			if util < 0.95 {
+				t.Errorf("after the kill: utilization %.3f, want at least 0.95", util)
+			}
+		})
+	}
+}
