@@ -3,6 +3,7 @@ package hits
 import (
 	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -28,6 +29,7 @@ type cluster struct {
 	grants  []int64 // grant times, all nodes
 	bytes   int64
 	tags    []string // the tags arrivals ask for, one at random each; nil: "api"
+	only    []int    // the nodes arrivals come to; nil: every live node
 }
 
 type delivery struct {
@@ -95,10 +97,12 @@ func (c *cluster) run(until int64, rate float64) {
 		}
 		// Poisson arrivals in this millisecond.
 		for k := poisson(c.rng, rate/1000); k > 0; k-- {
-			var live []int
-			for i := range c.nodes {
-				if !c.down[i] {
-					live = append(live, i)
+			live := c.only
+			if live == nil {
+				for i := range c.nodes {
+					if !c.down[i] {
+						live = append(live, i)
+					}
 				}
 			}
 			if c.decide(live[c.rng.IntN(len(live))]) {
@@ -299,8 +303,8 @@ func TestTreeDaemons(t *testing.T) {
 			cfg := DefaultConfig()
 			cfg.Policy, cfg.Fanout = p, 4
 			c := newCluster(t, n, lim, cfg, 7)
-			if c.nodes[0].meshed() || c.nodes[0].hist() != 7 {
-				t.Fatalf("meshed %v, history %d; want a tree of depth 3 (history 7)", c.nodes[0].meshed(), c.nodes[0].hist())
+			if c.nodes[0].meshed() || c.nodes[0].lag() != 6 || c.nodes[0].hist() != 10 {
+				t.Fatalf("meshed %v, lag %d, history %d; want a tree of depth 3 (lag 6, history 10)", c.nodes[0].meshed(), c.nodes[0].lag(), c.nodes[0].hist())
 			}
 			c.run(10*sec, 2*rate)
 			b := BoundParams{Nodes: n, Burst: burst, Rate: rate}
@@ -330,5 +334,48 @@ func TestTreeDaemons(t *testing.T) {
 				t.Errorf("after the kill: utilization %.3f, want at least 0.95", util)
 			}
 		})
+	}
+}
+
+// TestTreeSharesFollowDemand: 40 daemons over trees share 4000/s burst 800 by shares
+// while the load (8000/s) moves: to ten daemons, then to twenty others, then to five,
+// then to every one, 3 s each. The shares follow it within two seconds of each move (the
+// tree's lag, d + 3 intervals, then the old demand's fading: up to d + 7 intervals after
+// it smoothed away), and never sum above one: the excess over any window stays within the
+// bound (a permit per daemon). All-to-all (MESH=1 go test -v), the same moves are followed
+// within a second (0.998 of the limit used in each phase's second second; over the tree
+// 1.000, 0.920, 0.825 and 1.000).
+func TestTreeSharesFollowDemand(t *testing.T) {
+	const n, rate, burst = 40, 4000.0, 800
+	lim := []gcra.Limit{{T: sec / 4000, Tau: burst * sec / 4000}}
+	cfg := DefaultConfig()
+	cfg.Policy, cfg.Fanout = Shares, 4
+	if testing.Verbose() && os.Getenv("MESH") != "" {
+		cfg.MeshMax = 64 // to compare: all-to-all
+	}
+	c := newCluster(t, n, lim, cfg, 11)
+	span := func(a, b int) []int {
+		var s []int
+		for i := a; i < b; i++ {
+			s = append(s, i)
+		}
+		return s
+	}
+	phases := [][]int{span(0, 10), span(20, 40), span(12, 17), nil}
+	b := BoundParams{Nodes: n, Burst: burst, Rate: rate}
+	for k, only := range phases {
+		c.only = only
+		start := c.now
+		c.run(start+3*sec, 2*rate)
+		e := excess(c.grants, 0, c.now, burst, rate)
+		util := float64(count(c.grants, start+sec, c.now)) / (rate * 2)
+		last := float64(count(c.grants, start+2*sec, c.now)) / rate
+		t.Logf("phase %d (%d daemons asked): excess so far %.1f (bound %.0f), utilization from its second second %.3f, in its third %.3f", k, len(only), e, Bound(b), util, last)
+		if e > Bound(b) {
+			t.Errorf("phase %d: excess %.1f, want within %.0f", k, e, Bound(b))
+		}
+		if last < 0.95 {
+			t.Errorf("phase %d: utilization %.3f in the third second, want at least 0.95", k, last)
+		}
 	}
 }

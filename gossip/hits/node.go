@@ -131,9 +131,9 @@ var ErrTooManyTags = errors.New("sluice: gossip: too many tags")
 const history = 3
 
 // maxHistory is how many of its own demands a node keeps: over a tag's tree, a report
-// takes a few intervals to reach every node, and a node counts its own demand at the
-// least of more reports (treeHistory).
-const maxHistory = 10
+// takes a few intervals to reach every node, and a node counts its own demand from older
+// ones (Node.hist, Node.lag).
+const maxHistory = 12
 
 // Node is one daemon's side of the pool. Make one with New. It is not safe for concurrent
 // use: the caller serializes every call.

@@ -147,18 +147,22 @@ func (n *Node) depth() int {
 	return d
 }
 
-// hist is how many of its own last demands a node counts (the least of them), and
-// reports (the most of them, over a tree): the reports a share in force may not have
-// heard yet, plus one. All-to-all, a report reaches every peer within an interval: 3.
-// Over a tree of depth d, it waits up to an interval at each of d levels on its way up,
-// one at the root, and one at the node that takes it (the way down is relayed at once):
-// d + 4, at most maxHistory.
+// hist is how many of its own last demands a node keeps count of. All-to-all it counts
+// its own demand at the least of its last 3 and reports each (a report reaches every peer
+// within an interval). Over a tree it reports the most of its last hist() demands, and
+// counts its own at the most of those older than lag() intervals (treeShare).
 func (n *Node) hist() int {
 	if n.meshed() {
 		return history
 	}
-	return min(maxHistory, n.depth()+4)
+	return min(maxHistory, n.lag()+4)
 }
+
+// lag is how many intervals a demand reported over a tree of depth d may take to be in
+// every share it counts in: up to an interval at each of d levels on its way up (each
+// parent reports at its own tick), one at the root, one at the node that takes it (the
+// way down is relayed at once), and the interval its share is in force: d + 3.
+func (n *Node) lag() int { return min(maxHistory-1, n.depth()+3) }
 
 // liveOrder returns this node and its live peers, by name hash.
 func (n *Node) liveOrder() []member {
@@ -256,15 +260,21 @@ func (n *Node) subtreeBins(t *tag, tr *treeTag) []Bin {
 }
 
 // treeShare is the node's share of t over the tree: from the pool's aggregate, counting
-// its own demand at the least of its last reports; none before the first aggregate (the
-// node's bucket still holds a permit: the bound counts it).
+// its own demand at the most of those it measured between lag() and hist() intervals ago;
+// none before the first aggregate (the node's bucket still holds a permit: the bound
+// counts it). Every report the node made in the last lag() intervals, the most of its
+// last hist() demands, covers those: whichever of them a peer's share or the root's level
+// counts it at, it is at least what the node counts itself at, and shares computed so
+// never sum above one (docs/gossip.md, "Hundreds of daemons"). Counting the most of
+// several, rather than the least as all-to-all, keeps a noisy demand (Poisson arrivals
+// over a 100 ms interval) from counting low.
 func (n *Node) treeShare(t *tag) float64 {
 	tr := t.tr
 	if tr == nil || !tr.agg.has {
 		return 0
 	}
 	r := t.rate()
-	own := slices.Min(t.dem[:n.hist()])
+	own := slices.Max(t.dem[n.lag():n.hist()])
 	a := &tr.agg
 	if a.demand <= r {
 		return min(1, (own+(r-a.demand)/float64(max(1, a.nodes)))/r)
