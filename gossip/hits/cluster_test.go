@@ -28,6 +28,7 @@ type cluster struct {
 	pending []delivery
 	grants  []int64 // grant times, all nodes
 	bytes   int64
+	sentBy  []int64  // bytes each node sent
 	tags    []string // the tags arrivals ask for, one at random each; nil: "api"
 	only    []int    // the nodes arrivals come to; nil: every live node
 }
@@ -49,6 +50,7 @@ func newCluster(t testing.TB, n int, lim []gcra.Limit, cfg Config, seed uint64) 
 		c.phase = append(c.phase, c.rng.Int64N(int64(cfg.Interval/time.Millisecond))*int64(time.Millisecond))
 		c.down = append(c.down, false)
 		c.side = append(c.side, 0)
+		c.sentBy = append(c.sentBy, 0)
 	}
 	for i, a := range c.nodes {
 		for j, b := range c.nodes {
@@ -123,6 +125,7 @@ func (c *cluster) send(i int, rs []Report) {
 			}
 			for _, p := range parts {
 				c.bytes += int64(len(p))
+				c.sentBy[i] += int64(len(p))
 				if c.loss > 0 && c.rng.Float64() < c.loss {
 					continue
 				}
