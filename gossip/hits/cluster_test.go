@@ -336,6 +336,33 @@ func TestTreeDaemons(t *testing.T) {
 			if util < 0.95 {
 				t.Errorf("after the kill: utilization %.3f, want at least 0.95", util)
 			}
+			// Ten daemons cut off for 10 s; the membership tells each side 2 s later, and
+			// both again 1 s after the heal. Each side takes the whole limit only once the
+			// hold (2 s) is over after that: within the partition's term of the bound.
+			for i := 30; i < 40; i++ {
+				c.side[i] = 1
+			}
+			c.run(22*sec, 2*rate)
+			c.membership()
+			c.run(30*sec, 2*rate)
+			for i := 30; i < 40; i++ {
+				c.side[i] = 0
+			}
+			c.run(31*sec, 2*rate)
+			c.membership()
+			c.run(40*sec, 2*rate)
+			bp := b
+			bp.Sides, bp.Split = 2, 10*time.Second-cfg.Hold-2*time.Second
+			e = excess(c.grants, 0, 40*sec, burst, rate)
+			held := excess(c.grants, 0, 24*sec, burst, rate)
+			util = float64(count(c.grants, 35*sec, 40*sec)) / (rate * 5)
+			t.Logf("partition: excess %.1f (bound %.0f), %.1f until the hold ended; utilization from 35 s %.3f", e, Bound(bp), held, util)
+			if e > Bound(bp) || held > Bound(b) {
+				t.Errorf("partition: excess %.1f, want within %.0f, and %.1f before the hold ended, want within %.0f", e, Bound(bp), held, Bound(b))
+			}
+			if util < 0.95 {
+				t.Errorf("healed: utilization %.3f, want at least 0.95", util)
+			}
 		})
 	}
 }
