@@ -223,11 +223,19 @@ func (n *Node) treeOf(t *tag) *treeTag {
 }
 
 // treeTick is a tag's part of a report over its tree, before the node's share is set: the
-// root computes the pool's aggregate; children silent for LostAfter are let go (their hits
-// stay counted).
+// root computes the pool's aggregate. A child's last demands count for as long as it is a
+// child here, heard or not (one cut off keeps its part, as a lost peer does all-to-all,
+// until the membership finds it dead and the trees change), and for LostAfter after it
+// last reported otherwise (it moved to another parent); not once its node is let go or
+// restarted. Its hits stay counted.
 func (n *Node) treeTick(t *tag, now int64, lost int) {
 	tr := n.treeOf(t)
-	tr.up = slices.DeleteFunc(tr.up, func(k kidTag) bool { return now-k.at > int64(n.cfg.LostAfter) })
+	tr.up = slices.DeleteFunc(tr.up, func(k kidTag) bool {
+		if k.slot >= len(n.peers) || n.peers[k.slot] == nil || k.epoch != n.epochs[k.slot]+1 {
+			return true
+		}
+		return now-k.at > int64(n.cfg.LostAfter) && !slices.Contains(tr.kids, k.slot)
+	})
 	s := t.hits + tr.fromKids
 	if s != tr.sent[0] {
 		tr.changed = n.seq
