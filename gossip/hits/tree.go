@@ -38,8 +38,8 @@ type treeTag struct {
 	changed  uint64          // the report that last carried a change of the subtree's hits
 	remote   uint64          // hits charged from the tree (children and the pool's aggregate)
 	agg      aggregate       // the pool's aggregate, last heard (or computed, at the root)
-	outRoot  uint64          // the root (its name's hash) and generation of the aggregate
-	outGen   uint64          //
+	outRoot  uint64          // the root (its name's hash) of the aggregate
+	outGen   uint64          // the root's generation of the tag
 	outSeq   uint64          // the aggregate's number: one already heard is not applied or relayed again
 	outSeen  uint64          // the pool's hits outside the subtree already charged
 	bins     []Bin           // the subtree's demands, at the last report
