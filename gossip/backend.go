@@ -443,8 +443,10 @@ func (b *Backend) sendAll(rs []hits.Report) {
 			b.send(r)
 			continue
 		}
+		// As send: a few datagrams, or over a stream (sendTo sends a part larger than a
+		// datagram so).
 		parts, skipped := hits.Encode(r, packetMax)
-		if skipped > 0 {
+		if skipped > 0 || len(parts) > udpParts {
 			parts, _ = hits.Encode(r, streamPart)
 		}
 		for _, p := range parts {
