@@ -8,9 +8,12 @@ import (
 )
 
 // gossipMode: each member runs the gossip core (package hits, as the daemons do), decides
-// alone, and reports its hits to every other member at each sync over the simulated
-// network (the store link's latency and loss); a partition cuts its members from the
-// others. A crashed member falls silent; one that leaves is let go at once.
+// alone, and reports its hits at each sync over the simulated network (the store link's
+// latency and loss): to every other member in a pool of up to MeshMax, over each key's
+// tree in a larger one (hits.Node.Sync); a partition cuts its members from the others. A
+// crashed member falls silent; one that leaves is let go at once. Over trees the nodes
+// learn a crash or a partition from the membership, modelled here as memberlist's failure
+// detection (gossipDetect, gossipRejoin).
 //
 // A report on its way to a member whose node is running waits in that member's inbox
 // rather than in the event queue: the node receives it, at its own arrival time, just
