@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,8 +39,11 @@ type Config struct {
 	Hold      time.Duration // how long a lost peer keeps its share
 	Policy    Policy        // Auto, Owner (the key's owner decides), Shares (by demand), Equal (1/N) or Whole (the DThrottle design as written)
 	MaxTags   int           // tags held at once
-	Logger    *slog.Logger  // nil: discard
-	Clock     clock.Clock   // nil: clock.Default
+	// MeshMax is the largest pool that reports all-to-all; a larger one reports over each
+	// tag's tree (docs/gossip.md, "Hundreds of daemons"). 0: hits.DefaultConfig's, 32.
+	MeshMax int
+	Logger  *slog.Logger // nil: discard
+	Clock   clock.Clock  // nil: clock.Default
 	// WrapTransport, when set, wraps memberlist's UDP and TCP transport (tests inject
 	// network faults between peers with it); nil: memberlist's own, unwrapped.
 	WrapTransport WrapTransport
@@ -84,6 +88,9 @@ func (c Config) core() hits.Config {
 	h := hits.DefaultConfig()
 	h.Interval, h.Hold, h.Policy, h.MaxTags = c.Interval, c.Hold, c.Policy, c.MaxTags
 	h.LostAfter = 5 * c.Interval
+	if c.MeshMax > 0 {
+		h.MeshMax = c.MeshMax
+	}
 	return h
 }
 
@@ -408,16 +415,43 @@ func (b *Backend) loop() {
 		}
 		t.Reset(b.cfg.Interval)
 		now := b.clock.Nanotime()
-		var r hits.Report
-		b.each(func(i int, n *hits.Node) {
-			sr := n.Report(now)
-			if i == 0 {
-				r = sr
-			} else {
-				r.Entries = append(r.Entries, sr.Entries...)
-			}
-		})
-		b.send(&r)
+		var rs []hits.Report
+		b.each(func(_ int, n *hits.Node) { rs = merge(rs, n.Sync(now)) })
+		b.sendAll(rs)
+	}
+}
+
+// merge adds the reports of one shard to those of the others: one report for each peer
+// (To) and kind.
+func merge(into, rs []hits.Report) []hits.Report {
+	for _, r := range rs {
+		k := slices.IndexFunc(into, func(x hits.Report) bool { return x.To == r.To && x.Tree == r.Tree })
+		if k < 0 {
+			into = append(into, r)
+		} else {
+			into[k].Entries = append(into[k].Entries, r.Entries...)
+		}
+	}
+	return into
+}
+
+// sendAll sends reports: one for every peer (To "") to each, the others to their peer.
+func (b *Backend) sendAll(rs []hits.Report) {
+	for i := range rs {
+		r := &rs[i]
+		if r.To == "" {
+			b.send(r)
+			continue
+		}
+		// As send: a few datagrams, or over a stream (sendTo sends a part larger than a
+		// datagram so).
+		parts, skipped := hits.Encode(r, packetMax)
+		if skipped > 0 || len(parts) > udpParts {
+			parts, _ = hits.Encode(r, streamPart)
+		}
+		for _, p := range parts {
+			b.sendTo(r.To, p)
+		}
 	}
 }
 
@@ -535,11 +569,14 @@ func (b *Backend) receive(msg []byte) {
 			k := maphash.String(b.seed, e.Tag) % nShards
 			parts[k] = append(parts[k], e)
 		}
+		var relays []hits.Report
 		b.each(func(k int, n *hits.Node) {
 			r := rs[i]
 			r.Entries = parts[k]
 			n.Receive(now, &r)
+			relays = merge(relays, n.Relays())
 		})
+		b.sendAll(relays)
 	}
 }
 

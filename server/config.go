@@ -69,6 +69,9 @@ type GossipConfig struct {
 	Interval  Duration `yaml:"interval"`  // sync interval
 	Hold      Duration `yaml:"hold"`      // how long a lost peer keeps its share
 	Policy    string   `yaml:"policy"`    // auto (owner for small limits, shares for large), owner, shares (by demand), equal (1/N) or whole (the DThrottle design as written)
+	// MeshMax is the largest pool that reports all-to-all; a larger one reports over each
+	// tag's tree (docs/gossip.md, "Hundreds of daemons"). 0: the default, 32.
+	MeshMax int `yaml:"mesh_max"`
 }
 
 // GRPCConfig are the gRPC listener's settings (docs/envoy.md).
@@ -212,6 +215,9 @@ func (c *Config) validate() error {
 		}
 		if g.Interval < yamlx.Duration(time.Millisecond) || g.Hold < 0 {
 			bad(at("gossip.interval", "gossip.hold", "gossip"), "gossip.interval: want at least 1ms; gossip.hold: want 0 or more")
+		}
+		if g.MeshMax < 0 {
+			bad(at("gossip.mesh_max", "gossip"), "gossip.mesh_max: want 0 (the default, 32) or more")
 		}
 		if _, err := hits.ParsePolicy(g.Policy); err != nil || g.Policy == "" {
 			bad(at("gossip.policy", "gossip"), "gossip.policy: want auto, owner, shares, equal or whole, not %q", g.Policy)

@@ -135,6 +135,7 @@ type engine struct {
 
 	// counters
 	arrivals, sent, accepted, rejected, dropped int64
+	gossipBytes                                 int64 // the gossip mode's report bytes, at each receiver
 	storeOps, messages, timeouts, failOpen      int64
 	waits                                       hist
 	// classes: the scenario names a priority; byClass then counts each class's part,

@@ -1,14 +1,19 @@
 package sim
 
 import (
+	"slices"
+
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/gossip/hits"
 )
 
 // gossipMode: each member runs the gossip core (package hits, as the daemons do), decides
-// alone, and reports its hits to every other member at each sync over the simulated
-// network (the store link's latency and loss); a partition cuts its members from the
-// others. A crashed member falls silent; one that leaves is let go at once.
+// alone, and reports its hits at each sync over the simulated network (the store link's
+// latency and loss): to every other member in a pool of up to MeshMax, over each key's
+// tree in a larger one (hits.Node.Sync); a partition cuts its members from the others. A
+// crashed member falls silent; one that leaves is let go at once. Over trees the nodes
+// learn a crash or a partition from the membership, modelled here as memberlist's failure
+// detection (gossipDetect, gossipRejoin).
 //
 // A report on its way to a member whose node is running waits in that member's inbox
 // rather than in the event queue: the node receives it, at its own arrival time, just
@@ -39,7 +44,22 @@ type gossipMode struct {
 
 	byName map[string]int32 // member indexes by name: the owners requests are forwarded to
 	lines  procLines        // each member's line to the keys' owners
+
+	// The membership's failure detection, for pools that report over trees (the nodes do
+	// not hear every peer, so they learn a peer's crash or a partition from it, as the
+	// daemon does from memberlist): sides is the partition it last saw, and a membership
+	// event is due at memberAt (0: none).
+	sides    []bool
+	memberAt int64
 }
+
+// gossipDetect is how long the membership takes to declare a crashed or cut-off member
+// dead (memberlist's failure detection as the daemon sets it: about two seconds), and
+// gossipRejoin how long it takes to count a healed one again (the daemon's rejoin round).
+const (
+	gossipDetect = 2_000_000_000
+	gossipRejoin = 1_000_000_000
+)
 
 // inboxMsg is a report's part on its way to a member's node: it arrives at at.
 type inboxMsg struct {
@@ -137,7 +157,7 @@ func (g *gossipMode) deliver(e *engine, mi int32) {
 	}
 	n := g.nodes[mi]
 	for ; h < len(in) && in[h].at <= e.now; h++ {
-		g.receive(n, in[h].at, in[h].slot)
+		g.receive(e, mi, n, in[h].at, in[h].slot)
 	}
 	switch {
 	case h == len(in):
@@ -149,9 +169,9 @@ func (g *gossipMode) deliver(e *engine, mi int32) {
 	}
 }
 
-// receive has node n receive the report in slot s at at, and lets the slot go once every
-// member it was sent to has it.
-func (g *gossipMode) receive(n *hits.Node, at int64, s int32) {
+// receive has node n (member mi's) receive the report in slot s at at, and lets the slot
+// go once every member it was sent to has it. What the node relays down a tree goes now.
+func (g *gossipMode) receive(e *engine, mi int32, n *hits.Node, at int64, s int32) {
 	msg := &g.msgs[s]
 	rs, malformed := msg.reports, msg.malformed
 	if msg.refs--; msg.refs == 0 {
@@ -166,6 +186,9 @@ func (g *gossipMode) receive(n *hits.Node, at int64, s int32) {
 	}
 	for i := range rs {
 		n.Receive(at, &rs[i])
+	}
+	if rel := n.Relays(); rel != nil {
+		g.send(e, mi, rel)
 	}
 }
 
@@ -192,7 +215,7 @@ func (g *gossipMode) discard(mi int32) {
 	}
 	in := g.inbox[mi]
 	for _, x := range in[g.head[mi]:] {
-		g.receive(nil, x.at, x.slot)
+		g.receive(nil, mi, nil, x.at, x.slot)
 	}
 	g.inbox[mi], g.head[mi] = in[:0], 0
 }
@@ -322,49 +345,10 @@ func (g *gossipMode) handle(e *engine, ev *event) {
 		if !m.present || ev.op != m.inc {
 			return
 		}
-		r := g.ready(e, ev.m).Report(e.now)
-		// In parts of a datagram's size, as the daemon sends them (a part is allocated at
-		// its full size: parts of a mebibyte made the mode's runs a hundred times slower).
-		parts, _ := hits.Encode(&r, gossipPacket)
-		slots := g.slots[:0]
-		for _, p := range parts {
-			rs, err := hits.Decode(p)
-			slots = append(slots, g.put(gossipMsg{reports: rs, malformed: err != nil}))
-		}
-		g.slots = slots
-		part := e.partitioned[ev.m]
-		link := &e.sc.Network.Store
-		latency := e.latencyOf(link)
-		sent := int64(0)
-		for to := range e.members {
-			t, inbox := int32(to), g.open[to]
-			if t == ev.m || e.partitioned[t] != part {
-				continue
-			}
-			o := e.members[to]
-			if !inbox && !o.present {
-				continue
-			}
-			for _, s := range slots {
-				sent++
-				if e.lost(link) {
-					continue
-				}
-				g.msgs[s].refs++
-				at := e.now + latency()
-				if inbox {
-					g.post(t, at, s)
-				} else {
-					e.schedule(event{at: at, kind: evGossipMsg, m: t, op: o.inc, val: int64(s)})
-				}
-			}
-		}
-		e.messages += sent
-		e.bucket().messages += sent
-		for _, s := range slots {
-			if g.msgs[s].refs == 0 {
-				g.drop(s) // sent to nobody, or lost on every way
-			}
+		n := g.ready(e, ev.m)
+		g.send(e, ev.m, n.Sync(e.now))
+		if !n.Meshed() {
+			g.watch(e)
 		}
 		e.schedule(event{at: e.now + int64(g.cfg.Interval), kind: evGossipTick, m: ev.m, op: m.inc})
 	case evGossipAsk:
@@ -394,7 +378,120 @@ func (g *gossipMode) handle(e *engine, ev *event) {
 		if m.present && ev.op == m.inc {
 			n = g.ready(e, ev.m)
 		}
-		g.receive(n, e.now, int32(ev.val))
+		g.receive(e, ev.m, n, e.now, int32(ev.val))
+	case evGossipMembership:
+		g.membership(e)
+	}
+}
+
+// send sends member mi's reports over the store link's network: each to its To, or, for
+// a report to every peer, to every member on mi's side of any partition.
+func (g *gossipMode) send(e *engine, mi int32, rs []hits.Report) {
+	part := e.partitioned[mi]
+	link := &e.sc.Network.Store
+	latency := e.latencyOf(link)
+	sent := int64(0)
+	for k := range rs {
+		r := &rs[k]
+		// In parts of a datagram's size, as the daemon sends them (a part is allocated at
+		// its full size: parts of a mebibyte made the mode's runs a hundred times slower).
+		parts, _ := hits.Encode(r, gossipPacket)
+		slots, size := g.slots[:0], int64(0)
+		for _, p := range parts {
+			rs, err := hits.Decode(p)
+			slots = append(slots, g.put(gossipMsg{reports: rs, malformed: err != nil}))
+			size += int64(len(p))
+		}
+		g.slots = slots
+		to := func(t int32) {
+			inbox := g.open[t]
+			o := e.members[t]
+			if t == mi || e.partitioned[t] != part || !inbox && !o.present {
+				return
+			}
+			e.gossipBytes += size
+			for _, s := range slots {
+				sent++
+				if e.lost(link) {
+					continue
+				}
+				g.msgs[s].refs++
+				at := e.now + latency()
+				if inbox {
+					g.post(t, at, s)
+				} else {
+					e.schedule(event{at: at, kind: evGossipMsg, m: t, op: o.inc, val: int64(s)})
+				}
+			}
+		}
+		if r.To == "" {
+			for t := range e.members {
+				to(int32(t))
+			}
+		} else if t := g.member(e, r.To); t >= 0 && int(t) < len(g.open) {
+			to(t)
+		}
+		for _, s := range slots {
+			if g.msgs[s].refs == 0 {
+				g.drop(s) // sent to nobody, or lost on every way
+			}
+		}
+	}
+	e.messages += sent
+	e.bucket().messages += sent
+}
+
+// watch schedules the membership's news when the partition changed since it last looked
+// (over trees only: all-to-all, the nodes find silent peers themselves).
+func (g *gossipMode) watch(e *engine) {
+	if len(g.sides) == len(e.partitioned) && slices.Equal(g.sides, e.partitioned) {
+		return
+	}
+	cut := false
+	for i, p := range e.partitioned {
+		if p && (i >= len(g.sides) || !g.sides[i]) {
+			cut = true
+		}
+	}
+	g.sides = append(g.sides[:0], e.partitioned...)
+	g.announce(e, cut)
+}
+
+// announce schedules the membership's news: after gossipDetect when a member may have
+// crashed or been cut off, gossipRejoin when one came back.
+func (g *gossipMode) announce(e *engine, dead bool) {
+	d := int64(gossipRejoin)
+	if dead {
+		d = gossipDetect
+	}
+	if at := e.now + d; g.memberAt == 0 || at < g.memberAt || g.memberAt < e.now {
+		g.memberAt = at
+		e.schedule(event{at: at, kind: evGossipMembership})
+	}
+}
+
+// membership tells every running node which members are alive and reachable (Join) and
+// which are not (Leave, not graceful: held for the hold), as memberlist does the daemon.
+func (g *gossipMode) membership(e *engine) {
+	if e.now != g.memberAt {
+		return // superseded by an earlier one
+	}
+	g.memberAt = 0
+	for i := range e.members {
+		n := g.running(e, int32(i))
+		if n == nil || !e.members[i].present {
+			continue
+		}
+		g.deliver(e, int32(i))
+		for j, o := range e.members {
+			switch {
+			case j == i:
+			case o.present && e.partitioned[j] == e.partitioned[i]:
+				n.Join(o.name, e.now)
+			default:
+				n.Leave(o.name, e.now, false)
+			}
+		}
 	}
 }
 
@@ -427,6 +524,9 @@ func (g *gossipMode) left(e *engine, mi int32, graceful bool) {
 		g.open[mi] = false
 	}
 	g.discard(mi) // what was still on its way arrives after it left: nowhere
+	if n := g.running(e, mi); !graceful && n != nil && !n.Meshed() {
+		g.announce(e, true)
+	}
 	if !graceful || int(mi) >= len(g.nodes) || g.nodes[mi] == nil {
 		return
 	}

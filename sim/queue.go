@@ -8,30 +8,31 @@ import "math/bits"
 type kind uint8
 
 const (
-	evArrival      kind = iota // a request of member m arrives (open-loop demand)
-	evStart                    // goroutine g of member m takes the next request
-	evPermit                   // g's permit is due: send the request to the API
-	evAPIArrive                // the API receives g's request
-	evAPIReply                 // g receives the API's answer (val: 1 accepted, 0 rejected; val2: retry-after)
-	evRetry                    // g asks again after a back-off
-	evStoreReq                 // the store receives g's request
-	evStoreReply               // g receives the store's answer
-	evStoreTimeout             // g gives up on the store's answer
-	evStoreCharge              // the store receives a charge-back of val permits
-	evStorePenalty             // the store receives a penalty until val
-	evOnOff                    // an on/off member toggles
-	evScenario                 // scenario event number val
-	evResume                   // a paused member resumes
-	evHeal                     // member m's partition heals (val: the partition's generation)
-	evLeaseTick                // lease mode: member m's renewal timer (op: incarnation)
-	evLeaseReq                 // lease mode: the store receives a request (val: message slot)
-	evLeaseReply               // lease mode: member m receives the store's answer (val: message slot)
-	evLeaseTimeout             // lease mode: member m gives up on a request (g: limit, val2: nonce)
-	evGossipTick               // gossip mode: member m reports (op: incarnation)
-	evGossipMsg                // gossip mode: member m receives a report (val: message slot, op: incarnation)
-	evGossipAsk                // gossip mode: owner m receives goroutine g's forwarded request (val: its member, val2: sent at, op: g's operation)
-	evGossipAnswer             // gossip mode: g receives the owner's answer (ok: granted; val2: delay or retry-after)
-	evIdealTick                // ideal mode: the next waiter's permit may be due (op: the tick's generation)
+	evArrival          kind = iota // a request of member m arrives (open-loop demand)
+	evStart                        // goroutine g of member m takes the next request
+	evPermit                       // g's permit is due: send the request to the API
+	evAPIArrive                    // the API receives g's request
+	evAPIReply                     // g receives the API's answer (val: 1 accepted, 0 rejected; val2: retry-after)
+	evRetry                        // g asks again after a back-off
+	evStoreReq                     // the store receives g's request
+	evStoreReply                   // g receives the store's answer
+	evStoreTimeout                 // g gives up on the store's answer
+	evStoreCharge                  // the store receives a charge-back of val permits
+	evStorePenalty                 // the store receives a penalty until val
+	evOnOff                        // an on/off member toggles
+	evScenario                     // scenario event number val
+	evResume                       // a paused member resumes
+	evHeal                         // member m's partition heals (val: the partition's generation)
+	evLeaseTick                    // lease mode: member m's renewal timer (op: incarnation)
+	evLeaseReq                     // lease mode: the store receives a request (val: message slot)
+	evLeaseReply                   // lease mode: member m receives the store's answer (val: message slot)
+	evLeaseTimeout                 // lease mode: member m gives up on a request (g: limit, val2: nonce)
+	evGossipTick                   // gossip mode: member m reports (op: incarnation)
+	evGossipMsg                    // gossip mode: member m receives a report (val: message slot, op: incarnation)
+	evGossipAsk                    // gossip mode: owner m receives goroutine g's forwarded request (val: its member, val2: sent at, op: g's operation)
+	evGossipAnswer                 // gossip mode: g receives the owner's answer (ok: granted; val2: delay or retry-after)
+	evIdealTick                    // ideal mode: the next waiter's permit may be due (op: the tick's generation)
+	evGossipMembership             // gossip mode: the membership tells each node who is alive (over trees)
 )
 
 // event is one thing that happens at a time. Events are small values held in the queue's

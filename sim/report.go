@@ -83,8 +83,11 @@ type ModeReport struct {
 	Dropped   int64   `json:"dropped"`  // requests given up (on_deny: drop, or abandoned by a leave or crash)
 	StoreOps  int64   `json:"store_ops"`
 	Messages  int64   `json:"messages"`
-	Timeouts  int64   `json:"timeouts"`  // store answers given up on
-	FailOpen  int64   `json:"fail_open"` // requests sent without a permit (fail_mode open)
+	// GossipBytes are the bytes of the gossip mode's reports, counted at each receiver
+	// they were sent to (lost ones too): what its daemons would send.
+	GossipBytes int64 `json:"gossip_bytes,omitempty"`
+	Timeouts    int64 `json:"timeouts"`  // store answers given up on
+	FailOpen    int64 `json:"fail_open"` // requests sent without a permit (fail_mode open)
 	// Events are the scenario's events with the time the pool took to converge after
 	// each ended (an outage's end; a crash's instant): until the first window of 20
 	// emission intervals (at least one sample) with no violation and, where demand
@@ -275,11 +278,12 @@ func (e *engine) report() ModeReport {
 		Mode: e.mode.name(), Accepted: e.accepted, Violations: e.rejected,
 		Arrivals: e.arrivals, Sent: e.sent, Dropped: e.dropped,
 		StoreOps: e.storeOps, Messages: e.messages, Timeouts: e.timeouts, FailOpen: e.failOpen,
-		WaitP50Ms: round(float64(e.waits.quantile(0.5)) / 1e6),
-		WaitP99Ms: round(float64(e.waits.quantile(0.99)) / 1e6),
-		series:    e.series,
-		sample:    time.Duration(e.sample),
-		ranS:      float64(e.end) / 1e9,
+		GossipBytes: e.gossipBytes,
+		WaitP50Ms:   round(float64(e.waits.quantile(0.5)) / 1e6),
+		WaitP99Ms:   round(float64(e.waits.quantile(0.99)) / 1e6),
+		series:      e.series,
+		sample:      time.Duration(e.sample),
+		ranS:        float64(e.end) / 1e9,
 	}
 	if e.idealTokCore != nil {
 		r.acceptedTok = e.acceptedTok

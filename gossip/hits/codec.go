@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 
 	"github.com/sluicehq/sluice/gcra"
 )
@@ -19,10 +21,28 @@ import (
 // A report with an owner's bookings (an entry whose Booked is set) is of kind 2, its
 // entries each followed by uvarint booked_ns; a node that knows only kind 1 counts such a
 // report as malformed (docs/gossip.md: upgrade a pool's daemons together).
+//
+// Over a tag's tree (pools of more than MeshMax nodes) a report is of kind 5 (up: a
+// subtree's aggregates, to the tags' parent) or 6 (down: the pool's, from the tags' root),
+// with the same header:
+//
+//	up entry:   uvarint len, tag | uvarint gen | uvarint hits | uvarint recent | uvarint hold_ns |
+//	            uvarint n | n × (uvarint bin | uvarint count)
+//	down entry: uvarint len, tag | uvarint root | uvarint gen | uvarint seq | uvarint hits |
+//	            uvarint recent | uvarint hold_ns | uvarint booked_ns | uvarint level |
+//	            uvarint demand | uvarint nodes
+//
+// A node of an earlier release counts them as malformed: docs/gossip.md says how to
+// upgrade a pool of more than MeshMax daemons.
 const (
 	Version    = 1
 	kindReport = 1
 	kindBooked = 2
+	// KindUp and KindDown are the kinds of a tree's reports (Report.Tree).
+	KindUp   = 5
+	KindDown = 6
+	// maxBins bounds an up entry's histogram on the wire.
+	maxBins = 4096
 
 	// MaxName bounds a node's name on the wire.
 	MaxName = 255
@@ -89,7 +109,11 @@ func appendHeader(b []byte, r *Report) []byte {
 	if len(from) > MaxName {
 		from = from[:MaxName]
 	}
-	b = append(b, Version, reportKind(r))
+	kind := r.Tree
+	if kind == 0 {
+		kind = reportKind(r)
+	}
+	b = append(b, Version, kind)
 	b = binary.AppendUvarint(b, uint64(len(from)))
 	b = append(b, from...)
 	b = binary.AppendUvarint(b, r.Inc)
@@ -109,6 +133,24 @@ func reportKind(r *Report) byte {
 func appendEntry(b []byte, e *Entry, kind byte) []byte {
 	b = binary.AppendUvarint(b, uint64(len(e.Tag)))
 	b = append(b, e.Tag...)
+	switch kind {
+	case KindUp:
+		b = binary.AppendUvarint(b, e.Gen)
+		b = binary.AppendUvarint(b, e.Hits)
+		b = binary.AppendUvarint(b, e.Recent)
+		b = binary.AppendUvarint(b, uint64(max(0, e.Hold)))
+		b = binary.AppendUvarint(b, uint64(len(e.Bins)))
+		for _, x := range e.Bins {
+			b = binary.AppendUvarint(b, uint64(x.Idx))
+			b = binary.AppendUvarint(b, uint64(x.Count))
+		}
+		return b
+	case KindDown:
+		for _, v := range []uint64{e.Root, e.Gen, e.Seq, e.Hits, e.Recent, uint64(max(0, e.Hold)), uint64(max(0, e.Booked)), e.Level, e.Demand, e.Nodes} {
+			b = binary.AppendUvarint(b, v)
+		}
+		return b
+	}
 	b = binary.AppendUvarint(b, e.Gen)
 	b = binary.AppendUvarint(b, e.Hits)
 	b = binary.AppendUvarint(b, e.Recent)
@@ -189,11 +231,14 @@ func decodePart(b []byte) (Report, []byte, error) {
 		return Report{}, nil, fmt.Errorf("%w: version %d (this node speaks %d)", ErrMalformed, b[0], Version)
 	}
 	kind := b[1]
-	if kind != kindReport && kind != kindBooked {
+	if kind != kindReport && kind != kindBooked && kind != KindUp && kind != KindDown {
 		return Report{}, nil, fmt.Errorf("%w: kind %d", ErrMalformed, b[1])
 	}
 	rd := reader{b: b[2:]}
 	var r Report
+	if kind == KindUp || kind == KindDown {
+		r.Tree = kind
+	}
 	r.From = rd.bytes(MaxName)
 	r.Inc = rd.uvarint()
 	r.Seq = rd.uvarint()
@@ -212,6 +257,16 @@ func decodePart(b []byte) (Report, []byte, error) {
 			break
 		}
 		e := Entry{Tag: rd.bytes(MaxTag)}
+		switch kind {
+		case KindUp:
+			decodeUp(&rd, &e)
+			r.Entries = append(r.Entries, e)
+			continue
+		case KindDown:
+			decodeDown(&rd, &e)
+			r.Entries = append(r.Entries, e)
+			continue
+		}
 		e.Gen = rd.uvarint()
 		e.Hits = rd.uvarint()
 		e.Recent = rd.uvarint()
@@ -230,6 +285,45 @@ func decodePart(b []byte) (Report, []byte, error) {
 		return Report{}, nil, rd.err
 	}
 	return r, rd.b, nil
+}
+
+func capped(rd *reader) int64 { return int64(min(rd.uvarint(), 1<<62)) }
+
+func decodeUp(rd *reader, e *Entry) {
+	e.Gen = rd.uvarint()
+	e.Hits = rd.uvarint()
+	e.Recent = rd.uvarint()
+	e.Hold = capped(rd)
+	k := rd.uvarint()
+	if rd.err == nil && (k > maxBins || k > uint64(len(rd.b)/2)) {
+		rd.err = fmt.Errorf("%w: %d bins", ErrMalformed, k)
+	}
+	for range k {
+		if rd.err != nil {
+			return
+		}
+		idx, c := rd.uvarint(), rd.uvarint()
+		if rd.err == nil && (idx > math.MaxUint32 || c > math.MaxUint32) {
+			rd.err = fmt.Errorf("%w: bin %d of %d", ErrMalformed, idx, c)
+		}
+		e.Bins = append(e.Bins, Bin{Idx: uint32(idx), Count: uint32(c)})
+	}
+	if rd.err == nil && !slices.IsSortedFunc(e.Bins, func(a, b Bin) int { return int(a.Idx) - int(b.Idx) }) {
+		rd.err = fmt.Errorf("%w: bins out of order", ErrMalformed)
+	}
+}
+
+func decodeDown(rd *reader, e *Entry) {
+	e.Root = rd.uvarint()
+	e.Gen = rd.uvarint()
+	e.Seq = rd.uvarint()
+	e.Hits = rd.uvarint()
+	e.Recent = rd.uvarint()
+	e.Hold = capped(rd)
+	e.Booked = capped(rd)
+	e.Level = rd.uvarint()
+	e.Demand = rd.uvarint()
+	e.Nodes = rd.uvarint()
 }
 
 // Forwarded decisions (Policy Owner and Auto): a node asks a tag's owner, the owner

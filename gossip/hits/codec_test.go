@@ -72,6 +72,13 @@ func FuzzDecode(f *testing.F) {
 	parts, _ := Encode(&Report{From: "n1", Inc: 3, Seq: 9, Entries: []Entry{{Tag: "api", Gen: 1, Hits: 10, Recent: 2, Demand: 5000, Hold: 1e9}}}, 1200)
 	f.Add(parts[0])
 	f.Add([]byte{Version, kindReport, 1, 'a', 0, 0, 0})
+	for _, r := range []Report{
+		{From: "n1", Tree: KindUp, Entries: []Entry{{Tag: "api", Gen: 1, Hits: 10, Bins: []Bin{{Idx: 0, Count: 2}, {Idx: 90, Count: 1}}}}},
+		{From: "n2", Tree: KindDown, Entries: []Entry{{Tag: "api", Root: 7, Gen: 1, Seq: 3, Hits: 10, Level: 5, Demand: 6, Nodes: 40}}},
+	} {
+		parts, _ := Encode(&r, 1200)
+		f.Add(parts[0])
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		rs, err := Decode(b)
 		if err != nil {
@@ -96,4 +103,33 @@ func FuzzDecode(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestCodecTreeReports: a tree's reports (up, with a histogram; down, with the pool's
+// aggregate) come back from the wire as they went, kind and all.
+func TestCodecTreeReports(t *testing.T) {
+	up := Report{From: "a", Inc: 3, Seq: 9, Tree: KindUp, Entries: []Entry{
+		{Tag: "api", Gen: 2, Hits: 1 << 33, Recent: 40, Hold: 5e8, Bins: []Bin{{Idx: 0, Count: 3}, {Idx: 200, Count: 1 << 20}}},
+		{Tag: "", Gen: 1},
+	}}
+	down := Report{From: "b", Inc: 1, Seq: 2, Tree: KindDown, Entries: []Entry{
+		{Tag: "api", Root: 1<<64 - 1, Gen: 4, Seq: 77, Hits: 123456, Recent: 9, Hold: 1, Booked: 2e9, Level: 12345, Demand: 99999, Nodes: 1000},
+	}}
+	for _, r := range []Report{up, down} {
+		parts, _ := Encode(&r, 1200)
+		rs, err := Decode(bytes.Join(parts, nil))
+		if err != nil || len(rs) != 1 {
+			t.Fatalf("kind %d: %v, %d reports", r.Tree, err, len(rs))
+		}
+		if !reflect.DeepEqual(rs[0], r) {
+			t.Errorf("kind %d: got %+v, want %+v", r.Tree, rs[0], r)
+		}
+	}
+	// Bins out of order are malformed (a sender keeps them sorted; a receiver adds them).
+	bad := up
+	bad.Entries = []Entry{{Tag: "x", Bins: []Bin{{Idx: 5, Count: 1}, {Idx: 4, Count: 1}}}}
+	parts, _ := Encode(&bad, 1200)
+	if _, err := Decode(parts[0]); !errors.Is(err, ErrMalformed) {
+		t.Errorf("bins out of order: %v, want ErrMalformed", err)
+	}
 }

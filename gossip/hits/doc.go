@@ -14,6 +14,10 @@
 // its share (at least the demand of the node that holds it) for a hold time, so a
 // partition does not multiply the limit before then. docs/gossip.md derives the bound.
 //
+// A pool of more than Config.MeshMax nodes reports over a tree per tag instead of to every
+// peer (tree.go): each node sends its subtree's aggregate to its parent, the tag's root
+// sends the pool's down, and a node's bytes no longer grow with the pool.
+//
 // A Node takes now and messages and returns decisions and messages: it does no I/O,
 // starts no goroutine and reads no clock. It is not safe for concurrent use. Package
 // gossip runs it over hashicorp/memberlist; package sim over a simulated network.

@@ -82,6 +82,11 @@ type Config struct {
 	MaxTags   int           // tags held at once
 	MaxPeers  int           // peers tracked at once
 	Policy    Policy        // Auto, Owner, Shares, Equal or Whole
+	// MeshMax is the largest pool (this node and its peers) that reports all-to-all; a
+	// larger one reports over each tag's tree (Fanout children a node), so that the bytes
+	// a node sends do not grow with the pool (docs/gossip.md, "Hundreds of daemons").
+	MeshMax int
+	Fanout  int // children of a node in a tag's tree
 }
 
 // DefaultConfig returns the defaults, each commented.
@@ -91,8 +96,10 @@ func DefaultConfig() Config {
 		Hold:      2 * time.Second,        // a partition shorter than this does not multiply the limit
 		LostAfter: 500 * time.Millisecond, // five silent intervals
 		MaxTags:   1 << 20,                // as the daemon's max_keys
-		MaxPeers:  256,                    // far more daemons than one limit is shared by
+		MaxPeers:  4096,                   // a DaemonSet on a few thousand nodes
 		Policy:    Auto,                   // the owner decides small limits, shares large ones
+		MeshMax:   32,                     // all-to-all costs a node 31 messages an interval at most
+		Fanout:    8,                      // a tree of 200 nodes is 3 levels deep, of 1,000 four
 	}
 }
 
@@ -107,6 +114,10 @@ func (c Config) Validate() error {
 		return errors.New("sluice: gossip lost_after: want at least one interval")
 	case c.MaxTags < 1, c.MaxPeers < 1:
 		return errors.New("sluice: gossip max_tags and max_peers: want at least 1")
+	case c.MeshMax < 1:
+		return errors.New("sluice: gossip mesh_max: want at least 1")
+	case c.Fanout < 2:
+		return errors.New("sluice: gossip fanout: want at least 2")
 	}
 	return nil
 }
@@ -118,6 +129,11 @@ var ErrTooManyTags = errors.New("sluice: gossip: too many tags")
 // least of its last ones and a peer's at the most it received, so that shares computed
 // from reports at most two intervals apart never sum above one (docs/gossip.md).
 const history = 3
+
+// maxHistory is how many of its own demands a node keeps: over a tag's tree, a report
+// takes a few intervals to reach every node, and a node counts its own demand from older
+// ones (Node.hist, Node.lag).
+const maxHistory = 12
 
 // Node is one daemon's side of the pool. Make one with New. It is not safe for concurrent
 // use: the caller serializes every call.
@@ -142,6 +158,12 @@ type Node struct {
 	npeers int    // peers held
 	dropAt int64  // when a peer was last let go (its tags moved); 0: never
 	elder  bool   // a peer had reported for longer than this node when it first heard it
+
+	// The trees (pools above MeshMax): this node and every live peer, by name hash.
+	lver   uint64   // bumped at every change of the live peers: trees computed before are stale
+	order  []member // the live nodes by hash, built at oVer
+	oVer   uint64
+	relays map[int][]Entry // aggregates to relay to children, by slot (Relays)
 }
 
 // Stats are a node's counters, for metrics.
@@ -184,7 +206,7 @@ type tag struct {
 	changed uint64          // the report that last carried a change
 	asked   int64           // permits asked here since the last report
 	ewma    float64         // smoothed demand, permits per second
-	dem     [history]float64
+	dem     [maxHistory]float64
 	pend    uint64 // remote hits heard before the tag's limits were known
 	pendAt  int64
 	used    int64 // last activity, local or remote
@@ -197,6 +219,8 @@ type tag struct {
 	other bool   // another node owned the tag while this node knew it
 
 	bookedTo int64 // the latest booking an owner reported (Entry.Booked), as a time
+
+	tr *treeTag // the tag's tree state (pools above MeshMax); nil until used
 }
 
 // peerTag is what a peer reported about a tag.
@@ -214,7 +238,7 @@ func New(name string, inc uint64, cfg Config, now int64) (*Node, error) {
 		return nil, err
 	}
 	return &Node{name: name, inc: inc, cfg: cfg, last: now, tags: map[string]*tag{}, slot: map[string]int{},
-		born: now, hash: strHash(name), ring: 1}, nil
+		born: now, hash: strHash(name), ring: 1, lver: 1}, nil
 }
 
 // Name returns the node's name.
@@ -252,6 +276,9 @@ func (n *Node) TagHits(key string) (local, remote uint64, ok bool) {
 		if t.peers[i].epoch != 0 {
 			remote += t.peers[i].count
 		}
+	}
+	if t.tr != nil {
+		remote += t.tr.remote
 	}
 	return t.hits, remote, true
 }
@@ -558,6 +585,14 @@ func (n *Node) claim(t *tag, limits []gcra.Limit, now int64) bool {
 	}
 	fence := int64(n.cfg.Hold) + int64(n.cfg.LostAfter) + tau
 	young := now-n.born < fence
+	if young && !n.meshed() {
+		// Over a tree this node does not hear every peer: a young node fences instead.
+		t.owned = true
+		for i, l := range limits {
+			t.view[i] = max(t.view[i], gcra.After(now, l.Tau))
+		}
+		return true
+	}
 	if young {
 		for _, p := range n.peers {
 			if p != nil && p.inc == 0 && p.lost == 0 {
@@ -692,6 +727,7 @@ func (n *Node) peerSlot(name string, now int64) int {
 	n.slot[name] = i
 	n.npeers++
 	n.ring++
+	n.lver++
 	return i
 }
 
@@ -702,6 +738,7 @@ func (n *Node) dropPeer(i int, now int64) {
 	n.epochs[i]++
 	n.npeers--
 	n.ring++
+	n.lver++
 	n.dropAt = now
 }
 
@@ -715,6 +752,7 @@ func (n *Node) Join(name string, now int64) {
 		p := n.peers[i]
 		if p.lost != 0 {
 			p.lost, p.heard = 0, now
+			n.lver++
 		}
 	} else {
 		n.stats.PeersRefused++
@@ -735,6 +773,7 @@ func (n *Node) Leave(name string, now int64, graceful bool) {
 	}
 	if p := n.peers[i]; p.lost == 0 {
 		p.lost = now
+		n.lver++
 	}
 }
 
@@ -744,6 +783,10 @@ type Report struct {
 	Inc     uint64 // the sender's incarnation
 	Seq     uint64 // the sender's report number
 	Entries []Entry
+	// Tree is 0 for a report to every peer (all-to-all), KindUp for a subtree's aggregate
+	// to a tag's parent, KindDown for the pool's aggregate from a tag's root.
+	Tree byte
+	To   string // the peer a tree's report is for (not on the wire); "": every peer
 }
 
 // Entry is one tag in a report. Counts are cumulative within the sender's generation of
@@ -759,31 +802,63 @@ type Entry struct {
 	// bucket is booked beyond its burst (permits granted ahead, to callers that wait for
 	// them), nanoseconds; 0: none. Whoever owns the tag next grants nothing before then.
 	Booked int64
+
+	// Over a tag's tree (Report.Tree), Hits and Recent count the sender's subtree (up) or
+	// the pool (down), and Gen is the generation of the tag at the sender (up) or the root
+	// (down). Up, Bins are the subtree's demands; down, Root is the root's name hashed,
+	// Seq the root's report number, Level the water level and Demand the pool's demand
+	// (thousandths of a permit per second), Nodes the nodes the leftover is split among.
+	Bins  []Bin
+	Root  uint64
+	Seq   uint64
+	Level uint64
+	Nodes uint64
 }
 
 // demandAlpha is the weight of the last interval in the smoothed demand.
 const demandAlpha = 0.5
 
-// Report makes the node's report at now: the tags whose hits, demand or penalty changed
-// in the last three reports. It is also the node's tick: demand is measured, silent peers
-// are marked lost, held ones dropped, shares recomputed, and idle tags forgotten. Call it
-// every Interval; the caller sends the report to every peer.
+// Report makes the node's report at now, to be sent to every peer: Sync's report for
+// every peer, for a caller that reports all-to-all (a pool of at most MeshMax nodes).
 func (n *Node) Report(now int64) Report {
+	for _, r := range n.Sync(now) {
+		if r.To == "" {
+			return r
+		}
+	}
+	return Report{From: n.name, Inc: n.inc, Seq: n.seq}
+}
+
+// Sync makes the node's reports at now. In a pool of at most MeshMax nodes it is one
+// report, for every peer (To ""): the tags whose hits, demand or penalty changed in the
+// last three reports. In a larger pool each report is for one peer (To), over the tags'
+// trees: to a tag's parent the subtree's aggregate, and, at a tag's root, to its children
+// the pool's. It is also the node's tick: demand is measured, silent peers are marked lost
+// (all-to-all only: over trees the membership says), held ones dropped, shares
+// recomputed, and idle tags forgotten. Call it every Interval.
+func (n *Node) Sync(now int64) []Report {
 	n.seq++
 	dt := float64(now-n.last) / 1e9
 	n.last = now
+	mesh := n.meshed()
+	lost := 0
 	for i, p := range n.peers {
 		if p == nil {
 			continue
 		}
-		if p.lost == 0 && now-p.heard > int64(n.cfg.LostAfter) {
+		if mesh && p.lost == 0 && now-p.heard > int64(n.cfg.LostAfter) {
 			p.lost = now
+			n.lver++
 		}
 		if p.lost != 0 && now-p.lost >= int64(n.cfg.Hold) {
 			n.dropPeer(i, now)
+		} else if p.lost != 0 {
+			lost++
 		}
 	}
+	mesh = n.meshed()
 	rep := Report{From: n.name, Inc: n.inc, Seq: n.seq}
+	var ups, downs map[int][]Entry
 	idleAfter := max(int64(n.cfg.Hold), 20*int64(n.cfg.Interval))
 	for key, t := range n.tags {
 		if dt > 0 {
@@ -801,12 +876,36 @@ func (n *Node) Report(now int64) Report {
 		t.dem[0] = d
 		copy(t.sent[1:], t.sent[:])
 		t.sent[0] = t.hits
+		if !mesh {
+			n.treeTick(t, now, lost)
+		}
 		if t.k > 0 {
 			t.refill(now)
 			t.setShare(n.shareOf(t))
 			for i := range t.k {
 				t.level[i] = min(t.level[i], t.capacity(i))
 			}
+		}
+		if !mesh {
+			if e, ok := n.treeEntry(key, t, now); ok {
+				if t.tr.root {
+					if downs == nil {
+						downs = map[int][]Entry{}
+					}
+					for _, k := range t.tr.kids {
+						downs[k] = append(downs[k], e)
+					}
+				} else {
+					if ups == nil {
+						ups = map[int][]Entry{}
+					}
+					ups[t.tr.parent] = append(ups[t.tr.parent], e)
+				}
+			} else if now-t.used > idleAfter && n.idle(t, now) {
+				delete(n.tags, key)
+				n.stats.EvictedTags++
+			}
+			continue
 		}
 		if t.changed != 0 && n.seq-t.changed < history {
 			e := Entry{Tag: key, Gen: t.gen, Hits: t.hits, Recent: t.hits - t.sent[history-1], Demand: uint64(d * 1000)}
@@ -823,7 +922,24 @@ func (n *Node) Report(now int64) Report {
 		}
 	}
 	n.stats.Reports++
-	return rep
+	if mesh {
+		return []Report{rep}
+	}
+	out := n.addressed(nil, ups, KindUp)
+	return n.addressed(out, downs, KindDown)
+}
+
+// addressed appends a report of kind to each peer in es (by slot), in the order of the
+// peers' names.
+func (n *Node) addressed(out []Report, es map[int][]Entry, kind byte) []Report {
+	from := len(out)
+	for slot, e := range es {
+		if slot >= 0 && slot < len(n.peers) && n.peers[slot] != nil {
+			out = append(out, Report{From: n.name, Inc: n.inc, Seq: n.seq, To: n.peers[slot].name, Tree: kind, Entries: e})
+		}
+	}
+	slices.SortFunc(out[from:], func(a, b Report) int { return cmpString(a.To, b.To) })
+	return out
 }
 
 // unmet is the demand the node's share leaves waiting, permits per second: the permits
@@ -859,6 +975,13 @@ func (n *Node) idle(t *tag, now int64) bool {
 			return false
 		}
 	}
+	if t.tr != nil {
+		for _, k := range t.tr.up {
+			if len(k.bins) > 0 && k.bins[len(k.bins)-1].Idx > 0 {
+				return false
+			}
+		}
+	}
 	return true
 }
 
@@ -888,9 +1011,20 @@ func (n *Node) Receive(now int64, r *Report) {
 			n.elder = true // it was deciding before this node was: see claim
 		}
 	}
+	if p.lost != 0 {
+		n.lver++
+	}
 	p.heard, p.lost = now, 0
 	n.stats.Received++
 	ep := n.epochs[i] + 1
+	switch r.Tree {
+	case KindUp:
+		n.receiveUp(now, i, ep, r)
+		return
+	case KindDown:
+		n.receiveDown(now, r)
+		return
+	}
 	for _, e := range r.Entries {
 		t, err := n.get(e.Tag, now)
 		if err != nil {
@@ -964,8 +1098,11 @@ func (n *Node) shareOf(t *tag) float64 {
 	case Equal:
 		return 1 / float64(n.Members())
 	}
+	if !n.meshed() {
+		return n.treeShare(t)
+	}
 	r := t.rate()
-	own := slices.Min(t.dem[:])
+	own := slices.Min(t.dem[:history])
 	ws := n.ws[:0]
 	for i, p := range n.peers {
 		if p == nil {

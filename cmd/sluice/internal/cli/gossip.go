@@ -60,6 +60,7 @@ func openGossip(cfg server.Config, clk clock.Clock) (backend.Backend, error) {
 	gc := gossip.DefaultConfig()
 	gc.Bind, gc.Advertise, gc.Peers = g.Bind, g.Advertise, g.Peers
 	gc.Interval, gc.Hold, gc.MaxTags = g.Interval.D(), g.Hold.D(), cfg.MaxKeys
+	gc.MeshMax = g.MeshMax
 	gc.Policy, _ = hits.ParsePolicy(g.Policy) // checked by Validate
 	gc.Clock = clk
 	gc.Logger = server.NewLogger(cfg, os.Stderr)
