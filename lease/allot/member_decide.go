@@ -92,6 +92,9 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 			lease = false
 			continue
 		}
+		if count && n > 0 && m.bucket.tat < now {
+			m.demand.fullAt = now // its bucket stood full: permits went unused
+		}
 		tats[i], ls[i] = m.bucket.tat, m.lease.local
 		end = min(end, m.lease.end)
 	}

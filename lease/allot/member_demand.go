@@ -81,7 +81,8 @@ func (m *Member) measure(now int64) int64 {
 	case m.demand.asked > 0:
 		m.demand.heldRuns = 0 // asked, and was never held back
 	}
-	sat := m.demand.held && (!m.rated() || m.demand.heldRuns >= 2 && m.demand.rate*float64(m.lease.local.T) >= saturation)
+	bursty := m.demand.fullAt > 0 && now-m.demand.fullAt < unusedWindows*m.cfg.renew
+	sat := m.demand.held && (!m.rated() || m.demand.heldRuns >= 2 && m.demand.rate*float64(m.lease.local.T) >= saturation && !bursty)
 	if m.cutForReserve() {
 		// Held back by a share the store cut below the rate it reported, to keep a reserve
 		// free (the rest is borrowed): the store knows its demand, and the reserve serves
