@@ -42,8 +42,11 @@ type Config struct {
 	// MeshMax is the largest pool that reports all-to-all; a larger one reports over each
 	// tag's tree (docs/gossip.md, "Hundreds of daemons"). 0: hits.DefaultConfig's, 32.
 	MeshMax int
-	Logger  *slog.Logger // nil: discard
-	Clock   clock.Clock  // nil: clock.Default
+	// PolicyFor, if set, gives a key a policy of its own (Auto, Owner or Shares) in place
+	// of Policy: a daemon rule's `gossip:` (see hits.Config.PolicyFor).
+	PolicyFor func(key string) (p Policy, ok bool)
+	Logger    *slog.Logger // nil: discard
+	Clock     clock.Clock  // nil: clock.Default
 	// WrapTransport, when set, wraps memberlist's UDP and TCP transport (tests inject
 	// network faults between peers with it); nil: memberlist's own, unwrapped.
 	WrapTransport WrapTransport
@@ -88,6 +91,7 @@ func (c Config) core() hits.Config {
 	h := hits.DefaultConfig()
 	h.Interval, h.Hold, h.Policy, h.MaxTags = c.Interval, c.Hold, c.Policy, c.MaxTags
 	h.LostAfter = 5 * c.Interval
+	h.PolicyFor = c.PolicyFor
 	if c.MeshMax > 0 {
 		h.MeshMax = c.MeshMax
 	}

@@ -301,6 +301,16 @@ func (c *Config) validate() error {
 		if r.Shared && !isPattern(r.Match) {
 			bad(r.line, "rules[%d]: shared only means something for a pattern (%q has no * or ?)", i, r.Match)
 		}
+		if r.Gossip != "" {
+			switch p, err := hits.ParsePolicy(r.Gossip); {
+			case err != nil || (p != hits.Auto && p != hits.Owner && p != hits.Shares):
+				bad(r.line, "rules[%d].gossip: want owner, shares or auto, not %q", i, r.Gossip)
+			case c.Backend != "gossip":
+				bad(r.line, "rules[%d].gossip: %q is for backend gossip (this one is %s): remove it, or run --backend gossip", i, r.Gossip, c.Backend)
+			case c.Gossip.Policy == "equal" || c.Gossip.Policy == "whole":
+				bad(r.line, "rules[%d].gossip: %q with gossip.policy %s: a rule chooses between its owner and shares under gossip.policy auto, owner or shares", i, r.Gossip, c.Gossip.Policy)
+			}
+		}
 	}
 	if c.Default != nil && c.Default.bad != nil {
 		errs = append(errs, c.Default.bad)
@@ -400,6 +410,7 @@ func (r *Rule) UnmarshalYAML(n *yaml.Node) error {
 		Deny            bool         `yaml:"deny"`
 		Shadow          bool         `yaml:"shadow"`
 		DetailedMetrics bool         `yaml:"detailed_metrics"`
+		Gossip          string       `yaml:"gossip"`
 	}
 	// A rule with a bad value is kept, its problems reported by the check after decoding
 	// (the yaml package drops a list's element that fails, which would renumber the
@@ -407,6 +418,7 @@ func (r *Rule) UnmarshalYAML(n *yaml.Node) error {
 	r.bad = yamlx.DecodeMapping(n, &y, &r.line)
 	r.Name, r.Match, r.Limit, r.Shared, r.MaxPenalty = y.Name, y.Match, y.Limit.Limits, y.Shared, y.MaxPenalty
 	r.PathGlob, r.Unlimited, r.Deny, r.Shadow, r.DetailedMetrics = y.PathGlob, y.Unlimited, y.Deny, y.Shadow, y.DetailedMetrics
+	r.Gossip = y.Gossip
 	r.badLimit = y.Limit.Bad()
 	return nil
 }

@@ -86,6 +86,10 @@ func TestConfigErrorsNameFileAndLine(t *testing.T) {
 		{"backend: gossip\ngossip: {policy: loud}\n", "c.yaml:2: gossip.policy: want auto, owner, shares, equal or whole"},
 		{"backend: gossip\ngossip: {bind: ''}\n", "c.yaml:2: backend gossip needs gossip.bind"},
 		{"backend: gossip\ngossip: {colour: red}\n", `c.yaml:2: unknown field "colour"`},
+		{"backend: gossip\nrules:\n  - {match: api, limit: 1/s, gossip: loud}\n", `c.yaml:3: rules[0].gossip: want owner, shares or auto, not "loud"`},
+		{"backend: gossip\nrules:\n  - {match: api, limit: 1/s, gossip: equal}\n", `c.yaml:3: rules[0].gossip: want owner, shares or auto, not "equal"`},
+		{"rules:\n  - {match: api, limit: 1/s, gossip: owner}\n", `c.yaml:2: rules[0].gossip: "owner" is for backend gossip (this one is local)`},
+		{"backend: gossip\ngossip: {policy: equal}\nrules:\n  - {match: api, limit: 1/s, gossip: owner}\n", `c.yaml:4: rules[0].gossip: "owner" with gossip.policy equal`},
 		// every problem at once, each at its line, in the file's order
 		{"nonsense_key: 1\nbackend: lcoal\nrules:\n  - match: a\n    limit: 1/x\n  - match: b\n    limit: 10/s burst=0\n  - limit: 1/s\nmax_line: 5\n",
 			"c.yaml:1: unknown field \"nonsense_key\"\nc.yaml:2: backend: want local, strict, lease or gossip, not \"lcoal\"\nc.yaml:5: sluice: bad limit \"1/x\""},
@@ -146,4 +150,32 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatalf("a parsed config does not validate: %v", err)
 		}
 	})
+}
+
+// TestGossipPolicies: a rule's own gossip policy reaches the back end by the rule's name
+// in its buckets' keys (a tag's own bucket and a pattern's shared one alike); other rules'
+// keys keep gossip.policy's.
+func TestGossipPolicies(t *testing.T) {
+	c, err := ParseConfig("c.yaml", []byte("backend: gossip\nrules:\n  - {match: api, limit: 1000/s burst=500, gossip: owner}\n  - {name: users, match: user-*, limit: 5/s, gossip: shares}\n  - {match: other, limit: 1/s}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := c.ruleSet()
+	if err != nil {
+		t.Fatal(err)
+	}
+	of := GossipPolicies(c.Rules)
+	for tag, want := range map[string]string{"api": "owner", "user-7": "shares", "other": ""} {
+		ru := rs.lookup(tag)
+		if ru == nil {
+			t.Fatalf("no rule for %q", tag)
+		}
+		p, ok := of(ru.key(tag))
+		if got := map[bool]string{true: p.String(), false: ""}[ok]; got != want {
+			t.Errorf("%q (key %q): policy %q, want %q", tag, ru.key(tag), got, want)
+		}
+	}
+	if GossipPolicies(nil) != nil {
+		t.Error("no rule sets one: want nil (gossip.policy for every key)")
+	}
 }

@@ -4,6 +4,7 @@ package server
 // the rules and bounds change, what is set up at start stays until a restart.
 
 import (
+	"maps"
 	"reflect"
 	"time"
 )
@@ -77,6 +78,8 @@ func keepStartOnly(cfg *Config, running Config) []string {
 	keep("log_format", cfg.LogFormat != running.LogFormat)
 	keep("log_level", cfg.LogLevel != running.LogLevel)
 	keep("gossip", !reflect.DeepEqual(cfg.Gossip, running.Gossip))
+	// The gossip back end learns each rule's own policy at start (GossipPolicies).
+	keep("rules' gossip", !maps.Equal(gossipByRule(cfg.Rules), gossipByRule(running.Rules)))
 	cfg.Gossip = running.Gossip
 	cfg.ListenLine, cfg.ListenHTTP, cfg.ListenAdmin = running.ListenLine, running.ListenHTTP, running.ListenAdmin
 	cfg.Backend, cfg.RedisURL, cfg.Store = running.Backend, running.RedisURL, running.Store
@@ -84,4 +87,19 @@ func keepStartOnly(cfg *Config, running Config) []string {
 	cfg.RedisAcks = running.RedisAcks
 	cfg.LogFormat, cfg.LogLevel = running.LogFormat, running.LogLevel
 	return ignored
+}
+
+// gossipByRule is each rule's own gossip policy (Rule.Gossip), by the rule's name.
+func gossipByRule(rules []Rule) map[string]string {
+	m := map[string]string{}
+	for _, r := range rules {
+		if r.Gossip != "" {
+			name := r.Name
+			if name == "" {
+				name = r.Match
+			}
+			m[name] = r.Gossip
+		}
+	}
+	return m
 }

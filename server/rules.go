@@ -10,6 +10,7 @@ import (
 	rls "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/gossip/hits"
 	"github.com/sluicehq/sluice/internal/yamlx"
 )
 
@@ -40,6 +41,11 @@ type Rule struct {
 	// (sluice_tag_decisions_total{rule,tag,result}), for the first MaxDetailedTags tags of
 	// the rule; later tags are counted under the tag "_other". The tags appear in /metrics.
 	DetailedMetrics bool `yaml:"detailed_metrics"`
+	// Gossip, with backend gossip, decides the rule's tags at their owner ("owner": exact,
+	// one forwarded query per decision) or by shares ("shares": at memory speed, within the
+	// mode's bound), or chooses by the limit's size ("auto"), in place of gossip.policy;
+	// "": gossip.policy's.
+	Gossip string `yaml:"gossip"`
 
 	// guard marks a rule that stops the search: a tag it matches is decided as if no rule
 	// matched (by the default rule, if any). Configs in Envoy's format need them, where a
@@ -48,6 +54,30 @@ type Rule struct {
 	line     int
 	bad      error // what did not read from its file (a *yaml.TypeError), reported by the check
 	badLimit bool  // its limit's text did not parse (in bad)
+}
+
+// keySep ends a rule's name in the keys of its buckets: RULE keySep, then the tag for a
+// tag's own bucket. Tags are unlikely to carry it.
+const keySep = "\x1f"
+
+// GossipPolicies returns, for the gossip back end, the policy of each bucket key whose
+// rule sets its own (Rule.Gossip, validated), read from the rule's name in the key; nil
+// when no rule sets one.
+func GossipPolicies(rules []Rule) func(key string) (hits.Policy, bool) {
+	own := map[string]hits.Policy{}
+	for name, g := range gossipByRule(rules) {
+		if p, err := hits.ParsePolicy(g); err == nil {
+			own[name] = p
+		}
+	}
+	if len(own) == 0 {
+		return nil
+	}
+	return func(key string) (hits.Policy, bool) {
+		name, _, _ := strings.Cut(key, keySep)
+		p, ok := own[name]
+		return p, ok
+	}
 }
 
 // MaxDetailedTags is how many tags of a rule with DetailedMetrics are counted by name.
@@ -227,7 +257,7 @@ func newRuleSet(rules []Rule, deflt *Rule) (*ruleSet, error) {
 		}
 		names[r.Name] = i
 		c := &compiled{Rule: r, index: i, pattern: isPattern(r.Match)}
-		c.keyBase = r.Name + "\x1f" // a separator tags are unlikely to carry
+		c.keyBase = r.Name + keySep
 		rs.rules = append(rs.rules, c)
 		if deflt != nil && i == len(all)-1 {
 			rs.deflt = i
@@ -353,7 +383,7 @@ func (c *compiled) key(tag string) string {
 // bucketName says a bucket's key in the API's words: RULE:TAG for a tag's own bucket (an
 // exact rule's tag is its match), RULE (shared) for a pattern's shared one.
 func (rs *ruleSet) bucketName(key string) string {
-	rule, tag, ok := strings.Cut(key, "\x1f")
+	rule, tag, ok := strings.Cut(key, keySep)
 	if !ok {
 		return key
 	}

@@ -87,6 +87,12 @@ type Config struct {
 	// a node sends do not grow with the pool (docs/gossip.md, "Hundreds of daemons").
 	MeshMax int
 	Fanout  int // children of a node in a tag's tree
+	// PolicyFor, if set, gives a key a policy of its own in place of Policy (a daemon
+	// rule's `gossip:`): Auto, Owner or Shares, which choose whether the key is decided at
+	// its owner; ok false keeps Policy. It must depend on the key alone and be the same on
+	// every node (the nodes must agree on which keys have an owner). It is asked once per
+	// tag held.
+	PolicyFor func(key string) (p Policy, ok bool)
 }
 
 // DefaultConfig returns the defaults, each commented.
@@ -191,14 +197,15 @@ type peer struct {
 
 // tag is one tag's state at the node.
 type tag struct {
-	k     int // limits known (0: only peers have used the tag so far)
-	lim   [gcra.MaxLimits]gcra.Limit
-	view  [gcra.MaxLimits]int64   // the pool's bucket as this node knows it: TATs
-	level [gcra.MaxLimits]float64 // the node's own bucket at its share: permits
-	at    int64                   // when level was last brought up to date
-	share float64
-	cap   [gcra.MaxLimits]float64 // capacity(i) at share, kept by setShare
-	hold  int64                   // end of a penalty
+	policy Policy // whether it is decided at its owner (policyOf)
+	k      int    // limits known (0: only peers have used the tag so far)
+	lim    [gcra.MaxLimits]gcra.Limit
+	view   [gcra.MaxLimits]int64   // the pool's bucket as this node knows it: TATs
+	level  [gcra.MaxLimits]float64 // the node's own bucket at its share: permits
+	at     int64                   // when level was last brought up to date
+	share  float64
+	cap    [gcra.MaxLimits]float64 // capacity(i) at share, kept by setShare
+	hold   int64                   // end of a penalty
 
 	gen     uint64          // this node's generation of the tag
 	hits    uint64          // permits granted here in this generation (reported cumulatively)
@@ -310,9 +317,20 @@ func (n *Node) get(key string, now int64) (*tag, error) {
 		return nil, ErrTooManyTags
 	}
 	n.gen++
-	t := &tag{gen: n.gen, at: now, used: now, share: -1, hk: strHash(key)}
+	t := &tag{gen: n.gen, at: now, used: now, share: -1, hk: strHash(key), policy: n.policyOf(key)}
 	n.tags[key] = t
 	return t, nil
+}
+
+// policyOf is the policy that decides whether key has an owner: its own (PolicyFor), or
+// the node's.
+func (n *Node) policyOf(key string) Policy {
+	if n.cfg.PolicyFor != nil {
+		if p, ok := n.cfg.PolicyFor(key); ok {
+			return p
+		}
+	}
+	return n.cfg.Policy
 }
 
 // know sets the tag's limits from a local request: at first use, a change of the rule, or
@@ -439,7 +457,7 @@ func (n *Node) DecideTo(res *gcra.Result, tk *gcra.Ticket, key string, limits []
 	if cost > 1 && cost > gcra.MaxCost(limits) {
 		return gcra.ErrCostExceedsBurst
 	}
-	routed := n.routes(limits)
+	routed := n.routes(t.policy, limits)
 	if routed && !n.claim(t, limits, now) {
 		res.RetryAfter = int64(n.cfg.Interval)
 		n.fill(t, res, now, routed)
@@ -492,11 +510,11 @@ func (n *Node) DecideTo(res *gcra.Result, tk *gcra.Ticket, key string, limits []
 	return nil
 }
 
-// routes reports whether a tag under limits is decided at its owner: always with Owner;
-// with Auto when the pool's nodes would each hold less than AutoBurst permits of the
-// tightest burst.
-func (n *Node) routes(limits []gcra.Limit) bool {
-	if n.cfg.Policy != Owner && n.cfg.Policy != Auto {
+// routes reports whether a tag of policy p under limits is decided at its owner: always
+// with Owner; with Auto when the pool's nodes would each hold less than AutoBurst permits
+// of the tightest burst.
+func (n *Node) routes(p Policy, limits []gcra.Limit) bool {
+	if p != Owner && p != Auto {
 		return false
 	}
 	for _, l := range limits {
@@ -504,7 +522,7 @@ func (n *Node) routes(limits []gcra.Limit) bool {
 			return false // a window's origin is in the caller's time base: decided here
 		}
 	}
-	if n.cfg.Policy == Owner {
+	if p == Owner {
 		return true
 	}
 	nodes := AutoBurst * int64(1+n.npeers)
@@ -524,10 +542,16 @@ func (n *Node) routes(limits []gcra.Limit) bool {
 // (rendezvous hashing): the nodes agree on it while they agree on the membership, and a
 // change of membership moves only the keys of the node that came or went.
 func (n *Node) Route(key string, limits []gcra.Limit) (owner string, routed bool) {
-	if !n.routes(limits) {
+	t := n.tags[key]
+	var p Policy
+	if t != nil {
+		p = t.policy
+	} else {
+		p = n.policyOf(key)
+	}
+	if !n.routes(p, limits) {
 		return "", false
 	}
-	t := n.tags[key]
 	var o int
 	if t != nil {
 		o = n.ownerOf(t)

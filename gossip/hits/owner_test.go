@@ -240,3 +240,52 @@ func TestSharesFollowWaitingCallers(t *testing.T) {
 		t.Errorf("16 callers got %d and 128 callers %d: want about half each", granted[0], granted[1])
 	}
 }
+
+// TestPolicyForAKey: a key's own policy (PolicyFor, a daemon rule's `gossip:`) chooses
+// whether it has an owner in place of the node's: under Auto, a large limit whose key says
+// Owner is decided at its owner, and a small one whose key says Shares by shares; keys
+// that say nothing follow Auto.
+func TestPolicyForAKey(t *testing.T) {
+	nodes := ownerPool(t, 3)
+	own := map[string]Policy{"exact\x1f": Owner, "loose\x1f": Shares}
+	for _, n := range nodes {
+		n.cfg.Policy = Auto
+		n.cfg.PolicyFor = func(key string) (Policy, bool) {
+			p, ok := own[key]
+			return p, ok
+		}
+	}
+	small := []gcra.Limit{{T: sec / 100, Tau: 20 * sec / 100}}    // 100/s burst 20: Auto routes it
+	large := []gcra.Limit{{T: sec / 1000, Tau: 400 * sec / 1000}} // 1000/s burst 400: Auto shares it
+	for _, n := range nodes {
+		if _, routed := n.Route("exact\x1f", large); !routed {
+			t.Errorf("%s shares a key whose policy is Owner", n.Name())
+		}
+		if _, routed := n.Route("loose\x1f", small); routed {
+			t.Errorf("%s routes a key whose policy is Shares to its owner", n.Name())
+		}
+		if _, routed := n.Route("other\x1f", small); !routed {
+			t.Errorf("%s shares a small limit under Auto", n.Name())
+		}
+	}
+	// Decided where it is asked, as Route says: the owner of "exact" decides it as its
+	// owner (its pool's bucket alone, the whole burst), the others forward.
+	o, _ := nodes[0].Route("exact\x1f", large)
+	owner := nodes[0]
+	if o != "" {
+		owner = byName(nodes, o)
+	}
+	granted := 0
+	for range 400 {
+		res, _, err := owner.Decide("exact\x1f", large, 2, 1, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Allowed {
+			granted++
+		}
+	}
+	if granted != 400 {
+		t.Errorf("the owner of a key whose policy is Owner granted %d of its 400-permit burst, want all (the pool's bucket, not a share)", granted)
+	}
+}

@@ -62,6 +62,7 @@ func openGossip(cfg server.Config, clk clock.Clock) (backend.Backend, error) {
 	gc.Interval, gc.Hold, gc.MaxTags = g.Interval.D(), g.Hold.D(), cfg.MaxKeys
 	gc.MeshMax = g.MeshMax
 	gc.Policy, _ = hits.ParsePolicy(g.Policy) // checked by Validate
+	gc.PolicyFor = server.GossipPolicies(cfg.Rules)
 	gc.Clock = clk
 	gc.Logger = server.NewLogger(cfg, os.Stderr)
 	if g.KeyFile != "" {
