@@ -310,3 +310,35 @@ func TestForwardsTogether(t *testing.T) {
 		t.Errorf("%d of %d forwarded asks failed", errs, fwd)
 	}
 }
+
+// TestPolicyForRoutesAKey: a key whose own policy is Owner (a daemon rule's `gossip:
+// owner`, through Config.PolicyFor) is forwarded to its owner by real members, though the
+// members' Auto would share a limit this large; a key that says nothing is not.
+func TestPolicyForRoutesAKey(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real time")
+	}
+	own := func(key string) (Policy, bool) {
+		if strings.HasPrefix(key, "exact\x1f") {
+			return Owner, true
+		}
+		return 0, false
+	}
+	a := member(t, func(c *Config) { c.PolicyFor = own })
+	b := member(t, func(c *Config) { c.PolicyFor = own; c.Peers = []string{a.Addr()} })
+	waitFor(t, "two members", func() bool { return a.Members() == 2 && b.Members() == 2 })
+	time.Sleep(300 * time.Millisecond)                          // each hears the other once
+	lim := []gcra.Limit{{T: sec / 2000, Tau: 800 * sec / 2000}} // 2000/s burst 800: Auto shares it
+	for _, key := range []string{"exact\x1fa", "exact\x1fb", "loose\x1fa", "loose\x1fb"} {
+		for _, m := range []*Backend{a, b} {
+			if _, err := m.Decide(context.Background(), key, backend.Request{Limits: lim, N: 1}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Each exact key has one owner: the other member forwarded its request; the loose
+	// keys were decided where they were asked.
+	if fwd := a.stats.forwarded.Load() + b.stats.forwarded.Load(); fwd != 2 {
+		t.Errorf("%d requests forwarded, want 2 (one of the two members' for each exact key)", fwd)
+	}
+}
