@@ -525,6 +525,9 @@ func envelope(mode string, s MatrixShape, members int, sc *Scenario) (bool, stri
 		if sc != nil && members > 1 && minBurst(sc.Limit.Limits) < adaptiveMinSharedBurst {
 			return false, fmt.Sprintf("several clients on a burst under %d: on a burst of one or two a 200 tells a client nothing of the others, so independent clients collide whatever they do (docs/adaptive.md, \"What it does not do\"); `sluice demo --mode adaptive` warns of it; such a pool shares a store (lease or strict)", adaptiveMinSharedBurst)
 		}
+		if sc != nil && !underLimit(s.Demand) && int64(members) > minBurst(sc.Limit.Limits) {
+			return false, "more clients than the burst has permits, wanting more than the limit: nearly every 200 then says nothing is left, so a client learns of the others only by being refused, and each one's probe for more costs a 429 (docs/adaptive.md, \"What it does not do\"); `sluice demo --mode adaptive` warns of it; such a pool shares a store (lease or strict)"
+		}
 	}
 	return true, ""
 }

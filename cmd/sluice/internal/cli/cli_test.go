@@ -799,7 +799,7 @@ func TestDemoAdaptiveWarnsOutsideItsEnvelope(t *testing.T) {
 	for _, c := range []struct {
 		limit, workers string
 		warn           bool
-	}{{"2/s burst=2", "3", true}, {"4/s burst=4", "3", false}, {"1/s", "1", false}} {
+	}{{"2/s burst=2", "3", true}, {"4/s burst=4", "3", false}, {"1/s", "1", false}, {"10/s", "12", true}, {"10/s", "10", false}} {
 		code, _, errs := run(t, "demo", "--mode", "adaptive", "--limit", c.limit, "--workers", c.workers, "--duration", "300ms", "--json")
 		if code != 0 || strings.Contains(errs, "collide") != c.warn {
 			t.Errorf("--limit %q --workers %s: exit %d, stderr %q; want a warning %v", c.limit, c.workers, code, errs, c.warn)

@@ -134,9 +134,13 @@ func runDemo(ctx context.Context, env Env, a *demoArgs, fs *pflag.FlagSet) error
 	case "gossip":
 	case "adaptive":
 		cfg.Adaptive.Strategy = a.strategy
-		if b := minLimitBurst(a.limits); a.workers > 1 && b < 4 {
-			// Outside the adaptive mode's envelope (docs/adaptive.md): said, not refused.
+		// Outside the adaptive mode's envelope (docs/adaptive.md): said, not refused.
+		switch b := minLimitBurst(a.limits); {
+		case a.workers > 1 && b < 4:
 			fmt.Fprintf(env.Stderr, "sluice demo: warning: %d adaptive clients on a burst of %d: a 200 tells a client nothing of the others, so they collide (expect 429s well above 1%%); the adaptive mode claims several clients on a burst of 4 or more, or one client on any limit (--workers 1); a pool on a smaller burst shares a store (--mode lease or strict)\n", a.workers, b)
+		case int64(a.workers) > b:
+			// The demo's workers are always busy in their spells: more than the limit.
+			fmt.Fprintf(env.Stderr, "sluice demo: warning: %d adaptive clients, always busy, on a burst of %d: with more clients than permits of burst nearly every 200 says nothing is left, so they learn of each other only when they collide (expect 429s above 1%%); the adaptive mode claims at most as many busy clients as the burst has permits; a larger pool shares a store (--mode lease or strict)\n", a.workers, b)
 		}
 	case "strict":
 		nl, err := strictLimiter(a.storeURL, a.storeTimeout, a.failMode, a.share)
