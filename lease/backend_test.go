@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -736,4 +737,38 @@ func memoryStore(cold bool) (*clock.Virtual, *store.Memory) {
 		st.Restart()
 	}
 	return clk, st
+}
+
+// TestSameLimit: sameLimit is ==, field by field: it tells apart limits that differ in any
+// one field, nested ones included, so a field added to gcra.Limit cannot be missed.
+func TestSameLimit(t *testing.T) {
+	base := gcra.Limit{T: 1, Tau: 2, Window: 3, Origin: 4, Ramp: gcra.Ramp{T0: 5, Over: 6}}
+	if !sameLimit(base, base) {
+		t.Fatal("a limit is not the same as itself")
+	}
+	var fields func(v reflect.Value, path string)
+	n := 0
+	fields = func(v reflect.Value, path string) {
+		for i := range v.NumField() {
+			f, name := v.Field(i), path+v.Type().Field(i).Name
+			if f.Kind() == reflect.Struct {
+				fields(f, name+".")
+				continue
+			}
+			l := base
+			lv := reflect.ValueOf(&l).Elem()
+			for _, p := range strings.Split(name, ".") {
+				lv = lv.FieldByName(p)
+			}
+			lv.SetInt(lv.Int() + 100)
+			n++
+			if sameLimit(base, l) || sameLimit(l, base) || (l == base) {
+				t.Errorf("limits that differ in %s: sameLimit true", name)
+			}
+		}
+	}
+	fields(reflect.ValueOf(base), "")
+	if n != 6 {
+		t.Errorf("gcra.Limit has %d integer fields, sameLimit compares 6", n)
+	}
 }
