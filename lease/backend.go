@@ -445,11 +445,16 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 		for i, r := range rs {
 			ms[i] = r.m
 		}
-		decide := allot.Decide
+		var res gcra.Result
+		var tk gcra.Ticket
+		var out allot.Outcome
+		var err error
+		// Called directly, not through a func value, so that ms stays on the stack.
 		if counted {
-			decide = allot.DecideAgain // its permits were counted in the demand already
+			res, tk, out, err = allot.DecideAgain(ms[:len(rs)], now, req.N, left) // its permits were counted in the demand already
+		} else {
+			res, tk, out, err = allot.Decide(ms[:len(rs)], now, req.N, left)
 		}
-		res, tk, out, err := decide(ms[:len(rs)], now, req.N, left)
 		if out == allot.AtStore {
 			borrow := rs[0].m.Borrowing()
 			g, err := b.decideAtStore(ctx, key, rs, ms[:len(rs)], now, req.N, left) // unlocks rs

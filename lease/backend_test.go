@@ -772,3 +772,31 @@ func TestSameLimit(t *testing.T) {
 		t.Errorf("gcra.Limit has %d integer fields, sameLimit compares 6", n)
 	}
 }
+
+// TestDecideAllocs: a decision on a share the member holds allocates nothing, the long way
+// (Decide) as well as the fast one (AllowOne).
+func TestDecideAllocs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for a share in real time")
+	}
+	c := DefaultConfig()
+	c.JoinWindow = 0
+	b, err := New(store.NewMemory(nil), WithConfig(c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	l := gcra.Limit{T: 1, Tau: 1000}
+	ctx, cancel := context.WithTimeout(bg, 5*time.Second)
+	defer cancel()
+	if g, err := b.Decide(ctx, "k", backend.Request{Limits: []gcra.Limit{l}, N: 1, MaxDelay: time.Second}); err != nil || !g.Allowed {
+		t.Fatalf("no share: %+v %v", g, err)
+	}
+	req := backend.Request{Limits: []gcra.Limit{l}, N: 1}
+	if n := testing.AllocsPerRun(1000, func() { _, _ = b.Decide(bg, "k", req) }); n != 0 {
+		t.Errorf("Decide: %v allocations a call, want 0", n)
+	}
+	if n := testing.AllocsPerRun(1000, func() { _, _ = b.AllowOne(bg, "k", l) }); n != 0 {
+		t.Errorf("AllowOne: %v allocations a call, want 0", n)
+	}
+}
