@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"reflect"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -798,5 +800,58 @@ func TestDecideAllocs(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(1000, func() { _, _ = b.AllowOne(bg, "k", l) }); n != 0 {
 		t.Errorf("AllowOne: %v allocations a call, want 0", n)
+	}
+}
+
+// TestFastDecisionClock: a fast decision reads the clock before it locks the record. It
+// decides at that reading while only fast decisions held the record since, raised to the
+// latest of theirs; after anything else held it, at a fresh reading taken under the lock.
+func TestFastDecisionClock(t *testing.T) {
+	clk := clock.NewVirtual()
+	c := DefaultConfig()
+	c.TTL = time.Hour
+	c.JoinWindow = 0
+	b, err := New(store.NewMemory(clk), WithConfig(c), WithClock(clk), WithRenewEvery(10*time.Minute), WithIdleAfter(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	l := gcra.Limit{T: int64(time.Millisecond), Tau: int64(time.Second)}
+	if g, err := b.Decide(bg, "k", backend.Request{Limits: []gcra.Limit{l}, N: 1, MaxDelay: time.Second}); err != nil || !g.Allowed {
+		t.Fatalf("no share: %+v %v", g, err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); b.sleepUntil.Load() == math.MaxInt64; { // the renewal goroutine is done with its round
+		if time.Now().After(deadline) {
+			t.Fatal("the renewal goroutine never slept")
+		}
+		runtime.Gosched()
+	}
+	r := b.keys.Load("k").Val.find(l)
+	ms := int64(time.Millisecond)
+	for i, step := range []struct {
+		name   string
+		before func(r *rec)                 // between the reading and the lock
+		want   func(stale, now int64) int64 // when the decision is taken
+	}{
+		{"nothing held it", func(*rec) { clk.Advance(time.Millisecond) }, func(stale, _ int64) int64 { return stale }},
+		{"a fast decision held it, reading the clock later", func(r *rec) {
+			clk.Advance(time.Millisecond)
+			b.allowOn(r, r.mu.changes.Load(), clk.Nanotime())
+		}, func(stale, _ int64) int64 { return stale + ms }},
+		{"a renewal held it", func(r *rec) {
+			r.mu.Lock()
+			clk.Advance(time.Millisecond)
+			r.mu.Unlock()
+		}, func(_, now int64) int64 { return now }},
+	} {
+		seen, stale := r.mu.changes.Load(), clk.Nanotime()
+		step.before(r)
+		clk.Advance(time.Millisecond) // the lock is taken a while after the reading
+		if allowed, ok := b.allowOn(r, seen, stale); !allowed || !ok {
+			t.Fatalf("step %d (%s): allowOn = %v, %v, want a grant", i, step.name, allowed, ok)
+		}
+		if got, want := r.m.LastCall(), step.want(stale, clk.Nanotime()); got != want {
+			t.Errorf("step %d (%s): decided at %d, want %d (read at %d, now %d)", i, step.name, got, want, stale, clk.Nanotime())
+		}
 	}
 }
