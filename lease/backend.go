@@ -609,6 +609,13 @@ func (b *Backend) allowOn(r *rec, seen uint64, now int64) (allowed, ok bool) {
 	}
 	if !r.m.Released() {
 		allowed, ok = r.m.AllowOne(max(now, r.m.LastCall()))
+		if !ok {
+			// Refused where the member may borrow (or no usable share): the long way
+			// would first decide again on the share, at a fresh reading of the clock.
+			// That is done here, at a fraction of its cost (no lookup, no second lock): a
+			// member running at its share's rate mostly finds its next permit due by then.
+			allowed, ok = r.m.AllowOne(max(b.clock.Nanotime(), r.m.LastCall()))
+		}
 	}
 	r.mu.m.Unlock() // a fast decision, or none: not a change
 	return allowed, ok

@@ -850,8 +850,71 @@ func TestFastDecisionClock(t *testing.T) {
 		if allowed, ok := b.allowOn(r, seen, stale); !allowed || !ok {
 			t.Fatalf("step %d (%s): allowOn = %v, %v, want a grant", i, step.name, allowed, ok)
 		}
-		if got, want := r.m.LastCall(), step.want(stale, clk.Nanotime()); got != want {
+		r.mu.Lock()
+		got := r.m.LastCall()
+		r.mu.Unlock()
+		if want := step.want(stale, clk.Nanotime()); got != want {
 			t.Errorf("step %d (%s): decided at %d, want %d (read at %d, now %d)", i, step.name, got, want, stale, clk.Nanotime())
 		}
+	}
+}
+
+// TestFastDecisionRereadsBeforeTheLongWay: a fast decision that its share refuses while the
+// member may borrow decides again at a fresh reading of the clock before it goes the long
+// way, as the long way would first: a permit due by then is granted on the share.
+func TestFastDecisionRereadsBeforeTheLongWay(t *testing.T) {
+	clk := clock.NewVirtual()
+	c := DefaultConfig()
+	c.JoinWindow = 0
+	b, err := New(store.NewMemory(clk), WithConfig(c), WithClock(clk), WithRenewEvery(100*time.Millisecond), WithIdleAfter(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	l := gcra.Limit{T: int64(time.Microsecond), Tau: int64(time.Millisecond)} // 10⁶/s, burst 1000
+	if g, err := b.Decide(bg, "k", backend.Request{Limits: []gcra.Limit{l}, N: 1, MaxDelay: time.Second}); err != nil || !g.Allowed {
+		t.Fatalf("no share: %+v %v", g, err)
+	}
+	asleep := func() { // the renewal goroutine is done with what is due
+		for deadline := time.Now().Add(10 * time.Second); b.sleepUntil.Load() <= clk.Nanotime(); {
+			if time.Now().After(deadline) {
+				t.Fatal("the renewal goroutine never slept")
+			}
+			runtime.Gosched()
+		}
+	}
+	// 4,000 a second for two seconds: the share follows the demand down, and the free
+	// capacity saves up. Then a renewal with no call: a window in which it borrowed
+	// nothing.
+	for range 40 {
+		for range 200 {
+			b.AllowOne(bg, "k", l)
+		}
+		clk.Advance(50 * time.Millisecond)
+		asleep()
+	}
+	clk.Advance(100 * time.Millisecond)
+	asleep()
+	r := b.keys.Load("k").Val.find(l)
+	now := clk.Nanotime()
+	for { // spend the share's burst at one instant
+		allowed, ok := b.allowOn(r, r.mu.changes.Load(), now)
+		if !ok {
+			break // refused where it may borrow: the long way's case
+		}
+		if !allowed {
+			t.Fatalf("refused with nothing to borrow: the test needs a member that may borrow (%+v)", b.Leases())
+		}
+	}
+	r.mu.Lock()
+	share, _ := r.m.Usable(now)
+	r.mu.Unlock()
+	if share.T <= l.T {
+		t.Fatalf("the share is the whole limit (%+v)", b.Leases())
+	}
+	seen := r.mu.changes.Load()
+	clk.Advance(time.Duration(share.T)) // its next permit falls due before the lock is taken
+	if allowed, ok := b.allowOn(r, seen, now); !allowed || !ok {
+		t.Errorf("allowOn = %v, %v at a reading one interval old, want a grant on the share at a fresh one", allowed, ok)
 	}
 }
