@@ -63,9 +63,7 @@ func BenchmarkLeaseAllowOneKey(b *testing.B) {
 			l := newLeaseMember(b, newMemStore(b), "m1", limits, tc.opts...)
 			b.ReportAllocs()
 			b.ResetTimer()
-			for b.Loop() {
-				l.Allow(ctx, "api")
-			}
+			cpuLoop(b, func() { l.Allow(ctx, "api") })
 		})
 	}
 	b.Run("impl=xrate", benchXrateAllow)
@@ -98,7 +96,7 @@ func BenchmarkLeaseAllowParallel(b *testing.B) {
 			l := newLeaseMember(b, newMemStore(b), "m1", limits, tc.opts...)
 			b.ReportAllocs()
 			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
+			cpuParallel(b, func(pb *testing.PB) {
 				for pb.Next() {
 					l.Allow(ctx, "api")
 				}
