@@ -115,27 +115,10 @@ func sameLimit(a, b gcra.Limit) bool {
 type rec struct {
 	key     string
 	limit   gcra.Limit // as asked (the member's record holds recordLimit of it)
-	mu      recMutex
+	mu      sync.Mutex
 	stale   atomic.Bool // the key is decided under other limits now: release at once
 	m       *allot.Member
 	changed chan struct{} // made by the first waiter (watch), closed when an answer from the store arrives
-}
-
-// recMutex is a record's mutex. It counts the unlocks after anything but a fast decision
-// (allowOn), so that a fast decision can read the clock before it locks the record and
-// still come after every change to the record that read the clock later.
-type recMutex struct {
-	m       sync.Mutex
-	changes atomic.Uint64 // written under m
-}
-
-func (l *recMutex) Lock() { l.m.Lock() }
-
-// Unlock counts a change and unlocks: whatever the holder did, a fast decision that read
-// the clock before it reads the clock again.
-func (l *recMutex) Unlock() {
-	l.changes.Add(1)
-	l.m.Unlock()
 }
 
 // watch returns the channel closed at the next answer from the store; r.mu is held.
@@ -580,45 +563,27 @@ func (b *Backend) AllowOne(ctx context.Context, key string, l gcra.Limit) (bool,
 	}
 	if e := b.keys.Load(key); e != nil {
 		if r := e.Val.find(l); r != nil {
-			seen := r.mu.changes.Load()
-			if allowed, ok := b.allowOn(r, seen, b.clock.Nanotime()); ok {
-				return allowed, nil
+			r.mu.Lock()
+			if !r.m.Released() {
+				allowed, ok := r.m.AllowOne(b.clock.Nanotime())
+				if !ok {
+					// Refused where the member may borrow (or no usable share): the long
+					// way would first decide again on the share, at a fresh reading of the
+					// clock. That is done here, at a fraction of its cost (no lookup, no
+					// second lock): a member running at its share's rate mostly finds its
+					// next permit due by then.
+					allowed, ok = r.m.AllowOne(b.clock.Nanotime())
+				}
+				if ok {
+					r.mu.Unlock()
+					return allowed, nil
+				}
 			}
+			r.mu.Unlock()
 		}
 	}
 	g, err := b.Decide(ctx, key, backend.Request{Limits: []gcra.Limit{l}, N: 1})
 	return g.Allowed, err
-}
-
-// allowOn is AllowOne's fast decision on r, with the clock read at now before r is locked,
-// when r's count of changes was seen. ok is false when r's member cannot decide it on its
-// share alone (see allot.Member.AllowOne), or r was released: the caller goes the long way.
-//
-// The clock is read before the lock, so that parallel callers do not queue for it (a
-// reading takes about 30 ns here, most of a decision). The decision is then as if taken
-// at the instant read, which is sound while only other fast decisions held r since: GCRA
-// grants no more when decisions arrive out of time order, and now is raised to the latest
-// of theirs, so the member sees what it would with the clock read under the lock. If
-// anything else held r since (a renewal that changed the lease, a settlement, a decision
-// the long way), it may have read the clock later: the clock is read again, under the
-// lock, as they read it.
-func (b *Backend) allowOn(r *rec, seen uint64, now int64) (allowed, ok bool) {
-	r.mu.m.Lock()
-	if r.mu.changes.Load() != seen {
-		now = b.clock.Nanotime()
-	}
-	if !r.m.Released() {
-		allowed, ok = r.m.AllowOne(max(now, r.m.LastCall()))
-		if !ok {
-			// Refused where the member may borrow (or no usable share): the long way
-			// would first decide again on the share, at a fresh reading of the clock.
-			// That is done here, at a fraction of its cost (no lookup, no second lock): a
-			// member running at its share's rate mostly finds its next permit due by then.
-			allowed, ok = r.m.AllowOne(max(b.clock.Nanotime(), r.m.LastCall()))
-		}
-	}
-	r.mu.m.Unlock() // a fast decision, or none: not a change
-	return allowed, ok
 }
 
 // Adjust settles a grant (see backend.Backend and lease.Adjust).
