@@ -68,9 +68,7 @@ func BenchmarkAllowOneKey(b *testing.B) {
 	b.Run("impl=sluice", func(b *testing.B) {
 		l := newSluice(b)
 		b.ReportAllocs()
-		for b.Loop() {
-			l.Allow(ctx, "api")
-		}
+		cpuLoop(b, func() { l.Allow(ctx, "api") })
 	})
 	b.Run("impl=xrate", benchXrateAllow)
 	b.Run("impl=uber", func(b *testing.B) {
@@ -87,7 +85,7 @@ func BenchmarkAllowOneKeyParallel(b *testing.B) {
 	b.Run("impl=sluice", func(b *testing.B) {
 		l := newSluice(b)
 		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
+		cpuParallel(b, func(pb *testing.PB) {
 			for pb.Next() {
 				l.Allow(ctx, "api")
 			}
@@ -127,7 +125,7 @@ func BenchmarkAllow10kKeysParallel(b *testing.B) {
 		}
 		b.ReportAllocs()
 		b.ResetTimer()
-		b.RunParallel(func(pb *testing.PB) { walk(pb, func(k string) { l.Allow(ctx, k) }) })
+		cpuParallel(b, func(pb *testing.PB) { walk(pb, func(k string) { l.Allow(ctx, k) }) })
 	})
 	b.Run("impl=xrate", func(b *testing.B) {
 		var m xrateMap
@@ -136,7 +134,7 @@ func BenchmarkAllow10kKeysParallel(b *testing.B) {
 		}
 		b.ReportAllocs()
 		b.ResetTimer()
-		b.RunParallel(func(pb *testing.PB) { walk(pb, func(k string) { m.allow(k) }) })
+		cpuParallel(b, func(pb *testing.PB) { walk(pb, func(k string) { m.allow(k) }) })
 	})
 	b.Run("impl=uber", func(b *testing.B) {
 		var m uberMap
@@ -186,16 +184,14 @@ func TestLibrariesAgree(t *testing.T) {
 func benchXrateAllow(b *testing.B) {
 	l := rate.NewLimiter(rate.Limit(ratePerSec), burst)
 	b.ReportAllocs()
-	for b.Loop() {
-		l.Allow()
-	}
+	cpuLoop(b, func() { l.Allow() })
 }
 
 // benchXrateAllowParallel is benchXrateAllow from GOMAXPROCS goroutines.
 func benchXrateAllowParallel(b *testing.B) {
 	l := rate.NewLimiter(rate.Limit(ratePerSec), burst)
 	b.ReportAllocs()
-	b.RunParallel(func(pb *testing.PB) {
+	cpuParallel(b, func(pb *testing.PB) {
 		for pb.Next() {
 			l.Allow()
 		}

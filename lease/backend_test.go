@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
+	"reflect"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -736,4 +739,151 @@ func memoryStore(cold bool) (*clock.Virtual, *store.Memory) {
 		st.Restart()
 	}
 	return clk, st
+}
+
+// TestSameLimit: sameLimit is ==, field by field: it tells apart limits that differ in any
+// one field, nested ones included, so a field added to gcra.Limit cannot be missed.
+func TestSameLimit(t *testing.T) {
+	base := gcra.Limit{T: 1, Tau: 2, Window: 3, Origin: 4, Ramp: gcra.Ramp{T0: 5, Over: 6}}
+	if !sameLimit(base, base) {
+		t.Fatal("a limit is not the same as itself")
+	}
+	var fields func(v reflect.Value, path string)
+	n := 0
+	fields = func(v reflect.Value, path string) {
+		for i := range v.NumField() {
+			f, name := v.Field(i), path+v.Type().Field(i).Name
+			if f.Kind() == reflect.Struct {
+				fields(f, name+".")
+				continue
+			}
+			l := base
+			lv := reflect.ValueOf(&l).Elem()
+			for _, p := range strings.Split(name, ".") {
+				lv = lv.FieldByName(p)
+			}
+			lv.SetInt(lv.Int() + 100)
+			n++
+			if sameLimit(base, l) || sameLimit(l, base) || (l == base) {
+				t.Errorf("limits that differ in %s: sameLimit true", name)
+			}
+		}
+	}
+	fields(reflect.ValueOf(base), "")
+	if n != 6 {
+		t.Errorf("gcra.Limit has %d integer fields, sameLimit compares 6", n)
+	}
+}
+
+// TestDecideAllocs: a decision on a share the member holds allocates nothing, the long way
+// (Decide) as well as the fast one (AllowOne).
+func TestDecideAllocs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for a share in real time")
+	}
+	c := DefaultConfig()
+	c.JoinWindow = 0
+	b, err := New(store.NewMemory(nil), WithConfig(c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	l := gcra.Limit{T: 1, Tau: 1000}
+	ctx, cancel := context.WithTimeout(bg, 5*time.Second)
+	defer cancel()
+	if g, err := b.Decide(ctx, "k", backend.Request{Limits: []gcra.Limit{l}, N: 1, MaxDelay: time.Second}); err != nil || !g.Allowed {
+		t.Fatalf("no share: %+v %v", g, err)
+	}
+	req := backend.Request{Limits: []gcra.Limit{l}, N: 1}
+	if n := testing.AllocsPerRun(1000, func() { _, _ = b.Decide(bg, "k", req) }); n != 0 {
+		t.Errorf("Decide: %v allocations a call, want 0", n)
+	}
+	if n := testing.AllocsPerRun(1000, func() { _, _ = b.AllowOne(bg, "k", l) }); n != 0 {
+		t.Errorf("AllowOne: %v allocations a call, want 0", n)
+	}
+}
+
+// steppingClock is a virtual clock whose reads (Nanotime) it counts, and which moves
+// step ahead after the next read when armed.
+type steppingClock struct {
+	*clock.Virtual
+	reads atomic.Int64
+	step  atomic.Int64
+}
+
+func (c *steppingClock) Nanotime() int64 {
+	c.reads.Add(1)
+	now := c.Virtual.Nanotime()
+	if d := c.step.Swap(0); d > 0 {
+		c.Advance(time.Duration(d))
+	}
+	return now
+}
+
+// TestFastDecisionRereadsBeforeTheLongWay: a fast decision that its share refuses while the
+// member may borrow decides again at a fresh reading of the clock before it goes the long
+// way, as the long way would first: a permit due by then is granted on the share, with two
+// readings of the clock (the long way takes more).
+func TestFastDecisionRereadsBeforeTheLongWay(t *testing.T) {
+	clk := &steppingClock{Virtual: clock.NewVirtual()}
+	c := DefaultConfig()
+	c.JoinWindow = 0
+	b, err := New(store.NewMemory(clk.Virtual), WithConfig(c), WithClock(clk), WithRenewEvery(100*time.Millisecond), WithIdleAfter(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	l := gcra.Limit{T: int64(time.Microsecond), Tau: int64(time.Millisecond)} // 10⁶/s, burst 1000
+	if g, err := b.Decide(bg, "k", backend.Request{Limits: []gcra.Limit{l}, N: 1, MaxDelay: time.Second}); err != nil || !g.Allowed {
+		t.Fatalf("no share: %+v %v", g, err)
+	}
+	asleep := func() { // the renewal goroutine is done with what is due
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			if s := b.sleepUntil.Load(); s > clk.Virtual.Nanotime() && s != math.MaxInt64 { // MaxInt64: awake
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the renewal goroutine never slept")
+			}
+			runtime.Gosched()
+		}
+	}
+	// 4,000 a second for two seconds: the share follows the demand down, and the free
+	// capacity saves up. Then a renewal with no call: a window in which it borrowed
+	// nothing.
+	for range 40 {
+		for range 200 {
+			b.AllowOne(bg, "k", l)
+		}
+		clk.Advance(50 * time.Millisecond)
+		asleep()
+	}
+	clk.Advance(100 * time.Millisecond)
+	asleep()
+	r := b.keys.Load("k").Val.find(l)
+	r.mu.Lock()
+	now := clk.Virtual.Nanotime()
+	share, _ := r.m.Usable(now)
+	for { // spend the share's burst at one instant
+		allowed, ok := r.m.AllowOne(now)
+		if !ok {
+			break // refused where it may borrow: the long way's case
+		}
+		if !allowed {
+			r.mu.Unlock()
+			t.Fatalf("refused with nothing to borrow: the test needs a member that may borrow (%+v)", b.Leases())
+		}
+	}
+	r.mu.Unlock()
+	if share.T <= l.T {
+		t.Fatalf("the share is the whole limit (%+v)", b.Leases())
+	}
+	clk.step.Store(share.T) // its next permit falls due after the first reading
+	clk.reads.Store(0)
+	if allowed, err := b.AllowOne(bg, "k", l); !allowed || err != nil {
+		t.Fatalf("AllowOne = %v, %v, want a grant on the share at the second reading (%+v)", allowed, err, b.Leases())
+	}
+	if n := clk.reads.Load(); n != 2 {
+		t.Errorf("the clock read %d times, want 2 (the fast decision and its second reading)", n)
+	}
 }
