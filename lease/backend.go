@@ -108,7 +108,8 @@ func (k *keyRecs) find(l gcra.Limit) *rec {
 // sameLimit is a == b, field by field: the compiler compares a struct of this size with a
 // call to memequal, which took a tenth of a fast decision's time (issue [22]).
 func sameLimit(a, b gcra.Limit) bool {
-	return a.T == b.T && a.Tau == b.Tau && a.Window == b.Window && a.Origin == b.Origin && a.Ramp.T0 == b.Ramp.T0 && a.Ramp.Over == b.Ramp.Over
+	return a.T == b.T && a.Tau == b.Tau && a.Window == b.Window && a.Origin == b.Origin && a.Ramp.T0 == b.Ramp.T0 && a.Ramp.Over == b.Ramp.Over &&
+		a.Rise == b.Rise // nil here: the limiter gives a backend that ramps itself (SharedRamps) no Rise
 }
 
 // rec is the member's side of one key's limit.

@@ -762,7 +762,11 @@ func TestSameLimit(t *testing.T) {
 			for _, p := range strings.Split(name, ".") {
 				lv = lv.FieldByName(p)
 			}
-			lv.SetInt(lv.Int() + 100)
+			if lv.Kind() == reflect.Pointer {
+				lv.Set(reflect.New(lv.Type().Elem())) // another pointer
+			} else {
+				lv.SetInt(lv.Int() + 100)
+			}
 			n++
 			if sameLimit(base, l) || sameLimit(l, base) || (l == base) {
 				t.Errorf("limits that differ in %s: sameLimit true", name)
@@ -770,8 +774,8 @@ func TestSameLimit(t *testing.T) {
 		}
 	}
 	fields(reflect.ValueOf(base), "")
-	if n != 6 {
-		t.Errorf("gcra.Limit has %d integer fields, sameLimit compares 6", n)
+	if n != 7 {
+		t.Errorf("gcra.Limit has %d fields, sameLimit compares 7", n)
 	}
 }
 
