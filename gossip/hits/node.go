@@ -232,10 +232,33 @@ type tag struct {
 
 // peerTag is what a peer reported about a tag.
 type peerTag struct {
-	epoch uint32 // the peer slot's epoch + 1; 0: empty
+	seenHits
+	dem [history]float64
+}
+
+// seenHits is what a node has heard of a tag's hits from one sender (a peer, or a child in
+// the tag's tree): the sender's slot epoch + 1 (0: nothing), its generation of the tag,
+// and the cumulative count it last reported.
+type seenHits struct {
+	epoch uint32
 	gen   uint64
 	count uint64
-	dem   [history]float64
+}
+
+// news returns the hits of e (reported by a sender whose slot epoch + 1 is ep) that the
+// node has not counted yet, and records e's count; fresh reports a generation the node had
+// not heard of (or forgot): its recent hits are new here, older ones were heard before or
+// no longer matter.
+func (h *seenHits) news(ep uint32, e *Entry) (d uint64, fresh bool) {
+	if h.epoch == ep && h.gen == e.Gen {
+		if e.Hits > h.count {
+			d = e.Hits - h.count
+			h.count = e.Hits
+		}
+		return d, false
+	}
+	*h = seenHits{epoch: ep, gen: e.Gen, count: e.Hits}
+	return min(e.Recent, e.Hits), true
 }
 
 // New returns a node named name (unique in the pool: the membership's node name), in its
@@ -1060,17 +1083,9 @@ func (n *Node) Receive(now int64, r *Report) {
 			t.peers = append(t.peers, make([]peerTag, i+1-len(t.peers))...)
 		}
 		pt := &t.peers[i]
-		var d uint64
-		if pt.epoch == ep && pt.gen == e.Gen {
-			if e.Hits > pt.count {
-				d = e.Hits - pt.count
-				pt.count = e.Hits
-			}
-		} else {
-			// A generation this node has not heard of (or forgot): its recent hits are
-			// new here; older ones were heard before or no longer matter.
-			d = min(e.Recent, e.Hits)
-			*pt = peerTag{epoch: ep, gen: e.Gen, count: e.Hits}
+		d, fresh := pt.news(ep, &e)
+		if fresh {
+			pt.dem = [history]float64{}
 		}
 		copy(pt.dem[1:], pt.dem[:])
 		pt.dem[0] = float64(e.Demand) / 1000

@@ -47,12 +47,10 @@ type treeTag struct {
 
 // kidTag is what a child reported about a tag.
 type kidTag struct {
-	slot  int
-	epoch uint32
-	gen   uint64
-	count uint64
-	bins  []Bin
-	at    int64
+	slot int
+	seenHits
+	bins []Bin
+	at   int64
 }
 
 // aggregate is the pool's demand for a tag as its root computed it: enough for every node
@@ -338,16 +336,7 @@ func (n *Node) receiveUp(now int64, slot int, ep uint32, r *Report) {
 			k = len(tr.up) - 1
 		}
 		kt := &tr.up[k]
-		var d uint64
-		if kt.epoch == ep && kt.gen == e.Gen {
-			if e.Hits > kt.count {
-				d = e.Hits - kt.count
-				kt.count = e.Hits
-			}
-		} else {
-			d = min(e.Recent, e.Hits)
-			kt.epoch, kt.gen, kt.count = ep, e.Gen, e.Hits
-		}
+		d, _ := kt.news(ep, e)
 		kt.bins = append(kt.bins[:0], e.Bins...)
 		kt.at = now
 		if d > 0 {
