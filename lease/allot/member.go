@@ -291,7 +291,7 @@ type link struct {
 	lastErr   error
 	seen      uint64 // the newest version of the record seen (Request.Seen)
 	borrow    bool   // the take Decide asked for (AtStore) is a borrow (Request.Borrow)
-	rtt       int64  // the store's round trip: the longest of late, decaying by an eighth an answer
+	rtt       int64  // the store's round trip: the longest seen lately, less an eighth at each answer
 }
 
 // sawRoundTrip counts an answer that took d to come back from the store.

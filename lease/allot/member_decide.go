@@ -418,9 +418,8 @@ func (m *Member) Central() bool { return m.view.central && m.phase == registered
 
 // TakeRequest returns the request that takes n permits of a store-decided limit at the
 // store, at once or booked up to maxDelay (at most the member's booking horizon, or two
-// round trips to the store) ahead
-// (OpTake); ok is false when the member is
-// not registered (it must join first: the caller waits for its next renewal).
+// round trips to the store) ahead (OpTake); ok is false when the member is not registered
+// (it must join first: the caller waits for its next renewal).
 func (m *Member) TakeRequest(now, n, maxDelay int64) (Request, bool) {
 	if m.phase != registered {
 		return Request{}, false
