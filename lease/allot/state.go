@@ -1156,14 +1156,14 @@ func (s *State) centralWanted(now int64, cfg Config, wanting, live int64) bool {
 }
 
 // minPermitsPerLease: a limit is shared out only while each member that wants it would get
-// at least this many permits per lease. With fewer, the first arrivals of a Poisson member
-// spend its share and the rest wait for its renewal (10/s among four unequal Poisson
-// members, 2.5 permits a lease each: p99 wait 2.8 s over the ideal throttle's; 0.23 s
-// decided at the store). The store's line serves members that come and go in short spells
-// as well as shares do since a take is booked no further than a booking horizon ahead
-// (TakeRequest): sluice demo's eight lease workers on 20/s burst=10 used 0.70-0.79 of the
-// limit decided at the store when callers that gave up left their booked permits unused.
-const minPermitsPerLease = 3
+// at least this many permits per lease. One: with fewer than three, the first arrivals of
+// a Poisson member spend its share and the rest wait for its renewal (10/s among four
+// unequal Poisson members, 2.5 permits a lease each: p99 wait 3.9 s over the ideal
+// throttle's; 0.56 s decided at the store), but three moved sluice demo's eight on/off
+// lease workers on 20/s burst=10 to the store's line, whose turns are less even (Jain's
+// index 0.93 to 0.99 over 8 s; 0.99 in shares): docs/lease.md, "Limits too small to share
+// out".
+const minPermitsPerLease = 1
 
 // charge counts n permits already used against the free capacity (a settlement up of a
 // take): from the pool, else booked ahead of any later take, at the free rate (the whole
