@@ -173,6 +173,7 @@ type Schedule struct {
 	Goroutines int
 	Duration   time.Duration
 	Skews      []time.Duration // each member slot's clock offset (a replacement gets the slot's)
+	Faults     []Fault         // in order of At
 	// Groups, when set, are the workload's limiters instead of the package's Groups (the
 	// gossip modes only: their members, daemons and check read it). NewSchedule never sets
 	// it; TestOwnerFaults does.
@@ -183,7 +184,6 @@ type Schedule struct {
 	// from). Either keeps a key under demand from draining its bucket as the check counts
 	// it, which hides a burst granted twice (TestOwnerFaults). NewSchedule never sets it.
 	Calm bool
-	Faults     []Fault         // in order of At
 }
 
 // groups are the schedule's workload limiters: its Groups, else the package's.

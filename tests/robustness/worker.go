@@ -362,8 +362,8 @@ type worker struct {
 	// groups are the workload's limiters, lims their limiters.
 	groups []Group
 	calm   bool // no penalties, no reservations given back: now-or-never calls and waits only
-	rec  *out
-	clk  clock.Clock
+	rec    *out
+	clk    clock.Clock
 	// strict: slots are on Redis' clock (the machine's, in these runs).
 	strict bool
 	// daemon: the decisions are a daemon's, which tells no slot.
