@@ -88,7 +88,8 @@ soak:
 ## through their proxies) must show in the pool sizes they count. And (not for one seed;
 ## for ROBUST_MODE's if it is gossip or daemon-gossip) TestOwnerFaults: a key's owner
 ## killed and cut off, its new owner fenced. The gossip modes' schedules kill and cut off
-## owners too (owner_kill, owner_partition). make test runs 2 schedules.
+## owners too (owner_kill, owner_partition). make test runs 2 schedules and
+## TestOwnerFaults' gossip mode.
 ROBUST_RUNS     ?= 20
 ROBUST_DURATION ?= 10s
 ROBUST_BASE     ?= $(shell date +%s)
