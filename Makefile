@@ -85,7 +85,11 @@ soak:
 ## keeps each run's records. The members, and the daemon modes' sluice, are race-enabled
 ## builds. Then (not for one seed or mode) TestGossipPartitionBites and
 ## TestDaemonGossipPartitionBites: a 4.3 s cut between gossip peers (members, or daemons
-## through their proxies) must show in the pool sizes they count. make test runs 2 schedules.
+## through their proxies) must show in the pool sizes they count. And (not for one seed;
+## for ROBUST_MODE's if it is gossip or daemon-gossip) TestOwnerFaults: a key's owner
+## killed and cut off, its new owner fenced. The gossip modes' schedules kill and cut off
+## owners too (owner_kill, owner_partition). make test runs 2 schedules and
+## TestOwnerFaults' gossip mode.
 ROBUST_RUNS     ?= 20
 ROBUST_DURATION ?= 10s
 ROBUST_BASE     ?= $(shell date +%s)
@@ -98,7 +102,7 @@ robustness: test-deps
 	$(GO) build -race -o bench/results/robust-sluice ./cmd/sluice
 	ROBUST_RUNS=$(ROBUST_RUNS) ROBUST_DURATION=$(ROBUST_DURATION) ROBUST_BASE=$(ROBUST_BASE) ROBUST_SEED=$(ROBUST_SEED) \
 	  ROBUST_MODE=$(ROBUST_MODE) ROBUST_DUMP=$(ROBUST_DUMP) ROBUST_SLUICE=$(CURDIR)/bench/results/robust-sluice \
-	  bench/results/robust.test -test.run '^(TestRobustness|TestGossipPartitionBites|TestDaemonGossipPartitionBites)$$' -test.timeout 120m
+	  bench/results/robust.test -test.run '^(TestRobustness|TestGossipPartitionBites|TestDaemonGossipPartitionBites|TestOwnerFaults)$$' -test.timeout 120m
 
 ## lint: go vet and staticcheck (installed through the Go toolchain), gofmt, and the API check.
 lint: vet

@@ -599,6 +599,16 @@ func (b *Backend) answer(msg []byte) {
 		b.malformed()
 		return
 	}
+	b.peersMu.Lock()
+	_, known := b.peers[from]
+	b.peersMu.Unlock()
+	if !known {
+		// A peer the membership has not told this member of yet: its answer could not be
+		// sent, and a member that knows no peer would decide as an owner unfenced, as if
+		// alone in a new pool (a member that replaced a killed owner granted the key's
+		// burst again so: docs/robustness.md). The asker sends it again (ForwardResend).
+		return
+	}
 	out := make([]hits.Answer, 0, len(asks))
 	for i := range asks {
 		a := &asks[i]
@@ -776,9 +786,10 @@ func (b *Backend) setPeer(n *memberlist.Node) {
 }
 
 func (e events) NotifyJoin(n *memberlist.Node) {
-	e.b.setPeer(n)
+	// The core first: a peer this member can answer (answer) is one its core counts.
 	now := e.b.clock.Nanotime()
 	e.b.each(func(_ int, h *hits.Node) { h.Join(n.Name, now) })
+	e.b.setPeer(n)
 	e.b.log.Info("gossip: peer joined", "peer", n.Name)
 }
 

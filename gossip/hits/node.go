@@ -601,15 +601,37 @@ func (n *Node) ownerOf(t *tag) int {
 
 // pick is the rendezvous: the highest score of the key's hash with each node's.
 func (n *Node) pick(hk uint64) int {
-	best, o := mix(hk^n.hash), -1
+	best, bestName, o := mix(hk^n.hash), n.name, -1
 	for i, p := range n.peers {
 		if p != nil {
-			if sc := mix(hk ^ p.hash); sc > best || (sc == best && p.name > n.name) {
-				best, o = sc, i
+			if sc := mix(hk ^ p.hash); outranks(sc, p.name, best, bestName) {
+				best, bestName, o = sc, p.name, i
 			}
 		}
 	}
 	return o
+}
+
+// outranks reports whether a node scoring sc with a key, named name, beats the best so
+// far: the higher score, and between equal scores the greater name.
+func outranks(sc uint64, name string, best uint64, bestName string) bool {
+	return sc > best || (sc == best && name > bestName)
+}
+
+// OwnerOf returns the node of nodes (their names in the pool) that decides key as its
+// owner when those are the nodes a Node holds: the one whose name hashes highest with the
+// key, as Route picks it. It returns "" for no nodes. Tests and tools use it to find a
+// key's owner from outside the pool.
+func OwnerOf(key string, nodes []string) string {
+	hk := strHash(key)
+	var best uint64
+	owner := ""
+	for i, name := range nodes {
+		if sc := mix(hk ^ strHash(name)); i == 0 || outranks(sc, name, best, owner) {
+			best, owner = sc, name
+		}
+	}
+	return owner
 }
 
 // claim is called before this node decides t as its owner. The first such decision since

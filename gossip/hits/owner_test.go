@@ -1,7 +1,9 @@
 package hits
 
 import (
+	"fmt"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/sluicehq/sluice/gcra"
@@ -287,5 +289,41 @@ func TestPolicyForAKey(t *testing.T) {
 	}
 	if granted != 400 {
 		t.Errorf("the owner of a key whose policy is Owner granted %d of its 400-permit burst, want all (the pool's bucket, not a share)", granted)
+	}
+}
+
+// TestOwnerOfAgreesWithRoute: OwnerOf, given the pool's names, names the node every node
+// routes a key to (itself for its owner), over pools of 1 to 9 nodes and many keys; a node
+// that leaves takes only its own keys with it.
+func TestOwnerOfAgreesWithRoute(t *testing.T) {
+	lim := []gcra.Limit{{T: sec, Tau: 5 * sec}}
+	if got := OwnerOf("k", nil); got != "" {
+		t.Errorf("OwnerOf of no nodes: %q, want \"\"", got)
+	}
+	for size := 1; size <= 9; size++ {
+		nodes := ownerPool(t, size)
+		var names []string
+		for _, n := range nodes {
+			names = append(names, n.Name())
+		}
+		for k := range 200 {
+			key := fmt.Sprint("key-", k)
+			want := OwnerOf(key, names)
+			for _, n := range nodes {
+				o, routed := n.Route(key, lim)
+				if o == "" {
+					o = n.Name()
+				}
+				if !routed || o != want {
+					t.Fatalf("step %d/%s: %s routes to %q (routed %v), OwnerOf says %q", size, key, n.Name(), o, routed, want)
+				}
+			}
+			if size > 1 {
+				rest := slices.DeleteFunc(slices.Clone(names), func(s string) bool { return s == names[0] })
+				if after := OwnerOf(key, rest); want != names[0] && after != want {
+					t.Fatalf("step %d/%s: %s left and the key moved from %s to %s", size, key, names[0], want, after)
+				}
+			}
+		}
 	}
 }

@@ -412,20 +412,35 @@ func CheckFallback(h *History, t0 int64, share float64) []Violation {
 	return vs
 }
 
-// CheckGossip judges the gossip mode's documented bound (docs/gossip.md): over every window,
-// the permits the pool used of each limit of each key exceed the limit's Burst + Rate ×
-// window by at most hits.Bound (one permit per member process that took part), plus one
-// interval's rate for a report that comes late (as the gossip package's own multi-process
-// test allows), plus two intervals' rate when a member was paused or datagrams were lost
-// or delayed, and the longest delay's worth of rate (the documented caveat: a report later
-// than an interval lets shares overlap by that peer's change of demand for an interval or
-// two, and a delayed report is late by its delay), plus, for a window that meets a split
-// (a member cut from a peer or from all of them, or losing datagrams: contact lost),
-// docs/gossip.md's partition bound for two sides, b + r × max(0, P − hold − 5·I), for each
-// split it meets (P the split's length and the rejoin after it: two gossip.RejoinEvery). Use times are real; a use lies at most Margin
-// after its slot, and the limiters keep Margin's worth of burst in reserve. It returns the
-// violations, the largest excess seen over any window (permits), and a note that says it.
-func CheckGossip(h *History, t0 int64, nodes int, paused bool) ([]Violation, float64, string) {
+// CheckGossip judges the gossip mode's documented bounds (docs/gossip.md): over every
+// window, the permits the pool used of each limit of each key of groups (the run's
+// workload) exceed the limit's Burst + Rate × window by at most the bound of the way the
+// key is decided.
+//
+// A key decided at its owner (the pool's policy, auto, sends it there: DecidedAtOwner) is
+// decided exactly by one member while the membership agrees, and a member that starts
+// owning it is fenced (it takes the pool's bucket as empty, and no sooner than the
+// bookings the last owner reported: no burst is granted twice). The check allows one
+// interval's rate for those bookings, reported up to an interval late (and during a
+// join's spread, within an interval, a second owner may take the key, fenced). A window
+// that meets a split (a member cut from a peer or from all of them) may exceed by the
+// partition term for two sides, r × max(0, P − hold − 5·I), with no burst: once each
+// side has let the other go, each side's owner decides at the full rate.
+//
+// A key decided by shares may exceed by hits.Bound (one permit per member process that
+// took part), plus one interval's rate for a report that comes late (as the gossip
+// package's own multi-process test allows), and in a window that meets a split by
+// docs/gossip.md's partition bound for two sides, b + r × max(0, P − hold − 5·I).
+//
+// Both: plus two intervals' rate when a member was paused or datagrams were lost or
+// delayed, and the longest delay's worth of rate (the documented caveat: a report later
+// than an interval lets shares overlap, or a fence count bookings, an interval or two
+// late, and a delayed report is late by its delay). P is the split's length and the
+// rejoin after it (two gossip.RejoinEvery), and a window meets a split until its
+// aftermath ends. Use times are real; a use lies at most Margin after its slot, and the
+// limiters keep Margin's worth of burst in reserve. It returns the violations, the largest
+// excess seen over any window (permits), and a note that says it.
+func CheckGossip(h *History, t0 int64, nodes int, paused bool, groups []Group) ([]Violation, float64, string) {
 	gc := gossip.DefaultConfig()
 	interval := gc.Interval
 	lostAfter := 5 * interval // gossip's hits.Config.LostAfter
@@ -437,9 +452,14 @@ func CheckGossip(h *History, t0 int64, nodes int, paused bool) ([]Violation, flo
 	react := int64(2*interval + h.LateBy)
 	var vs []Violation
 	worst, worstAt := -1e18, ""
-	for _, g := range Groups {
+	owned := 0
+	for _, g := range groups {
 		limits := sluice.MustParse(g.Limits)
+		atOwner := DecidedAtOwner(limitconv.Core(limits, Margin), nodes)
 		for _, key := range g.Keys {
+			if atOwner {
+				owned++
+			}
 			var uses []Use
 			for _, u := range h.Uses {
 				if u.Key == key {
@@ -449,7 +469,13 @@ func CheckGossip(h *History, t0 int64, nodes int, paused bool) ([]Violation, flo
 			sort.SliceStable(uses, func(i, j int) bool { return uses[i].At < uses[j].At })
 			for _, l := range limits {
 				rate := float64(l.Rate) / l.Period.Seconds()
-				allowed := hits.Bound(hits.BoundParams{Nodes: nodes, Burst: l.Burst, Rate: rate}) + rate*interval.Seconds()
+				allowed := rate * interval.Seconds()
+				splitBurst := float64(l.Burst) // each side's burst, by shares
+				if atOwner {
+					splitBurst = 0 // each side's owner fenced: no burst twice
+				} else {
+					allowed += hits.Bound(hits.BoundParams{Nodes: nodes, Burst: l.Burst, Rate: rate})
+				}
 				if paused || h.Lossy || h.LateBy > 0 {
 					allowed += rate * (2*interval + h.LateBy).Seconds()
 				}
@@ -460,7 +486,7 @@ func CheckGossip(h *History, t0 int64, nodes int, paused bool) ([]Violation, flo
 						for _, s := range h.Splits {
 							if s[0] <= to && s[1]+rejoin+react >= from {
 								p := time.Duration(s[1] + rejoin - s[0])
-								e += float64(l.Burst) + rate*max(0, (p-gc.Hold-lostAfter).Seconds())
+								e += splitBurst + rate*max(0, (p-gc.Hold-lostAfter).Seconds())
 							}
 						}
 						return e
@@ -478,13 +504,45 @@ func CheckGossip(h *History, t0 int64, nodes int, paused bool) ([]Violation, flo
 					if len(w) > 30 {
 						w = append(w[:15], append([]string{"..."}, w[len(w)-15:]...)...)
 					}
-					vs = append(vs, Violation{Check: "gossip", Detail: fmt.Sprintf("key %s: %.1f permits beyond %s's burst + rate × window from +%v to +%v, past the documented %.1f (%.1f of it for the splits the window meets)",
-						key, over+extra0(extra, uses, from, to), l, time.Duration(uses[from].At-t0), time.Duration(uses[to].At-t0), allowed+extra0(extra, uses, from, to), extra0(extra, uses, from, to)), Window: w})
+					how := "by shares"
+					if atOwner {
+						how = "at its owner"
+					}
+					vs = append(vs, Violation{Check: "gossip", Detail: fmt.Sprintf("key %s (decided %s): %.1f permits beyond %s's burst + rate × window from +%v to +%v, past the documented %.1f (%.1f of it for the splits the window meets)",
+						key, how, over+extra0(extra, uses, from, to), l, time.Duration(uses[from].At-t0), time.Duration(uses[to].At-t0), allowed+extra0(extra, uses, from, to), extra0(extra, uses, from, to)), Window: w})
 				}
 			}
 		}
 	}
-	return vs, worst, fmt.Sprintf("gossip: largest excess over any window %.1f permits (%s), %d member processes, %d splits", worst, worstAt, nodes, len(h.Splits))
+	return vs, worst, fmt.Sprintf("gossip: largest excess over any window %.1f permits (%s), %d member processes, %d splits, %d of %d keys decided at their owner",
+		worst, worstAt, nodes, len(h.Splits), owned, countKeys(groups))
+}
+
+// countKeys is the number of keys of groups.
+func countKeys(groups []Group) int {
+	n := 0
+	for _, g := range groups {
+		n += len(g.Keys)
+	}
+	return n
+}
+
+// DecidedAtOwner reports whether a pool of nodes members under the gossip mode's default
+// policy (auto, the suite's) decides a key under core (the limits as the limiters tightened
+// them) at the key's owner rather than by shares: what hits.Node.Route says, asked of a
+// node of such a pool.
+func DecidedAtOwner(core []gcra.Limit, nodes int) bool {
+	cfg := hits.DefaultConfig()
+	cfg.Policy = gossip.DefaultConfig().Policy
+	n, err := hits.New("n0", 1, cfg, 0)
+	if err != nil {
+		panic(err)
+	}
+	for i := 1; i < max(nodes, 1); i++ {
+		n.Join(fmt.Sprint("n", i), 0)
+	}
+	_, routed := n.Route("k", core)
+	return routed
 }
 
 // extra0 is extra over the uses from..to, 0 when extra is nil.

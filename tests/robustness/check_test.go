@@ -227,13 +227,15 @@ func TestScheduleReproducible(t *testing.T) {
 // TestScheduleKinds: each mode draws only the faults that act on what it runs (no toxic
 // in the gossip mode, which has no store; no Redis fault on etcd or ZooKeeper, but old
 // state restored there too; the
-// gossip network faults only there), and over 50 seeds it draws each of them.
+// gossip network faults and owner faults only there, an owner fault with a workload key
+// and no target until it starts), and over 50 seeds it draws each of them.
 func TestScheduleKinds(t *testing.T) {
 	toxics := []FaultKind{FaultLatency, FaultBandwidth, FaultTimeout, FaultResetPeer, FaultBlackHole, FaultProxyDown, FaultPartition}
 	members := []FaultKind{FaultMemberKill, FaultMemberStop}
 	redis := []FaultKind{FaultRedisStop, FaultRedisEmpty, FaultRestoreOld}
 	stores := []FaultKind{FaultStoreStop, FaultStoreKill, FaultStoreWipe, FaultRestoreOld} // restore_old: a data directory put back
 	peers := []FaultKind{FaultPeerPartition, FaultLinkCut, FaultPeerLoss, FaultPeerDelay}
+	owners := []FaultKind{FaultOwnerKill, FaultOwnerPartition}
 	cat := func(ks ...[]FaultKind) []FaultKind { return slices.Concat(ks...) }
 	want := map[Mode][]FaultKind{
 		ModeStrict:      cat(toxics, members, redis),
@@ -242,11 +244,11 @@ func TestScheduleKinds(t *testing.T) {
 		ModeDaemon:      cat(toxics, members, redis, []FaultKind{FaultDaemonKill, FaultDaemonStop}),
 		ModeLeaseEtcd:   cat(toxics, members, stores),
 		ModeLeaseZK:     cat(toxics, members, stores),
-		ModeGossip:      cat(members, peers),
+		ModeGossip:      cat(members, peers, owners),
 		ModeDaemonLease: cat(toxics, members, redis, []FaultKind{FaultDaemonKill, FaultDaemonStop}),
 		// No store: the toxics act on the members' links to their daemons, the gossip
 		// network faults between the daemons (DaemonNet).
-		ModeDaemonGossip: cat(toxics, members, []FaultKind{FaultDaemonKill, FaultDaemonStop}, peers),
+		ModeDaemonGossip: cat(toxics, members, []FaultKind{FaultDaemonKill, FaultDaemonStop}, peers, owners),
 	}
 	for _, m := range Modes {
 		seen := map[FaultKind]bool{}
@@ -260,6 +262,10 @@ func TestScheduleKinds(t *testing.T) {
 				}
 				if f.Link == "r" && m != ModeDaemon && m != ModeDaemonLease {
 					t.Fatalf("mode %s seed %d: %v acts on a daemon's link to a store it does not have", m, seed, f)
+				}
+				if isOwnerFault(f.Kind) && (f.Target != -1 || !slices.ContainsFunc(Groups, func(g Group) bool { return slices.Contains(g.Keys, f.Key) }) ||
+					f.For > OwnerFaultMax || (f.For < OwnerKillMin || f.Kind == FaultOwnerPartition && f.For < OwnerCutMin) && f.At+f.For != 9*time.Second) {
+					t.Fatalf("mode %s seed %d: %v: want a workload key, its target found at run time, and %v (a cut: %v) to %v (less only at the run's end)", m, seed, f, OwnerKillMin, OwnerCutMin, OwnerFaultMax)
 				}
 				seen[f.Kind] = true
 			}
@@ -317,10 +323,13 @@ func TestCheckFallback(t *testing.T) {
 }
 
 func TestCheckGossip(t *testing.T) {
-	// a0 is 200/s burst=10. Three member processes: the documented bound is 3 permits,
-	// plus an interval's rate (20 at 200/s and 100 ms) for a late report: 23 beyond
-	// burst + rate × window. 10 at once and then the rate are 0 beyond it; 33 more in the
-	// same instant are 33 beyond.
+	// a0 is 200/s burst=10, decided at its owner (three members, policy auto): exact, and
+	// a moved key fenced, so the check allows an interval's rate (20 at 200/s and 100 ms)
+	// for bookings reported late beyond burst + rate × window. 10 at once and then the
+	// rate are 0 beyond it; 33 more in the same instant are 33 beyond.
+	if !DecidedAtOwner(limitconv.Core(sluice.MustParse(Groups[0].Limits), Margin), 3) {
+		t.Fatal("a0 decided by shares, want at its owner")
+	}
 	h := &History{}
 	for range 10 {
 		h.Uses = append(h.Uses, use(0, 1, 1000))
@@ -328,52 +337,86 @@ func TestCheckGossip(t *testing.T) {
 	for i := range int64(100) {
 		h.Uses = append(h.Uses, use(1, 1, 1005+5*i))
 	}
-	vs, _, note := CheckGossip(h, 0, 3, false)
-	if len(vs) != 0 || !strings.Contains(note, "largest excess over any window 0.0") {
+	vs, _, note := CheckGossip(h, 0, 3, false, Groups)
+	if len(vs) != 0 || !strings.Contains(note, "largest excess over any window 0.0") || !strings.Contains(note, "5 of 5 keys decided at their owner") {
 		t.Fatalf("at the limit: %v (%s)", vs, note)
 	}
 	for range 33 {
 		h.Uses = append(h.Uses, use(2, 1, 1300))
 	}
-	vs, _, _ = CheckGossip(h, 0, 3, false)
-	if len(vs) != 1 || !strings.Contains(vs[0].Detail, "33.0 permits beyond") {
+	vs, _, _ = CheckGossip(h, 0, 3, false, Groups)
+	if len(vs) != 1 || !strings.Contains(vs[0].Detail, "33.0 permits beyond") || !strings.Contains(vs[0].Detail, "decided at its owner") {
 		t.Fatalf("33 over: got %v, want one violation of 33 permits", vs)
 	}
 	// A paused member allows two intervals' rate more (40): 33 is within it.
-	if vs, _, _ = CheckGossip(h, 0, 3, true); len(vs) != 0 {
+	if vs, _, _ = CheckGossip(h, 0, 3, true, Groups); len(vs) != 0 {
 		t.Fatalf("33 over with a member paused: %v", vs)
 	}
-	// A split (a member cut from its peers for 1 s, shorter than hold + 5 intervals)
-	// allows a burst (10) more in the windows that meet it: 33 is within 23 + 10, unless
-	// the split ended long before the window.
+	// A split shorter, with the rejoin after it (2 s), than hold + 5 intervals (2.5 s)
+	// moves nothing and allows nothing more at the owner (by shares: a burst): 33 over.
+	h.Splits = [][2]int64{{1000 * ms, 1400 * ms}}
+	vs, _, _ = CheckGossip(h, 0, 3, false, Groups)
+	if len(vs) != 1 || !strings.Contains(vs[0].Detail, "0.0 of it for the splits") {
+		t.Fatalf("33 over in a 0.4 s split: got %v, want one violation, nothing allowed for the split", vs)
+	}
+	// A longer one lets each side's owner decide at the full rate past the hold: a 1 s
+	// split and its rejoin (3 s) add 0.5 s × 200/s = 100, and no burst.
 	h.Splits = [][2]int64{{1200 * ms, 2200 * ms}}
-	if vs, _, _ = CheckGossip(h, 0, 3, false); len(vs) != 0 {
-		t.Fatalf("33 over in a split: %v", vs)
+	if vs, _, _ = CheckGossip(h, 0, 3, false, Groups); len(vs) != 0 {
+		t.Fatalf("33 over in a 1 s split: %v", vs)
 	}
 	// The split's aftermath lasts until the cut member counts its peers again, which may
 	// take two rejoin rounds (gossip.RejoinEvery) after the heal: a window 0.3 s after
 	// the heal still meets it (two intervals, 0.2 s, did not: the run of
 	// TestGossipPartitionBites flagged 25 permits 0.2 to 0.9 s after a heal).
-	h.Splits = [][2]int64{{500 * ms, 1000 * ms}}
-	if vs, _, _ = CheckGossip(h, 0, 3, false); len(vs) != 0 {
+	h.Splits = [][2]int64{{0, 1000 * ms}}
+	if vs, _, _ = CheckGossip(h, 0, 3, false, Groups); len(vs) != 0 {
 		t.Fatalf("33 over 0.3 s after a split healed: %v", vs)
 	}
-	h.Splits = [][2]int64{{-3000 * ms, -2500 * ms}}
-	vs, _, _ = CheckGossip(h, 0, 3, false)
+	h.Splits = [][2]int64{{-3000 * ms, -2000 * ms}}
+	vs, _, _ = CheckGossip(h, 0, 3, false, Groups)
 	if len(vs) != 1 || !strings.Contains(vs[0].Detail, "33.0 permits beyond") || !strings.Contains(vs[0].Detail, "0.0 of it for the splits") {
 		t.Fatalf("33 over, a split over long before: got %v, want one violation", vs)
 	}
-	// A split whose length and rejoin (2 s) are longer than hold + 5 intervals (2.5 s)
-	// adds the rate over the rest: 1 s adds 0.5 s × 200/s = 100 more.
-	for range 100 {
+	// 113 over in a 1 s split: within 20 + 100; with a second burst of the key (10 more,
+	// what a new owner not fenced would grant) it is past it.
+	for range 80 {
 		h.Uses = append(h.Uses, use(2, 1, 1301))
 	}
 	h.Splits = [][2]int64{{1000 * ms, 2000 * ms}}
-	if vs, _, _ = CheckGossip(h, 0, 3, false); len(vs) != 0 {
-		t.Fatalf("133 over in a 1 s split: %v", vs)
+	if vs, _, _ = CheckGossip(h, 0, 3, false, Groups); len(vs) != 0 {
+		t.Fatalf("113 over in a 1 s split: %v", vs)
+	}
+	for range 10 {
+		h.Uses = append(h.Uses, use(2, 1, 1301))
+	}
+	if vs, _, _ = CheckGossip(h, 0, 3, false, Groups); len(vs) != 1 {
+		t.Fatalf("123 over in a 1 s split: got %v, want one violation (a second burst)", vs)
+	}
+}
+
+// TestCheckGossipShares: a key decided by shares (a limit large enough that auto leaves it
+// to shares) may exceed by hits.Bound (a permit per member) and an interval's rate, and a
+// split adds a burst.
+func TestCheckGossipShares(t *testing.T) {
+	groups := []Group{{Limits: "20000/s burst=4000", Keys: []string{"s0"}}}
+	if DecidedAtOwner(limitconv.Core(sluice.MustParse(groups[0].Limits), Margin), 3) {
+		t.Fatal("20000/s burst=4000 decided at its owner, want by shares")
+	}
+	h := &History{}
+	for range 4000 + 3 + 2000 {
+		h.Uses = append(h.Uses, Use{Proc: 0, Key: "s0", N: 1, At: 1000 * ms})
+	}
+	if vs, _, _ := CheckGossip(h, 0, 3, false, groups); len(vs) != 0 {
+		t.Fatalf("the burst, 3 permits and an interval's rate over: %v", vs)
+	}
+	h.Uses = append(h.Uses, Use{Proc: 0, Key: "s0", N: 1, At: 1000 * ms})
+	vs, _, _ := CheckGossip(h, 0, 3, false, groups)
+	if len(vs) != 1 || !strings.Contains(vs[0].Detail, "decided by shares") {
+		t.Fatalf("one more: got %v, want one violation", vs)
 	}
 	h.Splits = [][2]int64{{1000 * ms, 1400 * ms}}
-	if vs, _, _ = CheckGossip(h, 0, 3, false); len(vs) != 1 {
-		t.Fatalf("133 over in a 0.4 s split: got %v, want one violation", vs)
+	if vs, _, _ = CheckGossip(h, 0, 3, false, groups); len(vs) != 0 {
+		t.Fatalf("a burst more in a 0.4 s split: %v", vs)
 	}
 }

@@ -127,8 +127,8 @@ func (r *runner) startDaemons() error {
 			args = append(args, "--backend", "gossip", "--gossip-bind", gossipBinds[slot], "--gossip-advertise", gossipAddrs[slot],
 				"--peers", strings.Join(peers, ","))
 		}
-		for _, g := range Groups {
-			args = append(args, "--limit", g.Keys[0][:1]+"*="+g.Limits)
+		for _, rule := range daemonRules(r.s.groups()) {
+			args = append(args, "--limit", rule)
 		}
 		d := &daemon{slot: slot, args: args, line: line, http: http}
 		r.daemons = append(r.daemons, d)
@@ -205,18 +205,27 @@ func (d *daemon) start() error {
 	}
 }
 
-// kill kills the daemon with SIGKILL (a planned exit) and waits for it.
-func (d *daemon) kill() {
+// kill kills the daemon with SIGKILL (a planned exit) and waits for it. It reports false,
+// and does nothing, when the daemon was down already.
+func (d *daemon) kill() bool {
 	d.mu.Lock()
 	cmd, done := d.cmd, d.done
 	d.cmd = nil // its exit is planned
 	d.mu.Unlock()
 	if cmd == nil {
-		return
+		return false
 	}
 	_ = cmd.Process.Signal(syscall.SIGCONT)
 	_ = cmd.Process.Kill()
 	<-done
+	return true
+}
+
+// up reports whether the daemon runs (started and not killed since).
+func (d *daemon) up() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.cmd != nil
 }
 
 func (d *daemon) signal(sig os.Signal) {

@@ -86,7 +86,7 @@ func TestRobustness(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var faults, ops, violations int
+	var faults, owners, ops, violations int
 	for i := range runs {
 		seed := base + i
 		mode := Modes[seed%uint64(len(Modes))]
@@ -114,10 +114,14 @@ func TestRobustness(t *testing.T) {
 			t.Errorf("seed %d: %d violations", seed, len(res.Violations))
 		}
 		faults += s.FaultCount()
+		owners += len(res.Owners)
 		ops += res.Ops
 		violations += len(res.Violations)
 	}
 	summary = fmt.Sprintf("robustness: %d runs, %d faults, %d operations, %d violations beyond the documented bounds", runs, faults, ops, violations)
+	if owners > 0 {
+		summary = fmt.Sprintf("robustness: %d runs, %d faults (%d on a key's owner), %d operations, %d violations beyond the documented bounds", runs, faults, owners, ops, violations)
+	}
 }
 
 // TestGossipPartitionBites shows the gossip mode's network faults reach the members' real
@@ -229,4 +233,88 @@ func lastPool(res *Result, proc int, at int64) int {
 		}
 	}
 	return n
+}
+
+// TestOwnerFaults is the owner faults' quick test: a fixed schedule of three members
+// (seed 31, and 32 in the daemon-gossip mode) whose every call asks for one key, h5, of
+// 1200/m burst=100 (Schedule.Groups), now-or-never calls and waits only (Schedule.Calm:
+// no penalty or reservation given back, which would keep the bucket from draining): more
+// demand than the limit, and a bucket that takes 5 s to
+// refill, longer than a key's owner is out of reach, so that a burst granted twice
+// shows. h5's owner is killed at +4.5 s (the burst used by then) for 1 s: in the
+// daemon-gossip mode the daemon restarts under its name, in the gossip mode the member
+// started in its slot outranks it for h5 (m3 over m2), and either owns h5 again at once
+// with none of the state its predecessor decided on: it must be fenced as a restart. Then
+// h5's owner, found again, is cut from its peers from +6.5 s for 3.2 s: the other side
+// lets it go after about 2.5 s, and its new owner of h5 must be fenced while the cut one
+// still decides. No violation beyond the documented bounds (CheckGossip: at the owner, a
+// split adds the rate past the hold and no burst), and the cut bites: the owner counts
+// itself alone during it. It found a new owner that granted the burst again with its fence
+// in place (a member that decided asks before it knew any peer: fixed in gossip). The
+// gossip mode runs unless -short; the daemon-gossip mode under make robustness (it needs
+// ROBUST_SLUICE, the sluice binary); ROBUST_MODE picks one mode, ROBUST_SEED skips both.
+func TestOwnerFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes, real time")
+	}
+	if os.Getenv("ROBUST_SEED") != "" {
+		t.Skip("one seed asked for")
+	}
+	only := os.Getenv("ROBUST_MODE")
+	DumpDir = os.Getenv("ROBUST_DUMP")
+	for _, c := range []struct {
+		seed uint64
+		mode Mode
+	}{{31, ModeGossip}, {32, ModeDaemonGossip}} {
+		seed, mode := c.seed, c.mode
+		t.Run(string(mode), func(t *testing.T) {
+			if only != "" && only != string(mode) {
+				t.Skipf("ROBUST_MODE=%s", only)
+			}
+			if mode == ModeDaemonGossip {
+				if SluiceBin = os.Getenv("ROBUST_SLUICE"); SluiceBin == "" {
+					t.Skip("make robustness runs it (ROBUST_SLUICE: the sluice binary)")
+				}
+			}
+			ownerFaults(t, seed, mode)
+		})
+	}
+}
+
+func ownerFaults(t *testing.T, seed uint64, mode Mode) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kill := Fault{At: 4500 * time.Millisecond, For: 1000 * time.Millisecond, Kind: FaultOwnerKill, Target: -1, Key: "h5"}
+	cut := Fault{At: 6500 * time.Millisecond, For: 3200 * time.Millisecond, Kind: FaultOwnerPartition, Target: -1, Key: "h5"}
+	s := Schedule{Seed: seed, Mode: mode, Members: 3, Goroutines: 6, Duration: 11 * time.Second, Skews: make([]time.Duration, 3),
+		Faults: []Fault{kill, cut}, Groups: []Group{{Limits: "1200/m burst=100", Keys: []string{"h5"}}}, Calm: true}
+	res, err := Run(context.Background(), s, exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println(res.Line(0))
+	for _, n := range res.Notes {
+		fmt.Println("  note:", n)
+	}
+	for _, v := range res.Violations {
+		t.Error(v)
+	}
+	if len(res.Owners) != 2 {
+		t.Fatalf("%d owner faults injected, want 2: %v", len(res.Owners), res.Owners)
+	}
+	// The pool sizes counted during the cut.
+	during := func(f Fault, members int) bool {
+		from, to := res.Start+int64(f.At), res.Start+int64(f.At+f.For)
+		for _, p := range res.Pools {
+			if p.At >= from && p.At <= to && p.Members == members {
+				return true
+			}
+		}
+		return false
+	}
+	if !during(cut, 1) {
+		t.Errorf("the cut owner (%v) never counted itself alone during its cut: the key did not move", res.Owners[1])
+	}
 }

@@ -39,6 +39,7 @@ type Result struct {
 	Pools      []Pool         // gossip: the pool sizes the members counted
 	Start      int64          // the run's start, real Unix nanoseconds
 	Elapsed    time.Duration
+	Owners     []Fault // gossip modes: the owner faults injected, each with the target found as it started
 }
 
 // member is one running member process.
@@ -83,7 +84,8 @@ type runner struct {
 	lateBy    time.Duration
 	lossy     bool
 
-	daemonStopped bool // a daemon was paused (daemon_stop)
+	daemonStopped bool    // a daemon was paused (daemon_stop)
+	owners        []Fault // the owner faults injected, their targets found
 }
 
 type dump struct {
@@ -186,7 +188,7 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 		vs = append(vs, r.stopDaemons()...)
 	}
 	t0 := r.t0.UnixNano()
-	res := Result{Schedule: s, Ops: len(h.Ops), Uses: len(h.Uses), Errors: map[string]int{}, Pools: h.Pools, Start: t0}
+	res := Result{Schedule: s, Ops: len(h.Ops), Uses: len(h.Uses), Errors: map[string]int{}, Pools: h.Pools, Start: t0, Owners: r.owners}
 	res.Notes = append(res.Notes, r.errs...)
 	for _, o := range h.Ops {
 		if o.Outcome != "granted" && o.Outcome != "denied" {
@@ -207,7 +209,7 @@ func Run(ctx context.Context, s Schedule, exe string) (Result, error) {
 		if s.Mode == ModeDaemonGossip {
 			nodes = r.daemonStarts()
 		}
-		v, excess, note := CheckGossip(h, t0, nodes, len(h.Stopped) > 0 || r.daemonStopped)
+		v, excess, note := CheckGossip(h, t0, nodes, len(h.Stopped) > 0 || r.daemonStopped, s.groups())
 		res.Violations = append(res.Violations, v...)
 		res.Excess = excess
 		res.Notes = append(res.Notes, note)
@@ -242,7 +244,7 @@ func (r *runner) startMember(slot int, d time.Duration) error {
 	r.procs++
 	r.mu.Unlock()
 	cfg := MemberConfig{Mode: r.s.Mode, Proc: proc, Addr: r.addrs[slot], Prefix: r.prefix, Goroutines: r.s.Goroutines,
-		Duration: d, Skew: r.s.Skews[slot], Seed: r.s.Seed, Members: r.s.Members}
+		Duration: d, Skew: r.s.Skews[slot], Seed: r.s.Seed, Members: r.s.Members, Groups: r.s.Groups, Calm: r.s.Calm}
 	if r.s.Mode == ModeGossip {
 		cfg.Bind, cfg.Settle = r.addrs[slot], GossipSettle
 		r.mu.Lock()
@@ -386,6 +388,28 @@ func (r *runner) note(format string, args ...any) {
 // inject applies fault f (the i-th) at its time and undoes it after its duration.
 func (r *runner) inject(ctx context.Context, i int, f Fault) {
 	r.sleepUntil(ctx, f.At)
+	if isOwnerFault(f.Kind) {
+		// The key's owner now: the fault is the member's (or daemon's) kill, or its cut
+		// from every peer.
+		slot, owner, names, ok := r.owner(f.Key)
+		if !ok {
+			r.note("fault %s: no process up to target", f)
+			return
+		}
+		f.Target = slot
+		r.note("fault %s: the owner is member %d (%s, of %s)", f, slot, owner, strings.Join(names, " "))
+		r.mu.Lock()
+		r.owners = append(r.owners, f)
+		r.mu.Unlock()
+		switch {
+		case f.Kind == FaultOwnerPartition:
+			f.Kind = FaultPeerPartition
+		case r.s.Mode == ModeDaemonGossip:
+			f.Kind = FaultDaemonKill
+		default:
+			f.Kind = FaultMemberKill
+		}
+	}
 	name := fmt.Sprintf("f%d", i)
 	proxy := fmt.Sprint(f.Link, f.Target)
 	var undo func()
@@ -434,6 +458,13 @@ func (r *runner) inject(ctx context.Context, i int, f Fault) {
 	case FaultMemberKill:
 		r.mu.Lock()
 		m := r.current[f.Target]
+		if m.killed {
+			// Killed already by an owner fault (whose target the schedule did not know):
+			// that fault starts the slot's next member.
+			r.mu.Unlock()
+			r.note("fault %s: skipped, the member is down already", f)
+			return
+		}
 		m.killed = true
 		r.mu.Unlock()
 		_ = m.cmd.Process.Signal(syscall.SIGKILL)
@@ -448,6 +479,10 @@ func (r *runner) inject(ctx context.Context, i int, f Fault) {
 		r.mu.Lock()
 		m := r.current[f.Target]
 		r.mu.Unlock()
+		if m.killed {
+			r.note("fault %s: skipped, the member is down", f) // by an owner fault
+			return
+		}
 		from := time.Now().UnixNano()
 		_ = m.cmd.Process.Signal(syscall.SIGSTOP)
 		undo = func() {
@@ -474,7 +509,10 @@ func (r *runner) inject(ctx context.Context, i int, f Fault) {
 		}
 	case FaultDaemonKill:
 		d := r.daemons[f.Target]
-		d.kill()
+		if !d.kill() {
+			r.note("fault %s: skipped, the daemon is down already", f) // as for member_kill
+			return
+		}
 		undo = func() {
 			if err := d.start(); err != nil {
 				r.note("fault %s: restart the daemon: %v", f, err)
@@ -678,8 +716,12 @@ func (res Result) Line(i int) string {
 		errs = append(errs, fmt.Sprintf("%s %d", k, v))
 	}
 	sort.Strings(errs)
-	return fmt.Sprintf("run %d seed %d %s: %s, %d faults, %d operations (%d grants used; %s), %d violations, %.1fs",
-		i, res.Schedule.Seed, res.Schedule.Mode, status, res.Schedule.FaultCount(), res.Ops, res.Uses, strings.Join(errs, ", "), len(res.Violations), res.Elapsed.Seconds())
+	owners := ""
+	if len(res.Owners) > 0 {
+		owners = fmt.Sprintf(" (%d on a key's owner)", len(res.Owners))
+	}
+	return fmt.Sprintf("run %d seed %d %s: %s, %d faults%s, %d operations (%d grants used; %s), %d violations, %.1fs",
+		i, res.Schedule.Seed, res.Schedule.Mode, status, res.Schedule.FaultCount(), owners, res.Ops, res.Uses, strings.Join(errs, ", "), len(res.Violations), res.Elapsed.Seconds())
 }
 
 // freeAddr returns a loopback address whose TCP and UDP ports were both free a moment ago.

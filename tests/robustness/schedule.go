@@ -92,7 +92,30 @@ const (
 	FaultStoreStop FaultKind = "store_stop"
 	FaultStoreKill FaultKind = "store_kill"
 	FaultStoreWipe FaultKind = "store_wipe"
+	// The gossip modes' owner faults: the member (daemon-gossip: the daemon) that owns
+	// the fault's Key when it starts, found with the rendezvous the pool uses
+	// (hits.OwnerOf) over the names of the processes running then, killed (a new one
+	// started in its slot after; a daemon restarts on its ports, under its name) or cut
+	// from every peer (as peer_partition). Either way the key moves to a new owner, which
+	// must be fenced: a cut lasts long enough for the other side to let the owner go
+	// (OwnerCutMin); a kill lasts OwnerKillMin to OwnerFaultMax, shorter than that (the
+	// daemon restarted under its name, or a new member that outranks the dead one, owns
+	// the key again at once, with none of the state its predecessor decided on) or longer.
+	FaultOwnerKill      FaultKind = "owner_kill"
+	FaultOwnerPartition FaultKind = "owner_partition"
 )
+
+// Owner faults' lengths. OwnerCutMin is past the time the pool takes to let a lost
+// owner go (the membership's or the reports' loss of contact, then the hold: about 2.5 s
+// by default, docs/gossip.md).
+const (
+	OwnerKillMin  = 500 * time.Millisecond
+	OwnerCutMin   = 2600 * time.Millisecond
+	OwnerFaultMax = 4000 * time.Millisecond
+)
+
+// isOwnerFault reports whether k targets a key's owner, found when it starts.
+func isOwnerFault(k FaultKind) bool { return k == FaultOwnerKill || k == FaultOwnerPartition }
 
 // Fault is one scheduled fault: it starts At after the run's start and lasts For (the
 // toxic is removed, the process continued or restarted, the old state restored, after
@@ -109,12 +132,18 @@ type Fault struct {
 	// Peer is link_cut's other end (a member slot); Loss peer_loss's share of datagrams
 	// lost (percent).
 	Peer, Loss int
+	// Key is an owner fault's key (one of the workload's): its owner is the target,
+	// found when the fault starts (Target is -1 until then).
+	Key string
 }
 
 func (f Fault) String() string {
 	s := fmt.Sprintf("%v+%v %s", f.At.Round(time.Millisecond), f.For.Round(time.Millisecond), f.Kind)
 	if f.Target >= 0 {
 		s += fmt.Sprintf(" member %d", f.Target)
+	}
+	if isOwnerFault(f.Kind) {
+		s += fmt.Sprintf(" of key %s", f.Key)
 	}
 	if f.Link == "r" {
 		s += " (its daemon's link to Redis)"
@@ -145,6 +174,24 @@ type Schedule struct {
 	Duration   time.Duration
 	Skews      []time.Duration // each member slot's clock offset (a replacement gets the slot's)
 	Faults     []Fault         // in order of At
+	// Groups, when set, are the workload's limiters instead of the package's Groups (the
+	// gossip modes only: their members, daemons and check read it). NewSchedule never sets
+	// it; TestOwnerFaults does.
+	Groups []Group
+	// Calm, when set, makes the workload now-or-never calls and waits only: no penalty,
+	// which holds its key back for everyone, and no reservation given back, whose permits
+	// a key's owner keeps (a refund of a forwarded grant stays where it was forwarded
+	// from). Either keeps a key under demand from draining its bucket as the check counts
+	// it, which hides a burst granted twice (TestOwnerFaults). NewSchedule never sets it.
+	Calm bool
+}
+
+// groups are the schedule's workload limiters: its Groups, else the package's.
+func (s Schedule) groups() []Group {
+	if s.Groups != nil {
+		return s.Groups
+	}
+	return Groups
 }
 
 // Faults counts the faults injected, clock offsets included.
@@ -159,8 +206,10 @@ func (s Schedule) FaultCount() int {
 }
 
 // NewSchedule draws the schedule of seed for mode: members members for d, a fault every
-// 250 to 750 ms, each lasting 100 ms to 1.5 s. Faults on Redis never overlap each other,
-// nor do two on one member; toxics on different members do.
+// 250 to 750 ms, each lasting 100 ms to 1.5 s (an owner fault longer: OwnerKillMin or
+// OwnerCutMin to OwnerFaultMax). Faults on Redis never overlap each other, nor do two on one member, nor
+// two owner faults; toxics on different members do, and an owner fault may fall on a
+// member with a fault of its own (its target is known only when it starts).
 func NewSchedule(seed uint64, mode Mode, members int, d time.Duration) Schedule {
 	rng := rand.New(rand.NewPCG(seed, 0x5ee1))
 	s := Schedule{Seed: seed, Mode: mode, Members: members, Goroutines: 6, Duration: d}
@@ -171,19 +220,20 @@ func NewSchedule(seed uint64, mode Mode, members int, d time.Duration) Schedule 
 		}
 		s.Skews = append(s.Skews, sk)
 	}
-	redisFree := time.Duration(0)
+	redisFree, ownerFree := time.Duration(0), time.Duration(0)
 	memberFree := make([]time.Duration, members)
 	kinds := []FaultKind{FaultLatency, FaultBandwidth, FaultTimeout, FaultResetPeer, FaultBlackHole, FaultProxyDown,
 		FaultPartition, FaultMemberKill, FaultMemberStop, FaultRedisStop, FaultRedisEmpty, FaultRestoreOld}
 	switch mode {
 	case ModeGossip:
-		kinds = []FaultKind{FaultMemberKill, FaultMemberStop, FaultPeerPartition, FaultLinkCut, FaultPeerLoss, FaultPeerDelay}
+		kinds = []FaultKind{FaultMemberKill, FaultMemberStop, FaultPeerPartition, FaultLinkCut, FaultPeerLoss, FaultPeerDelay,
+			FaultOwnerKill, FaultOwnerPartition}
 	case ModeDaemon, ModeDaemonLease:
 		kinds = append(kinds, FaultDaemonKill, FaultDaemonStop)
 	case ModeDaemonGossip: // no store: the toxics act on the members' links to their daemons, the peer faults between the daemons
 		kinds = []FaultKind{FaultLatency, FaultBandwidth, FaultTimeout, FaultResetPeer, FaultBlackHole, FaultProxyDown,
 			FaultPartition, FaultMemberKill, FaultMemberStop, FaultDaemonKill, FaultDaemonStop,
-			FaultPeerPartition, FaultLinkCut, FaultPeerLoss, FaultPeerDelay}
+			FaultPeerPartition, FaultLinkCut, FaultPeerLoss, FaultPeerDelay, FaultOwnerKill, FaultOwnerPartition}
 	case ModeLeaseEtcd, ModeLeaseZK:
 		kinds = []FaultKind{FaultLatency, FaultBandwidth, FaultTimeout, FaultResetPeer, FaultBlackHole, FaultProxyDown,
 			FaultPartition, FaultMemberKill, FaultMemberStop, FaultStoreStop, FaultStoreKill, FaultStoreWipe, FaultRestoreOld}
@@ -208,16 +258,34 @@ func NewSchedule(seed uint64, mode Mode, members int, d time.Duration) Schedule 
 			f.Loss = 10 + rng.IntN(51)
 		case FaultLinkCut:
 			f.Peer = (f.Target + 1 + rng.IntN(members-1)) % members
+		case FaultOwnerKill, FaultOwnerPartition:
+			g := Groups[rng.IntN(len(Groups))] // NewSchedule's runs use the package's
+			f.Key = g.Keys[rng.IntN(len(g.Keys))]
+			least := OwnerCutMin
+			if f.Kind == FaultOwnerKill {
+				least = OwnerKillMin
+			}
+			f.For = min(least+time.Duration(rng.Int64N(int64(OwnerFaultMax-least))), d-time.Second-at)
 		}
 		onRedis := f.Kind == FaultRedisStop || f.Kind == FaultRedisEmpty || f.Kind == FaultRestoreOld || f.Kind == FaultPartition ||
 			f.Kind == FaultStoreStop || f.Kind == FaultStoreKill || f.Kind == FaultStoreWipe
-		if onRedis {
+		switch {
+		case onRedis:
 			f.Target = -1
 			if at < redisFree {
 				continue
 			}
 			redisFree = at + f.For + 200*time.Millisecond
-		} else {
+		case isOwnerFault(f.Kind):
+			// Its target is found when it starts (the runner skips a fault whose slot is
+			// down by then, as a kill of a member killed already): one owner fault at a
+			// time, so that each moves the key once.
+			f.Target = -1
+			if at < ownerFree {
+				continue
+			}
+			ownerFree = at + f.For + 200*time.Millisecond
+		default:
 			if at < memberFree[f.Target] {
 				continue
 			}

@@ -87,6 +87,10 @@ type MemberConfig struct {
 	// changes come on its standard input).
 	Links []string `json:"links,omitempty"`
 	Seed  uint64   `json:"seed"`
+	// Groups: the workload's limiters (Schedule.Groups); nil: the package's Groups.
+	Groups []Group `json:"groups,omitempty"`
+	// Calm: no penalties, no reservations given back (Schedule.Calm).
+	Calm bool `json:"calm,omitempty"`
 }
 
 // skewed is a clock offset from the real one by a constant: a machine whose clock is
@@ -223,7 +227,7 @@ func runMember(cfg MemberConfig) (code int) {
 		closeAll = append(closeAll, func() { be.Close() })
 	case ModeGossip:
 		gc := gossip.DefaultConfig()
-		gc.Bind, gc.Peers, gc.Name, gc.Clock = cfg.Bind, cfg.Peers, fmt.Sprint("m", cfg.Proc), clk
+		gc.Bind, gc.Peers, gc.Name, gc.Clock = cfg.Bind, cfg.Peers, memberName(cfg.Proc), clk
 		// The links' faults: those in force when the member was started, then the runner's
 		// control lines, read from now on (before the member joins its peers, so that a
 		// member started during a cut stays cut; they end, EOF, once the run's faults are
@@ -261,8 +265,12 @@ func runMember(cfg MemberConfig) (code int) {
 		fmt.Fprintln(os.Stderr, "robust member: unknown mode", cfg.Mode)
 		return 2
 	}
-	lims := make([]*sluice.Limiter, len(Groups))
-	for i, g := range Groups {
+	groups := Groups
+	if cfg.Groups != nil {
+		groups = cfg.Groups
+	}
+	lims := make([]*sluice.Limiter, len(groups))
+	for i, g := range groups {
 		l, err := sluice.New(sluice.MustParse(g.Limits), sluice.WithBackend(be), sluice.WithClock(clk),
 			sluice.WithMargin(Margin), sluice.WithMaxWait(MaxWait))
 		if err != nil {
@@ -320,7 +328,7 @@ func runMember(cfg MemberConfig) (code int) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w := &worker{proc: cfg.Proc, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Proc)<<16|uint64(g))), lims: lims, rec: &rec, clk: clk, strict: cfg.Mode == ModeStrict || cfg.Mode == ModeStrictLocal, daemon: isDaemon(cfg.Mode), within: OpTimeout}
+			w := &worker{proc: cfg.Proc, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Proc)<<16|uint64(g))), lims: lims, groups: groups, calm: cfg.Calm, rec: &rec, clk: clk, strict: cfg.Mode == ModeStrict || cfg.Mode == ModeStrictLocal, daemon: isDaemon(cfg.Mode), within: OpTimeout}
 			if w.strict {
 				w.within = strict.DefaultTimeout // the members' strict backends' time-out
 			}
@@ -351,8 +359,11 @@ type worker struct {
 	proc int
 	rng  *rand.Rand
 	lims []*sluice.Limiter
-	rec  *out
-	clk  clock.Clock
+	// groups are the workload's limiters, lims their limiters.
+	groups []Group
+	calm   bool // no penalties, no reservations given back: now-or-never calls and waits only
+	rec    *out
+	clk    clock.Clock
 	// strict: slots are on Redis' clock (the machine's, in these runs).
 	strict bool
 	// daemon: the decisions are a daemon's, which tells no slot.
@@ -390,8 +401,8 @@ func decidedFrom(call int64, r *sluice.Reservation, clk clock.Clock, within time
 
 // step makes one random request and records it (and any use of its permits).
 func (w *worker) step(run context.Context) {
-	gi := w.rng.IntN(len(Groups))
-	lim, g := w.lims[gi], Groups[gi]
+	gi := w.rng.IntN(len(w.groups))
+	lim, g := w.lims[gi], w.groups[gi]
 	key := g.Keys[w.rng.IntN(len(g.Keys))]
 	n := int64(1 + w.rng.IntN(int(min(gcra.MaxCost(limitconv.Core(lim.Limits(), Margin)), 3))))
 	ctx, cancel := context.WithTimeout(run, OpTimeout)
@@ -400,7 +411,11 @@ func (w *worker) step(run context.Context) {
 	pause := time.Duration(w.rng.IntN(4)) * time.Millisecond
 	var r *sluice.Reservation
 	var err error
-	switch x := w.rng.IntN(50); {
+	x := w.rng.IntN(50)
+	if w.calm {
+		x %= 30 // now-or-never calls and waits only
+	}
+	switch {
 	case x < 14: // pessimistic: now or not at all
 		op.Kind = "now"
 		r, err = lim.ReserveWithin(ctx, key, n, 0)
