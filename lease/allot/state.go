@@ -960,11 +960,9 @@ func (s *State) borrow(now, n int64, rep *Reply) {
 	rep.Taken = true
 }
 
-// hint tells a member what the free capacity saved up and at what rate it refills, so that
-// it borrows only when a permit is likely there.
-func (s *State) hint(now int64, rep *Reply) { s.hintWith(now, s.Committed(now), rep) }
-
-// hintWith is hint with what is committed at now.
+// hintWith tells a member what the free capacity saved up and at what rate it refills
+// (committed is what the shares hold at now), so that it borrows only when a permit is
+// likely there.
 func (s *State) hintWith(now int64, committed Share, rep *Reply) {
 	rep.Free = s.capacity(now).sub(committed)
 	rep.Pool = s.Pool
