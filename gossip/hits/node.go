@@ -345,6 +345,18 @@ func (n *Node) get(key string, now int64) (*tag, error) {
 	return t, nil
 }
 
+// heardOf returns the tag a report's entry is of, used at now; nil when the node holds as
+// many tags as it may (the entry is counted dropped).
+func (n *Node) heardOf(key string, now int64) *tag {
+	t, err := n.get(key, now)
+	if err != nil {
+		n.stats.Dropped++
+		return nil
+	}
+	t.used = now
+	return t
+}
+
 // policyOf is the policy that decides whether key has an owner: its own (PolicyFor), or
 // the node's.
 func (n *Node) policyOf(key string) Policy {
@@ -1095,12 +1107,10 @@ func (n *Node) Receive(now int64, r *Report) {
 		return
 	}
 	for _, e := range r.Entries {
-		t, err := n.get(e.Tag, now)
-		if err != nil {
-			n.stats.Dropped++
+		t := n.heardOf(e.Tag, now)
+		if t == nil {
 			continue
 		}
-		t.used = now
 		if len(t.peers) <= i {
 			t.peers = append(t.peers, make([]peerTag, i+1-len(t.peers))...)
 		}

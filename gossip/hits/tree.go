@@ -323,12 +323,10 @@ func (n *Node) treeEntry(key string, t *tag, now int64) (e Entry, ok bool) {
 func (n *Node) receiveUp(now int64, slot int, ep uint32, r *Report) {
 	for i := range r.Entries {
 		e := &r.Entries[i]
-		t, err := n.get(e.Tag, now)
-		if err != nil {
-			n.stats.Dropped++
+		t := n.heardOf(e.Tag, now)
+		if t == nil {
 			continue
 		}
-		t.used = now
 		tr := n.treeOf(t)
 		k := slices.IndexFunc(tr.up, func(k kidTag) bool { return k.slot == slot })
 		if k < 0 {
@@ -359,12 +357,10 @@ func (n *Node) receiveDown(now int64, r *Report) {
 		if e.Root == n.hash {
 			continue // its own, back
 		}
-		t, err := n.get(e.Tag, now)
-		if err != nil {
-			n.stats.Dropped++
+		t := n.heardOf(e.Tag, now)
+		if t == nil {
 			continue
 		}
-		t.used = now
 		tr := n.treeOf(t)
 		var d uint64
 		out := sub(e.Hits, tr.sentS) // the pool's hits beyond this subtree's, at least
