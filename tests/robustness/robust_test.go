@@ -190,16 +190,7 @@ func partitionBites(t *testing.T, mode Mode, seed uint64, who string) (joined, a
 	const at, cut = 700 * time.Millisecond, 4300 * time.Millisecond
 	s := Schedule{Seed: seed, Mode: mode, Members: 3, Goroutines: 6, Duration: 8 * time.Second, Skews: make([]time.Duration, 3),
 		Faults: []Fault{{At: at, For: cut, Kind: FaultPeerPartition, Target: 0}}}
-	if res, err = Run(context.Background(), s, exe); err != nil {
-		t.Fatal(err)
-	}
-	fmt.Println(res.Line(0))
-	for _, n := range res.Notes {
-		fmt.Println("  note:", n)
-	}
-	for _, v := range res.Violations {
-		t.Error(v)
-	}
+	res = runJudged(t, s, exe)
 	// Procs 0, 1, 2 are slots 0, 1, 2 (nobody is restarted).
 	from, to := res.Start+int64(at), res.Start+int64(at+cut)
 	others = map[int]bool{}
@@ -290,17 +281,7 @@ func ownerFaults(t *testing.T, seed uint64, mode Mode) {
 	cut := Fault{At: 6500 * time.Millisecond, For: 3200 * time.Millisecond, Kind: FaultOwnerPartition, Target: -1, Key: "h5"}
 	s := Schedule{Seed: seed, Mode: mode, Members: 3, Goroutines: 6, Duration: 11 * time.Second, Skews: make([]time.Duration, 3),
 		Faults: []Fault{kill, cut}, Groups: []Group{{Limits: "1200/m burst=100", Keys: []string{"h5"}}}, Calm: true}
-	res, err := Run(context.Background(), s, exe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fmt.Println(res.Line(0))
-	for _, n := range res.Notes {
-		fmt.Println("  note:", n)
-	}
-	for _, v := range res.Violations {
-		t.Error(v)
-	}
+	res := runJudged(t, s, exe)
 	if len(res.Owners) != 2 {
 		t.Fatalf("%d owner faults injected, want 2: %v", len(res.Owners), res.Owners)
 	}
@@ -317,4 +298,22 @@ func ownerFaults(t *testing.T, seed uint64, mode Mode) {
 	if !during(cut, 1) {
 		t.Errorf("the cut owner (%v) never counted itself alone during its cut: the key did not move", res.Owners[1])
 	}
+}
+
+// runJudged runs schedule s with the test binary exe, prints its line and notes, and fails
+// the test on each violation its checker found.
+func runJudged(t *testing.T, s Schedule, exe string) Result {
+	t.Helper()
+	res, err := Run(context.Background(), s, exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println(res.Line(0))
+	for _, n := range res.Notes {
+		fmt.Println("  note:", n)
+	}
+	for _, v := range res.Violations {
+		t.Error(v)
+	}
+	return res
 }
