@@ -1,6 +1,7 @@
 package hits
 
 import (
+	"cmp"
 	"math"
 	"slices"
 )
@@ -173,15 +174,7 @@ func (n *Node) liveOrder() []member {
 			o = append(o, member{h: p.hash, slot: i})
 		}
 	}
-	slices.SortFunc(o, func(a, b member) int {
-		switch {
-		case a.h < b.h:
-			return -1
-		case a.h > b.h:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(o, func(a, b member) int { return cmp.Compare(a.h, b.h) })
 	n.order, n.oVer = o, n.lver
 	return o
 }
