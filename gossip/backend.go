@@ -447,12 +447,8 @@ func (b *Backend) sendAll(rs []hits.Report) {
 			b.send(r)
 			continue
 		}
-		// As send: a few datagrams, or over a stream (sendTo sends a part larger than a
-		// datagram so).
-		parts, skipped := hits.Encode(r, packetMax)
-		if skipped > 0 || len(parts) > udpParts {
-			parts, _ = hits.Encode(r, streamPart)
-		}
+		// sendTo sends a part larger than a datagram over a stream.
+		parts, _ := encodeReport(r)
 		for _, p := range parts {
 			b.sendTo(r.To, p)
 		}
@@ -501,6 +497,16 @@ func (b *Backend) rejoin() {
 	}
 }
 
+// encodeReport encodes r as a few datagrams, or, when it needs more (or an entry does not
+// fit one), as parts for a stream.
+func encodeReport(r *hits.Report) (parts [][]byte, stream bool) {
+	parts, skipped := hits.Encode(r, packetMax)
+	if stream = skipped > 0 || len(parts) > udpParts; stream {
+		parts, _ = hits.Encode(r, streamPart)
+	}
+	return parts, stream
+}
+
 // send sends a report to every other member: as datagrams when it is a few parts, over a
 // stream otherwise. Nothing is truncated: an entry too large for a datagram goes by stream.
 func (b *Backend) send(r *hits.Report) {
@@ -516,11 +522,7 @@ func (b *Backend) send(r *hits.Report) {
 	if len(members) == 0 {
 		return
 	}
-	parts, skipped := hits.Encode(r, packetMax)
-	stream := skipped > 0 || len(parts) > udpParts
-	if stream {
-		parts, _ = hits.Encode(r, streamPart)
-	}
+	parts, stream := encodeReport(r)
 	for i := range members {
 		m := &members[i]
 		for _, p := range parts {
