@@ -1067,9 +1067,12 @@ func (s *State) take(now int64, id string, n, maxDelay, ttl int64, rep *Reply) {
 	})
 	pos := slices.IndexFunc(s.Queue, func(w Waiter) bool { return w.ID == id })
 	free0 := s.Booked <= now && s.Penalty <= now && s.Pool >= need
-	if len(s.Queue) > 0 && pos != 0 && free0 && now > s.Queue[0].At {
-		// The first waiter is late (its back-off's jitter): the permit free now goes to
-		// whoever asks, rather than waste; the first keeps its place for the next.
+	if len(s.Queue) > 0 && pos != 0 && free0 && s.Pool >= gcra.MulSat(s.expected(now, pos)+1, need) {
+		// The pool holds more than the waiters before this one that are still expected
+		// will take (a waiter is late by its back-off's jitter, or gone; or they were told
+		// turns at a rate that has grown since): the permit free now goes to whoever asks,
+		// rather than waste, in the line's order (one behind waiters still expected does
+		// not pass them); the waiters keep their places.
 		if pos > 0 {
 			s.Queue = slices.Delete(s.Queue, pos, pos+1)
 		}
@@ -1083,8 +1086,7 @@ func (s *State) take(now int64, id string, n, maxDelay, ttl int64, rep *Reply) {
 			pos = len(s.Queue)
 			s.Queue = append(s.Queue, Waiter{ID: id})
 		}
-		slot, _ := mulDivUp(need, RateScale, max(free.Rate, 1))
-		at := gcra.After(s.nextSlot(now, need, free), gcra.MulSat(int64(pos), slot))
+		at := s.turn(now, need, int64(pos), free)
 		// It is told to come back a little before its turn (callers come back late by their
 		// back-off's jitter, in proportion to the wait), and told again then.
 		back := now + (at-maxDelay-now)*3/4
@@ -1105,10 +1107,12 @@ func (s *State) take(now int64, id string, n, maxDelay, ttl int64, rep *Reply) {
 	// holds a bucket back.
 	at := s.nextSlot(now, need, free)
 	if at-now > maxDelay {
-		// Denied: the same take would be granted (booked) from at - maxDelay on. It waits
-		// first in line, and is told to come back then.
-		s.Queue = slices.Insert(s.Queue, 0, wait(id, now, at-maxDelay, ttl))
-		rep.Wait = max(at-now-maxDelay, int64(time.Millisecond))
+		// Denied: the same take would be granted (booked) from at - maxDelay on, or
+		// sooner if shares still counted free. It waits first in line, and is told to
+		// come back then.
+		back := min(at, s.turn(now, need, 0, free)) - maxDelay
+		s.Queue = slices.Insert(s.Queue, 0, wait(id, now, back, ttl))
+		rep.Wait = max(back-now, int64(time.Millisecond))
 		return
 	}
 	if at > now {
@@ -1117,6 +1121,60 @@ func (s *State) take(now int64, id string, n, maxDelay, ttl int64, rep *Reply) {
 		s.Pool -= need
 	}
 	rep.Taken, rep.Wait = true, at-now
+}
+
+// expected returns how many of the waiters before pos in the store's line (all of them if
+// pos < 0) are still expected: not later than they were told to come back.
+func (s *State) expected(now int64, pos int) int64 {
+	if pos < 0 {
+		pos = len(s.Queue)
+	}
+	var n int64
+	for _, w := range s.Queue[:pos] {
+		if now <= w.At {
+			n++
+		}
+	}
+	return n
+}
+
+// turn returns when the waiter at pos in the store's line (0 first) may expect its n
+// permits (need, in the limit's units): one slot each after the first, at the free rate.
+// While shares are still counted (a limit just switched to being decided at the store, its
+// members giving their shares up at their next renewals), the free rate is only what they
+// let go so far, a sliver at first: a turn at its pace would lie hours ahead, and the
+// waiter told to come back then would keep the head of the line that long. The turn is
+// then no later than when every counted share has ended by itself, followed by a slot of
+// the whole capacity for each waiter.
+func (s *State) turn(now, need, pos int64, free Share) int64 {
+	slot, _ := mulDivUp(need, RateScale, max(free.Rate, 1))
+	at := gcra.After(s.nextSlot(now, need, free), gcra.MulSat(pos, slot))
+	capa := s.capacity(now)
+	if free.Rate >= capa.Rate {
+		return at
+	}
+	full, _ := mulDivUp(need, RateScale, max(capa.Rate, 1))
+	return min(at, gcra.After(max(s.heldUntil(now), s.Booked, s.Penalty, s.Fence), gcra.MulSat(pos+1, full)))
+}
+
+// heldUntil returns when every share counted at now will have ended by itself (a lease, an
+// older lease the member may still use, a retired registration), if none is given up
+// before.
+func (s *State) heldUntil(now int64) int64 {
+	t := now
+	for i := range s.Members {
+		e := &s.Members[i]
+		if now < e.Lease.Until && !e.Lease.Share.IsZero() {
+			t = max(t, e.Lease.Until)
+		}
+		if now < e.HeldUntil && !e.Held.IsZero() {
+			t = max(t, e.HeldUntil)
+		}
+		if now < e.RetiredUntil && !e.Retired.IsZero() {
+			t = max(t, e.RetiredUntil)
+		}
+	}
+	return t
 }
 
 // updateCentral sets Central as targets does, without the shares: one pass over the

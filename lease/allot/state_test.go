@@ -587,3 +587,56 @@ func checkedApply(t *testing.T, s *State, c Config) func(at int64, req Request) 
 		return rep
 	}
 }
+
+// TestNoTurnIsSetAtARateSharesStillHold: when a limit switches to being decided at the
+// store, the shares it had are counted until their members say they gave them up, so the
+// free rate is for a while a sliver (here one unit of RateScale, what three shares of a
+// third leave). A take then must not be told a turn at that sliver's pace (hours ahead),
+// nor keep the head of the line for it: `sluice demo --mode lease` stood still for the
+// rest of a run (45 permits in 8 s of 20/s) behind a first waiter told to come back in
+// 13.9 hours while the pool stood full.
+func TestNoTurnIsSetAtARateSharesStillHold(t *testing.T) {
+	c := cfg(Fair)
+	c.JoinWindow = 0
+	s, _ := NewState(lim(30, time.Second, 3), 1, 0, 0, c)
+	apply := checkedApply(t, s, c)
+	var reps [3]Reply
+	for i, id := range []string{"a", "b", "c"} {
+		reps[i] = apply(int64(i)*ms, Request{Op: OpJoin, Member: id, Demand: all})
+	}
+	d := apply(3*ms, Request{Op: OpJoin, Member: "d", Demand: all})
+	if !d.Central {
+		t.Fatalf("four members on a burst of three: %+v, want the limit decided at the store", d)
+	}
+	// The shares as the members' renewals are shrinking them: all but a sliver of the
+	// rate is still counted (a's, until it says it gave it up).
+	for i := range s.Members {
+		s.Members[i].Lease.Share = Share{}
+	}
+	i, _ := s.find("a")
+	s.Members[i].Lease.Share = Share{Rate: all - 1, Burst: 2}
+	if free := s.capacity(4 * ms).sub(s.Committed(4 * ms)); free.Rate <= 0 || free.Rate > all/100 {
+		t.Fatalf("free rate while the shares are counted: %+v, want a sliver", free)
+	}
+	r := apply(4*ms, Request{Op: OpTake, Member: "d", Epoch: d.Epoch, N: 1, MaxDelay: 10 * ms})
+	if r.Taken || r.Wait > int64(c.TTL+c.Grace)+s.Limit.T {
+		t.Fatalf("a take while the shares are counted: %+v, want to come back when they free (within a lease and its grace) and its slot, not %v", r, time.Duration(r.Wait))
+	}
+	// The members give their shares up; once the pool has refilled, takes are granted at
+	// once, whoever asks, but for the permit of the waiter told to come back.
+	for i, id := range []string{"a", "b", "c"} {
+		reps[i] = apply(100*ms, Request{Op: OpRenew, Member: id, Epoch: reps[i].Epoch, InUse: reps[i].Lease.Seq, Demand: all})
+		apply(110*ms, Request{Op: OpRenew, Member: id, Epoch: reps[i].Epoch, InUse: reps[i].Lease.Seq, Demand: all})
+	}
+	for at := 500 * ms; at < 502*ms; at += ms {
+		if r := apply(at, Request{Op: OpTake, Member: "a", Epoch: reps[0].Epoch, N: 1, MaxDelay: 10 * ms}); !r.Taken {
+			t.Fatalf("a take at %v with the pool full: %+v, want it granted", time.Duration(at), r)
+		}
+	}
+	if r := apply(502*ms, Request{Op: OpTake, Member: "b", Epoch: reps[1].Epoch, N: 1, MaxDelay: 10 * ms}); r.Taken {
+		t.Fatalf("a take of the waiter's permit: %+v, want it kept for d", r)
+	}
+	if r := apply(503*ms, Request{Op: OpTake, Member: "d", Epoch: d.Epoch, N: 1, MaxDelay: 10 * ms}); !r.Taken {
+		t.Fatalf("the waiter's take: %+v, want its permit", r)
+	}
+}
