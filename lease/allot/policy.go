@@ -43,7 +43,7 @@ const (
 // contention).
 //
 // Every member that holds a share needs at least one permit of burst, and a share
-// should grant a few permits per lease (minPermitsPerLease): when more members want the limit than that
+// should grant a permit per lease, and a few while the demand is under the limit: when more members want the limit than that
 // allows, it is decided at the store instead (centralWanted) and nobody holds a share.
 //
 // It runs at every grant over every member: it reads each entry once, into lists of
@@ -58,7 +58,7 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short in
 	alive, wanting, idle, dm := sc.alive, sc.wanting, sc.idle, sc.dm[:len(s.Members)]
 	// asked is what the members that want capacity ask for in all (fair policy): one
 	// asking for as much as it can get counts as more than any reserve allows.
-	var asked int64
+	var asked, est int64
 	for i := range s.Members {
 		e := &s.Members[i]
 		if !e.live(now) {
@@ -92,7 +92,10 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short in
 	}
 	live = int64(len(alive))
 	size = live
-	s.Central = s.centralWanted(now, cfg, int64(len(wanting)), int64(len(alive)))
+	for _, i := range wanting {
+		est += s.Members[i].estimate()
+	}
+	s.Central = s.centralWanted(now, cfg, int64(len(wanting)), int64(len(alive)), est)
 	if live == 0 || s.Central {
 		return tg, live, size, shortOf() // decided at the store: nobody holds a share
 	}

@@ -1189,37 +1189,64 @@ func (s *State) updateCentral(now int64, cfg Config) {
 			}
 		}
 	}
-	s.Central = s.centralWanted(now, cfg, wanting, live)
+	var est int64
+	for i := range s.Members {
+		if e := &s.Members[i]; e.live(now) && e.Demand > 0 {
+			est += e.estimate()
+		}
+	}
+	s.Central = s.centralWanted(now, cfg, wanting, live, est)
+}
+
+// estimate is what the member's demand is known to be when the store judges whether a
+// pool's demand is under its limit (centralWanted): the rate it reported or, for one that
+// asks for as much as it can get, half as much again as the share it holds (held back by
+// the share it spends: as much as it would probe for, Member.measure). One that holds no
+// share yet (it just joined, or the limit was decided at the store) is not known to want
+// anything in particular, and counts for nothing.
+func (e *Entry) estimate() int64 {
+	if e.Demand < RateScale {
+		return e.Demand
+	}
+	return gcra.MulSat(e.Lease.Share.Rate, probeNum) / probeDen
 }
 
 // centralWanted says whether the limit is too small to share out among the members that
 // want it: more of them than it has permits of burst (each share needs one), or shares
-// that would grant fewer than minPermitsPerLease permits each per lease. A limit that is
-// decided at the store goes back to shares only when it has room to spare for the members
-// that want it (twice as many would still fit), or when one member is left; never while
-// takes are booked ahead of the pool, nor while members that want it come and go among
-// live ones that may want it again (Poisson callers idle between requests): each return
-// to shares hands the whole limit to the few that want it, and the next member to want
-// it waits for their shares to end (a lease and its quarantine) before the store decides
-// again.
-func (s *State) centralWanted(now int64, cfg Config, wanting, live int64) bool {
-	burst, t, ttl := s.capacity(now).Burst, s.Limit.T, int64(cfg.TTL)
-	fits := func(n int64) bool { return n <= burst && n*t*minPermitsPerLease <= ttl }
+// that would grant less than a permit each per lease; or, while their demand is under the
+// limit (est, the sum of their estimates, in parts of RateScale, is less than the
+// capacity's rate; fair policy), shares that would grant fewer than pooledPermitsPerLease
+// permits each per lease. Demand under the limit is what small shares serve worst: the
+// first arrivals of a Poisson member spend its few permits and the rest wait for its
+// renewal while the others' shares stand unused, where one line at the store pools them
+// (10/s among four unequal Poisson members at 85% of it, 2.5 permits a lease each: p99 wait
+// 3.9 s over the ideal throttle's in shares). Members that each want more than they hold
+// keep their shares: they spend them, and one line at the store serves callers that come
+// and go less evenly than shares (sluice demo's eight on/off workers on 20/s burst=10, 2.5
+// permits a lease each: Jain's index 0.89 to 0.99 over 8 s in the store's line, 0.97 to 0.99
+// in shares).
+//
+// A limit that is decided at the store goes back to shares only when it has room to spare
+// for the members that want it (twice as many would still get pooledPermitsPerLease each),
+// or when one member is left; never while takes are booked ahead of the pool, nor while
+// members that want it come and go among live ones that may want it again (Poisson callers
+// idle between requests): each return to shares hands the whole limit to the few that want
+// it, and the next member to want it waits for their shares to end (a lease and its
+// quarantine) before the store decides again.
+func (s *State) centralWanted(now int64, cfg Config, wanting, live, est int64) bool {
+	capa, t, ttl := s.capacity(now), s.Limit.T, int64(cfg.TTL)
+	fits := func(n, per int64) bool { return n <= capa.Burst && gcra.MulSat(gcra.MulSat(n, per), t) <= ttl }
 	if !s.Central {
-		return wanting >= 2 && !fits(wanting)
+		under := cfg.Policy != Equal && est < capa.Rate
+		return wanting >= 2 && (!fits(wanting, 1) || (under && !fits(wanting, pooledPermitsPerLease)))
 	}
-	return s.Booked > now || (live >= 2 && (wanting == 0 || !fits(2*wanting)))
+	return s.Booked > now || (live >= 2 && (wanting == 0 || !fits(2*wanting, pooledPermitsPerLease)))
 }
 
-// minPermitsPerLease: a limit is shared out only while each member that wants it would get
-// at least this many permits per lease. One: with fewer than three, the first arrivals of
-// a Poisson member spend its share and the rest wait for its renewal (10/s among four
-// unequal Poisson members, 2.5 permits a lease each: p99 wait 3.9 s over the ideal
-// throttle's; 0.56 s decided at the store), but three moved sluice demo's eight on/off
-// lease workers on 20/s burst=10 to the store's line, whose turns are less even (Jain's
-// index 0.93 to 0.99 over 8 s; 0.99 in shares): docs/lease.md, "Limits too small to share
-// out".
-const minPermitsPerLease = 1
+// pooledPermitsPerLease: while the demand of the members that want a limit is under it, the
+// limit is shared out only while each would get at least this many permits per lease
+// (centralWanted).
+const pooledPermitsPerLease = 3
 
 // charge counts n permits already used against the free capacity (a settlement up of a
 // take): from the pool, else booked ahead of any later take, at the free rate (the whole

@@ -640,3 +640,61 @@ func TestNoTurnIsSetAtARateSharesStillHold(t *testing.T) {
 		t.Fatalf("the waiter's take: %+v, want its permit", r)
 	}
 }
+
+// TestDemandUnderTheLimitOnSmallSharesIsDecidedAtTheStore: 10/s among four members,
+// shares of 2.5 permits a lease each. Members whose demand adds up to 85% of the limit
+// (Poisson callers) are served from one line at the store, which pools what shares that
+// small would leave unused; members held back by shares that hold the whole limit (each
+// asks half as much again as it holds) keep shares, which serve callers that come and go
+// more evenly than one line.
+func TestDemandUnderTheLimitOnSmallSharesIsDecidedAtTheStore(t *testing.T) {
+	c := cfg(Fair)
+	c.JoinWindow = 0
+	ids := []string{"a", "b", "c", "d"}
+	run := func(t *testing.T, demands []int64, firstThree bool) (*State, [4]Reply) {
+		s, _ := NewState(lim(10, time.Second, 10), 1, 0, 0, c)
+		apply := checkedApply(t, s, c)
+		var reps [4]Reply
+		n := len(ids)
+		if firstThree {
+			n = 3 // d joins once the others hold their shares
+		}
+		at := int64(0)
+		join := func(i int) { reps[i] = apply(at, Request{Op: OpJoin, Member: ids[i], Demand: demands[i]}); at += ms }
+		renew := func(i int) {
+			reps[i] = apply(at, Request{Op: OpRenew, Member: ids[i], Epoch: reps[i].Epoch, InUse: reps[i].Lease.Seq, Demand: demands[i]})
+			at += ms
+		}
+		for i := range n {
+			join(i)
+		}
+		for range 3 {
+			at += 300 * ms
+			for i := range n {
+				renew(i)
+			}
+		}
+		if firstThree {
+			join(3)
+			at += 300 * ms
+			for i := range ids {
+				renew(i)
+			}
+		}
+		return s, reps
+	}
+	shares := func(reps [4]Reply) []Share {
+		return []Share{reps[0].Lease.Share, reps[1].Lease.Share, reps[2].Lease.Share, reps[3].Lease.Share}
+	}
+	under := []int64{all * 57 / 1000, all * 113 / 1000, all * 227 / 1000, all * 453 / 1000}
+	if s, reps := run(t, under, false); !s.Central {
+		t.Errorf("demands %v (85%% of the limit): shares %v, want the limit decided at the store", under, shares(reps))
+	}
+	if s, reps := run(t, under, true); !s.Central {
+		t.Errorf("demands %v, the fourth joining later: shares %v, want the limit decided at the store", under, shares(reps))
+	}
+	held := []int64{all, all, all, all}
+	if s, reps := run(t, held, true); s.Central {
+		t.Errorf("each held back by a share it spends, the fourth joining later: decided at the store, want shares (%v)", shares(reps))
+	}
+}
