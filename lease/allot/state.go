@@ -1261,9 +1261,27 @@ func (s *State) charge(now, n int64) {
 	if s.Booked > now {
 		pool = 0
 	}
-	rate := max(s.capacity(now).sub(s.Committed(now)).Rate, 1)
-	w, _ := mulDivUp(need-pool, RateScale, rate)
-	s.Pool, s.Booked = 0, gcra.After(max(now, s.Booked), w)
+	free := s.capacity(now).sub(s.Committed(now))
+	s.Pool, s.Booked = 0, s.accrued(now, max(now, s.Booked), need-pool, free)
+}
+
+// accrued returns when the free capacity, whose rate is free's at now, will have accrued
+// d more (in the limit's units) after start: at the free rate, but no later than when the
+// shares still counted (and a fence) have ended by themselves and the whole capacity's
+// rate has accrued d. While a limit switches to being decided at the store, the free rate
+// is for a while the sliver of rate its members' shares leave (they give them up at their
+// next renewals): at that pace a permit lay hours ahead.
+func (s *State) accrued(now, start, d int64, free Share) int64 {
+	if d <= 0 {
+		return start
+	}
+	w, _ := mulDivUp(d, RateScale, max(free.Rate, 1))
+	at := gcra.After(start, w)
+	if capa := s.capacity(now); free.Rate < capa.Rate {
+		full, _ := mulDivUp(d, RateScale, max(capa.Rate, 1))
+		at = min(at, gcra.After(max(start, s.heldUntil(now), s.Fence), full))
+	}
+	return at
 }
 
 // nextSlot is when the free capacity will next hold need, after the takes booked before and
@@ -1273,10 +1291,5 @@ func (s *State) nextSlot(now, need int64, free Share) int64 {
 	if s.Booked > now {
 		pool = 0
 	}
-	at := start
-	if d := need - pool; d > 0 {
-		w, _ := mulDivUp(d, RateScale, max(free.Rate, 1))
-		at = gcra.After(start, w)
-	}
-	return max(at, s.Penalty)
+	return max(s.accrued(now, start, need-pool, free), s.Penalty)
 }

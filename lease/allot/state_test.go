@@ -698,3 +698,32 @@ func TestDemandUnderTheLimitOnSmallSharesIsDecidedAtTheStore(t *testing.T) {
 		t.Errorf("each held back by a share it spends, the fourth joining later: decided at the store, want shares (%v)", shares(reps))
 	}
 }
+
+// TestChargeIsNotBookedAtARateSharesStillHold: a settlement up (permits used beyond those
+// taken) made while the shares of a limit that just switched to being decided at the
+// store are still counted is booked against the free capacity, whose rate is a sliver
+// until the shares end: at that pace, one permit was booked hours ahead, and every take
+// after waited for it. It is booked no later than the shares' end and a slot of the whole
+// rate.
+func TestChargeIsNotBookedAtARateSharesStillHold(t *testing.T) {
+	c := cfg(Fair)
+	c.JoinWindow = 0
+	s, _ := NewState(lim(30, time.Second, 3), 1, 0, 0, c)
+	apply := checkedApply(t, s, c)
+	var reps [4]Reply
+	for i, id := range []string{"a", "b", "c", "d"} {
+		reps[i] = apply(int64(i)*ms, Request{Op: OpJoin, Member: id, Demand: all})
+	}
+	if !reps[3].Central {
+		t.Fatalf("four members on a burst of three: %+v, want the limit decided at the store", reps[3])
+	}
+	for i := range s.Members {
+		s.Members[i].Lease.Share = Share{}
+	}
+	i, _ := s.find("a")
+	s.Members[i].Lease.Share = Share{Rate: all - 1, Burst: 2}
+	apply(4*ms, Request{Op: OpTake, Member: "d", Epoch: reps[3].Epoch, N: 1, MaxDelay: -1}) // a charge
+	if bound := gcra.After(s.heldUntil(4*ms), s.Limit.T); s.Booked > bound {
+		t.Fatalf("a charge while the shares are counted booked the free capacity until %v, want no later than %v", time.Duration(s.Booked), time.Duration(bound))
+	}
+}
