@@ -142,6 +142,9 @@ type Entry struct {
 	// Demand is the rate the member last reported wanting, in parts of RateScale (fair
 	// policy); 0 wants nothing, RateScale wants as much as it can get.
 	Demand int64 `json:"demand"`
+	// Critical is the part of Demand its callers of the critical class asked, as last
+	// reported (Request.Critical): the fair policy gives it first.
+	Critical int64 `json:"critical,omitempty"`
 	// Size is the pool size the member last reported using (equal policy's agreement).
 	Size int64 `json:"size"`
 	// Since is when the member last started holding a share, or waiting for one.
@@ -372,7 +375,10 @@ type Request struct {
 	// older one are still to be used.
 	InUse  uint64 `json:"in_use"`
 	Demand int64  `json:"demand"` // parts of RateScale wanted; RateScale: as much as it can get
-	Size   int64  `json:"size"`   // equal policy: the pool size its share is based on
+	// Critical is the part of Demand its callers of the critical class ask (parts of
+	// RateScale, fair policy): the policy gives the members' critical demand first.
+	Critical int64 `json:"critical,omitempty"`
+	Size     int64 `json:"size"` // equal policy: the pool size its share is based on
 	// BusyFor (release): how long after sending the member may still use its lease (its
 	// last reserved permit); the share is free after that.
 	BusyFor int64 `json:"busy_for"`
@@ -641,6 +647,7 @@ func (s *State) apply(now int64, cfg Config, req Request, a *applied) (Reply, er
 	}
 	e := &s.Members[i]
 	e.Demand = min(max(req.Demand, 0), RateScale)
+	e.Critical = min(max(req.Critical, 0), e.Demand)
 	e.Size = max(req.Size, 0)
 	if cfg.Policy == Equal || e.Demand > 0 {
 		if e.Lease.Share.Rate == 0 && now-e.Wanted > int64(cfg.TTL) {

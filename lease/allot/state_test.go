@@ -465,6 +465,35 @@ func TestStateRoundTripWindowAndRamp(t *testing.T) {
 	}
 }
 
+// TestStateRoundTripCritical: a record with critical demand is written in format 3 and
+// survives a round trip; once no member reports any, it is written as before (format 1 for
+// a plain limit), so that members of an earlier version read it.
+func TestStateRoundTripCritical(t *testing.T) {
+	c := cfg(Fair)
+	s, _ := NewState(lim(10, time.Second, 6), 7, 0, 0, c)
+	if _, err := s.Apply(0, c, Request{Op: OpJoin, Member: "a", Demand: all / 2, Critical: all / 4}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Apply(0, c, Request{Op: OpJoin, Member: "b", Demand: all}); err != nil {
+		t.Fatal(err)
+	}
+	b := MarshalState(s)
+	if b[0] != stateFormatClasses {
+		t.Fatalf("format %d, want %d", b[0], stateFormatClasses)
+	}
+	got, err := UnmarshalState(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, s) {
+		t.Errorf("round trip changed it:\n%+v\n%+v", got, s)
+	}
+	s.Members[0].Critical = 0
+	if b := MarshalState(s); b[0] != stateFormatV1 {
+		t.Errorf("without critical demand: format %d, want %d", b[0], stateFormatV1)
+	}
+}
+
 // FuzzStateCodec: no input makes the decoder panic, and whatever decodes encodes back to
 // the same bytes.
 func FuzzStateCodec(f *testing.F) {
@@ -480,6 +509,8 @@ func FuzzStateCodec(f *testing.F) {
 	r.Ramp = gcra.Ramp{T0: sec, Over: 60 * sec}
 	rs, _ := NewState(r, 7, 3*sec, 0, cfg(Fair))
 	f.Add(MarshalState(rs)) // format 2: a ramp
+	p.s.Members[0].Critical = all / 10
+	f.Add(MarshalState(p.s)) // format 3: critical demand
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s, err := UnmarshalState(b)
 		if err != nil {
@@ -725,5 +756,45 @@ func TestChargeIsNotBookedAtARateSharesStillHold(t *testing.T) {
 	apply(4*ms, Request{Op: OpTake, Member: "d", Epoch: reps[3].Epoch, N: 1, MaxDelay: -1}) // a charge
 	if bound := gcra.After(s.heldUntil(4*ms), s.Limit.T); s.Booked > bound {
 		t.Fatalf("a charge while the shares are counted booked the free capacity until %v, want no later than %v", time.Duration(s.Booked), time.Duration(bound))
+	}
+}
+
+// TestSharesFollowCriticalDemandFirst: a member whose callers are of the critical class
+// reports that part of its demand (Request.Critical), and the fair policy gives the
+// members' critical demand first, then shares the rest by member as before. One member
+// asking 60% of 100/s for critical callers beside three that want all they can get (a
+// sheddable flood): by member alone it got a quarter of the limit (max-min fair); now 60%.
+func TestSharesFollowCriticalDemandFirst(t *testing.T) {
+	c := cfg(Fair)
+	c.JoinWindow = 0
+	s, _ := NewState(lim(100, time.Second, 20), 1, 0, 0, c)
+	apply := checkedApply(t, s, c)
+	type m struct {
+		id               string
+		demand, critical int64
+	}
+	pool := []m{{"ui", all * 60 / 100, all * 60 / 100}, {"b1", all, 0}, {"b2", all, 0}, {"b3", all, 0}}
+	reps := map[string]Reply{}
+	at := int64(0)
+	for _, x := range pool {
+		reps[x.id] = apply(at, Request{Op: OpJoin, Member: x.id, Demand: x.demand, Critical: x.critical})
+		at += ms
+	}
+	for range 4 {
+		at += 300 * ms
+		for _, x := range pool {
+			r := reps[x.id]
+			reps[x.id] = apply(at, Request{Op: OpRenew, Member: x.id, Epoch: r.Epoch, InUse: r.Lease.Seq, Demand: x.demand, Critical: x.critical})
+			at += ms
+		}
+	}
+	if got := reps["ui"].Lease.Share.Rate; got < all*60/100 {
+		t.Errorf("the critical member's share: rate %d of %d, want at least its critical demand %d (the others: %+v %+v %+v)",
+			got, all, all*60/100, reps["b1"].Lease.Share, reps["b2"].Lease.Share, reps["b3"].Lease.Share)
+	}
+	for _, id := range []string{"b1", "b2", "b3"} {
+		if got := reps[id].Lease.Share.Rate; got < all*13/100 {
+			t.Errorf("%s's share: rate %d, want the rest shared by member (about %d)", id, got, all*40/100/3)
+		}
 	}
 }
