@@ -273,8 +273,9 @@ type rawClient struct {
 	nc  net.Conn
 	fr  *http2.Framer
 	enc *hpack.Encoder
-	dec *hpack.Decoder
-	hb  bytes.Buffer
+	dec    *hpack.Decoder
+	fields map[string]string // the last answer's header fields
+	hb     bytes.Buffer
 	id  uint32
 }
 
@@ -287,7 +288,9 @@ func dialRaw(t testing.TB, addr string) *rawClient {
 	nc.SetDeadline(time.Now().Add(30 * time.Second))
 	c := &rawClient{nc: nc, fr: http2.NewFramer(nc, nc), id: 1}
 	c.enc = hpack.NewEncoder(&c.hb)
-	c.dec = hpack.NewDecoder(4096, nil)
+	c.fields = map[string]string{}
+	c.dec = hpack.NewDecoder(4096, func(f hpack.HeaderField) { c.fields[f.Name] = f.Value })
+	c.fr.SetReuseFrames()
 	io.WriteString(nc, http2.ClientPreface)
 	c.fr.WriteSettings()
 	return c
@@ -307,10 +310,12 @@ func (c *rawClient) headers(end bool, fields ...string) uint32 {
 
 var grpcHeaders = []string{":method", "POST", ":scheme", "http", ":path", "/test/Echo", ":authority", "x", "content-type", "application/grpc", "te", "trailers"}
 
-// answer reads frames until stream id ends, and returns its trailers' fields and its RST_STREAM code (or -1).
+// answer reads frames until stream id ends, and returns its header fields (valid until
+// the next answer) and its RST_STREAM code (or -1).
 func (c *rawClient) answer(t testing.TB, id uint32) (map[string]string, int) {
 	t.Helper()
-	fields := map[string]string{}
+	clear(c.fields)
+	fields := c.fields
 	for {
 		f, err := c.fr.ReadFrame()
 		if err != nil {
@@ -318,17 +323,18 @@ func (c *rawClient) answer(t testing.TB, id uint32) (map[string]string, int) {
 		}
 		switch f := f.(type) {
 		case *http2.HeadersFrame:
-			hf, err := c.dec.DecodeFull(f.HeaderBlockFragment())
+			if f.StreamID != id {
+				c.dec.SetEmitEnabled(false)
+			}
+			_, err := c.dec.Write(f.HeaderBlockFragment())
+			if err == nil {
+				err = c.dec.Close()
+			}
+			c.dec.SetEmitEnabled(true)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if f.StreamID != id {
-				continue
-			}
-			for _, h := range hf {
-				fields[h.Name] = h.Value
-			}
-			if f.StreamEnded() {
+			if f.StreamID == id && f.StreamEnded() {
 				return fields, -1
 			}
 		case *http2.RSTStreamFrame:
@@ -483,5 +489,40 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("timed out waiting for a condition")
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestAllocs bounds what a call allocates, inline and on workers: the server's request
+// HEADERS frame, and the raw client's two answer HEADERS frames.
+func TestAllocs(t *testing.T) {
+	req, _ := proto.Marshal(wrapperspb.String("hi"))
+	body := append([]byte{0, 0, 0, 0, byte(len(req))}, req...)
+	for _, inline := range []bool{true, false} {
+		cfg := testConfig()
+		cfg.Inline = inline
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := New(cfg, func(_ context.Context, c *Call, out []byte) ([]byte, error) {
+			return append(out, c.Message...), nil
+		})
+		go s.Serve(ln)
+		c := dialRaw(t, ln.Addr().String())
+		exchange := func() {
+			id := c.headers(false, grpcHeaders...)
+			c.fr.WriteData(id, true, body)
+			if fields, rst := c.answer(t, id); fields["grpc-status"] != "0" || rst != -1 {
+				t.Fatalf("inline %v: got %v, RST_STREAM %d", inline, fields, rst)
+			}
+		}
+		exchange() // the header tables filled, the pools warm
+		got := testing.AllocsPerRun(200, exchange)
+		t.Logf("inline %v: %.1f allocations a call", inline, got)
+		if got > 3 {
+			t.Errorf("inline %v: %.1f allocations a call, want at most 3", inline, got)
+		}
+		c.nc.Close()
+		s.Stop()
 	}
 }
