@@ -378,7 +378,7 @@ func (c *conn) endRequest(st *stream) {
 // run answers a call (on a worker's goroutine).
 func (c *conn) run(st *stream) {
 	ctx, cancel := c.ctx, context.CancelFunc(nil)
-	if st.timeout > 0 {
+	if st.timeout > 0 && !c.s.cfg.Inline { // inline, the handler never waits for it
 		ctx, cancel = context.WithTimeout(ctx, st.timeout)
 	}
 	out, err := c.s.h(ctx, &st.call, st.out[:0])

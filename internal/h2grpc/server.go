@@ -19,8 +19,9 @@ type Config struct {
 	HandshakeTimeout time.Duration // the client's preface and settings arrive within this
 	// Inline answers each call on its connection's reader goroutine, as soon as its
 	// request has arrived, and writes the answers once the reader has nothing more to
-	// read: for a handler that never blocks (it decides in process). Otherwise calls are
-	// answered on worker goroutines, each call's wait its own.
+	// read: for a handler that never blocks (it decides in process), whose context then
+	// carries no deadline (a grpc-timeout is not read). Otherwise calls are answered on
+	// worker goroutines, each call's wait its own.
 	Inline bool
 }
 

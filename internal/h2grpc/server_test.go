@@ -270,13 +270,13 @@ func TestIdleTimeout(t *testing.T) {
 
 // rawClient speaks HTTP/2 by hand, to send what grpc-go's client would not.
 type rawClient struct {
-	nc  net.Conn
-	fr  *http2.Framer
-	enc *hpack.Encoder
+	nc     net.Conn
+	fr     *http2.Framer
+	enc    *hpack.Encoder
 	dec    *hpack.Decoder
 	fields map[string]string // the last answer's header fields
 	hb     bytes.Buffer
-	id  uint32
+	id     uint32
 }
 
 func dialRaw(t testing.TB, addr string) *rawClient {
