@@ -52,6 +52,7 @@ type conn struct {
 	active    atomic.Int32       // streams open: from their HEADERS to their answer
 	idleSince atomic.Int64       // when active last fell to 0 (Unix nanoseconds)
 	idle      *time.Timer
+	written   chan struct{} // closed when the writer has stopped
 
 	mu        sync.Mutex
 	wake      sync.Cond // the writer waits for frames
@@ -79,11 +80,13 @@ type pendingData struct {
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
-	c := &conn{s: s, nc: nc, streams: map[uint32]*stream{}, sendConn: 65535, sendInit: 65535, maxFrame: 16384}
+	c := &conn{s: s, nc: nc, streams: map[uint32]*stream{}, sendConn: 65535, sendInit: 65535, maxFrame: 16384,
+		written: make(chan struct{})}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.br = bufio.NewReaderSize(nc, 32<<10)
 	c.fr = http2.NewFramer(io.Discard, c.br)
 	c.fr.SetReuseFrames()
+	c.fr.SetMaxReadFrameSize(16384) // HTTP/2's default, which the settings sent keep: a larger frame ends the connection
 	c.dec = hpack.NewDecoder(4096, c.onField)
 	// A field past MaxHeaderList refuses its stream (onField); a string past the block's
 	// own bound would end the connection.
@@ -126,19 +129,16 @@ func (c *conn) serve() {
 		c.goAwayCode(http2.ErrCode(ce))
 	case errors.As(err, &fe):
 		c.goAwayCode(http2.ErrCode(fe))
+	case errors.Is(err, http2.ErrFrameTooLarge):
+		c.goAwayCode(http2.ErrCodeFrameSize)
 	default:
 		c.close()
 		return
 	}
 	c.finish()
-	// The writer closes the connection once the GOAWAY is out; the reader waits for
-	// that, so a stopping server waits for it too.
-	for {
-		if _, err := c.fr.ReadFrame(); err != nil {
-			break
-		}
-	}
-	c.close()
+	// The writer closes the connection once the GOAWAY is out (or WriteTimeout has
+	// passed); the reader waits for that, so a stopping server waits for it too.
+	<-c.written
 }
 
 func (c *conn) read() error {
@@ -628,6 +628,7 @@ func (c *conn) writeLoop() {
 	}
 	c.mu.Unlock()
 	c.close()
+	close(c.written)
 }
 
 // goAway sends a GOAWAY naming the last stream accepted: the streams after it are

@@ -415,6 +415,7 @@ func TestProtocolErrors(t *testing.T) {
 			c.fr.WriteRawFrame(http2.FrameHeaders, http2.FlagHeadersEndHeaders, 1, []byte{0xff, 0xff, 0xff, 0xff})
 		}, http2.ErrCodeCompression},
 		{func(c *rawClient) { c.fr.WriteWindowUpdate(0, 1<<31-1) }, http2.ErrCodeFlowControl},
+		{func(c *rawClient) { c.fr.WriteRawFrame(http2.FramePing, 0, 0, make([]byte, 16385)) }, http2.ErrCodeFrameSize},
 	} {
 		c := dialRaw(t, ln.Addr().String())
 		step.send(c)
