@@ -66,8 +66,9 @@ func New(cfg Config, h Handler) *Server {
 // all busy (as while a back end waits for Redis) gets a goroutine of its own.
 const workersPerCPU = 4
 
-// Serve accepts connections on ln until ln fails or the server stops; it returns nil
-// after Stop or GracefulStop, ErrServerStopped if called after them.
+// Serve accepts connections on ln until ln is closed or the server stops; it returns nil
+// after Stop or GracefulStop, ErrServerStopped if called after them. A failure to accept
+// that may pass is waited out.
 func (s *Server) Serve(ln net.Listener) error {
 	s.mu.Lock()
 	if s.stopping {
@@ -92,20 +93,22 @@ func (s *Server) Serve(ln net.Listener) error {
 		if err != nil {
 			s.mu.Lock()
 			stopping := s.stopping
-			delete(s.lns, ln)
+			if stopping || errors.Is(err, net.ErrClosed) {
+				delete(s.lns, ln)
+			}
 			s.mu.Unlock()
 			if stopping {
 				return nil
 			}
-			if ne, ok := err.(net.Error); ok && ne.Timeout() { // a passing failure, as net/http retries
-				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-				time.Sleep(delay)
-				s.mu.Lock()
-				s.lns[ln] = struct{}{}
-				s.mu.Unlock()
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				return err
 			}
-			return err
+			// Any other failure may pass (out of file descriptors, a connection reset
+			// before it was taken): wait, longer each time, and accept again. ln stays
+			// in lns, so a stop meanwhile closes it.
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			time.Sleep(delay)
+			continue
 		}
 		delay = 0
 		s.mu.Lock()
