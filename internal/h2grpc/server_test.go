@@ -527,3 +527,32 @@ func TestAllocs(t *testing.T) {
 		s.Stop()
 	}
 }
+
+// A stream past MaxStreams is refused (REFUSED_STREAM) while the others are answered.
+func TestRefusedStream(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxStreams = 1
+	e := &echo{block: make(chan struct{})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(cfg, e.handle)
+	go s.Serve(ln)
+	defer s.Stop()
+	c := dialRaw(t, ln.Addr().String())
+	req, _ := proto.Marshal(wrapperspb.String("hi"))
+	body := append([]byte{0, 0, 0, 0, byte(len(req))}, req...)
+	block := append(slicesClone(grpcHeaders)[:4], ":path", "/test/Block")
+	block = append(block, grpcHeaders[6:]...)
+	first := c.headers(false, block...)
+	c.fr.WriteData(first, true, body)
+	second := c.headers(false, grpcHeaders...)
+	if _, rst := c.answer(t, second); rst != int(http2.ErrCodeRefusedStream) {
+		t.Errorf("the second stream: RST_STREAM %d, want REFUSED_STREAM", rst)
+	}
+	close(e.block)
+	if fields, rst := c.answer(t, first); fields["grpc-status"] != "0" || rst != -1 {
+		t.Errorf("the first stream: %v, RST_STREAM %d, want its answer", fields, rst)
+	}
+}
