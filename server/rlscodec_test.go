@@ -176,8 +176,12 @@ func TestShouldRateLimitAllocs(t *testing.T) {
 	got := testing.AllocsPerRun(500, func() {
 		out, err = s.grpc.svc.appendAnswer(context.Background(), msg, out[:0])
 	})
+	bound := 2.0
+	if raceEnabled {
+		bound = 6 // and a request, an answer and its parts when the pools miss
+	}
 	t.Logf("%.1f allocations a call", got)
-	if got > 2 || err != nil {
-		t.Errorf("%.1f allocations a call (%v), want at most 2", got, err)
+	if got > bound || err != nil {
+		t.Errorf("%.1f allocations a call (%v), want at most %v", got, err, bound)
 	}
 }

@@ -520,8 +520,12 @@ func TestAllocs(t *testing.T) {
 		exchange() // the header tables filled, the pools warm
 		got := testing.AllocsPerRun(200, exchange)
 		t.Logf("inline %v: %.1f allocations a call", inline, got)
-		if got > 3 {
-			t.Errorf("inline %v: %.1f allocations a call, want at most 3", inline, got)
+		bound := 3.0
+		if raceEnabled {
+			bound = 4 // and a stream when the pool misses
+		}
+		if got > bound {
+			t.Errorf("inline %v: %.1f allocations a call, want at most %v", inline, got, bound)
 		}
 		c.nc.Close()
 		s.Stop()
