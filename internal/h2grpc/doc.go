@@ -5,7 +5,7 @@
 // Decoder, keeps each call's state in a recycled struct, answers on long-lived worker
 // goroutines, and writes every connection's frames from one buffer that a writer
 // goroutine sends in batches: a call costs a few allocations where grpc-go's transport
-// makes about sixty (docs/envoy.md, "Performance"). It serves what a unary call needs
+// makes about sixty (docs/envoy.md, "The transport"). It serves what a unary call needs
 // and nothing more: no compression, no streaming calls, no server push, no TLS.
 //
 // What it keeps of HTTP/2 and gRPC:
