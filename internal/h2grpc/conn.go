@@ -30,8 +30,9 @@ const (
 	maxHeaderBlock = 1 << 16
 )
 
-// conn is one client connection. Its reader goroutine (serve) owns the fields above mu;
-// the writer goroutine and the calls' goroutines share those below it.
+// conn is one client connection. Its reader goroutine (serve) owns the plain fields
+// above mu; the atomics, the idle timer and the fields below mu are shared with the
+// writer goroutine, the calls' goroutines and the server.
 type conn struct {
 	s      *Server
 	nc     net.Conn
@@ -119,7 +120,8 @@ func (e connError) Error() string { return "h2grpc: connection error " + http2.E
 func (c *conn) serve() {
 	defer c.s.connDone(c)
 	go c.writeLoop()
-	c.idle = time.AfterFunc(c.s.cfg.IdleTimeout, c.checkIdle)
+	c.idle = time.AfterFunc(time.Hour, c.checkIdle) // set before it can fire
+	c.idle.Reset(c.s.cfg.IdleTimeout)
 	defer c.idle.Stop()
 	err := c.read()
 	var ce connError
@@ -375,7 +377,7 @@ func (c *conn) endRequest(st *stream) {
 	}
 }
 
-// run answers a call (on a worker's goroutine).
+// run answers a call, on a worker's goroutine or, inline, on the reader's.
 func (c *conn) run(st *stream) {
 	ctx, cancel := c.ctx, context.CancelFunc(nil)
 	if st.timeout > 0 && !c.s.cfg.Inline { // inline, the handler never waits for it
@@ -585,9 +587,11 @@ func (c *conn) appendHeaderBlock(id uint32, endStream bool) {
 	}
 }
 
-// waitRoom waits while out is full (under mu).
+// waitRoom waits while out is full (under mu), the writer woken first: inline answers
+// wake it only once their batch is read.
 func (c *conn) waitRoom() {
 	for len(c.out) > maxOut && !c.closed {
+		c.wake.Signal()
 		c.room.Wait()
 	}
 }
