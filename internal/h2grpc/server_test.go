@@ -62,6 +62,17 @@ func (e *echo) handle(ctx context.Context, c *Call, out []byte) ([]byte, error) 
 	return out, status.Errorf(codes.Unimplemented, "unknown method %s", c.Method)
 }
 
+// forModes runs f with calls answered on workers, then inline.
+func forModes(t *testing.T, f func(t *testing.T, cfg Config)) {
+	for _, inline := range []bool{false, true} {
+		t.Run(fmt.Sprintf("inline=%v", inline), func(t *testing.T) {
+			cfg := testConfig()
+			cfg.Inline = inline
+			f(t, cfg)
+		})
+	}
+}
+
 // start serves h on loopback and returns the server, a client connection to it, and
 // Serve's result.
 func start(t *testing.T, cfg Config, h Handler) (*Server, *grpc.ClientConn, <-chan error) {
@@ -91,67 +102,73 @@ func call(ctx context.Context, cc *grpc.ClientConn, method, v string, opts ...gr
 }
 
 func TestCalls(t *testing.T) {
-	e := &echo{}
-	_, cc, _ := start(t, testConfig(), e.handle)
-	ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer tok")
-	var wg sync.WaitGroup
-	errs := make(chan error, 32)
-	for g := range 32 {
-		wg.Go(func() {
-			for i := range 50 {
-				want := fmt.Sprintf("g%d-%d", g, i)
-				got, err := call(ctx, cc, "/test/Echo", want)
-				if err != nil || got != want+" Bearer tok" {
-					errs <- fmt.Errorf("goroutine %d call %d: got %q, %v, want %q", g, i, got, err, want+" Bearer tok")
-					return
+	forModes(t, func(t *testing.T, cfg Config) {
+		e := &echo{}
+		_, cc, _ := start(t, cfg, e.handle)
+		ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer tok")
+		var wg sync.WaitGroup
+		errs := make(chan error, 32)
+		for g := range 32 {
+			wg.Go(func() {
+				for i := range 50 {
+					want := fmt.Sprintf("g%d-%d", g, i)
+					got, err := call(ctx, cc, "/test/Echo", want)
+					if err != nil || got != want+" Bearer tok" {
+						errs <- fmt.Errorf("goroutine %d call %d: got %q, %v, want %q", g, i, got, err, want+" Bearer tok")
+						return
+					}
 				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+	})
 }
 
 func TestErrors(t *testing.T) {
-	_, cc, _ := start(t, testConfig(), (&echo{}).handle)
-	ctx := context.Background()
-	for i, c := range []struct {
-		method, value string
-		code          codes.Code
-		msg           string
-	}{
-		{"/test/Fail", "no such key: 100% gone\nreally é", codes.NotFound, "no such key: 100% gone\nreally é"},
-		{"/test/Nothing", "", codes.Unimplemented, "unknown method /test/Nothing"},
-		{"/test/Echo", strings.Repeat("y", 70<<10), codes.ResourceExhausted, "grpc: received message larger than max (71684 vs. 65536)"},
-	} {
-		_, err := call(ctx, cc, c.method, c.value)
-		if s := status.Convert(err); s.Code() != c.code || s.Message() != c.msg {
-			t.Errorf("step %d: got %v %q, want %v %q", i, s.Code(), s.Message(), c.code, c.msg)
+	forModes(t, func(t *testing.T, cfg Config) {
+		_, cc, _ := start(t, cfg, (&echo{}).handle)
+		ctx := context.Background()
+		for i, c := range []struct {
+			method, value string
+			code          codes.Code
+			msg           string
+		}{
+			{"/test/Fail", "no such key: 100% gone\nreally é", codes.NotFound, "no such key: 100% gone\nreally é"},
+			{"/test/Nothing", "", codes.Unimplemented, "unknown method /test/Nothing"},
+			{"/test/Echo", strings.Repeat("y", 70<<10), codes.ResourceExhausted, "grpc: received message larger than max (71684 vs. 65536)"},
+		} {
+			_, err := call(ctx, cc, c.method, c.value)
+			if s := status.Convert(err); s.Code() != c.code || s.Message() != c.msg {
+				t.Errorf("step %d: got %v %q, want %v %q", i, s.Code(), s.Message(), c.code, c.msg)
+			}
 		}
-	}
-	// The connection still serves.
-	if got, err := call(ctx, cc, "/test/Echo", "after"); err != nil || got != "after " {
-		t.Errorf("after the errors: got %q, %v", got, err)
-	}
+		// The connection still serves.
+		if got, err := call(ctx, cc, "/test/Echo", "after"); err != nil || got != "after " {
+			t.Errorf("after the errors: got %q, %v", got, err)
+		}
+	})
 }
 
 // A response larger than the client's windows and frames waits for its window updates.
 func TestLargeResponses(t *testing.T) {
-	_, cc, _ := start(t, testConfig(), (&echo{}).handle)
-	var wg sync.WaitGroup
-	for g := range 4 {
-		wg.Go(func() {
-			n := 300<<10 + g
-			got, err := call(context.Background(), cc, "/test/Big", fmt.Sprint(n), grpc.MaxCallRecvMsgSize(1<<20))
-			if err != nil || len(got) != n {
-				t.Errorf("goroutine %d: got %d bytes, %v, want %d", g, len(got), err, n)
-			}
-		})
-	}
-	wg.Wait()
+	forModes(t, func(t *testing.T, cfg Config) {
+		_, cc, _ := start(t, cfg, (&echo{}).handle)
+		var wg sync.WaitGroup
+		for g := range 4 {
+			wg.Go(func() {
+				n := 300<<10 + g
+				got, err := call(context.Background(), cc, "/test/Big", fmt.Sprint(n), grpc.MaxCallRecvMsgSize(1<<20))
+				if err != nil || len(got) != n {
+					t.Errorf("goroutine %d: got %d bytes, %v, want %d", g, len(got), err, n)
+				}
+			})
+		}
+		wg.Wait()
+	})
 }
 
 func TestDeadline(t *testing.T) {
