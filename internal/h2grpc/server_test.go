@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -214,10 +215,10 @@ func TestGracefulStop(t *testing.T) {
 		_, err := call(context.Background(), cc, "/test/Block", "in flight")
 		answered <- err
 	}()
-	waitFor(t, func() bool { return activeStreams(s) == 1 })
+	waitFor(t, "the call in flight", func() bool { return activeStreams(s) == 1 })
 	stopped := make(chan struct{})
 	go func() { s.GracefulStop(); close(stopped) }()
-	waitFor(t, func() bool {
+	waitFor(t, "a GOAWAY on every connection", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		for c := range s.conns {
@@ -499,14 +500,15 @@ func FuzzConn(f *testing.F) {
 	})
 }
 
-func waitFor(t *testing.T, cond func() bool) {
+// waitFor yields until cond holds (a condition, never a sleep).
+func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatal("timed out waiting for a condition")
+			t.Fatalf("timed out waiting for %s", what)
 		}
-		time.Sleep(time.Millisecond)
+		runtime.Gosched()
 	}
 }
 
