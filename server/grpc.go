@@ -48,7 +48,8 @@ const (
 const rlsServiceName = "envoy.service.ratelimit.v3.RateLimitService"
 
 // grpcServer is the gRPC listener: Envoy's rate limit service (ShouldRateLimit), the
-// standard health service, and reflection when asked for.
+// standard health service, and reflection when asked for. It is served by the lean
+// transport (internal/h2grpc) or by grpc-go's server (grpc.transport; docs/envoy.md).
 type grpcServer struct {
 	srv    *grpc.Server   // grpc-go's, or nil
 	lean   *h2grpc.Server // the lean transport's, or nil
@@ -69,7 +70,7 @@ func (s *Server) newGRPCServer(cfg Config) *grpcServer {
 			IdleTimeout:      cfg.IdleTimeout.D(),
 			WriteTimeout:     cfg.WriteTimeout.D(),
 			HandshakeTimeout: grpcHandshakeTimeout,
-			Inline:           cfg.Backend == "local", // decides in process, never waits
+			Inline:           s.local != nil, // the back end is the local one: it decides in process, never waits
 		}, g.leanCall)
 		g.setServing(s.down.Load() == nil)
 		return g
