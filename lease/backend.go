@@ -116,9 +116,10 @@ func sameLimit(a, b gcra.Limit) bool {
 // rec is the member's side of one key's limit.
 type rec struct {
 	key     string
-	limit   gcra.Limit // as asked (the member's record holds recordLimit of it)
-	mu      sync.Mutex
-	stale   atomic.Bool // the key is decided under other limits now: release at once
+	limit   gcra.Limit                // as asked (the member's record holds recordLimit of it)
+	mu      sync.Mutex                // taken with lock: r.m is read and changed under it
+	fast    atomic.Pointer[fastShare] // single permits granted without mu, nil while there is no share
+	stale   atomic.Bool               // the key is decided under other limits now: release at once
 	m       *allot.Member
 	changed chan struct{} // made by the first waiter (watch), closed when an answer from the store arrives
 }
@@ -378,10 +379,10 @@ func lock(rs []*rec) bool {
 		order = slices.Compact(order)
 	}
 	for i, r := range order {
-		r.mu.Lock()
+		r.lock()
 		if r.m.Released() {
 			for _, u := range order[:i+1] {
-				u.mu.Unlock()
+				u.unlock()
 			}
 			return false
 		}
@@ -392,7 +393,7 @@ func lock(rs []*rec) bool {
 func unlock(rs []*rec) {
 	for i, r := range rs {
 		if !slices.Contains(rs[:i], r) {
-			r.mu.Unlock()
+			r.unlock()
 		}
 	}
 }
@@ -543,9 +544,9 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 func (b *Backend) waiting(rs []*rec, delta int) {
 	for i, r := range rs {
 		if !slices.Contains(rs[:i], r) {
-			r.mu.Lock()
+			r.lock()
 			r.m.Wait(delta)
-			r.mu.Unlock()
+			r.unlock()
 		}
 	}
 }
@@ -573,7 +574,10 @@ func (b *Backend) AllowOne(ctx context.Context, key string, l gcra.Limit) (bool,
 	}
 	if e := b.keys.Load(key); e != nil {
 		if r := e.Val.find(l); r != nil {
-			r.mu.Lock()
+			if f := r.fast.Load(); f != nil && f.allow(b.clock.Nanotime()) {
+				return true, nil
+			}
+			r.lock()
 			if !r.m.Released() {
 				allowed, ok := r.m.AllowOne(b.clock.Nanotime())
 				if !ok {
@@ -585,11 +589,11 @@ func (b *Backend) AllowOne(ctx context.Context, key string, l gcra.Limit) (bool,
 					allowed, ok = r.m.AllowOne(b.clock.Nanotime())
 				}
 				if ok {
-					r.mu.Unlock()
+					r.unlock()
 					return allowed, nil
 				}
 			}
-			r.mu.Unlock()
+			r.unlock()
 		}
 	}
 	g, err := b.Decide(ctx, key, backend.Request{Limits: []gcra.Limit{l}, N: 1})
@@ -680,9 +684,9 @@ func (b *Backend) Leases() []Status {
 	now := b.clock.Nanotime()
 	var out []Status
 	for _, r := range b.allRecords {
-		r.mu.Lock()
+		r.lock()
 		st := r.m.Status(now)
-		r.mu.Unlock()
+		r.unlock()
 		st.Key = r.key
 		out = append(out, st)
 	}
@@ -729,12 +733,12 @@ func (b *Backend) Close() error {
 		now := b.clock.Nanotime()
 		var calls []call
 		for e, r := range b.allRecords {
-			r.mu.Lock()
+			r.lock()
 			if req, ok := r.m.Release(now); ok {
 				calls = append(calls, call{key: r.key, limit: r.m.Limit(), req: req})
 			}
 			b.forget(e, r) // under the lock, as round does: a released record is never found
-			r.mu.Unlock()
+			r.unlock()
 		}
 		if len(calls) > 0 {
 			ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
@@ -790,9 +794,9 @@ func (b *Backend) round() int64 {
 	var calls []call
 	var owners []pending
 	for e, r := range b.allRecords {
-		r.mu.Lock()
+		r.lock()
 		if r.m.Released() {
-			r.mu.Unlock()
+			r.unlock()
 			continue
 		}
 		if r.m.Idle(now, b.idleAfter) || (r.stale.Load() && r.m.Idle(now, 0)) {
@@ -801,14 +805,14 @@ func (b *Backend) round() int64 {
 				owners = append(owners, pending{})
 			}
 			b.forget(e, r)
-			r.mu.Unlock()
+			r.unlock()
 			continue
 		}
 		if req, ok := r.m.Request(now, early); ok {
 			calls = append(calls, call{key: r.key, limit: r.m.Limit(), req: req})
 			owners = append(owners, pending{r, req.Nonce})
 		}
-		r.mu.Unlock()
+		r.unlock()
 	}
 	if len(calls) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
@@ -832,7 +836,7 @@ func (b *Backend) round() int64 {
 			if e == nil {
 				rep, e = res[i].rep, res[i].err
 			}
-			p.r.mu.Lock()
+			p.r.lock()
 			at := b.clock.Nanotime() // read under the lock: every decision on the record before it was on the old lease
 			p.r.m.Receive(at, p.nonce, rep, e)
 			live := p.r.m.Live()
@@ -843,7 +847,7 @@ func (b *Backend) round() int64 {
 				st = p.r.m.Status(at)
 				st.Key, st.Asked = p.r.key, sent
 			}
-			p.r.mu.Unlock()
+			p.r.unlock()
 			if b.observer != nil {
 				b.observer.ObserveLease(st) // before the waiters wake: they see it observed
 			}
@@ -857,9 +861,9 @@ func (b *Backend) round() int64 {
 	}
 	next := int64(math.MaxInt64)
 	for _, r := range b.allRecords {
-		r.mu.Lock()
+		r.lock()
 		next = min(next, r.m.Due(now), r.m.LastCall()+b.idleAfter)
-		r.mu.Unlock()
+		r.unlock()
 	}
 	if next == math.MaxInt64 {
 		next = now + int64(time.Hour)

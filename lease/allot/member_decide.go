@@ -264,6 +264,75 @@ func (m *Member) AllowOne(now int64) (allowed, ok bool) {
 	return true, true
 }
 
+// FastShare is what a caller may grant single permits on without serializing with the
+// member's other calls (a lock-free fast path beside AllowOne): the share as a limit, the
+// instant until which the lease may be used, and the share's bucket (its TAT) when Fast
+// was called. A permit that gcra.AllowOne grants on Limit, at a now before End, from the
+// bucket's TAT at that moment, is a permit AllowOne would grant. A refusal is not: the
+// member counts it, and may borrow instead (AllowOne).
+type FastShare struct {
+	Limit gcra.Limit // never a windowed quota's
+	End   int64
+	Tat   int64
+}
+
+// Fast returns the member's FastShare; ok is false when single permits must go through
+// AllowOne (no share, a windowed quota's tokens, released). The caller hands what it
+// granted on the share to Granted before it calls any other method.
+func (m *Member) Fast() (FastShare, bool) {
+	if !m.lease.has || m.windowed() || m.phase == released {
+		return FastShare{}, false
+	}
+	return FastShare{Limit: m.lease.local, End: m.lease.end, Tat: m.bucket.tat}, true
+}
+
+// FastGrants are the permits granted on a FastShare since Fast returned it.
+type FastGrants struct {
+	N     int64 // how many (none: the member is left as it is)
+	Tat   int64 // the bucket's TAT after the last of them
+	First int64 // the now of the first call that granted one
+	Last  int64 // the now of the latest
+}
+
+// Granted counts g, the permits granted on the member's FastShare: the member is then as
+// N calls of AllowOne that granted them would have left it, the calls between the first
+// and the last taken as evenly spaced (it is not told their times: only its callers' think
+// time, which learnThink smooths over the gaps, depends on them).
+func (m *Member) Granted(g FastGrants) {
+	if g.N <= 0 {
+		return
+	}
+	m.grantedAt(g.First)
+	if rest := g.N - 1; rest > 0 {
+		gap := (g.Last - g.First) / rest
+		from := max(rest-thinkSteps, 0) // the calls before leave nothing in the think time
+		if from > 0 {
+			t := g.First + from*gap
+			m.demand.lastCall = max(m.demand.lastCall, t)
+			m.pending.lastAt, m.pending.busyAt = max(m.pending.lastAt, t), max(m.pending.busyAt, t)
+		}
+		for k := from + 1; k < rest; k++ {
+			m.grantedAt(g.First + k*gap)
+		}
+		m.grantedAt(g.Last)
+	}
+	m.bucket.tat = g.Tat
+	m.demand.asked += g.N
+	m.demand.used += g.N
+}
+
+// grantedAt is AllowOne's bookkeeping of a permit granted at now, but for the count.
+func (m *Member) grantedAt(now int64) {
+	m.learnThink(now)
+	m.demand.lastCall = max(m.demand.lastCall, now)
+	m.pending.lastAt = max(m.pending.lastAt, now)
+	m.pending.busyAt = max(m.pending.busyAt, now)
+}
+
+// thinkSteps bounds the calls of a batch Granted replays: before them, what the think time
+// learned has long been smoothed away (each call moves it a quarter of the way).
+const thinkSteps = 128
+
 // belowEqualSplit reports whether the member's share is below an equal split of the
 // limit's rate among the live members: a share the fair policy cut to the member's
 // demand, which grows when the demand does.
