@@ -574,12 +574,16 @@ func (b *Backend) AllowOne(ctx context.Context, key string, l gcra.Limit) (bool,
 	}
 	if e := b.keys.Load(key); e != nil {
 		if r := e.Val.find(l); r != nil {
-			if f := r.fast.Load(); f != nil && f.allow(b.clock.Nanotime()) {
+			now := b.clock.Nanotime()
+			if f := r.fast.Load(); f != nil && f.allow(now) {
 				return true, nil
 			}
+			// Refused on the share, or the fast path shut: the member decides at the same
+			// reading of the clock (a moment older once the lock is taken: a decision at an
+			// earlier instant grants no permit a later one would not).
 			r.lock()
 			if !r.m.Released() {
-				allowed, ok := r.m.AllowOne(b.clock.Nanotime())
+				allowed, ok := r.m.AllowOne(now)
 				if !ok {
 					// Refused where the member may borrow (or no usable share): the long
 					// way would first decide again on the share, at a fresh reading of the

@@ -866,7 +866,7 @@ func TestFastDecisionRereadsBeforeTheLongWay(t *testing.T) {
 	clk.Advance(100 * time.Millisecond)
 	asleep()
 	r := b.keys.Load("k").Val.find(l)
-	r.mu.Lock()
+	r.lock() // shuts the fast path: what it spends here is spent for it too
 	now := clk.Virtual.Nanotime()
 	share, _ := r.m.Usable(now)
 	for { // spend the share's burst at one instant
@@ -875,11 +875,11 @@ func TestFastDecisionRereadsBeforeTheLongWay(t *testing.T) {
 			break // refused where it may borrow: the long way's case
 		}
 		if !allowed {
-			r.mu.Unlock()
+			r.unlock()
 			t.Fatalf("refused with nothing to borrow: the test needs a member that may borrow (%+v)", b.Leases())
 		}
 	}
-	r.mu.Unlock()
+	r.unlock()
 	if share.T <= l.T {
 		t.Fatalf("the share is the whole limit (%+v)", b.Leases())
 	}
@@ -918,5 +918,84 @@ func TestCriticalCallersAreReported(t *testing.T) {
 	st := c.members[0].Leases()
 	if len(st) != 1 || st[0].Critical < RateScale/2 || st[0].Share.Rate < RateScale/2 {
 		t.Errorf("the critical member: %+v, want its critical demand (about 0.6 of the limit) reported and its share at least that", st)
+	}
+}
+
+// TestFastPathGrantsTheShareExactly: goroutines that take single permits at one instant,
+// while others lock the record over and over (Leases), are granted exactly what the share
+// holds, no more, no fewer, whether the lock-free fast path or the locked one grants each;
+// and the member counts every one in its demand (the Used it reports after its renewal).
+func TestFastPathGrantsTheShareExactly(t *testing.T) {
+	clk := clock.NewVirtual()
+	c := DefaultConfig()
+	c.JoinWindow = 0
+	c.Policy = Equal // a lone member holds the whole limit, and borrows nothing
+	b, err := New(store.NewMemory(clk), WithConfig(c), WithClock(clk), WithRenewEvery(100*time.Millisecond), WithIdleAfter(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	l := gcra.Limit{T: int64(time.Microsecond), Tau: int64(5 * time.Millisecond)} // 10⁶/s, burst 5,000
+	if g, err := b.Decide(bg, "k", backend.Request{Limits: []gcra.Limit{l}, N: 1, MaxDelay: time.Second}); err != nil || !g.Allowed {
+		t.Fatalf("no share: %+v %v", g, err)
+	}
+	clk.Advance(10 * time.Millisecond) // the bucket refills
+	r := b.keys.Load("k").Val.find(l)
+	r.lock()
+	fs, ok := r.m.Fast()
+	r.unlock()
+	if !ok {
+		t.Fatalf("no fast share: %+v", b.Leases())
+	}
+	var want int64
+	for tat := fs.Tat; ; want++ {
+		next, ok := gcra.AllowOne(tat, fs.Limit, clk.Nanotime())
+		if !ok {
+			break
+		}
+		tat = next
+	}
+	var granted atomic.Int64
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	go func() { // lock the record over and over meanwhile
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				b.Leases()
+			}
+		}
+	}()
+	for range 4 {
+		wg.Go(func() {
+			for {
+				ok, err := b.AllowOne(bg, "k", l)
+				if err != nil {
+					t.Error(err)
+				}
+				if !ok {
+					return
+				}
+				granted.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	if got := granted.Load(); got != want || want < 4000 {
+		t.Fatalf("granted %d at one instant, want the share's %d", got, want)
+	}
+	for range 3 { // a renewal or two: the window that counted them closes
+		clk.Advance(100 * time.Millisecond)
+		ctx, cancel := context.WithTimeout(bg, 10*time.Second)
+		for b.sleepUntil.Load() <= clk.Nanotime() && ctx.Err() == nil {
+			runtime.Gosched()
+		}
+		cancel()
+	}
+	if st := b.Leases(); len(st) != 1 || st[0].Used < want || st[0].Used > want+1 {
+		t.Errorf("the member reports %+v, want Used %d (and the joining permit)", st, want)
 	}
 }
