@@ -95,10 +95,10 @@ type keyRecs struct {
 type keyEntry = keytable.Entry[keyRecs]
 
 // find returns the record of limit l, or nil.
-func (k *keyRecs) find(l gcra.Limit) *rec {
+func (k *keyRecs) find(l *gcra.Limit) *rec {
 	if rs := k.recs.Load(); rs != nil {
 		for _, r := range *rs {
-			if sameLimit(r.limit, l) {
+			if sameLimit(&r.limit, l) {
 				return r
 			}
 		}
@@ -106,9 +106,10 @@ func (k *keyRecs) find(l gcra.Limit) *rec {
 	return nil
 }
 
-// sameLimit is a == b, field by field: the compiler compares a struct of this size with a
-// call to memequal, which took a tenth of a fast decision's time (issue [22]).
-func sameLimit(a, b gcra.Limit) bool {
+// sameLimit is *a == *b, field by field: the compiler compares a struct of this size with
+// a call to memequal, which took a tenth of a fast decision's time (issue [22]), and copies
+// the structs it is given by value first.
+func sameLimit(a, b *gcra.Limit) bool {
 	return a.T == b.T && a.Tau == b.Tau && a.Window == b.Window && a.Origin == b.Origin && a.Ramp.T0 == b.Ramp.T0 && a.Ramp.Over == b.Ramp.Over &&
 		a.Rise == b.Rise // nil here: the limiter gives a backend that ramps itself (SharedRamps) no Rise
 }
@@ -278,7 +279,7 @@ func (b *Backend) records(key string, limits []gcra.Limit, out *[gcra.MaxLimits]
 	if e := b.keys.Load(key); e != nil {
 		all := true
 		for i, l := range limits {
-			if rs[i] = e.Val.find(l); rs[i] == nil {
+			if rs[i] = e.Val.find(&l); rs[i] == nil {
 				all = false
 				break
 			}
@@ -301,7 +302,7 @@ func (b *Backend) records(key string, limits []gcra.Limit, out *[gcra.MaxLimits]
 		}
 		added := false
 		for i, l := range limits {
-			if rs[i] = k.find(l); rs[i] == nil {
+			if rs[i] = k.find(&l); rs[i] == nil {
 				rs[i] = &rec{key: key, limit: l, m: allot.NewMember(b.id, recordLimit(l), b.mcfg, b.clock.Nanotime())}
 				next := append(slices.Clip(list), rs[i]) // a new slice: lookups read the old one
 				k.recs.Store(&next)
@@ -312,7 +313,7 @@ func (b *Backend) records(key string, limits []gcra.Limit, out *[gcra.MaxLimits]
 		if added {
 			for _, old := range k.limits {
 				if !slices.Contains(limits, old) {
-					if r := k.find(old); r != nil {
+					if r := k.find(&old); r != nil {
 						r.stale.Store(true)
 					}
 				}
@@ -573,33 +574,45 @@ func (b *Backend) AllowOne(ctx context.Context, key string, l gcra.Limit) (bool,
 		return false, backend.ErrClosed
 	}
 	if e := b.keys.Load(key); e != nil {
-		if r := e.Val.find(l); r != nil {
+		if r := e.Val.find(&l); r != nil {
 			now := b.clock.Nanotime()
 			if f := r.fast.Load(); f != nil && f.allow(now) {
 				return true, nil
 			}
-			// Refused on the share, or the fast path shut: the member decides at the same
-			// reading of the clock (a moment older once the lock is taken: a decision at an
-			// earlier instant grants no permit a later one would not).
-			r.lock()
-			if !r.m.Released() {
-				allowed, ok := r.m.AllowOne(now)
-				if !ok {
-					// Refused where the member may borrow (or no usable share): the long
-					// way would first decide again on the share, at a fresh reading of the
-					// clock. That is done here, at a fraction of its cost (no lookup, no
-					// second lock): a member running at its share's rate mostly finds its
-					// next permit due by then.
-					allowed, ok = r.m.AllowOne(b.clock.Nanotime())
-				}
-				if ok {
-					r.unlock()
-					return allowed, nil
-				}
+			if allowed, ok := b.allowLocked(r, now); ok {
+				return allowed, nil
 			}
-			r.unlock()
 		}
 	}
+	return b.allowLongWay(ctx, key, l)
+}
+
+// allowLocked is AllowOne's decision under r's lock, when the fast path refused or was
+// shut, at the fast path's reading of the clock (a moment older once the lock is taken: a
+// decision at an earlier instant grants no permit a later one would not). ok is false
+// when the caller goes the long way.
+//
+//go:noinline
+func (b *Backend) allowLocked(r *rec, now int64) (allowed, ok bool) {
+	r.lock()
+	defer r.unlock()
+	if r.m.Released() {
+		return false, false
+	}
+	if allowed, ok = r.m.AllowOne(now); !ok {
+		// Refused where the member may borrow (or no usable share): the long way would
+		// first decide again on the share, at a fresh reading of the clock. That is done
+		// here, at a fraction of its cost (no lookup, no second lock): a member running at
+		// its share's rate mostly finds its next permit due by then.
+		allowed, ok = r.m.AllowOne(b.clock.Nanotime())
+	}
+	return allowed, ok
+}
+
+// allowLongWay is AllowOne by Decide (out of line: its frame is AllowOne's cost).
+//
+//go:noinline
+func (b *Backend) allowLongWay(ctx context.Context, key string, l gcra.Limit) (bool, error) {
 	g, err := b.Decide(ctx, key, backend.Request{Limits: []gcra.Limit{l}, N: 1})
 	return g.Allowed, err
 }

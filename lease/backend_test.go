@@ -746,7 +746,7 @@ func memoryStore(cold bool) (*clock.Virtual, *store.Memory) {
 // one field, nested ones included, so a field added to gcra.Limit cannot be missed.
 func TestSameLimit(t *testing.T) {
 	base := gcra.Limit{T: 1, Tau: 2, Window: 3, Origin: 4, Ramp: gcra.Ramp{T0: 5, Over: 6}}
-	if !sameLimit(base, base) {
+	if !sameLimit(&base, &base) {
 		t.Fatal("a limit is not the same as itself")
 	}
 	var fields func(v reflect.Value, path string)
@@ -769,7 +769,7 @@ func TestSameLimit(t *testing.T) {
 				lv.SetInt(lv.Int() + 100)
 			}
 			n++
-			if sameLimit(base, l) || sameLimit(l, base) || (l == base) {
+			if sameLimit(&base, &l) || sameLimit(&l, &base) || (l == base) {
 				t.Errorf("limits that differ in %s: sameLimit true", name)
 			}
 		}
@@ -865,7 +865,7 @@ func TestFastDecisionRereadsBeforeTheLongWay(t *testing.T) {
 	}
 	clk.Advance(100 * time.Millisecond)
 	asleep()
-	r := b.keys.Load("k").Val.find(l)
+	r := b.keys.Load("k").Val.find(&l)
 	r.lock() // shuts the fast path: what it spends here is spent for it too
 	now := clk.Virtual.Nanotime()
 	share, _ := r.m.Usable(now)
@@ -940,7 +940,7 @@ func TestFastPathGrantsTheShareExactly(t *testing.T) {
 		t.Fatalf("no share: %+v %v", g, err)
 	}
 	clk.Advance(10 * time.Millisecond) // the bucket refills
-	r := b.keys.Load("k").Val.find(l)
+	r := b.keys.Load("k").Val.find(&l)
 	r.lock()
 	fs, ok := r.m.Fast()
 	r.unlock()

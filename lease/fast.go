@@ -53,10 +53,13 @@ func (f *fastShare) allow(now int64) bool {
 		if w == fastShut || n >= fastCountMax {
 			return false
 		}
+		// gcra.AllowOne on a limit without a window, inlined (a call passes the limit by
+		// value): the permit is due when the bucket's TAT, or now if later, less the
+		// tolerance, is at most now - T.
 		old := f.base + int64(w>>fastTatShift)
-		tat, ok := gcra.AllowOne(old, f.limit, now)
-		off := tat - f.base
-		if !ok || off > fastTatMax {
+		t := max(old, now)
+		off := t + f.limit.T - f.base
+		if t+f.limit.T-f.limit.Tau > now || off > fastTatMax {
 			return false
 		}
 		nw := uint64(off)<<fastTatShift | (n+1)<<1
