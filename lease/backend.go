@@ -782,13 +782,19 @@ func (b *Backend) run() {
 	for {
 		b.sleepUntil.Store(math.MaxInt64) // awake: a nudge now is kept for after this round
 		next := b.round()
-		b.sleepUntil.Store(next)
 		select {
 		case <-b.quit:
 			return
 		default:
 		}
-		t.Reset(time.Duration(max(next-b.clock.Nanotime(), 0)))
+		d := next - b.clock.Nanotime()
+		if d <= 0 {
+			// Due already (the clock moved during the round): another round at once. A
+			// virtual clock fires a timer of no duration only when it next moves.
+			continue
+		}
+		t.Reset(time.Duration(d))
+		b.sleepUntil.Store(next) // once the timer is set: whoever sees it may move a virtual clock past it
 		select {
 		case <-t.C():
 		case <-b.wake:
