@@ -27,10 +27,10 @@ func sharedMember(t *testing.T, l gcra.Limit) *Member {
 }
 
 // TestGrantedIsAllowOne: permits granted on a member's FastShare and handed to Granted leave
-// the member as AllowOne granting them would have, for calls evenly spaced (a burst that
-// spends the bucket, calls at the share's rate, calls after a refusal and after a
-// pause, and more than Granted replays one by one); a refusal on the share is not a fast grant (AllowOne counts it), and a member
-// without a share or released has no FastShare.
+// the member as AllowOne granting them would have, for evenly spaced calls: a burst that
+// spends the bucket, calls at the share's rate after a refusal, calls after a pause, and
+// more calls than Granted replays one by one. A refusal on the share is no fast grant
+// (AllowOne counts it); a member without a share, or released, has no FastShare.
 func TestGrantedIsAllowOne(t *testing.T) {
 	l := lim(1000, time.Second, 20) // T = 1ms, burst 20
 	if _, ok := NewMember("m", l, DefaultMemberConfig(), 0).Fast(); ok {
