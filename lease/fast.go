@@ -4,7 +4,6 @@ import (
 	"math"
 	"sync/atomic"
 
-	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/lease/allot"
 )
 
@@ -15,9 +14,9 @@ import (
 // fields never change: a share that changes gets a new fastShare, so that a grant decided
 // on the old one cannot land on the new one.
 type fastShare struct {
-	limit gcra.Limit // the share as a limit (allot.FastShare.Limit)
-	end   int64      // the lease may be used while now < end
-	base  int64      // the TAT that offset 0 stands for
+	t, tau int64 // the share as a limit (allot.FastShare.Limit, which has no window)
+	end    int64 // the lease may be used while now < end
+	base   int64 // the TAT that offset 0 stands for
 	// word packs the bucket's TAT (its offset from base, fastTatShift bits up), how many
 	// permits were granted since it opened (fastCountBits bits above bit 0), and, in bit 0,
 	// whether the last of them found its bucket full: it was granted at its TAT less T
@@ -33,7 +32,6 @@ type fastShare struct {
 const (
 	fastFull      = 1 // bit 0 of word
 	fastCountBits = 20
-	fastCountOne  = 1 << 1
 	fastCountMax  = 1<<fastCountBits - 2 // then the lock counts them (a count of all ones would make fastShut)
 	fastTatShift  = 1 + fastCountBits
 	fastTatMax    = 1<<(64-fastTatShift) - 1 // 2.4 hours of nanoseconds past base
@@ -58,8 +56,8 @@ func (f *fastShare) allow(now int64) bool {
 		// tolerance, is at most now - T.
 		old := f.base + int64(w>>fastTatShift)
 		t := max(old, now)
-		off := t + f.limit.T - f.base
-		if t+f.limit.T-f.limit.Tau > now || off > fastTatMax {
+		off := t + f.t - f.base
+		if t+f.t-f.tau > now || off > fastTatMax {
 			return false
 		}
 		nw := uint64(off)<<fastTatShift | (n+1)<<1
@@ -87,7 +85,7 @@ func (f *fastShare) shut() allot.FastGrants {
 	}
 	g := allot.FastGrants{N: n, Tat: f.base + int64(w>>fastTatShift), First: f.first.Load(), Last: f.last.Load()}
 	if w&fastFull != 0 {
-		g.Last = g.Tat - f.limit.T
+		g.Last = g.Tat - f.t
 	}
 	g.First = min(g.First, g.Last)
 	return g
@@ -118,11 +116,11 @@ func (r *rec) openFast() {
 		if f != nil {
 			r.fast.Store(nil)
 		}
-	case f != nil && f.limit == fs.Limit && f.end == fs.End && fs.Tat >= f.base && fs.Tat-f.base <= fastTatMax:
+	case f != nil && f.t == fs.Limit.T && f.tau == fs.Limit.Tau && f.end == fs.End && fs.Tat >= f.base && fs.Tat-f.base <= fastTatMax:
 		// The same share: a grant decided on it while it was shut is as good now, if it
 		// finds the same word.
 		f.word.Store(uint64(fs.Tat-f.base) << fastTatShift)
 	default:
-		r.fast.Store(&fastShare{limit: fs.Limit, end: fs.End, base: fs.Tat})
+		r.fast.Store(&fastShare{t: fs.Limit.T, tau: fs.Limit.Tau, end: fs.End, base: fs.Tat})
 	}
 }

@@ -280,7 +280,7 @@ type FastShare struct {
 // AllowOne (no share, a windowed quota's tokens, released). The caller hands what it
 // granted on the share to Granted before it calls any other method.
 func (m *Member) Fast() (FastShare, bool) {
-	if !m.lease.has || m.windowed() || m.phase == released {
+	if !m.lease.has || m.windowed() || m.lease.local.Window > 0 || m.phase == released {
 		return FastShare{}, false
 	}
 	return FastShare{Limit: m.lease.local, End: m.lease.end, Tat: m.bucket.tat}, true
