@@ -3,6 +3,7 @@ package lease
 import (
 	"math"
 	"sync/atomic"
+	"time"
 
 	"github.com/sluicehq/sluice/lease/allot"
 )
@@ -19,13 +20,15 @@ type fastShare struct {
 	base   int64 // the TAT that offset 0 stands for
 	// word packs the bucket's TAT (its offset from base, fastTatShift bits up), how many
 	// permits were granted since it opened (fastCountBits bits above bit 0), and, in bit 0,
-	// whether the last of them found its bucket full: it was granted at its TAT less T
-	// (the clock read is not stored, which would cost a second atomic write). fastShut
-	// while the lock holds the member.
+	// whether the last of them found its bucket full, or full but for fastSlack: its call
+	// is then counted at the TAT less T, at most fastSlack late, and its clock reading is
+	// not stored (a second atomic write, on the word's cache line). fastShut while the
+	// lock holds the member.
 	word atomic.Uint64
 	// first and last are the now of the first grant and of the last that did not find its
-	// bucket full, each written before the compare-and-swap that granted it (a call whose
-	// swap then failed may have written it too: it called, at most a moment before).
+	// bucket full (bit 0), each written before the compare-and-swap that granted it (a
+	// call whose swap then failed may have written it too: it called, at most a moment
+	// before).
 	first, last atomic.Int64
 }
 
@@ -36,6 +39,11 @@ const (
 	fastTatShift  = 1 + fastCountBits
 	fastTatMax    = 1<<(64-fastTatShift) - 1 // 2.4 hours of nanoseconds past base
 	fastShut      = math.MaxUint64
+	// fastSlack: a grant this close to a full bucket counts as made on a full one. Two
+	// goroutines that take permits together read the clock a few nanoseconds apart, and
+	// the later grant finds the earlier one's TAT just past its own reading; storing each
+	// such reading doubled the atomic writes in parallel.
+	fastSlack = int64(time.Microsecond)
 )
 
 // allow grants one permit at now if the share holds one. false means that the caller takes
@@ -61,8 +69,8 @@ func (f *fastShare) allow(now int64) bool {
 			return false
 		}
 		nw := uint64(off)<<fastTatShift | (n+1)<<1
-		if old <= now {
-			nw |= fastFull // granted at tat - T: now need not be stored
+		if old-now <= fastSlack {
+			nw |= fastFull // granted at tat - T, or at most fastSlack before: now need not be stored
 		} else {
 			f.last.Store(now)
 		}
