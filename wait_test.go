@@ -3,7 +3,6 @@ package sluice
 import (
 	"context"
 	"errors"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,19 +10,14 @@ import (
 
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/internal/testkit/poll"
 	"github.com/sluicehq/sluice/local"
 )
 
 // waitFor yields until cond holds (a condition, never a sleep).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		runtime.Gosched()
-	}
+	poll.Until(t, what, 10*time.Second, 0, cond)
 }
 
 // TestWaitGiveUpHandsPlaceOn: five waiters in arrival order; the second gives up before
