@@ -69,6 +69,10 @@ func (l *Ledger[P]) JoinClass(id uint64, name string, c Class) error {
 	return l.room.JoinClass(id, name, c)
 }
 
+// Busy marks waiter id as busy (it cannot take a place now: its goroutine does not run)
+// or no longer busy, as Room.Busy does; it reports whether id waits.
+func (l *Ledger[P]) Busy(id uint64, busy bool) bool { return l.room.Busy(id, busy) }
+
 // Waiting returns how many waiters the room holds.
 func (l *Ledger[P]) Waiting() int { return l.room.Waiting() }
 
