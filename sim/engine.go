@@ -278,7 +278,7 @@ func (e *engine) applyRamp(t int64) {
 	el := time.Duration(t - e.rampStart)
 	e.core = limitconv.CoreRising(e.limits, e.sc.Client.Margin.D(), el)
 	e.idealCore = limitconv.CoreAt(e.limits, 0, el)
-	e.local = gcra.ShareOf(e.core, wholeIfZero(e.sc.Local.Share))
+	e.local = localShare(e.core, e.sc.Local.Share)
 	e.fallback = gcra.ShareOf(e.core, wholeIfZero(e.sc.Store.FallbackShare))
 	if t >= e.rampEnd {
 		e.rampEnd = 0
@@ -295,8 +295,18 @@ func (e *engine) setCores(ls sluice.Limits) {
 		e.ideal = resize(e.ideal, len(e.idealCore))
 	}
 	e.core = limitconv.Core(ls, e.sc.Client.Margin.D())
-	e.local = gcra.ShareOf(e.core, wholeIfZero(e.sc.Local.Share))
+	e.local = localShare(e.core, e.sc.Local.Share)
 	e.fallback = gcra.ShareOf(e.core, wholeIfZero(e.sc.Store.FallbackShare))
+}
+
+// localShare is the local mode's limits: local.share of core; the whole limit is core
+// itself, a ramp's Rise and all (the limiter's own, which books each permit at the ramp's
+// pace where it falls).
+func localShare(core []gcra.Limit, share float64) []gcra.Limit {
+	if wholeIfZero(share) == 1 {
+		return core
+	}
+	return gcra.ShareOf(core, share)
 }
 
 // wholeIfZero reads a scenario's share: 0 (unset) is the whole limit.

@@ -159,9 +159,13 @@ and a user cannot walk into it silently (below, per mode).
 func modeClaim(mode string) string {
 	switch mode {
 	case "local":
-		return "One process, no coordination: the limit is decided in the process, exactly. " +
-			"Its envelope is one process (a member); a pool of processes is outside it, each holding the whole limit. " +
-			"`sluice serve --backend local` says so when it starts, naming strict, lease and gossip for a pool."
+		return "One process, no coordination: the limit is decided in the process, exactly; its waiting room serves a higher class " +
+			"first and shares between members (`sluice.WithMember`). Its envelope is one process: the matrix's members are groups of " +
+			"its goroutines (`local.processes: one`, the simulator's default). A pool of processes each on a limiter of its own " +
+			"(`local.processes: each`) is outside it, each holding the whole limit; `sluice serve --backend local` says so when it " +
+			"starts, naming strict, lease and gossip for a pool. Outside it too: members over the limit with more goroutines waiting " +
+			"than places in the key's line within the maximum wait, where the room refuses a newcomer whose place would lie beyond " +
+			"it and shares only between the members it holds."
 	case "strict":
 		return "Every permit decided in a store on the store's clock (Redis by a script; etcd and ZooKeeper by compare-and-set): " +
 			"no violation with any pool, limit or demand, fair between processes whatever their goroutines (`sluice.FairProcesses`, " +

@@ -91,7 +91,7 @@ func newMode(name string, sc *Scenario) mode {
 	}
 	switch name {
 	case "local":
-		return localMode{}
+		return newLocalMode(sc)
 	case "strict":
 		return centralMode{lines: procLines{}}
 	case "strict:waiters":
@@ -109,35 +109,6 @@ func newMode(name string, sc *Scenario) mode {
 	return nil
 }
 
-// localMode: each member (a process of its own) decides alone with its own limiter, on a
-// share of the limit (local.share, default the whole limit): the local mode run by every
-// process of a pool, with no coordination between them.
-type localMode struct{}
-
-func (localMode) name() string { return "local" }
-
-func (localMode) acquire(e *engine, mi, g int32) {
-	m := e.members[mi]
-	res, _, err := decide(m.tats, e.local, e.now, 1, e.maxWait)
-	e.decided(mi, g, res, err)
-}
-
-// decide is gcra.Decide, made through gcra.DecideOne (the in-process limiter's path, held
-// to Decide by gcra's TestDecideOneMatchesDecide) when there is one limit and it is not
-// windowed: the same decision and ticket, without the loops over the limits, which were a
-// seventh of a large pool's instructions.
-func decide(tats []int64, limits []gcra.Limit, now, n, maxDelay int64) (gcra.Result, gcra.Ticket, error) {
-	if len(limits) != 1 || limits[0].Window > 0 {
-		return gcra.Decide(tats, limits, now, n, maxDelay)
-	}
-	tat, res, err := gcra.DecideOne(tats[0], limits[0], now, n, maxDelay)
-	if err != nil || !res.Allowed {
-		return res, gcra.Ticket{}, err
-	}
-	tats[0] = tat
-	return res, gcra.TicketOne(n, now+res.Delay, tat), nil
-}
-
 // decided ends goroutine g's acquire with a decision made in the member: a permit, or a
 // denial with when to retry (none on an error).
 func (e *engine) decided(mi, g int32, res gcra.Result, err error) {
@@ -150,16 +121,6 @@ func (e *engine) decided(mi, g int32, res gcra.Result, err error) {
 		e.denied(mi, g, res.RetryAfter)
 	}
 }
-
-func (localMode) handle(*engine, *event) {}
-
-func (localMode) penalize(e *engine, mi int32, until int64) {
-	m := e.members[mi]
-	gcra.Penalize(m.tats, e.local, e.now, until)
-	m.hold = max(m.hold, until)
-}
-
-func (localMode) left(*engine, int32, bool) {}
 
 // centralMode is the strict mode: every decision is made at the simulated store, one round
 // trip away, with its time-outs and fail modes. With lines (strict, the library's default
