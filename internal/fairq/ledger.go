@@ -73,6 +73,10 @@ func (l *Ledger[P]) JoinClass(id uint64, name string, c Class) error {
 // or no longer busy, as Room.Busy does; it reports whether id waits.
 func (l *Ledger[P]) Busy(id uint64, busy bool) bool { return l.room.Busy(id, busy) }
 
+// Highest returns the highest class of the room's waiters; ok is false when nobody
+// waits.
+func (l *Ledger[P]) Highest() (Class, bool) { return l.room.Highest() }
+
 // Waiting returns how many waiters the room holds.
 func (l *Ledger[P]) Waiting() int { return l.room.Waiting() }
 
