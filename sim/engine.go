@@ -68,6 +68,8 @@ type member struct {
 	on     bool // onoff: in an on spell
 	times  int  // times: next index
 
+	cls memberClasses // strict mode: what its limiter knows of the classes across members
+
 	tats  []int64 // local mode: the member's own GCRA state
 	hold  int64   // local mode: end of its penalty
 	ftats []int64 // fail_mode local: the fallback GCRA state
@@ -114,7 +116,9 @@ type engine struct {
 
 	storeTats    []int64
 	storeHold    int64
-	storeDown    int64 // down until
+	board        [2]int64                   // the store's board of classes: when critical and standard were last posted, plus one
+	classBuf     [gcra.MaxLimits]gcra.Limit // the limits a lower class's request keeps headroom under (classLimits)
+	storeDown    int64                      // down until
 	partitionGen []uint32
 	partitioned  []bool
 
@@ -213,6 +217,7 @@ func newEngine(sc *Scenario, m mode) *engine {
 				name:      g.Name + strconv.Itoa(k),
 				group:     gi,
 				class:     int8(class),
+				cls:       memberClasses{uses: g.Priority != ""},
 				demand:    &g.Demand,
 				costs:     rand.NewPCG(0, 0),
 				gs:        make([]gslot, g.Goroutines),

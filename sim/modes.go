@@ -285,9 +285,23 @@ func (c centralMode) handle(e *engine, ev *event) {
 			e.storeCharge(&e.tickets[ev.val])
 			e.dropTicket(ev.val)
 		}
-		res, tk, err := decide(e.storeTats, e.core, e.now, 1, e.maxWait)
-		if err != nil {
-			res = gcra.Result{}
+		keep := keepPlace // sluice.FairProcesses's places
+		switch {
+		case e.maxWait == 0:
+			keep = keepAll // a pessimistic client decides now or never
+		case c.lines == nil:
+			keep = keepNone // sluice.FairWaiters: a place for each waiter
+		}
+		var res gcra.Result
+		var tk gcra.Ticket
+		ls, ok, retry := e.classLimits(ev.m, ev.val2, keep)
+		if ok {
+			var err error
+			if res, tk, err = decide(e.storeTats, ls, e.now, 1, e.maxWait); err != nil {
+				res = gcra.Result{}
+			}
+		} else {
+			res = gcra.Result{RetryAfter: retry}
 		}
 		// The answer: granted with a delay and the ticket, or denied with a retry-after.
 		reply := *ev
@@ -390,6 +404,7 @@ func (e *engine) dropTicket(i int64) { e.freeTickets = append(e.freeTickets, int
 // storeRestart: the store lost its state (Redis restarted empty): every key is fresh.
 func (centralMode) storeRestart(e *engine) {
 	clear(e.storeTats)
+	e.board = [2]int64{}
 	e.storeHold = 0
 }
 
