@@ -94,8 +94,10 @@ type memberKey struct{}
 // tenant, a client. A limiter's waiters on one key are served fairly between members (each
 // member waiting gets an equal part of the permits, however many of its goroutines wait),
 // and a member whose wait ends before its turn (its deadline passed) is owed what it
-// waited for, up to two permits, when it waits again. Waits without a member are each
-// their own, served in arrival order.
+// waited for, up to two permits, when it waits again. A member's waiter whose place would
+// lie beyond the maximum wait (WithMaxWait) is not refused while the room holds places: it
+// is served by member from them. Waits without a member are each their own, served in
+// arrival order.
 func WithMember(ctx context.Context, member string) context.Context {
 	return context.WithValue(ctx, memberKey{}, member)
 }
@@ -240,7 +242,7 @@ func (l *Limiter) turn(ctx context.Context, w *waiter, first bool) (r *Reservati
 	if places > 0 {
 		w.rm.q.SetPlaces(places)
 	}
-	act, wait := w.rm.q.Turn(w.id, first, w.start, int64(w.bound))
+	act, wait := w.rm.q.Turn(w.id, first, l.clock.Nanotime(), w.start, int64(w.bound))
 	if act == fairq.Refuse {
 		delete(w.rm.chans, w.id)
 	}
@@ -290,8 +292,14 @@ func (l *Limiter) takePlace(ctx context.Context, w *waiter, rbound time.Duration
 	}
 	ok := err == nil && r.Allowed
 	w.rm.mu.Lock()
-	gone = w.rm.q.Took(w.id, r, r.due(), ok)
-	if !ok {
+	if ok || err != nil {
+		gone = w.rm.q.Took(w.id, r, r.due(), ok)
+	} else {
+		// The line is full within the bound: a member's waiter waits for the places the
+		// room holds (served by member), an anonymous one is refused (fairq.Refused).
+		gone = w.rm.q.Refused(w.id, l.clock.Nanotime()+int64(r.RetryAfter))
+	}
+	if gone {
 		delete(w.rm.chans, w.id)
 	}
 	w.rm.wake() // those waiting for this place take their own, or it

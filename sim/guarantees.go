@@ -163,9 +163,7 @@ func modeClaim(mode string) string {
 			"first and shares between members (`sluice.WithMember`). Its envelope is one process: the matrix's members are groups of " +
 			"its goroutines (`local.processes: one`, the simulator's default). A pool of processes each on a limiter of its own " +
 			"(`local.processes: each`) is outside it, each holding the whole limit; `sluice serve --backend local` says so when it " +
-			"starts, naming strict, lease and gossip for a pool. Outside it too: members over the limit with more goroutines waiting " +
-			"than places in the key's line within the maximum wait, where the room refuses a newcomer whose place would lie beyond " +
-			"it and shares only between the members it holds."
+			"starts, naming strict, lease and gossip for a pool."
 	case "strict":
 		return "Every permit decided in a store on the store's clock (Redis by a script; etcd and ZooKeeper by compare-and-set): " +
 			"no violation with any pool, limit or demand, fair between processes whatever their goroutines (`sluice.FairProcesses`, " +

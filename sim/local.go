@@ -67,19 +67,27 @@ func (l localMode) acquire(e *engine, mi, g int32) {
 	p.room.Enter()
 	_ = p.room.JoinClass(id, m.name, fairq.Class(1-m.class)) // ids are unique
 	p.in[mi][g] = true
-	if act, _ := p.room.Turn(id, true, e.now, math.MaxInt64); act == fairq.Take {
+	if act, _ := p.room.Turn(id, true, e.now, e.now, math.MaxInt64); act == fairq.Take {
 		p.take(e, id)
 	}
 	p.dispatch(e)
 }
 
 // take takes a place in the key's line for the room, for waiter id, within client.max_wait
-// (as the limiter's maximum wait bounds its places): a waiter refused one leaves the room,
-// and its goroutine backs off.
-func (p *localProc) take(e *engine, id uint64) {
+// (as the limiter's maximum wait bounds its places). A waiter refused one waits for the
+// places the room holds, served by member, while it holds any (fairq.Ledger.Refused);
+// otherwise it leaves the room, and its goroutine backs off. It reports whether the
+// waiter has a place (or left): false when it stays without one.
+func (p *localProc) take(e *engine, id uint64) bool {
 	res, tk, err := decide(p.tats, e.local, e.now, 1, e.maxWait)
 	ok := err == nil && res.Allowed
-	if gone := p.room.Took(id, tk, e.now+res.Delay, ok); gone {
+	var gone bool
+	if ok || err != nil {
+		gone = p.room.Took(id, tk, e.now+res.Delay, ok)
+	} else if gone = p.room.Refused(id, e.now+res.RetryAfter); !gone {
+		return false
+	}
+	if gone {
 		mi, g := splitWaiter(id)
 		p.in[mi][g] = false
 		p.exit(e)
@@ -88,6 +96,7 @@ func (p *localProc) take(e *engine, id uint64) {
 		}
 		e.denied(mi, g, res.RetryAfter)
 	}
+	return true
 }
 
 // exit counts a waiter out of the room; the last one out gives back the places left, the
@@ -130,7 +139,7 @@ func (p *localProc) dispatch(e *engine) {
 				p.giveBack(e, tk)
 			}
 		}
-		if !short || !p.refill(e) {
+		if !p.refill(e, short) {
 			break
 		}
 	}
@@ -142,9 +151,14 @@ func (p *localProc) dispatch(e *engine) {
 	}
 }
 
-// refill has waiters take the places the room lacks (one expired), as the limiter's
-// waiters do when they wake; it reports whether one was taken.
-func (p *localProc) refill(e *engine) bool {
+// refill has waiters take the places the room lacks (one expired, or waiters stay without
+// one while the line was full), as the limiter's waiters do when they wake after a place
+// is served; it reports whether one was taken. It looks only when the room may lack one:
+// a place expired (short), or a waiter stays without one.
+func (p *localProc) refill(e *engine, short bool) bool {
+	if !short && p.room.Waiting() <= p.room.Places() {
+		return false
+	}
 	took := false
 	for mi, gs := range p.in {
 		for g, in := range gs {
@@ -152,10 +166,12 @@ func (p *localProc) refill(e *engine) bool {
 				continue
 			}
 			id := waiterID(int32(mi), int32(g))
-			if act, _ := p.room.Turn(id, false, 0, math.MaxInt64); act != fairq.Take {
+			if act, _ := p.room.Turn(id, false, e.now, 0, math.MaxInt64); act != fairq.Take {
 				return took
 			}
-			p.take(e, id)
+			if !p.take(e, id) {
+				return took // the line is full: it stays without a place
+			}
 			took = true
 		}
 	}

@@ -513,13 +513,6 @@ func envelope(mode string, s MatrixShape, members int, sc *Scenario) (bool, stri
 		if members > 1 && sc != nil && !sc.Local.oneProcess() {
 			return false, "the local mode is one process: a pool of processes shares a limit through strict, lease or gossip"
 		}
-		if members > 1 && sc != nil && !underLimit(s.Demand) {
-			if g, fit := waitersAndPlaces(sc); g > fit {
-				return false, fmt.Sprintf("more goroutines waiting (%d) than places in the key's line within the maximum wait (%d): "+
-					"the waiting room refuses a newcomer whose place would lie beyond it (sluice.WithMaxWait), its goroutine backs off, "+
-					"and the room shares the places only between the members it holds, so a member refused more often is served less", g, fit)
-			}
-		}
 	case "lease":
 		if members > lease.MaxMembers {
 			// The simulated store serialises writes at no cost; a real one does not: every
@@ -552,29 +545,6 @@ func minBurst(ls sluice.Limits) int64 {
 		b = min(b, limitconv.Burst(l))
 	}
 	return b
-}
-
-// waitersAndPlaces returns the goroutines of sc's pool (the most waiters of one process)
-// and the places that fit in the key's line within client.max_wait once the burst is
-// spent, at the tightest limit of the run (its events' limits too): a place due now and
-// the permits max_wait lasts.
-func waitersAndPlaces(sc *Scenario) (goroutines, places int64) {
-	for _, g := range sc.Members {
-		goroutines += int64(g.Count) * int64(g.Goroutines)
-	}
-	places = math.MaxInt64
-	limits := []sluice.Limits{sc.Limit.Limits}
-	for _, ev := range sc.Events {
-		if ev.Limit != nil {
-			limits = append(limits, ev.Limit.Limits)
-		}
-	}
-	for _, ls := range limits {
-		for _, c := range limitconv.Core(ls, 0) {
-			places = min(places, 1+int64(sc.Client.MaxWait)/c.T)
-		}
-	}
-	return goroutines, places
 }
 
 // underLimit reports whether a demand pattern asks at most the limit on average.
