@@ -87,33 +87,46 @@ func (e *engine) classLimits(mi int32, sent int64, keep keepMode) (ls []gcra.Lim
 			}
 		}
 	}
+	return headroomLimits(e.core, class, c.viewC, c.viewS, c.born, sent, keep, &e.classBuf)
+}
+
+// headroomLimits is the limiter's keepFor for a decision of class at now: core, or core
+// less the headroom for a higher class seen recently (seenC, seenS: when the critical and
+// the standard class last asked; born: the limiter's first decision on the key; each plus
+// one, 0 never), in buf. ok is false (keepAll) when the headroom leaves nothing: retry
+// says when the higher class stops being recent.
+func headroomLimits(core []gcra.Limit, class priority.Class, seenC, seenS, born, now int64, keep keepMode, buf *[gcra.MaxLimits]gcra.Limit) (ls []gcra.Limit, ok bool, retry int64) {
+	if keep == keepNone || class == priority.Critical {
+		return core, true, 0
+	}
+	recent := recentFor(core)
 	h := priority.DefaultHeadroom
 	var frac float64
 	var until int64
-	if c.viewC > 0 && sent-(c.viewC-1) < recent {
-		frac, until = h.Standard, c.viewC-1+recent
+	if seenC > 0 && now-(seenC-1) < recent {
+		frac, until = h.Standard, seenC-1+recent
 		if class == priority.Sheddable {
 			frac = h.Sheddable
 		}
 	}
-	if class == priority.Sheddable && c.viewS > 0 && sent-(c.viewS-1) < recent {
-		frac, until = h.Sheddable, max(until, c.viewS-1+recent)
+	if class == priority.Sheddable && seenS > 0 && now-(seenS-1) < recent {
+		frac, until = h.Sheddable, max(until, seenS-1+recent)
 	}
-	if frac == 0 && class == priority.Sheddable && sent-(c.born-1) < recent {
-		frac, until = h.Sheddable, c.born-1+recent // unknown is not absent (docs/priorities.md)
+	if frac == 0 && class == priority.Sheddable && born > 0 && now-(born-1) < recent {
+		frac, until = h.Sheddable, born-1+recent // unknown is not absent (docs/priorities.md)
 	}
 	if frac <= 0 {
-		return e.core, true, 0
+		return core, true, 0
 	}
-	for i, l := range e.core {
+	for i, l := range core {
 		k, fits := l.Keeping(frac)
 		if !fits && keep == keepPlace {
-			return e.core, true, 0
+			return core, true, 0
 		}
 		if !fits {
-			return nil, false, max(until-sent, 1)
+			return nil, false, max(until-now, 1)
 		}
-		e.classBuf[i] = k
+		buf[i] = k
 	}
-	return e.classBuf[:len(e.core)], true, 0
+	return buf[:len(core)], true, 0
 }

@@ -3,6 +3,8 @@ package sim
 import (
 	"math"
 
+	"github.com/sluicehq/sluice/priority"
+
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/fairq"
 	"github.com/sluicehq/sluice/internal/limitconv"
@@ -33,8 +35,11 @@ func newLocalMode(sc *Scenario) localMode {
 type localProc struct {
 	tats []int64 // the limiter's GCRA state of the key (e.local)
 	hold int64   // the end of the key's latest penalty
-	room *fairq.Ledger[gcra.Ticket]
-	in   [][]bool // by member and goroutine: waits in the room
+	// when the critical and the standard class last asked, and the limiter's first
+	// decision on the key, each plus one (0: never): the headroom of Allow (allow)
+	seenC, seenS, born int64
+	room               *fairq.Ledger[gcra.Ticket]
+	in                 [][]bool // by member and goroutine: waits in the room
 	// tickAt is when the tick scheduled for the room's next place is due (-1: none).
 	tickAt int64
 }
@@ -57,6 +62,10 @@ func (l localMode) acquire(e *engine, mi, g int32) {
 	if len(p.tats) != len(e.local) {
 		p.tats = resize(p.tats, len(e.local))
 	}
+	if e.maxWait == 0 {
+		p.allow(e, mi, g)
+		return
+	}
 	if p.in == nil {
 		p.in = make([][]bool, len(e.members))
 	}
@@ -71,6 +80,35 @@ func (l localMode) acquire(e *engine, mi, g int32) {
 		p.take(e, id)
 	}
 	p.dispatch(e)
+}
+
+// allow decides for a pessimistic client (client.max_wait 0) as Allow does, not through the
+// waiting room: now or never, under the limit less the headroom its class keeps for a
+// higher class the process saw asking recently (where the scenario names a class: the
+// limiter's keepFor), or refused until that class is no longer recent.
+func (p *localProc) allow(e *engine, mi, g int32) {
+	ls := e.local
+	if e.classes {
+		class := priority.Class(e.members[mi].class)
+		if p.born == 0 {
+			p.born = e.now + 1
+		}
+		switch class {
+		case priority.Critical:
+			p.seenC = e.now + 1
+		case priority.Standard:
+			p.seenS = e.now + 1
+		}
+		var ok bool
+		var retry int64
+		if ls, ok, retry = headroomLimits(e.local, class, p.seenC, p.seenS, p.born, e.now, keepAll, &e.classBuf); !ok {
+			e.denied(mi, g, retry)
+			return
+		}
+	}
+	res, tk, err := decide(p.tats, ls, e.now, 1, 0)
+	e.members[mi].tickets[g] = tk
+	e.decided(mi, g, res, err)
 }
 
 // take takes a place in the key's line for the room, for waiter id, within client.max_wait

@@ -87,3 +87,22 @@ func TestStrictClassesAcrossMembers(t *testing.T) {
 			r.Violations, crit.Served, r.Utilization, crit.WaitP99Ms)
 	}
 }
+
+// TestLocalPessimisticKeepsHeadroom: pessimistic clients (client.max_wait 0) of the one
+// process decide now or never, as Allow does: a sheddable decision keeps 40% of the burst
+// while a critical caller asked recently, so the critical members' asks find permits
+// beside the flood; a denied request backs off and asks again.
+func TestLocalPessimisticKeepsHeadroom(t *testing.T) {
+	sc, err := Load("../scenarios/priorities.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.Client.MaxWait = 0
+	r := run1(t, sc, "local")
+	crit := r.PerClass["critical"]
+	t.Logf("violations %d utilization %.4f critical %+v sheddable %+v", r.Violations, r.Utilization, crit, r.PerClass["sheddable"])
+	if r.Violations != 0 || crit.Served < 0.99 || crit.WaitP99Ms > 100 || r.Utilization < 0.95 {
+		t.Errorf("violations %d, critical served %.4f, critical p99 wait %v ms, utilization %.4f: want 0, at least 0.99, at most 100 ms, at least 0.95",
+			r.Violations, crit.Served, crit.WaitP99Ms, r.Utilization)
+	}
+}
