@@ -5,6 +5,7 @@ import (
 
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/gossip/hits"
+	"github.com/sluicehq/sluice/priority"
 )
 
 // gossipMode: each member runs the gossip core (package hits, as the daemons do), decides
@@ -258,7 +259,9 @@ func (g *gossipMode) acquire(e *engine, mi, gi int32) {
 		g.forward(e, mi, gi, o)
 		return
 	}
-	res, _, err := n.Decide(gossipTag, e.core, e.now, 1, e.maxWait)
+	var res gcra.Result
+	var tk gcra.Ticket
+	err := n.DecideClassTo(&res, &tk, gossipTag, e.core, e.now, 1, e.maxWait, priority.Class(e.members[mi].class))
 	if routed {
 		g.lines.answered(e, mi, gi)
 		if err != nil || !res.Allowed {
