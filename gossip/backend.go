@@ -26,7 +26,6 @@ import (
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/gossip/hits"
-	"github.com/sluicehq/sluice/priority"
 )
 
 // Config is a gossip member's configuration. Use DefaultConfig; Validate checks it.
@@ -839,8 +838,7 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 		s.mu.Unlock()
 		return b.forward(ctx, owner, key, req)
 	}
-	// The caller's class (package priority) counts its demand by class in the reports.
-	err := s.node.DecideClassTo(&g.Result, &g.Ticket, key, req.Limits, now, req.N, int64(req.MaxDelay), priority.Of(ctx))
+	err := s.node.DecideTo(&g.Result, &g.Ticket, key, req.Limits, now, req.N, int64(req.MaxDelay))
 	s.mu.Unlock()
 	if errors.Is(err, hits.ErrTooManyTags) {
 		err = backend.ErrTooManyKeys
@@ -865,7 +863,7 @@ func (b *Backend) AllowOne(ctx context.Context, key string, l gcra.Limit) (bool,
 		g, err := b.forward(ctx, owner, key, backend.Request{Limits: ls[:], N: 1})
 		return g.Allowed, err
 	}
-	err := s.node.DecideClassTo(&res, &tk, key, ls[:], now, 1, 0, priority.Of(ctx))
+	err := s.node.DecideTo(&res, &tk, key, ls[:], now, 1, 0)
 	s.mu.Unlock()
 	if errors.Is(err, hits.ErrTooManyTags) {
 		err = backend.ErrTooManyKeys

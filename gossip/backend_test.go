@@ -19,7 +19,6 @@ import (
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/gossip/hits"
 	"github.com/sluicehq/sluice/internal/testkit/poll"
-	"github.com/sluicehq/sluice/priority"
 )
 
 const sec = int64(time.Second)
@@ -337,43 +336,5 @@ func TestPolicyForRoutesAKey(t *testing.T) {
 	// keys were decided where they were asked.
 	if fwd := a.stats.forwarded.Load() + b.stats.forwarded.Load(); fwd != 2 {
 		t.Errorf("%d requests forwarded, want 2 (one of the two members' for each exact key)", fwd)
-	}
-}
-
-// TestDecideCountsTheClass: a decision's class (the context's, package priority) is counted
-// in the member's demand by class, which its next report carries; one without a class is
-// counted as standard, and its report carries no class at all.
-func TestDecideCountsTheClass(t *testing.T) {
-	clk := clock.NewVirtual()
-	b := member(t, func(c *Config) { c.Clock = clk })
-	lim := []gcra.Limit{{T: sec / 100, Tau: sec / 5}}
-	for i, c := range []struct {
-		key  string
-		ctx  context.Context
-		crit bool
-	}{
-		{"crit", priority.With(context.Background(), priority.Critical), true},
-		{"plain", context.Background(), false},
-	} {
-		for range 5 {
-			if _, err := b.Decide(c.ctx, c.key, backend.Request{Limits: lim, N: 1}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		s := b.shard(c.key)
-		s.mu.Lock()
-		rs := s.node.Sync(clk.Nanotime() + sec/10)
-		s.mu.Unlock()
-		var e *hits.Entry
-		for k := range rs {
-			for j := range rs[k].Entries {
-				if rs[k].Entries[j].Tag == c.key {
-					e = &rs[k].Entries[j]
-				}
-			}
-		}
-		if e == nil || e.Demand == 0 || (e.Critical > 0) != c.crit || e.Sheddable != 0 {
-			t.Errorf("step %d: %s's entry %+v, want demand, critical part %v", i, c.key, e, c.crit)
-		}
 	}
 }

@@ -5,7 +5,6 @@ import (
 
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/gossip/hits"
-	"github.com/sluicehq/sluice/priority"
 )
 
 // gossipMode: each member runs the gossip core (package hits, as the daemons do), decides
@@ -259,9 +258,7 @@ func (g *gossipMode) acquire(e *engine, mi, gi int32) {
 		g.forward(e, mi, gi, o)
 		return
 	}
-	var res gcra.Result
-	var tk gcra.Ticket
-	err := n.DecideClassTo(&res, &tk, gossipTag, e.core, e.now, 1, e.maxWait, priority.Class(e.members[mi].class))
+	res, _, err := n.Decide(gossipTag, e.core, e.now, 1, e.maxWait)
 	if routed {
 		g.lines.answered(e, mi, gi)
 		if err != nil || !res.Allowed {

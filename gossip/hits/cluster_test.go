@@ -31,7 +31,6 @@ type cluster struct {
 	sentBy  []int64  // bytes each node sent
 	tags    []string // the tags arrivals ask for, one at random each; nil: "api"
 	only    []int    // the nodes arrivals come to; nil: every live node
-	arrive  func()   // if set, makes each millisecond's arrivals in place of run's
 }
 
 type delivery struct {
@@ -97,10 +96,6 @@ func (c *cluster) run(until int64, rate float64) {
 				continue
 			}
 			c.send(i, n.Sync(c.now))
-		}
-		if c.arrive != nil {
-			c.arrive()
-			continue
 		}
 		// Poisson arrivals in this millisecond.
 		for k := poisson(c.rng, rate/1000); k > 0; k-- {

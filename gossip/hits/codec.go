@@ -22,11 +22,6 @@ import (
 // entries each followed by uvarint booked_ns; a node that knows only kind 1 counts such a
 // report as malformed (docs/gossip.md: upgrade a pool's daemons together).
 //
-// A report with demand by class (an entry whose Critical or Sheddable is set) is of kind
-// 7, its entries each followed by uvarint booked_ns | uvarint critical | uvarint sheddable
-// (the parts of demand, thousandths of a permit per second); a node that knows only kinds
-// 1 and 2 counts such a report as malformed.
-//
 // Over a tag's tree (pools of more than MeshMax nodes) a report is of kind 5 (up: a
 // subtree's aggregates, to the tags' parent) or 6 (down: the pool's, from the tags' root),
 // with the same header:
@@ -40,10 +35,9 @@ import (
 // A node of an earlier release counts them as malformed: docs/gossip.md says how to
 // upgrade a pool of more than MeshMax daemons.
 const (
-	Version     = 1
-	kindReport  = 1
-	kindBooked  = 2
-	kindClasses = 7
+	Version    = 1
+	kindReport = 1
+	kindBooked = 2
 	// KindUp and KindDown are the kinds of a tree's reports (Report.Tree).
 	KindUp   = 5
 	KindDown = 6
@@ -126,19 +120,14 @@ func appendHeader(b []byte, r *Report) []byte {
 	return binary.AppendUvarint(b, r.Seq)
 }
 
-// reportKind is kind 7 when an entry carries demand by class, else kind 2 when one
-// carries a booking, kind 1 otherwise.
+// reportKind is kind 2 when an entry carries a booking, kind 1 otherwise.
 func reportKind(r *Report) byte {
-	kind := byte(kindReport)
 	for i := range r.Entries {
-		if r.Entries[i].Critical > 0 || r.Entries[i].Sheddable > 0 {
-			return kindClasses
-		}
 		if r.Entries[i].Booked > 0 {
-			kind = kindBooked
+			return kindBooked
 		}
 	}
-	return kind
+	return kindReport
 }
 
 func appendEntry(b []byte, e *Entry, kind byte) []byte {
@@ -167,12 +156,8 @@ func appendEntry(b []byte, e *Entry, kind byte) []byte {
 	b = binary.AppendUvarint(b, e.Recent)
 	b = binary.AppendUvarint(b, e.Demand)
 	b = binary.AppendUvarint(b, uint64(max(0, e.Hold)))
-	if kind == kindBooked || kind == kindClasses {
+	if kind == kindBooked {
 		b = binary.AppendUvarint(b, uint64(max(0, e.Booked)))
-	}
-	if kind == kindClasses {
-		b = binary.AppendUvarint(b, e.Critical)
-		b = binary.AppendUvarint(b, e.Sheddable)
 	}
 	return b
 }
@@ -246,7 +231,7 @@ func decodePart(b []byte) (Report, []byte, error) {
 		return Report{}, nil, fmt.Errorf("%w: version %d (this node speaks %d)", ErrMalformed, b[0], Version)
 	}
 	kind := b[1]
-	if kind != kindReport && kind != kindBooked && kind != kindClasses && kind != KindUp && kind != KindDown {
+	if kind != kindReport && kind != kindBooked && kind != KindUp && kind != KindDown {
 		return Report{}, nil, fmt.Errorf("%w: kind %d", ErrMalformed, b[1])
 	}
 	rd := reader{b: b[2:]}
@@ -291,12 +276,8 @@ func decodePart(b []byte) (Report, []byte, error) {
 			h = 1 << 62
 		}
 		e.Hold = int64(h)
-		if kind == kindBooked || kind == kindClasses {
+		if kind == kindBooked {
 			e.Booked = int64(min(rd.uvarint(), 1<<62))
-		}
-		if kind == kindClasses {
-			e.Critical = rd.uvarint()
-			e.Sheddable = rd.uvarint()
 		}
 		r.Entries = append(r.Entries, e)
 	}

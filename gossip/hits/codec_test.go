@@ -75,7 +75,6 @@ func FuzzDecode(f *testing.F) {
 	for _, r := range []Report{
 		{From: "n1", Tree: KindUp, Entries: []Entry{{Tag: "api", Gen: 1, Hits: 10, Bins: []Bin{{Idx: 0, Count: 2}, {Idx: 90, Count: 1}}}}},
 		{From: "n2", Tree: KindDown, Entries: []Entry{{Tag: "api", Root: 7, Gen: 1, Seq: 3, Hits: 10, Level: 5, Demand: 6, Nodes: 40}}},
-		{From: "n3", Entries: []Entry{{Tag: "api", Gen: 1, Hits: 10, Demand: 9000, Booked: 3e8, Critical: 2000, Sheddable: 5000}}},
 	} {
 		parts, _ := Encode(&r, 1200)
 		f.Add(parts[0])
@@ -132,27 +131,5 @@ func TestCodecTreeReports(t *testing.T) {
 	parts, _ := Encode(&bad, 1200)
 	if _, err := Decode(parts[0]); !errors.Is(err, ErrMalformed) {
 		t.Errorf("bins out of order: %v, want ErrMalformed", err)
-	}
-}
-
-// TestCodecClasses: a report whose entries carry demand by class is of its own kind (7),
-// and its entries, bookings and all, come back from the wire as they went; one whose
-// entries carry none keeps its kind.
-func TestCodecClasses(t *testing.T) {
-	r := Report{From: "a", Inc: 1, Seq: 2, Entries: []Entry{
-		{Tag: "api", Gen: 1, Hits: 10, Recent: 3, Demand: 90000, Critical: 70000, Sheddable: 15000, Booked: 5e8},
-		{Tag: "other", Gen: 2, Hits: 4, Demand: 1000},
-	}}
-	parts, _ := Encode(&r, 1200)
-	if parts[0][1] != kindClasses {
-		t.Errorf("kind %d, want %d", parts[0][1], kindClasses)
-	}
-	rs, err := Decode(bytes.Join(parts, nil))
-	if err != nil || len(rs) != 1 || !reflect.DeepEqual(rs[0], r) {
-		t.Fatalf("got %+v (%v), want %+v", rs, err, r)
-	}
-	plain := Report{From: "a", Entries: []Entry{{Tag: "api", Demand: 5}}}
-	if parts, _ := Encode(&plain, 1200); parts[0][1] != kindReport {
-		t.Errorf("no classes: kind %d, want %d", parts[0][1], kindReport)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gcra"
-	"github.com/sluicehq/sluice/priority"
 )
 
 // Policy says how much of a tag's bucket a node spends between syncs.
@@ -156,7 +155,6 @@ type Node struct {
 	epochs []uint32 // by slot: bumped when a slot is freed, so its old per-tag entries are stale
 	slot   map[string]int
 	ws     []float64 // scratch: demands for a share
-	wc     []byClass // scratch: demands by class for a share
 	stats  Stats
 
 	// The ring (Policy Owner and Auto): this node and every peer held, by rendezvous hash.
@@ -216,17 +214,10 @@ type tag struct {
 	asked   int64           // permits asked here since the last report
 	ewma    float64         // smoothed demand, permits per second
 	dem     [maxHistory]float64
-	// The demand by class (package priority), once a caller named one (classed): the
-	// permits the critical and the sheddable classes asked since the last report, their
-	// smoothed demands, and the parts of dem that are theirs (the rest is standard).
-	classed        bool
-	askedC, askedX int64
-	ewmaC, ewmaX   float64
-	demC, demX     [maxHistory]float64
-	pend           uint64 // remote hits heard before the tag's limits were known
-	pendAt         int64
-	used           int64 // last activity, local or remote
-	peers          []peerTag
+	pend    uint64 // remote hits heard before the tag's limits were known
+	pendAt  int64
+	used    int64 // last activity, local or remote
+	peers   []peerTag
 
 	hk    uint64 // the tag's hash, for the ring
 	ring  uint64 // the ring version owner was computed at (0: not yet)
@@ -239,11 +230,10 @@ type tag struct {
 	tr *treeTag // the tag's tree state (pools above MeshMax); nil until used
 }
 
-// peerTag is what a peer reported about a tag: its demands, and their critical and
-// sheddable parts.
+// peerTag is what a peer reported about a tag.
 type peerTag struct {
 	seenHits
-	dem, demC, demX [history]float64
+	dem [history]float64
 }
 
 // seenHits is what a node has heard of a tag's hits from one sender (a peer, or a child in
@@ -484,13 +474,6 @@ func (n *Node) Decide(key string, limits []gcra.Limit, now, cost, maxDelay int64
 // DecideTo is Decide writing its result and ticket into res and tk (zero on entry), so
 // that a caller on the hot path copies neither.
 func (n *Node) DecideTo(res *gcra.Result, tk *gcra.Ticket, key string, limits []gcra.Limit, now, cost, maxDelay int64) error {
-	return n.DecideClassTo(res, tk, key, limits, now, cost, maxDelay, priority.Standard)
-}
-
-// DecideClassTo is DecideTo for a caller of class c (package priority): the node's
-// reports carry its demand by class, and the shares serve the higher classes' demand
-// first (docs/gossip.md, "Classes").
-func (n *Node) DecideClassTo(res *gcra.Result, tk *gcra.Ticket, key string, limits []gcra.Limit, now, cost, maxDelay int64, c priority.Class) error {
 	if cost < 0 {
 		return gcra.ErrInvalidCost
 	}
@@ -517,14 +500,6 @@ func (n *Node) DecideClassTo(res *gcra.Result, tk *gcra.Ticket, key string, limi
 	}
 	t.used = now
 	t.asked += cost
-	switch c {
-	case priority.Critical:
-		t.classed = true
-		t.askedC += cost
-	case priority.Sheddable:
-		t.classed = true
-		t.askedX += cost
-	}
 	t.refill(now)
 	view := t.view[:t.k]
 	var delay int64
@@ -908,10 +883,6 @@ type Entry struct {
 	// bucket is booked beyond its burst (permits granted ahead, to callers that wait for
 	// them), nanoseconds; 0: none. Whoever owns the tag next grants nothing before then.
 	Booked int64
-	// Critical and Sheddable are the parts of Demand asked by the critical and the
-	// sheddable class (package priority; the rest is standard), thousandths of a permit per
-	// second; 0 when the sender's callers named no class. Not over a tag's tree.
-	Critical, Sheddable uint64
 
 	// Over a tag's tree (Report.Tree), Hits and Recent count the sender's subtree (up) or
 	// the pool (down), and Gen is the generation of the tag at the sender (up) or the root
@@ -978,18 +949,12 @@ func (n *Node) Sync(now int64) []Report {
 			}
 		}
 		t.asked = 0
-		unmet := t.unmet(now, dt)
-		d := math.Round((t.ewma+unmet)*1000) / 1000
-		dc, dx := t.classDemand(dt, unmet, d)
-		if d != t.dem[0] || dc != t.demC[0] || dx != t.demX[0] || t.hits != t.sent[0] {
+		d := math.Round((t.ewma+t.unmet(now, dt))*1000) / 1000
+		if d != t.dem[0] || t.hits != t.sent[0] {
 			t.changed = n.seq
 		}
 		copy(t.dem[1:], t.dem[:])
 		t.dem[0] = d
-		copy(t.demC[1:], t.demC[:])
-		t.demC[0] = dc
-		copy(t.demX[1:], t.demX[:])
-		t.demX[0] = dx
 		copy(t.sent[1:], t.sent[:])
 		t.sent[0] = t.hits
 		if !mesh {
@@ -1024,8 +989,7 @@ func (n *Node) Sync(now int64) []Report {
 			continue
 		}
 		if t.changed != 0 && n.seq-t.changed < history {
-			e := Entry{Tag: key, Gen: t.gen, Hits: t.hits, Recent: t.hits - t.sent[history-1], Demand: uint64(d * 1000),
-				Critical: uint64(dc * 1000), Sheddable: uint64(dx * 1000)}
+			e := Entry{Tag: key, Gen: t.gen, Hits: t.hits, Recent: t.hits - t.sent[history-1], Demand: uint64(d * 1000)}
 			if t.hold > now {
 				e.Hold = t.hold - now
 			}
@@ -1057,27 +1021,6 @@ func (n *Node) addressed(out []Report, es map[int][]Entry, kind byte) []Report {
 	}
 	slices.SortFunc(out[from:], func(a, b Report) int { return cmpString(a.To, b.To) })
 	return out
-}
-
-// classDemand measures the critical and the sheddable parts of the tag's demand d over the
-// interval dt that ends (the rest is standard): each class's smoothed asks, and of the
-// unmet demand the part in proportion to them. Both are 0 until a caller named a class.
-func (t *tag) classDemand(dt, unmet, d float64) (dc, dx float64) {
-	if !t.classed {
-		return 0, 0
-	}
-	if dt > 0 {
-		t.ewmaC = demandAlpha*float64(t.askedC)/dt + (1-demandAlpha)*t.ewmaC
-		t.ewmaX = demandAlpha*float64(t.askedX)/dt + (1-demandAlpha)*t.ewmaX
-	}
-	t.askedC, t.askedX = 0, 0
-	if t.ewma > 0 {
-		dc = t.ewmaC + unmet*min(t.ewmaC/t.ewma, 1)
-		dx = t.ewmaX + unmet*min(t.ewmaX/t.ewma, 1)
-	}
-	dc = min(math.Round(dc*1000)/1000, d)
-	dx = min(math.Round(dx*1000)/1000, d-dc)
-	return dc, dx
 }
 
 // unmet is the demand the node's share leaves waiting, permits per second: the permits
@@ -1174,14 +1117,10 @@ func (n *Node) Receive(now int64, r *Report) {
 		pt := &t.peers[i]
 		d, fresh := pt.news(ep, &e)
 		if fresh {
-			pt.dem, pt.demC, pt.demX = [history]float64{}, [history]float64{}, [history]float64{}
+			pt.dem = [history]float64{}
 		}
 		copy(pt.dem[1:], pt.dem[:])
 		pt.dem[0] = float64(e.Demand) / 1000
-		copy(pt.demC[1:], pt.demC[:])
-		pt.demC[0] = float64(e.Critical) / 1000
-		copy(pt.demX[1:], pt.demX[:])
-		pt.demX[0] = float64(e.Sheddable) / 1000
 		if d > 0 {
 			n.stats.RemoteHits += d
 			n.charge(t, d, now)
@@ -1234,9 +1173,6 @@ func (n *Node) shareOf(t *tag) float64 {
 		return n.treeShare(t)
 	}
 	r := t.rate()
-	if n.classes(t) {
-		return n.classShare(t, r) / r
-	}
 	own := slices.Min(t.dem[:history])
 	ws := n.ws[:0]
 	for i, p := range n.peers {
@@ -1254,96 +1190,6 @@ func (n *Node) shareOf(t *tag) float64 {
 	}
 	n.ws = ws
 	return waterfill(own, ws, r) / r
-}
-
-// classes reports whether t's demand is known by class: a caller here or at a live peer's
-// named one (package priority) within the demands counted.
-func (n *Node) classes(t *tag) bool {
-	if t.classed {
-		return true
-	}
-	for i := range t.peers {
-		if n.valid(&t.peers[i], i) && (slices.Max(t.peers[i].demC[:]) > 0 || slices.Max(t.peers[i].demX[:]) > 0) {
-			return true
-		}
-	}
-	return false
-}
-
-// byClass is a demand's parts by class: critical, standard, sheddable.
-type byClass [3]float64
-
-// partsOf returns the parts of demand d whose critical and sheddable parts are c and x.
-func partsOf(d, c, x float64) byClass {
-	c = min(c, d)
-	x = min(x, d-c)
-	return byClass{c, max(d-c-x, 0), x}
-}
-
-// classShare is shareOf's rate (of r) for a tag whose demand is known by class: the
-// critical demands are served first, max-min fair among them, then the standard ones from
-// what is left, then the sheddable ones; what nobody wants is split evenly. Each class's
-// part is counted as the whole demand is: the node's own at the least of its last reports,
-// each peer's at the most, a lost peer's at no less than the node's own.
-func (n *Node) classShare(t *tag, r float64) float64 {
-	var own byClass
-	for c := range own {
-		own[c] = math.Inf(1)
-	}
-	for h := range history {
-		p := partsOf(t.dem[h], t.demC[h], t.demX[h])
-		for c := range own {
-			own[c] = min(own[c], p[c])
-		}
-	}
-	others := n.wc[:0]
-	for i, p := range n.peers {
-		if p == nil {
-			continue
-		}
-		var w byClass
-		if i < len(t.peers) && n.valid(&t.peers[i], i) {
-			pt := &t.peers[i]
-			for h := range history {
-				q := partsOf(pt.dem[h], pt.demC[h], pt.demX[h])
-				for c := range w {
-					w[c] = max(w[c], q[c])
-				}
-			}
-		}
-		if p.lost != 0 {
-			for c := range w {
-				w[c] = max(w[c], own[c])
-			}
-		}
-		others = append(others, w)
-	}
-	n.wc = others
-	return waterfillClasses(own, others, r, n.ws[:0])
-}
-
-// waterfillClasses returns what own gets of capacity r among itself and others (demands by
-// class, in the same unit), the classes served in order: a class's demands all get what
-// they ask if they fit in what the higher classes left, and otherwise share it by
-// waterfill, leaving nothing to the lower classes; what is left after every class is split
-// evenly. Without critical or sheddable demand it is waterfill. It grows with own (in any
-// class) and shrinks as any other grows. scratch is reused.
-func waterfillClasses(own byClass, others []byClass, r float64, scratch []float64) float64 {
-	left, got := r, 0.0
-	for c := range own {
-		ws := scratch[:0]
-		sum := own[c]
-		for _, o := range others {
-			ws = append(ws, o[c])
-			sum += o[c]
-		}
-		if sum > left {
-			return got + waterfill(own[c], ws, left)
-		}
-		got += own[c]
-		left -= sum
-	}
-	return got + left/float64(len(others)+1)
 }
 
 // waterfill returns what own gets of capacity r among itself and others (demands, in the
