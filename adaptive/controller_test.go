@@ -575,3 +575,47 @@ func TestNoLimitKnownFollowsTheCount(t *testing.T) {
 		t.Fatalf("pace %.2f after five answers with 3 left of 100, was %.2f: want it cut before a refusal", got, high)
 	}
 }
+
+// TestOneRequestBeforeTheFirstAnswer: a client that has learned nothing sends one request
+// and waits for its answer before it sends another (TCP starts with a small window): the
+// goroutines of one process that ask at once must not send several requests blind,
+// which on a burst of one is a 429 for every request but the first. The request's answer
+// (or its cancel) lets the next go at the pace it taught; an answer that does not come
+// within a second lets another request go, one a second.
+func TestOneRequestBeforeTheFirstAnswer(t *testing.T) {
+	c := newC(t, Config{Jitter: 1e-9})
+	first, out := c.Next(0, 0)
+	if out != Send || first != 0 {
+		t.Fatalf("first request: slot %v (%v), want now (Send)", first, out)
+	}
+	for step, now := range []int64{0, sec / 100, sec / 5, sec / 2, sec - 1} {
+		if at, out := c.Next(now, 0); out != Wait || at <= now || at > sec {
+			t.Fatalf("step %d: at %v before the first answer: slot %v (%v), want Wait, to ask again within the second", step, time.Duration(now), time.Duration(at), out)
+		}
+	}
+	// The answer names 1/s: the next request goes a second after the first.
+	c.observe(sec/4, first, ok(1, 0, time.Second, 1), 0)
+	if at := send(t, c, sec/4, 0); at < sec || at > sec+sec/2 {
+		t.Fatalf("after the answer: slot %v, want about a second after the first", time.Duration(at))
+	}
+
+	// An answer that does not come: one more request a second.
+	c = newC(t, Config{Jitter: 1e-9})
+	if _, out := c.Next(0, 0); out != Send {
+		t.Fatalf("first request: %v", out)
+	}
+	if at, out := c.Next(sec, 0); out != Send || at != sec {
+		t.Fatalf("a second on, no answer: slot %v (%v), want now (Send)", time.Duration(at), out)
+	}
+	if _, out := c.Next(sec, 0); out != Wait {
+		t.Fatalf("beside the second blind request: %v, want Wait", out)
+	}
+
+	// A first request given back (its context ended): the next goes at once.
+	c = newC(t, Config{Jitter: 1e-9})
+	at, _ := c.Next(0, 0)
+	c.Cancel(at, 0)
+	if again, out := c.Next(sec/10, 0); out != Send || again != sec/10 {
+		t.Fatalf("after the first request was given back: slot %v (%v), want now (Send)", time.Duration(again), out)
+	}
+}

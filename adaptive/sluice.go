@@ -18,6 +18,9 @@ type sluiceStrategy struct {
 	lastSend int64
 	sent     bool
 	countMax float64 // with no rate known: the most the count has shown, plus one
+	// blind is the slot of a request sent before anything was learned, while its answer
+	// has not come (see awaitFirst); blind.cost is 0 when there is none.
+	blind sluiceSlot
 }
 
 type sluiceQuota struct {
@@ -80,9 +83,17 @@ const minSamples = 3
 // probe is the pause between the requests of a client that knows nothing yet.
 const probe = 100 * time.Millisecond
 
+// firstAnswerWait is how long a client that knows nothing waits for the answer to its one
+// request before it sends another (TCP's initial retransmission time-out, RFC 6298): an
+// answer that never comes (a request that failed) does not stop the client.
+const firstAnswerWait = time.Second
+
 func (s *sluiceStrategy) rate(*Controller) float64 { return s.q[reqQ].pace }
 
 func (s *sluiceStrategy) next(c *Controller, now int64, cost [nQuotas]float64) (int64, Outcome) {
+	if wake, ok := s.awaitFirst(now); ok {
+		return wake, Wait
+	}
 	if s.sent {
 		s.restart(c, now)
 	}
@@ -100,8 +111,10 @@ func (s *sluiceStrategy) next(c *Controller, now int64, cost [nQuotas]float64) (
 			}
 		}
 	}
-	if gap == 0 {
-		// Nothing learned yet: one probe at a time until an answer names the limit.
+	blind := gap == 0
+	if blind {
+		// Nothing learned yet: one probe at a time until an answer names the limit, and
+		// none while the last one's answer has not come (awaitFirst).
 		gap = float64(probe)
 	}
 	if float64(at-now) > gap*(1+c.cfg.Jitter) {
@@ -122,8 +135,26 @@ func (s *sluiceStrategy) next(c *Controller, now int64, cost [nQuotas]float64) (
 			s.q[i].slot = sluiceSlot{at: at, cost: cost[i], jitter: j, probe: s.q[i].pace <= 0}
 		}
 	}
+	if blind {
+		s.blind = sluiceSlot{at: at, cost: 1}
+	}
 	s.lastSend, s.sent = at, true
 	return at, Send
+}
+
+// awaitFirst reports whether a request must wait, at now, for the answer to the one a
+// client sent before it had learned anything, and when to ask again: one request at a
+// time until the first answer teaches the client the limit, as TCP starts with a small
+// window (the goroutines of a process that ask at once would otherwise send several
+// requests blind, and on a burst of one all but the first are refused). It asks again
+// soon (a quarter of the wait so far: the answer's delay is unknown), and another request
+// goes after firstAnswerWait.
+func (s *sluiceStrategy) awaitFirst(now int64) (int64, bool) {
+	b := s.blind
+	if b.cost == 0 || now >= b.at+int64(firstAnswerWait) {
+		return 0, false
+	}
+	return min(b.at+int64(firstAnswerWait), now+max((now-b.at)/4, int64(time.Millisecond))), true
 }
 
 // next is when the slot after the last one reserved begins, at the pace now (a pace
@@ -153,6 +184,9 @@ func (q *sluiceQuota) next(c *Controller, i int) int64 {
 }
 
 func (s *sluiceStrategy) cancel(_ *Controller, at int64, cost [nQuotas]float64) {
+	if s.blind.cost > 0 && at == s.blind.at {
+		s.blind = sluiceSlot{} // the blind request was not sent: the next may go
+	}
 	if at != s.lastSend {
 		return // a later slot was reserved since: this one's place stays taken
 	}
@@ -202,6 +236,7 @@ func unit(c *Controller, i int) float64 {
 }
 
 func (s *sluiceStrategy) observe(c *Controller, a *answer) {
+	s.blind = sluiceSlot{} // an answer came: what it taught paces the next request
 	for i := range s.q {
 		if sl := &s.q[i].slot; sl.cost > 0 && !sl.free && a.sent > sl.at {
 			// Its request went later than the last slot reserved (a timer that fired late):

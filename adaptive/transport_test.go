@@ -475,3 +475,44 @@ func TestTransportLowerClassGivesWay(t *testing.T) {
 		}
 	})
 }
+
+// TestTransportOneClientOnASmallLimit: eight goroutines of one process share one
+// Transport (one http.Client, as a Go program has it) on 1/s, answers 300 ms away, for
+// twenty seconds of fake time. Before its first answer the client sends one request, not
+// one every probe (each of those blind requests a 429 on a burst of one); then its pace:
+// at most one refusal, and most of the limit used.
+func TestTransportOneClientOnASmallLimit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := clock.NewReal()
+		ref, err := referee.New(sluice.MustParse("1/s"), referee.WithClock(clk))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mu sync.Mutex
+		sent, answered := 0, false
+		blind := 0 // requests sent before the first answer came
+		base := roundTripper(func(req *http.Request) (*http.Response, error) {
+			mu.Lock()
+			sent++
+			if !answered {
+				blind++
+			}
+			mu.Unlock()
+			time.Sleep(150 * time.Millisecond)
+			resp, err := inProcess{ref}.RoundTrip(req)
+			time.Sleep(150 * time.Millisecond)
+			mu.Lock()
+			answered = true
+			mu.Unlock()
+			return resp, err
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		pool(ctx, t, 1, 8, func() *adaptive.Transport { return &adaptive.Transport{Base: base, Clock: clk} }, "http://api.test/v1/work", nil)
+		st := ref.Stats()
+		t.Logf("%d sent, %d before the first answer; accepted %d, refused %d", sent, blind, st.Accepted, st.Rejected)
+		if blind != 1 || st.Rejected > 1 || st.Accepted < 15 {
+			t.Errorf("%d requests before the first answer, %d refused, %d accepted: want 1, at most 1, and at least 15 of 20", blind, st.Rejected, st.Accepted)
+		}
+	})
+}
