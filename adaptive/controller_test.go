@@ -619,3 +619,38 @@ func TestOneRequestBeforeTheFirstAnswer(t *testing.T) {
 		t.Fatalf("after the first request was given back: slot %v (%v), want now (Send)", time.Duration(again), out)
 	}
 }
+
+// TestBackFromIdleNoSlotFarAhead: a client on a large limit with most of its burst left
+// (4,500 an hour) goes quiet for a minute, then two requests come at once. Its measurements
+// are old and its pace restarted low (a sixteenth of the limit: one request in 13 s), so
+// the second request does not take a slot at that pace: it waits for the first one's
+// answer, which finds the limit full and paces it at once. (It took the slot an interval of
+// the low pace ahead and waited 13 s: four clients of diurnal demand on 4,500 an hour,
+// never over the limit, waited 7.8 s more than under the ideal throttle at the 99th
+// percentile.)
+func TestBackFromIdleNoSlotFarAhead(t *testing.T) {
+	c := newC(t, Config{Jitter: 1e-9})
+	rtt := sec / 50
+	now := int64(0)
+	for range 20 {
+		at := send(t, c, now, 0)
+		c.observe(at+rtt, at, ok(4500, 4490, time.Hour, 4500), 0)
+		now = at + rtt
+	}
+	now += time.Minute.Nanoseconds()
+	first := send(t, c, now, 0)
+	if first != now {
+		t.Fatalf("the first request after the quiet: slot %v ahead, want now", time.Duration(first-now))
+	}
+	at, out := c.Next(now, 0)
+	if out == Send && at > now+sec {
+		t.Fatalf("the second request: a slot %v ahead, at the restarted pace of %.3f/s", time.Duration(at-now), c.Rate())
+	}
+	if out == Wait && at > now+rtt {
+		t.Fatalf("the second request: told to ask again %v later, after the first answer is due", time.Duration(at-now))
+	}
+	c.observe(first+rtt, first, ok(4500, 4499, time.Hour, 4500), 0)
+	if at := send(t, c, first+rtt, 0); at > first+rtt+sec {
+		t.Fatalf("after the first answer: the second request's slot %v after it", time.Duration(at-first-rtt))
+	}
+}

@@ -18,8 +18,9 @@ type sluiceStrategy struct {
 	lastSend int64
 	sent     bool
 	countMax float64 // with no rate known: the most the count has shown, plus one
-	// blind is the slot of a request sent before anything was learned, while its answer
-	// has not come (see awaitFirst); blind.cost is 0 when there is none.
+	// blind is the slot of a request sent before anything was learned (or since a restart
+	// after idle), while its answer has not come (see awaitFirst); blind.cost is 0 when
+	// there is none.
 	blind sluiceSlot
 }
 
@@ -94,9 +95,7 @@ func (s *sluiceStrategy) next(c *Controller, now int64, cost [nQuotas]float64) (
 	if wake, ok := s.awaitFirst(now); ok {
 		return wake, Wait
 	}
-	if s.sent {
-		s.restart(c, now)
-	}
+	restarted := s.sent && s.restart(c, now)
 	at := max(now, c.hold)
 	gap := 0.0 // the pause this request takes in the chain: the longest of its limits'
 	for i := range s.q {
@@ -111,10 +110,12 @@ func (s *sluiceStrategy) next(c *Controller, now int64, cost [nQuotas]float64) (
 			}
 		}
 	}
-	blind := gap == 0
-	if blind {
-		// Nothing learned yet: one probe at a time until an answer names the limit, and
-		// none while the last one's answer has not come (awaitFirst).
+	// Nothing learned yet, or nothing learned since a restart after idle: one request
+	// until its answer comes (awaitFirst). A pace restarted low would otherwise hold the
+	// next request a long interval, which the answer shows was not needed.
+	blind := gap == 0 || restarted
+	if gap == 0 {
+		// One probe at a time until an answer names the limit.
 		gap = float64(probe)
 	}
 	if float64(at-now) > gap*(1+c.cfg.Jitter) {
@@ -143,7 +144,8 @@ func (s *sluiceStrategy) next(c *Controller, now int64, cost [nQuotas]float64) (
 }
 
 // awaitFirst reports whether a request must wait, at now, for the answer to the one a
-// client sent before it had learned anything, and when to ask again: one request at a
+// client sent before it had learned anything (or since it restarted after idle), and when
+// to ask again: one request at a
 // time until the first answer teaches the client the limit, as TCP starts with a small
 // window (the goroutines of a process that ask at once would otherwise send several
 // requests blind, and on a burst of one all but the first are refused). It asks again
@@ -151,8 +153,11 @@ func (s *sluiceStrategy) next(c *Controller, now int64, cost [nQuotas]float64) (
 // goes after firstAnswerWait.
 func (s *sluiceStrategy) awaitFirst(now int64) (int64, bool) {
 	b := s.blind
-	if b.cost == 0 || now >= b.at+int64(firstAnswerWait) {
+	switch {
+	case b.cost == 0 || now >= b.at+int64(firstAnswerWait):
 		return 0, false
+	case now < b.at:
+		return b.at, true // it has not gone yet (a Retry-After holds the client)
 	}
 	return min(b.at+int64(firstAnswerWait), now+max((now-b.at)/4, int64(time.Millisecond))), true
 }
@@ -204,9 +209,11 @@ func (s *sluiceStrategy) cancel(_ *Controller, at int64, cost [nQuotas]float64) 
 // measured of the pool is old. (A client held back by its goroutines, all waiting for
 // answers, is not quiet: the gap must also exceed Horizon.) Its pace halves for every
 // restartHalving Horizons quiet, down to a sixteenth of the limit, and it starts slowly
-// again (slowStart): the answers raise it as fast as there is room. If the first answer after it finds the limit full (nobody spent from it
-// for a refill's time), nobody took up its pace: it is the pace before again.
-func (s *sluiceStrategy) restart(c *Controller, now int64) {
+// again (slowStart): the answers raise it as fast as there is room. If the first answer
+// after it finds the limit full (nobody spent from it for a refill's time), nobody took up
+// its pace: it is the pace before again. It reports whether a limit's pace restarted.
+func (s *sluiceStrategy) restart(c *Controller, now int64) bool {
+	restarted := false
 	gap := float64(now - s.lastSend)
 	for i := range s.q {
 		q, k := &s.q[i], &c.q[i]
@@ -224,7 +231,14 @@ func (s *sluiceStrategy) restart(c *Controller, now int64) {
 		q.base = max(q.base*math.Exp2(-gap/halving), min(q.base, k.limit/16))
 		q.pace = q.base
 		q.n = 0 // the history no longer says what the pool spends now
+		// The request that restarts goes at once, as the first one did: the slot after the
+		// last one at the pace restarted low would hold it for a long interval, which its
+		// answer, the first news in a while, may show was not needed. The others wait for
+		// that answer (awaitFirst).
+		q.slot = sluiceSlot{}
+		restarted = true
 	}
+	return restarted
 }
 
 // unit is what one request costs under limit i: one request, or the mean token cost.
