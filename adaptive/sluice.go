@@ -31,7 +31,11 @@ type sluiceQuota struct {
 	updated int64      // when the pace last changed (the sent time of that answer)
 	idle    float64    // the base before a restart after idle, until the next answer
 	held    bool       // a request waited for its slot under this limit since the last answer
-	phase   sluicePhase
+	// sending is what the client sends under this limit, units a second, decayed over
+	// Horizon (see sends), as of sendingAt
+	sending   float64
+	sendingAt int64
+	phase     sluicePhase
 	// contended: a refusal told of another client's slot (see observe); a burst too small
 	// to count in then grows back slowly
 	contended bool
@@ -134,6 +138,8 @@ func (s *sluiceStrategy) next(c *Controller, now int64, cost [nQuotas]float64) (
 	for i := range s.q {
 		if cost[i] > 0 && (i == reqQ || c.q[i].known) {
 			s.q[i].slot = sluiceSlot{at: at, cost: cost[i], jitter: j, probe: s.q[i].pace <= 0}
+			s.q[i].sending = s.q[i].sends(c, at) + cost[i]/c.cfg.Horizon.Seconds()
+			s.q[i].sendingAt = max(at, s.q[i].sendingAt)
 		}
 	}
 	if blind {
@@ -239,6 +245,17 @@ func (s *sluiceStrategy) restart(c *Controller, now int64) bool {
 		restarted = true
 	}
 	return restarted
+}
+
+// sends is what the client sends under this limit, units a second, at t: its slots'
+// costs, each decayed with the time since it over Horizon. (Just after a request it is at
+// least that request's cost over Horizon: it says little of a client slower than one
+// request per Horizon, and the cut that uses it does not bite there.)
+func (q *sluiceQuota) sends(c *Controller, t int64) float64 {
+	if t <= q.sendingAt {
+		return q.sending
+	}
+	return q.sending * math.Exp(-float64(t-q.sendingAt)/float64(c.cfg.Horizon))
 }
 
 // unit is what one request costs under limit i: one request, or the mean token cost.
@@ -441,6 +458,14 @@ func (q *sluiceQuota) learn(c *Controller, i int, t int64, r float64) {
 		}
 		if !used {
 			f = min(f, 1)
+		}
+		if f < 1 {
+			// A cut applies to what the client sends: a pace far above it (a client that
+			// asks less than its pace allows) is first brought down to twice that, as Linux
+			// grows a window only up to twice what is in flight (RFC 7661 likewise cuts a
+			// window not fully used from the part used). Cut by a few percent an answer, such
+			// a client did not slow down at all for seconds while the pool overran the limit.
+			q.base = min(q.base, max(2*q.sends(c, t), L/1000))
 		}
 		q.base *= min(max(f, 0.5), 1.5)
 	}
