@@ -262,45 +262,53 @@ func TestTransportPacesOverTCP(t *testing.T) {
 }
 
 // TestTransportShortTimeOutsKeepThePace: eight goroutines whose requests each have 50 ms
-// to get their slot (shorter than the pace's pause), on a limit of 10/s told to the
-// controllers, for three seconds of fake time: a slot given back when a request's
-// context ends is not a reset of the pace, so the API receives no more than the limit
-// allows (burst 10 + 10/s × 3 s), where it used to receive thousands.
+// to get their slot (shorter than the pace's pause), on a limit of 10/s, told to the
+// controllers or learned from the referee's answers alone, for three seconds of fake
+// time: a slot given back when a request's context ends is not a reset of the pace, so
+// the API receives no more than the limit allows (burst 10 + 10/s × 3 s), where it used to
+// receive thousands.
 func TestTransportShortTimeOutsKeepThePace(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		clk := clock.NewReal()
-		ref, err := referee.New(sluice.MustParse("10/s"), referee.WithClock(clk))
-		if err != nil {
-			t.Fatal(err)
-		}
-		client := &http.Client{Transport: &adaptive.Transport{Base: inProcess{ref}, Clock: clk,
-			Config: adaptive.Config{Limit: sluice.Limit{Rate: 10, Period: time.Second}}}}
-		run, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		defer cancel()
-		var wg sync.WaitGroup
-		for range 8 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for run.Err() == nil {
-					ctx, cancel := context.WithTimeout(run, 50*time.Millisecond)
-					req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://api.test/v1/x", nil)
-					req.Header.Set("Authorization", "Bearer t")
-					if resp, err := client.Do(req); err == nil {
-						resp.Body.Close()
-					}
-					<-ctx.Done() // the caller's time for this request is spent
-					cancel()
+	for _, told := range []bool{true, false} {
+		t.Run(map[bool]string{true: "told", false: "learned"}[told], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				clk := clock.NewReal()
+				ref, err := referee.New(sluice.MustParse("10/s"), referee.WithClock(clk))
+				if err != nil {
+					t.Fatal(err)
 				}
-			}()
-		}
-		wg.Wait()
-		st := ref.Stats()
-		t.Logf("the API received %d (accepted %d, refused %d)", st.Accepted+st.Rejected, st.Accepted, st.Rejected)
-		if got := st.Accepted + st.Rejected; got > 10+10*3+1 {
-			t.Fatalf("the API received %d requests in 3 s, want at most 41 (burst 10 + 10/s × 3 s)", got)
-		}
-	})
+				tr := &adaptive.Transport{Base: inProcess{ref}, Clock: clk}
+				if told {
+					tr.Config.Limit = sluice.Limit{Rate: 10, Period: time.Second}
+				}
+				client := &http.Client{Transport: tr}
+				run, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+				defer cancel()
+				var wg sync.WaitGroup
+				for range 8 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for run.Err() == nil {
+							ctx, cancel := context.WithTimeout(run, 50*time.Millisecond)
+							req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://api.test/v1/x", nil)
+							req.Header.Set("Authorization", "Bearer t")
+							if resp, err := client.Do(req); err == nil {
+								resp.Body.Close()
+							}
+							<-ctx.Done() // the caller's time for this request is spent
+							cancel()
+						}
+					}()
+				}
+				wg.Wait()
+				st := ref.Stats()
+				t.Logf("the API received %d (accepted %d, refused %d)", st.Accepted+st.Rejected, st.Accepted, st.Rejected)
+				if got := st.Accepted + st.Rejected; got > 10+10*3+1 {
+					t.Fatalf("the API received %d requests in 3 s, want at most 41 (burst 10 + 10/s × 3 s)", got)
+				}
+			})
+		})
+	}
 }
 
 // TestTransportNoBurstWhenWaitsEnd: twenty goroutines held back by their client's pace
