@@ -170,10 +170,11 @@ func TestTheTighterLimitPaces(t *testing.T) {
 	c := newC(t, Config{Jitter: 1e-9})
 	f := ratehdr.Facts{Status: 200, Quotas: []ratehdr.Quota{
 		{Name: "requests", Limit: 500, Remaining: 100, Reset: -1, Burst: -1},
-		{Name: "tokens", Limit: 40000, Remaining: 100, Reset: -1, Burst: -1},
+		{Name: "tokens", Limit: 40000, Remaining: 20000, Reset: -1, Burst: -1},
 	}}
 	c.observe(1*sec, 1*sec-1, f, 4000)
-	// Both limits nearly spent: a request pace and a token pace of a sixteenth of each.
+	// Both limits below their reserves: a request pace and a token pace of a sixteenth of
+	// each.
 	reqPause := 1 / (500.0 / 60 / 16)
 	tokPause := 4000 / (40000.0 / 60 / 16)
 	at1 := send(t, c, 2*sec, 4000)

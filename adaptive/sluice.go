@@ -31,6 +31,9 @@ type sluiceQuota struct {
 	updated int64      // when the pace last changed (the sent time of that answer)
 	idle    float64    // the base before a restart after idle, until the next answer
 	held    bool       // a request waited for its slot under this limit since the last answer
+	// rebuild is when the client started from an empty limit (its first answer found
+	// nothing left), until the reserve is rebuilt (0: not rebuilding; see learn)
+	rebuild int64
 	// sending is what the client sends under this limit, units a second, decayed over
 	// Horizon (see sends), as of sendingAt
 	sending   float64
@@ -81,6 +84,10 @@ const growth = 0.2
 // Horizon (RFC 2861), and a client whose Poisson demand paused for two seconds came
 // back at a quarter of its pace and waited seconds for it to grow back.
 const restartHalving = 16
+
+// rebuildRate is the part of the limit's rate at which a pool that started from an empty
+// limit rebuilds its reserve.
+const rebuildRate = 0.025
 
 // minSamples is the fewest of its own earlier answers a client measures the pool over.
 const minSamples = 3
@@ -287,6 +294,12 @@ func (s *sluiceStrategy) observe(c *Controller, a *answer) {
 					q.base = k.limit / 16 // learn's start
 					if k.burst < 4 {
 						q.base = k.limit // a burst too small to count in: learn's start
+					} else if a.retryAfter >= 0 && float64(a.retryAfter)*k.limit <= 2e9 {
+						// The limit is empty (the wait is for its next permit): learn's start
+						// from an empty limit, halved below. The next request goes when the
+						// Retry-After says the next permit comes (the refused one took none).
+						q.base, q.rebuild = k.limit, a.now
+						q.slot = sluiceSlot{}
 					}
 				}
 				q.updated = a.sent
@@ -375,9 +388,24 @@ func (q *sluiceQuota) learn(c *Controller, i int, t int64, r float64) {
 	if tiny {
 		reserve = 0
 	}
-	x := r - reserve
 	// Above the reserve by more than this, the spare is spent on top of the pace.
 	spend := min(reserve, (k.burst-reserve)/2)
+	if q.base == 0 && !tiny && r < u {
+		q.rebuild = t // the first answer finds the limit empty
+	}
+	if q.rebuild != 0 {
+		// Started from an empty limit: the reserve aimed at is rebuilt at rebuildRate of the
+		// limit's rate, not at once, so that the pool uses most of the limit meanwhile (a
+		// reserve of sixteen seconds rebuilt at once took a fifth of the first minute).
+		// Nothing is spare until it is whole again.
+		if b := rebuildRate * L * float64(t-q.rebuild) / 1e9; b < reserve {
+			spend += reserve - b
+			reserve = b
+		} else {
+			q.rebuild = 0
+		}
+	}
+	x := r - reserve
 	// The pool's time scale: the time the limit takes to refill the reserve.
 	T0 := min(max(c.cfg.Horizon.Seconds(), reserve/L), 600)
 
@@ -431,6 +459,9 @@ func (q *sluiceQuota) learn(c *Controller, i int, t int64, r float64) {
 		// from it for a refill's time, and only a refusal will tell of others. The client
 		// takes the whole rate, as a lone client must to fill it, and halves if refused.
 		q.base = L / 16
+		if q.rebuild != 0 {
+			q.base = L / 2 // from an empty limit: nothing to spend, and nobody's pace to take up
+		}
 		if !tiny {
 			q.phase = slowStart
 		}
