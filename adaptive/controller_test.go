@@ -425,10 +425,10 @@ func TestLateSendMovesTheChain(t *testing.T) {
 }
 
 // TestLoneClientOnASmallLimitRecovers: a lone client on 1/s refused once (a request that
-// reached the API early: refused for the 20 ms it was early) halves its pace, and has the
-// limit's whole rate again within ten seconds: the time it takes to grow back does not
-// stretch with the answers' spacing. Refused for 600 ms (another client's slot), it grows
-// back as slowly as before: several clients on a burst of one learn of each other by
+// reached the API early: refused for the 20 ms it was early) has the limit's whole rate
+// ten seconds later (it no longer halves: TestEarlyArrivalIsNotCongestion; when it did, it
+// grew back within ten seconds). Refused for 600 ms (another client's slot), it halves
+// and grows back as slowly as before: several clients on a burst of one learn of each other by
 // refusals alone, and growing back fast raised their refusals (13.2% to 16.6% in the
 // quick matrix's cell of four clients on 2/s burst 2).
 func TestLoneClientOnASmallLimitRecovers(t *testing.T) {
@@ -458,7 +458,7 @@ func regrowth(t *testing.T, retry time.Duration) float64 {
 		c.observe(at+rtt, at, f, 0)
 		now = at + rtt
 		if i == 20 {
-			if got := c.Rate(); got > 0.6 {
+			if got := c.Rate(); retry >= 100*time.Millisecond && got > 0.6 {
 				t.Fatalf("pace %v after the 429, want it halved", got)
 			}
 			for now < at+10*sec {
@@ -681,5 +681,33 @@ func TestCutAppliesToWhatIsSent(t *testing.T) {
 	}
 	if got := c.Rate(); got > 25 {
 		t.Fatalf("pace %.1f/s after a second with the count below the reserve, sending 10/s: want at most 25", got)
+	}
+}
+
+// TestEarlyArrivalIsNotCongestion: a lone client at the whole rate of 1/s, one of whose
+// requests reached the API 20 ms early (its way there slower for the request before it:
+// a loaded machine) and was refused for those 20 ms, does not halve its pace: it sends
+// the next request when the Retry-After says (the refused one took no permit), and from
+// then on spaces its requests by what it was early on top of the round trip. (It halved,
+// and a twenty-second run on 1/s lost three of its twenty permits to one such refusal.)
+func TestEarlyArrivalIsNotCongestion(t *testing.T) {
+	c := newC(t, Config{})
+	rtt := sec / 100
+	c.observe(rtt, 0, ok(1, 0, time.Second, 1), 0) // 1/s, burst 1: nothing left
+	at1 := send(t, c, rtt, 0)
+	early := ok(1, 0, time.Second, 1)
+	early.Status, early.RetryAfter, early.HasRetryAfter = 429, 20*time.Millisecond, true
+	c.observe(at1+rtt, at1, early, 0)
+	if got := c.Rate(); got < 0.99 {
+		t.Fatalf("pace %.2f after a refusal for arriving 20 ms early, want the whole rate (1/s)", got)
+	}
+	at2 := send(t, c, at1+rtt, 0)
+	if at2 > at1+rtt+20*int64(time.Millisecond)+rtt {
+		t.Fatalf("the next request %v after the refused one, want at its Retry-After (30 ms)", time.Duration(at2-at1))
+	}
+	c.observe(at2+rtt, at2, ok(1, 0, time.Second, 1), 0)
+	at3 := send(t, c, at2+rtt, 0)
+	if d := time.Duration(at3 - at2); d < time.Second+20*time.Millisecond {
+		t.Fatalf("the request after it %v later, want at least 1.02 s (the interval and what it was early)", d)
 	}
 }

@@ -31,6 +31,10 @@ type sluiceQuota struct {
 	updated int64      // when the pace last changed (the sent time of that answer)
 	idle    float64    // the base before a restart after idle, until the next answer
 	held    bool       // a request waited for its slot under this limit since the last answer
+	// early is the most a request on a burst too small to count in reached the API before
+	// its permit (a refusal's short Retry-After), nanoseconds: its requests are spaced by it
+	// on top of the round trip (see next)
+	early int64
 	// rebuild is when the client started from an empty limit (its first answer found
 	// nothing left), until the reserve is rebuilt (0: not rebuilding; see learn)
 	rebuild int64
@@ -183,8 +187,9 @@ func (q *sluiceQuota) next(c *Controller, i int) int64 {
 	if k := c.q[i]; k.known && k.burst < 2*sl.cost {
 		// No burst to absorb it: the next request must not reach the API sooner than the
 		// limit allows because its way there was shorter than the last one's (a one-way
-		// trip's spread is at most a round trip).
-		guard = int64(c.rtt * 1e9)
+		// trip's spread is at most a round trip; and what a refusal said a request was
+		// early).
+		guard = int64(c.rtt*1e9) + q.early
 	}
 	switch {
 	case sl.cost == 0:
@@ -304,15 +309,26 @@ func (s *sluiceStrategy) observe(c *Controller, a *answer) {
 				}
 				q.updated = a.sent
 			}
-			q.base /= 2
-			q.pace = q.base
 			q.phase = steady
-			if k := c.q[i]; k.known && (a.retryAfter < 0 || float64(a.retryAfter)*k.limit >= 1e8*unit(c, i)) {
+			k := c.q[i]
+			if k.known && (a.retryAfter < 0 || float64(a.retryAfter)*k.limit >= 1e8*unit(c, i)) {
 				// Refused for longer than a tenth of the limit's interval: another client
 				// holds the slot (a request that only arrived early, its way there shorter
 				// than the last one's, is refused for the few milliseconds it was early).
 				q.contended = true
+			} else if k.known && k.burst < 4*unit(c, i) && i == reqQ && !q.contended {
+				// On a burst too small to count in, refused for arriving early (and never
+				// for another client's slot): not congestion, noise in the way there. The
+				// pace stands; the requests are
+				// spaced by what it was early from now on, and the next goes when the
+				// Retry-After says (the refused request took no permit).
+				q.early = max(q.early, a.retryAfter)
+				q.slot = sluiceSlot{}
+				q.pace = q.base
+				continue
 			}
+			q.base /= 2
+			q.pace = q.base
 		}
 	}
 	if a.throttled {
