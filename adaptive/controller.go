@@ -181,10 +181,12 @@ type Controller struct {
 	s   strategy
 
 	q        [nQuotas]quota
-	meanCost float64 // tokens per request, learned from the settled costs
-	rtt      float64 // the time from a request's slot to its answer, seconds (smoothed)
-	hold     int64   // no request before this (a Retry-After)
-	cut      int64   // the last decrease: a refusal of a request sent before it is the same event
+	meanCost float64     // tokens per request, learned from the settled costs
+	rtt      float64     // the time from a request's slot to its answer, seconds (smoothed)
+	rtts     [16]float64 // the last round trips (rtt's samples), a ring at rttN
+	rttN     int
+	hold     int64 // no request before this (a Retry-After)
+	cut      int64 // the last decrease: a refusal of a request sent before it is the same event
 }
 
 // strategy is one way of learning. next is asked for the slot of a request of the given
@@ -354,11 +356,14 @@ func (c *Controller) observe(now, sent int64, f ratehdr.Facts, tokens int64) {
 			c.q[i].remaining, c.q[i].seen = a.remaining[i], true
 		}
 	}
-	if d := float64(a.now-a.sent) / 1e9; c.rtt == 0 {
+	d := float64(a.now-a.sent) / 1e9
+	if c.rtt == 0 {
 		c.rtt = d
 	} else {
 		c.rtt += (d - c.rtt) / 8
 	}
+	c.rtts[c.rttN%len(c.rtts)] = d
+	c.rttN++
 	if a.throttled && a.sent >= c.cut {
 		// One event, one decrease: the goroutines refused together (their requests sent
 		// before the first refusal came back) back off once.
@@ -369,6 +374,16 @@ func (c *Controller) observe(now, sent int64, f ratehdr.Facts, tokens int64) {
 		c.hold = max(c.hold, now+a.retryAfter)
 	}
 	c.s.observe(c, &a)
+}
+
+// rttMax is the longest of the last round trips, seconds: the most a request's way to the
+// API may have been longer than the next one's.
+func (c *Controller) rttMax() float64 {
+	m := c.rtt
+	for _, d := range c.rtts {
+		m = max(m, d)
+	}
+	return m
 }
 
 // setLimit records a limit of count units per window, with burst (<= 0: not reported).

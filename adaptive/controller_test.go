@@ -711,3 +711,28 @@ func TestEarlyArrivalIsNotCongestion(t *testing.T) {
 		t.Fatalf("the request after it %v later, want at least 1.02 s (the interval and what it was early)", d)
 	}
 }
+
+// TestGuardCoversTheLongestRoundTrip: a lone client on 1/s (burst 1) whose answers come
+// 2 ms away, and now and then 40 ms away (a loaded machine): a request whose way to the
+// API was 38 ms shorter than the one before it must not arrive early, so its requests are
+// spaced by the interval and the longest recent round trip, not the mean one (which a
+// rare slow answer barely moves: requests 1.007 s apart, and a refusal when the next
+// request's way was short).
+func TestGuardCoversTheLongestRoundTrip(t *testing.T) {
+	c := newC(t, Config{})
+	c.observe(sec/500, 0, ok(1, 0, time.Second, 1), 0) // 1/s, burst 1: nothing left
+	now := sec / 500
+	var at int64
+	for i := range 20 {
+		at = send(t, c, now, 0)
+		rtt := sec / 500
+		if i%5 == 0 {
+			rtt = 40 * int64(time.Millisecond)
+		}
+		c.observe(at+rtt, at, ok(1, 0, time.Second, 1), 0)
+		now = at + rtt
+	}
+	if next := send(t, c, now, 0); time.Duration(next-at) < time.Second+38*time.Millisecond {
+		t.Fatalf("requests %v apart, want at least 1.038 s (the interval and the spread of the round trips)", time.Duration(next-at))
+	}
+}
