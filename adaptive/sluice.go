@@ -162,12 +162,11 @@ func (s *sluiceStrategy) next(c *Controller, now int64, cost [nQuotas]float64) (
 
 // awaitFirst reports whether a request must wait, at now, for the answer to the one a
 // client sent before it had learned anything (or since it restarted after idle), and when
-// to ask again: one request at a
-// time until the first answer teaches the client the limit, as TCP starts with a small
-// window (the goroutines of a process that ask at once would otherwise send several
-// requests blind, and on a burst of one all but the first are refused). It asks again
-// soon (a quarter of the wait so far: the answer's delay is unknown), and another request
-// goes after firstAnswerWait.
+// to ask again: one request at a time until the first answer teaches the client the
+// limit, as TCP starts with a small window (the goroutines of a process that ask at once
+// would otherwise send several requests blind, and on a burst of one all but the first
+// are refused). It asks again soon (a quarter of the wait so far: the answer's delay is
+// unknown), and another request goes after firstAnswerWait.
 func (s *sluiceStrategy) awaitFirst(now int64) (int64, bool) {
 	b := s.blind
 	switch {
@@ -320,9 +319,9 @@ func (s *sluiceStrategy) observe(c *Controller, a *answer) {
 			} else if k.known && k.burst < 4*unit(c, i) && i == reqQ && !q.contended {
 				// On a burst too small to count in, refused for arriving early (and never
 				// for another client's slot): not congestion, noise in the way there. The
-				// pace stands; the requests are
-				// spaced by what it was early from now on, and the next goes when the
-				// Retry-After says (the refused request took no permit).
+				// pace stands; the requests are spaced by what it was early from now on,
+				// and the next goes when the Retry-After says (the refused request took no
+				// permit).
 				q.early = max(q.early, a.retryAfter)
 				q.slot = sluiceSlot{}
 				q.pace = q.base
