@@ -185,8 +185,11 @@ type Controller struct {
 	rtt      float64     // the time from a request's slot to its answer, seconds (smoothed)
 	rtts     [16]float64 // the last round trips (rtt's samples), a ring at rttN
 	rttN     int
-	hold     int64 // no request before this (a Retry-After)
-	cut      int64 // the last decrease: a refusal of a request sent before it is the same event
+	// the latest slot whose request went, and when it went (see went)
+	wentSlot, wentAt int64
+	wentSet          bool
+	hold             int64 // no request before this (a Retry-After)
+	cut              int64 // the last decrease: a refusal of a request sent before it is the same event
 }
 
 // strategy is one way of learning. next is asked for the slot of a request of the given
@@ -374,6 +377,23 @@ func (c *Controller) observe(now, sent int64, f ratehdr.Facts, tokens int64) {
 		c.hold = max(c.hold, now+a.retryAfter)
 	}
 	c.s.observe(c, &a)
+}
+
+// went records, at now, that the request of the slot at is about to go, and returns when it
+// may go: now, or later when the request of a slot before it went late. On a burst too
+// small to count in (the Sluice strategy), a request keeps its distance from when the one
+// before it went, not from that one's slot: a goroutine that took the next slot (one
+// interval ahead) before the last request's timer fired late would otherwise send it too
+// soon, and be refused. Transport calls it; the simulator's requests go at their slots.
+func (c *Controller) went(at, now int64) int64 {
+	goAt := now
+	if k := c.q[reqQ]; c.cfg.Strategy == Sluice && k.known && k.burst < 2 && c.wentSet && at > c.wentSlot {
+		goAt = max(now, c.wentAt+(at-c.wentSlot))
+	}
+	if !c.wentSet || at >= c.wentSlot {
+		c.wentSlot, c.wentAt, c.wentSet = at, goAt, true
+	}
+	return goAt
 }
 
 // rttMax is the longest of the last round trips, seconds: the most a request's way to the

@@ -202,6 +202,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		} else {
 			err = clk.Sleep(req.Context(), time.Duration(at-now))
 		}
+		if err == nil {
+			// Its slot has come: it goes now, or later if the request before it went late.
+			t.mu.Lock()
+			goAt := c.went(at, clk.Nanotime())
+			t.mu.Unlock()
+			if d := goAt - clk.Nanotime(); d > 0 {
+				err = clk.Sleep(req.Context(), time.Duration(d))
+			}
+		}
 		if err != nil {
 			t.mu.Lock()
 			c.Cancel(at, cost)

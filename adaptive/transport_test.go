@@ -580,3 +580,46 @@ func TestTransportStartsFromAnEmptyBucket(t *testing.T) {
 		})
 	}
 }
+
+// lateClock is a clock whose sleeps that end after lateAt end late by late, once: a timer
+// that fires late on a loaded machine.
+type lateClock struct {
+	clock.Clock
+	mu     sync.Mutex
+	lateAt int64
+	late   time.Duration
+}
+
+func (c *lateClock) Sleep(ctx context.Context, d time.Duration) error {
+	c.mu.Lock()
+	if d > 0 && c.late > 0 && c.Nanotime()+int64(d) >= c.lateAt {
+		d += c.late
+		c.late = 0
+	}
+	c.mu.Unlock()
+	return c.Clock.Sleep(ctx, d)
+}
+
+// TestTransportLateTimerKeepsTheSpacing: eight goroutines of one Transport on 1/s, for
+// twenty seconds of fake time; the timer of one request, about eight seconds in, fires
+// 300 ms late. The next request's slot was already taken by another goroutine (a slot one
+// interval ahead): it goes an interval after the late request went, not an interval after
+// the late request's slot, which was 0.7 s after it and a 429.
+func TestTransportLateTimerKeepsTheSpacing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := &lateClock{Clock: clock.NewReal(), late: 300 * time.Millisecond}
+		clk.lateAt = clk.Nanotime() + int64(8*time.Second)
+		ref, err := referee.New(sluice.MustParse("1/s"), referee.WithClock(clk))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		pool(ctx, t, 1, 8, func() *adaptive.Transport { return &adaptive.Transport{Base: inProcess{ref}, Clock: clk} }, "http://api.test/v1/work", nil)
+		st := ref.Stats()
+		t.Logf("accepted %d, refused %d", st.Accepted, st.Rejected)
+		if clk.late != 0 || st.Rejected > 0 {
+			t.Errorf("refused %d (a timer late: %v): want none", st.Rejected, clk.late == 0)
+		}
+	})
+}
