@@ -185,11 +185,12 @@ type Controller struct {
 	rtt      float64     // the time from a request's slot to its answer, seconds (smoothed)
 	rtts     [16]float64 // the last round trips (rtt's samples), a ring at rttN
 	rttN     int
-	// the latest slot whose request went, and when it went (see went)
-	wentSlot, wentAt int64
-	wentSet          bool
-	hold             int64 // no request before this (a Retry-After)
-	cut              int64 // the last decrease: a refusal of a request sent before it is the same event
+	// the latest slot whose request went, when it went, and its round trip once its answer
+	// came (see went)
+	wentSlot, wentAt, wentRTT int64
+	wentSet, wentAnswered     bool
+	hold                      int64 // no request before this (a Retry-After)
+	cut                       int64 // the last decrease: a refusal of a request sent before it is the same event
 }
 
 // strategy is one way of learning. next is asked for the slot of a request of the given
@@ -367,6 +368,9 @@ func (c *Controller) observe(now, sent int64, f ratehdr.Facts, tokens int64) {
 	}
 	c.rtts[c.rttN%len(c.rtts)] = d
 	c.rttN++
+	if c.wentSet && a.sent >= c.wentAt {
+		c.wentRTT, c.wentAnswered = a.now-a.sent, true // the last request that went
+	}
 	if a.throttled && a.sent >= c.cut {
 		// One event, one decrease: the goroutines refused together (their requests sent
 		// before the first refusal came back) back off once.
@@ -379,19 +383,26 @@ func (c *Controller) observe(now, sent int64, f ratehdr.Facts, tokens int64) {
 	c.s.observe(c, &a)
 }
 
-// went records, at now, that the request of the slot at is about to go, and returns when it
-// may go: now, or later when the request of a slot before it went late. On a burst too
-// small to count in (the Sluice strategy), a request keeps its distance from when the one
-// before it went, not from that one's slot: a goroutine that took the next slot (one
-// interval ahead) before the last request's timer fired late would otherwise send it too
-// soon, and be refused. Transport calls it; the simulator's requests go at their slots.
+// went returns when the request of the slot at may go, asked at now: now (and it records
+// that the request goes now), or later (ask again then). On a burst too small to count in (the Sluice strategy), a request
+// goes no sooner than the limit's interval plus the last request's round trip after that
+// request went: its way to the API was at most that round trip, so the next one cannot
+// arrive early however short its own way (the longest of the last round trips while that
+// answer has not come). It counts from when the last request went, not from its slot: a
+// goroutine that took the next slot (one interval ahead) before the last request's timer
+// fired late would otherwise send it too soon, and be refused. Transport calls it; the
+// simulator's requests go at their slots.
 func (c *Controller) went(at, now int64) int64 {
 	goAt := now
 	if k := c.q[reqQ]; c.cfg.Strategy == Sluice && k.known && k.burst < 2 && c.wentSet && at > c.wentSlot {
-		goAt = max(now, c.wentAt+(at-c.wentSlot))
+		way := int64(c.rttMax() * 1e9)
+		if c.wentAnswered {
+			way = c.wentRTT
+		}
+		goAt = max(now, c.wentAt+int64(1e9/k.limit)+way)
 	}
-	if !c.wentSet || at >= c.wentSlot {
-		c.wentSlot, c.wentAt, c.wentSet = at, goAt, true
+	if goAt == now && (!c.wentSet || at >= c.wentSlot) {
+		c.wentSlot, c.wentAt, c.wentSet, c.wentAnswered = at, now, true, false
 	}
 	return goAt
 }

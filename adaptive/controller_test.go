@@ -712,27 +712,36 @@ func TestEarlyArrivalIsNotCongestion(t *testing.T) {
 	}
 }
 
-// TestGuardCoversTheLongestRoundTrip: a lone client on 1/s (burst 1) whose answers come
-// 2 ms away, and now and then 40 ms away (a loaded machine): a request whose way to the
-// API was 38 ms shorter than the one before it must not arrive early, so its requests are
-// spaced by the interval and the longest recent round trip, not the mean one (which a
-// rare slow answer barely moves: requests 1.007 s apart, and a refusal when the next
-// request's way was short).
-func TestGuardCoversTheLongestRoundTrip(t *testing.T) {
+// TestGuardCoversTheLastRoundTrip: a lone client on 1/s (burst 1) whose answers come 2 ms
+// away, and one in five 40 ms away (a loaded machine). A request whose way to the API was
+// long must not be followed by one whose way is short and arrives early: each request goes
+// at least the interval plus the last request's round trip after that request went. The
+// mean round trip, which a rare slow answer barely moves, let the next request follow
+// 1.007 s after a slow one; the longest of the last sixteen held every request 40 ms
+// longer for sixteen seconds after each slow one.
+func TestGuardCoversTheLastRoundTrip(t *testing.T) {
 	c := newC(t, Config{})
 	c.observe(sec/500, 0, ok(1, 0, time.Second, 1), 0) // 1/s, burst 1: nothing left
 	now := sec / 500
-	var at int64
+	var prev, prevRTT int64
 	for i := range 20 {
-		at = send(t, c, now, 0)
+		at := send(t, c, now, 0)
+		went := at // as Transport asks: when the slot comes, and again when told to wait
+		for g := c.went(at, went); g > went; g = c.went(at, went) {
+			went = g
+		}
+		if i > 0 {
+			if d := went - prev; d < sec+prevRTT {
+				t.Fatalf("step %d: the request went %v after the last, whose round trip was %v: want at least the interval and that", i, time.Duration(d), time.Duration(prevRTT))
+			} else if prevRTT < 10*int64(time.Millisecond) && d > sec+20*int64(time.Millisecond) {
+				t.Fatalf("step %d: the request went %v after the last, whose round trip was %v: held longer than an old slow trip needs", i, time.Duration(d), time.Duration(prevRTT))
+			}
+		}
 		rtt := sec / 500
 		if i%5 == 0 {
 			rtt = 40 * int64(time.Millisecond)
 		}
-		c.observe(at+rtt, at, ok(1, 0, time.Second, 1), 0)
-		now = at + rtt
-	}
-	if next := send(t, c, now, 0); time.Duration(next-at) < time.Second+38*time.Millisecond {
-		t.Fatalf("requests %v apart, want at least 1.038 s (the interval and the spread of the round trips)", time.Duration(next-at))
+		c.observe(went+rtt, went, ok(1, 0, time.Second, 1), 0)
+		prev, prevRTT, now = went, rtt, went+rtt
 	}
 }

@@ -186,10 +186,10 @@ func (q *sluiceQuota) next(c *Controller, i int) int64 {
 	if k := c.q[i]; k.known && k.burst < 2*sl.cost {
 		// No burst to absorb it: the next request must not reach the API sooner than the
 		// limit allows because its way there was shorter than the last one's (a one-way
-		// trip's spread is at most a round trip: the longest of the last ones, as a loaded
-		// machine's rare slow trip is the one that matters; and what a refusal said a
-		// request was early).
-		guard = int64(c.rttMax()*1e9) + q.early
+		// trip's spread is at most a round trip; and what a refusal said a request was
+		// early). Transport also holds a request until the last one's own round trip
+		// after it went (Controller.went).
+		guard = int64(c.rtt*1e9) + q.early
 	}
 	switch {
 	case sl.cost == 0:

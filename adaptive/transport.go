@@ -202,14 +202,19 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		} else {
 			err = clk.Sleep(req.Context(), time.Duration(at-now))
 		}
-		if err == nil {
-			// Its slot has come: it goes now, or later if the request before it went late.
+		var sent int64
+		for err == nil {
+			// Its slot has come: it goes now, or later if the request before it went late
+			// (see Controller.went).
 			t.mu.Lock()
-			goAt := c.went(at, clk.Nanotime())
+			now := clk.Nanotime()
+			goAt := c.went(at, now)
 			t.mu.Unlock()
-			if d := goAt - clk.Nanotime(); d > 0 {
-				err = clk.Sleep(req.Context(), time.Duration(d))
+			if goAt <= now {
+				sent = max(at, now) // later than its slot if the timer fired late
+				break
 			}
+			err = clk.Sleep(req.Context(), time.Duration(goAt-now))
 		}
 		if err != nil {
 			t.mu.Lock()
@@ -218,9 +223,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			closeBody(req)
 			return nil, err
 		}
-		// The request goes now: later than its slot if the timer fired late, and the next
-		// interval counts from now.
-		sent := max(at, clk.Nanotime())
+		// The request goes now, and the next interval counts from now.
 		resp, err := base.RoundTrip(req)
 		if err != nil {
 			return nil, err
