@@ -745,3 +745,22 @@ func TestGuardCoversTheLastRoundTrip(t *testing.T) {
 		prev, prevRTT, now = went, rtt, went+rtt
 	}
 }
+
+// TestFullLimitAtFirstAnswer: a client whose first answer finds the limit full (10/s,
+// burst 10, nine left after its own request: nobody spent from it for a refill's time)
+// starts at the part of the limit the count holds above its reserve (4.5 of 10), not at a
+// sixteenth: a lone client of eight goroutines used 0.867 of 20/s burst 10 over the demo's
+// ten seconds, 0.938 now. A count below full (another client spends it) starts at a
+// sixteenth, as before.
+func TestFullLimitAtFirstAnswer(t *testing.T) {
+	for _, c := range []struct {
+		left     int64
+		min, max float64
+	}{{9, 5, 10}, {6, 0, 1}} {
+		ctl := newC(t, Config{})
+		ctl.observe(sec/100, 0, ok(10, c.left, time.Second, 10), 0)
+		if got := ctl.Rate(); got < c.min || got > c.max {
+			t.Errorf("%d of 10 left at the first answer: pace %.2f, want it in [%.0f, %.0f]", c.left, got, c.min, c.max)
+		}
+	}
+}

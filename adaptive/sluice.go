@@ -475,6 +475,12 @@ func (q *sluiceQuota) learn(c *Controller, i int, t int64, r float64) {
 		// from it for a refill's time, and only a refusal will tell of others. The client
 		// takes the whole rate, as a lone client must to fill it, and halves if refused.
 		q.base = L / 16
+		if !tiny && r+u >= k.burst-1e-9 {
+			// Found full: nobody spent from it for a refill's time. Start at the part of
+			// the limit that the count holds above the reserve (several clients that start
+			// together find it full only for the first of them).
+			q.base = max(q.base, L*x/k.burst)
+		}
 		if q.rebuild != 0 {
 			q.base = L / 2 // from an empty limit: nothing to spend, and nobody's pace to take up
 		}
