@@ -530,11 +530,13 @@ func (l *Limiter) decideKeeping(ctx context.Context, core []gcra.Limit, key stri
 	if l.observer != nil {
 		start = l.clock.Nanotime()
 	}
-	var buf [gcra.MaxLimits]gcra.Limit
 	var g backend.Grant
 	var err error
 	ok := true // the headroom for a higher class leaves something to grant
 	if p := priority.Of(ctx); p != priority.Standard || l.seen.Load() != nil {
+		// Declared here: core may point into it and escapes to the back end, so it is
+		// on the heap, and only a decision with classes pays for it.
+		var buf [gcra.MaxLimits]gcra.Limit
 		if p != priority.Standard {
 			l.prioritize()
 		}

@@ -22,6 +22,7 @@ import (
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/keytable"
 	"github.com/sluicehq/sluice/lease/allot"
+	"github.com/sluicehq/sluice/priority"
 	"github.com/sluicehq/sluice/store"
 )
 
@@ -427,6 +428,7 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 		return backend.Grant{}, gcra.ErrCostExceedsBurst
 	}
 	md := int64(max(req.MaxDelay, 0))
+	critical := priority.Of(ctx) == priority.Critical
 	start := b.clock.Nanotime()
 	var ms [gcra.MaxLimits]*allot.Member
 	var buf [gcra.MaxLimits]*rec
@@ -454,6 +456,13 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 		if counted {
 			res, tk, out, err = allot.DecideAgain(ms[:len(rs)], now, req.N, left) // its permits were counted in the demand already
 		} else {
+			if critical {
+				for i, m := range ms[:len(rs)] {
+					if !slices.Contains(ms[:i], m) {
+						m.AskedCritical(req.N) // that part of its demand is given first
+					}
+				}
+			}
 			res, tk, out, err = allot.Decide(ms[:len(rs)], now, req.N, left)
 		}
 		if out == allot.AtStore {

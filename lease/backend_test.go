@@ -22,6 +22,7 @@ import (
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/lease/allot"
+	"github.com/sluicehq/sluice/priority"
 	"github.com/sluicehq/sluice/store"
 )
 
@@ -889,5 +890,33 @@ func TestFastDecisionRereadsBeforeTheLongWay(t *testing.T) {
 	}
 	if n := clk.reads.Load(); n != 2 {
 		t.Errorf("the clock read %d times, want 2 (the fast decision and its second reading)", n)
+	}
+}
+
+// TestCriticalCallersAreReported: a member whose callers carry the critical class
+// (priority.With) reports that part of its demand, and the store gives it first: beside
+// a member that wants all it can get, the member whose critical callers ask 60/s of 100/s
+// holds at least that, where by member alone it held half.
+func TestCriticalCallersAreReported(t *testing.T) {
+	l := lim(100, time.Second, 20)
+	c := newCluster(t, l, 2, DefaultConfig())
+	crit := priority.With(bg, priority.Critical)
+	for end := c.clk.Nanotime() + int64(4*time.Second); c.clk.Nanotime() < end; {
+		c.clk.Advance(time.Millisecond)
+		c.settle(2)
+		if (c.clk.Nanotime()/int64(time.Millisecond))%16 == 0 { // about 60/s
+			if _, err := c.members[0].Decide(crit, "api", backend.Request{Limits: []gcra.Limit{l}, N: 1}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for range 50 {
+			if ok, err := c.members[1].AllowOne(bg, "api", l); err != nil || !ok {
+				break
+			}
+		}
+	}
+	st := c.members[0].Leases()
+	if len(st) != 1 || st[0].Critical < RateScale/2 || st[0].Share.Rate < RateScale/2 {
+		t.Errorf("the critical member: %+v, want its critical demand (about 0.6 of the limit) reported and its share at least that", st)
 	}
 }

@@ -84,6 +84,11 @@ type GRPCConfig struct {
 	// standard or sheddable: docs/priorities.md); it is not part of the descriptor's tag.
 	// "": none.
 	PriorityEntry string `yaml:"priority_entry"`
+	// Transport serves the listener: "lean" (the daemon's own HTTP/2 server of unary
+	// calls: ShouldRateLimit and the health service's Check, a few allocations a call) or
+	// "grpc-go" (google.golang.org/grpc's server: every gRPC feature, the health service's
+	// Watch too). Reflection and tracing are served by grpc-go whatever this says.
+	Transport string `yaml:"transport"`
 }
 
 // DefaultRule is the rule for tags that no other rule matches. Each tag gets its own
@@ -122,6 +127,7 @@ func DefaultConfig() Config {
 			Reflection:      false,    // off: the service is known to its callers
 			ResponseHeaders: false,    // off: Envoy adds no x-ratelimit-* headers
 			PriorityEntry:   "",       // none: every descriptor is standard
+			Transport:       "lean",   // the daemon's own HTTP/2 server: a ShouldRateLimit call costs a third of grpc-go's
 		},
 		Gossip: GossipConfig{
 			Bind:     "127.0.0.1:7946",                       // loopback: other hosts must be allowed explicitly
@@ -251,6 +257,9 @@ func (c *Config) validate() error {
 	}
 	if c.GRPC.MaxStreams < 1 {
 		bad(at("grpc.max_streams", "grpc"), "grpc.max_streams: want at least 1")
+	}
+	if c.GRPC.Transport != "lean" && c.GRPC.Transport != "grpc-go" {
+		bad(at("grpc.transport", "grpc"), "grpc.transport: want lean or grpc-go, not %q", c.GRPC.Transport)
 	}
 	switch {
 	case c.MaxConnections < 1:

@@ -84,6 +84,7 @@ func TestConfigErrorsNameFileAndLine(t *testing.T) {
 		{"rules:\n  - {name: default, match: b, limit: 1/s}\ndefault: {limit: 1/s}\n", `c.yaml:2: default: the name "default" is used twice (by rules[0] too)`},
 		{"", "c.yaml: empty file"},
 		{"backend: gossip\ngossip: {policy: loud}\n", "c.yaml:2: gossip.policy: want auto, owner, shares, equal or whole"},
+		{"listen_grpc: 127.0.0.1:0\ngrpc:\n  transport: grpc\n", `c.yaml:3: grpc.transport: want lean or grpc-go, not "grpc"`},
 		{"backend: gossip\ngossip: {bind: ''}\n", "c.yaml:2: backend gossip needs gossip.bind"},
 		{"backend: gossip\ngossip: {colour: red}\n", `c.yaml:2: unknown field "colour"`},
 		{"backend: gossip\nrules:\n  - {match: api, limit: 1/s, gossip: loud}\n", `c.yaml:3: rules[0].gossip: want owner, shares or auto, not "loud"`},

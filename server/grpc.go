@@ -23,8 +23,10 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/h2grpc"
 	"github.com/sluicehq/sluice/priority"
 )
 
@@ -35,13 +37,23 @@ const MaxDescriptors = 64
 // grpcWorkersPerCPU is how many goroutines per CPU serve gRPC calls (grpc.NumStreamWorkers).
 const grpcWorkersPerCPU = 4
 
+// The gRPC listener's bounds: the bytes of a request's header list, and the time a new
+// connection has to send its preface.
+const (
+	grpcMaxHeaderList    = 16 << 10
+	grpcHandshakeTimeout = 10 * time.Second
+)
+
 // rlsServiceName is Envoy's rate limit service, as the health service names it.
 const rlsServiceName = "envoy.service.ratelimit.v3.RateLimitService"
 
 // grpcServer is the gRPC listener: Envoy's rate limit service (ShouldRateLimit), the
-// standard health service, and reflection when asked for.
+// standard health service, and reflection when asked for. It is served by the lean
+// transport (internal/h2grpc) or by grpc-go's server (grpc.transport; docs/envoy.md).
 type grpcServer struct {
-	srv    *grpc.Server
+	srv    *grpc.Server   // grpc-go's, or nil
+	lean   *h2grpc.Server // the lean transport's, or nil
+	svc    *rlsService
 	health *health.Server
 	s      *Server
 	conns  atomic.Int64
@@ -49,11 +61,25 @@ type grpcServer struct {
 
 func (s *Server) newGRPCServer(cfg Config) *grpcServer {
 	g := &grpcServer{s: s, health: health.NewServer()}
+	if cfg.GRPC.Transport == "lean" && !cfg.GRPC.Reflection && s.tracer == nil {
+		g.svc = &rlsService{s: s, pooled: true}
+		g.lean = h2grpc.New(h2grpc.Config{
+			MaxStreams:       cfg.GRPC.MaxStreams,
+			MaxMessage:       cfg.GRPC.MaxMessage,
+			MaxHeaderList:    grpcMaxHeaderList,
+			IdleTimeout:      cfg.IdleTimeout.D(),
+			WriteTimeout:     cfg.WriteTimeout.D(),
+			HandshakeTimeout: grpcHandshakeTimeout,
+			Inline:           s.local != nil, // the back end is the local one: it decides in process, never waits
+		}, g.leanCall)
+		g.setServing(s.down.Load() == nil)
+		return g
+	}
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(cfg.GRPC.MaxMessage),
 		grpc.MaxConcurrentStreams(cfg.GRPC.MaxStreams),
-		grpc.MaxHeaderListSize(16 << 10),
-		grpc.ConnectionTimeout(10 * time.Second),
+		grpc.MaxHeaderListSize(grpcMaxHeaderList),
+		grpc.ConnectionTimeout(grpcHandshakeTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: cfg.IdleTimeout.D()}),
 		grpc.ChainUnaryInterceptor(g.authUnary),
 		grpc.ChainStreamInterceptor(g.authStream),
@@ -107,18 +133,60 @@ func (g *grpcServer) stop(ctx context.Context) <-chan struct{} {
 		return done
 	}
 	g.health.Shutdown() // NOT_SERVING from now on
+	graceful, now := g.srv.GracefulStop, g.srv.Stop
+	if g.lean != nil {
+		graceful, now = g.lean.GracefulStop, g.lean.Stop
+	}
 	go func() {
 		defer close(done)
-		graceful := make(chan struct{})
-		go func() { g.srv.GracefulStop(); close(graceful) }()
+		stopped := make(chan struct{})
+		go func() { graceful(); close(stopped) }()
 		select {
-		case <-graceful:
+		case <-stopped:
 		case <-ctx.Done():
-			g.srv.Stop()
-			<-graceful
+			now()
+			<-stopped
 		}
 	}()
 	return done
+}
+
+// serve serves ln until the server stops.
+func (g *grpcServer) serve(ln net.Listener) error {
+	if g.lean != nil {
+		return g.lean.Serve(g.limit(ln))
+	}
+	return g.srv.Serve(g.limit(ln))
+}
+
+// The methods the lean transport serves.
+const (
+	shouldRateLimitMethod = "/" + rlsServiceName + "/ShouldRateLimit"
+	healthCheckMethod     = healthPrefix + "Check"
+)
+
+// leanCall answers a call of the lean transport (an h2grpc.Handler): ShouldRateLimit, the
+// health service's Check; any other method is Unimplemented, as grpc-go answers a method
+// it does not serve.
+func (g *grpcServer) leanCall(ctx context.Context, c *h2grpc.Call, out []byte) ([]byte, error) {
+	switch c.Method {
+	case shouldRateLimitMethod:
+		if err := g.tokenOK(c.Authorization); err != nil {
+			return out, err
+		}
+		return g.svc.appendAnswer(ctx, c.Message, out)
+	case healthCheckMethod:
+		var req healthpb.HealthCheckRequest
+		if err := proto.Unmarshal(c.Message, &req); err != nil {
+			return out, status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err)
+		}
+		resp, err := g.health.Check(ctx, &req)
+		if err != nil {
+			return out, err
+		}
+		return proto.MarshalOptions{}.MarshalAppend(out, resp)
+	}
+	return out, status.Errorf(codes.Unimplemented, "unknown method %s", c.Method)
 }
 
 // limit bounds the gRPC connections at max_connections: more are closed at once (and
@@ -172,7 +240,13 @@ func (g *grpcServer) authorized(ctx context.Context, method string) error {
 			got = v[0]
 		}
 	}
-	if !g.s.tokenOK(got) {
+	return g.tokenOK(got)
+}
+
+// tokenOK checks an authorization header's value ("Bearer TOKEN") against the token, if
+// one is set.
+func (g *grpcServer) tokenOK(authorization string) error {
+	if !g.s.tokenOK(authorization) {
 		g.s.m.grpcCalls[grpcUnauthenticated].Inc()
 		return status.Error(codes.Unauthenticated, "sluice: a bearer token is required")
 	}

@@ -63,9 +63,11 @@ func keepStartOnly(cfg *Config, running Config) []string {
 	keep("listen_http", cfg.ListenHTTP != running.ListenHTTP)
 	keep("listen_admin", cfg.ListenAdmin != running.ListenAdmin)
 	keep("listen_grpc", cfg.ListenGRPC != running.ListenGRPC)
-	keep("grpc.max_message, grpc.max_streams, grpc.reflection", cfg.GRPC.MaxMessage != running.GRPC.MaxMessage ||
-		cfg.GRPC.MaxStreams != running.GRPC.MaxStreams || cfg.GRPC.Reflection != running.GRPC.Reflection)
+	keep("grpc.max_message, grpc.max_streams, grpc.reflection, grpc.transport", cfg.GRPC.MaxMessage != running.GRPC.MaxMessage ||
+		cfg.GRPC.MaxStreams != running.GRPC.MaxStreams || cfg.GRPC.Reflection != running.GRPC.Reflection ||
+		cfg.GRPC.Transport != running.GRPC.Transport)
 	cfg.GRPC.MaxMessage, cfg.GRPC.MaxStreams, cfg.GRPC.Reflection = running.GRPC.MaxMessage, running.GRPC.MaxStreams, running.GRPC.Reflection
+	cfg.GRPC.Transport = running.GRPC.Transport
 	cfg.ListenGRPC = running.ListenGRPC
 	keep("backend", cfg.Backend != running.Backend)
 	keep("redis_url", cfg.RedisURL != running.RedisURL)

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -150,4 +151,37 @@ func FuzzRequestDecoding(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestShouldRateLimitAllocs bounds what the lean transport's handler allocates to answer
+// ShouldRateLimit on the local back end, from the request's bytes to the response's: a
+// descriptor's tag, and its bucket's key (a pattern rule's).
+func TestShouldRateLimitAllocs(t *testing.T) {
+	cfg := envoyTestConfig(t, "domain: edge\ndescriptors:\n  - key: api\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n")
+	s := start(t, cfg)
+	msg, err := proto.Marshal(&rls.RateLimitRequest{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{desc("api", "k1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []byte
+	answer := func() {
+		out, err = s.grpc.svc.appendAnswer(context.Background(), msg, out[:0])
+		var resp rls.RateLimitResponse
+		if err != nil || proto.Unmarshal(out, &resp) != nil || resp.OverallCode != rls.RateLimitResponse_OK {
+			t.Fatalf("got %v, %v", &resp, err)
+		}
+	}
+	answer()
+	out = out[:0]
+	got := testing.AllocsPerRun(500, func() {
+		out, err = s.grpc.svc.appendAnswer(context.Background(), msg, out[:0])
+	})
+	bound := 2.0
+	if raceEnabled {
+		bound = 6 // and a request, an answer and its parts when the pools miss
+	}
+	t.Logf("%.1f allocations a call", got)
+	if got > bound || err != nil {
+		t.Errorf("%.1f allocations a call (%v), want at most %v", got, err, bound)
+	}
 }

@@ -430,7 +430,7 @@ func (s *Server) Start() error {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			if err := s.grpc.srv.Serve(s.grpc.limit(s.grpcLn)); err != nil {
+			if err := s.grpc.serve(s.grpcLn); err != nil {
 				s.log.Error("grpc server", "addr", s.grpcLn.Addr().String(), "err", err)
 			}
 		}()

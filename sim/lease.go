@@ -8,6 +8,7 @@ import (
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/lease/allot"
+	"github.com/sluicehq/sluice/priority"
 )
 
 // LeaseReport is the lease mode's own part of a report.
@@ -192,6 +193,10 @@ func (l *leaseMode) acquire(e *engine, mi, g int32) {
 	decide := allot.Decide
 	if l.waiting[mi][g] || l.again[mi][g] {
 		decide = allot.DecideAgain // the same request, after a wait or a borrow: counted once
+	} else if e.members[mi].class == int8(priority.Critical) {
+		for _, m := range ms {
+			m.AskedCritical(1) // as the backend does for a critical caller's context
+		}
 	}
 	l.again[mi][g] = false
 	l.asking[mi][g] = true

@@ -25,19 +25,31 @@ import (
 // newest request) after format 1's. A record of a limit with neither is still written in
 // format 1, byte for byte as before, so that members of an earlier version and of this one
 // share plain limits during a rolling upgrade; UnmarshalState reads both.
+//
+// Format 3 adds each member's critical demand (Entry.Critical) after format 2's fields
+// (which it always has, a window and a ramp possibly zero). A record is written in it only
+// while some member reports critical demand, so that members of an earlier version share
+// limits without classes during a rolling upgrade; one of them that meets a format 3
+// record fails to read it (a store error, answered by its fail mode) until the critical
+// callers go or it is upgraded.
 
 const (
-	stateFormat   = 2
-	stateFormatV1 = 1
+	stateFormat        = 2
+	stateFormatV1      = 1
+	stateFormatClasses = 3
 )
 
 // MarshalState encodes s: the record a store keeps.
 func MarshalState(s *State) []byte {
 	w := writer{b: make([]byte, 0, 64+32*len(s.Members)), base: s.PoolAt}
-	v2 := s.Limit.Window != 0 || !s.Limit.Ramp.IsZero()
-	if v2 {
+	v3 := slices.ContainsFunc(s.Members, func(e Entry) bool { return e.Critical != 0 })
+	v2 := v3 || s.Limit.Window != 0 || !s.Limit.Ramp.IsZero()
+	switch {
+	case v3:
+		w.b = append(w.b, stateFormatClasses)
+	case v2:
 		w.b = append(w.b, stateFormat)
-	} else {
+	default:
 		w.b = append(w.b, stateFormatV1)
 	}
 	w.u(uint64(s.Limit.T))
@@ -102,6 +114,9 @@ func MarshalState(s *State) []byte {
 			w.u(uint64(e.Chunk))
 			w.u(e.Nonce)
 		}
+		if v3 {
+			w.i(e.Critical)
+		}
 	}
 	return w.b
 }
@@ -109,10 +124,11 @@ func MarshalState(s *State) []byte {
 // UnmarshalState decodes a record written by MarshalState, checking what it can.
 func UnmarshalState(b []byte) (*State, error) {
 	r := reader{b: b}
-	if len(b) == 0 || (b[0] != stateFormat && b[0] != stateFormatV1) {
+	if len(b) == 0 || (b[0] != stateFormat && b[0] != stateFormatV1 && b[0] != stateFormatClasses) {
 		return nil, fmt.Errorf("%w: format %v", store.ErrBadRecord, b[:min(len(b), 1)])
 	}
-	v2 := b[0] == stateFormat
+	v3 := b[0] == stateFormatClasses
+	v2 := v3 || b[0] == stateFormat
 	r.b = b[1:]
 	s := &State{}
 	s.Limit.T = int64(r.u())
@@ -156,7 +172,7 @@ func UnmarshalState(b []byte) (*State, error) {
 		s.Limit.Window = int64(r.n())
 		s.Limit.Ramp.T0 = int64(r.n())
 		s.Limit.Ramp.Over = int64(r.n())
-		if s.Limit.Window == 0 && s.Limit.Ramp.IsZero() && r.err == nil {
+		if !v3 && s.Limit.Window == 0 && s.Limit.Ramp.IsZero() && r.err == nil {
 			r.err = errors.New("format 2 without a window or a ramp") // written in format 1
 		}
 		s.RampStart = r.t()
@@ -198,7 +214,16 @@ func UnmarshalState(b []byte) (*State, error) {
 			e.Chunk = int64(r.n())
 			e.Nonce = r.u()
 		}
+		if v3 {
+			e.Critical = r.i()
+			if (e.Critical < 0 || e.Critical > RateScale) && r.err == nil {
+				r.err = fmt.Errorf("critical demand %d out of range", e.Critical)
+			}
+		}
 		s.Members = append(s.Members, e)
+	}
+	if v3 && r.err == nil && !slices.ContainsFunc(s.Members, func(e Entry) bool { return e.Critical != 0 }) {
+		r.err = errors.New("format 3 without critical demand") // written in format 1 or 2
 	}
 	if r.err != nil {
 		return nil, fmt.Errorf("%w: %v", store.ErrBadRecord, r.err)

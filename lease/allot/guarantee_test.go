@@ -285,3 +285,55 @@ func TestShareCutForTheReserveIsNotSaturation(t *testing.T) {
 		t.Errorf("the members asked for as much as they could get at %d of their %d renewals after the first 20 s (want at most 15%%: demand is 85%% of the limit)", all, renews)
 	}
 }
+
+// TestCriticalCallersKeepTheirShare: four members share 100/s; one's callers are of the
+// critical class and ask 50/s, three want all they can get (a sheddable flood). By member
+// alone the first held a quarter of the limit and its critical callers waited for half
+// their permits; reporting its critical demand (AskedCritical, Request.Critical), it holds
+// at least what they ask from the renewals that measure it on.
+func TestCriticalCallersKeepTheirShare(t *testing.T) {
+	l := lim(100, time.Second, 20)
+	cfg := Config{TTL: time.Second, Grace: 500 * time.Millisecond}
+	mcfg := MemberConfig{RenewEvery: 250 * time.Millisecond, Margin: 5 * time.Millisecond}
+	st, _ := NewState(l, 1, 0, 0, cfg)
+	var ms []*Member
+	for _, id := range []string{"ui", "b1", "b2", "b3"} {
+		ms = append(ms, NewMember(id, l, mcfg, 0))
+	}
+	step := int64(time.Millisecond)
+	var asked, granted int64
+	for now := int64(0); now < int64(10*time.Second); now += step {
+		for i, m := range ms {
+			if req, ok := m.Request(now, 0); ok {
+				rep, err := st.Apply(now, cfg, req)
+				m.Receive(now, req.Nonce, rep, err)
+			}
+			switch {
+			case i == 0 && now%int64(20*time.Millisecond) == 0:
+				m.AskedCritical(1)
+				_, _, out, _ := Decide([]*Member{m}, now, 1, 0)
+				if now >= int64(3*time.Second) {
+					asked++
+					if out == Granted {
+						granted++
+					}
+				}
+			case i > 0:
+				for {
+					if _, _, out, _ := Decide([]*Member{m}, now, 1, 0); out != Granted {
+						break
+					}
+				}
+			}
+		}
+		if err := st.Check(now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rate := ms[0].InUse(int64(10 * time.Second)).Rate; rate < RateScale/2 {
+		t.Errorf("the critical member's share: rate %d of %d, want at least its callers' %d", rate, RateScale, RateScale/2)
+	}
+	if granted < asked*99/100 {
+		t.Errorf("critical callers granted %d of %d from 3 s on, want at least 0.99", granted, asked)
+	}
+}

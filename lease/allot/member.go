@@ -246,6 +246,9 @@ type demandWindow struct {
 	rate      float64 // smoothed asked rate, permits per nanosecond
 	measured  bool    // rate holds a measurement
 	reported  int64   // the demand last reported
+	critical  int64   // permits asked in this window by callers of the critical class (AskedCritical)
+	critRate  float64 // smoothed rate of those, permits per nanosecond
+	critical0 int64   // the part of the demand last reported that critical callers ask
 	lastUsed  int64   // the last window's figures, for Status
 	lastWin   int64
 }
@@ -372,8 +375,10 @@ type Status struct {
 	// What the member may be using is the larger of the two (Member.InUse).
 	Prev     Share
 	PrevLeft time.Duration
-	// Demand is the demand last reported, in parts of RateScale.
-	Demand int64
+	// Demand is the demand last reported, in parts of RateScale, and Critical the part of
+	// it that callers of the critical class ask (the store's fair policy gives it first).
+	Demand   int64
+	Critical int64
 	// Used is what the member granted over the last reporting window, and Granted what its
 	// share allowed over it (its rate × the window).
 	Used    int64
@@ -398,7 +403,7 @@ type Status struct {
 // Status returns the member's state at now.
 func (m *Member) Status(now int64) Status {
 	st := Status{At: now, Limit: m.limit, Member: m.id, Epoch: m.epoch, Seq: m.lease.seq, Share: m.lease.share, Target: m.view.target,
-		Demand: m.demand.reported, Used: m.demand.lastUsed, Window: time.Duration(m.demand.lastWin), Live: m.view.live, Err: m.link.lastErr}
+		Demand: m.demand.reported, Critical: m.demand.critical0, Used: m.demand.lastUsed, Window: time.Duration(m.demand.lastWin), Live: m.view.live, Err: m.link.lastErr}
 	if m.lease.has {
 		st.Rate = 1e9 / float64(m.lease.local.T)
 		st.Granted = st.Rate * float64(m.demand.lastWin) / 1e9

@@ -43,6 +43,11 @@ func (m *Member) measure(now int64) int64 {
 		return m.demand.reported
 	}
 	if dt > 0 && m.phase == registered {
+		rc := float64(m.demand.critical) / float64(dt)
+		m.demand.critRate += float64(dt) / float64(dt+4*m.cfg.renew) * (rc - m.demand.critRate)
+		if m.demand.critical > 0 && m.demand.critRate < rc/4 {
+			m.demand.critRate = rc // critical callers that just came: at once, not over four renewals
+		}
 		r := float64(m.demand.asked) / float64(dt)
 		switch {
 		case !m.demand.measured:
@@ -134,10 +139,25 @@ func (m *Member) measure(now int64) int64 {
 	// rate at all is, by definition).
 	m.demand.saturated = (sat || m.demand.saturated) && !quiet && (m.demand.held || m.demand.asked == 0)
 	m.demand.reported = d
+	crit := int64(math.Min(float64(RateScale), m.demand.critRate*float64(m.limit.T)*float64(RateScale)))
+	if crit == 0 && m.demand.critical > 0 {
+		crit = 1
+	}
+	m.demand.critical0 = min(crit, d)
+	m.demand.critical = 0
 	m.demand.lastUsed, m.demand.lastWin = m.demand.used, dt
 	m.demand.winStart, m.demand.asked, m.demand.used, m.demand.throttled, m.demand.held, m.demand.waited = now, 0, 0, false, false, false
 	m.demand.borrows = 0
 	return d
+}
+
+// AskedCritical counts n of the permits just asked (Decide counts them in the demand) as
+// asked by callers of the critical class: the member reports that part of its demand
+// (Request.Critical), which the store's fair policy gives first.
+func (m *Member) AskedCritical(n int64) {
+	if n > 0 {
+		m.demand.critical += n
+	}
 }
 
 // cutForReserve reports whether the member's share is below the measured rate it last

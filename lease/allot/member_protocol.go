@@ -141,6 +141,7 @@ func (m *Member) Request(now, early int64) (Request, bool) {
 		m.quota.asked = req.Want > 0
 	}
 	req.Demand = m.measure(now)
+	req.Critical = m.demand.critical0
 	m.link.inflight = true
 	m.link.lastSent = now
 	return req, true

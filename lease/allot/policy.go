@@ -43,7 +43,7 @@ const (
 // contention).
 //
 // Every member that holds a share needs at least one permit of burst, and a share
-// should grant a few permits per lease (minPermitsPerLease): when more members want the limit than that
+// should grant a permit per lease, and a few while the demand is under the limit: when more members want the limit than that
 // allows, it is decided at the store instead (centralWanted) and nobody holds a share.
 //
 // It runs at every grant over every member: it reads each entry once, into lists of
@@ -58,7 +58,7 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short in
 	alive, wanting, idle, dm := sc.alive, sc.wanting, sc.idle, sc.dm[:len(s.Members)]
 	// asked is what the members that want capacity ask for in all (fair policy): one
 	// asking for as much as it can get counts as more than any reserve allows.
-	var asked int64
+	var asked, est int64
 	for i := range s.Members {
 		e := &s.Members[i]
 		if !e.live(now) {
@@ -92,7 +92,10 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short in
 	}
 	live = int64(len(alive))
 	size = live
-	s.Central = s.centralWanted(now, cfg, int64(len(wanting)), int64(len(alive)))
+	for _, i := range wanting {
+		est += s.Members[i].estimate()
+	}
+	s.Central = s.centralWanted(now, cfg, int64(len(wanting)), int64(len(alive)), est)
 	if live == 0 || s.Central {
 		return tg, live, size, shortOf() // decided at the store: nobody holds a share
 	}
@@ -119,8 +122,7 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short in
 	// Fair: water-fill the rate among holders by the demand they report (what their
 	// callers ask, refused requests included; as much as it can get for a member held
 	// back).
-	order := s.byDemand(holders, dm, sc)
-	left := waterfill(order, dm, capa.Rate, tg)
+	left := s.fill(holders, dm, capa.Rate, tg, sc)
 	// A part of the limit stays free while the demands leave room for it: a reserve, whose
 	// saved burst any member whose share refuses a permit borrows from (OpTake with
 	// Request.Borrow). Each share holds its own demand's rate and burst; the reserve pools
@@ -240,6 +242,72 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short in
 		}
 	}
 	return tg, live, size, short
+}
+
+// fill water-fills the rate capa among holders by their demands dm into tg and returns
+// what is left. The members' critical demand (Entry.Critical: what their callers of the
+// critical class ask) comes first: it is water-filled alone, and each member keeps what it
+// got there as a floor while the whole limit is then water-filled by member as before
+// (each gets the larger of its floor and min(its demand, the level)), so that critical
+// callers' permits are not shared out evenly with a sheddable flood's, and a member is
+// given no more than before where its floor is below the level. Without critical demand,
+// one pass.
+func (s *State) fill(holders []int, dm []int64, capa int64, tg []Share, sc *scratch) int64 {
+	var crit []int
+	for _, i := range holders {
+		if s.Members[i].Critical > 0 {
+			crit = append(crit, i)
+		}
+	}
+	if len(crit) == 0 {
+		return waterfill(s.byDemand(holders, dm, sc), dm, capa, tg)
+	}
+	floor := make([]int64, len(dm))
+	for _, i := range crit {
+		floor[i] = min(s.Members[i].Critical, dm[i])
+	}
+	slices.SortStableFunc(crit, func(a, b int) int { return cmp.Compare(floor[a], floor[b]) })
+	waterfill(crit, floor, capa, tg) // what each gets of its critical demand: its floor
+	for _, i := range crit {
+		floor[i] = tg[i].Rate
+	}
+	give := func(i int, level int64) int64 { return max(floor[i], min(dm[i], level)) }
+	total := func(level int64) int64 {
+		var sum int64
+		for _, i := range holders {
+			sum += give(i, level)
+		}
+		return sum
+	}
+	// The highest level at which the members' rates fit capa (the floors always do).
+	lo, hi := int64(0), capa
+	if total(hi) <= capa {
+		lo = hi
+	}
+	for lo < hi {
+		mid := lo + (hi-lo+1)/2
+		if total(mid) <= capa {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	left := capa
+	for _, i := range holders {
+		tg[i].Rate = give(i, lo)
+		left -= tg[i].Rate
+	}
+	// What the level's rounding leaves goes one each to the members held at the level.
+	for _, i := range holders {
+		if left <= 0 {
+			break
+		}
+		if dm[i] > lo && floor[i] <= lo {
+			tg[i].Rate++
+			left--
+		}
+	}
+	return left
 }
 
 // divMemo remembers the last quotients and remainders of one division that a pass over

@@ -142,6 +142,9 @@ type Entry struct {
 	// Demand is the rate the member last reported wanting, in parts of RateScale (fair
 	// policy); 0 wants nothing, RateScale wants as much as it can get.
 	Demand int64 `json:"demand"`
+	// Critical is the part of Demand its callers of the critical class asked, as last
+	// reported (Request.Critical): the fair policy gives it first.
+	Critical int64 `json:"critical,omitempty"`
 	// Size is the pool size the member last reported using (equal policy's agreement).
 	Size int64 `json:"size"`
 	// Since is when the member last started holding a share, or waiting for one.
@@ -372,7 +375,10 @@ type Request struct {
 	// older one are still to be used.
 	InUse  uint64 `json:"in_use"`
 	Demand int64  `json:"demand"` // parts of RateScale wanted; RateScale: as much as it can get
-	Size   int64  `json:"size"`   // equal policy: the pool size its share is based on
+	// Critical is the part of Demand its callers of the critical class ask (parts of
+	// RateScale, fair policy): the policy gives the members' critical demand first.
+	Critical int64 `json:"critical,omitempty"`
+	Size     int64 `json:"size"` // equal policy: the pool size its share is based on
 	// BusyFor (release): how long after sending the member may still use its lease (its
 	// last reserved permit); the share is free after that.
 	BusyFor int64 `json:"busy_for"`
@@ -641,6 +647,7 @@ func (s *State) apply(now int64, cfg Config, req Request, a *applied) (Reply, er
 	}
 	e := &s.Members[i]
 	e.Demand = min(max(req.Demand, 0), RateScale)
+	e.Critical = min(max(req.Critical, 0), e.Demand)
 	e.Size = max(req.Size, 0)
 	if cfg.Policy == Equal || e.Demand > 0 {
 		if e.Lease.Share.Rate == 0 && now-e.Wanted > int64(cfg.TTL) {
@@ -1067,9 +1074,12 @@ func (s *State) take(now int64, id string, n, maxDelay, ttl int64, rep *Reply) {
 	})
 	pos := slices.IndexFunc(s.Queue, func(w Waiter) bool { return w.ID == id })
 	free0 := s.Booked <= now && s.Penalty <= now && s.Pool >= need
-	if len(s.Queue) > 0 && pos != 0 && free0 && now > s.Queue[0].At {
-		// The first waiter is late (its back-off's jitter): the permit free now goes to
-		// whoever asks, rather than waste; the first keeps its place for the next.
+	if len(s.Queue) > 0 && pos != 0 && free0 && s.Pool >= gcra.MulSat(s.expected(now, pos)+1, need) {
+		// The pool holds more than the waiters before this one that are still expected
+		// will take (a waiter is late by its back-off's jitter, or gone; or they were told
+		// turns at a rate that has grown since): the permit free now goes to whoever asks,
+		// rather than waste, in the line's order (one behind waiters still expected does
+		// not pass them); the waiters keep their places.
 		if pos > 0 {
 			s.Queue = slices.Delete(s.Queue, pos, pos+1)
 		}
@@ -1083,8 +1093,7 @@ func (s *State) take(now int64, id string, n, maxDelay, ttl int64, rep *Reply) {
 			pos = len(s.Queue)
 			s.Queue = append(s.Queue, Waiter{ID: id})
 		}
-		slot, _ := mulDivUp(need, RateScale, max(free.Rate, 1))
-		at := gcra.After(s.nextSlot(now, need, free), gcra.MulSat(int64(pos), slot))
+		at := s.turn(now, need, int64(pos), free)
 		// It is told to come back a little before its turn (callers come back late by their
 		// back-off's jitter, in proportion to the wait), and told again then.
 		back := now + (at-maxDelay-now)*3/4
@@ -1105,10 +1114,12 @@ func (s *State) take(now int64, id string, n, maxDelay, ttl int64, rep *Reply) {
 	// holds a bucket back.
 	at := s.nextSlot(now, need, free)
 	if at-now > maxDelay {
-		// Denied: the same take would be granted (booked) from at - maxDelay on. It waits
-		// first in line, and is told to come back then.
-		s.Queue = slices.Insert(s.Queue, 0, wait(id, now, at-maxDelay, ttl))
-		rep.Wait = max(at-now-maxDelay, int64(time.Millisecond))
+		// Denied: the same take would be granted (booked) from at - maxDelay on, or
+		// sooner if shares still counted free. It waits first in line, and is told to
+		// come back then.
+		back := min(at, s.turn(now, need, 0, free)) - maxDelay
+		s.Queue = slices.Insert(s.Queue, 0, wait(id, now, back, ttl))
+		rep.Wait = max(back-now, int64(time.Millisecond))
 		return
 	}
 	if at > now {
@@ -1117,6 +1128,60 @@ func (s *State) take(now int64, id string, n, maxDelay, ttl int64, rep *Reply) {
 		s.Pool -= need
 	}
 	rep.Taken, rep.Wait = true, at-now
+}
+
+// expected returns how many of the waiters before pos in the store's line (all of them if
+// pos < 0) are still expected: not later than they were told to come back.
+func (s *State) expected(now int64, pos int) int64 {
+	if pos < 0 {
+		pos = len(s.Queue)
+	}
+	var n int64
+	for _, w := range s.Queue[:pos] {
+		if now <= w.At {
+			n++
+		}
+	}
+	return n
+}
+
+// turn returns when the waiter at pos in the store's line (0 first) may expect its n
+// permits (need, in the limit's units): one slot each after the first, at the free rate.
+// While shares are still counted (a limit just switched to being decided at the store, its
+// members giving their shares up at their next renewals), the free rate is only what they
+// let go so far, a sliver at first: a turn at its pace would lie hours ahead, and the
+// waiter told to come back then would keep the head of the line that long. The turn is
+// then no later than when every counted share has ended by itself, followed by a slot of
+// the whole capacity for each waiter.
+func (s *State) turn(now, need, pos int64, free Share) int64 {
+	slot, _ := mulDivUp(need, RateScale, max(free.Rate, 1))
+	at := gcra.After(s.nextSlot(now, need, free), gcra.MulSat(pos, slot))
+	capa := s.capacity(now)
+	if free.Rate >= capa.Rate {
+		return at
+	}
+	full, _ := mulDivUp(need, RateScale, max(capa.Rate, 1))
+	return min(at, gcra.After(max(s.heldUntil(now), s.Booked, s.Penalty, s.Fence), gcra.MulSat(pos+1, full)))
+}
+
+// heldUntil returns when every share counted at now will have ended by itself (a lease, an
+// older lease the member may still use, a retired registration), if none is given up
+// before.
+func (s *State) heldUntil(now int64) int64 {
+	t := now
+	for i := range s.Members {
+		e := &s.Members[i]
+		if now < e.Lease.Until && !e.Lease.Share.IsZero() {
+			t = max(t, e.Lease.Until)
+		}
+		if now < e.HeldUntil && !e.Held.IsZero() {
+			t = max(t, e.HeldUntil)
+		}
+		if now < e.RetiredUntil && !e.Retired.IsZero() {
+			t = max(t, e.RetiredUntil)
+		}
+	}
+	return t
 }
 
 // updateCentral sets Central as targets does, without the shares: one pass over the
@@ -1131,37 +1196,64 @@ func (s *State) updateCentral(now int64, cfg Config) {
 			}
 		}
 	}
-	s.Central = s.centralWanted(now, cfg, wanting, live)
+	var est int64
+	for i := range s.Members {
+		if e := &s.Members[i]; e.live(now) && e.Demand > 0 {
+			est += e.estimate()
+		}
+	}
+	s.Central = s.centralWanted(now, cfg, wanting, live, est)
+}
+
+// estimate is what the member's demand is known to be when the store judges whether a
+// pool's demand is under its limit (centralWanted): the rate it reported or, for one that
+// asks for as much as it can get, half as much again as the share it holds (held back by
+// the share it spends: as much as it would probe for, Member.measure). One that holds no
+// share yet (it just joined, or the limit was decided at the store) is not known to want
+// anything in particular, and counts for nothing.
+func (e *Entry) estimate() int64 {
+	if e.Demand < RateScale {
+		return e.Demand
+	}
+	return gcra.MulSat(e.Lease.Share.Rate, probeNum) / probeDen
 }
 
 // centralWanted says whether the limit is too small to share out among the members that
 // want it: more of them than it has permits of burst (each share needs one), or shares
-// that would grant fewer than minPermitsPerLease permits each per lease. A limit that is
-// decided at the store goes back to shares only when it has room to spare for the members
-// that want it (twice as many would still fit), or when one member is left; never while
-// takes are booked ahead of the pool, nor while members that want it come and go among
-// live ones that may want it again (Poisson callers idle between requests): each return
-// to shares hands the whole limit to the few that want it, and the next member to want
-// it waits for their shares to end (a lease and its quarantine) before the store decides
-// again.
-func (s *State) centralWanted(now int64, cfg Config, wanting, live int64) bool {
-	burst, t, ttl := s.capacity(now).Burst, s.Limit.T, int64(cfg.TTL)
-	fits := func(n int64) bool { return n <= burst && n*t*minPermitsPerLease <= ttl }
+// that would grant less than a permit each per lease; or, while their demand is under the
+// limit (est, the sum of their estimates, in parts of RateScale, is less than the
+// capacity's rate; fair policy), shares that would grant fewer than pooledPermitsPerLease
+// permits each per lease. Demand under the limit is what small shares serve worst: the
+// first arrivals of a Poisson member spend its few permits and the rest wait for its
+// renewal while the others' shares stand unused, where one line at the store pools them
+// (10/s among four unequal Poisson members at 85% of it, 2.5 permits a lease each: p99 wait
+// 3.9 s over the ideal throttle's in shares). Members that each want more than they hold
+// keep their shares: they spend them, and one line at the store serves callers that come
+// and go less evenly than shares (sluice demo's eight on/off workers on 20/s burst=10, 2.5
+// permits a lease each: Jain's index 0.89 to 0.99 over 8 s in the store's line, 0.97 to 0.99
+// in shares).
+//
+// A limit that is decided at the store goes back to shares only when it has room to spare
+// for the members that want it (twice as many would still get pooledPermitsPerLease each),
+// or when one member is left; never while takes are booked ahead of the pool, nor while
+// members that want it come and go among live ones that may want it again (Poisson callers
+// idle between requests): each return to shares hands the whole limit to the few that want
+// it, and the next member to want it waits for their shares to end (a lease and its
+// quarantine) before the store decides again.
+func (s *State) centralWanted(now int64, cfg Config, wanting, live, est int64) bool {
+	capa, t, ttl := s.capacity(now), s.Limit.T, int64(cfg.TTL)
+	fits := func(n, per int64) bool { return n <= capa.Burst && gcra.MulSat(gcra.MulSat(n, per), t) <= ttl }
 	if !s.Central {
-		return wanting >= 2 && !fits(wanting)
+		under := cfg.Policy != Equal && est < capa.Rate
+		return wanting >= 2 && (!fits(wanting, 1) || (under && !fits(wanting, pooledPermitsPerLease)))
 	}
-	return s.Booked > now || (live >= 2 && (wanting == 0 || !fits(2*wanting)))
+	return s.Booked > now || (live >= 2 && (wanting == 0 || !fits(2*wanting, pooledPermitsPerLease)))
 }
 
-// minPermitsPerLease: a limit is shared out only while each member that wants it would get
-// at least this many permits per lease. One: with fewer than three, the first arrivals of
-// a Poisson member spend its share and the rest wait for its renewal (10/s among four
-// unequal Poisson members, 2.5 permits a lease each: p99 wait 3.9 s over the ideal
-// throttle's; 0.56 s decided at the store), but three moved sluice demo's eight on/off
-// lease workers on 20/s burst=10 to the store's line, whose turns are less even (Jain's
-// index 0.93 to 0.99 over 8 s; 0.99 in shares): docs/lease.md, "Limits too small to share
-// out".
-const minPermitsPerLease = 1
+// pooledPermitsPerLease: while the demand of the members that want a limit is under it, the
+// limit is shared out only while each would get at least this many permits per lease
+// (centralWanted).
+const pooledPermitsPerLease = 3
 
 // charge counts n permits already used against the free capacity (a settlement up of a
 // take): from the pool, else booked ahead of any later take, at the free rate (the whole
@@ -1176,9 +1268,27 @@ func (s *State) charge(now, n int64) {
 	if s.Booked > now {
 		pool = 0
 	}
-	rate := max(s.capacity(now).sub(s.Committed(now)).Rate, 1)
-	w, _ := mulDivUp(need-pool, RateScale, rate)
-	s.Pool, s.Booked = 0, gcra.After(max(now, s.Booked), w)
+	free := s.capacity(now).sub(s.Committed(now))
+	s.Pool, s.Booked = 0, s.accrued(now, max(now, s.Booked), need-pool, free)
+}
+
+// accrued returns when the free capacity, whose rate is free's at now, will have accrued
+// d more (in the limit's units) after start: at the free rate, but no later than when the
+// shares still counted (and a fence) have ended by themselves and the whole capacity's
+// rate has accrued d. While a limit switches to being decided at the store, the free rate
+// is for a while the sliver of rate its members' shares leave (they give them up at their
+// next renewals): at that pace a permit lay hours ahead.
+func (s *State) accrued(now, start, d int64, free Share) int64 {
+	if d <= 0 {
+		return start
+	}
+	w, _ := mulDivUp(d, RateScale, max(free.Rate, 1))
+	at := gcra.After(start, w)
+	if capa := s.capacity(now); free.Rate < capa.Rate {
+		full, _ := mulDivUp(d, RateScale, max(capa.Rate, 1))
+		at = min(at, gcra.After(max(start, s.heldUntil(now), s.Fence), full))
+	}
+	return at
 }
 
 // nextSlot is when the free capacity will next hold need, after the takes booked before and
@@ -1188,10 +1298,5 @@ func (s *State) nextSlot(now, need int64, free Share) int64 {
 	if s.Booked > now {
 		pool = 0
 	}
-	at := start
-	if d := need - pool; d > 0 {
-		w, _ := mulDivUp(d, RateScale, max(free.Rate, 1))
-		at = gcra.After(start, w)
-	}
-	return max(at, s.Penalty)
+	return max(s.accrued(now, start, need-pool, free), s.Penalty)
 }

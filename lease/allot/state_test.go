@@ -465,6 +465,35 @@ func TestStateRoundTripWindowAndRamp(t *testing.T) {
 	}
 }
 
+// TestStateRoundTripCritical: a record with critical demand is written in format 3 and
+// survives a round trip; once no member reports any, it is written as before (format 1 for
+// a plain limit), so that members of an earlier version read it.
+func TestStateRoundTripCritical(t *testing.T) {
+	c := cfg(Fair)
+	s, _ := NewState(lim(10, time.Second, 6), 7, 0, 0, c)
+	if _, err := s.Apply(0, c, Request{Op: OpJoin, Member: "a", Demand: all / 2, Critical: all / 4}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Apply(0, c, Request{Op: OpJoin, Member: "b", Demand: all}); err != nil {
+		t.Fatal(err)
+	}
+	b := MarshalState(s)
+	if b[0] != stateFormatClasses {
+		t.Fatalf("format %d, want %d", b[0], stateFormatClasses)
+	}
+	got, err := UnmarshalState(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, s) {
+		t.Errorf("round trip changed it:\n%+v\n%+v", got, s)
+	}
+	s.Members[0].Critical = 0
+	if b := MarshalState(s); b[0] != stateFormatV1 {
+		t.Errorf("without critical demand: format %d, want %d", b[0], stateFormatV1)
+	}
+}
+
 // FuzzStateCodec: no input makes the decoder panic, and whatever decodes encodes back to
 // the same bytes.
 func FuzzStateCodec(f *testing.F) {
@@ -480,6 +509,8 @@ func FuzzStateCodec(f *testing.F) {
 	r.Ramp = gcra.Ramp{T0: sec, Over: 60 * sec}
 	rs, _ := NewState(r, 7, 3*sec, 0, cfg(Fair))
 	f.Add(MarshalState(rs)) // format 2: a ramp
+	p.s.Members[0].Critical = all / 10
+	f.Add(MarshalState(p.s)) // format 3: critical demand
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s, err := UnmarshalState(b)
 		if err != nil {
@@ -585,5 +616,185 @@ func checkedApply(t *testing.T, s *State, c Config) func(at int64, req Request) 
 			t.Fatalf("at %v: %v", time.Duration(at), err)
 		}
 		return rep
+	}
+}
+
+// TestNoTurnIsSetAtARateSharesStillHold: when a limit switches to being decided at the
+// store, the shares it had are counted until their members say they gave them up, so the
+// free rate is for a while a sliver (here one unit of RateScale, what three shares of a
+// third leave). A take then must not be told a turn at that sliver's pace (hours ahead),
+// nor keep the head of the line for it: `sluice demo --mode lease` stood still for the
+// rest of a run (45 permits in 8 s of 20/s) behind a first waiter told to come back in
+// 13.9 hours while the pool stood full.
+func TestNoTurnIsSetAtARateSharesStillHold(t *testing.T) {
+	c := cfg(Fair)
+	c.JoinWindow = 0
+	s, _ := NewState(lim(30, time.Second, 3), 1, 0, 0, c)
+	apply := checkedApply(t, s, c)
+	var reps [3]Reply
+	for i, id := range []string{"a", "b", "c"} {
+		reps[i] = apply(int64(i)*ms, Request{Op: OpJoin, Member: id, Demand: all})
+	}
+	d := apply(3*ms, Request{Op: OpJoin, Member: "d", Demand: all})
+	if !d.Central {
+		t.Fatalf("four members on a burst of three: %+v, want the limit decided at the store", d)
+	}
+	// The shares as the members' renewals are shrinking them: all but a sliver of the
+	// rate is still counted (a's, until it says it gave it up).
+	for i := range s.Members {
+		s.Members[i].Lease.Share = Share{}
+	}
+	i, _ := s.find("a")
+	s.Members[i].Lease.Share = Share{Rate: all - 1, Burst: 2}
+	if free := s.capacity(4 * ms).sub(s.Committed(4 * ms)); free.Rate <= 0 || free.Rate > all/100 {
+		t.Fatalf("free rate while the shares are counted: %+v, want a sliver", free)
+	}
+	r := apply(4*ms, Request{Op: OpTake, Member: "d", Epoch: d.Epoch, N: 1, MaxDelay: 10 * ms})
+	if r.Taken || r.Wait > int64(c.TTL+c.Grace)+s.Limit.T {
+		t.Fatalf("a take while the shares are counted: %+v, want to come back when they free (within a lease and its grace) and its slot, not %v", r, time.Duration(r.Wait))
+	}
+	// The members give their shares up; once the pool has refilled, takes are granted at
+	// once, whoever asks, but for the permit of the waiter told to come back.
+	for i, id := range []string{"a", "b", "c"} {
+		reps[i] = apply(100*ms, Request{Op: OpRenew, Member: id, Epoch: reps[i].Epoch, InUse: reps[i].Lease.Seq, Demand: all})
+		apply(110*ms, Request{Op: OpRenew, Member: id, Epoch: reps[i].Epoch, InUse: reps[i].Lease.Seq, Demand: all})
+	}
+	for at := 500 * ms; at < 502*ms; at += ms {
+		if r := apply(at, Request{Op: OpTake, Member: "a", Epoch: reps[0].Epoch, N: 1, MaxDelay: 10 * ms}); !r.Taken {
+			t.Fatalf("a take at %v with the pool full: %+v, want it granted", time.Duration(at), r)
+		}
+	}
+	if r := apply(502*ms, Request{Op: OpTake, Member: "b", Epoch: reps[1].Epoch, N: 1, MaxDelay: 10 * ms}); r.Taken {
+		t.Fatalf("a take of the waiter's permit: %+v, want it kept for d", r)
+	}
+	if r := apply(503*ms, Request{Op: OpTake, Member: "d", Epoch: d.Epoch, N: 1, MaxDelay: 10 * ms}); !r.Taken {
+		t.Fatalf("the waiter's take: %+v, want its permit", r)
+	}
+}
+
+// TestDemandUnderTheLimitOnSmallSharesIsDecidedAtTheStore: 10/s among four members,
+// shares of 2.5 permits a lease each. Members whose demand adds up to 85% of the limit
+// (Poisson callers) are served from one line at the store, which pools what shares that
+// small would leave unused; members held back by shares that hold the whole limit (each
+// asks half as much again as it holds) keep shares, which serve callers that come and go
+// more evenly than one line.
+func TestDemandUnderTheLimitOnSmallSharesIsDecidedAtTheStore(t *testing.T) {
+	c := cfg(Fair)
+	c.JoinWindow = 0
+	ids := []string{"a", "b", "c", "d"}
+	run := func(t *testing.T, demands []int64, firstThree bool) (*State, [4]Reply) {
+		s, _ := NewState(lim(10, time.Second, 10), 1, 0, 0, c)
+		apply := checkedApply(t, s, c)
+		var reps [4]Reply
+		n := len(ids)
+		if firstThree {
+			n = 3 // d joins once the others hold their shares
+		}
+		at := int64(0)
+		join := func(i int) { reps[i] = apply(at, Request{Op: OpJoin, Member: ids[i], Demand: demands[i]}); at += ms }
+		renew := func(i int) {
+			reps[i] = apply(at, Request{Op: OpRenew, Member: ids[i], Epoch: reps[i].Epoch, InUse: reps[i].Lease.Seq, Demand: demands[i]})
+			at += ms
+		}
+		for i := range n {
+			join(i)
+		}
+		for range 3 {
+			at += 300 * ms
+			for i := range n {
+				renew(i)
+			}
+		}
+		if firstThree {
+			join(3)
+			at += 300 * ms
+			for i := range ids {
+				renew(i)
+			}
+		}
+		return s, reps
+	}
+	shares := func(reps [4]Reply) []Share {
+		return []Share{reps[0].Lease.Share, reps[1].Lease.Share, reps[2].Lease.Share, reps[3].Lease.Share}
+	}
+	under := []int64{all * 57 / 1000, all * 113 / 1000, all * 227 / 1000, all * 453 / 1000}
+	if s, reps := run(t, under, false); !s.Central {
+		t.Errorf("demands %v (85%% of the limit): shares %v, want the limit decided at the store", under, shares(reps))
+	}
+	if s, reps := run(t, under, true); !s.Central {
+		t.Errorf("demands %v, the fourth joining later: shares %v, want the limit decided at the store", under, shares(reps))
+	}
+	held := []int64{all, all, all, all}
+	if s, reps := run(t, held, true); s.Central {
+		t.Errorf("each held back by a share it spends, the fourth joining later: decided at the store, want shares (%v)", shares(reps))
+	}
+}
+
+// TestChargeIsNotBookedAtARateSharesStillHold: a settlement up (permits used beyond those
+// taken) made while the shares of a limit that just switched to being decided at the
+// store are still counted is booked against the free capacity, whose rate is a sliver
+// until the shares end: at that pace, one permit was booked hours ahead, and every take
+// after waited for it. It is booked no later than the shares' end and a slot of the whole
+// rate.
+func TestChargeIsNotBookedAtARateSharesStillHold(t *testing.T) {
+	c := cfg(Fair)
+	c.JoinWindow = 0
+	s, _ := NewState(lim(30, time.Second, 3), 1, 0, 0, c)
+	apply := checkedApply(t, s, c)
+	var reps [4]Reply
+	for i, id := range []string{"a", "b", "c", "d"} {
+		reps[i] = apply(int64(i)*ms, Request{Op: OpJoin, Member: id, Demand: all})
+	}
+	if !reps[3].Central {
+		t.Fatalf("four members on a burst of three: %+v, want the limit decided at the store", reps[3])
+	}
+	for i := range s.Members {
+		s.Members[i].Lease.Share = Share{}
+	}
+	i, _ := s.find("a")
+	s.Members[i].Lease.Share = Share{Rate: all - 1, Burst: 2}
+	apply(4*ms, Request{Op: OpTake, Member: "d", Epoch: reps[3].Epoch, N: 1, MaxDelay: -1}) // a charge
+	if bound := gcra.After(s.heldUntil(4*ms), s.Limit.T); s.Booked > bound {
+		t.Fatalf("a charge while the shares are counted booked the free capacity until %v, want no later than %v", time.Duration(s.Booked), time.Duration(bound))
+	}
+}
+
+// TestSharesFollowCriticalDemandFirst: a member whose callers are of the critical class
+// reports that part of its demand (Request.Critical), and the fair policy gives the
+// members' critical demand first, then shares the rest by member as before. One member
+// asking 60% of 100/s for critical callers beside three that want all they can get (a
+// sheddable flood): by member alone it got a quarter of the limit (max-min fair); now 60%.
+func TestSharesFollowCriticalDemandFirst(t *testing.T) {
+	c := cfg(Fair)
+	c.JoinWindow = 0
+	s, _ := NewState(lim(100, time.Second, 20), 1, 0, 0, c)
+	apply := checkedApply(t, s, c)
+	type m struct {
+		id               string
+		demand, critical int64
+	}
+	pool := []m{{"ui", all * 60 / 100, all * 60 / 100}, {"b1", all, 0}, {"b2", all, 0}, {"b3", all, 0}}
+	reps := map[string]Reply{}
+	at := int64(0)
+	for _, x := range pool {
+		reps[x.id] = apply(at, Request{Op: OpJoin, Member: x.id, Demand: x.demand, Critical: x.critical})
+		at += ms
+	}
+	for range 4 {
+		at += 300 * ms
+		for _, x := range pool {
+			r := reps[x.id]
+			reps[x.id] = apply(at, Request{Op: OpRenew, Member: x.id, Epoch: r.Epoch, InUse: r.Lease.Seq, Demand: x.demand, Critical: x.critical})
+			at += ms
+		}
+	}
+	if got := reps["ui"].Lease.Share.Rate; got < all*60/100 {
+		t.Errorf("the critical member's share: rate %d of %d, want at least its critical demand %d (the others: %+v %+v %+v)",
+			got, all, all*60/100, reps["b1"].Lease.Share, reps["b2"].Lease.Share, reps["b3"].Lease.Share)
+	}
+	for _, id := range []string{"b1", "b2", "b3"} {
+		if got := reps[id].Lease.Share.Rate; got < all*13/100 {
+			t.Errorf("%s's share: rate %d, want the rest shared by member (about %d)", id, got, all*40/100/3)
+		}
 	}
 }

@@ -168,6 +168,7 @@ which wins over the config file.`,
 	fs.Int("grpc-max-message", d.GRPC.MaxMessage, "the largest gRPC request message, in bytes")
 	fs.Uint("grpc-max-streams", uint(d.GRPC.MaxStreams), "concurrent gRPC calls on one connection")
 	fs.Bool("grpc-reflection", d.GRPC.Reflection, "serve gRPC server reflection (for grpcurl)")
+	fs.String("grpc-transport", d.GRPC.Transport, "the `server` of the gRPC listener: lean (the daemon's own, for ShouldRateLimit and health checks) or grpc-go (every gRPC feature); reflection and tracing use grpc-go")
 	fs.Bool("grpc-response-headers", d.GRPC.ResponseHeaders, "ShouldRateLimit answers carry x-ratelimit-limit, -remaining and -reset for Envoy to add to its response")
 	fs.String("grpc-priority-entry", d.GRPC.PriorityEntry, "the descriptor entry `key` whose value is a request's class (critical, standard or sheddable; docs/priorities.md), left out of its tag; empty: none")
 	fs.Var(ruleFlags{rules: &sf.rules}, "limit", "a rule `tag=limit`, repeatable, first match wins: an exact tag (api=10/s) or a pattern with * and ? ('user-*=5/s burst=10') giving each tag its own bucket")
@@ -242,6 +243,8 @@ func (sf *serveFlags) build() (server.Config, error) {
 			cfg.GRPC.MaxStreams = uint32(min(must(sf.fs.GetUint(f.Name)), 1<<32-1))
 		case "grpc-reflection":
 			cfg.GRPC.Reflection = must(sf.fs.GetBool(f.Name))
+		case "grpc-transport":
+			cfg.GRPC.Transport = v
 		case "grpc-response-headers":
 			cfg.GRPC.ResponseHeaders = must(sf.fs.GetBool(f.Name))
 		case "grpc-priority-entry":
