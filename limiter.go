@@ -61,6 +61,7 @@ type Limiter struct {
 	seenOnce    sync.Once
 	seenMu      sync.Mutex // one sweep of seen at a time
 	maxSeen     int
+	board       backend.ClassBoard // the backend's board of classes across processes, if it has one (set with seen)
 }
 
 // Decision is the answer to a request for permits. Being throttled is a normal result,
@@ -361,12 +362,11 @@ func (l *Limiter) ReserveWithin(ctx context.Context, key string, n int64, maxWai
 }
 
 func (l *Limiter) reserve(ctx context.Context, key string, n int64, maxDelay time.Duration) (*Reservation, error) {
-	return l.reserveKeeping(ctx, key, n, maxDelay, true)
+	return l.reserveKeeping(ctx, key, n, maxDelay, keepAll)
 }
 
-// reserveKeeping is reserve; a place the waiting room takes keeps no headroom (keep false:
-// see keepFor).
-func (l *Limiter) reserveKeeping(ctx context.Context, key string, n int64, maxDelay time.Duration, keep bool) (*Reservation, error) {
+// reserveKeeping is reserve, keeping the headroom keep says (see keepFor).
+func (l *Limiter) reserveKeeping(ctx context.Context, key string, n int64, maxDelay time.Duration, keep keeping) (*Reservation, error) {
 	sh := l.shape.Load()
 	if sh == nil {
 		return &Reservation{l: l, key: key, done: true}, errZero
@@ -521,11 +521,11 @@ func (l *Limiter) decide(ctx context.Context, key string, n int64, maxDelay time
 // decideIn is decide under the core limits given, less the headroom the caller's class
 // keeps for higher ones (keepFor).
 func (l *Limiter) decideIn(ctx context.Context, core []gcra.Limit, key string, n int64, maxDelay time.Duration) (backend.Grant, error) {
-	return l.decideKeeping(ctx, core, key, n, maxDelay, true)
+	return l.decideKeeping(ctx, core, key, n, maxDelay, keepAll)
 }
 
-// decideKeeping is decideIn; a place the waiting room takes keeps no headroom (keep false).
-func (l *Limiter) decideKeeping(ctx context.Context, core []gcra.Limit, key string, n int64, maxDelay time.Duration, keep bool) (backend.Grant, error) {
+// decideKeeping is decideIn, keeping the headroom keep says (see keepFor).
+func (l *Limiter) decideKeeping(ctx context.Context, core []gcra.Limit, key string, n int64, maxDelay time.Duration, keep keeping) (backend.Grant, error) {
 	var start int64
 	if l.observer != nil {
 		start = l.clock.Nanotime()
@@ -540,7 +540,7 @@ func (l *Limiter) decideKeeping(ctx context.Context, core []gcra.Limit, key stri
 		if p != priority.Standard {
 			l.prioritize()
 		}
-		core, ok, g.RetryAfter = l.keepFor(p, key, core, l.clock.Nanotime(), keep, &buf)
+		core, ok, g.RetryAfter = l.keepFor(ctx, p, key, core, l.clock.Nanotime(), keep, &buf)
 	}
 	if ok {
 		g, err = l.be.Decide(ctx, key, backend.Request{Limits: core, N: n, MaxDelay: maxDelay})

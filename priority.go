@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"context"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -25,6 +26,33 @@ func fairClass(c priority.Class) fairq.Class {
 	return fairq.Standard
 }
 
+// classOf is the class of a waiting room's class c.
+func classOf(c fairq.Class) priority.Class {
+	switch c {
+	case fairq.Critical:
+		return priority.Critical
+	case fairq.Sheddable:
+		return priority.Sheddable
+	}
+	return priority.Standard
+}
+
+// keeping says what headroom for the higher classes a decision keeps (keepFor).
+type keeping uint8
+
+const (
+	// keepNone: a place an in-process waiting room takes. The room serves it to its
+	// highest class waiting when it comes due, whichever waiter took it: it keeps nothing.
+	keepNone keeping = iota
+	// keepAll: a decision that does not wait keeps its class's headroom, or is refused.
+	keepAll
+	// keepPlace: a place in a line every process shares (sluice.FairProcesses), of the
+	// room's highest class waiting, keeps that class's headroom for the higher classes
+	// seen asking here or in another process, where the burst allows it (on a burst of
+	// one permit it keeps nothing, and the place is taken in turn).
+	keepPlace
+)
+
 // WithHeadroom sets the headroom decisions that do not wait keep for the higher classes
 // (default priority.DefaultHeadroom; priority.Headroom{} turns it off: the classes then
 // differ only in the waiting room's order).
@@ -32,9 +60,19 @@ func WithHeadroom(h priority.Headroom) Option {
 	return optionFunc(func(l *Limiter) { l.headroom, l.headroomSet = h, true })
 }
 
-// classSeen is when a key's Critical and Standard callers last asked and when the limiter
-// first saw the key (limiter clock), each plus one: 0 is never.
-type classSeen struct{ critical, standard, born atomic.Int64 }
+// classSeen is when a key's Critical and Standard callers last asked (here, or in another
+// process as the backend's board says) and when the limiter first saw the key; and when
+// the limiter last read the key's board and posted its Critical and Standard callers on
+// it (limiter clock), each plus one: 0 is never.
+type classSeen struct {
+	critical, standard, born atomic.Int64
+	read, postedC, postedS   atomic.Int64
+}
+
+// boardEvery is how often a limiter reads a key's board of classes (backend.ClassBoard)
+// before a lower class decides on it: a higher class asking in another process is heeded
+// this long after it is posted, at most.
+const boardEvery = 100 * time.Millisecond
 
 // recentFor is how long a class seen asking for a key counts as recent: the time its
 // tightest limit takes to refill its burst, at least a second, at most a minute.
@@ -47,14 +85,16 @@ func recentFor(core []gcra.Limit) int64 {
 }
 
 // keepFor returns the limits a decision of class p on key decides under at now: core, or
-// core less the headroom for a higher class seen recently. ok is false when the headroom
-// leaves nothing to grant; retry is then how long until the higher class is no longer
-// recent. It records the class as seen.
+// core less the headroom for a higher class seen recently, here or (the backend's board)
+// in another process. ok is false when the headroom leaves nothing to grant; retry is then
+// how long until the higher class is no longer recent. It records the class as seen, and
+// posts it on the backend's board now and then.
 //
-// A place the waiting room takes (keep false) keeps nothing: the room serves it to its
-// highest class waiting, whichever class's waiter took it. Its class is recorded all the
-// same.
-func (l *Limiter) keepFor(p priority.Class, key string, core []gcra.Limit, now int64, keep bool, buf *[gcra.MaxLimits]gcra.Limit) (ls []gcra.Limit, ok bool, retry int64) {
+// A place an in-process waiting room takes (keepNone) keeps nothing: the room serves it
+// to its highest class waiting, whichever class's waiter took it. Its class is recorded
+// all the same. A place in a line every process shares (keepPlace) keeps what the burst
+// allows.
+func (l *Limiter) keepFor(ctx context.Context, p priority.Class, key string, core []gcra.Limit, now int64, keep keeping, buf *[gcra.MaxLimits]gcra.Limit) (ls []gcra.Limit, ok bool, retry int64) {
 	seen := l.seen.Load()
 	if seen == nil {
 		return core, true, 0
@@ -66,17 +106,20 @@ func (l *Limiter) keepFor(p priority.Class, key string, core []gcra.Limit, now i
 			l.sweepSeen(seen, now)
 		}
 	}
+	recent := recentFor(core)
 	switch p {
 	case priority.Critical:
 		e.Val.critical.Store(now + 1)
+		l.post(ctx, &e.Val.postedC, key, p, recent, now)
 		return core, true, 0
 	case priority.Standard:
 		e.Val.standard.Store(now + 1)
+		l.post(ctx, &e.Val.postedS, key, p, recent, now)
 	}
-	if !keep {
+	if keep == keepNone {
 		return core, true, 0
 	}
-	recent := recentFor(core)
+	l.readBoard(ctx, &e.Val, key, now)
 	var frac float64
 	var until int64
 	if c := e.Val.critical.Load() - 1; c >= 0 && now-c < recent {
@@ -100,12 +143,55 @@ func (l *Limiter) keepFor(p priority.Class, key string, core []gcra.Limit, now i
 	}
 	for i, c := range core {
 		k, fits := c.Keeping(frac)
+		if !fits && keep == keepPlace {
+			return core, true, 0 // a burst too small to keep anything: the place is taken in turn
+		}
 		if !fits {
 			return nil, false, max(until-now, 1)
 		}
 		buf[i] = k
 	}
 	return buf[:len(core)], true, 0
+}
+
+// post posts class p's ask for key on the backend's board (backend.ClassBoard), unless it
+// did within a quarter of the time a class stays recent; last is when it did.
+func (l *Limiter) post(ctx context.Context, last *atomic.Int64, key string, p priority.Class, recent, now int64) {
+	if l.board == nil {
+		return
+	}
+	old := last.Load()
+	if (old > 0 && now-(old-1) < recent/4) || !last.CompareAndSwap(old, now+1) {
+		return
+	}
+	_ = l.board.PostClass(ctx, key, p, time.Duration(recent)) // an error leaves the board as it was
+}
+
+// readBoard reads which classes another process posted for key on the backend's board,
+// unless it did within boardEvery, into e.
+func (l *Limiter) readBoard(ctx context.Context, e *classSeen, key string, now int64) {
+	if l.board == nil {
+		return
+	}
+	old := e.read.Load()
+	if (old > 0 && now-(old-1) < int64(boardEvery)) || !e.read.CompareAndSwap(old, now+1) {
+		return
+	}
+	c, s, err := l.board.ClassesPosted(ctx, key)
+	if err != nil {
+		return // what was known stands
+	}
+	for _, x := range []struct {
+		ago time.Duration
+		at  *atomic.Int64
+	}{{c, &e.critical}, {s, &e.standard}} {
+		if x.ago < 0 {
+			continue
+		}
+		t := now - int64(x.ago) + 1
+		for old := x.at.Load(); old < t && !x.at.CompareAndSwap(old, t); old = x.at.Load() {
+		}
+	}
 }
 
 // sweepSeen forgets the keys no class asked for within a minute (the longest a class
@@ -135,6 +221,7 @@ func (l *Limiter) prioritize() {
 			return
 		}
 		l.maxSeen = int(min(l.maxPen, int64(1)<<20))
+		l.board, _ = l.be.(backend.ClassBoard)
 		l.seen.Store(keytable.New[classSeen]())
 	})
 }

@@ -53,12 +53,11 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (*Reservation,
 // bound allows (the limiter's maximum wait, the context's deadline). bound is that bound
 // at the start; each retry asks for what is left of it.
 func (l *Limiter) reserveWaiting(ctx context.Context, key string, n int64, bound time.Duration) (*Reservation, error) {
-	return l.reserveWaitingKeeping(ctx, key, n, bound, true)
+	return l.reserveWaitingKeeping(ctx, key, n, bound, keepAll)
 }
 
-// reserveWaitingKeeping is reserveWaiting; a place the waiting room takes keeps no
-// headroom (keep false: see keepFor).
-func (l *Limiter) reserveWaitingKeeping(ctx context.Context, key string, n int64, bound time.Duration, keep bool) (*Reservation, error) {
+// reserveWaitingKeeping is reserveWaiting, keeping the headroom keep says (see keepFor).
+func (l *Limiter) reserveWaitingKeeping(ctx context.Context, key string, n int64, bound time.Duration, keep keeping) (*Reservation, error) {
 	if l.shape.Load() == nil {
 		return l.reserve(ctx, key, n, 0) // errZero
 	}
@@ -95,8 +94,10 @@ type memberKey struct{}
 // tenant, a client. A limiter's waiters on one key are served fairly between members (each
 // member waiting gets an equal part of the permits, however many of its goroutines wait),
 // and a member whose wait ends before its turn (its deadline passed) is owed what it
-// waited for, up to two permits, when it waits again. Waits without a member are each
-// their own, served in arrival order.
+// waited for, up to two permits, when it waits again. A member's waiter whose place would
+// lie beyond the maximum wait (WithMaxWait) is not refused while the room holds places: it
+// is served by member from them. Waits without a member are each their own, served in
+// arrival order.
 func WithMember(ctx context.Context, member string) context.Context {
 	return context.WithValue(ctx, memberKey{}, member)
 }
@@ -241,7 +242,7 @@ func (l *Limiter) turn(ctx context.Context, w *waiter, first bool) (r *Reservati
 	if places > 0 {
 		w.rm.q.SetPlaces(places)
 	}
-	act, wait := w.rm.q.Turn(w.id, first, w.start, int64(w.bound))
+	act, wait := w.rm.q.Turn(w.id, first, l.clock.Nanotime(), w.start, int64(w.bound))
 	if act == fairq.Refuse {
 		delete(w.rm.chans, w.id)
 	}
@@ -272,14 +273,33 @@ func (l *Limiter) turn(ctx context.Context, w *waiter, first bool) (r *Reservati
 // the waiter, not served meanwhile, left the room: its wait ends with r and err.
 func (l *Limiter) takePlace(ctx context.Context, w *waiter, rbound time.Duration, first bool) (r *Reservation, gone bool, err error) {
 	sent := l.clock.Nanotime()
-	r, err = l.reserveFor(ctx, w.rm.key, rbound, first)
+	keep, pctx := keepNone, ctx
+	if l.fairness == FairProcesses && l.seen.Load() != nil {
+		// A place in a line every process shares is of the room's highest class waiting,
+		// and keeps that class's headroom for higher ones, seen here or in other
+		// processes (keepPlace): the other processes' rooms cannot see this one's.
+		keep = keepPlace
+		w.rm.mu.Lock()
+		c, ok := w.rm.q.Highest()
+		w.rm.mu.Unlock()
+		if ok {
+			pctx = priority.With(ctx, classOf(c))
+		}
+	}
+	r, err = l.reserveFor(pctx, w.rm.key, rbound, first, keep)
 	if err == nil {
 		l.notePlaceRTT(l.clock.Nanotime() - sent)
 	}
 	ok := err == nil && r.Allowed
 	w.rm.mu.Lock()
-	gone = w.rm.q.Took(w.id, r, r.due(), ok)
-	if !ok {
+	if ok || err != nil {
+		gone = w.rm.q.Took(w.id, r, r.due(), ok)
+	} else {
+		// The line is full within the bound: a member's waiter waits for the places the
+		// room holds (served by member), an anonymous one is refused (fairq.Refused).
+		gone = w.rm.q.Refused(w.id, l.clock.Nanotime()+int64(r.RetryAfter))
+	}
+	if gone {
 		delete(w.rm.chans, w.id)
 	}
 	w.rm.wake() // those waiting for this place take their own, or it
@@ -295,8 +315,9 @@ func (l *Limiter) takePlace(ctx context.Context, w *waiter, rbound time.Duration
 }
 
 // reserveFor takes a place in key's line for the room: within bound (< 0: the limiter's
-// maximum wait alone), waiting out an unavailable backend as Wait does if wait is set.
-func (l *Limiter) reserveFor(ctx context.Context, key string, bound time.Duration, wait bool) (*Reservation, error) {
+// maximum wait alone), waiting out an unavailable backend as Wait does if wait is set,
+// keeping the headroom keep says (keepNone or keepPlace).
+func (l *Limiter) reserveFor(ctx context.Context, key string, bound time.Duration, wait bool, keep keeping) (*Reservation, error) {
 	md := time.Duration(1<<63 - 1)
 	if l.maxWait > 0 {
 		md = l.maxWait
@@ -305,9 +326,9 @@ func (l *Limiter) reserveFor(ctx context.Context, key string, bound time.Duratio
 		md = min(md, bound)
 	}
 	if !wait {
-		return l.reserveKeeping(ctx, key, 1, md, false)
+		return l.reserveKeeping(ctx, key, 1, md, keep)
 	}
-	return l.reserveWaitingKeeping(ctx, key, 1, md, false)
+	return l.reserveWaitingKeeping(ctx, key, 1, md, keep)
 }
 
 // next returns when the room's next place is due, or -1 and a channel closed when a place

@@ -3,7 +3,6 @@ package sluice
 import (
 	"context"
 	"errors"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,19 +10,14 @@ import (
 
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/internal/testkit/poll"
 	"github.com/sluicehq/sluice/local"
 )
 
 // waitFor yields until cond holds (a condition, never a sleep).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		runtime.Gosched()
-	}
+	poll.Until(t, what, 10*time.Second, 0, cond)
 }
 
 // TestWaitGiveUpHandsPlaceOn: five waiters in arrival order; the second gives up before
@@ -351,5 +345,56 @@ func TestWaitPlaceSkipsWaiterStillReserving(t *testing.T) {
 	want := []got{{"b", 110e6, 110e6, nil}, {"a", 220e6, 220e6, nil}}
 	if first != want[0] || second != want[1] || l.expired.Load() != 0 {
 		t.Fatalf("served %+v then %+v, %d expired; want %+v then %+v, none expired", first, second, l.expired.Load(), want[0], want[1])
+	}
+}
+
+// TestWaitMembersShareBeyondMaxWait: a member with six goroutines and one with one share a
+// key whose line holds fewer places within the maximum wait (three, on 10/s burst=1 with
+// WithMaxWait(300ms)) than they have waiters. A waiter refused a place of its own waits
+// for the places the others hold, served by member as they come due: the one-goroutine
+// member is served about half the permits, as in TestWaitMembersShare. Refused at once,
+// it got a place only when it came back at the instant one was free: a fifth or less.
+func TestWaitMembersShareBeyondMaxWait(t *testing.T) {
+	l, clk := newVirtual(t, "10/s burst=1", WithMaxWait(300*time.Millisecond))
+	ctx, cancel := context.WithCancel(bg)
+	var mu sync.Mutex
+	count := map[string]int{}
+	var wg sync.WaitGroup
+	run := func(member string, g int) {
+		defer wg.Done()
+		for try := 0; ctx.Err() == nil; try++ {
+			_, err := l.WaitN(WithMember(ctx, member), "k", 1)
+			var te *ThrottledError
+			switch {
+			case err == nil:
+				mu.Lock()
+				count[member]++
+				mu.Unlock()
+			case errors.As(err, &te):
+				// A client backs off, then asks again: 20 to 80 ms, its goroutines apart.
+				_ = clk.Sleep(ctx, time.Duration(20+(g*37+try*53)%61)*time.Millisecond)
+			default:
+				return
+			}
+		}
+	}
+	const goroutines = 7
+	wg.Add(goroutines)
+	for g := range goroutines - 1 {
+		go run("big", g)
+	}
+	go run("small", goroutines)
+	for range 4000 { // 40 s of permits, 10 ms at a time
+		waitFor(t, "every goroutine asleep on the clock", func() bool { return clk.Pending() == goroutines })
+		clk.Advance(10 * time.Millisecond)
+	}
+	cancel()
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	total := count["big"] + count["small"]
+	t.Logf("served %v", count)
+	if share := float64(count["small"]) / float64(total); total < 390 || share < 0.45 || share > 0.6 {
+		t.Errorf("served %v of 400 permits, want nearly all, about half of them to small", count)
 	}
 }

@@ -181,10 +181,16 @@ type Controller struct {
 	s   strategy
 
 	q        [nQuotas]quota
-	meanCost float64 // tokens per request, learned from the settled costs
-	rtt      float64 // the time from a request's slot to its answer, seconds (smoothed)
-	hold     int64   // no request before this (a Retry-After)
-	cut      int64   // the last decrease: a refusal of a request sent before it is the same event
+	meanCost float64     // tokens per request, learned from the settled costs
+	rtt      float64     // the time from a request's slot to its answer, seconds (smoothed)
+	rtts     [16]float64 // the last round trips (rtt's samples), a ring at rttN
+	rttN     int
+	// the latest slot whose request went, when it went, and its round trip once its answer
+	// came (see went)
+	wentSlot, wentAt, wentRTT int64
+	wentSet, wentAnswered     bool
+	hold                      int64 // no request before this (a Retry-After)
+	cut                       int64 // the last decrease: a refusal of a request sent before it is the same event
 }
 
 // strategy is one way of learning. next is asked for the slot of a request of the given
@@ -354,10 +360,16 @@ func (c *Controller) observe(now, sent int64, f ratehdr.Facts, tokens int64) {
 			c.q[i].remaining, c.q[i].seen = a.remaining[i], true
 		}
 	}
-	if d := float64(a.now-a.sent) / 1e9; c.rtt == 0 {
+	d := float64(a.now-a.sent) / 1e9
+	if c.rtt == 0 {
 		c.rtt = d
 	} else {
 		c.rtt += (d - c.rtt) / 8
+	}
+	c.rtts[c.rttN%len(c.rtts)] = d
+	c.rttN++
+	if c.wentSet && a.sent >= c.wentAt {
+		c.wentRTT, c.wentAnswered = a.now-a.sent, true // the last request that went
 	}
 	if a.throttled && a.sent >= c.cut {
 		// One event, one decrease: the goroutines refused together (their requests sent
@@ -369,6 +381,40 @@ func (c *Controller) observe(now, sent int64, f ratehdr.Facts, tokens int64) {
 		c.hold = max(c.hold, now+a.retryAfter)
 	}
 	c.s.observe(c, &a)
+}
+
+// went returns when the request of the slot at may go, asked at now: now (and it records
+// that the request goes now), or later (ask again then). On a burst too small to count in (the Sluice strategy), a request
+// goes no sooner than the limit's interval plus the last request's round trip after that
+// request went: its way to the API was at most that round trip, so the next one cannot
+// arrive early however short its own way (the longest of the last round trips while that
+// answer has not come). It counts from when the last request went, not from its slot: a
+// goroutine that took the next slot (one interval ahead) before the last request's timer
+// fired late would otherwise send it too soon, and be refused. Transport calls it; the
+// simulator's requests go at their slots.
+func (c *Controller) went(at, now int64) int64 {
+	goAt := now
+	if k := c.q[reqQ]; c.cfg.Strategy == Sluice && k.known && k.burst < 2 && c.wentSet && at > c.wentSlot {
+		way := int64(c.rttMax() * 1e9)
+		if c.wentAnswered {
+			way = c.wentRTT
+		}
+		goAt = max(now, c.wentAt+int64(1e9/k.limit)+way)
+	}
+	if goAt == now && (!c.wentSet || at >= c.wentSlot) {
+		c.wentSlot, c.wentAt, c.wentSet, c.wentAnswered = at, now, true, false
+	}
+	return goAt
+}
+
+// rttMax is the longest of the last round trips, seconds: the most a request's way to the
+// API may have been longer than the next one's.
+func (c *Controller) rttMax() float64 {
+	m := c.rtt
+	for _, d := range c.rtts {
+		m = max(m, d)
+	}
+	return m
 }
 
 // setLimit records a limit of count units per window, with burst (<= 0: not reported).

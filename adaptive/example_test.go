@@ -34,7 +34,7 @@ func ExampleController() {
 	}
 	st := ref.Stats()
 	fmt.Printf("accepted %d, refused %d, in %.0f s\n", st.Accepted, st.Rejected, float64(clk.Nanotime())/1e9)
-	// Output: accepted 400, refused 0, in 21 s
+	// Output: accepted 400, refused 0, in 20 s
 }
 
 // The one line: an http.Client whose goroutines are one client of the adaptive mode.

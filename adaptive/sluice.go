@@ -18,6 +18,10 @@ type sluiceStrategy struct {
 	lastSend int64
 	sent     bool
 	countMax float64 // with no rate known: the most the count has shown, plus one
+	// blind is the slot of a request sent before anything was learned (or since a restart
+	// after idle), while its answer has not come (see awaitFirst); blind.cost is 0 when
+	// there is none.
+	blind sluiceSlot
 }
 
 type sluiceQuota struct {
@@ -27,7 +31,18 @@ type sluiceQuota struct {
 	updated int64      // when the pace last changed (the sent time of that answer)
 	idle    float64    // the base before a restart after idle, until the next answer
 	held    bool       // a request waited for its slot under this limit since the last answer
-	phase   sluicePhase
+	// early is the most a request on a burst too small to count in reached the API before
+	// its permit (a refusal's short Retry-After), nanoseconds: its requests are spaced by it
+	// on top of the round trip (see next)
+	early int64
+	// rebuild is when the client started from an empty limit (its first answer found
+	// nothing left), until the reserve is rebuilt (0: not rebuilding; see learn)
+	rebuild int64
+	// sending is what the client sends under this limit, units a second, decayed over
+	// Horizon (see sends), as of sendingAt
+	sending   float64
+	sendingAt int64
+	phase     sluicePhase
 	// contended: a refusal told of another client's slot (see observe); a burst too small
 	// to count in then grows back slowly
 	contended bool
@@ -74,18 +89,28 @@ const growth = 0.2
 // back at a quarter of its pace and waited seconds for it to grow back.
 const restartHalving = 16
 
+// rebuildRate is the part of the limit's rate at which a pool that started from an empty
+// limit rebuilds its reserve.
+const rebuildRate = 0.025
+
 // minSamples is the fewest of its own earlier answers a client measures the pool over.
 const minSamples = 3
 
 // probe is the pause between the requests of a client that knows nothing yet.
 const probe = 100 * time.Millisecond
 
+// firstAnswerWait is how long a client that knows nothing waits for the answer to its one
+// request before it sends another (TCP's initial retransmission time-out, RFC 6298): an
+// answer that never comes (a request that failed) does not stop the client.
+const firstAnswerWait = time.Second
+
 func (s *sluiceStrategy) rate(*Controller) float64 { return s.q[reqQ].pace }
 
 func (s *sluiceStrategy) next(c *Controller, now int64, cost [nQuotas]float64) (int64, Outcome) {
-	if s.sent {
-		s.restart(c, now)
+	if wake, ok := s.awaitFirst(now); ok {
+		return wake, Wait
 	}
+	restarted := s.sent && s.restart(c, now)
 	at := max(now, c.hold)
 	gap := 0.0 // the pause this request takes in the chain: the longest of its limits'
 	for i := range s.q {
@@ -100,8 +125,12 @@ func (s *sluiceStrategy) next(c *Controller, now int64, cost [nQuotas]float64) (
 			}
 		}
 	}
+	// Nothing learned yet, or nothing learned since a restart after idle: one request
+	// until its answer comes (awaitFirst). A pace restarted low would otherwise hold the
+	// next request a long interval, which the answer shows was not needed.
+	blind := gap == 0 || restarted
 	if gap == 0 {
-		// Nothing learned yet: one probe at a time until an answer names the limit.
+		// One probe at a time until an answer names the limit.
 		gap = float64(probe)
 	}
 	if float64(at-now) > gap*(1+c.cfg.Jitter) {
@@ -120,10 +149,33 @@ func (s *sluiceStrategy) next(c *Controller, now int64, cost [nQuotas]float64) (
 	for i := range s.q {
 		if cost[i] > 0 && (i == reqQ || c.q[i].known) {
 			s.q[i].slot = sluiceSlot{at: at, cost: cost[i], jitter: j, probe: s.q[i].pace <= 0}
+			s.q[i].sending = s.q[i].sends(c, at) + cost[i]/c.cfg.Horizon.Seconds()
+			s.q[i].sendingAt = max(at, s.q[i].sendingAt)
 		}
+	}
+	if blind {
+		s.blind = sluiceSlot{at: at, cost: 1}
 	}
 	s.lastSend, s.sent = at, true
 	return at, Send
+}
+
+// awaitFirst reports whether a request must wait, at now, for the answer to the one a
+// client sent before it had learned anything (or since it restarted after idle), and when
+// to ask again: one request at a time until the first answer teaches the client the
+// limit, as TCP starts with a small window (the goroutines of a process that ask at once
+// would otherwise send several requests blind, and on a burst of one all but the first
+// are refused). It asks again soon (a quarter of the wait so far: the answer's delay is
+// unknown), and another request goes after firstAnswerWait.
+func (s *sluiceStrategy) awaitFirst(now int64) (int64, bool) {
+	b := s.blind
+	switch {
+	case b.cost == 0 || now >= b.at+int64(firstAnswerWait):
+		return 0, false
+	case now < b.at:
+		return b.at, true // it has not gone yet (a Retry-After holds the client)
+	}
+	return min(b.at+int64(firstAnswerWait), now+max((now-b.at)/4, int64(time.Millisecond))), true
 }
 
 // next is when the slot after the last one reserved begins, at the pace now (a pace
@@ -134,8 +186,10 @@ func (q *sluiceQuota) next(c *Controller, i int) int64 {
 	if k := c.q[i]; k.known && k.burst < 2*sl.cost {
 		// No burst to absorb it: the next request must not reach the API sooner than the
 		// limit allows because its way there was shorter than the last one's (a one-way
-		// trip's spread is at most a round trip).
-		guard = int64(c.rtt * 1e9)
+		// trip's spread is at most a round trip; and what a refusal said a request was
+		// early). Transport also holds a request until the last one's own round trip
+		// after it went (Controller.went).
+		guard = int64(c.rtt*1e9) + q.early
 	}
 	switch {
 	case sl.cost == 0:
@@ -153,6 +207,9 @@ func (q *sluiceQuota) next(c *Controller, i int) int64 {
 }
 
 func (s *sluiceStrategy) cancel(_ *Controller, at int64, cost [nQuotas]float64) {
+	if s.blind.cost > 0 && at == s.blind.at {
+		s.blind = sluiceSlot{} // the blind request was not sent: the next may go
+	}
 	if at != s.lastSend {
 		return // a later slot was reserved since: this one's place stays taken
 	}
@@ -170,9 +227,11 @@ func (s *sluiceStrategy) cancel(_ *Controller, at int64, cost [nQuotas]float64) 
 // measured of the pool is old. (A client held back by its goroutines, all waiting for
 // answers, is not quiet: the gap must also exceed Horizon.) Its pace halves for every
 // restartHalving Horizons quiet, down to a sixteenth of the limit, and it starts slowly
-// again (slowStart): the answers raise it as fast as there is room. If the first answer after it finds the limit full (nobody spent from it
-// for a refill's time), nobody took up its pace: it is the pace before again.
-func (s *sluiceStrategy) restart(c *Controller, now int64) {
+// again (slowStart): the answers raise it as fast as there is room. If the first answer
+// after it finds the limit full (nobody spent from it for a refill's time), nobody took up
+// its pace: it is the pace before again. It reports whether a limit's pace restarted.
+func (s *sluiceStrategy) restart(c *Controller, now int64) bool {
+	restarted := false
 	gap := float64(now - s.lastSend)
 	for i := range s.q {
 		q, k := &s.q[i], &c.q[i]
@@ -190,7 +249,25 @@ func (s *sluiceStrategy) restart(c *Controller, now int64) {
 		q.base = max(q.base*math.Exp2(-gap/halving), min(q.base, k.limit/16))
 		q.pace = q.base
 		q.n = 0 // the history no longer says what the pool spends now
+		// The request that restarts goes at once, as the first one did: the slot after the
+		// last one at the pace restarted low would hold it for a long interval, which its
+		// answer, the first news in a while, may show was not needed. The others wait for
+		// that answer (awaitFirst).
+		q.slot = sluiceSlot{}
+		restarted = true
 	}
+	return restarted
+}
+
+// sends is what the client sends under this limit, units a second, at t: its slots'
+// costs, each decayed with the time since it over Horizon. (Just after a request it is at
+// least that request's cost over Horizon: it says little of a client slower than one
+// request per Horizon, and the cut that uses it does not bite there.)
+func (q *sluiceQuota) sends(c *Controller, t int64) float64 {
+	if t <= q.sendingAt {
+		return q.sending
+	}
+	return q.sending * math.Exp(-float64(t-q.sendingAt)/float64(c.cfg.Horizon))
 }
 
 // unit is what one request costs under limit i: one request, or the mean token cost.
@@ -202,6 +279,7 @@ func unit(c *Controller, i int) float64 {
 }
 
 func (s *sluiceStrategy) observe(c *Controller, a *answer) {
+	s.blind = sluiceSlot{} // an answer came: what it taught paces the next request
 	for i := range s.q {
 		if sl := &s.q[i].slot; sl.cost > 0 && !sl.free && a.sent > sl.at {
 			// Its request went later than the last slot reserved (a timer that fired late):
@@ -221,19 +299,36 @@ func (s *sluiceStrategy) observe(c *Controller, a *answer) {
 					q.base = k.limit / 16 // learn's start
 					if k.burst < 4 {
 						q.base = k.limit // a burst too small to count in: learn's start
+					} else if a.retryAfter >= 0 && float64(a.retryAfter)*k.limit <= 2e9 {
+						// The limit is empty (the wait is for its next permit): learn's start
+						// from an empty limit, halved below. The next request goes when the
+						// Retry-After says the next permit comes (the refused one took none).
+						q.base, q.rebuild = k.limit, a.now
+						q.slot = sluiceSlot{}
 					}
 				}
 				q.updated = a.sent
 			}
-			q.base /= 2
-			q.pace = q.base
 			q.phase = steady
-			if k := c.q[i]; k.known && (a.retryAfter < 0 || float64(a.retryAfter)*k.limit >= 1e8*unit(c, i)) {
+			k := c.q[i]
+			if k.known && (a.retryAfter < 0 || float64(a.retryAfter)*k.limit >= 1e8*unit(c, i)) {
 				// Refused for longer than a tenth of the limit's interval: another client
 				// holds the slot (a request that only arrived early, its way there shorter
 				// than the last one's, is refused for the few milliseconds it was early).
 				q.contended = true
+			} else if k.known && k.burst < 4*unit(c, i) && i == reqQ && !q.contended {
+				// On a burst too small to count in, refused for arriving early (and never
+				// for another client's slot): not congestion, noise in the way there. The
+				// pace stands; the requests are spaced by what it was early from now on,
+				// and the next goes when the Retry-After says (the refused request took no
+				// permit).
+				q.early = max(q.early, a.retryAfter)
+				q.slot = sluiceSlot{}
+				q.pace = q.base
+				continue
 			}
+			q.base /= 2
+			q.pace = q.base
 		}
 	}
 	if a.throttled {
@@ -309,9 +404,24 @@ func (q *sluiceQuota) learn(c *Controller, i int, t int64, r float64) {
 	if tiny {
 		reserve = 0
 	}
-	x := r - reserve
 	// Above the reserve by more than this, the spare is spent on top of the pace.
 	spend := min(reserve, (k.burst-reserve)/2)
+	if q.base == 0 && !tiny && r < u {
+		q.rebuild = t // the first answer finds the limit empty
+	}
+	if q.rebuild != 0 {
+		// Started from an empty limit: the reserve aimed at is rebuilt at rebuildRate of the
+		// limit's rate, not at once, so that the pool uses most of the limit meanwhile (a
+		// reserve of sixteen seconds rebuilt at once took a fifth of the first minute).
+		// Nothing is spare until it is whole again.
+		if b := rebuildRate * L * float64(t-q.rebuild) / 1e9; b < reserve {
+			spend += reserve - b
+			reserve = b
+		} else {
+			q.rebuild = 0
+		}
+	}
+	x := r - reserve
 	// The pool's time scale: the time the limit takes to refill the reserve.
 	T0 := min(max(c.cfg.Horizon.Seconds(), reserve/L), 600)
 
@@ -365,6 +475,15 @@ func (q *sluiceQuota) learn(c *Controller, i int, t int64, r float64) {
 		// from it for a refill's time, and only a refusal will tell of others. The client
 		// takes the whole rate, as a lone client must to fill it, and halves if refused.
 		q.base = L / 16
+		if !tiny && r+u >= k.burst-1e-9 {
+			// Found full: nobody spent from it for a refill's time. Start at the part of
+			// the limit that the count holds above the reserve (several clients that start
+			// together find it full only for the first of them).
+			q.base = max(q.base, L*x/k.burst)
+		}
+		if q.rebuild != 0 {
+			q.base = L / 2 // from an empty limit: nothing to spend, and nobody's pace to take up
+		}
 		if !tiny {
 			q.phase = slowStart
 		}
@@ -392,6 +511,14 @@ func (q *sluiceQuota) learn(c *Controller, i int, t int64, r float64) {
 		}
 		if !used {
 			f = min(f, 1)
+		}
+		if f < 1 {
+			// A cut applies to what the client sends: a pace far above it (a client that
+			// asks less than its pace allows) is first brought down to twice that, as Linux
+			// grows a window only up to twice what is in flight (RFC 7661 likewise cuts a
+			// window not fully used from the part used). Cut by a few percent an answer, such
+			// a client did not slow down at all for seconds while the pool overran the limit.
+			q.base = min(q.base, max(2*q.sends(c, t), L/1000))
 		}
 		q.base *= min(max(f, 0.5), 1.5)
 	}

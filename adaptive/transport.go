@@ -202,6 +202,20 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		} else {
 			err = clk.Sleep(req.Context(), time.Duration(at-now))
 		}
+		var sent int64
+		for err == nil {
+			// Its slot has come: it goes now, or later if the request before it went late
+			// (see Controller.went).
+			t.mu.Lock()
+			now := clk.Nanotime()
+			goAt := c.went(at, now)
+			t.mu.Unlock()
+			if goAt <= now {
+				sent = max(at, now) // later than its slot if the timer fired late
+				break
+			}
+			err = clk.Sleep(req.Context(), time.Duration(goAt-now))
+		}
 		if err != nil {
 			t.mu.Lock()
 			c.Cancel(at, cost)
@@ -209,9 +223,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			closeBody(req)
 			return nil, err
 		}
-		// The request goes now: later than its slot if the timer fired late, and the next
-		// interval counts from now.
-		sent := max(at, clk.Nanotime())
+		// The request goes now, and the next interval counts from now.
 		resp, err := base.RoundTrip(req)
 		if err != nil {
 			return nil, err

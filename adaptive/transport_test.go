@@ -3,6 +3,7 @@ package adaptive_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -262,45 +263,53 @@ func TestTransportPacesOverTCP(t *testing.T) {
 }
 
 // TestTransportShortTimeOutsKeepThePace: eight goroutines whose requests each have 50 ms
-// to get their slot (shorter than the pace's pause), on a limit of 10/s told to the
-// controllers, for three seconds of fake time: a slot given back when a request's
-// context ends is not a reset of the pace, so the API receives no more than the limit
-// allows (burst 10 + 10/s × 3 s), where it used to receive thousands.
+// to get their slot (shorter than the pace's pause), on a limit of 10/s, told to the
+// controllers or learned from the referee's answers alone, for three seconds of fake
+// time: a slot given back when a request's context ends is not a reset of the pace, so
+// the API receives no more than the limit allows (burst 10 + 10/s × 3 s), where it used to
+// receive thousands.
 func TestTransportShortTimeOutsKeepThePace(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		clk := clock.NewReal()
-		ref, err := referee.New(sluice.MustParse("10/s"), referee.WithClock(clk))
-		if err != nil {
-			t.Fatal(err)
-		}
-		client := &http.Client{Transport: &adaptive.Transport{Base: inProcess{ref}, Clock: clk,
-			Config: adaptive.Config{Limit: sluice.Limit{Rate: 10, Period: time.Second}}}}
-		run, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		defer cancel()
-		var wg sync.WaitGroup
-		for range 8 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for run.Err() == nil {
-					ctx, cancel := context.WithTimeout(run, 50*time.Millisecond)
-					req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://api.test/v1/x", nil)
-					req.Header.Set("Authorization", "Bearer t")
-					if resp, err := client.Do(req); err == nil {
-						resp.Body.Close()
-					}
-					<-ctx.Done() // the caller's time for this request is spent
-					cancel()
+	for _, told := range []bool{true, false} {
+		t.Run(map[bool]string{true: "told", false: "learned"}[told], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				clk := clock.NewReal()
+				ref, err := referee.New(sluice.MustParse("10/s"), referee.WithClock(clk))
+				if err != nil {
+					t.Fatal(err)
 				}
-			}()
-		}
-		wg.Wait()
-		st := ref.Stats()
-		t.Logf("the API received %d (accepted %d, refused %d)", st.Accepted+st.Rejected, st.Accepted, st.Rejected)
-		if got := st.Accepted + st.Rejected; got > 10+10*3+1 {
-			t.Fatalf("the API received %d requests in 3 s, want at most 41 (burst 10 + 10/s × 3 s)", got)
-		}
-	})
+				tr := &adaptive.Transport{Base: inProcess{ref}, Clock: clk}
+				if told {
+					tr.Config.Limit = sluice.Limit{Rate: 10, Period: time.Second}
+				}
+				client := &http.Client{Transport: tr}
+				run, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+				defer cancel()
+				var wg sync.WaitGroup
+				for range 8 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for run.Err() == nil {
+							ctx, cancel := context.WithTimeout(run, 50*time.Millisecond)
+							req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://api.test/v1/x", nil)
+							req.Header.Set("Authorization", "Bearer t")
+							if resp, err := client.Do(req); err == nil {
+								resp.Body.Close()
+							}
+							<-ctx.Done() // the caller's time for this request is spent
+							cancel()
+						}
+					}()
+				}
+				wg.Wait()
+				st := ref.Stats()
+				t.Logf("the API received %d (accepted %d, refused %d)", st.Accepted+st.Rejected, st.Accepted, st.Rejected)
+				if got := st.Accepted + st.Rejected; got > 10+10*3+1 {
+					t.Fatalf("the API received %d requests in 3 s, want at most 41 (burst 10 + 10/s × 3 s)", got)
+				}
+			})
+		})
+	}
 }
 
 // TestTransportNoBurstWhenWaitsEnd: twenty goroutines held back by their client's pace
@@ -472,6 +481,145 @@ func TestTransportLowerClassGivesWay(t *testing.T) {
 		}
 		if st := ref.Stats(); st.Rejected > st.Accepted/100 {
 			t.Errorf("the referee refused %d of %d", st.Rejected, st.Accepted+st.Rejected)
+		}
+	})
+}
+
+// TestTransportOneClientOnASmallLimit: eight goroutines of one process share one
+// Transport (one http.Client, as a Go program has it) on 1/s, answers 300 ms away, for
+// twenty seconds of fake time. Before its first answer the client sends one request, not
+// one every probe (each of those blind requests a 429 on a burst of one); then its pace:
+// at most one refusal, and most of the limit used.
+func TestTransportOneClientOnASmallLimit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := clock.NewReal()
+		ref, err := referee.New(sluice.MustParse("1/s"), referee.WithClock(clk))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mu sync.Mutex
+		sent, answered := 0, false
+		blind := 0 // requests sent before the first answer came
+		base := roundTripper(func(req *http.Request) (*http.Response, error) {
+			mu.Lock()
+			sent++
+			if !answered {
+				blind++
+			}
+			mu.Unlock()
+			time.Sleep(150 * time.Millisecond)
+			resp, err := inProcess{ref}.RoundTrip(req)
+			time.Sleep(150 * time.Millisecond)
+			mu.Lock()
+			answered = true
+			mu.Unlock()
+			return resp, err
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		pool(ctx, t, 1, 8, func() *adaptive.Transport { return &adaptive.Transport{Base: base, Clock: clk} }, "http://api.test/v1/work", nil)
+		st := ref.Stats()
+		t.Logf("%d sent, %d before the first answer; accepted %d, refused %d", sent, blind, st.Accepted, st.Rejected)
+		if blind != 1 || st.Rejected > 1 || st.Accepted < 15 {
+			t.Errorf("%d requests before the first answer, %d refused, %d accepted: want 1, at most 1, and at least 15 of 20", blind, st.Rejected, st.Accepted)
+		}
+	})
+}
+
+// TestTransportStartsFromAnEmptyBucket: the API's bucket is empty when the pool starts
+// (another run spent it), answers 20 ms away: one client of four goroutines, or three,
+// use at least 0.95 of the limit's rate within the first minute of fake time, and the
+// referee refuses at most 1% of their requests over ten minutes (each client's first
+// request, which meets the empty bucket, is refused whatever it does). (They used 0.44 to
+// 0.95 of it: a client started at a thirty-second of the limit and rebuilt its sixteen
+// seconds' reserve before it used the whole rate.) Three clients on 4,500 an hour use 0.947
+// to 0.960 of it, 71 or 72 of its 75 permits as their goroutines happen to run: too close
+// to judge here (docs/adaptive.md).
+func TestTransportStartsFromAnEmptyBucket(t *testing.T) {
+	for _, c := range []struct {
+		lim     string
+		clients int
+	}{{"4500/h", 1}, {"20/s burst=10", 1}, {"20/s burst=10", 3}, {"10/s burst=100", 1}, {"10/s burst=100", 3}} {
+		lim, clients := c.lim, c.clients
+		t.Run(fmt.Sprintf("%s/%d", lim, clients), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				clk := clock.NewReal()
+				limits := sluice.MustParse(lim)
+				ref, err := referee.New(limits, referee.WithClock(clk))
+				if err != nil {
+					t.Fatal(err)
+				}
+				l := limits[0]
+				for range max(l.Burst, l.Rate) { // the bucket spent
+					if _, err := ref.Call("t", 1, clk.Nanotime()); err != nil {
+						t.Fatal(err)
+					}
+				}
+				drained := ref.Stats()
+				base := roundTripper(func(req *http.Request) (*http.Response, error) {
+					time.Sleep(10 * time.Millisecond)
+					resp, err := inProcess{ref}.RoundTrip(req)
+					time.Sleep(10 * time.Millisecond)
+					return resp, err
+				})
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+				defer cancel()
+				minute := make(chan referee.Stats, 1)
+				go func() { time.Sleep(time.Minute); minute <- ref.Stats() }()
+				pool(ctx, t, clients, 4, func() *adaptive.Transport { return &adaptive.Transport{Base: base, Clock: clk} }, "http://api.test/v1/work", nil)
+				st, m := ref.Stats(), <-minute
+				rate := float64(l.Rate) / l.Period.Seconds()
+				first := float64(m.Accepted-drained.Accepted) / (rate * 60)
+				acc, rej := st.Accepted-drained.Accepted, st.Rejected-drained.Rejected
+				ratio := float64(rej) / float64(acc+rej)
+				t.Logf("first minute %.3f of the limit (%d refused); ten minutes %.3f, %d refused of %d (%.4f)", first, m.Rejected-drained.Rejected, float64(acc)/(rate*600), rej, acc+rej, ratio)
+				if first < 0.95 || ratio > 0.01 {
+					t.Errorf("first minute %.3f of the limit, 429 ratio %.4f over ten minutes: want at least 0.95 and at most 0.01", first, ratio)
+				}
+			})
+		})
+	}
+}
+
+// lateClock is a clock whose sleeps that end after lateAt end late by late, once: a timer
+// that fires late on a loaded machine.
+type lateClock struct {
+	clock.Clock
+	mu     sync.Mutex
+	lateAt int64
+	late   time.Duration
+}
+
+func (c *lateClock) Sleep(ctx context.Context, d time.Duration) error {
+	c.mu.Lock()
+	if d > 0 && c.late > 0 && c.Nanotime()+int64(d) >= c.lateAt {
+		d += c.late
+		c.late = 0
+	}
+	c.mu.Unlock()
+	return c.Clock.Sleep(ctx, d)
+}
+
+// TestTransportLateTimerKeepsTheSpacing: eight goroutines of one Transport on 1/s, for
+// twenty seconds of fake time; the timer of one request, about eight seconds in, fires
+// 300 ms late. The next request's slot was already taken by another goroutine (a slot one
+// interval ahead): it goes an interval after the late request went, not an interval after
+// the late request's slot, which was 0.7 s after it and a 429.
+func TestTransportLateTimerKeepsTheSpacing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := &lateClock{Clock: clock.NewReal(), late: 300 * time.Millisecond}
+		clk.lateAt = clk.Nanotime() + int64(8*time.Second)
+		ref, err := referee.New(sluice.MustParse("1/s"), referee.WithClock(clk))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		pool(ctx, t, 1, 8, func() *adaptive.Transport { return &adaptive.Transport{Base: inProcess{ref}, Clock: clk} }, "http://api.test/v1/work", nil)
+		st := ref.Stats()
+		t.Logf("accepted %d, refused %d", st.Accepted, st.Rejected)
+		if clk.late != 0 || st.Rejected > 0 {
+			t.Errorf("refused %d (a timer late: %v): want none", st.Rejected, clk.late == 0)
 		}
 	})
 }

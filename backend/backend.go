@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/priority"
 )
 
 // Errors a backend may return. The sluice package re-exports them.
@@ -229,4 +230,22 @@ func ParseFailMode(s string) (FailMode, error) {
 		return FailLocal, nil
 	}
 	return 0, fmt.Errorf("sluice: bad fail mode %q (want closed, open or local)", s)
+}
+
+// ClassBoard is an optional interface of back ends whose line every process shares
+// (Capabilities.SharedLine): a board, in the shared state, of the classes (package
+// priority) that asked for a key recently, so that one process's lower-class decisions
+// and places in the key's line keep the headroom of a higher class that asks in another
+// (docs/priorities.md). The limiter posts a class when a caller of it asks (now and then,
+// not at every call), and reads the board before a lower class decides (now and then).
+// Both methods are safe for concurrent use, may block for I/O and honour ctx; an error
+// leaves the board as it was, and the limiter goes on with what it knew.
+type ClassBoard interface {
+	// PostClass records that a caller of class c (priority.Critical or priority.Standard;
+	// others are ignored) asked for key now. The board forgets it after recent.
+	PostClass(ctx context.Context, key string, c priority.Class, recent time.Duration) error
+	// ClassesPosted returns how long ago priority.Critical and priority.Standard were last
+	// posted for key, each negative if it was not posted within the recent it was posted
+	// with.
+	ClassesPosted(ctx context.Context, key string) (critical, standard time.Duration, err error)
 }

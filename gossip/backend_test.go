@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/gossip/hits"
+	"github.com/sluicehq/sluice/internal/testkit/poll"
 )
 
 const sec = int64(time.Second)
@@ -41,12 +42,7 @@ func member(t *testing.T, mod func(*Config)) *Backend {
 // waitFor polls cond (real time, the membership's own) for up to 10 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("timed out waiting: %s", what)
+	poll.Until(t, what, 10*time.Second, 20*time.Millisecond, cond)
 }
 
 // TestConformance: a member alone decides exactly as one bucket (its share is the whole

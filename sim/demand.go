@@ -39,6 +39,7 @@ func (e *engine) join(mi int32) {
 		e.idealCosts.Seed(e.sc.Seed^uint64(mi)<<32^uint64(m.inc), 0x636f7374)
 	}
 	m.hold, m.debt = 0, gcra.Debt{}
+	m.cls = memberClasses{uses: m.cls.uses} // a new process knows nothing of the classes
 	d := m.demand
 	switch d.Pattern {
 	case "backlog":

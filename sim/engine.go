@@ -68,6 +68,8 @@ type member struct {
 	on     bool // onoff: in an on spell
 	times  int  // times: next index
 
+	cls memberClasses // strict mode: what its limiter knows of the classes across members
+
 	tats  []int64 // local mode: the member's own GCRA state
 	hold  int64   // local mode: end of its penalty
 	ftats []int64 // fail_mode local: the fallback GCRA state
@@ -114,7 +116,9 @@ type engine struct {
 
 	storeTats    []int64
 	storeHold    int64
-	storeDown    int64 // down until
+	board        [2]int64                   // the store's board of classes: when critical and standard were last posted, plus one
+	classBuf     [gcra.MaxLimits]gcra.Limit // the limits a lower class's request keeps headroom under (classLimits)
+	storeDown    int64                      // down until
 	partitionGen []uint32
 	partitioned  []bool
 
@@ -213,6 +217,7 @@ func newEngine(sc *Scenario, m mode) *engine {
 				name:      g.Name + strconv.Itoa(k),
 				group:     gi,
 				class:     int8(class),
+				cls:       memberClasses{uses: g.Priority != ""},
 				demand:    &g.Demand,
 				costs:     rand.NewPCG(0, 0),
 				gs:        make([]gslot, g.Goroutines),
@@ -278,7 +283,7 @@ func (e *engine) applyRamp(t int64) {
 	el := time.Duration(t - e.rampStart)
 	e.core = limitconv.CoreRising(e.limits, e.sc.Client.Margin.D(), el)
 	e.idealCore = limitconv.CoreAt(e.limits, 0, el)
-	e.local = gcra.ShareOf(e.core, wholeIfZero(e.sc.Local.Share))
+	e.local = localShare(e.core, e.sc.Local.Share)
 	e.fallback = gcra.ShareOf(e.core, wholeIfZero(e.sc.Store.FallbackShare))
 	if t >= e.rampEnd {
 		e.rampEnd = 0
@@ -295,8 +300,18 @@ func (e *engine) setCores(ls sluice.Limits) {
 		e.ideal = resize(e.ideal, len(e.idealCore))
 	}
 	e.core = limitconv.Core(ls, e.sc.Client.Margin.D())
-	e.local = gcra.ShareOf(e.core, wholeIfZero(e.sc.Local.Share))
+	e.local = localShare(e.core, e.sc.Local.Share)
 	e.fallback = gcra.ShareOf(e.core, wholeIfZero(e.sc.Store.FallbackShare))
+}
+
+// localShare is the local mode's limits: local.share of core; the whole limit is core
+// itself, a ramp's Rise and all (the limiter's own, which books each permit at the ramp's
+// pace where it falls).
+func localShare(core []gcra.Limit, share float64) []gcra.Limit {
+	if wholeIfZero(share) == 1 {
+		return core
+	}
+	return gcra.ShareOf(core, share)
 }
 
 // wholeIfZero reads a scenario's share: 0 (unset) is the whole limit.

@@ -159,9 +159,11 @@ and a user cannot walk into it silently (below, per mode).
 func modeClaim(mode string) string {
 	switch mode {
 	case "local":
-		return "One process, no coordination: the limit is decided in the process, exactly. " +
-			"Its envelope is one process (a member); a pool of processes is outside it, each holding the whole limit. " +
-			"`sluice serve --backend local` says so when it starts, naming strict, lease and gossip for a pool."
+		return "One process, no coordination: the limit is decided in the process, exactly; its waiting room serves a higher class " +
+			"first and shares between members (`sluice.WithMember`). Its envelope is one process: the matrix's members are groups of " +
+			"its goroutines (`local.processes: one`, the simulator's default). A pool of processes each on a limiter of its own " +
+			"(`local.processes: each`) is outside it, each holding the whole limit; `sluice serve --backend local` says so when it " +
+			"starts, naming strict, lease and gossip for a pool."
 	case "strict":
 		return "Every permit decided in a store on the store's clock (Redis by a script; etcd and ZooKeeper by compare-and-set): " +
 			"no violation with any pool, limit or demand, fair between processes whatever their goroutines (`sluice.FairProcesses`, " +

@@ -104,7 +104,7 @@ func TestHTMLReportInChromium(t *testing.T) {
 			t.Errorf("no section for %s with its figure", m)
 		}
 	}
-	if !strings.Contains(dom, `<p class="models">local: each of the`) {
+	if !strings.Contains(dom, `<p class="models">local: one process`) {
 		t.Error("the local mode's section does not say what it simulates")
 	}
 	if n := strings.Count(dom, "store outage for 10s"); n < 3 {

@@ -508,7 +508,9 @@ func envelope(mode string, s MatrixShape, members int, sc *Scenario) (bool, stri
 			return false, "the gossip mode decides no windowed quota or ramp: `sluice serve --backend gossip` refuses the rule at configuration (--check-config too), naming the strict, local and lease modes"
 		}
 	case "local":
-		if members > 1 {
+		// The matrix's local mode is one process whose members are groups of goroutines
+		// (local.processes: one); processes each on a limiter of their own share nothing.
+		if members > 1 && sc != nil && !sc.Local.oneProcess() {
 			return false, "the local mode is one process: a pool of processes shares a limit through strict, lease or gossip"
 		}
 	case "lease":

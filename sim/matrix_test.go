@@ -106,10 +106,21 @@ func TestMatrixCriteria(t *testing.T) {
 			t.Errorf("step %d: %s on %s: got %q, want a failure: %v", i, c.mode, c.shape.Name(), why, c.fails)
 		}
 	}
-	if in, _ := envelope("local", under, 4, nil); in {
-		t.Error("the local mode claims a pool of four processes")
+	// The local mode is one process: its members are groups of goroutines, in its
+	// envelope; members that are each a process of their own (local.processes: each) are not.
+	one, err := m.Scenario(under)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if in, _ := envelope("local", under, 1, nil); !in {
+	if in, _ := envelope("local", under, 4, one); !in {
+		t.Error("the local mode does not claim one process of four members")
+	}
+	each := *one
+	each.Local.Processes = "each"
+	if in, why := envelope("local", under, 4, &each); in || !strings.Contains(why, "one process") {
+		t.Errorf("the local mode claims a pool of four processes (%q)", why)
+	}
+	if in, _ := envelope("local", under, 1, &each); !in {
 		t.Error("the local mode does not claim one process")
 	}
 	if in, why := envelope("lease", under, 200, nil); in || !strings.Contains(why, "strict") {

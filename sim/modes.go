@@ -91,7 +91,7 @@ func newMode(name string, sc *Scenario) mode {
 	}
 	switch name {
 	case "local":
-		return localMode{}
+		return newLocalMode(sc)
 	case "strict":
 		return centralMode{lines: procLines{}}
 	case "strict:waiters":
@@ -109,35 +109,6 @@ func newMode(name string, sc *Scenario) mode {
 	return nil
 }
 
-// localMode: each member (a process of its own) decides alone with its own limiter, on a
-// share of the limit (local.share, default the whole limit): the local mode run by every
-// process of a pool, with no coordination between them.
-type localMode struct{}
-
-func (localMode) name() string { return "local" }
-
-func (localMode) acquire(e *engine, mi, g int32) {
-	m := e.members[mi]
-	res, _, err := decide(m.tats, e.local, e.now, 1, e.maxWait)
-	e.decided(mi, g, res, err)
-}
-
-// decide is gcra.Decide, made through gcra.DecideOne (the in-process limiter's path, held
-// to Decide by gcra's TestDecideOneMatchesDecide) when there is one limit and it is not
-// windowed: the same decision and ticket, without the loops over the limits, which were a
-// seventh of a large pool's instructions.
-func decide(tats []int64, limits []gcra.Limit, now, n, maxDelay int64) (gcra.Result, gcra.Ticket, error) {
-	if len(limits) != 1 || limits[0].Window > 0 {
-		return gcra.Decide(tats, limits, now, n, maxDelay)
-	}
-	tat, res, err := gcra.DecideOne(tats[0], limits[0], now, n, maxDelay)
-	if err != nil || !res.Allowed {
-		return res, gcra.Ticket{}, err
-	}
-	tats[0] = tat
-	return res, gcra.TicketOne(n, now+res.Delay, tat), nil
-}
-
 // decided ends goroutine g's acquire with a decision made in the member: a permit, or a
 // denial with when to retry (none on an error).
 func (e *engine) decided(mi, g int32, res gcra.Result, err error) {
@@ -150,16 +121,6 @@ func (e *engine) decided(mi, g int32, res gcra.Result, err error) {
 		e.denied(mi, g, res.RetryAfter)
 	}
 }
-
-func (localMode) handle(*engine, *event) {}
-
-func (localMode) penalize(e *engine, mi int32, until int64) {
-	m := e.members[mi]
-	gcra.Penalize(m.tats, e.local, e.now, until)
-	m.hold = max(m.hold, until)
-}
-
-func (localMode) left(*engine, int32, bool) {}
 
 // centralMode is the strict mode: every decision is made at the simulated store, one round
 // trip away, with its time-outs and fail modes. With lines (strict, the library's default
@@ -324,9 +285,23 @@ func (c centralMode) handle(e *engine, ev *event) {
 			e.storeCharge(&e.tickets[ev.val])
 			e.dropTicket(ev.val)
 		}
-		res, tk, err := decide(e.storeTats, e.core, e.now, 1, e.maxWait)
-		if err != nil {
-			res = gcra.Result{}
+		keep := keepPlace // sluice.FairProcesses's places
+		switch {
+		case e.maxWait == 0:
+			keep = keepAll // a pessimistic client decides now or never
+		case c.lines == nil:
+			keep = keepNone // sluice.FairWaiters: a place for each waiter
+		}
+		var res gcra.Result
+		var tk gcra.Ticket
+		ls, ok, retry := e.classLimits(ev.m, ev.val2, keep)
+		if ok {
+			var err error
+			if res, tk, err = decide(e.storeTats, ls, e.now, 1, e.maxWait); err != nil {
+				res = gcra.Result{}
+			}
+		} else {
+			res = gcra.Result{RetryAfter: retry}
 		}
 		// The answer: granted with a delay and the ticket, or denied with a retry-after.
 		reply := *ev
@@ -429,6 +404,7 @@ func (e *engine) dropTicket(i int64) { e.freeTickets = append(e.freeTickets, int
 // storeRestart: the store lost its state (Redis restarted empty): every key is fresh.
 func (centralMode) storeRestart(e *engine) {
 	clear(e.storeTats)
+	e.board = [2]int64{}
 	e.storeHold = 0
 }
 

@@ -236,9 +236,9 @@ func TestSideBySide(t *testing.T) {
 	if c := row(`converged after "crash m1" at 40s`); len(c) != 3 {
 		t.Errorf("the crash's row: %q", c)
 	}
-	// The simulator's local mode is each member alone on its limiter, not sluice demo's
-	// one process: the report says so.
-	if m := r.Modes[0].Models; !strings.Contains(m, "each of the 10 members a process of its own") ||
+	// The simulator's local mode is one process whose members share its limiter, as
+	// sluice demo's: the report says so.
+	if m := r.Modes[0].Models; !strings.Contains(m, "one process, as sluice demo --mode local: its 10 members") ||
 		!strings.Contains(buf.String(), "\nlocal: "+m+".\n") || r.Modes[1].Models != "" || r.Modes[2].Models != "" {
 		t.Errorf("what the modes model: %q, %q, %q; the text report:\n%s", m, r.Modes[1].Models, r.Modes[2].Models, buf.String())
 	}

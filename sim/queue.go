@@ -33,6 +33,7 @@ const (
 	evGossipAnswer                 // gossip mode: g receives the owner's answer (ok: granted; val2: delay or retry-after)
 	evIdealTick                    // ideal mode: the next waiter's permit may be due (op: the tick's generation)
 	evGossipMembership             // gossip mode: the membership tells each node who is alive (over trees)
+	evLocalTick                    // local mode, one process: the waiting room's next place may be due
 )
 
 // event is one thing that happens at a time. Events are small values held in the queue's

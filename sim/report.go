@@ -395,9 +395,10 @@ func (e *engine) report() ModeReport {
 	return r
 }
 
-// localModels says what the local mode simulates in sc: each member a process of its own
-// with its own limiter, none coordinating, unlike sluice demo's local mode, one process
-// whose workers share one limiter.
+// localModels says what the local mode simulates in sc: one process whose members are
+// groups of goroutines sharing one limiter, as sluice demo --mode local (local.processes:
+// one, the default), or each member a process of its own with its own limiter, none
+// coordinating (each).
 func localModels(sc *Scenario) string {
 	n := 0
 	for _, g := range sc.Members {
@@ -410,13 +411,18 @@ func localModels(sc *Scenario) string {
 	if n == 1 {
 		return "one process with its own limiter on " + share + " (local.share), as sluice demo --mode local"
 	}
+	if sc.Local.oneProcess() {
+		return fmt.Sprintf("one process, as sluice demo --mode local: its %d members are groups of goroutines sharing one limiter on %s (local.share), "+
+			"whose waiting room serves a higher class first and shares between the members (sluice.WithMember); "+
+			"local.processes: each makes each member a process of its own with its own limiter", n, share)
+	}
 	together := "their shares summing to at most the limit"
 	if total := float64(n) * wholeIfZero(sc.Local.Share); total > 1 {
 		together = "so together they may admit " + strconv.FormatFloat(total, 'g', 4, 64) + " times it"
 	}
-	return fmt.Sprintf("each of the %d members a process of its own with its own limiter on %s (local.share), "+
+	return fmt.Sprintf("each of the %d members a process of its own with its own limiter on %s (local.share, local.processes: each), "+
 		"none coordinating, %s; sluice demo --mode local is one process whose workers share one limiter "+
-		"(here, one member of many goroutines)", n, share, together)
+		"(local.processes: one, the default)", n, share, together)
 }
 
 // cleared is how long the backlogs took to clear (nil if none did, or one did not).

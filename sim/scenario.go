@@ -90,9 +90,21 @@ type Backoff struct {
 	Jitter float64  `yaml:"jitter"`
 }
 
-// Local are the local mode's settings: each member decides alone on Share of the limit.
+// Local are the local mode's settings: the share of the limit its limiter decides on, and
+// whether the members are one process sharing that limiter (processes: one, the default)
+// or each a process of its own with a limiter of its own (each).
 type Local struct {
-	Share float64 `yaml:"share"`
+	Share     float64 `yaml:"share"`
+	Processes string  `yaml:"processes"` // one (default) or each
+	line      int
+}
+
+// oneProcess reports whether the local mode's members are one process (local.processes).
+func (l *Local) oneProcess() bool { return l.Processes != "each" }
+
+func (x *Local) UnmarshalYAML(n *yaml.Node) error {
+	type plain Local
+	return yamlx.DecodeMapping(n, (*plain)(x), &x.line)
 }
 
 // Lease are the lease mode's settings: the store's (ttl, grace, policy, join_window)
@@ -374,7 +386,14 @@ func (s *Scenario) check() error {
 		s.Local.Share = 1
 	}
 	if s.Local.Share < 0 || s.Local.Share > 1 {
-		return bad(0, "local.share: want a fraction in (0, 1]")
+		return bad(s.Local.line, "local.share: want a fraction in (0, 1]")
+	}
+	switch s.Local.Processes {
+	case "":
+		s.Local.Processes = "one"
+	case "one", "each":
+	default:
+		return bad(s.Local.line, "local.processes: want one or each, not %q", s.Local.Processes)
 	}
 	if _, err := hits.ParsePolicy(s.Gossip.Policy); err != nil || s.Gossip.Interval < 0 || s.Gossip.Hold < 0 {
 		return yamlx.AtLine(s.Gossip.line, "gossip: policy auto, owner, shares, equal or whole, interval and hold 0 (the default) or more")

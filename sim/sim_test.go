@@ -56,6 +56,7 @@ func TestScenarioErrorsNameFileAndLine(t *testing.T) {
 		{"duration: 10s\nlimit: 1/s\nreferee: {tokens: 100/s}\nmembers:\n  - name: w\n    demand: {pattern: constant, rate: 1, tokens: {min: 1, max: 200}}\n", "test.yaml:6: tokens: max 200 is more than the token limit's burst (100)"},
 		{"duration: 10s\nlimit: 1/s\nmembers:\n  - name: w\n    demand: {pattern: constant, rate: 1, tokens: {min: 9, max: 2}}\n", "test.yaml:5: tokens: want 0 <= min <= max"},
 		{"duration: 10s\nlimit: 1/s\nmembers:\n  - name: w\n    priority: urgent\n    demand: {pattern: constant, rate: 1}\n", "test.yaml:4: members[0].priority: \"urgent\": want critical, standard or sheddable"},
+		{"duration: 10s\nlimit: 1/s\nlocal: {processes: many}\nmembers:\n  - name: w\n    demand: {pattern: constant, rate: 1}\n", "test.yaml:3: local.processes: want one or each, not \"many\""},
 		{"duration: 10s\nlimit: 1/s\n", "test.yaml: members: none"},
 		{"", "test.yaml: empty file"},
 		{"duration: 10s\nlimit: 1/s\nmembers: [\n", "test.yaml:3:"},
@@ -139,11 +140,11 @@ func TestCentralNeedsAMarginUnderJitter(t *testing.T) {
 // TestLocalModeWithoutCoordination: members that each think they own the limit flood the
 // API; members on an equal share keep it.
 func TestLocalModeWithoutCoordination(t *testing.T) {
-	if r := run1(t, parse(t, pool), "local"); r.Violations == 0 || r.Ratio429 < 0.5 {
+	if r := run1(t, parse(t, pool+"local: {processes: each}\n"), "local"); r.Violations == 0 || r.Ratio429 < 0.5 {
 		t.Errorf("8 uncoordinated members: violations %d ratio %v, want most rejected", r.Violations, r.Ratio429)
 	}
 	// An eighth of 10/s burst 16 each: rates and bursts sum to the limit's.
-	share := parse(t, strings.Replace(pool, "limit: 10/s burst=5", "limit: 10/s burst=16", 1)+"local: {share: 0.125}\n")
+	share := parse(t, strings.Replace(pool, "limit: 10/s burst=5", "limit: 10/s burst=16", 1)+"local: {share: 0.125, processes: each}\n")
 	if r := run1(t, share, "local"); r.Violations != 0 {
 		t.Errorf("8 members on an eighth each: violations %d, want 0", r.Violations)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/testkit/poll"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
 	redisstore "github.com/sluicehq/sluice/store/redis"
 )
@@ -141,13 +142,7 @@ func latencyBound(timeout time.Duration) time.Duration {
 // waitFor polls cond until it holds or 20 seconds pass.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	poll.Until(t, what, 20*time.Second, 5*time.Millisecond, cond)
 }
 
 // TestFaultFailClosed: while Redis is down every call is denied with

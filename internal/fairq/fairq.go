@@ -212,6 +212,20 @@ func (r *Room) Serve() (id uint64, ok bool) {
 // Waiting returns how many waiters the room holds.
 func (r *Room) Waiting() int { return len(r.waiters) }
 
+// named reports whether waiter id waits for a named member.
+func (r *Room) named(id uint64) bool {
+	w, ok := r.waiters[id]
+	return ok && w.m.name != ""
+}
+
+// Highest returns the highest class of the room's waiters; ok is false when nobody waits.
+func (r *Room) Highest() (c Class, ok bool) {
+	if len(r.active) == 0 {
+		return 0, false
+	}
+	return r.active[0].class, true
+}
+
 // Credit returns what member name (of class Standard) is owed now, in permits (negative:
 // served ahead of its share); 0 for a member the room does not know.
 func (r *Room) Credit(name string) float64 {

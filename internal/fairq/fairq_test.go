@@ -192,3 +192,27 @@ func TestBusyPassedOver(t *testing.T) {
 		t.Fatalf("a busy waiter left: %d waiting, want 0", m.Waiting())
 	}
 }
+
+// TestHighest: the room names the highest class waiting, as waiters come and go.
+func TestHighest(t *testing.T) {
+	r := New(0)
+	if _, ok := r.Highest(); ok {
+		t.Fatal("step 0: an empty room names a class")
+	}
+	steps := []struct {
+		do   func()
+		want Class
+	}{
+		{func() { _ = r.JoinClass(1, "a", Sheddable) }, Sheddable},
+		{func() { _ = r.JoinClass(2, "b", Critical) }, Critical},
+		{func() { _ = r.JoinClass(3, "", Standard) }, Critical},
+		{func() { r.Leave(2) }, Standard},
+		{func() { r.Serve() }, Sheddable},
+	}
+	for i, s := range steps {
+		s.do()
+		if c, ok := r.Highest(); !ok || c != s.want {
+			t.Errorf("step %d: highest %v (%v), want %v", i+1, c, ok, s.want)
+		}
+	}
+}

@@ -20,7 +20,8 @@ type Ledger[P any] struct {
 	taking  int        // places being taken: Turn answered Take, Took not called yet
 	bounded bool       // at most `most` places held, whatever the waiters
 	most    int
-	callers int // counted in by Enter, out by Exit
+	callers int   // counted in by Enter, out by Exit
+	full    int64 // until then the key's line is full within the bound: named waiters take no place (Refused)
 }
 
 type place[P any] struct {
@@ -69,6 +70,17 @@ func (l *Ledger[P]) JoinClass(id uint64, name string, c Class) error {
 	return l.room.JoinClass(id, name, c)
 }
 
+// Busy marks waiter id as busy (it cannot take a place now: its goroutine does not run)
+// or no longer busy, as Room.Busy does; it reports whether id waits.
+func (l *Ledger[P]) Busy(id uint64, busy bool) bool { return l.room.Busy(id, busy) }
+
+// Highest returns the highest class of the room's waiters; ok is false when nobody
+// waits.
+func (l *Ledger[P]) Highest() (Class, bool) { return l.room.Highest() }
+
+// Places returns how many places the room holds (not counting those being taken).
+func (l *Ledger[P]) Places() int { return len(l.places) }
+
 // Waiting returns how many waiters the room holds.
 func (l *Ledger[P]) Waiting() int { return l.room.Waiting() }
 
@@ -87,16 +99,18 @@ const (
 	Refuse
 )
 
-// Turn says what waiter id does next. The room lacks a place when it holds (or is taking)
-// fewer than its waiters (bounded: fewer than its places, while someone waits): the waiter that finds
-// one missing takes it (Take). Otherwise, on the waiter's first turn (first), a next place
-// due more than bound after start (the waiter's arrival) refuses it at once (Refuse, with
-// that wait: the waiter has left); else it waits (Wait).
-func (l *Ledger[P]) Turn(id uint64, first bool, start, bound int64) (Action, int64) {
-	held := len(l.places) + l.taking
-	need := held < l.room.Waiting()
-	if l.bounded {
-		need = held < min(l.most, l.room.Waiting())
+// Turn says what waiter id does next at now. The room lacks a place when it holds (or is
+// taking) fewer than its waiters (bounded: fewer than its places, while someone waits):
+// the waiter that finds one missing takes it (Take), unless it is a named member's and the
+// line was found full until after now (Refused). Otherwise, on the waiter's first turn
+// (first), a next place due more than bound after start (the waiter's arrival) refuses it
+// at once (Refuse, with that wait: the waiter has left); else it waits (Wait).
+func (l *Ledger[P]) Turn(id uint64, first bool, now, start, bound int64) (Action, int64) {
+	need := l.lacks()
+	if now >= l.full {
+		l.full = 0 // the line may hold more again
+	} else if need && l.room.named(id) {
+		need = false
 	}
 	switch {
 	case need:
@@ -124,6 +138,22 @@ func (l *Ledger[P]) Took(id uint64, p P, due int64, ok bool) (gone bool) {
 	return l.room.Leave(id)
 }
 
+// Refused reports that waiter id, which Turn told to Take, could not: the key's line is
+// full within its bound until retryAt (the owner's time at which a place would fit). A
+// named member's waiter stays while the room holds a place: the room serves it by its rule
+// from the places it holds, and no named waiter takes a place before retryAt. Any other
+// leaves the room, as with Took. gone reports whether it left (false: it stays, or was
+// served meanwhile).
+func (l *Ledger[P]) Refused(id uint64, retryAt int64) (gone bool) {
+	l.taking--
+	l.room.Busy(id, false)
+	if l.room.named(id) && len(l.places) > 0 {
+		l.full = max(l.full, retryAt)
+		return false
+	}
+	return l.room.Leave(id)
+}
+
 // Put adds place p, due at due, after the places due no later: a place served to a waiter
 // that gave up before it could take it goes back to the room.
 func (l *Ledger[P]) Put(p P, due int64) {
@@ -136,13 +166,28 @@ func (l *Ledger[P]) Put(p P, due int64) {
 	l.places = slices.Insert(l.places, i, place[P]{p, due})
 }
 
-// Next returns when the earliest place is due; ok is false when the room holds none (one
-// is being taken).
-func (l *Ledger[P]) Next() (due int64, ok bool) {
-	if len(l.places) == 0 {
-		return 0, false
+// Next returns when the room next has something to do: the earliest place comes due, or,
+// while the room lacks places and its named waiters may take none because the line was
+// full (Refused), they may take them again, if that is sooner. ok is false when there is
+// neither (a place is being taken).
+func (l *Ledger[P]) Next() (at int64, ok bool) {
+	if len(l.places) > 0 {
+		at, ok = l.places[0].due, true
 	}
-	return l.places[0].due, true
+	if l.full != 0 && l.lacks() && (!ok || l.full < at) {
+		at, ok = l.full, true
+	}
+	return at, ok
+}
+
+// lacks reports whether the room holds (or is taking) fewer places than it should: one per
+// waiter, or bounded, its places while someone waits.
+func (l *Ledger[P]) lacks() bool {
+	held := len(l.places) + l.taking
+	if l.bounded {
+		return held < min(l.most, l.room.Waiting())
+	}
+	return held < l.room.Waiting()
 }
 
 // Leave removes waiter id, which gives up; it reports false if id was served meanwhile:

@@ -18,7 +18,7 @@ func join(id uint64, m string) step {
 
 func turn(id uint64, first bool, start, bound int64, want string) step {
 	return step{func(l *Ledger[string]) any {
-		a, w := l.Turn(id, first, start, bound)
+		a, w := l.Turn(id, first, start, start, bound)
 		return fmt.Sprintf("%v %d", a, w)
 	}, want}
 }
@@ -202,5 +202,59 @@ func TestLedgerSomePlaces(t *testing.T) {
 		turn(1, true, 0, 100, "take 0"),
 		took(1, "a", 10, true, false),
 		turn(1, false, 0, 100, "wait 0"), // one waiter: one place
+	})
+}
+
+func refused(id uint64, retryAt int64, wantGone bool) step {
+	return step{func(l *Ledger[string]) any { return l.Refused(id, retryAt) }, fmt.Sprint(wantGone)}
+}
+
+// TestLedgerRefusedNamedStays: a named member's waiter refused a place (the line full
+// within its bound until 60) stays while the room holds a place, is served by member from
+// the places the others took, and no named waiter takes a place before 60; an anonymous
+// waiter refused one leaves, as does a named one when the room holds none.
+func TestLedgerRefusedNamedStays(t *testing.T) {
+	runSteps(t, NewLedger[string](0, false), []step{
+		join(1, "big"), join(2, "big"),
+		turn(1, true, 0, 100, "take 0"), took(1, "a", 10, true, false),
+		turn(2, true, 0, 100, "take 0"), took(2, "b", 20, true, false),
+		join(3, "small"),
+		turn(3, true, 5, 100, "take 0"),
+		refused(3, 60, false), // two places held: 3 stays
+		waiting(3),
+		join(4, "big"),
+		turn(4, true, 6, 100, "wait 0"), // the line is full until 60: 4 takes none
+		pop(10, never, "served 1 a"),    // big's first waiter came first
+		pop(20, never, "served 3 b"),    // then small, owed half a permit more than big
+		turn(4, false, 30, 100, "wait 0"),
+		turn(4, false, 60, 100, "take 0"), // from 60 a place fits
+		took(4, "c", 70, true, false),
+		join(5, ""),
+		turn(5, true, 61, 100, "take 0"), // an anonymous newcomer takes one, full or not
+		refused(5, 90, true),             // and leaves when refused
+		pop(70, never, "served 2 c"),
+		join(6, "small"),
+		turn(6, true, 71, 100, "take 0"),
+		refused(6, 95, true), // the room holds no place: it leaves
+		waiting(1),
+	})
+}
+
+// TestLedgerFullWakes: while the line is full and the room lacks places, Next says when
+// its named waiters may take one again, so that a room whose places are all served does
+// not sleep until its waiters' ends.
+func TestLedgerFullWakes(t *testing.T) {
+	runSteps(t, NewLedger[string](0, false), []step{
+		join(1, "big"), join(2, "small"),
+		turn(1, true, 0, 100, "take 0"), took(1, "a", 10, true, false),
+		turn(2, true, 0, 100, "take 0"),
+		refused(2, 50, false),
+		next("10 true"),
+		pop(10, never, "served 1 a"),
+		next("50 true"), // no place left: wake at 50 to take one
+		turn(2, false, 20, 100, "wait 0"),
+		turn(2, false, 50, 100, "take 0"),
+		took(2, "b", 60, true, false),
+		next("60 true"),
 	})
 }

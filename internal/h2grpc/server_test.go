@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/testkit/poll"
 	"go.uber.org/goleak"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -503,13 +503,7 @@ func FuzzConn(f *testing.F) {
 // waitFor yields until cond holds (a condition, never a sleep).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		runtime.Gosched()
-	}
+	poll.Until(t, what, 10*time.Second, 0, cond)
 }
 
 // TestAllocs bounds what a call allocates, inline and on workers: the server's request

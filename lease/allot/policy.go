@@ -58,7 +58,8 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short in
 	alive, wanting, idle, dm := sc.alive, sc.wanting, sc.idle, sc.dm[:len(s.Members)]
 	// asked is what the members that want capacity ask for in all (fair policy): one
 	// asking for as much as it can get counts as more than any reserve allows.
-	var asked, est int64
+	var asked int64
+	critical := false // some member that wants capacity reports critical demand
 	for i := range s.Members {
 		e := &s.Members[i]
 		if !e.live(now) {
@@ -75,6 +76,7 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short in
 				d = 2 * RateScale
 			}
 			asked += min(d, 2*RateScale)
+			critical = critical || e.Critical > 0
 		case d == 0 && e.Lease.Share.Parked():
 			idle = append(idle, i) // it keeps the permit it parked while the burst allows
 		}
@@ -92,10 +94,12 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short in
 	}
 	live = int64(len(alive))
 	size = live
-	for _, i := range wanting {
-		est += s.Members[i].estimate()
-	}
-	s.Central = s.centralWanted(now, cfg, int64(len(wanting)), int64(len(alive)), est)
+	s.Central = s.centralWanted(now, cfg, int64(len(wanting)), int64(len(alive)), func() (est int64) {
+		for _, i := range wanting {
+			est += s.Members[i].estimate()
+		}
+		return est
+	})
 	if live == 0 || s.Central {
 		return tg, live, size, shortOf() // decided at the store: nobody holds a share
 	}
@@ -122,7 +126,7 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short in
 	// Fair: water-fill the rate among holders by the demand they report (what their
 	// callers ask, refused requests included; as much as it can get for a member held
 	// back).
-	left := s.fill(holders, dm, capa.Rate, tg, sc)
+	left := s.fill(holders, dm, capa.Rate, tg, sc, critical)
 	// A part of the limit stays free while the demands leave room for it: a reserve, whose
 	// saved burst any member whose share refuses a permit borrows from (OpTake with
 	// Request.Borrow). Each share holds its own demand's rate and burst; the reserve pools
@@ -251,11 +255,11 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short in
 // (each gets the larger of its floor and min(its demand, the level)), so that critical
 // callers' permits are not shared out evenly with a sheddable flood's, and a member is
 // given no more than before where its floor is below the level. Without critical demand,
-// one pass.
-func (s *State) fill(holders []int, dm []int64, capa int64, tg []Share, sc *scratch) int64 {
+// one pass (critical is false when no member reports any).
+func (s *State) fill(holders []int, dm []int64, capa int64, tg []Share, sc *scratch, critical bool) int64 {
 	var crit []int
 	for _, i := range holders {
-		if s.Members[i].Critical > 0 {
+		if critical && s.Members[i].Critical > 0 {
 			crit = append(crit, i)
 		}
 	}

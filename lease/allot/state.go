@@ -1196,13 +1196,14 @@ func (s *State) updateCentral(now int64, cfg Config) {
 			}
 		}
 	}
-	var est int64
-	for i := range s.Members {
-		if e := &s.Members[i]; e.live(now) && e.Demand > 0 {
-			est += e.estimate()
+	s.Central = s.centralWanted(now, cfg, wanting, live, func() (est int64) {
+		for i := range s.Members {
+			if e := &s.Members[i]; e.live(now) && e.Demand > 0 {
+				est += e.estimate()
+			}
 		}
-	}
-	s.Central = s.centralWanted(now, cfg, wanting, live, est)
+		return est
+	})
 }
 
 // estimate is what the member's demand is known to be when the store judges whether a
@@ -1215,15 +1216,15 @@ func (e *Entry) estimate() int64 {
 	if e.Demand < RateScale {
 		return e.Demand
 	}
-	return gcra.MulSat(e.Lease.Share.Rate, probeNum) / probeDen
+	return e.Lease.Share.Rate * probeNum / probeDen // a share's rate is at most RateScale
 }
 
 // centralWanted says whether the limit is too small to share out among the members that
 // want it: more of them than it has permits of burst (each share needs one), or shares
 // that would grant less than a permit each per lease; or, while their demand is under the
-// limit (est, the sum of their estimates, in parts of RateScale, is less than the
-// capacity's rate; fair policy), shares that would grant fewer than pooledPermitsPerLease
-// permits each per lease. Demand under the limit is what small shares serve worst: the
+// limit (est, the sum of their estimates in parts of RateScale, computed only then, is
+// less than the capacity's rate; fair policy), shares that would grant fewer than
+// pooledPermitsPerLease permits each per lease. Demand under the limit is what small shares serve worst: the
 // first arrivals of a Poisson member spend its few permits and the rest wait for its
 // renewal while the others' shares stand unused, where one line at the store pools them
 // (10/s among four unequal Poisson members at 85% of it, 2.5 permits a lease each: p99 wait
@@ -1240,12 +1241,14 @@ func (e *Entry) estimate() int64 {
 // idle between requests): each return to shares hands the whole limit to the few that want
 // it, and the next member to want it waits for their shares to end (a lease and its
 // quarantine) before the store decides again.
-func (s *State) centralWanted(now int64, cfg Config, wanting, live, est int64) bool {
+func (s *State) centralWanted(now int64, cfg Config, wanting, live int64, est func() int64) bool {
 	capa, t, ttl := s.capacity(now), s.Limit.T, int64(cfg.TTL)
 	fits := func(n, per int64) bool { return n <= capa.Burst && gcra.MulSat(gcra.MulSat(n, per), t) <= ttl }
 	if !s.Central {
-		under := cfg.Policy != Equal && est < capa.Rate
-		return wanting >= 2 && (!fits(wanting, 1) || (under && !fits(wanting, pooledPermitsPerLease)))
+		if wanting < 2 || !fits(wanting, 1) {
+			return wanting >= 2
+		}
+		return !fits(wanting, pooledPermitsPerLease) && cfg.Policy != Equal && est() < capa.Rate // under the limit
 	}
 	return s.Booked > now || (live >= 2 && (wanting == 0 || !fits(2*wanting, pooledPermitsPerLease)))
 }

@@ -619,28 +619,23 @@ func checkedApply(t *testing.T, s *State, c Config) func(at int64, req Request) 
 	}
 }
 
-// TestNoTurnIsSetAtARateSharesStillHold: when a limit switches to being decided at the
-// store, the shares it had are counted until their members say they gave them up, so the
-// free rate is for a while a sliver (here one unit of RateScale, what three shares of a
-// third leave). A take then must not be told a turn at that sliver's pace (hours ahead),
-// nor keep the head of the line for it: `sluice demo --mode lease` stood still for the
-// rest of a run (45 permits in 8 s of 20/s) behind a first waiter told to come back in
-// 13.9 hours while the pool stood full.
-func TestNoTurnIsSetAtARateSharesStillHold(t *testing.T) {
+// switchingToTheStore returns a limit of 30/s burst 3 that four members (a, b, c, d,
+// whose join replies it returns) have just switched to being decided at the store, at
+// 4 ms: their shares are counted until they say they gave them up, so the free rate is
+// a sliver (all but one unit of RateScale is still a's).
+func switchingToTheStore(t *testing.T) (*State, Config, func(int64, Request) Reply, []Reply) {
+	t.Helper()
 	c := cfg(Fair)
 	c.JoinWindow = 0
 	s, _ := NewState(lim(30, time.Second, 3), 1, 0, 0, c)
 	apply := checkedApply(t, s, c)
-	var reps [3]Reply
-	for i, id := range []string{"a", "b", "c"} {
-		reps[i] = apply(int64(i)*ms, Request{Op: OpJoin, Member: id, Demand: all})
+	var reps []Reply
+	for i, id := range []string{"a", "b", "c", "d"} {
+		reps = append(reps, apply(int64(i)*ms, Request{Op: OpJoin, Member: id, Demand: all}))
 	}
-	d := apply(3*ms, Request{Op: OpJoin, Member: "d", Demand: all})
-	if !d.Central {
-		t.Fatalf("four members on a burst of three: %+v, want the limit decided at the store", d)
+	if !reps[3].Central {
+		t.Fatalf("four members on a burst of three: %+v, want the limit decided at the store", reps[3])
 	}
-	// The shares as the members' renewals are shrinking them: all but a sliver of the
-	// rate is still counted (a's, until it says it gave it up).
 	for i := range s.Members {
 		s.Members[i].Lease.Share = Share{}
 	}
@@ -649,6 +644,19 @@ func TestNoTurnIsSetAtARateSharesStillHold(t *testing.T) {
 	if free := s.capacity(4 * ms).sub(s.Committed(4 * ms)); free.Rate <= 0 || free.Rate > all/100 {
 		t.Fatalf("free rate while the shares are counted: %+v, want a sliver", free)
 	}
+	return s, c, apply, reps
+}
+
+// TestNoTurnIsSetAtARateSharesStillHold: when a limit switches to being decided at the
+// store, the shares it had are counted until their members say they gave them up, so the
+// free rate is for a while a sliver (here one unit of RateScale, what three shares of a
+// third leave). A take then must not be told a turn at that sliver's pace (hours ahead),
+// nor keep the head of the line for it: `sluice demo --mode lease` stood still for the
+// rest of a run (45 permits in 8 s of 20/s) behind a first waiter told to come back in
+// 13.9 hours while the pool stood full.
+func TestNoTurnIsSetAtARateSharesStillHold(t *testing.T) {
+	s, c, apply, members := switchingToTheStore(t)
+	reps, d := members[:3], members[3]
 	r := apply(4*ms, Request{Op: OpTake, Member: "d", Epoch: d.Epoch, N: 1, MaxDelay: 10 * ms})
 	if r.Taken || r.Wait > int64(c.TTL+c.Grace)+s.Limit.T {
 		t.Fatalf("a take while the shares are counted: %+v, want to come back when they free (within a lease and its grace) and its slot, not %v", r, time.Duration(r.Wait))
@@ -737,22 +745,7 @@ func TestDemandUnderTheLimitOnSmallSharesIsDecidedAtTheStore(t *testing.T) {
 // after waited for it. It is booked no later than the shares' end and a slot of the whole
 // rate.
 func TestChargeIsNotBookedAtARateSharesStillHold(t *testing.T) {
-	c := cfg(Fair)
-	c.JoinWindow = 0
-	s, _ := NewState(lim(30, time.Second, 3), 1, 0, 0, c)
-	apply := checkedApply(t, s, c)
-	var reps [4]Reply
-	for i, id := range []string{"a", "b", "c", "d"} {
-		reps[i] = apply(int64(i)*ms, Request{Op: OpJoin, Member: id, Demand: all})
-	}
-	if !reps[3].Central {
-		t.Fatalf("four members on a burst of three: %+v, want the limit decided at the store", reps[3])
-	}
-	for i := range s.Members {
-		s.Members[i].Lease.Share = Share{}
-	}
-	i, _ := s.find("a")
-	s.Members[i].Lease.Share = Share{Rate: all - 1, Burst: 2}
+	s, _, apply, reps := switchingToTheStore(t)
 	apply(4*ms, Request{Op: OpTake, Member: "d", Epoch: reps[3].Epoch, N: 1, MaxDelay: -1}) // a charge
 	if bound := gcra.After(s.heldUntil(4*ms), s.Limit.T); s.Booked > bound {
 		t.Fatalf("a charge while the shares are counted booked the free capacity until %v, want no later than %v", time.Duration(s.Booked), time.Duration(bound))

@@ -793,16 +793,30 @@ func TestStoreInit(t *testing.T) {
 }
 
 // TestDemoAdaptiveWarnsOutsideItsEnvelope: several adaptive clients on a burst under 4 are
-// outside the adaptive mode's envelope (they collide whatever they do): the demo says so
-// before it runs; one client, or a burst of 4 or more, it does not.
+// outside the adaptive mode's envelope (they collide whatever they do), as are more busy
+// clients than the burst's permits: the demo says so before it runs. One client (the
+// default: the workers are its goroutines, sharing one Transport), or few enough clients
+// on a burst of 4 or more, it does not. --clients goes with the adaptive mode, and at most
+// one client a worker.
 func TestDemoAdaptiveWarnsOutsideItsEnvelope(t *testing.T) {
 	for _, c := range []struct {
-		limit, workers string
-		warn           bool
-	}{{"2/s burst=2", "3", true}, {"4/s burst=4", "3", false}, {"1/s", "1", false}, {"10/s", "12", true}, {"10/s", "10", false}} {
-		code, _, errs := run(t, "demo", "--mode", "adaptive", "--limit", c.limit, "--workers", c.workers, "--duration", "300ms", "--json")
+		limit, workers, clients string
+		warn                    bool
+	}{
+		{"2/s burst=2", "3", "3", true}, {"4/s burst=4", "3", "3", false}, {"1/s", "1", "1", false},
+		{"1/s", "8", "1", false}, {"1/s", "8", "2", true}, {"10/s", "12", "12", true}, {"10/s", "12", "10", false},
+	} {
+		code, out, errs := run(t, "demo", "--mode", "adaptive", "--limit", c.limit, "--workers", c.workers, "--clients", c.clients, "--duration", "300ms", "--json")
 		if code != 0 || strings.Contains(errs, "collide") != c.warn {
-			t.Errorf("--limit %q --workers %s: exit %d, stderr %q; want a warning %v", c.limit, c.workers, code, errs, c.warn)
+			t.Errorf("--limit %q --workers %s --clients %s: exit %d, stderr %q; want a warning %v", c.limit, c.workers, c.clients, code, errs, c.warn)
+		}
+		if want := `"clients":` + c.clients + `,`; !strings.Contains(out, want) {
+			t.Errorf("--clients %s: the summary %q does not say %s", c.clients, out, want)
+		}
+	}
+	for _, args := range [][]string{{"--mode", "adaptive", "--clients", "9"}, {"--mode", "adaptive", "--clients", "0"}, {"--mode", "local", "--clients", "2"}} {
+		if code, _, errs := run(t, append([]string{"demo", "--duration", "300ms"}, args...)...); code != 2 || !strings.Contains(errs, "--clients") {
+			t.Errorf("%v: exit %d, %q; want 2 naming --clients", args, code, errs)
 		}
 	}
 }

@@ -29,14 +29,14 @@ func newDemoCmd(env Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:               "demo",
 		Short:             "run a pool of workers against a local referee through one shared limiter, and report",
-		Example:           "  sluice demo\n  sluice demo --mode lease --store redis://127.0.0.1:6379 --workers 8 --duration 10s\n  sluice demo --mode adaptive --strategy cubic --limit '1/6s' --json",
+		Example:           "  sluice demo\n  sluice demo --mode lease --store redis://127.0.0.1:6379 --workers 8 --duration 10s\n  sluice demo --mode adaptive --limit '1/s' --json\n  sluice demo --mode adaptive --clients 4 --strategy cubic --json",
 		Args:              noArgs,
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE:              func(cmd *cobra.Command, _ []string) error { return runDemo(cmd.Context(), env, &a, cmd.Flags()) },
 	}
 	fs := cmd.Flags()
 	fs.TextVar(&a.limits, "limit", a.limits, "the API's `limit`, enforced by the referee and obeyed by the pool (e.g. '1/6s', '100/s burst=20; 4500/h')")
-	fs.StringVar(&a.mode, "mode", "local", "where decisions are made (the `mode`): local (one limiter for the pool), strict (every decision in the store at --store: Redis by a script, etcd or ZooKeeper by compare-and-set), lease (each worker a member deciding on its share, leased from the store at --store), gossip (each worker a gossip member on loopback, sharing hit counts, no store) or adaptive (each worker a client sharing nothing, pacing itself by the API's answers)")
+	fs.StringVar(&a.mode, "mode", "local", "where decisions are made (the `mode`): local (one limiter for the pool), strict (every decision in the store at --store: Redis by a script, etcd or ZooKeeper by compare-and-set), lease (each worker a member deciding on its share, leased from the store at --store), gossip (each worker a gossip member on loopback, sharing hit counts, no store) or adaptive (the workers the goroutines of clients, --clients, pacing themselves by the API's answers)")
 	fs.StringVar(&a.storeURL, "store", "", "strict and lease modes: the `url` of the store: memory:// (the default: this process), redis://HOST:PORT[/DB], redis-sentinel://HOST:PORT,.../MASTER, redis-cluster://HOST:PORT,... (lease), etcd://HOST:PORT or zk://HOST:PORT")
 	fs.StringVar(&a.redisURL, "redis-url", "", "deprecated: --store")
 	fs.DurationVar(&a.storeTimeout, "store-timeout", strict.DefaultTimeout, "strict mode on Redis: the longest wait for Redis before the fail mode answers")
@@ -45,6 +45,7 @@ func newDemoCmd(env Env) *cobra.Command {
 	fs.Float64Var(&a.share, "fallback-share", 1, "strict mode on Redis with --fail-mode local: this process' `share` of the limit while Redis is unreachable (0 to 1)")
 	fs.DurationVar(&a.leaseRenew, "lease-renew", demoLeaseRenew, "lease mode: how often each member renews its share; shares follow demand at renewals, and the demo's workers switch on and off about every second (the library's default is 250ms)")
 	fs.IntVar(&a.workers, "workers", 8, "workers in the pool (half start at once, the rest join during the first half; two leave early)")
+	fs.IntVar(&a.clients, "clients", 1, "adaptive mode: the independent clients the workers are split among (`n`, 1 to --workers): each one adaptive.Transport shared by its workers, as a process's goroutines share one http.Client; --clients equal to --workers makes each worker a client of its own, as separate processes")
 	fs.DurationVar(&a.dur, "duration", 10*time.Second, "how long the run lasts")
 	fs.DurationVar(&a.margin, "margin", 10*time.Millisecond, "the limiter's jitter tolerance (safety margin): 0 decides the limit exactly")
 	fs.Uint64Var(&a.seed, "seed", 1, "seed of the schedule of joins, leaves and bursts")
@@ -63,7 +64,7 @@ type demoArgs struct {
 	storeTimeout, redisTimeout, leaseRenew time.Duration
 	dur, margin                            time.Duration
 	share                                  float64
-	workers                                int
+	workers, clients                       int
 	seed                                   uint64
 	strategy                               adaptive.Strategy
 	formerStrategy                         string // the strategy's former name, when --strategy gave it
@@ -117,6 +118,10 @@ func runDemo(ctx context.Context, env Env, a *demoArgs, fs *pflag.FlagSet) error
 		return usagef("--margin %v: want 0 or more", a.margin)
 	case a.leaseRenew < time.Millisecond || a.leaseRenew > time.Minute:
 		return usagef("--lease-renew %v: want 1ms to 1m", a.leaseRenew)
+	case fs.Changed("clients") && a.mode != "adaptive":
+		return usagef("--clients goes with --mode adaptive (the other modes' workers each have a limiter of their own, or share one)")
+	case a.clients < 1 || a.clients > a.workers:
+		return usagef("--clients %d: want 1 to --workers (%d)", a.clients, a.workers)
 	}
 	cfg := demo.Config{Mode: a.mode, Limits: a.limits, Workers: a.workers, Duration: a.dur, Margin: a.margin, Seed: a.seed}
 	switch a.mode {
@@ -134,13 +139,14 @@ func runDemo(ctx context.Context, env Env, a *demoArgs, fs *pflag.FlagSet) error
 	case "gossip":
 	case "adaptive":
 		cfg.Adaptive.Strategy = a.strategy
+		cfg.Clients = a.clients
 		// Outside the adaptive mode's envelope (docs/adaptive.md): said, not refused.
 		switch b := minLimitBurst(a.limits); {
-		case a.workers > 1 && b < 4:
-			fmt.Fprintf(env.Stderr, "sluice demo: warning: %d adaptive clients on a burst of %d: a 200 tells a client nothing of the others, so they collide (expect 429s well above 1%%); the adaptive mode claims several clients on a burst of 4 or more, or one client on any limit (--workers 1); a pool on a smaller burst shares a store (--mode lease or strict)\n", a.workers, b)
-		case int64(a.workers) > b:
+		case a.clients > 1 && b < 4:
+			fmt.Fprintf(env.Stderr, "sluice demo: warning: %d adaptive clients on a burst of %d: a 200 tells a client nothing of the others, so they collide (expect 429s well above 1%%); the adaptive mode claims several clients on a burst of 4 or more, or one client on any limit (--clients 1); a pool on a smaller burst shares a store (--mode lease or strict)\n", a.clients, b)
+		case int64(a.clients) > b:
 			// The demo's workers are always busy in their spells: more than the limit.
-			fmt.Fprintf(env.Stderr, "sluice demo: warning: %d adaptive clients, always busy, on a burst of %d: with more clients than permits of burst nearly every 200 says nothing is left, so they learn of each other only when they collide (expect 429s above 1%%); the adaptive mode claims at most as many busy clients as the burst has permits; a larger pool shares a store (--mode lease or strict)\n", a.workers, b)
+			fmt.Fprintf(env.Stderr, "sluice demo: warning: %d adaptive clients, always busy, on a burst of %d: with more clients than permits of burst nearly every 200 says nothing is left, so they learn of each other only when they collide (expect 429s above 1%%); the adaptive mode claims at most as many busy clients as the burst has permits; a larger pool shares a store (--mode lease or strict)\n", a.clients, b)
 		}
 	case "strict":
 		nl, err := strictLimiter(a.storeURL, a.storeTimeout, a.failMode, a.share)
@@ -244,7 +250,14 @@ func strictLimiter(url string, timeout time.Duration, failMode string, share flo
 }
 
 func printSummary(w io.Writer, s demo.Summary) {
-	fmt.Fprintf(w, "sluice demo: mode %s, limit %s, %d workers, %gs, margin %gms\n\n", s.Mode, s.Limit, s.Workers, s.DurationS, s.MarginMs)
+	workers := fmt.Sprintf("%d workers", s.Workers)
+	if s.Clients > 0 {
+		workers += fmt.Sprintf(" in %d client", s.Clients)
+		if s.Clients > 1 {
+			workers += "s"
+		}
+	}
+	fmt.Fprintf(w, "sluice demo: mode %s, limit %s, %s, %gs, margin %gms\n\n", s.Mode, s.Limit, workers, s.DurationS, s.MarginMs)
 	fmt.Fprintf(w, "  accepted     %d requests (%.2f/s)\n", s.Accepted, s.Rate)
 	fmt.Fprintf(w, "  violations   %d (429s from the referee)\n", s.Violations)
 	fmt.Fprintf(w, "  utilization  %.3f (of burst + rate × duration = %.0f)\n", s.Utilization, s.Capacity)

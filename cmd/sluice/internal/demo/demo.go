@@ -2,8 +2,9 @@
 // free loopback port, and a pool of workers that call it through the HTTP transport,
 // joining and leaving during the run with bursty demand well above the limit: through one
 // shared limiter (local mode), or each through its own limiter as separate processes would
-// (lease mode: each worker a member of the limit's pool on an in-memory store). It reports
-// what the referee accepted and rejected, the utilization of the limit and how fairly the
+// (lease mode: each worker a member of the limit's pool on an in-memory store), or as the
+// goroutines of adaptive clients (adaptive mode: one client by default). It reports what
+// the referee accepted and rejected, the utilization of the limit and how fairly the
 // workers shared it.
 package demo
 
@@ -32,7 +33,7 @@ import (
 
 // Config is one demo run.
 type Config struct {
-	Mode     string        // "local", "strict" (through NewLimiter), "lease" or "gossip" (through NewWorkerLimiter) or "adaptive" (each worker paced by its own adaptive.Transport)
+	Mode     string        // "local", "strict" (through NewLimiter), "lease" or "gossip" (through NewWorkerLimiter) or "adaptive" (the workers the goroutines of Clients adaptive clients)
 	Limits   sluice.Limits // the API's limit, enforced by the referee and obeyed by the pool
 	Workers  int           // pool size (default 8)
 	Duration time.Duration // run length (default 10s)
@@ -59,9 +60,15 @@ type Config struct {
 	LeaseStore store.Store
 	// Log, if set, is told what the run does before it starts (a wait for a store).
 	Log func(string)
-	// Adaptive, for adaptive mode, tunes each worker's controller (its strategy among
+	// Adaptive, for adaptive mode, tunes each client's controller (its strategy among
 	// others; zero: the defaults).
 	Adaptive adaptive.Config
+	// Clients, for adaptive mode, is how many independent clients the workers are split
+	// among (default 1, at most Workers): each client is one adaptive.Transport shared by
+	// its workers' goroutines, as a process's goroutines share one http.Client; worker i
+	// belongs to client i mod Clients. Clients equal to Workers makes each worker a client
+	// that shares nothing with the others, as separate processes would be.
+	Clients int
 }
 
 // Progress is a snapshot during the run.
@@ -87,6 +94,7 @@ type Summary struct {
 	Mode        string         `json:"mode"`
 	Limit       string         `json:"limit"`
 	Workers     int            `json:"workers"`
+	Clients     int            `json:"clients,omitempty"` // adaptive mode: the independent clients the workers are split among
 	MarginMs    float64        `json:"margin_ms"`
 	DurationS   float64        `json:"duration_s"`
 	Accepted    int64          `json:"accepted"`    // requests the referee accepted
@@ -152,6 +160,12 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 	if cfg.Mode == "" {
 		cfg.Mode = "local"
 	}
+	if cfg.Clients <= 0 {
+		cfg.Clients = 1
+	}
+	if cfg.Mode == "adaptive" && cfg.Clients > cfg.Workers {
+		return Summary{}, fmt.Errorf("demo: %d clients for %d workers: want at most one client a worker", cfg.Clients, cfg.Workers)
+	}
 
 	ref, err := referee.New(cfg.Limits)
 	if err != nil {
@@ -190,10 +204,15 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 	clients := make([]*http.Client, cfg.Workers)
 	closers := make([]func(), cfg.Workers)
 	if cfg.Mode == "adaptive" {
-		// Each worker a client that shares nothing with the others, as separate processes
-		// would be: no limiter, no store, only the API's answers.
+		// Clients that share nothing with each other, as separate processes would be: no
+		// limiter, no store, only the API's answers. A client's workers are its goroutines,
+		// sharing one Transport (one http.Client, as a Go program has it).
+		shared := make([]*http.Client, cfg.Clients)
+		for i := range shared {
+			shared[i] = &http.Client{Transport: &adaptive.Transport{Base: base, Config: cfg.Adaptive}}
+		}
 		for i := range clients {
-			clients[i] = &http.Client{Transport: &adaptive.Transport{Base: base, Config: cfg.Adaptive}}
+			clients[i] = shared[i%cfg.Clients]
 		}
 	} else if cfg.NewWorkerLimiter != nil {
 		defer func() {
@@ -286,6 +305,9 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 		}
 	}
 	sum := Summarize(cfg.Mode, cfg.Limits, cfg.Margin, cfg.Duration, st.Accepted, st.Rejected, reports, spans)
+	if cfg.Mode == "adaptive" {
+		sum.Clients = cfg.Clients
+	}
 	return sum, nil
 }
 

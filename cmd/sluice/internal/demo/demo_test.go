@@ -116,23 +116,31 @@ func TestRunLeaseShort(t *testing.T) {
 	}
 }
 
-// TestRunAdaptiveShort: workers that share nothing, each paced by its own
-// adaptive.Transport, keep the referee's refusals rare and use most of the limit (loose
-// bounds: real time; the tight figures are the acceptance check's and docs/adaptive.md's).
+// TestRunAdaptiveShort: workers split among three clients that share nothing, each client
+// one adaptive.Transport shared by its workers' goroutines, keep the referee's refusals
+// rare and use most of the limit (loose bounds: real time; the tight figures are the
+// acceptance check's and docs/adaptive.md's).
 func TestRunAdaptiveShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real time")
 	}
-	s, err := Run(context.Background(), Config{Mode: "adaptive", Limits: sluice.MustParse("20/s burst=10"), Workers: 6, Duration: 4 * time.Second, Seed: 3})
+	s, err := Run(context.Background(), Config{Mode: "adaptive", Limits: sluice.MustParse("20/s burst=10"), Workers: 6, Clients: 3, Duration: 4 * time.Second, Seed: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("accepted %d violations %d utilization %.3f jain %.3f", s.Accepted, s.Violations, s.Utilization, s.Jain)
-	if s.Mode != "adaptive" || s.Violations*10 > s.Accepted {
-		t.Errorf("mode %q: %d violations to %d accepted", s.Mode, s.Violations, s.Accepted)
+	if s.Mode != "adaptive" || s.Clients != 3 || s.Violations*10 > s.Accepted {
+		t.Errorf("mode %q, %d clients: %d violations to %d accepted", s.Mode, s.Clients, s.Violations, s.Accepted)
 	}
 	if s.Utilization < 0.6 {
 		t.Errorf("utilization %.3f: far below what the pool should reach", s.Utilization)
+	}
+}
+
+// TestRunAdaptiveClientsAtMostWorkers: a client is at least one worker.
+func TestRunAdaptiveClientsAtMostWorkers(t *testing.T) {
+	if _, err := Run(context.Background(), Config{Mode: "adaptive", Limits: sluice.MustParse("1/s"), Workers: 2, Clients: 3, Duration: time.Second}); err == nil {
+		t.Fatal("three clients of two workers ran")
 	}
 }
 
