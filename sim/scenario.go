@@ -359,11 +359,7 @@ func (s *Scenario) check() error {
 	default:
 		return bad(s.Store.line, "fail_mode: want closed, open or local, not %q", s.Store.FailMode)
 	}
-	switch s.Client.OnDeny {
-	case "":
-		s.Client.OnDeny = "retry"
-	case "retry", "drop":
-	default:
+	if !choose(&s.Client.OnDeny, "retry", "drop") {
 		return bad(s.Client.line, "on_deny: want retry or drop, not %q", s.Client.OnDeny)
 	}
 	if s.Client.MaxWait < 0 || s.Client.Margin < 0 {
@@ -388,11 +384,7 @@ func (s *Scenario) check() error {
 	if s.Local.Share < 0 || s.Local.Share > 1 {
 		return bad(s.Local.line, "local.share: want a fraction in (0, 1]")
 	}
-	switch s.Local.Processes {
-	case "":
-		s.Local.Processes = "one"
-	case "one", "each":
-	default:
+	if !choose(&s.Local.Processes, "one", "each") {
 		return bad(s.Local.line, "local.processes: want one or each, not %q", s.Local.Processes)
 	}
 	if _, err := hits.ParsePolicy(s.Gossip.Policy); err != nil || s.Gossip.Interval < 0 || s.Gossip.Hold < 0 {
@@ -590,4 +582,14 @@ func (d *Demand) check() error {
 		return bad("tokens: want 0 <= min <= max <= 1e9")
 	}
 	return nil
+}
+
+// choose checks a setting that takes one of values, the first its default when it is
+// left out (set in *v then): false if *v is none of them.
+func choose(v *string, values ...string) bool {
+	if *v == "" {
+		*v = values[0]
+		return true
+	}
+	return slices.Contains(values, *v)
 }
