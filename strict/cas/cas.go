@@ -12,6 +12,7 @@ import (
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/rkey"
+	"github.com/sluicehq/sluice/priority"
 	"github.com/sluicehq/sluice/store"
 )
 
@@ -38,6 +39,7 @@ type Backend struct {
 	mu     sync.Mutex
 	busy   bool   // a round is on its way
 	next   *round // the calls that came meanwhile, if any
+	posts  []*op  // posts on boards of classes that ride on the next round to start (classes.go)
 	closed atomic.Bool
 
 	stats struct{ rounds, attempts, conflicts, writes atomic.Int64 }
@@ -110,6 +112,8 @@ const (
 	opAdjust
 	opPenalize
 	opReset
+	opPost // a class's post on the key's board (classes.go)
+	opRead // a read of the key's board
 )
 
 // op is one call: its request and, once its round is written, its outcome.
@@ -120,11 +124,16 @@ type op struct {
 	n        int64 // decide: permits; adjust: the new cost
 	maxDelay int64
 	ticket   gcra.Ticket
-	d        int64 // penalize: for how long
+	d        int64 // penalize: for how long; post: how long the post lasts
+	class    priority.Class
 
 	grant backend.Grant
+	ago   [len(boardClasses)]int64 // read: how long ago each class was posted, -1 if not
 	err   error
 }
+
+// board reports whether o is on its key's board of classes rather than its state.
+func (o *op) board() bool { return o.kind == opPost || o.kind == opRead }
 
 func checkRequest(limits []gcra.Limit, n int64) error {
 	if n < 0 {
@@ -144,15 +153,17 @@ func checkRequest(limits []gcra.Limit, n int64) error {
 	return nil
 }
 
-// Decide decides req for key on its record, at the store's time.
-// Capabilities reports that every process shares each key's line in the store, and that
-// the backend decides ramps (backend.Capable): the limiter sends each decision the limit
-// of its instant with its ramp (gcra.Limit.Rise), which the Go core applies as the Redis
-// script does. Windowed quotas are not decided here.
+// Capabilities reports that every process shares each key's line in the store, that the
+// backend decides ramps, and that a key's state (its TATs) is apart from its limits
+// (backend.Capable). The limiter sends each decision the limit of its instant with its
+// ramp (gcra.Limit.Rise), which the Go core applies as the Redis script does. It may send
+// a lower class's decision limits that keep part of the burst (sluice.WithHeadroom): the
+// core decides under them as under any. Windowed quotas are not decided here.
 func (*Backend) Capabilities() backend.Capabilities {
-	return backend.Capabilities{SharedLine: true, Ramps: true}
+	return backend.Capabilities{SharedLine: true, Ramps: true, ByValue: true}
 }
 
+// Decide decides req for key on its record, at the store's time.
 func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (backend.Grant, error) {
 	if err := checkRequest(req.Limits, req.N); err != nil {
 		return backend.Grant{}, err
@@ -235,9 +246,10 @@ func (b *Backend) do(ctx context.Context, o *op) (backend.Grant, error) {
 	b.mu.Lock()
 	if !b.busy {
 		b.busy = true
+		ops := append(b.takePosts(), o)
 		b.mu.Unlock()
 		rctx, cancel := context.WithTimeout(ctx, b.timeout)
-		b.run(rctx, []*op{o})
+		b.run(rctx, ops)
 		cancel()
 		b.handOff()
 		return o.grant, o.err
@@ -253,7 +265,7 @@ func (b *Backend) do(ctx context.Context, o *op) (backend.Grant, error) {
 		<-r.start // the round on its way ends within its time-out
 		b.mu.Lock()
 		b.next = nil // sealed: later calls make the round after
-		ops := r.ops
+		ops := append(b.takePosts(), r.ops...)
 		b.mu.Unlock()
 		// The other calls ride on this round: the leader's cancel must not end it (their
 		// outcome would be unknown); the time-out bounds it, and the leader's deadline.
@@ -292,10 +304,11 @@ func (b *Backend) handOff() {
 	b.busy = false
 }
 
-// group is the calls of a round on one key.
+// group is the calls of a round on one record: a key's state, or its board of classes.
 type group struct {
-	id  string
-	ops []*op
+	id    string
+	board bool
+	ops   []*op
 }
 
 // run decides ops and sets each one's outcome: it reads their keys' records with the
@@ -307,11 +320,14 @@ func (b *Backend) run(ctx context.Context, ops []*op) {
 	var pending []*group
 	byID := map[string]*group{}
 	for _, o := range ops {
-		id := b.RecordID(o.key)
-		g := byID[id]
+		id := b.RecordID
+		if o.board() {
+			id = b.boardID
+		}
+		g := byID[id(o.key)]
 		if g == nil {
-			g = &group{id: id}
-			byID[id] = g
+			g = &group{id: id(o.key), board: o.board()}
+			byID[g.id] = g
 			pending = append(pending, g)
 		}
 		g.ops = append(g.ops, o)
@@ -384,6 +400,13 @@ func (b *Backend) attempt(ctx context.Context, pending []*group) ([]*group, erro
 		if rec.Now != 0 {
 			now = rec.Now
 		}
+		if g.board {
+			if w, ok := boardWrite(g, rec, now); ok {
+				writes = append(writes, w)
+				written = append(written, g)
+			}
+			continue
+		}
 		var st state
 		if rec.Version != 0 {
 			if st, err = unmarshal(rec.Data); err != nil {
@@ -428,6 +451,34 @@ func (b *Backend) attempt(ctx context.Context, pending []*group) ([]*group, erro
 		}
 	}
 	return again, nil
+}
+
+// boardWrite applies g's posts and reads to its board, rec as read at now, and returns
+// the write that brings the record up to date, if any: the board with the new posts, or
+// its deletion once every post is over.
+func boardWrite(g *group, rec store.Record, now int64) (store.Write, bool) {
+	var bd board
+	if rec.Version != 0 {
+		var err error
+		if bd, err = unmarshalBoard(rec.Data); err != nil {
+			fail([]*group{g}, fmt.Errorf("sluice cas: record %s: %w", g.id, err))
+			return store.Write{}, false
+		}
+	}
+	dirty := false
+	for _, o := range g.ops {
+		dirty = applyBoard(&bd, o, now) || dirty
+	}
+	w := store.Write{ID: g.id, Version: rec.Version}
+	switch keep := bd.keep(now); {
+	case keep == 0 && rec.Version != 0:
+		return w, true // every post is over: deleted
+	case !dirty:
+		return store.Write{}, false
+	default:
+		w.Data, w.Keep = marshalBoard(bd), time.Duration(keep)
+		return w, true
+	}
 }
 
 // apply applies o to st at now (the GCRA core decides), sets o's outcome, and reports

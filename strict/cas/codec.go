@@ -75,3 +75,43 @@ func (st *state) fit(k int) {
 	}
 	st.tats = st.tats[:k]
 }
+
+// boardMagic opens every board of classes' record (classes.go): a record that does not
+// begin with it is not a board.
+const boardMagic = 'c'
+
+// boardLen is a board's record: the magic, the version, and each class's post.
+const boardLen = 2 + 16*len(boardClasses)
+
+// marshalBoard writes bd as a record: 'c', FormatVersion, then for the critical and the
+// standard class the store's time of its last post and how long the post lasts, as
+// big-endian int64s (0 and 0: not posted). The one writer of the format; unmarshalBoard
+// the reader.
+func marshalBoard(bd board) []byte {
+	b := make([]byte, boardLen)
+	b[0], b[1] = boardMagic, FormatVersion
+	for i, p := range bd {
+		binary.BigEndian.PutUint64(b[2+16*i:], uint64(p.at))
+		binary.BigEndian.PutUint64(b[2+16*i+8:], uint64(p.lasts))
+	}
+	return b
+}
+
+// unmarshalBoard reads a record that marshalBoard wrote, or fails with
+// store.ErrBadRecord.
+func unmarshalBoard(b []byte) (board, error) {
+	if len(b) < 2 || b[0] != boardMagic {
+		return board{}, fmt.Errorf("%w: not a board of classes (%d bytes)", store.ErrBadRecord, len(b))
+	}
+	if b[1] != FormatVersion {
+		return board{}, fmt.Errorf("%w: board format %d, this release reads %d", store.ErrBadRecord, b[1], FormatVersion)
+	}
+	if len(b) != boardLen {
+		return board{}, fmt.Errorf("%w: a board of %d bytes, want %d", store.ErrBadRecord, len(b), boardLen)
+	}
+	var bd board
+	for i := range bd {
+		bd[i] = post{at: int64(binary.BigEndian.Uint64(b[2+16*i:])), lasts: int64(binary.BigEndian.Uint64(b[2+16*i+8:]))}
+	}
+	return bd, nil
+}

@@ -57,3 +57,54 @@ func FuzzCodec(f *testing.F) {
 		}
 	})
 }
+
+func TestBoardCodecRoundTrip(t *testing.T) {
+	for i, bd := range []board{
+		{},
+		{{at: 5, lasts: 1}},
+		{{at: -1, lasts: 1 << 62}, {at: 1 << 62, lasts: 7}},
+	} {
+		got, err := unmarshalBoard(marshalBoard(bd))
+		if err != nil || got != bd {
+			t.Errorf("step %d: got %+v %v, want %+v", i, got, err, bd)
+		}
+	}
+}
+
+func TestBoardCodecRefusesOthers(t *testing.T) {
+	good := marshalBoard(board{{at: 1, lasts: 2}})
+	bad := [][]byte{
+		nil,
+		[]byte("c"),
+		marshal(state{hold: 1, tats: []int64{2, 3}}), // a key's state
+		append([]byte{boardMagic, FormatVersion + 1}, good[2:]...),
+		good[:len(good)-1],
+		append(slices.Clone(good), 0),
+	}
+	for i, b := range bad {
+		if _, err := unmarshalBoard(b); !errors.Is(err, store.ErrBadRecord) {
+			t.Errorf("step %d: %q: got %v, want ErrBadRecord", i, b, err)
+		}
+	}
+	if _, err := unmarshal(good); !errors.Is(err, store.ErrBadRecord) {
+		t.Errorf("a board read as a key's state: got %v, want ErrBadRecord", err)
+	}
+}
+
+func FuzzBoardCodec(f *testing.F) {
+	f.Add(marshalBoard(board{{at: 1, lasts: 2}}))
+	f.Add([]byte{})
+	f.Add([]byte{boardMagic, FormatVersion})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		bd, err := unmarshalBoard(b)
+		if err != nil {
+			if !errors.Is(err, store.ErrBadRecord) {
+				t.Fatalf("%q: %v, not ErrBadRecord", b, err)
+			}
+			return
+		}
+		if again := marshalBoard(bd); !slices.Equal(again, b) {
+			t.Fatalf("%q read as %+v, written back as %q", b, bd, again)
+		}
+	})
+}

@@ -32,6 +32,13 @@
 //     last write. docs/consensus.md states each store's guarantee exactly: ZooKeeper is
 //     exact on its leader's clock; on etcd the excess is at most one permit per emission
 //     interval of clock skew between the members.
+//   - Classes (package priority) across processes: a lower class's decisions keep headroom
+//     for a higher one (backend.Capabilities.ByValue), and the processes tell each other
+//     which classes ask through a board of classes, one record per key beside its state
+//     (backend.ClassBoard: Backend.PostClass, Backend.ClassesPosted), read and written in
+//     the same rounds. A post rides on the process's next round; a read is a round of its
+//     own, at most every 100 ms per key, before a lower class decides. The GCRA decisions
+//     do not read it. docs/priorities.md.
 //
 // Windowed quotas and ramps are not decided here (a limiter refuses them).
 package cas
