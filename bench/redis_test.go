@@ -179,7 +179,8 @@ var redisLimit = redis_rate.Limit{Rate: 1_000_000, Burst: 1000, Period: time.Sec
 var benchTimeout = strict.WithTimeout(3 * time.Second)
 
 // BenchmarkRedis: decisions on one Redis shared by client and server on this machine, at
-// 1, 8 and 64 goroutines, on one key and on 10,000 keys. impl=sluice is Limiter.Allow
+// 1, 2, 4, 8 and 64 goroutines, on one key and on 10,000 keys (2 and 4: few concurrent
+// callers, whose batches, if any, carry two or three calls). impl=sluice is Limiter.Allow
 // (the backend's Allower: one permit, now or never), impl=sluice_decide is
 // Limiter.AllowN (the full decision: remaining, reset, retry-after), impl=redis_rate is
 // redis_rate's Allow (a full decision) through a go-redis client at its defaults.
@@ -193,7 +194,7 @@ func BenchmarkRedis(b *testing.B) {
 	lim := sluice.Limits{{Rate: int64(redisLimit.Rate), Period: time.Second, Burst: int64(redisLimit.Burst)}}
 	for _, nkeys := range []int{1, 10_000} {
 		ks := keys(nkeys)
-		for _, g := range []int{1, 8, 64} {
+		for _, g := range []int{1, 2, 4, 8, 64} {
 			name := fmt.Sprintf("keys=%d/g=%d", nkeys, g)
 			b.Run(name+"/impl=sluice", func(b *testing.B) {
 				be, err := strict.Dial(ctx, "redis://"+addr, benchTimeout)

@@ -553,17 +553,18 @@ func TestBatchKeyErrors(t *testing.T) {
 	}
 }
 
-// TestBatchWaitsForTheOneInFlight: while a batch is in flight, the calls that arrive wait
-// and leave together, once twice as many as those in flight are queued (or when it
-// returns), rather than a second batch of the first few: fewer, larger batches cost Redis
-// and the client less per decision. Redis is stopped (SIGSTOP) to hold the batches in
-// flight: a lone allowance, then one queued behind it that must wait, then a second that
-// makes two, which leave together; then a reservation, which leaves at once: 3 script
-// calls for the 4 calls.
+// TestBatchWaitsForTheOneInFlight: while batches are in flight, the calls that arrive
+// wait and leave together once as many as those in flight are queued (or when a batch
+// returns), rather than each as a batch of its own: two batches in flight, each of about
+// half the callers, decide more than one at a time or many small ones. Redis is stopped
+// (SIGSTOP) to hold the batches in flight: a lone allowance, then one that leaves beside
+// it (one queued, one in flight), then one that must wait (one queued, two in flight),
+// then a second that makes two, which leave together; then a reservation, which leaves at
+// once: 4 script calls for the 5 calls.
 func TestBatchWaitsForTheOneInFlight(t *testing.T) {
 	r := newHeldBatches(t)
 	ctx, b, l := context.Background(), r.b, r.l
-	errs := make(chan error, 4)
+	errs := make(chan error, 5)
 	call := func(i int) {
 		go func() {
 			ok, err := b.AllowOne(ctx, fmt.Sprintf("k%d", i), l)
@@ -576,12 +577,14 @@ func TestBatchWaitsForTheOneInFlight(t *testing.T) {
 	call(0)
 	r.waitFor("the first call in flight", func(in, q int) bool { return in == 1 && q == 0 })
 	call(1)
-	r.waitFor("a call queued behind it", func(in, q int) bool { return q == 1 })
-	if in, q := r.state(); in != 1 || q != 1 {
-		t.Fatalf("with a call queued behind a lone one: %d batches in flight, %d queued; want 1 and 1 (it waits)", in, q)
-	}
+	r.waitFor("a second call sent beside the first", func(in, q int) bool { return in == 2 && q == 0 })
 	call(2)
-	r.waitFor("two calls sent together beside the first", func(in, q int) bool { return in == 2 && q == 0 })
+	r.waitFor("a call queued behind them", func(in, q int) bool { return q == 1 })
+	if in, q := r.state(); in != 2 || q != 1 {
+		t.Fatalf("with a call queued behind two in flight: %d batches in flight, %d queued; want 2 and 1 (it waits)", in, q)
+	}
+	call(3)
+	r.waitFor("two calls sent together beside the first two", func(in, q int) bool { return in == 3 && q == 0 })
 	// A reservation (a waiter's place in line) does not wait: the free flusher sends it.
 	go func() {
 		g, err := b.Decide(ctx, "r", backend.Request{Limits: []gcra.Limit{l}, N: 1, MaxDelay: time.Second})
@@ -590,26 +593,26 @@ func TestBatchWaitsForTheOneInFlight(t *testing.T) {
 		}
 		errs <- err
 	}()
-	r.waitFor("a reservation sent at once", func(in, q int) bool { return in == 3 && q == 0 })
+	r.waitFor("a reservation sent at once", func(in, q int) bool { return in == 4 && q == 0 })
 	r.resume()
-	for i := 0; i < 4; i++ {
+	for i := 0; i < 5; i++ {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
 	}
-	if calls := r.scriptCalls(); calls != "3" {
-		t.Errorf("script calls for 3 allowances (one alone, then two together) and a reservation: %q, want 3", calls)
+	if calls := r.scriptCalls(); calls != "4" {
+		t.Errorf("script calls for 4 allowances (two alone, then two together) and a reservation: %q, want 4", calls)
 	}
 }
 
 // TestBatchDecisionsNowOrNeverWait: a decision that never waits (AllowN: maxDelay 0)
-// queued behind a batch in flight waits as an allowance does, and leaves with the next
-// (Redis is stopped to hold the batches in flight): a lone call, then two such decisions
-// that leave together, in 2 script calls.
+// queued behind batches in flight waits as an allowance does, and leaves with the next
+// (Redis is stopped to hold the batches in flight): a lone call, a second beside it, then
+// two such decisions that leave together, in 3 script calls.
 func TestBatchDecisionsNowOrNeverWait(t *testing.T) {
 	r := newHeldBatches(t)
 	ctx, b, l := context.Background(), r.b, r.l
-	errs := make(chan error, 3)
+	errs := make(chan error, 4)
 	decide := func(i int) {
 		go func() {
 			g, err := b.Decide(ctx, fmt.Sprintf("k%d", i), backend.Request{Limits: []gcra.Limit{l}, N: 1})
@@ -622,20 +625,22 @@ func TestBatchDecisionsNowOrNeverWait(t *testing.T) {
 	decide(0)
 	r.waitFor("the first call in flight", func(in, q int) bool { return in == 1 && q == 0 })
 	decide(1)
-	r.waitFor("a decision queued behind it", func(in, q int) bool { return q == 1 })
-	if in, q := r.state(); in != 1 || q != 1 {
-		t.Fatalf("with a decision now or never queued behind a lone one: %d batches in flight, %d queued; want 1 and 1 (it waits)", in, q)
-	}
+	r.waitFor("a second decision sent beside the first", func(in, q int) bool { return in == 2 && q == 0 })
 	decide(2)
-	r.waitFor("two decisions sent together beside the first", func(in, q int) bool { return in == 2 && q == 0 })
+	r.waitFor("a decision queued behind them", func(in, q int) bool { return q == 1 })
+	if in, q := r.state(); in != 2 || q != 1 {
+		t.Fatalf("with a decision now or never queued behind two in flight: %d batches in flight, %d queued; want 2 and 1 (it waits)", in, q)
+	}
+	decide(3)
+	r.waitFor("two decisions sent together beside the first two", func(in, q int) bool { return in == 3 && q == 0 })
 	r.resume()
-	for i := 0; i < 3; i++ {
+	for i := 0; i < 4; i++ {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
 	}
-	if calls := r.scriptCalls(); calls != "2" {
-		t.Errorf("script calls for 3 decisions now or never (one alone, then two together): %q, want 2", calls)
+	if calls := r.scriptCalls(); calls != "3" {
+		t.Errorf("script calls for 4 decisions now or never (two alone, then two together): %q, want 3", calls)
 	}
 }
 
@@ -654,7 +659,7 @@ func newHeldBatches(t *testing.T) *heldBatches {
 	t.Helper()
 	srv := redistest.New(t)
 	ctx := context.Background()
-	b, err := dialRedis(ctx, srv.URL(), WithPipelines(2, 64), WithTimeout(20*time.Second))
+	b, err := dialRedis(ctx, srv.URL(), WithPipelines(3, 64), WithTimeout(20*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

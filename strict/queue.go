@@ -274,14 +274,14 @@ func (p *pipeliner) close(err error) {
 }
 
 // ready reports whether a flusher may take the queue now (p.mu held). It may when calls
-// are queued and no batch is in flight. It may when at least twice as many calls are
-// queued as are in flight, or a whole batch (maxBatch). It may when an eager call is
-// queued (call.eager). So decisions now or never (Allow, AllowN) queued behind a batch
-// in flight mostly leave together when it returns, and a reservation leaves at once.
-// docs/strict.md, "Throughput: batches", says why.
+// are queued and no batch is in flight. It may when at least as many calls are queued
+// as are in flight, or a whole batch (maxBatch). It may when an eager call is queued
+// (call.eager). So decisions now or never (Allow, AllowN) queued behind a batch in
+// flight leave together as a second batch about its size, and a reservation leaves at
+// once. docs/strict.md, "Throughput: batches", says why.
 func (p *pipeliner) ready() bool {
 	n := len(p.queue)
-	return n > 0 && (p.inflight == 0 || p.eager > 0 || n >= 2*p.flying || n >= p.maxBatch)
+	return n > 0 && (p.inflight == 0 || p.eager > 0 || n >= p.flying || n >= p.maxBatch)
 }
 
 func (p *pipeliner) flusher() {
