@@ -198,7 +198,7 @@ func (r leaseRun) report(b *testing.B, members int) {
 	b.ReportMetric(0, "ns/op")
 }
 
-// BenchmarkLeaseRedisMembers: what 2, 20 and 200 members sharing one limit through one
+// BenchmarkLeaseRedisMembers: what 2, 20, 200 and 1,000 members sharing one limit through one
 // real Redis cost: store operations and bytes per member per second, the compare-and-set
 // conflicts, the size of the record. Demand is 1.5 times the limit, spread evenly (every
 // member busy, every renewal a real change). Run with -benchtime 1x: each iteration is
@@ -216,6 +216,7 @@ func BenchmarkLeaseRedisMembers(b *testing.B) {
 		{2, 0, lease.DefaultConfig()},
 		{20, 0, lease.DefaultConfig()},
 		{200, 0, lease.DefaultConfig()},
+		{1000, 0, lease.DefaultConfig()},
 		{200, time.Second, slow}, // renewals and leases four times as long
 	} {
 		members := tc.members

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -75,6 +76,8 @@ type applier struct {
 	clock      clock.Clock
 
 	newInc func() uint64 // tests only: deterministic incarnations (nil: allot.NewIncarnation)
+
+	relay *relay // the relays of crowded limits (nil: none)
 }
 
 func (a *applier) incarnation() uint64 {
@@ -236,7 +239,15 @@ func (a *applier) applyNow(ctx context.Context, calls []call) ([]result, error) 
 		}
 		g.idx = append(g.idx, i)
 	}
-	pending := groups
+	var relayed []*group
+	pending := slices.DeleteFunc(slices.Clone(groups), func(g *group) bool {
+		if a.relayable(g, calls) {
+			relayed = append(relayed, g)
+			return true
+		}
+		return false
+	})
+	pending0 := pending
 	for attempt := 0; len(pending) > 0; attempt++ {
 		if attempt == MaxAttempts {
 			for _, g := range pending {
@@ -256,8 +267,44 @@ func (a *applier) applyNow(ctx context.Context, calls []call) ([]result, error) 
 		if pending, err = a.attempt(ctx, calls, pending, out); err != nil {
 			return nil, err
 		}
+		// Lost to other writers on a crowded record: its requests go to its allocator.
+		pending = slices.DeleteFunc(pending, func(g *group) bool {
+			if a.relayable(g, calls) {
+				relayed = append(relayed, g)
+				return true
+			}
+			return false
+		})
+	}
+	if len(relayed) > 0 {
+		if err := a.relayCalls(ctx, calls, relayed, out); err != nil {
+			return nil, err
+		}
+	}
+	for _, g := range pending0 {
+		for _, i := range g.idx {
+			if out[i].err == nil {
+				a.relay.answered(g.id, true)
+			}
+		}
 	}
 	return out, nil
+}
+
+// relayable reports whether a group's calls go through its limit's relay: the limit is
+// crowded, each call may be relayed, and no member has two calls in it.
+func (a *applier) relayable(g *group, calls []call) bool {
+	for k, i := range g.idx {
+		if !a.relay.relayable(g.id, calls[i]) {
+			return false
+		}
+		for _, j := range g.idx[:k] {
+			if calls[j].req.Member == calls[i].req.Member {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // attempt reads, applies and writes the pending groups once, and returns those whose
@@ -291,6 +338,7 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 			g.done = true
 			continue
 		}
+		a.relay.saw(g.id, len(st.Members))
 		for _, i := range g.idx {
 			rep, err := st.Apply(now, st.Cfg, calls[i].req)
 			staged[i] = result{rep: rep, err: err}

@@ -197,10 +197,13 @@ func WithObserver(o Observer) Option { return optionFunc(func(b *Backend) { b.ob
 func WithLogger(l *slog.Logger) Option { return optionFunc(func(b *Backend) { b.log = l }) }
 
 // MaxMembers is the most members the lease mode claims to serve on one limit
-// (docs/guarantees.md): every member writes the limit's one record, and on a real store
-// their writes collide past about this many (docs/lease.md, "The costs"). The backend
-// logs a warning, once per key, when a limit's record holds more, naming the strict mode,
-// which decides each permit in the store whatever the pool.
+// (docs/guarantees.md): every member's renewal changes the limit's one record, written by
+// compare-and-set, so past sixteen members they go through an allocator elected among
+// them, which writes it once a tick for all (docs/lease.md, "Crowded limits: the relay";
+// 200 members measured through it), while the takes of a limit decided at the store
+// still collide on it. The backend logs a warning, once per key, when a limit's record
+// holds more, naming the strict mode, which decides each permit in the store whatever the
+// pool.
 const MaxMembers = 100
 
 // New returns a member of the limits it will be asked to decide, sharing them through
@@ -258,6 +261,11 @@ func newBackend(store store.Store, owned io.Closer, opts []Option) (*Backend, er
 	if b.id == "" {
 		host, _ := os.Hostname()
 		b.id = fmt.Sprintf("%s-%d-%08x", host, os.Getpid(), rand.Uint32())
+	}
+	if _, real := b.clock.(*clock.Real); real {
+		// The relay paces its reads in real time: a member on a virtual clock (tests that
+		// move time themselves) writes its record directly, whatever the pool.
+		b.apply.relay = newRelay(b.id, b.mcfg.RenewEvery, b.clock)
 	}
 	go b.run()
 	return b, nil
@@ -765,6 +773,7 @@ func (b *Backend) Close() error {
 				err = fmt.Errorf("sluice lease: release on close: %w", e)
 			}
 		}
+		b.apply.relay.close() // after the releases: this member may be the one that applies them
 		if b.owned != nil {
 			b.owned.Close()
 		}
@@ -1055,6 +1064,6 @@ func (b *Backend) warnCrowded(key string, live int64) {
 	if log == nil {
 		log = slog.Default()
 	}
-	log.Warn("lease: a limit shared by more members than the lease mode serves well: their writes to its one record collide on a real store; share it through the strict mode (docs/guarantees.md)",
+	log.Warn("lease: a limit shared by more members than the lease mode claims to serve: their renewals go through one allocator, but decisions taken at the store collide on its one record; share it through the strict mode (docs/guarantees.md)",
 		"key", key, "members", live, "most", MaxMembers)
 }

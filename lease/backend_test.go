@@ -585,7 +585,7 @@ func TestWarnsOfACrowdedLimit(t *testing.T) {
 	if _, err := members[MaxMembers].AllowOne(bg, "k", l); err != nil {
 		t.Fatal(err)
 	}
-	if n := strings.Count(logs.String(), "more members than the lease mode serves well"); n != 2 || !strings.Contains(logs.String(), "strict mode") {
+	if n := strings.Count(logs.String(), "more members than the lease mode claims to serve"); n != 2 || !strings.Contains(logs.String(), "strict mode") {
 		t.Fatalf("the crowded limit was logged %d times: %q", n, logs.String())
 	}
 	for _, b := range members[MaxMembers:] {

@@ -1,0 +1,761 @@
+package lease
+
+// The relay: the members of a crowded limit hand their renewals to one allocator.
+//
+// Every member of a limit writes its one record by compare-and-set, so their writes
+// serialise on it: past a few dozen members most of them lose to each other and are
+// retried, and at two hundred nearly all are (BENCHMARKS.md, "Lease mode through a real
+// Redis"). Once a limit's replies say it has more than relayAbove live members, a member
+// posts its renewals and releases in a mailbox of its own beside the limit's record
+// instead, and one member of the pool, the allocator, reads the record and every member's
+// mailbox each tick, applies the requests it finds to the record as the members would
+// have (allot.State.Apply, in the order they were posted), writes the record once, and
+// writes each answer into its mailbox, where its member reads it. So the record takes one
+// write a tick whatever the number of members, and nobody's post collides with anyone
+// else's.
+//
+// Nothing of the lease mode's safety rests on the relay: the record still changes only by
+// Apply of a member's own request, written by compare-and-set; a member still acts only on
+// the answer to its newest request, and times its lease from when it sent it (so an
+// answer that comes late is a shorter lease, never a longer one). Two allocators at once
+// (an election's overlap) only collide on the record as members do. A request applied
+// late is one whose answer was lost, which a member already tolerates; one applied twice
+// (an allocator whose answers were lost after its record was written reads it again)
+// states again what the member holds, and a request that gives permits back, whose
+// effect would add up, is never relayed (relayableOp). The
+// allocator is chosen by a lease of its own (the ballot: a holder and an end on the
+// store's clock, claimed by compare-and-set once it has ended), so a crashed allocator is
+// replaced within a ballot's time. A request the allocator does not answer in time fails
+// as one the store did not answer, and the member's next request goes to the record
+// directly (so a pool without an allocator still renews, at the cost of the collisions).
+//
+// Joins (a member must be in the record for the allocator to read its mailbox), takes (a
+// limit decided at the store), borrows and penalties are not relayed: a caller waits for
+// them.
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/lease/allot"
+	"github.com/sluicehq/sluice/store"
+)
+
+const (
+	// relayAbove is the number of live members past which a limit's renewals are relayed.
+	relayAbove = 16
+	// mailKeep is how long a mailbox is kept without a new post (its member left).
+	mailKeep = 30 * time.Second
+	// resignAfter is how long an allocator with nothing to apply keeps its ballot.
+	resignAfter = 5 * time.Second
+)
+
+// slot is what a member's mailbox holds: its newest relayed request and, once applied,
+// the answer to it.
+type slot struct {
+	Req allot.Request `json:"q"`
+	// Answered is the nonce of the request answered (Req.Nonce once applied).
+	Answered uint64       `json:"a,omitempty"`
+	Rep      *allot.Reply `json:"p,omitempty"`
+	// Err is the request's own failure: "stale" (allot.ErrStaleEpoch), "bad record: ..."
+	// (store.ErrBadRecord), or another message (allot.ErrBadRequest).
+	Err string `json:"x,omitempty"`
+	// Posted is when the request was posted, on the store's clock.
+	Posted int64 `json:"t"`
+}
+
+// ballot is the allocator's lease: its holder, until an instant of the store's clock.
+type ballot struct {
+	Holder string `json:"h"`
+	Until  int64  `json:"u"`
+}
+
+// marshalSlot and unmarshalSlot are the mailboxes' codec; a missing mailbox is a nil slot.
+func marshalSlot(s *slot) []byte {
+	data, _ := json.Marshal(s) // plain structs: never fails
+	return data
+}
+
+func unmarshalSlot(data []byte) (*slot, error) {
+	if len(data) == 0 {
+		return nil, nil
+	}
+	s := &slot{}
+	if err := json.Unmarshal(data, s); err != nil {
+		return nil, fmt.Errorf("%w: lease mailbox: %w", store.ErrBadRecord, err)
+	}
+	return s, nil
+}
+
+func marshalBallot(b ballot) []byte {
+	data, _ := json.Marshal(b)
+	return data
+}
+
+func unmarshalBallot(data []byte) (ballot, error) {
+	var b ballot
+	if len(data) > 0 {
+		if err := json.Unmarshal(data, &b); err != nil {
+			return b, fmt.Errorf("%w: lease ballot: %w", store.ErrBadRecord, err)
+		}
+	}
+	return b, nil
+}
+
+// door is the names of the members whose joins wait in their mailboxes, each with when
+// it knocked (the store's clock): the allocator reads the mailboxes of the record's
+// members and of these. A limit has doorStripes doors; a member knocks at one.
+type door struct {
+	Joining map[string]int64 `json:"j"`
+}
+
+const doorStripes = 16
+
+func marshalDoor(d door) []byte {
+	data, _ := json.Marshal(d)
+	return data
+}
+
+func unmarshalDoor(data []byte) (door, error) {
+	var d door
+	if len(data) > 0 {
+		if err := json.Unmarshal(data, &d); err != nil {
+			return d, fmt.Errorf("%w: lease door: %w", store.ErrBadRecord, err)
+		}
+	}
+	if d.Joining == nil {
+		d.Joining = map[string]int64{}
+	}
+	return d, nil
+}
+
+func doorID(rec string, k int) string { return rec + "|door" + strconv.Itoa(k) }
+
+func doorOf(member string) int {
+	h := fnv.New32a()
+	h.Write([]byte(member))
+	return int(h.Sum32() % doorStripes)
+}
+
+// knock puts the joiners of calls (by index) at their limits' doors.
+func (a *applier) knock(ctx context.Context, calls []call, joins []int) error {
+	byDoor := map[string][]string{}
+	for _, i := range joins {
+		id := doorID(RecordID(calls[i].key, calls[i].limit), doorOf(calls[i].req.Member))
+		byDoor[id] = append(byDoor[id], calls[i].req.Member)
+	}
+	ids := slices.Sorted(maps.Keys(byDoor))
+	for attempt := 0; len(ids) > 0; attempt++ {
+		if attempt == MaxAttempts {
+			return fmt.Errorf("%w (%d attempts to knock at a limit's door)", store.ErrConflict, MaxAttempts)
+		}
+		if attempt > 0 {
+			if err := a.sleep(ctx, time.Duration(rand.Int64N(int64(time.Millisecond)<<min(attempt, 4)))); err != nil {
+				return err
+			}
+		}
+		snap, err := a.store.Load(ctx, ids)
+		if err != nil {
+			return err
+		}
+		if len(snap.Records) != len(ids) {
+			return fmt.Errorf("%w: the store read %d records of %d", backend.ErrUnavailable, len(snap.Records), len(ids))
+		}
+		var writes []store.Write
+		for k, id := range ids {
+			d, err := unmarshalDoor(snap.Records[k].Data)
+			if err != nil {
+				return err
+			}
+			for _, m := range byDoor[id] {
+				d.Joining[m] = snap.Now
+			}
+			writes = append(writes, store.Write{ID: id, Data: marshalDoor(d), Version: snap.Records[k].Version, Keep: mailKeep})
+		}
+		vers, err := a.store.Swap(ctx, writes)
+		if err != nil {
+			return err
+		}
+		var again []string
+		for k, id := range ids {
+			if k >= len(vers) || vers[k] == 0 {
+				again = append(again, id)
+			}
+		}
+		ids = again
+	}
+	return nil
+}
+
+// mailboxID and ballotID name a member's mailbox and a relayed record's ballot: beside
+// the record (its key's hash tag first, so that a Redis Cluster keeps them in its slot).
+func mailboxID(rec, member string) string { return rec + "|m|" + member }
+func ballotID(rec string) string          { return rec + "|alloc" }
+
+// answerErr turns a slot's Err back into the error the member branches on, and errAnswer
+// the error into it.
+func answerErr(s string) error {
+	switch {
+	case s == "":
+		return nil
+	case s == "stale":
+		return allot.ErrStaleEpoch
+	case strings.HasPrefix(s, "bad record: "):
+		return fmt.Errorf("%w: %s", store.ErrBadRecord, strings.TrimPrefix(s, "bad record: "))
+	default:
+		return fmt.Errorf("%w: %s", allot.ErrBadRequest, s)
+	}
+}
+
+func errAnswer(err error) string {
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, allot.ErrStaleEpoch):
+		return "stale"
+	case errors.Is(err, store.ErrBadRecord):
+		return "bad record: " + err.Error()
+	default:
+		return err.Error()
+	}
+}
+
+// relay is an applier's part in the relays of the limits it serves.
+type relay struct {
+	self  string        // this member's name in ballots
+	tick  time.Duration // how often the allocator reads the mailboxes, and a member its own
+	above int           // relayAbove, or a test's
+	clock clock.Clock
+
+	mu      sync.Mutex
+	misses  map[string]int  // record ID → its relayed requests unanswered in a row
+	crowd   map[string]int  // record ID → its members when last read, if more than above
+	allocs  map[string]bool // the records this member allocates
+	stop    chan struct{}
+	stopped bool
+	wg      sync.WaitGroup
+}
+
+// newRelay returns the relay of a member named self that renews every renew.
+func newRelay(self string, renew time.Duration, c clock.Clock) *relay {
+	return &relay{self: self, tick: min(max(renew/10, 5*time.Millisecond), 100*time.Millisecond), above: relayAbove, clock: c,
+		misses: map[string]int{}, crowd: map[string]int{}, allocs: map[string]bool{}, stop: make(chan struct{})}
+}
+
+// ballotTTL is how long a ballot holds: twenty ticks, at least half a second.
+func (r *relay) ballotTTL() int64 { return int64(max(20*r.tick, 500*time.Millisecond)) }
+
+// relayable reports whether a call may be relayed: a join, renewal or release, by a
+// member that last heard of more than relayAbove live members (Request.Size) or on a
+// record this member last read with more, whose relayed requests have not gone
+// unanswered missesBeforeDirect times in a row.
+func (r *relay) relayable(id string, c call) bool {
+	if r == nil || !relayableOp(c) {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c.req.Size <= int64(r.above) && r.crowd[id] <= r.above {
+		return false
+	}
+	if r.misses[id] >= missesBeforeDirect {
+		delete(r.misses, id) // this one goes directly, and the next to the relay again
+		return false
+	}
+	return true
+}
+
+// saw records how many members a record held when read.
+func (r *relay) saw(id string, members int) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if members > r.above {
+		r.crowd[id] = members
+	} else {
+		delete(r.crowd, id)
+	}
+}
+
+// relayableOp reports whether a call's operation may be relayed: a join (the joiner
+// knocks at the limit's door, so that the allocator reads its mailbox), a renewal or a
+// release (not a take, a borrow or a penalty, for which a caller waits), that gives no
+// permits back (Request.Return: the one part of a request whose effect adds up when it is
+// applied twice, which an allocator whose answers were lost after its record was written
+// would do; every other part of a renewal or release states what the member holds, and
+// says it again harmlessly).
+func relayableOp(c call) bool {
+	return !c.req.Borrow && c.req.Return == 0 && (c.req.Op == allot.OpJoin || c.req.Op == allot.OpRenew || c.req.Op == allot.OpRelease)
+}
+
+// missesBeforeDirect is how many relayed requests in a row on a record go unanswered
+// before the next goes to the record directly (and the one after to the relay again): a
+// member the allocator does not know of (one the record dropped) learns so from the
+// record itself. One direct request, not all: a pool whose allocator falls behind must
+// not fall back on the colliding writes it is there to spare.
+const missesBeforeDirect = 3
+
+// answered records whether a request on id was answered: relayed (ok, or not: missed) or
+// directly (ok).
+func (r *relay) answered(id string, ok bool) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if ok {
+		delete(r.misses, id)
+	} else {
+		r.misses[id]++
+	}
+}
+
+// close stops the allocators and waits for them to resign.
+func (r *relay) close() {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	if !r.stopped {
+		r.stopped = true
+		close(r.stop)
+	}
+	r.mu.Unlock()
+	r.wg.Wait()
+}
+
+// relayCalls posts the calls of groups (each call relayable, each member once per group)
+// in their members' mailboxes and waits, until ctx ends, for the allocator's answers,
+// which it puts in out. A call left unanswered gets backend.ErrUnavailable: its outcome is
+// unknown, as a store call's that timed out. It returns an error only if the posts could
+// not be made.
+func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group, out []result) error {
+	r := a.relay
+	var ids []string
+	var posts []int             // the call of each mailbox: ids[k] for posts[k]
+	ballots := map[string]int{} // record ID → its ballot's index in ids
+	limits := map[string]gcra.Limit{}
+	for _, g := range groups {
+		limits[g.id] = g.limit
+		for _, i := range g.idx {
+			ids = append(ids, mailboxID(g.id, calls[i].req.Member))
+			posts = append(posts, i)
+		}
+	}
+	nbox := len(ids)
+	for _, g := range groups {
+		ballots[g.id] = len(ids)
+		ids = append(ids, ballotID(g.id))
+	}
+	// Post: read each mailbox's version and write the request over what it held. A
+	// mailbox the allocator answered meanwhile is read and written again.
+	todo := make([]int, nbox)
+	for k := range todo {
+		todo[k] = k
+	}
+	posted := make([]uint64, nbox) // the version of each post: until it changes, no answer
+	for attempt := 0; len(todo) > 0; attempt++ {
+		if attempt == MaxAttempts {
+			for _, k := range todo {
+				out[posts[k]] = result{err: fmt.Errorf("%w (%d attempts to post in a mailbox)", store.ErrConflict, MaxAttempts)}
+			}
+			break
+		}
+		snap, err := a.store.Load(ctx, ids)
+		if err != nil {
+			return err
+		}
+		if len(snap.Records) != len(ids) {
+			return fmt.Errorf("%w: the store read %d records of %d", backend.ErrUnavailable, len(snap.Records), len(ids))
+		}
+		var writes []store.Write
+		for _, k := range todo {
+			writes = append(writes, store.Write{ID: ids[k], Data: marshalSlot(&slot{Req: calls[posts[k]].req, Posted: snap.Now}),
+				Version: snap.Records[k].Version, Keep: mailKeep})
+		}
+		writes, claimed := a.claims(snap, ids, ballots, writes)
+		vers, err := a.store.Swap(ctx, writes)
+		if err != nil {
+			return err
+		}
+		if len(vers) != len(writes) {
+			return fmt.Errorf("%w: the store answered %d writes of %d", backend.ErrUnavailable, len(vers), len(writes))
+		}
+		a.started(claimed, vers[len(todo):], limits)
+		var again []int
+		for j, k := range todo {
+			if vers[j] == 0 {
+				again = append(again, k)
+			}
+			posted[k] = vers[j]
+		}
+		todo = again
+	}
+	var joins []int
+	for k := range nbox {
+		if i := posts[k]; out[i].err == nil && calls[i].req.Op == allot.OpJoin {
+			joins = append(joins, i)
+		}
+	}
+	if len(joins) > 0 {
+		if err := a.knock(ctx, calls, joins); err != nil {
+			return err
+		}
+	}
+	// Wait for the answers: read the mailboxes every tick.
+	var waiting []int
+	for k := range nbox {
+		if out[posts[k]].err == nil {
+			waiting = append(waiting, k)
+		}
+	}
+	for len(waiting) > 0 {
+		if err := a.sleep(ctx, r.tick); err != nil {
+			break
+		}
+		snap, err := a.store.Load(ctx, ids)
+		if err != nil || len(snap.Records) != len(ids) {
+			continue // the store is unreachable for now: wait on, within ctx
+		}
+		waiting = slices.DeleteFunc(waiting, func(k int) bool {
+			i := posts[k]
+			if snap.Records[k].Version == posted[k] {
+				return false
+			}
+			s, err := unmarshalSlot(snap.Records[k].Data)
+			if err != nil || s == nil || s.Req.Nonce != calls[i].req.Nonce || s.Answered != s.Req.Nonce {
+				return false
+			}
+			if s.Err != "" || s.Rep == nil {
+				out[i] = result{err: answerErr(cmp.Or(s.Err, "no answer"))}
+			} else {
+				out[i] = result{rep: *s.Rep}
+			}
+			return true
+		})
+		if writes, claimed := a.claims(snap, ids, ballots, nil); len(writes) > 0 {
+			if vers, err := a.store.Swap(ctx, writes); err == nil && len(vers) == len(writes) {
+				a.started(claimed, vers, limits)
+			}
+		}
+	}
+	for _, k := range waiting {
+		out[posts[k]] = result{err: fmt.Errorf("%w: lease store: the allocator of the limit did not answer in time", backend.ErrUnavailable)}
+	}
+	for _, g := range groups {
+		for _, i := range g.idx {
+			r.answered(g.id, !errors.Is(out[i].err, backend.ErrUnavailable))
+		}
+	}
+	return nil
+}
+
+// claims appends to writes a claim of each ballot in snap (ballots: record ID → index in
+// ids) that has ended, and returns the record IDs claimed, in order.
+func (a *applier) claims(snap store.Snapshot, ids []string, ballots map[string]int, writes []store.Write) ([]store.Write, []string) {
+	r := a.relay
+	var claimed []string
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopped {
+		return writes, nil
+	}
+	for _, rec := range slices.Sorted(maps.Keys(ballots)) {
+		k := ballots[rec]
+		if r.allocs[rec] {
+			continue
+		}
+		bl, err := unmarshalBallot(snap.Records[k].Data)
+		if err != nil || (bl.Holder != "" && bl.Until > snap.Now) {
+			continue
+		}
+		writes = append(writes, store.Write{ID: ids[k], Data: marshalBallot(ballot{Holder: r.self, Until: snap.Now + r.ballotTTL()}),
+			Version: snap.Records[k].Version, Keep: time.Duration(4 * r.ballotTTL())})
+		claimed = append(claimed, rec)
+	}
+	return writes, claimed
+}
+
+// started starts an allocator for each record whose ballot claim won (vers, in order).
+func (a *applier) started(claimed []string, vers []uint64, limits map[string]gcra.Limit) {
+	r := a.relay
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for k, rec := range claimed {
+		if k >= len(vers) || vers[k] == 0 || r.stopped || r.allocs[rec] {
+			continue
+		}
+		r.allocs[rec] = true
+		r.wg.Add(1)
+		go a.allocate(rec, limits[rec])
+	}
+}
+
+func (a *applier) sleep(ctx context.Context, d time.Duration) error {
+	c := a.clock
+	if c == nil {
+		c = clock.Default
+	}
+	return c.Sleep(ctx, d)
+}
+
+// allocate is the allocator of record rec: every tick it applies what the mailboxes hold,
+// while it holds the ballot and until the relay stops or nothing comes for resignAfter.
+func (a *applier) allocate(rec string, limit gcra.Limit) {
+	r := a.relay
+	defer r.wg.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		select {
+		case <-r.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	var members []string            // the record's members, as last read
+	answered := map[string]uint64{} // mailbox → a version of it that holds nothing to apply
+	quiet := time.Duration(0)
+	held := true
+	for held && quiet < resignAfter {
+		if a.sleep(ctx, r.tick) != nil {
+			break
+		}
+		tctx, tcancel := context.WithTimeout(ctx, max(4*r.tick, 500*time.Millisecond))
+		var busy, lost bool
+		var err error
+		// A write that lost to a member's own (a join, a take) is tried again at once.
+		for try := 0; try == 0 || (lost && held && err == nil && try < 4); try++ {
+			busy, held, lost, members, err = a.allocateOnce(tctx, rec, limit, members, answered)
+		}
+		tcancel()
+		switch {
+		case err != nil:
+			// The store is unreachable: the ballot runs out, and whoever reaches the store
+			// next claims it.
+		case busy:
+			quiet = 0
+		default:
+			quiet += r.tick
+		}
+	}
+	if held {
+		a.resign(rec)
+	}
+	cancel()
+	<-stopped
+	r.mu.Lock()
+	delete(r.allocs, rec)
+	r.mu.Unlock()
+}
+
+// resign gives rec's ballot up, if this member still holds it.
+func (a *applier) resign(rec string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	snap, err := a.store.Load(ctx, []string{ballotID(rec)})
+	if err != nil || len(snap.Records) != 1 {
+		return
+	}
+	if bl, err := unmarshalBallot(snap.Records[0].Data); err != nil || bl.Holder != a.relay.self {
+		return
+	}
+	_, _ = a.store.Swap(ctx, []store.Write{{ID: ballotID(rec), Version: snap.Records[0].Version}})
+}
+
+// allocateOnce reads rec, its ballot and the mailboxes of members (the record's members as
+// last read), applies the requests not yet answered in the order they were posted, writes
+// the record and the ballot, then the answers. busy says it applied something; held that
+// it still holds the ballot; lost that its write of the record lost to another; it
+// returns the record's members now.
+func (a *applier) allocateOnce(ctx context.Context, rec string, limit gcra.Limit, members []string, answered map[string]uint64) (busy, held, lost bool, _ []string, _ error) {
+	r := a.relay
+	const first = 2 + doorStripes // the first mailbox's index in ids
+	ids := make([]string, 2, first+len(members))
+	ids[0], ids[1] = rec, ballotID(rec)
+	for k := range doorStripes {
+		ids = append(ids, doorID(rec, k))
+	}
+	for _, m := range members {
+		ids = append(ids, mailboxID(rec, m))
+	}
+	snap, err := a.store.Load(ctx, ids)
+	if err != nil {
+		return false, true, false, members, err
+	}
+	if len(snap.Records) != len(ids) {
+		return false, true, false, members, fmt.Errorf("%w: the store read %d records of %d", backend.ErrUnavailable, len(snap.Records), len(ids))
+	}
+	now := snap.Now
+	if n := snap.Records[0].Now; n != 0 {
+		now = n
+	}
+	bl, err := unmarshalBallot(snap.Records[1].Data)
+	if err != nil || bl.Holder != r.self {
+		return false, false, false, members, err
+	}
+	renewBallot := store.Write{ID: ids[1], Data: marshalBallot(ballot{Holder: r.self, Until: now + r.ballotTTL()}),
+		Version: snap.Records[1].Version, Keep: time.Duration(4 * r.ballotTTL())}
+	// The requests not yet answered, oldest post first.
+	type pend struct {
+		k int // in ids
+		s *slot
+	}
+	var pending []pend
+	for k := first; k < len(ids); k++ {
+		v := snap.Records[k].Version
+		if v == 0 || answered[ids[k]] == v {
+			continue // nothing new (a mailbox holds nothing to apply until its member posts)
+		}
+		s, err := unmarshalSlot(snap.Records[k].Data)
+		if err == nil && s != nil && s.Answered != s.Req.Nonce && s.Req.Member == members[k-first] {
+			pending = append(pending, pend{k, s})
+		} else {
+			answered[ids[k]] = v
+		}
+	}
+	if len(answered) > 2*len(ids) {
+		clear(answered) // members gone: read afresh
+	}
+	// next is the mailboxes to read at the next tick: the record's members' and the
+	// joiners' at its doors, whom a door keeps until the record has them (or mailKeep),
+	// and the writes of the doors that changed.
+	next := func(st *allot.State) ([]string, []store.Write) {
+		var ms []string
+		in := map[string]bool{}
+		if st != nil {
+			for _, e := range st.Members {
+				ms = append(ms, e.ID)
+				in[e.ID] = true
+			}
+		} else {
+			ms = slices.Clone(members)
+		}
+		var ws []store.Write
+		for k := range doorStripes {
+			d, err := unmarshalDoor(snap.Records[2+k].Data)
+			if err != nil {
+				continue
+			}
+			changed := false
+			for m, at := range d.Joining {
+				if in[m] || now-at > int64(mailKeep) {
+					delete(d.Joining, m)
+					changed = true
+				} else if !slices.Contains(ms, m) {
+					ms = append(ms, m)
+				}
+			}
+			if changed && st != nil {
+				w := store.Write{ID: ids[2+k], Version: snap.Records[2+k].Version, Keep: mailKeep}
+				if len(d.Joining) > 0 {
+					w.Data = marshalDoor(d)
+				}
+				ws = append(ws, w)
+			}
+		}
+		return ms, ws
+	}
+	slices.SortFunc(pending, func(x, y pend) int {
+		return cmp.Or(cmp.Compare(x.s.Posted, y.s.Posted), strings.Compare(x.s.Req.Member, y.s.Req.Member))
+	})
+	calls := make([]call, len(pending))
+	g := &group{id: rec, limit: limit, idx: make([]int, len(pending))}
+	for i, p := range pending {
+		calls[i] = call{limit: limit, req: p.s.Req}
+		g.idx[i] = i
+	}
+	st, serr := a.state(g, snap.Records[0], now, snap.Since, calls)
+	if len(pending) == 0 {
+		members, _ = next(st)
+		if bl.Until-now >= r.ballotTTL()/2 {
+			return false, true, false, members, nil
+		}
+		vers, err := a.store.Swap(ctx, []store.Write{renewBallot})
+		if err != nil {
+			return false, true, false, members, err
+		}
+		return false, len(vers) == 1 && vers[0] != 0, false, members, nil
+	}
+	staged := make([]result, len(calls))
+	writes := []store.Write{renewBallot}
+	if serr != nil {
+		for i := range staged {
+			staged[i] = result{err: serr}
+		}
+	} else {
+		for i := range calls {
+			rep, err := st.Apply(now, st.Cfg, calls[i].req)
+			staged[i] = result{rep: rep, err: err}
+		}
+		w := store.Write{ID: rec, Version: snap.Records[0].Version}
+		if !st.Idle(now) {
+			w.Data = allot.MarshalState(st)
+			w.Keep = time.Duration(max(st.QuietAt()-now, int64(time.Second)))
+		}
+		if !st.Idle(now) || snap.Records[0].Version != 0 {
+			writes = append(writes, w)
+		}
+	}
+	vers, err := a.store.Swap(ctx, writes)
+	if err != nil {
+		return true, true, false, members, err
+	}
+	if len(vers) != len(writes) {
+		return true, true, false, members, fmt.Errorf("%w: the store answered %d writes of %d", backend.ErrUnavailable, len(vers), len(writes))
+	}
+	held = vers[0] != 0
+	if len(vers) > 1 {
+		if vers[1] == 0 {
+			a.conflicts.Add(1)
+			return true, held, true, members, nil // the record changed meanwhile (a member wrote it directly): next tick
+		}
+		for i := range staged {
+			staged[i].rep.Version = vers[1]
+		}
+	}
+	if serr != nil {
+		st = nil
+	}
+	members, doors := next(st)
+	// The answers, each in its mailbox unless the member posted a newer request meanwhile
+	// (then its write loses, and the answer is of no use: the member reads only the newest).
+	var answers []store.Write
+	for i, p := range pending {
+		s := *p.s
+		s.Answered, s.Err = s.Req.Nonce, errAnswer(staged[i].err)
+		if staged[i].err == nil {
+			rep := staged[i].rep
+			s.Rep = &rep
+		}
+		answers = append(answers, store.Write{ID: ids[p.k], Data: marshalSlot(&s), Version: snap.Records[p.k].Version, Keep: mailKeep})
+	}
+	answers = append(answers, doors...)
+	avers, err := a.store.Swap(ctx, answers)
+	if err != nil {
+		return true, held, false, members, err
+	}
+	for j := range pending {
+		if j < len(avers) && avers[j] != 0 {
+			answered[answers[j].ID] = avers[j]
+		}
+	}
+	return true, held, false, members, nil
+}

@@ -1,0 +1,262 @@
+package lease
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/testkit/poll"
+	"github.com/sluicehq/sluice/lease/allot"
+	"github.com/sluicehq/sluice/store"
+)
+
+// countStore counts the writes that succeeded, by kind of record.
+type countStore struct {
+	store.Store
+	mu     sync.Mutex
+	writes map[string]int // "record", "mailbox", "ballot", "door"
+}
+
+func (c *countStore) Swap(ctx context.Context, ws []store.Write) ([]uint64, error) {
+	vs, err := c.Store.Swap(ctx, ws)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, w := range ws {
+		if i >= len(vs) || vs[i] == 0 {
+			continue
+		}
+		kind := "record"
+		switch {
+		case strings.Contains(w.ID, "|m|"):
+			kind = "mailbox"
+		case strings.HasSuffix(w.ID, "|alloc"):
+			kind = "ballot"
+		case strings.Contains(w.ID, "|door"):
+			kind = "door"
+		}
+		c.writes[kind]++
+	}
+	return vs, err
+}
+
+func (c *countStore) count(kind string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.writes[kind]
+}
+
+// relayPool is members members of one limit, each with its own link to one store.Memory on
+// the real clock (as processes), each asking at pace permits a second.
+type relayPool struct {
+	t       *testing.T
+	limit   gcra.Limit
+	mem     *countStore
+	cut     []*cutStore
+	members []*Backend
+	mu      sync.Mutex
+	permits []int64
+	stop    chan struct{}
+	wg      sync.WaitGroup
+}
+
+func newRelayPool(t *testing.T, members int, l gcra.Limit, pace float64) *relayPool {
+	p := &relayPool{t: t, limit: l, mem: &countStore{Store: store.NewMemory(clock.Default), writes: map[string]int{}}, stop: make(chan struct{})}
+	for i := range members {
+		cs := &cutStore{Store: p.mem}
+		b, err := New(cs, WithID(fmt.Sprint("m", i)), WithRenewEvery(100*time.Millisecond),
+			WithMemberConfig(MemberConfig{RenewEvery: 100 * time.Millisecond, Margin: 5 * time.Millisecond}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.cut, p.members = append(p.cut, cs), append(p.members, b)
+	}
+	t.Cleanup(func() {
+		close(p.stop)
+		p.wg.Wait()
+		for _, b := range p.members {
+			b.Close()
+		}
+	})
+	every := time.Duration(float64(time.Second) / pace)
+	for i, b := range p.members {
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			tk := time.NewTicker(every)
+			defer tk.Stop()
+			for {
+				select {
+				case <-p.stop:
+					return
+				case <-tk.C:
+				}
+				if p.cut[i].cut.Load() {
+					continue // a crashed member decides nothing
+				}
+				ok, err := b.AllowOne(context.Background(), "api", l)
+				at := clock.Default.Nanotime()
+				if err == nil && ok {
+					p.mu.Lock()
+					p.permits = append(p.permits, at)
+					p.mu.Unlock()
+				}
+			}
+		}()
+	}
+	return p
+}
+
+// since returns the permits granted since from, in order.
+func (p *relayPool) since(from int64) []int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var ps []int64
+	for _, at := range p.permits {
+		if at >= from {
+			ps = append(ps, at)
+		}
+	}
+	slices.Sort(ps)
+	return ps
+}
+
+// conformTo judges the permits against the limit with a jitter tolerance (a permit's time
+// is read when its call returns, a little after it was decided).
+func conformTo(t *testing.T, ps []int64, l gcra.Limit, jitter time.Duration) {
+	t.Helper()
+	loose := gcra.Limit{T: l.T, Tau: l.Tau + int64(jitter)}
+	var tat int64
+	for i, at := range ps {
+		var ok bool
+		if tat, ok = gcra.AllowOne(tat, loose, at); !ok {
+			t.Fatalf("permit %d of %d broke the limit", i, len(ps))
+		}
+	}
+}
+
+func (p *relayPool) ballot() ballot {
+	snap, err := p.mem.Load(context.Background(), []string{ballotID(RecordID("api", p.limit))})
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	bl, err := unmarshalBallot(snap.Records[0].Data)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return bl
+}
+
+// TestRelayServesACrowdedLimit: 24 members (more than relayAbove) of 1000/s burst=100,
+// each asking 60 a second, as processes through one store: their renewals go through the
+// allocator's relay (the members post them in their mailboxes; the record is written by
+// the allocator and by the members' borrows), every member holds a share, the pool uses
+// the limit, and its permits never break it.
+func TestRelayServesACrowdedLimit(t *testing.T) {
+	l := gcra.Limit{T: int64(time.Millisecond), Tau: 99 * int64(time.Millisecond)}
+	p := newRelayPool(t, 24, l, 60)
+	poll.Until(t, "a member relays its renewals", 10*time.Second, 10*time.Millisecond, func() bool { return p.mem.count("mailbox") > 0 })
+	from := clock.Default.Nanotime()
+	rec0, box0 := p.mem.count("record"), p.mem.count("mailbox")
+	time.Sleep(2 * time.Second)
+	rec, box := p.mem.count("record")-rec0, p.mem.count("mailbox")-box0
+	ps := p.since(from)
+	t.Logf("2 s: %d permits, the record written %d times, the mailboxes %d (answers and posts)", len(ps), rec, box)
+	conformTo(t, ps, l, 10*time.Millisecond)
+	// Each member renews about ten times a second: half of those relayed at least (a post
+	// and its answer are two mailbox writes).
+	if box/2 < 24*10*2/2 {
+		t.Errorf("%d relayed posts in 2 s from 24 members renewing every 100 ms: the renewals were not relayed", box/2)
+	}
+	if len(ps) < 1000 { // half the limit over 2 s: a loose liveness bound for a loaded machine
+		t.Errorf("the pool used %d permits in 2 s of 1000/s", len(ps))
+	}
+	held := 0
+	for _, b := range p.members {
+		for _, st := range b.Leases() {
+			if !st.Share.IsZero() && st.Expires > 0 {
+				held++
+			}
+		}
+	}
+	if held < 20 {
+		t.Errorf("%d of 24 members hold a share", held)
+	}
+}
+
+// TestRelayAllocatorReplaced: the member that allocates is cut off the store (a crash or a
+// partition): another claims the ballot when it ends, and the others' renewals are
+// answered again; the permits never break the limit through it.
+func TestRelayAllocatorReplaced(t *testing.T) {
+	l := gcra.Limit{T: int64(time.Millisecond), Tau: 99 * int64(time.Millisecond)}
+	p := newRelayPool(t, 24, l, 60)
+	from := clock.Default.Nanotime()
+	poll.Until(t, "an allocator", 10*time.Second, 10*time.Millisecond, func() bool { return p.ballot().Holder != "" })
+	first := p.ballot().Holder
+	i := slices.IndexFunc(p.members, func(b *Backend) bool { return b.ID() == first })
+	if i < 0 {
+		t.Fatalf("the ballot's holder %q is not a member", first)
+	}
+	p.cut[i].cut.Store(true)
+	poll.Until(t, "another allocator", 10*time.Second, 10*time.Millisecond, func() bool {
+		h := p.ballot().Holder
+		return h != "" && h != first
+	})
+	answered := p.mem.count("mailbox")
+	poll.Until(t, "answers from the new allocator", 10*time.Second, 10*time.Millisecond, func() bool { return p.mem.count("mailbox") > answered+24 })
+	time.Sleep(500 * time.Millisecond)
+	conformTo(t, p.since(from), l, 10*time.Millisecond)
+}
+
+// TestRelayCodecs: a slot, a ballot and a door read back as written, and a record that is
+// not one of them is a store.ErrBadRecord, never a panic.
+func TestRelayCodecs(t *testing.T) {
+	rep := allot.Reply{Live: 30, Nonce: 7, Sent: 5}
+	in := &slot{Req: allot.Request{Op: allot.OpRenew, Member: "m1", Nonce: 7, Demand: 3}, Answered: 7, Rep: &rep, Posted: 9}
+	out, err := unmarshalSlot(marshalSlot(in))
+	if err != nil || out.Req != in.Req || out.Answered != 7 || *out.Rep != rep || out.Posted != 9 {
+		t.Fatalf("slot: got %+v, %v", out, err)
+	}
+	if s, err := unmarshalSlot(nil); s != nil || err != nil {
+		t.Fatalf("no mailbox: got %+v, %v", s, err)
+	}
+	if b, err := unmarshalBallot(marshalBallot(ballot{Holder: "a", Until: 3})); err != nil || b != (ballot{Holder: "a", Until: 3}) {
+		t.Fatalf("ballot: got %+v, %v", b, err)
+	}
+	d := door{Joining: map[string]int64{"x": 1}}
+	if got, err := unmarshalDoor(marshalDoor(d)); err != nil || got.Joining["x"] != 1 {
+		t.Fatalf("door: got %+v, %v", got, err)
+	}
+	for _, bad := range []string{"{", "[1]", `{"q":3}`} {
+		if _, err := unmarshalSlot([]byte(bad)); err == nil || !strings.Contains(err.Error(), "bad record") {
+			t.Errorf("slot %q: got %v, want a bad record", bad, err)
+		}
+	}
+	for _, s := range []string{"", "stale", "bad record: x", "other"} {
+		if got := errAnswer(answerErr(s)); (s == "" && got != "") || (s == "stale" && got != "stale") || (s == "bad record: x" && !strings.HasPrefix(got, "bad record: ")) {
+			t.Errorf("error %q read back as %q", s, got)
+		}
+	}
+}
+
+// FuzzRelaySlot: any bytes read as a mailbox are a slot or an error, and a slot read back
+// is written the same.
+func FuzzRelaySlot(f *testing.F) {
+	f.Add(marshalSlot(&slot{Req: allot.Request{Op: allot.OpJoin, Member: "m"}, Posted: 1}))
+	f.Add([]byte(`{"q":{},"a":1}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		s, err := unmarshalSlot(data)
+		if err != nil || s == nil {
+			return
+		}
+		again, err := unmarshalSlot(marshalSlot(s))
+		if err != nil || string(marshalSlot(again)) != string(marshalSlot(s)) {
+			t.Fatalf("a slot does not read back: %v", err)
+		}
+	})
+}
