@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+
 	"fmt"
 	"slices"
 	"strings"
@@ -9,16 +10,27 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/testkit/poll"
+	"github.com/sluicehq/sluice/internal/testkit/redistest"
 	"github.com/sluicehq/sluice/lease/allot"
 	"github.com/sluicehq/sluice/store"
+	etcdstore "github.com/sluicehq/sluice/store/etcd"
+	redisstore "github.com/sluicehq/sluice/store/redis"
+	zkstore "github.com/sluicehq/sluice/store/zk"
 )
 
-// countStore counts the writes that succeeded, by kind of record.
+// countStore counts the writes that succeeded, by kind of record, in counts (shared by the
+// members' links).
 type countStore struct {
 	store.Store
+	*counts
+}
+
+type counts struct {
 	mu     sync.Mutex
 	writes map[string]int // "record", "mailbox", "ballot", "door"
 }
@@ -45,7 +57,7 @@ func (c *countStore) Swap(ctx context.Context, ws []store.Write) ([]uint64, erro
 	return vs, err
 }
 
-func (c *countStore) count(kind string) int {
+func (c *counts) count(kind string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.writes[kind]
@@ -56,7 +68,7 @@ func (c *countStore) count(kind string) int {
 type relayPool struct {
 	t       *testing.T
 	limit   gcra.Limit
-	mem     *countStore
+	mem     *countStore // a link for the test's own reads
 	cut     []*cutStore
 	members []*Backend
 	mu      sync.Mutex
@@ -66,11 +78,19 @@ type relayPool struct {
 }
 
 func newRelayPool(t *testing.T, members int, l gcra.Limit, pace float64) *relayPool {
-	p := &relayPool{t: t, limit: l, mem: &countStore{Store: store.NewMemory(clock.Default), writes: map[string]int{}}, stop: make(chan struct{})}
+	mem := store.NewMemory(clock.Default)
+	return newRelayPoolOn(t, func() store.Store { return mem }, 100*time.Millisecond, members, l, pace)
+}
+
+// newRelayPoolOn is newRelayPool with each member's link from newStore (each its own, as a
+// process's), renewing every renew.
+func newRelayPoolOn(t *testing.T, newStore func() store.Store, renew time.Duration, members int, l gcra.Limit, pace float64) *relayPool {
+	c := &counts{writes: map[string]int{}}
+	p := &relayPool{t: t, limit: l, mem: &countStore{Store: newStore(), counts: c}, stop: make(chan struct{})}
 	for i := range members {
-		cs := &cutStore{Store: p.mem}
-		b, err := New(cs, WithID(fmt.Sprint("m", i)), WithRenewEvery(100*time.Millisecond),
-			WithMemberConfig(MemberConfig{RenewEvery: 100 * time.Millisecond, Margin: 5 * time.Millisecond}))
+		cs := &cutStore{Store: &countStore{Store: newStore(), counts: c}}
+		b, err := New(cs, WithID(fmt.Sprint("m", i)), WithRenewEvery(renew),
+			WithMemberConfig(MemberConfig{RenewEvery: renew, Margin: 5 * time.Millisecond}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -211,6 +231,51 @@ func TestRelayAllocatorReplaced(t *testing.T) {
 	poll.Until(t, "answers from the new allocator", 10*time.Second, 10*time.Millisecond, func() bool { return p.mem.count("mailbox") > answered+24 })
 	time.Sleep(500 * time.Millisecond)
 	conformTo(t, p.since(from), l, 10*time.Millisecond)
+}
+
+// TestRelayOnStores: the relay through a real Redis, etcd and ZooKeeper (their record
+// names, multi-record reads and writes, and expiries): 24 members each on its own link
+// renew through mailboxes, the pool uses most of the limit, and its permits conform.
+func TestRelayOnStores(t *testing.T) {
+	l := gcra.Limit{T: int64(time.Millisecond), Tau: 99 * int64(time.Millisecond)}
+	for _, tc := range []struct {
+		name  string
+		links func(t *testing.T) func() store.Store
+	}{
+		{"redis", func(t *testing.T) func() store.Store {
+			client := goredis.NewClient(&goredis.Options{Addr: redistest.New(t).Addr()})
+			t.Cleanup(func() { client.Close() })
+			return func() store.Store { return redisstore.New(client, store.WithAssumeFresh()) }
+		}},
+		{"etcd", func(t *testing.T) func() store.Store {
+			client := etcdClient(t, sharedEtcd(t).Addr())
+			prefix := fmt.Sprintf("relay%d/", time.Now().UnixNano())
+			return func() store.Store { return etcdstore.New(client, store.WithPrefix(prefix)) }
+		}},
+		{"zk", func(t *testing.T) func() store.Store {
+			conn := zkClient(t, sharedZK(t).Addr())
+			root := fmt.Sprintf("/relay%d", time.Now().UnixNano())
+			return func() store.Store { return zkstore.New(conn, store.WithPrefix(root)) }
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			newStore := tc.links(t)
+			if err := WaitUnfenced(bg, newStore(), DefaultConfig()); err != nil {
+				t.Fatal(err)
+			}
+			p := newRelayPoolOn(t, newStore, 250*time.Millisecond, 24, l, 60)
+			poll.Until(t, "a member relays its renewals", 20*time.Second, 10*time.Millisecond, func() bool { return p.mem.count("mailbox") > 24 })
+			from := clock.Default.Nanotime()
+			time.Sleep(2 * time.Second)
+			ps := p.since(from)
+			t.Logf("2 s: %d permits; writes: %d record, %d mailbox, %d ballot, %d door", len(ps),
+				p.mem.count("record"), p.mem.count("mailbox"), p.mem.count("ballot"), p.mem.count("door"))
+			conformTo(t, ps, l, 20*time.Millisecond)
+			if len(ps) < 500 { // a quarter of the limit: loose, for a loaded machine
+				t.Errorf("the pool used %d permits in 2 s of 1000/s", len(ps))
+			}
+		})
+	}
 }
 
 // TestRelayCodecs: a slot, a ballot and a door read back as written, and a record that is
