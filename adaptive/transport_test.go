@@ -120,6 +120,33 @@ func TestTransportNoLimitKnown(t *testing.T) {
 	})
 }
 
+// TestTransportRefusalsAlone: five clients of five goroutines against a referee that
+// answers nothing but 429s and Retry-After (no rate, no count: the bare style), 4,500 an
+// hour, no Limit configured, for an hour of fake time: they use most of the limit, and
+// the referee refuses few of their requests (the first minute's included, when the pool
+// finds out how fast the limit is).
+func TestTransportRefusalsAlone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := clock.NewReal()
+		ref, err := referee.New(sluice.MustParse("4500/h"), referee.WithClock(clk), referee.WithStyle(referee.Bare))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+		defer cancel()
+		pool(ctx, t, 5, 5, func() *adaptive.Transport {
+			return &adaptive.Transport{Base: inProcess{ref}, Clock: clk}
+		}, "http://api.test/v1/work", nil)
+		st := ref.Stats()
+		capacity := 4500 + 4500.0
+		ratio := float64(st.Rejected) / float64(st.Accepted+st.Rejected)
+		t.Logf("accepted %d of %.0f, refused %d (%.4f)", st.Accepted, capacity, st.Rejected, ratio)
+		if u := float64(st.Accepted) / capacity; u < 0.95 || ratio > 0.01 {
+			t.Errorf("utilization %.3f, 429 ratio %.4f: want at least 0.95 and at most 0.01", u, ratio)
+		}
+	})
+}
+
 // TestTransportLearnsTokenLimits: an LLM-style API (60 requests and 12,000 tokens a
 // minute, OpenAI's fields); two clients of three goroutines send requests of 100 to 1,000
 // tokens for twenty minutes of fake time, each request's cost given by Transport.Cost. The
