@@ -335,12 +335,16 @@ func (s *sluiceStrategy) observe(c *Controller, a *answer) {
 			q.pace = q.base
 		}
 	}
-	if a.throttled && a.retryAfter > 0 && !c.q[reqQ].known && !c.q[reqQ].seen {
+	wait := float64(a.retryAfter) / 1e9
+	if a.retryInSeconds {
+		wait-- // named in whole seconds: it may have been rounded up by up to a second
+	}
+	if a.throttled && wait > 0 && !c.q[reqQ].known && !c.q[reqQ].seen {
 		// Only refusals tell. A refusal's wait is the time until the limit's next permit,
 		// so it is at most the limit's interval, and the longest wait bounds the limit's
 		// rate from above: no client keeps up a pace above it. (At the end of slow start,
 		// a client doubling every second had halved down to it once per event.)
-		s.waitMax = max(s.waitMax, min(float64(a.retryAfter)/1e9, maxWait))
+		s.waitMax = max(s.waitMax, min(wait, maxWait))
 		if q := &s.q[reqQ]; q.base > 1/s.waitMax {
 			q.base, q.pace = 1/s.waitMax, 1/s.waitMax
 		}
