@@ -823,3 +823,23 @@ func TestRefusalsAloneBoundAndStepThePace(t *testing.T) {
 		}
 	}
 }
+
+// TestLongWaitIsNotAnInterval: with answers that carry nothing but a refusal's wait, a
+// wait of a second or more (a window's reset, a penalty) is not the limit's interval: the
+// refusal halves the pace and holds the client for the wait, and does not bound the pace
+// at one request a second (the interval read as at most a second did).
+func TestLongWaitIsNotAnInterval(t *testing.T) {
+	c := newC(t, Config{Jitter: 1e-9})
+	now := int64(0)
+	for now < 5*sec {
+		at := send(t, c, now, 0)
+		c.observe(at+sec/20, at, ratehdr.Facts{Status: 200}, 0)
+		now = at + sec/20
+	}
+	before := c.Rate()
+	at := send(t, c, now, 0)
+	c.observe(at+sec/20, at, ratehdr.Facts{Status: 429, RetryAfter: 30 * time.Second, HasRetryAfter: true}, 0)
+	if got := c.Rate(); math.Abs(got-before/2) > 1e-9 {
+		t.Fatalf("pace %.4f after a refusal that waits 30 s, was %.4f: want it halved", got, before)
+	}
+}

@@ -19,8 +19,8 @@ type sluiceStrategy struct {
 	sent     bool
 	countMax float64 // with no rate known: the most the count has shown, plus one
 	// waitMax is, when the answers name no rate and carry no count, the longest wait a
-	// refusal named, in seconds (at most maxWait): at most the limit's interval (see
-	// unknownLimit)
+	// refusal named in milliseconds, in seconds (under maxWait): at most the limit's
+	// interval (see unknownLimit)
 	waitMax float64
 	// blind is the slot of a request sent before anything was learned (or since a restart
 	// after idle), while its answer has not come (see awaitFirst); blind.cost is 0 when
@@ -335,16 +335,12 @@ func (s *sluiceStrategy) observe(c *Controller, a *answer) {
 			q.pace = q.base
 		}
 	}
-	wait := float64(a.retryAfter) / 1e9
-	if a.retryInSeconds {
-		wait-- // named in whole seconds: it may have been rounded up by up to a second
-	}
-	if a.throttled && wait > 0 && !c.q[reqQ].known && !c.q[reqQ].seen {
+	if a.throttled && a.retryAfter > 0 && a.retryAfter < int64(maxWait) && !a.retryInSeconds && !c.q[reqQ].known && !c.q[reqQ].seen {
 		// Only refusals tell. A refusal's wait is the time until the limit's next permit,
 		// so it is at most the limit's interval, and the longest wait bounds the limit's
 		// rate from above: no client keeps up a pace above it. (At the end of slow start,
 		// a client doubling every second had halved down to it once per event.)
-		s.waitMax = max(s.waitMax, min(wait, maxWait))
+		s.waitMax = max(s.waitMax, float64(a.retryAfter)/1e9)
 		if q := &s.q[reqQ]; q.base > 1/s.waitMax {
 			q.base, q.pace = 1/s.waitMax, 1/s.waitMax
 		}
@@ -418,9 +414,10 @@ func (s *sluiceStrategy) unknownLimit(a *answer) {
 // as on a fast one; docs/adaptive.md, "No limit known", gives the figures.
 const refusedStep = 0.00008
 
-// maxWait bounds the interval a refusal's wait teaches, seconds: a wait for a window's
-// reset, not for one permit, grows the pace no slower than a step a second.
-const maxWait = 1.0
+// maxWait bounds the waits read as the limit's interval. A longer wait may be for a
+// window's reset or a penalty, not for the next permit. A wait named in whole seconds
+// (which the API may have rounded up) is not read so either.
+const maxWait = time.Second
 
 // learn moves the pace under one limit from one answer's remaining count r, its request
 // sent at t.
