@@ -364,8 +364,9 @@ func (s *sluiceStrategy) observe(c *Controller, a *answer) {
 // pace starts at one request a second, and a refusal halves it. It grows only while used
 // (see learn). With no count in the answers (only refusals tell), it doubles every
 // second until its first refusal (slow start). Then it adds refusedStep of the rate its
-// refusals' waits bound every interval they taught (by 1% a second if they named no
-// wait), and never goes above that rate (see observe). With a count
+// refusals' waits bound every interval they taught, and never goes above that rate (see
+// observe); by 1% a second if no wait could be read as an interval (see maxWait). With a
+// count
 // (Heroku's RateLimit-Remaining alone), it follows the count before any refusal: it grows
 // by a tenth a second while the count is near the most it has shown (nobody spends it),
 // by 1% a second above a tenth of that, and below it (or two requests) each answer cuts
