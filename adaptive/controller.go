@@ -220,8 +220,11 @@ type answer struct {
 	throttled  bool
 	newEvent   bool  // a refusal of a request sent after the last one's: a new event
 	retryAfter int64 // -1: none named
-	cost       [nQuotas]float64
-	remaining  [nQuotas]float64 // -1: not reported
+	// retryInSeconds: the wait was named in whole seconds, which the API may have rounded
+	// by up to a second
+	retryInSeconds bool
+	cost           [nQuotas]float64
+	remaining      [nQuotas]float64 // -1: not reported
 }
 
 // New returns a Controller. seed drives its jitter (and the sre strategy's draws): the
@@ -325,7 +328,7 @@ func (c *Controller) Observe(now int64, a Answer) {
 func (c *Controller) observe(now, sent int64, f ratehdr.Facts, tokens int64) {
 	a := answer{now: now, sent: min(sent, now), throttled: f.Throttled(), retryAfter: -1, remaining: [nQuotas]float64{-1, -1}}
 	if f.HasRetryAfter {
-		a.retryAfter = int64(f.RetryAfter)
+		a.retryAfter, a.retryInSeconds = int64(f.RetryAfter), f.RetryAfterInSeconds
 	}
 	a.cost = [nQuotas]float64{1, float64(max(tokens, 0))}
 	if tokens > 0 {

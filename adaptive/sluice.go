@@ -18,6 +18,10 @@ type sluiceStrategy struct {
 	lastSend int64
 	sent     bool
 	countMax float64 // with no rate known: the most the count has shown, plus one
+	// waitMax is, when the answers name no rate and carry no count, the longest wait a
+	// refusal named in milliseconds, in seconds (under maxWait): at most the limit's
+	// interval (see unknownLimit)
+	waitMax float64
 	// blind is the slot of a request sent before anything was learned (or since a restart
 	// after idle), while its answer has not come (see awaitFirst); blind.cost is 0 when
 	// there is none.
@@ -331,6 +335,16 @@ func (s *sluiceStrategy) observe(c *Controller, a *answer) {
 			q.pace = q.base
 		}
 	}
+	if a.throttled && a.retryAfter > 0 && a.retryAfter < int64(maxWait) && !a.retryInSeconds && !c.q[reqQ].known && !c.q[reqQ].seen {
+		// Only refusals tell. A refusal's wait is the time until the limit's next permit,
+		// so it is at most the limit's interval, and the longest wait bounds the limit's
+		// rate from above: no client keeps up a pace above it. (At the end of slow start,
+		// a client doubling every second had halved down to it once per event.)
+		s.waitMax = max(s.waitMax, float64(a.retryAfter)/1e9)
+		if q := &s.q[reqQ]; q.base > 1/s.waitMax {
+			q.base, q.pace = 1/s.waitMax, 1/s.waitMax
+		}
+	}
 	if a.throttled {
 		// What a refusal reports is left for the next answers: the pool is over the
 		// limit, and the halving is the answer to that.
@@ -349,7 +363,10 @@ func (s *sluiceStrategy) observe(c *Controller, a *answer) {
 // unknownLimit paces a client whose answers name no rate (and Config.Limit none). Its
 // pace starts at one request a second, and a refusal halves it. It grows only while used
 // (see learn). With no count in the answers (only refusals tell), it doubles every
-// second until its first refusal (slow start), then grows by 1% a second. With a count
+// second until its first refusal (slow start). Then it adds refusedStep of the rate its
+// refusals' waits bound every interval they taught, and never goes above that rate (see
+// observe); by 1% a second if no wait could be read as an interval (see maxWait). With a
+// count
 // (Heroku's RateLimit-Remaining alone), it follows the count before any refusal: it grows
 // by a tenth a second while the count is near the most it has shown (nobody spends it),
 // by 1% a second above a tenth of that, and below it (or two requests) each answer cuts
@@ -379,11 +396,29 @@ func (s *sluiceStrategy) unknownLimit(a *answer) {
 	case r >= 0.9*s.countMax:
 		growth = 1.1
 	}
-	if used {
+	switch {
+	case !used:
+	case r < 0 && q.phase == steady && s.waitMax > 0:
+		// Only refusals tell, and their waits bound the limit's interval w: every client
+		// adds the same step, refusedStep of the rate 1/w, each interval w (additive
+		// increase; the halving is the multiplicative decrease, as TCP's AIMD).
+		q.base += refusedStep * min(dt, 60) / (s.waitMax * s.waitMax)
+	default:
 		q.base *= math.Pow(growth, min(dt, 60))
 	}
 	q.pace = q.base
 }
+
+// refusedStep is the step by which a client that learns from refusals alone raises its
+// pace every interval of the limit, as a part of the limit's rate (both as its refusals'
+// waits bound them). Counted in intervals, the pool is refused as rarely on a slow limit
+// as on a fast one; docs/adaptive.md, "No limit known", gives the figures.
+const refusedStep = 0.00008
+
+// maxWait bounds the waits read as the limit's interval. A longer wait may be for a
+// window's reset or a penalty, not for the next permit. A wait named in whole seconds
+// (which the API may have rounded up) is not read so either.
+const maxWait = time.Second
 
 // learn moves the pace under one limit from one answer's remaining count r, its request
 // sent at t.

@@ -120,6 +120,56 @@ func TestTransportNoLimitKnown(t *testing.T) {
 	})
 }
 
+// TestTransportRefusalsAlone: clients against a referee that answers nothing but 429s and
+// a wait (no rate, no count: the bare style), no Limit configured. Five clients of five
+// goroutines on 4,500 an hour for an hour of fake time use most of the limit, and the
+// referee refuses few of their requests (the first minute's included, when the pool finds
+// out how fast the limit is). A lone client on 10 a second whose refusals name their wait
+// in whole seconds (an HTTP-date: the API rounds a wait of 100 ms up to a second) uses
+// as much of the limit as before (0.81): such a wait says nothing of an interval shorter
+// than a second. (Read as an interval of a second, it held the client at one request a
+// second: 0.52.)
+func TestTransportRefusalsAlone(t *testing.T) {
+	for _, c := range []struct {
+		name               string
+		limit              string
+		clients            int
+		run                time.Duration
+		seconds            bool
+		minUse, maxRefused float64
+	}{
+		{"five clients on 4500/h", "4500/h", 5, time.Hour, false, 0.95, 0.01},
+		{"a lone client on 10/s, waits in seconds", "10/s", 1, 10 * time.Minute, true, 0.8, 0.01},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				clk := clock.NewReal()
+				opts := []referee.Option{referee.WithClock(clk), referee.WithStyle(referee.Bare)}
+				if c.seconds {
+					opts = append(opts, referee.WithDateRetryAfter())
+				}
+				l := sluice.MustParse(c.limit)
+				ref, err := referee.New(l, opts...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), c.run)
+				defer cancel()
+				pool(ctx, t, c.clients, 5, func() *adaptive.Transport {
+					return &adaptive.Transport{Base: inProcess{ref}, Clock: clk}
+				}, "http://api.test/v1/work", nil)
+				st := ref.Stats()
+				capacity := float64(l[0].Burst) + float64(l[0].Rate)*c.run.Seconds()/l[0].Period.Seconds()
+				ratio := float64(st.Rejected) / float64(st.Accepted+st.Rejected)
+				t.Logf("accepted %d of %.0f, refused %d (%.4f)", st.Accepted, capacity, st.Rejected, ratio)
+				if u := float64(st.Accepted) / capacity; u < c.minUse || ratio > c.maxRefused {
+					t.Errorf("utilization %.3f, 429 ratio %.4f: want at least %v and at most %v", u, ratio, c.minUse, c.maxRefused)
+				}
+			})
+		})
+	}
+}
+
 // TestTransportLearnsTokenLimits: an LLM-style API (60 requests and 12,000 tokens a
 // minute, OpenAI's fields); two clients of three goroutines send requests of 100 to 1,000
 // tokens for twenty minutes of fake time, each request's cost given by Transport.Cost. The

@@ -62,6 +62,9 @@ type Facts struct {
 	// RetryAfter is the wait the response asks for, if HasRetryAfter.
 	RetryAfter    time.Duration
 	HasRetryAfter bool
+	// RetryAfterInSeconds: the wait was named in whole seconds (Retry-After, as a number
+	// or an HTTP-date), not milliseconds; the API may have rounded it by up to a second.
+	RetryAfterInSeconds bool
 	// Quotas are the limits the response reports, the generic fields' first (the IETF
 	// draft's, else the RateLimit-* trio's, else the X-RateLimit-* trio's), then the
 	// providers'.
@@ -77,7 +80,7 @@ func (f Facts) Throttled() bool {
 // Read reads a response's status and header at now (the time it arrived).
 func Read(status int, h http.Header, now time.Time) Facts {
 	f := Facts{Status: status}
-	f.RetryAfter, f.HasRetryAfter = RetryAfter(h, now)
+	f.RetryAfter, f.HasRetryAfter, f.RetryAfterInSeconds = retryAfter(h, now)
 	switch {
 	case get(h, kRateLimit) != "" || get(h, kPolicy) != "":
 		f.Quotas = ietf(h)
@@ -95,25 +98,31 @@ func Read(status int, h http.Header, now time.Time) Facts {
 // else Retry-After in either of its forms (delta-seconds, or an HTTP-date compared with
 // now). It reports false when the response names no wait or names it badly.
 func RetryAfter(h http.Header, now time.Time) (time.Duration, bool) {
+	d, ok, _ := retryAfter(h, now)
+	return d, ok
+}
+
+// retryAfter is RetryAfter, and whether the wait was named in whole seconds.
+func retryAfter(h http.Header, now time.Time) (d time.Duration, ok, inSeconds bool) {
 	if v := strings.TrimSpace(get(h, kRetryAfterMs)); v != "" {
 		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms >= 0 && ms < float64(maxWait/time.Millisecond) {
-			return time.Duration(ms * float64(time.Millisecond)), true
+			return time.Duration(ms * float64(time.Millisecond)), true, false
 		}
 	}
 	v := strings.TrimSpace(get(h, kRetryAfter))
 	if v == "" {
-		return 0, false
+		return 0, false, false
 	}
 	if s, err := strconv.ParseInt(v, 10, 64); err == nil {
 		if s < 0 || s > int64(maxWait/time.Second) {
-			return 0, false
+			return 0, false, false
 		}
-		return time.Duration(s) * time.Second, true
+		return time.Duration(s) * time.Second, true, true
 	}
 	if t, err := http.ParseTime(v); err == nil {
-		return clampWait(t.Sub(now)), true
+		return clampWait(t.Sub(now)), true, true
 	}
-	return 0, false
+	return 0, false, false
 }
 
 // Remaining reads how many requests a response says are left: its first request quota

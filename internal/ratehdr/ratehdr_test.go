@@ -32,9 +32,9 @@ func TestRead(t *testing.T) {
 	}{
 		{"nothing", 200, hdr(), Facts{Status: 200}},
 		{"retry-after seconds", 429, hdr("Retry-After", "7"),
-			Facts{Status: 429, RetryAfter: 7 * time.Second, HasRetryAfter: true}},
+			Facts{Status: 429, RetryAfter: 7 * time.Second, HasRetryAfter: true, RetryAfterInSeconds: true}},
 		{"retry-after date", 429, hdr("Retry-After", now.Add(90*time.Second).Format(http.TimeFormat)),
-			Facts{Status: 429, RetryAfter: 90 * time.Second, HasRetryAfter: true}},
+			Facts{Status: 429, RetryAfter: 90 * time.Second, HasRetryAfter: true, RetryAfterInSeconds: true}},
 		{"retry-after-ms first", 429, hdr("Retry-After", "2", "Retry-After-Ms", "1500"),
 			Facts{Status: 429, RetryAfter: 1500 * time.Millisecond, HasRetryAfter: true}},
 		{"retry-after malformed", 429, hdr("Retry-After", "soon"), Facts{Status: 429}},
