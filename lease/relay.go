@@ -101,20 +101,27 @@ func unmarshalSlot(data []byte) (*slot, error) {
 	return s, nil
 }
 
-func marshalBallot(b ballot) []byte {
-	data, _ := json.Marshal(b)
+// marshalJSON and unmarshalJSON are the ballot's and the doors' codec (what names the
+// record in an error): plain structs, which never fail to encode; a missing record is the
+// zero value.
+func marshalJSON[T any](v T) []byte {
+	data, _ := json.Marshal(v)
 	return data
 }
 
-func unmarshalBallot(data []byte) (ballot, error) {
-	var b ballot
+func unmarshalJSON[T any](data []byte, what string) (T, error) {
+	var v T
 	if len(data) > 0 {
-		if err := json.Unmarshal(data, &b); err != nil {
-			return b, fmt.Errorf("%w: lease ballot: %w", store.ErrBadRecord, err)
+		if err := json.Unmarshal(data, &v); err != nil {
+			return v, fmt.Errorf("%w: lease %s: %w", store.ErrBadRecord, what, err)
 		}
 	}
-	return b, nil
+	return v, nil
 }
+
+func marshalBallot(b ballot) []byte { return marshalJSON(b) }
+
+func unmarshalBallot(data []byte) (ballot, error) { return unmarshalJSON[ballot](data, "ballot") }
 
 // door is the names of the members whose joins wait in their mailboxes, each with when
 // it knocked (the store's clock): the allocator reads the mailboxes of the record's
@@ -125,22 +132,14 @@ type door struct {
 
 const doorStripes = 16
 
-func marshalDoor(d door) []byte {
-	data, _ := json.Marshal(d)
-	return data
-}
+func marshalDoor(d door) []byte { return marshalJSON(d) }
 
 func unmarshalDoor(data []byte) (door, error) {
-	var d door
-	if len(data) > 0 {
-		if err := json.Unmarshal(data, &d); err != nil {
-			return d, fmt.Errorf("%w: lease door: %w", store.ErrBadRecord, err)
-		}
-	}
+	d, err := unmarshalJSON[door](data, "door")
 	if d.Joining == nil {
 		d.Joining = map[string]int64{}
 	}
-	return d, nil
+	return d, err
 }
 
 func doorID(rec string, k int) string { return rec + "|door" + strconv.Itoa(k) }

@@ -2,12 +2,11 @@ package strict
 
 import (
 	"context"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/testkit/classtest"
 	"github.com/sluicehq/sluice/priority"
 )
 
@@ -26,40 +25,9 @@ func TestClassesAcrossProcesses(t *testing.T) {
 		lims[i] = sluice.MustNew(sluice.MustParse("10/s burst=10"), sluice.WithBackend(b))
 		t.Cleanup(func() { lims[i].Close() })
 	}
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	defer func() { stop(); wg.Wait() }()
-	var flood atomic.Int64 // permits the flood got
-	shed := priority.With(ctx, priority.Sheddable)
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for lims[1].Wait(shed, "api") == nil {
-				flood.Add(1)
-			}
-		}()
-	}
-	// The critical caller, from the start; its answers count once the flood has held the
-	// line for two seconds (past the key's first window, in which a sheddable caller keeps
-	// its headroom on a key its limiter has watched for less: docs/priorities.md).
-	crit := priority.With(ctx, priority.Critical)
-	var asked, granted int
-	for asked < 8 {
-		ok := lims[0].Allow(crit, "api")
-		if flood.Load() >= 20 {
-			asked++
-			if ok {
-				granted++
-			}
-		}
-		select {
-		case <-time.After(200 * time.Millisecond):
-		case <-ctx.Done():
-		}
-	}
+	asked, granted, flood := classtest.CriticalBesideFlood(lims[0], lims[1])
 	if granted < asked {
-		t.Errorf("a critical caller beside another process's sheddable flood: %d of %d Allows granted, want all (the flood keeps its headroom; it got %d permits)", granted, asked, flood.Load())
+		t.Errorf("a critical caller beside another process's sheddable flood: %d of %d Allows granted, want all (the flood keeps its headroom; it got %d permits)", granted, asked, flood)
 	}
 }
 
