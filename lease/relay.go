@@ -286,11 +286,18 @@ func (r *relay) saw(id string, members int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if members > r.above {
+		if len(r.crowd) >= maxRemembered {
+			clear(r.crowd) // keys gone idle: what they said is relearned at their next read
+		}
 		r.crowd[id] = members
 	} else {
 		delete(r.crowd, id)
 	}
 }
+
+// maxRemembered bounds what a relay remembers per record (its crowd, its misses): a
+// process serving more crowded keys than this relearns them.
+const maxRemembered = 4096
 
 // relayableOp reports whether a call's operation may be relayed: a join (the joiner
 // knocks at the limit's door, so that the allocator reads its mailbox), a renewal or a
@@ -321,6 +328,9 @@ func (r *relay) answered(id string, ok bool) {
 	if ok {
 		delete(r.misses, id)
 	} else {
+		if len(r.misses) >= maxRemembered {
+			clear(r.misses)
+		}
 		r.misses[id]++
 	}
 }
