@@ -314,12 +314,9 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 	for i, g := range pending {
 		ids[i] = g.id
 	}
-	snap, err := a.store.Load(ctx, ids)
+	snap, err := a.load(ctx, ids)
 	if err != nil {
 		return nil, err
-	}
-	if len(snap.Records) != len(ids) {
-		return nil, fmt.Errorf("%w: the store read %d records of %d", backend.ErrUnavailable, len(snap.Records), len(ids))
 	}
 	var writes []store.Write
 	var written []*group
@@ -363,12 +360,9 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 	if len(writes) == 0 {
 		return nil, nil
 	}
-	vers, err := a.store.Swap(ctx, writes)
+	vers, err := a.swap(ctx, writes)
 	if err != nil {
 		return nil, err
-	}
-	if len(vers) != len(writes) {
-		return nil, fmt.Errorf("%w: the store answered %d writes of %d", backend.ErrUnavailable, len(vers), len(writes))
 	}
 	var again []*group
 	for k, g := range written {
@@ -383,6 +377,24 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 		}
 	}
 	return again, nil
+}
+
+// load reads ids, and swap writes writes, as the store does, with an answer of the wrong
+// length an error (backend.ErrUnavailable) rather than an index out of range.
+func (a *applier) load(ctx context.Context, ids []string) (store.Snapshot, error) {
+	snap, err := a.store.Load(ctx, ids)
+	if err == nil && len(snap.Records) != len(ids) {
+		err = fmt.Errorf("%w: the store read %d records of %d", backend.ErrUnavailable, len(snap.Records), len(ids))
+	}
+	return snap, err
+}
+
+func (a *applier) swap(ctx context.Context, writes []store.Write) ([]uint64, error) {
+	vers, err := a.store.Swap(ctx, writes)
+	if err == nil && len(vers) != len(writes) {
+		err = fmt.Errorf("%w: the store answered %d writes of %d", backend.ErrUnavailable, len(vers), len(writes))
+	}
+	return vers, err
 }
 
 // state decodes a group's record, or makes it. A record is made fenced (the whole limit

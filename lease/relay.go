@@ -167,12 +167,9 @@ func (a *applier) knock(ctx context.Context, calls []call, joins []int) error {
 				return err
 			}
 		}
-		snap, err := a.store.Load(ctx, ids)
+		snap, err := a.load(ctx, ids)
 		if err != nil {
 			return err
-		}
-		if len(snap.Records) != len(ids) {
-			return fmt.Errorf("%w: the store read %d records of %d", backend.ErrUnavailable, len(snap.Records), len(ids))
 		}
 		var writes []store.Write
 		for k, id := range ids {
@@ -185,13 +182,13 @@ func (a *applier) knock(ctx context.Context, calls []call, joins []int) error {
 			}
 			writes = append(writes, store.Write{ID: id, Data: marshalDoor(d), Version: snap.Records[k].Version, Keep: mailKeep})
 		}
-		vers, err := a.store.Swap(ctx, writes)
+		vers, err := a.swap(ctx, writes)
 		if err != nil {
 			return err
 		}
 		var again []string
 		for k, id := range ids {
-			if k >= len(vers) || vers[k] == 0 {
+			if vers[k] == 0 {
 				again = append(again, id)
 			}
 		}
@@ -386,12 +383,9 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 			}
 			break
 		}
-		snap, err := a.store.Load(ctx, ids)
+		snap, err := a.load(ctx, ids)
 		if err != nil {
 			return err
-		}
-		if len(snap.Records) != len(ids) {
-			return fmt.Errorf("%w: the store read %d records of %d", backend.ErrUnavailable, len(snap.Records), len(ids))
 		}
 		var writes []store.Write
 		for _, k := range todo {
@@ -399,12 +393,9 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 				Version: snap.Records[k].Version, Keep: mailKeep})
 		}
 		writes, claimed := a.claims(snap, ids, ballots, writes)
-		vers, err := a.store.Swap(ctx, writes)
+		vers, err := a.swap(ctx, writes)
 		if err != nil {
 			return err
-		}
-		if len(vers) != len(writes) {
-			return fmt.Errorf("%w: the store answered %d writes of %d", backend.ErrUnavailable, len(vers), len(writes))
 		}
 		a.started(claimed, vers[len(todo):], limits)
 		var again []int
@@ -438,8 +429,8 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 		if err := a.sleep(ctx, r.tick); err != nil {
 			break
 		}
-		snap, err := a.store.Load(ctx, ids)
-		if err != nil || len(snap.Records) != len(ids) {
+		snap, err := a.load(ctx, ids)
+		if err != nil {
 			continue // the store is unreachable for now: wait on, within ctx
 		}
 		waiting = slices.DeleteFunc(waiting, func(k int) bool {
@@ -459,7 +450,7 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 			return true
 		})
 		if writes, claimed := a.claims(snap, ids, ballots, nil); len(writes) > 0 {
-			if vers, err := a.store.Swap(ctx, writes); err == nil && len(vers) == len(writes) {
+			if vers, err := a.swap(ctx, writes); err == nil {
 				a.started(claimed, vers, limits)
 			}
 		}
@@ -579,8 +570,8 @@ func (a *applier) allocate(rec string, limit gcra.Limit) {
 func (a *applier) resign(rec string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
-	snap, err := a.store.Load(ctx, []string{ballotID(rec)})
-	if err != nil || len(snap.Records) != 1 {
+	snap, err := a.load(ctx, []string{ballotID(rec)})
+	if err != nil {
 		return
 	}
 	if bl, err := unmarshalBallot(snap.Records[0].Data); err != nil || bl.Holder != a.relay.self {
@@ -605,12 +596,9 @@ func (a *applier) allocateOnce(ctx context.Context, rec string, limit gcra.Limit
 	for _, m := range members {
 		ids = append(ids, mailboxID(rec, m))
 	}
-	snap, err := a.store.Load(ctx, ids)
+	snap, err := a.load(ctx, ids)
 	if err != nil {
 		return false, true, false, members, err
-	}
-	if len(snap.Records) != len(ids) {
-		return false, true, false, members, fmt.Errorf("%w: the store read %d records of %d", backend.ErrUnavailable, len(snap.Records), len(ids))
 	}
 	now := snap.Now
 	if n := snap.Records[0].Now; n != 0 {
@@ -697,11 +685,11 @@ func (a *applier) allocateOnce(ctx context.Context, rec string, limit gcra.Limit
 		if bl.Until-now >= r.ballotTTL()/2 {
 			return false, true, false, members, nil
 		}
-		vers, err := a.store.Swap(ctx, []store.Write{renewBallot})
+		vers, err := a.swap(ctx, []store.Write{renewBallot})
 		if err != nil {
 			return false, true, false, members, err
 		}
-		return false, len(vers) == 1 && vers[0] != 0, false, members, nil
+		return false, vers[0] != 0, false, members, nil
 	}
 	staged := make([]result, len(calls))
 	writes := []store.Write{renewBallot}
@@ -723,12 +711,9 @@ func (a *applier) allocateOnce(ctx context.Context, rec string, limit gcra.Limit
 			writes = append(writes, w)
 		}
 	}
-	vers, err := a.store.Swap(ctx, writes)
+	vers, err := a.swap(ctx, writes)
 	if err != nil {
 		return true, true, false, members, err
-	}
-	if len(vers) != len(writes) {
-		return true, true, false, members, fmt.Errorf("%w: the store answered %d writes of %d", backend.ErrUnavailable, len(vers), len(writes))
 	}
 	held = vers[0] != 0
 	if len(vers) > 1 {
@@ -757,12 +742,12 @@ func (a *applier) allocateOnce(ctx context.Context, rec string, limit gcra.Limit
 		answers = append(answers, store.Write{ID: ids[p.k], Data: marshalSlot(&s), Version: snap.Records[p.k].Version, Keep: mailKeep})
 	}
 	answers = append(answers, doors...)
-	avers, err := a.store.Swap(ctx, answers)
+	avers, err := a.swap(ctx, answers)
 	if err != nil {
 		return true, held, false, members, err
 	}
 	for j := range pending {
-		if j < len(avers) && avers[j] != 0 {
+		if avers[j] != 0 {
 			answered[answers[j].ID] = avers[j]
 		}
 	}
