@@ -114,36 +114,41 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// shareN calls f(i) for each i in [0, n) from g goroutines, each taking the next i, and
+// returns when every call has.
+func shareN(n, g int, f func(i int)) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range g {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				f(i)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
 // runDecisions makes b.N decisions from g goroutines over keys and reports decisions/s,
 // p50 and p99 latency, CPU per decision of this process (the client) and of Redis, Redis'
 // execution time per decision and per script call, and script calls per decision (below 1
 // when calls are batched).
 func runDecisions(b *testing.B, g int, keys []string, info *goredis.Client, decide func(key string) bool) {
 	lat := make([]int64, b.N)
-	var next, denied atomic.Int64
-	var wg sync.WaitGroup
+	var denied atomic.Int64
 	cmd0, calls0 := redisCommandTime(info)
 	cpu0, rcpu0 := processCPU(), redisCPU(info)
 	b.ResetTimer()
 	start := time.Now()
-	for w := 0; w < g; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := next.Add(1) - 1
-				if i >= int64(b.N) {
-					return
-				}
-				t0 := time.Now()
-				if !decide(keys[int(i)%len(keys)]) {
-					denied.Add(1)
-				}
-				lat[i] = int64(time.Since(t0))
-			}
-		}()
-	}
-	wg.Wait()
+	shareN(b.N, g, func(i int) {
+		t0 := time.Now()
+		if !decide(keys[i%len(keys)]) {
+			denied.Add(1)
+		}
+		lat[i] = int64(time.Since(t0))
+	})
 	elapsed := time.Since(start)
 	b.StopTimer()
 	cpu, rcpu := processCPU()-cpu0, redisCPU(info)-rcpu0

@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -149,27 +148,15 @@ func BenchmarkRedisFloor(b *testing.B) {
 // op, and script calls per op. A call that fails or denies (a reply other than 1 from the
 // scripts) fails the benchmark.
 func runScriptCalls(b *testing.B, g int, keys []string, info *goredis.Client, names []string, call func(key string) bool) {
-	var next, failed atomic.Int64
-	var wg sync.WaitGroup
+	var failed atomic.Int64
 	cmd0, calls0 := commandTime(info, names...)
 	b.ResetTimer()
 	start := time.Now()
-	for w := 0; w < g; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := next.Add(1) - 1
-				if i >= int64(b.N) {
-					return
-				}
-				if !call(keys[int(i)%len(keys)]) {
-					failed.Add(1)
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	shareN(b.N, g, func(i int) {
+		if !call(keys[i%len(keys)]) {
+			failed.Add(1)
+		}
+	})
 	elapsed := time.Since(start)
 	b.StopTimer()
 	if f := failed.Load(); f > 0 {
