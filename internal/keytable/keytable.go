@@ -74,6 +74,15 @@ const (
 	nShards  = 64
 )
 
+// onAlloc, if set (by tests), is called before each allocation of an entry or an array.
+var onAlloc func()
+
+func alloc() {
+	if onAlloc != nil {
+		onAlloc()
+	}
+}
+
 // New returns an empty table.
 func New[V any]() *Table[V] {
 	return &Table[V]{hasher: newHasher(), shards: make([]shard[V], nShards), shift: uint(64 - bits.TrailingZeros(nShards)), tomb: &Entry[V]{}}
@@ -114,23 +123,42 @@ func (t *Table[V]) Load(key string) *Entry[V] {
 }
 
 // LoadOrStore returns key's entry if it has one (loaded true); otherwise it makes one,
-// lets init set its state before any other caller can see it, and stores it.
-func (t *Table[V]) LoadOrStore(key string, init func(*V)) (e *Entry[V], loaded bool) {
+// lets init set its state before any other caller can see it, and stores it. init may
+// run on an entry that is then dropped, when the key turns out to have one.
+//
+// It allocates outside the shard's lock (the entry, and the array a full shard moves to):
+// an allocation may have to help the collector mark, in proportion to its size, and
+// every other insert into the shard would wait for it.
+func (t *Table[V]) LoadOrStore(key string, init func(*V)) (*Entry[V], bool) {
 	h, sh := t.hash(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if e := sh.find(h, key, t.tomb); e != nil {
-		return e, true
-	}
-	e = &Entry[V]{key: key}
+	alloc()
+	e := &Entry[V]{key: key}
 	if init != nil {
 		init(&e.Val)
 	}
-	if t.adds.Add(1)%AgeUnit == 0 {
-		t.tick.Add(1)
+	var spare []slot[V]
+	for {
+		sh.mu.Lock()
+		if old := sh.find(h, key, t.tomb); old != nil {
+			sh.mu.Unlock()
+			return old, true
+		}
+		n := sh.needs()
+		if n == 0 || len(spare) == n {
+			if n != 0 {
+				sh.move(spare, t.tomb)
+			}
+			if t.adds.Add(1)%AgeUnit == 0 {
+				t.tick.Add(1)
+			}
+			t.put(sh, uint64(h)<<32|uint64(t.tick.Load()), e)
+			sh.mu.Unlock()
+			return e, false
+		}
+		sh.mu.Unlock()
+		alloc()
+		spare = make([]slot[V], n) // then look again: another insert may have moved it
 	}
-	t.put(sh, uint64(h)<<32|uint64(t.tick.Load()), e)
-	return e, false
 }
 
 // Replace replaces old, if it is still its key's entry, with a new entry for the same key
@@ -149,22 +177,42 @@ func (t *Table[V]) Replace(old *Entry[V], init func(*V)) *Entry[V] {
 	return e
 }
 
-// Delete removes e if it is still its key's entry, and reports whether it did.
+// Delete removes e if it is still its key's entry, and reports whether it did. A shard
+// left under 1/4 full moves to an array half as big (then under 1/2), made outside its
+// lock as LoadOrStore's are.
 func (t *Table[V]) Delete(e *Entry[V]) bool {
 	h, sh := t.hash(e.key)
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
 	s := sh.slotOf(h, e)
 	if s == nil {
+		sh.mu.Unlock()
 		return false
 	}
 	s.e.Store(t.tomb)
 	sh.live--
 	t.count.Add(-1)
-	if ss := sh.array(); len(ss) > minSlots && sh.live < len(ss)/4 {
-		sh.resize(len(ss)/2, t.tomb) // under 1/4 full: halve it (then under 1/2)
+	n := sh.shrinks()
+	sh.mu.Unlock()
+	for n != 0 {
+		alloc()
+		spare := make([]slot[V], n)
+		sh.mu.Lock()
+		if n = sh.shrinks(); n == len(spare) {
+			sh.move(spare, t.tomb)
+			n = 0
+		}
+		sh.mu.Unlock()
 	}
 	return true
+}
+
+// shrinks returns the size of the array sh should move to, under 1/4 full, or 0; sh.mu
+// is held.
+func (sh *shard[V]) shrinks() int {
+	if ss := sh.array(); len(ss) > minSlots && sh.live < len(ss)/4 {
+		return len(ss) / 2
+	}
+	return 0
 }
 
 // array returns sh's slots (nil before its first key).
@@ -210,20 +258,26 @@ func (sh *shard[V]) slotOf(h uint32, e *Entry[V]) *slot[V] {
 	}
 }
 
-// put stores a new entry in sh, first growing it or clearing its tombstones if that would
-// fill more than 3/4 of its slots; sh.mu is held. It doubles a shard over 5/8 full of
-// entries, so that a cleared one has 1/8 of its slots free at least: a table kept at a
-// size by deleting a key for each new one moves at most 8 slots a key.
+// needs returns the size of the array sh must move to before one more entry, or 0 if it
+// has room: a shard that would be more than 3/4 full of entries and tombstones moves to a
+// fresh array, twice as big if over 5/8 of its slots would hold entries, so that a
+// cleared one has 1/8 of its slots free at least (a table kept at a size by deleting a key
+// for each new one moves at most 8 slots a key); sh.mu is held.
+func (sh *shard[V]) needs() int {
+	ss := sh.array()
+	if (sh.used+1)*4 <= len(ss)*3 {
+		return 0
+	}
+	n := max(len(ss), minSlots)
+	if (sh.live+1)*8 > n*5 {
+		n *= 2
+	}
+	return n
+}
+
+// put stores a new entry in sh, which has room for it (needs is 0); sh.mu is held.
 func (t *Table[V]) put(sh *shard[V], meta uint64, e *Entry[V]) {
 	ss := sh.array()
-	if (sh.used+1)*4 > len(ss)*3 {
-		n := max(len(ss), minSlots)
-		if (sh.live+1)*8 > n*5 {
-			n *= 2
-		}
-		sh.resize(n, t.tomb)
-		ss = sh.array()
-	}
 	mask := uint64(len(ss) - 1)
 	for i := index(uint32(meta>>32), mask); ; i = (i + 1) & mask {
 		s := &ss[i]
@@ -241,13 +295,12 @@ func (t *Table[V]) put(sh *shard[V], meta uint64, e *Entry[V]) {
 	}
 }
 
-// resize moves sh's entries to a fresh array of n slots, without tombstones; sh.mu is
-// held. Lookups go on in the old array until the new one is stored: it holds the same
-// entries.
-func (sh *shard[V]) resize(n int, tomb *Entry[V]) {
+// move moves sh's entries to ss, an empty array whose length is a power of two, leaving
+// the tombstones behind; sh.mu is held. Lookups go on in the old array until the new one
+// is stored: it holds the same entries.
+func (sh *shard[V]) move(ss []slot[V], tomb *Entry[V]) {
 	old := sh.array()
-	ss := make([]slot[V], n)
-	mask := uint64(n - 1)
+	mask := uint64(len(ss) - 1)
 	for k := range old {
 		e := old[k].e.Load()
 		if e == nil || e == tomb {

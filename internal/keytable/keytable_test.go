@@ -311,3 +311,43 @@ func TestHashSpreads(t *testing.T) {
 		}
 	}
 }
+
+// TestNoAllocationUnderALock: LoadOrStore makes a key's entry, and any bigger or cleaner
+// array its shard needs, before it takes the shard's lock, and Delete the smaller one. An allocation may have to help
+// the collector mark (an assist, in proportion to its size: a shard's array is up to
+// megabytes), and while it does every other insert into the shard waits: under a flood of
+// new keys at the daemon's cap such waits held batches of 1,000 queries past 100 ms.
+func TestNoAllocationUnderALock(t *testing.T) {
+	tb := New[int]()
+	allocs := 0
+	onAlloc = func() {
+		allocs++
+		for i := range tb.shards {
+			if !tb.shards[i].mu.TryLock() {
+				t.Fatalf("allocation %d with shard %d's lock held", allocs, i)
+			}
+			tb.shards[i].mu.Unlock()
+		}
+	}
+	defer func() { onAlloc = nil }()
+	var live []*Entry[int]
+	for i := range 50_000 { // grows every shard, then churns at a cap: arrays cleared of tombstones
+		if len(live) == 20_000 {
+			tb.Delete(live[i%len(live)])
+			live[i%len(live)], _ = tb.LoadOrStore(fmt.Sprint("k", i), nil)
+			continue
+		}
+		e, _ := tb.LoadOrStore(fmt.Sprint("k", i), nil)
+		live = append(live, e)
+	}
+	grown := tb.slots()
+	for _, e := range live { // and shrinks every shard again
+		tb.Delete(e)
+	}
+	if tb.slots() >= grown/4 {
+		t.Fatalf("%d slots after every key's delete, %d before: the shards did not shrink", tb.slots(), grown)
+	}
+	if allocs < 50_000+nShards {
+		t.Fatalf("%d allocations seen, want an entry a key and the shards' arrays: the hook is not called", allocs)
+	}
+}
