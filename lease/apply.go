@@ -239,6 +239,17 @@ func (a *applier) applyNow(ctx context.Context, calls []call) ([]result, error) 
 		}
 		g.idx = append(g.idx, i)
 	}
+	// A borrow on a crowded limit is refused here (relay.borrowsCrowded).
+	groups = slices.DeleteFunc(groups, func(g *group) bool {
+		g.idx = slices.DeleteFunc(g.idx, func(i int) bool {
+			if a.relay.borrowsCrowded(g.id, calls[i]) {
+				out[i] = result{err: errCrowdedBorrow}
+				return true
+			}
+			return false
+		})
+		return len(g.idx) == 0
+	})
 	var relayed []*group
 	pending := slices.DeleteFunc(slices.Clone(groups), func(g *group) bool {
 		if a.relayable(g, calls) {

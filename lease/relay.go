@@ -298,14 +298,42 @@ const maxRemembered = 4096
 
 // relayableOp reports whether a call's operation may be relayed: a join (the joiner
 // knocks at the limit's door, so that the allocator reads its mailbox), a renewal or a
-// release (not a take, a borrow or a penalty, for which a caller waits), that gives no
-// permits back (Request.Return: the one part of a request whose effect adds up when it is
-// applied twice, which an allocator whose answers were lost after its record was written
-// would do; every other part of a renewal or release states what the member holds, and
-// says it again harmlessly).
+// release (not a take, a borrow or a penalty, for which a caller waits). A relayed
+// request gives no permits back (postable drops Request.Return): that is the one part of
+// a request whose effect adds up when it is applied twice, which an allocator whose
+// answers were lost after its record was written would do; every other part of a
+// renewal or release states what the member holds, and says it again harmlessly.
 func relayableOp(c call) bool {
-	return !c.req.Borrow && c.req.Return == 0 && (c.req.Op == allot.OpJoin || c.req.Op == allot.OpRenew || c.req.Op == allot.OpRelease)
+	return !c.req.Borrow && (c.req.Op == allot.OpJoin || c.req.Op == allot.OpRenew || c.req.Op == allot.OpRelease)
 }
+
+// postable returns the request a member posts in its mailbox: req without the permits it
+// gives back (Request.Return). Those are lost to the pool (the store counts them as used
+// until the lease that held them ends, a tenth of a share's rate at most): a member that
+// wrote the record directly to give them back made the allocator lose its own write to
+// it, at two hundred members one write in two (BenchmarkLeaseRedisMembers).
+func postable(req allot.Request) allot.Request {
+	req.Return = 0
+	return req
+}
+
+// borrowsCrowded reports whether c is a borrow on a limit that is crowded (as relayable
+// judges it): such a borrow is refused at once, without a store call (errCrowdedBorrow).
+// A borrow writes the record directly, for the caller waits for it: on a crowded limit
+// the members' borrows made its allocator lose its writes of the record. The capacity they
+// would have borrowed reaches them through their shares, which the allocator sets.
+func (r *relay) borrowsCrowded(id string, c call) bool {
+	if r == nil || !c.req.Borrow {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return c.req.Size > int64(r.above) || r.crowd[id] > r.above
+}
+
+// errCrowdedBorrow answers a borrow on a crowded limit (borrowsCrowded): the member
+// decides again on its share, and borrows again once a reply says the pool holds permits.
+var errCrowdedBorrow = errors.New("lease: no borrowing on a crowded limit (its members' shares are set by its allocator)")
 
 // missesBeforeDirect is how many relayed requests in a row on a record go unanswered
 // before the next goes to the record directly (and the one after to the relay again): a
@@ -389,7 +417,7 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 		}
 		var writes []store.Write
 		for _, k := range todo {
-			writes = append(writes, store.Write{ID: ids[k], Data: marshalSlot(&slot{Req: calls[posts[k]].req, Posted: snap.Now}),
+			writes = append(writes, store.Write{ID: ids[k], Data: marshalSlot(&slot{Req: postable(calls[posts[k]].req), Posted: snap.Now}),
 				Version: snap.Records[k].Version, Keep: mailKeep})
 		}
 		writes, claimed := a.claims(snap, ids, ballots, writes)
@@ -419,6 +447,7 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 		}
 	}
 	// Wait for the answers: read the mailboxes every tick.
+	live := map[int]int64{} // call → its limit's live members, as its answer says
 	var waiting []int
 	for k := range nbox {
 		if out[posts[k]].err == nil {
@@ -446,6 +475,7 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 				out[i] = result{err: answerErr(cmp.Or(s.Err, "no answer"))}
 			} else {
 				out[i] = result{rep: *s.Rep}
+				live[i] = s.Rep.Live
 			}
 			return true
 		})
@@ -461,6 +491,12 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 	for _, g := range groups {
 		for _, i := range g.idx {
 			r.answered(g.id, !errors.Is(out[i].err, backend.ErrUnavailable))
+		}
+		for _, i := range g.idx {
+			if n, ok := live[i]; ok {
+				r.saw(g.id, int(n)) // a limit no longer crowded goes back to direct requests
+				break
+			}
 		}
 	}
 	return nil
