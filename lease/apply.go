@@ -36,6 +36,9 @@ type call struct {
 type result struct {
 	rep allot.Reply
 	err error
+	// relayed: a take answered through the limit's allocator, whose permit is the
+	// member's from the answer's arrival (relay.late).
+	relayed bool
 }
 
 // RecordID names the record of key under limit l in a store: the key as a Redis Cluster

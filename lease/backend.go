@@ -963,9 +963,9 @@ func (b *Backend) decideAtStore(ctx context.Context, key string, rs []*rec, ms [
 	b.roundTrips.Add(1)
 	res, err := b.apply.apply(sctx, takes)
 	cancel()
-	// Permits borrowed from the free capacity are the member's from the store's answer on,
-	// not from when it asked: their slot is when the answer arrived (the store took them
-	// from its pool at some instant in between).
+	// Permits borrowed from the free capacity, or taken through the limit's allocator, are
+	// the member's from the store's answer on, not from when it asked: their slot is when
+	// the answer arrived (the store took them from its pool at some instant in between).
 	arrival := b.clock.Nanotime()
 	var g backend.Grant
 	g.Ticket.N, g.Delay, g.Allowed = n, lres.Delay, err == nil
@@ -986,7 +986,10 @@ func (b *Backend) decideAtStore(ctx context.Context, key string, rs []*rec, ms [
 		}
 		taken = append(taken, k)
 		g.Delay = max(g.Delay, r.rep.Wait)
-		if takes[k].req.Borrow {
+		if takes[k].req.Borrow || r.relayed {
+			// A borrow, or a take the limit's allocator applied a tick or two after it was
+			// sent: the permit is the member's from the answer's arrival (a relayed take's
+			// within its lateness, which the store keeps in its pool: relay.late).
 			g.Delay = max(g.Delay, arrival-now)
 		}
 	}

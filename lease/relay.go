@@ -260,7 +260,7 @@ func (r *relay) ballotTTL() int64 { return int64(max(20*r.tick, 500*time.Millise
 // record this member last read with more, whose relayed requests have not gone
 // unanswered missesBeforeDirect times in a row.
 func (r *relay) relayable(id string, c call) bool {
-	if r == nil || !relayableOp(c) {
+	if r == nil || !r.relayableOp(c) {
 		return false
 	}
 	r.mu.Lock()
@@ -297,23 +297,42 @@ func (r *relay) saw(id string, members int) {
 const maxRemembered = 4096
 
 // relayableOp reports whether a call's operation may be relayed: a join (the joiner
-// knocks at the limit's door, so that the allocator reads its mailbox), a renewal or a
-// release (not a take, a borrow or a penalty, for which a caller waits). A relayed
-// request gives no permits back (postable drops Request.Return): that is the one part of
-// a request whose effect adds up when it is applied twice, which an allocator whose
-// answers were lost after its record was written would do; every other part of a
-// renewal or release states what the member holds, and says it again harmlessly.
-func relayableOp(c call) bool {
-	return !c.req.Borrow && (c.req.Op == allot.OpJoin || c.req.Op == allot.OpRenew || c.req.Op == allot.OpRelease)
+// knocks at the limit's door, so that the allocator reads its mailbox), a renewal, a
+// release, or a take at once (MaxDelay 0: Allow's) of a limit decided at the store whose
+// burst holds twice what a relayed take leaves in its pool (relay.late); not a borrow, a
+// take booked ahead, a give or a penalty. A relayed request gives no permits back
+// (postable drops Request.Return): that is the one part of a request whose effect adds up
+// when it is applied twice, which an allocator whose answers were lost after its record
+// was written would do; every other part of a renewal or release states what the member
+// holds, and says it again harmlessly, and a take applied twice takes a permit nobody
+// uses.
+func (r *relay) relayableOp(c call) bool {
+	switch c.req.Op {
+	case allot.OpJoin, allot.OpRenew, allot.OpRelease:
+		return !c.req.Borrow
+	case allot.OpTake:
+		return !c.req.Borrow && c.req.MaxDelay == 0 && c.limit.Tau+c.limit.T >= 2*int64(r.late())
+	}
+	return false
 }
 
-// postable returns the request a member posts in its mailbox: req without the permits it
-// gives back (Request.Return). Those are lost to the pool (the store counts them as used
-// until the lease that held them ends, a tenth of a share's rate at most): a member that
-// wrote the record directly to give them back made the allocator lose its own write to
-// it, at two hundred members one write in two (BenchmarkLeaseRedisMembers).
-func postable(req allot.Request) allot.Request {
+// late is how long after sending a relayed take its member waits for the answer, and so
+// how late after the allocator applied it the permit may be used (allot.Request.Late):
+// four ticks, a post, the allocator's tick and the member's read of the answer with room
+// to spare. An answer later than that is dropped, its permit unused.
+func (r *relay) late() time.Duration { return 4 * r.tick }
+
+// postable returns the request a member posts in its mailbox: a take with its lateness
+// (Request.Late), and without the permits it gives back (Request.Return). Those are lost
+// to the pool (the store counts them as used until the lease that held them ends, a tenth
+// of a share's rate at most): a member that wrote the record directly to give them back
+// made the allocator lose its own write to it, at two hundred members one write in two
+// (BenchmarkLeaseRedisMembers).
+func (r *relay) postable(req allot.Request) allot.Request {
 	req.Return = 0
+	if req.Op == allot.OpTake {
+		req.Late = int64(r.late())
+	}
 	return req
 }
 
@@ -330,6 +349,11 @@ func (r *relay) borrowsCrowded(id string, c call) bool {
 	defer r.mu.Unlock()
 	return c.req.Size > int64(r.above) || r.crowd[id] > r.above
 }
+
+// errTakeLate answers a relayed take whose answer did not come within its lateness
+// (relay.late): the caller is refused, and the permit, if the allocator took it, goes
+// unused.
+var errTakeLate = fmt.Errorf("%w: lease store: the allocator of the limit did not answer the take in time", backend.ErrUnavailable)
 
 // errCrowdedBorrow answers a borrow on a crowded limit (borrowsCrowded): the member
 // decides again on its share, and borrows again once a reply says the pool holds permits.
@@ -393,6 +417,11 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 		}
 	}
 	nbox := len(ids)
+	for _, i := range posts {
+		if calls[i].req.Nonce == 0 { // a take's: the answer names the request it answers
+			calls[i].req.Nonce = rand.Uint64() | 1
+		}
+	}
 	for _, g := range groups {
 		ballots[g.id] = len(ids)
 		ids = append(ids, ballotID(g.id))
@@ -417,7 +446,7 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 		}
 		var writes []store.Write
 		for _, k := range todo {
-			writes = append(writes, store.Write{ID: ids[k], Data: marshalSlot(&slot{Req: postable(calls[posts[k]].req), Posted: snap.Now}),
+			writes = append(writes, store.Write{ID: ids[k], Data: marshalSlot(&slot{Req: r.postable(calls[posts[k]].req), Posted: snap.Now}),
 				Version: snap.Records[k].Version, Keep: mailKeep})
 		}
 		writes, claimed := a.claims(snap, ids, ballots, writes)
@@ -446,13 +475,18 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 			return err
 		}
 	}
-	// Wait for the answers: read the mailboxes every tick.
-	live := map[int]int64{} // call → its limit's live members, as its answer says
+	// Wait for the answers: read the mailboxes every tick; a take's answer only until its
+	// lateness has passed (relay.late: its permit is used at the answer's arrival).
+	live := map[int]int64{}      // call → its limit's live members, as its answer says
+	elected := map[string]bool{} // record ID → an allocator held its ballot at the last read
 	var waiting []int
 	for k := range nbox {
 		if out[posts[k]].err == nil {
 			waiting = append(waiting, k)
 		}
+	}
+	tooLate := func(i int) bool {
+		return calls[i].req.Op == allot.OpTake && a.now()-calls[i].req.Sent > int64(r.late())*9/10
 	}
 	for len(waiting) > 0 {
 		if err := a.sleep(ctx, r.tick); err != nil {
@@ -462,20 +496,37 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 		if err != nil {
 			continue // the store is unreachable for now: wait on, within ctx
 		}
+		for rec, k := range ballots {
+			bl, err := unmarshalBallot(snap.Records[k].Data)
+			elected[rec] = err == nil && bl.Holder != "" && bl.Until > snap.Now
+		}
 		waiting = slices.DeleteFunc(waiting, func(k int) bool {
 			i := posts[k]
 			if snap.Records[k].Version == posted[k] {
+				if tooLate(i) {
+					out[i] = result{err: errTakeLate}
+					return true
+				}
 				return false
 			}
 			s, err := unmarshalSlot(snap.Records[k].Data)
 			if err != nil || s == nil || s.Req.Nonce != calls[i].req.Nonce || s.Answered != s.Req.Nonce {
+				if tooLate(i) {
+					out[i] = result{err: errTakeLate}
+					return true
+				}
 				return false
 			}
-			if s.Err != "" || s.Rep == nil {
+			switch {
+			case s.Err != "" || s.Rep == nil:
 				out[i] = result{err: answerErr(cmp.Or(s.Err, "no answer"))}
-			} else {
-				out[i] = result{rep: *s.Rep}
-				live[i] = s.Rep.Live
+			case tooLate(i):
+				out[i] = result{err: errTakeLate} // its permit, if taken, goes unused
+			default:
+				out[i] = result{rep: *s.Rep, relayed: true}
+				if s.Rep.Live > 0 { // a grant's: a take's answer says nothing of the members
+					live[i] = s.Rep.Live
+				}
 			}
 			return true
 		})
@@ -490,7 +541,9 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 	}
 	for _, g := range groups {
 		for _, i := range g.idx {
-			r.answered(g.id, !errors.Is(out[i].err, backend.ErrUnavailable))
+			// A request its allocator left unanswered counts towards going directly only
+			// while no allocator holds the limit's ballot: a slow one still answers.
+			r.answered(g.id, elected[g.id] || !errors.Is(out[i].err, backend.ErrUnavailable))
 		}
 		for _, i := range g.idx {
 			if n, ok := live[i]; ok {
@@ -541,6 +594,14 @@ func (a *applier) started(claimed []string, vers []uint64, limits map[string]gcr
 		r.wg.Add(1)
 		go a.allocate(rec, limits[rec])
 	}
+}
+
+// now is the applier's clock's time.
+func (a *applier) now() int64 {
+	if a.clock == nil {
+		return clock.Default.Nanotime()
+	}
+	return a.clock.Nanotime()
 }
 
 func (a *applier) sleep(ctx context.Context, d time.Duration) error {

@@ -122,6 +122,11 @@ func newRelayPoolOn(t *testing.T, newStore func() store.Store, renew time.Durati
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
+			select { // the members' asks spread over the interval, not all at once
+			case <-p.stop:
+				return
+			case <-time.After(time.Duration(i) * every / time.Duration(members)):
+			}
 			tk := time.NewTicker(every)
 			defer tk.Stop()
 			for {
@@ -222,6 +227,42 @@ func TestRelayServesACrowdedLimit(t *testing.T) {
 	}
 	if held < 20 {
 		t.Errorf("%d of 24 members hold a share", held)
+	}
+}
+
+// TestRelayTakesOfACentralLimit: a crowded limit with more members than permits of burst
+// is decided at the store, one take per permit: 24 members of 100/s burst=10, each its own
+// link to a real Redis, asking 6 a second each (Allow). Their takes go through the
+// allocator too (a post in each member's mailbox, one write of the record a tick), where
+// each was a compare-and-set of the record colliding with the others'; a permit is the
+// member's from the answer's arrival, and the pool keeps the takes' lateness
+// (allot.Request.Late), so the permits conform to the limit itself, with only the
+// recording's jitter.
+func TestRelayTakesOfACentralLimit(t *testing.T) {
+	l := gcra.Limit{T: 10 * int64(time.Millisecond), Tau: 90 * int64(time.Millisecond)}
+	client := goredis.NewClient(&goredis.Options{Addr: redistest.New(t).Addr()})
+	t.Cleanup(func() { client.Close() })
+	newStore := func() store.Store { return redisstore.New(client, store.WithAssumeFresh()) }
+	if err := WaitUnfenced(bg, newStore(), DefaultConfig()); err != nil {
+		t.Fatal(err)
+	}
+	p := newRelayPoolOn(t, newStore, 100*time.Millisecond, 24, l, 6)
+	poll.Until(t, "the takes relayed", 20*time.Second, 10*time.Millisecond, func() bool { return p.mem.count("mailbox") > 200 })
+	from := clock.Default.Nanotime()
+	rec0, lost0, box0 := p.mem.count("record"), p.mem.lostWrites("record"), p.mem.count("mailbox")
+	time.Sleep(3 * time.Second)
+	rec, lost, box := p.mem.count("record")-rec0, p.mem.lostWrites("record")-lost0, p.mem.count("mailbox")-box0
+	ps := p.since(from)
+	t.Logf("3 s: %d permits; the record written %d times (%d writes lost), the mailboxes %d", len(ps), rec, lost, box)
+	conformTo(t, ps, l, 2*time.Millisecond)
+	if len(ps) < 100 { // a third of the limit over 3 s: a loose liveness bound
+		t.Errorf("the pool used %d permits in 3 s of 100/s", len(ps))
+	}
+	if box < len(ps) {
+		t.Errorf("%d mailbox writes for %d permits: the takes were not relayed", box, len(ps))
+	}
+	if lost*10 > rec+lost {
+		t.Errorf("%d of %d writes of the record lost: members write it beside the allocator", lost, rec+lost)
 	}
 }
 

@@ -517,7 +517,7 @@ func envelope(mode string, s MatrixShape, members int, sc *Scenario) (bool, stri
 		if members > lease.MaxMembers {
 			// The simulated store serialises writes at no cost; a real one does not: every
 			// member writes the limit's one record (past sixteen, their renewals through one
-			// allocator; decisions taken at the store directly), and past about a
+			// allocator, which falls behind at a thousand), and past about a
 			// hundred their writes collide (BENCHMARKS.md). The backend warns of it, naming
 			// strict.
 			return false, fmt.Sprintf("the lease mode claims %d members on one limit: a larger pool's writes to its one record collide on a real store (the backend warns, naming strict)", lease.MaxMembers)
