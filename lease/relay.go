@@ -21,17 +21,20 @@ package lease
 // (an election's overlap) only collide on the record as members do. A request applied
 // late is one whose answer was lost, which a member already tolerates; one applied twice
 // (an allocator whose answers were lost after its record was written reads it again)
-// states again what the member holds, and a request that gives permits back, whose
-// effect would add up, is never relayed (relayableOp). The
-// allocator is chosen by a lease of its own (the ballot: a holder and an end on the
-// store's clock, claimed by compare-and-set once it has ended), so a crashed allocator is
-// replaced within a ballot's time. A request the allocator does not answer in time fails
-// as one the store did not answer, and the member's next request goes to the record
-// directly (so a pool without an allocator still renews, at the cost of the collisions).
+// states again what the member holds (a take applied twice takes a permit nobody uses),
+// and the permits a request gives back, whose effect would add up, are left out of it
+// (postable). A relayed take's permit is used at its answer's arrival, within its
+// lateness of its sending or not at all, and the store keeps that lateness in its pool
+// (allot.Request.Late). The allocator is chosen by a lease of its own (the ballot: a
+// holder and an end on the store's clock, claimed by compare-and-set once it has ended),
+// so a crashed allocator is replaced within a ballot's time. A request the allocator does
+// not answer in time fails as one the store did not answer, and after missesBeforeDirect
+// of them, while no allocator holds the ballot, the member's next request goes to the
+// record directly (so a pool without an allocator still renews, at the cost of the
+// collisions).
 //
-// Joins (a member must be in the record for the allocator to read its mailbox), takes (a
-// limit decided at the store), borrows and penalties are not relayed: a caller waits for
-// them.
+// Takes booked ahead, gives and penalties are not relayed, and a member of a crowded
+// limit does not borrow (borrowsCrowded).
 
 import (
 	"cmp"
