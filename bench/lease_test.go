@@ -11,23 +11,8 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/store"
+	"github.com/sluicehq/sluice/store/storetest"
 )
-
-// countingStore counts the store operations (reads and writes) members make.
-type countingStore struct {
-	store.Store
-	trips atomic.Int64
-}
-
-func (c *countingStore) Load(ctx context.Context, ids []string) (store.Snapshot, error) {
-	c.trips.Add(1)
-	return c.Store.Load(ctx, ids)
-}
-
-func (c *countingStore) Swap(ctx context.Context, ws []store.Write) ([]uint64, error) {
-	c.trips.Add(1)
-	return c.Store.Swap(ctx, ws)
-}
 
 // newLeaseMember returns a limiter deciding on its lease of the limit from store, as a
 // process in lease mode would, and waits until it holds its share.
@@ -123,9 +108,9 @@ func BenchmarkLeaseStoreOps(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			var decisions, trips, seconds float64
 			for range b.N {
-				store := &countingStore{Store: newMemStore(b)}
+				store := &storetest.Trips{Store: newMemStore(b)}
 				ms := []*sluice.Limiter{newLeaseMember(b, store, "m1", tc.limits), newLeaseMember(b, store, "m2", tc.limits)}
-				before := store.trips.Load()
+				before := store.Trips()
 				var n atomic.Int64
 				var wg sync.WaitGroup
 				start := time.Now()
@@ -153,7 +138,7 @@ func BenchmarkLeaseStoreOps(b *testing.B) {
 				wg.Wait()
 				el := time.Since(start).Seconds()
 				decisions += float64(n.Load())
-				trips += float64(store.trips.Load() - before)
+				trips += float64(store.Trips() - before)
 				seconds += el
 			}
 			b.ReportMetric(decisions/seconds, "decisions/s")

@@ -3,7 +3,6 @@ package lease
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 
 	"fmt"
 	"slices"
@@ -22,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice/store"
 	etcdstore "github.com/sluicehq/sluice/store/etcd"
 	redisstore "github.com/sluicehq/sluice/store/redis"
+	"github.com/sluicehq/sluice/store/storetest"
 	zkstore "github.com/sluicehq/sluice/store/zk"
 )
 
@@ -165,6 +165,15 @@ func (p *relayPool) since(from int64) []int64 {
 	return ps
 }
 
+// measure returns, over the next d, the permits granted and the writes of the record
+// (made, and lost) and of the mailboxes.
+func (p *relayPool) measure(d time.Duration) (ps []int64, rec, lost, box int) {
+	from := clock.Default.Nanotime()
+	rec0, lost0, box0 := p.mem.count("record"), p.mem.lostWrites("record"), p.mem.count("mailbox")
+	time.Sleep(d)
+	return p.since(from), p.mem.count("record") - rec0, p.mem.lostWrites("record") - lost0, p.mem.count("mailbox") - box0
+}
+
 // conformTo judges the permits against the limit with a jitter tolerance (a permit's time
 // is read when its call returns, a little after it was decided).
 func conformTo(t *testing.T, ps []int64, l gcra.Limit, jitter time.Duration) {
@@ -200,13 +209,8 @@ func TestRelayServesACrowdedLimit(t *testing.T) {
 	l := gcra.Limit{T: int64(time.Millisecond), Tau: 99 * int64(time.Millisecond)}
 	p := newRelayPool(t, 24, l, 60)
 	poll.Until(t, "a member relays its renewals", 10*time.Second, 10*time.Millisecond, func() bool { return p.mem.count("mailbox") > 0 })
-	from := clock.Default.Nanotime()
 	time.Sleep(time.Second) // every member has learned that the limit is crowded
-	from = clock.Default.Nanotime()
-	rec0, box0, lost0 := p.mem.count("record"), p.mem.count("mailbox"), p.mem.lostWrites("record")
-	time.Sleep(2 * time.Second)
-	rec, box, lost := p.mem.count("record")-rec0, p.mem.count("mailbox")-box0, p.mem.lostWrites("record")-lost0
-	ps := p.since(from)
+	ps, rec, lost, box := p.measure(2 * time.Second)
 	t.Logf("2 s: %d permits, the record written %d times (%d writes lost), the mailboxes %d (answers and posts)", len(ps), rec, lost, box)
 	conformTo(t, ps, l, 10*time.Millisecond)
 	// Each member renews about ten times a second: half of those relayed at least (a post
@@ -248,11 +252,7 @@ func TestRelayTakesOfACentralLimit(t *testing.T) {
 	}
 	p := newRelayPoolOn(t, newStore, 100*time.Millisecond, 24, l, 6)
 	poll.Until(t, "the takes relayed", 20*time.Second, 10*time.Millisecond, func() bool { return p.mem.count("mailbox") > 200 })
-	from := clock.Default.Nanotime()
-	rec0, lost0, box0 := p.mem.count("record"), p.mem.lostWrites("record"), p.mem.count("mailbox")
-	time.Sleep(3 * time.Second)
-	rec, lost, box := p.mem.count("record")-rec0, p.mem.lostWrites("record")-lost0, p.mem.count("mailbox")-box0
-	ps := p.since(from)
+	ps, rec, lost, box := p.measure(3 * time.Second)
 	t.Logf("3 s: %d permits; the record written %d times (%d writes lost), the mailboxes %d", len(ps), rec, lost, box)
 	conformTo(t, ps, l, 2*time.Millisecond)
 	if len(ps) < 100 { // a third of the limit over 3 s: a loose liveness bound
@@ -266,22 +266,6 @@ func TestRelayTakesOfACentralLimit(t *testing.T) {
 	}
 }
 
-// callStore counts every call to its store.
-type callStore struct {
-	store.Store
-	calls atomic.Int64
-}
-
-func (c *callStore) Load(ctx context.Context, ids []string) (store.Snapshot, error) {
-	c.calls.Add(1)
-	return c.Store.Load(ctx, ids)
-}
-
-func (c *callStore) Swap(ctx context.Context, ws []store.Write) ([]uint64, error) {
-	c.calls.Add(1)
-	return c.Store.Swap(ctx, ws)
-}
-
 // TestCrowdedLimitLeftToItsAllocator: on a limit known to be crowded, a renewal that gives
 // permits back is posted in its member's mailbox without them, and a borrow is refused
 // without a store call. Both wrote the record directly, beside the allocator, which then
@@ -291,15 +275,15 @@ func (c *callStore) Swap(ctx context.Context, ws []store.Write) ([]uint64, error
 func TestCrowdedLimitLeftToItsAllocator(t *testing.T) {
 	l := gcra.Limit{T: int64(time.Millisecond), Tau: 99 * int64(time.Millisecond)}
 	id := RecordID("api", l)
-	cs := &callStore{Store: store.NewMemory(clock.Default)}
+	cs := &storetest.Trips{Store: store.NewMemory(clock.Default)}
 	a := &applier{store: cs, cfg: DefaultConfig(), relay: newRelay("me", 100*time.Millisecond, clock.Default)}
 	defer a.relay.close()
 	a.relay.saw(id, relayAbove+1)
 
 	borrow := call{key: "api", limit: l, req: allot.Request{Op: allot.OpTake, Member: "m1", N: 1, Borrow: true}}
 	out, err := a.applyNow(bg, []call{borrow})
-	if err != nil || !errors.Is(out[0].err, errCrowdedBorrow) || cs.calls.Load() != 0 {
-		t.Fatalf("a borrow on a crowded limit: got %v, %v after %d store calls; want errCrowdedBorrow and no call", out[0].err, err, cs.calls.Load())
+	if err != nil || !errors.Is(out[0].err, errCrowdedBorrow) || cs.Trips() != 0 {
+		t.Fatalf("a borrow on a crowded limit: got %v, %v after %d store calls; want errCrowdedBorrow and no call", out[0].err, err, cs.Trips())
 	}
 
 	renew := call{key: "api", limit: l, req: allot.Request{Op: allot.OpRenew, Member: "m1", Nonce: 7, Return: 5 * l.T, Size: relayAbove + 1}}

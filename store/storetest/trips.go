@@ -1,0 +1,30 @@
+package storetest
+
+import (
+	"context"
+	"sync/atomic"
+
+	"github.com/sluicehq/sluice/store"
+)
+
+// Trips wraps a store and counts its round trips: every Load and every Swap. Tests and
+// benchmarks use it to count what a member asks of its store.
+type Trips struct {
+	store.Store
+	n atomic.Int64
+}
+
+// Load is the store's Load, counted.
+func (c *Trips) Load(ctx context.Context, ids []string) (store.Snapshot, error) {
+	c.n.Add(1)
+	return c.Store.Load(ctx, ids)
+}
+
+// Swap is the store's Swap, counted.
+func (c *Trips) Swap(ctx context.Context, ws []store.Write) ([]uint64, error) {
+	c.n.Add(1)
+	return c.Store.Swap(ctx, ws)
+}
+
+// Trips returns how many round trips were made.
+func (c *Trips) Trips() int64 { return c.n.Load() }
