@@ -1,6 +1,14 @@
 package gossip_test
 
 import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -8,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice/gossip"
 	"github.com/sluicehq/sluice/gossip/hits"
 	"github.com/sluicehq/sluice/internal/testkit/classtest"
+	"github.com/sluicehq/sluice/server"
 )
 
 // TestClassesAcrossDaemons: two gossip members (real UDP and TCP on loopback), a limiter
@@ -76,4 +85,110 @@ func pair(t *testing.T, p gossip.Policy) (a, b *gossip.Backend) {
 	}
 	time.Sleep(300 * time.Millisecond) // each hears the other's reports
 	return a, b
+}
+
+// TestLinePrioritiesAcrossDaemons: the check of issue [24] across two daemons (`sluice
+// serve --backend gossip`, real UDP on loopback, the line protocol over TCP), each with the
+// rule api=50/s burst=10: a client of one asks `~c=critical api` ten times a second beside
+// three connections to the other flooding `~c=sheddable api`, for 5 s. The flood's
+// decisions (which do not wait) keep 40% of the burst while the critical class asks at the
+// other daemon (the key's board of classes at its owner), so every critical request is
+// granted; before, the flood took nearly all. With the critical client at the key's owner
+// and at the other daemon.
+func TestLinePrioritiesAcrossDaemons(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real time: not in -short")
+	}
+	for _, atOwner := range []bool{true, false} {
+		t.Run(fmt.Sprintf("critical at the owner %v", atOwner), func(t *testing.T) {
+			a, b := pair(t, gossip.Auto)
+			if owner := hits.OwnerOf("api", []string{a.Name(), b.Name()}); (owner == a.Name()) != atOwner {
+				a, b = b, a
+			}
+			crit, flood := daemon(t, a), daemon(t, b)
+			var stop atomic.Bool
+			var wg sync.WaitGroup
+			defer func() { stop.Store(true); wg.Wait() }()
+			var flooded atomic.Int64
+			for range 3 {
+				c := lineConn(t, flood)
+				wg.Go(func() {
+					for !stop.Load() {
+						if c.ask(t, "~c=sheddable api") {
+							flooded.Add(1)
+						}
+					}
+				})
+			}
+			// The critical client from the start; its answers count once the flood has held
+			// the key for a second (a class is heeded from its first ask on: the flood's
+			// decisions before it keep nothing for it).
+			c := lineConn(t, crit)
+			asked, granted := 0, 0
+			for i := range 50 {
+				ok := c.ask(t, "~c=critical api")
+				if i >= 10 {
+					asked++
+					if ok {
+						granted++
+					}
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			t.Logf("critical: %d of %d granted; the flood: %d permits", granted, asked, flooded.Load())
+			if granted < asked {
+				t.Errorf("a critical client beside another daemon's sheddable flood: %d of %d granted, want all", granted, asked)
+			}
+			if flooded.Load() < 100 {
+				t.Errorf("the flood had %d permits in about 5 s of 50/s, want at least 100 (it keeps 40%% of the burst, not of the rate)", flooded.Load())
+			}
+		})
+	}
+}
+
+// daemon starts a daemon on the gossip member be, with the rule api=50/s burst=10 and a
+// line listener on loopback.
+func daemon(t *testing.T, be *gossip.Backend) *server.Server {
+	t.Helper()
+	sc := server.DefaultConfig()
+	sc.Backend, sc.ListenLine, sc.ListenHTTP = "gossip", "127.0.0.1:0", ""
+	r, err := server.ParseRuleFlag("api=50/s burst=10", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.Rules = []server.Rule{r}
+	s, err := server.New(sc, server.WithBackend(be), server.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	return s
+}
+
+// line is a line protocol client's connection.
+type line struct {
+	c net.Conn
+	r *bufio.Reader
+}
+
+func lineConn(t *testing.T, s *server.Server) *line {
+	t.Helper()
+	c, err := net.Dial("tcp", s.LineAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &line{c: c, r: bufio.NewReader(c)}
+}
+
+// ask sends one query and reports whether the answer is OK (false on NO or an error).
+func (l *line) ask(t *testing.T, q string) bool {
+	if _, err := fmt.Fprintf(l.c, "%s\n", q); err != nil {
+		return false
+	}
+	a, err := l.r.ReadString('\n')
+	return err == nil && a == "OK\n"
 }
