@@ -533,17 +533,21 @@ func (l *Limiter) decideKeeping(ctx context.Context, core []gcra.Limit, key stri
 	var g backend.Grant
 	var err error
 	ok := true // the headroom for a higher class leaves something to grant
+	req := backend.Request{Limits: core, N: n, MaxDelay: maxDelay}
 	if p := priority.Of(ctx); p != priority.Standard || l.seen.Load() != nil {
-		// Declared here: core may point into it and escapes to the back end, so it is
-		// on the heap, and only a decision with classes pays for it.
+		// Declared here: the limits may point into it and escape to the back end, so it
+		// is on the heap, and only a decision with classes pays for it.
 		var buf [gcra.MaxLimits]gcra.Limit
 		if p != priority.Standard {
 			l.prioritize()
 		}
-		core, ok, g.RetryAfter = l.keepFor(ctx, p, key, core, l.clock.Nanotime(), keep, &buf)
+		req.Limits, ok, g.RetryAfter = l.keepFor(ctx, p, key, core, l.clock.Nanotime(), keep, &buf)
+		if ok && &req.Limits[0] != &core[0] {
+			req.Core = core // the limits keep headroom: the key's own go beside them
+		}
 	}
 	if ok {
-		g, err = l.be.Decide(ctx, key, backend.Request{Limits: core, N: n, MaxDelay: maxDelay})
+		g, err = l.be.Decide(ctx, key, req)
 		if err != nil {
 			g, err = l.failed(key, n, err)
 		}

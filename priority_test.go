@@ -2,13 +2,16 @@ package sluice
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/fairq"
+	"github.com/sluicehq/sluice/local"
 	"github.com/sluicehq/sluice/priority"
 )
 
@@ -84,6 +87,52 @@ func TestHeadroomForHigherClasses(t *testing.T) {
 	clk.Advance(1500 * time.Millisecond)
 	if n := count(shed, "b"); n != 10 {
 		t.Fatalf("sheddable 1.5 s after the critical caller took %d, want the whole burst", n)
+	}
+}
+
+// recording is a backend that decides in process and keeps the last request it was asked
+// (for a key other than "-").
+type recording struct {
+	*local.Backend
+	mu   sync.Mutex
+	last backend.Request
+}
+
+func (r *recording) Decide(ctx context.Context, key string, req backend.Request) (backend.Grant, error) {
+	r.mu.Lock()
+	r.last = backend.Request{Limits: slices.Clone(req.Limits), N: req.N, MaxDelay: req.MaxDelay, Core: slices.Clone(req.Core)}
+	r.mu.Unlock()
+	return r.Backend.Decide(ctx, key, req)
+}
+
+// TestHeadroomGoesWithTheCore: a decision that keeps headroom for a higher class hands
+// the backend the key's own limits (backend.Request.Core) beside the kept ones, so that a
+// backend keeping more of a key than its limits' state (the gossip mode's owner) keeps it
+// by the key's own; one that keeps nothing hands it no Core.
+func TestHeadroomGoesWithTheCore(t *testing.T) {
+	be := &recording{Backend: local.New()}
+	l, err := New(MustParse("10/s burst=10"), WithBackend(be))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	core := []gcra.Limit{{T: int64(time.Second) / 10, Tau: int64(time.Second)}}
+	for i, st := range []struct {
+		class priority.Class
+		core  []gcra.Limit // want
+		tau   int64        // of the limits, want
+	}{
+		{priority.Critical, nil, int64(time.Second)},
+		{priority.Sheddable, core, int64(time.Second) * 6 / 10},
+		{priority.Standard, core, int64(time.Second) * 8 / 10},
+	} {
+		l.Allow(priority.With(bg, st.class), "api")
+		be.mu.Lock()
+		got := be.last
+		be.mu.Unlock()
+		if !slices.Equal(got.Core, st.core) || len(got.Limits) != 1 || got.Limits[0].Tau != st.tau {
+			t.Errorf("step %d (%v): Core %v, limits %v; want Core %v, tau %d", i, st.class, got.Core, got.Limits, st.core, st.tau)
+		}
 	}
 }
 

@@ -37,6 +37,12 @@ type Request struct {
 	Limits   []gcra.Limit  // 1 to gcra.MaxLimits limits; owned by the caller, read only
 	N        int64         // permits wanted; 0 is a query
 	MaxDelay time.Duration // how far ahead permits may be reserved; 0 is pessimistic
+	// Core, when set, are the key's own limits, of which Limits keep part of each burst
+	// for a higher class (Capabilities.ByValue; gcra.Limit.Keeping): the same rates, bursts
+	// no larger. A backend that keeps more of a key than its limits' state (a share, an
+	// owner) keeps it by Core and decides this request under Limits. nil: Limits are the
+	// key's own. Owned by the caller, read only.
+	Core []gcra.Limit
 }
 
 // Grant is a decision with the ticket that cancels or settles it. Ticket times are in the

@@ -292,18 +292,22 @@ type counters struct {
 }
 
 var (
-	_ backend.Backend  = (*Backend)(nil)
-	_ backend.Allower  = (*Backend)(nil)
-	_ backend.Resetter = (*Backend)(nil)
-	_ backend.Capable  = (*Backend)(nil)
+	_ backend.Backend    = (*Backend)(nil)
+	_ backend.Allower    = (*Backend)(nil)
+	_ backend.Resetter   = (*Backend)(nil)
+	_ backend.Capable    = (*Backend)(nil)
+	_ backend.ClassBoard = (*Backend)(nil)
 )
 
 // Capabilities: a key decided at its owner is one line that every process's callers share
 // (SharedLine), so a limiter on this backend shares a key by process by default, each
 // process holding a few places in the owner's line whatever its number of waiters
-// (sluice.FairProcesses). Windowed quotas and ramps are not decided here.
+// (sluice.FairProcesses). A decision may keep part of the burst for a higher class
+// (ByValue: backend.Request.Core), here and at the key's owner, and the members tell
+// each other the classes that ask through each key's board of classes (ClassBoard,
+// classes.go). Windowed quotas and ramps are not decided here.
 func (*Backend) Capabilities() backend.Capabilities {
-	return backend.Capabilities{SharedLine: true}
+	return backend.Capabilities{SharedLine: true, ByValue: true}
 }
 
 // New starts a member: it binds, joins the peers it can reach (and exchanges state with
@@ -549,8 +553,11 @@ func (b *Backend) receive(msg []byte) {
 	b.stats.msgsRecv.Add(1)
 	b.stats.bytesRecv.Add(uint64(len(msg)))
 	switch hits.MessageKind(msg) {
-	case hits.KindAsk:
+	case hits.KindAsk, hits.KindAskKept:
 		b.answer(msg)
+		return
+	case hits.KindClasses:
+		b.classes(msg)
 		return
 	case hits.KindAnswer:
 		as, err := hits.DecodeAnswers(msg)
@@ -618,8 +625,12 @@ func (b *Backend) answer(msg []byte) {
 		now := b.clock.Nanotime()
 		s := b.shard(a.Tag)
 		var tk gcra.Ticket
+		kept := a.Limits
+		if a.Kept != nil {
+			kept = a.Kept
+		}
 		s.mu.Lock()
-		err := s.node.DecideTo(&ans.Result, &tk, a.Tag, a.Limits, now, a.N, a.MaxDelay)
+		err := s.node.DecideKept(&ans.Result, &tk, a.Tag, a.Limits, kept, now, a.N, a.MaxDelay)
 		s.mu.Unlock()
 		switch {
 		case errors.Is(err, hits.ErrTooManyTags):
@@ -672,10 +683,13 @@ func (b *Backend) sendAsks(owner string, asks []hits.Ask) {
 		k, size := 0, head
 		for k < len(asks) {
 			buf = hits.AppendAsk(buf[:0], &asks[k])
-			if k > 0 && size+len(buf) > packetMax {
+			// A byte a limit more: in a message of asks that keep part of the burst, an
+			// ask that keeps none takes one (hits.AppendAsk).
+			n := len(buf) + len(asks[k].Limits)
+			if k > 0 && size+n > packetMax {
 				break
 			}
-			size += len(buf)
+			size += n
 			k++
 		}
 		if !b.sendTo(owner, hits.EncodeAsks(b.self, asks[:k])) {
@@ -716,15 +730,25 @@ func (b *Backend) sendTo(name string, msg []byte) bool {
 // ForwardTimeout or ctx's deadline. No answer is ErrUnavailable (the server's fail mode
 // then answers). A grant's Delay counts from the answer's arrival here, later than the
 // owner's decision: a caller that waits it waits no less than the owner booked.
+//
+// A request that keeps part of the burst for a higher class (req.Core set) goes with its
+// kept limits to an owner that reads them (readsClasses); an owner of an earlier release
+// decides it under the key's own limits, as it did before classes.
 func (b *Backend) forward(ctx context.Context, owner, key string, req backend.Request) (backend.Grant, error) {
 	id, ch := b.asks.add()
 	defer b.asks.done(id)
 	ask := hits.Ask{ID: id, Tag: key, N: req.N, MaxDelay: int64(req.MaxDelay), Limits: req.Limits}
 	b.peersMu.Lock()
-	_, known := b.peers[owner]
+	n, known := b.peers[owner]
 	b.peersMu.Unlock()
 	if !known {
 		return backend.Grant{}, backend.ErrUnavailable
+	}
+	if req.Core != nil {
+		ask.Limits = req.Core
+		if readsClasses(&n) {
+			ask.Kept = req.Limits
+		}
 	}
 	b.post(owner, ask)
 	b.stats.forwarded.Add(1)
@@ -770,7 +794,7 @@ func (d delegate) NodeMeta(int) []byte {
 	if d.b.leaving.Load() {
 		return leavingMeta
 	}
-	return nil
+	return classesMeta
 }
 func (d delegate) NotifyMsg(msg []byte)              { d.b.receive(msg) }
 func (delegate) GetBroadcasts(int, int) [][]byte     { return nil }
@@ -824,21 +848,26 @@ func (w slogWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// Decide decides a request locally: on the pool's bucket as this member knows it and on
-// its share.
+// Decide decides a request locally, on the pool's bucket as this member knows it and on
+// its share, or forwards it to the key's owner. Under req.Core's limits it keeps what
+// req.Limits keep of the burst for a higher class (backend.Request).
 func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (backend.Grant, error) {
 	if b.closed.Load() {
 		return backend.Grant{}, backend.ErrClosed
 	}
 	var g backend.Grant
+	core := req.Limits
+	if req.Core != nil {
+		core = req.Core // req.Limits keep part of the burst for a higher class
+	}
 	now := b.clock.Nanotime() // outside the lock: reading the clock is a fair part of a decision
 	s := b.shard(key)
 	s.mu.Lock()
-	if owner, _ := s.node.Route(key, req.Limits); owner != "" {
+	if owner, _ := s.node.Route(key, core); owner != "" {
 		s.mu.Unlock()
 		return b.forward(ctx, owner, key, req)
 	}
-	err := s.node.DecideTo(&g.Result, &g.Ticket, key, req.Limits, now, req.N, int64(req.MaxDelay))
+	err := s.node.DecideKept(&g.Result, &g.Ticket, key, core, req.Limits, now, req.N, int64(req.MaxDelay))
 	s.mu.Unlock()
 	if errors.Is(err, hits.ErrTooManyTags) {
 		err = backend.ErrTooManyKeys

@@ -99,10 +99,15 @@ func headroomLimits(core []gcra.Limit, class priority.Class, seenC, seenS, born,
 	if keep == keepNone || class == priority.Critical {
 		return core, true, 0
 	}
+	frac, until := headroomFrac(core, class, seenC, seenS, born, now)
+	return keptLimits(core, frac, until, now, keep, buf)
+}
+
+// headroomFrac is the fraction of the burst a decision of class keeps at now (0: none),
+// and until when (headroomLimits).
+func headroomFrac(core []gcra.Limit, class priority.Class, seenC, seenS, born, now int64) (frac float64, until int64) {
 	recent := recentFor(core)
 	h := priority.DefaultHeadroom
-	var frac float64
-	var until int64
 	if seenC > 0 && now-(seenC-1) < recent {
 		frac, until = h.Standard, seenC-1+recent
 		if class == priority.Sheddable {
@@ -115,6 +120,11 @@ func headroomLimits(core []gcra.Limit, class priority.Class, seenC, seenS, born,
 	if frac == 0 && class == priority.Sheddable && born > 0 && now-(born-1) < recent {
 		frac, until = h.Sheddable, born-1+recent // unknown is not absent (docs/priorities.md)
 	}
+	return frac, until
+}
+
+// keptLimits is core keeping frac of each burst (headroomLimits), in buf.
+func keptLimits(core []gcra.Limit, frac float64, until, now int64, keep keepMode, buf *[gcra.MaxLimits]gcra.Limit) (ls []gcra.Limit, ok bool, retry int64) {
 	if frac <= 0 {
 		return core, true, 0
 	}

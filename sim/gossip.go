@@ -45,6 +45,9 @@ type gossipMode struct {
 	byName map[string]int32 // member indexes by name: the owners requests are forwarded to
 	lines  procLines        // each member's line to the keys' owners
 
+	entries     []hits.ClassEntry // classes messages in flight, by slot (gossip_classes.go)
+	freeEntries []int32
+
 	// The membership's failure detection, for pools that report over trees (the nodes do
 	// not hear every peer, so they learn a peer's crash or a partition from it, as the
 	// daemon does from memberlist): sides is the partition it last saw, and a membership
@@ -248,17 +251,35 @@ func (g *gossipMode) resumed(e *engine, mi int32) {
 // A key decided at an owner is one line that every member shares (gossip.Backend's
 // backend.Capabilities.SharedLine): each member holds a few places in it, as the library's
 // sluice.FairProcesses does, whoever the owner is (procLines).
+//
+// A member whose calls name a class decides under the limits its limiter computes from
+// the key's board of classes (classLimits): its places in the line, or its decisions that
+// do not wait, keep the headroom of a higher class asking at another member.
 func (g *gossipMode) acquire(e *engine, mi, gi int32) {
 	n := g.ready(e, mi)
 	o, routed := n.Route(gossipTag, e.core)
 	if routed && !g.lines.admit(e, mi, gi) {
 		return // parked in the member's line
 	}
-	if o != "" {
-		g.forward(e, mi, gi, o)
+	keep := keepPlace // sluice.FairProcesses's places: the backend's line is shared
+	if e.maxWait == 0 {
+		keep = keepAll // a pessimistic client decides now or never
+	}
+	ls, code, ok, retry := g.classLimits(e, mi, n, keep)
+	if !ok {
+		if routed {
+			g.release(e, mi)
+		}
+		e.denied(mi, gi, retry)
 		return
 	}
-	res, _, err := n.Decide(gossipTag, e.core, e.now, 1, e.maxWait)
+	if o != "" {
+		g.forward(e, mi, gi, o, code)
+		return
+	}
+	var res gcra.Result
+	var tk gcra.Ticket
+	err := n.DecideKept(&res, &tk, gossipTag, e.core, ls, e.now, 1, e.maxWait)
 	if routed {
 		g.lines.answered(e, mi, gi)
 		if err != nil || !res.Allowed {
@@ -279,10 +300,11 @@ func (g *gossipMode) permitOK(e *engine, ev *event) bool {
 	return true
 }
 
-// forward sends goroutine gi's request to the member named owner.
-func (g *gossipMode) forward(e *engine, mi, gi int32, owner string) {
+// forward sends goroutine gi's request to the member named owner, keeping the headroom
+// code says (classLimits).
+func (g *gossipMode) forward(e *engine, mi, gi int32, owner string, code int64) {
 	to := g.member(e, owner)
-	ask := event{kind: evGossipAsk, m: to, g: gi, op: e.members[mi].ops[gi], val: int64(mi), val2: e.now}
+	ask := event{kind: evGossipAsk, m: to, g: gi, op: e.members[mi].ops[gi], val: int64(mi) | code<<32, val2: e.now}
 	e.messages++
 	e.bucket().messages++
 	if to < 0 || e.partitioned[to] != e.partitioned[mi] || e.lost(&e.sc.Network.Store) {
@@ -310,17 +332,19 @@ func (g *gossipMode) member(e *engine, name string) int32 {
 // late schedules the asking goroutine's time-out for a forwarded request that gets no
 // answer in time (only those that get none schedule one).
 func (g *gossipMode) late(e *engine, ask *event) {
-	e.schedule(event{at: ask.val2 + int64(e.sc.Store.Timeout), kind: evStoreTimeout, m: int32(ask.val), g: ask.g, op: ask.op})
+	e.schedule(event{at: ask.val2 + int64(e.sc.Store.Timeout), kind: evStoreTimeout, m: int32(uint32(ask.val)), g: ask.g, op: ask.op})
 }
 
 // ask: the owner decides a forwarded request and answers it.
 func (g *gossipMode) ask(e *engine, ev *event) {
-	from := int32(ev.val)
+	from := int32(uint32(ev.val))
 	if !e.members[ev.m].present || e.partitioned[ev.m] != e.partitioned[from] {
 		g.late(e, ev) // no answer: the asking goroutine times out
 		return
 	}
-	res, _, err := g.ready(e, ev.m).Decide(gossipTag, e.core, e.now, 1, e.maxWait)
+	var res gcra.Result
+	var tk gcra.Ticket
+	err := g.ready(e, ev.m).DecideKept(&res, &tk, gossipTag, e.core, e.keptOf(ev.val>>32), e.now, 1, e.maxWait)
 	if err != nil {
 		res = gcra.Result{}
 	}
@@ -381,6 +405,8 @@ func (g *gossipMode) handle(e *engine, ev *event) {
 		g.receive(e, ev.m, n, e.now, int32(ev.val))
 	case evGossipMembership:
 		g.membership(e)
+	case evGossipClasses:
+		g.classes(e, ev)
 	}
 }
 

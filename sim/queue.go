@@ -29,11 +29,12 @@ const (
 	evLeaseTimeout                 // lease mode: member m gives up on a request (g: limit, val2: nonce)
 	evGossipTick                   // gossip mode: member m reports (op: incarnation)
 	evGossipMsg                    // gossip mode: member m receives a report (val: message slot, op: incarnation)
-	evGossipAsk                    // gossip mode: owner m receives goroutine g's forwarded request (val: its member, val2: sent at, op: g's operation)
+	evGossipAsk                    // gossip mode: owner m receives goroutine g's forwarded request (val: its member, and from bit 32 the headroom it keeps; val2: sent at, op: g's operation)
 	evGossipAnswer                 // gossip mode: g receives the owner's answer (ok: granted; val2: delay or retry-after)
 	evIdealTick                    // ideal mode: the next waiter's permit may be due (op: the tick's generation)
 	evGossipMembership             // gossip mode: the membership tells each node who is alive (over trees)
 	evLocalTick                    // local mode, one process: the waiting room's next place may be due
+	evGossipClasses                // gossip mode: member m receives a classes message (val: the sender, val2: its entry's slot, op: incarnation)
 )
 
 // event is one thing that happens at a time. Events are small values held in the queue's

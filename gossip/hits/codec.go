@@ -336,9 +336,19 @@ func decodeDown(rd *reader, e *Entry) {
 //	answers: version 1 | kind 4 | uvarint n | n answers
 //	answer:  uvarint id | byte outcome | uvarint delay_ns | uvarint retry_after_ns |
 //	         uvarint remaining | uvarint reset_after_ns
+//
+// Asks of which one keeps part of the burst for a higher class (Ask.Kept) are of kind 8,
+// each ask followed by what it keeps of each limit's burst:
+//
+//	ask, kind 8: ask | k × uvarint keep_ns (Limits[i].Tau - Kept[i].Tau; 0: none)
+//
+// A node of an earlier release counts kind 8 as malformed: a node sends it only to a peer
+// that says it reads it (package gossip: the membership's node meta).
 const (
 	KindAsk    = 3
 	KindAnswer = 4
+	// KindAskKept is asks of which some keep part of the burst (Ask.Kept).
+	KindAskKept = 8
 )
 
 // Ask is a request forwarded to a tag's owner: Decide's arguments but now, which is the
@@ -349,6 +359,9 @@ type Ask struct {
 	N        int64
 	MaxDelay int64
 	Limits   []gcra.Limit
+	// Kept, if set, are the limits the decision is made under (DecideKept): Limits with
+	// part of each burst kept for a higher class. nil: Limits.
+	Kept []gcra.Limit
 }
 
 // Outcomes of an Answer.
@@ -366,8 +379,8 @@ type Answer struct {
 	Result  gcra.Result // Allowed is Outcome == Granted; Delay counts from the owner's decision
 }
 
-// MessageKind returns the kind of message b is: a report's (1 or 2), asks (3) or answers
-// (4); 0 if it is none.
+// MessageKind returns the kind of message b is: a report's (1, 2, 5 or 6), asks (3 or
+// 8), answers (4) or classes (7); 0 if it is none.
 func MessageKind(b []byte) byte {
 	if len(b) < 2 || b[0] != Version {
 		return 0
@@ -380,8 +393,12 @@ func MessageKind(b []byte) byte {
 func AsksHeader(n int) int { return 2 + 2 + n + 5 }
 
 // AppendAsk appends one ask's wire form to b (for sizing a batch: AsksHeader plus the
-// asks' forms is the message's size).
-func AppendAsk(b []byte, a *Ask) []byte {
+// asks' forms is the message's size), in a message of kind 8 if it keeps part of the
+// burst (Kept). In a message of kind 8 an ask that keeps nothing takes a byte more per
+// limit.
+func AppendAsk(b []byte, a *Ask) []byte { return appendAsk(b, a, a.Kept != nil) }
+
+func appendAsk(b []byte, a *Ask, kept bool) []byte {
 	b = binary.AppendUvarint(b, a.ID)
 	b = binary.AppendUvarint(b, uint64(len(a.Tag)))
 	b = append(b, a.Tag...)
@@ -392,26 +409,43 @@ func AppendAsk(b []byte, a *Ask) []byte {
 		b = binary.AppendUvarint(b, uint64(l.T))
 		b = binary.AppendUvarint(b, uint64(l.Tau))
 	}
-	return b
-}
-
-// EncodeAsks writes asks from the node named from as one message.
-func EncodeAsks(from string, asks []Ask) []byte {
-	b := make([]byte, 0, AsksHeader(len(from))+32*len(asks))
-	b = append(b, Version, KindAsk)
-	b = binary.AppendUvarint(b, uint64(len(from)))
-	b = append(b, from...)
-	b = binary.AppendUvarint(b, uint64(len(asks)))
-	for i := range asks {
-		b = AppendAsk(b, &asks[i])
+	if kept {
+		for i, l := range a.Limits {
+			var keep int64
+			if i < len(a.Kept) {
+				keep = max(0, l.Tau-a.Kept[i].Tau)
+			}
+			b = binary.AppendUvarint(b, uint64(keep))
+		}
 	}
 	return b
 }
 
-// DecodeAsks reads an asks message: its sender and asks (their limits are checked by the
-// owner's Decide).
+// EncodeAsks writes asks from the node named from as one message: of kind 8 if one of
+// them keeps part of the burst (Kept), of kind 3 otherwise.
+func EncodeAsks(from string, asks []Ask) []byte {
+	kind := byte(KindAsk)
+	for i := range asks {
+		if asks[i].Kept != nil {
+			kind = KindAskKept
+		}
+	}
+	b := make([]byte, 0, AsksHeader(len(from))+32*len(asks))
+	b = append(b, Version, kind)
+	b = binary.AppendUvarint(b, uint64(len(from)))
+	b = append(b, from...)
+	b = binary.AppendUvarint(b, uint64(len(asks)))
+	for i := range asks {
+		b = appendAsk(b, &asks[i], kind == KindAskKept)
+	}
+	return b
+}
+
+// DecodeAsks reads an asks message, of kind 3 or 8: its sender and asks (their limits are
+// checked by the owner's Decide). An ask of kind 8 that keeps nothing has no Kept.
 func DecodeAsks(b []byte) (from string, asks []Ask, err error) {
-	if MessageKind(b) != KindAsk {
+	kind := MessageKind(b)
+	if kind != KindAsk && kind != KindAskKept {
 		return "", nil, fmt.Errorf("%w: not asks", ErrMalformed)
 	}
 	rd := reader{b: b[2:]}
@@ -438,6 +472,9 @@ func DecodeAsks(b []byte) (from string, asks []Ask, err error) {
 				break
 			}
 			a.Limits = append(a.Limits, gcra.Limit{T: int64(min(rd.uvarint(), 1<<62)), Tau: int64(min(rd.uvarint(), 1<<62))})
+		}
+		if kind == KindAskKept {
+			a.Kept = decodeKept(&rd, a.Limits)
 		}
 		asks = append(asks, a)
 	}
@@ -517,3 +554,117 @@ func DecodeAnswers(b []byte) ([]Answer, error) {
 
 // minAnswer is the smallest answer: six one-byte fields.
 const minAnswer = 6
+
+// decodeKept reads an ask's keeps (kind 8) and returns its kept limits, nil if it keeps
+// nothing. A keep that leaves less than one permit of a burst is malformed.
+func decodeKept(rd *reader, limits []gcra.Limit) []gcra.Limit {
+	var kept []gcra.Limit
+	for i, l := range limits {
+		keep := int64(min(rd.uvarint(), 1<<62))
+		if rd.err != nil {
+			return nil
+		}
+		if keep == 0 {
+			continue
+		}
+		if keep > l.Tau-l.T {
+			rd.err = fmt.Errorf("%w: keep %d of tau %d", ErrMalformed, keep, l.Tau)
+			return nil
+		}
+		if kept == nil {
+			kept = slices.Clone(limits)
+		}
+		kept[i].Tau -= keep
+	}
+	return kept
+}
+
+// The board of classes (classes.go): a message of posts of a node's callers' classes to
+// tags' boards' owners, of reads of those boards, or of an owner's replies:
+//
+//	classes: version 1 | kind 7 | uvarint len, from | uvarint n | n entries
+//	entry:   uvarint len, tag | byte flags | for each class flag set (critical, then
+//	         standard): uvarint ago_ns | uvarint lasts_ns
+//
+// A node of an earlier release counts it as malformed, and ignores it: a node sends it
+// only to a peer that says it reads it (package gossip: the membership's node meta).
+const KindClasses = 7
+
+// ClassesHeader is the bytes of a classes message before its entries, for a sender name
+// of n bytes (at most).
+func ClassesHeader(n int) int { return 2 + 2 + n + 5 }
+
+// AppendClassEntry appends one entry's wire form to b (for sizing a batch).
+func AppendClassEntry(b []byte, e *ClassEntry) []byte {
+	b = binary.AppendUvarint(b, uint64(len(e.Tag)))
+	b = append(b, e.Tag...)
+	b = append(b, e.Flags&flagsKnown)
+	for i := range boardClasses {
+		if e.Flags&(1<<i) != 0 {
+			b = binary.AppendUvarint(b, uint64(max(0, e.Ago[i])))
+			b = binary.AppendUvarint(b, uint64(max(0, e.Lasts[i])))
+		}
+	}
+	return b
+}
+
+// EncodeClasses writes entries from the node named from as one message.
+func EncodeClasses(from string, entries []ClassEntry) []byte {
+	b := make([]byte, 0, ClassesHeader(len(from))+24*len(entries))
+	b = append(b, Version, KindClasses)
+	b = binary.AppendUvarint(b, uint64(len(from)))
+	b = append(b, from...)
+	b = binary.AppendUvarint(b, uint64(len(entries)))
+	for i := range entries {
+		b = AppendClassEntry(b, &entries[i])
+	}
+	return b
+}
+
+// DecodeClasses reads a classes message: its sender and entries.
+func DecodeClasses(b []byte) (from string, entries []ClassEntry, err error) {
+	if MessageKind(b) != KindClasses {
+		return "", nil, fmt.Errorf("%w: not classes", ErrMalformed)
+	}
+	rd := reader{b: b[2:]}
+	from = rd.bytes(MaxName)
+	n := rd.uvarint()
+	if rd.err == nil && (from == "" || n == 0 || n > uint64(len(rd.b)/minClassEntry)) {
+		return "", nil, fmt.Errorf("%w: %d class entries in %d bytes", ErrMalformed, n, len(rd.b))
+	}
+	for range n {
+		if rd.err != nil {
+			break
+		}
+		e := ClassEntry{Tag: rd.bytes(MaxTag)}
+		if rd.err == nil {
+			if len(rd.b) == 0 {
+				rd.err = fmt.Errorf("%w: class entry", ErrMalformed)
+				break
+			}
+			e.Flags = rd.b[0]
+			rd.b = rd.b[1:]
+			if e.Flags&^flagsKnown != 0 {
+				rd.err = fmt.Errorf("%w: class flags %#x", ErrMalformed, e.Flags)
+				break
+			}
+		}
+		for i := range boardClasses {
+			if e.Flags&(1<<i) != 0 {
+				e.Ago[i] = int64(min(rd.uvarint(), 1<<62))
+				e.Lasts[i] = int64(min(rd.uvarint(), 1<<62))
+			}
+		}
+		entries = append(entries, e)
+	}
+	if rd.err == nil && len(rd.b) != 0 {
+		return "", nil, fmt.Errorf("%w: %d bytes after the class entries", ErrMalformed, len(rd.b))
+	}
+	if rd.err != nil {
+		return "", nil, rd.err
+	}
+	return from, entries, nil
+}
+
+// minClassEntry is the smallest class entry: a tag's length and the flags.
+const minClassEntry = 2

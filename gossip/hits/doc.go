@@ -18,6 +18,11 @@
 // peer (tree.go): each node sends its subtree's aggregate to its parent, the tag's root
 // sends the pool's down, and a node's bytes no longer grow with the pool.
 //
+// A tag decided at its owner keeps a board of classes there (classes.go): the nodes post
+// which classes (package priority) ask for it and read the board, so that a lower class
+// at one node keeps headroom for a higher class at another (DecideKept,
+// docs/priorities.md).
+//
 // A Node takes now and messages and returns decisions and messages: it does no I/O,
 // starts no goroutine and reads no clock. It is not safe for concurrent use. Package
 // gossip runs it over hashicorp/memberlist; package sim over a simulated network.

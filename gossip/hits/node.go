@@ -228,6 +228,8 @@ type tag struct {
 	bookedTo int64 // the latest booking an owner reported (Entry.Booked), as a time
 
 	tr *treeTag // the tag's tree state (pools above MeshMax); nil until used
+
+	board *board // the tag's board of classes (classes.go); nil: none posted or told
 }
 
 // peerTag is what a peer reported about a tag.
@@ -459,6 +461,21 @@ func (t *tag) ownWait(n int64) int64 {
 	return w
 }
 
+// keptOf reports whether kept are core keeping part of their bursts: the same rates and
+// windows, bursts of at least one permit and no larger.
+func keptOf(core, kept []gcra.Limit) bool {
+	if len(core) != len(kept) {
+		return false
+	}
+	for i, c := range core {
+		k := kept[i]
+		if k.T != c.T || k.Window != c.Window || k.Tau > c.Tau || k.Tau < k.T {
+			return false
+		}
+	}
+	return true
+}
+
 // Decide decides cost permits of key under limits at now (the limits already tightened
 // by any margin; 1 to gcra.MaxLimits). maxDelay bounds how far ahead permits may be
 // reserved (0: now or never). A grant is charged to the pool's bucket as the node knows
@@ -474,9 +491,22 @@ func (n *Node) Decide(key string, limits []gcra.Limit, now, cost, maxDelay int64
 // DecideTo is Decide writing its result and ticket into res and tk (zero on entry), so
 // that a caller on the hot path copies neither.
 func (n *Node) DecideTo(res *gcra.Result, tk *gcra.Ticket, key string, limits []gcra.Limit, now, cost, maxDelay int64) error {
+	return n.DecideKept(res, tk, key, limits, limits, now, cost, maxDelay)
+}
+
+// DecideKept is DecideTo for a decision that keeps part of the burst for a higher class
+// (package priority): core are the tag's limits, by which its state is kept and its route
+// chosen, and kept the decision's, core with smaller bursts (gcra.Limit.Keeping). Where
+// the tag is decided at its owner (Route), the pool's bucket keeps the difference; a tag
+// decided by shares keeps nothing, and is decided under core (docs/priorities.md: kept
+// there, the headroom cost utilization and served the higher classes no better). kept
+// may be core itself; otherwise it must be core with the same rates and bursts no larger
+// (gcra.ErrInvalidLimits).
+func (n *Node) DecideKept(res *gcra.Result, tk *gcra.Ticket, key string, core, kept []gcra.Limit, now, cost, maxDelay int64) error {
 	if cost < 0 {
 		return gcra.ErrInvalidCost
 	}
+	limits := core
 	t := n.tags[key]
 	if t == nil || t.k != len(limits) || !slices.Equal(t.lim[:t.k], limits) {
 		// A new tag, or new limits: check them (known ones were checked before).
@@ -489,10 +519,16 @@ func (n *Node) DecideTo(res *gcra.Result, tk *gcra.Ticket, key string, limits []
 		}
 		n.know(t, limits, now)
 	}
-	if cost > 1 && cost > gcra.MaxCost(limits) {
-		return gcra.ErrCostExceedsBurst
+	if len(kept) > 0 && &kept[0] != &core[0] && !keptOf(core, kept) {
+		return fmt.Errorf("%w: kept limits %v of %v", gcra.ErrInvalidLimits, kept, core)
 	}
 	routed := n.routes(t.policy, limits)
+	if !routed {
+		kept = core // by shares: no headroom kept
+	}
+	if cost > 1 && cost > gcra.MaxCost(kept) {
+		return gcra.ErrCostExceedsBurst
+	}
 	if routed && !n.claim(t, limits, now) {
 		res.RetryAfter = int64(n.cfg.Interval)
 		n.fill(t, res, now, routed)
@@ -503,7 +539,7 @@ func (n *Node) DecideTo(res *gcra.Result, tk *gcra.Ticket, key string, limits []
 	t.refill(now)
 	view := t.view[:t.k]
 	var delay int64
-	for i, l := range limits {
+	for i, l := range kept {
 		delay = max(delay, gcra.Wait(view[i], l, now, cost))
 	}
 	delay = max(delay, t.hold-now)
@@ -1043,7 +1079,7 @@ func (t *tag) unmet(now int64, dt float64) float64 {
 // idle reports whether forgetting t changes nothing: its buckets full, no penalty, no
 // demand here or at a peer, nothing pending.
 func (n *Node) idle(t *tag, now int64) bool {
-	if t.ewma != 0 || t.hold > now || t.pend != 0 || !gcra.Idle(t.view[:t.k], now) {
+	if t.ewma != 0 || t.hold > now || t.pend != 0 || !gcra.Idle(t.view[:t.k], now) || t.boardLive(now) {
 		return false
 	}
 	for i := range t.k {
