@@ -151,7 +151,8 @@ const evictSample = 8
 // it did. It looks at evictSample keys from a random place, twice at most. It evicts an
 // idle key if the sample holds one (an idle key decides as a new one: nothing is lost).
 // Otherwise, with WithEvictLive, it evicts the sample's least recently used key, and of
-// those used as long ago, the one closest to idle (the earliest TAT: the least state lost).
+// those used as long ago, the one closest to idle (the earliest TAT: the least state lost),
+// but a key used within the last keytable.AgeUnit new keys only from a second sample.
 // A key in use thus outlives a flood of new keys used once, which grow old as the flood
 // goes on. Its cost is the sample's, whatever the number of keys, so a flood of new keys
 // at the cap never waits for a sweep.
@@ -174,6 +175,12 @@ func (b *Backend) makeRoom(now int64) bool {
 			}
 		}
 		if victim == nil || (best > now && !b.evictLive) {
+			continue
+		}
+		if try == 0 && best > now && age == 0 {
+			// Every key of the sample was used within the last keytable.AgeUnit new
+			// keys (a flood's newest, and maybe a key in use): look again before
+			// evicting one in use, whose TAT, held back, is the earliest.
 			continue
 		}
 		if !kill(victim, best) {

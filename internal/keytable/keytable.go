@@ -35,7 +35,7 @@ type Entry[V any] struct {
 func (e *Entry[V]) Key() string { return e.key }
 
 // AgeUnit is how many new keys make one unit of an entry's age.
-const AgeUnit = 64
+const AgeUnit = 16
 
 // Table maps string keys to entries. Make one with New; it is safe for concurrent use.
 type Table[V any] struct {
