@@ -967,6 +967,14 @@ func (b *Backend) decideAtStore(ctx context.Context, key string, rs []*rec, ms [
 	// the member's from the store's answer on, not from when it asked: their slot is when
 	// the answer arrived (the store took them from its pool at some instant in between).
 	arrival := b.clock.Nanotime()
+	for k := range res {
+		if res[k].relayed && arrival > res[k].by {
+			// A relayed take's answer that reached its caller past its lateness (the
+			// relay checked it in time, then the caller was slow to run): its permit
+			// goes unused, as the store's pool kept room only for that lateness.
+			res[k] = result{err: errTakeLate}
+		}
+	}
 	var g backend.Grant
 	g.Ticket.N, g.Delay, g.Allowed = n, lres.Delay, err == nil
 	for k, i := range localAt {

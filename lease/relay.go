@@ -526,7 +526,7 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 			case tooLate(i):
 				out[i] = result{err: errTakeLate} // its permit, if taken, goes unused
 			default:
-				out[i] = result{rep: *s.Rep, relayed: true}
+				out[i] = result{rep: *s.Rep, relayed: true, by: calls[i].req.Sent + int64(r.late())}
 				if s.Rep.Live > 0 { // a grant's: a take's answer says nothing of the members
 					live[i] = s.Rep.Live
 				}
