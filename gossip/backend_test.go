@@ -249,6 +249,37 @@ func TestShardIsOneCacheLine(t *testing.T) {
 	}
 }
 
+// pair starts two members, each set by its function (nil: the defaults), the second
+// joining the first, and returns them once each has heard the other.
+func pair(t *testing.T, setA, setB func(*Config)) (a, b *Backend) {
+	t.Helper()
+	a = member(t, setA)
+	b = member(t, func(c *Config) {
+		if setB != nil {
+			setB(c)
+		}
+		c.Peers = []string{a.Addr()}
+	})
+	waitFor(t, "two members", func() bool { return a.Members() == 2 && b.Members() == 2 })
+	time.Sleep(300 * time.Millisecond) // each hears the other once
+	return a, b
+}
+
+// keyOwnedBy returns the first key k0, k1, ... other than skip that via routes to owner
+// under lim.
+func keyOwnedBy(via, owner *Backend, lim []gcra.Limit, skip string) string {
+	for i := 0; ; i++ {
+		k := fmt.Sprintf("k%d", i)
+		s := via.shard(k)
+		s.mu.Lock()
+		o, _ := s.node.Route(k, lim)
+		s.mu.Unlock()
+		if o == owner.Name() && k != skip {
+			return k
+		}
+	}
+}
+
 // TestForwardsTogether: 32 callers at one member decide a small limit whose owner is the
 // other member, at once and again for a second (real UDP on loopback): the asks that wait
 // while one message is sent go together in the next, so fewer messages carry them than
@@ -257,21 +288,9 @@ func TestForwardsTogether(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real time")
 	}
-	a := member(t, nil)
-	b := member(t, func(c *Config) { c.Peers = []string{a.Addr()} })
-	waitFor(t, "two members", func() bool { return a.Members() == 2 && b.Members() == 2 })
-	time.Sleep(300 * time.Millisecond)                       // each hears the other once
+	a, b := pair(t, nil, nil)
 	lim := []gcra.Limit{{T: sec / 200, Tau: 20 * sec / 200}} // 200/s burst 20
-	key := ""
-	for i := 0; key == ""; i++ {
-		k := fmt.Sprintf("k%d", i)
-		s := b.shard(k)
-		s.mu.Lock()
-		if o, _ := s.node.Route(k, lim); o == a.Name() {
-			key = k
-		}
-		s.mu.Unlock()
-	}
+	key := keyOwnedBy(b, a, lim, "")
 	var mu sync.Mutex
 	var grants []int64
 	var errs int
@@ -320,10 +339,7 @@ func TestPolicyForRoutesAKey(t *testing.T) {
 		}
 		return 0, false
 	}
-	a := member(t, func(c *Config) { c.PolicyFor = own })
-	b := member(t, func(c *Config) { c.PolicyFor = own; c.Peers = []string{a.Addr()} })
-	waitFor(t, "two members", func() bool { return a.Members() == 2 && b.Members() == 2 })
-	time.Sleep(300 * time.Millisecond)                          // each hears the other once
+	a, b := pair(t, func(c *Config) { c.PolicyFor = own }, func(c *Config) { c.PolicyFor = own })
 	lim := []gcra.Limit{{T: sec / 2000, Tau: 800 * sec / 2000}} // 2000/s burst 800: Auto shares it
 	for _, key := range []string{"exact\x1fa", "exact\x1fb", "loose\x1fa", "loose\x1fb"} {
 		for _, m := range []*Backend{a, b} {

@@ -2,7 +2,6 @@ package gossip
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -22,24 +21,9 @@ func TestOlderOwnerIsSentNoClasses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real time")
 	}
-	a := member(t, nil)
-	b := member(t, func(c *Config) { c.Peers = []string{a.Addr()} })
-	waitFor(t, "two members", func() bool { return a.Members() == 2 && b.Members() == 2 })
-	time.Sleep(300 * time.Millisecond)            // each hears the other once
+	a, b := pair(t, nil, nil)
 	core := []gcra.Limit{{T: sec / 10, Tau: sec}} // 10/s burst 10
 	kept, _ := core[0].Keeping(0.4)
-	keyOwnedBy := func(owner *Backend, skip string) string {
-		for i := 0; ; i++ {
-			k := fmt.Sprintf("k%d", i)
-			s := b.shard(k)
-			s.mu.Lock()
-			o, _ := s.node.Route(k, core)
-			s.mu.Unlock()
-			if o == owner.Name() && k != skip {
-				return k
-			}
-		}
-	}
 	posted := func(key string) bool {
 		s := a.shard(key)
 		s.mu.Lock()
@@ -61,7 +45,7 @@ func TestOlderOwnerIsSentNoClasses(t *testing.T) {
 		}
 		return n
 	}
-	k1 := keyOwnedBy(a, "")
+	k1 := keyOwnedBy(b, a, core, "")
 	if err := b.PostClass(ctx, k1, priority.Critical, time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +59,7 @@ func TestOlderOwnerIsSentNoClasses(t *testing.T) {
 	n.Meta = nil // as an earlier release's
 	b.peers[a.Name()] = n
 	b.peersMu.Unlock()
-	k2 := keyOwnedBy(a, k1)
+	k2 := keyOwnedBy(b, a, core, k1)
 	if err := b.PostClass(ctx, k2, priority.Critical, time.Second); err != nil {
 		t.Fatal(err)
 	}

@@ -3,13 +3,11 @@ package gossip_test
 import (
 	"context"
 	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/sluicehq/sluice/gossip"
-	"github.com/sluicehq/sluice/server"
 )
 
 // TestDaemonMetrics: a daemon on the gossip back end shows the pool's figures on /metrics.
@@ -20,19 +18,8 @@ func TestDaemonMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer be.Close()
-	sc := server.DefaultConfig()
-	sc.Backend, sc.ListenLine, sc.ListenHTTP = "gossip", "", "127.0.0.1:0"
-	r, _ := server.ParseRuleFlag("api=10/s", false)
-	sc.Rules = []server.Rule{r}
-	s, err := server.New(sc, server.WithBackend(be), server.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer s.Shutdown(context.Background())
+	t.Cleanup(func() { be.Close() }) // after the daemon's shutdown (cleanups run last first)
+	s := daemon(t, be, "api=10/s")
 	if _, err := s.Decide(context.Background(), "api", 1, 0); err != nil {
 		t.Fatal(err)
 	}

@@ -105,7 +105,7 @@ func TestLinePrioritiesAcrossDaemons(t *testing.T) {
 			if owner := hits.OwnerOf("api", []string{a.Name(), b.Name()}); (owner == a.Name()) != atOwner {
 				a, b = b, a
 			}
-			crit, flood := daemon(t, a), daemon(t, b)
+			crit, flood := daemon(t, a, "api=50/s burst=10"), daemon(t, b, "api=50/s burst=10")
 			var stop atomic.Bool
 			var wg sync.WaitGroup
 			defer func() { stop.Store(true); wg.Wait() }()
@@ -146,13 +146,13 @@ func TestLinePrioritiesAcrossDaemons(t *testing.T) {
 	}
 }
 
-// daemon starts a daemon on the gossip member be, with the rule api=50/s burst=10 and a
-// line listener on loopback.
-func daemon(t *testing.T, be *gossip.Backend) *server.Server {
+// daemon starts a daemon on the gossip member be, with one rule and line and HTTP
+// listeners on loopback, shut down when the test ends.
+func daemon(t *testing.T, be *gossip.Backend, rule string) *server.Server {
 	t.Helper()
 	sc := server.DefaultConfig()
-	sc.Backend, sc.ListenLine, sc.ListenHTTP = "gossip", "127.0.0.1:0", ""
-	r, err := server.ParseRuleFlag("api=50/s burst=10", false)
+	sc.Backend, sc.ListenLine, sc.ListenHTTP = "gossip", "127.0.0.1:0", "127.0.0.1:0"
+	r, err := server.ParseRuleFlag(rule, false)
 	if err != nil {
 		t.Fatal(err)
 	}
