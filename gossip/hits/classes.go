@@ -9,21 +9,9 @@ package hits
 // limits the board tells it to keep (DecideKept).
 
 import (
+	"github.com/sluicehq/sluice/internal/classboard"
 	"github.com/sluicehq/sluice/priority"
 )
-
-// boardClasses are the classes a board keeps, in its posts' order.
-var boardClasses = [...]priority.Class{priority.Critical, priority.Standard}
-
-// post is a class's last post on a board: the node's time it was made at and how long it
-// lasts (0: never posted).
-type post struct{ at, lasts int64 }
-
-// live reports whether p still counts at now.
-func (p post) live(now int64) bool { return p.lasts > 0 && now-p.at < p.lasts }
-
-// board is a tag's board of classes: the last post of each of boardClasses.
-type board [len(boardClasses)]post
 
 // BoardOwner returns the node that keeps key's board of classes: its owner by the
 // rendezvous over this node and every peer held, decided there or not; "" for this node.
@@ -62,7 +50,7 @@ func (n *Node) MayRoute(key string) bool {
 // or of a peer's that posted it here (Flags of a ClassEntry). ErrTooManyTags: the node
 // holds as many tags as it may.
 func (n *Node) Post(key string, c priority.Class, lasts, now int64) error {
-	i := classIndex(c)
+	i := classboard.Index(c)
 	if i < 0 || lasts <= 0 {
 		return nil
 	}
@@ -72,10 +60,10 @@ func (n *Node) Post(key string, c priority.Class, lasts, now int64) error {
 	}
 	t.used = now
 	if t.board == nil {
-		t.board = &board{}
+		t.board = &classboard.Board{}
 	}
-	if p := t.board[i]; !p.live(now) || now+lasts > p.at+p.lasts {
-		t.board[i] = post{at: now, lasts: lasts}
+	if p := t.board[i]; !p.Live(now) || now+lasts > p.End() {
+		t.board[i] = classboard.Post{At: now, Lasts: lasts}
 	}
 	return nil
 }
@@ -84,15 +72,11 @@ func (n *Node) Post(key string, c priority.Class, lasts, now int64) error {
 // posted on key's board as this node knows it, each -1 if not within the time its post
 // lasts: the board itself at its owner, elsewhere what the owner last told (Learn).
 func (n *Node) Posted(key string, now int64) (critical, standard int64) {
-	ago := [len(boardClasses)]int64{-1, -1}
 	if t := n.tags[key]; t != nil && t.board != nil {
-		for i, p := range t.board {
-			if p.live(now) {
-				ago[i] = max(now-p.at, 0)
-			}
-		}
+		ago := t.board.Ago(now)
+		return ago[0], ago[1]
 	}
-	return ago[0], ago[1]
+	return -1, -1
 }
 
 // Board returns key's board at now as an entry of a reply to a read (FlagBoard, and a
@@ -101,9 +85,9 @@ func (n *Node) Board(key string, now int64) ClassEntry {
 	e := ClassEntry{Tag: key, Flags: FlagBoard}
 	if t := n.tags[key]; t != nil && t.board != nil {
 		for i, p := range t.board {
-			if p.live(now) {
+			if p.Live(now) {
 				e.Flags |= 1 << i
-				e.Ago[i], e.Lasts[i] = max(now-p.at, 0), p.lasts
+				e.Ago[i], e.Lasts[i] = max(now-p.At, 0), p.Lasts
 			}
 		}
 	}
@@ -125,13 +109,13 @@ func (n *Node) Learn(e *ClassEntry, now int64) {
 		}
 	}
 	t.used = now
-	var b board
+	var b classboard.Board
 	for i := range b {
 		if e.Flags&(1<<i) != 0 && e.Lasts[i] > e.Ago[i] {
-			b[i] = post{at: now - e.Ago[i], lasts: e.Lasts[i]}
+			b[i] = classboard.Post{At: now - e.Ago[i], Lasts: e.Lasts[i]}
 		}
 	}
-	if b == (board{}) {
+	if b == (classboard.Board{}) {
 		t.board = nil
 		return
 	}
@@ -140,27 +124,7 @@ func (n *Node) Learn(e *ClassEntry, now int64) {
 
 // boardLive reports whether t's board holds a post that counts at now: the tag is not
 // idle while it does.
-func (t *tag) boardLive(now int64) bool {
-	if t.board == nil {
-		return false
-	}
-	for _, p := range t.board {
-		if p.live(now) {
-			return true
-		}
-	}
-	return false
-}
-
-// classIndex is c's place among boardClasses; -1 if the board does not keep it.
-func classIndex(c priority.Class) int {
-	for i, x := range boardClasses {
-		if x == c {
-			return i
-		}
-	}
-	return -1
-}
+func (t *tag) boardLive(now int64) bool { return t.board != nil && t.board.Live(now) }
 
 // Flags of a ClassEntry.
 const (
@@ -177,17 +141,17 @@ const (
 type ClassEntry struct {
 	Tag   string
 	Flags byte
-	// Ago and Lasts, for each class whose flag is set (boardClasses' order): how long
+	// Ago and Lasts, for each class whose flag is set (classboard.Classes' order): how long
 	// before the message the class was posted, and how long its post lasts from then,
 	// nanoseconds. A post is made as it is sent: Ago 0.
-	Ago, Lasts [len(boardClasses)]int64
+	Ago, Lasts [len(classboard.Classes)]int64
 }
 
 // PostEntry returns the entry that posts class c (priority.Critical or
 // priority.Standard) for key, lasting lasts, to its board's owner; ok is false for a
 // class the board does not keep.
 func PostEntry(key string, c priority.Class, lasts int64) (e ClassEntry, ok bool) {
-	i := classIndex(c)
+	i := classboard.Index(c)
 	if i < 0 || lasts <= 0 {
 		return ClassEntry{}, false
 	}
@@ -206,7 +170,7 @@ func (n *Node) Classes(entries []ClassEntry, now int64) (replies []ClassEntry) {
 			n.Learn(e, now)
 			continue
 		}
-		for k, c := range boardClasses {
+		for k, c := range classboard.Classes {
 			if e.Flags&(1<<k) != 0 {
 				if err := n.Post(e.Tag, c, e.Lasts[k]-e.Ago[k], now); err != nil {
 					n.stats.Dropped++

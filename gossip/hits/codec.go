@@ -7,6 +7,8 @@ import (
 	"math"
 	"slices"
 
+	"github.com/sluicehq/sluice/internal/classboard"
+
 	"github.com/sluicehq/sluice/gcra"
 )
 
@@ -599,7 +601,7 @@ func AppendClassEntry(b []byte, e *ClassEntry) []byte {
 	b = binary.AppendUvarint(b, uint64(len(e.Tag)))
 	b = append(b, e.Tag...)
 	b = append(b, e.Flags&flagsKnown)
-	for i := range boardClasses {
+	for i := range classboard.Classes {
 		if e.Flags&(1<<i) != 0 {
 			b = binary.AppendUvarint(b, uint64(max(0, e.Ago[i])))
 			b = binary.AppendUvarint(b, uint64(max(0, e.Lasts[i])))
@@ -649,7 +651,7 @@ func DecodeClasses(b []byte) (from string, entries []ClassEntry, err error) {
 				break
 			}
 		}
-		for i := range boardClasses {
+		for i := range classboard.Classes {
 			if e.Flags&(1<<i) != 0 {
 				e.Ago[i] = int64(min(rd.uvarint(), 1<<62))
 				e.Lasts[i] = int64(min(rd.uvarint(), 1<<62))

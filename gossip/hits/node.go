@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/classboard"
+
 	"github.com/sluicehq/sluice/gcra"
 )
 
@@ -229,7 +231,7 @@ type tag struct {
 
 	tr *treeTag // the tag's tree state (pools above MeshMax); nil until used
 
-	board *board // the tag's board of classes (classes.go); nil: none posted or told
+	board *classboard.Board // the tag's board of classes (classes.go); nil: none posted or told
 }
 
 // peerTag is what a peer reported about a tag.

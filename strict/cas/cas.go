@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/classboard"
+
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/rkey"
@@ -128,7 +130,7 @@ type op struct {
 	class    priority.Class
 
 	grant backend.Grant
-	ago   [len(boardClasses)]int64 // read: how long ago each class was posted, -1 if not
+	ago   [len(classboard.Classes)]int64 // read: how long ago each class was posted, -1 if not
 	err   error
 }
 
@@ -470,7 +472,7 @@ func boardWrite(g *group, rec store.Record, now int64) (store.Write, bool) {
 		dirty = applyBoard(&bd, o, now) || dirty
 	}
 	w := store.Write{ID: g.id, Version: rec.Version}
-	switch keep := bd.keep(now); {
+	switch keep := bd.Keep(now); {
 	case keep == 0 && rec.Version != 0:
 		return w, true // every post is over: deleted
 	case !dirty:

@@ -9,6 +9,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/classboard"
+
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/internal/rkey"
 	"github.com/sluicehq/sluice/priority"
@@ -16,18 +18,8 @@ import (
 
 var _ backend.ClassBoard = (*Backend)(nil)
 
-// boardClasses are the classes a board keeps, in its record's order.
-var boardClasses = [...]priority.Class{priority.Critical, priority.Standard}
-
-// post is a class's last post on a board: the store's time it was made at and how long it
-// lasts (0: never posted).
-type post struct{ at, lasts int64 }
-
-// live reports whether p still counts at now.
-func (p post) live(now int64) bool { return p.lasts > 0 && now-p.at < p.lasts }
-
-// board is a key's board of classes: the last post of each of boardClasses.
-type board [len(boardClasses)]post
+// board is a key's board of classes, as its record holds it.
+type board = classboard.Board
 
 // boardID returns the name of key's board of classes in the store: the prefix, "classes:"
 // and the key as a hash tag (the slot of the key's state in a Redis Cluster). It is
@@ -89,37 +81,17 @@ func applyBoard(bd *board, o *op, now int64) bool {
 	o.grant, o.err = backend.Grant{}, nil
 	switch o.kind {
 	case opPost:
-		for i, c := range boardClasses {
-			if c != o.class {
-				continue
-			}
-			if p := bd[i]; p.live(now) && p.at+p.lasts-now >= o.d-o.d/4 {
-				return false // another process's post stands for this one
-			}
-			bd[i] = post{at: now, lasts: o.d}
-			return true
+		i := classboard.Index(o.class)
+		if i < 0 {
+			return false
 		}
+		if p := bd[i]; p.Live(now) && p.End()-now >= o.d-o.d/4 {
+			return false // another process's post stands for this one
+		}
+		bd[i] = classboard.Post{At: now, Lasts: o.d}
+		return true
 	case opRead:
-		for i, p := range bd {
-			o.ago[i] = -1
-			if p.live(now) {
-				o.ago[i] = max(now-p.at, 0)
-			}
-		}
+		o.ago = bd.Ago(now)
 	}
 	return false
-}
-
-// keep returns how long bd lasts after now, its latest post's end, and forgets the posts
-// over: 0 when none is left.
-func (bd *board) keep(now int64) int64 {
-	var keep int64
-	for i, p := range bd {
-		if !p.live(now) {
-			bd[i] = post{}
-			continue
-		}
-		keep = max(keep, p.at+p.lasts-now)
-	}
-	return keep
 }

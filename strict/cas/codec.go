@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 
+	"github.com/sluicehq/sluice/internal/classboard"
+
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/store"
 )
@@ -81,7 +83,7 @@ func (st *state) fit(k int) {
 const boardMagic = 'c'
 
 // boardLen is a board's record: the magic, the version, and each class's post.
-const boardLen = 2 + 16*len(boardClasses)
+const boardLen = 2 + 16*len(classboard.Classes)
 
 // marshalBoard writes bd as a record: 'c', FormatVersion, then for the critical and the
 // standard class the store's time of its last post and how long the post lasts, as
@@ -91,8 +93,8 @@ func marshalBoard(bd board) []byte {
 	b := make([]byte, boardLen)
 	b[0], b[1] = boardMagic, FormatVersion
 	for i, p := range bd {
-		binary.BigEndian.PutUint64(b[2+16*i:], uint64(p.at))
-		binary.BigEndian.PutUint64(b[2+16*i+8:], uint64(p.lasts))
+		binary.BigEndian.PutUint64(b[2+16*i:], uint64(p.At))
+		binary.BigEndian.PutUint64(b[2+16*i+8:], uint64(p.Lasts))
 	}
 	return b
 }
@@ -111,7 +113,7 @@ func unmarshalBoard(b []byte) (board, error) {
 	}
 	var bd board
 	for i := range bd {
-		bd[i] = post{at: int64(binary.BigEndian.Uint64(b[2+16*i:])), lasts: int64(binary.BigEndian.Uint64(b[2+16*i+8:]))}
+		bd[i] = classboard.Post{At: int64(binary.BigEndian.Uint64(b[2+16*i:])), Lasts: int64(binary.BigEndian.Uint64(b[2+16*i+8:]))}
 	}
 	return bd, nil
 }

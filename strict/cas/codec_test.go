@@ -61,8 +61,8 @@ func FuzzCodec(f *testing.F) {
 func TestBoardCodecRoundTrip(t *testing.T) {
 	for i, bd := range []board{
 		{},
-		{{at: 5, lasts: 1}},
-		{{at: -1, lasts: 1 << 62}, {at: 1 << 62, lasts: 7}},
+		{{At: 5, Lasts: 1}},
+		{{At: -1, Lasts: 1 << 62}, {At: 1 << 62, Lasts: 7}},
 	} {
 		got, err := unmarshalBoard(marshalBoard(bd))
 		if err != nil || got != bd {
@@ -72,7 +72,7 @@ func TestBoardCodecRoundTrip(t *testing.T) {
 }
 
 func TestBoardCodecRefusesOthers(t *testing.T) {
-	good := marshalBoard(board{{at: 1, lasts: 2}})
+	good := marshalBoard(board{{At: 1, Lasts: 2}})
 	bad := [][]byte{
 		nil,
 		[]byte("c"),
@@ -92,7 +92,7 @@ func TestBoardCodecRefusesOthers(t *testing.T) {
 }
 
 func FuzzBoardCodec(f *testing.F) {
-	f.Add(marshalBoard(board{{at: 1, lasts: 2}}))
+	f.Add(marshalBoard(board{{At: 1, Lasts: 2}}))
 	f.Add([]byte{})
 	f.Add([]byte{boardMagic, FormatVersion})
 	f.Fuzz(func(t *testing.T, b []byte) {
