@@ -261,7 +261,14 @@ type State struct {
 	// with them, whatever the settings of the process that applies it, so that members
 	// never disagree on TTL, Grace or the policy.
 	Cfg Config `json:"cfg"`
+
+	// prunedAt is when take last dropped the waiters that left (not part of the record).
+	prunedAt int64
 }
+
+// pruneEvery is the length of line from which take drops the waiters that left once an
+// instant rather than at every take.
+const pruneEvery = 32
 
 // NewState returns the record of limit l made at now by a store of the given incarnation.
 // fence is zero for a store that knows no lease of l was ever granted before (a new
@@ -1080,11 +1087,18 @@ func (s *State) take(now int64, id string, n, maxDelay, ttl, keep int64, rep *Re
 		rep.Wait = max(s.nextFree(-1, now), int64(time.Millisecond))
 		return
 	}
-	// Waiters that left, or did not come back in time, lose their place.
-	s.Queue = slices.DeleteFunc(s.Queue, func(w Waiter) bool {
-		i, ok := s.find(w.ID)
-		return !ok || !s.Members[i].live(now) || now > w.Until
-	})
+	// Waiters that left, or did not come back in time, lose their place: once an instant
+	// (a look-up of every waiter among the members, the take's whole cost on a line of a
+	// thousand; an allocator applies a tick's takes at one instant, and a waiter that
+	// leaves within it keeps its place until the next, which only holds the takes behind
+	// it back).
+	if s.prunedAt != now || len(s.Queue) < pruneEvery {
+		s.prunedAt = now
+		s.Queue = slices.DeleteFunc(s.Queue, func(w Waiter) bool {
+			i, ok := s.find(w.ID)
+			return !ok || !s.Members[i].live(now) || now > w.Until
+		})
+	}
 	pos := slices.IndexFunc(s.Queue, func(w Waiter) bool { return w.ID == id })
 	free0 := s.Booked <= now && s.Penalty <= now && s.Pool >= want
 	if len(s.Queue) > 0 && pos != 0 && free0 && s.Pool >= gcra.AddSat(gcra.MulSat(s.expected(now, pos)+1, need), keep) {
