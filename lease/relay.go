@@ -12,7 +12,10 @@ package lease
 // have (allot.State.Apply, in the order they were posted), writes the record once, and
 // writes each answer into its mailbox, where its member reads it. So the record takes one
 // write a tick whatever the number of members, and nobody's post collides with anyone
-// else's.
+// else's. A member posts over the version of its mailbox it last saw (the allocator writes
+// it only to answer), without reading it first, and reads it first when its allocator
+// lately read posts (relay.expect), not every tick: a thousand members reading at every
+// tick kept the store from the allocator's reads.
 //
 // Nothing of the lease mode's safety rests on the relay: the record still changes only by
 // Apply of a member's own request, written by compare-and-set; a member still acts only on
@@ -44,6 +47,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -65,6 +69,9 @@ const (
 	mailKeep = 30 * time.Second
 	// resignAfter is how long an allocator with nothing to apply keeps its ballot.
 	resignAfter = 5 * time.Second
+	// seenKeep is how long an allocator reads the mailbox of a member its record no longer
+	// holds (its lease ended): one that joins again is answered without knocking.
+	seenKeep = 10 * time.Second
 )
 
 // slot is what a member's mailbox holds: its newest relayed request and, once applied,
@@ -77,8 +84,11 @@ type slot struct {
 	// Err is the request's own failure: "stale" (allot.ErrStaleEpoch), "bad record: ..."
 	// (store.ErrBadRecord), or another message (allot.ErrBadRequest).
 	Err string `json:"x,omitempty"`
-	// Posted is when the request was posted, on the store's clock.
+	// Posted is when the request was posted, on the store's clock (as its member
+	// reckons it), and Read when the allocator read it, on the store's clock: Read -
+	// Posted is how long its member waits for an answer (relay.took).
 	Posted int64 `json:"t"`
+	Read   int64 `json:"r,omitempty"`
 }
 
 // ballot is the allocator's lease: its holder, until an instant of the store's clock.
@@ -240,19 +250,23 @@ type relay struct {
 	above int           // relayAbove, or a test's
 	clock clock.Clock
 
-	mu      sync.Mutex
-	misses  map[string]int  // record ID → its relayed requests unanswered in a row
-	crowd   map[string]int  // record ID → its members when last read, if more than above
-	allocs  map[string]bool // the records this member allocates
-	stop    chan struct{}
-	stopped bool
-	wg      sync.WaitGroup
+	mu        sync.Mutex
+	misses    map[string]int           // record ID → its relayed requests unanswered in a row
+	lat       map[string]time.Duration // record ID → how long its answers took lately (took)
+	boxes     map[string]uint64        // mailbox ID → its version as this member last saw it (saw1)
+	skew      int64                    // the store's clock less this process's, as last read
+	skewKnown bool
+	crowd     map[string]int  // record ID → its members when last read, if more than above
+	allocs    map[string]bool // the records this member allocates
+	stop      chan struct{}
+	stopped   bool
+	wg        sync.WaitGroup
 }
 
 // newRelay returns the relay of a member named self that renews every renew.
 func newRelay(self string, renew time.Duration, c clock.Clock) *relay {
 	return &relay{self: self, tick: min(max(renew/10, 5*time.Millisecond), 100*time.Millisecond), above: relayAbove, clock: c,
-		misses: map[string]int{}, crowd: map[string]int{}, allocs: map[string]bool{}, stop: make(chan struct{})}
+		misses: map[string]int{}, lat: map[string]time.Duration{}, boxes: map[string]uint64{}, crowd: map[string]int{}, allocs: map[string]bool{}, stop: make(chan struct{})}
 }
 
 // ballotTTL is how long a ballot holds: twenty ticks, at least half a second.
@@ -387,6 +401,77 @@ func (r *relay) answered(id string, ok bool) {
 	}
 }
 
+// lastSeen returns the versions this member last saw of mailboxes ids (saw1), the store's
+// clock less this process's as last read (sawClock), and whether every version is known.
+func (r *relay) lastSeen(ids []string) ([]uint64, int64, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	vs := make([]uint64, len(ids))
+	all := r.skewKnown
+	for k, id := range ids {
+		v, ok := r.boxes[id]
+		vs[k], all = v, all && ok
+	}
+	return vs, r.skew, all
+}
+
+// saw1 records the version of a mailbox as read with its answer.
+func (r *relay) saw1(id string, v uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.boxes) >= maxRemembered {
+		clear(r.boxes)
+	}
+	r.boxes[id] = v
+}
+
+// sawClock records the store's clock less this process's.
+func (r *relay) sawClock(skew int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.skew, r.skewKnown = skew, true
+}
+
+// took records that a relayed request on id was read by its allocator d after it was
+// posted (slot.Read: measured on the answer, not by when its member found it, which would
+// grow with every later first read).
+func (r *relay) took(id string, d time.Duration) {
+	d = max(d, 0)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if old, ok := r.lat[id]; ok {
+		d = (3*old + d) / 4
+	} else if len(r.lat) >= maxRemembered {
+		clear(r.lat)
+	}
+	r.lat[id] = d
+}
+
+// expect returns how long after posting on groups' records their member first reads its
+// mailboxes: a tick more than the least time their allocator took lately to read a post
+// (took: its answer is written a little after); for a take, whose caller waits, half a
+// tick more, at most half its lateness (relay.late), so that its answer is still read in
+// time. Reading every tick from the
+// post, a member whose allocator answers after several ticks (a thousand members: a
+// tick's requests take it longer) read its mailbox as many times for each answer, and a
+// thousand members' reads kept the store from the allocator's.
+func (r *relay) expect(groups []*group, take bool) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	d := time.Duration(math.MaxInt64)
+	for _, g := range groups {
+		l, ok := r.lat[g.id]
+		if !ok {
+			return 0
+		}
+		d = min(d, l)
+	}
+	if take {
+		return min(d+r.tick/2, r.late()/2)
+	}
+	return d + r.tick
+}
+
 // close stops the allocators and waits for them to resign.
 func (r *relay) close() {
 	if r == nil {
@@ -412,9 +497,11 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 	var posts []int             // the call of each mailbox: ids[k] for posts[k]
 	ballots := map[string]int{} // record ID → its ballot's index in ids
 	limits := map[string]gcra.Limit{}
+	recOf := map[int]string{} // call → its record ID
 	for _, g := range groups {
 		limits[g.id] = g.limit
 		for _, i := range g.idx {
+			recOf[i] = g.id
 			ids = append(ids, mailboxID(g.id, calls[i].req.Member))
 			posts = append(posts, i)
 		}
@@ -436,6 +523,10 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 		todo[k] = k
 	}
 	posted := make([]uint64, nbox) // the version of each post: until it changes, no answer
+	// The first post writes over the versions this member last saw of its mailboxes
+	// (relay.boxes: the allocator writes one only to answer what was posted, which the
+	// member read), without reading them first; a post that loses reads them.
+	known, skew, blind := r.lastSeen(ids[:nbox])
 	for attempt := 0; len(todo) > 0; attempt++ {
 		if attempt == MaxAttempts {
 			for _, k := range todo {
@@ -443,16 +534,28 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 			}
 			break
 		}
-		snap, err := a.load(ctx, ids)
-		if err != nil {
-			return err
+		var snap store.Snapshot
+		if blind && attempt == 0 {
+			snap = store.Snapshot{Now: a.now() + skew, Records: make([]store.Record, len(ids))}
+			for k, v := range known {
+				snap.Records[k].Version = v
+			}
+		} else {
+			var err error
+			if snap, err = a.load(ctx, ids); err != nil {
+				return err
+			}
+			r.sawClock(snap.Now - a.now())
 		}
 		var writes []store.Write
 		for _, k := range todo {
 			writes = append(writes, store.Write{ID: ids[k], Data: marshalSlot(&slot{Req: r.postable(calls[posts[k]].req), Posted: snap.Now}),
 				Version: snap.Records[k].Version, Keep: mailKeep})
 		}
-		writes, claimed := a.claims(snap, ids, ballots, writes)
+		var claimed []string
+		if !blind || attempt > 0 {
+			writes, claimed = a.claims(snap, ids, ballots, writes)
+		}
 		vers, err := a.swap(ctx, writes)
 		if err != nil {
 			return err
@@ -462,24 +565,21 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 		for j, k := range todo {
 			if vers[j] == 0 {
 				again = append(again, k)
+			} else {
+				r.saw1(ids[k], vers[j])
 			}
 			posted[k] = vers[j]
 		}
 		todo = again
 	}
-	var joins []int
-	for k := range nbox {
-		if i := posts[k]; out[i].err == nil && calls[i].req.Op == allot.OpJoin {
-			joins = append(joins, i)
-		}
-	}
-	if len(joins) > 0 {
-		if err := a.knock(ctx, calls, joins); err != nil {
-			return err
-		}
-	}
-	// Wait for the answers: read the mailboxes every tick; a take's answer only until its
-	// lateness has passed (relay.late: its permit is used at the answer's arrival).
+	// Wait for the answers: read the mailboxes every tick, the first time when answers
+	// came on the last requests (relay.expect); a take's answer only until its lateness
+	// has passed (relay.late: its permit is used at the answer's arrival). A joiner knocks
+	// at its limit's door only if its join is not answered by the second read: the
+	// allocator reads the mailboxes of the members it has seen lately (allocate), so a
+	// member that joins again is answered without a knock.
+	knocked, reads := false, 0
+	takes := slices.ContainsFunc(posts, func(i int) bool { return calls[i].req.Op == allot.OpTake })
 	live := map[int]int64{}      // call → its limit's live members, as its answer says
 	elected := map[string]bool{} // record ID → an allocator held its ballot at the last read
 	var waiting []int
@@ -491,8 +591,12 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 	tooLate := func(i int) bool {
 		return calls[i].req.Op == allot.OpTake && a.now()-calls[i].req.Sent > int64(r.late())*9/10
 	}
-	for len(waiting) > 0 {
-		if err := a.sleep(ctx, r.tick); err != nil {
+	for first := true; len(waiting) > 0; first = false {
+		d := r.tick
+		if first {
+			d = max(r.tick, r.expect(groups, takes))
+		}
+		if err := a.sleep(ctx, d); err != nil {
 			break
 		}
 		snap, err := a.load(ctx, ids)
@@ -526,6 +630,8 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 			case tooLate(i):
 				out[i] = result{err: errTakeLate} // its permit, if taken, goes unused
 			default:
+				r.took(recOf[i], time.Duration(s.Read-s.Posted))
+				r.saw1(ids[k], snap.Records[k].Version)
 				out[i] = result{rep: *s.Rep, relayed: true, by: calls[i].req.Sent + int64(r.late())}
 				if s.Rep.Live > 0 { // a grant's: a take's answer says nothing of the members
 					live[i] = s.Rep.Live
@@ -533,6 +639,20 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 			}
 			return true
 		})
+		if reads++; !knocked && reads >= 2 {
+			knocked = true
+			var joins []int
+			for _, k := range waiting {
+				if i := posts[k]; calls[i].req.Op == allot.OpJoin {
+					joins = append(joins, i)
+				}
+			}
+			if len(joins) > 0 {
+				if err := a.knock(ctx, calls, joins); err != nil {
+					break
+				}
+			}
+		}
 		if writes, claimed := a.claims(snap, ids, ballots, nil); len(writes) > 0 {
 			if vers, err := a.swap(ctx, writes); err == nil {
 				a.started(claimed, vers, limits)
@@ -630,8 +750,9 @@ func (a *applier) allocate(rec string, limit gcra.Limit) {
 		case <-ctx.Done():
 		}
 	}()
-	var members []string            // the record's members, as last read
+	var members []string            // the record's members, as last read, and those seen lately
 	answered := map[string]uint64{} // mailbox → a version of it that holds nothing to apply
+	seen := map[string]int64{}      // member → when the record last held it (store's clock)
 	quiet := time.Duration(0)
 	held := true
 	for held && quiet < resignAfter {
@@ -643,7 +764,7 @@ func (a *applier) allocate(rec string, limit gcra.Limit) {
 		var err error
 		// A write that lost to a member's own (a join, a take) is tried again at once.
 		for try := 0; try == 0 || (lost && held && err == nil && try < 4); try++ {
-			busy, held, lost, members, err = a.allocateOnce(tctx, rec, limit, members, answered)
+			busy, held, lost, members, err = a.allocateOnce(tctx, rec, limit, members, answered, seen)
 		}
 		tcancel()
 		switch {
@@ -685,7 +806,7 @@ func (a *applier) resign(rec string) {
 // the record and the ballot, then the answers. busy says it applied something; held that
 // it still holds the ballot; lost that its write of the record lost to another; it
 // returns the record's members now.
-func (a *applier) allocateOnce(ctx context.Context, rec string, limit gcra.Limit, members []string, answered map[string]uint64) (busy, held, lost bool, _ []string, _ error) {
+func (a *applier) allocateOnce(ctx context.Context, rec string, limit gcra.Limit, members []string, answered map[string]uint64, seen map[string]int64) (busy, held, lost bool, _ []string, _ error) {
 	r := a.relay
 	const first = 2 + doorStripes // the first mailbox's index in ids
 	ids := make([]string, 2, first+len(members))
@@ -731,8 +852,9 @@ func (a *applier) allocateOnce(ctx context.Context, rec string, limit gcra.Limit
 	if len(answered) > 2*len(ids) {
 		clear(answered) // members gone: read afresh
 	}
-	// next is the mailboxes to read at the next tick: the record's members' and the
-	// joiners' at its doors, whom a door keeps until the record has them (or mailKeep),
+	// next is the mailboxes to read at the next tick: the record's members', those it
+	// held within seenKeep (one that joins again is answered without knocking), and the
+	// joiners' at its doors, whom a door keeps until the record has them (or mailKeep);
 	// and the writes of the doors that changed.
 	next := func(st *allot.State) ([]string, []store.Write) {
 		var ms []string
@@ -741,6 +863,15 @@ func (a *applier) allocateOnce(ctx context.Context, rec string, limit gcra.Limit
 			for _, e := range st.Members {
 				ms = append(ms, e.ID)
 				in[e.ID] = true
+				seen[e.ID] = now
+			}
+			for m, at := range seen {
+				switch {
+				case now-at > int64(seenKeep):
+					delete(seen, m)
+				case !in[m]:
+					ms = append(ms, m)
+				}
 			}
 		} else {
 			ms = slices.Clone(members)
@@ -756,8 +887,10 @@ func (a *applier) allocateOnce(ctx context.Context, rec string, limit gcra.Limit
 				if in[m] || now-at > int64(mailKeep) {
 					delete(d.Joining, m)
 					changed = true
-				} else if !slices.Contains(ms, m) {
-					ms = append(ms, m)
+				} else if _, lately := seen[m]; !lately || st == nil {
+					if !slices.Contains(ms, m) {
+						ms = append(ms, m)
+					}
 				}
 			}
 			if changed && st != nil {
@@ -834,7 +967,7 @@ func (a *applier) allocateOnce(ctx context.Context, rec string, limit gcra.Limit
 	var answers []store.Write
 	for i, p := range pending {
 		s := *p.s
-		s.Answered, s.Err = s.Req.Nonce, errAnswer(staged[i].err)
+		s.Answered, s.Err, s.Read = s.Req.Nonce, errAnswer(staged[i].err), now
 		if staged[i].err == nil {
 			rep := staged[i].rep
 			s.Rep = &rep

@@ -36,7 +36,19 @@ type counts struct {
 	mu     sync.Mutex
 	writes map[string]int // "record", "mailbox", "ballot", "door"
 	lost   map[string]int // the writes that lost their compare-and-set, by the same kinds
+	reads  int            // the reads that begin with a mailbox (a member's of its own)
 }
+
+func (c *countStore) Load(ctx context.Context, ids []string) (store.Snapshot, error) {
+	if len(ids) > 0 && strings.Contains(ids[0], "|m|") {
+		c.mu.Lock()
+		c.reads++
+		c.mu.Unlock()
+	}
+	return c.Store.Load(ctx, ids)
+}
+
+func newCounts() *counts { return &counts{writes: map[string]int{}, lost: map[string]int{}} }
 
 func (c *countStore) Swap(ctx context.Context, ws []store.Write) ([]uint64, error) {
 	vs, err := c.Store.Swap(ctx, ws)
@@ -48,6 +60,8 @@ func (c *countStore) Swap(ctx context.Context, ws []store.Write) ([]uint64, erro
 		}
 		kind := "record"
 		switch {
+		case strings.HasSuffix(w.ID, "|m|own"):
+			kind = "own" // TestRelayRejoinAndPosts's member's
 		case strings.Contains(w.ID, "|m|"):
 			kind = "mailbox"
 		case strings.HasSuffix(w.ID, "|alloc"):
@@ -99,7 +113,7 @@ func newRelayPool(t *testing.T, members int, l gcra.Limit, pace float64) *relayP
 // newRelayPoolOn is newRelayPool with each member's link from newStore (each its own, as a
 // process's), renewing every renew.
 func newRelayPoolOn(t *testing.T, newStore func() store.Store, renew time.Duration, members int, l gcra.Limit, pace float64) *relayPool {
-	c := &counts{writes: map[string]int{}, lost: map[string]int{}}
+	c := newCounts()
 	p := &relayPool{t: t, limit: l, mem: &countStore{Store: newStore(), counts: c}, stop: make(chan struct{})}
 	for i := range members {
 		cs := &cutStore{Store: &countStore{Store: newStore(), counts: c}}
@@ -299,6 +313,72 @@ func TestCrowdedLimitLeftToItsAllocator(t *testing.T) {
 	s, err := unmarshalSlot(snap.Records[0].Data)
 	if err != nil || s == nil || s.Req.Nonce != 7 || s.Req.Return != 0 {
 		t.Fatalf("the renewal's post: %+v, %v; want the renewal posted (nonce 7), giving nothing back", s, err)
+	}
+}
+
+// TestRelayRejoinAndPosts: a member of a crowded limit posts its renewals without reading
+// its mailbox first (it knows the version it last saw): fewer than two reads of its
+// mailbox a post, where reading before each post and again for each answer took two at
+// least. Cut off until its record drops it, it joins again through the relay without
+// knocking at the limit's door (its allocator reads the mailboxes of the members its
+// record held lately).
+func TestRelayRejoinAndPosts(t *testing.T) {
+	l := gcra.Limit{T: int64(time.Millisecond), Tau: 99 * int64(time.Millisecond)}
+	p := newRelayPool(t, 24, l, 60)
+	own := newCounts()
+	link := &cutStore{Store: &countStore{Store: p.mem.Store, counts: own}}
+	b, err := New(link, WithID("own"), WithRenewEvery(100*time.Millisecond),
+		WithMemberConfig(MemberConfig{RenewEvery: 100 * time.Millisecond, Margin: 5 * time.Millisecond}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tk := time.NewTicker(time.Second / 60)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+			}
+			b.AllowOne(context.Background(), "api", l)
+		}
+	}()
+	defer func() { close(stop); wg.Wait() }()
+	poll.Until(t, "its renewals relayed", 10*time.Second, 10*time.Millisecond, func() bool { return own.count("own") >= 3 })
+	read := func() (int, int) {
+		own.mu.Lock()
+		defer own.mu.Unlock()
+		return own.reads, own.writes["own"]
+	}
+	reads0, posts0 := read()
+	time.Sleep(2 * time.Second)
+	reads, posts := read()
+	reads, posts = reads-reads0, posts-posts0
+	t.Logf("2 s: %d posts, %d reads of its mailbox", posts, reads)
+	if posts < 5 || reads >= 2*posts {
+		t.Errorf("%d posts and %d reads of the member's mailbox in 2 s (renewing every 100 ms): want posts, and fewer than two reads a post", posts, reads)
+	}
+	joins := func() int {
+		for _, st := range b.Leases() {
+			return int(st.Epoch.N)
+		}
+		return 0
+	}
+	epoch := joins()
+	link.cut.Store(true)
+	time.Sleep(3 * time.Second) // its lease ends, and the record drops it
+	link.cut.Store(false)
+	cut := time.Now()
+	poll.Until(t, "it joins again", 10*time.Second, 10*time.Millisecond, func() bool { return joins() != epoch })
+	t.Logf("joined again %v after the cut ended", time.Since(cut).Round(time.Millisecond))
+	if n := own.count("door"); n != 0 {
+		t.Errorf("the member that joined again knocked %d times", n)
 	}
 }
 
