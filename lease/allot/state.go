@@ -579,9 +579,12 @@ func (s *State) apply(now int64, cfg Config, req Request, a *applied) (Reply, er
 		freed := false
 		switch {
 		case req.Relinquish:
-			freed = !e.own(now).IsZero()
+			// It keeps Keep permits of the lease it uses, which may be an older one than
+			// the newest (whose answer it has not had): what it owns counts them.
+			own := e.own(now)
+			freed = !own.IsZero()
 			e.Held, e.HeldUntil = Share{}, 0
-			e.Lease.Share = Share{Burst: min(max(req.Keep, 0), e.Lease.Share.Burst)}
+			e.Lease.Share = Share{Burst: min(max(req.Keep, 0), own.Burst)}
 		case req.InUse >= e.Lease.Seq:
 			// It uses the newest lease: the older ones are done.
 			freed = now < e.HeldUntil && !e.Held.IsZero()
