@@ -194,8 +194,8 @@ func (w *world) step() {
 		}
 		// Demand: member i asks often if i is even, rarely if odd; some callers wait for
 		// a share, some cancel or settle their reservations, some get a 429. Every third
-		// member's callers are of the critical class (the store gives their demand
-		// first).
+		// member's callers are of the critical class (the store keeps a reserve for
+		// them, which they borrow from).
 		if i%2 == 0 || w.rng.IntN(8) == 0 {
 			for range 1 + w.rng.IntN(3) {
 				if w.rng.IntN(4) == 0 {
