@@ -140,7 +140,7 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 	horizon := int64(-1)
 	for _, m := range ms {
 		if m.view.contended {
-			horizon = max(horizon, m.cfg.horizon)
+			horizon = max(horizon, m.bookAhead())
 		}
 	}
 	if horizon >= 0 {
@@ -150,7 +150,7 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 	if err != nil {
 		return res, tk, Throttled, err
 	}
-	if (!res.Allowed || res.Delay > ms[0].cfg.horizon) && canBorrowAll(ms, now, n) {
+	if (!res.Allowed || res.Delay > ms[0].bookAhead()) && canBorrowAll(ms, now, n) {
 		// The share refuses the permits, or would have the caller wait longer than a
 		// booking horizon, while the free capacity has saved some up: borrow them there
 		// (one round trip), as one limiter shared by the whole pool would have granted
@@ -228,6 +228,28 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 	}
 	return res, tk, Granted, nil
 }
+
+// bookAhead is how far ahead the member books permits on its share before it borrows
+// (and, while others want all they can get, at most): its booking horizon, or for a member
+// whose callers include critical ones (it reports critical demand), criticalAheadNum /
+// criticalAheadDen of its renewal interval if that is longer. The store keeps a reserve
+// for critical callers out of the lower classes' shares, and a critical member's share
+// holds only part of its demand: borrowing whenever a caller would wait a horizon left the
+// share idle between its callers' bursts while the reserve served them in its place
+// (scenarios/priorities.yaml: utilization 0.944 to 0.950, against 0.965 to 0.971).
+func (m *Member) bookAhead() int64 {
+	if m.demand.critical0 > 0 {
+		return max(m.cfg.horizon, m.cfg.renew*criticalAheadNum/criticalAheadDen)
+	}
+	return m.cfg.horizon
+}
+
+// criticalAheadNum / criticalAheadDen: a member with critical callers books this part of
+// its renewal interval ahead on its share before it borrows (bookAhead).
+const (
+	criticalAheadNum int64 = 3
+	criticalAheadDen int64 = 5
+)
 
 // markWaited notes that a caller waits for the members' shares to grow (beyond what they
 // hold, not merely for its turn within them): what it would ask meanwhile is not counted.

@@ -193,7 +193,9 @@ func (w *world) step() {
 			m.Receive(w.now, m.link.nonce, Reply{}, backend.ErrUnavailable) // time-out
 		}
 		// Demand: member i asks often if i is even, rarely if odd; some callers wait for
-		// a share, some cancel or settle their reservations, some get a 429.
+		// a share, some cancel or settle their reservations, some get a 429. Every third
+		// member's callers are of the critical class (the store keeps a reserve for
+		// them, which they borrow from).
 		if i%2 == 0 || w.rng.IntN(8) == 0 {
 			for range 1 + w.rng.IntN(3) {
 				if w.rng.IntN(4) == 0 {
@@ -204,6 +206,9 @@ func (w *world) step() {
 					continue
 				}
 				n := int64(1 + w.rng.IntN(2))
+				if i%3 == 0 {
+					m.AskedCritical(n)
+				}
 				res, tk, out, err := Decide([]*Member{m}, w.now, n, int64(w.rng.IntN(1500))*int64(time.Millisecond))
 				if err != nil && !errors.Is(err, gcra.ErrCostExceedsBurst) {
 					w.t.Fatal(err)

@@ -490,7 +490,9 @@ type Reply struct {
 	// Pool and Free say what the free capacity (the limit less every share counted) had
 	// saved up after this request, in nanoseconds of the limit's tolerance, and its rate and
 	// burst: a member borrows (Request.Borrow) only while it expects the pool to hold a
-	// permit.
+	// permit. While the store keeps a reserve for critical callers, a member without
+	// critical demand is told what it may borrow: the pool and burst beyond the floor it
+	// must leave, and no rate.
 	Pool int64 `json:"pool"`
 	Free Share `json:"free"`
 	// Version is the record's version after this request (the store fills it in), which
@@ -586,9 +588,12 @@ func (s *State) apply(now int64, cfg Config, req Request, a *applied) (Reply, er
 		freed := false
 		switch {
 		case req.Relinquish:
-			freed = !e.own(now).IsZero()
+			// It keeps Keep permits of the lease it uses, which may be an older one than
+			// the newest (whose answer it has not had): what it owns counts them.
+			own := e.own(now)
+			freed = !own.IsZero()
 			e.Held, e.HeldUntil = Share{}, 0
-			e.Lease.Share = Share{Burst: min(max(req.Keep, 0), e.Lease.Share.Burst)}
+			e.Lease.Share = Share{Burst: min(max(req.Keep, 0), own.Burst)}
 		case req.InUse >= e.Lease.Seq:
 			// It uses the newest lease: the older ones are done.
 			freed = now < e.HeldUntil && !e.Held.IsZero()
@@ -617,6 +622,11 @@ func (s *State) apply(now int64, cfg Config, req Request, a *applied) (Reply, er
 		}
 		if req.Borrow && !s.Central {
 			rep.Borrow = true
+			committed := counted // no entry changed since advance: what it counted at now
+			if now < s.Fence {
+				committed = s.capacity(now)
+			}
+			floor := s.criticalFloor(now, cfg, i, committed)
 			switch {
 			case req.Op == OpGive:
 				s.giveBack(now, gcra.MulSat(req.N, s.Limit.T))
@@ -624,13 +634,9 @@ func (s *State) apply(now int64, cfg Config, req Request, a *applied) (Reply, er
 				s.charge(now, req.N) // a settlement up: the permits were used already
 				rep.Taken = true
 			default:
-				s.borrow(now, req.N, &rep)
+				s.borrow(now, req.N, floor, &rep)
 			}
-			committed := counted // no entry changed since advance: what it counted at now
-			if now < s.Fence {
-				committed = s.capacity(now)
-			}
-			s.hintWith(now, committed, &rep)
+			s.hintWith(now, committed, floor, &rep)
 			return rep, nil
 		}
 		e := &s.Members[i]
@@ -956,7 +962,7 @@ func (s *State) grant(i int, now int64, cfg Config, rest Share, rep *Reply) {
 	if now < s.Fence {
 		committed = s.capacity(now)
 	}
-	s.hintWith(now, committed, rep)
+	s.hintWith(now, committed, s.criticalFloor(now, cfg, i, committed), rep)
 	rep.Epoch = e.Epoch
 	rep.Lease.Seq = e.Lease.Seq
 	rep.Lease.Share = n
@@ -976,10 +982,11 @@ func (s *State) grant(i int, now int64, cfg Config, rest Share, rep *Reply) {
 // borrow takes n permits at once from what the free capacity saved up, for a member whose
 // share refused them (Request.Borrow), or none: a borrow is never booked ahead, and waits
 // in no queue. The pool is the free capacity's bucket, so taking from it is as safe as any
-// take: tokens move from the pool to the member, which uses them at once.
-func (s *State) borrow(now, n int64, rep *Reply) {
+// take: tokens move from the pool to the member, which uses them at once. The pool keeps
+// floor (nanoseconds of the limit's tolerance) for critical callers (criticalFloor).
+func (s *State) borrow(now, n, floor int64, rep *Reply) {
 	need := gcra.MulSat(n, s.Limit.T)
-	if now < s.Open || s.Booked > now || s.Penalty > now || s.Pool < need {
+	if now < s.Open || s.Booked > now || s.Penalty > now || s.Pool < gcra.AddSat(need, floor) {
 		return
 	}
 	s.Pool -= need
@@ -988,10 +995,15 @@ func (s *State) borrow(now, n int64, rep *Reply) {
 
 // hintWith tells a member what the free capacity saved up and at what rate it refills
 // (committed is what the shares hold at now), so that it borrows only when a permit is
-// likely there.
-func (s *State) hintWith(now int64, committed Share, rep *Reply) {
+// likely there. A member that must leave floor in the pool (criticalFloor) is told what
+// the pool holds beyond it, and no rate: the reserve's rate is the critical callers'.
+func (s *State) hintWith(now int64, committed Share, floor int64, rep *Reply) {
 	rep.Free = s.capacity(now).sub(committed)
 	rep.Pool = s.Pool
+	if floor > 0 {
+		rep.Pool = max(0, rep.Pool-floor)
+		rep.Free = Share{Burst: max(0, rep.Free.Burst-floor/s.Limit.T)}
+	}
 	if now < s.Open || s.Booked > now || s.Penalty > now || s.Central {
 		// Nothing to borrow: the join window, takes booked ahead, a penalty.
 		rep.Pool, rep.Free = 0, Share{}

@@ -798,7 +798,10 @@ func TestChargeIsNotBookedAtARateSharesStillHold(t *testing.T) {
 // reports that part of its demand (Request.Critical), and the fair policy gives the
 // members' critical demand first, then shares the rest by member as before. One member
 // asking 60% of 100/s for critical callers beside three that want all they can get (a
-// sheddable flood): by member alone it got a quarter of the limit (max-min fair); now 60%.
+// sheddable flood): by member alone it got a quarter of the limit (max-min fair); now its
+// share holds its critical demand less what it borrows (16 permits a second, the most it
+// borrows: 44%), the store keeps a reserve for critical callers (nine fourths of that:
+// 36%) to borrow from, 80% for it together, and the flood shares the rest.
 func TestSharesFollowCriticalDemandFirst(t *testing.T) {
 	c := cfg(Fair)
 	c.JoinWindow = 0
@@ -823,13 +826,13 @@ func TestSharesFollowCriticalDemandFirst(t *testing.T) {
 			at += ms
 		}
 	}
-	if got := reps["ui"].Lease.Share.Rate; got < all*60/100 {
-		t.Errorf("the critical member's share: rate %d of %d, want at least its critical demand %d (the others: %+v %+v %+v)",
-			got, all, all*60/100, reps["b1"].Lease.Share, reps["b2"].Lease.Share, reps["b3"].Lease.Share)
+	if got, kept := reps["ui"].Lease.Share.Rate, reps["ui"].Free.Rate; got != all*44/100 || kept != all*36/100 {
+		t.Errorf("the critical member's share: rate %d of %d, and the reserve kept %d: want %d and %d (the others: %+v %+v %+v)",
+			got, all, kept, all*44/100, all*36/100, reps["b1"].Lease.Share, reps["b2"].Lease.Share, reps["b3"].Lease.Share)
 	}
 	for _, id := range []string{"b1", "b2", "b3"} {
-		if got := reps[id].Lease.Share.Rate; got < all*13/100 {
-			t.Errorf("%s's share: rate %d, want the rest shared by member (about %d)", id, got, all*40/100/3)
+		if got, want := reps[id].Lease.Share.Rate, all*20/100/3; got < want || got > want+1 {
+			t.Errorf("%s's share: rate %d, want the rest shared by member (%d)", id, got, want)
 		}
 	}
 }
