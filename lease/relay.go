@@ -64,7 +64,7 @@ import (
 
 const (
 	// relayAbove is the number of live members past which a limit's renewals are relayed.
-	relayAbove = 16
+	relayAbove = allot.CrowdedAbove
 	// mailKeep is how long a mailbox is kept without a new post (its member left).
 	mailKeep = 30 * time.Second
 	// resignAfter is how long an allocator with nothing to apply keeps its ballot.

@@ -431,11 +431,11 @@ func reserveFor(capa, asked int64) int64 {
 // and mostly go unused.
 func poolable(burst, holders int64) bool { return 2*(burst-holders) >= holders }
 
-// borrowingMembers is the most live members a limit may have for the store to keep a
-// reserve for critical callers: past sixteen, the lease backend relays the members'
-// renewals through the limit's allocator and its members do not borrow (package lease,
-// relayAbove), so the critical callers could not reach a reserve.
-const borrowingMembers = 16
+// CrowdedAbove is the number of live members past which a limit is crowded: the lease
+// backend relays its members' renewals through the limit's allocator, and its members do
+// not borrow (docs/lease.md, "Crowded limits: the relay"); so the store keeps no reserve
+// for critical callers on it, which they could not reach.
+const CrowdedAbove = 16
 
 // criticalBorrowed is the part of a member's critical demand c (parts of RateScale) that
 // it borrows while the store keeps a reserve for critical callers: criticalBorrowedNum /
@@ -454,9 +454,9 @@ func (s *State) criticalBorrowed(c int64) int64 {
 // all, of which critical callers would borrow lent (criticalBorrowed), among live members:
 // criticalKeptNum / criticalKeptDen of lent, at most the reserve's part of capa; none
 // without critical demand, when the reserve for everyone (reserveFor) is as large, when
-// the burst is too short to pool, or on a limit of more than borrowingMembers live members.
+// the burst is too short to pool, or on a limit of more than CrowdedAbove live members.
 func criticalReserve(capa, burst, holders, live, asked, lent int64) int64 {
-	if lent <= 0 || !poolable(burst, holders) || live > borrowingMembers {
+	if lent <= 0 || !poolable(burst, holders) || live > CrowdedAbove {
 		return 0
 	}
 	k, _ := mulDiv(lent, criticalKeptNum, criticalKeptDen)
