@@ -432,6 +432,13 @@ func (r *relay) sawClock(skew int64) {
 	r.skew, r.skewKnown = skew, true
 }
 
+// forget drops what took learned of id's latency (a request went unanswered).
+func (r *relay) forget(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.lat, id)
+}
+
 // took records that a relayed request on id was read by its allocator d after it was
 // posted (slot.Read: measured on the answer, not by when its member found it, which would
 // grow with every later first read).
@@ -449,9 +456,9 @@ func (r *relay) took(id string, d time.Duration) {
 
 // expect returns how long after posting on groups' records their member first reads its
 // mailboxes: a tick more than the least time their allocator took lately to read a post
-// (took: its answer is written a little after); for a take, whose caller waits, half a
-// tick more, at most half its lateness (relay.late), so that its answer is still read in
-// time. Reading every tick from the
+// (took: its answer is written a little after), at most eight ticks; for a take, whose
+// caller waits, half a tick more, at most half its lateness (relay.late), so that its
+// answer is still read in time. Reading every tick from the
 // post, a member whose allocator answers after several ticks (a thousand members: a
 // tick's requests take it longer) read its mailbox as many times for each answer, and a
 // thousand members' reads kept the store from the allocator's.
@@ -469,7 +476,7 @@ func (r *relay) expect(groups []*group, take bool) time.Duration {
 	if take {
 		return min(d+r.tick/2, r.late()/2)
 	}
-	return d + r.tick
+	return min(d+r.tick, 8*r.tick) // one slow answer does not delay every later read long
 }
 
 // close stops the allocators and waits for them to resign.
@@ -595,6 +602,9 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 		d := r.tick
 		if first {
 			d = max(r.tick, r.expect(groups, takes))
+			if dl, ok := ctx.Deadline(); ok {
+				d = max(r.tick, min(d, time.Until(dl)/2)) // a read before the caller gives up
+			}
 		}
 		if err := a.sleep(ctx, d); err != nil {
 			break
@@ -603,6 +613,7 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 		if err != nil {
 			continue // the store is unreachable for now: wait on, within ctx
 		}
+		r.sawClock(snap.Now - a.now())
 		for rec, k := range ballots {
 			bl, err := unmarshalBallot(snap.Records[k].Data)
 			elected[rec] = err == nil && bl.Holder != "" && bl.Until > snap.Now
@@ -624,6 +635,7 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 				}
 				return false
 			}
+			r.saw1(ids[k], snap.Records[k].Version) // the answer to this post: the next posts over it
 			switch {
 			case s.Err != "" || s.Rep == nil:
 				out[i] = result{err: answerErr(cmp.Or(s.Err, "no answer"))}
@@ -631,7 +643,6 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 				out[i] = result{err: errTakeLate} // its permit, if taken, goes unused
 			default:
 				r.took(recOf[i], time.Duration(s.Read-s.Posted))
-				r.saw1(ids[k], snap.Records[k].Version)
 				out[i] = result{rep: *s.Rep, relayed: true, by: calls[i].req.Sent + int64(r.late())}
 				if s.Rep.Live > 0 { // a grant's: a take's answer says nothing of the members
 					live[i] = s.Rep.Live
@@ -648,9 +659,10 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 				}
 			}
 			if len(joins) > 0 {
-				if err := a.knock(ctx, calls, joins); err != nil {
-					break
-				}
+				// A knock that fails leaves the joins waiting: the allocator answers a
+				// member it held lately without one, and the other requests have nothing
+				// to do with it.
+				_ = a.knock(ctx, calls, joins)
 			}
 		}
 		if writes, claimed := a.claims(snap, ids, ballots, nil); len(writes) > 0 {
@@ -660,6 +672,7 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 		}
 	}
 	for _, k := range waiting {
+		r.forget(recOf[posts[k]]) // its answers' latency is no guide now
 		out[posts[k]] = result{err: fmt.Errorf("%w: lease store: the allocator of the limit did not answer in time", backend.ErrUnavailable)}
 	}
 	for _, g := range groups {

@@ -1,6 +1,8 @@
 package allot
 
 import (
+	"fmt"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -68,4 +70,56 @@ func BenchmarkApplyCrowded(b *testing.B) {
 		}
 		b.ReportMetric(float64(size), "B/record")
 	})
+}
+
+// TestLongLineOfWaiters: on a line of more than pruneFrom waiters, take drops those that
+// left once an instant, and a member that releases leaves the line at once, even within
+// an instant whose takes have already dropped the others.
+func TestLongLineOfWaiters(t *testing.T) {
+	c := cfg(Fair)
+	s, err := NewState(lim(10, time.Second, 1), 1, 0, 0, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 2 * pruneFrom
+	eps := make([]Epoch, n)
+	for i := range n {
+		rep, err := s.Apply(0, c, Request{Op: OpJoin, Member: fmt.Sprintf("m%02d", i), Nonce: 1, Demand: RateScale})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eps[i] = rep.Epoch
+	}
+	take := func(at int64, i int) Reply {
+		rep, err := s.Apply(at, c, Request{Op: OpTake, N: 1, Member: fmt.Sprintf("m%02d", i), Epoch: eps[i], Sent: at, Nonce: uint64(at) + 2, MaxDelay: 0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep
+	}
+	t0 := 5 * sec                                 // long after the first joiner's share has ended and passed its quarantine
+	for at := 500 * ms; at < t0; at += 500 * ms { // renewals keep them live
+		for i := range n {
+			if _, err := s.Apply(at, c, Request{Op: OpRenew, Member: fmt.Sprintf("m%02d", i), Epoch: eps[i], Sent: at, Nonce: uint64(at), Demand: RateScale}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for i := range n {
+		take(t0, i)
+	}
+	if len(s.Queue) < pruneFrom {
+		t.Fatalf("a line of %d waiters; want at least %d", len(s.Queue), pruneFrom)
+	}
+	in := func(id string) bool { return slices.ContainsFunc(s.Queue, func(w Waiter) bool { return w.ID == id }) }
+	head := s.Queue[0].ID
+	var k int
+	fmt.Sscanf(head, "m%d", &k)
+	take(t0+ms, (k+1)%n) // the instant's first take drops the waiters that left (none)
+	if _, err := s.Apply(t0+ms, c, Request{Op: OpRelease, Member: head, Epoch: eps[k], Sent: t0 + ms, Nonce: 99}); err != nil {
+		t.Fatal(err)
+	}
+	if in(head) {
+		t.Errorf("%s released and is still in the line", head)
+	}
 }

@@ -231,14 +231,16 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 
 // bookAhead is how far ahead the member books permits on its share before it borrows
 // (and, while others want all they can get, at most): its booking horizon, or for a member
-// whose callers include critical ones (it reports critical demand), criticalAheadNum /
-// criticalAheadDen of its renewal interval if that is longer. The store keeps a reserve
+// whose callers include critical ones (it reports critical demand) on a contended limit
+// that is not crowded (where the store keeps a reserve for them, criticalReserve),
+// criticalAheadNum / criticalAheadDen of its renewal interval if that is longer. Elsewhere
+// it borrows as any member does, at once. The store keeps a reserve
 // for critical callers out of the lower classes' shares, and a critical member's share
 // holds only part of its demand: borrowing whenever a caller would wait a horizon left the
 // share idle between its callers' bursts while the reserve served them in its place
 // (scenarios/priorities.yaml: utilization 0.944 to 0.950, against 0.965 to 0.971).
 func (m *Member) bookAhead() int64 {
-	if m.demand.critical0 > 0 {
+	if m.demand.critical0 > 0 && m.view.contended && m.view.live <= CrowdedAbove {
 		return max(m.cfg.horizon, m.cfg.renew*criticalAheadNum/criticalAheadDen)
 	}
 	return m.cfg.horizon

@@ -266,9 +266,10 @@ type State struct {
 	prunedAt int64
 }
 
-// pruneEvery is the length of line from which take drops the waiters that left once an
-// instant rather than at every take.
-const pruneEvery = 32
+// pruneFrom is the length of the store's line from which take drops the waiters that
+// left (whose registration ended) once an instant rather than at every take; a release
+// leaves the line at once.
+const pruneFrom = 32
 
 // NewState returns the record of limit l made at now by a store of the given incarnation.
 // fence is zero for a store that knows no lease of l was ever granted before (a new
@@ -604,6 +605,9 @@ func (s *State) apply(now int64, cfg Config, req Request, a *applied) (Reply, er
 		}
 	case OpRelease:
 		if found && s.Members[i].Epoch == req.Epoch {
+			// It leaves the store's line too, at once (take drops the waiters that
+			// left once an instant).
+			s.Queue = slices.DeleteFunc(s.Queue, func(w Waiter) bool { return w.ID == req.Member })
 			s.unused(i, req)
 			if s.release(i, now, max(0, req.BusyFor)) {
 				s.giveBack(now, req.Return)
@@ -1104,7 +1108,7 @@ func (s *State) take(now int64, id string, n, maxDelay, ttl, keep int64, rep *Re
 	// thousand; an allocator applies a tick's takes at one instant, and a waiter that
 	// leaves within it keeps its place until the next, which only holds the takes behind
 	// it back).
-	if s.prunedAt != now || len(s.Queue) < pruneEvery {
+	if s.prunedAt != now || len(s.Queue) < pruneFrom {
 		s.prunedAt = now
 		s.Queue = slices.DeleteFunc(s.Queue, func(w Waiter) bool {
 			i, ok := s.find(w.ID)
