@@ -162,9 +162,9 @@ func TestMemoryPerKey(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&after)
 	per := float64(after.HeapAlloc-before.HeapAlloc) / n
-	t.Logf("heap per single-limit key (14-byte key, copied by the table): %.0f bytes", per)
-	if per > 112 {
-		t.Errorf("heap per key %.0f bytes, want at most 112", per)
+	t.Logf("heap per single-limit key (14-byte key, string owned by the caller): %.0f bytes", per)
+	if per > 100 {
+		t.Errorf("heap per key %.0f bytes, want at most 100", per)
 	}
 	runtime.KeepAlive(keys)
 	runtime.KeepAlive(b)
