@@ -54,7 +54,8 @@ type shard[V any] struct {
 	slots atomic.Pointer[[]slot[V]] // nil until its first key
 	live  int                       // entries in slots (under mu)
 	used  int                       // slots not empty: entries and tombstones (under mu)
-	_     [32]byte
+	full  int                       // the 64ths of its slots it fills before it moves (see needs)
+	_     [24]byte
 }
 
 // slot holds an entry, and in meta the top half of its key's hash (high 32 bits) and the
@@ -85,7 +86,11 @@ func alloc() {
 
 // New returns an empty table.
 func New[V any]() *Table[V] {
-	return &Table[V]{hasher: newHasher(), shards: make([]shard[V], nShards), shift: uint(64 - bits.TrailingZeros(nShards)), tomb: &Entry[V]{}}
+	t := &Table[V]{hasher: newHasher(), shards: make([]shard[V], nShards), shift: uint(64 - bits.TrailingZeros(nShards)), tomb: &Entry[V]{}}
+	for i := range t.shards {
+		t.shards[i].full = minFull + i*(maxFull-minFull)/(nShards-1)
+	}
+	return t
 }
 
 // Len returns the number of entries.
@@ -259,21 +264,33 @@ func (sh *shard[V]) slotOf(h uint32, e *Entry[V]) *slot[V] {
 }
 
 // needs returns the size of the array sh must move to before one more entry, or 0 if it
-// has room: a shard that would be more than 3/4 full of entries and tombstones moves to a
-// fresh array, twice as big if over 5/8 of its slots would hold entries, so that a
-// cleared one has 1/8 of its slots free at least (a table kept at a size by deleting a key
-// for each new one moves at most 8 slots a key); sh.mu is held.
+// has room: a shard that would be more than sh.full 64ths full of entries and tombstones
+// moves to a fresh array, twice as big if over 1/8 less of its slots would hold entries,
+// so that a cleared one has 1/8 of its slots free at least (a table kept at a size by
+// deleting a key for each new one moves at most 8 slots a key); sh.mu is held.
 func (sh *shard[V]) needs() int {
 	ss := sh.array()
-	if (sh.used+1)*4 <= len(ss)*3 {
+	if (sh.used+1)*64 <= len(ss)*sh.full {
 		return 0
 	}
 	n := max(len(ss), minSlots)
-	if (sh.live+1)*8 > n*5 {
+	if (sh.live+1)*64 > n*(sh.full-8) {
 		n *= 2
 	}
 	return n
 }
+
+// A shard fills minFull to maxFull 64ths of its slots (5/8 to 3/4), each its own, before
+// it moves: the shards, filled alike by the hash, would otherwise double at once, a
+// sixty-fourth of the table's keys each, all moved and all their arrays made within a few
+// thousand new keys (under a flood at a million keys, 32 MB made, and a collection started,
+// within one batch of 1,000 queries on each connection). A shard doubles only with more
+// than full-8 64ths of its slots holding entries, at least half: doubled, it is over 1/4
+// full, the fill it halves at.
+const (
+	minFull = 40
+	maxFull = 48
+)
 
 // put stores a new entry in sh, which has room for it (needs is 0); sh.mu is held.
 func (t *Table[V]) put(sh *shard[V], meta uint64, e *Entry[V]) {

@@ -3,6 +3,7 @@ package keytable
 import (
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -89,6 +90,33 @@ func (t *Table[V]) slots() int {
 		n += len(t.shards[k].array())
 	}
 	return n
+}
+
+// TestShardsGrowApart: the shards, filled alike by the hash, double at different numbers
+// of keys. When each doubled at 3/4 full, the 64 shards of a table growing to 393,216 keys
+// doubled from 8,192 slots to 16,384 within about 6% of its keys (all 32 MB of a
+// million-key table's doubling, and its moves, within a few batches of a daemon's flood).
+func TestShardsGrowApart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("stores 400k keys")
+	}
+	const from = 8192
+	tb := New[int]()
+	var at []int // the table's keys when each shard doubled from `from` slots
+	for i := 0; len(at) < nShards; i++ {
+		k := fmt.Sprint("k", i)
+		_, sh := tb.hash(k)
+		before := len(sh.array())
+		tb.LoadOrStore(k, nil)
+		if before == from && len(sh.array()) == 2*from {
+			at = append(at, tb.Len())
+		}
+	}
+	first, last := slices.Min(at), slices.Max(at)
+	t.Logf("the shards doubled from %d slots between %d and %d keys", from, first, last)
+	if last-first < last/10 {
+		t.Errorf("the shards doubled from %d slots between %d and %d keys: within %.1f%% of them, want 10%% at least", from, first, last, 100*float64(last-first)/float64(last))
+	}
 }
 
 // TestChurnAtACap: a table kept at a fixed size by deleting a key for each new one (an
