@@ -19,28 +19,12 @@ func TestCriticalReserveIsTheStores(t *testing.T) {
 	c.JoinWindow = 0
 	s, _ := NewState(lim(100, time.Second, 20), 1, 0, 0, c)
 	apply := checkedApply(t, s, c)
-	type m struct {
-		id               string
-		demand, critical int64
-	}
-	pool := []m{
+	pool := []classedMember{
 		{"b1", all, 0}, {"b2", all, 0}, {"b3", all, 0}, {"b4", all, 0},
 		{"ui1", all / 10, all / 10}, {"ui2", all / 10, all / 10}, {"ui3", all / 10, all / 10},
 	}
-	reps := map[string]Reply{}
-	at := int64(0)
-	for _, x := range pool {
-		reps[x.id] = apply(at, Request{Op: OpJoin, Member: x.id, Demand: x.demand, Critical: x.critical})
-		at += ms
-	}
-	for range 4 {
-		at += 200 * ms
-		for _, x := range pool {
-			r := reps[x.id]
-			reps[x.id] = apply(at, Request{Op: OpRenew, Member: x.id, Epoch: r.Epoch, InUse: r.Lease.Seq, Demand: x.demand, Critical: x.critical})
-			at += ms
-		}
-	}
+	reps, at := joinAndRenew(apply, pool, 4, 200*ms)
+	at += ms
 	var sum int64
 	for _, x := range pool {
 		sum += reps[x.id].Lease.Share.Rate

@@ -39,28 +39,24 @@ func crowded(b *testing.B, n int) (*State, []Epoch, int64) {
 func BenchmarkApplyCrowded(b *testing.B) {
 	const n, perTick = 1000, 75 // 3,000 requests a second at a tick of 25 ms
 	c := DefaultConfig()
-	b.Run("take", func(b *testing.B) {
-		s, eps, now := crowded(b, n)
-		b.ResetTimer()
-		for i := range b.N {
-			if i%perTick == 0 {
-				now += 25 * ms
+	ticks := func(req func(i int, e Epoch, now int64) Request) func(b *testing.B) {
+		return func(b *testing.B) {
+			s, eps, now := crowded(b, n)
+			b.ResetTimer()
+			for i := range b.N {
+				if i%perTick == 0 {
+					now += 25 * ms
+				}
+				s.Apply(now, c, req(i, eps[i%n], now))
 			}
-			m := i % n
-			s.Apply(now, c, Request{Op: OpTake, N: 1, Member: "m" + strconv.Itoa(m), Epoch: eps[m], Sent: now, Nonce: uint64(i + 2), Late: 100 * ms})
 		}
-	})
-	b.Run("renew", func(b *testing.B) {
-		s, eps, now := crowded(b, n)
-		b.ResetTimer()
-		for i := range b.N {
-			if i%perTick == 0 {
-				now += 25 * ms
-			}
-			m := i % n
-			s.Apply(now, c, Request{Op: OpRenew, Member: "m" + strconv.Itoa(m), Epoch: eps[m], Sent: now, Nonce: uint64(i + 2), Demand: RateScale})
-		}
-	})
+	}
+	b.Run("take", ticks(func(i int, e Epoch, now int64) Request {
+		return Request{Op: OpTake, N: 1, Member: "m" + strconv.Itoa(i%n), Epoch: e, Sent: now, Nonce: uint64(i + 2), Late: 100 * ms}
+	}))
+	b.Run("renew", ticks(func(i int, e Epoch, now int64) Request {
+		return Request{Op: OpRenew, Member: "m" + strconv.Itoa(i%n), Epoch: e, Sent: now, Nonce: uint64(i + 2), Demand: RateScale}
+	}))
 	b.Run("encode", func(b *testing.B) {
 		s, _, _ := crowded(b, n)
 		b.ResetTimer()

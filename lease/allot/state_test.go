@@ -606,6 +606,33 @@ func TestStoreDecidedLimitStaysWhileMembersComeAndGo(t *testing.T) {
 
 // checkedApply returns a function that applies a request to s at a time, failing the test
 // on an error or a broken invariant after it.
+// classedMember is a member of a test's pool with its demand and the critical part of it.
+type classedMember struct {
+	id               string
+	demand, critical int64
+}
+
+// joinAndRenew joins pool's members one millisecond apart, then renews each of them
+// renewals times, every gap, reporting their demands, and returns their last replies and
+// the time of the last.
+func joinAndRenew(apply func(int64, Request) Reply, pool []classedMember, renewals int, gap int64) (map[string]Reply, int64) {
+	reps := map[string]Reply{}
+	at := int64(0)
+	for _, x := range pool {
+		reps[x.id] = apply(at, Request{Op: OpJoin, Member: x.id, Demand: x.demand, Critical: x.critical})
+		at += ms
+	}
+	for range renewals {
+		at += gap
+		for _, x := range pool {
+			r := reps[x.id]
+			reps[x.id] = apply(at, Request{Op: OpRenew, Member: x.id, Epoch: r.Epoch, InUse: r.Lease.Seq, Demand: x.demand, Critical: x.critical})
+			at += ms
+		}
+	}
+	return reps, at - ms
+}
+
 func checkedApply(t *testing.T, s *State, c Config) func(at int64, req Request) Reply {
 	return func(at int64, req Request) Reply {
 		t.Helper()
@@ -807,25 +834,8 @@ func TestSharesFollowCriticalDemandFirst(t *testing.T) {
 	c.JoinWindow = 0
 	s, _ := NewState(lim(100, time.Second, 20), 1, 0, 0, c)
 	apply := checkedApply(t, s, c)
-	type m struct {
-		id               string
-		demand, critical int64
-	}
-	pool := []m{{"ui", all * 60 / 100, all * 60 / 100}, {"b1", all, 0}, {"b2", all, 0}, {"b3", all, 0}}
-	reps := map[string]Reply{}
-	at := int64(0)
-	for _, x := range pool {
-		reps[x.id] = apply(at, Request{Op: OpJoin, Member: x.id, Demand: x.demand, Critical: x.critical})
-		at += ms
-	}
-	for range 4 {
-		at += 300 * ms
-		for _, x := range pool {
-			r := reps[x.id]
-			reps[x.id] = apply(at, Request{Op: OpRenew, Member: x.id, Epoch: r.Epoch, InUse: r.Lease.Seq, Demand: x.demand, Critical: x.critical})
-			at += ms
-		}
-	}
+	pool := []classedMember{{"ui", all * 60 / 100, all * 60 / 100}, {"b1", all, 0}, {"b2", all, 0}, {"b3", all, 0}}
+	reps, _ := joinAndRenew(apply, pool, 4, 300*ms)
 	if got, kept := reps["ui"].Lease.Share.Rate, reps["ui"].Free.Rate; got != all*44/100 || kept != all*36/100 {
 		t.Errorf("the critical member's share: rate %d of %d, and the reserve kept %d: want %d and %d (the others: %+v %+v %+v)",
 			got, all, kept, all*44/100, all*36/100, reps["b1"].Lease.Share, reps["b2"].Lease.Share, reps["b3"].Lease.Share)
