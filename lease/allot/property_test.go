@@ -22,6 +22,7 @@ import (
 type world struct {
 	t       *testing.T
 	rng     *rand.Rand
+	classes bool // every third member's callers are critical (odd seeds)
 	now     int64
 	limit   gcra.Limit
 	cfg     Config
@@ -64,7 +65,7 @@ type msg struct {
 }
 
 func newWorld(t *testing.T, seed uint64, l gcra.Limit, policy Policy, n int) *world {
-	w := &world{t: t, rng: rand.New(rand.NewPCG(seed, 1)), limit: l,
+	w := &world{t: t, rng: rand.New(rand.NewPCG(seed, 1)), limit: l, classes: seed%2 == 1,
 		cfg:  Config{TTL: 800 * time.Millisecond, Grace: 300 * time.Millisecond, Policy: policy, JoinWindow: 50 * time.Millisecond},
 		mcfg: MemberConfig{RenewEvery: 200 * time.Millisecond, Margin: 5 * time.Millisecond}, inc: 1}
 	w.state, _ = NewState(l, w.inc, 0, 0, w.cfg)
@@ -193,9 +194,9 @@ func (w *world) step() {
 			m.Receive(w.now, m.link.nonce, Reply{}, backend.ErrUnavailable) // time-out
 		}
 		// Demand: member i asks often if i is even, rarely if odd; some callers wait for
-		// a share, some cancel or settle their reservations, some get a 429. Every third
-		// member's callers are of the critical class (the store keeps a reserve for
-		// them, which they borrow from).
+		// a share, some cancel or settle their reservations, some get a 429. On odd
+		// seeds every third member's callers are of the critical class (the store keeps
+		// a reserve for them, which they borrow from); on even ones no class is named.
 		if i%2 == 0 || w.rng.IntN(8) == 0 {
 			for range 1 + w.rng.IntN(3) {
 				if w.rng.IntN(4) == 0 {
@@ -206,7 +207,7 @@ func (w *world) step() {
 					continue
 				}
 				n := int64(1 + w.rng.IntN(2))
-				if i%3 == 0 {
+				if w.classes && i%3 == 0 {
 					m.AskedCritical(n)
 				}
 				res, tk, out, err := Decide([]*Member{m}, w.now, n, int64(w.rng.IntN(1500))*int64(time.Millisecond))
