@@ -483,7 +483,10 @@ func (s *State) criticalFloor(now int64, cfg Config, i int, committed Share) int
 		if !e.live(now) {
 			continue
 		}
-		if live++; e.Demand <= 0 {
+		if live++; live > CrowdedAbove {
+			return 0 // no reserve on a crowded limit (criticalReserve): no need to count on
+		}
+		if e.Demand <= 0 {
 			continue
 		}
 		holders++
