@@ -39,16 +39,17 @@ const (
 //
 // It is safe for concurrent use. Make one with New; the zero value is not usable.
 type Backend struct {
-	owned     io.Closer // the store's client, when Dial opened it: closed by Close
-	apply     applier
-	clock     clock.Clock
-	id        string
-	mcfg      MemberConfig
-	idleAfter int64
-	timeout   time.Duration
-	observer  Observer
-	log       *slog.Logger
-	crowded   sync.Map // key -> struct{}: the keys warned of as shared by too many members
+	owned      io.Closer // the store's client, when Dial opened it: closed by Close
+	apply      applier
+	clock      clock.Clock
+	id         string
+	mcfg       MemberConfig
+	relayAbove int // WithRelayAbove, or 0: relayAbove
+	idleAfter  int64
+	timeout    time.Duration
+	observer   Observer
+	log        *slog.Logger
+	crowded    sync.Map // key -> struct{}: the keys warned of as shared by too many members
 
 	keys       *keytable.Table[keyRecs] // each key's records
 	wake       chan struct{}
@@ -174,6 +175,14 @@ func WithRenewEvery(d time.Duration) Option {
 	return optionFunc(func(b *Backend) { b.mcfg.RenewEvery = d })
 }
 
+// WithRelayAbove sets the number of live members past which this member relays a limit's
+// renewals and takes through the limit's allocator (default 16, allot.CrowdedAbove;
+// docs/lease.md, "Crowded limits: the relay"). It is for tests that reach the relay with
+// a few members (the robustness suite); the members of a limit should agree on it. Set,
+// the relay runs on any clock (otherwise only on the real one), which must then pass in
+// real time.
+func WithRelayAbove(n int) Option { return optionFunc(func(b *Backend) { b.relayAbove = n }) }
+
 // WithIdleAfter sets how long a key may go without a decision before its share is handed
 // back and the key forgotten (default DefaultIdleAfter).
 func WithIdleAfter(d time.Duration) Option {
@@ -262,10 +271,14 @@ func newBackend(store store.Store, owned io.Closer, opts []Option) (*Backend, er
 		host, _ := os.Hostname()
 		b.id = fmt.Sprintf("%s-%d-%08x", host, os.Getpid(), rand.Uint32())
 	}
-	if _, real := b.clock.(*clock.Real); real {
+	if _, real := b.clock.(*clock.Real); real || b.relayAbove > 0 {
 		// The relay paces its reads in real time: a member on a virtual clock (tests that
-		// move time themselves) writes its record directly, whatever the pool.
+		// move time themselves) writes its record directly, whatever the pool, unless it
+		// was asked for a relay (WithRelayAbove: a test's clock that runs in real time).
 		b.apply.relay = newRelay(b.id, b.mcfg.RenewEvery, b.clock)
+		if b.relayAbove > 0 {
+			b.apply.relay.above = b.relayAbove
+		}
 	}
 	go b.run()
 	return b, nil

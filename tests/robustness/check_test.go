@@ -240,7 +240,7 @@ func TestScheduleKinds(t *testing.T) {
 	want := map[Mode][]FaultKind{
 		ModeStrict:      cat(toxics, members, redis),
 		ModeStrictLocal: cat(toxics, members, redis),
-		ModeLease:       cat(toxics, members, redis),
+		ModeLease:       cat(toxics, members, redis, []FaultKind{FaultAllocatorKill}), // the allocator: odd seeds, the relay on
 		ModeDaemon:      cat(toxics, members, redis, []FaultKind{FaultDaemonKill, FaultDaemonStop}),
 		ModeLeaseEtcd:   cat(toxics, members, stores),
 		ModeLeaseZK:     cat(toxics, members, stores),
@@ -266,6 +266,9 @@ func TestScheduleKinds(t *testing.T) {
 				if isOwnerFault(f.Kind) && (f.Target != -1 || !slices.ContainsFunc(Groups, func(g Group) bool { return slices.Contains(g.Keys, f.Key) }) ||
 					f.For > OwnerFaultMax || (f.For < OwnerKillMin || f.Kind == FaultOwnerPartition && f.For < OwnerCutMin) && f.At+f.For != 9*time.Second) {
 					t.Fatalf("mode %s seed %d: %v: want a workload key, its target found at run time, and %v (a cut: %v) to %v (less only at the run's end)", m, seed, f, OwnerKillMin, OwnerCutMin, OwnerFaultMax)
+				}
+				if f.Kind == FaultAllocatorKill && (f.Target != -1 || seed%2 == 0) {
+					t.Fatalf("mode %s seed %d: %v: want it on odd seeds only (the relay on), its target found at run time", m, seed, f)
 				}
 				seen[f.Kind] = true
 			}

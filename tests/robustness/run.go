@@ -244,7 +244,8 @@ func (r *runner) startMember(slot int, d time.Duration) error {
 	r.procs++
 	r.mu.Unlock()
 	cfg := MemberConfig{Mode: r.s.Mode, Proc: proc, Addr: r.addrs[slot], Prefix: r.prefix, Goroutines: r.s.Goroutines,
-		Duration: d, Skew: r.s.Skews[slot], Seed: r.s.Seed, Members: r.s.Members, Groups: r.s.Groups, Calm: r.s.Calm}
+		Duration: d, Skew: r.s.Skews[slot], Seed: r.s.Seed, Members: r.s.Members, Groups: r.s.Groups, Calm: r.s.Calm,
+		RelayAbove: r.s.RelayAbove}
 	if r.s.Mode == ModeGossip {
 		cfg.Bind, cfg.Settle = r.addrs[slot], GossipSettle
 		r.mu.Lock()
@@ -409,6 +410,15 @@ func (r *runner) inject(ctx context.Context, i int, f Fault) {
 		default:
 			f.Kind = FaultMemberKill
 		}
+	}
+	if f.Kind == FaultAllocatorKill {
+		slot, holder, ok := r.allocator(ctx)
+		if !ok {
+			r.note("fault %s: no allocator up to target", f)
+			return
+		}
+		r.note("fault %s: the allocator is member %d (%s)", f, slot, holder)
+		f.Target, f.Kind = slot, FaultMemberKill
 	}
 	name := fmt.Sprintf("f%d", i)
 	proxy := fmt.Sprint(f.Link, f.Target)
@@ -731,4 +741,38 @@ func freeAddr() (string, error) {
 		return "", err
 	}
 	return "127.0.0.1:" + strconv.Itoa(p), nil
+}
+
+// allocator returns the slot of a live member that holds a lease limit's ballot (its
+// allocator: docs/lease.md, "Crowded limits: the relay"), read from the run's Redis, and
+// its name.
+func (r *runner) allocator(ctx context.Context) (slot int, holder string, ok bool) {
+	c := goredis.NewClient(&goredis.Options{Addr: r.srv.Addr(), DisableIdentity: true})
+	defer c.Close()
+	iter := c.Scan(ctx, 0, r.prefix+"*|alloc", 1000).Iterator()
+	var holders []string
+	for iter.Next(ctx) {
+		v, err := c.Get(ctx, iter.Val()).Result()
+		if err != nil {
+			continue
+		}
+		// A record's value is "VERSION DATA" (store/redis), the data the ballot's JSON.
+		_, data, _ := strings.Cut(v, " ")
+		var bl struct {
+			Holder string `json:"h"`
+		}
+		if json.Unmarshal([]byte(data), &bl) == nil && bl.Holder != "" {
+			holders = append(holders, bl.Holder)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, h := range holders {
+		for s, m := range r.current {
+			if m != nil && !m.killed && fmt.Sprint("m", m.proc) == h {
+				return s, h, true
+			}
+		}
+	}
+	return 0, "", false
 }

@@ -103,6 +103,10 @@ const (
 	// the key again at once, with none of the state its predecessor decided on) or longer.
 	FaultOwnerKill      FaultKind = "owner_kill"
 	FaultOwnerPartition FaultKind = "owner_partition"
+	// FaultAllocatorKill is a lease run's with its relay on (Schedule.RelayAbove): the
+	// member that holds a limit's ballot, its allocator, found when the fault starts (the
+	// ballot names it), SIGKILLed and a new member started after.
+	FaultAllocatorKill FaultKind = "allocator_kill"
 )
 
 // Owner faults' lengths. OwnerCutMin is past the time the pool takes to let a lost
@@ -178,6 +182,11 @@ type Schedule struct {
 	// gossip modes only: their members, daemons and check read it). NewSchedule never sets
 	// it; TestOwnerFaults does.
 	Groups []Group
+	// RelayAbove, when set, is the lease members' relay threshold (lease.WithRelayAbove):
+	// with 1, a limit of two live members or more goes through its allocator, elected
+	// among them, and the schedule kills allocators (FaultAllocatorKill). NewSchedule
+	// sets it on the lease mode's odd seeds.
+	RelayAbove int
 	// Calm, when set, makes the workload now-or-never calls and waits only: no penalty,
 	// which holds its key back for everyone, and no reservation given back, whose permits
 	// a key's owner keeps (a refund of a forwarded grant stays where it was forwarded
@@ -234,6 +243,11 @@ func NewSchedule(seed uint64, mode Mode, members int, d time.Duration) Schedule 
 		kinds = []FaultKind{FaultLatency, FaultBandwidth, FaultTimeout, FaultResetPeer, FaultBlackHole, FaultProxyDown,
 			FaultPartition, FaultMemberKill, FaultMemberStop, FaultDaemonKill, FaultDaemonStop,
 			FaultPeerPartition, FaultLinkCut, FaultPeerLoss, FaultPeerDelay, FaultOwnerKill, FaultOwnerPartition}
+	case ModeLease:
+		if seed%2 == 1 {
+			s.RelayAbove = 1
+			kinds = append(kinds, FaultAllocatorKill, FaultAllocatorKill)
+		}
 	case ModeLeaseEtcd, ModeLeaseZK:
 		kinds = []FaultKind{FaultLatency, FaultBandwidth, FaultTimeout, FaultResetPeer, FaultBlackHole, FaultProxyDown,
 			FaultPartition, FaultMemberKill, FaultMemberStop, FaultStoreStop, FaultStoreKill, FaultStoreWipe, FaultRestoreOld}
@@ -276,7 +290,7 @@ func NewSchedule(seed uint64, mode Mode, members int, d time.Duration) Schedule 
 				continue
 			}
 			redisFree = at + f.For + 200*time.Millisecond
-		case isOwnerFault(f.Kind):
+		case isOwnerFault(f.Kind) || f.Kind == FaultAllocatorKill:
 			// Its target is found when it starts (the runner skips a fault whose slot is
 			// down by then, as a kill of a member killed already): one owner fault at a
 			// time, so that each moves the key once.

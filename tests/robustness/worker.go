@@ -91,6 +91,8 @@ type MemberConfig struct {
 	Groups []Group `json:"groups,omitempty"`
 	// Calm: no penalties, no reservations given back (Schedule.Calm).
 	Calm bool `json:"calm,omitempty"`
+	// RelayAbove: the lease members' relay threshold (Schedule.RelayAbove), 0: default.
+	RelayAbove int `json:"relay_above,omitempty"`
 }
 
 // skewed is a clock offset from the real one by a constant: a machine whose clock is
@@ -197,7 +199,8 @@ func runMember(cfg MemberConfig) (code int) {
 			rec.print(leaseRecord(cfg.Proc, s, time.Now().UnixNano(), clk.Nanotime()).line())
 		})
 		b, err := lease.New(store, lease.WithID(fmt.Sprint("m", cfg.Proc)), lease.WithClock(clk),
-			lease.WithRenewEvery(100*time.Millisecond), lease.WithStoreTimeout(300*time.Millisecond), lease.WithObserver(obs))
+			lease.WithRenewEvery(100*time.Millisecond), lease.WithStoreTimeout(300*time.Millisecond), lease.WithObserver(obs),
+			lease.WithRelayAbove(cfg.RelayAbove))
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "robust member:", err)
 			return 2
