@@ -21,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice/backend/backendtest"
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/internal/testkit/daemontest"
 	"github.com/sluicehq/sluice/internal/testkit/proctest"
 	"github.com/sluicehq/sluice/server"
 )
@@ -33,22 +34,8 @@ func daemon(t *testing.T, clk clock.Clock, rules ...string) *server.Server {
 	t.Helper()
 	cfg := server.DefaultConfig()
 	cfg.ListenLine, cfg.ListenHTTP = "127.0.0.1:0", ""
-	for _, r := range rules {
-		rule, err := server.ParseRuleFlag(r, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Rules = append(cfg.Rules, rule)
-	}
-	s, err := server.New(cfg, server.WithClock(clk), server.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Shutdown(bg) })
-	return s
+	cfg.Rules = daemontest.Rules(t, rules...)
+	return daemontest.Start(t, cfg, server.WithClock(clk))
 }
 
 // TestPipelinedConcurrentUse: many goroutines share two pipelined connections; every

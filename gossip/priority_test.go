@@ -2,10 +2,7 @@ package gossip_test
 
 import (
 	"bufio"
-	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -16,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/gossip"
 	"github.com/sluicehq/sluice/gossip/hits"
 	"github.com/sluicehq/sluice/internal/testkit/classtest"
+	"github.com/sluicehq/sluice/internal/testkit/daemontest"
 	"github.com/sluicehq/sluice/server"
 )
 
@@ -152,20 +150,8 @@ func daemon(t *testing.T, be *gossip.Backend, rule string) *server.Server {
 	t.Helper()
 	sc := server.DefaultConfig()
 	sc.Backend, sc.ListenLine, sc.ListenHTTP = "gossip", "127.0.0.1:0", "127.0.0.1:0"
-	r, err := server.ParseRuleFlag(rule, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sc.Rules = []server.Rule{r}
-	s, err := server.New(sc, server.WithBackend(be), server.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Shutdown(context.Background()) })
-	return s
+	sc.Rules = daemontest.Rules(t, rule)
+	return daemontest.Start(t, sc, server.WithBackend(be))
 }
 
 // line is a line protocol client's connection.
