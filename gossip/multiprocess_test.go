@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/gossip/hits"
+	"github.com/sluicehq/sluice/internal/testkit/proctest"
 )
 
 // memberEnv, when set, makes the test binary a member process (see TestMain): its value
@@ -211,13 +213,20 @@ func runProcs(t *testing.T, n int, pc procConfig, wait time.Duration) [][]int64 
 	return out
 }
 
-// freePorts returns n loopback addresses whose TCP and UDP ports were free a moment ago.
+// freePorts returns n loopback addresses whose TCP and UDP ports were free a moment ago,
+// below the ephemeral range (proctest.FreePort): a port the system handed out for port 0
+// was taken by another connection's source port before its member bound it (TestTwenty
+// ProcessesOverTrees: "address already in use", once in CI).
 func freePorts(t *testing.T, n int) []string {
 	var out []string
-	for range n {
-		b := member(t, nil)
-		out = append(out, b.Addr())
-		b.Close()
+	for len(out) < n {
+		p, err := proctest.FreePort(true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a := "127.0.0.1:" + strconv.Itoa(p); !slices.Contains(out, a) {
+			out = append(out, a)
+		}
 	}
 	return out
 }
