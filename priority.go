@@ -215,6 +215,9 @@ func (l *Limiter) sweepSeen(seen *keytable.Table[classSeen], now int64) {
 func (l *Limiter) prioritize() {
 	l.seenOnce.Do(func() {
 		caps := backend.CapabilitiesOf(l.be)
+		if caps.Classes {
+			return // the backend keeps the headroom itself, from each call's class
+		}
 		if !caps.ByValue {
 			l.log.Warn("sluice: this backend keeps no headroom for higher priorities in decisions that do not wait; waiting rooms still serve higher classes first",
 				"backend", fmt.Sprintf("%T", l.be))

@@ -110,6 +110,11 @@ type Capabilities struct {
 	// one decision may differ from the next and apply to it alone: a lower priority's
 	// decision under limits that keep part of the burst for higher ones (sluice.Headroom).
 	ByValue bool
+	// Classes: the backend decides by the class each call's context carries
+	// (priority.Of) itself, keeping the higher classes' headroom where the key's state is
+	// (the daemon, which hears every client's class): a limiter keeps none of its own in
+	// front of it.
+	Classes bool
 }
 
 // Capable is an optional interface of back ends that decide more than plain GCRA limits.

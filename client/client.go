@@ -7,6 +7,10 @@
 // the client stops asking for a while, a back-off that doubles up to a maximum. Then it
 // probes with one query. The Backend method adapts a Client to sluice.Limiter, so code
 // moves between in-process and daemon use by changing one option.
+//
+// A call's class (priority.With on its context: docs/priorities.md) travels with its
+// query (the protocol's c=), and the daemon keeps the higher classes' headroom across all
+// its clients; a call without one is standard, as an older client's.
 package client
 
 import (
@@ -24,6 +28,7 @@ import (
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/wire"
+	"github.com/sluicehq/sluice/priority"
 )
 
 // ErrInvalidTag: the tag is empty, not UTF-8, or holds a control character (a line break
@@ -140,7 +145,8 @@ func (c *Client) Allow(ctx context.Context, tag string) bool {
 	if !wire.ValidTag(tag) {
 		return false // the daemon refuses such a tag
 	}
-	resp, err := c.roundTrip(ctx, wire.AppendQuery(nil, wire.Query{Tag: []byte(tag), N: 1}))
+	q := wire.Query{Tag: []byte(tag), N: 1, Priority: int8(priority.Of(ctx))}
+	resp, err := c.roundTrip(ctx, wire.AppendQuery(nil, q))
 	if err != nil {
 		return c.failOpen
 	}
@@ -158,7 +164,7 @@ func (c *Client) Query(ctx context.Context, tag string, n int64, maxWait time.Du
 	if n < 0 || n > wire.MaxN {
 		return Answer{}, fmt.Errorf("sluice client: %d permits: want 0 to %d", n, int64(wire.MaxN))
 	}
-	q := wire.Query{Tag: []byte(tag), N: n, Verbose: true}
+	q := wire.Query{Tag: []byte(tag), N: n, Verbose: true, Priority: int8(priority.Of(ctx))}
 	if maxWait > 0 {
 		maxWait = min(maxWait, wire.MaxWaitMs*time.Millisecond) // the protocol's bound
 		q.WaitMs = int64((maxWait + time.Millisecond - 1) / time.Millisecond)
@@ -447,10 +453,11 @@ func (c *Client) Backend() backend.Backend { return clientBackend{c} }
 
 type clientBackend struct{ c *Client }
 
-// Capabilities reports that every process asking the daemon shares each key's line there
-// (backend.Capable).
+// Capabilities reports that every process asking the daemon shares each key's line there,
+// and that the daemon keeps the higher classes' headroom from the class each query
+// carries (backend.Capable).
 func (clientBackend) Capabilities() backend.Capabilities {
-	return backend.Capabilities{SharedLine: true}
+	return backend.Capabilities{SharedLine: true, Classes: true}
 }
 
 func (b clientBackend) Decide(ctx context.Context, key string, req backend.Request) (backend.Grant, error) {

@@ -23,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/internal/testkit/daemontest"
 	"github.com/sluicehq/sluice/internal/testkit/proctest"
+	"github.com/sluicehq/sluice/priority"
 	"github.com/sluicehq/sluice/server"
 )
 
@@ -368,5 +369,51 @@ func TestExpiryReportedToTheDaemon(t *testing.T) {
 	b, _ := io.ReadAll(resp.Body)
 	if want := `sluice_permits_expired_total{rule="api"} 1`; !strings.Contains(string(b), want) {
 		t.Errorf("/metrics lacks %s", want)
+	}
+}
+
+// TestClassesReachTheDaemon: the class on a call's context travels to the daemon (c=), so
+// the daemon keeps the headroom for the higher class across its clients: a sheddable
+// flood through one limiter leaves 40% of the burst to a critical caller of another
+// (priority.DefaultHeadroom), which takes the rest. (The client sent no class: the flood
+// took the whole burst, and the critical caller none.)
+func TestClassesReachTheDaemon(t *testing.T) {
+	s := daemon(t, clock.Default, "api=1/h burst=10")
+	newLimiter := func() *sluice.Limiter {
+		c := client.New(s.LineAddr().String(), client.WithTimeout(2*time.Second))
+		l, err := sluice.New(sluice.MustParse("1/h burst=10"), sluice.WithBackend(c.Backend()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close(); c.Close() })
+		return l
+	}
+	critical, shed := priority.With(bg, priority.Critical), priority.With(bg, priority.Sheddable)
+	lc, ls := newLimiter(), newLimiter()
+	if d, err := lc.AllowN(critical, "api", 0); err != nil || !d.Allowed {
+		t.Fatalf("a critical query: %+v, %v", d, err) // the daemon now knows the class asks
+	}
+	flood := 0
+	for ls.Allow(shed, "api") {
+		if flood++; flood > 10 {
+			break
+		}
+	}
+	if flood != 6 {
+		t.Errorf("a sheddable flood beside a critical caller took %d permits of a burst of 10, want 6 (40%% kept)", flood)
+	}
+	// A client's Query carries the class too (a standard one would be granted: it keeps
+	// 15% of the burst).
+	c := client.New(s.LineAddr().String())
+	defer c.Close()
+	if a, err := c.Query(shed, "api", 1, 0); err != nil || a.Allowed {
+		t.Errorf("a sheddable query with 40%% of the burst left: %+v, %v", a, err)
+	}
+	got := 0
+	for lc.Allow(critical, "api") {
+		got++
+	}
+	if got != 10-flood {
+		t.Errorf("the critical caller then took %d permits, want the %d left", got, 10-flood)
 	}
 }
