@@ -11,7 +11,7 @@ import (
 
 // sharedMember returns a member holding a share of l (all of it) from 1ms, answered at
 // 1ms.
-func sharedMember(t *testing.T, l gcra.Limit) *Member {
+func sharedMember(t testing.TB, l gcra.Limit) *Member {
 	t.Helper()
 	m := NewMember("m", l, MemberConfig{RenewEvery: 250 * time.Millisecond, FailMode: backend.FailLocal}, 0)
 	req, ok := m.Request(0, 0)
