@@ -461,10 +461,13 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 	var keep [gcra.MaxLimits]float64
 	var kept *[gcra.MaxLimits]float64 // nil: the request keeps nothing
 	if req.Core != nil {
-		if err := keptFractions(req.Core, req.Limits, &keep); err != nil {
+		some, err := keptFractions(req.Core, req.Limits, &keep)
+		if err != nil {
 			return backend.Grant{}, err
 		}
-		names, kept = req.Core, &keep
+		if names = req.Core; some {
+			kept = &keep
+		}
 	}
 	md := int64(max(req.MaxDelay, 0))
 	critical := priority.Of(ctx) == priority.Critical
@@ -579,23 +582,25 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 }
 
 // keptFractions sets keep[i] to the fraction of core[i]'s burst that kept[i] keeps for a
-// higher class (backend.Request.Core), and returns gcra.ErrInvalidLimits unless kept are
-// core's limits at the same rates with bursts no larger.
-func keptFractions(core, kept []gcra.Limit, keep *[gcra.MaxLimits]float64) error {
+// higher class (backend.Request.Core), and reports whether any keeps something (a
+// windowed quota keeps nothing). It returns gcra.ErrInvalidLimits unless kept are core's
+// limits at the same rates with bursts no larger.
+func keptFractions(core, kept []gcra.Limit, keep *[gcra.MaxLimits]float64) (some bool, err error) {
 	if len(core) != len(kept) {
-		return fmt.Errorf("%w: %d limits keep headroom of %d", gcra.ErrInvalidLimits, len(kept), len(core))
+		return false, fmt.Errorf("%w: %d limits keep headroom of %d", gcra.ErrInvalidLimits, len(kept), len(core))
 	}
 	if err := gcra.ValidateLimits(core); err != nil {
-		return err
+		return false, err
 	}
 	for i := range core {
 		c, k := &core[i], &kept[i]
 		if k.T != c.T || k.Tau > c.Tau || k.Window != c.Window {
-			return fmt.Errorf("%w: kept limit %+v of %+v", gcra.ErrInvalidLimits, *k, *c)
+			return false, fmt.Errorf("%w: kept limit %+v of %+v", gcra.ErrInvalidLimits, *k, *c)
 		}
 		keep[i] = float64(c.Burst()-k.Burst()) / float64(c.Burst())
+		some = some || keep[i] > 0
 	}
-	return nil
+	return some, nil
 }
 
 // waiting tells rs's members that a caller starts or stops waiting for a share.

@@ -152,11 +152,11 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool, keep *[gcra.MaxLim
 		res, _, err := gcra.Decide(tats[:k], ls[:k], now, 0, 0)
 		return res, gcra.Ticket{}, Granted, err
 	}
-	// A decision that keeps headroom for a higher class does not borrow: a borrow takes
-	// the permits from the free capacity, which the store shares out to every member and
-	// whose level this member knows only from its last answer, so nothing there would stop
-	// it from taking what the higher class is kept. Its caller is refused, as on a share
-	// of the whole limit, and asks again when the higher class is no longer recent.
+	// A decision that keeps headroom for a higher class does not borrow. A borrow takes
+	// its permits from the free capacity, which every member shares and whose level this
+	// member knows only from the store's last answer: nothing there would stop it from
+	// taking the part of the limit kept for the higher class. The caller is refused, and
+	// asks again when the share has refilled or the higher class is no longer recent.
 	borrow := keep == nil
 	if borrow && !lease && canBorrowAll(ms, now, n) {
 		// No usable share for it (none yet, or one too small for the cost): borrow from
