@@ -73,8 +73,11 @@ var (
 // and a share of a rate are not granted together); and ramps, which it ramps itself: the
 // allocation ramps the capacity it shares out from when the limit's record was made, so
 // the whole pool ramps together and a member that restarts does not restart the ramp.
+// A decision may keep part of the burst for a higher class (ByValue:
+// backend.Request.Core): the member keeps that part of its share's burst (docs/lease.md,
+// "Headroom for higher classes").
 func (b *Backend) Capabilities() backend.Capabilities {
-	return backend.Capabilities{Windows: true, Ramps: true, SharedRamps: true, WindowsAlone: true}
+	return backend.Capabilities{Windows: true, Ramps: true, SharedRamps: true, WindowsAlone: true, ByValue: true}
 }
 
 // recordLimit is l as the store's record holds it: a windowed quota's windows fall on the
@@ -439,7 +442,9 @@ func (b *Backend) nudgeFor(due int64) {
 // the first time joins its limits' pools first (one store round trip). When the member
 // holds no usable share, or the permits would fall after its lease's end, Decide waits
 // for the next renewal within req.MaxDelay (a caller that may wait), and otherwise
-// answers with a denial whose RetryAfter says when to ask again.
+// answers with a denial whose RetryAfter says when to ask again. Under req.Core's limits
+// (the key's own, which name its records) it keeps of each share's burst the part that
+// req.Limits keep of the limit's for a higher class (allot.DecideKeeping).
 func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (backend.Grant, error) {
 	if b.closed.Load() {
 		return backend.Grant{}, backend.ErrClosed
@@ -450,6 +455,20 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 	if req.N > gcra.MaxCost(req.Limits) {
 		return backend.Grant{}, gcra.ErrCostExceedsBurst
 	}
+	// The records are the key's own limits'; a request that keeps headroom for a higher
+	// class (req.Core set) is decided on them keeping the same part of each share's burst.
+	names := req.Limits
+	var keep [gcra.MaxLimits]float64
+	var kept *[gcra.MaxLimits]float64 // nil: the request keeps nothing
+	if req.Core != nil {
+		some, err := keptFractions(req.Core, req.Limits, &keep)
+		if err != nil {
+			return backend.Grant{}, err
+		}
+		if names = req.Core; some {
+			kept = &keep
+		}
+	}
 	md := int64(max(req.MaxDelay, 0))
 	critical := priority.Of(ctx) == priority.Critical
 	start := b.clock.Nanotime()
@@ -457,14 +476,14 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 	var buf [gcra.MaxLimits]*rec
 	joins := 0
 	for counted := false; ; counted = true {
-		rs := b.records(key, req.Limits, &buf)
+		rs := b.records(key, names, &buf)
 		for !lock(rs) {
 			// A record released meanwhile (idle, or the backend closing): it is gone from
 			// the map, so asking again makes a fresh one.
 			if b.closed.Load() {
 				return backend.Grant{}, backend.ErrClosed
 			}
-			rs = b.records(key, req.Limits, &buf)
+			rs = b.records(key, names, &buf)
 		}
 		now := b.clock.Nanotime()
 		left := max(md-(now-start), 0)
@@ -477,7 +496,7 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 		var err error
 		// Called directly, not through a func value, so that ms stays on the stack.
 		if counted {
-			res, tk, out, err = allot.DecideAgain(ms[:len(rs)], now, req.N, left) // its permits were counted in the demand already
+			res, tk, out, err = allot.DecideAgainKeeping(ms[:len(rs)], now, req.N, left, kept) // its permits were counted in the demand already
 		} else {
 			if critical {
 				for i, m := range ms[:len(rs)] {
@@ -486,7 +505,7 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 					}
 				}
 			}
-			res, tk, out, err = allot.Decide(ms[:len(rs)], now, req.N, left)
+			res, tk, out, err = allot.DecideKeeping(ms[:len(rs)], now, req.N, left, kept)
 		}
 		if out == allot.AtStore {
 			borrow := rs[0].m.Borrowing()
@@ -560,6 +579,28 @@ func (b *Backend) Decide(ctx context.Context, key string, req backend.Request) (
 			start = b.clock.Nanotime() // the caller's bound counts from the join
 		}
 	}
+}
+
+// keptFractions sets keep[i] to the fraction of core[i]'s burst that kept[i] keeps for a
+// higher class (backend.Request.Core), and reports whether any keeps something (a
+// windowed quota keeps nothing). It returns gcra.ErrInvalidLimits unless kept are core's
+// limits at the same rates with bursts no larger.
+func keptFractions(core, kept []gcra.Limit, keep *[gcra.MaxLimits]float64) (some bool, err error) {
+	if len(core) != len(kept) {
+		return false, fmt.Errorf("%w: %d limits keep headroom of %d", gcra.ErrInvalidLimits, len(kept), len(core))
+	}
+	if err := gcra.ValidateLimits(core); err != nil {
+		return false, err
+	}
+	for i := range core {
+		c, k := &core[i], &kept[i]
+		if k.T != c.T || k.Tau > c.Tau || k.Window != c.Window {
+			return false, fmt.Errorf("%w: kept limit %+v of %+v", gcra.ErrInvalidLimits, *k, *c)
+		}
+		keep[i] = float64(c.Burst()-k.Burst()) / float64(c.Burst())
+		some = some || keep[i] > 0
+	}
+	return some, nil
 }
 
 // waiting tells rs's members that a caller starts or stops waiting for a share.

@@ -781,7 +781,7 @@ func TestSameLimit(t *testing.T) {
 }
 
 // TestDecideAllocs: a decision on a share the member holds allocates nothing, the long way
-// (Decide) as well as the fast one (AllowOne).
+// (Decide, keeping headroom for a higher class or not) as well as the fast one (AllowOne).
 func TestDecideAllocs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for a share in real time")
@@ -805,6 +805,11 @@ func TestDecideAllocs(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(1000, func() { _, _ = b.AllowOne(bg, "k", l) }); n != 0 {
 		t.Errorf("AllowOne: %v allocations a call, want 0", n)
+	}
+	kept, _ := l.Keeping(0.4)
+	keeping := backend.Request{Limits: []gcra.Limit{kept}, N: 1, Core: req.Limits}
+	if n := testing.AllocsPerRun(1000, func() { _, _ = b.Decide(bg, "k", keeping) }); n != 0 {
+		t.Errorf("Decide keeping headroom: %v allocations a call, want 0", n)
 	}
 }
 

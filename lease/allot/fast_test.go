@@ -11,16 +11,23 @@ import (
 
 // sharedMember returns a member holding a share of l (all of it) from 1ms, answered at
 // 1ms.
-func sharedMember(t *testing.T, l gcra.Limit) *Member {
+func sharedMember(t testing.TB, l gcra.Limit) *Member {
+	t.Helper()
+	return partMember(t, l, Share{Rate: RateScale, Burst: l.Tau / l.T}, Reply{})
+}
+
+// partMember returns a member holding share of l from 1ms, answered at 1ms by a reply
+// that says what pool says of the free capacity (its Pool and Free).
+func partMember(t testing.TB, l gcra.Limit, share Share, pool Reply) *Member {
 	t.Helper()
 	m := NewMember("m", l, MemberConfig{RenewEvery: 250 * time.Millisecond, FailMode: backend.FailLocal}, 0)
 	req, ok := m.Request(0, 0)
 	if !ok {
 		t.Fatal("no join")
 	}
-	share := Share{Rate: RateScale, Burst: l.Tau / l.T}
 	rep := Reply{Epoch: Epoch{Incarnation: 1, N: 1}, Sent: req.Sent, Nonce: req.Nonce, TTL: int64(time.Second),
-		Grace: int64(500 * time.Millisecond), Target: share, Live: 1, Version: 1, Fill: l.Tau}
+		Grace: int64(500 * time.Millisecond), Target: share, Live: 1, Version: 1, Fill: share.Burst * l.T,
+		Pool: pool.Pool, Free: pool.Free}
 	rep.Lease.Seq, rep.Lease.Share = 1, share
 	m.Receive(ms, req.Nonce, rep, nil)
 	return m

@@ -43,18 +43,46 @@ const TakenAtStore = math.MinInt64
 // never past a lease's end. On a grant the members' states change; on a denial only their
 // demand does.
 func Decide(ms []*Member, now, n, maxDelay int64) (gcra.Result, gcra.Ticket, Outcome, error) {
-	return decide(ms, now, n, maxDelay, true)
+	return decide(ms, now, n, maxDelay, true, nil)
 }
 
 // DecideAgain is Decide for a request decided again after a wait (NoLease, LeaseEnds,
 // TooFar): its permits were already counted in the members' demand.
 func DecideAgain(ms []*Member, now, n, maxDelay int64) (gcra.Result, gcra.Ticket, Outcome, error) {
-	return decide(ms, now, n, maxDelay, false)
+	return decide(ms, now, n, maxDelay, false, nil)
+}
+
+// DecideKeeping is Decide for a decision that keeps part of each share's burst for a
+// higher class (package priority): keep[i] is the fraction (0 to 1) of the burst of
+// ms[i]'s share left unspent, as gcra.Limit.Keeping keeps it. A share too small to keep a
+// permit is decided keeping nothing (see keptShare). A decision that keeps headroom does
+// not borrow from the free capacity (see decide). Windowed quotas keep nothing.
+func DecideKeeping(ms []*Member, now, n, maxDelay int64, keep *[gcra.MaxLimits]float64) (gcra.Result, gcra.Ticket, Outcome, error) {
+	return decide(ms, now, n, maxDelay, true, keep)
+}
+
+// DecideAgainKeeping is DecideKeeping for a request decided again after a wait (see
+// DecideAgain).
+func DecideAgainKeeping(ms []*Member, now, n, maxDelay int64, keep *[gcra.MaxLimits]float64) (gcra.Result, gcra.Ticket, Outcome, error) {
+	return decide(ms, now, n, maxDelay, false, keep)
+}
+
+// keptShare is the share l kept for a higher class: keep of its burst left unspent
+// (gcra.Limit.Keeping). A share too small to keep a whole permit is l itself: the limit
+// as a whole kept the headroom (the limiter decided under it), and the other members'
+// shares hold it, where refusing every permit would leave this member's callers nothing
+// while a higher class is recent.
+func keptShare(l gcra.Limit, keep float64) gcra.Limit {
+	if k, ok := l.Keeping(keep); ok {
+		return k
+	}
+	return l
 }
 
 // decide is Decide; count is false when the same request is decided again after a wait
-// (its permits were already counted in the members' demand).
-func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra.Ticket, Outcome, error) {
+// (its permits were already counted in the members' demand). keep, when not nil, is
+// what each share keeps for a higher class (DecideKeeping).
+func decide(ms []*Member, now, n, maxDelay int64, count bool, keep *[gcra.MaxLimits]float64) (gcra.Result, gcra.Ticket, Outcome, error) {
 	if n < 0 {
 		return gcra.Result{}, gcra.Ticket{}, Throttled, gcra.ErrInvalidCost
 	}
@@ -88,18 +116,24 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 		if m.view.central && m.phase == registered {
 			central = true
 		}
-		if !m.usable(now) || n > m.lease.local.Burst() {
+		share := m.lease.local
+		if keep != nil && keep[i] > 0 {
+			share = keptShare(share, keep[i])
+		}
+		if !m.usable(now) || n > share.Burst() {
 			lease = false
 			continue
 		}
 		if count && n > 0 && m.bucket.tat < now {
 			m.demand.fullAt = now // its bucket stood full: permits went unused
 		}
-		tats[i], ls[i] = m.bucket.tat, m.lease.local
+		tats[i], ls[i] = m.bucket.tat, share
 		end = min(end, m.lease.end)
 	}
 	k := len(ms)
 	if central && n > 0 {
+		// A limit decided at the store keeps no headroom for a higher class (keep): a take
+		// is decided on the limit's own bucket at the store, and carries no kept level.
 		if maxDelay > 0 {
 			// A caller that may wait: while the member holds all its places in the store's
 			// line, it waits in the process for one to free (then decides again).
@@ -118,7 +152,13 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 		res, _, err := gcra.Decide(tats[:k], ls[:k], now, 0, 0)
 		return res, gcra.Ticket{}, Granted, err
 	}
-	if !lease && canBorrowAll(ms, now, n) {
+	// A decision that keeps headroom for a higher class does not borrow. A borrow takes
+	// its permits from the free capacity, which every member shares and whose level this
+	// member knows only from the store's last answer: nothing there would stop it from
+	// taking the part of the limit kept for the higher class. The caller is refused, and
+	// asks again when the share has refilled or the higher class is no longer recent.
+	borrow := keep == nil
+	if borrow && !lease && canBorrowAll(ms, now, n) {
 		// No usable share for it (none yet, or one too small for the cost): borrow from
 		// what the free capacity saved up, one round trip.
 		return startBorrow(ms, n)
@@ -150,7 +190,7 @@ func decide(ms []*Member, now, n, maxDelay int64, count bool) (gcra.Result, gcra
 	if err != nil {
 		return res, tk, Throttled, err
 	}
-	if (!res.Allowed || res.Delay > ms[0].bookAhead()) && canBorrowAll(ms, now, n) {
+	if borrow && (!res.Allowed || res.Delay > ms[0].bookAhead()) && canBorrowAll(ms, now, n) {
 		// The share refuses the permits, or would have the caller wait longer than a
 		// booking horizon, while the free capacity has saved some up: borrow them there
 		// (one round trip), as one limiter shared by the whole pool would have granted
