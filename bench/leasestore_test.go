@@ -237,6 +237,24 @@ func BenchmarkLeaseRedisMembers(b *testing.B) {
 	}
 }
 
+// BenchmarkLeaseRedisCentral: a limit with more members than permits of burst
+// (100/s burst=20) is decided at the store, every permit a take of its one record; its
+// members ask 150% of it (Allow). The lease mode claims such a limit up to
+// lease.MaxCentralMembers members.
+func BenchmarkLeaseRedisCentral(b *testing.B) {
+	addr := startRedis(b)
+	limits := sluice.Limits{{Rate: 100, Period: time.Second, Burst: 20}}
+	for _, members := range []int{8, 24, 32, 48, 100} {
+		b.Run(fmt.Sprintf("members=%d", members), func(b *testing.B) {
+			var total leaseRun
+			for range b.N {
+				total = total.add(runLeaseOnRedis(b, addr, members, lease.DefaultMemberConfig().RenewEvery, lease.DefaultConfig(), limits, []string{"api"}, 1.5*100/float64(members), 3*time.Second))
+			}
+			total.report(b, members)
+		})
+	}
+}
+
 // BenchmarkLeaseRedisRenewals: how many renewals a second one limit's record takes before
 // conflicts dominate: 20 members renew ever more often (every 250 ms down to every 5 ms).
 // Every renewal of one limit is a compare-and-set on one record, so the members' writes

@@ -36,11 +36,6 @@ type call struct {
 type result struct {
 	rep allot.Reply
 	err error
-	// relayed: a take answered through the limit's allocator, whose permit is the
-	// member's from the answer's arrival (relay.late), if that is by by (the member's
-	// clock): a later one is not used.
-	relayed bool
-	by      int64
 }
 
 // RecordID names the record of key under limit l in a store: the key as a Redis Cluster

@@ -218,6 +218,15 @@ func WithLogger(l *slog.Logger) Option { return optionFunc(func(b *Backend) { b.
 // pool.
 const MaxMembers = 100
 
+// MaxCentralMembers is the most members the lease mode claims to serve on a limit decided
+// at the store: one with more members than permits of burst, where a share could not hold
+// a permit each, so that every permit is a take of the limit's record. Each take is a
+// compare-and-set of that one record, and past this many members they collide so often
+// that the pool uses less than 0.95 of the limit (BENCHMARKS.md, "A limit decided at the
+// store": 100/s burst=20 at 150% of demand, 32 members 100 permits a second, 48 members
+// 81). The backend logs a warning, once per key, naming the strict mode.
+const MaxCentralMembers = 32
+
 // New returns a member of the limits it will be asked to decide, sharing them through
 // store, and starts its renewal goroutine. Close it to hand its shares back.
 func New(store store.Store, opts ...Option) (*Backend, error) {
@@ -926,6 +935,7 @@ func (b *Backend) round() int64 {
 			at := b.clock.Nanotime() // read under the lock: every decision on the record before it was on the old lease
 			p.r.m.Receive(at, p.nonce, rep, e)
 			live := p.r.m.Live()
+			central := p.r.m.Central()
 			changed := p.r.changed // nil if nobody waits
 			p.r.changed = nil
 			var st Status
@@ -937,8 +947,8 @@ func (b *Backend) round() int64 {
 			if b.observer != nil {
 				b.observer.ObserveLease(st) // before the waiters wake: they see it observed
 			}
-			if live > MaxMembers {
-				b.warnCrowded(p.r.key, live)
+			if live > MaxMembers || (central && live > MaxCentralMembers) {
+				b.warnCrowded(p.r.key, live, central)
 			}
 			if changed != nil {
 				close(changed)
@@ -1017,18 +1027,10 @@ func (b *Backend) decideAtStore(ctx context.Context, key string, rs []*rec, ms [
 	b.roundTrips.Add(1)
 	res, err := b.apply.apply(sctx, takes)
 	cancel()
-	// Permits borrowed from the free capacity, or taken through the limit's allocator, are
-	// the member's from the store's answer on, not from when it asked: their slot is when
-	// the answer arrived (the store took them from its pool at some instant in between).
+	// Permits borrowed from the free capacity are the member's from the store's answer on,
+	// not from when it asked: their slot is when the answer arrived (the store took them
+	// from its pool at some instant in between).
 	arrival := b.clock.Nanotime()
-	for k := range res {
-		if res[k].relayed && arrival > res[k].by {
-			// A relayed take's answer that reached its caller past its lateness (the
-			// relay checked it in time, then the caller was slow to run): its permit
-			// goes unused, as the store's pool kept room only for that lateness.
-			res[k] = result{err: errTakeLate}
-		}
-	}
 	var g backend.Grant
 	g.Ticket.N, g.Delay, g.Allowed = n, lres.Delay, err == nil
 	for k, i := range localAt {
@@ -1048,11 +1050,8 @@ func (b *Backend) decideAtStore(ctx context.Context, key string, rs []*rec, ms [
 		}
 		taken = append(taken, k)
 		g.Delay = max(g.Delay, r.rep.Wait)
-		if takes[k].req.Borrow || r.relayed {
-			// A borrow, or a take the limit's allocator applied a tick or two after it was
-			// sent: the permit is the member's from the answer's arrival (a relayed take's
-			// within its lateness, which the store keeps in its pool: relay.late).
-			g.Delay = max(g.Delay, arrival-now)
+		if takes[k].req.Borrow {
+			g.Delay = max(g.Delay, arrival-now) // a borrow: the permit is the member's from the answer's arrival
 		}
 	}
 	if !lock(rs) { // forgotten meanwhile (idle, or closing): what the store said stands
@@ -1121,13 +1120,18 @@ func (b *Backend) giveBack(takes []call, granted []int) {
 
 // warnCrowded says, once per key, that a limit is shared by more members than the mode
 // claims to serve.
-func (b *Backend) warnCrowded(key string, live int64) {
+func (b *Backend) warnCrowded(key string, live int64, central bool) {
 	if _, dup := b.crowded.LoadOrStore(key, struct{}{}); dup {
 		return
 	}
 	log := b.log
 	if log == nil {
 		log = slog.Default()
+	}
+	if central && live <= MaxMembers {
+		log.Warn("lease: a limit decided at the store (more members than permits of burst) shared by more members than the lease mode claims to serve there: every permit is a take of its one record, and their takes collide; share it through the strict mode (docs/guarantees.md)",
+			"key", key, "members", live, "most", MaxCentralMembers)
+		return
 	}
 	log.Warn("lease: a limit shared by more members than the lease mode claims to serve: their renewals go through one allocator, but decisions taken at the store collide on its one record; share it through the strict mode (docs/guarantees.md)",
 		"key", key, "members", live, "most", MaxMembers)

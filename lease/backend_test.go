@@ -546,6 +546,60 @@ func TestLimitChangeHandsTheOldShareBack(t *testing.T) {
 	}
 }
 
+// TestWarnsOfACrowdedCentralLimit: a limit with more members than permits of burst is
+// decided at the store, a take of its record per permit, which collide past
+// MaxCentralMembers (BENCHMARKS.md, "A limit decided at the store"); one with more is
+// logged once, naming the strict mode, well before MaxMembers.
+func TestWarnsOfACrowdedCentralLimit(t *testing.T) {
+	clk := clock.NewVirtual()
+	clk.Advance(time.Second)
+	cfg := DefaultConfig()
+	cfg.JoinWindow = 0
+	st := store.NewMemory(clk)
+	var logs syncBuffer
+	watch := slog.New(slog.NewTextHandler(&logs, nil))
+	l := lim(100, time.Second, 20)
+	var members []*Backend
+	defer func() {
+		for _, b := range members {
+			b.Close()
+		}
+	}()
+	join := func(n int) {
+		for i := 0; i < n; i++ {
+			b, err := New(st, WithConfig(cfg), WithClock(clk), WithID(fmt.Sprintf("m%02d", len(members))), WithLogger(watch))
+			if err != nil {
+				t.Fatal(err)
+			}
+			members = append(members, b)
+			if _, err := b.AllowOne(bg, "k", l); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	join(MaxCentralMembers)
+	if strings.Contains(logs.String(), "claims to serve") {
+		t.Fatalf("a limit decided at the store with %d members was logged: %q", MaxCentralMembers, logs.String())
+	}
+	join(1)
+	for _, b := range members { // each hears of the crowd at its next renewal
+		if _, err := b.AllowOne(bg, "k", l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 8 && !strings.Contains(logs.String(), "decided at the store"); i++ {
+		clk.Advance(DefaultMemberConfig().RenewEvery)
+		for _, b := range members {
+			if _, err := b.AllowOne(bg, "k", l); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if !strings.Contains(logs.String(), "decided at the store") || !strings.Contains(logs.String(), "strict mode") {
+		t.Fatalf("a limit decided at the store with %d members was not logged: %q", MaxCentralMembers+1, logs.String())
+	}
+}
+
 // TestWarnsOfACrowdedLimit: a limit whose record holds more members than the mode
 // serves (MaxMembers) is logged once, naming the strict mode; one within it is not.
 func TestWarnsOfACrowdedLimit(t *testing.T) {

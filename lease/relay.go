@@ -26,9 +26,7 @@ package lease
 // (an allocator whose answers were lost after its record was written reads it again)
 // states again what the member holds (a take applied twice takes a permit nobody uses),
 // and the permits a request gives back, whose effect would add up, are left out of it
-// (postable). A relayed take's permit is used at its answer's arrival, within its
-// lateness of its sending or not at all, and the store keeps that lateness in its pool
-// (allot.Request.Late). The allocator is chosen by a lease of its own (the ballot: a
+// (postable). The allocator is chosen by a lease of its own (the ballot: a
 // holder and an end on the store's clock, claimed by compare-and-set once it has ended),
 // so a crashed allocator is replaced within a ballot's time. A request the allocator does
 // not answer in time fails as one the store did not answer, and after missesBeforeDirect
@@ -36,8 +34,13 @@ package lease
 // record directly (so a pool without an allocator still renews, at the cost of the
 // collisions).
 //
-// Takes booked ahead, gives and penalties are not relayed, and a member of a crowded
-// limit does not borrow (borrowsCrowded).
+// Takes, gives and penalties are not relayed, and a member of a crowded limit does not
+// borrow (borrowsCrowded). A take is what a caller waits for, and on a limit decided at
+// the store every permit is one: relayed, a member's takes went in rounds of a tick or
+// more, the members' rounds fell into step, and each tick's takes had only the burst less
+// their lateness to share, so that 24 members used 63 permits a second of 100/s burst=20
+// and 60 members 27, where each taking the record directly used 101 and 78
+// (BenchmarkLeaseRedisCentral; MaxCentralMembers).
 
 import (
 	"cmp"
@@ -314,42 +317,28 @@ func (r *relay) saw(id string, members int) {
 const maxRemembered = 4096
 
 // relayableOp reports whether a call's operation may be relayed: a join (the joiner
-// knocks at the limit's door, so that the allocator reads its mailbox), a renewal, a
-// release, or a take at once (MaxDelay 0: Allow's) of a limit decided at the store whose
-// burst holds twice what a relayed take leaves in its pool (relay.late); not a borrow, a
-// take booked ahead, a give or a penalty. A relayed request gives no permits back
-// (postable drops Request.Return): that is the one part of a request whose effect adds up
-// when it is applied twice, which an allocator whose answers were lost after its record
-// was written would do; every other part of a renewal or release states what the member
-// holds, and says it again harmlessly, and a take applied twice takes a permit nobody
-// uses.
+// knocks at the limit's door, so that the allocator reads its mailbox), a renewal or a
+// release; not a take (see the package comment), a give or a penalty. A relayed request
+// gives no permits back (postable drops Request.Return): that is the one part of a
+// request whose effect adds up when it is applied twice, which an allocator whose answers
+// were lost after its record was written would do; every other part of a renewal or
+// release states what the member holds, and says it again harmlessly.
 func (r *relay) relayableOp(c call) bool {
 	switch c.req.Op {
 	case allot.OpJoin, allot.OpRenew, allot.OpRelease:
 		return !c.req.Borrow
-	case allot.OpTake:
-		return !c.req.Borrow && c.req.MaxDelay == 0 && c.limit.Tau+c.limit.T >= 2*int64(r.late())
 	}
 	return false
 }
 
-// late is how long after sending a relayed take its member waits for the answer, and so
-// how late after the allocator applied it the permit may be used (allot.Request.Late):
-// four ticks, a post, the allocator's tick and the member's read of the answer with room
-// to spare. An answer later than that is dropped, its permit unused.
-func (r *relay) late() time.Duration { return 4 * r.tick }
-
-// postable returns the request a member posts in its mailbox: a take with its lateness
-// (Request.Late), and without the permits it gives back (Request.Return). Those are lost
+// postable returns the request a member posts in its mailbox: without the permits it
+// gives back (Request.Return). Those are lost
 // to the pool (the store counts them as used until the lease that held them ends, a tenth
 // of a share's rate at most): a member that wrote the record directly to give them back
 // made the allocator lose its own write to it, at two hundred members one write in two
 // (BenchmarkLeaseRedisMembers).
 func (r *relay) postable(req allot.Request) allot.Request {
 	req.Return = 0
-	if req.Op == allot.OpTake {
-		req.Late = int64(r.late())
-	}
 	return req
 }
 
@@ -366,11 +355,6 @@ func (r *relay) borrowsCrowded(id string, c call) bool {
 	defer r.mu.Unlock()
 	return c.req.Size > int64(r.above) || r.crowd[id] > r.above
 }
-
-// errTakeLate answers a relayed take whose answer did not come within its lateness
-// (relay.late): the caller is refused, and the permit, if the allocator took it, goes
-// unused.
-var errTakeLate = fmt.Errorf("%w: lease store: the allocator of the limit did not answer the take in time", backend.ErrUnavailable)
 
 // errCrowdedBorrow answers a borrow on a crowded limit (borrowsCrowded): the member
 // decides again on its share, and borrows again once a reply says the pool holds permits.
@@ -456,13 +440,11 @@ func (r *relay) took(id string, d time.Duration) {
 
 // expect returns how long after posting on groups' records their member first reads its
 // mailboxes: a tick more than the least time their allocator took lately to read a post
-// (took: its answer is written a little after), at most eight ticks; for a take, whose
-// caller waits, half a tick more, at most half its lateness (relay.late), so that its
-// answer is still read in time. Reading every tick from the
+// (took: its answer is written a little after), at most eight ticks. Reading every tick from the
 // post, a member whose allocator answers after several ticks (a thousand members: a
 // tick's requests take it longer) read its mailbox as many times for each answer, and a
 // thousand members' reads kept the store from the allocator's.
-func (r *relay) expect(groups []*group, take bool) time.Duration {
+func (r *relay) expect(groups []*group) time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	d := time.Duration(math.MaxInt64)
@@ -472,9 +454,6 @@ func (r *relay) expect(groups []*group, take bool) time.Duration {
 			return 0
 		}
 		d = min(d, l)
-	}
-	if take {
-		return min(d+r.tick/2, r.late()/2)
 	}
 	return min(d+r.tick, 8*r.tick) // one slow answer does not delay every later read long
 }
@@ -580,13 +559,11 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 		todo = again
 	}
 	// Wait for the answers: read the mailboxes every tick, the first time when answers
-	// came on the last requests (relay.expect); a take's answer only until its lateness
-	// has passed (relay.late: its permit is used at the answer's arrival). A joiner knocks
+	// came on the last requests (relay.expect). A joiner knocks
 	// at its limit's door only if its join is not answered by the second read: the
 	// allocator reads the mailboxes of the members it has seen lately (allocate), so a
 	// member that joins again is answered without a knock.
 	knocked, reads := false, 0
-	takes := slices.ContainsFunc(posts, func(i int) bool { return calls[i].req.Op == allot.OpTake })
 	live := map[int]int64{}      // call → its limit's live members, as its answer says
 	elected := map[string]bool{} // record ID → an allocator held its ballot at the last read
 	var waiting []int
@@ -595,13 +572,10 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 			waiting = append(waiting, k)
 		}
 	}
-	tooLate := func(i int) bool {
-		return calls[i].req.Op == allot.OpTake && a.now()-calls[i].req.Sent > int64(r.late())*9/10
-	}
 	for first := true; len(waiting) > 0; first = false {
 		d := r.tick
 		if first {
-			d = max(r.tick, r.expect(groups, takes))
+			d = max(r.tick, r.expect(groups))
 			if dl, ok := ctx.Deadline(); ok {
 				d = max(r.tick, min(d, time.Until(dl)/2)) // a read before the caller gives up
 			}
@@ -621,29 +595,19 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 		waiting = slices.DeleteFunc(waiting, func(k int) bool {
 			i := posts[k]
 			if snap.Records[k].Version == posted[k] {
-				if tooLate(i) {
-					out[i] = result{err: errTakeLate}
-					return true
-				}
 				return false
 			}
 			s, err := unmarshalSlot(snap.Records[k].Data)
 			if err != nil || s == nil || s.Req.Nonce != calls[i].req.Nonce || s.Answered != s.Req.Nonce {
-				if tooLate(i) {
-					out[i] = result{err: errTakeLate}
-					return true
-				}
 				return false
 			}
 			r.saw1(ids[k], snap.Records[k].Version) // the answer to this post: the next posts over it
 			switch {
 			case s.Err != "" || s.Rep == nil:
 				out[i] = result{err: answerErr(cmp.Or(s.Err, "no answer"))}
-			case tooLate(i):
-				out[i] = result{err: errTakeLate} // its permit, if taken, goes unused
 			default:
 				r.took(recOf[i], time.Duration(s.Read-s.Posted))
-				out[i] = result{rep: *s.Rep, relayed: true, by: calls[i].req.Sent + int64(r.late())}
+				out[i] = result{rep: *s.Rep}
 				if s.Rep.Live > 0 { // a grant's: a take's answer says nothing of the members
 					live[i] = s.Rep.Live
 				}

@@ -248,15 +248,14 @@ func TestRelayServesACrowdedLimit(t *testing.T) {
 	}
 }
 
-// TestRelayTakesOfACentralLimit: a crowded limit with more members than permits of burst
-// is decided at the store, one take per permit: 24 members of 100/s burst=10, each its own
-// link to a real Redis, asking 6 a second each (Allow). Their takes go through the
-// allocator too (a post in each member's mailbox, one write of the record a tick), where
-// each was a compare-and-set of the record colliding with the others'; a permit is the
-// member's from the answer's arrival, and the pool keeps the takes' lateness
-// (allot.Request.Late), so the permits conform to the limit itself, with only the
-// recording's jitter.
-func TestRelayTakesOfACentralLimit(t *testing.T) {
+// TestTakesOfACentralLimit: a crowded limit with more members than permits of burst is
+// decided at the store, one take per permit: 24 members of 100/s burst=10, each its own
+// link to a real Redis, asking 6 a second each (Allow). Their takes go to the record
+// directly, not through the relay (relayed, the members' rounds fell into step and each
+// tick's takes shared the burst less their lateness: 63 permits a second of 100 at 24
+// members, BenchmarkLeaseRedisCentral), and the permits conform to the limit, with only
+// the recording's jitter.
+func TestTakesOfACentralLimit(t *testing.T) {
 	l := gcra.Limit{T: 10 * int64(time.Millisecond), Tau: 90 * int64(time.Millisecond)}
 	client := goredis.NewClient(&goredis.Options{Addr: redistest.New(t).Addr()})
 	t.Cleanup(func() { client.Close() })
@@ -265,18 +264,15 @@ func TestRelayTakesOfACentralLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := newRelayPoolOn(t, newStore, 100*time.Millisecond, 24, l, 6)
-	poll.Until(t, "the takes relayed", 20*time.Second, 10*time.Millisecond, func() bool { return p.mem.count("mailbox") > 200 })
+	poll.Until(t, "the takes", 20*time.Second, 10*time.Millisecond, func() bool { return p.mem.count("record") > 200 })
 	ps, rec, lost, box := p.measure(3 * time.Second)
 	t.Logf("3 s: %d permits; the record written %d times (%d writes lost), the mailboxes %d", len(ps), rec, lost, box)
 	conformTo(t, ps, l, 2*time.Millisecond)
 	if len(ps) < 100 { // a third of the limit over 3 s: a loose liveness bound
 		t.Errorf("the pool used %d permits in 3 s of 100/s", len(ps))
 	}
-	if box < len(ps) {
-		t.Errorf("%d mailbox writes for %d permits: the takes were not relayed", box, len(ps))
-	}
-	if lost*10 > rec+lost {
-		t.Errorf("%d of %d writes of the record lost: members write it beside the allocator", lost, rec+lost)
+	if rec < len(ps) {
+		t.Errorf("the record written %d times for %d permits: the takes did not go to it", rec, len(ps))
 	}
 }
 
@@ -389,9 +385,12 @@ func TestRelayPostsWithoutReading(t *testing.T) {
 	for n := range 10 {
 		renew := call{key: "api", limit: l, req: allot.Request{Op: allot.OpRenew, Member: "m1", Nonce: uint64(n + 1), Size: relayAbove + 1}}
 		out, err := a.applyNow(bg, []call{renew})
-		if err != nil || out[0].err != nil || !out[0].relayed {
+		if err != nil || out[0].err != nil {
 			t.Fatalf("renewal %d: %+v, %v; want its answer through the mailbox", n, out[0], err)
 		}
+	}
+	if own.writes["record"] != 0 {
+		t.Errorf("the member wrote the record %d times: its renewals were not relayed", own.writes["record"])
 	}
 	if own.reads != 11 {
 		t.Errorf("%d reads of the mailbox for 10 renewals answered at once; want 11", own.reads)
