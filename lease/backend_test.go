@@ -1,7 +1,6 @@
 package lease
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -21,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/backend/backendtest"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/internal/testkit/proctest"
 	"github.com/sluicehq/sluice/lease/allot"
 	"github.com/sluicehq/sluice/priority"
 	"github.com/sluicehq/sluice/store"
@@ -546,54 +546,72 @@ func TestLimitChangeHandsTheOldShareBack(t *testing.T) {
 	}
 }
 
+// crowd is members of one limit joining one memory store in virtual time, closed with
+// the test.
+type crowd struct {
+	t       *testing.T
+	clk     *clock.Virtual
+	st      store.Store
+	cfg     Config
+	l       gcra.Limit
+	members []*Backend
+}
+
+func newCrowd(t *testing.T, l gcra.Limit) *crowd {
+	clk := clock.NewVirtual()
+	clk.Advance(time.Second)
+	cfg := DefaultConfig()
+	cfg.JoinWindow = 0
+	c := &crowd{t: t, clk: clk, st: store.NewMemory(clk), cfg: cfg, l: l}
+	t.Cleanup(func() {
+		for _, b := range c.members {
+			b.Close()
+		}
+	})
+	return c
+}
+
+// join adds n members, each logging to log (slog.Default() if nil), and has each decide
+// once on key "k".
+func (c *crowd) join(n int, log *slog.Logger) {
+	for i := 0; i < n; i++ {
+		opts := []Option{WithConfig(c.cfg), WithClock(c.clk), WithID(fmt.Sprintf("m%03d", len(c.members)))}
+		if log != nil {
+			opts = append(opts, WithLogger(log))
+		}
+		b, err := New(c.st, opts...)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		c.members = append(c.members, b)
+		c.allow(b)
+	}
+}
+
+func (c *crowd) allow(b *Backend) {
+	if _, err := b.AllowOne(bg, "k", c.l); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
 // TestWarnsOfACrowdedCentralLimit: a limit with more members than permits of burst is
 // decided at the store, a take of its record per permit, which collide past
 // MaxCentralMembers (BENCHMARKS.md, "A limit decided at the store"); one with more is
 // logged once, naming the strict mode, well before MaxMembers.
 func TestWarnsOfACrowdedCentralLimit(t *testing.T) {
-	clk := clock.NewVirtual()
-	clk.Advance(time.Second)
-	cfg := DefaultConfig()
-	cfg.JoinWindow = 0
-	st := store.NewMemory(clk)
-	var logs syncBuffer
+	var logs proctest.LockedBuffer
 	watch := slog.New(slog.NewTextHandler(&logs, nil))
-	l := lim(100, time.Second, 20)
-	var members []*Backend
-	defer func() {
-		for _, b := range members {
-			b.Close()
-		}
-	}()
-	join := func(n int) {
-		for i := 0; i < n; i++ {
-			b, err := New(st, WithConfig(cfg), WithClock(clk), WithID(fmt.Sprintf("m%02d", len(members))), WithLogger(watch))
-			if err != nil {
-				t.Fatal(err)
-			}
-			members = append(members, b)
-			if _, err := b.AllowOne(bg, "k", l); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	join(MaxCentralMembers)
+	c := newCrowd(t, lim(100, time.Second, 20))
+	c.join(MaxCentralMembers, watch)
 	if strings.Contains(logs.String(), "claims to serve") {
 		t.Fatalf("a limit decided at the store with %d members was logged: %q", MaxCentralMembers, logs.String())
 	}
-	join(1)
-	for _, b := range members { // each hears of the crowd at its next renewal
-		if _, err := b.AllowOne(bg, "k", l); err != nil {
-			t.Fatal(err)
-		}
-	}
+	c.join(1, watch)
 	for i := 0; i < 8 && !strings.Contains(logs.String(), "decided at the store"); i++ {
-		clk.Advance(DefaultMemberConfig().RenewEvery)
-		for _, b := range members {
-			if _, err := b.AllowOne(bg, "k", l); err != nil {
-				t.Fatal(err)
-			}
+		for _, b := range c.members { // each hears of the crowd at its next renewal
+			c.allow(b)
 		}
+		c.clk.Advance(DefaultMemberConfig().RenewEvery)
 	}
 	if !strings.Contains(logs.String(), "decided at the store") || !strings.Contains(logs.String(), "strict mode") {
 		t.Fatalf("a limit decided at the store with %d members was not logged: %q", MaxCentralMembers+1, logs.String())
@@ -603,46 +621,17 @@ func TestWarnsOfACrowdedCentralLimit(t *testing.T) {
 // TestWarnsOfACrowdedLimit: a limit whose record holds more members than the mode
 // serves (MaxMembers) is logged once, naming the strict mode; one within it is not.
 func TestWarnsOfACrowdedLimit(t *testing.T) {
-	clk := clock.NewVirtual()
-	clk.Advance(time.Second)
-	cfg := DefaultConfig()
-	cfg.JoinWindow = 0
-	st := store.NewMemory(clk)
-	var logs syncBuffer
-	l := lim(10000, time.Second, 1000)
-	var members []*Backend
-	defer func() {
-		for _, b := range members {
-			b.Close()
-		}
-	}()
-	join := func(n int, log *slog.Logger) {
-		for i := 0; i < n; i++ {
-			opts := []Option{WithConfig(cfg), WithClock(clk), WithID(fmt.Sprintf("m%d", len(members)))}
-			if log != nil {
-				opts = append(opts, WithLogger(log))
-			}
-			b, err := New(st, opts...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			members = append(members, b)
-			if _, err := b.AllowOne(bg, "k", l); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	join(MaxMembers, nil)
+	var logs proctest.LockedBuffer
+	c := newCrowd(t, lim(10000, time.Second, 1000))
+	c.join(MaxMembers, nil)
 	watch := slog.New(slog.NewTextHandler(&logs, nil))
-	join(1, watch) // the 101st: one too many
-	join(1, watch)
-	if _, err := members[MaxMembers].AllowOne(bg, "k", l); err != nil {
-		t.Fatal(err)
-	}
+	c.join(1, watch) // the 101st: one too many
+	c.join(1, watch)
+	c.allow(c.members[MaxMembers])
 	if n := strings.Count(logs.String(), "more members than the lease mode claims to serve"); n != 2 || !strings.Contains(logs.String(), "strict mode") {
 		t.Fatalf("the crowded limit was logged %d times: %q", n, logs.String())
 	}
-	for _, b := range members[MaxMembers:] {
+	for _, b := range c.members[MaxMembers:] {
 		b.crowded.Range(func(k, _ any) bool {
 			if k != "k" {
 				t.Errorf("warned of %v", k)
@@ -651,19 +640,6 @@ func TestWarnsOfACrowdedLimit(t *testing.T) {
 		})
 	}
 }
-
-// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 // TestNewKeyRecordsOnce: callers that decide new keys under two limits at once, in either
 // order, each get the same record for a key's limit, made once, while the others read the
@@ -730,7 +706,7 @@ func TestLogsAColdStoresFence(t *testing.T) {
 		clk, st := memoryStore(cold)
 		cfg := DefaultConfig()
 		cfg.JoinWindow = 0
-		var logs syncBuffer
+		var logs proctest.LockedBuffer
 		b, err := New(st, WithConfig(cfg), WithClock(clk), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 		if err != nil {
 			t.Fatal(err)

@@ -1,39 +1,24 @@
 package lease_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/internal/testkit/proctest"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/priority"
 	"github.com/sluicehq/sluice/store"
 )
 
-// lockedBuffer is a log's destination that goroutines share.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
-
 // aloneOn returns a limiter of limits on a lease member alone on a memory store, in
 // virtual time, holding the whole limit (the equal policy) for longer than a test runs,
 // the member, and where the limiter logs.
-func aloneOn(t *testing.T, limits sluice.Limits) (*sluice.Limiter, *clock.Virtual, *lease.Backend, *lockedBuffer) {
+func aloneOn(t *testing.T, limits sluice.Limits) (*sluice.Limiter, *clock.Virtual, *lease.Backend, *proctest.LockedBuffer) {
 	t.Helper()
 	clk := clock.NewVirtual()
 	clk.Advance(time.Second)
@@ -46,7 +31,7 @@ func aloneOn(t *testing.T, limits sluice.Limits) (*sluice.Limiter, *clock.Virtua
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &lockedBuffer{}
+	logs := &proctest.LockedBuffer{}
 	l, err := sluice.New(limits, sluice.WithBackend(be), sluice.WithClock(clk),
 		sluice.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
 	if err != nil {
