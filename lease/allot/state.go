@@ -410,7 +410,9 @@ type Request struct {
 	// sending or not at all). The store grants it only while the free capacity holds Late
 	// more than the permits (nanoseconds of the limit's tolerance: Late's worth of permits
 	// at the whole limit's rate), so that permits used up to Late after they were taken
-	// conform as those used at once do.
+	// conform as those used at once do. No member of this release sets it (its takes are
+	// not relayed: lease/relay.go); the store honours it for a member of the release
+	// before, which relays its takes at once, in a pool upgraded one member at a time.
 	Late int64 `json:"late,omitempty"`
 	// Seen is the newest version of the record the member has seen (Reply.Version) while
 	// it may still use a share leased from it, 0 otherwise: a store whose record is older,
