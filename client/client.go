@@ -57,6 +57,9 @@ type Client struct {
 	probing   atomic.Bool
 	failures  atomic.Int64
 	closed    atomic.Bool
+	// classless: the daemon refused a query's class (a release before classes): queries go
+	// without one from then on.
+	classless atomic.Bool
 }
 
 // Option configures a Client.
@@ -145,8 +148,7 @@ func (c *Client) Allow(ctx context.Context, tag string) bool {
 	if !wire.ValidTag(tag) {
 		return false // the daemon refuses such a tag
 	}
-	q := wire.Query{Tag: []byte(tag), N: 1, Priority: int8(priority.Of(ctx))}
-	resp, err := c.roundTrip(ctx, wire.AppendQuery(nil, q))
+	resp, err := c.ask(ctx, wire.Query{Tag: []byte(tag), N: 1, Priority: int8(priority.Of(ctx))})
 	if err != nil {
 		return c.failOpen
 	}
@@ -169,8 +171,7 @@ func (c *Client) Query(ctx context.Context, tag string, n int64, maxWait time.Du
 		maxWait = min(maxWait, wire.MaxWaitMs*time.Millisecond) // the protocol's bound
 		q.WaitMs = int64((maxWait + time.Millisecond - 1) / time.Millisecond)
 	}
-	line := wire.AppendQuery(nil, q)
-	resp, err := c.roundTrip(ctx, line)
+	resp, err := c.ask(ctx, q)
 	if errors.Is(err, backend.ErrClosed) {
 		return Answer{}, err
 	}
@@ -186,6 +187,25 @@ func (c *Client) Query(ctx context.Context, tag string, n int64, maxWait time.Du
 }
 
 func ms(x int64) time.Duration { return time.Duration(x) * time.Millisecond }
+
+// ask sends q, with its class unless the daemon was found not to read classes: a daemon of
+// a release before them refuses the option ("ER bad options"), and the query goes again
+// without it, as every later one does (its calls are then all standard there, as they
+// were before; upgrading the daemon and restarting the client gives them their classes).
+// Without this, an application upgraded before its daemon had every call that names a
+// class refused.
+func (c *Client) ask(ctx context.Context, q wire.Query) ([]byte, error) {
+	if q.Priority != 0 && c.classless.Load() {
+		q.Priority = 0
+	}
+	resp, err := c.roundTrip(ctx, wire.AppendQuery(nil, q))
+	if err == nil && q.Priority != 0 && bytes.HasPrefix(resp, []byte("ER bad options")) {
+		c.classless.Store(true)
+		q.Priority = 0
+		resp, err = c.roundTrip(ctx, wire.AppendQuery(nil, q))
+	}
+	return resp, err
+}
 
 // Penalize holds tag back for d at the daemon (a worker's 429 with Retry-After).
 func (c *Client) Penalize(ctx context.Context, tag string, d time.Duration) error {

@@ -417,3 +417,57 @@ func TestClassesReachTheDaemon(t *testing.T) {
 		t.Errorf("the critical caller then took %d permits, want the %d left", got, 10-flood)
 	}
 }
+
+// TestClassesToAnOlderDaemon: a daemon of a release before classes refuses the c= option
+// ("ER bad options"); the client asks again without it, and from then on sends none, so a
+// critical call is answered as a standard one was (it was refused, whatever the daemon's
+// limits).
+func TestClassesToAnOlderDaemon(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var classed atomic.Int64
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		r := bufio.NewReader(c)
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			answer := "OK\n"
+			if strings.Contains(line, "c=") {
+				classed.Add(1)
+				answer = "ER bad options: want ~OPTS TAG with OPTS such as n=5,v or w=500 or p=1000\n"
+			} else if strings.HasPrefix(line, "~") {
+				answer = "OK 0 0 0 0\n"
+			}
+			if _, err := c.Write([]byte(answer)); err != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	c := client.New(ln.Addr().String(), client.WithTimeout(2*time.Second), client.WithConns(1))
+	defer c.Close()
+	critical := priority.With(bg, priority.Critical)
+	for i := range 3 {
+		if !c.Allow(critical, "api") {
+			t.Fatalf("critical Allow %d refused by a daemon that reads no classes", i)
+		}
+	}
+	if a, err := c.Query(priority.With(bg, priority.Sheddable), "api", 1, 0); err != nil || !a.Allowed {
+		t.Fatalf("a sheddable Query: %+v, %v", a, err)
+	}
+	if n := classed.Load(); n != 1 {
+		t.Errorf("%d queries sent with a class to a daemon that refused the first; want 1", n)
+	}
+}
