@@ -314,7 +314,7 @@ func (l *Limiter) Allow(ctx context.Context, key string) bool {
 		return false
 	}
 	if sh.allower != nil && l.observer == nil && (sh.rampEnd == 0 || !sh.ramping(l.clock.Nanotime())) &&
-		l.seen.Load() == nil && priority.Of(ctx) == priority.Standard {
+		l.keepsNothing(ctx, key, sh.core) {
 		ok, err := sh.allower.AllowOne(ctx, key, sh.core[0])
 		if err != nil {
 			g, _ := l.failed(key, 1, err)

@@ -240,3 +240,38 @@ func TestFairqClassesServeHigherFirst(t *testing.T) {
 		}
 	}
 }
+
+// TestStandardFastPathStillCounts: once calls in the process name classes, a standard
+// Allow on a key no critical caller asked for takes the backend's fast path (it went the
+// long way on every key: BenchmarkLeaseAllowOneKey, impl=sluice-lease-classed), and is
+// still counted: a sheddable caller on that key then keeps its headroom (40% of the
+// burst) for it, and a standard caller on a key a critical one asked for keeps 15%.
+func TestStandardFastPathStillCounts(t *testing.T) {
+	clk := clock.NewVirtual()
+	l, err := New(MustParse("10/s burst=10"), WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	crit, shed := priority.With(bg, priority.Critical), priority.With(bg, priority.Sheddable)
+	l.Allow(crit, "other") // the process's calls name classes
+	clk.Advance(2 * time.Second)
+	if !l.Allow(bg, "api") {
+		t.Fatal("a standard Allow refused on a full burst")
+	}
+	n := 0
+	for l.Allow(shed, "api") {
+		n++
+	}
+	if n != 5 {
+		t.Errorf("sheddable took %d of the 9 permits left beside a standard caller, want 5 (4 of 10 kept)", n)
+	}
+	l.Allow(crit, "crit")
+	n = 0
+	for l.Allow(bg, "crit") {
+		n++
+	}
+	if n != 7 {
+		t.Errorf("standard took %d of the 9 permits left beside a critical caller, want 7 (2 of 10 kept)", n)
+	}
+}

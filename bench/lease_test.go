@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/priority"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/storetest"
 )
@@ -51,6 +52,15 @@ func BenchmarkLeaseAllowOneKey(b *testing.B) {
 			cpuLoop(b, func() { l.Allow(ctx, "api") })
 		})
 	}
+	// A process whose calls name classes elsewhere (one critical call on another key): a
+	// standard call on a key no critical caller asked for keeps the fast path.
+	b.Run("impl=sluice-lease-classed", func(b *testing.B) {
+		l := newLeaseMember(b, newMemStore(b), "m1", limits)
+		l.Allow(priority.With(ctx, priority.Critical), "other")
+		b.ReportAllocs()
+		b.ResetTimer()
+		cpuLoop(b, func() { l.Allow(ctx, "api") })
+	})
 	b.Run("impl=xrate", benchXrateAllow)
 }
 
