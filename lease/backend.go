@@ -49,7 +49,7 @@ type Backend struct {
 	timeout    time.Duration
 	observer   Observer
 	log        *slog.Logger
-	crowded    sync.Map // key -> struct{}: the keys warned of as shared by too many members
+	crowded    sync.Map // key, or key + "\x00central" -> struct{}: the keys warned of as shared by too many members (warnCrowded)
 
 	keys       *keytable.Table[keyRecs] // each key's records
 	wake       chan struct{}
@@ -223,8 +223,9 @@ const MaxMembers = 100
 // a permit each, so that every permit is a take of the limit's record. Each take is a
 // compare-and-set of that one record, and past this many members they collide so often
 // that the pool uses less than 0.95 of the limit (BENCHMARKS.md, "A limit decided at the
-// store": 100/s burst=20 at 150% of demand, 32 members 100 permits a second, 48 members
-// 81). The backend logs a warning, once per key, naming the strict mode.
+// store", measured on 100/s burst=20 at 150% of demand: 32 members 99 permits a second,
+// 48 members 75; a faster limit's takes collide sooner, a slower one's later). The
+// backend logs a warning, once per key, naming the strict mode.
 const MaxCentralMembers = 32
 
 // New returns a member of the limits it will be asked to decide, sharing them through
@@ -1121,15 +1122,20 @@ func (b *Backend) giveBack(takes []call, granted []int) {
 // warnCrowded says, once per key, that a limit is shared by more members than the mode
 // claims to serve.
 func (b *Backend) warnCrowded(key string, live int64, central bool) {
-	if _, dup := b.crowded.LoadOrStore(key, struct{}{}); dup {
+	central = central && live <= MaxMembers
+	once := key
+	if central {
+		once = key + "\x00central" // each warning once: a pool may grow past both
+	}
+	if _, dup := b.crowded.LoadOrStore(once, struct{}{}); dup {
 		return
 	}
 	log := b.log
 	if log == nil {
 		log = slog.Default()
 	}
-	if central && live <= MaxMembers {
-		log.Warn("lease: a limit decided at the store (more members than permits of burst) shared by more members than the lease mode claims to serve there: every permit is a take of its one record, and their takes collide; share it through the strict mode (docs/guarantees.md)",
+	if central {
+		log.Warn("lease: a limit decided at the store (too small to share out among its members) shared by more members than the lease mode claims to serve there: every permit is a take of its one record, and their takes collide; share it through the strict mode (docs/guarantees.md)",
 			"key", key, "members", live, "most", MaxCentralMembers)
 		return
 	}

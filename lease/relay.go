@@ -24,8 +24,7 @@ package lease
 // (an election's overlap) only collide on the record as members do. A request applied
 // late is one whose answer was lost, which a member already tolerates; one applied twice
 // (an allocator whose answers were lost after its record was written reads it again)
-// states again what the member holds (a take applied twice takes a permit nobody uses),
-// and the permits a request gives back, whose effect would add up, are left out of it
+// states again what the member holds, and the permits a request gives back, whose effect would add up, are left out of it
 // (postable). The allocator is chosen by a lease of its own (the ballot: a
 // holder and an end on the store's clock, claimed by compare-and-set once it has ended),
 // so a crashed allocator is replaced within a ballot's time. A request the allocator does
@@ -38,9 +37,10 @@ package lease
 // borrow (borrowsCrowded). A take is what a caller waits for, and on a limit decided at
 // the store every permit is one: relayed, a member's takes went in rounds of a tick or
 // more, the members' rounds fell into step, and each tick's takes had only the burst less
-// their lateness to share, so that 24 members used 63 permits a second of 100/s burst=20
-// and 60 members 27, where each taking the record directly used 101 and 78
-// (BenchmarkLeaseRedisCentral; MaxCentralMembers).
+// their lateness to share (a relayed take kept its lateness in the pool, so that a
+// permit used up to four ticks after it was taken still conformed), so that 24 members
+// used 65 permits a second of 100/s burst=20 and 100 members 17, where each taking the
+// record directly uses 101 and 59 (BenchmarkLeaseRedisCentral; MaxCentralMembers).
 
 import (
 	"cmp"
@@ -493,11 +493,6 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 		}
 	}
 	nbox := len(ids)
-	for _, i := range posts {
-		if calls[i].req.Nonce == 0 { // a take's: the answer names the request it answers
-			calls[i].req.Nonce = rand.Uint64() | 1
-		}
-	}
 	for _, g := range groups {
 		ballots[g.id] = len(ids)
 		ids = append(ids, ballotID(g.id))
@@ -608,7 +603,7 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 			default:
 				r.took(recOf[i], time.Duration(s.Read-s.Posted))
 				out[i] = result{rep: *s.Rep}
-				if s.Rep.Live > 0 { // a grant's: a take's answer says nothing of the members
+				if s.Rep.Live > 0 {
 					live[i] = s.Rep.Live
 				}
 			}

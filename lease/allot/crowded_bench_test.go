@@ -52,7 +52,7 @@ func BenchmarkApplyCrowded(b *testing.B) {
 		}
 	}
 	b.Run("take", ticks(func(i int, e Epoch, now int64) Request {
-		return Request{Op: OpTake, N: 1, Member: "m" + strconv.Itoa(i%n), Epoch: e, Sent: now, Nonce: uint64(i + 2), Late: 100 * ms}
+		return Request{Op: OpTake, N: 1, Member: "m" + strconv.Itoa(i%n), Epoch: e, Sent: now, Nonce: uint64(i + 2)}
 	}))
 	b.Run("renew", ticks(func(i int, e Epoch, now int64) Request {
 		return Request{Op: OpRenew, Member: "m" + strconv.Itoa(i%n), Epoch: e, Sent: now, Nonce: uint64(i + 2), Demand: RateScale}

@@ -68,10 +68,9 @@ func DecideAgainKeeping(ms []*Member, now, n, maxDelay int64, keep *[gcra.MaxLim
 }
 
 // keptShare is the share l kept for a higher class: keep of its burst left unspent
-// (gcra.Limit.Keeping). A share too small to keep a whole permit is l itself: the limit
-// as a whole kept the headroom (the limiter decided under it), and the other members'
-// shares hold it, where refusing every permit would leave this member's callers nothing
-// while a higher class is recent.
+// (gcra.Limit.Keeping). A share too small to keep a whole permit is l itself: it keeps no
+// headroom, where refusing its every permit would leave this member's lower callers
+// nothing while a higher class is recent (docs/lease.md, "Headroom for higher classes").
 func keptShare(l gcra.Limit, keep float64) gcra.Limit {
 	if k, ok := l.Keeping(keep); ok {
 		return k

@@ -404,16 +404,6 @@ type Request struct {
 	// N and MaxDelay (take, give): the permits, and how far ahead they may be booked.
 	N        int64 `json:"n"`
 	MaxDelay int64 `json:"max_delay"`
-	// Late (a take at once: MaxDelay 0): how long after the store applies the take its
-	// member may use the permits, at most (a take relayed through the limit's allocator,
-	// whose answer reaches the member a tick or two later, and is used within Late of its
-	// sending or not at all). The store grants it only while the free capacity holds Late
-	// more than the permits (nanoseconds of the limit's tolerance: Late's worth of permits
-	// at the whole limit's rate), so that permits used up to Late after they were taken
-	// conform as those used at once do. No member of this release sets it (its takes are
-	// not relayed: lease/relay.go); the store honours it for a member of the release
-	// before, which relays its takes at once, in a pool upgraded one member at a time.
-	Late int64 `json:"late,omitempty"`
 	// Seen is the newest version of the record the member has seen (Reply.Version) while
 	// it may still use a share leased from it, 0 otherwise: a store whose record is older,
 	// or missing, lost what it granted (a failover that lost writes, an old copy restored)
@@ -662,11 +652,7 @@ func (s *State) apply(now int64, cfg Config, req Request, a *applied) (Reply, er
 			return rep, nil
 		}
 		e.AliveUntil = max(e.AliveUntil, now+int64(cfg.TTL))
-		var keep int64
-		if req.MaxDelay == 0 {
-			keep = max(req.Late, 0)
-		}
-		s.take(now, req.Member, req.N, min(req.MaxDelay, int64(cfg.TTL+cfg.Grace)), int64(cfg.TTL), keep, &rep)
+		s.take(now, req.Member, req.N, min(req.MaxDelay, int64(cfg.TTL+cfg.Grace)), int64(cfg.TTL), &rep)
 		// A take keeps its member alive until it comes back (after the wait it was told)
 		// and a TTL more: members of a limit decided at the store need no heartbeat.
 		e.AliveUntil = max(e.AliveUntil, gcra.After(now+int64(cfg.TTL), rep.Wait))
@@ -1096,11 +1082,10 @@ func NewIncarnation() uint64 {
 // take takes n permits from the free capacity (a store-decided limit): at once if the pool
 // holds them, else booked for when the free rate will have refilled it, if that is within
 // maxDelay and after any penalty.
-func (s *State) take(now int64, id string, n, maxDelay, ttl, keep int64, rep *Reply) {
+func (s *State) take(now int64, id string, n, maxDelay, ttl int64, rep *Reply) {
 	free := s.capacity(now).sub(s.Committed(now))
 	need := n * s.Limit.T
-	want := gcra.AddSat(need, keep) // what the pool must hold to grant it (Request.Late)
-	if n > free.Burst || want > gcra.MulSat(free.Burst, s.Limit.T) || (want > s.Pool && free.Rate == 0) {
+	if n > free.Burst || (need > s.Pool && free.Rate == 0) {
 		// Shares still counted hold the burst or the rate: ask again when they free.
 		rep.Wait = max(s.nextFree(-1, now), int64(time.Millisecond))
 		return
@@ -1118,8 +1103,8 @@ func (s *State) take(now int64, id string, n, maxDelay, ttl, keep int64, rep *Re
 		})
 	}
 	pos := slices.IndexFunc(s.Queue, func(w Waiter) bool { return w.ID == id })
-	free0 := s.Booked <= now && s.Penalty <= now && s.Pool >= want
-	if len(s.Queue) > 0 && pos != 0 && free0 && s.Pool >= gcra.AddSat(gcra.MulSat(s.expected(now, pos)+1, need), keep) {
+	free0 := s.Booked <= now && s.Penalty <= now && s.Pool >= need
+	if len(s.Queue) > 0 && pos != 0 && free0 && s.Pool >= gcra.MulSat(s.expected(now, pos)+1, need) {
 		// The pool holds more than the waiters before this one that are still expected
 		// will take (a waiter is late by its back-off's jitter, or gone; or they were told
 		// turns at a rate that has grown since): the permit free now goes to whoever asks,
@@ -1149,7 +1134,7 @@ func (s *State) take(now int64, id string, n, maxDelay, ttl, keep int64, rep *Re
 	if pos == 0 {
 		s.Queue = s.Queue[1:] // its turn
 	}
-	if s.Booked <= now && s.Penalty <= now && s.Pool >= want {
+	if s.Booked <= now && s.Penalty <= now && s.Pool >= need {
 		s.Pool -= need
 		rep.Taken = true
 		return
@@ -1157,7 +1142,7 @@ func (s *State) take(now int64, id string, n, maxDelay, ttl, keep int64, rep *Re
 	// Booked after the permits booked before (at the free rate of now: a rate that grows
 	// later speeds up only the bookings after), and after any penalty, as gcra.Penalize
 	// holds a bucket back.
-	at := s.nextSlot(now, want, free)
+	at := s.nextSlot(now, need, free)
 	if at-now > maxDelay {
 		// Denied: the same take would be granted (booked) from at - maxDelay on, or
 		// sooner if shares still counted free. It waits first in line, and is told to

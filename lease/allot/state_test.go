@@ -3,7 +3,6 @@ package allot
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"os"
 	"reflect"
 	"testing"
@@ -673,47 +672,6 @@ func switchingToTheStore(t *testing.T) (*State, Config, func(int64, Request) Rep
 		t.Fatalf("free rate while the shares are counted: %+v, want a sliver", free)
 	}
 	return s, c, apply, reps
-}
-
-// TestTakeLeavesItsLatenessInThePool: a take at once that its member may use up to Late
-// after the store applied it (a take relayed through the limit's allocator) is granted only
-// while the pool holds Late more than its permits, so that permits used that late still
-// conform: from a full pool of 4 permits of 10/s (400 ms of tolerance), takes with Late
-// 150 ms get 2 at one instant, takes without it 4.
-func TestTakeLeavesItsLatenessInThePool(t *testing.T) {
-	granted := func(late int64) int {
-		c := cfg(Fair)
-		c.JoinWindow = 0
-		c.TTL, c.Grace = 10*time.Second, time.Second
-		s, _ := NewState(lim(10, time.Second, 4), 1, 0, 0, c)
-		apply := checkedApply(t, s, c)
-		var reps []Reply
-		for i := range 6 { // more members than permits of burst: decided at the store
-			reps = append(reps, apply(0, Request{Op: OpJoin, Member: fmt.Sprint("m", i), Demand: all}))
-		}
-		if !reps[5].Central {
-			t.Fatalf("six members on a burst of four: %+v, want the limit decided at the store", reps[5])
-		}
-		for _, at := range []int64{250 * ms, 260 * ms} { // they give up the shares they held
-			for i := range reps {
-				reps[i] = apply(at, Request{Op: OpRenew, Member: fmt.Sprint("m", i), Epoch: reps[i].Epoch, InUse: reps[i].Lease.Seq, Demand: all})
-			}
-		}
-		n := 0
-		for i := range 6 {
-			r := apply(2*sec, Request{Op: OpTake, Member: fmt.Sprint("m", i), Epoch: reps[i].Epoch, N: 1, Late: late})
-			if r.Taken {
-				n++
-			}
-		}
-		return n
-	}
-	if n := granted(0); n != 4 {
-		t.Fatalf("takes from a full pool of 4: %d granted, want 4", n)
-	}
-	if n := granted(150 * ms); n != 2 {
-		t.Fatalf("takes used up to 150 ms late from a full pool of 4 permits of 10/s: %d granted, want 2 (the pool keeps 150 ms of tolerance)", n)
-	}
 }
 
 // TestNoTurnIsSetAtARateSharesStillHold: when a limit switches to being decided at the
