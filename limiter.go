@@ -62,6 +62,9 @@ type Limiter struct {
 	seenMu      sync.Mutex // one sweep of seen at a time
 	maxSeen     int
 	board       backend.ClassBoard // the backend's board of classes across processes, if it has one (set with seen)
+	// classesOut: calls name classes, and the backend keeps their headroom itself from
+	// each call's class (backend.Capabilities.Classes): seen stays nil.
+	classesOut atomic.Bool
 }
 
 // Decision is the answer to a request for permits. Being throttled is a normal result,

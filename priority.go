@@ -247,7 +247,8 @@ func (l *Limiter) prioritize() {
 	l.seenOnce.Do(func() {
 		caps := backend.CapabilitiesOf(l.be)
 		if caps.Classes {
-			return // the backend keeps the headroom itself, from each call's class
+			l.classesOut.Store(true) // the backend keeps the headroom itself, from each call's class
+			return
 		}
 		if !caps.ByValue {
 			l.log.Warn("sluice: this backend keeps no headroom for higher priorities in decisions that do not wait; waiting rooms still serve higher classes first",

@@ -274,11 +274,15 @@ func (l *Limiter) turn(ctx context.Context, w *waiter, first bool) (r *Reservati
 func (l *Limiter) takePlace(ctx context.Context, w *waiter, rbound time.Duration, first bool) (r *Reservation, gone bool, err error) {
 	sent := l.clock.Nanotime()
 	keep, pctx := keepNone, ctx
-	if l.fairness == FairProcesses && l.seen.Load() != nil {
+	if seen := l.seen.Load() != nil; l.fairness == FairProcesses && (seen || l.classesOut.Load()) {
 		// A place in a line every process shares is of the room's highest class waiting,
 		// and keeps that class's headroom for higher ones, seen here or in other
-		// processes (keepPlace): the other processes' rooms cannot see this one's.
-		keep = keepPlace
+		// processes (keepPlace): the other processes' rooms cannot see this one's. A
+		// backend that keeps the headroom itself (Capabilities.Classes: the daemon) is
+		// told the class, and keeps it there.
+		if seen {
+			keep = keepPlace
+		}
 		w.rm.mu.Lock()
 		c, ok := w.rm.q.Highest()
 		w.rm.mu.Unlock()

@@ -471,3 +471,85 @@ func TestClassesToAnOlderDaemon(t *testing.T) {
 		t.Errorf("%d queries sent with a class to a daemon that refused the first; want 1", n)
 	}
 }
+
+// TestPlacesCarryTheRoomsHighestClass: through the daemon's client, a place the waiting
+// room takes in the daemon's line is of the room's highest class waiting, whichever
+// waiter takes it (the daemon keeps the headroom by it): a sheddable waiter that comes
+// while a critical one waits in the room asks for its place as critical. (It asked as
+// sheddable, and the daemon kept 40% of the burst from the place the room would serve to
+// the critical waiter first.)
+func TestPlacesCarryTheRoomsHighestClass(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var lines []string
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		r := bufio.NewReader(c)
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			lines = append(lines, strings.TrimSpace(line))
+			n := len(lines)
+			mu.Unlock()
+			// Each place answered after 20 ms (the room learns the round trip, and holds
+			// several places at 100/s), the first at once, the others 400 ms ahead, so
+			// that the waiters are all in the room together.
+			time.Sleep(20 * time.Millisecond)
+			answer := "OK d=0 r=0\n"
+			if n > 1 {
+				answer = "OK d=400 r=0\n"
+			}
+			if _, err := c.Write([]byte(answer)); err != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	c := client.New(ln.Addr().String(), client.WithTimeout(2*time.Second), client.WithConns(1))
+	defer c.Close()
+	l, err := sluice.New(sluice.MustParse("100/s burst=1"), sluice.WithBackend(c.Backend()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Wait(bg, "api"); err != nil { // the room learns the line's round trip
+		t.Fatal(err)
+	}
+	var done sync.WaitGroup
+	wait := func(p priority.Class) {
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			if err := l.Wait(priority.With(bg, p), "api"); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wait(priority.Sheddable)
+	time.Sleep(60 * time.Millisecond)
+	wait(priority.Critical)
+	time.Sleep(60 * time.Millisecond)
+	wait(priority.Sheddable) // the critical waiter's place is 400 ms ahead: it waits
+	done.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(lines) < 4 {
+		t.Fatalf("%d lines, want 4 places: %q", len(lines), lines)
+	}
+	if !strings.Contains(lines[3], "c=critical") {
+		t.Errorf("the place taken while a critical waiter waited went as %q, want critical (all: %q)", lines[3], lines)
+	}
+}
