@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -418,16 +419,16 @@ func TestClassesReachTheDaemon(t *testing.T) {
 	}
 }
 
-// TestClassesToAnOlderDaemon: a daemon of a release before classes refuses the c= option
-// ("ER bad options"); the client asks again without it, and from then on sends none, so a
-// critical call is answered as a standard one was (it was refused, whatever the daemon's
-// limits).
-func TestClassesToAnOlderDaemon(t *testing.T) {
+// lineDaemon is a daemon's line protocol on loopback for one connection: answer gives the
+// answer to each line (its number from 1, without its '\n'); lines returns the lines read.
+func lineDaemon(t *testing.T, answer func(n int, line string) string) (addr string, lines func() []string) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var classed atomic.Int64
+	var mu sync.Mutex
+	var got []string
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -443,20 +444,39 @@ func TestClassesToAnOlderDaemon(t *testing.T) {
 			if err != nil {
 				return
 			}
-			answer := "OK\n"
-			if strings.Contains(line, "c=") {
-				classed.Add(1)
-				answer = "ER bad options: want ~OPTS TAG with OPTS such as n=5,v or w=500 or p=1000\n"
-			} else if strings.HasPrefix(line, "~") {
-				answer = "OK 0 0 0 0\n"
-			}
-			if _, err := c.Write([]byte(answer)); err != nil {
+			line = strings.TrimSpace(line)
+			mu.Lock()
+			got = append(got, line)
+			n := len(got)
+			mu.Unlock()
+			if _, err := c.Write([]byte(answer(n, line) + "\n")); err != nil {
 				return
 			}
 		}
 	}()
 	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	c := client.New(ln.Addr().String(), client.WithTimeout(2*time.Second), client.WithConns(1))
+	return ln.Addr().String(), func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(got)
+	}
+}
+
+// TestClassesToAnOlderDaemon: a daemon of a release before classes refuses the c= option
+// ("ER bad options"); the client asks again without it, and from then on sends none, so a
+// critical call is answered as a standard one was (it was refused, whatever the daemon's
+// limits).
+func TestClassesToAnOlderDaemon(t *testing.T) {
+	addr, lines := lineDaemon(t, func(_ int, line string) string {
+		switch {
+		case strings.Contains(line, "c="):
+			return "ER bad options: want ~OPTS TAG with OPTS such as n=5,v or w=500 or p=1000"
+		case strings.HasPrefix(line, "~"):
+			return "OK 0 0 0 0"
+		}
+		return "OK"
+	})
+	c := client.New(addr, client.WithTimeout(2*time.Second), client.WithConns(1))
 	defer c.Close()
 	critical := priority.With(bg, priority.Critical)
 	for i := range 3 {
@@ -467,8 +487,14 @@ func TestClassesToAnOlderDaemon(t *testing.T) {
 	if a, err := c.Query(priority.With(bg, priority.Sheddable), "api", 1, 0); err != nil || !a.Allowed {
 		t.Fatalf("a sheddable Query: %+v, %v", a, err)
 	}
-	if n := classed.Load(); n != 1 {
-		t.Errorf("%d queries sent with a class to a daemon that refused the first; want 1", n)
+	classed := 0
+	for _, l := range lines() {
+		if strings.Contains(l, "c=") {
+			classed++
+		}
+	}
+	if classed != 1 {
+		t.Errorf("%d queries sent with a class to a daemon that refused the first; want 1 (%q)", classed, lines())
 	}
 }
 
@@ -479,46 +505,17 @@ func TestClassesToAnOlderDaemon(t *testing.T) {
 // sheddable, and the daemon kept 40% of the burst from the place the room would serve to
 // the critical waiter first.)
 func TestPlacesCarryTheRoomsHighestClass(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var lines []string
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		c, err := ln.Accept()
-		if err != nil {
-			return
+	// Each place answered after 20 ms (the room learns the round trip, and holds several
+	// places at 100/s), the first at once, the others 400 ms ahead, so that the waiters
+	// are all in the room together.
+	addr, got := lineDaemon(t, func(n int, _ string) string {
+		time.Sleep(20 * time.Millisecond)
+		if n > 1 {
+			return "OK d=400 r=0"
 		}
-		defer c.Close()
-		r := bufio.NewReader(c)
-		for {
-			line, err := r.ReadString('\n')
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			lines = append(lines, strings.TrimSpace(line))
-			n := len(lines)
-			mu.Unlock()
-			// Each place answered after 20 ms (the room learns the round trip, and holds
-			// several places at 100/s), the first at once, the others 400 ms ahead, so
-			// that the waiters are all in the room together.
-			time.Sleep(20 * time.Millisecond)
-			answer := "OK d=0 r=0\n"
-			if n > 1 {
-				answer = "OK d=400 r=0\n"
-			}
-			if _, err := c.Write([]byte(answer)); err != nil {
-				return
-			}
-		}
-	}()
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	c := client.New(ln.Addr().String(), client.WithTimeout(2*time.Second), client.WithConns(1))
+		return "OK d=0 r=0"
+	})
+	c := client.New(addr, client.WithTimeout(2*time.Second), client.WithConns(1))
 	defer c.Close()
 	l, err := sluice.New(sluice.MustParse("100/s burst=1"), sluice.WithBackend(c.Backend()))
 	if err != nil {
@@ -544,8 +541,7 @@ func TestPlacesCarryTheRoomsHighestClass(t *testing.T) {
 	time.Sleep(60 * time.Millisecond)
 	wait(priority.Sheddable) // the critical waiter's place is 400 ms ahead: it waits
 	done.Wait()
-	mu.Lock()
-	defer mu.Unlock()
+	lines := got()
 	if len(lines) < 4 {
 		t.Fatalf("%d lines, want 4 places: %q", len(lines), lines)
 	}

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/gcra"
 )
 
 // crowded returns the record of 2000/s burst=400 shared by n members that each want all
@@ -75,19 +77,8 @@ func BenchmarkApplyCrowded(b *testing.B) {
 // an instant whose takes have already dropped the others.
 func TestLongLineOfWaiters(t *testing.T) {
 	c := cfg(Fair)
-	s, err := NewState(lim(10, time.Second, 1), 1, 0, 0, c)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const n = 2 * pruneFrom
-	eps := make([]Epoch, n)
-	for i := range n {
-		rep, err := s.Apply(0, c, Request{Op: OpJoin, Member: fmt.Sprintf("m%02d", i), Nonce: 1, Demand: RateScale})
-		if err != nil {
-			t.Fatal(err)
-		}
-		eps[i] = rep.Epoch
-	}
+	s, eps := joinedState(t, lim(10, time.Second, 1), c, n)
 	take := func(at int64, i int) Reply {
 		rep, err := s.Apply(at, c, Request{Op: OpTake, N: 1, Member: fmt.Sprintf("m%02d", i), Epoch: eps[i], Sent: at, Nonce: uint64(at) + 2, MaxDelay: ms})
 		if err != nil {
@@ -97,11 +88,7 @@ func TestLongLineOfWaiters(t *testing.T) {
 	}
 	t0 := 5 * sec                                 // long after the first joiner's share has ended and passed its quarantine
 	for at := 500 * ms; at < t0; at += 500 * ms { // renewals keep them live
-		for i := range n {
-			if _, err := s.Apply(at, c, Request{Op: OpRenew, Member: fmt.Sprintf("m%02d", i), Epoch: eps[i], Sent: at, Nonce: uint64(at), Demand: RateScale}); err != nil {
-				t.Fatal(err)
-			}
-		}
+		renewAll(t, s, c, eps, at)
 	}
 	for i := range n {
 		take(t0, i)
@@ -130,28 +117,9 @@ func TestLongLineOfWaiters(t *testing.T) {
 // 3.3 permits a second of 10 through a real Redis, BenchmarkLeaseRedisCentral.)
 func TestTakesAtOnceUseTheRate(t *testing.T) {
 	c := cfg(Fair)
-	s, err := NewState(lim(10, time.Second, 5), 1, 0, 0, c)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const n = 24
-	eps := make([]Epoch, n)
-	for i := range n {
-		rep, err := s.Apply(0, c, Request{Op: OpJoin, Member: fmt.Sprintf("m%02d", i), Nonce: 1, Demand: RateScale})
-		if err != nil {
-			t.Fatal(err)
-		}
-		eps[i] = rep.Epoch
-	}
-	renew := func(at int64) {
-		for i := range n {
-			rep, err := s.Apply(at, c, Request{Op: OpRenew, Member: fmt.Sprintf("m%02d", i), Epoch: eps[i], Sent: at, Nonce: uint64(at), Demand: RateScale})
-			if err != nil {
-				t.Fatal(err)
-			}
-			eps[i] = rep.Epoch
-		}
-	}
+	s, eps := joinedState(t, lim(10, time.Second, 5), c, n)
+	renew := func(at int64) { renewAll(t, s, c, eps, at) }
 	t0 := 5 * sec
 	for at := 250 * ms; at < t0; at += 250 * ms {
 		renew(at)
@@ -176,5 +144,36 @@ func TestTakesAtOnceUseTheRate(t *testing.T) {
 	}
 	if rate := float64(taken) / float64(d/sec); rate < 9.5 {
 		t.Errorf("%d takes at once of %d asked in %v: %.2f a second, want at least 9.5 of the limit's 10 (line: %d waiters)", taken, asked, time.Duration(d), rate, len(s.Queue))
+	}
+}
+
+// joinedState returns a record of l with n members, m00 on, joined at 0 wanting all they
+// can get, and their epochs.
+func joinedState(t *testing.T, l gcra.Limit, c Config, n int) (*State, []Epoch) {
+	t.Helper()
+	s, err := NewState(l, 1, 0, 0, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := make([]Epoch, n)
+	for i := range n {
+		rep, err := s.Apply(0, c, Request{Op: OpJoin, Member: fmt.Sprintf("m%02d", i), Nonce: 1, Demand: RateScale})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eps[i] = rep.Epoch
+	}
+	return s, eps
+}
+
+// renewAll renews every member of eps at at, wanting all it can get, and keeps its epoch.
+func renewAll(t *testing.T, s *State, c Config, eps []Epoch, at int64) {
+	t.Helper()
+	for i := range eps {
+		rep, err := s.Apply(at, c, Request{Op: OpRenew, Member: fmt.Sprintf("m%02d", i), Epoch: eps[i], Sent: at, Nonce: uint64(at), Demand: RateScale})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eps[i] = rep.Epoch
 	}
 }
