@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -45,11 +46,11 @@ type countedStore interface {
 
 // runLeaseOnRedis runs members lease members through one Redis (see runLease), each
 // member with its own Redis store (store/redis) on one shared client and connection pool.
-func runLeaseOnRedis(b *testing.B, addr string, members int, renew time.Duration, cfg lease.Config, limits sluice.Limits, keys []string, pace float64, d time.Duration) leaseRun {
+func runLeaseOnRedis(b *testing.B, addr string, members int, renew time.Duration, cfg lease.Config, limits sluice.Limits, keys []string, pace float64, d time.Duration, poisson ...bool) leaseRun {
 	client := goredis.NewClient(&goredis.Options{Addr: addr, PoolSize: 64})
 	defer client.Close()
 	client.FlushAll(ctx)
-	run := runLease(b, func() countedStore { return redisstore.New(client) }, members, renew, cfg, limits, keys, pace, d)
+	run := runLease(b, func() countedStore { return redisstore.New(client) }, members, renew, cfg, limits, keys, pace, d, poisson...)
 	// The size of one record as it is stored.
 	if ks, err := client.Keys(ctx, "*").Result(); err == nil {
 		for _, k := range ks {
@@ -66,7 +67,13 @@ func runLeaseOnRedis(b *testing.B, addr string, members int, renew time.Duration
 // rounds), on the limits, each key in keys asked for by every member at pace decisions a
 // second each, for d after every member holds its shares, and reports the stores' costs
 // over that time.
-func runLease(b *testing.B, newStore func() countedStore, members int, renew time.Duration, cfg lease.Config, limits sluice.Limits, keys []string, pace float64, d time.Duration) leaseRun {
+//
+// poisson (optional, false by default): each member asks at Poisson times of its own at
+// pace, rather than at evenly spaced instants, which members started together keep in
+// step: at a slow limit (under a permit a second a member) they all ask at once, and a
+// pool's burst, not its rate, bounds what any throttle could grant them.
+func runLease(b *testing.B, newStore func() countedStore, members int, renew time.Duration, cfg lease.Config, limits sluice.Limits, keys []string, pace float64, d time.Duration, poisson ...bool) leaseRun {
+	atRandom := len(poisson) > 0 && poisson[0]
 	var stores []countedStore
 	var conflicts []*storetest.Conflicts
 	for range members {
@@ -131,7 +138,7 @@ func runLease(b *testing.B, newStore func() countedStore, members int, renew tim
 	var measuring atomic.Bool
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	for _, l := range ls {
+	for m, l := range ls {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -140,6 +147,8 @@ func runLease(b *testing.B, newStore func() countedStore, members int, renew tim
 			t := time.NewTicker(10 * time.Millisecond)
 			defer t.Stop()
 			start, done := time.Now(), 0
+			rng := rand.New(rand.NewPCG(uint64(m), 1))
+			next := rng.ExpFloat64() / pace // seconds from start of the next ask (poisson)
 			for {
 				select {
 				case <-stop:
@@ -147,6 +156,11 @@ func runLease(b *testing.B, newStore func() countedStore, members int, renew tim
 				case <-t.C:
 				}
 				due := int(time.Since(start).Seconds() * pace)
+				if atRandom {
+					for due = done; next <= time.Since(start).Seconds(); next += rng.ExpFloat64() / pace {
+						due++
+					}
+				}
 				for ; done < due; done++ {
 					for _, k := range keys {
 						ok := l.Allow(ctx, k)
@@ -237,18 +251,21 @@ func BenchmarkLeaseRedisMembers(b *testing.B) {
 	}
 }
 
-// BenchmarkLeaseRedisCentral: a limit with more members than permits of burst
-// (100/s burst=20) is decided at the store, every permit a take of its one record; its
-// members ask 150% of it (Allow). The lease mode claims such a limit up to
-// lease.MaxCentralMembers members.
+// BenchmarkLeaseRedisCentral: a limit with more members than permits of burst (100/s
+// burst=20, 10/s burst=5) is decided at the store, every permit a take of its one record;
+// its members ask 150% of it (Allow) at Poisson times.
 func BenchmarkLeaseRedisCentral(b *testing.B) {
 	addr := startRedis(b)
-	limits := sluice.Limits{{Rate: 100, Period: time.Second, Burst: 20}}
-	for _, members := range []int{8, 24, 32, 48, 100} {
-		b.Run(fmt.Sprintf("members=%d", members), func(b *testing.B) {
+	for _, tc := range []struct {
+		rate, burst int64
+		members     int
+	}{{100, 20, 8}, {100, 20, 24}, {100, 20, 32}, {100, 20, 48}, {100, 20, 100}, {10, 5, 8}, {10, 5, 24}, {10, 5, 32}} {
+		limits := sluice.Limits{{Rate: tc.rate, Period: time.Second, Burst: tc.burst}}
+		members := tc.members
+		b.Run(fmt.Sprintf("rate=%d/members=%d", tc.rate, members), func(b *testing.B) {
 			var total leaseRun
 			for range b.N {
-				total = total.add(runLeaseOnRedis(b, addr, members, lease.DefaultMemberConfig().RenewEvery, lease.DefaultConfig(), limits, []string{"api"}, 1.5*100/float64(members), 3*time.Second))
+				total = total.add(runLeaseOnRedis(b, addr, members, lease.DefaultMemberConfig().RenewEvery, lease.DefaultConfig(), limits, []string{"api"}, 1.5*float64(tc.rate)/float64(members), 3*time.Second, true))
 			}
 			total.report(b, members)
 		})

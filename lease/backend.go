@@ -49,7 +49,7 @@ type Backend struct {
 	timeout    time.Duration
 	observer   Observer
 	log        *slog.Logger
-	crowded    sync.Map // key, or key + "\x00central" -> struct{}: the keys warned of as shared by too many members (warnCrowded)
+	crowded    sync.Map // key -> struct{}: the keys warned of as shared by too many members (warnCrowded)
 
 	keys       *keytable.Table[keyRecs] // each key's records
 	wake       chan struct{}
@@ -217,16 +217,6 @@ func WithLogger(l *slog.Logger) Option { return optionFunc(func(b *Backend) { b.
 // holds more, naming the strict mode, which decides each permit in the store whatever the
 // pool.
 const MaxMembers = 100
-
-// MaxCentralMembers is the most members the lease mode claims to serve on a limit decided
-// at the store: one with more members than permits of burst, where a share could not hold
-// a permit each, so that every permit is a take of the limit's record. Each take is a
-// compare-and-set of that one record, and past this many members they collide so often
-// that the pool uses less than 0.95 of the limit (BENCHMARKS.md, "A limit decided at the
-// store", measured on 100/s burst=20 at 150% of demand: 32 members 99 permits a second,
-// 48 members 75; a faster limit's takes collide sooner, a slower one's later). The
-// backend logs a warning, once per key, naming the strict mode.
-const MaxCentralMembers = 32
 
 // New returns a member of the limits it will be asked to decide, sharing them through
 // store, and starts its renewal goroutine. Close it to hand its shares back.
@@ -936,7 +926,6 @@ func (b *Backend) round() int64 {
 			at := b.clock.Nanotime() // read under the lock: every decision on the record before it was on the old lease
 			p.r.m.Receive(at, p.nonce, rep, e)
 			live := p.r.m.Live()
-			central := p.r.m.Central()
 			changed := p.r.changed // nil if nobody waits
 			p.r.changed = nil
 			var st Status
@@ -948,8 +937,8 @@ func (b *Backend) round() int64 {
 			if b.observer != nil {
 				b.observer.ObserveLease(st) // before the waiters wake: they see it observed
 			}
-			if live > MaxMembers || (central && live > MaxCentralMembers) {
-				b.warnCrowded(p.r.key, live, central)
+			if live > MaxMembers {
+				b.warnCrowded(p.r.key, live)
 			}
 			if changed != nil {
 				close(changed)
@@ -1121,23 +1110,13 @@ func (b *Backend) giveBack(takes []call, granted []int) {
 
 // warnCrowded says, once per key, that a limit is shared by more members than the mode
 // claims to serve.
-func (b *Backend) warnCrowded(key string, live int64, central bool) {
-	central = central && live <= MaxMembers
-	once := key
-	if central {
-		once = key + "\x00central" // each warning once: a pool may grow past both
-	}
-	if _, dup := b.crowded.LoadOrStore(once, struct{}{}); dup {
+func (b *Backend) warnCrowded(key string, live int64) {
+	if _, dup := b.crowded.LoadOrStore(key, struct{}{}); dup {
 		return
 	}
 	log := b.log
 	if log == nil {
 		log = slog.Default()
-	}
-	if central {
-		log.Warn("lease: a limit decided at the store (too small to share out among its members) shared by more members than the lease mode claims to serve there: every permit is a take of its one record, and their takes collide; share it through the strict mode (docs/guarantees.md)",
-			"key", key, "members", live, "most", MaxCentralMembers)
-		return
 	}
 	log.Warn("lease: a limit shared by more members than the lease mode claims to serve: their renewals go through one allocator, but decisions taken at the store collide on its one record; share it through the strict mode (docs/guarantees.md)",
 		"key", key, "members", live, "most", MaxMembers)

@@ -594,44 +594,6 @@ func (c *crowd) allow(b *Backend) {
 	}
 }
 
-// TestWarnsOfACrowdedCentralLimit: a limit with more members than permits of burst is
-// decided at the store, a take of its record per permit, which collide past
-// MaxCentralMembers (BENCHMARKS.md, "A limit decided at the store"); one with more is
-// logged once, naming the strict mode, well before MaxMembers.
-func TestWarnsOfACrowdedCentralLimit(t *testing.T) {
-	var logs proctest.LockedBuffer
-	watch := slog.New(slog.NewTextHandler(&logs, nil))
-	c := newCrowd(t, lim(100, time.Second, 20))
-	c.join(MaxCentralMembers, watch)
-	if strings.Contains(logs.String(), "claims to serve") {
-		t.Fatalf("a limit decided at the store with %d members was logged: %q", MaxCentralMembers, logs.String())
-	}
-	c.join(1, watch)
-	for i := 0; i < 8 && !strings.Contains(logs.String(), "decided at the store"); i++ {
-		for _, b := range c.members { // each hears of the crowd at its next renewal
-			c.allow(b)
-		}
-		c.clk.Advance(DefaultMemberConfig().RenewEvery)
-	}
-	for range 4 { // more renewals: each member logs it once at most
-		for _, b := range c.members {
-			c.allow(b)
-		}
-		c.clk.Advance(DefaultMemberConfig().RenewEvery)
-	}
-	if n := strings.Count(logs.String(), "decided at the store"); n > len(c.members) || !strings.Contains(logs.String(), "strict mode") {
-		t.Fatalf("a limit decided at the store with %d members was logged %d times: %q", len(c.members), n, logs.String())
-	}
-	for _, b := range c.members {
-		b.crowded.Range(func(k, _ any) bool {
-			if k != "k\x00central" {
-				t.Errorf("warned of %q", k)
-			}
-			return true
-		})
-	}
-}
-
 // TestWarnsOfACrowdedLimit: a limit whose record holds more members than the mode
 // serves (MaxMembers) is logged once, naming the strict mode; one within it is not.
 func TestWarnsOfACrowdedLimit(t *testing.T) {

@@ -172,11 +172,10 @@ func modeClaim(mode string) string {
 	case "lease":
 		return "Decisions in process on shares leased from a store: no violation, the shares follow the members' demands " +
 			"(max-min fair), and what the shares leave free is borrowed at once; it fails closed past its lease's grace " +
-			"while its store is unreachable. Its envelope is at most 100 members on one limit (`lease.MaxMembers`), and at most 32 " +
-			"on a limit with more members than permits of burst (`lease.MaxCentralMembers`: decided at the store, every permit a " +
-			"take of the limit's one record): past them, the members' writes to that record collide on a real store (which the " +
-			"simulator's does not show: past sixteen members their renewals go through one allocator, the relay of docs/lease.md, " +
-			"which does not keep up with a thousand; takes go to the record directly), and the backend logs a warning naming the strict mode."
+			"while its store is unreachable. Its envelope is at most 100 members on one limit (`lease.MaxMembers`): past it, " +
+			"the members' writes to the limit's one record collide on a real store (which the simulator's does not show: past " +
+			"sixteen members their renewals go through one allocator, the relay of docs/lease.md, which does not keep up with a " +
+			"thousand; takes go to the record directly), and the backend logs a warning naming the strict mode."
 	case "gossip":
 		return "Peer daemons with no store: a small limit decided exactly at its key's owner (the others forward to it), a large one by shares with hit counts exchanged: 429s within the bound of docs/gossip.md."
 	case "adaptive":

@@ -522,12 +522,6 @@ func envelope(mode string, s MatrixShape, members int, sc *Scenario) (bool, stri
 			// strict.
 			return false, fmt.Sprintf("the lease mode claims %d members on one limit: a larger pool's writes to its one record collide on a real store (the backend warns, naming strict)", lease.MaxMembers)
 		}
-		if sc != nil && members > lease.MaxCentralMembers && int64(members) > minBurst(sc.Limit.Limits) {
-			// More members than permits of burst: the limit is decided at the store, every
-			// permit a take of its one record, and past this many the takes collide on a
-			// real store (BENCHMARKS.md, "A limit decided at the store").
-			return false, fmt.Sprintf("the lease mode claims %d members on a limit decided at the store (more members than permits of burst): a larger pool's takes collide on its one record on a real store (the backend warns, naming strict)", lease.MaxCentralMembers)
-		}
 	case adaptivePrefix:
 		if s, ok, _ := parseAdaptive(mode); ok && s != adaptive.Sluice {
 			return false, "a published design the adaptive mode's default strategy is measured against (docs/adaptive.md), reported beside it: it claims nothing"
