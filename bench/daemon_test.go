@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"slices"
@@ -23,6 +22,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/internal/testkit/daemontest"
 	"github.com/sluicehq/sluice/internal/testkit/proctest"
 	"github.com/sluicehq/sluice/server"
 )
@@ -39,20 +39,12 @@ func startSluice(b *testing.B, be ...backend.Backend) *server.Server {
 	r, _ := server.ParseRuleFlag("t-*=1000000000/s burst=1000", false)
 	e, _ := server.ParseRuleFlag("bench/*=1000000000/s burst=1000", false) // Envoy's descriptors: bench/k=...
 	cfg.Rules = []server.Rule{r, e}
-	opts := []server.Option{server.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}
+	var opts []server.Option
 	if len(be) > 0 {
 		cfg.Backend = "gossip"
 		opts = append(opts, server.WithBackend(be[0]))
 	}
-	s, err := server.New(cfg, opts...)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := s.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { s.Shutdown(context.Background()) })
-	return s
+	return daemontest.Start(b, cfg, opts...)
 }
 
 var (

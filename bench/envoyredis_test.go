@@ -3,8 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -14,6 +12,7 @@ import (
 	rls "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/testkit/daemontest"
 	"github.com/sluicehq/sluice/server"
 	"github.com/sluicehq/sluice/strict"
 )
@@ -31,15 +30,7 @@ func startStrictSluice(b *testing.B, addr string) *server.Server {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { be.Close() })
-	s, err := server.New(cfg, server.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))), server.WithBackend(be))
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := s.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { s.Shutdown(context.Background()) })
-	return s
+	return daemontest.Start(b, cfg, server.WithBackend(be))
 }
 
 // redisScriptStats reports Redis' own time per decision (INFO commandstats) between two

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -14,6 +13,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/sluicehq/sluice/clock"
+	"github.com/sluicehq/sluice/internal/testkit/daemontest"
 	"github.com/sluicehq/sluice/internal/testkit/proctest"
 	"github.com/sluicehq/sluice/server"
 )
@@ -243,7 +243,7 @@ func TestCheckSaysWhatDecided(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		opts := []server.Option{server.WithLogger(slog.New(slog.DiscardHandler))}
+		var opts []server.Option
 		if cfg.Backend == "strict" {
 			b, err := serveBackend(cfg, clock.Default, slog.New(slog.DiscardHandler))
 			if err != nil {
@@ -252,15 +252,7 @@ func TestCheckSaysWhatDecided(t *testing.T) {
 			t.Cleanup(func() { b.Close() })
 			opts = append(opts, server.WithBackend(b))
 		}
-		srv, err := server.New(cfg, opts...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := srv.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { srv.Shutdown(context.Background()) })
-		return srv.LineAddr().String()
+		return daemontest.Start(t, cfg, opts...).LineAddr().String()
 	}
 	const rules = "listen_line: 127.0.0.1:0\nlisten_http: ''\nrules:\n  - {match: api, limit: 10/s}\n  - {match: bad, deny: true}\n  - {match: free, unlimited: true}\n"
 	addr := start(rules)
