@@ -164,25 +164,22 @@ func (l *Limiter) classEntry(seen *keytable.Table[classSeen], key string, now in
 // the backend's fast path (backend.Allower), which keeps none: a standard call while no
 // call in the process named a class; or, once one did, a standard call on a key no
 // critical caller asked for recently, on a backend with no board of classes to read or
-// post (it is recorded as keepFor records it). Every standard call of a process whose
+// post, as keepFor finds it (which records the call). Every standard call of a process whose
 // calls name classes went the long way, on any key: seven to nine times as long in the
 // lease mode (BenchmarkLeaseAllowOneKey, impl=sluice-lease-classed).
 func (l *Limiter) keepsNothing(ctx context.Context, key string, core []gcra.Limit) bool {
 	if priority.Of(ctx) != priority.Standard {
 		return false
 	}
-	seen := l.seen.Load()
-	if seen == nil {
+	if l.seen.Load() == nil {
 		return true
 	}
 	if l.board != nil {
 		return false
 	}
-	now := l.clock.Nanotime()
-	e := l.classEntry(seen, key, now)
-	e.Val.standard.Store(now + 1)
-	c := e.Val.critical.Load() - 1
-	return c < 0 || now-c >= recentFor(core)
+	var buf [gcra.MaxLimits]gcra.Limit
+	ls, ok, _ := l.keepFor(ctx, priority.Standard, key, core, l.clock.Nanotime(), keepAll, &buf)
+	return ok && &ls[0] == &core[0] // keepFor kept nothing
 }
 
 // post posts class p's ask for key on the backend's board (backend.ClassBoard), unless it
