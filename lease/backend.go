@@ -179,7 +179,7 @@ func WithRenewEvery(d time.Duration) Option {
 }
 
 // WithRelayAbove sets the number of live members past which this member relays a limit's
-// renewals and takes through the limit's allocator (default 16, allot.CrowdedAbove;
+// renewals through the limit's allocator (default 16, allot.CrowdedAbove;
 // docs/lease.md, "Crowded limits: the relay"). It is for tests that reach the relay with
 // a few members (the robustness suite); the members of a limit should agree on it. Set,
 // the relay runs on any clock (otherwise only on the real one), which must then pass in

@@ -24,10 +24,10 @@ package lease
 // (an election's overlap) only collide on the record as members do. A request applied
 // late is one whose answer was lost, which a member already tolerates; one applied twice
 // (an allocator whose answers were lost after its record was written reads it again)
-// states again what the member holds, and the permits a request gives back, whose effect would add up, are left out of it
-// (postable). The allocator is chosen by a lease of its own (the ballot: a
-// holder and an end on the store's clock, claimed by compare-and-set once it has ended),
-// so a crashed allocator is replaced within a ballot's time. A request the allocator does
+// states again what the member holds, and the permits a request gives back, whose effect
+// would add up, are left out of it (postable). The allocator is chosen by a lease of its
+// own (the ballot: a holder and an end on the store's clock, claimed by compare-and-set
+// once it has ended), so a crashed allocator is replaced within a ballot's time. A request the allocator does
 // not answer in time fails as one the store did not answer, and after missesBeforeDirect
 // of them, while no allocator holds the ballot, the member's next request goes to the
 // record directly (so a pool without an allocator still renews, at the cost of the

@@ -99,10 +99,7 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short in
 		switch {
 		case cfg.Policy == Equal || d > 0:
 			wanting = append(wanting, i)
-			if d >= RateScale {
-				d = 2 * RateScale
-			}
-			asked += min(d, 2*RateScale)
+			asked += asking(d)
 			critical = critical || e.Critical > 0
 			lent += s.criticalBorrowed(min(e.Critical, e.Demand))
 		case d == 0 && e.Lease.Share.Parked():
@@ -426,6 +423,16 @@ func reserveFor(capa, asked int64) int64 {
 	return r
 }
 
+// asking is what a member reporting demand d (parts of RateScale) counts for in what the
+// members ask in all: its demand, and one that asks for as much as it can get (RateScale)
+// twice the limit, more than any reserve allows.
+func asking(d int64) int64 {
+	if d >= RateScale {
+		return 2 * RateScale
+	}
+	return d
+}
+
 // poolable reports whether a burst leaves enough beyond the first permit of each of
 // holders to pool: with less, a reserve's rate would refill a pool of a permit or two,
 // and mostly go unused.
@@ -490,11 +497,7 @@ func (s *State) criticalFloor(now int64, cfg Config, i int, committed Share) int
 			continue
 		}
 		holders++
-		d := e.Demand
-		if d >= RateScale {
-			d = 2 * RateScale
-		}
-		asked += d
+		asked += asking(e.Demand)
 		lent += s.criticalBorrowed(min(e.Critical, e.Demand))
 	}
 	capa := s.capacity(now)

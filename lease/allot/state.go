@@ -1087,10 +1087,9 @@ func NewIncarnation() uint64 {
 // the store's line. A place is a waiter expected back at its turn, and the permits free
 // then are kept for it; a caller that does not wait comes back at its own pace, if at all,
 // and with more of them in line than the burst holds permits, every take behind them was
-// refused while the pool refilled and overflowed: 24 members of 10/s burst=5 asking 150%
-// of it through Allow used 3.3 permits a second through a real Redis
-// (BenchmarkLeaseRedisCentral), 8.25 in TestTakesAtOnceUseTheRate. Such takes compete as
-// they come, as in the strict mode; the callers that wait keep their places.
+// refused while the pool refilled and overflowed (TestTakesAtOnceUseTheRate: 24 members of
+// 10/s burst=5 asking 150% of it through Allow, 8.25 permits a second). Such takes compete
+// as they come, as in the strict mode; the callers that wait keep their places.
 func (s *State) take(now int64, id string, n, maxDelay, ttl int64, rep *Reply) {
 	free := s.capacity(now).sub(s.Committed(now))
 	need := n * s.Limit.T
@@ -1101,9 +1100,8 @@ func (s *State) take(now int64, id string, n, maxDelay, ttl int64, rep *Reply) {
 	}
 	// Waiters that left, or did not come back in time, lose their place: once an instant
 	// (a look-up of every waiter among the members, the take's whole cost on a line of a
-	// thousand; an allocator applies a tick's takes at one instant, and a waiter that
-	// leaves within it keeps its place until the next, which only holds the takes behind
-	// it back).
+	// thousand; a waiter that leaves within an instant of takes keeps its place until the
+	// next, which only holds the takes behind it back).
 	if s.prunedAt != now || len(s.Queue) < pruneFrom {
 		s.prunedAt = now
 		s.Queue = slices.DeleteFunc(s.Queue, func(w Waiter) bool {
