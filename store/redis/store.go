@@ -21,9 +21,14 @@ var loadSource string
 //go:embed swap.lua
 var swapSource string
 
+//go:embed bucket.lua
+var bucketSource string
+
 var (
-	loadScript = goredis.NewScript(loadSource)
-	swapScript = goredis.NewScript(swapSource)
+	loadScript   = goredis.NewScript(loadSource)
+	swapScript   = goredis.NewScript(swapSource)
+	bucketScript = goredis.NewScript(bucketSource)
+	scripts      = []*goredis.Script{loadScript, swapScript, bucketScript}
 )
 
 // Store keeps the lease records in Redis: each record under its own key (a string
@@ -57,7 +62,10 @@ type Store struct {
 	bytesOut     atomic.Int64
 }
 
-var _ store.Store = (*Store)(nil)
+var (
+	_ store.Store   = (*Store)(nil)
+	_ store.Buckets = (*Store)(nil)
+)
 
 // metaKeepMs is how long the meta key outlives the store's last read (load.lua): a day.
 // A store nobody read for a day is marked anew at its next read, and fences its records
@@ -235,6 +243,35 @@ func (s *Store) Swap(ctx context.Context, writes []store.Write) ([]uint64, error
 	return out, nil
 }
 
+// Bucket applies op to the bucket id in one script call (store.Buckets): no
+// compare-and-set, so the members of a crowded limit never collide on it.
+func (s *Store) Bucket(ctx context.Context, id string, op store.BucketOp) (store.BucketResult, error) {
+	s.swaps.Add(1)
+	charge := "0"
+	if op.Charge {
+		charge = "1"
+	}
+	var cmd *goredis.Cmd
+	err := s.run(ctx, bucketScript, func(p goredis.Pipeliner) {
+		cmd = bucketScript.EvalSha(ctx, p, []string{s.prefix + id}, s.nowArg(), op.Start, op.T, op.Tau, op.N, op.MaxDelay, charge, op.Until,
+			store.BucketKeep.Milliseconds())
+	})
+	if err != nil {
+		if cmd != nil && cmd.Err() != nil && strings.Contains(cmd.Err().Error(), "bad record") {
+			return store.BucketResult{}, fmt.Errorf("%w: lease store: %s", store.ErrBadRecord, s.prefix+id)
+		}
+		return store.BucketResult{}, err
+	}
+	arr, err := cmd.Int64Slice()
+	if err != nil {
+		return store.BucketResult{}, s.failed(err)
+	}
+	if len(arr) != 4 {
+		return store.BucketResult{}, fmt.Errorf("%w: lease store: a bucket's answer of %d values", backend.ErrUnavailable, len(arr))
+	}
+	return store.BucketResult{Taken: arr[0] == 1, Wait: arr[1], Now: arr[2]*1e6 + arr[3]}, nil
+}
+
 // run sends the commands fill adds to a pipeline, loading the script first if Redis does
 // not know it (a restarted Redis, a new node) and sending them again.
 func (s *Store) run(ctx context.Context, script *goredis.Script, fill func(goredis.Pipeliner)) error {
@@ -255,10 +292,10 @@ func (s *Store) run(ctx context.Context, script *goredis.Script, fill func(gored
 	}
 }
 
-// loadScripts loads both scripts, on every master of a cluster.
+// loadScripts loads the scripts, on every master of a cluster.
 func (s *Store) loadScripts(ctx context.Context) error {
 	load := func(ctx context.Context, c *goredis.Client) error {
-		for _, sc := range []*goredis.Script{loadScript, swapScript} {
+		for _, sc := range scripts {
 			if err := sc.Load(ctx, c).Err(); err != nil {
 				return err
 			}
@@ -269,7 +306,7 @@ func (s *Store) loadScripts(ctx context.Context) error {
 	case *goredis.ClusterClient:
 		return c.ForEachMaster(ctx, load)
 	default:
-		for _, sc := range []*goredis.Script{loadScript, swapScript} {
+		for _, sc := range scripts {
 			if err := sc.Load(ctx, s.client).Err(); err != nil {
 				return err
 			}

@@ -165,4 +165,95 @@ func Run(t *testing.T, f Factory) {
 			t.Fatalf("since %d after a wipe between %d and %d: the store did not begin a new incarnation", after.Since, before.Now, after.Now)
 		}
 	})
+
+	t.Run("Buckets", func(t *testing.T) {
+		// Every operation on a bucket gives what store.ApplyBucket gives at the clock the
+		// store applied it at (a store with its own Bucket method, a script, mirrors it;
+		// any other goes through DoBucket's compare-and-set), and concurrent takes never
+		// grant more than the bucket holds.
+		s, _ := f(t)
+		b := id("bucket")
+		var model []byte
+		do := func(op store.BucketOp) store.BucketResult {
+			t.Helper()
+			res, err := store.DoBucket(ctx, s, b, op, 8)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, _, want, err := store.ApplyBucket(model, res.Now, op)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out != nil {
+				model = out
+			}
+			if res.Taken != want.Taken || res.Wait != want.Wait {
+				t.Fatalf("%+v at %d: taken %v wait %d, want %v %d (store.ApplyBucket)", op, res.Now, res.Taken, res.Wait, want.Taken, want.Wait)
+			}
+			return res
+		}
+		// A day a permit, a burst of 3: nothing refills while the test runs.
+		const day = int64(24 * 3600 * 1e6)
+		lim := store.BucketOp{T: day, Tau: 3 * day}
+		first := do(lim)
+		lim.N = 1
+		if r := do(lim); r.Taken {
+			t.Fatalf("a new bucket granted a permit at once: %+v (it starts empty)", r)
+		}
+		// Given back, the bucket fills (never beyond full), then grants its burst, no more.
+		give := lim
+		give.N = -5
+		do(give)
+		for i := range 3 {
+			if r := do(lim); !r.Taken || r.Wait != 0 {
+				t.Fatalf("take %d of a full bucket of 3: %+v", i+1, r)
+			}
+		}
+		if r := do(lim); r.Taken {
+			t.Fatalf("a fourth take of a bucket of 3 was granted: %+v", r)
+		}
+		book := lim
+		book.MaxDelay = 2 * day
+		if r := do(book); !r.Taken || r.Wait <= 0 {
+			t.Fatalf("a take booked ahead: %+v", r)
+		}
+		charge := lim
+		charge.Charge = true
+		do(charge)
+		hold := store.BucketOp{T: day, Tau: 3 * day, Until: first.Now + 10*day}
+		do(hold)
+		if r := do(book); r.Taken {
+			t.Fatalf("a take within two days of a bucket held back ten: %+v", r)
+		}
+		// Concurrent takes of a refilled bucket: exactly its burst granted.
+		c := id("bucket-race")
+		start := store.BucketOp{T: day, Tau: 3 * day, N: -3}
+		if _, err := store.DoBucket(ctx, s, c, start, 8); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := store.DoBucket(ctx, s, c, start, 8); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		granted := make(chan bool, 12)
+		for range 12 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res, err := store.DoBucket(ctx, s, c, lim, 64)
+				granted <- err == nil && res.Taken
+			}()
+		}
+		wg.Wait()
+		close(granted)
+		n := 0
+		for g := range granted {
+			if g {
+				n++
+			}
+		}
+		if n != 3 {
+			t.Fatalf("12 concurrent takes of a full bucket of 3 granted %d", n)
+		}
+	})
 }

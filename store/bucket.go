@@ -1,0 +1,176 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"time"
+)
+
+// A bucket is a GCRA bucket kept in a store record of its own and decided at the store:
+// the lease mode's bucket of a crowded limit that is decided at the store (docs/lease.md,
+// "Crowded limits"), where every permit is a round trip and the limit's record, which
+// lists every member, is far too large to read and write at each one. A store with a
+// Bucket method (store/redis: one script) applies an operation to it atomically, in one
+// round trip; on any other store DoBucket reads it and writes it by compare-and-set.
+//
+// Every time and duration of a bucket is in whole microseconds of the store's clock (Unix
+// time): a script's numbers are exact only below 2^53. A caller rounds a limit's emission
+// interval up and its tolerance down to whole microseconds (BucketLimit): never faster,
+// never a larger burst.
+//
+// A missing bucket is empty at Start, or at the store's now if that is later: its first
+// permit comes a T after. Never a full one: a bucket that was lost (a store that restarted
+// empty, an expiry) may have granted its burst just before, and a bucket that a limit
+// switches to while the shares it replaces are still in use must not add its burst to
+// theirs. The cost is a burst refilled, once, at a rate the limit allows anyway.
+
+// BucketOp is one operation on a bucket.
+type BucketOp struct {
+	// Start: a missing bucket is empty then (or at the store's now, if later).
+	Start int64
+	// T and Tau are the bucket's emission interval and tolerance (T >= 1, Tau >= T).
+	T, Tau int64
+	// N > 0 takes N permits, at once or booked up to MaxDelay ahead; N < 0 gives -N back
+	// (taken and not used); with Charge, N permits were used already and count whatever
+	// the bucket holds (a settlement up). N == 0 with Until > 0 holds the bucket back: no
+	// permit before Until (a 429's penalty).
+	N        int64
+	MaxDelay int64
+	Charge   bool
+	Until    int64
+}
+
+// BucketResult is what an operation did.
+type BucketResult struct {
+	// Taken: the take was granted, usable after Wait. Refused, Wait is when the same
+	// take would be granted. Other operations are always Taken, with no Wait.
+	Taken bool
+	Wait  int64
+	// Now is the store's clock the operation was applied at.
+	Now int64
+}
+
+// Buckets is a store that applies a bucket's operation at itself, atomically, in one
+// round trip (see DoBucket).
+type Buckets interface {
+	Bucket(ctx context.Context, id string, op BucketOp) (BucketResult, error)
+}
+
+// BucketKeep is how long a bucket is kept after it has refilled, if nothing changes it:
+// one lost is made again empty, which only delays its first permit.
+const BucketKeep = 10 * time.Minute
+
+// bucketFormat begins a bucket's data: "b1 TAT".
+const bucketFormat = "b1 "
+
+// ApplyBucket applies op at now to a bucket's data (nil: the bucket is missing). It
+// returns the data to write (nil: nothing changed), how long to keep it, and the result.
+// Every store applies it (a script mirrors it; the differential test of store/redis
+// compares the two).
+func ApplyBucket(data []byte, now int64, op BucketOp) (out []byte, keep time.Duration, res BucketResult, err error) {
+	if op.T < 1 || op.Tau < op.T {
+		return nil, 0, BucketResult{}, fmt.Errorf("%w: a bucket of T %d µs and tolerance %d µs", ErrBadRecord, op.T, op.Tau)
+	}
+	var tat int64
+	if data == nil {
+		tat = max(now, op.Start) + op.Tau // empty
+	} else {
+		t, ok := bytes.CutPrefix(data, []byte(bucketFormat))
+		if !ok {
+			return nil, 0, BucketResult{}, fmt.Errorf("%w: bucket %q", ErrBadRecord, data[:min(len(data), 16)])
+		}
+		if tat, err = strconv.ParseInt(string(t), 10, 64); err != nil {
+			return nil, 0, BucketResult{}, fmt.Errorf("%w: bucket %q", ErrBadRecord, data[:min(len(data), 16)])
+		}
+	}
+	res.Now = now
+	was := tat
+	switch {
+	case op.N > 0 && !op.Charge:
+		wait := max(0, max(tat, now)+op.N*op.T-op.Tau-now)
+		if wait > max(op.MaxDelay, 0) {
+			res.Wait = wait
+			if data == nil {
+				break // refused, the bucket is made still: it starts filling from now
+			}
+			return nil, 0, res, nil
+		}
+		tat = max(tat, now+wait) + op.N*op.T
+		res.Taken, res.Wait = true, wait
+	case op.N > 0: // a charge: used already
+		tat = max(tat, now) + op.N*op.T
+		res.Taken = true
+	case op.N < 0: // given back: never fuller than full
+		tat = max(tat+op.N*op.T, now)
+		res.Taken = true
+	default:
+		if op.Until > 0 {
+			tat = max(tat, op.Until+op.Tau-op.T)
+		}
+		res.Taken = true
+	}
+	if data != nil && tat == was {
+		return nil, 0, res, nil
+	}
+	return []byte(bucketFormat + strconv.FormatInt(tat, 10)), time.Duration(max(tat-now, 0))*time.Microsecond + BucketKeep, res, nil
+}
+
+// BucketLimit is a limit's emission interval and tolerance (nanoseconds) as a bucket's
+// (microseconds): the interval rounded up, the tolerance its burst of them, so that the
+// bucket is never faster nor its burst larger.
+func BucketLimit(t, tau int64) (T, Tau int64) {
+	burst := max(tau/t, 1)
+	T = (t + 999) / 1000
+	return T, burst * T
+}
+
+// DoBucket applies op to the bucket id of st: at the store, in one round trip, if st is a
+// Buckets; otherwise by reading it and writing it by compare-and-set, at the clock the
+// read returned, up to attempts times (after a short jittered pause each) before it fails
+// with ErrConflict.
+func DoBucket(ctx context.Context, st Store, id string, op BucketOp, attempts int) (BucketResult, error) {
+	if b, ok := st.(Buckets); ok {
+		return b.Bucket(ctx, id, op)
+	}
+	ids := []string{id}
+	for range attempts {
+		snap, err := st.Load(ctx, ids)
+		if err != nil {
+			return BucketResult{}, err
+		}
+		if len(snap.Records) != 1 {
+			return BucketResult{}, fmt.Errorf("%w: %d records read for one", ErrBadRecord, len(snap.Records))
+		}
+		rec := snap.Records[0]
+		now := snap.Now
+		if rec.Now != 0 {
+			now = rec.Now
+		}
+		var data []byte
+		if rec.Version != 0 {
+			data = rec.Data
+		}
+		out, keep, res, err := ApplyBucket(data, now/1000, op)
+		if err != nil || out == nil {
+			return res, err
+		}
+		vs, err := st.Swap(ctx, []Write{{ID: id, Data: out, Version: rec.Version, Keep: keep}})
+		if err != nil {
+			return BucketResult{}, err
+		}
+		if len(vs) == 1 && vs[0] != 0 {
+			return res, nil
+		}
+		t := time.NewTimer(time.Duration(rand.Int64N(int64(2 * time.Millisecond))))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return BucketResult{}, ctx.Err()
+		case <-t.C:
+		}
+	}
+	return BucketResult{}, fmt.Errorf("%w: bucket %s", ErrConflict, id)
+}

@@ -1,0 +1,58 @@
+-- Sluice lease mode: one operation on a bucket (store.ApplyBucket, which this mirrors;
+-- the differential test compares the two). A bucket is a record like the others
+-- ("VERSION b1 TAT"), so that a store without this script reads and writes it by
+-- compare-and-set the same way. Every time is in microseconds of Redis' clock: exact in
+-- Lua's doubles below 2^53.
+--
+-- KEYS[1]  the bucket.
+-- ARGV     now ('' to read Redis TIME, or "s us": a virtual now, tests only), Start, T,
+--          Tau, N, MaxDelay, Charge ('1' or '0'), Until, and how long a bucket is kept
+--          after it has refilled, in milliseconds.
+-- Reply    {taken (1 or 0), wait, now_s, now_us}, or an error for a key that holds
+--          something else.
+local s, us
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  s, us = tonumber(t[1]), tonumber(t[2])
+else
+  local a, b = string.match(ARGV[1], '^(%d+) (%d+)$')
+  s, us = tonumber(a), tonumber(b)
+end
+local now = s * 1000000 + us
+local start, T, tau = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local n, maxDelay, charge, untl = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1', tonumber(ARGV[8])
+local v = redis.call('GET', KEYS[1])
+local ver, tat = 0, nil
+if v then
+  local sp = string.find(v, ' ', 1, true)
+  if sp then
+    ver = tonumber(string.sub(v, 1, sp - 1))
+    tat = tonumber(string.match(string.sub(v, sp + 1), '^b1 (%-?%d+)$'))
+  end
+  if not ver or not tat then return redis.error_reply('sluice: bad record: bucket') end
+else
+  tat = math.max(now, start) + tau -- empty
+end
+local was = tat
+local taken, wait = 1, 0
+if n > 0 and not charge then
+  wait = math.max(0, math.max(tat, now) + n * T - tau - now)
+  if wait > math.max(maxDelay, 0) then
+    if v then return {0, wait, s, us} end
+    taken = 0 -- refused, the bucket is made still: it starts filling from now
+  else
+    tat = math.max(tat, now + wait) + n * T
+  end
+elseif n > 0 then
+  tat = math.max(tat, now) + n * T
+elseif n < 0 then
+  tat = math.max(tat + n * T, now)
+elseif untl > 0 then
+  tat = math.max(tat, untl + tau - T)
+end
+if v and tat == was then return {taken, wait, s, us} end
+local nv = ver + 1
+if nv < now then nv = now end
+local keep = math.floor(math.max(tat - now, 0) / 1000) + 1 + tonumber(ARGV[9])
+redis.call('SET', KEYS[1], string.format('%d b1 %d', nv, tat), 'PX', keep)
+return {taken, wait, s, us}
