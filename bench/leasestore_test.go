@@ -252,14 +252,15 @@ func BenchmarkLeaseRedisMembers(b *testing.B) {
 }
 
 // BenchmarkLeaseRedisCentral: a limit with more members than permits of burst (100/s
-// burst=20, 10/s burst=5) is decided at the store, every permit a take of its one record;
-// its members ask 150% of it (Allow) at Poisson times.
+// burst=20, 10/s burst=5) is decided at the store, every permit a take of its one record,
+// or past allot.BucketAbove members (150, 300) of its bucket (one script call); its
+// members ask 150% of it (Allow) at Poisson times.
 func BenchmarkLeaseRedisCentral(b *testing.B) {
 	addr := startRedis(b)
 	for _, tc := range []struct {
 		rate, burst int64
 		members     int
-	}{{100, 20, 8}, {100, 20, 24}, {100, 20, 32}, {100, 20, 48}, {100, 20, 100}, {10, 5, 8}, {10, 5, 24}, {10, 5, 32}} {
+	}{{100, 20, 8}, {100, 20, 24}, {100, 20, 32}, {100, 20, 48}, {100, 20, 100}, {100, 20, 150}, {100, 20, 300}, {10, 5, 8}, {10, 5, 24}, {10, 5, 32}} {
 		limits := sluice.Limits{{Rate: tc.rate, Period: time.Second, Burst: tc.burst}}
 		members := tc.members
 		b.Run(fmt.Sprintf("rate=%d/members=%d", tc.rate, members), func(b *testing.B) {

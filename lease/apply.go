@@ -30,6 +30,10 @@ type call struct {
 	key   string
 	limit gcra.Limit
 	req   allot.Request
+	// bucket, if not "", is the bucket the call is decided on (a take, a give or a
+	// settlement of a limit decided there: applyTakes), and start the record's BucketAt.
+	bucket string
+	start  int64
 }
 
 // result is the outcome of one call.

@@ -702,14 +702,20 @@ func (b *Backend) Adjust(ctx context.Context, key string, limits []gcra.Limit, t
 	var calls []call
 	for i, r := range rs {
 		if t.TatAfter[i] == allot.TakenAtStore && newN != t.N && !slices.Contains(rs[:i], r) {
-			calls = append(calls, call{key: key, limit: r.m.Limit(), req: r.m.GiveRequest(now, t.N-newN)})
+			calls = append(calls, b.takeCall(key, r.m, r.m.GiveRequest(now, t.N-newN), now))
 		}
 	}
 	unlock(rs)
 	if len(calls) > 0 {
 		sctx, cancel := context.WithTimeout(ctx, b.timeout)
 		defer cancel()
-		if _, serr := b.apply.apply(sctx, calls); serr != nil && err == nil && newN > t.N {
+		res, serr := b.apply.applyTakes(sctx, calls)
+		for k := range res {
+			if res[k].err != nil && serr == nil && newN > t.N {
+				serr = res[k].err // a charge at a bucket that failed
+			}
+		}
+		if serr != nil && err == nil && newN > t.N {
 			err = fmt.Errorf("sluice lease: settle %q at the store: %w", key, serr) // a lost charge is an error; a lost refund only wastes permits
 		}
 	}
@@ -744,13 +750,23 @@ func (b *Backend) Penalize(ctx context.Context, key string, limits []gcra.Limit,
 	until := gcra.After(now, int64(d))
 	k := allot.Penalize(ms[:len(rs)], now, until)
 	req := ms[k].PenalizeRequest(now, until)
+	c := call{key: key, limit: ms[k].Limit(), req: req}
+	c.bucket, c.start, _ = ms[k].Bucket(now, RecordID(key, c.limit))
 	unlock(rs)
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
 	b.roundTrips.Add(1)
-	res, err := b.apply.apply(ctx, []call{{key: key, limit: ms[k].Limit(), req: req}})
+	var err error
+	if c.bucket != "" {
+		// The limit is decided on its bucket: held back there, for every member at once.
+		err = b.apply.penalizeBucket(ctx, c, int64(d))
+	}
 	if err == nil {
-		err = res[0].err
+		c.bucket = ""
+		var res []result
+		if res, err = b.apply.apply(ctx, []call{c}); err == nil {
+			err = res[0].err
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("sluice lease: report the penalty on %q: %w", key, err)
@@ -991,7 +1007,7 @@ func (b *Backend) decideAtStore(ctx context.Context, key string, rs []*rec, ms [
 		}
 		if m.Central() || m.Borrowing() {
 			if req, ok := m.TakeRequest(now, n, maxDelay); ok {
-				takes = append(takes, call{key: key, limit: m.Limit(), req: req})
+				takes = append(takes, b.takeCall(key, m, req, now))
 				at = append(at, i)
 				continue
 			}
@@ -1015,7 +1031,7 @@ func (b *Backend) decideAtStore(ctx context.Context, key string, rs []*rec, ms [
 	unlock(rs)
 	sctx, cancel := context.WithTimeout(ctx, b.timeout)
 	b.roundTrips.Add(1)
-	res, err := b.apply.apply(sctx, takes)
+	res, err := b.apply.applyTakes(sctx, takes)
 	cancel()
 	// Permits borrowed from the free capacity are the member's from the store's answer on,
 	// not from when it asked: their slot is when the answer arrived (the store took them
@@ -1105,7 +1121,17 @@ func (b *Backend) giveBack(takes []call, granted []int) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
-	_, _ = b.apply.apply(ctx, gives) // a lost give-back only wastes permits
+	_, _ = b.apply.applyTakes(ctx, gives) // a lost give-back only wastes permits
+}
+
+// takeCall is the call of a member's request about its permits (a take, a give, a
+// settlement): at its limit's bucket if the member knows its limit is decided there.
+func (b *Backend) takeCall(key string, m *allot.Member, req allot.Request, now int64) call {
+	c := call{key: key, limit: m.Limit(), req: req}
+	if !req.Borrow {
+		c.bucket, c.start, _ = m.Bucket(now, RecordID(key, c.limit))
+	}
+	return c
 }
 
 // warnCrowded says, once per key, that a limit is shared by more members than the mode
@@ -1118,6 +1144,6 @@ func (b *Backend) warnCrowded(key string, live int64) {
 	if log == nil {
 		log = slog.Default()
 	}
-	log.Warn("lease: a limit shared by more members than the lease mode claims to serve: their renewals go through one allocator, but decisions taken at the store collide on its one record; share it through the strict mode (docs/guarantees.md)",
+	log.Warn("lease: a limit shared by more members than the lease mode claims to serve: their renewals and joins go through one allocator, which falls behind past a few hundred members (docs/lease.md, \"Crowded limits\"); share it through the strict mode",
 		"key", key, "members", live, "most", MaxMembers)
 }

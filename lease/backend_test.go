@@ -81,6 +81,16 @@ func (c *cutStore) Swap(ctx context.Context, ws []store.Write) ([]uint64, error)
 	return c.Store.Swap(ctx, ws)
 }
 
+func (c *cutStore) Bucket(ctx context.Context, id string, op store.BucketOp) (store.BucketResult, error) {
+	if c.cut.Load() {
+		return store.BucketResult{}, backend.ErrUnavailable
+	}
+	if b, ok := c.Store.(store.Buckets); ok {
+		return b.Bucket(ctx, id, op)
+	}
+	return store.DoBucket(ctx, store.CASOnly(c), id, op, MaxAttempts)
+}
+
 func newCluster(t *testing.T, l gcra.Limit, n int, cfg Config) *cluster {
 	clk := clock.NewVirtual()
 	clk.Set(int64(time.Hour))

@@ -2,7 +2,10 @@ package lease_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -190,4 +193,91 @@ func TestRedisStoreMetaKeyExpires(t *testing.T) {
 			t.Fatalf("meta key TTL %v (%v), want about a day", ttl, err)
 		}
 	}
+}
+
+// TestBucketScriptMatchesTheGoCore: Redis' bucket script (store/redis/bucket.lua) decides
+// every operation as store.ApplyBucket does, and leaves the same bucket, on random
+// sequences of takes (at once and booked), gives, settlements up and penalties at a
+// virtual now that moves in random steps, on buckets lost now and then, with a fence
+// (the store's meta key lost too now and then: a young incarnation) and without.
+func TestBucketScriptMatchesTheGoCore(t *testing.T) {
+	ctx := context.Background()
+	client := redisClient(t, redistest.New(t))
+	var now atomic.Int64
+	now.Store(1_700_000_000 * int64(time.Second))
+	prefix := fmt.Sprintf("test%d:", prefixes.Add(1))
+	st := redisstore.New(client, store.WithPrefix(prefix), store.WithNow(now.Load))
+	get := func(key string) []byte {
+		v, err := client.Get(ctx, key).Result()
+		if errors.Is(err, goredis.Nil) {
+			return nil
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, data, _ := strings.Cut(v, " ")
+		return []byte(data)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	ops := 0
+	for seq := range 40 {
+		id := fmt.Sprintf("{bucket}:%d", seq)
+		T := int64(1 + rng.IntN(5000))
+		base := store.BucketOp{Start: now.Load()/1000 + int64(rng.IntN(3000)) - 1000, T: T, Tau: T * int64(1+rng.IntN(20))}
+		if seq%2 == 0 {
+			base.Fence = int64(rng.IntN(20_000))
+		}
+		for range 60 {
+			now.Add(int64(rng.IntN(int(3*T))) * 1000)
+			op := base
+			switch rng.IntN(6) {
+			case 0, 1:
+				op.N = 1 + rng.Int64N(op.Tau/T)
+			case 2:
+				op.N, op.MaxDelay = 1+rng.Int64N(op.Tau/T), rng.Int64N(4*T)
+			case 3:
+				op.N = -(1 + rng.Int64N(3))
+			case 4:
+				op.N, op.Charge = 1+rng.Int64N(3), true
+			case 5:
+				op.Hold = rng.Int64N(5 * T)
+			}
+			switch rng.IntN(30) {
+			case 0:
+				client.Del(ctx, prefix+id) // the bucket lost
+			case 1:
+				client.Del(ctx, prefix+id, prefix+"meta") // with everything else
+			}
+			us := now.Load() / 1000
+			data := get(prefix + id)
+			since := store.Fresh
+			if base.Fence > 0 {
+				since = us // as the script: a missing meta key is made now
+				if m, err := client.Get(ctx, prefix+"meta").Result(); err == nil {
+					var s, u int64
+					fmt.Sscanf(m, "%d %d", &s, &u)
+					since = s*1e6 + u
+				}
+			}
+			out, _, want, err := store.ApplyBucket(data, us, since, op)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := st.Bucket(ctx, id, op)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Taken != want.Taken || got.Wait != want.Wait || got.Now != us {
+				t.Fatalf("seq %d, %+v on %q at %d (since %d): script %+v, Go %+v", seq, op, data, us, since, got, want)
+			}
+			if out == nil {
+				out = data
+			}
+			if after := get(prefix + id); string(after) != string(out) {
+				t.Fatalf("seq %d, %+v on %q at %d: the script left %q, Go %q", seq, op, data, us, after, out)
+			}
+			ops++
+		}
+	}
+	t.Logf("%d operations compared", ops)
 }

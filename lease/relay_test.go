@@ -48,6 +48,23 @@ func (c *countStore) Load(ctx context.Context, ids []string) (store.Snapshot, er
 	return c.Store.Load(ctx, ids)
 }
 
+// Bucket counts a bucket's operation as a write of kind "bucket" (store.Buckets).
+func (c *countStore) Bucket(ctx context.Context, id string, op store.BucketOp) (store.BucketResult, error) {
+	var res store.BucketResult
+	var err error
+	if b, ok := c.Store.(store.Buckets); ok {
+		res, err = b.Bucket(ctx, id, op)
+	} else {
+		res, err = store.DoBucket(ctx, store.CASOnly(c.Store), id, op, MaxAttempts)
+	}
+	if err == nil {
+		c.mu.Lock()
+		c.writes["bucket"]++
+		c.mu.Unlock()
+	}
+	return res, err
+}
+
 func newCounts() *counts { return &counts{writes: map[string]int{}, lost: map[string]int{}} }
 
 func (c *countStore) Swap(ctx context.Context, ws []store.Write) ([]uint64, error) {
@@ -559,5 +576,31 @@ func TestTakesAreNotRelayed(t *testing.T) {
 		if got := r.relayable(id, call{key: "api", limit: l, req: tc.req}); got != tc.want {
 			t.Errorf("op %v (max delay %v) relayed: %v, want %v", tc.req.Op, time.Duration(tc.req.MaxDelay), got, tc.want)
 		}
+	}
+}
+
+// TestTakesOfACrowdedLimitAtItsBucket: past BucketAbove members, a limit decided at the
+// store is decided on its bucket, through Redis' bucket script: the takes no longer write
+// the limit's record (which lists every member), the permits the pool uses conform to the
+// limit exactly (from their recorded times), and the pool uses it.
+func TestTakesOfACrowdedLimitAtItsBucket(t *testing.T) {
+	l := gcra.Limit{T: 10 * int64(time.Millisecond), Tau: 90 * int64(time.Millisecond)}
+	client := goredis.NewClient(&goredis.Options{Addr: redistest.New(t).Addr(), PoolSize: 32})
+	t.Cleanup(func() { client.Close() })
+	newStore := func() store.Store { return redisstore.New(client, store.WithAssumeFresh()) }
+	if err := WaitUnfenced(bg, newStore(), DefaultConfig()); err != nil {
+		t.Fatal(err)
+	}
+	const members = allot.BucketAbove + 20
+	p := newRelayPoolOn(t, newStore, 100*time.Millisecond, members, l, 1.5*100/members)
+	poll.Until(t, "the bucket", 30*time.Second, 10*time.Millisecond, func() bool { return p.mem.count("bucket") > 200 })
+	ps, rec, _, _ := p.measure(3 * time.Second)
+	t.Logf("3 s: %d permits; the record written %d times", len(ps), rec)
+	conformTo(t, ps, l, 2*time.Millisecond)
+	if len(ps) < 100 { // a third of the limit over 3 s: a loose liveness bound
+		t.Errorf("the pool used %d permits in 3 s of 100/s", len(ps))
+	}
+	if rec >= len(ps) {
+		t.Errorf("the record written %d times for %d permits: the takes went to it, not to the bucket", rec, len(ps))
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/sluicehq/sluice/internal/limitconv"
 	"github.com/sluicehq/sluice/lease/allot"
 	"github.com/sluicehq/sluice/priority"
+	"github.com/sluicehq/sluice/store"
 )
 
 // LeaseReport is the lease mode's own part of a report.
@@ -54,6 +55,12 @@ type leaseMode struct {
 
 	msgs []leaseMsg
 	free []int32
+
+	// buckets are the store's buckets of the limits decided on them (allot.State.BucketAt),
+	// by limit (emission interval and tolerance), and bucketsSince when the store's
+	// incarnation began (store.Fresh until it restarts).
+	buckets      map[[2]int64][]byte
+	bucketsSince int64
 
 	// The shares the members have in use, summed for checkMembers: each member's as last
 	// asked (per limit), until when it holds (math.MinInt64: the member was called since,
@@ -399,6 +406,7 @@ func (l *leaseMode) store(e *engine, ev *event) {
 	if check != nil {
 		l.rep.Breaches++
 	}
+	l.atBucket(e, st, msg)
 	if !reply {
 		l.free = append(l.free, slot)
 		return
@@ -407,6 +415,44 @@ func (l *leaseMode) store(e *engine, ev *event) {
 	if !e.fromStore(out, ev.val2+int64(e.sc.Store.Timeout)) {
 		l.free = append(l.free, slot)
 		l.timeout(e, ev.m, int(ev.g), ev.val2, msg.req.Nonce)
+	}
+}
+
+// atBucket does at its limit's bucket what the record answered with Reply.Bucket (a take
+// of a limit decided on its bucket), and holds the bucket back for a penalty, in the same
+// visit to the store: the backend's member takes at the bucket directly once it knows,
+// one round trip as well.
+func (l *leaseMode) atBucket(e *engine, st *allot.State, msg *leaseMsg) {
+	if st.BucketAt == 0 || msg.err != nil {
+		return
+	}
+	op := store.BucketOp{Start: (st.BucketAt + 999) / 1000, Fence: (int64(l.cfg.TTL) + int64(l.cfg.Grace) + 999) / 1000}
+	op.T, op.Tau = store.BucketLimit(st.Limit.T, st.Limit.Tau)
+	switch {
+	case msg.req.Op == allot.OpTake && msg.rep.Bucket != 0 && !msg.rep.Taken && msg.req.MaxDelay >= 0:
+		op.N, op.MaxDelay = msg.req.N, min(msg.req.MaxDelay, int64(l.cfg.TTL+l.cfg.Grace))/1000
+	case msg.req.Op == allot.OpPenalize && msg.req.Hold > 0:
+		op.Hold = (msg.req.Hold + 999) / 1000
+	default:
+		return
+	}
+	if l.buckets == nil {
+		l.buckets, l.bucketsSince = map[[2]int64][]byte{}, store.Fresh
+	}
+	k := [2]int64{st.Limit.T, st.Limit.Tau}
+	since := l.bucketsSince
+	if since != store.Fresh {
+		since /= 1000
+	}
+	out, _, res, err := store.ApplyBucket(l.buckets[k], e.now/1000, since, op)
+	if err != nil {
+		panic(err) // the simulator's own buckets
+	}
+	if out != nil {
+		l.buckets[k] = out
+	}
+	if msg.req.Op == allot.OpTake {
+		msg.rep.Taken, msg.rep.Wait = res.Taken, res.Wait*1000
 	}
 }
 
@@ -575,6 +621,7 @@ const RateSlack = allot.RateScale / 1000
 func (l *leaseMode) storeRestart(e *engine) {
 	l.setup(e)
 	l.inc++
+	l.buckets, l.bucketsSince = map[[2]int64][]byte{}, e.now // lost with everything else
 	fence := l.cfg.FenceAfterRestart(e.now)
 	for i, lim := range l.limits {
 		l.states[i], _ = allot.NewState(lim, l.inc, e.now, fence, l.cfg)

@@ -25,7 +25,11 @@ import (
 // permit comes a T after. Never a full one: a bucket that was lost (a store that restarted
 // empty, an expiry) may have granted its burst just before, and a bucket that a limit
 // switches to while the shares it replaces are still in use must not add its burst to
-// theirs. The cost is a burst refilled, once, at a rate the limit allows anyway.
+// theirs. The cost is a burst refilled, once, at a rate the limit allows anyway. And a
+// bucket missing from a store whose incarnation is younger than Fence (the store lost
+// every record: Snapshot.Since) is empty only when Fence has passed since it began, as
+// the lease records are fenced: permits booked ahead from the bucket it lost (at most
+// Fence ahead) are all past by then, and members that still name it stop within a TTL.
 
 // BucketOp is one operation on a bucket.
 type BucketOp struct {
@@ -35,12 +39,15 @@ type BucketOp struct {
 	T, Tau int64
 	// N > 0 takes N permits, at once or booked up to MaxDelay ahead; N < 0 gives -N back
 	// (taken and not used); with Charge, N permits were used already and count whatever
-	// the bucket holds (a settlement up). N == 0 with Until > 0 holds the bucket back: no
-	// permit before Until (a 429's penalty).
+	// the bucket holds (a settlement up). N == 0 with Hold > 0 holds the bucket back: no
+	// permit before Hold after the store's now (a 429's penalty).
 	N        int64
 	MaxDelay int64
 	Charge   bool
-	Until    int64
+	Hold     int64
+	// Fence: a missing bucket of a store whose incarnation began less than Fence ago is
+	// empty only Fence after it began (the lease mode: TTL + Grace).
+	Fence int64
 }
 
 // BucketResult is what an operation did.
@@ -66,17 +73,21 @@ const BucketKeep = 10 * time.Minute
 // bucketFormat begins a bucket's data: "b1 TAT".
 const bucketFormat = "b1 "
 
-// ApplyBucket applies op at now to a bucket's data (nil: the bucket is missing). It
-// returns the data to write (nil: nothing changed), how long to keep it, and the result.
-// Every store applies it (a script mirrors it; the differential test of store/redis
-// compares the two).
-func ApplyBucket(data []byte, now int64, op BucketOp) (out []byte, keep time.Duration, res BucketResult, err error) {
+// ApplyBucket applies op at now to a bucket's data (nil: the bucket is missing) of a store
+// whose incarnation began at since (Snapshot.Since, in microseconds; Fresh: a store that
+// knows no bucket was lost). It returns the data to write (nil: nothing changed), how long
+// to keep it, and the result. Every store applies it (a script mirrors it; the
+// conformance suite compares the two).
+func ApplyBucket(data []byte, now, since int64, op BucketOp) (out []byte, keep time.Duration, res BucketResult, err error) {
 	if op.T < 1 || op.Tau < op.T {
 		return nil, 0, BucketResult{}, fmt.Errorf("%w: a bucket of T %d µs and tolerance %d µs", ErrBadRecord, op.T, op.Tau)
 	}
 	var tat int64
 	if data == nil {
 		tat = max(now, op.Start) + op.Tau // empty
+		if since != Fresh && op.Fence > 0 {
+			tat = max(tat, since+op.Fence+op.Tau)
+		}
 	} else {
 		t, ok := bytes.CutPrefix(data, []byte(bucketFormat))
 		if !ok {
@@ -107,8 +118,8 @@ func ApplyBucket(data []byte, now int64, op BucketOp) (out []byte, keep time.Dur
 		tat = max(tat+op.N*op.T, now)
 		res.Taken = true
 	default:
-		if op.Until > 0 {
-			tat = max(tat, op.Until+op.Tau-op.T)
+		if op.Hold > 0 {
+			tat = max(tat, now+op.Hold+op.Tau-op.T)
 		}
 		res.Taken = true
 	}
@@ -126,6 +137,13 @@ func BucketLimit(t, tau int64) (T, Tau int64) {
 	T = (t + 999) / 1000
 	return T, burst * T
 }
+
+// CASOnly returns st without its Bucket method, if it has one: a wrapper of a store that
+// counts or cuts its calls does its own buckets with DoBucket(ctx, CASOnly(w), ...), by its
+// own Load and Swap, when the store it wraps has no Bucket method.
+func CASOnly(st Store) Store { return casOnly{st} }
+
+type casOnly struct{ Store }
 
 // DoBucket applies op to the bucket id of st: at the store, in one round trip, if st is a
 // Buckets; otherwise by reading it and writing it by compare-and-set, at the clock the
@@ -153,7 +171,11 @@ func DoBucket(ctx context.Context, st Store, id string, op BucketOp, attempts in
 		if rec.Version != 0 {
 			data = rec.Data
 		}
-		out, keep, res, err := ApplyBucket(data, now/1000, op)
+		since := snap.Since
+		if since != Fresh {
+			since /= 1000
+		}
+		out, keep, res, err := ApplyBucket(data, now/1000, since, op)
 		if err != nil || out == nil {
 			return res, err
 		}

@@ -32,6 +32,10 @@ import (
 // limits without classes during a rolling upgrade; one of them that meets a format 3
 // record fails to read it (a store error, answered by its fail mode) until the critical
 // callers go or it is upgraded.
+//
+// Any format may mark a limit decided on its bucket (State.BucketAt): its central flag is
+// then 2, followed by BucketAt. Members of an earlier version fail to read such a record
+// (a store error, answered by their fail mode: never a permit the bucket does not count).
 
 const (
 	stateFormat        = 2
@@ -66,10 +70,16 @@ func MarshalState(s *State) []byte {
 	w.t(s.Penalty)
 	w.t(s.Open)
 	central := uint64(0)
-	if s.Central {
+	switch {
+	case s.BucketAt != 0:
+		central = 2
+	case s.Central:
 		central = 1
 	}
 	w.u(central)
+	if s.BucketAt != 0 {
+		w.t(s.BucketAt)
+	}
 	w.t(s.Booked)
 	w.u(uint64(len(s.Queue)))
 	for _, q := range s.Queue {
@@ -149,6 +159,9 @@ func UnmarshalState(b []byte) (*State, error) {
 	case 0:
 	case 1:
 		s.Central = true
+	case 2:
+		s.Central = true
+		s.BucketAt = r.t()
 	default:
 		r.err = errors.New("bad central flag")
 	}

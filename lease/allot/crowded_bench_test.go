@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/store"
 )
 
 // crowded returns the record of 2000/s burst=400 shared by n members that each want all
@@ -74,11 +75,14 @@ func BenchmarkApplyCrowded(b *testing.B) {
 
 // TestLongLineOfWaiters: on a line of more than pruneFrom waiters, take drops those that
 // left once an instant, and a member that releases leaves the line at once, even within
-// an instant whose takes have already dropped the others.
+// an instant whose takes have already dropped the others. (A crowded limit without a ramp
+// is decided on its bucket: a ramp's stays on its record, in its line.)
 func TestLongLineOfWaiters(t *testing.T) {
 	c := cfg(Fair)
 	const n = 2 * pruneFrom
-	s, eps := joinedState(t, lim(10, time.Second, 1), c, n)
+	l := lim(10, time.Second, 1)
+	l.Ramp = gcra.Ramp{T0: l.T, Over: sec}
+	s, eps := joinedState(t, l, c, n)
 	take := func(at int64, i int) Reply {
 		rep, err := s.Apply(at, c, Request{Op: OpTake, N: 1, Member: fmt.Sprintf("m%02d", i), Epoch: eps[i], Sent: at, Nonce: uint64(at) + 2, MaxDelay: ms})
 		if err != nil {
@@ -109,16 +113,25 @@ func TestLongLineOfWaiters(t *testing.T) {
 	}
 }
 
-// TestTakesAtOnceUseTheRate: a limit decided at the store (24 members on 10/s burst=5),
-// callers that do not wait (Allow) at 150% of it, at random members, each take applied
-// when it is asked. The pool grants the limit's rate. (A refused take at once joined the
-// store's line as a waiter expected back at its turn, which a caller that does not wait
-// never keeps, and a take behind more expected waiters than the burst holds was refused:
-// 3.3 permits a second of 10 through a real Redis, BenchmarkLeaseRedisCentral.)
+// TestTakesAtOnceUseTheRate: a limit decided at the store (16 members on 10/s burst=5, in
+// the record's line; 108, on its bucket), callers that do not wait
+// (Allow) at 150% of it, at random members, each take applied when it is asked. The pool
+// grants the limit's rate. (A refused take at once joined the store's line as a waiter
+// expected back at its turn, which a caller that does not wait never keeps, and a take
+// behind more expected waiters than the burst holds was refused: 3.3 permits a second of
+// 10 through a real Redis, BenchmarkLeaseRedisCentral.)
 func TestTakesAtOnceUseTheRate(t *testing.T) {
+	for _, n := range []int{CrowdedAbove, BucketAbove + 8} {
+		t.Run(fmt.Sprintf("members=%d", n), func(t *testing.T) { takesAtOnce(t, n) })
+	}
+}
+
+func takesAtOnce(t *testing.T, n int) {
 	c := cfg(Fair)
-	const n = 24
-	s, eps := joinedState(t, lim(10, time.Second, 5), c, n)
+	l := lim(10, time.Second, 5)
+	s, eps := joinedState(t, l, c, n)
+	var bucket []byte // the limit's bucket, once it is decided there
+	bt, btau := store.BucketLimit(l.T, l.Tau)
 	renew := func(at int64) { renewAll(t, s, c, eps, at) }
 	t0 := 5 * sec
 	for at := 250 * ms; at < t0; at += 250 * ms {
@@ -136,6 +149,19 @@ func TestTakesAtOnceUseTheRate(t *testing.T) {
 		rep, err, check := s.ApplyChecked(at, c, Request{Op: OpTake, N: 1, Member: fmt.Sprintf("m%02d", i), Epoch: eps[i], Sent: at, Nonce: uint64(at) + 2})
 		if err != nil || check != nil {
 			t.Fatal(err, check)
+		}
+		if rep.Bucket != 0 {
+			out, _, res, err := store.ApplyBucket(bucket, at/1000, store.Fresh, store.BucketOp{Start: rep.Bucket / 1000, T: bt, Tau: btau, N: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out != nil {
+				bucket = out
+			}
+			rep.Taken = res.Taken
+		}
+		if wantBucket := n > BucketAbove; (rep.Bucket != 0) != wantBucket {
+			t.Fatalf("%d members: a take answered %+v, want it decided on the bucket: %v", n, rep, wantBucket)
 		}
 		asked++
 		if rep.Taken {

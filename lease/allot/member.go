@@ -261,7 +261,14 @@ type storeView struct {
 	contended bool  // others want as much as they can get
 	central   bool  // the limit is decided at the store (Reply.Central)
 	takenTill int64 // a take keeps it alive at the store until then (own clock)
-	settled   bool  // it has had a share, or an answer that promises none soon
+	// bucket is the record's BucketAt (Reply.Bucket: the limit is decided on its bucket),
+	// and bucketUntil when the registration it was told under may have ended (own clock):
+	// the member takes at the bucket only until then, so that a member whose record was
+	// lost (and made again, fenced, with a bucket of its own) stops within a TTL, as a
+	// lease does.
+	bucket      int64
+	bucketUntil int64
+	settled     bool // it has had a share, or an answer that promises none soon
 	// What the free capacity had saved up (pool, nanoseconds of the limit's tolerance) and
 	// its rate and burst (free), as the store last said at poolAt (own clock), and what the
 	// member has asked to borrow of it since (borrowed): a member borrows only while it
@@ -346,6 +353,7 @@ func (m *Member) Released() bool { return m.phase == released }
 func (m *Member) becomeUnregistered() {
 	m.phase, m.epoch = unregistered, Epoch{}
 	m.link.failed = false
+	m.view.bucket, m.view.bucketUntil = 0, 0
 }
 
 // becomeRegistered: the store registered the member under epoch.

@@ -24,6 +24,13 @@ func (m *Member) Due(now int64) int64 {
 	}
 	d := m.link.lastSent + m.cfg.renew - m.spread()
 	if m.view.central && !m.lease.has && !m.handover.ackNow && !m.link.failed {
+		if m.view.bucket != 0 {
+			// Decided on its bucket: a renewal keeps its registration (and its word that
+			// the limit is decided there) alive, and nothing else; it renews two intervals
+			// before that word runs out, which leaves a crowded limit's relay as long to
+			// answer, and halves its renewals.
+			return max(d, m.view.bucketUntil-2*m.cfg.renew)
+		}
 		// Decided at the store: its takes keep it alive (until takenTill), and a renewal
 		// only reports its demand: it renews when its takes no longer keep it alive.
 		return max(d, m.view.takenTill-m.cfg.renew)
@@ -192,6 +199,7 @@ func (m *Member) Receive(now int64, nonce uint64, rep Reply, err error) {
 		return
 	}
 	expire := rep.Sent + rep.TTL - m.cfg.margin
+	m.learnBucket(rep, expire)
 	switch {
 	case !newEpoch && rep.Lease.Seq < m.lease.seq:
 		return

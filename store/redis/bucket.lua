@@ -4,10 +4,13 @@
 -- compare-and-set the same way. Every time is in microseconds of Redis' clock: exact in
 -- Lua's doubles below 2^53.
 --
--- KEYS[1]  the bucket.
+-- KEYS[1]  the bucket; KEYS[2], if given, the store's meta key (see load.lua): a missing
+--          bucket of a store whose meta key is younger than Fence is empty only Fence
+--          after it (without a meta key, a Redis Cluster's node, after Fence from now).
 -- ARGV     now ('' to read Redis TIME, or "s us": a virtual now, tests only), Start, T,
---          Tau, N, MaxDelay, Charge ('1' or '0'), Until, and how long a bucket is kept
---          after it has refilled, in milliseconds.
+--          Tau, N, MaxDelay, Charge ('1' or '0'), Hold, how long a bucket is kept after
+--          it has refilled in milliseconds, Fence (0: none, a store known to be fresh),
+--          and how long the meta key outlives its last use in milliseconds.
 -- Reply    {taken (1 or 0), wait, now_s, now_us}, or an error for a key that holds
 --          something else.
 local s, us
@@ -20,7 +23,7 @@ else
 end
 local now = s * 1000000 + us
 local start, T, tau = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local n, maxDelay, charge, untl = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1', tonumber(ARGV[8])
+local n, maxDelay, charge, hold = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1', tonumber(ARGV[8])
 local v = redis.call('GET', KEYS[1])
 local ver, tat = 0, nil
 if v then
@@ -32,6 +35,20 @@ if v then
   if not ver or not tat then return redis.error_reply('sluice: bad record: bucket') end
 else
   tat = math.max(now, start) + tau -- empty
+  local fence = tonumber(ARGV[10])
+  if fence > 0 then
+    local since = now
+    if KEYS[2] then
+      local m = redis.call('GET', KEYS[2])
+      if m then
+        local a, b = string.match(m, '^(%d+) (%d+)$')
+        since = tonumber(a) * 1000000 + tonumber(b)
+      else
+        redis.call('SET', KEYS[2], string.format('%d %d', s, us), 'PX', ARGV[11])
+      end
+    end
+    tat = math.max(tat, since + fence + tau)
+  end
 end
 local was = tat
 local taken, wait = 1, 0
@@ -47,8 +64,8 @@ elseif n > 0 then
   tat = math.max(tat, now) + n * T
 elseif n < 0 then
   tat = math.max(tat + n * T, now)
-elseif untl > 0 then
-  tat = math.max(tat, untl + tau - T)
+elseif hold > 0 then
+  tat = math.max(tat, now + hold + tau - T)
 end
 if v and tat == was then return {taken, wait, s, us} end
 local nv = ver + 1

@@ -251,10 +251,17 @@ func (s *Store) Bucket(ctx context.Context, id string, op store.BucketOp) (store
 	if op.Charge {
 		charge = "1"
 	}
+	keys, fence := []string{s.prefix + id}, op.Fence
+	if !s.cluster {
+		keys = append(keys, s.prefix+"meta")
+	}
+	if s.assumeFresh {
+		fence = 0
+	}
 	var cmd *goredis.Cmd
 	err := s.run(ctx, bucketScript, func(p goredis.Pipeliner) {
-		cmd = bucketScript.EvalSha(ctx, p, []string{s.prefix + id}, s.nowArg(), op.Start, op.T, op.Tau, op.N, op.MaxDelay, charge, op.Until,
-			store.BucketKeep.Milliseconds())
+		cmd = bucketScript.EvalSha(ctx, p, keys, s.nowArg(), op.Start, op.T, op.Tau, op.N, op.MaxDelay, charge, op.Hold,
+			store.BucketKeep.Milliseconds(), fence, metaKeepMs)
 	})
 	if err != nil {
 		if cmd != nil && cmd.Err() != nil && strings.Contains(cmd.Err().Error(), "bad record") {

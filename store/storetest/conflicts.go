@@ -31,3 +31,16 @@ func (c *Conflicts) Swap(ctx context.Context, ws []store.Write) ([]uint64, error
 
 // Counts returns how many records were written (or tried) and how many writes lost.
 func (c *Conflicts) Counts() (writes, lost int64) { return c.writes.Load(), c.lost.Load() }
+
+// Bucket applies a bucket's operation (store.Buckets): the store's own Bucket, counted as a
+// write, if it has one; otherwise by compare-and-set through the counted Swap.
+func (c *Conflicts) Bucket(ctx context.Context, id string, op store.BucketOp) (store.BucketResult, error) {
+	if b, ok := c.Store.(store.Buckets); ok {
+		res, err := b.Bucket(ctx, id, op)
+		if err == nil {
+			c.writes.Add(1)
+		}
+		return res, err
+	}
+	return store.DoBucket(ctx, store.CASOnly(c), id, op, 8)
+}

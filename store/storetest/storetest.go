@@ -180,7 +180,7 @@ func Run(t *testing.T, f Factory) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			out, _, want, err := store.ApplyBucket(model, res.Now, op)
+			out, _, want, err := store.ApplyBucket(model, res.Now, store.Fresh, op)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -195,7 +195,7 @@ func Run(t *testing.T, f Factory) {
 		// A day a permit, a burst of 3: nothing refills while the test runs.
 		const day = int64(24 * 3600 * 1e6)
 		lim := store.BucketOp{T: day, Tau: 3 * day}
-		first := do(lim)
+		do(lim)
 		lim.N = 1
 		if r := do(lim); r.Taken {
 			t.Fatalf("a new bucket granted a permit at once: %+v (it starts empty)", r)
@@ -220,7 +220,7 @@ func Run(t *testing.T, f Factory) {
 		charge := lim
 		charge.Charge = true
 		do(charge)
-		hold := store.BucketOp{T: day, Tau: 3 * day, Until: first.Now + 10*day}
+		hold := store.BucketOp{T: day, Tau: 3 * day, Hold: 10 * day}
 		do(hold)
 		if r := do(book); r.Taken {
 			t.Fatalf("a take within two days of a bucket held back ten: %+v", r)
@@ -254,6 +254,30 @@ func Run(t *testing.T, f Factory) {
 		}
 		if n != 3 {
 			t.Fatalf("12 concurrent takes of a full bucket of 3 granted %d", n)
+		}
+	})
+
+	t.Run("BucketAfterAWipe", func(t *testing.T) {
+		// A bucket the store lost with everything else is made empty only a Fence after
+		// the store's new incarnation began (as the lease records are fenced).
+		s, wipe := f(t)
+		if wipe == nil {
+			t.Skip("the factory cannot wipe this store")
+		}
+		b := id("bucket-wipe")
+		const sec = int64(1e6)
+		op := store.BucketOp{T: sec, Tau: 10 * sec, N: -10, Fence: 3600 * sec}
+		if _, err := store.DoBucket(ctx, s, b, op, 8); err != nil {
+			t.Fatal(err)
+		}
+		wipe()
+		op.N = 1
+		res, err := store.DoBucket(ctx, s, b, op, 8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Taken || res.Wait < 3599*sec {
+			t.Fatalf("a take of a bucket lost in a wipe: %+v, want refused for the fence (an hour)", res)
 		}
 	})
 }

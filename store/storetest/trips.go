@@ -28,3 +28,13 @@ func (c *Trips) Swap(ctx context.Context, ws []store.Write) ([]uint64, error) {
 
 // Trips returns how many round trips were made.
 func (c *Trips) Trips() int64 { return c.n.Load() }
+
+// Bucket applies a bucket's operation (store.Buckets): the store's own Bucket, one round
+// trip, if it has one; otherwise by compare-and-set through the counted Load and Swap.
+func (c *Trips) Bucket(ctx context.Context, id string, op store.BucketOp) (store.BucketResult, error) {
+	if b, ok := c.Store.(store.Buckets); ok {
+		c.n.Add(1)
+		return b.Bucket(ctx, id, op)
+	}
+	return store.DoBucket(ctx, store.CASOnly(c), id, op, 8)
+}
