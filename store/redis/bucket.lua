@@ -13,14 +13,7 @@
 --          and how long the meta key outlives its last use in milliseconds.
 -- Reply    {taken (1 or 0), wait, now_s, now_us}, or an error for a key that holds
 --          something else.
-local s, us
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  s, us = tonumber(t[1]), tonumber(t[2])
-else
-  local a, b = string.match(ARGV[1], '^(%d+) (%d+)$')
-  s, us = tonumber(a), tonumber(b)
-end
+-- (clock.lua, put before this script, has read s and us: the store's clock.)
 local now = s * 1000000 + us
 local start, T, tau = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local n, maxDelay, charge, hold = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1', tonumber(ARGV[8])

@@ -14,14 +14,7 @@
 --          first time; -1 -1 without a meta key); each record's version (as text, '0'
 --          if missing) and data ('' if missing).
 -- A record's value is "VERSION DATA".
-local s, us
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  s, us = tonumber(t[1]), tonumber(t[2])
-else
-  local a, b = string.match(ARGV[1], '^(%d+) (%d+)$')
-  s, us = tonumber(a), tonumber(b)
-end
+-- (clock.lua, put before this script, has read s and us: the store's clock.)
 local n = #KEYS
 local out = {s, us, -1, -1}
 if ARGV[2] == 'm' then

@@ -24,10 +24,13 @@ var swapSource string
 //go:embed bucket.lua
 var bucketSource string
 
+//go:embed clock.lua
+var clockSource string
+
 var (
-	loadScript   = goredis.NewScript(loadSource)
-	swapScript   = goredis.NewScript(swapSource)
-	bucketScript = goredis.NewScript(bucketSource)
+	loadScript   = goredis.NewScript(clockSource + loadSource)
+	swapScript   = goredis.NewScript(clockSource + swapSource)
+	bucketScript = goredis.NewScript(clockSource + bucketSource)
 	scripts      = []*goredis.Script{loadScript, swapScript, bucketScript}
 )
 

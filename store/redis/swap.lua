@@ -8,14 +8,7 @@
 --          changed (nothing written). A new version is the old one plus one, or the time
 --          in microseconds if that is larger, so that versions never decrease even when a
 --          record is deleted and made again.
-local s, us
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  s, us = tonumber(t[1]), tonumber(t[2])
-else
-  local a, b = string.match(ARGV[1], '^(%d+) (%d+)$')
-  s, us = tonumber(a), tonumber(b)
-end
+-- (clock.lua, put before this script, has read s and us: the store's clock.)
 local clock = s * 1000000 + us
 local out = {}
 for i = 1, #KEYS do

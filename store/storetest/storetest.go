@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,6 +28,15 @@ func Run(t *testing.T, f Factory) {
 	id := func(name string) string {
 		n++
 		return fmt.Sprintf("{suite-%s-%d-%d}:1:1", name, time.Now().UnixNano(), n)
+	}
+	// wipeable makes a store the factory can wipe, or skips the test.
+	wipeable := func(t *testing.T) (store.Store, func()) {
+		t.Helper()
+		s, wipe := f(t)
+		if wipe == nil {
+			t.Skip("the factory cannot wipe this store")
+		}
+		return s, wipe
 	}
 	load := func(t *testing.T, s store.Store, ids ...string) store.Snapshot {
 		t.Helper()
@@ -129,30 +139,17 @@ func Run(t *testing.T, f Factory) {
 		s, _ := f(t)
 		a := id("race")
 		v0 := swap(t, s, store.Write{ID: a, Data: []byte("0"), Keep: time.Minute})[0]
-		var wg sync.WaitGroup
-		wins := make(chan uint64, 16)
-		for i := range 16 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				vs, err := s.Swap(ctx, []store.Write{{ID: a, Data: []byte(fmt.Sprint(i)), Version: v0, Keep: time.Minute}})
-				if err == nil && vs[0] != 0 {
-					wins <- vs[0]
-				}
-			}()
-		}
-		wg.Wait()
-		close(wins)
-		if n := len(wins); n != 1 {
+		n := concurrently(16, func(i int) bool {
+			vs, err := s.Swap(ctx, []store.Write{{ID: a, Data: []byte(fmt.Sprint(i)), Version: v0, Keep: time.Minute}})
+			return err == nil && vs[0] != 0
+		})
+		if n != 1 {
 			t.Fatalf("%d writers won the same version", n)
 		}
 	})
 
 	t.Run("IncarnationAfterAWipe", func(t *testing.T) {
-		s, wipe := f(t)
-		if wipe == nil {
-			t.Skip("the factory cannot wipe this store")
-		}
+		s, wipe := wipeable(t)
 		a := id("wipe")
 		swap(t, s, store.Write{ID: a, Data: []byte("x"), Keep: time.Minute})
 		before := load(t, s, a)
@@ -234,24 +231,10 @@ func Run(t *testing.T, f Factory) {
 		if _, err := store.DoBucket(ctx, s, c, start, 8); err != nil {
 			t.Fatal(err)
 		}
-		var wg sync.WaitGroup
-		granted := make(chan bool, 12)
-		for range 12 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				res, err := store.DoBucket(ctx, s, c, lim, 64)
-				granted <- err == nil && res.Taken
-			}()
-		}
-		wg.Wait()
-		close(granted)
-		n := 0
-		for g := range granted {
-			if g {
-				n++
-			}
-		}
+		n := concurrently(12, func(int) bool {
+			res, err := store.DoBucket(ctx, s, c, lim, 64)
+			return err == nil && res.Taken
+		})
 		if n != 3 {
 			t.Fatalf("12 concurrent takes of a full bucket of 3 granted %d", n)
 		}
@@ -260,10 +243,7 @@ func Run(t *testing.T, f Factory) {
 	t.Run("BucketAfterAWipe", func(t *testing.T) {
 		// A bucket the store lost with everything else is made empty only a Fence after
 		// the store's new incarnation began (as the lease records are fenced).
-		s, wipe := f(t)
-		if wipe == nil {
-			t.Skip("the factory cannot wipe this store")
-		}
+		s, wipe := wipeable(t)
 		b := id("bucket-wipe")
 		const sec = int64(1e6)
 		op := store.BucketOp{T: sec, Tau: 10 * sec, N: -10, Fence: 3600 * sec}
@@ -280,4 +260,21 @@ func Run(t *testing.T, f Factory) {
 			t.Fatalf("a take of a bucket lost in a wipe: %+v, want refused for the fence (an hour)", res)
 		}
 	})
+}
+
+// concurrently runs f(0) to f(n-1) at once and returns how many returned true.
+func concurrently(n int, f func(i int) bool) int {
+	var wg sync.WaitGroup
+	var won atomic.Int64
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if f(i) {
+				won.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	return int(won.Load())
 }
