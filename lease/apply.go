@@ -30,10 +30,9 @@ type call struct {
 	key   string
 	limit gcra.Limit
 	req   allot.Request
-	// bucket, if not "", is the bucket the call is decided on (a take, a give or a
-	// settlement of a limit decided there: applyTakes), and start the record's BucketAt.
-	bucket string
-	start  int64
+	// bucket, if its ID is not "", is the bucket the call is decided on (a take, a give or
+	// a settlement of a limit decided there: applyTakes).
+	bucket allot.BucketRef
 }
 
 // result is the outcome of one call.
@@ -454,11 +453,8 @@ func (a *applier) state(g *group, rec store.Record, now, since int64, calls []ca
 	}
 	if rec.Version < seen {
 		a.fences.Add(1)
-		st.Incarnation = a.incarnation()
-		st.Fence = max(st.Fence, st.Cfg.FenceAfterRestart(now))
+		st.Rewound(now, a.incarnation())
 		a.sayFenced(g.id, now, now, st.Fence)
-		st.Pool, st.PoolAt = 0, max(st.PoolAt, now) // its burst refills after the fence
-		st.SpendWindow(st.PoolAt)                   // a windowed quota: what it handed out since is unknown
 	}
 	return st, nil
 }

@@ -751,22 +751,22 @@ func (b *Backend) Penalize(ctx context.Context, key string, limits []gcra.Limit,
 	k := allot.Penalize(ms[:len(rs)], now, until)
 	req := ms[k].PenalizeRequest(now, until)
 	c := call{key: key, limit: ms[k].Limit(), req: req}
-	c.bucket, c.start, _ = ms[k].Bucket(now, RecordID(key, c.limit))
+	known, _ := ms[k].Bucket(now, RecordID(key, c.limit))
 	unlock(rs)
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
 	b.roundTrips.Add(1)
-	var err error
-	if c.bucket != "" {
-		// The limit is decided on its bucket: held back there, for every member at once.
-		err = b.apply.penalizeBucket(ctx, c, int64(d))
-	}
+	res, err := b.apply.apply(ctx, []call{c})
 	if err == nil {
-		c.bucket = ""
-		var res []result
-		if res, err = b.apply.apply(ctx, []call{c}); err == nil {
-			err = res[0].err
-		}
+		err = res[0].err
+	}
+	if err == nil && res[0].rep.Bucket != 0 {
+		// The limit is decided on its bucket (the record says so, whatever the member
+		// knew): held back there, for every member at once.
+		known = bucketOf(c, res[0].rep)
+	}
+	if known.ID != "" {
+		err = errors.Join(err, b.apply.penalizeBucket(ctx, c.limit, known, int64(d)))
 	}
 	if err != nil {
 		return fmt.Errorf("sluice lease: report the penalty on %q: %w", key, err)
@@ -1129,7 +1129,7 @@ func (b *Backend) giveBack(takes []call, granted []int) {
 func (b *Backend) takeCall(key string, m *allot.Member, req allot.Request, now int64) call {
 	c := call{key: key, limit: m.Limit(), req: req}
 	if !req.Borrow {
-		c.bucket, c.start, _ = m.Bucket(now, RecordID(key, c.limit))
+		c.bucket, _ = m.Bucket(now, RecordID(key, c.limit))
 	}
 	return c
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/lease/allot"
 	"github.com/sluicehq/sluice/store"
 )
@@ -25,7 +26,7 @@ func (a *applier) applyTakes(ctx context.Context, calls []call) ([]result, error
 	var rec []call
 	var recAt []int
 	for k, c := range calls {
-		if c.bucket == "" {
+		if c.bucket.ID == "" {
 			rec, recAt = append(rec, c), append(recAt, k)
 		}
 	}
@@ -38,28 +39,44 @@ func (a *applier) applyTakes(ctx context.Context, calls []call) ([]result, error
 			out[k] = res[j]
 			c := &calls[k]
 			if r := res[j]; r.err == nil && r.rep.Bucket != 0 && !r.rep.Taken && !c.req.Borrow && (c.req.Op == allot.OpTake || c.req.Op == allot.OpGive) {
-				c.bucket, c.start = allot.BucketID(RecordID(c.key, c.limit), c.req.Epoch.Incarnation), r.rep.Bucket
+				c.bucket = bucketOf(*c, r.rep)
+				if c.req.MaxDelay > 0 {
+					// Booked at once or not at all: the member's word on the bucket, which
+					// bounds a booking (Member.TakeRequest), comes with this answer.
+					c.req.MaxDelay = 0
+				}
 			}
 		}
 	}
 	for k, c := range calls {
-		if c.bucket == "" {
+		if c.bucket.ID == "" {
 			continue
 		}
 		taken, wait, err := a.bucket(ctx, c)
 		r := &out[k]
 		if r.rep.TTL == 0 { // the member knew: no answer of the record's
-			r.rep = allot.Reply{Central: true, Bucket: c.start, Sent: c.req.Sent, Nonce: c.req.Nonce}
+			r.rep = allot.Reply{Central: true, Bucket: c.bucket.Start, Sent: c.req.Sent, Nonce: c.req.Nonce}
 		}
 		r.rep.Taken, r.rep.Wait, r.err = taken, wait, err
 	}
 	return out, nil
 }
 
+// bucketOf is the bucket the record's answer rep to c names.
+func bucketOf(c call, rep allot.Reply) allot.BucketRef {
+	return allot.BucketRef{ID: allot.BucketID(RecordID(c.key, c.limit), rep.BucketInc), Start: rep.Bucket, Fence: rep.TTL + rep.Grace}
+}
+
+// bucketOp is an operation on the bucket b of limit l, without its numbers.
+func bucketOp(l gcra.Limit, b allot.BucketRef) store.BucketOp {
+	op := store.BucketOp{Start: (b.Start + 999) / 1000, Fence: (b.Fence + 999) / 1000}
+	op.T, op.Tau = store.BucketLimit(l.T, l.Tau)
+	return op
+}
+
 // bucket does c (a take, a give or a settlement up) at its bucket.
 func (a *applier) bucket(ctx context.Context, c call) (taken bool, wait int64, err error) {
-	op := store.BucketOp{Start: (c.start + 999) / 1000, Fence: (int64(a.cfg.TTL) + int64(a.cfg.Grace) + 999) / 1000}
-	op.T, op.Tau = store.BucketLimit(c.limit.T, c.limit.Tau)
+	op := bucketOp(c.limit, c.bucket)
 	switch {
 	case c.req.Op == allot.OpGive:
 		op.N = -c.req.N
@@ -67,20 +84,21 @@ func (a *applier) bucket(ctx context.Context, c call) (taken bool, wait int64, e
 		op.N, op.Charge = c.req.N, true
 	default:
 		// Booked at most TTL + Grace ahead, as the record books (a bucket lost with its
-		// store is fenced that long).
-		op.N, op.MaxDelay = c.req.N, min(c.req.MaxDelay, int64(a.cfg.TTL+a.cfg.Grace))/1000
+		// store is fenced that long), and no further than the member's word on the bucket
+		// (Member.TakeRequest).
+		op.N, op.MaxDelay = c.req.N, max(min(c.req.MaxDelay, c.bucket.Fence), 0)/1000
 	}
-	res, err := store.DoBucket(ctx, a.store, c.bucket, op, MaxAttempts)
+	res, err := store.DoBucket(ctx, a.store, c.bucket.ID, op, MaxAttempts)
 	if err != nil {
 		return false, 0, err
 	}
 	return res.Taken, res.Wait * int64(time.Microsecond), nil
 }
 
-// penalizeBucket holds c's bucket back for d.
-func (a *applier) penalizeBucket(ctx context.Context, c call, d int64) error {
-	op := store.BucketOp{Start: (c.start + 999) / 1000, Hold: (d + 999) / 1000, Fence: (int64(a.cfg.TTL) + int64(a.cfg.Grace) + 999) / 1000}
-	op.T, op.Tau = store.BucketLimit(c.limit.T, c.limit.Tau)
-	_, err := store.DoBucket(ctx, a.store, c.bucket, op, MaxAttempts)
+// penalizeBucket holds bucket b of limit l back for d.
+func (a *applier) penalizeBucket(ctx context.Context, l gcra.Limit, b allot.BucketRef, d int64) error {
+	op := bucketOp(l, b)
+	op.Hold = (d + 999) / 1000
+	_, err := store.DoBucket(ctx, a.store, b.ID, op, MaxAttempts)
 	return err
 }

@@ -57,9 +57,9 @@ type leaseMode struct {
 	free []int32
 
 	// buckets are the store's buckets of the limits decided on them (allot.State.BucketAt),
-	// by limit (emission interval and tolerance), and bucketsSince when the store's
-	// incarnation began (store.Fresh until it restarts).
-	buckets      map[[2]int64][]byte
+	// by limit (emission interval and tolerance) and bucket incarnation, and bucketsSince
+	// when the store's incarnation began (store.Fresh until it restarts).
+	buckets      map[bucketKey][]byte
 	bucketsSince int64
 
 	// The shares the members have in use, summed for checkMembers: each member's as last
@@ -437,9 +437,9 @@ func (l *leaseMode) atBucket(e *engine, st *allot.State, msg *leaseMsg) {
 		return
 	}
 	if l.buckets == nil {
-		l.buckets, l.bucketsSince = map[[2]int64][]byte{}, store.Fresh
+		l.buckets, l.bucketsSince = map[bucketKey][]byte{}, store.Fresh
 	}
-	k := [2]int64{st.Limit.T, st.Limit.Tau}
+	k := bucketKey{st.Limit.T, st.Limit.Tau, st.BucketInc}
 	since := l.bucketsSince
 	if since != store.Fresh {
 		since /= 1000
@@ -454,6 +454,12 @@ func (l *leaseMode) atBucket(e *engine, st *allot.State, msg *leaseMsg) {
 	if msg.req.Op == allot.OpTake {
 		msg.rep.Taken, msg.rep.Wait = res.Taken, res.Wait*1000
 	}
+}
+
+// bucketKey names a bucket in the simulated store: its limit and incarnation.
+type bucketKey struct {
+	t, tau int64
+	inc    uint64
 }
 
 // touch says member mi was called (or made, or let go): the next check asks it again
@@ -621,7 +627,7 @@ const RateSlack = allot.RateScale / 1000
 func (l *leaseMode) storeRestart(e *engine) {
 	l.setup(e)
 	l.inc++
-	l.buckets, l.bucketsSince = map[[2]int64][]byte{}, e.now // lost with everything else
+	l.buckets, l.bucketsSince = map[bucketKey][]byte{}, e.now // lost with everything else
 	fence := l.cfg.FenceAfterRestart(e.now)
 	for i, lim := range l.limits {
 		l.states[i], _ = allot.NewState(lim, l.inc, e.now, fence, l.cfg)

@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -79,8 +80,8 @@ const bucketFormat = "b1 "
 // to keep it, and the result. Every store applies it (a script mirrors it; the
 // conformance suite compares the two).
 func ApplyBucket(data []byte, now, since int64, op BucketOp) (out []byte, keep time.Duration, res BucketResult, err error) {
-	if op.T < 1 || op.Tau < op.T {
-		return nil, 0, BucketResult{}, fmt.Errorf("%w: a bucket of T %d µs and tolerance %d µs", ErrBadRecord, op.T, op.Tau)
+	if err := op.check(); err != nil {
+		return nil, 0, BucketResult{}, err
 	}
 	var tat int64
 	if data == nil {
@@ -114,8 +115,14 @@ func ApplyBucket(data []byte, now, since int64, op BucketOp) (out []byte, keep t
 	case op.N > 0: // a charge: used already
 		tat = max(tat, now) + op.N*op.T
 		res.Taken = true
-	case op.N < 0: // given back: never fuller than full
-		tat = max(tat+op.N*op.T, now)
+	case op.N < 0:
+		// Given back, never fuller than full, and only while nothing is booked ahead nor
+		// held back (a booking's slot lies a tolerance before the TAT it left, a hold's
+		// end less a T): a slot given back under those would be granted again beside
+		// them. A give-back then is dropped (the permits are wasted, never granted twice).
+		if tat <= now+op.Tau {
+			tat = max(tat+op.N*op.T, now)
+		}
 		res.Taken = true
 	default:
 		if op.Hold > 0 {
@@ -127,6 +134,30 @@ func ApplyBucket(data []byte, now, since int64, op BucketOp) (out []byte, keep t
 		return nil, 0, res, nil
 	}
 	return []byte(bucketFormat + strconv.FormatInt(tat, 10)), time.Duration(max(tat-now, 0))*time.Microsecond + BucketKeep, res, nil
+}
+
+// ErrBadBucketOp is wrapped by the error of a bucket operation out of range: a take of
+// more permits than the burst, or numbers a script cannot hold exactly.
+var ErrBadBucketOp = errors.New("sluice: bad bucket operation")
+
+// bucketMax bounds a bucket's durations (and N × T), in microseconds: about 2.2 years,
+// and with the store's clock well within 2^53 (a script's numbers are doubles).
+const bucketMax = 1 << 46
+
+// check reports whether op is in range (the script checks the same).
+func (op BucketOp) check() error {
+	in := func(x int64) bool { return x >= 0 && x <= bucketMax }
+	switch {
+	case op.T < 1 || op.Tau < op.T || !in(op.Tau):
+		return fmt.Errorf("%w: a bucket of T %d µs and tolerance %d µs", ErrBadBucketOp, op.T, op.Tau)
+	case op.N > bucketMax/op.T || -op.N > bucketMax/op.T:
+		return fmt.Errorf("%w: %d permits of %d µs", ErrBadBucketOp, op.N, op.T)
+	case op.N > 0 && !op.Charge && op.N*op.T > op.Tau:
+		return fmt.Errorf("%w: a take of %d permits of a burst of %d", ErrBadBucketOp, op.N, op.Tau/op.T)
+	case !in(op.MaxDelay) || !in(op.Hold) || !in(op.Fence) || op.Start < 0 || op.Start > 1<<52:
+		return fmt.Errorf("%w: %+v", ErrBadBucketOp, op)
+	}
+	return nil
 }
 
 // BucketLimit is a limit's emission interval and tolerance (nanoseconds) as a bucket's

@@ -67,35 +67,82 @@ func TestMemberTakesAtItsBucketWhileRegistered(t *testing.T) {
 		t.Fatal("no join")
 	}
 	ep := Epoch{Incarnation: 7, N: 1}
-	m.Receive(ms, req.Nonce, Reply{Epoch: ep, Central: true, Bucket: 50 * ms, Sent: 0, TTL: int64(time.Second), Live: 200}, nil)
-	id, start, ok := m.Bucket(10*ms, "rec")
-	if !ok || start != 50*ms || id != BucketID("rec", 7) {
-		t.Fatalf("after a reply naming the bucket: %q %d %v; want %q, 50ms, true", id, start, ok, BucketID("rec", 7))
+	m.Receive(ms, req.Nonce, Reply{Epoch: ep, Central: true, Bucket: 50 * ms, BucketInc: 7, Sent: 0, TTL: int64(time.Second), Grace: 500 * ms, Live: 200}, nil)
+	b, ok := m.Bucket(10*ms, "rec")
+	if want := (BucketRef{ID: BucketID("rec", 7), Start: 50 * ms, Fence: 1500 * ms}); !ok || b != want {
+		t.Fatalf("after a reply naming the bucket: %+v %v; want %+v", b, ok, want)
 	}
 	if due := m.Due(ms); due < 995*ms-2*100*ms {
 		t.Fatalf("a member on its bucket renews at %v, want two intervals before its word on it runs out (795ms): nothing else needs a renewal", time.Duration(due))
 	}
-	if _, _, ok := m.Bucket(995*ms, "rec"); ok {
+	if _, ok := m.Bucket(995*ms, "rec"); ok {
 		t.Fatal("the member still takes at its bucket when its registration may have ended")
 	}
-	// A take at the bucket books as far ahead as its caller waits (the bucket caps it at
-	// TTL + Grace): there is no line to keep its place in.
-	if req, ok := m.TakeRequest(10*ms, 1, 10*sec); !ok || req.MaxDelay != 10*sec {
-		t.Fatalf("a take of a member on its bucket: %+v %v; want it booked up to the caller's 10s", req, ok)
+	// A take at the bucket books as far ahead as its caller waits (there is no line to
+	// keep its place in), but no further than the member's word on the bucket: a member
+	// whose record was lost has every permit it booked before the record made again
+	// grants any.
+	if req, ok := m.TakeRequest(10*ms, 1, 500*ms); !ok || req.MaxDelay != 500*ms {
+		t.Fatalf("a take of a member on its bucket: %+v %v; want it booked up to the caller's 500ms", req, ok)
+	}
+	if req, ok := m.TakeRequest(10*ms, 1, 10*sec); !ok || req.MaxDelay != 985*ms {
+		t.Fatalf("a take of a member on its bucket: %+v %v; want it booked up to its word on the bucket, 985ms ahead", req, ok)
 	}
 	// A take at the bucket keeps nobody alive.
 	m.TookAtBucket(10*ms, 11*ms, 1, true, 0, nil)
-	if _, _, ok := m.Bucket(995*ms, "rec"); ok {
+	if _, ok := m.Bucket(995*ms, "rec"); ok {
 		t.Fatal("a take at the bucket extended the member's word on it")
 	}
 	// The record's answer to a take, on the registration, extends it.
-	m.Took(900*ms, 901*ms, 1, Reply{Central: true, Bucket: 50 * ms, Sent: 900 * ms, TTL: int64(time.Second)}, nil)
-	if _, _, ok := m.Bucket(1500*ms, "rec"); !ok {
+	m.Took(900*ms, 901*ms, 1, Reply{Central: true, Bucket: 50 * ms, BucketInc: 7, Sent: 900 * ms, TTL: int64(time.Second)}, nil)
+	if _, ok := m.Bucket(1500*ms, "rec"); !ok {
 		t.Fatal("the record's answer did not extend the member's word on its bucket")
 	}
 	// Unregistered (its record lost): no bucket.
 	m.Took(1600*ms, 1601*ms, 1, Reply{}, ErrStaleEpoch)
-	if _, _, ok := m.Bucket(1602*ms, "rec"); ok {
+	if _, ok := m.Bucket(1602*ms, "rec"); ok {
 		t.Fatal("an unregistered member takes at its bucket")
+	}
+}
+
+// TestBucketRecordRewoundAndIdle: a record on its bucket found rewound moves to a new
+// bucket (named anew) that starts after the record's fence; a penalty's answer names the
+// bucket (the member holds it back there); and a record on its bucket whose members have
+// all left is not Idle (deleted, then made again with a fresh pool) before every permit
+// they may have booked at the bucket has come and the bucket has had a tolerance to
+// refill.
+func TestBucketRecordRewoundAndIdle(t *testing.T) {
+	c := cfg(Fair)
+	l := lim(100, time.Second, 20)
+	s, eps := joinedState(t, l, c, BucketAbove+1)
+	renewAll(t, s, c, eps, 100*ms)
+	if s.BucketAt == 0 || s.BucketInc != s.Incarnation {
+		t.Fatalf("bucket at %d of incarnation %d (record's %d)", s.BucketAt, s.BucketInc, s.Incarnation)
+	}
+	pen, err := s.Apply(200*ms, c, Request{Op: OpPenalize, Member: "m00", Hold: sec, Sent: 200 * ms})
+	if err != nil || pen.Bucket != s.BucketAt || pen.BucketInc != s.BucketInc {
+		t.Fatalf("a penalty's answer on a record on its bucket: %+v, %v; want it naming the bucket", pen, err)
+	}
+	was, at := s.BucketInc, s.BucketAt
+	s.Rewound(300*ms, 99)
+	if s.BucketInc != 99 || s.BucketInc == was || s.BucketAt < s.Fence || s.BucketAt < at {
+		t.Fatalf("rewound: bucket %d at %v, fence %v; want a new bucket (99) from the fence on", s.BucketInc, time.Duration(s.BucketAt), time.Duration(s.Fence))
+	}
+	end := int64(0)
+	for i := range eps {
+		at := 2*sec + int64(i)
+		if _, err := s.Apply(at, c, Request{Op: OpRelease, Member: fmt.Sprintf("m%02d", i), Epoch: eps[i], Sent: at, Nonce: 50}); err != nil {
+			t.Fatal(err)
+		}
+		end = at
+	}
+	busy := end + int64(c.TTL+c.Grace)
+	for _, at := range []int64{busy - ms, busy + l.Tau - ms} {
+		if s.Idle(at) {
+			t.Fatalf("idle at %v, its members having left at %v: permits booked at its bucket may still come until %v", time.Duration(at), time.Duration(end), time.Duration(busy))
+		}
+	}
+	if q := s.QuietAt(); q < busy+l.Tau {
+		t.Fatalf("quiet at %v, before %v", time.Duration(q), time.Duration(busy+l.Tau))
 	}
 }

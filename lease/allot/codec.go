@@ -34,7 +34,7 @@ import (
 // callers go or it is upgraded.
 //
 // Any format may mark a limit decided on its bucket (State.BucketAt): its central flag is
-// then 2, followed by BucketAt. Members of an earlier version fail to read such a record
+// then 2, followed by BucketAt, BucketInc and BucketBusy. Members of an earlier version fail to read such a record
 // (a store error, answered by their fail mode: never a permit the bucket does not count).
 
 const (
@@ -79,6 +79,8 @@ func MarshalState(s *State) []byte {
 	w.u(central)
 	if s.BucketAt != 0 {
 		w.t(s.BucketAt)
+		w.u(s.BucketInc)
+		w.t(s.BucketBusy)
 	}
 	w.t(s.Booked)
 	w.u(uint64(len(s.Queue)))
@@ -162,6 +164,8 @@ func UnmarshalState(b []byte) (*State, error) {
 	case 2:
 		s.Central = true
 		s.BucketAt = r.t()
+		s.BucketInc = r.u()
+		s.BucketBusy = r.t()
 	default:
 		r.err = errors.New("bad central flag")
 	}

@@ -548,16 +548,24 @@ func (m *Member) TookBorrow(now, n int64, rep Reply, err error) {
 // Central reports whether the member's limit is decided at the store (Reply.Central).
 func (m *Member) Central() bool { return m.view.central && m.phase == registered }
 
+// BucketRef is a limit's bucket as its member knows it (Member.Bucket).
+type BucketRef struct {
+	ID string // BucketID of the record's
+	// Start is what a missing bucket starts at (State.BucketAt, the store's clock), and
+	// Fence how long a bucket lost with its store is fenced (the record's TTL + Grace).
+	Start, Fence int64
+}
+
 // Bucket reports whether the member's limit is decided on its bucket (State.BucketAt) at
-// now, and if so the bucket's name (BucketID of the record's, recordID) and what a missing
-// bucket starts at (BucketAt, the store's clock): the caller takes there (TookAtBucket),
-// rather than at the record (TakeRequest). It is not once the registration it learnt it
-// under may have ended: the member then asks the record, which says again.
-func (m *Member) Bucket(now int64, recordID string) (id string, start int64, ok bool) {
+// now, and if so which, named after the record's ID: the caller takes there (the
+// request from TakeRequest, the answer to Took), rather than at the record. It is not
+// once the registration it learnt it under may have ended: the member then asks the
+// record, which says again.
+func (m *Member) Bucket(now int64, recordID string) (BucketRef, bool) {
 	if !m.Central() || m.view.bucket == 0 || now >= m.view.bucketUntil {
-		return "", 0, false
+		return BucketRef{}, false
 	}
-	return BucketID(recordID, m.epoch.Incarnation), m.view.bucket, true
+	return BucketRef{ID: BucketID(recordID, m.view.bucketInc), Start: m.view.bucket, Fence: m.view.bucketFence}, true
 }
 
 // learnBucket learns from a reply of the record, to a request of its registration's,
@@ -565,6 +573,7 @@ func (m *Member) Bucket(now int64, recordID string) (id string, start int64, ok 
 func (m *Member) learnBucket(rep Reply, expire int64) {
 	m.view.bucket = rep.Bucket
 	if rep.Bucket != 0 {
+		m.view.bucketInc, m.view.bucketFence = rep.BucketInc, rep.TTL+rep.Grace
 		m.view.bucketUntil = max(m.view.bucketUntil, expire)
 	}
 }
@@ -573,7 +582,7 @@ func (m *Member) learnBucket(rep Reply, expire int64) {
 // asked at now (Bucket): taken, usable after wait, or refused (the same take would be
 // granted after wait); err if the store did not answer.
 func (m *Member) TookAtBucket(now, arrival, n int64, taken bool, wait int64, err error) {
-	m.Took(now, arrival, n, Reply{Central: true, Bucket: m.view.bucket, Taken: taken, Wait: wait, Sent: now}, err)
+	m.Took(now, arrival, n, Reply{Central: true, Bucket: m.view.bucket, BucketInc: m.view.bucketInc, Taken: taken, Wait: wait, Sent: now}, err)
 }
 
 // TakeRequest returns the request that takes n permits of a store-decided limit at the
@@ -601,8 +610,13 @@ func (m *Member) TakeRequest(now, n, maxDelay int64) (Request, bool) {
 		// later competes with every other as it comes, and slots that come free while the
 		// refused ones sleep past them are lost (1,000 members of 2000/s at 120% of it,
 		// booking a horizon ahead: 0.91 of the ideal throttle's permits).
+		// Nor past the member's word on its bucket (bucketUntil): a member whose record
+		// was lost stops taking there then, and every permit it booked has come before
+		// the record made again (fenced TTL + Grace from the loss) grants any.
 		if m.view.bucket == 0 {
 			maxDelay = min(maxDelay, max(m.cfg.horizon, 2*m.link.rtt, 1))
+		} else {
+			maxDelay = min(maxDelay, max(m.view.bucketUntil-now, 0))
 		}
 		m.line.inflight = append(m.line.inflight, now)
 	}

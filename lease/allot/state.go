@@ -245,6 +245,15 @@ type State struct {
 	// (toBucket). The bucket is empty then. The record then only keeps its members, and
 	// answers a take or a give with Reply.Bucket, which the member does at the bucket.
 	BucketAt int64 `json:"bucket_at,omitempty"`
+	// BucketInc names the bucket (BucketID): the record's incarnation when it moved to its
+	// bucket, drawn anew with the record's when the record is found rewound (its bucket
+	// may have lost writes too; the new one starts after the fence). BucketBusy is when
+	// the members that last spoke to the record (each request applied) may have stopped
+	// taking at the bucket and every permit they booked there has come (now + TTL +
+	// Grace): the record is not Idle before it has also had a tolerance to refill, so that
+	// a record made again (a fresh pool, no fence) never adds its burst to the bucket's.
+	BucketInc  uint64 `json:"bucket_inc,omitempty"`
+	BucketBusy int64  `json:"bucket_busy,omitempty"`
 	// WindowEnd and Granted are a windowed quota's (Limit.Window > 0): the end of the
 	// window the record counts in, on the store's clock (windows fall on whole multiples of
 	// Limit.Window of Unix time), and the tokens handed out in it: never more than the
@@ -474,9 +483,11 @@ type Reply struct {
 	// permits of burst, or a share would grant less than a permit per lease): nobody holds
 	// a share, and members take each decision's permits at the store (OpTake).
 	Central bool `json:"central"`
-	// Bucket, if not zero, is the record's BucketAt: the limit is decided on its bucket,
-	// where the member takes its permits (and gives them back) while it is registered.
-	Bucket int64 `json:"bucket,omitempty"`
+	// Bucket, if not zero, is the record's BucketAt: the limit is decided on its bucket
+	// (named by BucketInc), where the member takes its permits (and gives them back)
+	// while it is registered.
+	Bucket    int64  `json:"bucket,omitempty"`
+	BucketInc uint64 `json:"bucket_inc,omitempty"`
 	// Taken and Wait answer a take: granted (usable after Wait), or not (ask again after
 	// Wait: the same take would be granted then). Borrow says the take was a borrow
 	// (Request.Borrow) on a limit that is shared out.
@@ -540,6 +551,9 @@ type applied struct {
 
 func (s *State) apply(now int64, cfg Config, req Request, a *applied) (Reply, error) {
 	now = max(now, s.PoolAt)
+	if s.BucketAt != 0 {
+		s.BucketBusy = max(s.BucketBusy, gcra.After(now, int64(cfg.TTL+cfg.Grace)))
+	}
 	counted := s.advance(now)
 	a.rest = counted
 	s.roll(now)
@@ -555,6 +569,7 @@ func (s *State) apply(now int64, cfg Config, req Request, a *applied) (Reply, er
 			s.Penalty = max(s.Penalty, gcra.After(now, req.Hold))
 		}
 		rep.Penalty = max(0, s.Penalty-now)
+		rep.Bucket, rep.BucketInc = s.BucketAt, s.BucketInc // the member holds the bucket back too
 		return rep, nil
 	case OpJoin, OpRenew, OpRelease, OpTake, OpGive:
 	default:
@@ -650,7 +665,7 @@ func (s *State) apply(now int64, cfg Config, req Request, a *applied) (Reply, er
 		s.updateCentral(now, cfg)           // is the limit still too small to share out?
 		rep.Central = s.Central
 		if s.BucketAt != 0 {
-			rep.Bucket = s.BucketAt // the member does it at the bucket
+			rep.Bucket, rep.BucketInc = s.BucketAt, s.BucketInc // the member does it at the bucket
 			e.AliveUntil = max(e.AliveUntil, now+int64(cfg.TTL))
 			return rep, nil
 		}
@@ -976,7 +991,7 @@ func (s *State) grant(i int, now int64, cfg Config, rest Share, rep *Reply) {
 	rep.Target = target
 	rep.Live, rep.Size = live, size
 	rep.Penalty = max(0, s.Penalty-now)
-	rep.Central, rep.Bucket = s.Central, s.BucketAt
+	rep.Central, rep.Bucket, rep.BucketInc = s.Central, s.BucketAt, s.BucketInc
 	if cfg.Policy == Fair {
 		rep.Contended = isContended()
 	}
@@ -1061,6 +1076,7 @@ func (s *State) Clone() *State {
 // new one).
 func (s *State) Idle(now int64) bool {
 	return len(s.Members) == 0 && s.Penalty <= now && now >= s.Fence && s.Pool >= s.Limit.Tau && now >= s.Open && s.Booked <= now && len(s.Queue) == 0 &&
+		now >= gcra.After(s.BucketBusy, s.Limit.Tau) &&
 		(s.Granted == 0 || now >= s.WindowEnd)
 }
 
@@ -1068,7 +1084,7 @@ func (s *State) Idle(now int64) bool {
 // and quarantine it counts has ended, every penalty and fence too, and its pool has had
 // the time to refill at the whole limit's rate.
 func (s *State) QuietAt() int64 {
-	t := max(s.Fence, s.Penalty, s.Open, s.PoolAt, s.Booked)
+	t := max(s.Fence, s.Penalty, s.Open, s.PoolAt, s.Booked, s.BucketBusy)
 	if !s.Limit.Ramp.IsZero() {
 		t = max(t, gcra.AddSat(s.RampStart, s.Limit.Ramp.Over)) // the pool refills at the full rate only then
 	}
@@ -1294,7 +1310,23 @@ func (s *State) toBucket(now, live int64) {
 		return
 	}
 	s.BucketAt = max(now, s.heldUntil(now), s.Booked, s.Penalty, s.Fence)
+	s.BucketInc = s.Incarnation
 	s.Queue = nil // its waiters come back to the bucket
+}
+
+// Rewound makes a record found older than a version a member has seen (a failover that
+// lost writes, an old copy restored) a new incarnation, fenced from now (the store's
+// clock) for TTL + Grace, its burst refilled only after; a limit on its bucket moves to a
+// new bucket that starts after the fence (the old one may have lost writes too, and its
+// members stop taking there within a TTL).
+func (s *State) Rewound(now int64, incarnation uint64) {
+	s.Incarnation = incarnation
+	s.Fence = max(s.Fence, s.Cfg.FenceAfterRestart(now))
+	s.Pool, s.PoolAt = 0, max(s.PoolAt, now) // its burst refills after the fence
+	s.SpendWindow(s.PoolAt)                  // a windowed quota: what it handed out since is unknown
+	if s.BucketAt != 0 {
+		s.BucketInc, s.BucketAt = incarnation, max(s.BucketAt, s.Fence)
+	}
 }
 
 // BucketID names the bucket of the record recordID made in incarnation inc (a record made

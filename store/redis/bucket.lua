@@ -17,6 +17,15 @@
 local now = s * 1000000 + us
 local start, T, tau = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local n, maxDelay, charge, hold = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1', tonumber(ARGV[8])
+-- In range, as store.BucketOp.check: durations and N × T within 2^46 microseconds, a take
+-- no larger than the burst.
+local top = 70368744177664
+local function out(x) return not x or x < 0 or x > top end
+if not T or T < 1 or not tau or tau < T or out(tau) or not n or math.abs(n) > math.floor(top / T)
+  or (n > 0 and not charge and n * T > tau) or out(maxDelay) or out(hold) or out(tonumber(ARGV[10]))
+  or not start or start < 0 or start > 4503599627370496 then
+  return redis.error_reply('sluice: bad bucket operation')
+end
 local v = redis.call('GET', KEYS[1])
 local ver, tat = 0, nil
 if v then
@@ -56,7 +65,7 @@ if n > 0 and not charge then
 elseif n > 0 then
   tat = math.max(tat, now) + n * T
 elseif n < 0 then
-  tat = math.max(tat + n * T, now)
+  if tat <= now + tau then tat = math.max(tat + n * T, now) end
 elseif hold > 0 then
   tat = math.max(tat, now + hold + tau - T)
 end

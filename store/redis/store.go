@@ -270,6 +270,9 @@ func (s *Store) Bucket(ctx context.Context, id string, op store.BucketOp) (store
 		if cmd != nil && cmd.Err() != nil && strings.Contains(cmd.Err().Error(), "bad record") {
 			return store.BucketResult{}, fmt.Errorf("%w: lease store: %s", store.ErrBadRecord, s.prefix+id)
 		}
+		if cmd != nil && cmd.Err() != nil && strings.Contains(cmd.Err().Error(), "bad bucket operation") {
+			return store.BucketResult{}, fmt.Errorf("%w: %+v", store.ErrBadBucketOp, op)
+		}
 		return store.BucketResult{}, err
 	}
 	arr, err := cmd.Int64Slice()

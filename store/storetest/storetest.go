@@ -8,6 +8,7 @@ package storetest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -211,8 +212,19 @@ func Run(t *testing.T, f Factory) {
 		}
 		book := lim
 		book.MaxDelay = 2 * day
-		if r := do(book); !r.Taken || r.Wait <= 0 {
+		r := do(book)
+		if !r.Taken || r.Wait <= 0 {
 			t.Fatalf("a take booked ahead: %+v", r)
+		}
+		// A give-back while a permit is booked ahead is dropped: the booked slot is not
+		// granted twice.
+		give.N = -1
+		do(give)
+		if r2 := do(book); r2.Taken && r2.Wait <= r.Wait {
+			t.Fatalf("after a give-back, a take booked at %d µs where one was booked at %d: the slot granted twice", r2.Wait, r.Wait)
+		}
+		if _, err := store.DoBucket(ctx, s, b, store.BucketOp{T: day, Tau: 3 * day, N: 4}, 8); !errors.Is(err, store.ErrBadBucketOp) {
+			t.Fatalf("a take of 4 permits of a burst of 3: %v, want ErrBadBucketOp", err)
 		}
 		charge := lim
 		charge.Charge = true
