@@ -328,7 +328,7 @@ func (l *Limiter) Allow(ctx context.Context, key string) bool {
 		return false
 	}
 	if sh.allower != nil && l.observer == nil && (sh.rampEnd == 0 || !sh.ramping(l.clock.Nanotime())) &&
-		l.keepsNothing(ctx, key, sh.core) {
+		(!priority.Named() && l.seen.Load() == nil || l.keepsNothing(ctx, key, sh.core)) {
 		var ok bool
 		var err error
 		switch {
