@@ -98,6 +98,8 @@ type shape struct {
 	limits  Limits
 	core    []gcra.Limit    // limits tightened by the margin, in the core's units (ramps over)
 	allower backend.Allower // the backend's fast path, when it has one and it applies
+	ref     allowerRef      // allower, when it takes the limit by reference
+	local   *local.Backend  // allower, when it is the in-process backend: called directly (Allow)
 	// expireAfter is how late a permit may be handed to its user (see expiredAt and
 	// expireAfter).
 	expireAfter int64
@@ -122,6 +124,13 @@ func (sh *shape) coreAt(now int64) []gcra.Limit {
 
 // ramping reports whether sh has a ramp that has not ended at now.
 func (sh *shape) ramping(now int64) bool { return sh.rampEnd != 0 && now < sh.rampEnd }
+
+// allowerRef is a backend.Allower that also takes the limit by reference, as the local
+// and lease modes' backends do: a limit copied onto the stack for each call is part of the
+// fast path's cost.
+type allowerRef interface {
+	AllowOneRef(ctx context.Context, key string, l *gcra.Limit) (bool, error)
+}
 
 // unavailableRetry is the RetryAfter of a failure's denial when the backend gives no hint.
 const unavailableRetry = 100 * time.Millisecond
@@ -199,6 +208,8 @@ func (l *Limiter) newShape(limits Limits, prev *shape) *shape {
 	}
 	if a, ok := l.be.(backend.Allower); ok && len(sh.core) == 1 {
 		sh.allower = a
+		sh.ref, _ = a.(allowerRef)
+		sh.local, _ = a.(*local.Backend)
 	}
 	if shared {
 		return l.finishShape(limits, sh)
@@ -317,8 +328,17 @@ func (l *Limiter) Allow(ctx context.Context, key string) bool {
 		return false
 	}
 	if sh.allower != nil && l.observer == nil && (sh.rampEnd == 0 || !sh.ramping(l.clock.Nanotime())) &&
-		l.keepsNothing(ctx, key, sh.core) {
-		ok, err := sh.allower.AllowOne(ctx, key, sh.core[0])
+		(!priority.Named() && l.seen.Load() == nil || l.keepsNothing(ctx, key, sh.core)) {
+		var ok bool
+		var err error
+		switch {
+		case sh.local != nil:
+			ok, err = sh.local.AllowOneRef(ctx, key, &sh.core[0])
+		case sh.ref != nil:
+			ok, err = sh.ref.AllowOneRef(ctx, key, &sh.core[0])
+		default:
+			ok, err = sh.allower.AllowOne(ctx, key, sh.core[0])
+		}
 		if err != nil {
 			g, _ := l.failed(key, 1, err)
 			return g.Allowed

@@ -51,6 +51,7 @@ type entry = keytable.Entry[state]
 // Backend is the in-process backend. Use New; it is safe for concurrent use.
 type Backend struct {
 	clock      clock.Clock
+	real       *clock.Real // clock, when it is a real one: read without an interface call (now)
 	maxKeys    int64
 	sweepEvery int64
 
@@ -119,8 +120,18 @@ func New(opts ...Option) *Backend {
 	for _, o := range opts {
 		o.apply(b)
 	}
+	b.real, _ = b.clock.(*clock.Real)
 	b.lastSweep.Store(b.clock.Nanotime())
 	return b
+}
+
+// now reads the backend's clock: a real one by a direct call, which the compiler inlines,
+// rather than through the interface.
+func (b *Backend) now() int64 {
+	if b.real != nil {
+		return b.real.Nanotime()
+	}
+	return b.clock.Nanotime()
 }
 
 // Len returns the number of keys held.
@@ -237,7 +248,7 @@ func (b *Backend) Decide(_ context.Context, key string, req backend.Request) (ba
 	if b.closed.Load() {
 		return backend.Grant{}, backend.ErrClosed
 	}
-	now := b.clock.Nanotime()
+	now := b.now()
 	md := int64(max(req.MaxDelay, 0))
 	if len(req.Limits) == 1 {
 		l := req.Limits[0]
@@ -291,11 +302,49 @@ func (b *Backend) Capabilities() backend.Capabilities {
 }
 
 // AllowOne takes one permit for key under l if one is free now (backend.Allower).
-func (b *Backend) AllowOne(_ context.Context, key string, l gcra.Limit) (bool, error) {
+func (b *Backend) AllowOne(ctx context.Context, key string, l gcra.Limit) (bool, error) {
+	return b.AllowOneRef(ctx, key, &l)
+}
+
+// AllowOneRef is AllowOne with the limit passed by reference, as the limiter calls it:
+// copying the limit onto the stack for the call cost a tenth of a decision on a key the
+// backend holds (BenchmarkAllow10kKeysParallel).
+func (b *Backend) AllowOneRef(_ context.Context, key string, l *gcra.Limit) (bool, error) {
 	if b.closed.Load() {
 		return false, backend.ErrClosed
 	}
-	now := b.clock.Nanotime()
+	var now int64
+	if b.real != nil {
+		now = b.real.Nanotime() // b.now written out: the compiler does not inline it
+	} else {
+		now = b.clock.Nanotime()
+	}
+	// The usual case, a key it holds under one limit without a window, is decided here
+	// with gcra.AllowOne written out (a call would copy the limit, and the compiler does
+	// not inline it): the lookup is the only call. Anything else goes the long way.
+	if e := b.keys.Load(key); e != nil && e.Val.m == nil && l.Window == 0 {
+		for {
+			old := e.Val.tat.Load()
+			if old == dead {
+				break // removed meanwhile: the long way takes a fresh entry
+			}
+			t := max(old, now)
+			if t+l.T-l.Tau > now {
+				return false, nil
+			}
+			if e.Val.tat.CompareAndSwap(old, t+l.T) {
+				return true, nil
+			}
+		}
+	}
+	return b.allowLongWay(key, l, now)
+}
+
+// allowLongWay is AllowOne for a new key, a removed one, a key that had several limits,
+// or a windowed quota (out of line: its frame would be AllowOne's cost).
+//
+//go:noinline
+func (b *Backend) allowLongWay(key string, l *gcra.Limit, now int64) (bool, error) {
 	for {
 		e, err := b.singleFor(key, now)
 		if err != nil {
@@ -307,7 +356,7 @@ func (b *Backend) AllowOne(_ context.Context, key string, l gcra.Limit) (bool, e
 				b.drop(e)
 				break
 			}
-			tat, ok := gcra.AllowOne(old, l, now)
+			tat, ok := gcra.AllowOne(old, *l, now)
 			if !ok {
 				return false, nil
 			}

@@ -302,3 +302,52 @@ func TestHotKeyOutlivesAFlood(t *testing.T) {
 		t.Errorf("Len %d EvictedLive %d, want %d and at least %d", b.Len(), b.EvictedLive(), maxKeys, flood-maxKeys)
 	}
 }
+
+// TestAllowOneMatchesTheCore: AllowOne, whose usual case writes gcra.AllowOne out, decides
+// as the core does, step by step on virtual time: on a key under a rate, on one under a
+// windowed quota (the long way), on a key that had two limits before (converted, carrying
+// its first TAT), and on a key reset between steps (a fresh entry).
+func TestAllowOneMatchesTheCore(t *testing.T) {
+	clk := clock.NewVirtual()
+	clk.Set(int64(time.Hour))
+	b := New(WithClock(clk))
+	defer b.Close()
+	rate := one(3, time.Second, 2)[0]
+	window := gcra.Limit{T: int64(time.Second) / 4, Tau: int64(time.Second), Window: int64(time.Second)}
+	two := append(one(3, time.Second, 2), one(10, time.Minute, 10)...)
+	model := map[string]int64{}
+	allow := func(step int, key string, l gcra.Limit) {
+		t.Helper()
+		got, err := b.AllowOne(ctx, key, l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tat, want := gcra.AllowOne(model[key], l, clk.Nanotime())
+		model[key] = tat
+		if got != want {
+			t.Fatalf("step %d, key %s: AllowOne %v, the core %v", step, key, got, want)
+		}
+	}
+	for i := 0; i < 600; i++ {
+		clk.Advance(time.Duration(i%7) * 41 * time.Millisecond)
+		allow(i, "rate", rate)
+		allow(i, "window", window)
+		if i%50 == 0 {
+			// Two limits for a step: the key's first TAT is carried to its next single decision.
+			tats := []int64{model["conv"], 0}
+			if _, err := b.Decide(ctx, "conv", backend.Request{Limits: two, N: 1}); err != nil {
+				t.Fatal(err)
+			}
+			gcra.Decide(tats, two, clk.Nanotime(), 1, 0)
+			model["conv"] = tats[0]
+		}
+		allow(i, "conv", rate)
+		if i%30 == 0 {
+			if err := b.Reset(ctx, "reset"); err != nil {
+				t.Fatal(err)
+			}
+			model["reset"] = 0
+		}
+		allow(i, "reset", rate)
+	}
+}

@@ -26,6 +26,15 @@ func TestParse(t *testing.T) {
 	}
 }
 
+// TestNamed: once a context carried a class other than Standard, Named says so (a limiter's
+// fast path then reads the context's class).
+func TestNamed(t *testing.T) {
+	With(context.Background(), Sheddable)
+	if !Named() {
+		t.Error("Named is false after With(Sheddable)")
+	}
+}
+
 func TestHeadroomValidate(t *testing.T) {
 	for _, h := range []Headroom{DefaultHeadroom, {}, {Standard: 1, Sheddable: 1}} {
 		if err := h.Validate(); err != nil {

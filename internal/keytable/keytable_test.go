@@ -1,7 +1,10 @@
 package keytable
 
 import (
+	"bytes"
 	"fmt"
+	"hash/maphash"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"sync"
@@ -379,3 +382,51 @@ func TestNoAllocationUnderALock(t *testing.T) {
 		t.Fatalf("%d allocations seen, want an entry a key and the shards' arrays: the hook is not called", allocs)
 	}
 }
+
+// TestHashSeesEveryByte: changing any one byte of a key, at any length (each of the hash's
+// paths: up to 3, 4 to 7, 8 to 16, and past 16 and 48 bytes, with the last 16 read apart),
+// changes its hash, and so does appending a zero byte.
+func TestHashSeesEveryByte(t *testing.T) {
+	k := newHasher()
+	r := rand.New(rand.NewPCG(1, 2))
+	for n := 0; n <= 130; n++ {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(r.Uint32())
+		}
+		h := k.hash(string(b))
+		if h == k.hash(string(append(b, 0))) {
+			t.Errorf("%d bytes: a zero byte appended hashes alike", n)
+		}
+		for i := range b {
+			c := bytes.Clone(b)
+			c[i] ^= 1 << (i % 8)
+			if k.hash(string(c)) == h {
+				t.Errorf("%d bytes: flipping a bit of byte %d leaves the hash as it was", n, i)
+			}
+		}
+	}
+}
+
+// BenchmarkHash: the table's hash against hash/maphash's, by key length.
+func BenchmarkHash(b *testing.B) {
+	k, seed := newHasher(), maphash.MakeSeed()
+	for _, key := range []string{"api", "tenant-000123", "rule\x1fuser-000000000012", "a-much-longer-key-of-some-tenant-00000000000000000012"} {
+		b.Run(fmt.Sprintf("len=%d/impl=keytable", len(key)), func(b *testing.B) {
+			var x uint64
+			for b.Loop() {
+				x += k.hash(key)
+			}
+			sink = x
+		})
+		b.Run(fmt.Sprintf("len=%d/impl=maphash", len(key)), func(b *testing.B) {
+			var x uint64
+			for b.Loop() {
+				x += maphash.String(seed, key)
+			}
+			sink = x
+		})
+	}
+}
+
+var sink uint64
