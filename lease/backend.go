@@ -724,8 +724,12 @@ func (b *Backend) Adjust(ctx context.Context, key string, limits []gcra.Limit, t
 		defer cancel()
 		res, serr := b.apply.applyTakes(sctx, calls)
 		for k := range res {
-			if res[k].err != nil && serr == nil && newN > t.N {
+			switch {
+			case serr != nil || newN <= t.N:
+			case res[k].err != nil:
 				serr = res[k].err // a charge at a bucket that failed
+			case !res[k].rep.Taken:
+				serr = errors.New("the store did not count the charge")
 			}
 		}
 		if serr != nil && err == nil && newN > t.N {

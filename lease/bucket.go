@@ -38,7 +38,10 @@ func (a *applier) applyTakes(ctx context.Context, calls []call) ([]result, error
 		for j, k := range recAt {
 			out[k] = res[j]
 			c := &calls[k]
-			if r := res[j]; r.err == nil && r.rep.Bucket != 0 && !r.rep.Taken && !c.req.Borrow && (c.req.Op == allot.OpTake || c.req.Op == allot.OpGive) {
+			// (A borrow's settlement up too: the permits were used, and count at the
+			// bucket, where a borrow's take or give-back only fails or is wasted.)
+			charge := c.req.Op == allot.OpTake && c.req.MaxDelay < 0
+			if r := res[j]; r.err == nil && r.rep.Bucket != 0 && !r.rep.Taken && (!c.req.Borrow || charge) && (c.req.Op == allot.OpTake || c.req.Op == allot.OpGive) {
 				c.bucket = bucketOf(*c, r.rep)
 				if c.req.MaxDelay > 0 {
 					// Booked at once or not at all: the member's word on the bucket, which

@@ -38,9 +38,12 @@ type BucketOp struct {
 	Start int64
 	// T and Tau are the bucket's emission interval and tolerance (T >= 1, Tau >= T).
 	T, Tau int64
-	// N > 0 takes N permits, at once or booked up to MaxDelay ahead; N < 0 gives -N back
-	// (taken and not used); with Charge, N permits were used already and count whatever
-	// the bucket holds (a settlement up). N == 0 with Hold > 0 holds the bucket back: no
+	// N > 0 takes N permits, at once or booked up to MaxDelay ahead; with Charge, N
+	// permits were used already and count whatever the bucket holds (a settlement up).
+	// N < 0 (permits given back, taken and not used) changes nothing: a bucket cannot tell
+	// whether the permits given back are still counted in it (they may have been taken
+	// before it refilled, or at another bucket), and refunding them could grant them
+	// twice. They are wasted. N == 0 with Hold > 0 holds the bucket back: no
 	// permit before Hold after the store's now (a 429's penalty).
 	N        int64
 	MaxDelay int64
@@ -115,15 +118,9 @@ func ApplyBucket(data []byte, now, since int64, op BucketOp) (out []byte, keep t
 	case op.N > 0: // a charge: used already
 		tat = max(tat, now) + op.N*op.T
 		res.Taken = true
-	case op.N < 0:
-		// Given back, never fuller than full, and only while nothing is booked ahead nor
-		// held back (a booking's slot lies a tolerance before the TAT it left, a hold's
-		// end less a T): a slot given back under those would be granted again beside
-		// them. A give-back then is dropped (the permits are wasted, never granted twice).
-		if tat <= now+op.Tau {
-			tat = max(tat+op.N*op.T, now)
-		}
+	case op.N < 0: // given back: wasted (see BucketOp.N), and a missing bucket not made
 		res.Taken = true
+		return nil, 0, res, nil
 	default:
 		if op.Hold > 0 {
 			tat = max(tat, now+op.Hold+op.Tau-op.T)
@@ -150,7 +147,7 @@ func (op BucketOp) check() error {
 	switch {
 	case op.T < 1 || op.Tau < op.T || !in(op.Tau):
 		return fmt.Errorf("%w: a bucket of T %d µs and tolerance %d µs", ErrBadBucketOp, op.T, op.Tau)
-	case op.N > bucketMax/op.T || -op.N > bucketMax/op.T:
+	case op.N > bucketMax/op.T || op.N < -(bucketMax/op.T):
 		return fmt.Errorf("%w: %d permits of %d µs", ErrBadBucketOp, op.N, op.T)
 	case op.N > 0 && !op.Charge && op.N*op.T > op.Tau:
 		return fmt.Errorf("%w: a take of %d permits of a burst of %d", ErrBadBucketOp, op.N, op.Tau/op.T)

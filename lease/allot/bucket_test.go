@@ -31,6 +31,9 @@ func TestCrowdedCentralLimitGoesToItsBucket(t *testing.T) {
 	if s.BucketAt < held || s.BucketAt < 200*ms {
 		t.Fatalf("the bucket starts at %v, before the shares counted end (%v)", time.Duration(s.BucketAt), time.Duration(held))
 	}
+	if s.BucketBusy < 200*ms+int64(c.TTL+c.Grace) {
+		t.Fatalf("busy until %v after the switch at 200ms: the members it answered may take at the bucket until %v", time.Duration(s.BucketBusy), time.Duration(200*ms+int64(c.TTL+c.Grace)))
+	}
 	take, err := s.Apply(300*ms, c, Request{Op: OpTake, N: 1, Member: "m00", Epoch: eps[0], Sent: 300 * ms, Nonce: 9})
 	if err != nil {
 		t.Fatal(err)
@@ -94,9 +97,21 @@ func TestMemberTakesAtItsBucketWhileRegistered(t *testing.T) {
 		t.Fatal("a take at the bucket extended the member's word on it")
 	}
 	// The record's answer to a take, on the registration, extends it.
-	m.Took(900*ms, 901*ms, 1, Reply{Central: true, Bucket: 50 * ms, BucketInc: 7, Sent: 900 * ms, TTL: int64(time.Second)}, nil)
+	m.Took(900*ms, 901*ms, 1, Reply{Central: true, Bucket: 50 * ms, BucketInc: 7, Sent: 900 * ms, TTL: int64(time.Second), Version: 5}, nil)
 	if _, ok := m.Bucket(1500*ms, "rec"); !ok {
 		t.Fatal("the record's answer did not extend the member's word on its bucket")
+	}
+	// Holding what it may have booked at the bucket, it says which version of the record
+	// it saw (a record found older is rewound, and moves to a new bucket).
+	if req, ok := m.Request(m.Due(1000*ms), 0); !ok || req.Seen != 5 {
+		t.Fatalf("a renewal of a member on its bucket: %+v, %v; want the version it saw (5)", req, ok)
+	}
+	// A late answer, to a request sent before the one it last learnt from, names a bucket
+	// the record has left (rewound): it is not taken at.
+	m.Took(1100*ms, 1101*ms, 1, Reply{Central: true, Bucket: 2 * sec, BucketInc: 99, Sent: 1100 * ms, TTL: int64(time.Second)}, nil)
+	m.Took(950*ms, 1102*ms, 1, Reply{Central: true, Bucket: 50 * ms, BucketInc: 7, Sent: 950 * ms, TTL: int64(time.Second)}, nil)
+	if b, ok := m.Bucket(1200*ms, "rec"); !ok || b.ID != BucketID("rec", 99) {
+		t.Fatalf("after a late answer naming the old bucket: %+v %v; want the new one (99)", b, ok)
 	}
 	// Unregistered (its record lost): no bucket.
 	m.Took(1600*ms, 1601*ms, 1, Reply{}, ErrStaleEpoch)

@@ -270,6 +270,7 @@ type storeView struct {
 	bucketUntil int64
 	bucketInc   uint64 // the bucket's name (Reply.BucketInc)
 	bucketFence int64  // the record's TTL + Grace: a lost bucket is fenced that long
+	bucketSent  int64  // when the request whose answer it learnt them from was sent
 	settled     bool   // it has had a share, or an answer that promises none soon
 	// What the free capacity had saved up (pool, nanoseconds of the limit's tolerance) and
 	// its rate and burst (free), as the store last said at poolAt (own clock), and what the
@@ -355,7 +356,7 @@ func (m *Member) Released() bool { return m.phase == released }
 func (m *Member) becomeUnregistered() {
 	m.phase, m.epoch = unregistered, Epoch{}
 	m.link.failed = false
-	m.view.bucket, m.view.bucketUntil, m.view.bucketInc = 0, 0, 0
+	m.view.bucket, m.view.bucketUntil, m.view.bucketInc, m.view.bucketSent = 0, 0, 0, 0
 }
 
 // becomeRegistered: the store registered the member under epoch.

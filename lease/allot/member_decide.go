@@ -570,12 +570,23 @@ func (m *Member) Bucket(now int64, recordID string) (BucketRef, bool) {
 
 // learnBucket learns from a reply of the record, to a request of its registration's,
 // whether the limit is decided on its bucket, until expire (own clock).
+// An answer to a request sent before the one it last learnt from says nothing newer (a
+// late answer, out of order, may name a bucket a rewound record has left); a bucket
+// named anew is taken at only until the word of the answer that named it.
 func (m *Member) learnBucket(rep Reply, expire int64) {
-	m.view.bucket = rep.Bucket
-	if rep.Bucket != 0 {
-		m.view.bucketInc, m.view.bucketFence = rep.BucketInc, rep.TTL+rep.Grace
-		m.view.bucketUntil = max(m.view.bucketUntil, expire)
+	if rep.Sent < m.view.bucketSent {
+		return
 	}
+	m.view.bucketSent = rep.Sent
+	m.view.bucket = rep.Bucket
+	if rep.Bucket == 0 {
+		return
+	}
+	if rep.BucketInc != m.view.bucketInc {
+		m.view.bucketInc, m.view.bucketUntil = rep.BucketInc, expire
+	}
+	m.view.bucketFence = rep.TTL + rep.Grace
+	m.view.bucketUntil = max(m.view.bucketUntil, expire)
 }
 
 // TookAtBucket applies the bucket's answer, arrived at arrival, to a take of n permits

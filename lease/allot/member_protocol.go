@@ -284,7 +284,9 @@ func (m *Member) seenIfHolding(now int64) uint64 {
 		}
 		return 0
 	}
-	if m.InUse(now).IsZero() {
+	if m.InUse(now).IsZero() && (m.view.bucket == 0 || now >= m.view.bucketUntil) {
+		// (A member that takes at its limit's bucket holds what it booked there: a record
+		// found rewound then moves to a new bucket, State.Rewound.)
 		return 0
 	}
 	return m.link.seen

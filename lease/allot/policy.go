@@ -125,7 +125,7 @@ func (s *State) targets(now int64, cfg Config) (tg []Share, live, size, short in
 		}
 		return est
 	})
-	s.toBucket(now, live)
+	s.toBucket(now, live, cfg)
 	if live == 0 || s.Central {
 		return tg, live, size, shortOf() // decided at the store: nobody holds a share
 	}

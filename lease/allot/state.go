@@ -1281,7 +1281,7 @@ func (s *State) updateCentral(now int64, cfg Config) {
 		}
 		return est
 	})
-	s.toBucket(now, live)
+	s.toBucket(now, live, cfg)
 }
 
 // BucketAbove is the number of live members past which a limit decided at the store is
@@ -1305,13 +1305,16 @@ const BucketAbove = 100
 // going back would need the bucket closed before the record hands its capacity out again,
 // and a pool that was that crowded is decided well at the store. Windowed quotas and
 // ramps stay on their records.
-func (s *State) toBucket(now, live int64) {
+func (s *State) toBucket(now, live int64, cfg Config) {
 	if s.BucketAt != 0 || !s.Central || live <= BucketAbove || s.Limit.Window > 0 || !s.Limit.Ramp.IsZero() {
 		return
 	}
 	s.BucketAt = max(now, s.heldUntil(now), s.Booked, s.Penalty, s.Fence)
 	s.BucketInc = s.Incarnation
-	s.Queue = nil // its waiters come back to the bucket
+	// The members it answers now may take at the bucket until then; its waiters come
+	// back to the bucket.
+	s.BucketBusy = max(s.BucketBusy, gcra.After(now, int64(cfg.TTL+cfg.Grace)))
+	s.Queue = nil
 }
 
 // Rewound makes a record found older than a version a member has seen (a failover that

@@ -65,7 +65,7 @@ if n > 0 and not charge then
 elseif n > 0 then
   tat = math.max(tat, now) + n * T
 elseif n < 0 then
-  if tat <= now + tau then tat = math.max(tat + n * T, now) end
+  return {1, 0, s, us} -- given back: wasted, and a missing bucket not made (store.BucketOp.N)
 elseif hold > 0 then
   tat = math.max(tat, now + hold + tau - T)
 end
