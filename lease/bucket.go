@@ -9,11 +9,11 @@ import (
 	"github.com/sluicehq/sluice/store"
 )
 
-// Buckets: a crowded limit decided at the store (more live members than relayAbove, more
-// of them than the limit has permits of burst) is decided on its bucket, a GCRA bucket in
-// a record of its own (allot.State.BucketAt, store.BucketOp), one script call a permit on
-// Redis, rather than by takes of its record, which lists every member and which they
-// would all read and write at every permit (docs/lease.md, "Crowded limits").
+// Buckets: a limit decided at the store (more members than permits of burst) with more
+// than allot.BucketAbove live members is decided on its bucket, a GCRA bucket in a record
+// of its own (allot.State.BucketAt, store.BucketOp), one script call a permit on Redis,
+// rather than by takes of its record, which lists every member and which they would all
+// read and write at every permit (docs/lease.md, "Past a hundred members: the bucket").
 
 // applyTakes applies calls as apply does, except the takes and gives (and settlements)
 // of limits decided on their buckets: those its member knew of (call.bucket) go to the
