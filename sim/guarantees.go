@@ -175,7 +175,8 @@ func modeClaim(mode string) string {
 			"while its store is unreachable. Its envelope is at most 100 members on one limit (`lease.MaxMembers`): past it, " +
 			"the members' writes to the limit's one record collide on a real store (which the simulator's does not show: past " +
 			"sixteen members their renewals go through one allocator, the relay of docs/lease.md, which does not keep up with a " +
-			"thousand; takes go to the record directly), and the backend logs a warning naming the strict mode."
+			"thousand; a limit decided at the store is decided on its bucket past a hundred members, where the relay still carries " +
+			"their renewals), and the backend logs a warning naming the strict mode."
 	case "gossip":
 		return "Peer daemons with no store: a small limit decided exactly at its key's owner (the others forward to it), a large one by shares with hit counts exchanged: 429s within the bound of docs/gossip.md."
 	case "adaptive":
