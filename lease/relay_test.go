@@ -604,3 +604,52 @@ func TestTakesOfACrowdedLimitAtItsBucket(t *testing.T) {
 		t.Errorf("the record written %d times for %d permits: the takes went to it, not to the bucket", rec, len(ps))
 	}
 }
+
+// TestSettlementsAtTheBucket: on a record decided on its bucket, a settlement up (permits
+// used beyond those taken), a borrow's included, sent to the record by a member that did
+// not know, is counted at the bucket; permits given back there change nothing. (A
+// borrow's settlement was answered "at the bucket" and dropped: its permits never counted.)
+func TestSettlementsAtTheBucket(t *testing.T) {
+	l := gcra.Limit{T: int64(10 * time.Millisecond), Tau: int64(200 * time.Millisecond)}
+	mem := store.NewMemory(clock.Default)
+	a := &applier{store: mem, cfg: DefaultConfig()}
+	call1 := func(req allot.Request) result {
+		t.Helper()
+		res, err := a.applyTakes(bg, []call{{key: "api", limit: l, req: req}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res[0]
+	}
+	var eps []allot.Epoch
+	for i := range allot.BucketAbove + 1 {
+		r := call1(allot.Request{Op: allot.OpJoin, Member: fmt.Sprintf("m%03d", i), Nonce: 1, Demand: allot.RateScale})
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		eps = append(eps, r.rep.Epoch)
+	}
+	r := call1(allot.Request{Op: allot.OpRenew, Member: "m000", Epoch: eps[0], Nonce: 2, Demand: allot.RateScale})
+	if r.err != nil || r.rep.Bucket == 0 {
+		t.Fatalf("%d members: %+v, %v; want the record on its bucket", allot.BucketAbove+1, r.rep, r.err)
+	}
+	bucket := allot.BucketID(RecordID("api", l), r.rep.BucketInc)
+	tat := func() string {
+		snap, err := mem.Load(bg, []string{bucket})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(snap.Records[0].Data)
+	}
+	for _, borrow := range []bool{false, true} {
+		before := tat()
+		r := call1(allot.Request{Op: allot.OpTake, Member: "m001", Epoch: eps[1], N: 3, MaxDelay: -1, Borrow: borrow, Nonce: 3})
+		if r.err != nil || !r.rep.Taken || tat() == before {
+			t.Fatalf("a settlement up of 3 permits (borrow %v): %+v, %v, the bucket %q then %q; want it counted at the bucket", borrow, r.rep, r.err, before, tat())
+		}
+	}
+	before := tat()
+	if r := call1(allot.Request{Op: allot.OpGive, Member: "m001", Epoch: eps[1], N: 3, Nonce: 4}); r.err != nil || tat() != before {
+		t.Fatalf("3 permits given back: %+v, %v, the bucket %q then %q; want it unchanged", r.rep, r.err, before, tat())
+	}
+}
