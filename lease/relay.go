@@ -347,9 +347,11 @@ func (r *relay) postable(req allot.Request) allot.Request {
 // judges it): such a borrow is refused at once, without a store call (errCrowdedBorrow).
 // A borrow writes the record directly, for the caller waits for it: on a crowded limit
 // the members' borrows made its allocator lose its writes of the record. The capacity they
-// would have borrowed reaches them through their shares, which the allocator sets.
+// would have borrowed reaches them through their shares, which the allocator sets. A
+// borrow's settlement up is not refused: its permits were used already, and must count
+// (at the record, or at its bucket: TestSettlementsAtTheBucket).
 func (r *relay) borrowsCrowded(id string, c call) bool {
-	if r == nil || !c.req.Borrow {
+	if r == nil || !c.req.Borrow || (c.req.Op == allot.OpTake && c.req.MaxDelay < 0) {
 		return false
 	}
 	r.mu.Lock()

@@ -610,8 +610,10 @@ func TestTakesOfACrowdedLimitAtItsBucket(t *testing.T) {
 
 // TestSettlementsAtTheBucket: on a record decided on its bucket, a settlement up (permits
 // used beyond those taken), a borrow's included, sent to the record by a member that did
-// not know, is counted at the bucket; permits given back there change nothing. (A
-// borrow's settlement was answered "at the bucket" and dropped: its permits never counted.)
+// not know, is counted at the bucket, even by a process that knows the limit is crowded;
+// permits given back there change nothing. (A borrow's settlement was answered "at the
+// bucket" and dropped, and on any crowded limit refused without a store call: its
+// permits, already used, never counted.)
 func TestSettlementsAtTheBucket(t *testing.T) {
 	l := gcra.Limit{T: int64(10 * time.Millisecond), Tau: int64(200 * time.Millisecond)}
 	mem := store.NewMemory(clock.Default)
@@ -637,6 +639,12 @@ func TestSettlementsAtTheBucket(t *testing.T) {
 		t.Fatalf("%d members: %+v, %v; want the record on its bucket", allot.BucketAbove+1, r.rep, r.err)
 	}
 	bucket := allot.BucketID(RecordID("api", l), r.rep.BucketInc)
+	// A process that has read the record knows the limit is crowded (its borrows are
+	// refused without a store call): a borrow's settlement up was refused so too, and its
+	// permits, already used, never counted.
+	a.relay = newRelay("me", 100*time.Millisecond, clock.Default)
+	defer a.relay.close()
+	a.relay.saw(RecordID("api", l), relayAbove+1)
 	tat := func() string {
 		snap, err := mem.Load(bg, []string{bucket})
 		if err != nil {
