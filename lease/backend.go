@@ -783,7 +783,9 @@ func (b *Backend) Penalize(ctx context.Context, key string, limits []gcra.Limit,
 		known = bucketOf(c, res[0].rep)
 	}
 	if known.ID != "" {
-		err = errors.Join(err, b.apply.penalizeBucket(ctx, c.limit, known, int64(d)))
+		c.bucket = known
+		_, _, berr := b.apply.bucket(ctx, c)
+		err = errors.Join(err, berr)
 	}
 	if err != nil {
 		return fmt.Errorf("sluice lease: report the penalty on %q: %w", key, err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/lease/allot"
 	"github.com/sluicehq/sluice/store"
 )
@@ -70,38 +69,16 @@ func bucketOf(c call, rep allot.Reply) allot.BucketRef {
 	return allot.BucketRef{ID: allot.BucketID(RecordID(c.key, c.limit), rep.BucketInc), Start: rep.Bucket, Fence: rep.TTL + rep.Grace}
 }
 
-// bucketOp is an operation on the bucket b of limit l, without its numbers.
-func bucketOp(l gcra.Limit, b allot.BucketRef) store.BucketOp {
-	op := store.BucketOp{Start: (b.Start + 999) / 1000, Fence: (b.Fence + 999) / 1000}
-	op.T, op.Tau = store.BucketLimit(l.T, l.Tau)
-	return op
-}
-
-// bucket does c (a take, a give or a settlement up) at its bucket.
+// bucket does c (a take, a settlement up or a penalty) at its bucket (the member's
+// request booked no further than its word on the bucket: Member.TakeRequest). Permits
+// given back change nothing there (store.BucketOp): a give makes no call.
 func (a *applier) bucket(ctx context.Context, c call) (taken bool, wait int64, err error) {
-	op := bucketOp(c.limit, c.bucket)
-	switch {
-	case c.req.Op == allot.OpGive:
-		op.N = -c.req.N
-	case c.req.MaxDelay < 0: // a settlement up: used already
-		op.N, op.Charge = c.req.N, true
-	default:
-		// Booked at most TTL + Grace ahead, as the record books (a bucket lost with its
-		// store is fenced that long), and no further than the member's word on the bucket
-		// (Member.TakeRequest).
-		op.N, op.MaxDelay = c.req.N, max(min(c.req.MaxDelay, c.bucket.Fence), 0)/1000
+	if c.req.Op == allot.OpGive {
+		return true, 0, nil
 	}
-	res, err := store.DoBucket(ctx, a.store, c.bucket.ID, op, MaxAttempts)
+	res, err := store.DoBucket(ctx, a.store, c.bucket.ID, c.bucket.BucketOp(c.limit, c.req), MaxAttempts)
 	if err != nil {
 		return false, 0, err
 	}
 	return res.Taken, res.Wait * int64(time.Microsecond), nil
-}
-
-// penalizeBucket holds bucket b of limit l back for d.
-func (a *applier) penalizeBucket(ctx context.Context, l gcra.Limit, b allot.BucketRef, d int64) error {
-	op := bucketOp(l, b)
-	op.Hold = (d + 999) / 1000
-	_, err := store.DoBucket(ctx, a.store, b.ID, op, MaxAttempts)
-	return err
 }

@@ -426,16 +426,11 @@ func (l *leaseMode) atBucket(e *engine, st *allot.State, msg *leaseMsg) {
 	if st.BucketAt == 0 || msg.err != nil {
 		return
 	}
-	op := store.BucketOp{Start: (st.BucketAt + 999) / 1000, Fence: (int64(l.cfg.TTL) + int64(l.cfg.Grace) + 999) / 1000}
-	op.T, op.Tau = store.BucketLimit(st.Limit.T, st.Limit.Tau)
-	switch {
-	case msg.req.Op == allot.OpTake && msg.rep.Bucket != 0 && !msg.rep.Taken && msg.req.MaxDelay >= 0:
-		op.N, op.MaxDelay = msg.req.N, min(msg.req.MaxDelay, int64(l.cfg.TTL+l.cfg.Grace))/1000
-	case msg.req.Op == allot.OpPenalize && msg.req.Hold > 0:
-		op.Hold = (msg.req.Hold + 999) / 1000
-	default:
+	take := msg.req.Op == allot.OpTake && msg.rep.Bucket != 0 && !msg.rep.Taken && msg.req.MaxDelay >= 0
+	if !take && (msg.req.Op != allot.OpPenalize || msg.req.Hold <= 0) {
 		return
 	}
+	op := allot.BucketRef{Start: st.BucketAt, Fence: int64(l.cfg.TTL + l.cfg.Grace)}.BucketOp(st.Limit, msg.req)
 	if l.buckets == nil {
 		l.buckets, l.bucketsSince = map[bucketKey][]byte{}, store.Fresh
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gcra"
+	"github.com/sluicehq/sluice/store"
 )
 
 // Outcome says why a decision came out as it did.
@@ -554,6 +555,28 @@ type BucketRef struct {
 	// Start is what a missing bucket starts at (State.BucketAt, the store's clock), and
 	// Fence how long a bucket lost with its store is fenced (the record's TTL + Grace).
 	Start, Fence int64
+}
+
+// BucketOp is the operation on bucket b of limit l that carries req out, in the bucket's
+// microseconds (times and intervals rounded so that the bucket is never faster nor its
+// burst larger): a take, booked at most the record's TTL + Grace ahead (as the record
+// books: a bucket lost with its store is fenced that long); a settlement up (MaxDelay <
+// 0: used already); permits given back (which change nothing: store.BucketOp); or a
+// penalty's hold. The backend and the simulator both decide a bucket's requests by it.
+func (b BucketRef) BucketOp(l gcra.Limit, req Request) store.BucketOp {
+	op := store.BucketOp{Start: (b.Start + 999) / 1000, Fence: (b.Fence + 999) / 1000}
+	op.T, op.Tau = store.BucketLimit(l.T, l.Tau)
+	switch {
+	case req.Op == OpPenalize:
+		op.Hold = (max(req.Hold, 0) + 999) / 1000
+	case req.Op == OpGive:
+		op.N = -req.N
+	case req.MaxDelay < 0:
+		op.N, op.Charge = req.N, true
+	default:
+		op.N, op.MaxDelay = req.N, max(min(req.MaxDelay, b.Fence), 0)/1000
+	}
+	return op
 }
 
 // Bucket reports whether the member's limit is decided on its bucket (State.BucketAt) at
