@@ -234,10 +234,14 @@ func (a *applier) applyNow(ctx context.Context, calls []call) ([]result, error) 
 	byID := map[string]*group{}
 	for i, c := range calls {
 		id := RecordID(c.key, c.limit)
-		g := byID[id]
+		k := id
+		if c.req.Op == allot.OpConfirm {
+			k += "\x00confirm" // a group of its own: read, and written only if it changes the record
+		}
+		g := byID[k]
 		if g == nil {
 			g = &group{id: id, limit: c.limit}
-			byID[id] = g
+			byID[k] = g
 			groups = append(groups, g)
 		}
 		g.idx = append(g.idx, i)
@@ -350,9 +354,19 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 			continue
 		}
 		a.relay.saw(g.id, len(st.Members))
+		readOnly, busy := g.confirmsOnly(calls, rec), st.BucketBusy
 		for _, i := range g.idx {
 			rep, err := st.Apply(now, st.Cfg, calls[i].req)
 			staged[i] = result{rep: rep, err: err}
+		}
+		if readOnly && st.BucketBusy == busy {
+			// Confirms that changed nothing: answered from the record as read.
+			for _, i := range g.idx {
+				out[i] = staged[i]
+				out[i].rep.Version = rec.Version
+			}
+			g.done = true
+			continue
 		}
 		w := store.Write{ID: g.id, Version: rec.Version}
 		if st.Idle(now) {
@@ -391,6 +405,24 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 		}
 	}
 	return again, nil
+}
+
+// confirmsOnly reports whether a group holds only confirms (allot.OpConfirm) of a record
+// the store has, as new as every version its members have seen: applied, they change
+// nothing but the record's BucketBusy, and if they leave that as it is the group is
+// answered from the record as read, without a write. A record made (missing) or found
+// rewound (older than a version seen) is written, as for any request: its fence must be
+// kept.
+func (g *group) confirmsOnly(calls []call, rec store.Record) bool {
+	if rec.Version == 0 {
+		return false
+	}
+	for _, i := range g.idx {
+		if calls[i].req.Op != allot.OpConfirm || calls[i].req.Seen > rec.Version {
+			return false
+		}
+	}
+	return true
 }
 
 // load reads ids, and swap writes writes, as the store does, with an answer of the wrong

@@ -219,6 +219,15 @@ func WithLogger(l *slog.Logger) Option { return optionFunc(func(b *Backend) { b.
 // pool.
 const MaxMembers = 100
 
+// MaxBucketMembers is the most members the lease mode claims to serve on one limit decided
+// on its bucket: a limit with more members than permits of burst (decided at the store),
+// no windowed quota and no ramp, which past allot.BucketAbove members is decided on a
+// bucket of its own, one store call a permit, while its members confirm their
+// registrations by reading its record (allot.OpConfirm), which is written about once in
+// allot.BucketKeep/2. A thousand members measured on one Redis use 2,000/s burst=400 whole
+// (BenchmarkLeaseRedisMembers, BENCHMARKS.md).
+const MaxBucketMembers = 1000
+
 // New returns a member of the limits it will be asked to decide, sharing them through
 // store, and starts its renewal goroutine. Close it to hand its shares back.
 func New(store store.Store, opts ...Option) (*Backend, error) {
@@ -960,7 +969,7 @@ func (b *Backend) round() int64 {
 			p.r.lock()
 			at := b.clock.Nanotime() // read under the lock: every decision on the record before it was on the old lease
 			p.r.m.Receive(at, p.nonce, rep, e)
-			live := p.r.m.Live()
+			live, onBucket := p.r.m.Live(), p.r.m.OnBucket()
 			changed := p.r.changed // nil if nobody waits
 			p.r.changed = nil
 			var st Status
@@ -972,7 +981,7 @@ func (b *Backend) round() int64 {
 			if b.observer != nil {
 				b.observer.ObserveLease(st) // before the waiters wake: they see it observed
 			}
-			if live > MaxMembers {
+			if live > MaxMembers && (!onBucket || live > MaxBucketMembers) {
 				b.warnCrowded(p.r.key, live)
 			}
 			if changed != nil {
@@ -1163,6 +1172,10 @@ func (b *Backend) warnCrowded(key string, live int64) {
 	if log == nil {
 		log = slog.Default()
 	}
-	log.Warn("lease: a limit shared by more members than the lease mode claims to serve: their renewals and joins go through one allocator, which falls behind past a few hundred members (docs/lease.md, \"Crowded limits\"); share it through the strict mode",
-		"key", key, "members", live, "most", MaxMembers)
+	most := MaxMembers
+	if live > MaxBucketMembers {
+		most = MaxBucketMembers
+	}
+	log.Warn("lease: a limit shared by more members than the lease mode claims to serve (lease.MaxMembers on a limit it shares out, lease.MaxBucketMembers on one decided on its bucket): the renewals and joins of a limit shared out go through one allocator, which falls behind past a few hundred members (docs/lease.md, \"Crowded limits\"); share it through the strict mode",
+		"key", key, "members", live, "most", most)
 }

@@ -682,3 +682,77 @@ func TestSettlementsAtTheBucket(t *testing.T) {
 		t.Fatalf("3 permits given back: %+v, %v, the bucket %q then %q; want it unchanged", r.rep, r.err, before, tat())
 	}
 }
+
+// TestConfirmsAreReads: the members of a limit on its bucket confirm (allot.OpConfirm)
+// through the applier by reading its record: a hundred confirms in rounds write it once
+// (the first, which carries its word on the bucket on) where each renewal wrote it; a
+// confirm of a record the store lost writes it, fenced (a member saw it), and is stale,
+// so that its member stops taking at the bucket and joins again.
+func TestConfirmsAreReads(t *testing.T) {
+	l := gcra.Limit{T: int64(10 * time.Millisecond), Tau: int64(200 * time.Millisecond)}
+	mem := store.NewMemory(clock.Default)
+	cs := &storetest.Conflicts{Store: mem}
+	a := &applier{store: cs, cfg: DefaultConfig()}
+	apply := func(reqs ...allot.Request) []result {
+		t.Helper()
+		calls := make([]call, len(reqs))
+		for i, r := range reqs {
+			calls[i] = call{key: "api", limit: l, req: r}
+		}
+		res, err := a.applyTakes(bg, calls)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	var eps []allot.Epoch
+	var version uint64
+	for i := range allot.BucketAbove + 1 {
+		r := apply(allot.Request{Op: allot.OpJoin, Member: fmt.Sprintf("m%03d", i), Nonce: 1, Demand: allot.RateScale})[0]
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		eps, version = append(eps, r.rep.Epoch), r.rep.Version
+	}
+	r := apply(allot.Request{Op: allot.OpRenew, Member: "m000", Epoch: eps[0], Nonce: 2, Demand: allot.RateScale})[0]
+	if r.err != nil || r.rep.Bucket == 0 {
+		t.Fatalf("%d members: %+v, %v; want the record on its bucket", allot.BucketAbove+1, r.rep, r.err)
+	}
+	version = r.rep.Version
+	before, _ := cs.Counts()
+	for round := range 10 {
+		reqs := make([]allot.Request, 10)
+		for k := range reqs {
+			i := round*10 + k
+			reqs[k] = allot.Request{Op: allot.OpConfirm, Member: fmt.Sprintf("m%03d", i), Epoch: eps[i], Seen: version, Nonce: 3}
+		}
+		for k, r := range apply(reqs...) {
+			if r.err != nil || r.rep.Bucket == 0 || r.rep.Word <= 0 || r.rep.Version < version {
+				t.Fatalf("confirm %d of round %d: %+v, %v; want the bucket, a word and the version", k, round, r.rep, r.err)
+			}
+		}
+	}
+	if after, _ := cs.Counts(); after-before != 1 {
+		t.Fatalf("100 confirms wrote the record %d times; want once (the first carries its word on)", after-before)
+	}
+	// The store loses the record: a confirm, which carries the version it saw, makes it
+	// again fenced, and is stale.
+	if _, err := mem.Swap(bg, []store.Write{{ID: RecordID("api", l), Version: version + 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if snap, _ := mem.Load(bg, []string{RecordID("api", l)}); snap.Records[0].Version != 0 {
+		t.Fatalf("the record not deleted: version %d", snap.Records[0].Version)
+	}
+	r = apply(allot.Request{Op: allot.OpConfirm, Member: "m000", Epoch: eps[0], Seen: version + 1, Nonce: 4})[0]
+	if !errors.Is(r.err, allot.ErrStaleEpoch) {
+		t.Fatalf("a confirm of a lost record: %+v, %v; want it stale", r.rep, r.err)
+	}
+	snap, err := mem.Load(bg, []string{RecordID("api", l)})
+	if err != nil || snap.Records[0].Version == 0 {
+		t.Fatalf("after a confirm of a lost record: %+v, %v; want it made again", snap, err)
+	}
+	st, err := allot.UnmarshalState(snap.Records[0].Data)
+	if err != nil || st.Fence <= snap.Now {
+		t.Fatalf("the record made again: %+v, %v; want it fenced", st, err)
+	}
+}

@@ -3,6 +3,7 @@ package sim
 import (
 	"math"
 	"slices"
+	"strconv"
 
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/gcra"
@@ -57,9 +58,9 @@ type leaseMode struct {
 	free []int32
 
 	// buckets are the store's buckets of the limits decided on them (allot.State.BucketAt),
-	// by limit (emission interval and tolerance) and bucket incarnation, and bucketsSince
-	// when the store's incarnation began (store.Fresh until it restarts).
-	buckets      map[bucketKey][]byte
+	// named after the limit (recordName) and the bucket incarnation (allot.BucketID), and
+	// bucketsSince when the store's incarnation began (store.Fresh until it restarts).
+	buckets      map[string][]byte
 	bucketsSince int64
 
 	// The shares the members have in use, summed for checkMembers: each member's as last
@@ -85,6 +86,9 @@ type leaseMsg struct {
 	req   allot.Request
 	rep   allot.Reply
 	err   error
+	// bucket, if its ID is not "", is the bucket a take goes to directly (the member knows
+	// its limit is decided there: allot.Member.Bucket), as the backend's does.
+	bucket allot.BucketRef
 }
 
 type pendingCrash struct {
@@ -227,7 +231,8 @@ func (l *leaseMode) acquire(e *engine, mi, g int32) {
 			break
 		}
 		req.Nonce = takeNonce(g, e.members[mi].ops[g])
-		l.send(e, mi, 0, req, true)
+		ref, _ := ms[0].Bucket(e.now, recordName(ms[0].Limit()))
+		l.sendMsg(e, mi, leaseMsg{limit: 0, req: req, bucket: ref}, true)
 	case out == allot.TooFar:
 		// The permit lies beyond the booking horizon: wait, then book it.
 		l.wait(mi, g)
@@ -312,6 +317,12 @@ func (l *leaseMode) reschedule(e *engine, mi int32) {
 
 // send sends a request about limit k to the store; reply says whether one is expected.
 func (l *leaseMode) send(e *engine, mi int32, k int, req allot.Request, reply bool) {
+	l.sendMsg(e, mi, leaseMsg{limit: int32(k), req: req}, reply)
+}
+
+// sendMsg sends a request (msg.req, about limit msg.limit) to the store.
+func (l *leaseMode) sendMsg(e *engine, mi int32, msg leaseMsg, reply bool) {
+	k, req := int(msg.limit), msg.req
 	var slot int32
 	if n := len(l.free); n > 0 {
 		slot = l.free[n-1]
@@ -320,7 +331,7 @@ func (l *leaseMode) send(e *engine, mi int32, k int, req allot.Request, reply bo
 		slot = int32(len(l.msgs))
 		l.msgs = append(l.msgs, leaseMsg{})
 	}
-	l.msgs[slot] = leaseMsg{limit: int32(k), req: req}
+	l.msgs[slot] = msg
 	ev := event{kind: evLeaseReq, m: mi, g: int32(k), op: e.members[mi].inc, val: int64(slot), val2: req.Sent}
 	if !e.toStore(ev) {
 		l.free = append(l.free, slot)
@@ -386,7 +397,7 @@ func (l *leaseMode) handle(e *engine, ev *event) {
 func (l *leaseMode) store(e *engine, ev *event) {
 	slot := int32(ev.val)
 	msg := &l.msgs[slot]
-	reply := msg.req.Op == allot.OpJoin || msg.req.Op == allot.OpRenew || msg.req.Op == allot.OpTake
+	reply := msg.req.Op == allot.OpJoin || msg.req.Op == allot.OpRenew || msg.req.Op == allot.OpConfirm || msg.req.Op == allot.OpTake
 	if !e.storeUp() || e.partitioned[ev.m] {
 		l.free = append(l.free, slot)
 		if reply {
@@ -401,6 +412,17 @@ func (l *leaseMode) store(e *engine, ev *event) {
 	e.storeOps++
 	e.bucket().storeOps++
 	st := l.states[msg.limit]
+	if msg.bucket.ID != "" {
+		// A take at the limit's bucket, not its record (the backend's applyTakes).
+		res := l.applyBucket(e, msg.bucket.ID, msg.bucket.BucketOp(st.Limit, msg.req))
+		msg.rep, msg.err = allot.Reply{Taken: res.Taken, Wait: res.Wait * 1000, Sent: msg.req.Sent, Nonce: msg.req.Nonce}, nil
+		out := event{kind: evLeaseReply, m: ev.m, g: ev.g, op: ev.op, val: ev.val}
+		if !e.fromStore(out, ev.val2+int64(e.sc.Store.Timeout)) {
+			l.free = append(l.free, slot)
+			l.timeout(e, ev.m, int(ev.g), ev.val2, msg.req.Nonce)
+		}
+		return
+	}
 	var check error
 	msg.rep, msg.err, check = st.ApplyChecked(e.now, l.cfg, msg.req)
 	if check != nil {
@@ -431,30 +453,35 @@ func (l *leaseMode) atBucket(e *engine, st *allot.State, msg *leaseMsg) {
 		return
 	}
 	op := allot.BucketRef{Start: st.BucketAt, Fence: int64(l.cfg.TTL + l.cfg.Grace)}.BucketOp(st.Limit, msg.req)
-	if l.buckets == nil {
-		l.buckets, l.bucketsSince = map[bucketKey][]byte{}, store.Fresh
-	}
-	k := bucketKey{st.Limit.T, st.Limit.Tau, st.BucketInc}
-	since := l.bucketsSince
-	if since != store.Fresh {
-		since /= 1000
-	}
-	out, _, res, err := store.ApplyBucket(l.buckets[k], e.now/1000, since, op)
-	if err != nil {
-		panic(err) // the simulator's own buckets
-	}
-	if out != nil {
-		l.buckets[k] = out
-	}
+	res := l.applyBucket(e, allot.BucketID(recordName(st.Limit), st.BucketInc), op)
 	if msg.req.Op == allot.OpTake {
 		msg.rep.Taken, msg.rep.Wait = res.Taken, res.Wait*1000
 	}
 }
 
-// bucketKey names a bucket in the simulated store: its limit and incarnation.
-type bucketKey struct {
-	t, tau int64
-	inc    uint64
+// applyBucket applies op to the bucket id in the simulated store.
+func (l *leaseMode) applyBucket(e *engine, id string, op store.BucketOp) store.BucketResult {
+	if l.buckets == nil {
+		l.buckets, l.bucketsSince = map[string][]byte{}, store.Fresh
+	}
+	since := l.bucketsSince
+	if since != store.Fresh {
+		since /= 1000
+	}
+	out, _, res, err := store.ApplyBucket(l.buckets[id], e.now/1000, since, op)
+	if err != nil {
+		panic(err) // the simulator's own buckets
+	}
+	if out != nil {
+		l.buckets[id] = out
+	}
+	return res
+}
+
+// recordName names a limit's record in the simulated store (its buckets are named after
+// it: allot.BucketID).
+func recordName(l gcra.Limit) string {
+	return strconv.FormatInt(l.T, 10) + ":" + strconv.FormatInt(l.Tau, 10)
 }
 
 // touch says member mi was called (or made, or let go): the next check asks it again
@@ -622,7 +649,7 @@ const RateSlack = allot.RateScale / 1000
 func (l *leaseMode) storeRestart(e *engine) {
 	l.setup(e)
 	l.inc++
-	l.buckets, l.bucketsSince = map[bucketKey][]byte{}, e.now // lost with everything else
+	l.buckets, l.bucketsSince = map[string][]byte{}, e.now // lost with everything else
 	fence := l.cfg.FenceAfterRestart(e.now)
 	for i, lim := range l.limits {
 		l.states[i], _ = allot.NewState(lim, l.inc, e.now, fence, l.cfg)
@@ -704,7 +731,11 @@ func (l *leaseMode) took(e *engine, mi int32, msg leaseMsg) {
 		l.reschedule(e, mi)
 		return
 	}
-	l.members[mi][msg.limit].Took(msg.req.Sent, e.now, 1, msg.rep, msg.err) // asked at Sent, as the backend says
+	if msg.bucket.ID != "" {
+		l.members[mi][msg.limit].TookAtBucket(msg.req.Sent, e.now, 1, msg.rep.Taken, msg.rep.Wait, msg.err)
+	} else {
+		l.members[mi][msg.limit].Took(msg.req.Sent, e.now, 1, msg.rep, msg.err) // asked at Sent, as the backend says
+	}
 	if !m.gs[g].busy || m.ops[g] != op {
 		return // the goroutine gave up meanwhile
 	}

@@ -361,7 +361,7 @@ func RunMatrix(ctx context.Context, m *Matrix, shapes []MatrixShape, modes []str
 		for _, g := range scs[i].Members {
 			members += g.Count
 		}
-		return skipsCell(all[k], members)
+		return skipsCell(all[k], members, scs[i])
 	}
 	var mu sync.Mutex
 	next, started := 0, -1
@@ -492,11 +492,36 @@ func judge(s MatrixShape, sc *Scenario, rep *Report) []MatrixCell {
 }
 
 // skipsCell says whether the matrix skips mode on a pool of members: the lease mode past the
-// members it claims, where each renewal's allocation costs the simulator a pass over
-// every member (minutes a cell at 1,000 members under overload), for a cell it would
-// report outside the envelope anyway.
-func skipsCell(mode string, members int) bool {
-	return mode == "lease" && members > lease.MaxMembers
+// members it claims (leaseClaims), where each renewal's allocation costs the simulator a
+// pass over every member (minutes a cell at 1,000 members under overload), for a cell it
+// would report outside the envelope anyway.
+func skipsCell(mode string, members int, sc *Scenario) bool {
+	return mode == "lease" && !leaseClaims(members, sc)
+}
+
+// leaseClaims says whether the lease mode claims a pool of members on the scenario's
+// limits: up to lease.MaxMembers on any limit, and up to lease.MaxBucketMembers on limits
+// it decides on their buckets (more members than permits of burst, no windowed quota or
+// ramp: past allot.BucketAbove members such a limit is decided on its bucket, whose members
+// confirm their registrations by reading its record).
+func leaseClaims(members int, sc *Scenario) bool {
+	if members <= lease.MaxMembers {
+		return true
+	}
+	if members > lease.MaxBucketMembers || sc == nil {
+		return false
+	}
+	ls := sc.Limit.Limits
+	return len(ls) > 0 && maxBurst(ls) < int64(members) && !limitconv.Windowed(ls) && limitconv.RampOver(ls) == 0
+}
+
+// maxBurst is the largest burst of ls.
+func maxBurst(ls sluice.Limits) int64 {
+	b := int64(0)
+	for _, l := range ls {
+		b = max(b, limitconv.Burst(l))
+	}
+	return b
 }
 
 // envelope says whether mode claims shape s (run as sc), and why not when it does not.
@@ -514,13 +539,13 @@ func envelope(mode string, s MatrixShape, members int, sc *Scenario) (bool, stri
 			return false, "the local mode is one process: a pool of processes shares a limit through strict, lease or gossip"
 		}
 	case "lease":
-		if members > lease.MaxMembers {
+		if !leaseClaims(members, sc) {
 			// The simulated store serialises writes at no cost; a real one does not: every
-			// member writes the limit's one record (past sixteen, their renewals through one
-			// allocator, which falls behind at a thousand), and past about a
-			// hundred their writes collide (BENCHMARKS.md). The backend warns of it, naming
-			// strict.
-			return false, fmt.Sprintf("the lease mode claims %d members on one limit: a larger pool's writes to its one record collide on a real store (the backend warns, naming strict)", lease.MaxMembers)
+			// member of a limit shared out writes its one record (past sixteen, their
+			// renewals through one allocator, which falls behind at a thousand). A limit
+			// decided on its bucket is written about once in BucketKeep/2, and its members
+			// read it (BENCHMARKS.md). The backend warns past the claim, naming strict.
+			return false, fmt.Sprintf("the lease mode claims %d members on a limit it shares out, %d on one decided on its bucket (more members than permits of burst, no window or ramp): a larger pool's writes to its one record collide on a real store (the backend warns, naming strict)", lease.MaxMembers, lease.MaxBucketMembers)
 		}
 	case adaptivePrefix:
 		if s, ok, _ := parseAdaptive(mode); ok && s != adaptive.Sluice {

@@ -1,6 +1,7 @@
 package allot
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -159,5 +160,129 @@ func TestBucketRecordRewoundAndIdle(t *testing.T) {
 	}
 	if q := s.QuietAt(); q < busy+l.Tau {
 		t.Fatalf("quiet at %v, before %v", time.Duration(q), time.Duration(busy+l.Tau))
+	}
+}
+
+// TestConfirmsOnTheBucket: a member of a limit on its bucket confirms (OpConfirm) that it
+// may go on taking there by a read: a confirm changes the record only to carry its word
+// on the bucket (BucketBusy) BucketKeep ahead when less than half of that is left, so
+// that the store writes it about once every BucketKeep/2 whatever the number of
+// members; it needs no entry of the member (those of members that only confirm expire);
+// it is refused (stale: the member joins again) by a record not on the bucket the
+// member registered under; and no confirm's word outlasts the record's: the record is
+// not Idle (deleted, then made again with a fresh burst) before every member's word on
+// its bucket and a tolerance after it have passed.
+func TestConfirmsOnTheBucket(t *testing.T) {
+	c := cfg(Fair)
+	l := lim(100, time.Second, 20)
+	s, eps := joinedState(t, l, c, BucketAbove+1)
+	renewAll(t, s, c, eps, 100*ms)
+	if s.BucketAt == 0 {
+		t.Fatal("not on its bucket")
+	}
+	keep := bucketKeep(c)
+	confirm := func(at int64, i int) (Reply, bool, error) {
+		t.Helper()
+		before := MarshalState(s)
+		rep, err := s.Apply(at, c, Request{Op: OpConfirm, Member: fmt.Sprintf("m%02d", i), Epoch: eps[i], Sent: at, Nonce: uint64(at)})
+		return rep, string(before) != string(MarshalState(s)), err
+	}
+	// The first confirm carries the word BucketKeep ahead; those after it change nothing.
+	rep, changed, err := confirm(200*ms, 0)
+	if err != nil || !changed || s.BucketBusy != 200*ms+keep {
+		t.Fatalf("the first confirm: %v, changed %v, busy until %v; want the record's word carried to %v", err, changed, time.Duration(s.BucketBusy), time.Duration(200*ms+keep))
+	}
+	if rep.Bucket != s.BucketAt || rep.BucketInc != s.BucketInc || rep.Epoch != eps[0] || rep.Word != int64(c.TTL) {
+		t.Fatalf("a confirm's answer: %+v; want the bucket, the member's epoch and a word of a TTL", rep)
+	}
+	writes := 1
+	last := 200 * ms
+	for at := 300 * ms; at < 3*keep; at += 100 * ms {
+		for i := range 3 {
+			rep, changed, err := confirm(at, i)
+			if err != nil {
+				t.Fatalf("a confirm at %v: %v", time.Duration(at), err)
+			}
+			if changed {
+				writes++
+				last = at
+			}
+			if end := at + rep.Word; end > s.BucketBusy-int64(c.Grace) {
+				t.Fatalf("a confirm at %v gave a word until %v, past the record's %v less its grace", time.Duration(at), time.Duration(end), time.Duration(s.BucketBusy))
+			}
+			if s.Idle(at+rep.Word+int64(c.Grace)+l.Tau-1) || s.QuietAt() < at+rep.Word+int64(c.Grace)+l.Tau {
+				t.Fatalf("a confirm at %v: the record would be idle before its word and a tolerance have passed", time.Duration(at))
+			}
+		}
+	}
+	if want := int(3*keep/(keep/2)) + 1; writes > want {
+		t.Fatalf("%d confirms changed the record %d times over %v; want one in BucketKeep/2 at most (%d)", 3*int(3*keep/(100*ms)), writes, time.Duration(3*keep), want)
+	}
+	if last < 2*keep {
+		t.Fatalf("the last write at %v: the word was not carried on", time.Duration(last))
+	}
+	// The members' entries have expired (confirms need none): one that never had one
+	// confirms too.
+	if _, err := s.Apply(3*keep, c, Request{Op: OpConfirm, Member: "zz", Epoch: Epoch{Incarnation: s.BucketInc, N: 9999}, Sent: 3 * keep}); err != nil {
+		t.Fatalf("a confirm of a member without an entry: %v", err)
+	}
+	// A member of another incarnation (the record made again, or rewound) is stale.
+	if _, err := s.Apply(3*keep, c, Request{Op: OpConfirm, Member: "m01", Epoch: Epoch{Incarnation: 12345, N: 1}, Sent: 3 * keep}); !errors.Is(err, ErrStaleEpoch) {
+		t.Fatalf("a confirm under another incarnation: %v; want ErrStaleEpoch", err)
+	}
+	s.Rewound(3*keep, 99)
+	if _, err := s.Apply(3*keep+ms, c, Request{Op: OpConfirm, Member: "m01", Epoch: eps[1], Sent: 3*keep + ms}); !errors.Is(err, ErrStaleEpoch) {
+		t.Fatalf("a confirm of a rewound record: %v; want ErrStaleEpoch", err)
+	}
+	// A record not on a bucket refuses confirms.
+	small, seps := joinedState(t, l, c, 3)
+	if _, err := small.Apply(ms, c, Request{Op: OpConfirm, Member: "m00", Epoch: seps[0], Sent: ms}); !errors.Is(err, ErrStaleEpoch) {
+		t.Fatalf("a confirm of a record not on its bucket: %v; want ErrStaleEpoch", err)
+	}
+	if _, err := s.Apply(3*keep+ms, c, Request{Op: OpConfirm, Epoch: eps[1], Sent: 3*keep + ms}); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("a confirm without a member: %v; want ErrBadRequest", err)
+	}
+}
+
+// TestMemberConfirmsOnItsBucket: a member on its limit's bucket, holding no share, renews
+// by confirming (a read of the record), carries the version it saw, and extends its word
+// on the bucket from the answer's Word; one that holds a share, or whose word has ended,
+// renews (or joins) as before; a stale answer unregisters it (no bucket).
+func TestMemberConfirmsOnItsBucket(t *testing.T) {
+	m := NewMember("a", lim(100, time.Second, 20), MemberConfig{RenewEvery: 100 * time.Millisecond, Margin: 5 * time.Millisecond}, 0)
+	req, _ := m.Request(0, 0)
+	ep := Epoch{Incarnation: 7, N: 1}
+	m.Receive(ms, req.Nonce, Reply{Epoch: ep, Central: true, Bucket: 50 * ms, BucketInc: 7, Sent: 0, TTL: int64(time.Second), Grace: 500 * ms, Live: 200, Version: 3}, nil)
+	req, ok := m.Request(m.Due(ms), 0)
+	if !ok || req.Op != OpConfirm || req.Epoch != ep || req.Seen != 3 {
+		t.Fatalf("the renewal of a member on its bucket: %+v %v; want a confirm of epoch %v having seen version 3", req, ok, ep)
+	}
+	at := req.Sent
+	m.Receive(at+ms, req.Nonce, Reply{Epoch: ep, Central: true, Bucket: 50 * ms, BucketInc: 7, Sent: at, TTL: int64(time.Second), Grace: 500 * ms, Word: 600 * ms, Version: 3}, nil)
+	if _, ok := m.Bucket(at+590*ms, "rec"); !ok {
+		t.Fatal("a confirm's answer did not extend the member's word on its bucket")
+	}
+	if _, ok := m.Bucket(at+600*ms, "rec"); ok {
+		t.Fatal("a confirm's answer extended the word past its Word less the margin")
+	}
+	req, ok = m.Request(m.Due(at+ms), 0)
+	if !ok || req.Op != OpConfirm {
+		t.Fatalf("the next renewal: %+v %v; want a confirm", req, ok)
+	}
+	m.Receive(req.Sent+ms, req.Nonce, Reply{}, ErrStaleEpoch)
+	if _, ok := m.Bucket(req.Sent+2*ms, "rec"); ok {
+		t.Fatal("a member whose confirm was stale still takes at its bucket")
+	}
+	if req, ok := m.Request(req.Sent+2*ms, 0); !ok || req.Op != OpJoin {
+		t.Fatalf("after a stale confirm: %+v %v; want a join", req, ok)
+	}
+	// A member holding a share renews.
+	h := NewMember("b", lim(100, time.Second, 20), MemberConfig{RenewEvery: 100 * time.Millisecond, Margin: 5 * time.Millisecond}, 0)
+	req, _ = h.Request(0, 0)
+	rep := Reply{Epoch: ep, Sent: 0, TTL: int64(time.Second), Grace: 500 * ms, Live: 2}
+	rep.Lease.Seq, rep.Lease.Share = 1, Share{Rate: RateScale / 2, Burst: 10}
+	h.Receive(ms, req.Nonce, rep, nil)
+	if req, ok := h.Request(h.Due(ms), 0); !ok || req.Op != OpRenew {
+		t.Fatalf("a member holding a share: %+v %v; want a renewal", req, ok)
 	}
 }

@@ -300,6 +300,7 @@ type link struct {
 	nonce     uint64
 	joinNonce uint64
 	lastSent  int64
+	confirm   bool // the request in flight is a confirm (OpConfirm)
 	failed    bool // the last request failed
 	lastErr   error
 	seen      uint64 // the newest version of the record seen (Request.Seen)
@@ -433,3 +434,7 @@ func (m *Member) Status(now int64) Status {
 
 // Live is how many members hold the limit, as the store last said (0 before any answer).
 func (m *Member) Live() int64 { return m.view.live }
+
+// OnBucket reports whether the record last said its limit is decided on its bucket
+// (State.BucketAt).
+func (m *Member) OnBucket() bool { return m.view.bucket != 0 }

@@ -71,6 +71,19 @@ func (m *Member) Due(now int64) int64 {
 	return max(d, m.link.lastSent+m.cfg.renew/20)
 }
 
+// confirms reports whether the member's renewal is a confirm (OpConfirm), a read of the
+// record rather than a write: it is registered on a limit decided on its bucket, still
+// has the record's word on it, and has nothing to tell the store: no share or older lease
+// in use, none to acknowledge, no permits to give back. Its renewal would only keep its
+// registration alive, and with it its word on the bucket; a crowded limit's members
+// renewing that way wrote the record a thousand times a second through its relay, and
+// most went unanswered (BenchmarkLeaseRedisMembers, members=1000).
+func (m *Member) confirms(now int64) bool {
+	return m.phase == registered && m.view.central && m.view.bucket != 0 && now < m.view.bucketUntil &&
+		m.InUse(now).IsZero() && !m.handover.ackNow && now >= m.handover.ackUntil &&
+		(m.handover.returnable == 0 || now >= m.handover.returnBy)
+}
+
 // spread returns how much earlier than its interval the member's next regular renewal
 // comes: a number in [0, renew/20) drawn from the member's name and request number.
 // Members started together (a deploy) would otherwise renew at the same instants for
@@ -106,6 +119,9 @@ func (m *Member) Request(now, early int64) (Request, bool) {
 		req.Op = OpRenew
 		req.Epoch = m.epoch
 		m.quotaRequest(now, &req)
+	} else if m.confirms(now) {
+		req.Op = OpConfirm
+		req.Epoch = m.epoch
 	} else {
 		req.Op = OpRenew
 		req.Epoch = m.epoch
@@ -149,6 +165,7 @@ func (m *Member) Request(now, early int64) (Request, bool) {
 	}
 	req.Demand = m.measure(now)
 	req.Critical = m.demand.critical0
+	m.link.confirm = req.Op == OpConfirm
 	m.link.inflight = true
 	m.link.lastSent = now
 	return req, true
@@ -182,6 +199,16 @@ func (m *Member) Receive(now int64, nonce uint64, rep Reply, err error) {
 	m.link.failed, m.link.lastErr = false, nil
 	m.link.sawRoundTrip(now - m.link.lastSent)
 	m.link.seen = max(m.link.seen, rep.Version)
+	if m.link.confirm {
+		// Still on its bucket: its word on it goes on (State.confirm).
+		if m.phase == registered && rep.Epoch == m.epoch && rep.Bucket != 0 {
+			m.learnBucket(rep, rep.Sent+min(rep.Word, rep.TTL)-m.cfg.margin)
+			if rep.Penalty > 0 {
+				m.applyPenalty(now, now+rep.Penalty)
+			}
+		}
+		return
+	}
 	newEpoch := m.phase != registered || rep.Epoch != m.epoch
 	if newEpoch {
 		if nonce != m.link.joinNonce {

@@ -369,6 +369,13 @@ const (
 	OpTake
 	// OpGive gives back N permits taken and not used (a decision undone).
 	OpGive
+	// OpConfirm confirms that a member of a limit decided on its bucket (Reply.Bucket)
+	// may go on taking there: the record is still on the bucket its registration (Epoch)
+	// was made under. It is a read: it changes the record only when the record's word on
+	// its bucket (State.BucketBusy) runs short, about once every BucketKeep/2, so the
+	// members of a crowded limit keep their word on its bucket without writing the record
+	// they would all collide on (State.confirm).
+	OpConfirm
 )
 
 func (o Op) String() string {
@@ -385,6 +392,8 @@ func (o Op) String() string {
 		return "take"
 	case OpGive:
 		return "give"
+	case OpConfirm:
+		return "confirm"
 	}
 	return fmt.Sprintf("Op(%d)", int(o))
 }
@@ -488,6 +497,11 @@ type Reply struct {
 	// while it is registered.
 	Bucket    int64  `json:"bucket,omitempty"`
 	BucketInc uint64 `json:"bucket_inc,omitempty"`
+	// Word answers a confirm (OpConfirm): the member may take at the bucket until Sent +
+	// Word less its margin (its own clock), where an answer that registers it says
+	// Sent + TTL. It is at most TTL, less when the record's word on its bucket
+	// (State.BucketBusy) ends sooner.
+	Word int64 `json:"word,omitempty"`
 	// Taken and Wait answer a take: granted (usable after Wait), or not (ask again after
 	// Wait: the same take would be granted then). Borrow says the take was a borrow
 	// (Request.Borrow) on a limit that is shared out.
@@ -551,6 +565,10 @@ type applied struct {
 
 func (s *State) apply(now int64, cfg Config, req Request, a *applied) (Reply, error) {
 	now = max(now, s.PoolAt)
+	if req.Op == OpConfirm {
+		a.rest = s.counted(now)
+		return s.confirm(now, cfg, req)
+	}
 	if s.BucketAt != 0 {
 		s.BucketBusy = max(s.BucketBusy, gcra.After(now, int64(cfg.TTL+cfg.Grace)))
 	}
@@ -1330,6 +1348,53 @@ func (s *State) Rewound(now int64, incarnation uint64) {
 	if s.BucketAt != 0 {
 		s.BucketInc, s.BucketAt = incarnation, max(s.BucketAt, s.Fence)
 	}
+}
+
+// BucketKeep is how far ahead a record on its bucket carries its word on it
+// (State.BucketBusy) when a confirm finds it running short (under half of it left), at
+// least four times the record's TTL + Grace: its members confirm by reading the record,
+// and one confirm in about BucketKeep/2 writes it. A record on its bucket is kept that
+// long after its last member has gone.
+const BucketKeep = 30 * time.Second
+
+// bucketKeep is BucketKeep for the record's settings.
+func bucketKeep(cfg Config) int64 {
+	return max(int64(BucketKeep), 4*int64(cfg.TTL+cfg.Grace))
+}
+
+// confirm answers a confirm (OpConfirm): the member, registered under req.Epoch, may go
+// on taking at the record's bucket if the record is still on it, under the incarnation
+// the member registered in (a record made again or found rewound has a bucket of its
+// own, or none: the member is stale and joins again). The member's entry is not needed:
+// the entries of members that only confirm expire, and the limit stays on its bucket
+// until the record is made again.
+//
+// Its word (Reply.Word) is at most TTL and ends Grace before BucketBusy at the latest,
+// as an answer that registers a member ends (Sent + TTL) that long before the BucketBusy
+// it raises (now + TTL + Grace): so the record is not Idle (deleted, or dropped by the store, and made again
+// with a fresh burst and no fence) before every member's word on the bucket, and every
+// permit booked there, has ended. When less than BucketKeep/2 of BucketBusy is left it
+// carries BucketBusy BucketKeep ahead: the only change a confirm makes, which the store
+// then writes (the applier writes a group of confirms only if the record changed).
+func (s *State) confirm(now int64, cfg Config, req Request) (Reply, error) {
+	if req.Member == "" {
+		return Reply{}, fmt.Errorf("%w: no member name", ErrBadRequest)
+	}
+	if s.BucketAt == 0 || req.Epoch.Incarnation != s.BucketInc || s.Limit.Window > 0 {
+		return Reply{}, fmt.Errorf("%w: member %q epoch %d/%d (not on the record's bucket)", ErrStaleEpoch, req.Member, req.Epoch.Incarnation, req.Epoch.N)
+	}
+	keep := bucketKeep(cfg)
+	if s.BucketBusy-now < keep/2 {
+		s.BucketBusy = max(s.BucketBusy, gcra.After(now, keep))
+	}
+	ttl := int64(cfg.TTL)
+	return Reply{
+		Epoch: req.Epoch, TTL: ttl, Grace: int64(cfg.Grace),
+		Word:    min(ttl, s.BucketBusy-int64(cfg.Grace)-now),
+		Central: true, Bucket: s.BucketAt, BucketInc: s.BucketInc,
+		Penalty: max(0, s.Penalty-now),
+		Sent:    req.Sent, Nonce: req.Nonce,
+	}, nil
 }
 
 // BucketID names the bucket of the record recordID made in incarnation inc (a record made

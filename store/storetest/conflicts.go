@@ -12,7 +12,7 @@ import (
 // the member reads and applies again). Tests and benchmarks use it to measure contention.
 type Conflicts struct {
 	store.Store
-	writes, lost atomic.Int64
+	writes, lost, buckets atomic.Int64
 }
 
 // Swap is the store's Swap, counted.
@@ -39,8 +39,14 @@ func (c *Conflicts) Bucket(ctx context.Context, id string, op store.BucketOp) (s
 		res, err := b.Bucket(ctx, id, op)
 		if err == nil {
 			c.writes.Add(1)
+			c.buckets.Add(1)
 		}
 		return res, err
 	}
+	c.buckets.Add(1)
 	return store.DoBucket(ctx, store.CASOnly(c), id, op, 8)
 }
+
+// Buckets returns how many bucket operations were applied (or tried): each also counts
+// among Counts' writes, as one script call or as the compare-and-sets it took.
+func (c *Conflicts) Buckets() int64 { return c.buckets.Load() }
