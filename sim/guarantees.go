@@ -172,11 +172,13 @@ func modeClaim(mode string) string {
 	case "lease":
 		return "Decisions in process on shares leased from a store: no violation, the shares follow the members' demands " +
 			"(max-min fair), and what the shares leave free is borrowed at once; it fails closed past its lease's grace " +
-			"while its store is unreachable. Its envelope is at most 100 members on one limit (`lease.MaxMembers`): past it, " +
-			"the members' writes to the limit's one record collide on a real store (which the simulator's does not show: past " +
-			"sixteen members their renewals go through one allocator, the relay of docs/lease.md, which does not keep up with a " +
-			"thousand; a limit decided at the store is decided on its bucket past a hundred members, where the relay still carries " +
-			"their renewals), and the backend logs a warning naming the strict mode."
+			"while its store is unreachable. Its envelope is at most 100 members on a limit it shares out (`lease.MaxMembers`), " +
+			"and at most 1,000 on a limit decided on its bucket (`lease.MaxBucketMembers`: more members than permits of burst, " +
+			"no windowed quota or ramp; past a hundred members each permit is one store call to the limit's bucket and the " +
+			"members confirm their registrations by reading its record, which is written about once in 15 s; 1,000 members " +
+			"measured on one Redis use 2,000/s whole). Past it, the members' writes to the limit's one record collide on a real " +
+			"store (which the simulator's does not show: past sixteen members their renewals go through one allocator, the relay " +
+			"of docs/lease.md, which does not keep up with a thousand), and the backend logs a warning naming the strict mode."
 	case "gossip":
 		return "Peer daemons with no store: a small limit decided exactly at its key's owner (the others forward to it), a large one by shares with hit counts exchanged: 429s within the bound of docs/gossip.md."
 	case "adaptive":
