@@ -107,11 +107,12 @@ func (a *applier) sayFenced(id string, since, now, fence int64) {
 		"record", id, "for", time.Duration(fence-now).Round(time.Millisecond))
 }
 
-// group is the calls of one batch on one record.
+// group is the calls of one batch on one record (its confirms in a group of their own).
 type group struct {
 	id    string
 	limit gcra.Limit
-	idx   []int // the calls', in order
+	idx   []int  // the calls', in order
+	seen  uint64 // the newest version of the record any call of the batch has seen
 	done  bool
 }
 
@@ -246,6 +247,18 @@ func (a *applier) applyNow(ctx context.Context, calls []call) ([]result, error) 
 		}
 		g.idx = append(g.idx, i)
 	}
+	// Every group of a record judges it by the newest version any call on it has seen: a
+	// group of confirms is answered from the record as read only if no call of the batch
+	// finds it rewound.
+	seen := map[string]uint64{}
+	for _, g := range groups {
+		for _, i := range g.idx {
+			seen[g.id] = max(seen[g.id], calls[i].req.Seen)
+		}
+	}
+	for _, g := range groups {
+		g.seen = seen[g.id]
+	}
 	// A borrow on a crowded limit is refused here (relay.borrowsCrowded).
 	groups = slices.DeleteFunc(groups, func(g *group) bool {
 		g.idx = slices.DeleteFunc(g.idx, func(i int) bool {
@@ -337,7 +350,7 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 		return nil, err
 	}
 	var writes []store.Write
-	var written []*group
+	var written, deferred []*group
 	staged := make([]result, len(calls))
 	for k, g := range pending {
 		rec := snap.Records[k]
@@ -353,7 +366,13 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 			g.done = true
 			continue
 		}
-		a.relay.saw(g.id, len(st.Members))
+		crowd := len(st.Members)
+		if st.BucketAt != 0 {
+			// On its bucket: crowded, though its members' entries expire (they confirm
+			// by reading it), so that joins still go through its relay.
+			crowd = max(crowd, relayAbove+1)
+		}
+		a.relay.saw(g.id, crowd)
 		readOnly, busy := g.confirmsOnly(calls, rec), st.BucketBusy
 		for _, i := range g.idx {
 			rep, err := st.Apply(now, st.Cfg, calls[i].req)
@@ -366,6 +385,13 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 				out[i].rep.Version = rec.Version
 			}
 			g.done = true
+			continue
+		}
+		if slices.ContainsFunc(written, func(o *group) bool { return o.id == g.id }) {
+			// Another group of the batch writes the record (a group of confirms beside
+			// other calls): one write of a record per batch (etcd refuses two in one
+			// transaction); this one is applied again at the next attempt.
+			deferred = append(deferred, g)
 			continue
 		}
 		w := store.Write{ID: g.id, Version: rec.Version}
@@ -386,13 +412,13 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 		written = append(written, g)
 	}
 	if len(writes) == 0 {
-		return nil, nil
+		return deferred, nil
 	}
 	vers, err := a.swap(ctx, writes)
 	if err != nil {
 		return nil, err
 	}
-	var again []*group
+	again := deferred
 	for k, g := range written {
 		if vers[k] == 0 {
 			a.conflicts.Add(1)
@@ -408,17 +434,17 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 }
 
 // confirmsOnly reports whether a group holds only confirms (allot.OpConfirm) of a record
-// the store has, as new as every version its members have seen: applied, they change
+// the store has, as new as every version the batch's calls on it have seen (group.seen): applied, they change
 // nothing but the record's BucketBusy, and if they leave that as it is the group is
 // answered from the record as read, without a write. A record made (missing) or found
 // rewound (older than a version seen) is written, as for any request: its fence must be
 // kept.
 func (g *group) confirmsOnly(calls []call, rec store.Record) bool {
-	if rec.Version == 0 {
+	if rec.Version == 0 || g.seen > rec.Version {
 		return false
 	}
 	for _, i := range g.idx {
-		if calls[i].req.Op != allot.OpConfirm || calls[i].req.Seen > rec.Version {
+		if calls[i].req.Op != allot.OpConfirm {
 			return false
 		}
 	}
@@ -451,7 +477,7 @@ func (a *applier) swap(ctx context.Context, writes []store.Write) ([]uint64, err
 // copy restored): it is fenced too, and takes a new incarnation, so that registrations it
 // lost can never be mistaken for the ones it has.
 func (a *applier) state(g *group, rec store.Record, now, since int64, calls []call) (*allot.State, error) {
-	var seen uint64
+	seen := g.seen
 	for _, i := range g.idx {
 		seen = max(seen, calls[i].req.Seen)
 	}

@@ -14,6 +14,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/clock"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/testkit/poll"
@@ -754,5 +755,76 @@ func TestConfirmsAreReads(t *testing.T) {
 	st, err := allot.UnmarshalState(snap.Records[0].Data)
 	if err != nil || st.Fence <= snap.Now {
 		t.Fatalf("the record made again: %+v, %v; want it fenced", st, err)
+	}
+}
+
+// oneWritePerRecord is a store that refuses a batch writing one record twice, as etcd
+// refuses a transaction that puts one key twice.
+type oneWritePerRecord struct{ store.Store }
+
+func (s oneWritePerRecord) Swap(ctx context.Context, ws []store.Write) ([]uint64, error) {
+	for i := range ws {
+		for j := range i {
+			if ws[i].ID == ws[j].ID {
+				return nil, fmt.Errorf("%w: duplicate key %s in one transaction", backend.ErrUnavailable, ws[i].ID)
+			}
+		}
+	}
+	return s.Store.Swap(ctx, ws)
+}
+
+// TestConfirmsBesideOtherCalls: a batch holding confirms (a group of their own) and other
+// calls on the same record writes the record once per attempt (etcd refuses a
+// transaction writing one key twice, and failed the whole batch), and its confirms are
+// not answered from a record another call of the batch finds rewound: they name the new
+// bucket.
+func TestConfirmsBesideOtherCalls(t *testing.T) {
+	l := gcra.Limit{T: int64(10 * time.Millisecond), Tau: int64(200 * time.Millisecond)}
+	mem := store.NewMemory(clock.Default)
+	a := &applier{store: oneWritePerRecord{mem}, cfg: DefaultConfig()}
+	apply := func(reqs ...allot.Request) []result {
+		t.Helper()
+		calls := make([]call, len(reqs))
+		for i, r := range reqs {
+			calls[i] = call{key: "api", limit: l, req: r}
+		}
+		res, err := a.applyTakes(bg, calls)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	var eps []allot.Epoch
+	for i := range allot.BucketAbove + 1 {
+		r := apply(allot.Request{Op: allot.OpJoin, Member: fmt.Sprintf("m%03d", i), Nonce: 1, Demand: allot.RateScale})[0]
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		eps = append(eps, r.rep.Epoch)
+	}
+	r := apply(allot.Request{Op: allot.OpRenew, Member: "m000", Epoch: eps[0], Nonce: 2, Demand: allot.RateScale})[0]
+	if r.err != nil || r.rep.Bucket == 0 {
+		t.Fatalf("%d members: %+v, %v; want the record on its bucket", allot.BucketAbove+1, r.rep, r.err)
+	}
+	version, inc := r.rep.Version, r.rep.BucketInc
+	// The first confirm writes (it carries the record's word on), beside a penalty, which
+	// writes too.
+	res := apply(
+		allot.Request{Op: allot.OpConfirm, Member: "m001", Epoch: eps[1], Seen: version, Nonce: 3},
+		allot.Request{Op: allot.OpPenalize, Member: "m002", Hold: int64(time.Millisecond), Nonce: 3},
+	)
+	for k, r := range res {
+		if r.err != nil {
+			t.Fatalf("call %d of a batch writing one record twice: %v", k, r.err)
+		}
+	}
+	// A call of the batch has seen a newer version than the store's (a failover lost
+	// writes): the confirm beside it names the bucket the rewound record moved to.
+	res = apply(
+		allot.Request{Op: allot.OpConfirm, Member: "m001", Epoch: eps[1], Seen: version, Nonce: 4},
+		allot.Request{Op: allot.OpPenalize, Member: "m002", Hold: int64(time.Millisecond), Seen: version + 100, Nonce: 4},
+	)
+	if r := res[0]; r.err != nil || r.rep.BucketInc == inc {
+		t.Fatalf("a confirm beside a call that finds the record rewound: %+v, %v; want it naming the new bucket (not %d)", r.rep, r.err, inc)
 	}
 }

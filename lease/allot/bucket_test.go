@@ -168,8 +168,8 @@ func TestBucketRecordRewoundAndIdle(t *testing.T) {
 // on the bucket (BucketBusy) BucketKeep ahead when less than half of that is left, so
 // that the store writes it about once every BucketKeep/2 whatever the number of
 // members; it needs no entry of the member (those of members that only confirm expire);
-// it is refused (stale: the member joins again) by a record not on the bucket the
-// member registered under; and no confirm's word outlasts the record's: the record is
+// a record found rewound names its new bucket; a record on no bucket refuses it (stale:
+// the member joins again); and no confirm's word outlasts the record's: the record is
 // not Idle (deleted, then made again with a fresh burst) before every member's word on
 // its bucket and a tolerance after it have passed.
 func TestConfirmsOnTheBucket(t *testing.T) {
@@ -226,13 +226,13 @@ func TestConfirmsOnTheBucket(t *testing.T) {
 	if _, err := s.Apply(3*keep, c, Request{Op: OpConfirm, Member: "zz", Epoch: Epoch{Incarnation: s.BucketInc, N: 9999}, Sent: 3 * keep}); err != nil {
 		t.Fatalf("a confirm of a member without an entry: %v", err)
 	}
-	// A member of another incarnation (the record made again, or rewound) is stale.
-	if _, err := s.Apply(3*keep, c, Request{Op: OpConfirm, Member: "m01", Epoch: Epoch{Incarnation: 12345, N: 1}, Sent: 3 * keep}); !errors.Is(err, ErrStaleEpoch) {
-		t.Fatalf("a confirm under another incarnation: %v; want ErrStaleEpoch", err)
-	}
+	// A record found rewound moves to a new bucket after its fence: a confirm of a member
+	// registered before names the new one (which starts after the fence), so that the
+	// member moves there rather than joining again.
 	s.Rewound(3*keep, 99)
-	if _, err := s.Apply(3*keep+ms, c, Request{Op: OpConfirm, Member: "m01", Epoch: eps[1], Sent: 3*keep + ms}); !errors.Is(err, ErrStaleEpoch) {
-		t.Fatalf("a confirm of a rewound record: %v; want ErrStaleEpoch", err)
+	rep, err = s.Apply(3*keep+ms, c, Request{Op: OpConfirm, Member: "m01", Epoch: eps[1], Sent: 3*keep + ms})
+	if err != nil || rep.BucketInc != 99 || rep.Bucket < s.Fence || rep.Epoch != eps[1] {
+		t.Fatalf("a confirm of a rewound record: %+v, %v; want the new bucket (99), from the fence (%v) on", rep, err, time.Duration(s.Fence))
 	}
 	// A record not on a bucket refuses confirms.
 	small, seps := joinedState(t, l, c, 3)
@@ -284,5 +284,22 @@ func TestMemberConfirmsOnItsBucket(t *testing.T) {
 	h.Receive(ms, req.Nonce, rep, nil)
 	if req, ok := h.Request(h.Due(ms), 0); !ok || req.Op != OpRenew {
 		t.Fatalf("a member holding a share: %+v %v; want a renewal", req, ok)
+	}
+}
+
+// TestMemberConfirmsAfterItsWordEnds: a member on its bucket whose word has run out (an
+// answer late) still confirms rather than renewing an entry that has expired (which
+// would be stale, and make it join again), and carries the version it saw, so that a
+// rewind is still found.
+func TestMemberConfirmsAfterItsWordEnds(t *testing.T) {
+	m := NewMember("a", lim(100, time.Second, 20), MemberConfig{RenewEvery: 100 * time.Millisecond, Margin: 5 * time.Millisecond}, 0)
+	req, _ := m.Request(0, 0)
+	ep := Epoch{Incarnation: 7, N: 1}
+	m.Receive(ms, req.Nonce, Reply{Epoch: ep, Central: true, Bucket: 50 * ms, BucketInc: 7, Sent: 0, TTL: int64(time.Second), Grace: 500 * ms, Live: 200, Version: 3}, nil)
+	if _, ok := m.Bucket(2*sec, "rec"); ok {
+		t.Fatal("the word did not end")
+	}
+	if req, ok := m.Request(2*sec, 0); !ok || req.Op != OpConfirm || req.Seen != 3 {
+		t.Fatalf("a member on its bucket past its word: %+v %v; want a confirm having seen version 3", req, ok)
 	}
 }

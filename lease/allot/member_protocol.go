@@ -76,14 +76,15 @@ func (m *Member) Due(now int64) int64 {
 }
 
 // confirms reports whether the member's renewal is a confirm (OpConfirm), a read of the
-// record rather than a write: it is registered on a limit decided on its bucket, still
-// has the record's word on it, and has nothing to tell the store: no share or older lease
+// record rather than a write: it is registered on a limit the record said is decided on
+// its bucket (its word on it may have ended: a late answer; its entry, which only a write
+// renews, has expired), and has nothing to tell the store: no share or older lease
 // in use, none to acknowledge, no permits to give back. Its renewal would only keep its
 // registration alive, and with it its word on the bucket; a crowded limit's members
 // renewing that way wrote the record a thousand times a second through its relay, and
 // most went unanswered (BenchmarkLeaseRedisMembers, members=1000).
 func (m *Member) confirms(now int64) bool {
-	return m.phase == registered && m.view.central && m.view.bucket != 0 && now < m.view.bucketUntil &&
+	return m.phase == registered && m.view.central && m.view.bucket != 0 &&
 		m.InUse(now).IsZero() && !m.handover.ackNow && now >= m.handover.ackUntil &&
 		(m.handover.returnable == 0 || now >= m.handover.returnBy)
 }
@@ -126,6 +127,7 @@ func (m *Member) Request(now, early int64) (Request, bool) {
 	} else if m.confirms(now) {
 		req.Op = OpConfirm
 		req.Epoch = m.epoch
+		req.Seen = m.link.seen // its word on the bucket may have ended: a rewind is still found
 	} else {
 		req.Op = OpRenew
 		req.Epoch = m.epoch

@@ -1362,12 +1362,14 @@ func bucketKeep(cfg Config) int64 {
 	return max(int64(BucketKeep), 4*int64(cfg.TTL+cfg.Grace))
 }
 
-// confirm answers a confirm (OpConfirm): the member, registered under req.Epoch, may go
-// on taking at the record's bucket if the record is still on it, under the incarnation
-// the member registered in (a record made again or found rewound has a bucket of its
-// own, or none: the member is stale and joins again). The member's entry is not needed:
-// the entries of members that only confirm expire, and the limit stays on its bucket
-// until the record is made again.
+// confirm answers a confirm (OpConfirm): the member may go on taking at the record's
+// bucket, the one the answer names (BucketInc): a record found rewound has moved to a
+// new bucket, which starts after its fence, and the member moves with it (its word on
+// the old one ends: Member.learnBucket); a record made again is on no bucket, and the
+// member is stale and joins again. Neither the member's entry nor its epoch's incarnation
+// is needed: the entries of members that only confirm expire, the limit stays on its
+// bucket until the record is made again, and a rewind that moves a thousand members to a
+// new bucket does not make them all join again.
 //
 // Its word (Reply.Word) is at most TTL and ends Grace before BucketBusy at the latest,
 // as an answer that registers a member ends (Sent + TTL) that long before the BucketBusy
@@ -1380,8 +1382,8 @@ func (s *State) confirm(now int64, cfg Config, req Request) (Reply, error) {
 	if req.Member == "" {
 		return Reply{}, fmt.Errorf("%w: no member name", ErrBadRequest)
 	}
-	if s.BucketAt == 0 || req.Epoch.Incarnation != s.BucketInc || s.Limit.Window > 0 {
-		return Reply{}, fmt.Errorf("%w: member %q epoch %d/%d (not on the record's bucket)", ErrStaleEpoch, req.Member, req.Epoch.Incarnation, req.Epoch.N)
+	if s.BucketAt == 0 || s.Limit.Window > 0 {
+		return Reply{}, fmt.Errorf("%w: member %q epoch %d/%d (the record is not on a bucket)", ErrStaleEpoch, req.Member, req.Epoch.Incarnation, req.Epoch.N)
 	}
 	keep := bucketKeep(cfg)
 	if s.BucketBusy-now < keep/2 {
