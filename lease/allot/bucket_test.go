@@ -221,6 +221,9 @@ func TestConfirmsOnTheBucket(t *testing.T) {
 	if last < 2*keep {
 		t.Fatalf("the last write at %v: the word was not carried on", time.Duration(last))
 	}
+	if len(s.Members) != 0 {
+		t.Fatalf("%d entries left of members that only confirm: the record every member reads keeps them", len(s.Members))
+	}
 	// The members' entries have expired (confirms need none): one that never had one
 	// confirms too.
 	if _, err := s.Apply(3*keep, c, Request{Op: OpConfirm, Member: "zz", Epoch: Epoch{Incarnation: s.BucketInc, N: 9999}, Sent: 3 * keep}); err != nil {
