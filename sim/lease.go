@@ -452,7 +452,13 @@ func (l *leaseMode) atBucket(e *engine, st *allot.State, msg *leaseMsg) {
 	if !take && (msg.req.Op != allot.OpPenalize || msg.req.Hold <= 0) {
 		return
 	}
-	op := allot.BucketRef{Start: st.BucketAt, Fence: int64(l.cfg.TTL + l.cfg.Grace)}.BucketOp(st.Limit, msg.req)
+	req := msg.req
+	if req.Op == allot.OpTake && req.MaxDelay > 0 {
+		// Booked at once or not at all, as the backend's (lease/bucket.go): the member's
+		// word on the bucket, which bounds a booking, comes with this answer.
+		req.MaxDelay = 0
+	}
+	op := allot.BucketRef{Start: st.BucketAt, Fence: int64(l.cfg.TTL + l.cfg.Grace)}.BucketOp(st.Limit, req)
 	res := l.applyBucket(e, allot.BucketID(recordName(st.Limit), st.BucketInc), op)
 	if msg.req.Op == allot.OpTake {
 		msg.rep.Taken, msg.rep.Wait = res.Taken, res.Wait*1000

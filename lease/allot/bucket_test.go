@@ -292,8 +292,8 @@ func TestMemberConfirmsOnItsBucket(t *testing.T) {
 
 // TestMemberConfirmsAfterItsWordEnds: a member on its bucket whose word has run out (an
 // answer late) still confirms rather than renewing an entry that has expired (which
-// would be stale, and make it join again), and carries the version it saw, so that a
-// rewind is still found.
+// would be stale, and make it join again), and carries the version it saw while what it
+// booked may still come, so that a rewind is still found.
 func TestMemberConfirmsAfterItsWordEnds(t *testing.T) {
 	m := NewMember("a", lim(100, time.Second, 20), MemberConfig{RenewEvery: 100 * time.Millisecond, Margin: 5 * time.Millisecond}, 0)
 	req, _ := m.Request(0, 0)
@@ -302,7 +302,14 @@ func TestMemberConfirmsAfterItsWordEnds(t *testing.T) {
 	if _, ok := m.Bucket(2*sec, "rec"); ok {
 		t.Fatal("the word did not end")
 	}
-	if req, ok := m.Request(2*sec, 0); !ok || req.Op != OpConfirm || req.Seen != 3 {
+	req, ok := m.Request(2*sec, 0)
+	if !ok || req.Op != OpConfirm || req.Seen != 3 {
 		t.Fatalf("a member on its bucket past its word: %+v %v; want a confirm having seen version 3", req, ok)
+	}
+	// A fence's length (TTL + Grace) past its word, nothing it booked can come: it says
+	// it saw nothing, so that a record deleted meanwhile (idle) is made again unfenced.
+	m.Receive(2*sec+ms, req.Nonce, Reply{}, errors.New("no answer"))
+	if req, ok := m.Request(3*sec, 0); !ok || req.Op != OpConfirm || req.Seen != 0 {
+		t.Fatalf("a member on its bucket a fence past its word: %+v %v; want a confirm having seen nothing", req, ok)
 	}
 }

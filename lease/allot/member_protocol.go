@@ -127,7 +127,14 @@ func (m *Member) Request(now, early int64) (Request, bool) {
 	} else if m.confirms(now) {
 		req.Op = OpConfirm
 		req.Epoch = m.epoch
-		req.Seen = m.link.seen // its word on the bucket may have ended: a rewind is still found
+		if now < m.view.bucketUntil+m.view.bucketFence {
+			// Its word on the bucket may have ended (a late answer), and what it booked
+			// there with it may still come: a record found rewound or lost is fenced.
+			// Past a fence's length after, the record may have gone idle and been
+			// deleted, which is no risk: a confirm made again would fence the limit for
+			// nothing.
+			req.Seen = m.link.seen
+		}
 	} else {
 		req.Op = OpRenew
 		req.Epoch = m.epoch
