@@ -1329,9 +1329,10 @@ func (s *State) toBucket(now, live int64, cfg Config) {
 	}
 	s.BucketAt = max(now, s.heldUntil(now), s.Booked, s.Penalty, s.Fence)
 	s.BucketInc = s.Incarnation
-	// The members it answers now may take at the bucket until then; its waiters come
-	// back to the bucket.
-	s.BucketBusy = max(s.BucketBusy, gcra.After(now, int64(cfg.TTL+cfg.Grace)))
+	// The members it answers now may take at the bucket until then (carried BucketKeep
+	// ahead, as a confirm would: else every member's first confirm on the bucket found
+	// it short and wrote the record, all at once); its waiters come back to the bucket.
+	s.BucketBusy = max(s.BucketBusy, gcra.After(now, bucketKeep(cfg)))
 	s.Queue = nil
 }
 
@@ -1391,14 +1392,18 @@ func (s *State) confirm(now int64, cfg Config, req Request) (Reply, error) {
 	// writes a little past its own threshold, so that the first to cross writes alone,
 	// where every member's confirm of the same version wrote at once (members of a
 	// thousand processes, 1,196 writes in a second, most of them lost).
+	// Each threshold is a predicate that, while nobody writes, turns true at one instant
+	// and stays so (BucketBusy draws near; entries expire), judged by each member that
+	// much later than the first (a member that judged the entries at now wrote at the
+	// instant most had expired, all together: 107 writes in a second).
 	f := int64(confirmSpread(req.Member))
+	late := now - 4*life*f/1024
 	if s.BucketBusy-now < keep/2-keep/4*f/1024 ||
-		(now-s.PoolAt >= life+life*f/1024 && s.mostlyGone(now)) {
+		(late >= s.PoolAt && s.mostlyGone(late)) {
 		// Written: its word carried on, and the entries of members that have gone (or
-		// only confirm) dropped once they are most of it and none has been written for
-		// a while (every write drops them too), so that the record every member reads
-		// stays small (a thousand joins left it at 25 KB, read four times a second by
-		// each member, until its next write).
+		// only confirm) dropped once they are most of it (every write drops them too),
+		// so that the record every member reads stays small (a thousand joins left it
+		// at 25 KB, read four times a second by each member, until its next write).
 		s.advance(now)
 		s.BucketBusy = max(s.BucketBusy, gcra.After(now, keep))
 	}
