@@ -693,33 +693,9 @@ func TestConfirmsAreReads(t *testing.T) {
 	l := gcra.Limit{T: int64(10 * time.Millisecond), Tau: int64(200 * time.Millisecond)}
 	mem := store.NewMemory(clock.Default)
 	cs := &storetest.Conflicts{Store: mem}
-	a := &applier{store: cs, cfg: DefaultConfig()}
-	apply := func(reqs ...allot.Request) []result {
-		t.Helper()
-		calls := make([]call, len(reqs))
-		for i, r := range reqs {
-			calls[i] = call{key: "api", limit: l, req: r}
-		}
-		res, err := a.applyTakes(bg, calls)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return res
-	}
-	var eps []allot.Epoch
-	var version uint64
-	for i := range allot.BucketAbove + 1 {
-		r := apply(allot.Request{Op: allot.OpJoin, Member: fmt.Sprintf("m%03d", i), Nonce: 1, Demand: allot.RateScale})[0]
-		if r.err != nil {
-			t.Fatal(r.err)
-		}
-		eps, version = append(eps, r.rep.Epoch), r.rep.Version
-	}
-	r := apply(allot.Request{Op: allot.OpRenew, Member: "m000", Epoch: eps[0], Nonce: 2, Demand: allot.RateScale})[0]
-	if r.err != nil || r.rep.Bucket == 0 {
-		t.Fatalf("%d members: %+v, %v; want the record on its bucket", allot.BucketAbove+1, r.rep, r.err)
-	}
-	version = r.rep.Version
+	apply := applyOn(t, &applier{store: cs, cfg: DefaultConfig()}, l)
+	eps, r := crowdOnBucket(t, apply)
+	version := r.rep.Version
 	before, _ := cs.Counts()
 	for round := range 10 {
 		reqs := make([]allot.Request, 10)
@@ -758,6 +734,42 @@ func TestConfirmsAreReads(t *testing.T) {
 	}
 }
 
+// applyOn returns a function that applies requests about the key "api" under l through a,
+// as one batch.
+func applyOn(t *testing.T, a *applier, l gcra.Limit) func(...allot.Request) []result {
+	return func(reqs ...allot.Request) []result {
+		t.Helper()
+		calls := make([]call, len(reqs))
+		for i, r := range reqs {
+			calls[i] = call{key: "api", limit: l, req: r}
+		}
+		res, err := a.applyTakes(bg, calls)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+}
+
+// crowdOnBucket joins allot.BucketAbove + 1 members and renews the first, whose answer
+// (the record on its bucket) it returns with their epochs.
+func crowdOnBucket(t *testing.T, apply func(...allot.Request) []result) ([]allot.Epoch, result) {
+	t.Helper()
+	var eps []allot.Epoch
+	for i := range allot.BucketAbove + 1 {
+		r := apply(allot.Request{Op: allot.OpJoin, Member: fmt.Sprintf("m%03d", i), Nonce: 1, Demand: allot.RateScale})[0]
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		eps = append(eps, r.rep.Epoch)
+	}
+	r := apply(allot.Request{Op: allot.OpRenew, Member: "m000", Epoch: eps[0], Nonce: 2, Demand: allot.RateScale})[0]
+	if r.err != nil || r.rep.Bucket == 0 {
+		t.Fatalf("%d members: %+v, %v; want the record on its bucket", allot.BucketAbove+1, r.rep, r.err)
+	}
+	return eps, r
+}
+
 // oneWritePerRecord is a store that refuses a batch writing one record twice, as etcd
 // refuses a transaction that puts one key twice.
 type oneWritePerRecord struct{ store.Store }
@@ -781,32 +793,9 @@ func (s oneWritePerRecord) Swap(ctx context.Context, ws []store.Write) ([]uint64
 func TestConfirmsBesideOtherCalls(t *testing.T) {
 	l := gcra.Limit{T: int64(10 * time.Millisecond), Tau: int64(200 * time.Millisecond)}
 	mem := store.NewMemory(clock.Default)
-	a := &applier{store: oneWritePerRecord{mem}, cfg: DefaultConfig()}
-	apply := func(reqs ...allot.Request) []result {
-		t.Helper()
-		calls := make([]call, len(reqs))
-		for i, r := range reqs {
-			calls[i] = call{key: "api", limit: l, req: r}
-		}
-		res, err := a.applyTakes(bg, calls)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return res
-	}
-	var eps []allot.Epoch
-	for i := range allot.BucketAbove + 1 {
-		r := apply(allot.Request{Op: allot.OpJoin, Member: fmt.Sprintf("m%03d", i), Nonce: 1, Demand: allot.RateScale})[0]
-		if r.err != nil {
-			t.Fatal(r.err)
-		}
-		eps = append(eps, r.rep.Epoch)
-	}
-	r := apply(allot.Request{Op: allot.OpRenew, Member: "m000", Epoch: eps[0], Nonce: 2, Demand: allot.RateScale})[0]
-	if r.err != nil || r.rep.Bucket == 0 {
-		t.Fatalf("%d members: %+v, %v; want the record on its bucket", allot.BucketAbove+1, r.rep, r.err)
-	}
-	version, inc := r.rep.Version, r.rep.BucketInc
+	apply := applyOn(t, &applier{store: oneWritePerRecord{mem}, cfg: DefaultConfig()}, l)
+	eps, r := crowdOnBucket(t, apply)
+	version := r.rep.Version
 	// The store loses the record: a confirm (which saw it) writes it again, fenced, beside
 	// a penalty, which writes it too.
 	if _, err := mem.Swap(bg, []store.Write{{ID: RecordID("api", l), Version: version}}); err != nil {
@@ -820,19 +809,8 @@ func TestConfirmsBesideOtherCalls(t *testing.T) {
 		t.Fatalf("a batch writing one record twice: %v, %v; want the penalty applied and the confirm stale", res[0].err, r.err)
 	}
 	// Everyone joins again; the record goes to a new bucket.
-	eps = eps[:0]
-	for i := range allot.BucketAbove + 1 {
-		r := apply(allot.Request{Op: allot.OpJoin, Member: fmt.Sprintf("m%03d", i), Nonce: 5, Demand: allot.RateScale})[0]
-		if r.err != nil {
-			t.Fatal(r.err)
-		}
-		eps = append(eps, r.rep.Epoch)
-	}
-	r = apply(allot.Request{Op: allot.OpRenew, Member: "m000", Epoch: eps[0], Nonce: 6, Demand: allot.RateScale})[0]
-	if r.err != nil || r.rep.Bucket == 0 {
-		t.Fatalf("%d members again: %+v, %v; want the record on its bucket", allot.BucketAbove+1, r.rep, r.err)
-	}
-	version, inc = r.rep.Version, r.rep.BucketInc
+	_, r = crowdOnBucket(t, apply)
+	version, inc := r.rep.Version, r.rep.BucketInc
 	// A call of the batch has seen a newer version than the store's (a failover lost
 	// writes): the confirm beside it names the bucket the rewound record moved to.
 	res = apply(
