@@ -351,6 +351,7 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 	}
 	var writes []store.Write
 	var written, deferred []*group
+	writing := make(map[string]bool, len(pending))
 	staged := make([]result, len(calls))
 	for k, g := range pending {
 		rec := snap.Records[k]
@@ -387,7 +388,7 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 			g.done = true
 			continue
 		}
-		if slices.ContainsFunc(written, func(o *group) bool { return o.id == g.id }) {
+		if writing[g.id] {
 			// Another group of the batch writes the record (a group of confirms beside
 			// other calls): one write of a record per batch (etcd refuses two in one
 			// transaction); this one is applied again at the next attempt.
@@ -410,6 +411,7 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 		}
 		writes = append(writes, w)
 		written = append(written, g)
+		writing[g.id] = true
 	}
 	if len(writes) == 0 {
 		return deferred, nil
@@ -434,9 +436,10 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 }
 
 // confirmsOnly reports whether a group holds only confirms (allot.OpConfirm) of a record
-// the store has, as new as every version the batch's calls on it have seen (group.seen): applied, they change
-// nothing but the record's BucketBusy, and if they leave that as it is the group is
-// answered from the record as read, without a write. A record made (missing) or found
+// the store has, as new as every version the batch's calls on it have seen (group.seen):
+// applied, they change nothing but the record's BucketBusy (and its expired entries, with
+// it), and if they leave that as it is the group is answered from the record as read,
+// without a write. A record made (missing) or found
 // rewound (older than a version seen) is written, as for any request: its fence must be
 // kept.
 func (g *group) confirmsOnly(calls []call, rec store.Record) bool {

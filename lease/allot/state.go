@@ -370,9 +370,9 @@ const (
 	// OpGive gives back N permits taken and not used (a decision undone).
 	OpGive
 	// OpConfirm confirms that a member of a limit decided on its bucket (Reply.Bucket)
-	// may go on taking there: the record is still on the bucket its registration (Epoch)
-	// was made under. It is a read: it changes the record only when the record's word on
-	// its bucket (State.BucketBusy) runs short, about once every BucketKeep/2, so the
+	// may go on taking there, and names the bucket the record is on. It is a read: it
+	// changes the record only when the record's word on its bucket (State.BucketBusy)
+	// runs short, about once every BucketKeep/2, or to drop expired entries, so the
 	// members of a crowded limit keep their word on its bucket without writing the record
 	// they would all collide on (State.confirm).
 	OpConfirm
@@ -1352,8 +1352,8 @@ func (s *State) Rewound(now int64, incarnation uint64) {
 }
 
 // BucketKeep is how far ahead a record on its bucket carries its word on it
-// (State.BucketBusy) when a confirm finds it running short (under half of it left), at
-// least four times the record's TTL + Grace: its members confirm by reading the record,
+// (State.BucketBusy) when it moves there and when a confirm finds it running short (a
+// quarter to a half of it left), at least four times the record's TTL + Grace: its members confirm by reading the record,
 // and one confirm in about BucketKeep/2 writes it. A record on its bucket is kept that
 // long after its last member has gone.
 const BucketKeep = 30 * time.Second
@@ -1374,12 +1374,13 @@ func bucketKeep(cfg Config) int64 {
 //
 // Its word (Reply.Word) is at most TTL and ends Grace before BucketBusy at the latest,
 // as an answer that registers a member ends (Sent + TTL) that long before the BucketBusy
-// it raises (now + TTL + Grace): so the record is not Idle (deleted, or dropped by the store, and made again
-// with a fresh burst and no fence) before every member's word on the bucket, and every
-// permit booked there, has ended. When less than BucketKeep/2 of BucketBusy is left, or
-// most entries have nothing left counting (mostlyGone: they are dropped), it carries
-// BucketBusy BucketKeep ahead: the only changes a confirm makes, which the store then
-// writes (the applier writes a group of confirms only if BucketBusy moved).
+// it raises (now + TTL + Grace): so the record is not Idle (deleted, or dropped by the
+// store, and made again with a fresh burst and no fence) before every member's word on
+// the bucket, and every permit booked there, has ended. When a quarter to a half of
+// BucketKeep is left of BucketBusy, or most entries have nothing left counting
+// (mostlyGone: they are dropped), it carries BucketBusy BucketKeep ahead: the only
+// changes a confirm makes, which the store then writes (the applier writes a group of
+// confirms only if BucketBusy moved, which it always does then).
 func (s *State) confirm(now int64, cfg Config, req Request) (Reply, error) {
 	if req.Member == "" {
 		return Reply{}, fmt.Errorf("%w: no member name", ErrBadRequest)
@@ -1388,14 +1389,13 @@ func (s *State) confirm(now int64, cfg Config, req Request) (Reply, error) {
 		return Reply{}, fmt.Errorf("%w: member %q epoch %d/%d (the record is not on a bucket)", ErrStaleEpoch, req.Member, req.Epoch.Incarnation, req.Epoch.N)
 	}
 	keep, life := bucketKeep(cfg), int64(cfg.TTL+cfg.Grace)
-	// Which of the members writes is spread by their names (a fraction f of 1024): each
-	// writes a little past its own threshold, so that the first to cross writes alone,
-	// where every member's confirm of the same version wrote at once (members of a
-	// thousand processes, 1,196 writes in a second, most of them lost).
-	// Each threshold is a predicate that, while nobody writes, turns true at one instant
-	// and stays so (BucketBusy draws near; entries expire), judged by each member that
-	// much later than the first (a member that judged the entries at now wrote at the
-	// instant most had expired, all together: 107 writes in a second).
+	// Which of the members writes is spread by their names (a fraction f of 1024), so
+	// that the first to cross its threshold writes alone, where every member's confirm of
+	// the same version wrote at once (members of a thousand processes, 1,196 writes in a
+	// second, most of them lost). Each threshold is a predicate that, while nobody
+	// writes, turns true at one instant and stays so (BucketBusy draws near; entries
+	// expire), which each member judges that much later than the first (judged at now,
+	// every member wrote at the instant most entries had expired: 107 in a second).
 	f := int64(confirmSpread(req.Member))
 	late := now - 4*life*f/1024
 	if s.BucketBusy-now < keep/2-keep/4*f/1024 ||
