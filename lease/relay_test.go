@@ -637,26 +637,12 @@ func TestSettlementsAtTheBucket(t *testing.T) {
 	l := gcra.Limit{T: int64(10 * time.Millisecond), Tau: int64(200 * time.Millisecond)}
 	mem := store.NewMemory(clock.Default)
 	a := &applier{store: mem, cfg: DefaultConfig()}
+	apply := applyOn(t, a, l)
 	call1 := func(req allot.Request) result {
 		t.Helper()
-		res, err := a.applyTakes(bg, []call{{key: "api", limit: l, req: req}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return res[0]
+		return apply(req)[0]
 	}
-	var eps []allot.Epoch
-	for i := range allot.BucketAbove + 1 {
-		r := call1(allot.Request{Op: allot.OpJoin, Member: fmt.Sprintf("m%03d", i), Nonce: 1, Demand: allot.RateScale})
-		if r.err != nil {
-			t.Fatal(r.err)
-		}
-		eps = append(eps, r.rep.Epoch)
-	}
-	r := call1(allot.Request{Op: allot.OpRenew, Member: "m000", Epoch: eps[0], Nonce: 2, Demand: allot.RateScale})
-	if r.err != nil || r.rep.Bucket == 0 {
-		t.Fatalf("%d members: %+v, %v; want the record on its bucket", allot.BucketAbove+1, r.rep, r.err)
-	}
+	eps, r := crowdOnBucket(t, apply)
 	bucket := allot.BucketID(RecordID("api", l), r.rep.BucketInc)
 	// A process that has read the record knows the limit is crowded (its borrows are
 	// refused without a store call): a borrow's settlement up was refused so too, and its

@@ -3,11 +3,11 @@ package sim
 import (
 	"math"
 	"slices"
-	"strconv"
 
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/gcra"
 	"github.com/sluicehq/sluice/internal/limitconv"
+	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/lease/allot"
 	"github.com/sluicehq/sluice/priority"
 	"github.com/sluicehq/sluice/store"
@@ -58,8 +58,9 @@ type leaseMode struct {
 	free []int32
 
 	// buckets are the store's buckets of the limits decided on them (allot.State.BucketAt),
-	// named after the limit (recordName) and the bucket incarnation (allot.BucketID), and
-	// bucketsSince when the store's incarnation began (store.Fresh until it restarts).
+	// named after the limit's record (lease.RecordID of simKey) and the bucket incarnation
+	// (allot.BucketID), and bucketsSince when the store's incarnation began (store.Fresh
+	// until it restarts).
 	buckets      map[string][]byte
 	bucketsSince int64
 
@@ -231,7 +232,7 @@ func (l *leaseMode) acquire(e *engine, mi, g int32) {
 			break
 		}
 		req.Nonce = takeNonce(g, e.members[mi].ops[g])
-		ref, _ := ms[0].Bucket(e.now, recordName(ms[0].Limit()))
+		ref, _ := ms[0].Bucket(e.now, lease.RecordID(simKey, ms[0].Limit()))
 		l.sendMsg(e, mi, leaseMsg{limit: 0, req: req, bucket: ref}, true)
 	case out == allot.TooFar:
 		// The permit lies beyond the booking horizon: wait, then book it.
@@ -459,11 +460,14 @@ func (l *leaseMode) atBucket(e *engine, st *allot.State, msg *leaseMsg) {
 		req.MaxDelay = 0
 	}
 	op := allot.BucketRef{Start: st.BucketAt, Fence: int64(l.cfg.TTL + l.cfg.Grace)}.BucketOp(st.Limit, req)
-	res := l.applyBucket(e, allot.BucketID(recordName(st.Limit), st.BucketInc), op)
+	res := l.applyBucket(e, allot.BucketID(lease.RecordID(simKey, st.Limit), st.BucketInc), op)
 	if msg.req.Op == allot.OpTake {
 		msg.rep.Taken, msg.rep.Wait = res.Taken, res.Wait*1000
 	}
 }
+
+// simKey is the key the simulated store's records are named after (lease.RecordID).
+const simKey = "sim"
 
 // applyBucket applies op to the bucket id in the simulated store.
 func (l *leaseMode) applyBucket(e *engine, id string, op store.BucketOp) store.BucketResult {
@@ -482,12 +486,6 @@ func (l *leaseMode) applyBucket(e *engine, id string, op store.BucketOp) store.B
 		l.buckets[id] = out
 	}
 	return res
-}
-
-// recordName names a limit's record in the simulated store (its buckets are named after
-// it: allot.BucketID).
-func recordName(l gcra.Limit) string {
-	return strconv.FormatInt(l.T, 10) + ":" + strconv.FormatInt(l.Tau, 10)
 }
 
 // touch says member mi was called (or made, or let go): the next check asks it again

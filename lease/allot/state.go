@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -196,6 +197,12 @@ func (e *Entry) retired(now int64) Share {
 
 // counted is what the entry holds against the limit at now.
 func (e *Entry) counted(now int64) Share { return e.own(now).add(e.retired(now)) }
+
+// over reports whether nothing of the entry counts from now on: its lease, held and
+// retired shares and liveness have all ended (advance drops it).
+func (e *Entry) over(now int64) bool {
+	return e.Lease.Until <= now && e.HeldUntil <= now && e.RetiredUntil <= now && e.AliveUntil <= now
+}
 
 // live reports whether the member is alive at now: registered, and its lease not expired.
 func (e *Entry) live(now int64) bool {
@@ -886,7 +893,7 @@ func (s *State) advance(now int64) Share {
 		if ru <= now && (ru != 0 || !e.Retired.IsZero()) {
 			e.Retired, e.RetiredUntil = Share{}, 0
 		}
-		if lu <= now && e.HeldUntil <= now && e.RetiredUntil <= now && e.AliveUntil <= now {
+		if e.over(now) {
 			continue
 		}
 		if kept != i {
@@ -1420,11 +1427,10 @@ func (s *State) confirm(now int64, cfg Config, req Request) (Reply, error) {
 // confirmSpread draws a number in [0, 1024) from a member's name (FNV-1a): where, between
 // its thresholds, its confirms write the record (State.confirm).
 func confirmSpread(id string) uint64 {
-	h := uint64(14695981039346656037)
-	for i := 0; i < len(id); i++ {
-		h = (h ^ uint64(id[i])) * 1099511628211
-	}
-	return (h ^ h>>32) % 1024
+	h := fnv.New64a()
+	h.Write([]byte(id))
+	x := h.Sum64()
+	return (x ^ x>>32) % 1024
 }
 
 // mostlyGone reports whether most of the record's entries (and at least CrowdedAbove)
@@ -1432,8 +1438,7 @@ func confirmSpread(id string) uint64 {
 func (s *State) mostlyGone(now int64) bool {
 	gone := 0
 	for i := range s.Members {
-		e := &s.Members[i]
-		if e.Lease.Until <= now && e.HeldUntil <= now && e.RetiredUntil <= now && e.AliveUntil <= now {
+		if s.Members[i].over(now) {
 			gone++
 		}
 	}
