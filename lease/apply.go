@@ -270,9 +270,11 @@ func (a *applier) applyNow(ctx context.Context, calls []call) ([]result, error) 
 		})
 		return len(g.idx) == 0
 	})
+	// A group with a join reads the record first (attempt): on its bucket, a join is a
+	// read (allot.State.confirm), which a relay would have made a write.
 	var relayed []*group
 	pending := slices.DeleteFunc(slices.Clone(groups), func(g *group) bool {
-		if a.relayable(g, calls) {
+		if !g.joins(calls) && a.relayable(g, calls) {
 			relayed = append(relayed, g)
 			return true
 		}
@@ -367,20 +369,21 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 			g.done = true
 			continue
 		}
-		crowd := len(st.Members)
-		if st.BucketAt != 0 {
-			// On its bucket: crowded, though its members' entries expire (they confirm
-			// by reading it), so that joins still go through its relay.
-			crowd = max(crowd, relayAbove+1)
+		onBucket := st.OnBucket()
+		a.relay.saw(g.id, len(st.Members), onBucket)
+		if g.joins(calls) && a.relayable(g, calls) {
+			// Joins read the record before they go to its relay (applyNow): crowded and
+			// not on its bucket, they go there unwritten.
+			deferred = append(deferred, g)
+			continue
 		}
-		a.relay.saw(g.id, crowd)
-		readOnly, busy := g.confirmsOnly(calls, rec), st.BucketBusy
+		readOnly, busy := g.readsOnly(calls, rec, onBucket), st.BucketBusy
 		for _, i := range g.idx {
 			rep, err := st.Apply(now, st.Cfg, calls[i].req)
 			staged[i] = result{rep: rep, err: err}
 		}
 		if readOnly && st.BucketBusy == busy {
-			// Confirms that changed nothing: answered from the record as read.
+			// Reads that changed nothing: answered from the record as read.
 			for _, i := range g.idx {
 				out[i] = staged[i]
 				out[i].rep.Version = rec.Version
@@ -435,23 +438,29 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 	return again, nil
 }
 
-// confirmsOnly reports whether a group holds only confirms (allot.OpConfirm) of a record
-// the store has, as new as every version the batch's calls on it have seen (group.seen):
-// applied, they change nothing but the record's BucketBusy (and its expired entries, with
-// it), and if they leave that as it is the group is answered from the record as read,
-// without a write. A record made (missing) or found
-// rewound (older than a version seen) is written, as for any request: its fence must be
-// kept.
-func (g *group) confirmsOnly(calls []call, rec store.Record) bool {
+// readsOnly reports whether a group holds only confirms (allot.OpConfirm), or requests
+// that are reads of a record on its bucket (onBucket, as read: allot.ReadOnBucket), of a
+// record the store has, as new as
+// every version the batch's calls on it have seen (group.seen): applied, they change
+// nothing but the record's BucketBusy (and its expired entries, with it), and if they
+// leave that as it is the group is answered from the record as read, without a write. A
+// record made (missing) or found rewound (older than a version seen) is written, as for
+// any request: its fence must be kept.
+func (g *group) readsOnly(calls []call, rec store.Record, onBucket bool) bool {
 	if rec.Version == 0 || g.seen > rec.Version {
 		return false
 	}
 	for _, i := range g.idx {
-		if calls[i].req.Op != allot.OpConfirm {
+		if op := calls[i].req.Op; op != allot.OpConfirm && !(onBucket && allot.ReadOnBucket(op)) {
 			return false
 		}
 	}
 	return true
+}
+
+// joins reports whether a group holds a join.
+func (g *group) joins(calls []call) bool {
+	return slices.ContainsFunc(g.idx, func(i int) bool { return calls[i].req.Op == allot.OpJoin })
 }
 
 // load reads ids, and swap writes writes, as the store does, with an answer of the wrong

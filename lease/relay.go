@@ -261,6 +261,7 @@ type relay struct {
 	skew      int64                    // the store's clock less this process's, as last read
 	skewKnown bool
 	crowd     map[string]int  // record ID → its members when last read, if more than above
+	buckets   map[string]bool // record ID → it was on its bucket when last read (joins go directly)
 	allocs    map[string]bool // the records this member allocates
 	stop      chan struct{}
 	stopped   bool
@@ -270,7 +271,7 @@ type relay struct {
 // newRelay returns the relay of a member named self that renews every renew.
 func newRelay(self string, renew time.Duration, c clock.Clock) *relay {
 	return &relay{self: self, tick: min(max(renew/10, 5*time.Millisecond), 100*time.Millisecond), above: relayAbove, clock: c,
-		misses: map[string]int{}, lat: map[string]time.Duration{}, boxes: map[string]uint64{}, crowd: map[string]int{}, allocs: map[string]bool{}, stop: make(chan struct{})}
+		misses: map[string]int{}, lat: map[string]time.Duration{}, boxes: map[string]uint64{}, crowd: map[string]int{}, buckets: map[string]bool{}, allocs: map[string]bool{}, stop: make(chan struct{})}
 }
 
 // ballotTTL is how long a ballot holds: twenty ticks, at least half a second.
@@ -279,14 +280,15 @@ func (r *relay) ballotTTL() int64 { return int64(max(20*r.tick, 500*time.Millise
 // relayable reports whether a call may be relayed: a join, renewal or release, by a
 // member that last heard of more than relayAbove live members (Request.Size) or on a
 // record this member last read with more, whose relayed requests have not gone
-// unanswered missesBeforeDirect times in a row.
+// unanswered missesBeforeDirect times in a row; not a join or release of a record last
+// read on its bucket, which is a read (allot.ReadOnBucket).
 func (r *relay) relayable(id string, c call) bool {
 	if r == nil || !r.relayableOp(c) {
 		return false
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if c.req.Size <= int64(r.above) && r.crowd[id] <= r.above {
+	if c.req.Size <= int64(r.above) && r.crowd[id] <= r.above || r.buckets[id] && allot.ReadOnBucket(c.req.Op) {
 		return false
 	}
 	if r.misses[id] >= missesBeforeDirect {
@@ -296,13 +298,24 @@ func (r *relay) relayable(id string, c call) bool {
 	return true
 }
 
-// saw records how many members a record held when read.
-func (r *relay) saw(id string, members int) {
+// saw records how many members a record held when read, and whether it was on its
+// bucket: then it is crowded, though its members' entries expire (they confirm by reading
+// it).
+func (r *relay) saw(id string, members int, onBucket bool) {
 	if r == nil {
 		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if onBucket {
+		members = max(members, r.above+1)
+		if len(r.buckets) >= maxRemembered {
+			clear(r.buckets)
+		}
+		r.buckets[id] = true
+	} else {
+		delete(r.buckets, id)
+	}
 	if members > r.above {
 		if len(r.crowd) >= maxRemembered {
 			clear(r.crowd) // keys gone idle: what they said is relearned at their next read
@@ -563,6 +576,7 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 	// member that joins again is answered without a knock.
 	knocked, reads := false, 0
 	live := map[int]int64{}      // call → its limit's live members, as its answer says
+	onBucket := map[int]bool{}   // call → its limit is on its bucket, as its answer says
 	elected := map[string]bool{} // record ID → an allocator held its ballot at the last read
 	var waiting []int
 	for k := range nbox {
@@ -606,8 +620,9 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 			default:
 				r.took(recOf[i], time.Duration(s.Read-s.Posted))
 				out[i] = result{rep: *s.Rep}
-				if s.Rep.Live > 0 {
+				if s.Rep.Live > 0 || s.Rep.Bucket != 0 {
 					live[i] = s.Rep.Live
+					onBucket[i] = s.Rep.Bucket != 0
 				}
 			}
 			return true
@@ -645,7 +660,7 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 		}
 		for _, i := range g.idx {
 			if n, ok := live[i]; ok {
-				r.saw(g.id, int(n)) // a limit no longer crowded goes back to direct requests
+				r.saw(g.id, int(n), onBucket[i]) // a limit no longer crowded goes back to direct requests
 				break
 			}
 		}

@@ -324,7 +324,7 @@ func TestCrowdedLimitLeftToItsAllocator(t *testing.T) {
 	cs := &storetest.Trips{Store: store.NewMemory(clock.Default)}
 	a := &applier{store: cs, cfg: DefaultConfig(), relay: newRelay("me", 100*time.Millisecond, clock.Default)}
 	defer a.relay.close()
-	a.relay.saw(id, relayAbove+1)
+	a.relay.saw(id, relayAbove+1, false)
 
 	borrow := call{key: "api", limit: l, req: allot.Request{Op: allot.OpTake, Member: "m1", N: 1, Borrow: true}}
 	out, err := a.applyNow(bg, []call{borrow})
@@ -417,7 +417,7 @@ func TestRelayPostsWithoutReading(t *testing.T) {
 	cs := &answerAtOnce{countStore{Store: store.NewMemory(clock.Default), counts: own}}
 	a := &applier{store: cs, cfg: DefaultConfig(), relay: newRelay("me", 100*time.Millisecond, clock.Default)}
 	defer a.relay.close()
-	a.relay.saw(id, relayAbove+1)
+	a.relay.saw(id, relayAbove+1, false)
 	for n := range 10 {
 		renew := call{key: "api", limit: l, req: allot.Request{Op: allot.OpRenew, Member: "m1", Nonce: uint64(n + 1), Size: relayAbove + 1}}
 		out, err := a.applyNow(bg, []call{renew})
@@ -574,13 +574,13 @@ func FuzzRelaySlot(f *testing.F) {
 
 // TestTakesAreNotRelayed: on a crowded limit, joins, renewals and releases go through the
 // relay, and takes (at once or booked ahead) to the record directly (the package comment
-// says why; BenchmarkLeaseRedisCentral).
+// says why; BenchmarkLeaseRedisCentral); joins and releases too on its bucket (reads).
 func TestTakesAreNotRelayed(t *testing.T) {
 	l := gcra.Limit{T: 10 * int64(time.Millisecond), Tau: 200 * int64(time.Millisecond)}
 	id := RecordID("api", l)
 	r := newRelay("me", 100*time.Millisecond, clock.Default)
 	defer r.close()
-	r.saw(id, relayAbove+1)
+	r.saw(id, relayAbove+1, false)
 	for _, tc := range []struct {
 		req  allot.Request
 		want bool
@@ -594,6 +594,14 @@ func TestTakesAreNotRelayed(t *testing.T) {
 	} {
 		if got := r.relayable(id, call{key: "api", limit: l, req: tc.req}); got != tc.want {
 			t.Errorf("op %v (max delay %v) relayed: %v, want %v", tc.req.Op, time.Duration(tc.req.MaxDelay), got, tc.want)
+		}
+	}
+	// On its bucket, a join or a release is a read of the record, made directly; a
+	// renewal (of a member still using a lease granted before the switch) is relayed.
+	r.saw(id, 0, true)
+	for op, want := range map[allot.Op]bool{allot.OpJoin: false, allot.OpRelease: false, allot.OpRenew: true} {
+		if got := r.relayable(id, call{key: "api", limit: l, req: allot.Request{Op: op, Size: relayAbove + 1}}); got != want {
+			t.Errorf("on its bucket: op %v relayed: %v, want %v", op, got, want)
 		}
 	}
 }
@@ -649,7 +657,7 @@ func TestSettlementsAtTheBucket(t *testing.T) {
 	// permits, already used, never counted.
 	a.relay = newRelay("me", 100*time.Millisecond, clock.Default)
 	defer a.relay.close()
-	a.relay.saw(RecordID("api", l), relayAbove+1)
+	a.relay.saw(RecordID("api", l), relayAbove+1, false)
 	tat := func() string {
 		snap, err := mem.Load(bg, []string{bucket})
 		if err != nil {
@@ -717,6 +725,71 @@ func TestConfirmsAreReads(t *testing.T) {
 	st, err := allot.UnmarshalState(snap.Records[0].Data)
 	if err != nil || st.Fence <= snap.Now {
 		t.Fatalf("the record made again: %+v, %v; want it fenced", st, err)
+	}
+}
+
+// TestJoinsOnTheBucketAreReads: members joining a limit on its bucket join by reading its
+// record, directly: a process that knows the limit is crowded does not relay them (a
+// thousand members starting at once knocked at its doors and posted in its mailboxes for
+// seconds, most writes lost: BenchmarkLeaseRedisMembers, members=1000). A hundred joins in
+// rounds of ten write nothing, each registered on the bucket; takes the record answers
+// and releases write nothing either; a join beside a renewal of the record is answered
+// with the renewal's write.
+func TestJoinsOnTheBucketAreReads(t *testing.T) {
+	l := gcra.Limit{T: int64(10 * time.Millisecond), Tau: int64(200 * time.Millisecond)}
+	mem := store.NewMemory(clock.Default)
+	cs := &storetest.Conflicts{Store: mem}
+	a := &applier{store: cs, cfg: DefaultConfig()}
+	apply := applyOn(t, a, l)
+	eps, r := crowdOnBucket(t, apply)
+	a.relay = newRelay("me", 100*time.Millisecond, clock.Default)
+	defer a.relay.close()
+	a.relay.saw(RecordID("api", l), relayAbove+1, false) // it knows the limit is crowded
+	before, _ := cs.Counts()
+	for round := range 10 {
+		reqs := make([]allot.Request, 10)
+		for k := range reqs {
+			reqs[k] = allot.Request{Op: allot.OpJoin, Member: fmt.Sprintf("new%03d", round*10+k), Nonce: 5, Demand: allot.RateScale}
+		}
+		for k, j := range apply(reqs...) {
+			if j.err != nil || j.rep.Bucket != r.rep.Bucket || j.rep.Epoch.N != 0 || j.rep.Version < r.rep.Version {
+				t.Fatalf("join %d of round %d: %+v, %v; want registered on the bucket, the record's version", k, round, j.rep, j.err)
+			}
+		}
+	}
+	if after, _ := cs.Counts(); after != before {
+		t.Fatalf("100 joins of a limit on its bucket wrote %d records (mailboxes and doors included); want none", after-before)
+	}
+	// So are the takes the record answers (a member whose word on the bucket lapsed asks
+	// the record), whether or not the record holds the member, and the releases: the
+	// record's version stays as it was.
+	version := func() uint64 {
+		snap, err := mem.Load(bg, []string{RecordID("api", l)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return snap.Records[0].Version
+	}
+	v0 := version()
+	for i := range 20 {
+		take := allot.Request{Op: allot.OpTake, Member: fmt.Sprintf("new%03d", i), Epoch: allot.Epoch{Incarnation: r.rep.Epoch.Incarnation}, N: 1, Nonce: 7}
+		if i%2 == 1 {
+			take.Member, take.Epoch = fmt.Sprintf("m%03d", i), eps[i]
+		}
+		leave := allot.Request{Op: allot.OpRelease, Member: fmt.Sprintf("new%03d", 50+i), Epoch: take.Epoch, Nonce: 8}
+		for k, j := range apply(take, leave) {
+			if j.err != nil || j.rep.Bucket != r.rep.Bucket {
+				t.Fatalf("request %d of %d: %+v, %v; want the bucket named", k, i, j.rep, j.err)
+			}
+		}
+	}
+	if v := version(); v != v0 {
+		t.Fatalf("20 takes and releases on a limit on its bucket wrote its record (version %d, then %d); want it as it was", v0, v)
+	}
+	res := apply(allot.Request{Op: allot.OpJoin, Member: "new999", Nonce: 6},
+		allot.Request{Op: allot.OpRenew, Member: "m001", Epoch: eps[1], Nonce: 6, Demand: allot.RateScale})
+	if res[0].err != nil || res[0].rep.Bucket == 0 || res[1].err != nil || res[0].rep.Version != res[1].rep.Version || res[0].rep.Version <= r.rep.Version {
+		t.Fatalf("a join beside a renewal: %+v, %v and %+v, %v; want both answered with the renewal's write", res[0].rep, res[0].err, res[1].rep, res[1].err)
 	}
 }
 

@@ -251,6 +251,90 @@ func TestConfirmsOnTheBucket(t *testing.T) {
 	}
 }
 
+// TestJoinsOnTheBucketAreReads: a join of a limit decided on its bucket registers its
+// member without changing the record (a thousand members starting at once joined by
+// writing it in turn: BenchmarkLeaseRedisMembers, members=1000, most writes lost for
+// seconds), with a word of a whole TTL on the bucket that ends Grace before the record's;
+// the member then confirms, and its registration, which no entry holds, cannot renew.
+// Takes, gives and releases the record answers are reads too (ReadOnBucket).
+func TestJoinsOnTheBucketAreReads(t *testing.T) {
+	c := cfg(Fair)
+	l := lim(100, time.Second, 20)
+	s, eps := joinedState(t, l, c, BucketAbove+1)
+	renewAll(t, s, c, eps, 100*ms)
+	if s.BucketAt == 0 {
+		t.Fatal("not on its bucket")
+	}
+	join := func(at int64, who string) (Reply, bool) {
+		t.Helper()
+		before := MarshalState(s)
+		rep, err := s.Apply(at, c, Request{Op: OpJoin, Member: who, Sent: at, Nonce: 7, Demand: RateScale})
+		if err != nil {
+			t.Fatalf("a join at %v: %v", time.Duration(at), err)
+		}
+		return rep, string(before) != string(MarshalState(s))
+	}
+	keep := bucketKeep(c)
+	writes := 0
+	for at := 200 * ms; at < 3*keep; at += 100 * ms {
+		for i := range 3 {
+			rep, changed := join(at, fmt.Sprintf("new%d", i))
+			if changed {
+				writes++
+			}
+			if rep.Bucket != s.BucketAt || rep.BucketInc != s.BucketInc || !rep.Central || rep.Nonce != 7 || rep.Sent != at {
+				t.Fatalf("a join's answer at %v: %+v; want the bucket, decided at the store, the request's nonce", time.Duration(at), rep)
+			}
+			if rep.Epoch != (Epoch{Incarnation: s.Incarnation}) || rep.Word != int64(c.TTL) {
+				t.Fatalf("a join's answer: epoch %+v, word %v; want number 0 of incarnation %d, a TTL", rep.Epoch, time.Duration(rep.Word), s.Incarnation)
+			}
+			if end := at + int64(c.TTL); end > s.BucketBusy-int64(c.Grace) {
+				t.Fatalf("a join at %v registered until %v, past the record's %v less its grace", time.Duration(at), time.Duration(end), time.Duration(s.BucketBusy))
+			}
+		}
+	}
+	if want := int(3*keep/(keep/2)) + 1; writes > want {
+		t.Fatalf("joins changed the record %d times over %v; want one in BucketKeep/2 at most (%d)", writes, time.Duration(3*keep), want)
+	}
+	if _, ok := s.find("new0"); ok {
+		t.Fatal("a join on the bucket left an entry")
+	}
+	// Registered so, a member confirms; a renewal of that registration is stale.
+	at := 3 * keep
+	rep, _ := join(at, "m00")
+	if _, err := s.Apply(at, c, Request{Op: OpConfirm, Member: "m00", Epoch: rep.Epoch, Sent: at}); err != nil {
+		t.Fatalf("a confirm after a join on the bucket: %v", err)
+	}
+	if _, err := s.Apply(at, c, Request{Op: OpRenew, Member: "m00", Epoch: rep.Epoch, Sent: at}); !errors.Is(err, ErrStaleEpoch) {
+		t.Fatalf("a renewal of a registration on the bucket: %v; want ErrStaleEpoch", err)
+	}
+	// Takes, gives and releases of a record on its bucket name it and change nothing,
+	// whether the record holds the member (m01) or not.
+	for _, req := range []Request{
+		{Op: OpTake, Member: "m01", Epoch: eps[1], N: 1},
+		{Op: OpTake, Member: "new1", Epoch: rep.Epoch, N: 1, MaxDelay: int64(c.TTL)},
+		{Op: OpTake, Member: "new1", Epoch: rep.Epoch, N: 2, MaxDelay: -1},
+		{Op: OpGive, Member: "new1", Epoch: rep.Epoch, N: 1},
+		{Op: OpRelease, Member: "m02", Epoch: eps[2]},
+		{Op: OpRelease, Member: "new2", Epoch: rep.Epoch},
+	} {
+		req.Sent = at
+		before := MarshalState(s)
+		got, err := s.Apply(at, c, req)
+		if err != nil || got.Bucket != s.BucketAt || !got.Central || string(before) != string(MarshalState(s)) {
+			t.Fatalf("%v of %s on the bucket: %+v, %v, record changed: %v; want the bucket named, nothing changed", req.Op, req.Member, got, err, string(before) != string(MarshalState(s)))
+		}
+	}
+	if _, err := s.Apply(at, c, Request{Op: OpTake, Member: "new1", N: l.Burst() + 1}); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("a take of more than the burst on the bucket: %v; want ErrBadRequest", err)
+	}
+	// A limit not on its bucket registers its joiners in entries, as ever.
+	small, _ := joinedState(t, l, c, 3)
+	if rep, err := small.Apply(ms, c, Request{Op: OpJoin, Member: "zz", Sent: ms, Demand: RateScale}); err != nil || rep.Epoch.N == 0 {
+		t.Fatalf("a join of a record not on its bucket: %+v, %v; want an entry's epoch", rep.Epoch, err)
+	}
+}
+
 // TestMemberConfirmsOnItsBucket: a member on its limit's bucket, holding no share, renews
 // by confirming (a read of the record), carries the version it saw, and extends its word
 // on the bucket from the answer's Word; one that holds a share, or whose word has ended,

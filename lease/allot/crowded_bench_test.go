@@ -192,11 +192,17 @@ func joinedState(t *testing.T, l gcra.Limit, c Config, n int) (*State, []Epoch) 
 	return s, eps
 }
 
-// renewAll renews every member of eps at at, wanting all it can get, and keeps its epoch.
+// renewAll renews every member of eps at at, wanting all it can get, and keeps its epoch;
+// a member that joined a limit on its bucket (no entry: epoch number 0) confirms, as
+// Member does.
 func renewAll(t *testing.T, s *State, c Config, eps []Epoch, at int64) {
 	t.Helper()
 	for i := range eps {
-		rep, err := s.Apply(at, c, Request{Op: OpRenew, Member: fmt.Sprintf("m%02d", i), Epoch: eps[i], Sent: at, Nonce: uint64(at), Demand: RateScale})
+		op := OpRenew
+		if eps[i].N == 0 {
+			op = OpConfirm
+		}
+		rep, err := s.Apply(at, c, Request{Op: op, Member: fmt.Sprintf("m%02d", i), Epoch: eps[i], Sent: at, Nonce: uint64(at), Demand: RateScale})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -360,7 +360,8 @@ type Op uint8
 
 const (
 	// OpJoin registers the member (again): it gets a new epoch and a share from what is
-	// free. A registration it had before is retired: its lease stays quarantined.
+	// free. A registration it had before is retired: its lease stays quarantined. On a
+	// limit decided on its bucket it is a read, answered as a confirm (State.confirm).
 	OpJoin Op = iota + 1
 	// OpRenew renews the member's lease: it heartbeats, reports its demand and which lease
 	// it uses, and gets its share as the policy has it now, grown only from what is free.
@@ -572,7 +573,7 @@ type applied struct {
 
 func (s *State) apply(now int64, cfg Config, req Request, a *applied) (Reply, error) {
 	now = max(now, s.PoolAt)
-	if req.Op == OpConfirm {
+	if req.Op == OpConfirm || s.OnBucket() && ReadOnBucket(req.Op) {
 		a.rest = s.counted(now)
 		return s.confirm(now, cfg, req)
 	}
@@ -690,6 +691,7 @@ func (s *State) apply(now int64, cfg Config, req Request, a *applied) (Reply, er
 		s.updateCentral(now, cfg)           // is the limit still too small to share out?
 		rep.Central = s.Central
 		if s.BucketAt != 0 {
+			// Moved to its bucket just now (a record on it names it: confirm).
 			rep.Bucket, rep.BucketInc = s.BucketAt, s.BucketInc // the member does it at the bucket
 			e.AliveUntil = max(e.AliveUntil, now+int64(cfg.TTL))
 			return rep, nil
@@ -1377,7 +1379,9 @@ func bucketKeep(cfg Config) int64 {
 // member is stale and joins again. Neither the member's entry nor its epoch's incarnation
 // is needed: the entries of members that only confirm expire, the limit stays on its
 // bucket until the record is made again, and a rewind that moves a thousand members to a
-// new bucket does not make them all join again.
+// new bucket does not make them all join again. A join of a record on its bucket is
+// answered so too (State.apply): the thousand members of a limit starting at once join
+// by reading its record, not by writing it in turn.
 //
 // Its word (Reply.Word) is at most TTL and ends Grace before BucketBusy at the latest,
 // as an answer that registers a member ends (Sent + TTL) that long before the BucketBusy
@@ -1392,10 +1396,21 @@ func (s *State) confirm(now int64, cfg Config, req Request) (Reply, error) {
 	if req.Member == "" {
 		return Reply{}, fmt.Errorf("%w: no member name", ErrBadRequest)
 	}
+	if req.Op == OpTake && (req.N < 0 || (req.N > s.Limit.Burst() && req.MaxDelay >= 0)) {
+		return Reply{}, fmt.Errorf("%w: %d permits of a burst of %d", ErrBadRequest, req.N, s.Limit.Burst())
+	}
 	if s.BucketAt == 0 || s.Limit.Window > 0 {
 		return Reply{}, fmt.Errorf("%w: member %q epoch %d/%d (the record is not on a bucket)", ErrStaleEpoch, req.Member, req.Epoch.Incarnation, req.Epoch.N)
 	}
 	keep, life := bucketKeep(cfg), int64(cfg.TTL+cfg.Grace)
+	epoch := req.Epoch
+	if req.Op == OpJoin {
+		// A join registers the member without an entry, as its confirms keep it: epoch
+		// number 0, which no entry has (a renewal of it is stale). Its word is a whole
+		// TTL, as a join's written answer: left unwritten, BucketBusy is more than a
+		// quarter of BucketKeep (at least TTL + Grace) ahead.
+		epoch = Epoch{Incarnation: s.Incarnation}
+	}
 	// Which of the members writes is spread by their names (a fraction f of 1024), so
 	// that the first to cross its threshold writes alone, where every member's confirm of
 	// the same version wrote at once (members of a thousand processes, 1,196 writes in a
@@ -1416,7 +1431,7 @@ func (s *State) confirm(now int64, cfg Config, req Request) (Reply, error) {
 	}
 	ttl := int64(cfg.TTL)
 	return Reply{
-		Epoch: req.Epoch, TTL: ttl, Grace: int64(cfg.Grace),
+		Epoch: epoch, TTL: ttl, Grace: int64(cfg.Grace),
 		Word:    min(ttl, s.BucketBusy-int64(cfg.Grace)-now),
 		Central: true, Bucket: s.BucketAt, BucketInc: s.BucketInc,
 		Penalty: max(0, s.Penalty-now),
@@ -1443,6 +1458,23 @@ func (s *State) mostlyGone(now int64) bool {
 		}
 	}
 	return gone >= CrowdedAbove && 2*gone >= len(s.Members)
+}
+
+// OnBucket reports whether the record's limit is decided on its bucket (toBucket).
+func (s *State) OnBucket() bool { return s.BucketAt != 0 && s.Limit.Window == 0 }
+
+// ReadOnBucket reports whether a request of operation op is a read of a record on its
+// bucket (OnBucket), answered as a confirm is (State.confirm): the record only names the
+// bucket, where the member takes and gives back, and holds no entry for it (a join
+// registers its member without one; a release has nothing to hand back: every share the
+// record granted ended before the bucket started). So a thousand members start, take,
+// leave and stay without writing the record they would all collide on.
+func ReadOnBucket(op Op) bool {
+	switch op {
+	case OpConfirm, OpJoin, OpTake, OpGive, OpRelease:
+		return true
+	}
+	return false
 }
 
 // BucketID names the bucket of the record recordID made in incarnation inc (a record made
