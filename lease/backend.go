@@ -969,7 +969,7 @@ func (b *Backend) round() int64 {
 			p.r.lock()
 			at := b.clock.Nanotime() // read under the lock: every decision on the record before it was on the old lease
 			p.r.m.Receive(at, p.nonce, rep, e)
-			live, onBucket := p.r.m.Live(), p.r.m.OnBucket()
+			live, onBucket, limit := p.r.m.Live(), p.r.m.OnBucket(), p.r.m.Limit()
 			changed := p.r.changed // nil if nobody waits
 			p.r.changed = nil
 			var st Status
@@ -981,7 +981,7 @@ func (b *Backend) round() int64 {
 			if b.observer != nil {
 				b.observer.ObserveLease(st) // before the waiters wake: they see it observed
 			}
-			if live > MaxMembers && (!onBucket || live > MaxBucketMembers) {
+			if beyondClaim(live, onBucket, limit) {
 				b.warnCrowded(p.r.key, live)
 			}
 			if changed != nil {
@@ -1160,6 +1160,18 @@ func (b *Backend) takeCall(key string, m *allot.Member, req allot.Request, now i
 		c.bucket, _ = m.Bucket(now, RecordID(key, c.limit))
 	}
 	return c
+}
+
+// beyondClaim reports whether live members of limit l (on its bucket, or not yet) are
+// more than the mode claims to serve: MaxBucketMembers on its bucket, or on a limit that
+// will be (more members than permits of burst: decided at the store, and past
+// allot.BucketAbove on its bucket; a pool starting at once passes a hundred before its
+// record has moved); MaxMembers on a limit shared out, a windowed quota or a ramp.
+func beyondClaim(live int64, onBucket bool, l gcra.Limit) bool {
+	if onBucket || (live > l.Burst() && l.Window == 0 && l.Ramp.IsZero()) {
+		return live > MaxBucketMembers
+	}
+	return live > MaxMembers
 }
 
 // warnCrowded says, once per key, that a limit is shared by more members than the mode

@@ -627,6 +627,38 @@ func TestWarnsOfACrowdedLimit(t *testing.T) {
 	}
 }
 
+// TestBeyondTheClaim: which crowds the backend warns of. A limit shared out is claimed up
+// to MaxMembers; one with more members than permits of burst is decided at the store and,
+// past allot.BucketAbove, on its bucket, claimed up to MaxBucketMembers: a pool of a
+// thousand starting at once passes a hundred while its record still shares the limit out,
+// and each of its members warned of a crowd the claim covers (694 warnings in two runs of
+// BenchmarkLeaseRedisMembers/members=1000). Windowed quotas and ramps stay on their
+// records.
+func TestBeyondTheClaim(t *testing.T) {
+	big, small := lim(2000, time.Second, 400), lim(100, time.Second, 20)
+	window := small
+	window.Window = int64(time.Hour)
+	for _, tc := range []struct {
+		live     int64
+		onBucket bool
+		l        gcra.Limit
+		want     bool
+	}{
+		{MaxMembers, false, big, false},
+		{MaxMembers + 1, false, big, true}, // shared out: 101 of a burst of 400
+		{401, false, big, false},           // more than the burst: heading for its bucket
+		{MaxBucketMembers + 1, false, big, true},
+		{MaxMembers + 1, false, small, false},
+		{MaxMembers + 1, false, window, true}, // a windowed quota is never on a bucket
+		{MaxBucketMembers, true, small, false},
+		{MaxBucketMembers + 1, true, small, true},
+	} {
+		if got := beyondClaim(tc.live, tc.onBucket, tc.l); got != tc.want {
+			t.Errorf("%d members (on its bucket: %v) of %+v: beyond the claim %v, want %v", tc.live, tc.onBucket, tc.l, got, tc.want)
+		}
+	}
+}
+
 // TestNewKeyRecordsOnce: callers that decide new keys under two limits at once, in either
 // order, each get the same record for a key's limit, made once, while the others read the
 // key's records (run it with -race: a record list published and then changed in place was
