@@ -570,11 +570,25 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 		todo = again
 	}
 	// Wait for the answers: read the mailboxes every tick, the first time when answers
-	// came on the last requests (relay.expect). A joiner knocks
-	// at its limit's door only if its join is not answered by the second read: the
-	// allocator reads the mailboxes of the members it has seen lately (allocate), so a
-	// member that joins again is answered without a knock.
+	// came on the last requests (relay.expect). A joiner that has posted in its mailbox
+	// before knocks at its limit's door only if its join is not answered by the second
+	// read: the allocator reads the mailboxes of the members it has seen lately
+	// (allocate), so a member that joins again is answered without a knock. One that
+	// never posted there (a first join) knocks at once: no allocator reads its mailbox
+	// before (two reads of waiting were most of a first join's time through the relay).
 	knocked, reads := false, 0
+	var first []int
+	for k := range nbox {
+		if i := posts[k]; known[k] == 0 && calls[i].req.Op == allot.OpJoin && out[i].err == nil {
+			first = append(first, i)
+		}
+	}
+	atDoor := map[int]bool{} // the joins that knocked
+	if len(first) > 0 && a.knock(ctx, calls, first) == nil {
+		for _, i := range first {
+			atDoor[i] = true // (one that failed knocks again at the second read)
+		}
+	}
 	live := map[int]int64{}      // call → its limit's live members, as its answer says
 	onBucket := map[int]bool{}   // call → its limit is on its bucket, as its answer says
 	elected := map[string]bool{} // record ID → an allocator held its ballot at the last read
@@ -631,7 +645,7 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 			knocked = true
 			var joins []int
 			for _, k := range waiting {
-				if i := posts[k]; calls[i].req.Op == allot.OpJoin {
+				if i := posts[k]; calls[i].req.Op == allot.OpJoin && !atDoor[i] {
 					joins = append(joins, i)
 				}
 			}
@@ -821,6 +835,36 @@ func (a *applier) allocateOnce(ctx context.Context, rec string, limit gcra.Limit
 	}
 	renewBallot := store.Write{ID: ids[1], Data: marshalBallot(ballot{Holder: r.self, Until: now + r.ballotTTL()}),
 		Version: snap.Records[1].Version, Keep: time.Duration(4 * r.ballotTTL())}
+	// The joiners at its doors whose mailboxes it did not read: read them now, so that a
+	// join is applied in the tick its knock is seen, not the next.
+	members = slices.Clone(members)
+	in := make(map[string]bool, len(members))
+	for _, m := range members {
+		in[m] = true
+	}
+	var joiners []string
+	for k := range doorStripes {
+		if d, err := unmarshalDoor(snap.Records[2+k].Data); err == nil {
+			for m := range d.Joining {
+				if !in[m] {
+					in[m] = true
+					joiners = append(joiners, m)
+				}
+			}
+		}
+	}
+	if len(joiners) > 0 {
+		slices.Sort(joiners)
+		boxes := make([]string, len(joiners))
+		for k, m := range joiners {
+			boxes[k] = mailboxID(rec, m)
+		}
+		if more, err := a.load(ctx, boxes); err == nil {
+			ids = append(ids, boxes...)
+			snap.Records = append(snap.Records, more.Records...)
+			members = append(members, joiners...)
+		}
+	}
 	// The requests not yet answered, oldest post first.
 	type pend struct {
 		k int // in ids

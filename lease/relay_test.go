@@ -396,6 +396,101 @@ func TestRelayRejoin(t *testing.T) {
 	t.Logf("its knocks refused: %d", own.lostWrites("door"))
 }
 
+// TestFirstJoinKnocksAtOnce: a member joining a crowded limit through its relay for the
+// first time (it never posted in its mailbox) knocks at the limit's door with its post,
+// not at its second read of the mailbox (two ticks), for no allocator reads its mailbox
+// before; one that posted there before does not knock before that read (its allocator
+// reads the mailboxes of the members it held lately). Another member holds the ballot and
+// answers nothing here.
+func TestFirstJoinKnocksAtOnce(t *testing.T) {
+	l := gcra.Limit{T: int64(time.Millisecond), Tau: 99 * int64(time.Millisecond)}
+	id := RecordID("api", l)
+	mem := store.NewMemory(clock.Default)
+	a := &applier{store: mem, cfg: DefaultConfig(), relay: newRelay("me", time.Second, clock.Default)} // a tick of 100 ms
+	defer a.relay.close()
+	snap, err := mem.Load(bg, []string{ballotID(id)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mem.Swap(bg, []store.Write{{ID: ballotID(id), Data: marshalBallot(ballot{Holder: "other", Until: snap.Now + int64(time.Minute)})}}); err != nil {
+		t.Fatal(err)
+	}
+	knocked := func(member string) bool {
+		snap, err := mem.Load(bg, []string{doorID(id, doorOf(member))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := unmarshalDoor(snap.Records[0].Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, ok := d.Joining[member]
+		return ok
+	}
+	join := func(member string) result {
+		ctx, cancel := context.WithTimeout(bg, 150*time.Millisecond) // a read, not two
+		defer cancel()
+		calls := []call{{key: "api", limit: l, req: allot.Request{Op: allot.OpJoin, Member: member, Nonce: 1}}}
+		out := make([]result, 1)
+		if err := a.relayCalls(ctx, calls, []*group{{id: id, limit: l, idx: []int{0}}}, out); err != nil {
+			t.Fatal(err)
+		}
+		return out[0]
+	}
+	if r := join("new"); !errors.Is(r.err, backend.ErrUnavailable) || !knocked("new") {
+		t.Fatalf("a first join: %+v, %v, knocked %v; want it unanswered, at the door", r.rep, r.err, knocked("new"))
+	}
+	if _, err := mem.Swap(bg, []store.Write{{ID: mailboxID(id, "old"), Data: []byte(`{"t":1}`)}}); err != nil {
+		t.Fatal(err)
+	}
+	snap, err = mem.Load(bg, []string{mailboxID(id, "old")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.relay.saw1(mailboxID(id, "old"), snap.Records[0].Version)
+	if r := join("old"); !errors.Is(r.err, backend.ErrUnavailable) || knocked("old") {
+		t.Fatalf("a join of a member that posted before: %+v, %v, knocked %v; want it unanswered, not at the door yet", r.rep, r.err, knocked("old"))
+	}
+}
+
+// TestAllocatorAnswersAKnockInItsTick: an allocator that finds a joiner at its limit's
+// door reads its mailbox and answers its join in the same tick (it read the mailbox only
+// at its next tick: a first join through the relay took four ticks or more).
+func TestAllocatorAnswersAKnockInItsTick(t *testing.T) {
+	l := gcra.Limit{T: int64(time.Millisecond), Tau: 99 * int64(time.Millisecond)}
+	id := RecordID("api", l)
+	mem := store.NewMemory(clock.Default)
+	a := &applier{store: mem, cfg: DefaultConfig(), relay: newRelay("me", time.Second, clock.Default)}
+	defer a.relay.close()
+	snap, err := mem.Load(bg, []string{ballotID(id)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	join := allot.Request{Op: allot.OpJoin, Member: "new", Nonce: 3}
+	if _, err := mem.Swap(bg, []store.Write{
+		{ID: ballotID(id), Data: marshalBallot(ballot{Holder: "me", Until: snap.Now + int64(time.Minute)})},
+		{ID: mailboxID(id, "new"), Data: marshalSlot(&slot{Req: join, Posted: snap.Now})},
+		{ID: doorID(id, doorOf("new")), Data: marshalDoor(door{Joining: map[string]int64{"new": snap.Now}})},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	busy, held, _, members, err := a.allocateOnce(bg, id, l, nil, map[string]uint64{}, map[string]int64{})
+	if err != nil || !busy || !held {
+		t.Fatalf("the allocator's tick: busy %v, held %v, %v; want the join applied", busy, held, err)
+	}
+	snap, err = mem.Load(bg, []string{mailboxID(id, "new")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sl, err := unmarshalSlot(snap.Records[0].Data)
+	if err != nil || sl == nil || sl.Answered != join.Nonce || sl.Rep == nil || sl.Rep.Epoch.IsZero() {
+		t.Fatalf("the joiner's mailbox after the tick: %+v, %v; want its join answered", sl, err)
+	}
+	if !slices.Contains(members, "new") {
+		t.Fatalf("the mailboxes to read next: %v; want the new member's", members)
+	}
+}
+
 // noDoors refuses every write that knocks at a limit's door.
 type noDoors struct{ store.Store }
 
