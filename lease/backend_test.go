@@ -593,6 +593,7 @@ func (c *crowd) join(n int, log *slog.Logger) {
 		if err != nil {
 			c.t.Fatal(err)
 		}
+		b.crowdAfter = 0 // warns at the first answer beyond the claim (TestWarnsOfALastingCrowd)
 		c.members = append(c.members, b)
 		c.allow(b)
 	}
@@ -627,35 +628,54 @@ func TestWarnsOfACrowdedLimit(t *testing.T) {
 	}
 }
 
-// TestBeyondTheClaim: which crowds the backend warns of. A limit shared out is claimed up
-// to MaxMembers; one with more members than permits of burst is decided at the store and,
-// past allot.BucketAbove, on its bucket, claimed up to MaxBucketMembers: a pool of a
-// thousand starting at once passes a hundred while its record still shares the limit out,
-// and each of its members warned of a crowd the claim covers (694 warnings in two runs of
-// BenchmarkLeaseRedisMembers/members=1000). Windowed quotas and ramps stay on their
-// records.
-func TestBeyondTheClaim(t *testing.T) {
-	big, small := lim(2000, time.Second, 400), lim(100, time.Second, 20)
-	window := small
-	window.Window = int64(time.Hour)
+// TestWarnsOfALastingCrowd: which crowds the backend warns of, and when. A limit shared
+// out is claimed up to MaxMembers; one decided at the store (and past allot.BucketAbove
+// members on its bucket) up to MaxBucketMembers. A pool of a thousand starting at once
+// passes a hundred while its record still shares the limit out, and each of its members
+// warned of a crowd that lasted a second (694 warnings in two runs of
+// BenchmarkLeaseRedisMembers/members=1000): a crowd beyond the claim is warned of once it
+// has lasted crowdLasting, and one that ends before is forgotten.
+func TestWarnsOfALastingCrowd(t *testing.T) {
 	for _, tc := range []struct {
-		live     int64
-		onBucket bool
-		l        gcra.Limit
-		want     bool
+		live              int64
+		onBucket, central bool
+		want              bool
 	}{
-		{MaxMembers, false, big, false},
-		{MaxMembers + 1, false, big, true}, // shared out: 101 of a burst of 400
-		{401, false, big, false},           // more than the burst: heading for its bucket
-		{MaxBucketMembers + 1, false, big, true},
-		{MaxMembers + 1, false, small, false},
-		{MaxMembers + 1, false, window, true}, // a windowed quota is never on a bucket
-		{MaxBucketMembers, true, small, false},
-		{MaxBucketMembers + 1, true, small, true},
+		{MaxMembers, false, false, false},
+		{MaxMembers + 1, false, false, true},
+		{MaxMembers + 1, false, true, false}, // decided at the store: bound for its bucket
+		{MaxBucketMembers, false, true, false},
+		{MaxBucketMembers + 1, false, true, true},
+		{MaxBucketMembers, true, true, false},
+		{MaxBucketMembers + 1, true, true, true},
 	} {
-		if got := beyondClaim(tc.live, tc.onBucket, tc.l); got != tc.want {
-			t.Errorf("%d members (on its bucket: %v) of %+v: beyond the claim %v, want %v", tc.live, tc.onBucket, tc.l, got, tc.want)
+		if got := beyondClaim(tc.live, tc.onBucket, tc.central); got != tc.want {
+			t.Errorf("%d members (on its bucket: %v, decided at the store: %v): beyond the claim %v, want %v", tc.live, tc.onBucket, tc.central, got, tc.want)
 		}
+	}
+	var logs proctest.LockedBuffer
+	b, err := New(store.NewMemory(nil), WithID("m"), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	warned := func() int { return strings.Count(logs.String(), "more members than the lease mode claims to serve") }
+	b.judgeCrowd("herd", 300, true, 0)
+	b.judgeCrowd("herd", 400, true, int64(2*time.Second))
+	b.judgeCrowd("herd", 1000, false, int64(3*time.Second)) // on its bucket now
+	b.judgeCrowd("herd", 1000, false, int64(20*time.Second))
+	if n := warned(); n != 0 {
+		t.Fatalf("a crowd of two seconds warned of %d times: %q", n, logs.String())
+	}
+	b.judgeCrowd("steady", 200, true, int64(time.Second))
+	b.judgeCrowd("steady", 200, true, int64(crowdLasting))
+	if n := warned(); n != 0 {
+		t.Fatalf("warned before the crowd had lasted %v: %q", crowdLasting, logs.String())
+	}
+	b.judgeCrowd("steady", 200, true, int64(time.Second+crowdLasting))
+	b.judgeCrowd("steady", 200, true, int64(2*crowdLasting))
+	if n := warned(); n != 1 || !strings.Contains(logs.String(), "key=steady") {
+		t.Fatalf("a lasting crowd warned of %d times: %q; want once, naming its key", n, logs.String())
 	}
 }
 

@@ -577,15 +577,15 @@ func (a *applier) relayCalls(ctx context.Context, calls []call, groups []*group,
 	// never posted there (a first join) knocks at once: no allocator reads its mailbox
 	// before (two reads of waiting were most of a first join's time through the relay).
 	knocked, reads := false, 0
-	var first []int
+	var firstJoins []int
 	for k := range nbox {
 		if i := posts[k]; known[k] == 0 && calls[i].req.Op == allot.OpJoin && out[i].err == nil {
-			first = append(first, i)
+			firstJoins = append(firstJoins, i)
 		}
 	}
 	atDoor := map[int]bool{} // the joins that knocked
-	if len(first) > 0 && a.knock(ctx, calls, first) == nil {
-		for _, i := range first {
+	if len(firstJoins) > 0 && a.knock(ctx, calls, firstJoins) == nil {
+		for _, i := range firstJoins {
 			atDoor[i] = true // (one that failed knocks again at the second read)
 		}
 	}
@@ -837,15 +837,17 @@ func (a *applier) allocateOnce(ctx context.Context, rec string, limit gcra.Limit
 		Version: snap.Records[1].Version, Keep: time.Duration(4 * r.ballotTTL())}
 	// The joiners at its doors whose mailboxes it did not read: read them now, so that a
 	// join is applied in the tick its knock is seen, not the next.
-	members = slices.Clone(members)
-	in := make(map[string]bool, len(members))
-	for _, m := range members {
-		in[m] = true
-	}
 	var joiners []string
+	var in map[string]bool
 	for k := range doorStripes {
 		if d, err := unmarshalDoor(snap.Records[2+k].Data); err == nil {
 			for m := range d.Joining {
+				if in == nil {
+					in = make(map[string]bool, len(members))
+					for _, m := range members {
+						in[m] = true
+					}
+				}
 				if !in[m] {
 					in[m] = true
 					joiners = append(joiners, m)
@@ -854,6 +856,7 @@ func (a *applier) allocateOnce(ctx context.Context, rec string, limit gcra.Limit
 		}
 	}
 	if len(joiners) > 0 {
+		members = slices.Clone(members)
 		slices.Sort(joiners)
 		boxes := make([]string, len(joiners))
 		for k, m := range joiners {

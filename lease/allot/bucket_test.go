@@ -325,8 +325,10 @@ func TestJoinsOnTheBucketAreReads(t *testing.T) {
 			t.Fatalf("%v of %s on the bucket: %+v, %v, record changed: %v; want the bucket named, nothing changed", req.Op, req.Member, got, err, string(before) != string(MarshalState(s)))
 		}
 	}
-	if _, err := s.Apply(at, c, Request{Op: OpTake, Member: "new1", N: l.Burst() + 1}); !errors.Is(err, ErrBadRequest) {
-		t.Fatalf("a take of more than the burst on the bucket: %v; want ErrBadRequest", err)
+	for _, op := range []Op{OpTake, OpGive} {
+		if _, err := s.Apply(at, c, Request{Op: op, Member: "new1", N: l.Burst() + 1}); !errors.Is(err, ErrBadRequest) {
+			t.Fatalf("%v of more than the burst on the bucket: %v; want ErrBadRequest", op, err)
+		}
 	}
 	// A limit not on its bucket registers its joiners in entries, as ever.
 	small, _ := joinedState(t, l, c, 3)
@@ -375,6 +377,51 @@ func TestMemberConfirmsOnItsBucket(t *testing.T) {
 	h.Receive(ms, req.Nonce, rep, nil)
 	if req, ok := h.Request(h.Due(ms), 0); !ok || req.Op != OpRenew {
 		t.Fatalf("a member holding a share: %+v %v; want a renewal", req, ok)
+	}
+}
+
+// TestMemberJoinedOnItsBucketConfirms: a member registered by a join of a record on its
+// bucket (no entry: epoch number 0) confirms at every interval even while it still uses
+// permits of a lease of its earlier registration, or had a share to acknowledge when it
+// was found stale: a renewal of that registration is stale whatever it holds, and it
+// renewed, was stale, joined again, and renewed again until its old lease's permits were
+// done, unregistered meanwhile (its callers stalled).
+func TestMemberJoinedOnItsBucketConfirms(t *testing.T) {
+	mc := MemberConfig{RenewEvery: 100 * time.Millisecond, Margin: 5 * time.Millisecond}
+	m := NewMember("a", lim(100, time.Second, 20), mc, 0)
+	req, _ := m.Request(0, 0)
+	rep := Reply{Epoch: Epoch{Incarnation: 7, N: 1}, Sent: 0, TTL: int64(time.Second), Grace: 500 * ms, Live: 2}
+	rep.Lease.Seq, rep.Lease.Share = 1, Share{Rate: RateScale / 2, Burst: 10}
+	m.Receive(ms, req.Nonce, rep, nil)
+	// Its share shrank (the limit went to the store) and waits to be acknowledged, while
+	// permits reserved under it are pending for a while yet; then its renewal is stale.
+	m.handover.ackNow, m.handover.ackSeq, m.handover.ackUntil = true, 1, 2*sec
+	m.handover.prevShare, m.handover.prevUntil = rep.Lease.Share, 2*sec
+	req, _ = m.Request(m.Due(2*ms), 0)
+	m.Receive(req.Sent+ms, req.Nonce, Reply{}, ErrStaleEpoch)
+	req, ok := m.Request(req.Sent+2*ms, 0)
+	if !ok || req.Op != OpJoin {
+		t.Fatalf("after a stale answer: %+v %v; want a join", req, ok)
+	}
+	joined := Epoch{Incarnation: 7}
+	onBucket := func(sent int64) Reply {
+		return Reply{Epoch: joined, Central: true, Bucket: 50 * ms, BucketInc: 7, Sent: sent, TTL: int64(time.Second), Grace: 500 * ms, Word: int64(time.Second), Version: 4}
+	}
+	m.Receive(req.Sent+3*ms, req.Nonce, onBucket(req.Sent), nil)
+	at := req.Sent + 3*ms
+	if m.InUse(at).IsZero() {
+		t.Fatal("set-up: no older lease in use")
+	}
+	if due := m.Due(at); due < req.Sent+int64(mc.RenewEvery-mc.RenewEvery/20) {
+		t.Fatalf("registered on the bucket, next due %v after its join; want about an interval", time.Duration(due-req.Sent))
+	}
+	for range 3 {
+		req, ok = m.Request(m.Due(at), 0)
+		if !ok || req.Op != OpConfirm || req.Epoch != joined {
+			t.Fatalf("registered on the bucket without an entry: %+v %v; want a confirm", req, ok)
+		}
+		at = req.Sent + ms
+		m.Receive(at, req.Nonce, onBucket(req.Sent), nil)
 	}
 }
 

@@ -357,6 +357,7 @@ func (m *Member) Released() bool { return m.phase == released }
 func (m *Member) becomeUnregistered() {
 	m.phase, m.epoch = unregistered, Epoch{}
 	m.link.failed = false
+	m.handover.ackNow = false // an acknowledgement is of a registration the store no longer has
 	m.view.bucket, m.view.bucketUntil, m.view.bucketInc, m.view.bucketSent = 0, 0, 0, 0
 }
 

@@ -83,10 +83,15 @@ func (m *Member) Due(now int64) int64 {
 // registration alive, and with it its word on the bucket; a crowded limit's members
 // renewing that way wrote the record a thousand times a second through its relay, and
 // most went unanswered (BenchmarkLeaseRedisMembers, members=1000).
+//
+// A member registered without an entry (a join of a record on its bucket: epoch number
+// 0) always confirms: a renewal of that registration is stale whatever it still holds of
+// an earlier one (permits in use, a share to acknowledge), and it renewed, was stale,
+// joined again and renewed again until they were done, unregistered meanwhile.
 func (m *Member) confirms(now int64) bool {
-	return m.phase == registered && m.view.central && m.view.bucket != 0 &&
+	return m.phase == registered && m.view.central && m.view.bucket != 0 && (m.epoch.N == 0 ||
 		m.InUse(now).IsZero() && !m.handover.ackNow && now >= m.handover.ackUntil &&
-		(m.handover.returnable == 0 || now >= m.handover.returnBy)
+			(m.handover.returnable == 0 || now >= m.handover.returnBy))
 }
 
 // spread returns how much earlier than its interval the member's next regular renewal

@@ -664,8 +664,8 @@ func (s *State) apply(now int64, cfg Config, req Request, a *applied) (Reply, er
 		if !found || s.Members[i].Epoch != req.Epoch {
 			return Reply{}, fmt.Errorf("%w: member %q epoch %d/%d", ErrStaleEpoch, req.Member, req.Epoch.Incarnation, req.Epoch.N)
 		}
-		if req.N < 0 || (req.N > s.Limit.Burst() && req.MaxDelay >= 0) {
-			return Reply{}, fmt.Errorf("%w: %d permits of a burst of %d", ErrBadRequest, req.N, s.Limit.Burst())
+		if err := s.badCount(req); err != nil {
+			return Reply{}, err
 		}
 		if req.Borrow && !s.Central {
 			rep.Borrow = true
@@ -732,6 +732,15 @@ func (s *State) apply(now int64, cfg Config, req Request, a *applied) (Reply, er
 	e.Lease.Expires = now + int64(cfg.TTL) // alive: it just spoke (grant sets Until to match)
 	s.grant(i, now, cfg, others, &rep)
 	return rep, nil
+}
+
+// badCount refuses a take or give of a negative count, or of more permits than the burst
+// that is not a settlement (MaxDelay < 0: permits used already).
+func (s *State) badCount(req Request) error {
+	if req.N < 0 || (req.N > s.Limit.Burst() && req.MaxDelay >= 0) {
+		return fmt.Errorf("%w: %d permits of a burst of %d", ErrBadRequest, req.N, s.Limit.Burst())
+	}
+	return nil
 }
 
 // find returns the index of member id, or where it would be inserted.
@@ -1396,8 +1405,10 @@ func (s *State) confirm(now int64, cfg Config, req Request) (Reply, error) {
 	if req.Member == "" {
 		return Reply{}, fmt.Errorf("%w: no member name", ErrBadRequest)
 	}
-	if req.Op == OpTake && (req.N < 0 || (req.N > s.Limit.Burst() && req.MaxDelay >= 0)) {
-		return Reply{}, fmt.Errorf("%w: %d permits of a burst of %d", ErrBadRequest, req.N, s.Limit.Burst())
+	if req.Op == OpTake || req.Op == OpGive {
+		if err := s.badCount(req); err != nil {
+			return Reply{}, err
+		}
 	}
 	if s.BucketAt == 0 || s.Limit.Window > 0 {
 		return Reply{}, fmt.Errorf("%w: member %q epoch %d/%d (the record is not on a bucket)", ErrStaleEpoch, req.Member, req.Epoch.Incarnation, req.Epoch.N)
