@@ -38,6 +38,12 @@ type leaseRun struct {
 	buckets             int64 // bucket operations (each among writes too)
 	decisions, admitted int64
 	recordBytes         int
+	// The start, before the measured time: how long until every member had decided once
+	// (each waiting up to 10 s), the records written and lost meanwhile, and the members
+	// whose first decision did not come.
+	warmSeconds          float64
+	warmWrites, warmLost int64
+	cold                 int64
 }
 
 // countedStore is a member's store with what it cost.
@@ -122,6 +128,9 @@ func runLease(b *testing.B, newStore func() countedStore, members int, renew tim
 	// Every member joins every key's limit, concurrently (a first decision on a fresh limit
 	// waits for its join window, and joins due together go in one round trip).
 	var warm sync.WaitGroup
+	var cold atomic.Int64 // members whose first decision did not come within 10 s
+	_, _, _, _, ww0, wc0, _ := sum()
+	warmStart := time.Now()
 	sem := make(chan struct{}, 512)
 	for _, l := range ls {
 		for _, k := range keys {
@@ -131,11 +140,15 @@ func runLease(b *testing.B, newStore func() countedStore, members int, renew tim
 				defer func() { <-sem; warm.Done() }()
 				wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 				defer cancel()
-				l.Wait(wctx, k)
+				if l.Wait(wctx, k) != nil {
+					cold.Add(1)
+				}
 			}()
 		}
 	}
 	warm.Wait()
+	warmSeconds := time.Since(warmStart).Seconds()
+	_, _, _, _, ww1, wc1, _ := sum()
 	var decisions, admitted atomic.Int64
 	var measuring atomic.Bool
 	stop := make(chan struct{})
@@ -197,6 +210,7 @@ func runLease(b *testing.B, newStore func() countedStore, members int, renew tim
 		bytesIn: in1 - in0, bytesOut: out1 - out0,
 		writes: w1 - w0, conflicts: c1 - c0, buckets: k1 - k0,
 		decisions: decisions.Load(), admitted: admitted.Load(),
+		warmSeconds: warmSeconds, warmWrites: ww1 - ww0, warmLost: wc1 - wc0, cold: cold.Load(),
 	}
 	return run
 }
@@ -216,6 +230,14 @@ func (r leaseRun) report(b *testing.B, members int) {
 	}
 	if r.recordBytes > 0 {
 		b.ReportMetric(float64(r.recordBytes), "B/record")
+	}
+	if r.warmSeconds > 0 {
+		// The start: every member's first decision on a fresh limit, all at once.
+		b.ReportMetric(r.warmSeconds, "warm-s")
+		if r.warmWrites > 0 {
+			b.ReportMetric(100*float64(r.warmLost)/float64(r.warmWrites), "warmlost%")
+		}
+		b.ReportMetric(float64(r.cold), "cold")
 	}
 	b.ReportMetric(float64(r.admitted)/r.seconds, "admitted/s")
 	b.ReportMetric(0, "ns/op")
@@ -333,6 +355,10 @@ func (r leaseRun) add(o leaseRun) leaseRun {
 	r.decisions += o.decisions
 	r.admitted += o.admitted
 	r.recordBytes = max(r.recordBytes, o.recordBytes)
+	r.warmSeconds = max(r.warmSeconds, o.warmSeconds)
+	r.warmWrites += o.warmWrites
+	r.warmLost += o.warmLost
+	r.cold += o.cold
 	return r
 }
 
