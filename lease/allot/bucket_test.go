@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/gcra"
 )
 
 // TestCrowdedCentralLimitGoesToItsBucket: a limit decided at the store with more than
@@ -163,6 +165,21 @@ func TestBucketRecordRewoundAndIdle(t *testing.T) {
 	}
 }
 
+// stateOnBucket returns a record of 100/s burst=20 whose BucketAbove + 1 members joined
+// and renewed once, which moved it to its bucket, with their epochs, its settings and
+// its limit.
+func stateOnBucket(t *testing.T) (*State, []Epoch, Config, gcra.Limit) {
+	t.Helper()
+	c := cfg(Fair)
+	l := lim(100, time.Second, 20)
+	s, eps := joinedState(t, l, c, BucketAbove+1)
+	renewAll(t, s, c, eps, 100*ms)
+	if s.BucketAt == 0 {
+		t.Fatal("not on its bucket")
+	}
+	return s, eps, c, l
+}
+
 // TestConfirmsOnTheBucket: a member of a limit on its bucket confirms (OpConfirm) that it
 // may go on taking there by a read: a confirm changes the record only to carry its word
 // on the bucket (BucketBusy) BucketKeep ahead when less than half of that is left, so
@@ -173,13 +190,7 @@ func TestBucketRecordRewoundAndIdle(t *testing.T) {
 // not Idle (deleted, then made again with a fresh burst) before every member's word on
 // its bucket and a tolerance after it have passed.
 func TestConfirmsOnTheBucket(t *testing.T) {
-	c := cfg(Fair)
-	l := lim(100, time.Second, 20)
-	s, eps := joinedState(t, l, c, BucketAbove+1)
-	renewAll(t, s, c, eps, 100*ms)
-	if s.BucketAt == 0 {
-		t.Fatal("not on its bucket")
-	}
+	s, eps, c, l := stateOnBucket(t)
 	keep := bucketKeep(c)
 	confirm := func(at int64, i int) (Reply, bool, error) {
 		t.Helper()
@@ -258,13 +269,7 @@ func TestConfirmsOnTheBucket(t *testing.T) {
 // the member then confirms, and its registration, which no entry holds, cannot renew.
 // Takes, gives and releases the record answers are reads too (ReadOnBucket).
 func TestJoinsOnTheBucketAreReads(t *testing.T) {
-	c := cfg(Fair)
-	l := lim(100, time.Second, 20)
-	s, eps := joinedState(t, l, c, BucketAbove+1)
-	renewAll(t, s, c, eps, 100*ms)
-	if s.BucketAt == 0 {
-		t.Fatal("not on its bucket")
-	}
+	s, eps, c, l := stateOnBucket(t)
 	join := func(at int64, who string) (Reply, bool) {
 		t.Helper()
 		before := MarshalState(s)
