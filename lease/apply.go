@@ -440,12 +440,11 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 
 // readsOnly reports whether a group holds only confirms (allot.OpConfirm), or requests
 // that are reads of a record on its bucket (onBucket, as read: allot.ReadOnBucket), of a
-// record the store has, as new as
-// every version the batch's calls on it have seen (group.seen): applied, they change
-// nothing but the record's BucketBusy (and its expired entries, with it), and if they
-// leave that as it is the group is answered from the record as read, without a write. A
-// record made (missing) or found rewound (older than a version seen) is written, as for
-// any request: its fence must be kept.
+// record the store has, as new as every version the batch's calls on it have seen
+// (group.seen): applied, they change nothing but the record's BucketBusy (and its expired
+// entries, with it), and if they leave that as it is the group is answered from the
+// record as read, without a write. A record made (missing) or found rewound (older than
+// a version seen) is written, as for any request: its fence must be kept.
 func (g *group) readsOnly(calls []call, rec store.Record, onBucket bool) bool {
 	if rec.Version == 0 || g.seen > rec.Version {
 		return false
