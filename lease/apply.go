@@ -361,7 +361,7 @@ func (a *applier) attempt(ctx context.Context, calls []call, pending []*group, o
 		if rec.Now != 0 {
 			now = rec.Now
 		}
-		st, err := a.state(g, rec, now, snap.Since, calls)
+		st, err := a.state(g, rec, now, snap.Since)
 		if err != nil {
 			for _, i := range g.idx {
 				out[i] = result{err: err}
@@ -487,11 +487,8 @@ func (a *applier) swap(ctx context.Context, writes []store.Write) ([]uint64, err
 // than a version a member has seen went back in time (a failover that lost writes, an old
 // copy restored): it is fenced too, and takes a new incarnation, so that registrations it
 // lost can never be mistaken for the ones it has.
-func (a *applier) state(g *group, rec store.Record, now, since int64, calls []call) (*allot.State, error) {
-	seen := g.seen
-	for _, i := range g.idx {
-		seen = max(seen, calls[i].req.Seen)
-	}
+func (a *applier) state(g *group, rec store.Record, now, since int64) (*allot.State, error) {
+	seen := g.seen // the newest version its calls have seen (applyNow, allocateOnce)
 	if rec.Version == 0 {
 		cfg := a.cfg
 		fence := int64(0)

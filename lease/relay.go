@@ -948,8 +948,9 @@ func (a *applier) allocateOnce(ctx context.Context, rec string, limit gcra.Limit
 	for i, p := range pending {
 		calls[i] = call{limit: limit, req: p.s.Req}
 		g.idx[i] = i
+		g.seen = max(g.seen, p.s.Req.Seen)
 	}
-	st, serr := a.state(g, snap.Records[0], now, snap.Since, calls)
+	st, serr := a.state(g, snap.Records[0], now, snap.Since)
 	if len(pending) == 0 {
 		members, _ = next(st)
 		if bl.Until-now >= r.ballotTTL()/2 {

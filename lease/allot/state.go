@@ -1410,7 +1410,7 @@ func (s *State) confirm(now int64, cfg Config, req Request) (Reply, error) {
 			return Reply{}, err
 		}
 	}
-	if s.BucketAt == 0 || s.Limit.Window > 0 {
+	if !s.OnBucket() {
 		return Reply{}, fmt.Errorf("%w: member %q epoch %d/%d (the record is not on a bucket)", ErrStaleEpoch, req.Member, req.Epoch.Incarnation, req.Epoch.N)
 	}
 	keep, life := bucketKeep(cfg), int64(cfg.TTL+cfg.Grace)
