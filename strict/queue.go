@@ -93,8 +93,9 @@ func (c *call) release() {
 // (up to maxBatch). A flusher sends them as one pipeline holding one script call per
 // group of keys that may share one (every key for one Redis, one key otherwise: see
 // groupingOf). The script decides each group's calls in arrival order, reading and
-// writing each key once. A lone caller is sent at once, alone. While batches are in
-// flight, new calls queue and leave together, mostly when a batch returns (see ready for
+// writing each key once. A call that may leave at once, alone (a lone caller's, one
+// beside a lone call in flight, a reservation), is sent by its caller (see leavesAlone).
+// While batches are in flight, new calls queue and leave together, mostly when a batch returns (see ready for
 // when they leave sooner). So the number of goroutines, not the round trip, sets the
 // throughput.
 type pipeliner struct {
@@ -109,17 +110,20 @@ type pipeliner struct {
 	// milliseconds (WAIT, after the script calls in the same pipeline; WithReplicaAcks).
 	acks, ackMs int64
 
-	// direct lets a caller that finds nothing queued and nothing in flight send its own
-	// call, with no hand-off to a flusher (the common case at low concurrency). It is on
-	// only for clients that honour context deadlines, so that the caller still returns
-	// within the time-out. With such a client the pipeliner also answers every call
-	// within the time-out of its submission by itself (see deadline), and a caller waits
-	// without a timer of its own (Backend.await).
+	// direct lets a caller that finds nothing queued send its own call, with no hand-off
+	// to a flusher, when the call may leave at once (see leavesAlone): a lone caller's,
+	// one beside a lone call in flight, a reservation. It is on only for clients that
+	// honour context deadlines, so that the caller still returns within the time-out.
+	// With such a client the pipeliner also answers every call within the time-out of its
+	// submission by itself (see deadline), and a caller waits without a timer of its own
+	// (Backend.await).
 	direct bool
-	// The direct caller's buffers: there is one direct caller at a time (it sends only
-	// when nothing else is in flight, and counts itself in flight meanwhile).
-	directBB batchBuilder
-	one      [1]*call
+	// senders bounds the batches in flight that a caller may send its own beside: one
+	// more than the flushers.
+	senders int
+	// spare holds the buffers of direct callers that returned (under mu): one for each
+	// that sent at once, at most senders.
+	spare []*directBuffers
 
 	// conns, if not nil, are the connections batches are sent on (see conns); set before
 	// the first call.
@@ -134,6 +138,8 @@ type pipeliner struct {
 	// late answers a call whose time-out passed while it was queued (see unexpired).
 	late error
 
+	flushed atomic.Int64 // batches the flushers have sent (for tests)
+
 	mu       sync.Mutex
 	cond     *sync.Cond
 	queue    []*call
@@ -147,7 +153,7 @@ type pipeliner struct {
 func newPipeliner(ctx context.Context, client Client, names, source string, timeout time.Duration, flushers, maxBatch int) *pipeliner {
 	p := &pipeliner{client: client, names: names, sha: goredis.NewScript(source).Hash(), src: source, timeout: timeout,
 		maxBatch: maxBatch, grouping: groupingOf(client), ctx: ctx,
-		late: fmt.Errorf("no answer within %v (queued that long)", timeout)}
+		senders: flushers + 1, late: fmt.Errorf("no answer within %v (queued that long)", timeout)}
 	p.cond = sync.NewCond(&p.mu)
 	p.wg.Add(flushers)
 	for i := 0; i < flushers; i++ {
@@ -165,17 +171,26 @@ func (p *pipeliner) submit(c *call) bool {
 		p.mu.Unlock()
 		return false
 	}
-	if p.direct && p.inflight == 0 && len(p.queue) == 0 {
+	if p.leavesAlone(c) {
 		p.inflight++
 		p.flying++
+		var d *directBuffers
+		if n := len(p.spare); n > 0 {
+			d = p.spare[n-1]
+			p.spare[n-1] = nil
+			p.spare = p.spare[:n-1]
+		} else {
+			d = new(directBuffers)
+		}
 		p.mu.Unlock()
 		c.state.Store(callSent)
-		p.one[0] = c
-		p.directBB.exec(p, p.one[:])
-		p.one[0] = nil
+		d.one[0] = c
+		d.bb.exec(p, d.one[:])
+		d.one[0] = nil
 		p.mu.Lock()
 		p.inflight--
 		p.flying--
+		p.spare = append(p.spare, d)
 		if len(p.queue) > 0 {
 			p.cond.Signal()
 		}
@@ -273,6 +288,24 @@ func (p *pipeliner) close(err error) {
 	}
 }
 
+// directBuffers are a direct caller's buffers, kept for the next (see pipeliner.spare).
+type directBuffers struct {
+	bb  batchBuilder
+	one [1]*call
+}
+
+// leavesAlone reports whether c, not yet queued, is sent at once by its caller (p.mu
+// held): with a client that honours deadlines (direct), when nothing is queued, c would
+// leave at once as a queue of one (ready: nothing in flight, a lone call in flight, or c
+// eager), and fewer than senders batches are in flight. Handed to a flusher and answered
+// back, such a call cost two goroutine switches: at two goroutines, where every call
+// leaves beside a lone one, sluice decided fewer a second on Redis than redis_rate
+// (BENCHMARKS.md, "Calls beside a lone one").
+func (p *pipeliner) leavesAlone(c *call) bool {
+	return p.direct && len(p.queue) == 0 && p.inflight < p.senders &&
+		(p.inflight == 0 || p.flying <= 1 || p.maxBatch <= 1 || c.eager())
+}
+
 // ready reports whether a flusher may take the queue now (p.mu held). It may when calls
 // are queued and no batch is in flight. It may when at least as many calls are queued
 // as are in flight, or a whole batch (maxBatch). It may when an eager call is queued
@@ -320,6 +353,7 @@ func (p *pipeliner) flusher() {
 		p.flying += len(batch)
 		p.mu.Unlock()
 		if len(batch) > 0 {
+			p.flushed.Add(1)
 			bb.exec(p, batch)
 		}
 		p.mu.Lock()
