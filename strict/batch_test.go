@@ -563,43 +563,18 @@ func TestBatchKeyErrors(t *testing.T) {
 // once: 4 script calls for the 5 calls.
 func TestBatchWaitsForTheOneInFlight(t *testing.T) {
 	r := newHeldBatches(t)
-	ctx, b, l := context.Background(), r.b, r.l
-	errs := make(chan error, 5)
-	call := func(i int) {
-		go func() {
-			ok, err := b.AllowOne(ctx, fmt.Sprintf("k%d", i), l)
-			if err == nil && !ok {
-				err = fmt.Errorf("call %d denied", i)
-			}
-			errs <- err
-		}()
-	}
-	call(0)
-	r.waitFor("the first call in flight", func(in, q int) bool { return in == 1 && q == 0 })
-	call(1)
-	r.waitFor("a second call sent beside the first", func(in, q int) bool { return in == 2 && q == 0 })
-	call(2)
+	r.loneAndBeside(r.allow)
+	r.allow(2)
 	r.waitFor("a call queued behind them", func(in, q int) bool { return q == 1 })
 	if in, q := r.state(); in != 2 || q != 1 {
 		t.Fatalf("with a call queued behind two in flight: %d batches in flight, %d queued; want 2 and 1 (it waits)", in, q)
 	}
-	call(3)
+	r.allow(3)
 	r.waitFor("two calls sent together beside the first two", func(in, q int) bool { return in == 3 && q == 0 })
 	// A reservation (a waiter's place in line) does not wait: its caller sends it.
-	go func() {
-		g, err := b.Decide(ctx, "r", backend.Request{Limits: []gcra.Limit{l}, N: 1, MaxDelay: time.Second})
-		if err == nil && !g.Allowed {
-			err = errors.New("the reservation was refused")
-		}
-		errs <- err
-	}()
+	r.reserve()
 	r.waitFor("a reservation sent at once", func(in, q int) bool { return in == 4 && q == 0 })
-	r.resume()
-	for i := 0; i < 5; i++ {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
+	r.answered(5)
 	if calls := r.scriptCalls(); calls != "4" {
 		t.Errorf("script calls for 4 allowances (two alone, then two together) and a reservation: %q, want 4", calls)
 	}
@@ -614,49 +589,24 @@ func TestBatchWaitsForTheOneInFlight(t *testing.T) {
 // queue behind them (as many as are in flight) leave together from a flusher.
 func TestCallBesideALoneOneSendsItself(t *testing.T) {
 	r := newHeldBatches(t)
-	ctx, b, l := context.Background(), r.b, r.l
-	errs := make(chan error, 6)
-	call := func(i int) {
-		go func() {
-			ok, err := b.AllowOne(ctx, fmt.Sprintf("k%d", i), l)
-			if err == nil && !ok {
-				err = fmt.Errorf("call %d denied", i)
-			}
-			errs <- err
-		}()
-	}
-	call(0)
-	r.waitFor("the first call in flight", func(in, q int) bool { return in == 1 && q == 0 })
-	call(1)
-	r.waitFor("a second call sent beside the first", func(in, q int) bool { return in == 2 && q == 0 })
-	go func() {
-		g, err := b.Decide(ctx, "r", backend.Request{Limits: []gcra.Limit{l}, N: 1, MaxDelay: time.Second})
-		if err == nil && !g.Allowed {
-			err = errors.New("the reservation was refused")
-		}
-		errs <- err
-	}()
+	r.loneAndBeside(r.allow)
+	r.reserve()
 	r.waitFor("a reservation sent at once", func(in, q int) bool { return in == 3 && q == 0 })
 	if n := r.flushed(); n != 0 {
 		t.Errorf("batches sent by flushers for a lone call, one beside it and a reservation: %d, want 0 (each sent by its caller)", n)
 	}
-	call(2)
-	call(3)
+	r.allow(2)
+	r.allow(3)
 	r.waitFor("two calls queued behind them", func(in, q int) bool { return q == 2 })
 	if in, q := r.state(); in != 3 || q != 2 {
 		t.Fatalf("with two calls queued behind three in flight: %d batches in flight, %d queued; want 3 and 2 (they wait)", in, q)
 	}
-	call(4)
+	r.allow(4)
 	r.waitFor("three calls sent together behind them", func(in, q int) bool { return in == 4 && q == 0 })
 	if n := r.flushed(); n != 1 {
 		t.Errorf("batches sent by flushers after three calls queued behind three in flight: %d, want 1", n)
 	}
-	r.resume()
-	for i := 0; i < 6; i++ {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
+	r.answered(6)
 	if calls := r.scriptCalls(); calls != "4" {
 		t.Errorf("script calls: %q, want 4 (three alone, then three together)", calls)
 	}
@@ -668,34 +618,15 @@ func TestCallBesideALoneOneSendsItself(t *testing.T) {
 // two such decisions that leave together, in 3 script calls.
 func TestBatchDecisionsNowOrNeverWait(t *testing.T) {
 	r := newHeldBatches(t)
-	ctx, b, l := context.Background(), r.b, r.l
-	errs := make(chan error, 4)
-	decide := func(i int) {
-		go func() {
-			g, err := b.Decide(ctx, fmt.Sprintf("k%d", i), backend.Request{Limits: []gcra.Limit{l}, N: 1})
-			if err == nil && !g.Allowed {
-				err = fmt.Errorf("decision %d denied", i)
-			}
-			errs <- err
-		}()
-	}
-	decide(0)
-	r.waitFor("the first call in flight", func(in, q int) bool { return in == 1 && q == 0 })
-	decide(1)
-	r.waitFor("a second decision sent beside the first", func(in, q int) bool { return in == 2 && q == 0 })
-	decide(2)
+	r.loneAndBeside(r.decide)
+	r.decide(2)
 	r.waitFor("a decision queued behind them", func(in, q int) bool { return q == 1 })
 	if in, q := r.state(); in != 2 || q != 1 {
 		t.Fatalf("with a decision now or never queued behind two in flight: %d batches in flight, %d queued; want 2 and 1 (it waits)", in, q)
 	}
-	decide(3)
+	r.decide(3)
 	r.waitFor("two decisions sent together beside the first two", func(in, q int) bool { return in == 3 && q == 0 })
-	r.resume()
-	for i := 0; i < 4; i++ {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
+	r.answered(4)
 	if calls := r.scriptCalls(); calls != "3" {
 		t.Errorf("script calls for 4 decisions now or never (two alone, then two together): %q, want 3", calls)
 	}
@@ -710,6 +641,7 @@ type heldBatches struct {
 	b       *Backend
 	l       gcra.Limit
 	resumed bool
+	errs    chan error // each call's outcome (see allow, decide, reserve)
 }
 
 func newHeldBatches(t *testing.T) *heldBatches {
@@ -728,10 +660,64 @@ func newHeldBatches(t *testing.T) *heldBatches {
 	if _, err := srv.Do("CONFIG", "RESETSTAT"); err != nil {
 		t.Fatal(err)
 	}
-	r := &heldBatches{t: t, srv: srv, b: b, l: l}
+	r := &heldBatches{t: t, srv: srv, b: b, l: l, errs: make(chan error, 16)}
 	srv.Pause()
 	t.Cleanup(r.resume)
 	return r
+}
+
+// allow makes an allowance on key k<i> in a goroutine of its own.
+func (r *heldBatches) allow(i int) {
+	go func() {
+		ok, err := r.b.AllowOne(context.Background(), fmt.Sprintf("k%d", i), r.l)
+		if err == nil && !ok {
+			err = fmt.Errorf("call %d denied", i)
+		}
+		r.errs <- err
+	}()
+}
+
+// decide makes a decision now or never (maxDelay 0) on key k<i> in a goroutine of its own.
+func (r *heldBatches) decide(i int) {
+	go func() {
+		g, err := r.b.Decide(context.Background(), fmt.Sprintf("k%d", i), backend.Request{Limits: []gcra.Limit{r.l}, N: 1})
+		if err == nil && !g.Allowed {
+			err = fmt.Errorf("decision %d denied", i)
+		}
+		r.errs <- err
+	}()
+}
+
+// reserve makes a reservation (a waiter's place in line) on key r in a goroutine of its own.
+func (r *heldBatches) reserve() {
+	go func() {
+		g, err := r.b.Decide(context.Background(), "r", backend.Request{Limits: []gcra.Limit{r.l}, N: 1, MaxDelay: time.Second})
+		if err == nil && !g.Allowed {
+			err = errors.New("the reservation was refused")
+		}
+		r.errs <- err
+	}()
+}
+
+// loneAndBeside makes call 0, waits for it to be in flight, then call 1, and waits for
+// it to be sent beside it.
+func (r *heldBatches) loneAndBeside(call func(int)) {
+	r.t.Helper()
+	call(0)
+	r.waitFor("the first call in flight", func(in, q int) bool { return in == 1 && q == 0 })
+	call(1)
+	r.waitFor("a second call sent beside the first", func(in, q int) bool { return in == 2 && q == 0 })
+}
+
+// answered lets Redis answer and fails the test on any of the n calls' errors.
+func (r *heldBatches) answered(n int) {
+	r.t.Helper()
+	r.resume()
+	for i := 0; i < n; i++ {
+		if err := <-r.errs; err != nil {
+			r.t.Fatal(err)
+		}
+	}
 }
 
 // resume lets Redis answer again (once).
