@@ -562,7 +562,7 @@ func TestBatchKeyErrors(t *testing.T) {
 // then a second that makes two, which leave together; then a reservation, which leaves at
 // once: 4 script calls for the 5 calls.
 func TestBatchWaitsForTheOneInFlight(t *testing.T) {
-	r := newHeldBatches(t)
+	r := newHeldBatches(t, 4)
 	r.loneAndBeside(r.allow)
 	r.allow(2)
 	r.waitFor("a call queued behind them", func(in, q int) bool { return q == 1 })
@@ -588,7 +588,7 @@ func TestBatchWaitsForTheOneInFlight(t *testing.T) {
 // reservation (which leaves at once) are all sent by their callers; three allowances that
 // queue behind them (as many as are in flight) leave together from a flusher.
 func TestCallBesideALoneOneSendsItself(t *testing.T) {
-	r := newHeldBatches(t)
+	r := newHeldBatches(t, 4)
 	r.loneAndBeside(r.allow)
 	r.reserve()
 	r.waitFor("a reservation sent at once", func(in, q int) bool { return in == 3 && q == 0 })
@@ -612,12 +612,32 @@ func TestCallBesideALoneOneSendsItself(t *testing.T) {
 	}
 }
 
+// TestBatchesInFlightAreBounded: no more batches are in flight at once than
+// WithPipelines says, whoever sends them (Redis is stopped to hold them in flight): with
+// two, a lone allowance and one beside it fly, and a reservation (which leaves at once
+// when it may) and an allowance wait queued; when the first two are answered, both
+// leave together.
+func TestBatchesInFlightAreBounded(t *testing.T) {
+	r := newHeldBatches(t, 2)
+	r.loneAndBeside(r.allow)
+	r.reserve()
+	r.allow(2)
+	r.waitFor("two calls queued", func(in, q int) bool { return q == 2 })
+	if in, q := r.state(); in != 2 || q != 2 {
+		t.Fatalf("with WithPipelines(2, ...): %d batches in flight, %d calls queued; want 2 and 2", in, q)
+	}
+	r.answered(4)
+	if calls := r.scriptCalls(); calls != "3" {
+		t.Errorf("script calls: %q, want 3 (two alone, then two together)", calls)
+	}
+}
+
 // TestBatchDecisionsNowOrNeverWait: a decision that never waits (AllowN: maxDelay 0)
 // queued behind batches in flight waits as an allowance does, and leaves with the next
 // (Redis is stopped to hold the batches in flight): a lone call, a second beside it, then
 // two such decisions that leave together, in 3 script calls.
 func TestBatchDecisionsNowOrNeverWait(t *testing.T) {
-	r := newHeldBatches(t)
+	r := newHeldBatches(t, 4)
 	r.loneAndBeside(r.decide)
 	r.decide(2)
 	r.waitFor("a decision queued behind them", func(in, q int) bool { return q == 1 })
@@ -644,11 +664,11 @@ type heldBatches struct {
 	errs    chan error // each call's outcome (see allow, decide, reserve)
 }
 
-func newHeldBatches(t *testing.T) *heldBatches {
+func newHeldBatches(t *testing.T, pipelines int) *heldBatches {
 	t.Helper()
 	srv := redistest.New(t)
 	ctx := context.Background()
-	b, err := dialRedis(ctx, srv.URL(), WithPipelines(3, 64), WithTimeout(20*time.Second))
+	b, err := dialRedis(ctx, srv.URL(), WithPipelines(pipelines, 64), WithTimeout(20*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -99,14 +99,16 @@ func (b *Backend) flushLedger(ctx context.Context) error {
 			ps = append(ps, pending{key: key, c: b.penalizeCall(key, d.limits, d.until-now)})
 		}
 	}
-	// Submitted together, they leave in one batch.
+	// Queued together, they leave in one batch.
+	cs := make([]*call, len(ps))
 	for i, p := range ps {
-		if !b.p.submit(p.c) {
-			for _, p := range ps[i:] {
-				p.c.release()
-			}
-			return backend.ErrClosed
+		cs[i] = p.c
+	}
+	if !b.p.submitAll(cs) {
+		for _, c := range cs {
+			c.release()
 		}
+		return backend.ErrClosed
 	}
 	var first error
 	failed := map[string]bool{}

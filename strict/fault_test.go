@@ -285,16 +285,68 @@ func TestFaultUnpayableDebt(t *testing.T) {
 	}
 }
 
+// TestLedgerChargedInOneBatch: what the fallback admitted on many keys while Redis was
+// down is charged, when it returns, in one batch: submitted one at a time, each charge
+// went alone from the prober's goroutine, a round trip after another within one
+// time-out, so a ledger of many keys took many probes to pay off.
+func TestLedgerChargedInOneBatch(t *testing.T) {
+	srv := redistest.New(t)
+	b, err := dialRedis(ctx, srv.URL(), WithTimeout(200*time.Millisecond), WithProbeEvery(50*time.Millisecond),
+		WithPrefix(prefix(t)), WithFailLocal(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ls := []gcra.Limit{{T: int64(time.Minute), Tau: int64(time.Minute)}} // still owed when Redis returns
+	if g, err := b.Decide(ctx, "warm", backend.Request{Limits: ls, N: 0}); err != nil || g.Allowed != true {
+		t.Fatalf("before the fault: %+v %v", g, err)
+	}
+	if _, err := srv.Do("CONFIG", "RESETSTAT"); err != nil {
+		t.Fatal(err)
+	}
+	const keys = 20
+	srv.Pause()
+	for i := 0; i < keys; i++ {
+		if g, err := b.Decide(ctx, fmt.Sprintf("k%d", i), backend.Request{Limits: ls, N: 1}); err != nil || !g.Allowed {
+			srv.Resume()
+			t.Fatalf("key %d while Redis was paused: %+v %v, want a grant of the fallback", i, g, err)
+		}
+	}
+	if !b.Stats().Down {
+		srv.Resume()
+		t.Fatal("the breaker did not open")
+	}
+	srv.Resume()
+	waitFor(t, "the breaker to close", func() bool { return !b.Stats().Down })
+	for i := 0; i < keys; i++ {
+		if n, err := srv.Do("EXISTS", b.KeyName(fmt.Sprintf("k%d", i))); err != nil || n != ":1" {
+			t.Fatalf("key %d not charged after recovery: %v %v", i, n, err)
+		}
+	}
+	info, err := srv.Do("INFO", "commandstats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, _ := strings.Cut(info, "cmdstat_evalsha:calls=")
+	calls, _, _ := strings.Cut(after, ",")
+	// The first decision's script call, sent before Redis stopped answering, may still
+	// run when it resumes; then the ledger's batch (or two, if the probe that closes the
+	// breaker charges part of it and the rest comes just after).
+	if n, _ := strconv.Atoi(calls); n > 3 {
+		t.Errorf("script calls to charge %d keys after an outage: %s, want at most 3 (one batch)", keys, calls)
+	}
+}
+
 // TestDirectTimeout: through a backend made by Dial (whose client honours deadlines, so
 // that its calls wait without a timer of their own), a hung Redis (SIGSTOP) answers no
 // call. Each call still returns within the time-out of its own start, with
-// backend.ErrUnavailable: the lone call in flight, a batch sent beside it, and calls
-// queued behind that batch, which leave only when it fails and must not get a whole
-// time-out more.
+// backend.ErrUnavailable: the lone call in flight, a call its caller sends beside it, and
+// calls queued behind those two (as many batches as WithPipelines allows), which leave
+// only when one fails and must not get a whole time-out more.
 func TestDirectTimeout(t *testing.T) {
 	srv := redistest.New(t)
 	const timeout = 1500 * time.Millisecond
-	b, err := dialRedis(ctx, srv.URL(), WithTimeout(timeout), WithPipelines(1, 64), WithPrefix(prefix(t)))
+	b, err := dialRedis(ctx, srv.URL(), WithTimeout(timeout), WithPipelines(2, 64), WithPrefix(prefix(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,11 +379,11 @@ func TestDirectTimeout(t *testing.T) {
 	}
 	call(0) // sent by itself
 	time.Sleep(50 * time.Millisecond)
-	call(1) // sent beside it, as a batch
+	call(1) // one of these two is sent beside it by its caller, the other queues
 	call(2)
 	time.Sleep(200 * time.Millisecond)
 	for i := 3; i < 6; i++ {
-		call(i) // queued behind that batch for about 1.3 s of their 1.5
+		call(i) // queued behind the two in flight for about 1.3 s of their 1.5
 	}
 	wg.Wait()
 	if lat := time.Duration(slowest.Load()); lat > latencyBound(timeout) {

@@ -1,8 +1,8 @@
 package strict
 
 // The batching queue: a call waiting for its answer, and the pipeliner that queues the
-// calls of concurrent goroutines and sends them in batches from its flushers, or at once
-// from a lone caller.
+// calls of concurrent goroutines and sends them in batches from its flushers, or sends a
+// call that may leave at once from its caller.
 
 import (
 	"context"
@@ -118,8 +118,8 @@ type pipeliner struct {
 	// submission by itself (see deadline), and a caller waits without a timer of its own
 	// (Backend.await).
 	direct bool
-	// senders bounds the batches in flight that a caller may send its own beside: one
-	// more than the flushers.
+	// senders bounds the batches in flight at once, whoever sends them: as many as the
+	// flushers (WithPipelines).
 	senders int
 	// spare holds the buffers of direct callers that returned (under mu): one for each
 	// that sent at once, at most senders.
@@ -153,7 +153,7 @@ type pipeliner struct {
 func newPipeliner(ctx context.Context, client Client, names, source string, timeout time.Duration, flushers, maxBatch int) *pipeliner {
 	p := &pipeliner{client: client, names: names, sha: goredis.NewScript(source).Hash(), src: source, timeout: timeout,
 		maxBatch: maxBatch, grouping: groupingOf(client), ctx: ctx,
-		senders: flushers + 1, late: fmt.Errorf("no answer within %v (queued that long)", timeout)}
+		senders: flushers, late: fmt.Errorf("no answer within %v (queued that long)", timeout)}
 	p.cond = sync.NewCond(&p.mu)
 	p.wg.Add(flushers)
 	for i := 0; i < flushers; i++ {
@@ -172,6 +172,7 @@ func (p *pipeliner) submit(c *call) bool {
 		return false
 	}
 	if p.leavesAlone(c) {
+		p.wg.Add(1) // close waits for it (closed is false: this happens before its Wait)
 		p.inflight++
 		p.flying++
 		var d *directBuffers
@@ -195,8 +196,31 @@ func (p *pipeliner) submit(c *call) bool {
 			p.cond.Signal()
 		}
 		p.mu.Unlock()
+		p.wg.Done()
 		return true
 	}
+	p.enqueue(c)
+	p.mu.Unlock()
+	return true
+}
+
+// submitAll queues cs together, so that they leave in one batch (or as few as maxBatch
+// allows) rather than each sent alone by its caller, and signals each call's done when
+// it is answered. It reports false, having queued none, once the pipeliner is closed.
+func (p *pipeliner) submitAll(cs []*call) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	for _, c := range cs {
+		p.enqueue(c)
+	}
+	return true
+}
+
+// enqueue queues c (p.mu held).
+func (p *pipeliner) enqueue(c *call) {
 	p.queue = append(p.queue, c)
 	if c.eager() {
 		p.eager++
@@ -208,8 +232,6 @@ func (p *pipeliner) submit(c *call) bool {
 	if p.ready() {
 		p.cond.Signal()
 	}
-	p.mu.Unlock()
-	return true
 }
 
 // deadlineCtx is a context that ends at a deadline, or when the backend closes.
@@ -267,8 +289,8 @@ func (p *pipeliner) unexpired(batch []*call) ([]*call, int64) {
 	return batch[:n], oldest
 }
 
-// close stops the flushers after the batches in flight and fails the calls still queued
-// with err.
+// close stops the flushers after the batches in flight, waits for the callers sending
+// their own, and fails the calls still queued with err.
 func (p *pipeliner) close(err error) {
 	p.mu.Lock()
 	p.closed = true
@@ -295,18 +317,19 @@ type directBuffers struct {
 }
 
 // leavesAlone reports whether c, not yet queued, is sent at once by its caller (p.mu
-// held): with a client that honours deadlines (direct), when nothing is queued, c would
-// leave at once as a queue of one (ready: nothing in flight, a lone call in flight, or c
-// eager), and fewer than senders batches are in flight. Handed to a flusher and answered
-// back, such a call cost two goroutine switches: at two goroutines, where every call
-// leaves beside a lone one, sluice decided fewer a second on Redis than redis_rate
+// held): with a client that honours deadlines (direct), when nothing is queued and c
+// would leave at once as a queue of one (see ready: fewer than senders batches in
+// flight, and none, or a lone call, or c eager). Handed to a flusher and answered back,
+// such a call cost two goroutine switches: at two goroutines, where every call leaves
+// beside a lone one, sluice decided fewer a second on Redis than redis_rate
 // (BENCHMARKS.md, "Calls beside a lone one").
 func (p *pipeliner) leavesAlone(c *call) bool {
 	return p.direct && len(p.queue) == 0 && p.inflight < p.senders &&
 		(p.inflight == 0 || p.flying <= 1 || p.maxBatch <= 1 || c.eager())
 }
 
-// ready reports whether a flusher may take the queue now (p.mu held). It may when calls
+// ready reports whether a flusher may take the queue now (p.mu held): never while
+// senders batches are in flight (direct callers' count). Otherwise it may when calls
 // are queued and no batch is in flight. It may when at least as many calls are queued
 // as are in flight, or a whole batch (maxBatch). It may when an eager call is queued
 // (call.eager). So decisions now or never (Allow, AllowN) queued behind a batch in
@@ -314,7 +337,7 @@ func (p *pipeliner) leavesAlone(c *call) bool {
 // once. docs/strict.md, "Throughput: batches", says why.
 func (p *pipeliner) ready() bool {
 	n := len(p.queue)
-	return n > 0 && (p.inflight == 0 || p.eager > 0 || n >= p.flying || n >= p.maxBatch)
+	return n > 0 && p.inflight < p.senders && (p.inflight == 0 || p.eager > 0 || n >= p.flying || n >= p.maxBatch)
 }
 
 func (p *pipeliner) flusher() {

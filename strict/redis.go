@@ -107,13 +107,15 @@ func WithTimeout(d time.Duration) Option {
 	})
 }
 
-// WithPipelines sets how many batches may be in flight at once (default DefaultPipelines)
-// and how many calls one batch carries at most (default DefaultMaxBatch). A batch is one
-// pipeline holding one script call per group of keys that may share one (see
-// docs/strict.md). While batches are in flight, decisions now or never (allowances, and
-// decisions of no MaxDelay) queued behind them leave when as many calls as are in flight
-// are queued, or a whole batch, or a batch returns; any other call (a reservation) leaves
-// at once. Values <= 0 keep the default.
+// WithPipelines sets how many batches may be in flight at once (default
+// DefaultPipelines), whoever sends them: one of as many flusher goroutines, or a caller
+// that sends its own call (see docs/strict.md); and how many calls one batch carries at
+// most (default DefaultMaxBatch). A batch is one pipeline holding one script call per
+// group of keys that may share one (see docs/strict.md). While batches are in flight,
+// decisions now or never (allowances, and decisions of no MaxDelay) queued behind them
+// leave when as many calls as are in flight are queued, or a whole batch, or a batch
+// returns; any other call (a reservation) leaves as soon as fewer batches are in flight
+// than this allows. Values <= 0 keep the default.
 func WithPipelines(inFlight, maxBatch int) Option {
 	return optionFunc(func(b *Backend) {
 		if inFlight > 0 {
