@@ -95,9 +95,9 @@ func (c *call) release() {
 // groupingOf). The script decides each group's calls in arrival order, reading and
 // writing each key once. A call that may leave at once, alone (a lone caller's, one
 // beside a lone call in flight, a reservation), is sent by its caller (see leavesAlone).
-// While batches are in flight, new calls queue and leave together, mostly when a batch returns (see ready for
-// when they leave sooner). So the number of goroutines, not the round trip, sets the
-// throughput.
+// While batches are in flight, new calls queue and leave together, mostly when a batch
+// returns (see ready for when they leave sooner). So the number of goroutines, not the
+// round trip, sets the throughput.
 type pipeliner struct {
 	client   Client
 	names    string // the start of every key's Redis name (Backend.KeyName)
@@ -324,8 +324,7 @@ type directBuffers struct {
 // beside a lone one, sluice decided fewer a second on Redis than redis_rate
 // (BENCHMARKS.md, "Calls beside a lone one").
 func (p *pipeliner) leavesAlone(c *call) bool {
-	return p.direct && len(p.queue) == 0 && p.inflight < p.senders &&
-		(p.inflight == 0 || p.flying <= 1 || p.maxBatch <= 1 || c.eager())
+	return p.direct && len(p.queue) == 0 && p.mayLeave(1, c.eager())
 }
 
 // ready reports whether a flusher may take the queue now (p.mu held): never while
@@ -335,9 +334,11 @@ func (p *pipeliner) leavesAlone(c *call) bool {
 // (call.eager). So decisions now or never (Allow, AllowN) queued behind a batch in
 // flight leave together as a second batch about its size, and a reservation leaves at
 // once. docs/strict.md, "Throughput: batches", says why.
-func (p *pipeliner) ready() bool {
-	n := len(p.queue)
-	return n > 0 && p.inflight < p.senders && (p.inflight == 0 || p.eager > 0 || n >= p.flying || n >= p.maxBatch)
+func (p *pipeliner) ready() bool { return p.mayLeave(len(p.queue), p.eager > 0) }
+
+// mayLeave is ready's rule for a queue of n calls, eager if any of them is (p.mu held).
+func (p *pipeliner) mayLeave(n int, eager bool) bool {
+	return n > 0 && p.inflight < p.senders && (p.inflight == 0 || eager || n >= p.flying || n >= p.maxBatch)
 }
 
 func (p *pipeliner) flusher() {
