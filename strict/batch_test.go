@@ -565,19 +565,14 @@ func TestBatchWaitsForTheOneInFlight(t *testing.T) {
 	r := newHeldBatches(t, 4)
 	r.loneAndBeside(r.allow)
 	r.allow(2)
-	r.waitFor("a call queued behind them", func(in, q int) bool { return q == 1 })
-	if in, q := r.state(); in != 2 || q != 1 {
-		t.Fatalf("with a call queued behind two in flight: %d batches in flight, %d queued; want 2 and 1 (it waits)", in, q)
-	}
+	r.waitQueued("a call queued behind them", 2, 1, "with a call queued behind two in flight: %d batches in flight, %d queued; want 2 and 1 (it waits)")
 	r.allow(3)
-	r.waitFor("two calls sent together beside the first two", func(in, q int) bool { return in == 3 && q == 0 })
+	r.waitSent("two calls sent together beside the first two", 3)
 	// A reservation (a waiter's place in line) does not wait: its caller sends it.
 	r.reserve()
-	r.waitFor("a reservation sent at once", func(in, q int) bool { return in == 4 && q == 0 })
+	r.waitSent("a reservation sent at once", 4)
 	r.answered(5)
-	if calls := r.scriptCalls(); calls != "4" {
-		t.Errorf("script calls for 4 allowances (two alone, then two together) and a reservation: %q, want 4", calls)
-	}
+	r.wantScriptCalls(4, "4 allowances (two alone, then two together) and a reservation")
 }
 
 // TestCallBesideALoneOneSendsItself: a call that may leave at once and finds nothing
@@ -591,25 +586,20 @@ func TestCallBesideALoneOneSendsItself(t *testing.T) {
 	r := newHeldBatches(t, 4)
 	r.loneAndBeside(r.allow)
 	r.reserve()
-	r.waitFor("a reservation sent at once", func(in, q int) bool { return in == 3 && q == 0 })
+	r.waitSent("a reservation sent at once", 3)
 	if n := r.flushed(); n != 0 {
 		t.Errorf("batches sent by flushers for a lone call, one beside it and a reservation: %d, want 0 (each sent by its caller)", n)
 	}
 	r.allow(2)
 	r.allow(3)
-	r.waitFor("two calls queued behind them", func(in, q int) bool { return q == 2 })
-	if in, q := r.state(); in != 3 || q != 2 {
-		t.Fatalf("with two calls queued behind three in flight: %d batches in flight, %d queued; want 3 and 2 (they wait)", in, q)
-	}
+	r.waitQueued("two calls queued behind them", 3, 2, "with two calls queued behind three in flight: %d batches in flight, %d queued; want 3 and 2 (they wait)")
 	r.allow(4)
-	r.waitFor("three calls sent together behind them", func(in, q int) bool { return in == 4 && q == 0 })
+	r.waitSent("three calls sent together behind them", 4)
 	if n := r.flushed(); n != 1 {
 		t.Errorf("batches sent by flushers after three calls queued behind three in flight: %d, want 1", n)
 	}
 	r.answered(6)
-	if calls := r.scriptCalls(); calls != "4" {
-		t.Errorf("script calls: %q, want 4 (three alone, then three together)", calls)
-	}
+	r.wantScriptCalls(4, "a lone call, one beside it, a reservation, then three together")
 }
 
 // TestBatchesInFlightAreBounded: no more batches are in flight at once than
@@ -622,14 +612,9 @@ func TestBatchesInFlightAreBounded(t *testing.T) {
 	r.loneAndBeside(r.allow)
 	r.reserve()
 	r.allow(2)
-	r.waitFor("two calls queued", func(in, q int) bool { return q == 2 })
-	if in, q := r.state(); in != 2 || q != 2 {
-		t.Fatalf("with WithPipelines(2, ...): %d batches in flight, %d calls queued; want 2 and 2", in, q)
-	}
+	r.waitQueued("two calls queued", 2, 2, "with WithPipelines(2, ...): %d batches in flight, %d calls queued; want 2 and 2")
 	r.answered(4)
-	if calls := r.scriptCalls(); calls != "3" {
-		t.Errorf("script calls: %q, want 3 (two alone, then two together)", calls)
-	}
+	r.wantScriptCalls(3, "two alone, then two together")
 }
 
 // TestBatchDecisionsNowOrNeverWait: a decision that never waits (AllowN: maxDelay 0)
@@ -640,16 +625,11 @@ func TestBatchDecisionsNowOrNeverWait(t *testing.T) {
 	r := newHeldBatches(t, 4)
 	r.loneAndBeside(r.decide)
 	r.decide(2)
-	r.waitFor("a decision queued behind them", func(in, q int) bool { return q == 1 })
-	if in, q := r.state(); in != 2 || q != 1 {
-		t.Fatalf("with a decision now or never queued behind two in flight: %d batches in flight, %d queued; want 2 and 1 (it waits)", in, q)
-	}
+	r.waitQueued("a decision queued behind them", 2, 1, "with a decision now or never queued behind two in flight: %d batches in flight, %d queued; want 2 and 1 (it waits)")
 	r.decide(3)
-	r.waitFor("two decisions sent together beside the first two", func(in, q int) bool { return in == 3 && q == 0 })
+	r.waitSent("two decisions sent together beside the first two", 3)
 	r.answered(4)
-	if calls := r.scriptCalls(); calls != "3" {
-		t.Errorf("script calls for 4 decisions now or never (two alone, then two together): %q, want 3", calls)
-	}
+	r.wantScriptCalls(3, "4 decisions now or never (two alone, then two together)")
 }
 
 // heldBatches is a backend on a Redis that is stopped (SIGSTOP) to hold its batches in
@@ -724,9 +704,9 @@ func (r *heldBatches) reserve() {
 func (r *heldBatches) loneAndBeside(call func(int)) {
 	r.t.Helper()
 	call(0)
-	r.waitFor("the first call in flight", func(in, q int) bool { return in == 1 && q == 0 })
+	r.waitSent("the first call in flight", 1)
 	call(1)
-	r.waitFor("a second call sent beside the first", func(in, q int) bool { return in == 2 && q == 0 })
+	r.waitSent("a second call sent beside the first", 2)
 }
 
 // answered lets Redis answer and fails the test on any of the n calls' errors.
@@ -758,6 +738,22 @@ func (r *heldBatches) state() (inflight, queued int) {
 // flushed is how many batches the flushers have sent.
 func (r *heldBatches) flushed() int64 { return r.b.p.flushed.Load() }
 
+// waitSent waits until in batches are in flight and no call is queued (what).
+func (r *heldBatches) waitSent(what string, in int) {
+	r.t.Helper()
+	r.waitFor(what, func(inflight, queued int) bool { return inflight == in && queued == 0 })
+}
+
+// waitQueued waits until q calls are queued (what), then fails the test unless in
+// batches are in flight (msg formats the two counts): the queued calls wait.
+func (r *heldBatches) waitQueued(what string, in, q int, msg string) {
+	r.t.Helper()
+	r.waitFor(what, func(_, queued int) bool { return queued == q })
+	if gotIn, gotQ := r.state(); gotIn != in || gotQ != q {
+		r.t.Fatalf(msg, gotIn, gotQ)
+	}
+}
+
 // waitFor waits (10 s at most) until cond holds of the batches in flight and the calls queued.
 func (r *heldBatches) waitFor(what string, cond func(inflight, queued int) bool) {
 	r.t.Helper()
@@ -768,6 +764,15 @@ func (r *heldBatches) waitFor(what string, cond func(inflight, queued int) bool)
 			r.t.Fatalf("%s: after 10 s, %d batches in flight and %d calls queued", what, in, q)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// wantScriptCalls fails the test unless Redis ran n script calls since the counts were
+// reset (for what).
+func (r *heldBatches) wantScriptCalls(n int, what string) {
+	r.t.Helper()
+	if calls := r.scriptCalls(); calls != strconv.Itoa(n) {
+		r.t.Errorf("script calls for %s: %q, want %d", what, calls, n)
 	}
 }
 
